@@ -1,0 +1,1 @@
+//! Examples of embedding nodus-core; see `embedding.rs`.

@@ -1,0 +1,30 @@
+//! Time as a trait, so the engine's deadlines run on a controllable clock in tests.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+
+/// The current time and waiting.
+#[async_trait]
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> Timestamp;
+    /// Wait for `duration` to pass on this clock.
+    async fn sleep(&self, duration: Duration);
+}
+
+/// The system's wall clock and tokio's timer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+#[async_trait]
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
+    }
+}

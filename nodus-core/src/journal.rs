@@ -1,0 +1,284 @@
+//! The run journal: one step per effect, its intent written before the effect and its
+//! outcome after. Replay takes each completed step's outcome instead of acting again.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::Family;
+use crate::cost::Usage;
+use crate::lifecycle::RunPhase;
+use crate::model::ModelResponse;
+use crate::money::Usd;
+use crate::resource::ChosenBy;
+use crate::sandbox::{ExecOutput, SandboxId, SandboxInfo, SandboxSpec};
+
+/// What the run is about to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum Intent {
+    /// Create (or re-attach to) the run's sandbox.
+    CreateSandbox {
+        /// What to create.
+        spec: SandboxSpec,
+    },
+    /// Choose the turn's model.
+    Route {
+        /// The turn (0 is the input).
+        turn: u32,
+    },
+    /// Call the model.
+    CallModel {
+        /// The turn.
+        turn: u32,
+        /// The model id.
+        model: String,
+        /// Reserved under the run's cap for this call.
+        #[serde(rename = "reservedUSD")]
+        reserved_usd: Usd,
+        /// Whether the shell tool was offered (not once `maxToolCalls` is reached).
+        tools: bool,
+    },
+    /// Run a command the model asked for.
+    Command {
+        /// The turn.
+        turn: u32,
+        /// The model's tool-call id.
+        tool_use_id: String,
+        /// The shell command line.
+        command: String,
+    },
+    /// Take a message from the inbox as the next turn's prompt.
+    ReadMessage {
+        /// The turn it starts.
+        turn: u32,
+        /// The message's sequence number in the inbox.
+        message_seq: u64,
+    },
+    /// Record the turn's answer (the text of its last model reply).
+    Answer {
+        /// The turn.
+        turn: u32,
+    },
+    /// Delete the sandbox, then end the run.
+    DestroySandbox {
+        /// The sandbox.
+        id: SandboxId,
+        /// How the run ends once the sandbox is gone.
+        then: RunPhase,
+    },
+}
+
+/// The kind of a step, for listings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StepKind {
+    /// Creating the sandbox.
+    SandboxCreation,
+    /// Routing a prompt.
+    Routing,
+    /// A model call.
+    ModelCall,
+    /// A command in the sandbox.
+    Command,
+    /// Reading a message.
+    Message,
+    /// Recording the answer.
+    Answer,
+    /// Deleting the sandbox.
+    SandboxDeletion,
+}
+
+impl Intent {
+    /// The step's kind.
+    pub fn kind(&self) -> StepKind {
+        match self {
+            Intent::CreateSandbox { .. } => StepKind::SandboxCreation,
+            Intent::Route { .. } => StepKind::Routing,
+            Intent::CallModel { .. } => StepKind::ModelCall,
+            Intent::Command { .. } => StepKind::Command,
+            Intent::ReadMessage { .. } => StepKind::Message,
+            Intent::Answer { .. } => StepKind::Answer,
+            Intent::DestroySandbox { .. } => StepKind::SandboxDeletion,
+        }
+    }
+
+    /// Whether carrying the step out again after a crash is safe. A command may have changed
+    /// the sandbox, and a call on the user's own key may have been charged to them: those
+    /// park the run for a person instead.
+    pub fn safe_to_repeat(&self, byok: bool) -> bool {
+        match self {
+            Intent::Command { .. } => false,
+            Intent::CallModel { .. } => !byok,
+            Intent::CreateSandbox { .. }
+            | Intent::Route { .. }
+            | Intent::ReadMessage { .. }
+            | Intent::Answer { .. }
+            | Intent::DestroySandbox { .. } => true,
+        }
+    }
+}
+
+/// What the step's effect produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum Outcome {
+    /// The sandbox exists.
+    SandboxCreated {
+        /// Its id and isolation.
+        info: SandboxInfo,
+    },
+    /// The turn's model is chosen.
+    Routed {
+        /// The family.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        family: Option<Family>,
+        /// The model id that answers the whole turn.
+        model: String,
+        /// How it was chosen.
+        chosen_by: ChosenBy,
+        /// What routing cost.
+        #[serde(rename = "costUSD")]
+        cost_usd: Usd,
+        /// Tokens of a routing model call.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+        /// Why the fallback answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fallback_reason: Option<String>,
+    },
+    /// The model replied.
+    ModelReplied {
+        /// The reply.
+        response: ModelResponse,
+        /// What the call cost.
+        #[serde(rename = "costUSD")]
+        cost_usd: Usd,
+    },
+    /// The command ran (whatever its exit code).
+    CommandFinished {
+        /// What it did.
+        output: ExecOutput,
+    },
+    /// The message is the next turn's prompt.
+    MessageRead,
+    /// The turn's answer is recorded.
+    Answered,
+    /// The sandbox is gone.
+    SandboxDestroyed,
+    /// The effect failed, or a person recorded an uncertain step as failed.
+    Failed {
+        /// What happened.
+        error: String,
+    },
+    /// The outcome stays unknown; a person chose to carry the step out again as a new step.
+    Superseded,
+}
+
+/// A step's outcome and when it was recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Completion {
+    /// When the outcome was recorded.
+    pub finished_at: Timestamp,
+    /// The outcome.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// One journal entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// Position in the journal, from 0.
+    pub seq: u32,
+    /// When the intent was written.
+    pub started_at: Timestamp,
+    /// What the run set out to do.
+    pub intent: Intent,
+    /// What happened; `None` while under way, or forever when the process died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<Completion>,
+}
+
+/// A step's state, as listings show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StepState {
+    /// Under way.
+    Started,
+    /// Done; never repeated.
+    Completed,
+    /// Done, without success.
+    Failed,
+    /// Its outcome is unknown: interrupted by a crash, or superseded by a retry.
+    Uncertain,
+}
+
+impl Step {
+    /// The step's outcome, if recorded.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.completion.as_ref().map(|c| &c.outcome)
+    }
+
+    /// The state to show; `interrupted` says the step is not under way in any process
+    /// (the run is parked on it).
+    pub fn state(&self, interrupted: bool) -> StepState {
+        match self.outcome() {
+            None if interrupted => StepState::Uncertain,
+            None => StepState::Started,
+            Some(Outcome::Superseded) => StepState::Uncertain,
+            Some(Outcome::Failed { .. }) => StepState::Failed,
+            Some(_) => StepState::Completed,
+        }
+    }
+
+    /// One line about the step.
+    pub fn summary(&self) -> String {
+        let intent = match &self.intent {
+            Intent::CreateSandbox { .. } => "create sandbox".to_string(),
+            Intent::Route { turn } => format!("route turn {turn}"),
+            Intent::CallModel { turn, model, .. } => format!("call {model} (turn {turn})"),
+            Intent::Command { command, .. } => format!("run `{}`", preview(command, 80)),
+            Intent::ReadMessage { message_seq, .. } => format!("read message {message_seq}"),
+            Intent::Answer { turn } => format!("answer turn {turn}"),
+            Intent::DestroySandbox { id, then } => format!("delete sandbox {id}, then {then}"),
+        };
+        let outcome = match self.outcome() {
+            None => return intent,
+            Some(Outcome::SandboxCreated { info }) if info.isolated => format!("sandbox {}", info.id),
+            Some(Outcome::SandboxCreated { info }) => format!("sandbox {} (unisolated)", info.id),
+            Some(Outcome::Routed {
+                model, chosen_by, ..
+            }) => format!("{model} ({chosen_by:?})"),
+            Some(Outcome::ModelReplied { response, cost_usd }) => format!(
+                "{:?}, {} in / {} out tokens, ${cost_usd}",
+                response.stop_reason,
+                response.usage.prompt_tokens(),
+                response.usage.output_tokens
+            ),
+            Some(Outcome::CommandFinished { output }) => match output.exit_code {
+                _ if output.timed_out => "timed out".to_string(),
+                Some(code) => format!("exit {code}"),
+                None => "killed by a signal".to_string(),
+            },
+            Some(Outcome::MessageRead) => "read".to_string(),
+            Some(Outcome::Answered) => "answered".to_string(),
+            Some(Outcome::SandboxDestroyed) => "deleted".to_string(),
+            Some(Outcome::Failed { error }) => format!("failed: {}", preview(error, 200)),
+            Some(Outcome::Superseded) => "outcome unknown; retried as a new step".to_string(),
+        };
+        format!("{intent}: {outcome}")
+    }
+}
+
+/// The first `max` characters of `text`, on one line.
+fn preview(text: &str, max: usize) -> String {
+    let line: String = text
+        .chars()
+        .map(|c| if c == '\n' { ' ' } else { c })
+        .take(max)
+        .collect();
+    if text.chars().count() > max {
+        format!("{line}…")
+    } else {
+        line
+    }
+}

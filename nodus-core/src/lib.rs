@@ -1,0 +1,33 @@
+//! nodus-core: the library at the heart of Nodus.
+//!
+//! It holds the resource types and their validation, exact money, the pure state machines
+//! (run lifecycle, group controller, cost guard), the traits through which everything
+//! touches the world ([`Store`], [`Sandbox`], [`ModelClient`], [`Router`], [`Clock`]) and the
+//! durable run engine built on them. It does no I/O of its own.
+
+pub mod catalog;
+pub mod clock;
+pub mod cost;
+pub mod decide;
+pub mod engine;
+pub mod group;
+pub mod journal;
+pub mod lifecycle;
+pub mod model;
+pub mod money;
+pub mod output;
+pub mod resource;
+pub mod router;
+pub mod sandbox;
+pub mod secret;
+pub mod store;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
+pub mod validate;
+
+pub use clock::Clock;
+pub use model::ModelClient;
+pub use money::Usd;
+pub use router::Router;
+pub use sandbox::Sandbox;
+pub use store::Store;

@@ -1,0 +1,69 @@
+//! Object metadata and the kinds of resource Nodus knows.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// The one API version of this release.
+pub const API_VERSION: &str = "nodus.dev/v1";
+
+/// The kinds of resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    /// A definition: system prompt, model access, cost cap.
+    Agent,
+    /// One conversation with an agent.
+    AgentRun,
+    /// Many runs of one agent under shared limits.
+    AgentGroup,
+}
+
+impl Kind {
+    /// The lower-case plural used in REST paths (`agentruns`).
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Agent => "agents",
+            Kind::AgentRun => "agentruns",
+            Kind::AgentGroup => "agentgroups",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Agent => "Agent",
+            Kind::AgentRun => "AgentRun",
+            Kind::AgentGroup => "AgentGroup",
+        })
+    }
+}
+
+/// `metadata`: the user's name and labels, and the fields the store assigns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    /// A DNS-1123 label; optional only for group tasks, whose name is `<group>-<taskKey>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The project the object lives in (assigned from the request path when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Labels for selection with `-l`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Free-form annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Unique id assigned at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Version for optimistic concurrency; a write naming a stale version is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// When the object was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<Timestamp>,
+}

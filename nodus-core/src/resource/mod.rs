@@ -1,0 +1,93 @@
+//! Kubernetes-shaped resources: `apiVersion`, `kind`, `metadata`, `spec`, `status`.
+//!
+//! Specs are what users write and reject unknown fields; statuses are what Nodus observed.
+//! Field names are spelled exactly as in the spec's YAML (camelCase).
+
+mod agent;
+mod duration;
+mod group;
+mod meta;
+mod run;
+
+pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
+pub use duration::{DurationSpec, ParseDurationError};
+pub use group::{
+    AgentGroupSpec, AgentGroupStatus, BlockedReason, EvaluationSpec, GroupCounts, GroupLimits,
+};
+pub use meta::{API_VERSION, Kind, ObjectMeta};
+pub use run::{
+    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus,
+    PostRunAction, RunSnapshot, SandboxStatus, TurnStatus, WorkdirSpec,
+};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// What ties a spec type to its kind and status type.
+pub trait Spec: Serialize + DeserializeOwned + Clone + std::fmt::Debug {
+    /// The `kind` written in documents of this spec.
+    const KIND: Kind;
+    /// The status that Nodus writes for this kind.
+    type Status: Serialize + DeserializeOwned + Clone + std::fmt::Debug + Default + PartialEq;
+}
+
+/// One resource document: `apiVersion`, `kind`, `metadata`, `spec`, `status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(bound(serialize = "S: Spec", deserialize = "S: Spec"))]
+pub struct Object<S: Spec> {
+    /// Always `nodus.dev/v1`.
+    pub api_version: String,
+    /// The kind; must match the spec type.
+    pub kind: Kind,
+    /// Name, project, labels and the fields the store keeps.
+    pub metadata: ObjectMeta,
+    /// What the user asked for.
+    pub spec: S,
+    /// What Nodus observed.
+    #[serde(default)]
+    pub status: S::Status,
+}
+
+impl<S: Spec> Object<S> {
+    /// A new document of this kind with an empty status.
+    pub fn new(name: impl Into<String>, spec: S) -> Self {
+        Object {
+            api_version: API_VERSION.to_string(),
+            kind: S::KIND,
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: S::Status::default(),
+        }
+    }
+
+    /// The name, or `""` when the document has none yet.
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// An Agent: a system prompt, model access and a cost cap.
+pub type Agent = Object<AgentSpec>;
+/// An AgentRun: one conversation with an agent in its own sandbox.
+pub type AgentRun = Object<AgentRunSpec>;
+/// An AgentGroup: many runs of one agent under concurrency, dependency and cost limits.
+pub type AgentGroup = Object<AgentGroupSpec>;
+
+impl Spec for AgentSpec {
+    const KIND: Kind = Kind::Agent;
+    type Status = AgentStatus;
+}
+
+impl Spec for AgentRunSpec {
+    const KIND: Kind = Kind::AgentRun;
+    type Status = AgentRunStatus;
+}
+
+impl Spec for AgentGroupSpec {
+    const KIND: Kind = Kind::AgentGroup;
+    type Status = AgentGroupStatus;
+}

@@ -1,0 +1,225 @@
+//! The AgentRun resource: one conversation with an agent, in its own sandbox.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::{AgentSpec, DurationSpec};
+use crate::catalog::Family;
+use crate::lifecycle::RunPhase;
+use crate::money::Usd;
+
+/// `spec` of an AgentRun.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentRunSpec {
+    /// The agent's name, or `project/name` for a shared template such as `nodus/claude-assistant`.
+    pub agent: String,
+    /// The first prompt; the agent's `defaultInput` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// The group this run is a task of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The task's key in its group (a DNS label, unique in the group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_key: Option<String>,
+    /// Task keys that must succeed before this run starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// Wait for messages after each turn instead of finishing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_alive: bool,
+    /// When the run fails with `DeadlineExceeded`, waiting included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Timestamp>,
+    /// Per-run parameters; must match the agent's `contextSchema`. The key `nodus` is reserved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The working directory the run starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<WorkdirSpec>,
+    /// A stored AgentEnvironment (`name` or `project/name`): secrets, env vars, compute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+    /// Bounds the whole run (default 3600 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<DurationSpec>,
+    /// The container image for container sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Work to do after the run succeeds, contributed by a plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_run_action: Option<PostRunAction>,
+}
+
+impl AgentRunSpec {
+    /// Default `timeout`: one hour.
+    pub const DEFAULT_TIMEOUT: DurationSpec = DurationSpec::from_secs(3600);
+
+    /// A run of `agent` with `input` and every default.
+    pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
+        AgentRunSpec {
+            agent: agent.into(),
+            input: Some(input.into()),
+            group: None,
+            task_key: None,
+            depends_on: Vec::new(),
+            keep_alive: false,
+            deadline: None,
+            context: None,
+            workdir: None,
+            environment: None,
+            timeout: None,
+            image: None,
+            post_run_action: None,
+        }
+    }
+}
+
+/// `spec.workdir`: files staged before the first command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkdirSpec {
+    /// A FileSet reference copied in as the starting tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_workdir: Option<String>,
+    /// Single files layered on top, each at a relative path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifact_mounts: Vec<ArtifactMount>,
+}
+
+/// One file mounted into the working directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactMount {
+    /// `fileset#path` of the file.
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// Where it goes, relative to the working directory.
+    pub mount_path: String,
+}
+
+/// `spec.postRunAction`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PostRunAction {
+    /// The action's kind, such as `agents.noop`.
+    pub kind: String,
+    /// The action's own configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
+}
+
+/// `status` of an AgentRun.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunStatus {
+    /// `phase` and `reason`.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RunPhase>,
+    /// A sentence about the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Each prompt with the model that served it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnStatus>,
+    /// The final answer's first 4 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<AnswerStatus>,
+    /// Model spend so far and the cap.
+    #[serde(default)]
+    pub cost: CostStatus,
+    /// The sandbox the run works in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxStatus>,
+    /// What the run copied at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<RunSnapshot>,
+    /// When the run started working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Timestamp>,
+    /// When the run finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Timestamp>,
+}
+
+/// One prompt of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnStatus {
+    /// The model that answered the whole turn.
+    pub model: String,
+    /// Its family, when routed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<Family>,
+    /// How the model was chosen.
+    pub chosen_by: ChosenBy,
+    /// What the turn cost (routing and model calls).
+    #[serde(rename = "costUSD")]
+    pub cost_usd: Usd,
+    /// Input tokens over the turn's calls.
+    pub input_tokens: u64,
+    /// Output tokens over the turn's calls.
+    pub output_tokens: u64,
+    /// Cache-write tokens.
+    pub cache_write_tokens: u64,
+    /// Cache-read tokens.
+    pub cache_read_tokens: u64,
+    /// Commands run in the turn.
+    pub commands: u32,
+}
+
+/// How a turn's model was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ChosenBy {
+    /// The router picked it.
+    Jev,
+    /// The router failed or timed out; Sonnet answered.
+    Fallback,
+    /// The agent names one model (BYOK).
+    Agent,
+}
+
+/// `status.answer`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AnswerStatus {
+    /// The first 4 KiB (cut at a character boundary).
+    pub preview: String,
+    /// The answer's full size in bytes.
+    pub bytes: u64,
+}
+
+/// `status.cost`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostStatus {
+    /// Model and routing spend so far.
+    #[serde(rename = "totalUSD")]
+    pub total_usd: Usd,
+    /// The run's cap; absent for runs on the user's own key.
+    #[serde(rename = "limitUSD", default, skip_serializing_if = "Option::is_none")]
+    pub limit_usd: Option<Usd>,
+}
+
+/// `status.sandbox`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// The backend's id for the sandbox.
+    pub id: String,
+    /// False when the run ran in an operator-chosen unisolated mode.
+    pub isolated: bool,
+}
+
+/// What a run copied when it was created; later edits change only new runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSnapshot {
+    /// The agent's `project/name`.
+    pub agent_ref: String,
+    /// The agent's resourceVersion at creation.
+    pub agent_revision: String,
+    /// The agent's spec at creation (its cost cap included).
+    pub agent: AgentSpec,
+}

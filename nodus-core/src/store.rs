@@ -1,0 +1,241 @@
+//! The `Store` trait: resources with optimistic concurrency, the run journal, the message
+//! inbox and change notification. Backends (in-memory, SQLite, Postgres) live in nodus-store.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::journal::{Completion, Step};
+use crate::resource::Kind;
+
+/// Where a resource lives.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectKey {
+    /// The project.
+    pub project: String,
+    /// The kind.
+    pub kind: Kind,
+    /// The name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A key.
+    pub fn new(project: impl Into<String>, kind: Kind, name: impl Into<String>) -> Self {
+        ObjectKey {
+            project: project.into(),
+            kind,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.project, self.kind.plural(), self.name)
+    }
+}
+
+/// A stored resource document and its version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// Where it lives.
+    pub key: ObjectKey,
+    /// Bumped by every write; a write naming an older version is refused.
+    pub version: u64,
+    /// The whole document (`apiVersion`, `kind`, `metadata`, `spec`, `status`).
+    pub document: Value,
+}
+
+/// Which documents a list returns: every label and every field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selector {
+    /// `metadata.labels` that must have these values.
+    pub labels: BTreeMap<String, String>,
+    /// Dotted field paths (`spec.group`, `status.phase`, `spec.agent`) that must have these
+    /// string values.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl Selector {
+    /// Whether a document matches. A missing field matches nothing.
+    pub fn matches(&self, document: &Value) -> bool {
+        let labels = &document["metadata"]["labels"];
+        self.labels
+            .iter()
+            .all(|(k, v)| labels.get(k).and_then(Value::as_str) == Some(v.as_str()))
+            && self.fields.iter().all(|(path, expected)| {
+                path.split('.')
+                    .try_fold(document, |value, part| value.get(part))
+                    .is_some_and(|value| match value {
+                        Value::String(text) => text == expected,
+                        Value::Bool(b) => b.to_string() == *expected,
+                        Value::Number(n) => n.to_string() == *expected,
+                        _ => false,
+                    })
+            })
+    }
+}
+
+/// A message for a run's inbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxMessage {
+    /// Position in the inbox, from 1.
+    pub seq: u64,
+    /// The sender's deduplication key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The text.
+    pub payload: String,
+    /// When it arrived.
+    pub received_at: Timestamp,
+}
+
+/// What posting a message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Stored as the message with this sequence number.
+    Delivered(u64),
+    /// A message with the same key was already delivered as this sequence number.
+    Duplicate(u64),
+}
+
+/// A writer's claim on a run's journal. Claiming again (another replica taking over) makes
+/// every older fence stale, and a stale fence cannot write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub u64);
+
+/// Something changed in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A document was created or written (its version).
+    Written(ObjectKey, u64),
+    /// A document was deleted.
+    Deleted(ObjectKey),
+}
+
+/// Store failures, in portable kinds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// No such document.
+    #[error("{0} not found")]
+    NotFound(ObjectKey),
+    /// A document with this key exists.
+    #[error("{0} already exists")]
+    AlreadyExists(ObjectKey),
+    /// The write named a stale version.
+    #[error("{key} was changed by someone else (version {actual}, the write expected {expected})")]
+    Conflict {
+        /// The document.
+        key: ObjectKey,
+        /// The version the writer read.
+        expected: u64,
+        /// The version stored.
+        actual: u64,
+    },
+    /// The writer's claim on the run was taken over.
+    #[error("run {run} is now owned by another writer")]
+    Fenced {
+        /// The run's uid.
+        run: String,
+    },
+    /// A journal write out of order (a bug in the caller).
+    #[error("journal of run {run}: {message}")]
+    Journal {
+        /// The run's uid.
+        run: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The database is down or restarting; a retry may help.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data cannot be read.
+    #[error("store data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl Error {
+    /// Whether trying again may help.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+}
+
+/// Durable state: resources, journals, inboxes.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Create a document (version 1).
+    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error>;
+
+    /// Create several documents in order, all or nothing. With an idempotency key, a repeat
+    /// returns the first call's records without writing.
+    async fn create_batch(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Vec<Record>, Error>;
+
+    /// Read a document.
+    async fn get(&self, key: &ObjectKey) -> Result<Record, Error>;
+
+    /// Documents of a kind in a project that match, in creation order.
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, Error>;
+
+    /// Replace a document if it is still at `expected_version`.
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        expected_version: u64,
+        document: Value,
+    ) -> Result<Record, Error>;
+
+    /// Delete a document with its journal and inbox.
+    async fn delete(&self, key: &ObjectKey) -> Result<(), Error>;
+
+    /// Claim the right to write a run's journal; every earlier claim becomes stale.
+    async fn claim(&self, run_uid: &str) -> Result<Fence, Error>;
+
+    /// Append a step's intent. Its `seq` must be the journal's length.
+    async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error>;
+
+    /// Record the outcome of step `seq`, which must have none yet.
+    async fn complete_step(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+    ) -> Result<(), Error>;
+
+    /// The run's journal, in order.
+    async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error>;
+
+    /// Put a message in a run's inbox if the run document is still at `expected_version`,
+    /// and bump that version, so that a writer who decided on the older version (to finish
+    /// the run, say) is refused and looks again. A repeated key delivers once.
+    async fn post_message(
+        &self,
+        run: &ObjectKey,
+        expected_version: u64,
+        key: Option<&str>,
+        payload: &str,
+        at: Timestamp,
+    ) -> Result<Delivery, Error>;
+
+    /// The run's inbox, in order.
+    async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error>;
+
+    /// Changes from now on.
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change>;
+}

@@ -1,0 +1,1 @@
+//! Validation of user-written documents: every error names the field, the rule and the value.

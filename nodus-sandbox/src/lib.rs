@@ -1,0 +1,1 @@
+//! Sandbox backends for Nodus.

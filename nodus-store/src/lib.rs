@@ -1,0 +1,1 @@
+//! Store backends for Nodus.

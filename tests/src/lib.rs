@@ -1,0 +1,1 @@
+//! End-to-end tests across the Nodus crates live in `tests/tests/`.
