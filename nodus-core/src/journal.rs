@@ -168,6 +168,10 @@ pub enum Outcome {
     Failed {
         /// What happened.
         error: String,
+        /// Whether a person recorded it as failed (its real outcome is unknown) and the run
+        /// continues.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by_resolution: bool,
     },
     /// The outcome stays unknown; a person chose to carry the step out again as a new step.
     Superseded,
@@ -262,7 +266,7 @@ impl Step {
             Some(Outcome::MessageRead) => "read".to_string(),
             Some(Outcome::Answered) => "answered".to_string(),
             Some(Outcome::SandboxDestroyed) => "deleted".to_string(),
-            Some(Outcome::Failed { error }) => format!("failed: {}", preview(error, 200)),
+            Some(Outcome::Failed { error, .. }) => format!("failed: {}", preview(error, 200)),
             Some(Outcome::Superseded) => "outcome unknown; retried as a new step".to_string(),
         };
         format!("{intent}: {outcome}")

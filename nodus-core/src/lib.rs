@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod model;
 pub mod money;
 pub mod output;
+pub mod replay;
 pub mod resource;
 pub mod router;
 pub mod sandbox;

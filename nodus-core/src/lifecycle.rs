@@ -45,7 +45,7 @@ pub enum FailReason {
 }
 
 /// Why a run was cancelled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CancelReason {
     /// A person cancelled it.
     CancelRequested,

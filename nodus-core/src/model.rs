@@ -67,6 +67,16 @@ pub struct ToolSpec {
     pub input_schema: serde_json::Value,
 }
 
+/// Whether the model may call tools in its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ToolChoice {
+    /// As it sees fit.
+    Auto,
+    /// Not at all: it must answer in text (the turn's `maxToolCalls` is used up).
+    None,
+}
+
 /// Whose key a call uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Credentials {
@@ -85,8 +95,10 @@ pub struct ModelRequest {
     pub system: String,
     /// The conversation so far.
     pub messages: Vec<ChatMessage>,
-    /// Tools the model may call; empty to make it answer.
+    /// Tools the conversation uses.
     pub tools: Vec<ToolSpec>,
+    /// Whether the model may call them in this reply.
+    pub tool_choice: ToolChoice,
     /// The largest output.
     pub max_tokens: u32,
     /// Whose key to use.

@@ -1,6 +1,9 @@
 //! Secret values that never print: `Debug` and `Display` show a placeholder.
 
+use std::collections::HashMap;
 use std::fmt;
+
+use async_trait::async_trait;
 
 /// A secret string, such as an API key. It has no `Serialize`, and formats as `[redacted]`.
 #[derive(Clone, PartialEq, Eq)]
@@ -27,6 +30,43 @@ impl fmt::Debug for SecretString {
 impl fmt::Display for SecretString {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[redacted]")
+    }
+}
+
+/// Where BYOK runs find their keys: the Secret resources of a project.
+#[async_trait]
+pub trait Secrets: Send + Sync {
+    /// The value under `key` of the Secret `name` in `project`, if both exist.
+    async fn lookup(&self, project: &str, name: &str, key: &str) -> Option<SecretString>;
+}
+
+/// Secrets held in memory, as `(project, name, key) → value`; also the "no secrets" source
+/// when empty.
+#[derive(Debug, Clone, Default)]
+pub struct StaticSecrets {
+    values: HashMap<(String, String, String), SecretString>,
+}
+
+impl StaticSecrets {
+    /// No secrets.
+    pub fn new() -> Self {
+        StaticSecrets::default()
+    }
+
+    /// With one more value.
+    pub fn with(mut self, project: &str, name: &str, key: &str, value: SecretString) -> Self {
+        self.values
+            .insert((project.to_string(), name.to_string(), key.to_string()), value);
+        self
+    }
+}
+
+#[async_trait]
+impl Secrets for StaticSecrets {
+    async fn lookup(&self, project: &str, name: &str, key: &str) -> Option<SecretString> {
+        self.values
+            .get(&(project.to_string(), name.to_string(), key.to_string()))
+            .cloned()
     }
 }
 

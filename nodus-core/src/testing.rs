@@ -1,1 +1,178 @@
 //! Test doubles for code built on nodus-core: a manual clock and a recording sandbox.
+//!
+//! They stand in for the `Clock` and `Sandbox` traits in tests of the engine and of what is
+//! built above it, never in place of a backend's own tests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::{SignedDuration, Timestamp};
+
+use crate::clock::Clock;
+use crate::output::Output;
+use crate::sandbox::{self, ExecOutput, ExecRequest, Sandbox, SandboxId, SandboxInfo, SandboxSpec};
+
+/// A clock that moves only when told; `sleep` moves it forward at once.
+#[derive(Debug)]
+pub struct ManualClock {
+    now: Mutex<Timestamp>,
+}
+
+impl ManualClock {
+    /// A clock at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock {
+            now: Mutex::new(start),
+        }
+    }
+
+    /// Move the clock forward.
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        let by = SignedDuration::try_from(by).unwrap_or(SignedDuration::MAX);
+        *now = now.checked_add(by).unwrap_or(Timestamp::MAX);
+    }
+}
+
+impl Default for ManualClock {
+    /// A clock at 2026-01-01T00:00:00Z.
+    fn default() -> Self {
+        ManualClock::new(Timestamp::from_second(1_767_225_600).unwrap_or(Timestamp::UNIX_EPOCH))
+    }
+}
+
+#[async_trait]
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.now.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        self.advance(duration);
+    }
+}
+
+#[derive(Debug, Default)]
+struct RecordingState {
+    live: BTreeSet<String>,
+    created: u32,
+    destroyed: u32,
+    executions: Vec<String>,
+    files: BTreeMap<String, Vec<u8>>,
+    failures: Vec<sandbox::Error>,
+}
+
+/// A sandbox that runs no process: `echo TEXT` prints `TEXT`, `exit N` exits with `N`, and
+/// every other command prints `ran: COMMAND`. It records every command it "executes", so tests
+/// can count side effects, and can be told to fail its next commands.
+#[derive(Debug, Default)]
+pub struct RecordingSandbox {
+    state: Mutex<RecordingState>,
+}
+
+impl RecordingSandbox {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        RecordingSandbox::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, RecordingState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every command executed, in order (repeats included).
+    pub fn executions(&self) -> Vec<String> {
+        self.state().executions.clone()
+    }
+
+    /// How many times `command` was executed.
+    pub fn count(&self, command: &str) -> usize {
+        self.state()
+            .executions
+            .iter()
+            .filter(|c| c.as_str() == command)
+            .count()
+    }
+
+    /// Sandboxes that exist now.
+    pub fn live(&self) -> Vec<String> {
+        self.state().live.iter().cloned().collect()
+    }
+
+    /// (created, destroyed) counts.
+    pub fn lifecycle_counts(&self) -> (u32, u32) {
+        let state = self.state();
+        (state.created, state.destroyed)
+    }
+
+    /// Make the next `exec` fail with `error` (the command is recorded as executed first when
+    /// the error is `Unavailable` or `Failed`: its outcome is then truly unknown).
+    pub fn fail_next_exec(&self, error: sandbox::Error) {
+        self.state().failures.push(error);
+    }
+
+    fn run(command: &str) -> ExecOutput {
+        let (exit_code, stdout) = if let Some(text) = command.strip_prefix("echo ") {
+            (0, format!("{text}\n"))
+        } else if let Some(code) = command.strip_prefix("exit ") {
+            (code.trim().parse().unwrap_or(1), String::new())
+        } else {
+            (0, format!("ran: {command}\n"))
+        };
+        ExecOutput {
+            exit_code: Some(exit_code),
+            stdout: Output::complete(stdout),
+            stderr: Output::default(),
+            timed_out: false,
+        }
+    }
+}
+
+#[async_trait]
+impl Sandbox for RecordingSandbox {
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, sandbox::Error> {
+        let mut state = self.state();
+        if state.live.insert(spec.key.clone()) {
+            state.created += 1;
+        }
+        Ok(SandboxInfo {
+            id: SandboxId(spec.key.clone()),
+            isolated: true,
+        })
+    }
+
+    async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, sandbox::Error> {
+        let mut state = self.state();
+        if !state.live.contains(&id.0) {
+            return Err(sandbox::Error::NotFound(id.clone()));
+        }
+        if !state.failures.is_empty() {
+            let error = state.failures.remove(0);
+            if matches!(error, sandbox::Error::Unavailable(_) | sandbox::Error::Failed(_)) {
+                state.executions.push(request.command.clone());
+            }
+            return Err(error);
+        }
+        state.executions.push(request.command.clone());
+        Ok(Self::run(&request.command))
+    }
+
+    async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), sandbox::Error> {
+        self.state().files.insert(id.0.clone(), tar);
+        Ok(())
+    }
+
+    async fn get_files(&self, id: &SandboxId, _path: &str) -> Result<Vec<u8>, sandbox::Error> {
+        Ok(self.state().files.get(&id.0).cloned().unwrap_or_default())
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), sandbox::Error> {
+        let mut state = self.state();
+        if state.live.remove(&id.0) {
+            state.destroyed += 1;
+        }
+        Ok(())
+    }
+}

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{AgentSpec, DurationSpec};
 use crate::catalog::Family;
-use crate::lifecycle::RunPhase;
+use crate::lifecycle::{CancelReason, RunPhase};
 use crate::money::Usd;
 
 /// `spec` of an AgentRun.
@@ -135,6 +135,9 @@ pub struct AgentRunStatus {
     /// What the run copied at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<RunSnapshot>,
+    /// A cancellation that was asked for and is being carried out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<CancelReason>,
     /// When the run started working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Timestamp>,

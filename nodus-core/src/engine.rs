@@ -1,1 +1,0 @@
-//! The run engine: carries out the decider's decisions through the traits, journaling each.

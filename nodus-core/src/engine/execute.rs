@@ -1,0 +1,621 @@
+//! The executor: asks the decider for the next move, journals the intent, carries the effect
+//! out through the traits, journals the outcome, and writes the run's status.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::{API_KEY_SECRET_KEY, Engine, Error, Result, run_uid, status, typed};
+use crate::catalog::Family;
+use crate::cost;
+use crate::decide::{self, Decision, RunInput};
+use crate::journal::{Completion, Intent, Outcome, Step};
+use crate::lifecycle::{PendingReason, RunEvent, RunPhase, TransitionRefused, WaitReason};
+use crate::model::{Credentials, ErrorKind, ModelRequest, ToolChoice};
+use crate::money::Usd;
+use crate::replay::{Prompt, Replay, SandboxState};
+use crate::resource::{Access, AgentRun, AgentSpec, ChosenBy, Kind, RunSnapshot};
+use crate::router::RouteRequest;
+use crate::sandbox::{self, ExecRequest, SandboxSpec};
+use crate::store::{self as store_api, Fence, ObjectKey};
+
+/// Where driving a run left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driven {
+    /// The run is over.
+    Finished(RunPhase),
+    /// The run waits; drive it again when woken, or at `until`.
+    Waiting {
+        /// Why.
+        reason: WaitReason,
+        /// Its deadline, if any.
+        until: Option<jiff::Timestamp>,
+    },
+    /// The run is parked on an uncertain step until a person resolves it.
+    Parked {
+        /// The step.
+        seq: u32,
+    },
+    /// The run is queued in its group and not admitted yet.
+    NotAdmitted,
+    /// Another writer claimed the run; this one stopped.
+    TakenOver,
+}
+
+/// What carrying out an intent gave.
+enum Performed {
+    /// An outcome to journal.
+    Done(Outcome),
+    /// The effect may or may not have happened, and repeating it is not safe.
+    Uncertain,
+}
+
+/// What a run needs that does not change while it is driven.
+struct Fixed {
+    key: ObjectKey,
+    uid: String,
+    project: String,
+    snapshot: RunSnapshot,
+    system: String,
+    first_prompt: String,
+    sandbox: SandboxSpec,
+}
+
+impl Engine {
+    /// Drive a run as far as it goes now: until it finishes, waits, parks, or is not admitted
+    /// yet. Safe to call on any run at any time, after a crash included: completed steps are
+    /// taken from the journal, never repeated.
+    pub async fn drive(&self, project: &str, name: &str) -> Result<Driven> {
+        let run = self.read_run(project, name).await?;
+        let phase = phase_of(&run.object);
+        if phase.is_finished() {
+            return Ok(Driven::Finished(phase));
+        }
+        if run.object.spec.group.is_some() && matches!(phase, RunPhase::Pending(_)) {
+            return Ok(Driven::NotAdmitted);
+        }
+        let fixed = self.fixed(project, &run.object)?;
+        let fence = self.deps.store.claim(&fixed.uid).await?;
+        let mut journal = self.deps.store.journal(&fixed.uid).await?;
+        match self.drive_loop(&fixed, fence, &mut journal).await {
+            Err(Error::Store(store_api::Error::Fenced { .. })) => Ok(Driven::TakenOver),
+            other => other,
+        }
+    }
+
+    /// Drive a run, and while it waits for a message or for funds, wait for a change to it
+    /// (or its deadline) and drive it again. Returns when it finishes, parks, reaches its cap,
+    /// or is not admitted.
+    pub async fn run_until_settled(&self, project: &str, name: &str) -> Result<Driven> {
+        let mut changes = self.deps.store.subscribe();
+        let key = ObjectKey::new(project, Kind::AgentRun, name);
+        loop {
+            let driven = self.drive(project, name).await?;
+            let Driven::Waiting {
+                reason: WaitReason::AwaitingMessage | WaitReason::AwaitingFunds,
+                until,
+            } = driven
+            else {
+                return Ok(driven);
+            };
+            let clock = self.deps.clock.clone();
+            let timeout = until.map(|at| {
+                let left = at.duration_since(clock.now());
+                Duration::try_from(left).unwrap_or(Duration::ZERO)
+            });
+            let wait_for_change = async {
+                loop {
+                    match changes.recv().await {
+                        Ok(store_api::Change::Written(changed, _)) if changed == key => return,
+                        Ok(store_api::Change::Deleted(changed)) if changed == key => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            };
+            match timeout {
+                Some(timeout) => {
+                    tokio::select! {
+                        biased;
+                        () = wait_for_change => {}
+                        () = clock.sleep(timeout) => {}
+                    }
+                }
+                None => wait_for_change.await,
+            }
+        }
+    }
+
+    fn fixed(&self, project: &str, run: &AgentRun) -> Result<Fixed> {
+        let key = ObjectKey::new(project, Kind::AgentRun, run.name());
+        let snapshot = run.status.snapshot.clone().ok_or_else(|| Error::Corrupt {
+            key: key.to_string(),
+            message: "the run has no snapshot of its agent".to_string(),
+        })?;
+        let uid = run_uid(run).to_string();
+        let mut system = snapshot.agent.system.clone();
+        if let Some(context) = &run.spec.context {
+            let mut context = context.clone();
+            context.insert(
+                "nodus".to_string(),
+                serde_json::json!({"run": run.name(), "project": project, "agent": snapshot.agent_ref}),
+            );
+            let context = serde_json::Value::Object(context);
+            system.push_str(&format!("\n\nRun context (JSON):\n{context}"));
+        }
+        let first_prompt = run
+            .spec
+            .input
+            .clone()
+            .or_else(|| snapshot.agent.default_input.clone())
+            .unwrap_or_default();
+        let sandbox = SandboxSpec {
+            key: uid.clone(),
+            image: run
+                .spec
+                .image
+                .clone()
+                .or_else(|| self.config.default_image.clone()),
+            env: Default::default(),
+            limits: self.config.limits,
+            network: false,
+        };
+        Ok(Fixed {
+            key,
+            uid,
+            project: project.to_string(),
+            snapshot,
+            system,
+            first_prompt,
+            sandbox,
+        })
+    }
+
+    async fn drive_loop(&self, fixed: &Fixed, fence: Fence, journal: &mut Vec<Step>) -> Result<Driven> {
+        loop {
+            let record = self.deps.store.get(&fixed.key).await?;
+            let run = typed::decode::<crate::resource::AgentRunSpec>(record)?;
+            let phase = phase_of(&run.object);
+            if phase.is_finished() {
+                return Ok(Driven::Finished(phase));
+            }
+            let inbox = self.deps.store.inbox(&fixed.uid).await?;
+            let now = self.deps.clock.now();
+            let decision = decide::decide(&RunInput {
+                agent: &fixed.snapshot.agent,
+                spec: &run.object.spec,
+                sandbox: &fixed.sandbox,
+                system: &fixed.system,
+                first_prompt: &fixed.first_prompt,
+                journal,
+                inbox: &inbox,
+                now,
+                cancel: run.object.status.cancel_requested,
+                catalog: &self.deps.catalog,
+                router_max_cost: self.deps.router.max_cost(),
+            });
+            let (seq, target) = match decision {
+                Decision::Act(intent) => {
+                    let target = match intent {
+                        Intent::DestroySandbox { .. } => phase,
+                        _ => advance(phase, RunPhase::Running)?,
+                    };
+                    let seq = u32::try_from(journal.len()).unwrap_or(u32::MAX);
+                    let step = Step {
+                        seq,
+                        started_at: now,
+                        intent,
+                        completion: None,
+                    };
+                    self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
+                        .await?;
+                    journal.push(step);
+                    (seq, target)
+                }
+                Decision::Repeat(seq) => (seq, advance(phase, RunPhase::Running)?),
+                Decision::Abandon { seq, error } => {
+                    let outcome = Outcome::Failed {
+                        error,
+                        by_resolution: false,
+                    };
+                    self.complete(fixed, fence, journal, seq, outcome).await?;
+                    continue;
+                }
+                Decision::Park(seq) => {
+                    if self
+                        .write_status(fixed, &run, journal, advance(phase, RunPhase::NeedsResolution)?)
+                        .await?
+                    {
+                        return Ok(Driven::Parked { seq });
+                    }
+                    continue;
+                }
+                Decision::Wait { reason, until } => {
+                    if self
+                        .write_status(fixed, &run, journal, advance(phase, RunPhase::Waiting(reason))?)
+                        .await?
+                    {
+                        return Ok(Driven::Waiting { reason, until });
+                    }
+                    continue;
+                }
+                Decision::Finish(end) => {
+                    if self
+                        .write_status(fixed, &run, journal, advance(phase, end)?)
+                        .await?
+                    {
+                        return Ok(Driven::Finished(end));
+                    }
+                    continue;
+                }
+            };
+            let index = usize::try_from(seq).unwrap_or(usize::MAX);
+            let Some(intent) = journal.get(index).map(|s| s.intent.clone()) else {
+                return Err(Error::Corrupt {
+                    key: fixed.key.to_string(),
+                    message: format!("the decider named step {seq}, which the journal lacks"),
+                });
+            };
+            match self.perform(fixed, journal, &run.object, &intent).await {
+                Performed::Done(outcome) => {
+                    self.complete(fixed, fence, journal, seq, outcome).await?;
+                    // A conflict here only means the document moved on; the next pass
+                    // re-reads it and writes the status again.
+                    self.write_status(fixed, &run, journal, target).await?;
+                }
+                Performed::Uncertain => {
+                    if self
+                        .write_status(fixed, &run, journal, advance(target, RunPhase::NeedsResolution)?)
+                        .await?
+                    {
+                        return Ok(Driven::Parked { seq });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        fixed: &Fixed,
+        fence: Fence,
+        journal: &mut [Step],
+        seq: u32,
+        outcome: Outcome,
+    ) -> Result<()> {
+        let completion = Completion {
+            finished_at: self.deps.clock.now(),
+            outcome,
+        };
+        self.retrying(|| {
+            self.deps
+                .store
+                .complete_step(&fixed.uid, fence, seq, &completion)
+        })
+        .await?;
+        if let Some(step) = journal.get_mut(usize::try_from(seq).unwrap_or(usize::MAX)) {
+            step.completion = Some(completion);
+        }
+        Ok(())
+    }
+
+    /// Write the status projected from the journal with `phase`; false when the document
+    /// changed since it was read (the caller looks again).
+    async fn write_status(
+        &self,
+        fixed: &Fixed,
+        run: &typed::Versioned<crate::resource::AgentRunSpec>,
+        journal: &[Step],
+        phase: RunPhase,
+    ) -> Result<bool> {
+        let replay = Replay::of(journal);
+        let status = status::project(
+            &run.object.status,
+            &replay,
+            phase,
+            journal.first().map(|s| s.started_at),
+            self.deps.clock.now(),
+        );
+        if status == run.object.status {
+            return Ok(true);
+        }
+        let mut object = run.object.clone();
+        object.status = status;
+        let document = typed::encode(&fixed.key, &object)?;
+        match self
+            .retrying(|| self.deps.store.update(&fixed.key, run.version, document.clone()))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(store_api::Error::Conflict { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Retry a store call while it fails in a way a retry can fix.
+    async fn retrying<T, F, Fut>(&self, mut call: F) -> std::result::Result<T, store_api::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, store_api::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() && attempt < self.config.attempts => {
+                    tracing::warn!(error = %e, attempt, "store call failed; retrying");
+                    attempt += 1;
+                    self.deps.clock.sleep(self.config.retry_pause).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn perform(&self, fixed: &Fixed, journal: &[Step], run: &AgentRun, intent: &Intent) -> Performed {
+        let replay = Replay::of(journal);
+        match intent {
+            Intent::CreateSandbox { spec } => {
+                match self.sandbox_retrying(|| self.deps.sandbox.create(spec)).await {
+                    Ok(info) => Performed::Done(Outcome::SandboxCreated { info }),
+                    Err(e) => Performed::Done(failed(e.to_string())),
+                }
+            }
+            Intent::Route { turn } => Performed::Done(self.route(fixed, &replay, *turn).await),
+            Intent::CallModel { model, tools, .. } => self.call_model(fixed, &replay, model, *tools).await,
+            Intent::Command { command, .. } => {
+                let SandboxState::Live(info) = replay.sandbox else {
+                    return Performed::Done(failed("the run has no sandbox".to_string()));
+                };
+                let request = ExecRequest {
+                    command: command.clone(),
+                    timeout: Duration::from_secs(self.config.limits.command_timeout_secs),
+                    cwd: None,
+                    output_cap: self.config.limits.output_cap_bytes,
+                };
+                match self.deps.sandbox.exec(&info.id, &request).await {
+                    Ok(output) => Performed::Done(Outcome::CommandFinished { output }),
+                    // It certainly did not run.
+                    Err(e @ (sandbox::Error::NotFound(_) | sandbox::Error::Refused(_))) => {
+                        Performed::Done(failed(e.to_string()))
+                    }
+                    Err(e) => {
+                        tracing::warn!(run = %fixed.key, error = %e, "command outcome uncertain");
+                        Performed::Uncertain
+                    }
+                }
+            }
+            Intent::ReadMessage { .. } => Performed::Done(Outcome::MessageRead),
+            Intent::Answer { .. } => Performed::Done(Outcome::Answered),
+            Intent::DestroySandbox { id, .. } => {
+                let _ = run;
+                match self.sandbox_retrying(|| self.deps.sandbox.destroy(id)).await {
+                    Ok(()) => Performed::Done(Outcome::SandboxDestroyed),
+                    Err(e) => Performed::Done(failed(e.to_string())),
+                }
+            }
+        }
+    }
+
+    async fn sandbox_retrying<T, F, Fut>(&self, mut call: F) -> std::result::Result<T, sandbox::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, sandbox::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() && attempt < self.config.attempts => {
+                    attempt += 1;
+                    self.deps.clock.sleep(self.config.retry_pause).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn route(&self, fixed: &Fixed, replay: &Replay<'_>, turn: u32) -> Outcome {
+        let agent = &fixed.snapshot.agent;
+        let allowed: Vec<Family> = agent
+            .model
+            .families
+            .clone()
+            .unwrap_or_else(|| Family::ALL.to_vec());
+        let inbox = self.deps.store.inbox(&fixed.uid).await.unwrap_or_default();
+        let (conversation, _) = replay.conversation(&fixed.first_prompt, &inbox, agent.max_tool_calls);
+        let prompt = match replay.turns.get(usize::try_from(turn).unwrap_or(usize::MAX)).map(|t| t.prompt) {
+            Some(Prompt::Message(seq)) => inbox
+                .iter()
+                .find(|m| m.seq == seq)
+                .map(|m| m.payload.clone())
+                .unwrap_or_default(),
+            _ => fixed.first_prompt.clone(),
+        };
+        let before = conversation.len().saturating_sub(1);
+        let request = RouteRequest {
+            prompt: &prompt,
+            conversation: &conversation[..before],
+            allowed: &allowed,
+        };
+        let clock = self.deps.clock.clone();
+        let routed = tokio::select! {
+            biased;
+            routed = self.deps.router.route(&request) => routed.map_err(|e| e.to_string()),
+            () = clock.sleep(self.config.router_timeout) => Err("the router timed out".to_string()),
+        };
+        let (family, chosen_by, cost_usd, usage, fallback_reason) = match routed {
+            Ok(choice) if allowed.contains(&choice.family) => {
+                let billed = match &choice.call {
+                    None => Some(Usd::ZERO),
+                    Some(call) => self
+                        .deps
+                        .catalog
+                        .prices_of(&call.model)
+                        .map(|prices| cost::bill(prices, &call.usage)),
+                };
+                match billed {
+                    Some(cost_usd) => (
+                        choice.family,
+                        ChosenBy::Jev,
+                        cost_usd,
+                        choice.call.map(|c| c.usage),
+                        None,
+                    ),
+                    None => (
+                        fallback_family(&allowed),
+                        ChosenBy::Fallback,
+                        Usd::ZERO,
+                        None,
+                        Some("the router's model has no known price".to_string()),
+                    ),
+                }
+            }
+            Ok(choice) => (
+                fallback_family(&allowed),
+                ChosenBy::Fallback,
+                Usd::ZERO,
+                None,
+                Some(format!("the router chose {}, which the agent does not allow", choice.family)),
+            ),
+            Err(reason) => (fallback_family(&allowed), ChosenBy::Fallback, Usd::ZERO, None, Some(reason)),
+        };
+        match self.deps.catalog.family(family) {
+            Some(entry) => Outcome::Routed {
+                family: Some(family),
+                model: entry.model.clone(),
+                chosen_by,
+                cost_usd,
+                usage,
+                fallback_reason,
+            },
+            None => failed(format!("the model catalog has no model for the family {family}")),
+        }
+    }
+
+    async fn call_model(&self, fixed: &Fixed, replay: &Replay<'_>, model: &str, tools: bool) -> Performed {
+        let agent: &AgentSpec = &fixed.snapshot.agent;
+        let byok = agent.model.access == Access::Byok;
+        let credentials = if byok {
+            let secret = agent.model.api_key_secret.clone().unwrap_or_default();
+            match self
+                .deps
+                .secrets
+                .lookup(&fixed.project, &secret, API_KEY_SECRET_KEY)
+                .await
+            {
+                Some(key) => Credentials::Byok(key),
+                None => {
+                    return Performed::Done(failed(format!(
+                        "the Secret {secret:?} holds no {API_KEY_SECRET_KEY}"
+                    )));
+                }
+            }
+        } else {
+            Credentials::Platform
+        };
+        let prices = if byok {
+            None
+        } else {
+            match self.deps.catalog.prices_of(model) {
+                Some(prices) => Some(*prices),
+                None => {
+                    return Performed::Done(failed(format!(
+                        "the model {model} has no known price; platform access refuses it"
+                    )));
+                }
+            }
+        };
+        let inbox = self.deps.store.inbox(&fixed.uid).await.unwrap_or_default();
+        let (messages, _) = replay.conversation(&fixed.first_prompt, &inbox, agent.max_tool_calls);
+        let request = ModelRequest {
+            model: model.to_string(),
+            system: fixed.system.clone(),
+            messages,
+            tools: vec![decide::shell_tool()],
+            tool_choice: if tools { ToolChoice::Auto } else { ToolChoice::None },
+            max_tokens: agent.max_tokens,
+            credentials,
+        };
+        let mut attempt = 1;
+        loop {
+            match self.deps.model.complete(&request).await {
+                Ok(response) => {
+                    let cost_usd = prices.map_or(Usd::ZERO, |p| cost::bill(&p, &response.usage));
+                    return Performed::Done(Outcome::ModelReplied { response, cost_usd });
+                }
+                Err(e) if e.kind == ErrorKind::Uncertain && byok => {
+                    tracing::warn!(run = %fixed.key, error = %e, "BYOK model call outcome uncertain");
+                    return Performed::Uncertain;
+                }
+                Err(e) if e.kind == ErrorKind::Uncertain && attempt < self.config.attempts => {
+                    attempt += 1;
+                    self.deps.clock.sleep(self.config.retry_pause).await;
+                }
+                Err(e) => return Performed::Done(failed(e.message)),
+            }
+        }
+    }
+}
+
+fn failed(error: String) -> Outcome {
+    Outcome::Failed {
+        error,
+        by_resolution: false,
+    }
+}
+
+/// Sonnet when the agent allows it, otherwise its first allowed family.
+fn fallback_family(allowed: &[Family]) -> Family {
+    if allowed.contains(&Family::FALLBACK) {
+        Family::FALLBACK
+    } else {
+        allowed.first().copied().unwrap_or(Family::FALLBACK)
+    }
+}
+
+fn phase_of(run: &AgentRun) -> RunPhase {
+    run.status
+        .phase
+        .unwrap_or(RunPhase::Pending(PendingReason::Queued))
+}
+
+/// The event that leads to `target`, if one does.
+fn event_toward(target: RunPhase) -> Option<RunEvent> {
+    Some(match target {
+        RunPhase::Pending(reason) => RunEvent::Queue(reason),
+        RunPhase::Running => return None,
+        RunPhase::Waiting(reason) => RunEvent::Wait(reason),
+        RunPhase::NeedsResolution => RunEvent::Park,
+        RunPhase::Succeeded => RunEvent::Succeed,
+        RunPhase::Failed(reason) => RunEvent::Fail(reason),
+        RunPhase::Cancelled(reason) => RunEvent::Cancel(reason),
+    })
+}
+
+/// Move `phase` to `target` through the lifecycle: directly when it allows, otherwise by
+/// starting or resuming first. A move the lifecycle refuses is an error, never forced.
+fn advance(phase: RunPhase, target: RunPhase) -> std::result::Result<RunPhase, TransitionRefused> {
+    if phase == target {
+        return Ok(phase);
+    }
+    let direct = event_toward(target).map(|event| phase.apply(event));
+    if let Some(Ok(next)) = direct {
+        return Ok(next);
+    }
+    let running = match phase {
+        RunPhase::Pending(_) => phase.apply(RunEvent::Start)?,
+        RunPhase::Waiting(_) => phase.apply(RunEvent::Resume)?,
+        RunPhase::Running => phase,
+        _ => {
+            return Err(TransitionRefused {
+                from: phase,
+                event: event_toward(target).unwrap_or(RunEvent::Start),
+            });
+        }
+    };
+    match event_toward(target) {
+        Some(event) => running.apply(event),
+        None => Ok(running),
+    }
+}

@@ -1,0 +1,162 @@
+//! Group operations of the engine: admission of new runs, reconcile, cancel.
+
+use super::{Engine, Error, Result, typed};
+use crate::group::{self, GroupPhase, Member};
+use crate::lifecycle::{PendingReason, RunEvent, RunPhase};
+use crate::money::Usd;
+use crate::resource::{AgentGroup, AgentGroupSpec, AgentRun, Kind};
+use crate::store::{ObjectKey, Selector};
+
+impl Engine {
+    async fn read_group(&self, project: &str, name: &str) -> Result<typed::Versioned<AgentGroupSpec>> {
+        let key = ObjectKey::new(project, Kind::AgentGroup, name);
+        match self.deps.store.get(&key).await {
+            Ok(record) => typed::decode(record),
+            Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
+                kind: Kind::AgentGroup,
+                name: name.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn members(&self, project: &str, group: &str) -> Result<Vec<typed::Versioned<crate::resource::AgentRunSpec>>> {
+        let selector = Selector {
+            fields: [("spec.group".to_string(), group.to_string())].into(),
+            ..Selector::default()
+        };
+        let records = self.deps.store.list(project, Kind::AgentRun, &selector).await?;
+        records.into_iter().map(typed::decode).collect()
+    }
+
+    pub(super) async fn admit_to_group(&self, project: &str, group: &str, run: &AgentRun) -> Result<()> {
+        let group = self.read_group(project, group).await.map_err(|e| match e {
+            Error::NotFound { name, .. } => crate::validate::Invalid {
+                field: "spec.group".to_string(),
+                rule: "must name an existing group".to_string(),
+                value: name,
+            }
+            .into(),
+            other => other,
+        })?;
+        let members = self.members(project, group.object.name()).await?;
+        let members: Vec<Member> = members.iter().map(|m| member(&m.object)).collect();
+        group::admit(
+            &group.object.spec,
+            group.object.status.phase,
+            &members,
+            &run.spec.agent,
+            run.spec.task_key.as_deref().unwrap_or_default(),
+            &run.spec.depends_on,
+        )?;
+        Ok(())
+    }
+
+    /// Reconcile a group: start the queued runs that may start, cancel those whose
+    /// dependencies failed, and write the group's status. Runs it starts still need an
+    /// executor to [`drive`](Engine::drive) them.
+    pub async fn reconcile_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
+        loop {
+            let group = self.read_group(project, name).await?;
+            let members = self.members(project, name).await?;
+            let view: Vec<Member> = members.iter().map(|m| member(&m.object)).collect();
+            let plan = group::reconcile(&group.object.spec, group.object.status.phase, &view);
+            let now = self.deps.clock.now();
+            let changes = plan
+                .start
+                .iter()
+                .map(|&i| (i, RunEvent::Start))
+                .chain(plan.cancel.iter().map(|&(i, reason)| (i, RunEvent::Cancel(reason))))
+                .chain(plan.queue.iter().map(|&(i, reason)| (i, RunEvent::Queue(reason))));
+            for (index, event) in changes {
+                let Some(run) = members.get(index) else { continue };
+                let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+                let next = phase.apply(event)?;
+                if next == phase {
+                    continue;
+                }
+                let mut object = run.object.clone();
+                object.status.phase = Some(next);
+                if next.is_finished() {
+                    object.status.completion_time = Some(now);
+                }
+                let key = ObjectKey::new(project, Kind::AgentRun, object.name());
+                match self
+                    .deps
+                    .store
+                    .update(&key, run.version, typed::encode(&key, &object)?)
+                    .await
+                {
+                    // The run moved on meanwhile (it finished, or a message arrived): the
+                    // next pass sees it.
+                    Err(crate::store::Error::Conflict { .. }) => {}
+                    other => {
+                        other?;
+                    }
+                }
+            }
+            let mut object = group.object.clone();
+            object.status = plan.status;
+            let key = ObjectKey::new(project, Kind::AgentGroup, name);
+            match self
+                .deps
+                .store
+                .update(&key, group.version, typed::encode(&key, &object)?)
+                .await
+            {
+                Err(crate::store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(record) => return Ok(typed::decode(record)?.object),
+            }
+        }
+    }
+
+    /// Cancel a group: every run that has not finished is cancelled; finished runs keep their
+    /// answers. The group goes through `Cancelling` to `Cancelled`.
+    pub async fn cancel_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
+        loop {
+            let group = self.read_group(project, name).await?;
+            if group.object.status.phase.is_some_and(GroupPhase::is_finished) {
+                return Ok(group.object);
+            }
+            let mut object = group.object.clone();
+            object.status.phase = Some(GroupPhase::Cancelling);
+            let key = ObjectKey::new(project, Kind::AgentGroup, name);
+            match self
+                .deps
+                .store
+                .update(&key, group.version, typed::encode(&key, &object)?)
+                .await
+            {
+                Err(crate::store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => break,
+            }
+        }
+        for run in self.members(project, name).await? {
+            if run.object.status.phase.is_some_and(RunPhase::is_started) {
+                self.request_cancel(project, run.object.name(), crate::lifecycle::CancelReason::GroupCancelled)
+                    .await?;
+                self.drive(project, run.object.name()).await?;
+            }
+        }
+        self.reconcile_group(project, name).await
+    }
+}
+
+/// A run as the group controller sees it.
+fn member(run: &AgentRun) -> Member {
+    let cap = match &run.status.snapshot {
+        Some(snapshot) if snapshot.agent.model.access == crate::resource::Access::Nodus => {
+            snapshot.agent.per_run_max_cost_usd
+        }
+        _ => Usd::ZERO,
+    };
+    Member {
+        task_key: run.spec.task_key.clone().unwrap_or_default(),
+        depends_on: run.spec.depends_on.clone(),
+        cap,
+        spent: run.status.cost.total_usd,
+        phase: run.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued)),
+    }
+}

@@ -1,0 +1,520 @@
+//! The run engine: creates runs, drives them through the decider, journals every effect,
+//! and offers the operations people use on runs (messages, cancel, resolve) and groups.
+//!
+//! One shape for every entry point: read the documents, ask a pure function (the decider,
+//! the group controller, the lifecycle) what to do, carry that out through the traits, and
+//! write the result with the version that was read, so a concurrent change is never lost.
+
+mod error;
+mod execute;
+mod group;
+mod status;
+mod typed;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+pub use error::{Error, Result};
+pub use execute::Driven;
+pub use typed::Versioned;
+
+use crate::catalog::Catalog;
+use crate::clock::Clock;
+use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
+use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
+use crate::model::ModelClient;
+use crate::resource::{
+    Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, RunSnapshot,
+};
+use crate::router::Router;
+use crate::sandbox::{Limits, Sandbox};
+use crate::secret::Secrets;
+use crate::store::{Delivery, ObjectKey, Selector, Store};
+use crate::validate::{self, Invalid};
+
+/// The Secret key a BYOK agent's key is read from.
+pub const API_KEY_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
+
+/// What the engine works through.
+#[derive(Clone)]
+pub struct Deps {
+    /// Durable state.
+    pub store: Arc<dyn Store>,
+    /// Where commands run.
+    pub sandbox: Arc<dyn Sandbox>,
+    /// The model provider.
+    pub model: Arc<dyn ModelClient>,
+    /// Picks a family per prompt.
+    pub router: Arc<dyn Router>,
+    /// Time.
+    pub clock: Arc<dyn Clock>,
+    /// Models and prices.
+    pub catalog: Arc<Catalog>,
+    /// Keys of BYOK agents.
+    pub secrets: Arc<dyn Secrets>,
+}
+
+/// Settings an operator can change.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Sandbox limits of every run.
+    pub limits: Limits,
+    /// The image of container sandboxes when a run names none.
+    pub default_image: Option<String>,
+    /// How long the router may take before the fallback answers.
+    pub router_timeout: Duration,
+    /// Attempts at an effect that failed in a way a retry can fix (a store or sandbox
+    /// backend restarting, a platform model call that may not have arrived).
+    pub attempts: u32,
+    /// Pause between those attempts.
+    pub retry_pause: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            limits: Limits::default(),
+            default_image: None,
+            router_timeout: Duration::from_millis(500),
+            attempts: 3,
+            retry_pause: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A step as listings show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepView {
+    /// Position in the journal.
+    pub seq: u32,
+    /// What kind of effect.
+    pub kind: StepKind,
+    /// Its state.
+    pub state: StepState,
+    /// When it started.
+    pub started_at: Timestamp,
+    /// When it finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Timestamp>,
+    /// One line about it.
+    pub summary: String,
+}
+
+/// The durable run engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    deps: Deps,
+    config: Arc<Config>,
+    uid_counter: Arc<AtomicU64>,
+}
+
+impl Engine {
+    /// An engine over these backends.
+    pub fn new(deps: Deps, config: Config) -> Self {
+        Engine {
+            deps,
+            config: Arc::new(config),
+            uid_counter: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.deps.store
+    }
+
+    fn new_uid(&self) -> String {
+        let count = self.uid_counter.fetch_add(1, Ordering::Relaxed);
+        format!(
+            "{:x}{:04x}",
+            self.deps.clock.now().as_nanosecond(),
+            count & 0xffff
+        )
+    }
+
+    fn stamp<S: crate::resource::Spec>(
+        &self,
+        project: &str,
+        object: &mut crate::resource::Object<S>,
+    ) {
+        object.metadata.project = Some(project.to_string());
+        object.metadata.uid = Some(self.new_uid());
+        object.metadata.creation_timestamp = Some(self.deps.clock.now());
+        object.metadata.resource_version = None;
+    }
+
+    /// Create an agent, or replace the spec of an existing one (its runs keep their snapshot).
+    pub async fn apply_agent(&self, project: &str, mut agent: Agent) -> Result<Agent> {
+        validate::validate(&agent)?;
+        let key = ObjectKey::new(project, Kind::Agent, agent.name());
+        match self.deps.store.get(&key).await {
+            Ok(record) => {
+                let current = typed::decode::<crate::resource::AgentSpec>(record)?;
+                let mut updated = current.object;
+                updated.spec = agent.spec;
+                updated.metadata.labels = agent.metadata.labels;
+                let document = typed::encode(&key, &updated)?;
+                let record = self
+                    .deps
+                    .store
+                    .update(&key, current.version, document)
+                    .await?;
+                Ok(typed::decode(record)?.object)
+            }
+            Err(crate::store::Error::NotFound(_)) => {
+                self.stamp(project, &mut agent);
+                let record = self
+                    .deps
+                    .store
+                    .create(&key, typed::encode(&key, &agent)?)
+                    .await?;
+                Ok(typed::decode(record)?.object)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Read a run.
+    pub async fn get_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        Ok(self.read_run(project, name).await?.object)
+    }
+
+    async fn read_run(
+        &self,
+        project: &str,
+        name: &str,
+    ) -> Result<Versioned<crate::resource::AgentRunSpec>> {
+        let key = ObjectKey::new(project, Kind::AgentRun, name);
+        match self.deps.store.get(&key).await {
+            Ok(record) => typed::decode(record),
+            Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
+                kind: Kind::AgentRun,
+                name: name.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Resolve `spec.agent` (`name`, or `project/name` for a shared template).
+    async fn resolve_agent(&self, project: &str, reference: &str) -> Result<(String, Versioned<crate::resource::AgentSpec>)> {
+        let (agent_project, name) = reference.split_once('/').unwrap_or((project, reference));
+        let key = ObjectKey::new(agent_project, Kind::Agent, name);
+        match self.deps.store.get(&key).await {
+            Ok(record) => Ok((format!("{agent_project}/{name}"), typed::decode(record)?)),
+            Err(crate::store::Error::NotFound(_)) => Err(Invalid {
+                field: "spec.agent".to_string(),
+                rule: "must name an existing agent".to_string(),
+                value: reference.to_string(),
+            }
+            .into()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Create a run: validate it, resolve and snapshot its agent, admit it to its group.
+    /// A bad reference fails this request, not the run; nothing is written on error.
+    pub async fn create_run(&self, project: &str, mut run: AgentRun) -> Result<AgentRun> {
+        if let (Some(group), Some(task)) = (&run.spec.group, &run.spec.task_key)
+            && run.metadata.name.is_none()
+        {
+            run.metadata.name = Some(format!("{group}-{task}"));
+        }
+        validate::validate(&run)?;
+        let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
+        if agent.object.spec.state == AgentState::Stopped {
+            return Err(Error::AgentStopped {
+                agent: run.spec.agent.clone(),
+            });
+        }
+        let prompt = run
+            .spec
+            .input
+            .clone()
+            .or_else(|| agent.object.spec.default_input.clone());
+        let Some(prompt) = prompt else {
+            return Err(Invalid {
+                field: "spec.input".to_string(),
+                rule: "is required when the agent has no defaultInput".to_string(),
+                value: String::new(),
+            }
+            .into());
+        };
+        validate::check_message("spec.input", &prompt)?;
+        let byok = agent.object.spec.model.access == Access::Byok;
+        if byok {
+            let secret = agent.object.spec.model.api_key_secret.clone().unwrap_or_default();
+            if self
+                .deps
+                .secrets
+                .lookup(project, &secret, API_KEY_SECRET_KEY)
+                .await
+                .is_none()
+            {
+                return Err(Invalid {
+                    field: "spec.model.apiKeySecret".to_string(),
+                    rule: format!("must name a Secret of this project holding {API_KEY_SECRET_KEY}"),
+                    value: secret,
+                }
+                .into());
+            }
+        }
+        if let Some(group) = run.spec.group.clone() {
+            self.admit_to_group(project, &group, &run).await?;
+        }
+        self.stamp(project, &mut run);
+        run.status = Default::default();
+        run.status.phase = Some(RunPhase::Pending(PendingReason::Queued));
+        run.status.cost = CostStatus {
+            total_usd: crate::money::Usd::ZERO,
+            limit_usd: (!byok).then_some(agent.object.spec.per_run_max_cost_usd),
+        };
+        run.status.snapshot = Some(RunSnapshot {
+            agent_ref,
+            agent_revision: agent.version.to_string(),
+            agent: agent.object.spec,
+        });
+        let key = ObjectKey::new(project, Kind::AgentRun, run.name());
+        let record = self
+            .deps
+            .store
+            .create(&key, typed::encode(&key, &run)?)
+            .await?;
+        let created: AgentRun = typed::decode(record)?.object;
+        if let Some(group) = &created.spec.group {
+            self.reconcile_group(project, group).await?;
+        }
+        Ok(created)
+    }
+
+    /// The full answer of the run's last answered turn.
+    pub async fn answer(&self, project: &str, name: &str) -> Result<Option<String>> {
+        let run = self.read_run(project, name).await?;
+        let journal = self.deps.store.journal(run_uid(&run.object)).await?;
+        Ok(crate::replay::Replay::of(&journal).answer())
+    }
+
+    /// What the run did, in order.
+    pub async fn steps(&self, project: &str, name: &str) -> Result<Vec<StepView>> {
+        let run = self.read_run(project, name).await?;
+        let parked = run.object.status.phase == Some(RunPhase::NeedsResolution);
+        let journal = self.deps.store.journal(run_uid(&run.object)).await?;
+        Ok(journal.iter().map(|step| view(step, parked)).collect())
+    }
+
+    /// The run's journal, with full payloads.
+    pub async fn journal(&self, project: &str, name: &str) -> Result<Vec<Step>> {
+        let run = self.read_run(project, name).await?;
+        Ok(self.deps.store.journal(run_uid(&run.object)).await?)
+    }
+
+    /// Send a message to a run. A repeated `key` delivers once; a finished run refuses with
+    /// `AgentRunFinished`; a run that is working reads it after its current turn.
+    pub async fn send_message(
+        &self,
+        project: &str,
+        name: &str,
+        payload: &str,
+        key: Option<&str>,
+    ) -> Result<Delivery> {
+        validate::check_message("payload", payload)?;
+        if let Some(key) = key {
+            check_message_key(key)?;
+        }
+        loop {
+            let run = self.read_run(project, name).await?;
+            let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            let object_key = ObjectKey::new(project, Kind::AgentRun, name);
+            if phase.is_finished() {
+                // A repeat of a message the run already had is still answered as a repeat.
+                if let Some(key) = key {
+                    let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
+                    if let Some(message) = inbox.iter().find(|m| m.key.as_deref() == Some(key)) {
+                        return Ok(Delivery::Duplicate(message.seq));
+                    }
+                }
+                return Err(Error::AgentRunFinished {
+                    run: name.to_string(),
+                    phase,
+                });
+            }
+            match self
+                .deps
+                .store
+                .post_message(&object_key, run.version, key, payload, self.deps.clock.now())
+                .await
+            {
+                Err(crate::store::Error::Conflict { .. }) => continue,
+                other => return Ok(other?),
+            }
+        }
+    }
+
+    /// Cancel a run: a run that has not started is cancelled at once; a started one deletes
+    /// its sandbox first.
+    pub async fn cancel_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        self.request_cancel(project, name, CancelReason::CancelRequested)
+            .await?;
+        self.drive(project, name).await?;
+        self.get_run(project, name).await
+    }
+
+    /// Mark a run as to be cancelled (`reason`); returns false when it had finished.
+    async fn request_cancel(&self, project: &str, name: &str, reason: CancelReason) -> Result<bool> {
+        loop {
+            let mut run = self.read_run(project, name).await?;
+            let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            if phase.is_finished() {
+                return Ok(false);
+            }
+            if matches!(phase, RunPhase::Pending(_)) {
+                run.object.status.phase = Some(phase.apply(RunEvent::Cancel(reason))?);
+                run.object.status.completion_time = Some(self.deps.clock.now());
+            } else {
+                run.object.status.cancel_requested = Some(reason);
+            }
+            let key = ObjectKey::new(project, Kind::AgentRun, name);
+            match self
+                .deps
+                .store
+                .update(&key, run.version, typed::encode(&key, &run.object)?)
+                .await
+            {
+                Err(crate::store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => return Ok(true),
+            }
+        }
+    }
+
+    /// Resolve a run parked on an uncertain step: carry the step out again, record it as
+    /// failed and continue, or cancel the run. Then drive the run on.
+    pub async fn resolve(
+        &self,
+        project: &str,
+        name: &str,
+        resolution: Resolution,
+    ) -> Result<Driven> {
+        let mut run = self.read_run(project, name).await?;
+        let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+        if phase != RunPhase::NeedsResolution {
+            return Err(Error::NotParked {
+                run: name.to_string(),
+                phase,
+            });
+        }
+        let uid = run_uid(&run.object).to_string();
+        let fence = self.deps.store.claim(&uid).await?;
+        let journal = self.deps.store.journal(&uid).await?;
+        if let Some(step) = journal.iter().rev().find(|s| s.completion.is_none()) {
+            let outcome = match resolution {
+                Resolution::Retry => Outcome::Superseded,
+                Resolution::RecordFailed => Outcome::Failed {
+                    error: "interrupted with an unknown outcome; recorded as failed by a person"
+                        .to_string(),
+                    by_resolution: true,
+                },
+                Resolution::Cancel => Outcome::Failed {
+                    error: "interrupted with an unknown outcome; the run was cancelled".to_string(),
+                    by_resolution: true,
+                },
+            };
+            let completion = Completion {
+                finished_at: self.deps.clock.now(),
+                outcome,
+            };
+            self.deps
+                .store
+                .complete_step(&uid, fence, step.seq, &completion)
+                .await?;
+        }
+        // Cancelling keeps the phase until the sandbox is deleted; the others resume.
+        if resolution == Resolution::Cancel {
+            run.object.status.cancel_requested = Some(CancelReason::CancelRequested);
+        } else {
+            run.object.status.phase = Some(phase.apply(RunEvent::Resolve(resolution))?);
+        }
+        let key = ObjectKey::new(project, Kind::AgentRun, name);
+        self.deps
+            .store
+            .update(&key, run.version, typed::encode(&key, &run.object)?)
+            .await?;
+        self.drive(project, name).await
+    }
+
+    /// Create a group, or update a live one's spec (raising its cap, changing `maxActive`,
+    /// sealing it), then reconcile it.
+    pub async fn apply_group(&self, project: &str, mut group: AgentGroup) -> Result<AgentGroup> {
+        validate::validate(&group)?;
+        let name = group.name().to_string();
+        let key = ObjectKey::new(project, Kind::AgentGroup, &name);
+        match self.deps.store.get(&key).await {
+            Ok(record) => {
+                let current = typed::decode::<crate::resource::AgentGroupSpec>(record)?;
+                crate::group::check_update(&current.object.spec, &group.spec)?;
+                let mut updated = current.object;
+                updated.spec = group.spec;
+                updated.metadata.labels = group.metadata.labels;
+                self.deps
+                    .store
+                    .update(&key, current.version, typed::encode(&key, &updated)?)
+                    .await?;
+            }
+            Err(crate::store::Error::NotFound(_)) => {
+                self.resolve_agent(project, &group.spec.agent).await?;
+                self.stamp(project, &mut group);
+                group.status = Default::default();
+                self.deps
+                    .store
+                    .create(&key, typed::encode(&key, &group)?)
+                    .await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.reconcile_group(project, &name).await
+    }
+
+    /// Runs of a project that match a selector.
+    pub async fn list_runs(&self, project: &str, selector: &Selector) -> Result<Vec<AgentRun>> {
+        let records = self
+            .deps
+            .store
+            .list(project, Kind::AgentRun, selector)
+            .await?;
+        records
+            .into_iter()
+            .map(|record| typed::decode(record).map(|v| v.object))
+            .collect()
+    }
+}
+
+/// A message key: 1 to 253 printable characters.
+fn check_message_key(key: &str) -> Result<(), Invalid> {
+    if key.is_empty() || key.len() > 253 || key.chars().any(char::is_control) {
+        let shown: String = key.chars().take(80).collect();
+        return Err(Invalid::new(
+            "messageKey",
+            "must be 1 to 253 printable characters",
+            shown,
+        ));
+    }
+    Ok(())
+}
+
+fn run_uid(run: &AgentRun) -> &str {
+    run.metadata.uid.as_deref().unwrap_or_default()
+}
+
+fn view(step: &Step, parked: bool) -> StepView {
+    StepView {
+        seq: step.seq,
+        kind: step.intent.kind(),
+        state: step.state(parked),
+        started_at: step.started_at,
+        finished_at: step.completion.as_ref().map(|c| c.finished_at),
+        summary: step.summary(),
+    }
+}

@@ -1,0 +1,95 @@
+//! A run's status, projected from its journal and its phase.
+
+use jiff::Timestamp;
+
+use crate::lifecycle::{RunPhase, WaitReason};
+use crate::replay::{Replay, SandboxState};
+use crate::resource::{AgentRunStatus, AnswerStatus, SandboxStatus};
+
+/// Bytes of the answer kept in `status.answer.preview`.
+pub const ANSWER_PREVIEW_BYTES: usize = 4096;
+
+/// The status after a step: derived fields from the journal, the phase given, the rest kept.
+pub fn project(
+    old: &AgentRunStatus,
+    replay: &Replay<'_>,
+    phase: RunPhase,
+    started_at: Option<Timestamp>,
+    now: Timestamp,
+) -> AgentRunStatus {
+    let mut status = old.clone();
+    status.phase = Some(phase);
+    status.turns = replay.turn_statuses();
+    status.cost.total_usd = replay.spent;
+    if let Some(answer) = replay.answer() {
+        status.answer = Some(AnswerStatus {
+            preview: preview(&answer, ANSWER_PREVIEW_BYTES).to_string(),
+            bytes: answer.len() as u64,
+        });
+    }
+    if let SandboxState::Live(info) = replay.sandbox {
+        status.sandbox = Some(SandboxStatus {
+            id: info.id.0.clone(),
+            isolated: info.isolated,
+        });
+    }
+    if status.start_time.is_none() {
+        status.start_time = started_at;
+    }
+    if phase.is_finished() {
+        status.completion_time.get_or_insert(now);
+        status.cancel_requested = None;
+    }
+    status.message = message(phase, replay);
+    status
+}
+
+fn message(phase: RunPhase, replay: &Replay<'_>) -> Option<String> {
+    Some(match phase {
+        RunPhase::Waiting(WaitReason::MaxCostReached) => format!(
+            "the next model call at its largest does not fit under the run's cap (spent {}); \
+             the run makes no more calls: cancel it and start a new one to continue",
+            replay.spent
+        ),
+        RunPhase::Waiting(WaitReason::AwaitingMessage) => {
+            "waiting for a message; the sandbox is kept".to_string()
+        }
+        RunPhase::Waiting(WaitReason::AwaitingFunds) => {
+            "waiting for credits; continues when credits are added".to_string()
+        }
+        RunPhase::NeedsResolution => {
+            "a step was interrupted and its outcome is uncertain: inspect the sandbox, then \
+             resolve with retry, record-failed or cancel"
+                .to_string()
+        }
+        RunPhase::Failed(_) => match replay.sandbox {
+            SandboxState::Failed(error) => format!("the sandbox could not be created: {error}"),
+            _ => replay
+                .turns
+                .iter()
+                .rev()
+                .find_map(|t| {
+                    t.route_failed.or_else(|| {
+                        t.calls.iter().rev().find_map(|c| match c {
+                            crate::replay::Call::Failed { error, .. } => Some(*error),
+                            crate::replay::Call::Replied { .. } => None,
+                        })
+                    })
+                })
+                .map_or_else(|| phase.to_string(), str::to_string),
+        },
+        _ => return None,
+    })
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+pub fn preview(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
