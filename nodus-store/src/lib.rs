@@ -1,1 +1,87 @@
-//! Store backends for Nodus.
+//! Store backends for Nodus, behind the [`nodus_core::Store`] trait.
+//!
+//! - [`MemoryStore`]: everything in memory, for tests, examples and single-process use.
+//!   SQLite and Postgres backends come next, each behind its own feature.
+//! - `conformance` (with the `test-util` feature): the one test suite every backend passes,
+//!   so that all backends agree on versions, batches, journals, fencing, inboxes and change
+//!   notification.
+
+pub mod memory;
+
+#[cfg(any(test, feature = "test-util"))]
+pub mod conformance;
+
+pub use memory::MemoryStore;
+
+#[cfg(test)]
+mod tests {
+    //! The conformance suite, run against [`MemoryStore`].
+
+    use crate::MemoryStore;
+    use crate::conformance;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn run_all() {
+        conformance::run_all(MemoryStore::new).await;
+    }
+
+    #[tokio::test]
+    async fn create_get_list_update_delete() {
+        conformance::create_get_list_update_delete(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn list_selectors() {
+        conformance::list_selectors(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn optimistic_concurrency() {
+        conformance::optimistic_concurrency(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_writers() {
+        conformance::concurrent_writers(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_writers_on_one_thread() {
+        conformance::concurrent_writers(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn batch_atomicity_and_order() {
+        conformance::batch_atomicity_and_order(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn idempotent_batches() {
+        conformance::idempotent_batches(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn journal_in_order() {
+        conformance::journal_in_order(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn fencing() {
+        conformance::fencing(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn messages() {
+        conformance::messages(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn change_notification() {
+        conformance::change_notification(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn delete_removes_journal_and_inbox() {
+        conformance::delete_removes_journal_and_inbox(MemoryStore::new()).await;
+    }
+}

@@ -1,0 +1,1272 @@
+//! The conformance suite every [`Store`] backend passes: one public async function per case,
+//! and [`run_all`] to run them all.
+//!
+//! Each case takes a fresh store and fails by panicking, like any test. Cases use their own
+//! projects, run uids and idempotency keys (unique per process and call), so they can share a
+//! database with each other and with earlier runs of the suite, and they accept change
+//! notifications about other projects. A backend runs the suite like this:
+//!
+//! ```text
+//! #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+//! async fn conformance() {
+//!     nodus_store::conformance::run_all(MyStore::new).await;
+//! }
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jiff::Timestamp;
+use nodus_core::Store;
+use nodus_core::journal::{Completion, Intent, Outcome, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{Change, Delivery, Error, Fence, InboxMessage, ObjectKey, Selector};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+/// How long a case waits for something that should happen at once (a change notification,
+/// racing tasks to finish) before it fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Run every case, each on a store of its own from `make`.
+pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
+    create_get_list_update_delete(make()).await;
+    list_selectors(make()).await;
+    optimistic_concurrency(make()).await;
+    concurrent_writers(make()).await;
+    batch_atomicity_and_order(make()).await;
+    idempotent_batches(make()).await;
+    journal_in_order(make()).await;
+    fencing(make()).await;
+    messages(make()).await;
+    change_notification(make()).await;
+    delete_removes_journal_and_inbox(make()).await;
+}
+
+/// Create, get, list, update and delete one document; missing keys are `NotFound`, an
+/// existing key cannot be created again, and a deleted name can be created afresh.
+pub async fn create_get_list_update_delete<S: Store + Clone + 'static>(store: S) {
+    let project = unique("crud");
+    let key = ObjectKey::new(&project, Kind::AgentRun, "first");
+    let uid = unique("uid");
+
+    assert_eq!(store.get(&key).await, Err(Error::NotFound(key.clone())));
+    assert_eq!(
+        store.update(&key, 1, run_document("first", &uid)).await,
+        Err(Error::NotFound(key.clone()))
+    );
+    assert_eq!(store.delete(&key).await, Err(Error::NotFound(key.clone())));
+    assert_eq!(
+        store
+            .list(&project, Kind::AgentRun, &Selector::default())
+            .await,
+        Ok(vec![])
+    );
+
+    let document = run_document("first", &uid);
+    let created = store
+        .create(&key, document.clone())
+        .await
+        .expect("create a new document");
+    assert_eq!(created.key, key);
+    assert_eq!(created.version, 1, "a new document is at version 1");
+    assert_eq!(created.document, document);
+
+    let mut other = run_document("first", &unique("uid"));
+    other["spec"]["input"] = json!("a different document");
+    assert_eq!(
+        store.create(&key, other).await,
+        Err(Error::AlreadyExists(key.clone()))
+    );
+    assert_eq!(
+        store.get(&key).await,
+        Ok(created.clone()),
+        "a refused create leaves the stored document alone"
+    );
+
+    // The same name under another kind or project is another document.
+    let agent = ObjectKey::new(&project, Kind::Agent, "first");
+    let elsewhere = ObjectKey::new(unique("crud"), Kind::AgentRun, "first");
+    for key in [&agent, &elsewhere] {
+        let record = store
+            .create(key, agent_document("first"))
+            .await
+            .expect("same name, another kind or project");
+        assert_eq!(record.version, 1);
+    }
+    assert_eq!(
+        store
+            .list(&project, Kind::AgentRun, &Selector::default())
+            .await,
+        Ok(vec![created.clone()])
+    );
+    assert_eq!(
+        names(&store, &project, Kind::Agent, &Selector::default()).await,
+        ["first"]
+    );
+
+    let mut changed = document.clone();
+    changed["status"]["phase"] = json!("Running");
+    let updated = store
+        .update(&key, 1, changed.clone())
+        .await
+        .expect("update at the current version");
+    assert_eq!(updated.key, key);
+    assert_eq!(updated.version, 2, "an update bumps the version");
+    assert_eq!(updated.document, changed);
+    assert_eq!(store.get(&key).await, Ok(updated.clone()));
+    assert_eq!(
+        store
+            .list(&project, Kind::AgentRun, &Selector::default())
+            .await,
+        Ok(vec![updated])
+    );
+
+    store.delete(&key).await.expect("delete");
+    assert_eq!(store.get(&key).await, Err(Error::NotFound(key.clone())));
+    assert_eq!(store.delete(&key).await, Err(Error::NotFound(key.clone())));
+    assert_eq!(
+        store
+            .list(&project, Kind::AgentRun, &Selector::default())
+            .await,
+        Ok(vec![])
+    );
+    assert_eq!(
+        store.get(&agent).await.map(|r| r.version),
+        Ok(1),
+        "deleting a run leaves the agent of the same name"
+    );
+
+    let again = store
+        .create(&key, document.clone())
+        .await
+        .expect("create a deleted name again");
+    assert_eq!(
+        again.version, 1,
+        "a re-created document starts at version 1"
+    );
+}
+
+/// `list` filters by labels and by dotted fields (`spec.group`, `status.phase`), within one
+/// project and kind, in creation order; a missing label or field matches nothing.
+pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
+    let project = unique("select");
+    let documents = [
+        (
+            "zulu",
+            &[("team", "red"), ("tier", "gold")][..],
+            Some("g1"),
+            "Running",
+        ),
+        ("alpha", &[("team", "blue")][..], Some("g1"), "Succeeded"),
+        ("mike", &[("team", "red")][..], None, "Running"),
+    ];
+    for (name, labels, group, phase) in documents {
+        let document = shaped_run(name, &unique("uid"), labels, group, phase);
+        store
+            .create(&ObjectKey::new(&project, Kind::AgentRun, name), document)
+            .await
+            .expect("create a run");
+    }
+    // Decoys: another kind in the project, the same kind in another project.
+    store
+        .create(
+            &ObjectKey::new(&project, Kind::Agent, "decoy"),
+            agent_document("decoy"),
+        )
+        .await
+        .expect("create an agent");
+    let other_project = unique("select");
+    store
+        .create(
+            &ObjectKey::new(&other_project, Kind::AgentRun, "decoy"),
+            shaped_run(
+                "decoy",
+                &unique("uid"),
+                &[("team", "red")],
+                Some("g1"),
+                "Running",
+            ),
+        )
+        .await
+        .expect("create a run in another project");
+
+    type Pairs = &'static [(&'static str, &'static str)];
+    // (labels, fields, the names listed)
+    let cases: &[(Pairs, Pairs, &[&str])] = &[
+        (&[], &[], &["zulu", "alpha", "mike"]),
+        (&[("team", "red")], &[], &["zulu", "mike"]),
+        (&[("team", "red"), ("tier", "gold")], &[], &["zulu"]),
+        (&[("team", "green")], &[], &[]),
+        (&[("owner", "red")], &[], &[]),
+        (&[], &[("spec.group", "g1")], &["zulu", "alpha"]),
+        (&[], &[("spec.group", "g2")], &[]),
+        (&[], &[("status.phase", "Running")], &["zulu", "mike"]),
+        (&[], &[("status.phase", "Succeeded")], &["alpha"]),
+        (
+            &[("team", "red")],
+            &[("spec.group", "g1"), ("status.phase", "Running")],
+            &["zulu"],
+        ),
+        (&[("team", "blue")], &[("status.phase", "Running")], &[]),
+        (&[], &[("spec.nothing", "x")], &[]),
+        (&[], &[("metadata.name", "mike")], &["mike"]),
+    ];
+    for (labels, fields, expected) in cases {
+        let selector = selector(labels, fields);
+        assert_eq!(
+            names(&store, &project, Kind::AgentRun, &selector).await,
+            *expected,
+            "list with {selector:?}"
+        );
+    }
+
+    // An update changes what matches, not the order.
+    let alpha = ObjectKey::new(&project, Kind::AgentRun, "alpha");
+    let record = store.get(&alpha).await.expect("get alpha");
+    let mut document = record.document;
+    document["status"]["phase"] = json!("Running");
+    store
+        .update(&alpha, record.version, document)
+        .await
+        .expect("update alpha");
+    assert_eq!(
+        names(
+            &store,
+            &project,
+            Kind::AgentRun,
+            &selector(&[], &[("status.phase", "Running")])
+        )
+        .await,
+        ["zulu", "alpha", "mike"]
+    );
+
+    assert_eq!(
+        names(&store, &project, Kind::Agent, &selector(&[], &[])).await,
+        ["decoy"]
+    );
+    assert_eq!(
+        names(
+            &store,
+            &other_project,
+            Kind::AgentRun,
+            &selector(&[("team", "red")], &[])
+        )
+        .await,
+        ["decoy"]
+    );
+    assert_eq!(
+        names(
+            &store,
+            &unique("empty"),
+            Kind::AgentRun,
+            &selector(&[], &[])
+        )
+        .await,
+        Vec::<String>::new()
+    );
+}
+
+/// A write naming a stale version is refused with `Conflict` and changes nothing; the write
+/// that won is kept, and a writer who reads again succeeds.
+pub async fn optimistic_concurrency<S: Store + Clone + 'static>(store: S) {
+    let project = unique("occ");
+    let key = ObjectKey::new(&project, Kind::AgentRun, "contested");
+    let original = run_document("contested", &unique("uid"));
+    store.create(&key, original.clone()).await.expect("create");
+
+    // Two writers read version 1; the first to write wins.
+    let read_a = store.get(&key).await.expect("reader a");
+    let read_b = store.get(&key).await.expect("reader b");
+    let mut by_a = read_a.document.clone();
+    by_a["status"]["phase"] = json!("Running");
+    let mut by_b = read_b.document.clone();
+    by_b["status"]["phase"] = json!("Cancelled");
+
+    let won = store
+        .update(&key, read_a.version, by_a.clone())
+        .await
+        .expect("first writer");
+    assert_eq!(won.version, 2);
+    assert_eq!(
+        store.update(&key, read_b.version, by_b.clone()).await,
+        Err(Error::Conflict {
+            key: key.clone(),
+            expected: 1,
+            actual: 2
+        })
+    );
+    assert_eq!(
+        store.get(&key).await,
+        Ok(won.clone()),
+        "the refused write is not stored and the winning one is not lost"
+    );
+
+    // Versions that were never stored are refused as well.
+    for expected in [0, 3, 7, u64::MAX] {
+        assert_eq!(
+            store.update(&key, expected, by_b.clone()).await,
+            Err(Error::Conflict {
+                key: key.clone(),
+                expected,
+                actual: 2
+            })
+        );
+    }
+
+    // The loser reads again and writes on top of the winner.
+    let reread = store.get(&key).await.expect("read again");
+    let mut merged = reread.document.clone();
+    merged["status"]["message"] = json!("seen the running phase");
+    let second = store
+        .update(&key, reread.version, merged.clone())
+        .await
+        .expect("write after reading again");
+    assert_eq!(second.version, 3);
+    assert_eq!(second.document["status"]["phase"], json!("Running"));
+    assert_eq!(store.get(&key).await, Ok(second));
+}
+
+/// Several tasks race on one document. In each round all read the same version and all
+/// write: exactly one wins. Then they increment a counter with retries: no increment is lost.
+pub async fn concurrent_writers<S: Store + Clone + 'static>(store: S) {
+    const WRITERS: usize = 8;
+    const ROUNDS: u64 = 10;
+    const INCREMENTS: u64 = 25;
+
+    let project = unique("race");
+    let key = ObjectKey::new(&project, Kind::AgentRun, "raced");
+    let mut document = run_document("raced", &unique("uid"));
+    document["status"]["counter"] = json!(0);
+    store.create(&key, document).await.expect("create");
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut tasks = Vec::with_capacity(WRITERS);
+    for writer in 0..WRITERS {
+        let store = store.clone();
+        let key = key.clone();
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            let mut wins = Vec::new();
+            for round in 0..ROUNDS {
+                let record = store.get(&key).await.expect("read in a round");
+                assert_eq!(record.version, round + 1, "one write per round");
+                barrier.wait().await;
+                let mut document = record.document;
+                document["status"]["writer"] = json!(writer);
+                document["status"]["round"] = json!(round);
+                match store.update(&key, record.version, document).await {
+                    Ok(written) => {
+                        assert_eq!(written.version, round + 2);
+                        wins.push(round);
+                    }
+                    Err(Error::Conflict {
+                        expected, actual, ..
+                    }) => {
+                        assert_eq!((expected, actual), (round + 1, round + 2));
+                    }
+                    Err(e) => panic!("writer {writer}, round {round}: {e}"),
+                }
+                barrier.wait().await;
+            }
+            wins
+        }));
+    }
+    let mut winners = BTreeMap::new();
+    for (writer, wins) in join_all(tasks).await.into_iter().enumerate() {
+        for round in wins {
+            assert!(
+                winners.insert(round, writer).is_none(),
+                "round {round} had two winners"
+            );
+        }
+    }
+    assert_eq!(
+        winners.keys().copied().collect::<Vec<_>>(),
+        (0..ROUNDS).collect::<Vec<_>>(),
+        "every round has exactly one winner"
+    );
+    let record = store.get(&key).await.expect("read after the rounds");
+    assert_eq!(record.version, ROUNDS + 1);
+    assert_eq!(record.document["status"]["round"], json!(ROUNDS - 1));
+    assert_eq!(
+        record.document["status"]["writer"],
+        json!(winners.get(&(ROUNDS - 1)).copied())
+    );
+
+    // Read, modify, write, retrying on conflict: the classic lost-update test.
+    let mut tasks = Vec::with_capacity(WRITERS);
+    for _ in 0..WRITERS {
+        let store = store.clone();
+        let key = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0u64;
+            for _ in 0..INCREMENTS {
+                loop {
+                    let record = store.get(&key).await.expect("read to increment");
+                    tokio::task::yield_now().await;
+                    let mut document = record.document;
+                    let counter = document["status"]["counter"].as_u64().expect("a counter");
+                    document["status"]["counter"] = json!(counter + 1);
+                    match store.update(&key, record.version, document).await {
+                        Ok(_) => break,
+                        Err(Error::Conflict { .. }) => conflicts += 1,
+                        Err(e) => panic!("increment: {e}"),
+                    }
+                }
+            }
+            conflicts
+        }));
+    }
+    join_all(tasks).await;
+    let record = store.get(&key).await.expect("read after the increments");
+    let total = INCREMENTS * WRITERS as u64;
+    assert_eq!(record.document["status"]["counter"], json!(total));
+    assert_eq!(record.version, ROUNDS + 1 + total);
+}
+
+/// A batch is written all or nothing, in order: a batch of 100 whose 57th item exists, or
+/// that names one key twice, leaves none of its items behind; a good batch lists in its
+/// own order, after what was created before it and before what comes after.
+pub async fn batch_atomicity_and_order<S: Store + Clone + 'static>(store: S) {
+    let project = unique("batch");
+    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let existing = run_document("run-056", &unique("uid"));
+    store
+        .create(&key("run-056"), existing.clone())
+        .await
+        .expect("create the item that collides");
+
+    let batch: Vec<_> = (0..100)
+        .map(|i| {
+            let name = format!("run-{i:03}");
+            (key(&name), run_document(&name, &unique("uid")))
+        })
+        .collect();
+    assert_eq!(batch[56].0.name, "run-056", "the 57th item");
+    assert_eq!(
+        store.create_batch(batch.clone(), None).await,
+        Err(Error::AlreadyExists(key("run-056")))
+    );
+    let all = store
+        .list(&project, Kind::AgentRun, &Selector::default())
+        .await
+        .expect("list after the refused batch");
+    assert_eq!(all.len(), 1, "none of the refused batch is left behind");
+    assert_eq!(all[0].key, key("run-056"));
+    assert_eq!(all[0].version, 1);
+    assert_eq!(all[0].document, existing);
+    for name in ["run-000", "run-055", "run-057", "run-099"] {
+        assert_eq!(store.get(&key(name)).await, Err(Error::NotFound(key(name))));
+    }
+
+    // A key named twice in one batch refuses the batch too.
+    let twice = vec![
+        (key("dup-a"), run_document("dup-a", &unique("uid"))),
+        (key("dup-b"), run_document("dup-b", &unique("uid"))),
+        (key("dup-a"), run_document("dup-a", &unique("uid"))),
+    ];
+    assert_eq!(
+        store.create_batch(twice, None).await,
+        Err(Error::AlreadyExists(key("dup-a")))
+    );
+    assert_eq!(
+        store.get(&key("dup-a")).await,
+        Err(Error::NotFound(key("dup-a")))
+    );
+    assert_eq!(
+        store.get(&key("dup-b")).await,
+        Err(Error::NotFound(key("dup-b")))
+    );
+
+    // A good batch of 100, in an order that is neither alphabetical nor its reverse.
+    let order: Vec<String> = (0..100u32)
+        .map(|i| format!("item-{:03}", (i * 37 + 11) % 100))
+        .collect();
+    let batch: Vec<_> = order
+        .iter()
+        .map(|name| (key(name), run_document(name, &unique("uid"))))
+        .collect();
+    let records = store
+        .create_batch(batch.clone(), None)
+        .await
+        .expect("a batch without collisions");
+    assert_eq!(records.len(), 100);
+    for (record, (key, document)) in records.iter().zip(&batch) {
+        assert_eq!(&record.key, key, "records come back in batch order");
+        assert_eq!(record.version, 1);
+        assert_eq!(&record.document, document);
+    }
+    store
+        .create(&key("after"), run_document("after", &unique("uid")))
+        .await
+        .expect("create after the batch");
+
+    let mut expected = vec!["run-056".to_string()];
+    expected.extend(order.iter().cloned());
+    expected.push("after".to_string());
+    assert_eq!(
+        names(&store, &project, Kind::AgentRun, &Selector::default()).await,
+        expected,
+        "creation order: before the batch, the batch in its order, after it"
+    );
+
+    // Repeating a batch without an idempotency key collides with itself.
+    assert_eq!(
+        store.create_batch(batch[..3].to_vec(), None).await,
+        Err(Error::AlreadyExists(batch[0].0.clone()))
+    );
+    assert_eq!(store.create_batch(vec![], None).await, Ok(vec![]));
+}
+
+/// With an idempotency key, a repeated batch returns the first call's records and writes
+/// nothing; a refused batch does not use its key up; keys are scoped by project.
+pub async fn idempotent_batches<S: Store + Clone + 'static>(store: S) {
+    let project = unique("idem");
+    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let idempotency_key = unique("request");
+    let batch: Vec<_> = ["one", "two", "three"]
+        .into_iter()
+        .map(|name| (key(name), run_document(name, &unique("uid"))))
+        .collect();
+
+    let first = store
+        .create_batch(batch.clone(), Some(&idempotency_key))
+        .await
+        .expect("first call");
+    assert_eq!(first.len(), 3);
+    assert_eq!(
+        store
+            .create_batch(batch.clone(), Some(&idempotency_key))
+            .await,
+        Ok(first.clone()),
+        "a repeat returns the first call's records"
+    );
+
+    // The repeat writes nothing, even after the documents moved on.
+    let two = store.get(&key("two")).await.expect("get two");
+    let mut document = two.document.clone();
+    document["status"]["phase"] = json!("Running");
+    let updated = store
+        .update(&key("two"), two.version, document)
+        .await
+        .expect("update two");
+    assert_eq!(
+        store
+            .create_batch(batch.clone(), Some(&idempotency_key))
+            .await,
+        Ok(first.clone())
+    );
+    assert_eq!(store.get(&key("two")).await, Ok(updated));
+
+    // The same key with other items is still a repeat: nothing new is written.
+    let other = vec![(key("four"), run_document("four", &unique("uid")))];
+    assert_eq!(
+        store.create_batch(other, Some(&idempotency_key)).await,
+        Ok(first.clone())
+    );
+    assert_eq!(
+        store.get(&key("four")).await,
+        Err(Error::NotFound(key("four")))
+    );
+    assert_eq!(
+        names(&store, &project, Kind::AgentRun, &Selector::default()).await,
+        ["one", "two", "three"]
+    );
+
+    // A refused batch does not use its key up.
+    let retry_key = unique("request");
+    let colliding = vec![
+        (key("five"), run_document("five", &unique("uid"))),
+        (key("one"), run_document("one", &unique("uid"))),
+    ];
+    assert_eq!(
+        store.create_batch(colliding, Some(&retry_key)).await,
+        Err(Error::AlreadyExists(key("one")))
+    );
+    let fixed = vec![
+        (key("five"), run_document("five", &unique("uid"))),
+        (key("six"), run_document("six", &unique("uid"))),
+    ];
+    let written = store
+        .create_batch(fixed.clone(), Some(&retry_key))
+        .await
+        .expect("the corrected batch under the same key");
+    assert_eq!(
+        written
+            .iter()
+            .map(|r| r.key.name.as_str())
+            .collect::<Vec<_>>(),
+        ["five", "six"]
+    );
+    assert_eq!(
+        store.create_batch(fixed, Some(&retry_key)).await,
+        Ok(written)
+    );
+
+    // The key of one project means nothing in another.
+    let elsewhere = unique("idem");
+    let batch: Vec<_> = ["one", "two"]
+        .into_iter()
+        .map(|name| {
+            (
+                ObjectKey::new(&elsewhere, Kind::AgentRun, name),
+                run_document(name, &unique("uid")),
+            )
+        })
+        .collect();
+    let records = store
+        .create_batch(batch, Some(&idempotency_key))
+        .await
+        .expect("same idempotency key, another project");
+    assert!(
+        records
+            .iter()
+            .all(|r| r.key.project == elsewhere && r.version == 1)
+    );
+    assert_eq!(
+        names(&store, &elsewhere, Kind::AgentRun, &Selector::default()).await,
+        ["one", "two"]
+    );
+}
+
+/// Steps are appended at the journal's length and completed once; the journal reads back in
+/// order; out-of-order appends and double completions are refused with `Error::Journal`.
+pub async fn journal_in_order<S: Store + Clone + 'static>(store: S) {
+    let uid = unique("run");
+    assert_eq!(
+        store.journal(&uid).await,
+        Ok(vec![]),
+        "an unknown run has no steps"
+    );
+    let fence = store.claim(&uid).await.expect("claim");
+
+    let steps = [
+        step(
+            0,
+            Intent::ReadMessage {
+                turn: 0,
+                message_seq: 1,
+            },
+        ),
+        step(1, Intent::Route { turn: 0 }),
+        step(2, Intent::Answer { turn: 0 }),
+        step(3, Intent::Route { turn: 1 }),
+    ];
+    let outcomes = [Outcome::MessageRead, Outcome::Superseded, Outcome::Answered];
+    let mut expected = Vec::new();
+    for (step, outcome) in steps.iter().zip(&outcomes) {
+        store
+            .append_step(&uid, fence, step)
+            .await
+            .expect("append in order");
+        let mut appended = step.clone();
+        expected.push(appended.clone());
+        assert_eq!(store.journal(&uid).await, Ok(expected.clone()));
+
+        let completion = completion(step.seq, outcome.clone());
+        store
+            .complete_step(&uid, fence, step.seq, &completion)
+            .await
+            .expect("complete");
+        appended.completion = Some(completion);
+        expected.pop();
+        expected.push(appended);
+        assert_eq!(store.journal(&uid).await, Ok(expected.clone()));
+    }
+    store
+        .append_step(&uid, fence, &steps[3])
+        .await
+        .expect("append a step left open");
+    expected.push(steps[3].clone());
+
+    // Out of order: a gap, a repeat, the past.
+    for seq in [5, 4 + 1_000, 3, 0] {
+        let result = store
+            .append_step(&uid, fence, &step(seq, Intent::Route { turn: 9 }))
+            .await;
+        assert!(
+            matches!(&result, Err(Error::Journal { run, .. }) if run == &uid),
+            "append of step {seq} to a journal of 4: {result:?}"
+        );
+    }
+    // Completing a step twice, or one that does not exist.
+    for seq in [0, 2, 4, 99] {
+        let result = store
+            .complete_step(&uid, fence, seq, &completion(seq, Outcome::Answered))
+            .await;
+        assert!(
+            matches!(&result, Err(Error::Journal { run, .. }) if run == &uid),
+            "completion of step {seq}: {result:?}"
+        );
+    }
+    assert_eq!(
+        store.journal(&uid).await,
+        Ok(expected.clone()),
+        "refused writes change nothing"
+    );
+
+    let last = completion(3, Outcome::Answered);
+    store
+        .complete_step(&uid, fence, 3, &last)
+        .await
+        .expect("complete the open step");
+    let result = store.complete_step(&uid, fence, 3, &last).await;
+    assert!(
+        matches!(result, Err(Error::Journal { .. })),
+        "second completion: {result:?}"
+    );
+    if let Some(open) = expected.last_mut() {
+        open.completion = Some(last);
+    }
+    let journal = store.journal(&uid).await.expect("read the journal");
+    assert_eq!(journal, expected);
+    assert_eq!(
+        journal.iter().map(|s| s.seq).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+
+    // Journals are per run.
+    let other = unique("run");
+    let other_fence = store.claim(&other).await.expect("claim another run");
+    store
+        .append_step(&other, other_fence, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("the other run's journal starts at 0");
+    assert_eq!(store.journal(&other).await.map(|j| j.len()), Ok(1));
+    assert_eq!(store.journal(&uid).await, Ok(expected));
+}
+
+/// After a second claim, the first claim's appends and completions are refused with
+/// `Fenced` and change nothing; claims are per run; a run nobody claimed cannot be written.
+pub async fn fencing<S: Store + Clone + 'static>(store: S) {
+    let uid = unique("run");
+    let first = store.claim(&uid).await.expect("first claim");
+    store
+        .append_step(&uid, first, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("the first writer appends");
+
+    let second = store.claim(&uid).await.expect("second claim");
+    assert_ne!(first, second, "a claim makes a new fence");
+    let fenced = Err(Error::Fenced { run: uid.clone() });
+    assert_eq!(
+        store
+            .append_step(&uid, first, &step(1, Intent::Answer { turn: 0 }))
+            .await,
+        fenced
+    );
+    assert_eq!(
+        store
+            .complete_step(&uid, first, 0, &completion(0, Outcome::Answered))
+            .await,
+        fenced
+    );
+    assert_eq!(
+        store.journal(&uid).await,
+        Ok(vec![step(0, Intent::Route { turn: 0 })]),
+        "the stale writer changed nothing"
+    );
+
+    store
+        .complete_step(&uid, second, 0, &completion(0, Outcome::Answered))
+        .await
+        .expect("the new writer completes the open step");
+    store
+        .append_step(&uid, second, &step(1, Intent::Answer { turn: 0 }))
+        .await
+        .expect("the new writer appends");
+
+    // Claims on another run leave this one's alone.
+    let other = unique("run");
+    let other_fence = store.claim(&other).await.expect("claim another run");
+    store
+        .complete_step(&uid, second, 1, &completion(1, Outcome::Answered))
+        .await
+        .expect("still the latest claim on this run");
+
+    // A third claim makes the second stale too.
+    let third = store.claim(&uid).await.expect("third claim");
+    assert_ne!(third, second);
+    assert_ne!(third, first);
+    assert_eq!(
+        store
+            .append_step(&uid, second, &step(2, Intent::Route { turn: 1 }))
+            .await,
+        fenced
+    );
+    store
+        .append_step(&uid, third, &step(2, Intent::Route { turn: 1 }))
+        .await
+        .expect("the third writer appends");
+    assert_eq!(store.journal(&uid).await.map(|j| j.len()), Ok(3));
+
+    // Nobody claimed this run: no fence writes it.
+    let unclaimed = unique("run");
+    for fence in [first, second, third, other_fence, Fence(0)] {
+        assert_eq!(
+            store
+                .append_step(&unclaimed, fence, &step(0, Intent::Route { turn: 0 }))
+                .await,
+            Err(Error::Fenced {
+                run: unclaimed.clone()
+            }),
+            "{fence:?} on a run nobody claimed"
+        );
+    }
+    assert_eq!(store.journal(&unclaimed).await, Ok(vec![]));
+}
+
+/// Messages: a key delivers once (later repeats are `Duplicate`, whatever version they
+/// name); a stale version is refused; each delivery bumps the run's version but not its
+/// document, so a writer who decided on the older version is refused.
+pub async fn messages<S: Store + Clone + 'static>(store: S) {
+    let project = unique("inbox");
+    let key = ObjectKey::new(&project, Kind::AgentRun, "chat");
+    let uid = unique("run");
+    let document = run_document("chat", &uid);
+    store.create(&key, document.clone()).await.expect("create");
+    assert_eq!(store.inbox(&uid).await, Ok(vec![]));
+    let at = |second: i64| Timestamp::from_second(1_700_000_000 + second).expect("a timestamp");
+
+    assert_eq!(
+        store
+            .post_message(&key, 1, Some("m-1"), "hello", at(1))
+            .await,
+        Ok(Delivery::Delivered(1))
+    );
+    let record = store.get(&key).await.expect("get after a message");
+    assert_eq!(record.version, 2, "a message bumps the run's version");
+    assert_eq!(record.document, document, "and leaves its document alone");
+
+    // The same key again, at a stale version or the current one: delivered once.
+    for version in [1, 2] {
+        assert_eq!(
+            store
+                .post_message(&key, version, Some("m-1"), "hello again", at(2))
+                .await,
+            Ok(Delivery::Duplicate(1))
+        );
+    }
+    // A stale version is refused, with a key or without.
+    for message_key in [None, Some("m-2")] {
+        assert_eq!(
+            store
+                .post_message(&key, 1, message_key, "stale", at(3))
+                .await,
+            Err(Error::Conflict {
+                key: key.clone(),
+                expected: 1,
+                actual: 2
+            })
+        );
+    }
+    // A writer who decided on version 1 (to finish the run, say) is refused.
+    let mut finished = document.clone();
+    finished["status"]["phase"] = json!("Succeeded");
+    assert_eq!(
+        store.update(&key, 1, finished).await,
+        Err(Error::Conflict {
+            key: key.clone(),
+            expected: 1,
+            actual: 2
+        })
+    );
+    assert_eq!(store.get(&key).await.map(|r| r.version), Ok(2));
+
+    assert_eq!(
+        store
+            .post_message(&key, 2, Some("m-2"), "second", at(4))
+            .await,
+        Ok(Delivery::Delivered(2))
+    );
+    assert_eq!(
+        store.post_message(&key, 3, None, "third", at(5)).await,
+        Ok(Delivery::Delivered(3))
+    );
+    assert_eq!(
+        store
+            .post_message(&key, 1, Some("m-2"), "second again", at(6))
+            .await,
+        Ok(Delivery::Duplicate(2))
+    );
+    let record = store.get(&key).await.expect("get after three messages");
+    assert_eq!(record.version, 4, "duplicates do not bump the version");
+    assert_eq!(record.document, document);
+
+    assert_eq!(
+        store.inbox(&uid).await,
+        Ok(vec![
+            message(1, Some("m-1"), "hello", at(1)),
+            message(2, Some("m-2"), "second", at(4)),
+            message(3, None, "third", at(5)),
+        ])
+    );
+
+    // An update keeps the inbox, and later messages use its new version.
+    let mut running = document.clone();
+    running["status"]["phase"] = json!("Waiting");
+    store
+        .update(&key, 4, running)
+        .await
+        .expect("update the run");
+    assert_eq!(
+        store
+            .post_message(&key, 5, Some("m-1"), "hello", at(7))
+            .await,
+        Ok(Delivery::Duplicate(1))
+    );
+    assert_eq!(
+        store.post_message(&key, 5, None, "fourth", at(8)).await,
+        Ok(Delivery::Delivered(4))
+    );
+    assert_eq!(store.inbox(&uid).await.map(|m| m.len()), Ok(4));
+
+    // Inboxes are per run, and keys are per inbox.
+    let other_key = ObjectKey::new(&project, Kind::AgentRun, "other");
+    let other_uid = unique("run");
+    store
+        .create(&other_key, run_document("other", &other_uid))
+        .await
+        .expect("create another run");
+    assert_eq!(store.inbox(&other_uid).await, Ok(vec![]));
+    assert_eq!(
+        store
+            .post_message(&other_key, 1, Some("m-1"), "elsewhere", at(9))
+            .await,
+        Ok(Delivery::Delivered(1))
+    );
+    assert_eq!(store.inbox(&uid).await.map(|m| m.len()), Ok(4));
+
+    // No such run; a document without a uid.
+    let missing = ObjectKey::new(&project, Kind::AgentRun, "missing");
+    assert_eq!(
+        store
+            .post_message(&missing, 1, None, "nobody", at(10))
+            .await,
+        Err(Error::NotFound(missing))
+    );
+    let no_uid = ObjectKey::new(&project, Kind::AgentRun, "no-uid");
+    let mut document = run_document("no-uid", "x");
+    if let Some(metadata) = document["metadata"].as_object_mut() {
+        metadata.remove("uid");
+    }
+    store.create(&no_uid, document).await.expect("create");
+    let result = store.post_message(&no_uid, 1, None, "lost", at(11)).await;
+    assert!(
+        matches!(result, Err(Error::Journal { .. })),
+        "a run document without metadata.uid: {result:?}"
+    );
+    assert_eq!(store.get(&no_uid).await.map(|r| r.version), Ok(1));
+}
+
+/// Subscribers see `Written(key, version)` for every create, batch item, update and
+/// delivered message, and `Deleted(key)` for deletes, in order; refused writes send nothing.
+pub async fn change_notification<S: Store + Clone + 'static>(store: S) {
+    let project = unique("changes");
+    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let uid = unique("run");
+
+    // Writing with nobody listening is fine.
+    store
+        .create(&key("early"), run_document("early", &unique("uid")))
+        .await
+        .expect("create with no subscriber");
+
+    let mut changes = store.subscribe();
+    let document = run_document("watched", &uid);
+    store
+        .create(&key("watched"), document.clone())
+        .await
+        .expect("create");
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Written(key("watched"), 1)
+    );
+
+    let mut second = store.subscribe();
+    let mut running = document.clone();
+    running["status"]["phase"] = json!("Running");
+    store
+        .update(&key("watched"), 1, running.clone())
+        .await
+        .expect("update");
+    // Refused writes: no change.
+    let _ = store.update(&key("watched"), 1, running.clone()).await;
+    let _ = store.create(&key("watched"), document.clone()).await;
+    store
+        .post_message(
+            &key("watched"),
+            2,
+            Some("k"),
+            "hello",
+            Timestamp::UNIX_EPOCH,
+        )
+        .await
+        .expect("post");
+    let _ = store
+        .post_message(
+            &key("watched"),
+            3,
+            Some("k"),
+            "hello",
+            Timestamp::UNIX_EPOCH,
+        )
+        .await;
+    let _ = store
+        .post_message(&key("watched"), 1, None, "stale", Timestamp::UNIX_EPOCH)
+        .await;
+    let batch = vec![
+        (key("b-2"), run_document("b-2", &unique("uid"))),
+        (key("b-1"), run_document("b-1", &unique("uid"))),
+    ];
+    store
+        .create_batch(batch.clone(), None)
+        .await
+        .expect("batch");
+    let _ = store.create_batch(batch, None).await;
+    store.delete(&key("watched")).await.expect("delete");
+    let _ = store.delete(&key("watched")).await;
+    store.delete(&key("early")).await.expect("delete");
+
+    let expected = [
+        Change::Written(key("watched"), 2),
+        Change::Written(key("watched"), 3),
+        Change::Written(key("b-2"), 1),
+        Change::Written(key("b-1"), 1),
+        Change::Deleted(key("watched")),
+        Change::Deleted(key("early")),
+    ];
+    for change in &expected {
+        assert_eq!(&next_change(&mut changes, &project).await, change);
+    }
+    for change in &expected {
+        assert_eq!(
+            &next_change(&mut second, &project).await,
+            change,
+            "a second subscriber sees the same"
+        );
+    }
+}
+
+/// Deleting a run removes its journal and inbox (not other runs'); a run created again with
+/// the same name and uid starts empty, and its message keys deliver again.
+pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store: S) {
+    let project = unique("delete");
+    let key = ObjectKey::new(&project, Kind::AgentRun, "doomed");
+    let uid = unique("run");
+    let document = run_document("doomed", &uid);
+    store.create(&key, document.clone()).await.expect("create");
+    let fence = store.claim(&uid).await.expect("claim");
+    store
+        .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("append");
+    store
+        .complete_step(&uid, fence, 0, &completion(0, Outcome::Answered))
+        .await
+        .expect("complete");
+    store
+        .post_message(&key, 1, Some("k"), "hello", Timestamp::UNIX_EPOCH)
+        .await
+        .expect("post");
+
+    let keep_key = ObjectKey::new(&project, Kind::AgentRun, "kept");
+    let keep_uid = unique("run");
+    store
+        .create(&keep_key, run_document("kept", &keep_uid))
+        .await
+        .expect("create the run that stays");
+    let keep_fence = store.claim(&keep_uid).await.expect("claim");
+    store
+        .append_step(&keep_uid, keep_fence, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("append");
+    store
+        .post_message(&keep_key, 1, None, "stay", Timestamp::UNIX_EPOCH)
+        .await
+        .expect("post");
+
+    store.delete(&key).await.expect("delete");
+    assert_eq!(store.get(&key).await, Err(Error::NotFound(key.clone())));
+    assert_eq!(store.journal(&uid).await, Ok(vec![]), "the journal is gone");
+    assert_eq!(store.inbox(&uid).await, Ok(vec![]), "the inbox is gone");
+    assert_eq!(store.journal(&keep_uid).await.map(|j| j.len()), Ok(1));
+    assert_eq!(store.inbox(&keep_uid).await.map(|m| m.len()), Ok(1));
+
+    // Created again: empty journal and inbox, the old message key delivers anew.
+    store.create(&key, document).await.expect("create again");
+    assert_eq!(
+        store
+            .post_message(&key, 1, Some("k"), "hello", Timestamp::UNIX_EPOCH)
+            .await,
+        Ok(Delivery::Delivered(1))
+    );
+    let fence = store.claim(&uid).await.expect("claim again");
+    store
+        .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("the journal starts at 0 again");
+    assert_eq!(store.journal(&uid).await.map(|j| j.len()), Ok(1));
+}
+
+// --- helpers ---
+
+/// A name no other case, call or process uses: `prefix-<pid>-<time>-<counter>`.
+fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An AgentRun document as the server would store it.
+fn run_document(name: &str, uid: &str) -> Value {
+    shaped_run(name, uid, &[("app", "conformance")], None, "Pending")
+}
+
+fn shaped_run(
+    name: &str,
+    uid: &str,
+    labels: &[(&str, &str)],
+    group: Option<&str>,
+    phase: &str,
+) -> Value {
+    let labels: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let mut spec = json!({
+        "agent": "helper",
+        "input": format!("say hello to {name}"),
+        "keepAlive": false,
+    });
+    if let Some(group) = group {
+        spec["group"] = json!(group);
+    }
+    json!({
+        "apiVersion": "nodus.dev/v1",
+        "kind": "AgentRun",
+        "metadata": {
+            "name": name,
+            "uid": uid,
+            "labels": labels,
+            "creationTimestamp": "2024-01-01T00:00:00Z",
+        },
+        "spec": spec,
+        "status": { "phase": phase },
+    })
+}
+
+fn agent_document(name: &str) -> Value {
+    json!({
+        "apiVersion": "nodus.dev/v1",
+        "kind": "Agent",
+        "metadata": { "name": name, "uid": unique("uid"), "labels": { "team": "red" } },
+        "spec": { "systemPrompt": "You help.", "model": { "access": "platform" } },
+        "status": { "state": "Ready" },
+    })
+}
+
+fn selector(labels: &[(&str, &str)], fields: &[(&str, &str)]) -> Selector {
+    let map = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    Selector {
+        labels: map(labels),
+        fields: map(fields),
+    }
+}
+
+/// The names `list` returns, in order, checked against each document's `metadata.name`.
+async fn names<S: Store>(store: &S, project: &str, kind: Kind, selector: &Selector) -> Vec<String> {
+    let records = store.list(project, kind, selector).await.expect("list");
+    records
+        .into_iter()
+        .map(|record| {
+            assert_eq!(record.key.project, project);
+            assert_eq!(record.key.kind, kind);
+            assert_eq!(record.document["metadata"]["name"], json!(record.key.name));
+            record.key.name
+        })
+        .collect()
+}
+
+fn step(seq: u32, intent: Intent) -> Step {
+    Step {
+        seq,
+        started_at: Timestamp::from_second(1_700_000_000 + i64::from(seq)).expect("a timestamp"),
+        intent,
+        completion: None,
+    }
+}
+
+fn completion(seq: u32, outcome: Outcome) -> Completion {
+    Completion {
+        finished_at: Timestamp::from_second(1_700_000_500 + i64::from(seq)).expect("a timestamp"),
+        outcome,
+    }
+}
+
+fn message(seq: u64, key: Option<&str>, payload: &str, at: Timestamp) -> InboxMessage {
+    InboxMessage {
+        seq,
+        key: key.map(str::to_string),
+        payload: payload.to_string(),
+        received_at: at,
+    }
+}
+
+/// The next change about `project`, skipping other projects' (a shared database); fails if
+/// none arrives in time or if the subscriber fell behind.
+async fn next_change(changes: &mut broadcast::Receiver<Change>, project: &str) -> Change {
+    within("a change notification", async {
+        loop {
+            match changes.recv().await {
+                Ok(Change::Written(key, version)) if key.project == project => {
+                    return Change::Written(key, version);
+                }
+                Ok(Change::Deleted(key)) if key.project == project => {
+                    return Change::Deleted(key);
+                }
+                Ok(_) => {}
+                Err(e) => panic!("change subscription failed: {e}"),
+            }
+        }
+    })
+    .await
+}
+
+/// Every task's result, in order; a panic in a task fails the case.
+async fn join_all<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    within("racing tasks", async {
+        let mut results = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            match task.await {
+                Ok(result) => results.push(result),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => panic!("task failed: {e}"),
+            }
+        }
+        results
+    })
+    .await
+}
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(PATIENCE, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("waited {PATIENCE:?} for {what}"),
+    }
+}

@@ -1,0 +1,509 @@
+//! An in-memory [`Store`]: the whole state behind one mutex, for tests and single-process use.
+//!
+//! Nothing survives the process. Every operation takes the lock once, does its checks and
+//! its writes under it, and sends its change notifications before releasing it, so the
+//! notifications of one document arrive in version order. The lock is never held across an
+//! await point.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use nodus_core::journal::{Completion, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{
+    Change, Delivery, Error, Fence, InboxMessage, ObjectKey, Record, Selector, Store,
+};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+/// How many changes a slow subscriber may fall behind before it sees `Lagged`.
+const CHANGE_CAPACITY: usize = 1024;
+
+/// An in-memory store. Cloning is cheap and every clone shares the same state, so an engine
+/// and a test can hold one store each and see the same documents.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: Mutex<State>,
+    changes: broadcast::Sender<Change>,
+}
+
+/// Everything the store holds.
+#[derive(Debug, Default)]
+struct State {
+    /// Documents by project, then kind.
+    projects: HashMap<String, HashMap<Kind, Collection>>,
+    /// The next creation number; orders documents for `list`.
+    next_order: u64,
+    /// Each run's latest fence (kept after a delete, so that old fences stay stale).
+    fences: HashMap<String, u64>,
+    /// Journals by run uid.
+    journals: HashMap<String, Vec<Step>>,
+    /// Inboxes by run uid.
+    inboxes: HashMap<String, Inbox>,
+    /// The records of batches created with an idempotency key, by (project, key).
+    batches: HashMap<(String, String), Vec<Record>>,
+}
+
+/// The documents of one kind in one project.
+#[derive(Debug, Default)]
+struct Collection {
+    /// Creation number by name.
+    by_name: HashMap<String, u64>,
+    /// Documents in creation order.
+    by_order: BTreeMap<u64, Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    version: u64,
+    document: Value,
+}
+
+#[derive(Debug, Default)]
+struct Inbox {
+    messages: Vec<InboxMessage>,
+    /// Sequence number by deduplication key.
+    keys: HashMap<String, u64>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
+        MemoryStore {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                changes,
+            }),
+        }
+    }
+
+    /// The state, recovered if a panicking holder poisoned the lock: every operation checks
+    /// before it writes, so a panic cannot leave a half-done write behind.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tell subscribers; having none is fine.
+    fn notify(&self, change: Change) {
+        let _ = self.inner.changes.send(change);
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl State {
+    fn collection(&self, project: &str, kind: Kind) -> Option<&Collection> {
+        self.projects.get(project)?.get(&kind)
+    }
+
+    fn entry(&self, key: &ObjectKey) -> Option<&Entry> {
+        let collection = self.collection(&key.project, key.kind)?;
+        let order = collection.by_name.get(&key.name)?;
+        collection.by_order.get(order)
+    }
+
+    fn entry_mut(&mut self, key: &ObjectKey) -> Option<&mut Entry> {
+        let collection = self.projects.get_mut(&key.project)?.get_mut(&key.kind)?;
+        let order = collection.by_name.get(&key.name)?;
+        collection.by_order.get_mut(order)
+    }
+
+    fn contains(&self, key: &ObjectKey) -> bool {
+        self.collection(&key.project, key.kind)
+            .is_some_and(|c| c.by_name.contains_key(&key.name))
+    }
+
+    /// Insert a document that is known not to exist, at version 1.
+    fn insert(&mut self, key: &ObjectKey, document: Value) -> Record {
+        let order = self.next_order;
+        self.next_order += 1;
+        let collection = self
+            .projects
+            .entry(key.project.clone())
+            .or_default()
+            .entry(key.kind)
+            .or_default();
+        collection.by_name.insert(key.name.clone(), order);
+        collection.by_order.insert(
+            order,
+            Entry {
+                name: key.name.clone(),
+                version: 1,
+                document: document.clone(),
+            },
+        );
+        Record {
+            key: key.clone(),
+            version: 1,
+            document,
+        }
+    }
+
+    /// Refuse a write by `fence` unless it is the run's latest claim.
+    fn check_fence(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
+        match self.fences.get(run_uid) {
+            Some(&latest) if fence.0 == latest => Ok(()),
+            _ => Err(Error::Fenced {
+                run: run_uid.to_string(),
+            }),
+        }
+    }
+}
+
+/// The run uid a document carries in `metadata.uid`.
+fn run_uid(document: &Value) -> Option<&str> {
+    document["metadata"]["uid"].as_str()
+}
+
+fn journal_error(run: &str, message: String) -> Error {
+    Error::Journal {
+        run: run.to_string(),
+        message,
+    }
+}
+
+fn next_version(key: &ObjectKey, version: u64) -> Result<u64, Error> {
+    version
+        .checked_add(1)
+        .ok_or_else(|| Error::Corrupt(format!("{key}: version {version} cannot be bumped")))
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
+        let mut state = self.lock();
+        if state.contains(key) {
+            return Err(Error::AlreadyExists(key.clone()));
+        }
+        let record = state.insert(key, document);
+        self.notify(Change::Written(key.clone(), 1));
+        Ok(record)
+    }
+
+    async fn create_batch(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Vec<Record>, Error> {
+        let mut state = self.lock();
+        let scope = match (idempotency_key, items.first()) {
+            (Some(idempotency_key), Some((first, _))) => {
+                let scope = (first.project.clone(), idempotency_key.to_string());
+                if let Some(records) = state.batches.get(&scope) {
+                    return Ok(records.clone());
+                }
+                Some(scope)
+            }
+            _ => None,
+        };
+        // Check everything before writing anything: a key that exists, or that the batch
+        // names twice, refuses the whole batch.
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        for (key, _) in &items {
+            if state.contains(key) || !seen.insert(key) {
+                return Err(Error::AlreadyExists(key.clone()));
+            }
+        }
+        let records: Vec<Record> = items
+            .into_iter()
+            .map(|(key, document)| state.insert(&key, document))
+            .collect();
+        for record in &records {
+            self.notify(Change::Written(record.key.clone(), record.version));
+        }
+        if let Some(scope) = scope {
+            state.batches.insert(scope, records.clone());
+        }
+        Ok(records)
+    }
+
+    async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
+        let state = self.lock();
+        let entry = state
+            .entry(key)
+            .ok_or_else(|| Error::NotFound(key.clone()))?;
+        Ok(Record {
+            key: key.clone(),
+            version: entry.version,
+            document: entry.document.clone(),
+        })
+    }
+
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, Error> {
+        let state = self.lock();
+        let Some(collection) = state.collection(project, kind) else {
+            return Ok(Vec::new());
+        };
+        Ok(collection
+            .by_order
+            .values()
+            .filter(|entry| selector.matches(&entry.document))
+            .map(|entry| Record {
+                key: ObjectKey::new(project, kind, entry.name.clone()),
+                version: entry.version,
+                document: entry.document.clone(),
+            })
+            .collect())
+    }
+
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        expected_version: u64,
+        document: Value,
+    ) -> Result<Record, Error> {
+        let mut state = self.lock();
+        let entry = state
+            .entry_mut(key)
+            .ok_or_else(|| Error::NotFound(key.clone()))?;
+        if entry.version != expected_version {
+            return Err(Error::Conflict {
+                key: key.clone(),
+                expected: expected_version,
+                actual: entry.version,
+            });
+        }
+        let version = next_version(key, entry.version)?;
+        entry.version = version;
+        entry.document = document.clone();
+        self.notify(Change::Written(key.clone(), version));
+        Ok(Record {
+            key: key.clone(),
+            version,
+            document,
+        })
+    }
+
+    async fn delete(&self, key: &ObjectKey) -> Result<(), Error> {
+        let mut state = self.lock();
+        let entry = state
+            .projects
+            .get_mut(&key.project)
+            .and_then(|kinds| kinds.get_mut(&key.kind))
+            .and_then(|collection| {
+                let order = collection.by_name.remove(&key.name)?;
+                collection.by_order.remove(&order)
+            })
+            .ok_or_else(|| Error::NotFound(key.clone()))?;
+        if let Some(uid) = run_uid(&entry.document) {
+            state.journals.remove(uid);
+            state.inboxes.remove(uid);
+            // A writer still holding a claim on the deleted run must not bring its journal
+            // back: make every fence stale (the counter stays, so no fence is reissued).
+            if let Some(latest) = state.fences.get_mut(uid) {
+                *latest = latest.saturating_add(1);
+            }
+        }
+        self.notify(Change::Deleted(key.clone()));
+        Ok(())
+    }
+
+    async fn claim(&self, run_uid: &str) -> Result<Fence, Error> {
+        let mut state = self.lock();
+        let latest = state.fences.entry(run_uid.to_string()).or_insert(0);
+        *latest = latest
+            .checked_add(1)
+            .ok_or_else(|| Error::Corrupt(format!("run {run_uid}: no fence is left to claim")))?;
+        Ok(Fence(*latest))
+    }
+
+    async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.check_fence(run_uid, fence)?;
+        let journal = state.journals.entry(run_uid.to_string()).or_default();
+        if usize::try_from(step.seq).ok() != Some(journal.len()) {
+            return Err(journal_error(
+                run_uid,
+                format!(
+                    "step {} appended out of order (the journal has {} steps, so the next is {})",
+                    step.seq,
+                    journal.len(),
+                    journal.len()
+                ),
+            ));
+        }
+        journal.push(step.clone());
+        Ok(())
+    }
+
+    async fn complete_step(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+    ) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.check_fence(run_uid, fence)?;
+        let journal = state.journals.get_mut(run_uid);
+        let len = journal.as_ref().map_or(0, |j| j.len());
+        let step = journal
+            .and_then(|j| j.get_mut(usize::try_from(seq).ok()?))
+            .ok_or_else(|| {
+                journal_error(
+                    run_uid,
+                    format!("cannot complete step {seq}: the journal has {len} steps"),
+                )
+            })?;
+        if step.completion.is_some() {
+            return Err(journal_error(
+                run_uid,
+                format!("step {seq} is already completed"),
+            ));
+        }
+        step.completion = Some(completion.clone());
+        Ok(())
+    }
+
+    async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
+        Ok(self
+            .lock()
+            .journals
+            .get(run_uid)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn post_message(
+        &self,
+        run: &ObjectKey,
+        expected_version: u64,
+        key: Option<&str>,
+        payload: &str,
+        at: Timestamp,
+    ) -> Result<Delivery, Error> {
+        let mut state = self.lock();
+        let entry = state
+            .entry(run)
+            .ok_or_else(|| Error::NotFound(run.clone()))?;
+        let current = entry.version;
+        let uid = run_uid(&entry.document)
+            .ok_or_else(|| {
+                journal_error(&run.to_string(), "the run has no metadata.uid".to_string())
+            })?
+            .to_string();
+        if let Some(&seq) = key.and_then(|key| state.inboxes.get(&uid)?.keys.get(key)) {
+            return Ok(Delivery::Duplicate(seq));
+        }
+        if current != expected_version {
+            return Err(Error::Conflict {
+                key: run.clone(),
+                expected: expected_version,
+                actual: current,
+            });
+        }
+        let version = next_version(run, current)?;
+        let inbox = state.inboxes.entry(uid).or_default();
+        let seq = u64::try_from(inbox.messages.len())
+            .ok()
+            .and_then(|len| len.checked_add(1))
+            .ok_or_else(|| Error::Corrupt(format!("{run}: the inbox is full")))?;
+        if let Some(key) = key {
+            inbox.keys.insert(key.to_string(), seq);
+        }
+        inbox.messages.push(InboxMessage {
+            seq,
+            key: key.map(str::to_string),
+            payload: payload.to_string(),
+            received_at: at,
+        });
+        if let Some(entry) = state.entry_mut(run) {
+            entry.version = version;
+        }
+        self.notify(Change::Written(run.clone(), version));
+        Ok(Delivery::Delivered(seq))
+    }
+
+    async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
+        Ok(self
+            .lock()
+            .inboxes
+            .get(run_uid)
+            .map(|inbox| inbox.messages.clone())
+            .unwrap_or_default())
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.inner.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Behaviour of the in-memory store beyond the conformance suite.
+
+    use nodus_core::journal::{Intent, Step};
+    use serde_json::json;
+
+    use super::*;
+
+    fn step(seq: u32) -> Step {
+        Step {
+            seq,
+            started_at: Timestamp::UNIX_EPOCH,
+            intent: Intent::Route { turn: seq },
+            completion: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn delete_makes_outstanding_fences_stale() {
+        let store = MemoryStore::new();
+        let key = ObjectKey::new("p", Kind::AgentRun, "r");
+        let document = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun",
+            "metadata": {"name": "r", "uid": "u-1"}, "spec": {}, "status": {}});
+        store.create(&key, document.clone()).await.unwrap();
+        let fence = store.claim("u-1").await.unwrap();
+        store.append_step("u-1", fence, &step(0)).await.unwrap();
+
+        store.delete(&key).await.unwrap();
+        // The old writer cannot bring the deleted run's journal back.
+        assert_eq!(
+            store.append_step("u-1", fence, &step(0)).await,
+            Err(Error::Fenced { run: "u-1".into() })
+        );
+        assert_eq!(store.journal("u-1").await, Ok(vec![]));
+
+        // Nor can it write to the run created again: new claims never reissue its fence.
+        store.create(&key, document).await.unwrap();
+        let fresh = store.claim("u-1").await.unwrap();
+        assert!(fresh > fence);
+        assert_eq!(
+            store.append_step("u-1", fence, &step(0)).await,
+            Err(Error::Fenced { run: "u-1".into() })
+        );
+        store.append_step("u-1", fresh, &step(0)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn clones_share_state_and_changes() {
+        let store = MemoryStore::default();
+        let clone = store.clone();
+        let mut changes = clone.subscribe();
+        let key = ObjectKey::new("p", Kind::Agent, "a");
+        store
+            .create(&key, json!({"metadata": {"name": "a"}}))
+            .await
+            .unwrap();
+        assert_eq!(clone.get(&key).await.unwrap().version, 1);
+        assert_eq!(changes.try_recv(), Ok(Change::Written(key, 1)));
+    }
+}
