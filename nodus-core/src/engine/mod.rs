@@ -322,7 +322,7 @@ impl Engine {
     ) -> Result<Delivery> {
         validate::check_message("payload", payload)?;
         if let Some(key) = key {
-            check_message_key(key)?;
+            validate::check_message_key(key)?;
         }
         loop {
             let run = self.read_run(project, name).await?;
@@ -489,19 +489,6 @@ impl Engine {
             .map(|record| typed::decode(record).map(|v| v.object))
             .collect()
     }
-}
-
-/// A message key: 1 to 253 printable characters.
-fn check_message_key(key: &str) -> Result<(), Invalid> {
-    if key.is_empty() || key.len() > 253 || key.chars().any(char::is_control) {
-        let shown: String = key.chars().take(80).collect();
-        return Err(Invalid::new(
-            "messageKey",
-            "must be 1 to 253 printable characters",
-            shown,
-        ));
-    }
-    Ok(())
 }
 
 fn run_uid(run: &AgentRun) -> &str {

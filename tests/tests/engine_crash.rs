@@ -1,0 +1,204 @@
+//! The deterministic crash test: a run with several turns and commands, crashed at every
+//! journal boundary and restarted on the same store, ends as the uncrashed run did, and no
+//! completed command runs twice.
+
+mod support;
+
+use std::sync::Arc;
+
+use nodus_core::engine::Driven;
+use nodus_core::journal::{Intent, Outcome, StepState};
+use nodus_core::lifecycle::{CancelReason, Resolution, RunPhase};
+use nodus_llm::Reply;
+use support::{CrashMode, CrashingStore, PROJECT, World, agent, journal_json, run};
+
+const COMMANDS: [&str; 4] = ["echo one", "echo two", "echo three", "echo four"];
+
+fn script() -> Vec<Reply> {
+    vec![
+        Reply::Commands(vec!["echo one".into(), "echo two".into()]),
+        Reply::Commands(vec!["echo three".into()]),
+        Reply::Text("first answer".into()),
+        Reply::Commands(vec!["echo four".into()]),
+        Reply::Text("second answer".into()),
+    ]
+}
+
+/// Set up the agent and the run, with a message waiting so that the run has two turns.
+async fn setup(world: &World) {
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(PROJECT, run("job", "worker", "Run the checks.", |_| {}))
+        .await
+        .expect("run");
+    engine
+        .send_message(PROJECT, "job", "Now the staging checks.", Some("staging-1"))
+        .await
+        .expect("message");
+}
+
+/// Drive the run to its end on a fresh engine, resolving a park with `resolution`.
+async fn finish(world: &World, resolution: Resolution) -> (Driven, bool) {
+    let engine = world.engine();
+    let driven = engine.drive(PROJECT, "job").await.expect("drive after restart");
+    if let Driven::Parked { .. } = driven {
+        let run = engine.get_run(PROJECT, "job").await.expect("run");
+        assert_eq!(run.status.phase, Some(RunPhase::NeedsResolution));
+        let steps = engine.steps(PROJECT, "job").await.expect("steps");
+        assert_eq!(steps.last().map(|s| s.state), Some(StepState::Uncertain));
+        let driven = engine.resolve(PROJECT, "job", resolution).await.expect("resolve");
+        return (driven, true);
+    }
+    (driven, false)
+}
+
+#[tokio::test]
+async fn uncrashed_run_has_two_turns_and_four_commands() {
+    let world = World::new(script());
+    setup(&world).await;
+    let driven = world.engine().drive(PROJECT, "job").await.expect("drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let engine = world.engine();
+    assert_eq!(
+        engine.answer(PROJECT, "job").await.expect("answer").as_deref(),
+        Some("second answer")
+    );
+    for command in COMMANDS {
+        assert_eq!(world.sandbox.count(command), 1, "{command}");
+    }
+    let run = engine.get_run(PROJECT, "job").await.expect("run");
+    assert_eq!(run.status.turns.len(), 2);
+    assert_eq!(run.status.turns[0].commands, 3);
+    assert_eq!(run.status.turns[1].commands, 1);
+    assert!(run.status.cost.total_usd > nodus_core::Usd::ZERO);
+    assert_eq!(world.sandbox.live(), Vec::<String>::new(), "sandbox deleted");
+    let journal = engine.journal(PROJECT, "job").await.expect("journal");
+    assert_eq!(journal.len(), 16);
+    assert!(journal.iter().all(|s| s.state(false) == StepState::Completed));
+}
+
+#[tokio::test]
+async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
+    // The reference: the same run without a crash.
+    let reference = World::new(script());
+    setup(&reference).await;
+    reference.engine().drive(PROJECT, "job").await.expect("drive");
+    let reference_journal = reference.engine().journal(PROJECT, "job").await.expect("journal");
+    let writes = reference_journal.len() * 2;
+    assert_eq!(writes, 32);
+
+    for mode in [CrashMode::AfterWrite, CrashMode::BeforeWrite] {
+        for crash_at in 1..=writes {
+            let world = World::new(script());
+            setup(&world).await;
+            let crashing = Arc::new(CrashingStore::new(world.memory.clone(), crash_at, mode));
+            let crashed = world.engine_over(crashing.clone()).drive(PROJECT, "job").await;
+            assert!(crashed.is_err(), "{mode:?} at write {crash_at} must crash");
+
+            // Which step did the crash interrupt, and was its outcome lost?
+            let step_index = (crash_at - 1) / 2;
+            let is_result_write = crash_at % 2 == 0;
+            let step = &reference_journal[step_index];
+            let interrupted_command = matches!(step.intent, Intent::Command { .. })
+                && (mode == CrashMode::AfterWrite && !is_result_write
+                    || mode == CrashMode::BeforeWrite && is_result_write);
+            let command_ran = mode == CrashMode::BeforeWrite && is_result_write;
+
+            // Restart: a new engine on the same store. An interrupted command parks the run;
+            // record it as failed when it ran, retry it when it never did.
+            let resolution = if command_ran { Resolution::RecordFailed } else { Resolution::Retry };
+            let (driven, parked) = finish(&world, resolution).await;
+            let context = format!("{mode:?} at write {crash_at} (step {step_index}: {:?})", step.intent.kind());
+            assert_eq!(parked, interrupted_command, "{context}: parks exactly on an interrupted command");
+            assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{context}");
+
+            let engine = world.engine();
+            assert_eq!(
+                engine.answer(PROJECT, "job").await.expect("answer").as_deref(),
+                Some("second answer"),
+                "{context}"
+            );
+            for command in COMMANDS {
+                assert_eq!(world.sandbox.count(command), 1, "{context}: `{command}` ran once");
+            }
+            let journal = engine.journal(PROJECT, "job").await.expect("journal");
+            if !parked {
+                assert_eq!(journal_json(&journal), journal_json(&reference_journal), "{context}");
+            } else if command_ran {
+                // The interrupted step is recorded as failed; everything else is as before.
+                assert_eq!(journal.len(), reference_journal.len(), "{context}");
+                assert!(matches!(
+                    journal[step_index].completion.as_ref().map(|c| &c.outcome),
+                    Some(Outcome::Failed { by_resolution: true, .. })
+                ), "{context}");
+            } else {
+                // The interrupted step is superseded by one retry with the same intent.
+                assert_eq!(journal.len(), reference_journal.len() + 1, "{context}");
+                assert_eq!(journal[step_index].completion.as_ref().map(|c| &c.outcome), Some(&Outcome::Superseded));
+                assert_eq!(journal[step_index + 1].intent, reference_journal[step_index].intent, "{context}");
+            }
+            assert_eq!(world.sandbox.live(), Vec::<String>::new(), "{context}: sandbox deleted");
+        }
+    }
+}
+
+/// Crash after a command ran but before its result was journaled.
+async fn parked_after_command(world: &World) {
+    setup(world).await;
+    // Write 8 is the result of the first command (steps: sandbox, route, call, command).
+    let crashing = Arc::new(CrashingStore::new(world.memory.clone(), 8, CrashMode::BeforeWrite));
+    assert!(world.engine_over(crashing).drive(PROJECT, "job").await.is_err());
+    assert_eq!(world.sandbox.count("echo one"), 1);
+    let driven = world.engine().drive(PROJECT, "job").await.expect("restart");
+    assert_eq!(driven, Driven::Parked { seq: 3 });
+}
+
+#[tokio::test]
+async fn resolve_retry_runs_the_command_again() {
+    let world = World::new(script());
+    parked_after_command(&world).await;
+    let driven = world.engine().resolve(PROJECT, "job", Resolution::Retry).await.expect("resolve");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    assert_eq!(world.sandbox.count("echo one"), 2, "retry means run it again");
+    let steps = world.engine().steps(PROJECT, "job").await.expect("steps");
+    assert_eq!(steps[3].state, StepState::Uncertain);
+    assert_eq!(steps[4].state, StepState::Completed);
+}
+
+#[tokio::test]
+async fn resolve_record_failed_continues_without_running_it() {
+    let world = World::new(script());
+    parked_after_command(&world).await;
+    let driven = world
+        .engine()
+        .resolve(PROJECT, "job", Resolution::RecordFailed)
+        .await
+        .expect("resolve");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    assert_eq!(world.sandbox.count("echo one"), 1);
+    let steps = world.engine().steps(PROJECT, "job").await.expect("steps");
+    assert_eq!(steps[3].state, StepState::Failed);
+    assert_eq!(world.sandbox.count("echo two"), 1, "the run continued");
+}
+
+#[tokio::test]
+async fn resolve_cancel_deletes_the_sandbox_and_calls_no_model() {
+    let world = World::new(script());
+    parked_after_command(&world).await;
+    let calls = world.model.calls();
+    let driven = world.engine().resolve(PROJECT, "job", Resolution::Cancel).await.expect("resolve");
+    assert_eq!(driven, Driven::Finished(RunPhase::Cancelled(CancelReason::CancelRequested)));
+    assert_eq!(world.model.calls(), calls, "no model call after cancel");
+    assert_eq!(world.sandbox.count("echo two"), 0);
+    assert_eq!(world.sandbox.live(), Vec::<String>::new());
+    let error = world
+        .engine()
+        .resolve(PROJECT, "job", Resolution::Retry)
+        .await
+        .expect_err("nothing left to resolve");
+    assert_eq!(error.reason(), "Conflict");
+}

@@ -1,0 +1,251 @@
+//! Shared harness of the engine tests: an engine over the in-memory store, the recording
+//! sandbox, the scripted model and a manual clock, and a store wrapper that crashes at a
+//! chosen journal write.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use nodus_core::catalog::{Catalog, Family};
+use nodus_core::engine::{Config, Deps, Engine};
+use nodus_core::journal::{Completion, Step};
+use nodus_core::model::{self, ModelClient, ModelRequest, ModelResponse};
+use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec, Kind};
+use nodus_core::router::FixedRouter;
+use nodus_core::secret::StaticSecrets;
+use nodus_core::store::{self, Change, Delivery, Fence, InboxMessage, ObjectKey, Record, Selector, Store};
+use nodus_core::testing::{ManualClock, RecordingSandbox};
+use nodus_llm::{Reply, ScriptedModel};
+use nodus_store::MemoryStore;
+use serde_json::Value;
+
+pub const PROJECT: &str = "default";
+
+/// Where a crash happens relative to the chosen journal write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashMode {
+    /// The write is durable, then the process dies.
+    AfterWrite,
+    /// The process dies before the write is durable.
+    BeforeWrite,
+}
+
+/// A store that dies at its n-th journal write (counting from 1), like a process killed at
+/// that boundary: every later call fails too, until a new "process" opens the inner store.
+pub struct CrashingStore {
+    inner: MemoryStore,
+    writes: AtomicUsize,
+    crash_at: usize,
+    mode: CrashMode,
+    dead: Mutex<bool>,
+}
+
+impl CrashingStore {
+    pub fn new(inner: MemoryStore, crash_at: usize, mode: CrashMode) -> Self {
+        CrashingStore {
+            inner,
+            writes: AtomicUsize::new(0),
+            crash_at,
+            mode,
+            dead: Mutex::new(false),
+        }
+    }
+
+    fn crashed() -> store::Error {
+        store::Error::Corrupt("simulated crash".to_string())
+    }
+
+    fn check_alive(&self) -> Result<(), store::Error> {
+        if *self.dead.lock().expect("lock") {
+            return Err(Self::crashed());
+        }
+        Ok(())
+    }
+
+    /// Count a journal write; says whether to write and whether to die afterwards.
+    fn journal_write(&self) -> Result<bool, store::Error> {
+        self.check_alive()?;
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if n != self.crash_at {
+            return Ok(false);
+        }
+        *self.dead.lock().expect("lock") = true;
+        match self.mode {
+            CrashMode::BeforeWrite => Err(Self::crashed()),
+            CrashMode::AfterWrite => Ok(true),
+        }
+    }
+
+    pub fn journal_writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Store for CrashingStore {
+    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, store::Error> {
+        self.check_alive()?;
+        self.inner.create(key, document).await
+    }
+    async fn create_batch(&self, items: Vec<(ObjectKey, Value)>, key: Option<&str>) -> Result<Vec<Record>, store::Error> {
+        self.check_alive()?;
+        self.inner.create_batch(items, key).await
+    }
+    async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
+        self.check_alive()?;
+        self.inner.get(key).await
+    }
+    async fn list(&self, project: &str, kind: Kind, selector: &Selector) -> Result<Vec<Record>, store::Error> {
+        self.check_alive()?;
+        self.inner.list(project, kind, selector).await
+    }
+    async fn update(&self, key: &ObjectKey, version: u64, document: Value) -> Result<Record, store::Error> {
+        self.check_alive()?;
+        self.inner.update(key, version, document).await
+    }
+    async fn delete(&self, key: &ObjectKey) -> Result<(), store::Error> {
+        self.check_alive()?;
+        self.inner.delete(key).await
+    }
+    async fn claim(&self, run: &str) -> Result<Fence, store::Error> {
+        self.check_alive()?;
+        self.inner.claim(run).await
+    }
+    async fn append_step(&self, run: &str, fence: Fence, step: &Step) -> Result<(), store::Error> {
+        let die_after = self.journal_write()?;
+        self.inner.append_step(run, fence, step).await?;
+        if die_after {
+            return Err(Self::crashed());
+        }
+        Ok(())
+    }
+    async fn complete_step(&self, run: &str, fence: Fence, seq: u32, completion: &Completion) -> Result<(), store::Error> {
+        let die_after = self.journal_write()?;
+        self.inner.complete_step(run, fence, seq, completion).await?;
+        if die_after {
+            return Err(Self::crashed());
+        }
+        Ok(())
+    }
+    async fn journal(&self, run: &str) -> Result<Vec<Step>, store::Error> {
+        self.check_alive()?;
+        self.inner.journal(run).await
+    }
+    async fn post_message(&self, run: &ObjectKey, version: u64, key: Option<&str>, payload: &str, at: Timestamp) -> Result<Delivery, store::Error> {
+        self.check_alive()?;
+        self.inner.post_message(run, version, key, payload, at).await
+    }
+    async fn inbox(&self, run: &str) -> Result<Vec<InboxMessage>, store::Error> {
+        self.check_alive()?;
+        self.inner.inbox(run).await
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.inner.subscribe()
+    }
+}
+
+/// A model that counts its calls, and can be told to answer the next calls with errors.
+pub struct CountingModel {
+    inner: ScriptedModel,
+    calls: AtomicUsize,
+    failures: Mutex<Vec<model::Error>>,
+}
+
+impl CountingModel {
+    pub fn new(script: Vec<Reply>) -> Self {
+        CountingModel {
+            inner: ScriptedModel::new(script),
+            calls: AtomicUsize::new(0),
+            failures: Mutex::new(Vec::new()),
+        }
+    }
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+    pub fn fail_next(&self, error: model::Error) {
+        self.failures.lock().expect("lock").push(error);
+    }
+}
+
+#[async_trait]
+impl ModelClient for CountingModel {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, model::Error> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let failure = {
+            let mut failures = self.failures.lock().expect("lock");
+            (!failures.is_empty()).then(|| failures.remove(0))
+        };
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        self.inner.complete(request).await
+    }
+}
+
+pub fn catalog() -> Catalog {
+    nodus_llm::default_catalog().expect("the shipped catalog")
+}
+
+pub struct World {
+    pub memory: MemoryStore,
+    pub sandbox: Arc<RecordingSandbox>,
+    pub model: Arc<CountingModel>,
+    pub clock: Arc<ManualClock>,
+    pub secrets: StaticSecrets,
+}
+
+impl World {
+    pub fn new(script: Vec<Reply>) -> Self {
+        World {
+            memory: MemoryStore::new(),
+            sandbox: Arc::new(RecordingSandbox::new()),
+            model: Arc::new(CountingModel::new(script)),
+            clock: Arc::new(ManualClock::default()),
+            secrets: StaticSecrets::new(),
+        }
+    }
+
+    /// An engine (a "process") over this world's store.
+    pub fn engine(&self) -> Engine {
+        self.engine_over(Arc::new(self.memory.clone()))
+    }
+
+    pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        Engine::new(
+            Deps {
+                store,
+                sandbox: self.sandbox.clone(),
+                model: self.model.clone(),
+                router: Arc::new(FixedRouter(Family::Haiku)),
+                clock: self.clock.clone(),
+                catalog: Arc::new(catalog()),
+                secrets: Arc::new(self.secrets.clone()),
+            },
+            Config::default(),
+        )
+    }
+}
+
+pub fn agent(name: &str, configure: impl FnOnce(&mut AgentSpec)) -> Agent {
+    let mut spec = AgentSpec::new("You are careful. Use the shell to check your work.");
+    configure(&mut spec);
+    Agent::new(name, spec)
+}
+
+pub fn run(name: &str, agent: &str, input: &str, configure: impl FnOnce(&mut AgentRunSpec)) -> AgentRun {
+    let mut spec = AgentRunSpec::new(agent, input);
+    configure(&mut spec);
+    AgentRun::new(name, spec)
+}
+
+/// The journal as JSON, for exact comparison.
+pub fn journal_json(journal: &[Step]) -> Value {
+    serde_json::to_value(journal).expect("journal serializes")
+}
+
+pub fn run_key(name: &str) -> ObjectKey {
+    ObjectKey::new(PROJECT, Kind::AgentRun, name)
+}
