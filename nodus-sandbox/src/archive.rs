@@ -1,0 +1,499 @@
+//! Tar archives into and out of a working directory. Every entry of an incoming archive is
+//! checked before anything of it is written, so a hostile archive leaves no trace.
+//!
+//! The rules for an incoming archive:
+//! - entry paths are relative and have no `..`;
+//! - no entry is written through a symbolic link or a non-directory, whether that comes from
+//!   the archive itself or already lies in the working directory;
+//! - a symbolic link's target is relative, may only start with `..` (never `a/../..`, whose
+//!   meaning depends on what `a` is) and stays inside the directory;
+//! - a hard link's target is a regular file inside the directory, named without `..` and not
+//!   through a symbolic link;
+//! - only regular files, directories and links: no devices or FIFOs;
+//! - no entry conflicts with another or with what is on disk in a way that would make
+//!   unpacking fail half-way (a file over a directory, a hard link over an existing name).
+//!
+//! Permission bits are applied without set-uid, set-gid and sticky bits; ownership is not.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use nodus_core::sandbox::Error;
+use tar::EntryType;
+use tracing::debug;
+
+use crate::paths;
+
+/// What is at a path, as far as unpacking cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnDisk {
+    /// Nothing.
+    Missing,
+    /// A directory (not a symbolic link to one).
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A file or anything else that is not a directory.
+    Other,
+}
+
+/// Looks at `root/rel` without following a final symbolic link.
+pub(crate) fn on_disk(root: &Path, rel: &Path) -> OnDisk {
+    match fs::symlink_metadata(root.join(rel)) {
+        Err(_) => OnDisk::Missing,
+        Ok(meta) if meta.file_type().is_symlink() => OnDisk::Symlink,
+        Ok(meta) if meta.is_dir() => OnDisk::Dir,
+        Ok(_) => OnDisk::Other,
+    }
+}
+
+/// The kinds of entry that may be unpacked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    Symlink,
+    HardLink,
+}
+
+/// Checks every entry of `tar` (see the module docs) against the working directory described by
+/// `on_disk`, writing nothing.
+pub(crate) fn check(tar: &[u8], on_disk: &dyn Fn(&Path) -> OnDisk) -> Result<(), Error> {
+    let mut archive = tar::Archive::new(tar);
+    let entries = archive.entries().map_err(invalid)?;
+    // What the archive puts at each path so far, including directories it creates implicitly.
+    let mut seen: HashMap<PathBuf, Kind> = HashMap::new();
+    for entry in entries {
+        let entry = entry.map_err(invalid)?;
+        let raw = entry.path().map_err(invalid)?.into_owned();
+        let shown = raw.display().to_string();
+        let refuse = |why: String| Error::Refused(format!("archive entry {shown:?} {why}"));
+        let header = entry.header();
+        let kind = match header.entry_type() {
+            // Old-style archives mark directories with a trailing slash only; tar unpacks them
+            // as directories.
+            EntryType::Regular | EntryType::Continuous
+                if header.as_ustar().is_none() && entry.path_bytes().ends_with(b"/") =>
+            {
+                Kind::Dir
+            }
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => Kind::File,
+            EntryType::Directory => Kind::Dir,
+            EntryType::Symlink => Kind::Symlink,
+            EntryType::Link => Kind::HardLink,
+            EntryType::XGlobalHeader
+            | EntryType::XHeader
+            | EntryType::GNULongName
+            | EntryType::GNULongLink => continue,
+            other => return Err(refuse(format!("has an unsupported type ({other:?})"))),
+        };
+        let path = paths::relative(&raw).map_err(|why| refuse(why.to_owned()))?;
+        if path.as_os_str().is_empty() {
+            // `./`: the working directory itself, which exists.
+            if kind == Kind::Dir {
+                continue;
+            }
+            return Err(refuse("names no file".to_owned()));
+        }
+        for ancestor in paths::ancestors(&path) {
+            check_ancestor(ancestor, &seen, on_disk).map_err(&refuse)?;
+        }
+        check_replace(&path, kind, &seen, on_disk).map_err(&refuse)?;
+        match kind {
+            Kind::Symlink => {
+                let target = link_target(&entry).map_err(&refuse)?;
+                check_symlink_target(&path, &target).map_err(&refuse)?;
+            }
+            Kind::HardLink => {
+                let target = link_target(&entry).map_err(&refuse)?;
+                check_hard_link_target(&target, &seen, on_disk).map_err(&refuse)?;
+            }
+            Kind::File | Kind::Dir => {}
+        }
+        for ancestor in paths::ancestors(&path) {
+            seen.entry(ancestor.to_path_buf()).or_insert(Kind::Dir);
+        }
+        seen.insert(path, kind);
+    }
+    Ok(())
+}
+
+/// Checks `tar` and, when every entry passes, unpacks it into `dir`.
+pub(crate) fn unpack(tar: &[u8], dir: &Path) -> Result<(), Error> {
+    check(tar, &|rel| on_disk(dir, rel))?;
+    let mut archive = tar::Archive::new(tar);
+    archive.set_preserve_permissions(false);
+    archive.set_preserve_ownerships(false);
+    archive.set_overwrite(true);
+    archive
+        .unpack(dir)
+        .map_err(|e| Error::Failed(format!("unpacking the archive: {e}")))
+}
+
+/// A tar archive of `rel` (a checked relative path; empty for the whole directory) under
+/// `dir`. Symbolic links are archived as links, never followed; sockets, FIFOs and devices
+/// inside a directory are left out. `shown` is the path as the caller wrote it.
+pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str) -> Result<Vec<u8>, Error> {
+    let failed = |e: io::Error| Error::Failed(format!("archiving {shown:?}: {e}"));
+    let full = dir.join(rel);
+    if let Some(parent) = full.parent().filter(|_| !rel.as_os_str().is_empty()) {
+        // The path may pass through links, as long as they stay inside the directory.
+        let inside = match (parent.canonicalize(), dir.canonicalize()) {
+            (Ok(parent), Ok(dir)) => parent.starts_with(dir),
+            (Err(e), _) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::Refused(format!("{shown:?} does not exist")));
+            }
+            (Err(e), _) | (_, Err(e)) => return Err(failed(e)),
+        };
+        if !inside {
+            return Err(Error::Refused(format!(
+                "{shown:?} leads outside the working directory"
+            )));
+        }
+    }
+    let meta = match fs::symlink_metadata(&full) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Error::Refused(format!("{shown:?} does not exist")));
+        }
+        Err(e) => return Err(failed(e)),
+    };
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    let file_type = meta.file_type();
+    if file_type.is_dir() {
+        append_tree(&mut builder, &full, rel).map_err(failed)?;
+    } else if file_type.is_file() || file_type.is_symlink() {
+        builder.append_path_with_name(&full, rel).map_err(failed)?;
+    } else {
+        return Err(Error::Refused(format!(
+            "{shown:?} is not a regular file, directory or symbolic link"
+        )));
+    }
+    builder.into_inner().map_err(failed)
+}
+
+/// Appends the directory `full` as `name` with everything below it, in name order.
+fn append_tree(builder: &mut tar::Builder<Vec<u8>>, full: &Path, name: &Path) -> io::Result<()> {
+    let mut stack = vec![(full.to_path_buf(), name.to_path_buf())];
+    while let Some((full, name)) = stack.pop() {
+        let meta = fs::symlink_metadata(&full)?;
+        let file_type = meta.file_type();
+        if file_type.is_dir() {
+            if !name.as_os_str().is_empty() {
+                builder.append_path_with_name(&full, &name)?;
+            }
+            let mut children = fs::read_dir(&full)?
+                .map(|child| child.map(|child| child.file_name()))
+                .collect::<io::Result<Vec<_>>>()?;
+            // Popped from the end: reverse order here gives name order in the archive.
+            children.sort_unstable_by(|a, b| b.cmp(a));
+            stack.extend(
+                children
+                    .into_iter()
+                    .map(|child| (full.join(&child), name.join(&child))),
+            );
+        } else if file_type.is_file() || file_type.is_symlink() {
+            builder.append_path_with_name(&full, &name)?;
+        } else {
+            debug!(path = %full.display(), "left a special file out of an archive");
+        }
+    }
+    Ok(())
+}
+
+fn invalid(e: io::Error) -> Error {
+    Error::Refused(format!("invalid tar archive: {e}"))
+}
+
+fn link_target<R: io::Read>(entry: &tar::Entry<'_, R>) -> Result<PathBuf, String> {
+    match entry.link_name() {
+        Ok(Some(target)) if !target.as_os_str().is_empty() => Ok(target.into_owned()),
+        Ok(_) => Err("is a link without a target".to_owned()),
+        Err(e) => Err(format!("has an unreadable link target: {e}")),
+    }
+}
+
+/// An ancestor of an entry must be a real directory, in the archive or on disk.
+fn check_ancestor(
+    ancestor: &Path,
+    seen: &HashMap<PathBuf, Kind>,
+    on_disk: &dyn Fn(&Path) -> OnDisk,
+) -> Result<(), String> {
+    let shown = ancestor.display();
+    match seen.get(ancestor) {
+        Some(Kind::Dir) => Ok(()),
+        Some(Kind::Symlink) => Err(format!("passes through the symbolic link {shown:?}")),
+        Some(Kind::File | Kind::HardLink) => Err(format!("passes through the file {shown:?}")),
+        None => match on_disk(ancestor) {
+            OnDisk::Missing | OnDisk::Dir => Ok(()),
+            OnDisk::Symlink => Err(format!(
+                "passes through the existing symbolic link {shown:?}"
+            )),
+            OnDisk::Other => Err(format!("passes through the existing file {shown:?}")),
+        },
+    }
+}
+
+/// Whether unpacking `kind` at `path` can replace what is there: a directory only merges
+/// with a directory, files and symbolic links replace other non-directories, and a hard link
+/// needs a free name.
+fn check_replace(
+    path: &Path,
+    kind: Kind,
+    seen: &HashMap<PathBuf, Kind>,
+    on_disk: &dyn Fn(&Path) -> OnDisk,
+) -> Result<(), String> {
+    let (there_is_dir, there_is_something, origin) = match seen.get(path) {
+        Some(previous) => (*previous == Kind::Dir, true, "an earlier entry"),
+        None => match on_disk(path) {
+            OnDisk::Missing => (false, false, ""),
+            OnDisk::Dir => (true, true, "an existing directory"),
+            OnDisk::Symlink | OnDisk::Other => (false, true, "an existing file"),
+        },
+    };
+    let fits = match kind {
+        Kind::Dir => there_is_dir || !there_is_something,
+        Kind::File | Kind::Symlink => !there_is_dir,
+        Kind::HardLink => !there_is_something,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(format!("conflicts with {origin} of the same name"))
+    }
+}
+
+/// A symbolic link's target is relative, only starts with `..`, and does not climb above the
+/// working directory from the link's own directory (whose ancestors are real directories, as
+/// checked before).
+fn check_symlink_target(path: &Path, target: &Path) -> Result<(), String> {
+    let shown = target.display();
+    let mut depth = path.components().count().saturating_sub(1);
+    let mut named = false;
+    for component in target.components() {
+        match component {
+            Component::Prefix(_) | Component::RootDir => {
+                return Err(format!("links to the absolute path {shown:?}"));
+            }
+            Component::CurDir => {}
+            Component::ParentDir if named => {
+                return Err(format!(
+                    "links to {shown:?}, which has `..` after a name (only leading `..` is allowed)"
+                ));
+            }
+            Component::ParentDir => {
+                depth = depth
+                    .checked_sub(1)
+                    .ok_or_else(|| format!("links to {shown:?}, outside the working directory"))?;
+            }
+            Component::Normal(_) => named = true,
+        }
+    }
+    Ok(())
+}
+
+/// A hard link's target (relative to the archive's root) is a regular file already there.
+fn check_hard_link_target(
+    target: &Path,
+    seen: &HashMap<PathBuf, Kind>,
+    on_disk: &dyn Fn(&Path) -> OnDisk,
+) -> Result<(), String> {
+    let shown = target.display();
+    let clean =
+        paths::relative(target).map_err(|why| format!("links to {shown:?}, which {why}"))?;
+    if clean.as_os_str().is_empty() {
+        return Err(format!("links to {shown:?}, which names no file"));
+    }
+    for ancestor in paths::ancestors(&clean) {
+        check_ancestor(ancestor, seen, on_disk)
+            .map_err(|why| format!("links to {shown:?}, which {why}"))?;
+    }
+    let is_file = match seen.get(&clean) {
+        Some(kind) => matches!(kind, Kind::File | Kind::HardLink),
+        None => on_disk(&clean) == OnDisk::Other,
+    };
+    if is_file {
+        Ok(())
+    } else {
+        Err(format!("links to {shown:?}, which is not a regular file"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An archive entry: path, type, link target.
+    type Spec<'a> = (&'a str, EntryType, &'a str);
+
+    /// Builds an archive with raw names, so that hostile paths can be written.
+    fn archive(entries: &[Spec<'_>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (path, kind, target) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(*kind);
+            header.set_mode(0o644);
+            header.set_size(0);
+            let old = header.as_old_mut();
+            old.name[..path.len()].copy_from_slice(path.as_bytes());
+            old.linkname[..target.len()].copy_from_slice(target.as_bytes());
+            header.set_cksum();
+            out.extend_from_slice(header.as_bytes());
+        }
+        out.extend_from_slice(&[0; 1024]);
+        out
+    }
+
+    fn empty_disk(_: &Path) -> OnDisk {
+        OnDisk::Missing
+    }
+
+    fn refused(entries: &[Spec<'_>], on_disk: &dyn Fn(&Path) -> OnDisk) -> String {
+        match check(&archive(entries), on_disk) {
+            Err(Error::Refused(why)) => why,
+            other => panic!("{entries:?} was not refused: {other:?}"),
+        }
+    }
+
+    const F: EntryType = EntryType::Regular;
+    const D: EntryType = EntryType::Directory;
+    const S: EntryType = EntryType::Symlink;
+    const H: EntryType = EntryType::Link;
+
+    #[test]
+    fn ordinary_archives_pass() {
+        let good: &[&[Spec<'_>]] = &[
+            &[
+                ("./", D, ""),
+                ("./a.txt", F, ""),
+                ("./d/", D, ""),
+                ("./d/b", F, ""),
+            ],
+            &[("d/e/f", F, ""), ("d", D, ""), ("d/e", D, "")],
+            &[("a", F, ""), ("a", F, "")],
+            &[("a", F, ""), ("l", S, "a"), ("h", H, "a"), ("h2", H, "./h")],
+            &[
+                ("d/e/l", S, "../../x"),
+                ("d/l", S, "./../d/e"),
+                ("l", S, "."),
+            ],
+            &[("node_modules/.bin/tool", S, "../tool/cli.js")],
+        ];
+        for entries in good {
+            assert_eq!(check(&archive(entries), &empty_disk), Ok(()), "{entries:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_archives_are_refused_naming_the_path() {
+        let cases: &[(&[Spec<'_>], &str)] = &[
+            (
+                &[("ok", F, ""), ("/etc/passwd", F, "")],
+                "\"/etc/passwd\" is absolute",
+            ),
+            (&[("../x", F, "")], "\"../x\" contains `..`"),
+            (&[("a/../../x", F, "")], "\"a/../../x\" contains `..`"),
+            (
+                &[("l", S, "/etc")],
+                "\"l\" links to the absolute path \"/etc\"",
+            ),
+            (&[("l", S, "..")], "\"l\" links to \"..\", outside"),
+            (
+                &[("d/l", S, "../../x")],
+                "\"d/l\" links to \"../../x\", outside",
+            ),
+            (&[("d/l", S, "a/../../..")], "has `..` after a name"),
+            (&[("l", S, "d/../..")], "has `..` after a name"),
+            (&[("l", S, "")], "\"l\" is a link without a target"),
+            (
+                &[("l", S, "."), ("l/x", F, "")],
+                "passes through the symbolic link \"l\"",
+            ),
+            (
+                &[("f", F, ""), ("f/x", F, "")],
+                "passes through the file \"f\"",
+            ),
+            (
+                &[("h", H, "/etc/passwd")],
+                "\"h\" links to \"/etc/passwd\", which is absolute",
+            ),
+            (
+                &[("h", H, "../x")],
+                "\"h\" links to \"../x\", which contains `..`",
+            ),
+            (&[("h", H, "missing")], "which is not a regular file"),
+            (
+                &[("l", S, "."), ("h", H, "l/f")],
+                "passes through the symbolic link \"l\"",
+            ),
+            (
+                &[("d/x", F, ""), ("d", F, "")],
+                "\"d\" conflicts with an earlier entry",
+            ),
+            (
+                &[("a", F, ""), ("a", D, "")],
+                "conflicts with an earlier entry",
+            ),
+            (&[("a", F, ""), ("h", H, "a"), ("h", H, "a")], "conflicts"),
+            (
+                &[("dev", EntryType::Char, "")],
+                "\"dev\" has an unsupported type",
+            ),
+            (&[("fifo", EntryType::Fifo, "")], "unsupported type"),
+        ];
+        for (entries, expected) in cases {
+            let why = refused(entries, &empty_disk);
+            assert!(why.contains(expected), "{entries:?}: {why}");
+        }
+    }
+
+    #[test]
+    fn what_is_on_disk_counts() {
+        let disk = |rel: &Path| match rel.to_str() {
+            Some("out") => OnDisk::Symlink,
+            Some("file") => OnDisk::Other,
+            Some("dir") => OnDisk::Dir,
+            _ => OnDisk::Missing,
+        };
+        let cases: &[(&[Spec<'_>], &str)] = &[
+            (
+                &[("out/x", F, "")],
+                "passes through the existing symbolic link \"out\"",
+            ),
+            (
+                &[("file/x", F, "")],
+                "passes through the existing file \"file\"",
+            ),
+            (&[("out", D, "")], "conflicts with an existing file"),
+            (&[("dir", F, "")], "conflicts with an existing directory"),
+            (&[("file", H, "x")], "conflicts with an existing file"),
+            (&[("h", H, "out")], "which is not a regular file"),
+            (
+                &[("h", H, "out/x")],
+                "passes through the existing symbolic link",
+            ),
+        ];
+        for (entries, expected) in cases {
+            let why = refused(entries, &disk);
+            assert!(why.contains(expected), "{entries:?}: {why}");
+        }
+        let fine: &[Spec<'_>] = &[
+            ("dir", D, ""),
+            ("dir/x", F, ""),
+            ("file", F, ""),
+            ("out", S, "dir"),
+            ("h", H, "file"),
+        ];
+        assert_eq!(check(&archive(fine), &disk), Ok(()));
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        let mut bytes = archive(&[("a", F, "")]);
+        bytes[148] = b'x';
+        assert!(matches!(check(&bytes, &empty_disk), Err(Error::Refused(_))));
+    }
+}
