@@ -1,1 +1,88 @@
-fn main() {}
+//! Embedding nodus-core: an agent run with the in-memory store, the offline scripted model
+//! and the unisolated local sandbox, all in this process.
+//!
+//! Run it with `cargo run -p nodus-examples --example embedding`. The offline model runs the
+//! shell commands that the prompt quotes in backticks and answers with their output; every
+//! step is journaled, and the answer and the steps are printed at the end.
+
+use std::sync::Arc;
+
+use nodus_core::catalog::Family;
+use nodus_core::clock::SystemClock;
+use nodus_core::engine::{Config, Deps, Driven, Engine};
+use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
+use nodus_core::router::FixedRouter;
+use nodus_core::secret::StaticSecrets;
+use nodus_llm::ScriptedModel;
+use nodus_sandbox::UnisolatedSandbox;
+use nodus_store::MemoryStore;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let workdirs = std::env::temp_dir().join(format!("nodus-embedding-{}", std::process::id()));
+    let engine = Engine::new(
+        Deps {
+            store: Arc::new(MemoryStore::new()),
+            sandbox: Arc::new(UnisolatedSandbox::new(workdirs.clone())),
+            model: Arc::new(ScriptedModel::offline()),
+            router: Arc::new(FixedRouter(Family::Haiku)),
+            clock: Arc::new(SystemClock),
+            catalog: Arc::new(nodus_llm::default_catalog()?),
+            secrets: Arc::new(StaticSecrets::new()),
+        },
+        Config::default(),
+    );
+
+    let agent = Agent::new(
+        "hello-agent",
+        AgentSpec::new(
+            "You are a careful assistant. Run shell commands in your sandbox to check your \
+             work, and answer in one short paragraph.",
+        ),
+    );
+    engine.apply_agent("default", agent).await?;
+    let run = AgentRun::new(
+        "hello-agent-run",
+        AgentRunSpec::new(
+            "hello-agent",
+            "Use the shell to print the Python version: run `python3 --version`, then tell me which one it is.",
+        ),
+    );
+    engine.create_run("default", run).await?;
+
+    let driven = engine
+        .run_until_settled("default", "hello-agent-run")
+        .await?;
+    let run = engine.get_run("default", "hello-agent-run").await?;
+    println!("run hello-agent-run: {driven:?}");
+    for (index, turn) in run.status.turns.iter().enumerate() {
+        println!(
+            "turn {index}: model {} (chosen by {:?}), {} commands, cost ${}",
+            turn.model, turn.chosen_by, turn.commands, turn.cost_usd
+        );
+    }
+    println!("total cost: ${}", run.status.cost.total_usd);
+    println!("\nanswer:");
+    println!(
+        "{}",
+        engine
+            .answer("default", "hello-agent-run")
+            .await?
+            .unwrap_or_default()
+    );
+    println!("\nsteps:");
+    for step in engine.steps("default", "hello-agent-run").await? {
+        println!(
+            "  {:>2} {:<16} {:<10} {}",
+            step.seq,
+            format!("{:?}", step.kind),
+            format!("{:?}", step.state),
+            step.summary
+        );
+    }
+    let _ = std::fs::remove_dir_all(&workdirs);
+    if driven != Driven::Finished(nodus_core::lifecycle::RunPhase::Succeeded) {
+        return Err(format!("the run did not succeed: {driven:?}").into());
+    }
+    Ok(())
+}

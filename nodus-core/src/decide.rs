@@ -127,10 +127,12 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
 
     if let Some(step) = replay.open_step {
         return match ending {
-            Some(end) if !matches!(step.intent, Intent::DestroySandbox { .. }) => Decision::Abandon {
-                seq: step.seq,
-                error: format!("interrupted, and the run is ending ({end})"),
-            },
+            Some(end) if !matches!(step.intent, Intent::DestroySandbox { .. }) => {
+                Decision::Abandon {
+                    seq: step.seq,
+                    error: format!("interrupted, and the run is ending ({end})"),
+                }
+            }
             _ if step.intent.safe_to_repeat(byok) => Decision::Repeat(step.seq),
             _ => Decision::Park(step.seq),
         };
@@ -145,7 +147,9 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
                 spec: input.sandbox.clone(),
             });
         }
-        SandboxState::Failed(_) => return Decision::Finish(RunPhase::Failed(FailReason::SandboxFailed)),
+        SandboxState::Failed(_) => {
+            return Decision::Finish(RunPhase::Failed(FailReason::SandboxFailed));
+        }
         SandboxState::Live(_) | SandboxState::Gone => {}
     }
 
@@ -220,10 +224,15 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
             // The model asked for tools: give it their results, unless it already had its
             // last call without tools (then its text is the answer).
             let had_call_without_tools = matches!(
-                input.journal.iter().rev().find_map(|step| match &step.intent {
-                    Intent::CallModel { turn, tools, .. } if *turn == turn_index => Some(*tools),
-                    _ => None,
-                }),
+                input
+                    .journal
+                    .iter()
+                    .rev()
+                    .find_map(|step| match &step.intent {
+                        Intent::CallModel { turn, tools, .. } if *turn == turn_index =>
+                            Some(*tools),
+                        _ => None,
+                    }),
                 Some(false)
             );
             !asked.is_empty() && !had_call_without_tools

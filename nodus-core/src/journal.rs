@@ -14,7 +14,11 @@ use crate::sandbox::{ExecOutput, SandboxId, SandboxInfo, SandboxSpec};
 
 /// What the run is about to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "kind",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum Intent {
     /// Create (or re-attach to) the run's sandbox.
     CreateSandbox {
@@ -119,7 +123,11 @@ impl Intent {
 
 /// What the step's effect produced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "camelCase", rename_all_fields = "camelCase")]
+#[serde(
+    tag = "result",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum Outcome {
     /// The sandbox exists.
     SandboxCreated {
@@ -247,7 +255,9 @@ impl Step {
         };
         let outcome = match self.outcome() {
             None => return intent,
-            Some(Outcome::SandboxCreated { info }) if info.isolated => format!("sandbox {}", info.id),
+            Some(Outcome::SandboxCreated { info }) if info.isolated => {
+                format!("sandbox {}", info.id)
+            }
             Some(Outcome::SandboxCreated { info }) => format!("sandbox {} (unisolated)", info.id),
             Some(Outcome::Routed {
                 model, chosen_by, ..

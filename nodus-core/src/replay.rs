@@ -160,7 +160,9 @@ impl<'a> ToolUse<'a> {
         if self.name != SHELL_TOOL {
             return None;
         }
-        self.input.get("command").and_then(serde_json::Value::as_str)
+        self.input
+            .get("command")
+            .and_then(serde_json::Value::as_str)
     }
 }
 
@@ -327,10 +329,10 @@ impl<'a> Replay<'a> {
         for turn in &self.turns {
             let prompt = match turn.prompt {
                 Prompt::Input => first_prompt.to_string(),
-                Prompt::Message(seq) => inbox
-                    .iter()
-                    .find(|m| m.seq == seq)
-                    .map_or_else(|| "[message no longer stored]".to_string(), |m| m.payload.clone()),
+                Prompt::Message(seq) => inbox.iter().find(|m| m.seq == seq).map_or_else(
+                    || "[message no longer stored]".to_string(),
+                    |m| m.payload.clone(),
+                ),
             };
             messages.push(ChatMessage {
                 role: Role::User,
@@ -350,11 +352,9 @@ impl<'a> Replay<'a> {
                     .content
                     .iter()
                     .filter_map(|block| match block {
-                        ContentBlock::ToolUse { id, name, input } => Some(ToolUse {
-                            id,
-                            name,
-                            input,
-                        }),
+                        ContentBlock::ToolUse { id, name, input } => {
+                            Some(ToolUse { id, name, input })
+                        }
                         _ => None,
                     })
                     .map(|tool_use| tool_result(turn, &granted, tool_use, max_tool_calls))
@@ -427,7 +427,9 @@ fn tool_result(
         )
     } else if !granted.contains(&tool_use.id) {
         (
-            format!("not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"),
+            format!(
+                "not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"
+            ),
             true,
         )
     } else {

@@ -143,14 +143,21 @@ impl Sandbox for RecordingSandbox {
         })
     }
 
-    async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, sandbox::Error> {
+    async fn exec(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+    ) -> Result<ExecOutput, sandbox::Error> {
         let mut state = self.state();
         if !state.live.contains(&id.0) {
             return Err(sandbox::Error::NotFound(id.clone()));
         }
         if !state.failures.is_empty() {
             let error = state.failures.remove(0);
-            if matches!(error, sandbox::Error::Unavailable(_) | sandbox::Error::Failed(_)) {
+            if matches!(
+                error,
+                sandbox::Error::Unavailable(_) | sandbox::Error::Failed(_)
+            ) {
                 state.executions.push(request.command.clone());
             }
             return Err(error);

@@ -234,18 +234,33 @@ mod tests {
             Reply::Commands(vec!["echo hi".to_string()]),
             Reply::Text("done".to_string()),
         ]);
-        let first = model.complete(&request(vec![user("go")])).await.expect("reply");
-        let again = model.complete(&request(vec![user("go")])).await.expect("reply");
+        let first = model
+            .complete(&request(vec![user("go")]))
+            .await
+            .expect("reply");
+        let again = model
+            .complete(&request(vec![user("go")]))
+            .await
+            .expect("reply");
         assert_eq!(first, again);
         assert_eq!(first.stop_reason, StopReason::ToolUse);
         let beyond = vec![
             user("go"),
-            ChatMessage { role: Role::Assistant, content: first.content.clone() },
+            ChatMessage {
+                role: Role::Assistant,
+                content: first.content.clone(),
+            },
             user("more"),
-            ChatMessage { role: Role::Assistant, content: vec![] },
+            ChatMessage {
+                role: Role::Assistant,
+                content: vec![],
+            },
             user("more"),
         ];
-        let err = model.complete(&request(beyond)).await.expect_err("script ended");
+        let err = model
+            .complete(&request(beyond))
+            .await
+            .expect_err("script ended");
         assert_eq!(err.kind, ErrorKind::Final);
     }
 
@@ -253,19 +268,30 @@ mod tests {
     async fn offline_runs_backticked_commands_and_says_what_it_is() {
         let model = ScriptedModel::offline();
         let reply = model
-            .complete(&request(vec![user("Print it: `python3 --version` and `uname -s`.")]))
+            .complete(&request(vec![user(
+                "Print it: `python3 --version` and `uname -s`.",
+            )]))
             .await
             .expect("reply");
         let commands: Vec<_> = reply
             .content
             .iter()
             .filter_map(|b| match b {
-                ContentBlock::ToolUse { input, .. } => input["command"].as_str().map(str::to_string),
+                ContentBlock::ToolUse { input, .. } => {
+                    input["command"].as_str().map(str::to_string)
+                }
                 _ => None,
             })
             .collect();
         assert_eq!(commands, ["python3 --version", "uname -s"]);
-        let plain = model.complete(&request(vec![user("hello")])).await.expect("reply");
-        assert!(plain.text().starts_with("[offline model]"), "{}", plain.text());
+        let plain = model
+            .complete(&request(vec![user("hello")]))
+            .await
+            .expect("reply");
+        assert!(
+            plain.text().starts_with("[offline model]"),
+            "{}",
+            plain.text()
+        );
     }
 }

@@ -44,13 +44,19 @@ async fn setup(world: &World) {
 /// Drive the run to its end on a fresh engine, resolving a park with `resolution`.
 async fn finish(world: &World, resolution: Resolution) -> (Driven, bool) {
     let engine = world.engine();
-    let driven = engine.drive(PROJECT, "job").await.expect("drive after restart");
+    let driven = engine
+        .drive(PROJECT, "job")
+        .await
+        .expect("drive after restart");
     if let Driven::Parked { .. } = driven {
         let run = engine.get_run(PROJECT, "job").await.expect("run");
         assert_eq!(run.status.phase, Some(RunPhase::NeedsResolution));
         let steps = engine.steps(PROJECT, "job").await.expect("steps");
         assert_eq!(steps.last().map(|s| s.state), Some(StepState::Uncertain));
-        let driven = engine.resolve(PROJECT, "job", resolution).await.expect("resolve");
+        let driven = engine
+            .resolve(PROJECT, "job", resolution)
+            .await
+            .expect("resolve");
         return (driven, true);
     }
     (driven, false)
@@ -64,7 +70,11 @@ async fn uncrashed_run_has_two_turns_and_four_commands() {
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     let engine = world.engine();
     assert_eq!(
-        engine.answer(PROJECT, "job").await.expect("answer").as_deref(),
+        engine
+            .answer(PROJECT, "job")
+            .await
+            .expect("answer")
+            .as_deref(),
         Some("second answer")
     );
     for command in COMMANDS {
@@ -75,10 +85,18 @@ async fn uncrashed_run_has_two_turns_and_four_commands() {
     assert_eq!(run.status.turns[0].commands, 3);
     assert_eq!(run.status.turns[1].commands, 1);
     assert!(run.status.cost.total_usd > nodus_core::Usd::ZERO);
-    assert_eq!(world.sandbox.live(), Vec::<String>::new(), "sandbox deleted");
+    assert_eq!(
+        world.sandbox.live(),
+        Vec::<String>::new(),
+        "sandbox deleted"
+    );
     let journal = engine.journal(PROJECT, "job").await.expect("journal");
     assert_eq!(journal.len(), 16);
-    assert!(journal.iter().all(|s| s.state(false) == StepState::Completed));
+    assert!(
+        journal
+            .iter()
+            .all(|s| s.state(false) == StepState::Completed)
+    );
 }
 
 #[tokio::test]
@@ -86,8 +104,16 @@ async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
     // The reference: the same run without a crash.
     let reference = World::new(script());
     setup(&reference).await;
-    reference.engine().drive(PROJECT, "job").await.expect("drive");
-    let reference_journal = reference.engine().journal(PROJECT, "job").await.expect("journal");
+    reference
+        .engine()
+        .drive(PROJECT, "job")
+        .await
+        .expect("drive");
+    let reference_journal = reference
+        .engine()
+        .journal(PROJECT, "job")
+        .await
+        .expect("journal");
     let writes = reference_journal.len() * 2;
     assert_eq!(writes, 32);
 
@@ -96,7 +122,10 @@ async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
             let world = World::new(script());
             setup(&world).await;
             let crashing = Arc::new(CrashingStore::new(world.memory.clone(), crash_at, mode));
-            let crashed = world.engine_over(crashing.clone()).drive(PROJECT, "job").await;
+            let crashed = world
+                .engine_over(crashing.clone())
+                .drive(PROJECT, "job")
+                .await;
             assert!(crashed.is_err(), "{mode:?} at write {crash_at} must crash");
 
             // Which step did the crash interrupt, and was its outcome lost?
@@ -110,38 +139,77 @@ async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
 
             // Restart: a new engine on the same store. An interrupted command parks the run;
             // record it as failed when it ran, retry it when it never did.
-            let resolution = if command_ran { Resolution::RecordFailed } else { Resolution::Retry };
+            let resolution = if command_ran {
+                Resolution::RecordFailed
+            } else {
+                Resolution::Retry
+            };
             let (driven, parked) = finish(&world, resolution).await;
-            let context = format!("{mode:?} at write {crash_at} (step {step_index}: {:?})", step.intent.kind());
-            assert_eq!(parked, interrupted_command, "{context}: parks exactly on an interrupted command");
+            let context = format!(
+                "{mode:?} at write {crash_at} (step {step_index}: {:?})",
+                step.intent.kind()
+            );
+            assert_eq!(
+                parked, interrupted_command,
+                "{context}: parks exactly on an interrupted command"
+            );
             assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{context}");
 
             let engine = world.engine();
             assert_eq!(
-                engine.answer(PROJECT, "job").await.expect("answer").as_deref(),
+                engine
+                    .answer(PROJECT, "job")
+                    .await
+                    .expect("answer")
+                    .as_deref(),
                 Some("second answer"),
                 "{context}"
             );
             for command in COMMANDS {
-                assert_eq!(world.sandbox.count(command), 1, "{context}: `{command}` ran once");
+                assert_eq!(
+                    world.sandbox.count(command),
+                    1,
+                    "{context}: `{command}` ran once"
+                );
             }
             let journal = engine.journal(PROJECT, "job").await.expect("journal");
             if !parked {
-                assert_eq!(journal_json(&journal), journal_json(&reference_journal), "{context}");
+                assert_eq!(
+                    journal_json(&journal),
+                    journal_json(&reference_journal),
+                    "{context}"
+                );
             } else if command_ran {
                 // The interrupted step is recorded as failed; everything else is as before.
                 assert_eq!(journal.len(), reference_journal.len(), "{context}");
-                assert!(matches!(
-                    journal[step_index].completion.as_ref().map(|c| &c.outcome),
-                    Some(Outcome::Failed { by_resolution: true, .. })
-                ), "{context}");
+                assert!(
+                    matches!(
+                        journal[step_index].completion.as_ref().map(|c| &c.outcome),
+                        Some(Outcome::Failed {
+                            by_resolution: true,
+                            ..
+                        })
+                    ),
+                    "{context}"
+                );
             } else {
                 // The interrupted step is superseded by one retry with the same intent.
                 assert_eq!(journal.len(), reference_journal.len() + 1, "{context}");
-                assert_eq!(journal[step_index].completion.as_ref().map(|c| &c.outcome), Some(&Outcome::Superseded));
-                assert_eq!(journal[step_index + 1].intent, reference_journal[step_index].intent, "{context}");
+                assert_eq!(
+                    journal[step_index].completion.as_ref().map(|c| &c.outcome),
+                    Some(&Outcome::Superseded)
+                );
+                assert_eq!(
+                    journal[step_index + 1].intent,
+                    reference_journal[step_index].intent,
+                    "{context}"
+                );
             }
-            assert_eq!(world.sandbox.live(), Vec::<String>::new(), "{context}: sandbox deleted");
+            assert_eq!(
+                world.sandbox.live(),
+                Vec::<String>::new(),
+                "{context}: sandbox deleted"
+            );
         }
     }
 }
@@ -150,8 +218,18 @@ async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
 async fn parked_after_command(world: &World) {
     setup(world).await;
     // Write 8 is the result of the first command (steps: sandbox, route, call, command).
-    let crashing = Arc::new(CrashingStore::new(world.memory.clone(), 8, CrashMode::BeforeWrite));
-    assert!(world.engine_over(crashing).drive(PROJECT, "job").await.is_err());
+    let crashing = Arc::new(CrashingStore::new(
+        world.memory.clone(),
+        8,
+        CrashMode::BeforeWrite,
+    ));
+    assert!(
+        world
+            .engine_over(crashing)
+            .drive(PROJECT, "job")
+            .await
+            .is_err()
+    );
     assert_eq!(world.sandbox.count("echo one"), 1);
     let driven = world.engine().drive(PROJECT, "job").await.expect("restart");
     assert_eq!(driven, Driven::Parked { seq: 3 });
@@ -161,9 +239,17 @@ async fn parked_after_command(world: &World) {
 async fn resolve_retry_runs_the_command_again() {
     let world = World::new(script());
     parked_after_command(&world).await;
-    let driven = world.engine().resolve(PROJECT, "job", Resolution::Retry).await.expect("resolve");
+    let driven = world
+        .engine()
+        .resolve(PROJECT, "job", Resolution::Retry)
+        .await
+        .expect("resolve");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
-    assert_eq!(world.sandbox.count("echo one"), 2, "retry means run it again");
+    assert_eq!(
+        world.sandbox.count("echo one"),
+        2,
+        "retry means run it again"
+    );
     let steps = world.engine().steps(PROJECT, "job").await.expect("steps");
     assert_eq!(steps[3].state, StepState::Uncertain);
     assert_eq!(steps[4].state, StepState::Completed);
@@ -190,8 +276,15 @@ async fn resolve_cancel_deletes_the_sandbox_and_calls_no_model() {
     let world = World::new(script());
     parked_after_command(&world).await;
     let calls = world.model.calls();
-    let driven = world.engine().resolve(PROJECT, "job", Resolution::Cancel).await.expect("resolve");
-    assert_eq!(driven, Driven::Finished(RunPhase::Cancelled(CancelReason::CancelRequested)));
+    let driven = world
+        .engine()
+        .resolve(PROJECT, "job", Resolution::Cancel)
+        .await
+        .expect("resolve");
+    assert_eq!(
+        driven,
+        Driven::Finished(RunPhase::Cancelled(CancelReason::CancelRequested))
+    );
     assert_eq!(world.model.calls(), calls, "no model call after cancel");
     assert_eq!(world.sandbox.count("echo two"), 0);
     assert_eq!(world.sandbox.live(), Vec::<String>::new());

@@ -6,14 +6,16 @@ mod support;
 use std::time::Duration;
 
 use nodus_core::engine::Driven;
+use nodus_core::group::GroupPhase;
 use nodus_core::journal::{Intent, StepKind};
-use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, Resolution, RunPhase, WaitReason};
+use nodus_core::lifecycle::{
+    CancelReason, FailReason, PendingReason, Resolution, RunPhase, WaitReason,
+};
 use nodus_core::model::{self, ErrorKind};
 use nodus_core::resource::{Access, AgentGroup, AgentGroupSpec, AgentState, GroupLimits};
 use nodus_core::secret::SecretString;
 use nodus_core::store::{Delivery, Selector};
 use nodus_core::{Clock, Usd};
-use nodus_core::group::GroupPhase;
 use nodus_llm::Reply;
 use support::{PROJECT, World, agent, run};
 
@@ -27,16 +29,41 @@ fn commands(list: &[&str]) -> Reply {
 
 #[tokio::test]
 async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
-    let world = World::new(vec![text("first"), commands(&["echo staging"]), text("second")]);
+    let world = World::new(vec![
+        text("first"),
+        commands(&["echo staging"]),
+        text("second"),
+    ]);
     let engine = world.engine();
-    engine.apply_agent(PROJECT, agent("helper", |_| {})).await.expect("agent");
     engine
-        .create_run(PROJECT, run("chat", "helper", "Summarize the logs", |s| s.keep_alive = true))
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(
+            PROJECT,
+            run("chat", "helper", "Summarize the logs", |s| {
+                s.keep_alive = true
+            }),
+        )
         .await
         .expect("run");
     let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(matches!(driven, Driven::Waiting { reason: WaitReason::AwaitingMessage, .. }), "{driven:?}");
-    assert_eq!(world.sandbox.live().len(), 1, "the waiting run keeps its sandbox");
+    assert!(
+        matches!(
+            driven,
+            Driven::Waiting {
+                reason: WaitReason::AwaitingMessage,
+                ..
+            }
+        ),
+        "{driven:?}"
+    );
+    assert_eq!(
+        world.sandbox.live().len(),
+        1,
+        "the waiting run keeps its sandbox"
+    );
     let calls = world.model.calls();
 
     let first = engine
@@ -53,14 +80,30 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
 
     let driven = engine.drive(PROJECT, "chat").await.expect("drive");
     assert!(matches!(driven, Driven::Waiting { .. }));
-    assert_eq!(engine.answer(PROJECT, "chat").await.expect("answer").as_deref(), Some("second"));
+    assert_eq!(
+        engine
+            .answer(PROJECT, "chat")
+            .await
+            .expect("answer")
+            .as_deref(),
+        Some("second")
+    );
     assert_eq!(world.sandbox.count("echo staging"), 1);
     let steps = engine.steps(PROJECT, "chat").await.expect("steps");
-    assert_eq!(steps.iter().filter(|s| s.kind == StepKind::Message).count(), 1);
+    assert_eq!(
+        steps.iter().filter(|s| s.kind == StepKind::Message).count(),
+        1
+    );
 
     let cancelled = engine.cancel_run(PROJECT, "chat").await.expect("cancel");
-    assert_eq!(cancelled.status.phase, Some(RunPhase::Cancelled(CancelReason::CancelRequested)));
-    assert!(world.sandbox.live().is_empty(), "cancel deletes the sandbox");
+    assert_eq!(
+        cancelled.status.phase,
+        Some(RunPhase::Cancelled(CancelReason::CancelRequested))
+    );
+    assert!(
+        world.sandbox.live().is_empty(),
+        "cancel deletes the sandbox"
+    );
     let refused = engine
         .send_message(PROJECT, "chat", "anyone there?", Some("late"))
         .await
@@ -78,10 +121,19 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
 async fn a_message_sent_while_working_is_read_after_the_current_turn() {
     let world = World::new(vec![text("one"), text("two")]);
     let engine = world.engine();
-    engine.apply_agent(PROJECT, agent("helper", |_| {})).await.expect("agent");
-    engine.create_run(PROJECT, run("work", "helper", "go", |_| {})).await.expect("run");
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(PROJECT, run("work", "helper", "go", |_| {}))
+        .await
+        .expect("run");
     // Not keepAlive, and the message arrives before the run finishes its turn.
-    engine.send_message(PROJECT, "work", "and this", None).await.expect("send");
+    engine
+        .send_message(PROJECT, "work", "and this", None)
+        .await
+        .expect("send");
     let driven = engine.drive(PROJECT, "work").await.expect("drive");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     let run = engine.get_run(PROJECT, "work").await.expect("run");
@@ -93,26 +145,51 @@ async fn a_message_sent_while_working_is_read_after_the_current_turn() {
 async fn deadline_fails_a_waiting_run_without_another_model_call() {
     let world = World::new(vec![text("first")]);
     let engine = world.engine();
-    engine.apply_agent(PROJECT, agent("helper", |_| {})).await.expect("agent");
-    let deadline = world.clock.now().checked_add(jiff::SignedDuration::from_secs(60)).expect("time");
     engine
-        .create_run(PROJECT, run("chat", "helper", "hi", |s| {
-            s.keep_alive = true;
-            s.deadline = Some(deadline);
-        }))
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let deadline = world
+        .clock
+        .now()
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("time");
+    engine
+        .create_run(
+            PROJECT,
+            run("chat", "helper", "hi", |s| {
+                s.keep_alive = true;
+                s.deadline = Some(deadline);
+            }),
+        )
         .await
         .expect("run");
     let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert_eq!(driven, Driven::Waiting { reason: WaitReason::AwaitingMessage, until: Some(deadline) });
+    assert_eq!(
+        driven,
+        Driven::Waiting {
+            reason: WaitReason::AwaitingMessage,
+            until: Some(deadline)
+        }
+    );
     let calls = world.model.calls();
     world.clock.advance(Duration::from_secs(61));
     // run_until_settled wakes at the deadline by itself.
-    let driven = engine.run_until_settled(PROJECT, "chat").await.expect("drive");
-    assert_eq!(driven, Driven::Finished(RunPhase::Failed(FailReason::DeadlineExceeded)));
+    let driven = engine
+        .run_until_settled(PROJECT, "chat")
+        .await
+        .expect("drive");
+    assert_eq!(
+        driven,
+        Driven::Finished(RunPhase::Failed(FailReason::DeadlineExceeded))
+    );
     assert_eq!(world.model.calls(), calls);
     assert!(world.sandbox.live().is_empty());
     let run = engine.get_run(PROJECT, "chat").await.expect("run");
-    assert_eq!(run.status.phase.and_then(|p| p.reason()), Some("DeadlineExceeded"));
+    assert_eq!(
+        run.status.phase.and_then(|p| p.reason()),
+        Some("DeadlineExceeded")
+    );
     assert!(run.status.completion_time.is_some());
 }
 
@@ -128,7 +205,10 @@ async fn max_tool_calls_bounds_the_commands_of_a_turn() {
         .apply_agent(PROJECT, agent("helper", |a| a.max_tool_calls = 2))
         .await
         .expect("agent");
-    engine.create_run(PROJECT, run("busy", "helper", "go", |_| {})).await.expect("run");
+    engine
+        .create_run(PROJECT, run("busy", "helper", "go", |_| {}))
+        .await
+        .expect("run");
     let driven = engine.drive(PROJECT, "busy").await.expect("drive");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     assert_eq!(world.sandbox.executions(), ["echo a", "echo b"]);
@@ -140,9 +220,17 @@ async fn max_tool_calls_bounds_the_commands_of_a_turn() {
             _ => None,
         })
         .collect();
-    assert_eq!(calls, [true, false], "after the limit the model may not call tools");
+    assert_eq!(
+        calls,
+        [true, false],
+        "after the limit the model may not call tools"
+    );
     // The scripted model, asked without tools, answers in text.
-    let answer = engine.answer(PROJECT, "busy").await.expect("answer").expect("some");
+    let answer = engine
+        .answer(PROJECT, "busy")
+        .await
+        .expect("answer")
+        .expect("some");
     assert!(answer.contains("Tools are closed"), "{answer}");
 }
 
@@ -152,12 +240,27 @@ async fn a_call_that_does_not_fit_under_the_cap_is_not_made() {
     let engine = world.engine();
     // A cap far below the worst case of one call (maxTokens of output alone costs more).
     engine
-        .apply_agent(PROJECT, agent("cheap", |a| a.per_run_max_cost_usd = Usd::from_nanos(1_000)))
+        .apply_agent(
+            PROJECT,
+            agent("cheap", |a| a.per_run_max_cost_usd = Usd::from_nanos(1_000)),
+        )
         .await
         .expect("agent");
-    engine.create_run(PROJECT, run("capped", "cheap", "go", |_| {})).await.expect("run");
+    engine
+        .create_run(PROJECT, run("capped", "cheap", "go", |_| {}))
+        .await
+        .expect("run");
     let driven = engine.drive(PROJECT, "capped").await.expect("drive");
-    assert!(matches!(driven, Driven::Waiting { reason: WaitReason::MaxCostReached, .. }), "{driven:?}");
+    assert!(
+        matches!(
+            driven,
+            Driven::Waiting {
+                reason: WaitReason::MaxCostReached,
+                ..
+            }
+        ),
+        "{driven:?}"
+    );
     assert_eq!(world.model.calls(), 0);
     let run = engine.get_run(PROJECT, "capped").await.expect("run");
     assert_eq!(run.status.cost.total_usd, Usd::ZERO);
@@ -169,25 +272,46 @@ async fn a_call_that_does_not_fit_under_the_cap_is_not_made() {
 
 #[tokio::test]
 async fn spend_stays_under_the_cap_across_calls() {
-    let script = (0..100).map(|i| commands(&[&format!("echo {i}")])).collect();
+    let script = (0..100)
+        .map(|i| commands(&[&format!("echo {i}")]))
+        .collect();
     let world = World::new(script);
     let engine = world.engine();
     // Each call's worst case (4096 output tokens) is most of the cap, so the guard stops the
     // run after a few calls, well before the script ends.
     let cap = Usd::from_cents(3);
     engine
-        .apply_agent(PROJECT, agent("looper", |a| {
-            a.per_run_max_cost_usd = cap;
-            a.max_tool_calls = 1000;
-            a.max_tokens = 4096;
-        }))
+        .apply_agent(
+            PROJECT,
+            agent("looper", |a| {
+                a.per_run_max_cost_usd = cap;
+                a.max_tool_calls = 1000;
+                a.max_tokens = 4096;
+            }),
+        )
         .await
         .expect("agent");
-    engine.create_run(PROJECT, run("loop", "looper", "go", |_| {})).await.expect("run");
+    engine
+        .create_run(PROJECT, run("loop", "looper", "go", |_| {}))
+        .await
+        .expect("run");
     let driven = engine.drive(PROJECT, "loop").await.expect("drive");
-    assert!(matches!(driven, Driven::Waiting { reason: WaitReason::MaxCostReached, .. }), "{driven:?}");
+    assert!(
+        matches!(
+            driven,
+            Driven::Waiting {
+                reason: WaitReason::MaxCostReached,
+                ..
+            }
+        ),
+        "{driven:?}"
+    );
     let run = engine.get_run(PROJECT, "loop").await.expect("run");
-    assert!(run.status.cost.total_usd <= cap, "{}", run.status.cost.total_usd);
+    assert!(
+        run.status.cost.total_usd <= cap,
+        "{}",
+        run.status.cost.total_usd
+    );
     assert!(world.model.calls() > 1);
 }
 
@@ -216,50 +340,87 @@ async fn a_stopped_agent_refuses_new_runs_and_bad_references_fail_the_request() 
         .expect_err("bad name");
     assert!(error.to_string().contains("metadata.name"), "{error}");
     let big = "x".repeat(256 * 1024 + 1);
-    engine.apply_agent(PROJECT, agent("on", |_| {})).await.expect("agent");
+    engine
+        .apply_agent(PROJECT, agent("on", |_| {}))
+        .await
+        .expect("agent");
     let error = engine
         .create_run(PROJECT, run("big", "on", &big, |_| {}))
         .await
         .expect_err("oversize input");
     assert!(error.to_string().contains("spec.input"), "{error}");
-    assert!(engine.list_runs(PROJECT, &Selector::default()).await.expect("list").is_empty(), "nothing written");
+    assert!(
+        engine
+            .list_runs(PROJECT, &Selector::default())
+            .await
+            .expect("list")
+            .is_empty(),
+        "nothing written"
+    );
 }
 
 #[tokio::test]
 async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
     let mut world = World::new(vec![text("hello from my key")]);
-    world.secrets = world.secrets.clone().with(PROJECT, "anthropic-key", "ANTHROPIC_API_KEY", SecretString::new("sk-test"));
+    world.secrets = world.secrets.clone().with(
+        PROJECT,
+        "anthropic-key",
+        "ANTHROPIC_API_KEY",
+        SecretString::new("sk-test"),
+    );
     let engine = world.engine();
     engine
-        .apply_agent(PROJECT, agent("mine", |a| {
-            a.model.access = Access::Byok;
-            a.model.name = Some("claude-sonnet-4-5".to_string());
-            a.model.api_key_secret = Some("anthropic-key".to_string());
-        }))
+        .apply_agent(
+            PROJECT,
+            agent("mine", |a| {
+                a.model.access = Access::Byok;
+                a.model.name = Some("claude-sonnet-4-5".to_string());
+                a.model.api_key_secret = Some("anthropic-key".to_string());
+            }),
+        )
         .await
         .expect("agent");
-    engine.create_run(PROJECT, run("byok", "mine", "hi", |_| {})).await.expect("run");
-    world.model.fail_next(model::Error { kind: ErrorKind::Uncertain, message: "connection reset after sending".into() });
+    engine
+        .create_run(PROJECT, run("byok", "mine", "hi", |_| {}))
+        .await
+        .expect("run");
+    world.model.fail_next(model::Error {
+        kind: ErrorKind::Uncertain,
+        message: "connection reset after sending".into(),
+    });
     let driven = engine.drive(PROJECT, "byok").await.expect("drive");
     assert!(matches!(driven, Driven::Parked { .. }), "{driven:?}");
     let parked = engine.get_run(PROJECT, "byok").await.expect("run");
     assert_eq!(parked.status.phase, Some(RunPhase::NeedsResolution));
     assert_eq!(parked.status.cost.limit_usd, None, "BYOK runs have no cap");
-    let driven = engine.resolve(PROJECT, "byok", Resolution::Retry).await.expect("resolve");
+    let driven = engine
+        .resolve(PROJECT, "byok", Resolution::Retry)
+        .await
+        .expect("resolve");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     let finished = engine.get_run(PROJECT, "byok").await.expect("run");
-    assert_eq!(finished.status.cost.total_usd, Usd::ZERO, "BYOK calls cost nothing on the platform");
+    assert_eq!(
+        finished.status.cost.total_usd,
+        Usd::ZERO,
+        "BYOK calls cost nothing on the platform"
+    );
     assert_eq!(finished.status.turns[0].model, "claude-sonnet-4-5");
     // A BYOK agent whose secret is missing is refused at creation.
     engine
-        .apply_agent(PROJECT, agent("nokey", |a| {
-            a.model.access = Access::Byok;
-            a.model.name = Some("claude-sonnet-4-5".to_string());
-            a.model.api_key_secret = Some("absent".to_string());
-        }))
+        .apply_agent(
+            PROJECT,
+            agent("nokey", |a| {
+                a.model.access = Access::Byok;
+                a.model.name = Some("claude-sonnet-4-5".to_string());
+                a.model.api_key_secret = Some("absent".to_string());
+            }),
+        )
         .await
         .expect("agent");
-    let error = engine.create_run(PROJECT, run("x", "nokey", "hi", |_| {})).await.expect_err("no secret");
+    let error = engine
+        .create_run(PROJECT, run("x", "nokey", "hi", |_| {}))
+        .await
+        .expect_err("no secret");
     assert!(error.to_string().contains("apiKeySecret"), "{error}");
 }
 
@@ -267,9 +428,18 @@ async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
 async fn an_uncertain_platform_call_is_repeated_not_parked() {
     let world = World::new(vec![text("ok")]);
     let engine = world.engine();
-    engine.apply_agent(PROJECT, agent("helper", |_| {})).await.expect("agent");
-    engine.create_run(PROJECT, run("p", "helper", "hi", |_| {})).await.expect("run");
-    world.model.fail_next(model::Error { kind: ErrorKind::Uncertain, message: "timeout".into() });
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
+        .await
+        .expect("run");
+    world.model.fail_next(model::Error {
+        kind: ErrorKind::Uncertain,
+        message: "timeout".into(),
+    });
     let driven = engine.drive(PROJECT, "p").await.expect("drive");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     assert_eq!(world.model.calls(), 2);
@@ -279,11 +449,23 @@ async fn an_uncertain_platform_call_is_repeated_not_parked() {
 async fn a_final_model_error_fails_the_run_and_deletes_its_sandbox() {
     let world = World::new(vec![text("ok")]);
     let engine = world.engine();
-    engine.apply_agent(PROJECT, agent("helper", |_| {})).await.expect("agent");
-    engine.create_run(PROJECT, run("p", "helper", "hi", |_| {})).await.expect("run");
-    world.model.fail_next(model::Error { kind: ErrorKind::Final, message: "invalid request".into() });
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
+        .await
+        .expect("run");
+    world.model.fail_next(model::Error {
+        kind: ErrorKind::Final,
+        message: "invalid request".into(),
+    });
     let driven = engine.drive(PROJECT, "p").await.expect("drive");
-    assert_eq!(driven, Driven::Finished(RunPhase::Failed(FailReason::ModelCallFailed)));
+    assert_eq!(
+        driven,
+        Driven::Finished(RunPhase::Failed(FailReason::ModelCallFailed))
+    );
     assert!(world.sandbox.live().is_empty());
     let run = engine.get_run(PROJECT, "p").await.expect("run");
     assert_eq!(run.status.message.as_deref(), Some("invalid request"));
@@ -294,20 +476,33 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
     let world = World::new(vec![text("answer")]);
     let engine = world.engine();
     engine
-        .apply_agent(PROJECT, agent("worker", |a| {
-            a.per_run_max_cost_usd = Usd::from_cents(10);
-        }))
+        .apply_agent(
+            PROJECT,
+            agent("worker", |a| {
+                a.per_run_max_cost_usd = Usd::from_cents(10);
+            }),
+        )
         .await
         .expect("agent");
     let mut spec = AgentGroupSpec {
         agent: "worker".to_string(),
-        limits: GroupLimits { max_active: 1, ..GroupLimits::default() },
+        limits: GroupLimits {
+            max_active: 1,
+            ..GroupLimits::default()
+        },
         max_cost_usd: Some(Usd::from_cents(60)),
         sealed: false,
         evaluation: None,
     };
-    engine.apply_group(PROJECT, AgentGroup::new("g", spec.clone())).await.expect("group");
-    for (key, deps) in [("a", vec![]), ("b", vec![]), ("c", vec!["a".to_string(), "b".to_string()])] {
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
+        .await
+        .expect("group");
+    for (key, deps) in [
+        ("a", vec![]),
+        ("b", vec![]),
+        ("c", vec!["a".to_string(), "b".to_string()]),
+    ] {
         let mut r = run("", "worker", "q", |s| {
             s.group = Some("g".to_string());
             s.task_key = Some(key.to_string());
@@ -317,28 +512,66 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
         engine.create_run(PROJECT, r).await.expect("task");
     }
     let c = engine.get_run(PROJECT, "g-c").await.expect("c");
-    assert_eq!(c.status.phase, Some(RunPhase::Pending(PendingReason::DependencyWait)));
-    assert_eq!(engine.drive(PROJECT, "g-b").await.expect("b"), Driven::NotAdmitted, "maxActive 1");
-    assert_eq!(engine.drive(PROJECT, "g-a").await.expect("a"), Driven::Finished(RunPhase::Succeeded));
-    engine.reconcile_group(PROJECT, "g").await.expect("reconcile");
-    assert_eq!(engine.drive(PROJECT, "g-b").await.expect("b"), Driven::Finished(RunPhase::Succeeded));
-    engine.reconcile_group(PROJECT, "g").await.expect("reconcile");
-    assert_eq!(engine.drive(PROJECT, "g-c").await.expect("c"), Driven::Finished(RunPhase::Succeeded));
-    let group = engine.reconcile_group(PROJECT, "g").await.expect("reconcile");
-    assert_eq!(group.status.phase, Some(GroupPhase::Running), "not sealed yet");
+    assert_eq!(
+        c.status.phase,
+        Some(RunPhase::Pending(PendingReason::DependencyWait))
+    );
+    assert_eq!(
+        engine.drive(PROJECT, "g-b").await.expect("b"),
+        Driven::NotAdmitted,
+        "maxActive 1"
+    );
+    assert_eq!(
+        engine.drive(PROJECT, "g-a").await.expect("a"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        engine.drive(PROJECT, "g-b").await.expect("b"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        engine.drive(PROJECT, "g-c").await.expect("c"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        group.status.phase,
+        Some(GroupPhase::Running),
+        "not sealed yet"
+    );
     spec.sealed = true;
-    let group = engine.apply_group(PROJECT, AgentGroup::new("g", spec.clone())).await.expect("seal");
+    let group = engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
+        .await
+        .expect("seal");
     assert_eq!(group.status.phase, Some(GroupPhase::Succeeded));
     assert_eq!(group.status.counts.succeeded, 3);
     let sealed = engine
-        .create_run(PROJECT, run("g-d", "worker", "q", |s| {
-            s.group = Some("g".to_string());
-            s.task_key = Some("d".to_string());
-        }))
+        .create_run(
+            PROJECT,
+            run("g-d", "worker", "q", |s| {
+                s.group = Some("g".to_string());
+                s.task_key = Some("d".to_string());
+            }),
+        )
         .await
         .expect_err("sealed");
     assert_eq!(sealed.reason(), "Conflict");
     spec.sealed = false;
-    let unseal = engine.apply_group(PROJECT, AgentGroup::new("g", spec)).await.expect_err("unseal");
+    let unseal = engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect_err("unseal");
     assert_eq!(unseal.reason(), "Conflict");
 }

@@ -173,7 +173,12 @@ impl Engine {
         })
     }
 
-    async fn drive_loop(&self, fixed: &Fixed, fence: Fence, journal: &mut Vec<Step>) -> Result<Driven> {
+    async fn drive_loop(
+        &self,
+        fixed: &Fixed,
+        fence: Fence,
+        journal: &mut Vec<Step>,
+    ) -> Result<Driven> {
         loop {
             let record = self.deps.store.get(&fixed.key).await?;
             let run = typed::decode::<crate::resource::AgentRunSpec>(record)?;
@@ -225,7 +230,12 @@ impl Engine {
                 }
                 Decision::Park(seq) => {
                     if self
-                        .write_status(fixed, &run, journal, advance(phase, RunPhase::NeedsResolution)?)
+                        .write_status(
+                            fixed,
+                            &run,
+                            journal,
+                            advance(phase, RunPhase::NeedsResolution)?,
+                        )
                         .await?
                     {
                         return Ok(Driven::Parked { seq });
@@ -234,7 +244,12 @@ impl Engine {
                 }
                 Decision::Wait { reason, until } => {
                     if self
-                        .write_status(fixed, &run, journal, advance(phase, RunPhase::Waiting(reason))?)
+                        .write_status(
+                            fixed,
+                            &run,
+                            journal,
+                            advance(phase, RunPhase::Waiting(reason))?,
+                        )
                         .await?
                     {
                         return Ok(Driven::Waiting { reason, until });
@@ -267,7 +282,12 @@ impl Engine {
                 }
                 Performed::Uncertain => {
                     if self
-                        .write_status(fixed, &run, journal, advance(target, RunPhase::NeedsResolution)?)
+                        .write_status(
+                            fixed,
+                            &run,
+                            journal,
+                            advance(target, RunPhase::NeedsResolution)?,
+                        )
                         .await?
                     {
                         return Ok(Driven::Parked { seq });
@@ -325,7 +345,11 @@ impl Engine {
         object.status = status;
         let document = typed::encode(&fixed.key, &object)?;
         match self
-            .retrying(|| self.deps.store.update(&fixed.key, run.version, document.clone()))
+            .retrying(|| {
+                self.deps
+                    .store
+                    .update(&fixed.key, run.version, document.clone())
+            })
             .await
         {
             Ok(_) => Ok(true),
@@ -353,17 +377,28 @@ impl Engine {
         }
     }
 
-    async fn perform(&self, fixed: &Fixed, journal: &[Step], run: &AgentRun, intent: &Intent) -> Performed {
+    async fn perform(
+        &self,
+        fixed: &Fixed,
+        journal: &[Step],
+        run: &AgentRun,
+        intent: &Intent,
+    ) -> Performed {
         let replay = Replay::of(journal);
         match intent {
             Intent::CreateSandbox { spec } => {
-                match self.sandbox_retrying(|| self.deps.sandbox.create(spec)).await {
+                match self
+                    .sandbox_retrying(|| self.deps.sandbox.create(spec))
+                    .await
+                {
                     Ok(info) => Performed::Done(Outcome::SandboxCreated { info }),
                     Err(e) => Performed::Done(failed(e.to_string())),
                 }
             }
             Intent::Route { turn } => Performed::Done(self.route(fixed, &replay, *turn).await),
-            Intent::CallModel { model, tools, .. } => self.call_model(fixed, &replay, model, *tools).await,
+            Intent::CallModel { model, tools, .. } => {
+                self.call_model(fixed, &replay, model, *tools).await
+            }
             Intent::Command { command, .. } => {
                 let SandboxState::Live(info) = replay.sandbox else {
                     return Performed::Done(failed("the run has no sandbox".to_string()));
@@ -390,7 +425,10 @@ impl Engine {
             Intent::Answer { .. } => Performed::Done(Outcome::Answered),
             Intent::DestroySandbox { id, .. } => {
                 let _ = run;
-                match self.sandbox_retrying(|| self.deps.sandbox.destroy(id)).await {
+                match self
+                    .sandbox_retrying(|| self.deps.sandbox.destroy(id))
+                    .await
+                {
                     Ok(()) => Performed::Done(Outcome::SandboxDestroyed),
                     Err(e) => Performed::Done(failed(e.to_string())),
                 }
@@ -398,7 +436,10 @@ impl Engine {
         }
     }
 
-    async fn sandbox_retrying<T, F, Fut>(&self, mut call: F) -> std::result::Result<T, sandbox::Error>
+    async fn sandbox_retrying<T, F, Fut>(
+        &self,
+        mut call: F,
+    ) -> std::result::Result<T, sandbox::Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, sandbox::Error>>,
@@ -423,8 +464,13 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| Family::ALL.to_vec());
         let inbox = self.deps.store.inbox(&fixed.uid).await.unwrap_or_default();
-        let (conversation, _) = replay.conversation(&fixed.first_prompt, &inbox, agent.max_tool_calls);
-        let prompt = match replay.turns.get(usize::try_from(turn).unwrap_or(usize::MAX)).map(|t| t.prompt) {
+        let (conversation, _) =
+            replay.conversation(&fixed.first_prompt, &inbox, agent.max_tool_calls);
+        let prompt = match replay
+            .turns
+            .get(usize::try_from(turn).unwrap_or(usize::MAX))
+            .map(|t| t.prompt)
+        {
             Some(Prompt::Message(seq)) => inbox
                 .iter()
                 .find(|m| m.seq == seq)
@@ -476,9 +522,18 @@ impl Engine {
                 ChosenBy::Fallback,
                 Usd::ZERO,
                 None,
-                Some(format!("the router chose {}, which the agent does not allow", choice.family)),
+                Some(format!(
+                    "the router chose {}, which the agent does not allow",
+                    choice.family
+                )),
             ),
-            Err(reason) => (fallback_family(&allowed), ChosenBy::Fallback, Usd::ZERO, None, Some(reason)),
+            Err(reason) => (
+                fallback_family(&allowed),
+                ChosenBy::Fallback,
+                Usd::ZERO,
+                None,
+                Some(reason),
+            ),
         };
         match self.deps.catalog.family(family) {
             Some(entry) => Outcome::Routed {
@@ -489,11 +544,19 @@ impl Engine {
                 usage,
                 fallback_reason,
             },
-            None => failed(format!("the model catalog has no model for the family {family}")),
+            None => failed(format!(
+                "the model catalog has no model for the family {family}"
+            )),
         }
     }
 
-    async fn call_model(&self, fixed: &Fixed, replay: &Replay<'_>, model: &str, tools: bool) -> Performed {
+    async fn call_model(
+        &self,
+        fixed: &Fixed,
+        replay: &Replay<'_>,
+        model: &str,
+        tools: bool,
+    ) -> Performed {
         let agent: &AgentSpec = &fixed.snapshot.agent;
         let byok = agent.model.access == Access::Byok;
         let credentials = if byok {
@@ -533,7 +596,11 @@ impl Engine {
             system: fixed.system.clone(),
             messages,
             tools: vec![decide::shell_tool()],
-            tool_choice: if tools { ToolChoice::Auto } else { ToolChoice::None },
+            tool_choice: if tools {
+                ToolChoice::Auto
+            } else {
+                ToolChoice::None
+            },
             max_tokens: agent.max_tokens,
             credentials,
         };

@@ -8,7 +8,11 @@ use crate::resource::{AgentGroup, AgentGroupSpec, AgentRun, Kind};
 use crate::store::{ObjectKey, Selector};
 
 impl Engine {
-    async fn read_group(&self, project: &str, name: &str) -> Result<typed::Versioned<AgentGroupSpec>> {
+    async fn read_group(
+        &self,
+        project: &str,
+        name: &str,
+    ) -> Result<typed::Versioned<AgentGroupSpec>> {
         let key = ObjectKey::new(project, Kind::AgentGroup, name);
         match self.deps.store.get(&key).await {
             Ok(record) => typed::decode(record),
@@ -20,16 +24,29 @@ impl Engine {
         }
     }
 
-    async fn members(&self, project: &str, group: &str) -> Result<Vec<typed::Versioned<crate::resource::AgentRunSpec>>> {
+    async fn members(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<typed::Versioned<crate::resource::AgentRunSpec>>> {
         let selector = Selector {
             fields: [("spec.group".to_string(), group.to_string())].into(),
             ..Selector::default()
         };
-        let records = self.deps.store.list(project, Kind::AgentRun, &selector).await?;
+        let records = self
+            .deps
+            .store
+            .list(project, Kind::AgentRun, &selector)
+            .await?;
         records.into_iter().map(typed::decode).collect()
     }
 
-    pub(super) async fn admit_to_group(&self, project: &str, group: &str, run: &AgentRun) -> Result<()> {
+    pub(super) async fn admit_to_group(
+        &self,
+        project: &str,
+        group: &str,
+        run: &AgentRun,
+    ) -> Result<()> {
         let group = self.read_group(project, group).await.map_err(|e| match e {
             Error::NotFound { name, .. } => crate::validate::Invalid {
                 field: "spec.group".to_string(),
@@ -66,11 +83,25 @@ impl Engine {
                 .start
                 .iter()
                 .map(|&i| (i, RunEvent::Start))
-                .chain(plan.cancel.iter().map(|&(i, reason)| (i, RunEvent::Cancel(reason))))
-                .chain(plan.queue.iter().map(|&(i, reason)| (i, RunEvent::Queue(reason))));
+                .chain(
+                    plan.cancel
+                        .iter()
+                        .map(|&(i, reason)| (i, RunEvent::Cancel(reason))),
+                )
+                .chain(
+                    plan.queue
+                        .iter()
+                        .map(|&(i, reason)| (i, RunEvent::Queue(reason))),
+                );
             for (index, event) in changes {
-                let Some(run) = members.get(index) else { continue };
-                let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+                let Some(run) = members.get(index) else {
+                    continue;
+                };
+                let phase = run
+                    .object
+                    .status
+                    .phase
+                    .unwrap_or(RunPhase::Pending(PendingReason::Queued));
                 let next = phase.apply(event)?;
                 if next == phase {
                     continue;
@@ -116,7 +147,12 @@ impl Engine {
     pub async fn cancel_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
         loop {
             let group = self.read_group(project, name).await?;
-            if group.object.status.phase.is_some_and(GroupPhase::is_finished) {
+            if group
+                .object
+                .status
+                .phase
+                .is_some_and(GroupPhase::is_finished)
+            {
                 return Ok(group.object);
             }
             let mut object = group.object.clone();
@@ -135,8 +171,12 @@ impl Engine {
         }
         for run in self.members(project, name).await? {
             if run.object.status.phase.is_some_and(RunPhase::is_started) {
-                self.request_cancel(project, run.object.name(), crate::lifecycle::CancelReason::GroupCancelled)
-                    .await?;
+                self.request_cancel(
+                    project,
+                    run.object.name(),
+                    crate::lifecycle::CancelReason::GroupCancelled,
+                )
+                .await?;
                 self.drive(project, run.object.name()).await?;
             }
         }
@@ -157,6 +197,9 @@ fn member(run: &AgentRun) -> Member {
         depends_on: run.spec.depends_on.clone(),
         cap,
         spent: run.status.cost.total_usd,
-        phase: run.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued)),
+        phase: run
+            .status
+            .phase
+            .unwrap_or(RunPhase::Pending(PendingReason::Queued)),
     }
 }

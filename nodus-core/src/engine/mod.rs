@@ -200,7 +200,11 @@ impl Engine {
     }
 
     /// Resolve `spec.agent` (`name`, or `project/name` for a shared template).
-    async fn resolve_agent(&self, project: &str, reference: &str) -> Result<(String, Versioned<crate::resource::AgentSpec>)> {
+    async fn resolve_agent(
+        &self,
+        project: &str,
+        reference: &str,
+    ) -> Result<(String, Versioned<crate::resource::AgentSpec>)> {
         let (agent_project, name) = reference.split_once('/').unwrap_or((project, reference));
         let key = ObjectKey::new(agent_project, Kind::Agent, name);
         match self.deps.store.get(&key).await {
@@ -246,7 +250,13 @@ impl Engine {
         validate::check_message("spec.input", &prompt)?;
         let byok = agent.object.spec.model.access == Access::Byok;
         if byok {
-            let secret = agent.object.spec.model.api_key_secret.clone().unwrap_or_default();
+            let secret = agent
+                .object
+                .spec
+                .model
+                .api_key_secret
+                .clone()
+                .unwrap_or_default();
             if self
                 .deps
                 .secrets
@@ -256,7 +266,9 @@ impl Engine {
             {
                 return Err(Invalid {
                     field: "spec.model.apiKeySecret".to_string(),
-                    rule: format!("must name a Secret of this project holding {API_KEY_SECRET_KEY}"),
+                    rule: format!(
+                        "must name a Secret of this project holding {API_KEY_SECRET_KEY}"
+                    ),
                     value: secret,
                 }
                 .into());
@@ -326,7 +338,11 @@ impl Engine {
         }
         loop {
             let run = self.read_run(project, name).await?;
-            let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            let phase = run
+                .object
+                .status
+                .phase
+                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
             let object_key = ObjectKey::new(project, Kind::AgentRun, name);
             if phase.is_finished() {
                 // A repeat of a message the run already had is still answered as a repeat.
@@ -344,7 +360,13 @@ impl Engine {
             match self
                 .deps
                 .store
-                .post_message(&object_key, run.version, key, payload, self.deps.clock.now())
+                .post_message(
+                    &object_key,
+                    run.version,
+                    key,
+                    payload,
+                    self.deps.clock.now(),
+                )
                 .await
             {
                 Err(crate::store::Error::Conflict { .. }) => continue,
@@ -363,10 +385,19 @@ impl Engine {
     }
 
     /// Mark a run as to be cancelled (`reason`); returns false when it had finished.
-    async fn request_cancel(&self, project: &str, name: &str, reason: CancelReason) -> Result<bool> {
+    async fn request_cancel(
+        &self,
+        project: &str,
+        name: &str,
+        reason: CancelReason,
+    ) -> Result<bool> {
         loop {
             let mut run = self.read_run(project, name).await?;
-            let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            let phase = run
+                .object
+                .status
+                .phase
+                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
             if phase.is_finished() {
                 return Ok(false);
             }
@@ -399,7 +430,11 @@ impl Engine {
         resolution: Resolution,
     ) -> Result<Driven> {
         let mut run = self.read_run(project, name).await?;
-        let phase = run.object.status.phase.unwrap_or(RunPhase::Pending(PendingReason::Queued));
+        let phase = run
+            .object
+            .status
+            .phase
+            .unwrap_or(RunPhase::Pending(PendingReason::Queued));
         if phase != RunPhase::NeedsResolution {
             return Err(Error::NotParked {
                 run: name.to_string(),

@@ -16,7 +16,9 @@ use nodus_core::model::{self, ModelClient, ModelRequest, ModelResponse};
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec, Kind};
 use nodus_core::router::FixedRouter;
 use nodus_core::secret::StaticSecrets;
-use nodus_core::store::{self, Change, Delivery, Fence, InboxMessage, ObjectKey, Record, Selector, Store};
+use nodus_core::store::{
+    self, Change, Delivery, Fence, InboxMessage, ObjectKey, Record, Selector, Store,
+};
 use nodus_core::testing::{ManualClock, RecordingSandbox};
 use nodus_llm::{Reply, ScriptedModel};
 use nodus_store::MemoryStore;
@@ -90,7 +92,11 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.create(key, document).await
     }
-    async fn create_batch(&self, items: Vec<(ObjectKey, Value)>, key: Option<&str>) -> Result<Vec<Record>, store::Error> {
+    async fn create_batch(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        key: Option<&str>,
+    ) -> Result<Vec<Record>, store::Error> {
         self.check_alive()?;
         self.inner.create_batch(items, key).await
     }
@@ -98,11 +104,21 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.get(key).await
     }
-    async fn list(&self, project: &str, kind: Kind, selector: &Selector) -> Result<Vec<Record>, store::Error> {
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, store::Error> {
         self.check_alive()?;
         self.inner.list(project, kind, selector).await
     }
-    async fn update(&self, key: &ObjectKey, version: u64, document: Value) -> Result<Record, store::Error> {
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        version: u64,
+        document: Value,
+    ) -> Result<Record, store::Error> {
         self.check_alive()?;
         self.inner.update(key, version, document).await
     }
@@ -122,9 +138,17 @@ impl Store for CrashingStore {
         }
         Ok(())
     }
-    async fn complete_step(&self, run: &str, fence: Fence, seq: u32, completion: &Completion) -> Result<(), store::Error> {
+    async fn complete_step(
+        &self,
+        run: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+    ) -> Result<(), store::Error> {
         let die_after = self.journal_write()?;
-        self.inner.complete_step(run, fence, seq, completion).await?;
+        self.inner
+            .complete_step(run, fence, seq, completion)
+            .await?;
         if die_after {
             return Err(Self::crashed());
         }
@@ -134,9 +158,18 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.journal(run).await
     }
-    async fn post_message(&self, run: &ObjectKey, version: u64, key: Option<&str>, payload: &str, at: Timestamp) -> Result<Delivery, store::Error> {
+    async fn post_message(
+        &self,
+        run: &ObjectKey,
+        version: u64,
+        key: Option<&str>,
+        payload: &str,
+        at: Timestamp,
+    ) -> Result<Delivery, store::Error> {
         self.check_alive()?;
-        self.inner.post_message(run, version, key, payload, at).await
+        self.inner
+            .post_message(run, version, key, payload, at)
+            .await
     }
     async fn inbox(&self, run: &str) -> Result<Vec<InboxMessage>, store::Error> {
         self.check_alive()?;
@@ -235,7 +268,12 @@ pub fn agent(name: &str, configure: impl FnOnce(&mut AgentSpec)) -> Agent {
     Agent::new(name, spec)
 }
 
-pub fn run(name: &str, agent: &str, input: &str, configure: impl FnOnce(&mut AgentRunSpec)) -> AgentRun {
+pub fn run(
+    name: &str,
+    agent: &str,
+    input: &str,
+    configure: impl FnOnce(&mut AgentRunSpec),
+) -> AgentRun {
     let mut spec = AgentRunSpec::new(agent, input);
     configure(&mut spec);
     AgentRun::new(name, spec)
