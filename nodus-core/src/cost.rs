@@ -316,7 +316,12 @@ mod tests {
     }
 
     fn rates() -> impl Strategy<Value = Rates> {
-        (0u64..100_000_000_000, 0u64..100_000_000_000, 0u64..100_000_000_000, 0u64..100_000_000_000)
+        (
+            0u64..100_000_000_000,
+            0u64..100_000_000_000,
+            0u64..100_000_000_000,
+            0u64..100_000_000_000,
+        )
             .prop_map(|(i, o, w, r)| Rates {
                 input: Usd::from_nanos(i),
                 output: Usd::from_nanos(o),
@@ -326,24 +331,32 @@ mod tests {
     }
 
     fn prices() -> impl Strategy<Value = Prices> {
-        (rates(), proptest::option::of((1u64..1_000_000, rates()))).prop_map(|(base, band)| Prices {
-            base,
-            long_prompt: band.map(|(above_prompt_tokens, rates)| LongPromptBand {
-                above_prompt_tokens,
-                rates,
-            }),
+        (rates(), proptest::option::of((1u64..1_000_000, rates()))).prop_map(|(base, band)| {
+            Prices {
+                base,
+                long_prompt: band.map(|(above_prompt_tokens, rates)| LongPromptBand {
+                    above_prompt_tokens,
+                    rates,
+                }),
+            }
         })
     }
 
     fn usage() -> impl Strategy<Value = Usage> {
-        (0u64..2_000_000, 0u64..100_000, 0u64..2_000_000, 0u64..2_000_000).prop_map(
-            |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens)| Usage {
-                input_tokens,
-                output_tokens,
-                cache_write_tokens,
-                cache_read_tokens,
-            },
+        (
+            0u64..2_000_000,
+            0u64..100_000,
+            0u64..2_000_000,
+            0u64..2_000_000,
         )
+            .prop_map(
+                |(input_tokens, output_tokens, cache_write_tokens, cache_read_tokens)| Usage {
+                    input_tokens,
+                    output_tokens,
+                    cache_write_tokens,
+                    cache_read_tokens,
+                },
+            )
     }
 
     proptest! {

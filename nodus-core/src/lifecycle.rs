@@ -168,11 +168,10 @@ impl RunPhase {
                 P::Failed(reason)
             }
             (P::Pending(_), E::Cancel(reason)) => P::Cancelled(reason),
-            (phase, E::Cancel(reason @ (CancelReason::CancelRequested | CancelReason::GroupCancelled)))
-                if !phase.is_finished() =>
-            {
-                P::Cancelled(reason)
-            }
+            (
+                phase,
+                E::Cancel(reason @ (CancelReason::CancelRequested | CancelReason::GroupCancelled)),
+            ) if !phase.is_finished() => P::Cancelled(reason),
             _ => return Err(refused),
         };
         Ok(next)
@@ -299,7 +298,12 @@ mod tests {
     use super::*;
 
     fn all_events() -> Vec<RunEvent> {
-        let mut events = vec![RunEvent::Start, RunEvent::Resume, RunEvent::Park, RunEvent::Succeed];
+        let mut events = vec![
+            RunEvent::Start,
+            RunEvent::Resume,
+            RunEvent::Park,
+            RunEvent::Succeed,
+        ];
         for phase in RunPhase::all() {
             match phase {
                 RunPhase::Pending(r) => events.push(RunEvent::Queue(r)),
@@ -309,7 +313,11 @@ mod tests {
                 _ => {}
             }
         }
-        for resolution in [Resolution::Retry, Resolution::RecordFailed, Resolution::Cancel] {
+        for resolution in [
+            Resolution::Retry,
+            Resolution::RecordFailed,
+            Resolution::Cancel,
+        ] {
             events.push(RunEvent::Resolve(resolution));
         }
         events
@@ -324,9 +332,10 @@ mod tests {
             (P::Pending(_), E::Queue(r)) => Some(P::Pending(r)),
             (P::Pending(_), E::Start) => Some(P::Running),
             (P::Pending(_), E::Cancel(r)) => Some(P::Cancelled(r)),
-            (P::Pending(_), E::Fail(r @ (FailReason::DeadlineExceeded | FailReason::TimeoutExceeded))) => {
-                Some(P::Failed(r))
-            }
+            (
+                P::Pending(_),
+                E::Fail(r @ (FailReason::DeadlineExceeded | FailReason::TimeoutExceeded)),
+            ) => Some(P::Failed(r)),
             (P::Running, E::Wait(r)) => Some(P::Waiting(r)),
             (P::Running, E::Park) => Some(P::NeedsResolution),
             (P::Running, E::Succeed) => Some(P::Succeeded),
@@ -338,9 +347,10 @@ mod tests {
                 P::Running | P::Waiting(_) | P::NeedsResolution,
                 E::Cancel(r @ (CancelReason::CancelRequested | CancelReason::GroupCancelled)),
             ) => Some(P::Cancelled(r)),
-            (P::Waiting(_) | P::NeedsResolution, E::Fail(r @ (FailReason::DeadlineExceeded | FailReason::TimeoutExceeded))) => {
-                Some(P::Failed(r))
-            }
+            (
+                P::Waiting(_) | P::NeedsResolution,
+                E::Fail(r @ (FailReason::DeadlineExceeded | FailReason::TimeoutExceeded)),
+            ) => Some(P::Failed(r)),
             (P::NeedsResolution, E::Resolve(Resolution::Cancel)) => {
                 Some(P::Cancelled(CancelReason::CancelRequested))
             }
@@ -372,7 +382,10 @@ mod tests {
                 }
             }
         }
-        assert!(allowed_count > 30 && refused_count > 200, "{allowed_count} / {refused_count}");
+        assert!(
+            allowed_count > 30 && refused_count > 200,
+            "{allowed_count} / {refused_count}"
+        );
     }
 
     #[test]

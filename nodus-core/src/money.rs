@@ -109,7 +109,9 @@ impl FromStr for Usd {
             None => (text, ""),
         };
         let digits_only = |part: &str| part.bytes().all(|b| b.is_ascii_digit());
-        if (whole.is_empty() && fraction.is_empty()) || !digits_only(whole) || !digits_only(fraction)
+        if (whole.is_empty() && fraction.is_empty())
+            || !digits_only(whole)
+            || !digits_only(fraction)
         {
             return Err(ParseUsdError::NotDecimal);
         }

@@ -55,8 +55,10 @@ impl StaticSecrets {
 
     /// With one more value.
     pub fn with(mut self, project: &str, name: &str, key: &str, value: SecretString) -> Self {
-        self.values
-            .insert((project.to_string(), name.to_string(), key.to_string()), value);
+        self.values.insert(
+            (project.to_string(), name.to_string(), key.to_string()),
+            value,
+        );
         self
     }
 }
@@ -77,7 +79,10 @@ mod tests {
     #[test]
     fn never_formats_the_value() {
         let secret = SecretString::new("sk-ant-12345");
-        assert_eq!(format!("{secret} {secret:?} {:?}", Some(&secret)), "[redacted] [redacted] Some([redacted])");
+        assert_eq!(
+            format!("{secret} {secret:?} {:?}", Some(&secret)),
+            "[redacted] [redacted] Some([redacted])"
+        );
         assert_eq!(secret.expose(), "sk-ant-12345");
     }
 }

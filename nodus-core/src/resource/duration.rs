@@ -31,7 +31,9 @@ impl DurationSpec {
 
 /// Why text is not a duration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a duration is a whole number of hours, minutes and seconds such as \"90s\", \"10m\" or \"1h30m\"")]
+#[error(
+    "a duration is a whole number of hours, minutes and seconds such as \"90s\", \"10m\" or \"1h30m\""
+)]
 pub struct ParseDurationError;
 
 impl FromStr for DurationSpec {
@@ -152,7 +154,11 @@ mod tests {
     #[test]
     fn refuses_malformed_durations() {
         for text in ["", "m", "10x", "1m1h", "1h1h", "-5s", "1.5h", "10m5"] {
-            assert_eq!(text.parse::<DurationSpec>(), Err(ParseDurationError), "{text:?}");
+            assert_eq!(
+                text.parse::<DurationSpec>(),
+                Err(ParseDurationError),
+                "{text:?}"
+            );
         }
     }
 }

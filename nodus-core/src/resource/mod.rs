@@ -16,8 +16,8 @@ pub use group::{
 };
 pub use meta::{API_VERSION, Kind, ObjectMeta};
 pub use run::{
-    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus,
-    PostRunAction, RunSnapshot, SandboxStatus, TurnStatus, WorkdirSpec,
+    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus, PostRunAction,
+    RunSnapshot, SandboxStatus, TurnStatus, WorkdirSpec,
 };
 
 use serde::de::DeserializeOwned;
