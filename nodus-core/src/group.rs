@@ -138,10 +138,7 @@ pub struct Plan {
 /// new group); members are in creation order, which is also the order queued runs start in.
 pub fn reconcile(spec: &AgentGroupSpec, phase: Option<GroupPhase>, members: &[Member]) -> Plan {
     let mut plan = Plan::default();
-    let cancelling = matches!(
-        phase,
-        Some(GroupPhase::Cancelling | GroupPhase::Cancelled)
-    );
+    let cancelling = matches!(phase, Some(GroupPhase::Cancelling | GroupPhase::Cancelled));
     // Phases as they will be once the plan is carried out, so that a cancellation cascades
     // through a chain of dependents in one pass (dependencies come earlier in the order).
     let mut phases: Vec<RunPhase> = members.iter().map(|m| m.phase).collect();
@@ -389,4 +386,641 @@ pub fn counts_as_failure(phase: RunPhase) -> bool {
         phase,
         RunPhase::Failed(_) | RunPhase::Cancelled(CancelReason::DependencyFailed)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::{FailReason, RunEvent, WaitReason};
+    use crate::resource::GroupLimits;
+
+    fn usd(text: &str) -> Usd {
+        text.parse().expect("test amount")
+    }
+
+    fn spec(max_active: u32, max_cost: Option<&str>) -> AgentGroupSpec {
+        AgentGroupSpec {
+            agent: "worker".to_string(),
+            limits: GroupLimits {
+                max_active,
+                ..GroupLimits::default()
+            },
+            max_cost_usd: max_cost.map(usd),
+            sealed: false,
+            evaluation: None,
+        }
+    }
+
+    fn run(key: &str, depends_on: &[&str], cap: &str, phase: RunPhase) -> Member {
+        Member {
+            task_key: key.to_string(),
+            depends_on: depends_on.iter().map(|d| d.to_string()).collect(),
+            cap: usd(cap),
+            spent: Usd::ZERO,
+            phase,
+        }
+    }
+
+    fn queued(key: &str, depends_on: &[&str], cap: &str) -> Member {
+        run(
+            key,
+            depends_on,
+            cap,
+            RunPhase::Pending(PendingReason::Queued),
+        )
+    }
+
+    /// Carry a plan out the way the engine does, through the lifecycle.
+    fn carry_out(members: &mut [Member], plan: &Plan) {
+        let events = plan
+            .start
+            .iter()
+            .map(|&i| (i, RunEvent::Start))
+            .chain(plan.cancel.iter().map(|&(i, r)| (i, RunEvent::Cancel(r))))
+            .chain(plan.queue.iter().map(|&(i, r)| (i, RunEvent::Queue(r))));
+        for (i, event) in events {
+            members[i].phase = members[i]
+                .phase
+                .apply(event)
+                .expect("the plan follows the lifecycle");
+        }
+    }
+
+    fn finish(member: &mut Member, spent: &str) {
+        member.spent = usd(spent);
+        member.phase = member
+            .phase
+            .apply(RunEvent::Succeed)
+            .expect("a running run succeeds");
+    }
+
+    fn blocked(reasons: &[(BlockedReason, u32)]) -> std::collections::BTreeMap<BlockedReason, u32> {
+        reasons.iter().copied().collect()
+    }
+
+    #[test]
+    fn the_spec_example_six_caps_fit_under_sixty_cents_and_the_seventh_waits() {
+        let mut spec = spec(2, Some("0.60"));
+        let keys = ["a", "b", "c", "d", "e", "f", "g"];
+        let mut members: Vec<Member> = keys.iter().map(|k| queued(k, &[], "0.10")).collect();
+
+        // maxActive 2: two go, the others wait for a slot.
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(plan.start, vec![0, 1]);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxActiveReached, 5)])
+        );
+        assert!(
+            plan.queue
+                .iter()
+                .all(|&(_, r)| r == PendingReason::GroupWait)
+        );
+        carry_out(&mut members, &plan);
+
+        // More slots: the $0.60 cap has room for six caps of $0.10 before anything is spent.
+        let mut wider = spec.clone();
+        wider.limits.max_active = 10;
+        assert_eq!(check_update(&spec, &wider), Ok(()));
+        spec = wider;
+        let plan = reconcile(&spec, plan.status.phase, &members);
+        assert_eq!(plan.start, vec![2, 3, 4, 5]);
+        assert_eq!(plan.queue, vec![(6, PendingReason::GroupWait)]);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxCostReached, 1)])
+        );
+        assert_eq!(plan.status.counts.active, 6);
+        assert_eq!(plan.status.counts.queued, 1);
+        carry_out(&mut members, &plan);
+
+        // a finishes having spent $0.03: $0.07 is left, still short of g's $0.10.
+        finish(&mut members[0], "0.03");
+        let plan = reconcile(&spec, plan.status.phase, &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxCostReached, 1)])
+        );
+        assert_eq!(plan.status.cost.total_usd, usd("0.03"));
+        assert_eq!(plan.status.cost.limit_usd, Some(usd("0.60")));
+        carry_out(&mut members, &plan);
+
+        // b finishes having spent nothing: $0.60 − $0.03 − 4 × $0.10 = $0.17, g starts.
+        finish(&mut members[1], "0");
+        let plan = reconcile(&spec, plan.status.phase, &members);
+        assert_eq!(plan.start, vec![6]);
+        assert!(plan.status.blocked_reasons.is_empty());
+    }
+
+    #[test]
+    fn the_spec_example_at_two_at_a_time_spending_every_cap_runs_six() {
+        let spec = spec(2, Some("0.60"));
+        let mut members: Vec<Member> = (0..7)
+            .map(|i| queued(&format!("t{i}"), &[], "0.10"))
+            .collect();
+        let mut phase = None;
+        for round in 0..3 {
+            let plan = reconcile(&spec, phase, &members);
+            assert_eq!(plan.start, vec![2 * round, 2 * round + 1], "round {round}");
+            carry_out(&mut members, &plan);
+            for &i in &plan.start {
+                finish(&mut members[i], "0.10");
+            }
+            phase = plan.status.phase;
+        }
+        let plan = reconcile(&spec, phase, &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(plan.queue, vec![(6, PendingReason::GroupWait)]);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxCostReached, 1)])
+        );
+        assert_eq!(plan.status.cost.total_usd, usd("0.60"));
+        assert_eq!(plan.status.counts.succeeded, 6);
+    }
+
+    #[test]
+    fn a_cap_smaller_than_one_runs_cap_starts_nothing_until_it_is_raised() {
+        let mut spec = spec(10, Some("0.05"));
+        spec.sealed = true;
+        let members = vec![queued("a", &[], "0.10"), queued("b", &[], "0.10")];
+        let plan = reconcile(&spec, None, &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxCostReached, 2)])
+        );
+        // Sealed, but queued runs have not finished: the group is still Running.
+        assert_eq!(plan.status.phase, Some(GroupPhase::Running));
+
+        // A zero cap is a cap too.
+        let mut zero = spec.clone();
+        zero.max_cost_usd = Some(Usd::ZERO);
+        assert!(reconcile(&zero, None, &members).start.is_empty());
+
+        // Exactly one run's cap fits one run.
+        let mut raised = spec.clone();
+        raised.max_cost_usd = Some(usd("0.10"));
+        assert_eq!(check_update(&spec, &raised), Ok(()));
+        let plan = reconcile(&raised, None, &members);
+        assert_eq!(plan.start, vec![0]);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxCostReached, 1)])
+        );
+    }
+
+    #[test]
+    fn patching_max_active_raises_concurrency_and_lowering_it_stops_nothing() {
+        let spec = spec(1, None);
+        let mut members: Vec<Member> = (0..5).map(|i| queued(&format!("t{i}"), &[], "1")).collect();
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(plan.start, vec![0]);
+        carry_out(&mut members, &plan);
+
+        let mut raised = spec.clone();
+        raised.limits.max_active = 3;
+        assert_eq!(check_update(&spec, &raised), Ok(()));
+        let plan = reconcile(&raised, None, &members);
+        assert_eq!(plan.start, vec![1, 2]);
+        assert_eq!(plan.status.counts.active, 3);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxActiveReached, 2)])
+        );
+        carry_out(&mut members, &plan);
+
+        // Lowered below the runs going: they keep going, nothing new starts until fewer
+        // than maxActive are left.
+        let mut lowered = raised.clone();
+        lowered.limits.max_active = 2;
+        assert_eq!(check_update(&raised, &lowered), Ok(()));
+        let plan = reconcile(&lowered, None, &members);
+        assert!(plan.start.is_empty() && plan.cancel.is_empty());
+        assert_eq!(plan.status.counts.active, 3);
+        finish(&mut members[0], "0");
+        assert!(reconcile(&lowered, None, &members).start.is_empty());
+        finish(&mut members[1], "0");
+        assert_eq!(reconcile(&lowered, None, &members).start, vec![3]);
+    }
+
+    #[test]
+    fn started_runs_hold_slots_while_waiting_or_parked() {
+        let spec = spec(3, None);
+        let members = vec![
+            run(
+                "a",
+                &[],
+                "1",
+                RunPhase::Waiting(WaitReason::AwaitingMessage),
+            ),
+            run("b", &[], "1", RunPhase::Waiting(WaitReason::MaxCostReached)),
+            run("c", &[], "1", RunPhase::NeedsResolution),
+            queued("d", &[], "1"),
+        ];
+        let plan = reconcile(&spec, None, &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(plan.status.counts.waiting, 2);
+        assert_eq!(plan.status.counts.active, 1);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxActiveReached, 1)])
+        );
+    }
+
+    #[test]
+    fn a_started_run_holds_its_cap_or_its_spend_whichever_is_more() {
+        let spec = spec(10, Some("1.00"));
+        let mut over = run("a", &[], "0.30", RunPhase::Running);
+        // A worst case that was wrong: the run spent past its cap. The group still counts it.
+        over.spent = usd("0.50");
+        let members = vec![over, queued("b", &[], "0.50"), queued("c", &[], "0.51")];
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(plan.start, vec![1]);
+        assert_eq!(plan.queue, vec![(2, PendingReason::GroupWait)]);
+    }
+
+    #[test]
+    fn a_run_that_does_not_fit_lets_a_smaller_later_run_start() {
+        let spec = spec(10, Some("0.30"));
+        let members = vec![queued("big", &[], "0.50"), queued("small", &[], "0.10")];
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(plan.start, vec![1]);
+        assert_eq!(plan.queue, vec![(0, PendingReason::GroupWait)]);
+    }
+
+    #[test]
+    fn blocked_reasons_check_dependencies_then_slots_then_money() {
+        let spec = spec(1, Some("0.10"));
+        let members = vec![
+            run("a", &[], "0.10", RunPhase::Running),
+            queued("b", &["a"], "0.10"),
+            queued("c", &[], "0.10"),
+        ];
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(
+            plan.queue,
+            vec![
+                (1, PendingReason::DependencyWait),
+                (2, PendingReason::GroupWait)
+            ]
+        );
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[
+                (BlockedReason::DependencyWait, 1),
+                (BlockedReason::MaxActiveReached, 1)
+            ])
+        );
+        let json = serde_json::to_value(&plan.status).expect("serialize");
+        assert_eq!(
+            json["blockedReasons"],
+            serde_json::json!({"DependencyWait": 1, "MaxActiveReached": 1})
+        );
+    }
+
+    #[test]
+    fn a_failed_dependency_cancels_its_dependents_transitively_in_one_pass() {
+        let mut spec = spec(10, None);
+        spec.sealed = true;
+        let members = vec![
+            run("a", &[], "1", RunPhase::Failed(FailReason::ModelCallFailed)),
+            queued("b", &["a"], "1"),
+            queued("c", &["b"], "1"),
+            queued("d", &["c", "a"], "1"),
+            run("e", &[], "1", RunPhase::Succeeded),
+            queued("f", &["e"], "1"),
+        ];
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(
+            plan.cancel,
+            vec![
+                (1, CancelReason::DependencyFailed),
+                (2, CancelReason::DependencyCancelled),
+                // A failed dependency outweighs a cancelled one.
+                (3, CancelReason::DependencyFailed),
+            ]
+        );
+        assert_eq!(plan.start, vec![5]);
+        assert_eq!(plan.status.phase, Some(GroupPhase::Running));
+        let mut members = members;
+        carry_out(&mut members, &plan);
+        finish(&mut members[5], "0");
+        let plan = reconcile(&spec, plan.status.phase, &members);
+        assert_eq!(plan.status.phase, Some(GroupPhase::FailedRunsFailed));
+        assert_eq!(plan.status.counts.failed, 1);
+        assert_eq!(plan.status.counts.cancelled, 3);
+        assert_eq!(plan.status.counts.succeeded, 2);
+    }
+
+    #[test]
+    fn a_cancelled_dependency_cancels_dependents_and_the_group_still_succeeds() {
+        let mut spec = spec(10, None);
+        spec.sealed = true;
+        let members = vec![
+            run(
+                "a",
+                &[],
+                "1",
+                RunPhase::Cancelled(CancelReason::CancelRequested),
+            ),
+            queued("b", &["a"], "1"),
+            run("c", &[], "1", RunPhase::Succeeded),
+        ];
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(plan.cancel, vec![(1, CancelReason::DependencyCancelled)]);
+        assert_eq!(plan.status.phase, Some(GroupPhase::Succeeded));
+        assert!(!counts_as_failure(RunPhase::Cancelled(
+            CancelReason::DependencyCancelled
+        )));
+        assert!(counts_as_failure(RunPhase::Cancelled(
+            CancelReason::DependencyFailed
+        )));
+        assert!(counts_as_failure(RunPhase::Failed(
+            FailReason::DeadlineExceeded
+        )));
+    }
+
+    #[test]
+    fn a_queued_run_whose_dependency_failed_fails_the_sealed_group() {
+        let mut spec = spec(10, None);
+        spec.sealed = true;
+        let members = vec![
+            run("a", &[], "1", RunPhase::Succeeded),
+            run(
+                "b",
+                &["a"],
+                "1",
+                RunPhase::Cancelled(CancelReason::DependencyFailed),
+            ),
+        ];
+        let plan = reconcile(&spec, Some(GroupPhase::Running), &members);
+        assert_eq!(plan.status.phase, Some(GroupPhase::FailedRunsFailed));
+    }
+
+    #[test]
+    fn a_group_finishes_only_once_sealed_and_an_empty_sealed_group_succeeds() {
+        let mut spec = spec(10, None);
+        assert_eq!(
+            reconcile(&spec, None, &[]).status.phase,
+            Some(GroupPhase::Running)
+        );
+        let done = vec![run("a", &[], "1", RunPhase::Succeeded)];
+        assert_eq!(
+            reconcile(&spec, None, &done).status.phase,
+            Some(GroupPhase::Running)
+        );
+        spec.sealed = true;
+        let plan = reconcile(&spec, None, &[]);
+        assert_eq!(plan.status.phase, Some(GroupPhase::Succeeded));
+        assert_eq!(plan.status.counts, GroupCounts::default());
+        assert_eq!(
+            reconcile(&spec, None, &done).status.phase,
+            Some(GroupPhase::Succeeded)
+        );
+    }
+
+    #[test]
+    fn group_cancel_goes_through_cancelling_to_cancelled() {
+        let spec = spec(10, None);
+        let mut members = vec![
+            run("a", &[], "1", RunPhase::Succeeded),
+            run("b", &["a"], "1", RunPhase::Running),
+            queued("c", &["b"], "1"),
+            queued("d", &[], "1"),
+        ];
+        // The cancel sets the phase; reconcile cancels what has not started.
+        let plan = reconcile(&spec, Some(GroupPhase::Cancelling), &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(
+            plan.cancel,
+            vec![
+                (2, CancelReason::GroupCancelled),
+                (3, CancelReason::GroupCancelled)
+            ]
+        );
+        assert_eq!(plan.status.phase, Some(GroupPhase::Cancelling));
+        assert_eq!(plan.status.counts.active, 1);
+        assert_eq!(
+            admit(&spec, plan.status.phase, &members, "worker", "e", &[]),
+            Err(AdmissionRefused::Sealed)
+        );
+        carry_out(&mut members, &plan);
+
+        // The engine cancels the started run; the finished one keeps its answer.
+        members[1].phase = members[1]
+            .phase
+            .apply(RunEvent::Cancel(CancelReason::GroupCancelled))
+            .expect("a started run can be cancelled");
+        let plan = reconcile(&spec, plan.status.phase, &members);
+        assert_eq!(plan.status.phase, Some(GroupPhase::Cancelled));
+        assert!(plan.cancel.is_empty());
+        assert_eq!(members[0].phase, RunPhase::Succeeded);
+        assert_eq!(plan.status.counts.succeeded, 1);
+        assert_eq!(plan.status.counts.cancelled, 3);
+
+        // Cancelled stays Cancelled, sealed or not, and an empty group cancels at once.
+        let mut sealed = spec.clone();
+        sealed.sealed = true;
+        assert_eq!(
+            reconcile(&sealed, Some(GroupPhase::Cancelled), &members)
+                .status
+                .phase,
+            Some(GroupPhase::Cancelled)
+        );
+        assert_eq!(
+            reconcile(&spec, Some(GroupPhase::Cancelling), &[])
+                .status
+                .phase,
+            Some(GroupPhase::Cancelled)
+        );
+    }
+
+    #[test]
+    fn group_phase_round_trips_through_json() {
+        assert_eq!(
+            serde_json::to_value(GroupPhase::FailedRunsFailed).expect("serialize"),
+            serde_json::json!({"phase": "Failed", "reason": "RunsFailed"})
+        );
+        assert_eq!(
+            serde_json::to_value(GroupPhase::Cancelling).expect("serialize"),
+            serde_json::json!({"phase": "Cancelling"})
+        );
+        for phase in GroupPhase::ALL {
+            let json = serde_json::to_string(&phase).expect("serialize");
+            let back: GroupPhase = serde_json::from_str(&json).expect("deserialize");
+            assert_eq!(back, phase, "{json}");
+            assert_eq!(phase.to_string(), phase.name());
+        }
+        for bad in [
+            serde_json::json!({"phase": "Failed"}),
+            serde_json::json!({"phase": "Succeeded", "reason": "RunsFailed"}),
+            serde_json::json!({"phase": "Done"}),
+            serde_json::json!("Running"),
+        ] {
+            assert!(
+                serde_json::from_value::<GroupPhase>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
+
+        // Inside a status, phase and reason sit at the top level.
+        let status = AgentGroupStatus {
+            phase: Some(GroupPhase::FailedRunsFailed),
+            ..AgentGroupStatus::default()
+        };
+        let json = serde_json::to_value(&status).expect("serialize");
+        assert_eq!(json["phase"], "Failed");
+        assert_eq!(json["reason"], "RunsFailed");
+        let back: AgentGroupStatus = serde_json::from_value(json).expect("deserialize");
+        assert_eq!(back, status);
+    }
+
+    #[test]
+    fn admit_refuses_with_the_right_reason() {
+        let spec = spec(10, None);
+        let members = vec![
+            run("a", &[], "1", RunPhase::Succeeded),
+            queued("b", &["a"], "1"),
+        ];
+        let deps = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            admit(&spec, None, &members, "worker", "c", &deps(&["a", "b"])),
+            Ok(())
+        );
+        assert_eq!(
+            admit(&spec, None, &members, "other", "c", &[]),
+            Err(AdmissionRefused::AgentMismatch {
+                run: "other".to_string(),
+                group: "worker".to_string()
+            })
+        );
+        assert_eq!(
+            admit(&spec, None, &members, "worker", "a", &[]),
+            Err(AdmissionRefused::DuplicateTaskKey("a".to_string()))
+        );
+        assert_eq!(
+            admit(&spec, None, &members, "worker", "c", &deps(&["a", "z"])),
+            Err(AdmissionRefused::UnknownDependency("z".to_string()))
+        );
+        // A run cannot depend on itself: it is not in the group yet.
+        assert_eq!(
+            admit(&spec, None, &members, "worker", "c", &deps(&["c"])),
+            Err(AdmissionRefused::UnknownDependency("c".to_string()))
+        );
+        // A dependency may have finished, even failed: the run is admitted and cancelled later.
+        let failed = vec![run(
+            "a",
+            &[],
+            "1",
+            RunPhase::Failed(FailReason::TimeoutExceeded),
+        )];
+        assert_eq!(
+            admit(&spec, None, &failed, "worker", "b", &deps(&["a"])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn admit_refuses_a_sealed_cancelling_or_finished_group_first() {
+        let mut sealed = spec(10, None);
+        sealed.sealed = true;
+        // Sealing is checked before anything else, even for a run that is wrong otherwise.
+        assert_eq!(
+            admit(&sealed, None, &[], "other", "a", &["z".to_string()]),
+            Err(AdmissionRefused::Sealed)
+        );
+        let open = spec(10, None);
+        for phase in [
+            GroupPhase::Cancelling,
+            GroupPhase::Cancelled,
+            GroupPhase::Succeeded,
+            GroupPhase::FailedRunsFailed,
+        ] {
+            assert_eq!(
+                admit(&open, Some(phase), &[], "worker", "a", &[]),
+                Err(AdmissionRefused::Sealed),
+                "{phase}"
+            );
+        }
+        assert_eq!(
+            admit(&open, Some(GroupPhase::Running), &[], "worker", "a", &[]),
+            Ok(())
+        );
+        assert_eq!(admit(&open, None, &[], "worker", "a", &[]), Ok(()));
+    }
+
+    #[test]
+    fn max_pending_counts_only_unfinished_runs() {
+        let mut spec = spec(10, None);
+        spec.limits.max_pending = 2;
+        let mut members = vec![
+            run("a", &[], "1", RunPhase::Running),
+            queued("b", &[], "1"),
+            run("c", &[], "1", RunPhase::Succeeded),
+            run(
+                "d",
+                &[],
+                "1",
+                RunPhase::Cancelled(CancelReason::CancelRequested),
+            ),
+        ];
+        assert_eq!(
+            admit(&spec, None, &members, "worker", "e", &[]),
+            Err(AdmissionRefused::TooManyPending { max_pending: 2 })
+        );
+        members[0].phase = RunPhase::Failed(FailReason::ModelCallFailed);
+        assert_eq!(admit(&spec, None, &members, "worker", "e", &[]), Ok(()));
+        let message = AdmissionRefused::TooManyPending { max_pending: 2 }.to_string();
+        assert!(message.contains("maxPending"), "{message}");
+    }
+
+    #[test]
+    fn check_update_allows_raises_and_refuses_lowering_unsealing_and_a_new_agent() {
+        let old = spec(2, Some("0.60"));
+        let with = |edit: &dyn Fn(&mut AgentGroupSpec)| {
+            let mut new = old.clone();
+            edit(&mut new);
+            new
+        };
+        assert_eq!(check_update(&old, &old), Ok(()));
+        assert_eq!(
+            check_update(&old, &with(&|s| s.max_cost_usd = Some(usd("0.61")))),
+            Ok(())
+        );
+        assert_eq!(
+            check_update(&old, &with(&|s| s.limits.max_active = 1)),
+            Ok(())
+        );
+        assert_eq!(
+            check_update(&old, &with(&|s| s.limits.max_active = 1000)),
+            Ok(())
+        );
+        assert_eq!(check_update(&old, &with(&|s| s.sealed = true)), Ok(()));
+        assert_eq!(
+            check_update(&old, &with(&|s| s.max_cost_usd = Some(usd("0.599999999")))),
+            Err(UpdateRefused::CapLowered {
+                from: "0.60".to_string(),
+                to: "0.599999999".to_string()
+            })
+        );
+        assert_eq!(
+            check_update(&old, &with(&|s| s.agent = "other".to_string())),
+            Err(UpdateRefused::AgentChanged)
+        );
+        let sealed = with(&|s| s.sealed = true);
+        assert_eq!(check_update(&sealed, &old), Err(UpdateRefused::Unseal));
+
+        // No cap is an unlimited cap: adding one lowers it; removing one raises it.
+        let uncapped = with(&|s| s.max_cost_usd = None);
+        assert_eq!(
+            check_update(&uncapped, &old),
+            Err(UpdateRefused::CapLowered {
+                from: "no cap".to_string(),
+                to: "0.60".to_string()
+            })
+        );
+        assert_eq!(check_update(&old, &uncapped), Ok(()));
+    }
 }
