@@ -279,12 +279,13 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(bill(&sonnet(), &usage), Usd::from_nanos(5_142_858));
-        // $0.0035 exactly divisible: 7 tokens… 875 input tokens at $3/M = 2_625 nanos → 3_000.
+        // Exactly divisible: 875 input tokens at $3/M = $0.002625 = 2_625_000 nanos, / 0.875
+        // = 3_000_000 nanos, with nothing to round.
         let usage = Usage {
             input_tokens: 875,
             ..Usage::default()
         };
-        assert_eq!(bill(&sonnet(), &usage), Usd::from_nanos(3_000));
+        assert_eq!(bill(&sonnet(), &usage), Usd::from_nanos(3_000_000));
     }
 
     #[test]

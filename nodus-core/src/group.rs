@@ -317,13 +317,12 @@ pub fn admit(
             group: spec.agent.clone(),
         });
     }
-    if members.iter().any(|m| m.task_key == task_key) {
+    let keys: std::collections::HashSet<&str> =
+        members.iter().map(|m| m.task_key.as_str()).collect();
+    if keys.contains(task_key) {
         return Err(AdmissionRefused::DuplicateTaskKey(task_key.to_string()));
     }
-    if let Some(missing) = depends_on
-        .iter()
-        .find(|key| !members.iter().any(|m| &m.task_key == *key))
-    {
+    if let Some(missing) = depends_on.iter().find(|key| !keys.contains(key.as_str())) {
         return Err(AdmissionRefused::UnknownDependency(missing.clone()));
     }
     let unfinished = members.iter().filter(|m| !m.phase.is_finished()).count();
@@ -341,7 +340,8 @@ pub enum UpdateRefused {
     /// `spec.sealed` went from true to false.
     #[error("spec.sealed cannot be undone")]
     Unseal,
-    /// `spec.maxCostUSD` was lowered or removed.
+    /// `spec.maxCostUSD` was lowered, or a cap was set on a group that had none (no cap is
+    /// an unlimited cap; removing a cap raises it).
     #[error("spec.maxCostUSD can be raised but not lowered (from {from} to {to})")]
     CapLowered {
         /// The old cap.
