@@ -8,6 +8,7 @@
 mod error;
 mod execute;
 mod group;
+mod resources;
 mod status;
 mod typed;
 
@@ -19,6 +20,7 @@ use jiff::Timestamp;
 
 pub use error::{Error, Result};
 pub use execute::Driven;
+pub use resources::Replaceable;
 pub use typed::Versioned;
 
 use crate::catalog::Catalog;

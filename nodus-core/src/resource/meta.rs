@@ -18,6 +18,14 @@ pub enum Kind {
     AgentRun,
     /// Many runs of one agent under shared limits.
     AgentGroup,
+    /// Encrypted key-value pairs, such as a BYOK agent's `ANTHROPIC_API_KEY`.
+    Secret,
+    /// A cap on a project's total spend.
+    Budget,
+    /// A project: its credits and what it has spent (kept by the server).
+    Project,
+    /// An API token and the projects it holds (kept by the server, by hash).
+    Token,
 }
 
 impl Kind {
@@ -27,7 +35,23 @@ impl Kind {
             Kind::Agent => "agents",
             Kind::AgentRun => "agentruns",
             Kind::AgentGroup => "agentgroups",
+            Kind::Secret => "secrets",
+            Kind::Budget => "budgets",
+            Kind::Project => "projects",
+            Kind::Token => "tokens",
         }
+    }
+
+    /// The kind whose plural (or kubectl-style short name) this is.
+    pub fn from_plural(plural: &str) -> Option<Kind> {
+        Some(match plural {
+            "agents" | "agent" => Kind::Agent,
+            "agentruns" | "agentrun" | "ar" => Kind::AgentRun,
+            "agentgroups" | "agentgroup" | "ag" => Kind::AgentGroup,
+            "secrets" | "secret" => Kind::Secret,
+            "budgets" | "budget" => Kind::Budget,
+            _ => return None,
+        })
     }
 }
 
@@ -37,6 +61,10 @@ impl fmt::Display for Kind {
             Kind::Agent => "Agent",
             Kind::AgentRun => "AgentRun",
             Kind::AgentGroup => "AgentGroup",
+            Kind::Secret => "Secret",
+            Kind::Budget => "Budget",
+            Kind::Project => "Project",
+            Kind::Token => "Token",
         })
     }
 }

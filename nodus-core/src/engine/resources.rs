@@ -1,0 +1,206 @@
+//! Reading, replacing and deleting resources with optimistic concurrency, for the API.
+
+use super::{Engine, Error, Result, typed};
+use crate::lifecycle::{PendingReason, RunPhase};
+use crate::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, Kind, Object, Spec};
+use crate::store::{ObjectKey, Selector};
+use crate::validate::{self, Invalid, Validate};
+
+impl Engine {
+    /// Read one object.
+    pub async fn get<S: Spec>(&self, project: &str, name: &str) -> Result<Object<S>> {
+        let key = ObjectKey::new(project, S::KIND, name);
+        match self.deps.store.get(&key).await {
+            Ok(record) => Ok(typed::decode(record)?.object),
+            Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
+                kind: S::KIND,
+                name: name.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Objects of a kind that match a selector, in creation order.
+    pub async fn list<S: Spec>(&self, project: &str, selector: &Selector) -> Result<Vec<Object<S>>> {
+        let records = self.deps.store.list(project, S::KIND, selector).await?;
+        records
+            .into_iter()
+            .map(|record| typed::decode(record).map(|v| v.object))
+            .collect()
+    }
+
+    /// Create an agent; an existing name is refused.
+    pub async fn create_agent(&self, project: &str, mut agent: Object<AgentSpec>) -> Result<Object<AgentSpec>> {
+        validate::validate(&agent)?;
+        let key = ObjectKey::new(project, Kind::Agent, agent.name());
+        self.stamp(project, &mut agent);
+        let record = self
+            .deps
+            .store
+            .create(&key, typed::encode(&key, &agent)?)
+            .await?;
+        Ok(typed::decode(record)?.object)
+    }
+
+    /// Create a group; an existing name is refused.
+    pub async fn create_group(&self, project: &str, mut group: Object<AgentGroupSpec>) -> Result<Object<AgentGroupSpec>> {
+        validate::validate(&group)?;
+        self.resolve_agent(project, &group.spec.agent).await?;
+        let name = group.name().to_string();
+        let key = ObjectKey::new(project, Kind::AgentGroup, &name);
+        self.stamp(project, &mut group);
+        group.status = Default::default();
+        self.deps
+            .store
+            .create(&key, typed::encode(&key, &group)?)
+            .await?;
+        self.reconcile_group(project, &name).await
+    }
+
+    /// Replace an object's spec and labels. With `expected_version`, the write is refused
+    /// unless the object is still at that version. Each kind says which changes it allows:
+    /// an agent any (its runs keep their snapshot), a group only raising its cap, changing
+    /// `maxActive` and sealing, a run only its labels.
+    pub async fn replace<S: Validate + Replaceable>(
+        &self,
+        project: &str,
+        name: &str,
+        new: Object<S>,
+        expected_version: Option<u64>,
+    ) -> Result<Object<S>> {
+        validate::validate(&new)?;
+        if new.name() != name {
+            return Err(Invalid::new(
+                "metadata.name",
+                format!("must match the name in the path, {name:?}"),
+                format!("{:?}", new.name()),
+            )
+            .into());
+        }
+        let key = ObjectKey::new(project, S::KIND, name);
+        let current = match self.deps.store.get(&key).await {
+            Ok(record) => typed::decode::<S>(record)?,
+            Err(crate::store::Error::NotFound(_)) => {
+                return Err(Error::NotFound {
+                    kind: S::KIND,
+                    name: name.to_string(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(expected) = expected_version
+            && expected != current.version
+        {
+            return Err(crate::store::Error::Conflict {
+                key,
+                expected,
+                actual: current.version,
+            }
+            .into());
+        }
+        S::check_replace(&current.object.spec, &new.spec)?;
+        let mut updated = current.object;
+        updated.spec = new.spec;
+        updated.metadata.labels = new.metadata.labels;
+        updated.metadata.annotations = new.metadata.annotations;
+        let record = self
+            .deps
+            .store
+            .update(&key, current.version, typed::encode(&key, &updated)?)
+            .await?;
+        let replaced = typed::decode::<S>(record)?.object;
+        if S::KIND == Kind::AgentGroup {
+            self.reconcile_group(project, name).await?;
+            return self.get(project, name).await;
+        }
+        Ok(replaced)
+    }
+
+    /// Delete a run: a started run is cancelled first, so its sandbox is deleted.
+    pub async fn delete_run(&self, project: &str, name: &str) -> Result<()> {
+        let run = self.read_run(project, name).await?;
+        let phase = run
+            .object
+            .status
+            .phase
+            .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+        if !phase.is_finished() {
+            self.request_cancel(project, name, crate::lifecycle::CancelReason::CancelRequested)
+                .await?;
+            self.drive(project, name).await?;
+        }
+        self.deps
+            .store
+            .delete(&ObjectKey::new(project, Kind::AgentRun, name))
+            .await?;
+        if let Some(group) = &run.object.spec.group {
+            match self.reconcile_group(project, group).await {
+                Ok(_) | Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete a group together with all of its runs.
+    pub async fn delete_group(&self, project: &str, name: &str) -> Result<()> {
+        self.get::<AgentGroupSpec>(project, name).await?;
+        let selector = Selector {
+            fields: [("spec.group".to_string(), name.to_string())].into(),
+            ..Selector::default()
+        };
+        let key = ObjectKey::new(project, Kind::AgentGroup, name);
+        self.deps.store.delete(&key).await?;
+        for run in self.list::<AgentRunSpec>(project, &selector).await? {
+            match self.delete_run(project, run.name()).await {
+                Ok(()) | Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete an agent (its runs keep their snapshot and go on).
+    pub async fn delete_agent(&self, project: &str, name: &str) -> Result<()> {
+        let key = ObjectKey::new(project, Kind::Agent, name);
+        match self.deps.store.delete(&key).await {
+            Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
+                kind: Kind::Agent,
+                name: name.to_string(),
+            }),
+            other => Ok(other?),
+        }
+    }
+}
+
+/// Which changes of its spec a kind allows on a live object.
+pub trait Replaceable: Spec {
+    /// Whether `new` may replace `old`.
+    fn check_replace(old: &Self, new: &Self) -> Result<()>;
+}
+
+impl Replaceable for AgentSpec {
+    fn check_replace(_: &Self, _: &Self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Replaceable for AgentGroupSpec {
+    fn check_replace(old: &Self, new: &Self) -> Result<()> {
+        Ok(crate::group::check_update(old, new)?)
+    }
+}
+
+impl Replaceable for AgentRunSpec {
+    fn check_replace(old: &Self, new: &Self) -> Result<()> {
+        if old != new {
+            return Err(Invalid::new(
+                "spec",
+                "cannot change once the run exists (only labels can); cancel it and start a new run",
+                "a changed spec",
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
