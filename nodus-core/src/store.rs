@@ -1,8 +1,12 @@
 //! The `Store` trait: resources with optimistic concurrency, the run journal, the message
-//! inbox and change notification. Backends (in-memory, SQLite, Postgres) live in nodus-store.
+//! inbox, run leases for several replicas, payload retention and change notification.
+//! Backends (in-memory, SQLite, Postgres) live in nodus-store.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -110,6 +114,84 @@ pub enum Delivery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fence(pub u64);
 
+/// A replica's request to hold a run's lease: who asks, when (the asker's clock), for how
+/// long. A lease gives the right to write the run's journal; its [`Fence`] proves it.
+///
+/// Replicas compare their own clocks with the expiry another replica wrote, so their clocks
+/// must agree to well within a lease's duration (NTP does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The replica: one stable name per process.
+    pub owner: String,
+    /// The time of the request.
+    pub now: Timestamp,
+    /// How long the lease lasts unless it is renewed.
+    pub duration: Duration,
+}
+
+impl Lease {
+    /// How long a lease lasts by default: renew well within it (every third of it, say).
+    pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
+
+    /// A lease request.
+    pub fn new(owner: impl Into<String>, now: Timestamp, duration: Duration) -> Self {
+        Lease {
+            owner: owner.into(),
+            now,
+            duration,
+        }
+    }
+
+    /// A request by this process ([`process_owner`]) for [`Lease::DEFAULT_DURATION`].
+    pub fn for_this_process(now: Timestamp) -> Self {
+        Lease::new(process_owner(), now, Lease::DEFAULT_DURATION)
+    }
+
+    /// When a lease granted now ends, or an error when that is past the end of time.
+    pub fn expires_at(&self) -> Result<Timestamp, Error> {
+        jiff::SignedDuration::try_from(self.duration)
+            .ok()
+            .and_then(|d| self.now.checked_add(d).ok())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "a lease from {} for {:?} ends past the last representable time",
+                    self.now, self.duration
+                ))
+            })
+    }
+}
+
+/// This process's name as a lease owner: its pid and a random part, so that two processes
+/// (on one machine or several) never share a name. Set a replica's name explicitly with
+/// [`Lease::new`] where a stable one is wanted.
+pub fn process_owner() -> &'static str {
+    static OWNER: OnceLock<String> = OnceLock::new();
+    OWNER.get_or_init(|| {
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        format!("process-{}-{random:016x}", std::process::id())
+    })
+}
+
+/// A run that [`Store::claim_runnable`] claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The run document.
+    pub key: ObjectKey,
+    /// Its `metadata.uid`.
+    pub uid: String,
+    /// The fence its journal writes carry.
+    pub fence: Fence,
+}
+
+/// What a retention sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// The runs whose payloads were removed, each now marked `status.payloadsRemovedAt`.
+    pub runs: Vec<ObjectKey>,
+}
+
 /// Something changed in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -144,6 +226,19 @@ pub enum Error {
         /// The run's uid.
         run: String,
     },
+    /// Another replica holds an unexpired lease on the run.
+    #[error("run {run} is leased to {owner} until {until}")]
+    Leased {
+        /// The run's uid.
+        run: String,
+        /// The replica holding the lease.
+        owner: String,
+        /// When its lease ends unless renewed.
+        until: Timestamp,
+    },
+    /// The store cannot hold this value (a time past its range, say).
+    #[error("the store cannot hold this: {0}")]
+    Invalid(String),
     /// A journal write out of order (a bug in the caller).
     #[error("journal of run {run}: {message}")]
     Journal {
@@ -203,8 +298,28 @@ pub trait Store: Send + Sync {
     /// Delete a document with its journal and inbox.
     async fn delete(&self, key: &ObjectKey) -> Result<(), Error>;
 
-    /// Claim the right to write a run's journal; every earlier claim becomes stale.
-    async fn claim(&self, run_uid: &str) -> Result<Fence, Error>;
+    /// Claim the right to write a run's journal with a lease. Granted when nobody holds an
+    /// unexpired lease on the run, or when `lease.owner` holds it (a replica claiming again,
+    /// after a restart under the same name or to resolve a run); refused with `Leased`
+    /// otherwise. Each grant makes a new fence, and every earlier fence stale.
+    async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error>;
+
+    /// Claim the oldest AgentRun (in creation order, across projects) whose `status.phase` is
+    /// one of `phases`, that has a `metadata.uid`, and that no replica holds an unexpired
+    /// lease on (`lease.owner`'s own leases included: it is already working on those). Several
+    /// replicas calling at once get different runs (Postgres: `FOR UPDATE SKIP LOCKED`).
+    /// `None` when no run qualifies.
+    async fn claim_runnable(&self, phases: &[&str], lease: &Lease)
+    -> Result<Option<Claimed>, Error>;
+
+    /// Extend the lease that `fence` holds to `lease.now + lease.duration`. Refused with
+    /// `Fenced` once another claim took the run over (an expired lease nobody took over is
+    /// renewed).
+    async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error>;
+
+    /// Give up the lease that `fence` holds, so another replica can claim the run at once.
+    /// The fence stays the latest until someone claims. Refused with `Fenced` when stale.
+    async fn release(&self, run_uid: &str, fence: Fence) -> Result<(), Error>;
 
     /// Append a step's intent. Its `seq` must be the journal's length.
     async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error>;
@@ -235,6 +350,15 @@ pub trait Store: Send + Sync {
 
     /// The run's inbox, in order.
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error>;
+
+    /// Retention: remove the recorded payloads of every AgentRun that ended
+    /// (`status.completionTime`) before `ended_before` and was not swept yet: its input
+    /// (`spec.input`), the answer preview, its inbox messages' text, and its steps' contents
+    /// (commands, their output, model replies' content, error texts), keeping what accounts
+    /// for the run (kinds, times, models, tokens, costs, exit codes). Each swept run's
+    /// document gets `status.payloadsRemovedAt: now` (a write: its version is bumped).
+    async fn sweep_payloads(&self, ended_before: Timestamp, now: Timestamp)
+    -> Result<Swept, Error>;
 
     /// Changes from now on.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change>;

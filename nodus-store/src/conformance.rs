@@ -23,7 +23,9 @@ use jiff::Timestamp;
 use nodus_core::Store;
 use nodus_core::journal::{Completion, Intent, Outcome, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Delivery, Error, Fence, InboxMessage, ObjectKey, Selector};
+use nodus_core::store::{
+    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Selector,
+};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -44,6 +46,11 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     messages(make()).await;
     change_notification(make()).await;
     delete_removes_journal_and_inbox(make()).await;
+    money_exact(make()).await;
+    leases(make()).await;
+    claim_runnable(make()).await;
+    replicas_racing(make()).await;
+    retention(make()).await;
 }
 
 /// Create, get, list, update and delete one document; missing keys are `NotFound`, an
@@ -642,7 +649,7 @@ pub async fn journal_in_order<S: Store + Clone + 'static>(store: S) {
         Ok(vec![]),
         "an unknown run has no steps"
     );
-    let fence = store.claim(&uid).await.expect("claim");
+    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
 
     let steps = [
         step(
@@ -731,7 +738,7 @@ pub async fn journal_in_order<S: Store + Clone + 'static>(store: S) {
 
     // Journals are per run.
     let other = unique("run");
-    let other_fence = store.claim(&other).await.expect("claim another run");
+    let other_fence = store.claim(&other, &lease(OWNER_A, 0)).await.expect("claim another run");
     store
         .append_step(&other, other_fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -744,13 +751,13 @@ pub async fn journal_in_order<S: Store + Clone + 'static>(store: S) {
 /// `Fenced` and change nothing; claims are per run; a run nobody claimed cannot be written.
 pub async fn fencing<S: Store + Clone + 'static>(store: S) {
     let uid = unique("run");
-    let first = store.claim(&uid).await.expect("first claim");
+    let first = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("first claim");
     store
         .append_step(&uid, first, &step(0, Intent::Route { turn: 0 }))
         .await
         .expect("the first writer appends");
 
-    let second = store.claim(&uid).await.expect("second claim");
+    let second = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("second claim");
     assert_ne!(first, second, "a claim makes a new fence");
     let fenced = Err(Error::Fenced { run: uid.clone() });
     assert_eq!(
@@ -782,14 +789,14 @@ pub async fn fencing<S: Store + Clone + 'static>(store: S) {
 
     // Claims on another run leave this one's alone.
     let other = unique("run");
-    let other_fence = store.claim(&other).await.expect("claim another run");
+    let other_fence = store.claim(&other, &lease(OWNER_A, 0)).await.expect("claim another run");
     store
         .complete_step(&uid, second, 1, &completion(1, Outcome::Answered))
         .await
         .expect("still the latest claim on this run");
 
     // A third claim makes the second stale too.
-    let third = store.claim(&uid).await.expect("third claim");
+    let third = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("third claim");
     assert_ne!(third, second);
     assert_ne!(third, first);
     assert_eq!(
@@ -1060,7 +1067,7 @@ pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store:
     let uid = unique("run");
     let document = run_document("doomed", &uid);
     store.create(&key, document.clone()).await.expect("create");
-    let fence = store.claim(&uid).await.expect("claim");
+    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
     store
         .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -1080,7 +1087,7 @@ pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store:
         .create(&keep_key, run_document("kept", &keep_uid))
         .await
         .expect("create the run that stays");
-    let keep_fence = store.claim(&keep_uid).await.expect("claim");
+    let keep_fence = store.claim(&keep_uid, &lease(OWNER_A, 0)).await.expect("claim");
     store
         .append_step(&keep_uid, keep_fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -1105,7 +1112,7 @@ pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store:
             .await,
         Ok(Delivery::Delivered(1))
     );
-    let fence = store.claim(&uid).await.expect("claim again");
+    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim again");
     store
         .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -1113,7 +1120,536 @@ pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store:
     assert_eq!(store.journal(&uid).await.map(|j| j.len()), Ok(1));
 }
 
+/// Money and large numbers inside documents come back exactly as written: decimal strings
+/// digit for digit, integers to `u64::MAX`.
+pub async fn money_exact<S: Store + Clone + 'static>(store: S) {
+    let project = unique("money");
+    let key = ObjectKey::new(&project, Kind::AgentRun, "costly");
+    let mut document = run_document("costly", &unique("uid"));
+    document["status"]["cost"] = json!({
+        "totalUSD": "12345678901.123456789",
+        "limitUSD": "0.10",
+    });
+    document["status"]["turns"] = json!([{ "costUSD": "0.000000001", "inputTokens": u64::MAX }]);
+    document["spec"]["maxCostUSD"] = json!("1e3");
+    store.create(&key, document.clone()).await.expect("create");
+    assert_eq!(store.get(&key).await.map(|r| r.document), Ok(document.clone()));
+    let listed = store
+        .list(&project, Kind::AgentRun, &Selector::default())
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].document, document);
+    assert_eq!(
+        listed[0].document["status"]["cost"]["totalUSD"],
+        json!("12345678901.123456789")
+    );
+}
+
+/// Leases: another owner's claim is refused with `Leased` while the lease runs, the holder
+/// may claim again and renew; after expiry another owner takes the run over and the old
+/// holder's fence can no longer append, complete, renew or release; a released lease is
+/// free at once; an expired lease nobody took over can still be renewed.
+pub async fn leases<S: Store + Clone + 'static>(store: S) {
+    let uid = unique("run");
+    let a1 = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("a claims");
+    store
+        .append_step(&uid, a1, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("a appends");
+
+    // B is refused while A's lease (30 s from 0) runs.
+    for at in [0, 10, 29] {
+        assert_eq!(
+            store.claim(&uid, &lease(OWNER_B, at)).await,
+            Err(Error::Leased {
+                run: uid.clone(),
+                owner: OWNER_A.to_string(),
+                until: time(30),
+            }),
+            "b claims at {at}"
+        );
+    }
+    // A claims again: a new fence; its first is stale.
+    let a2 = store.claim(&uid, &lease(OWNER_A, 10)).await.expect("a again");
+    assert_ne!(a1, a2);
+    assert_eq!(
+        store
+            .append_step(&uid, a1, &step(1, Intent::Answer { turn: 0 }))
+            .await,
+        Err(Error::Fenced { run: uid.clone() })
+    );
+    // A renews at 20: its lease now runs to 50.
+    store
+        .renew(&uid, a2, &lease(OWNER_A, 20))
+        .await
+        .expect("a renews");
+    assert_eq!(
+        store.claim(&uid, &lease(OWNER_B, 45)).await,
+        Err(Error::Leased {
+            run: uid.clone(),
+            owner: OWNER_A.to_string(),
+            until: time(50),
+        })
+    );
+
+    // At 50 it has expired: B takes the run over.
+    let b1 = store
+        .claim(&uid, &lease(OWNER_B, 50))
+        .await
+        .expect("b takes over after expiry");
+    assert_ne!(b1, a2);
+    let fenced = Err(Error::Fenced { run: uid.clone() });
+    assert_eq!(
+        store
+            .append_step(&uid, a2, &step(1, Intent::Answer { turn: 0 }))
+            .await,
+        fenced
+    );
+    assert_eq!(
+        store
+            .complete_step(&uid, a2, 0, &completion(0, Outcome::Answered))
+            .await,
+        fenced
+    );
+    assert_eq!(store.renew(&uid, a2, &lease(OWNER_A, 51)).await, fenced);
+    assert_eq!(store.release(&uid, a2).await, fenced);
+    assert_eq!(
+        store.journal(&uid).await,
+        Ok(vec![step(0, Intent::Route { turn: 0 })]),
+        "the fenced writer changed nothing"
+    );
+    assert_eq!(
+        store.claim(&uid, &lease(OWNER_A, 60)).await,
+        Err(Error::Leased {
+            run: uid.clone(),
+            owner: OWNER_B.to_string(),
+            until: time(80),
+        }),
+        "now A is refused"
+    );
+    store
+        .complete_step(&uid, b1, 0, &completion(0, Outcome::Answered))
+        .await
+        .expect("b completes the open step");
+
+    // B releases: A may claim at once, and B's fence is stale after that.
+    store.release(&uid, b1).await.expect("b releases");
+    let a3 = store
+        .claim(&uid, &lease(OWNER_A, 61))
+        .await
+        .expect("a claims a released run");
+    assert_eq!(
+        store
+            .append_step(&uid, b1, &step(1, Intent::Answer { turn: 0 }))
+            .await,
+        fenced
+    );
+    store
+        .append_step(&uid, a3, &step(1, Intent::Answer { turn: 0 }))
+        .await
+        .expect("a appends after its claim");
+
+    // A's lease (to 91) expired and nobody took over: A may still renew, then B waits.
+    store
+        .renew(&uid, a3, &lease(OWNER_A, 200))
+        .await
+        .expect("renew after expiry, nobody took over");
+    assert_eq!(
+        store.claim(&uid, &lease(OWNER_B, 201)).await,
+        Err(Error::Leased {
+            run: uid.clone(),
+            owner: OWNER_A.to_string(),
+            until: time(230),
+        })
+    );
+    assert_eq!(store.journal(&uid).await.map(|j| j.len()), Ok(2));
+
+    // A run nobody claimed cannot be renewed or released.
+    let unclaimed = unique("run");
+    assert_eq!(
+        store.renew(&unclaimed, a3, &lease(OWNER_A, 0)).await,
+        Err(Error::Fenced {
+            run: unclaimed.clone()
+        })
+    );
+    assert_eq!(
+        store.release(&unclaimed, a3).await,
+        Err(Error::Fenced { run: unclaimed })
+    );
+}
+
+/// `claim_runnable` picks the oldest run in one of the phases that nobody holds, skips runs
+/// held (by anyone, the asker included), other phases and runs without a uid, and takes a run
+/// over once its lease expired.
+pub async fn claim_runnable<S: Store + Clone + 'static>(store: S) {
+    let project = unique("runnable");
+    // Phases only this case uses, so that runs of other cases and earlier runs of the suite
+    // in a shared database never qualify.
+    let ready = unique("Ready");
+    let other = unique("Other");
+    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let mut uids = BTreeMap::new();
+    for (name, phase) in [
+        ("first", &ready),
+        ("elsewhere", &other),
+        ("second", &ready),
+        ("third", &ready),
+        ("fourth", &ready),
+    ] {
+        let uid = unique("uid");
+        let document = shaped_run(name, &uid, &[], None, phase);
+        store.create(&key(name), document).await.expect("create");
+        uids.insert(name, uid);
+    }
+    let mut no_uid = shaped_run("no-uid", "x", &[], None, &ready);
+    if let Some(metadata) = no_uid["metadata"].as_object_mut() {
+        metadata.remove("uid");
+    }
+    store.create(&key("no-uid"), no_uid).await.expect("create");
+    // "third" is claimed directly by B.
+    store
+        .claim(&uids["third"], &lease(OWNER_B, 0))
+        .await
+        .expect("b claims third");
+
+    let phases = [ready.as_str(), "NoSuchPhase"];
+    let claimed = |name: &str, fence: Fence| Claimed {
+        key: key(name),
+        uid: uids[name].clone(),
+        fence,
+    };
+    let got = store
+        .claim_runnable(&phases, &lease(OWNER_A, 0))
+        .await
+        .expect("a claims a run")
+        .expect("a run to claim");
+    assert_eq!(got, claimed("first", got.fence), "the oldest first");
+    let a_first = got.fence;
+    let got = store
+        .claim_runnable(&phases, &lease(OWNER_A, 1))
+        .await
+        .expect("a claims again")
+        .expect("a run to claim");
+    assert_eq!(
+        got,
+        claimed("second", got.fence),
+        "not a run A already holds"
+    );
+    let got = store
+        .claim_runnable(&phases, &lease(OWNER_B, 2))
+        .await
+        .expect("b claims")
+        .expect("a run to claim");
+    assert_eq!(got, claimed("fourth", got.fence), "third is held by B");
+    assert_eq!(
+        store.claim_runnable(&phases, &lease(OWNER_B, 3)).await,
+        Ok(None),
+        "everything is held"
+    );
+    assert_eq!(
+        store
+            .claim_runnable(&[other.as_str()], &lease(OWNER_B, 3))
+            .await
+            .map(|c| c.map(|c| c.key)),
+        Ok(Some(key("elsewhere")))
+    );
+    assert_eq!(store.claim_runnable(&[], &lease(OWNER_B, 3)).await, Ok(None));
+
+    // A's lease on "first" (from 0) expired at 30; nobody renewed it: B takes it over.
+    let got = store
+        .claim_runnable(&phases, &lease(OWNER_B, 30))
+        .await
+        .expect("b claims after expiry")
+        .expect("an expired run to take over");
+    assert_eq!(got, claimed("first", got.fence));
+    assert_eq!(
+        store
+            .append_step(&uids["first"], a_first, &step(0, Intent::Route { turn: 0 }))
+            .await,
+        Err(Error::Fenced {
+            run: uids["first"].clone()
+        }),
+        "the replica whose lease was taken over is fenced"
+    );
+    store
+        .append_step(&uids["first"], got.fence, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("the new holder writes");
+
+    // A finished phase is not runnable: change the document and nothing qualifies.
+    let record = store.get(&key("fourth")).await.expect("get");
+    let mut document = record.document;
+    document["status"]["phase"] = json!("Succeeded");
+    store
+        .update(&key("fourth"), record.version, document)
+        .await
+        .expect("update");
+    assert_eq!(
+        store
+            .claim_runnable(&phases, &lease(OWNER_C, 31))
+            .await
+            .map(|c| c.map(|c| c.key)),
+        Ok(Some(key("second"))),
+        "second's lease (from 1) expired at 31; fourth is no longer in the phase"
+    );
+}
+
+/// Several replicas race to claim runs: every run is claimed by exactly one replica, and
+/// each replica's fence writes its runs' journals.
+pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
+    const RUNS: usize = 40;
+    const REPLICAS: usize = 4;
+    let project = unique("racing");
+    let ready = unique("Ready");
+    let mut expected = BTreeMap::new();
+    for i in 0..RUNS {
+        let name = format!("run-{i:02}");
+        let uid = unique("uid");
+        store
+            .create(
+                &ObjectKey::new(&project, Kind::AgentRun, &name),
+                shaped_run(&name, &uid, &[], None, &ready),
+            )
+            .await
+            .expect("create");
+        expected.insert(uid, name);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(REPLICAS));
+    let mut tasks = Vec::with_capacity(REPLICAS);
+    for replica in 0..REPLICAS {
+        let store = store.clone();
+        let ready = ready.clone();
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            let owner = format!("replica-{replica}");
+            barrier.wait().await;
+            let mut mine = Vec::new();
+            loop {
+                let claimed = store
+                    .claim_runnable(&[ready.as_str()], &lease(&owner, 0))
+                    .await
+                    .expect("claim_runnable");
+                let Some(claimed) = claimed else { break };
+                store
+                    .append_step(&claimed.uid, claimed.fence, &step(0, Intent::Route { turn: 0 }))
+                    .await
+                    .expect("the claimer writes its run's journal");
+                mine.push(claimed);
+                tokio::task::yield_now().await;
+            }
+            mine
+        }));
+    }
+    let mut claimed_by = BTreeMap::new();
+    for (replica, mine) in join_all(tasks).await.into_iter().enumerate() {
+        for claimed in mine {
+            assert_eq!(claimed.key.project, project);
+            assert_eq!(
+                expected.get(&claimed.uid),
+                Some(&claimed.key.name),
+                "a run of this case"
+            );
+            if let Some(earlier) = claimed_by.insert(claimed.uid.clone(), replica) {
+                panic!(
+                    "{} was claimed by replica {earlier} and replica {replica}",
+                    claimed.key
+                );
+            }
+        }
+    }
+    assert_eq!(claimed_by.len(), RUNS, "every run is claimed");
+    for uid in expected.keys() {
+        assert_eq!(
+            store.journal(uid).await.map(|j| j.len()),
+            Ok(1),
+            "one writer per run"
+        );
+    }
+}
+
+/// Retention: the payloads of runs that ended before the cut-off are removed (input, answer
+/// preview, messages' text, steps' contents) and the run says so in
+/// `status.payloadsRemovedAt`; costs, tokens and the journal's shape stay; runs that ended
+/// later or have not ended keep everything; a second sweep does nothing.
+pub async fn retention<S: Store + Clone + 'static>(store: S) {
+    use nodus_core::cost::Usage;
+    use nodus_core::model::{ContentBlock, ModelResponse, StopReason};
+    use nodus_core::output::Output;
+    use nodus_core::sandbox::ExecOutput;
+    use nodus_core::Usd;
+
+    let project = unique("retention");
+    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let day = 86_400;
+    let now = time(40 * day);
+    let cutoff = time(10 * day);
+
+    let mut runs = BTreeMap::new();
+    for (name, ended) in [("old", Some(2 * day)), ("recent", Some(20 * day)), ("running", None)] {
+        let uid = unique("uid");
+        let mut document = run_document(name, &uid);
+        document["spec"]["input"] = json!("secret input");
+        document["status"]["cost"] = json!({ "totalUSD": "0.123456789" });
+        document["status"]["answer"] = json!({ "preview": "the answer", "bytes": 10 });
+        if let Some(ended) = ended {
+            document["status"]["phase"] = json!("Succeeded");
+            document["status"]["completionTime"] = json!(time(ended).to_string());
+        }
+        store.create(&key(name), document.clone()).await.expect("create");
+        store
+            .post_message(&key(name), 1, Some("k"), "private message", time(1))
+            .await
+            .expect("post");
+        let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
+        let steps = [
+            (
+                Intent::Command {
+                    turn: 0,
+                    tool_use_id: "t1".to_string(),
+                    command: "cat secrets".to_string(),
+                },
+                Outcome::CommandFinished {
+                    output: ExecOutput {
+                        exit_code: Some(3),
+                        stdout: Output::complete(b"top secret".to_vec()),
+                        stderr: Output::complete(b"warning".to_vec()),
+                        timed_out: false,
+                    },
+                },
+            ),
+            (
+                Intent::CallModel {
+                    turn: 0,
+                    model: "m-1".to_string(),
+                    reserved_usd: Usd::from_nanos(5),
+                    tools: true,
+                },
+                Outcome::ModelReplied {
+                    response: ModelResponse {
+                        model: "m-1".to_string(),
+                        content: vec![ContentBlock::Text {
+                            text: "private reply".to_string(),
+                        }],
+                        stop_reason: StopReason::EndTurn,
+                        usage: Usage {
+                            input_tokens: 11,
+                            output_tokens: 7,
+                            cache_write_tokens: 0,
+                            cache_read_tokens: 0,
+                        },
+                        request_id: None,
+                    },
+                    cost_usd: Usd::from_nanos(123_456_789),
+                },
+            ),
+        ];
+        for (seq, (intent, outcome)) in steps.into_iter().enumerate() {
+            let seq = u32::try_from(seq).expect("a small seq");
+            store
+                .append_step(&uid, fence, &step(seq, intent))
+                .await
+                .expect("append");
+            store
+                .complete_step(&uid, fence, seq, &completion(seq, outcome))
+                .await
+                .expect("complete");
+        }
+        runs.insert(name, (uid, store.get(&key(name)).await.expect("get")));
+    }
+    let before = |name: &str| runs[name].clone();
+
+    let swept = store.sweep_payloads(cutoff, now).await.expect("sweep");
+    let ours: Vec<_> = swept
+        .runs
+        .iter()
+        .filter(|k| k.project == project)
+        .cloned()
+        .collect();
+    assert_eq!(ours, [key("old")], "only the run that ended before the cut-off");
+
+    let (old_uid, old_before) = before("old");
+    let old = store.get(&key("old")).await.expect("get old");
+    assert_eq!(old.version, old_before.version + 1, "the sweep is one write");
+    assert_eq!(old.document["status"]["payloadsRemovedAt"], json!(now.to_string()));
+    assert!(old.document["spec"].get("input").is_none(), "the input is gone");
+    assert_eq!(old.document["status"]["answer"]["preview"], json!(""));
+    assert_eq!(old.document["status"]["answer"]["bytes"], json!(10));
+    assert_eq!(
+        old.document["status"]["cost"]["totalUSD"],
+        json!("0.123456789"),
+        "money stays, exactly"
+    );
+    assert_eq!(old.document["metadata"], old_before.document["metadata"]);
+    let inbox = store.inbox(&old_uid).await.expect("inbox");
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].payload, "", "the message's text is gone");
+    assert_eq!(
+        (inbox[0].seq, inbox[0].key.as_deref(), inbox[0].received_at),
+        (1, Some("k"), time(1))
+    );
+    let journal = store.journal(&old_uid).await.expect("journal");
+    assert_eq!(journal.len(), 2, "the journal keeps its steps");
+    match (&journal[0].intent, journal[0].outcome()) {
+        (Intent::Command { command, .. }, Some(Outcome::CommandFinished { output })) => {
+            assert_eq!(command, "");
+            assert!(output.stdout.bytes.is_empty() && output.stderr.bytes.is_empty());
+            assert_eq!(output.exit_code, Some(3));
+        }
+        other => panic!("step 0 after the sweep: {other:?}"),
+    }
+    match journal[1].outcome() {
+        Some(Outcome::ModelReplied { response, cost_usd }) => {
+            assert_eq!(response.text(), "");
+            assert_eq!(response.usage.output_tokens, 7);
+            assert_eq!(*cost_usd, Usd::from_nanos(123_456_789));
+        }
+        other => panic!("step 1 after the sweep: {other:?}"),
+    }
+    assert_eq!(journal[1].started_at, step(1, Intent::Route { turn: 0 }).started_at);
+
+    for name in ["recent", "running"] {
+        let (uid, record) = before(name);
+        assert_eq!(
+            store.get(&key(name)).await,
+            Ok(record),
+            "{name} keeps its document"
+        );
+        assert_eq!(
+            store.inbox(&uid).await.map(|m| m[0].payload.clone()),
+            Ok("private message".to_string())
+        );
+        let journal = store.journal(&uid).await.expect("journal");
+        assert!(
+            matches!(&journal[0].intent, Intent::Command { command, .. } if command == "cat secrets"),
+            "{name} keeps its steps"
+        );
+    }
+
+    let again = store.sweep_payloads(cutoff, time(41 * day)).await.expect("sweep again");
+    assert!(
+        !again.runs.iter().any(|k| k.project == project),
+        "a swept run is not swept again"
+    );
+    assert_eq!(store.get(&key("old")).await, Ok(old));
+}
+
 // --- helpers ---
+
+/// Lease owners: replicas of a test.
+const OWNER_A: &str = "replica-a";
+const OWNER_B: &str = "replica-b";
+const OWNER_C: &str = "replica-c";
+
+/// A fixed instant plus `second`s: leases use the caller's clock, so cases control it.
+fn time(second: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + second).expect("a timestamp")
+}
+
+/// A 30-second lease for `owner` asked for at `time(at)`.
+fn lease(owner: &str, at: i64) -> Lease {
+    Lease::new(owner, time(at), Duration::from_secs(30))
+}
 
 /// A name no other case, call or process uses: `prefix-<pid>-<time>-<counter>`.
 fn unique(prefix: &str) -> String {

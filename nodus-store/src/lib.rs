@@ -7,6 +7,7 @@
 //!   notification.
 
 pub mod memory;
+pub mod retention;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
@@ -83,5 +84,30 @@ mod tests {
     #[tokio::test]
     async fn delete_removes_journal_and_inbox() {
         conformance::delete_removes_journal_and_inbox(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn money_exact() {
+        conformance::money_exact(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn leases() {
+        conformance::leases(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn claim_runnable() {
+        conformance::claim_runnable(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_racing() {
+        conformance::replicas_racing(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn retention() {
+        conformance::retention(MemoryStore::new()).await;
     }
 }

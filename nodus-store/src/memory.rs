@@ -13,10 +13,13 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Delivery, Error, Fence, InboxMessage, ObjectKey, Record, Selector, Store,
+    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
+    Store, Swept,
 };
 use serde_json::Value;
 use tokio::sync::broadcast;
+
+use crate::retention;
 
 /// How many changes a slow subscriber may fall behind before it sees `Lagged`.
 const CHANGE_CAPACITY: usize = 1024;
@@ -41,8 +44,9 @@ struct State {
     projects: HashMap<String, HashMap<Kind, Collection>>,
     /// The next creation number; orders documents for `list`.
     next_order: u64,
-    /// Each run's latest fence (kept after a delete, so that old fences stay stale).
-    fences: HashMap<String, u64>,
+    /// Each run's latest fence and lease (kept after a delete, so that old fences stay
+    /// stale).
+    fences: HashMap<String, LeaseState>,
     /// Journals by run uid.
     journals: HashMap<String, Vec<Step>>,
     /// Inboxes by run uid.
@@ -65,6 +69,36 @@ struct Entry {
     name: String,
     version: u64,
     document: Value,
+}
+
+/// A run's latest fence and who holds it until when.
+#[derive(Debug)]
+struct LeaseState {
+    fence: u64,
+    /// `None` once released or deleted.
+    owner: Option<String>,
+    expires_at: Timestamp,
+}
+
+impl LeaseState {
+    /// Refuse a claim by `lease.owner` while another owner's lease runs.
+    fn check_free(&self, run_uid: &str, lease: &Lease) -> Result<(), Error> {
+        match &self.owner {
+            Some(owner) if *owner != lease.owner && self.expires_at > lease.now => {
+                Err(Error::Leased {
+                    run: run_uid.to_string(),
+                    owner: owner.clone(),
+                    until: self.expires_at,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether another claim by `owner` at `now` would be refused, or `owner` holds it.
+    fn held_against(&self, owner: &str, now: Timestamp) -> bool {
+        self.owner.is_some() && (self.expires_at > now || self.owner.as_deref() == Some(owner))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -155,11 +189,32 @@ impl State {
     /// Refuse a write by `fence` unless it is the run's latest claim.
     fn check_fence(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
         match self.fences.get(run_uid) {
-            Some(&latest) if fence.0 == latest => Ok(()),
+            Some(latest) if fence.0 == latest.fence => Ok(()),
             _ => Err(Error::Fenced {
                 run: run_uid.to_string(),
             }),
         }
+    }
+
+    /// Grant `lease` on a run: a new fence, after checking that nobody else holds it.
+    fn grant(&mut self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
+        let expires_at = lease.expires_at()?;
+        let state = self
+            .fences
+            .entry(run_uid.to_string())
+            .or_insert(LeaseState {
+                fence: 0,
+                owner: None,
+                expires_at: Timestamp::MIN,
+            });
+        state.check_free(run_uid, lease)?;
+        state.fence = state
+            .fence
+            .checked_add(1)
+            .ok_or_else(|| Error::Corrupt(format!("run {run_uid}: no fence is left to claim")))?;
+        state.owner = Some(lease.owner.clone());
+        state.expires_at = expires_at;
+        Ok(Fence(state.fence))
     }
 }
 
@@ -309,20 +364,77 @@ impl Store for MemoryStore {
             // A writer still holding a claim on the deleted run must not bring its journal
             // back: make every fence stale (the counter stays, so no fence is reissued).
             if let Some(latest) = state.fences.get_mut(uid) {
-                *latest = latest.saturating_add(1);
+                latest.fence = latest.fence.saturating_add(1);
+                latest.owner = None;
             }
         }
         self.notify(Change::Deleted(key.clone()));
         Ok(())
     }
 
-    async fn claim(&self, run_uid: &str) -> Result<Fence, Error> {
+    async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
+        self.lock().grant(run_uid, lease)
+    }
+
+    async fn claim_runnable(
+        &self,
+        phases: &[&str],
+        lease: &Lease,
+    ) -> Result<Option<Claimed>, Error> {
         let mut state = self.lock();
-        let latest = state.fences.entry(run_uid.to_string()).or_insert(0);
-        *latest = latest
-            .checked_add(1)
-            .ok_or_else(|| Error::Corrupt(format!("run {run_uid}: no fence is left to claim")))?;
-        Ok(Fence(*latest))
+        let mut candidates: Vec<(u64, ObjectKey, String)> = Vec::new();
+        for (project, kinds) in &state.projects {
+            let Some(runs) = kinds.get(&Kind::AgentRun) else {
+                continue;
+            };
+            for (order, entry) in &runs.by_order {
+                let phase = entry.document["status"]["phase"].as_str();
+                let Some(uid) = run_uid(&entry.document) else {
+                    continue;
+                };
+                if !phase.is_some_and(|phase| phases.contains(&phase)) {
+                    continue;
+                }
+                if state
+                    .fences
+                    .get(uid)
+                    .is_some_and(|l| l.held_against(&lease.owner, lease.now))
+                {
+                    continue;
+                }
+                candidates.push((
+                    *order,
+                    ObjectKey::new(project.clone(), Kind::AgentRun, entry.name.clone()),
+                    uid.to_string(),
+                ));
+            }
+        }
+        let Some((_, key, uid)) = candidates.into_iter().min_by_key(|(order, ..)| *order) else {
+            return Ok(None);
+        };
+        let fence = state.grant(&uid, lease)?;
+        Ok(Some(Claimed { key, uid, fence }))
+    }
+
+    async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
+        let expires_at = lease.expires_at()?;
+        let mut state = self.lock();
+        state.check_fence(run_uid, fence)?;
+        if let Some(latest) = state.fences.get_mut(run_uid) {
+            latest.owner = Some(lease.owner.clone());
+            latest.expires_at = expires_at;
+        }
+        Ok(())
+    }
+
+    async fn release(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.check_fence(run_uid, fence)?;
+        if let Some(latest) = state.fences.get_mut(run_uid) {
+            latest.owner = None;
+            latest.expires_at = Timestamp::MIN;
+        }
+        Ok(())
     }
 
     async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error> {
@@ -441,6 +553,52 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
+    async fn sweep_payloads(
+        &self,
+        ended_before: Timestamp,
+        now: Timestamp,
+    ) -> Result<Swept, Error> {
+        let mut state = self.lock();
+        let mut due: Vec<(u64, ObjectKey)> = Vec::new();
+        for (project, kinds) in &state.projects {
+            let Some(runs) = kinds.get(&Kind::AgentRun) else {
+                continue;
+            };
+            for (order, entry) in &runs.by_order {
+                if retention::due(&entry.document, ended_before) {
+                    due.push((
+                        *order,
+                        ObjectKey::new(project.clone(), Kind::AgentRun, entry.name.clone()),
+                    ));
+                }
+            }
+        }
+        due.sort_by_key(|(order, _)| *order);
+        let mut swept = Swept::default();
+        for (_, key) in due {
+            let Some(entry) = state.entry_mut(&key) else {
+                continue;
+            };
+            let version = next_version(&key, entry.version)?;
+            retention::strip_run(&mut entry.document, now);
+            entry.version = version;
+            let uid = run_uid(&entry.document).map(str::to_string);
+            if let Some(uid) = uid {
+                if let Some(journal) = state.journals.get_mut(&uid) {
+                    journal.iter_mut().for_each(retention::strip_step);
+                }
+                if let Some(inbox) = state.inboxes.get_mut(&uid) {
+                    for message in &mut inbox.messages {
+                        message.payload = retention::REMOVED.to_string();
+                    }
+                }
+            }
+            self.notify(Change::Written(key.clone(), version));
+            swept.runs.push(key);
+        }
+        Ok(swept)
+    }
+
     fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.inner.changes.subscribe()
     }
@@ -471,7 +629,7 @@ mod tests {
         let document = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun",
             "metadata": {"name": "r", "uid": "u-1"}, "spec": {}, "status": {}});
         store.create(&key, document.clone()).await.unwrap();
-        let fence = store.claim("u-1").await.unwrap();
+        let fence = store.claim("u-1", &Lease::for_this_process(Timestamp::UNIX_EPOCH)).await.unwrap();
         store.append_step("u-1", fence, &step(0)).await.unwrap();
 
         store.delete(&key).await.unwrap();
@@ -484,7 +642,7 @@ mod tests {
 
         // Nor can it write to the run created again: new claims never reissue its fence.
         store.create(&key, document).await.unwrap();
-        let fresh = store.claim("u-1").await.unwrap();
+        let fresh = store.claim("u-1", &Lease::for_this_process(Timestamp::UNIX_EPOCH)).await.unwrap();
         assert!(fresh > fence);
         assert_eq!(
             store.append_step("u-1", fence, &step(0)).await,

@@ -15,6 +15,7 @@ use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
 use nodus_core::router::FixedRouter;
 use nodus_core::secret::StaticSecrets;
+use nodus_core::store::Lease;
 use nodus_core::testing::{ManualClock, RecordingSandbox};
 use nodus_core::{Clock, Store};
 use nodus_llm::{Reply, ScriptedModel};
@@ -82,7 +83,10 @@ fn bench(c: &mut Criterion) {
             counter += 1;
             let uid = format!("baseline-{counter}");
             runtime.block_on(async {
-                let fence = store.claim(&uid).await.expect("claim");
+                let fence = store
+                    .claim(&uid, &Lease::for_this_process(clock.now()))
+                    .await
+                    .expect("claim");
                 for seq in 0..STEPS as u32 {
                     let step = Step {
                         seq,

@@ -74,7 +74,8 @@ impl Engine {
             return Ok(Driven::NotAdmitted);
         }
         let fixed = self.fixed(project, &run.object)?;
-        let fence = self.deps.store.claim(&fixed.uid).await?;
+        let lease = crate::store::Lease::for_this_process(self.deps.clock.now());
+        let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let mut journal = self.deps.store.journal(&fixed.uid).await?;
         match self.drive_loop(&fixed, fence, &mut journal).await {
             Err(Error::Store(store_api::Error::Fenced { .. })) => Ok(Driven::TakenOver),

@@ -444,7 +444,8 @@ impl Engine {
             });
         }
         let uid = run_uid(&run.object).to_string();
-        let fence = self.deps.store.claim(&uid).await?;
+        let lease = crate::store::Lease::for_this_process(self.deps.clock.now());
+        let fence = self.deps.store.claim(&uid, &lease).await?;
         let journal = self.deps.store.journal(&uid).await?;
         if let Some(step) = journal.iter().rev().find(|s| s.completion.is_none()) {
             let outcome = match resolution {

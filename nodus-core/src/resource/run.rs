@@ -144,6 +144,10 @@ pub struct AgentRunStatus {
     /// When the run finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Timestamp>,
+    /// When the retention sweep removed the run's recorded payloads (input, messages, step
+    /// results), 30 days after it finished; set by the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payloads_removed_at: Option<Timestamp>,
 }
 
 /// One prompt of a run.

@@ -17,7 +17,8 @@ use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec, Kind};
 use nodus_core::router::FixedRouter;
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::{
-    self, Change, Delivery, Fence, InboxMessage, ObjectKey, Record, Selector, Store,
+    self, Change, Claimed, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
+    Store, Swept,
 };
 use nodus_core::testing::{ManualClock, RecordingSandbox};
 use nodus_llm::{Reply, ScriptedModel};
@@ -126,9 +127,25 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.delete(key).await
     }
-    async fn claim(&self, run: &str) -> Result<Fence, store::Error> {
+    async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
         self.check_alive()?;
-        self.inner.claim(run).await
+        self.inner.claim(run, lease).await
+    }
+    async fn claim_runnable(
+        &self,
+        phases: &[&str],
+        lease: &Lease,
+    ) -> Result<Option<Claimed>, store::Error> {
+        self.check_alive()?;
+        self.inner.claim_runnable(phases, lease).await
+    }
+    async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
+        self.check_alive()?;
+        self.inner.renew(run, fence, lease).await
+    }
+    async fn release(&self, run: &str, fence: Fence) -> Result<(), store::Error> {
+        self.check_alive()?;
+        self.inner.release(run, fence).await
     }
     async fn append_step(&self, run: &str, fence: Fence, step: &Step) -> Result<(), store::Error> {
         let die_after = self.journal_write()?;
@@ -174,6 +191,14 @@ impl Store for CrashingStore {
     async fn inbox(&self, run: &str) -> Result<Vec<InboxMessage>, store::Error> {
         self.check_alive()?;
         self.inner.inbox(run).await
+    }
+    async fn sweep_payloads(
+        &self,
+        ended_before: Timestamp,
+        now: Timestamp,
+    ) -> Result<Swept, store::Error> {
+        self.check_alive()?;
+        self.inner.sweep_payloads(ended_before, now).await
     }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.inner.subscribe()

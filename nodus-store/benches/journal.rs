@@ -1,0 +1,2 @@
+//! Journal append benchmark (written next).
+fn main() {}
