@@ -62,6 +62,10 @@ pub struct CatalogModel {
 pub struct Catalog {
     /// When the prices were taken from the provider's published list (YYYY-MM-DD).
     pub date: String,
+    /// What an operator should know about the file: where the prices come from, how the
+    /// families were mapped to models.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// The model that answers for each family.
     pub families: BTreeMap<Family, CatalogModel>,
     /// Further priced models (for BYOK agents that name one, and for routers).

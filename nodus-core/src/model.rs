@@ -189,4 +189,12 @@ pub trait ModelClient: Send + Sync {
     /// Make one call. Retries of transient failures that cannot charge twice happen inside;
     /// what comes out is final, uncertain, or a reply.
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, Error>;
+
+    /// The provider's count of the request's input tokens, where it offers one (`None`: this
+    /// client cannot count). Providers call their count an estimate: a cost guard that needs
+    /// an upper bound adds a margin or keeps a byte-based bound.
+    async fn count_tokens(&self, request: &ModelRequest) -> Result<Option<u64>, Error> {
+        let _ = request;
+        Ok(None)
+    }
 }

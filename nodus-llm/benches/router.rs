@@ -1,0 +1,2 @@
+//! Placeholder until the router benchmark lands.
+fn main() {}
