@@ -738,7 +738,10 @@ pub async fn journal_in_order<S: Store + Clone + 'static>(store: S) {
 
     // Journals are per run.
     let other = unique("run");
-    let other_fence = store.claim(&other, &lease(OWNER_A, 0)).await.expect("claim another run");
+    let other_fence = store
+        .claim(&other, &lease(OWNER_A, 0))
+        .await
+        .expect("claim another run");
     store
         .append_step(&other, other_fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -751,13 +754,19 @@ pub async fn journal_in_order<S: Store + Clone + 'static>(store: S) {
 /// `Fenced` and change nothing; claims are per run; a run nobody claimed cannot be written.
 pub async fn fencing<S: Store + Clone + 'static>(store: S) {
     let uid = unique("run");
-    let first = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("first claim");
+    let first = store
+        .claim(&uid, &lease(OWNER_A, 0))
+        .await
+        .expect("first claim");
     store
         .append_step(&uid, first, &step(0, Intent::Route { turn: 0 }))
         .await
         .expect("the first writer appends");
 
-    let second = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("second claim");
+    let second = store
+        .claim(&uid, &lease(OWNER_A, 0))
+        .await
+        .expect("second claim");
     assert_ne!(first, second, "a claim makes a new fence");
     let fenced = Err(Error::Fenced { run: uid.clone() });
     assert_eq!(
@@ -789,14 +798,20 @@ pub async fn fencing<S: Store + Clone + 'static>(store: S) {
 
     // Claims on another run leave this one's alone.
     let other = unique("run");
-    let other_fence = store.claim(&other, &lease(OWNER_A, 0)).await.expect("claim another run");
+    let other_fence = store
+        .claim(&other, &lease(OWNER_A, 0))
+        .await
+        .expect("claim another run");
     store
         .complete_step(&uid, second, 1, &completion(1, Outcome::Answered))
         .await
         .expect("still the latest claim on this run");
 
     // A third claim makes the second stale too.
-    let third = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("third claim");
+    let third = store
+        .claim(&uid, &lease(OWNER_A, 0))
+        .await
+        .expect("third claim");
     assert_ne!(third, second);
     assert_ne!(third, first);
     assert_eq!(
@@ -1087,7 +1102,10 @@ pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store:
         .create(&keep_key, run_document("kept", &keep_uid))
         .await
         .expect("create the run that stays");
-    let keep_fence = store.claim(&keep_uid, &lease(OWNER_A, 0)).await.expect("claim");
+    let keep_fence = store
+        .claim(&keep_uid, &lease(OWNER_A, 0))
+        .await
+        .expect("claim");
     store
         .append_step(&keep_uid, keep_fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -1112,7 +1130,10 @@ pub async fn delete_removes_journal_and_inbox<S: Store + Clone + 'static>(store:
             .await,
         Ok(Delivery::Delivered(1))
     );
-    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim again");
+    let fence = store
+        .claim(&uid, &lease(OWNER_A, 0))
+        .await
+        .expect("claim again");
     store
         .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -1133,7 +1154,10 @@ pub async fn money_exact<S: Store + Clone + 'static>(store: S) {
     document["status"]["turns"] = json!([{ "costUSD": "0.000000001", "inputTokens": u64::MAX }]);
     document["spec"]["maxCostUSD"] = json!("1e3");
     store.create(&key, document.clone()).await.expect("create");
-    assert_eq!(store.get(&key).await.map(|r| r.document), Ok(document.clone()));
+    assert_eq!(
+        store.get(&key).await.map(|r| r.document),
+        Ok(document.clone())
+    );
     let listed = store
         .list(&project, Kind::AgentRun, &Selector::default())
         .await
@@ -1152,7 +1176,10 @@ pub async fn money_exact<S: Store + Clone + 'static>(store: S) {
 /// free at once; an expired lease nobody took over can still be renewed.
 pub async fn leases<S: Store + Clone + 'static>(store: S) {
     let uid = unique("run");
-    let a1 = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("a claims");
+    let a1 = store
+        .claim(&uid, &lease(OWNER_A, 0))
+        .await
+        .expect("a claims");
     store
         .append_step(&uid, a1, &step(0, Intent::Route { turn: 0 }))
         .await
@@ -1171,7 +1198,10 @@ pub async fn leases<S: Store + Clone + 'static>(store: S) {
         );
     }
     // A claims again: a new fence; its first is stale.
-    let a2 = store.claim(&uid, &lease(OWNER_A, 10)).await.expect("a again");
+    let a2 = store
+        .claim(&uid, &lease(OWNER_A, 10))
+        .await
+        .expect("a again");
     assert_ne!(a1, a2);
     assert_eq!(
         store
@@ -1354,7 +1384,10 @@ pub async fn claim_runnable<S: Store + Clone + 'static>(store: S) {
             .map(|c| c.map(|c| c.key)),
         Ok(Some(key("elsewhere")))
     );
-    assert_eq!(store.claim_runnable(&[], &lease(OWNER_B, 3)).await, Ok(None));
+    assert_eq!(
+        store.claim_runnable(&[], &lease(OWNER_B, 3)).await,
+        Ok(None)
+    );
 
     // A's lease on "first" (from 0) expired at 30; nobody renewed it: B takes it over.
     let got = store
@@ -1373,7 +1406,11 @@ pub async fn claim_runnable<S: Store + Clone + 'static>(store: S) {
         "the replica whose lease was taken over is fenced"
     );
     store
-        .append_step(&uids["first"], got.fence, &step(0, Intent::Route { turn: 0 }))
+        .append_step(
+            &uids["first"],
+            got.fence,
+            &step(0, Intent::Route { turn: 0 }),
+        )
         .await
         .expect("the new holder writes");
 
@@ -1432,7 +1469,11 @@ pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
                     .expect("claim_runnable");
                 let Some(claimed) = claimed else { break };
                 store
-                    .append_step(&claimed.uid, claimed.fence, &step(0, Intent::Route { turn: 0 }))
+                    .append_step(
+                        &claimed.uid,
+                        claimed.fence,
+                        &step(0, Intent::Route { turn: 0 }),
+                    )
                     .await
                     .expect("the claimer writes its run's journal");
                 mine.push(claimed);
@@ -1473,11 +1514,11 @@ pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
 /// `status.payloadsRemovedAt`; costs, tokens and the journal's shape stay; runs that ended
 /// later or have not ended keep everything; a second sweep does nothing.
 pub async fn retention<S: Store + Clone + 'static>(store: S) {
+    use nodus_core::Usd;
     use nodus_core::cost::Usage;
     use nodus_core::model::{ContentBlock, ModelResponse, StopReason};
     use nodus_core::output::Output;
     use nodus_core::sandbox::ExecOutput;
-    use nodus_core::Usd;
 
     let project = unique("retention");
     let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
@@ -1486,7 +1527,11 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
     let cutoff = time(10 * day);
 
     let mut runs = BTreeMap::new();
-    for (name, ended) in [("old", Some(2 * day)), ("recent", Some(20 * day)), ("running", None)] {
+    for (name, ended) in [
+        ("old", Some(2 * day)),
+        ("recent", Some(20 * day)),
+        ("running", None),
+    ] {
         let uid = unique("uid");
         let mut document = run_document(name, &uid);
         document["spec"]["input"] = json!("secret input");
@@ -1496,7 +1541,10 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
             document["status"]["phase"] = json!("Succeeded");
             document["status"]["completionTime"] = json!(time(ended).to_string());
         }
-        store.create(&key(name), document.clone()).await.expect("create");
+        store
+            .create(&key(name), document.clone())
+            .await
+            .expect("create");
         store
             .post_message(&key(name), 1, Some("k"), "private message", time(1))
             .await
@@ -1566,13 +1614,27 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         .filter(|k| k.project == project)
         .cloned()
         .collect();
-    assert_eq!(ours, [key("old")], "only the run that ended before the cut-off");
+    assert_eq!(
+        ours,
+        [key("old")],
+        "only the run that ended before the cut-off"
+    );
 
     let (old_uid, old_before) = before("old");
     let old = store.get(&key("old")).await.expect("get old");
-    assert_eq!(old.version, old_before.version + 1, "the sweep is one write");
-    assert_eq!(old.document["status"]["payloadsRemovedAt"], json!(now.to_string()));
-    assert!(old.document["spec"].get("input").is_none(), "the input is gone");
+    assert_eq!(
+        old.version,
+        old_before.version + 1,
+        "the sweep is one write"
+    );
+    assert_eq!(
+        old.document["status"]["payloadsRemovedAt"],
+        json!(now.to_string())
+    );
+    assert!(
+        old.document["spec"].get("input").is_none(),
+        "the input is gone"
+    );
     assert_eq!(old.document["status"]["answer"]["preview"], json!(""));
     assert_eq!(old.document["status"]["answer"]["bytes"], json!(10));
     assert_eq!(
@@ -1606,7 +1668,10 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         }
         other => panic!("step 1 after the sweep: {other:?}"),
     }
-    assert_eq!(journal[1].started_at, step(1, Intent::Route { turn: 0 }).started_at);
+    assert_eq!(
+        journal[1].started_at,
+        step(1, Intent::Route { turn: 0 }).started_at
+    );
 
     for name in ["recent", "running"] {
         let (uid, record) = before(name);
@@ -1626,7 +1691,10 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         );
     }
 
-    let again = store.sweep_payloads(cutoff, time(41 * day)).await.expect("sweep again");
+    let again = store
+        .sweep_payloads(cutoff, time(41 * day))
+        .await
+        .expect("sweep again");
     assert!(
         !again.runs.iter().any(|k| k.project == project),
         "a swept run is not swept again"

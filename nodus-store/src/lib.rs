@@ -9,10 +9,19 @@
 pub mod memory;
 pub mod retention;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod group;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
 
 #[cfg(test)]
 mod tests {

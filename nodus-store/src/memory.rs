@@ -629,7 +629,10 @@ mod tests {
         let document = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun",
             "metadata": {"name": "r", "uid": "u-1"}, "spec": {}, "status": {}});
         store.create(&key, document.clone()).await.unwrap();
-        let fence = store.claim("u-1", &Lease::for_this_process(Timestamp::UNIX_EPOCH)).await.unwrap();
+        let fence = store
+            .claim("u-1", &Lease::for_this_process(Timestamp::UNIX_EPOCH))
+            .await
+            .unwrap();
         store.append_step("u-1", fence, &step(0)).await.unwrap();
 
         store.delete(&key).await.unwrap();
@@ -642,7 +645,10 @@ mod tests {
 
         // Nor can it write to the run created again: new claims never reissue its fence.
         store.create(&key, document).await.unwrap();
-        let fresh = store.claim("u-1", &Lease::for_this_process(Timestamp::UNIX_EPOCH)).await.unwrap();
+        let fresh = store
+            .claim("u-1", &Lease::for_this_process(Timestamp::UNIX_EPOCH))
+            .await
+            .unwrap();
         assert!(fresh > fence);
         assert_eq!(
             store.append_step("u-1", fence, &step(0)).await,

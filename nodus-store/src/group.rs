@@ -1,0 +1,143 @@
+//! Group commit for journal writes: callers queue their write and wait; one writer task takes
+//! everything queued, writes it in one transaction and acknowledges each write only after
+//! that transaction is durable. Under load, many runs' steps share one commit (one fsync);
+//! alone, a write costs one transaction as before.
+
+use std::future::Future;
+
+use nodus_core::journal::{Completion, Step};
+use nodus_core::store::{Error, Fence};
+use tokio::sync::{mpsc, oneshot};
+
+/// At most this many writes share one transaction.
+pub(crate) const MAX_BATCH: usize = 512;
+
+/// How many writes may wait for the writer before callers wait to queue.
+const QUEUE: usize = 4096;
+
+/// A journal write, checked against the run's fence and journal inside the transaction.
+#[derive(Debug)]
+pub(crate) enum JournalWrite {
+    /// Append a step's intent.
+    Append {
+        /// The run's uid.
+        run: String,
+        /// The writer's fence.
+        fence: Fence,
+        /// The step (without completion).
+        step: Step,
+    },
+    /// Record step `seq`'s outcome.
+    Complete {
+        /// The run's uid.
+        run: String,
+        /// The writer's fence.
+        fence: Fence,
+        /// The step.
+        seq: u32,
+        /// The outcome.
+        completion: Completion,
+    },
+}
+
+impl JournalWrite {
+    /// The run written.
+    pub(crate) fn run(&self) -> &str {
+        match self {
+            JournalWrite::Append { run, .. } | JournalWrite::Complete { run, .. } => run,
+        }
+    }
+}
+
+struct Queued {
+    write: JournalWrite,
+    done: oneshot::Sender<Result<(), Error>>,
+}
+
+/// The handle callers queue writes on. Dropping every handle stops the writer task.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupCommit {
+    queue: mpsc::Sender<QueuedBox>,
+}
+
+/// Boxed so the channel's element stays small.
+type QueuedBox = Box<Queued>;
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.write.fmt(f)
+    }
+}
+
+impl GroupCommit {
+    /// Start the writer task. `commit` writes a batch in one transaction and returns each
+    /// write's own result (a refused write does not fail the others), or one error for all
+    /// when the transaction failed and nothing was written.
+    pub(crate) fn spawn<F, Fut>(mut commit: F) -> Self
+    where
+        F: FnMut(Vec<JournalWrite>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<Result<(), Error>>, Error>> + Send,
+    {
+        let (queue, mut receiver) = mpsc::channel::<QueuedBox>(QUEUE);
+        tokio::spawn(async move {
+            let mut batch: Vec<QueuedBox> = Vec::with_capacity(MAX_BATCH);
+            while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+                let (writes, waiters): (Vec<_>, Vec<_>) =
+                    batch.drain(..).map(|q| (q.write, q.done)).unzip();
+                let count = writes.len();
+                match commit(writes).await {
+                    Ok(results) if results.len() == count => {
+                        for (done, result) in waiters.into_iter().zip(results) {
+                            let _ = done.send(result);
+                        }
+                    }
+                    Ok(results) => {
+                        let error = Error::Corrupt(format!(
+                            "group commit answered {} of {count} writes",
+                            results.len()
+                        ));
+                        for done in waiters {
+                            let _ = done.send(Err(error.clone()));
+                        }
+                    }
+                    Err(error) => {
+                        for done in waiters {
+                            let _ = done.send(Err(error.clone()));
+                        }
+                    }
+                }
+            }
+        });
+        GroupCommit { queue }
+    }
+
+    /// Queue a write and wait until it is durable (or refused).
+    pub(crate) async fn write(&self, write: JournalWrite) -> Result<(), Error> {
+        let (done, result) = oneshot::channel();
+        let stopped = || Error::Unavailable("the journal writer stopped".to_string());
+        self.queue
+            .send(Box::new(Queued { write, done }))
+            .await
+            .map_err(|_| stopped())?;
+        result.await.map_err(|_| stopped())?
+    }
+}
+
+/// Split a batch into rounds in which each run appears at most once, keeping each run's
+/// writes in order; returns, per round, the indexes of its writes in the batch.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn rounds(writes: &[JournalWrite]) -> Vec<Vec<usize>> {
+    let mut rounds: Vec<Vec<usize>> = Vec::new();
+    let mut next_round: std::collections::HashMap<&str, usize> = Default::default();
+    for (index, write) in writes.iter().enumerate() {
+        let round = next_round.entry(write.run()).or_insert(0);
+        if rounds.len() <= *round {
+            rounds.push(Vec::new());
+        }
+        if let Some(r) = rounds.get_mut(*round) {
+            r.push(index);
+        }
+        *round += 1;
+    }
+    rounds
+}

@@ -1,0 +1,209 @@
+//! What the SQL backends share: the one mapping of sqlx errors to portable store errors,
+//! conversions between store values and column values, and how a journal write and an
+//! idempotent batch are stored.
+
+use jiff::Timestamp;
+use nodus_core::journal::{Completion, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{Error, ObjectKey, Record};
+use serde_json::{Value, json};
+
+/// The one place where sqlx errors become store errors. Connection trouble, a database that
+/// is shutting down or starting, lock timeouts and serialization failures are `Unavailable`
+/// (a retry may help); data that cannot be decoded is `Corrupt`. Callers that expect a
+/// unique violation (a create) check [`is_unique_violation`] first.
+pub(crate) fn map_err(error: sqlx::Error) -> Error {
+    use sqlx::Error as E;
+    match error {
+        E::Io(e) => Error::Unavailable(format!("database I/O: {e}")),
+        E::PoolTimedOut => Error::Unavailable("no database connection in time".to_string()),
+        E::PoolClosed => Error::Unavailable("the store was closed".to_string()),
+        E::WorkerCrashed => Error::Unavailable("the database worker stopped".to_string()),
+        E::Tls(e) => Error::Unavailable(format!("database TLS: {e}")),
+        E::Protocol(e) => Error::Unavailable(format!("database protocol: {e}")),
+        E::Configuration(e) => Error::Unavailable(format!("database configuration: {e}")),
+        E::Database(db) => map_database(&*db),
+        E::Migrate(e) => Error::Corrupt(format!("schema migration failed: {e}")),
+        other => Error::Corrupt(format!("unreadable database data: {other}")),
+    }
+}
+
+fn map_database(db: &dyn sqlx::error::DatabaseError) -> Error {
+    let code = db.code().map(|c| c.to_string()).unwrap_or_default();
+    let message = format!("{} (code {code})", db.message());
+    // Postgres SQLSTATEs: 08 connection exceptions, 57P01-03 shutdown and start-up,
+    // 53 insufficient resources, 40001/40P01 serialization failure and deadlock, 55P03 lock
+    // not available, 25006 read-only transaction (a standby during fail-over).
+    let postgres_retryable = code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(
+            code.as_str(),
+            "57P01" | "57P02" | "57P03" | "40001" | "40P01" | "55P03" | "25006"
+        );
+    // SQLite result codes (primary code in the low byte): BUSY 5, LOCKED 6, IOERR 10,
+    // FULL 13, CANTOPEN 14; CORRUPT 11 and NOTADB 26 mean the file is not ours to read.
+    let sqlite_code = code.parse::<i64>().ok().map(|c| c & 0xff);
+    match sqlite_code {
+        Some(11 | 26) => Error::Corrupt(format!("the database file is damaged: {message}")),
+        Some(5 | 6 | 10 | 13 | 14) => Error::Unavailable(message),
+        _ if postgres_retryable => Error::Unavailable(message),
+        _ => Error::Corrupt(format!("the database refused a statement: {message}")),
+    }
+}
+
+/// Whether an error is a unique-key violation (a create of something that exists).
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// A kind as stored in the `kind` column.
+pub(crate) fn kind_name(kind: Kind) -> &'static str {
+    kind.plural()
+}
+
+/// A version or fence for an `INTEGER`/`bigint` column; `None` when it cannot be stored
+/// (and so cannot match a stored one).
+pub(crate) fn to_i64(value: u64) -> Option<i64> {
+    i64::try_from(value).ok()
+}
+
+/// A stored version or fence.
+pub(crate) fn to_u64(value: i64, what: &str) -> Result<u64, Error> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{what} is negative: {value}")))
+}
+
+/// The next version after `version`, or `Corrupt` at the end of the range.
+pub(crate) fn bump(key: &ObjectKey, version: i64) -> Result<i64, Error> {
+    version
+        .checked_add(1)
+        .ok_or_else(|| Error::Corrupt(format!("{key}: version {version} cannot be bumped")))
+}
+
+/// A time as integer nanoseconds since the epoch, for ordered comparisons in SQL.
+pub(crate) fn nanos(at: Timestamp) -> Result<i64, Error> {
+    i64::try_from(at.as_nanosecond())
+        .map_err(|_| Error::Invalid(format!("{at} is outside the store's time range")))
+}
+
+/// A time from integer nanoseconds since the epoch.
+pub(crate) fn from_nanos(value: i64) -> Result<Timestamp, Error> {
+    Timestamp::from_nanosecond(i128::from(value))
+        .map_err(|e| Error::Corrupt(format!("stored time {value}: {e}")))
+}
+
+/// A stored time written as RFC 3339 (exact to the nanosecond).
+pub(crate) fn parse_time(text: &str) -> Result<Timestamp, Error> {
+    text.parse()
+        .map_err(|e| Error::Corrupt(format!("stored time {text:?}: {e}")))
+}
+
+/// A stored JSON document.
+pub(crate) fn parse_document(text: &str) -> Result<Value, Error> {
+    serde_json::from_str(text).map_err(|e| Error::Corrupt(format!("stored document: {e}")))
+}
+
+/// A document as text for storage.
+pub(crate) fn document_text(document: &Value) -> String {
+    document.to_string()
+}
+
+/// The run uid a document carries in `metadata.uid`.
+pub(crate) fn uid_of(document: &Value) -> Option<&str> {
+    document["metadata"]["uid"].as_str()
+}
+
+/// A step's intent as stored (the step without its completion).
+pub(crate) fn step_text(step: &Step) -> Result<String, Error> {
+    let mut bare = step.clone();
+    bare.completion = None;
+    serde_json::to_string(&bare).map_err(|e| Error::Invalid(format!("step {}: {e}", step.seq)))
+}
+
+/// A completion as stored.
+pub(crate) fn completion_text(completion: &Completion) -> Result<String, Error> {
+    serde_json::to_string(completion).map_err(|e| Error::Invalid(format!("completion: {e}")))
+}
+
+/// A step read back from its stored intent and completion.
+pub(crate) fn read_step(run: &str, step: &str, completion: Option<&str>) -> Result<Step, Error> {
+    let mut parsed: Step = serde_json::from_str(step)
+        .map_err(|e| Error::Corrupt(format!("journal of run {run}: {e}")))?;
+    parsed.completion = completion
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| Error::Corrupt(format!("journal of run {run}: {e}")))?;
+    Ok(parsed)
+}
+
+/// The records of an idempotent batch, as stored with its key.
+pub(crate) fn batch_text(records: &[Record]) -> String {
+    Value::Array(
+        records
+            .iter()
+            .map(|r| json!({ "key": r.key, "version": r.version, "document": r.document }))
+            .collect(),
+    )
+    .to_string()
+}
+
+/// The records of an idempotent batch, read back.
+pub(crate) fn parse_batch(text: &str) -> Result<Vec<Record>, Error> {
+    let corrupt = |what: &str| Error::Corrupt(format!("stored batch: {what}"));
+    let value: Value = serde_json::from_str(text).map_err(|e| corrupt(&e.to_string()))?;
+    value
+        .as_array()
+        .ok_or_else(|| corrupt("not a list"))?
+        .iter()
+        .map(|item| {
+            Ok(Record {
+                key: serde_json::from_value(item["key"].clone())
+                    .map_err(|e| corrupt(&e.to_string()))?,
+                version: item["version"]
+                    .as_u64()
+                    .ok_or_else(|| corrupt("a version"))?,
+                document: item["document"].clone(),
+            })
+        })
+        .collect()
+}
+
+/// The error for a journal write out of order.
+pub(crate) fn journal_error(run: &str, message: String) -> Error {
+    Error::Journal {
+        run: run.to_string(),
+        message,
+    }
+}
+
+/// Why an append was refused, from the journal's state.
+pub(crate) fn append_refused(run: &str, seq: u32, len: i64) -> Error {
+    journal_error(
+        run,
+        format!(
+            "step {seq} appended out of order (the journal has {len} steps, so the next is {len})"
+        ),
+    )
+}
+
+/// Why a completion was refused, from the journal's state.
+pub(crate) fn complete_refused(run: &str, seq: u32, len: i64, completed: bool) -> Error {
+    if completed {
+        journal_error(run, format!("step {seq} is already completed"))
+    } else {
+        journal_error(
+            run,
+            format!("cannot complete step {seq}: the journal has {len} steps"),
+        )
+    }
+}
+
+/// The path parts of a dotted selector field, or `None` when a part cannot be written as a
+/// quoted JSON-path label (empty, or holding a double quote); such conditions are left to
+/// the in-process filter.
+pub(crate) fn path_parts(path: &str) -> Option<Vec<&str>> {
+    let parts: Vec<&str> = path.split('.').collect();
+    parts
+        .iter()
+        .all(|p| !p.is_empty() && !p.contains('"'))
+        .then_some(parts)
+}

@@ -1,0 +1,973 @@
+//! The SQLite [`Store`]: the embedded default, one file, for **one process**.
+//!
+//! The file is in WAL mode with `synchronous = FULL`, so a write is acknowledged only after
+//! it reached the disk and survives a power cut. All writes go through one connection (SQLite
+//! allows one writer at a time), reads through a small pool that WAL lets run beside it.
+//! Journal writes are group-committed (see [`crate::group`]). Leases and fences are kept in
+//! the file like everywhere else, but change notification is an in-process channel: a second
+//! process on the same file would not see this one's changes, so run one process per file
+//! and use Postgres for several replicas.
+//!
+//! Opening refuses a file that is not a SQLite database, and a SQLite database of another
+//! application (one without Nodus's `application_id` that already has tables), with a clear
+//! message, before writing anything to it.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use nodus_core::journal::{Completion, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{
+    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
+    Store, Swept,
+};
+use serde_json::Value;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, QueryBuilder, Row, Sqlite};
+use tokio::sync::broadcast;
+
+use crate::group::{GroupCommit, JournalWrite};
+use crate::retention;
+use crate::sql::{self, map_err};
+
+/// Nodus's SQLite `application_id` ("Nodu"), written into every file it creates.
+pub const APPLICATION_ID: i64 = 0x4E6F_6475;
+
+/// How many changes a slow subscriber may fall behind before it sees `Lagged`.
+const CHANGE_CAPACITY: usize = 1024;
+
+/// How long a statement waits for a lock held by another connection.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many connections read beside the writer.
+const READERS: u32 = 4;
+
+/// The migrations, applied on open.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// A store in one SQLite file. Cloning is cheap; clones share the connections and the change
+/// channel.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    /// The one connection that writes.
+    writer: SqlitePool,
+    /// Connections that read.
+    readers: SqlitePool,
+    journal: GroupCommit,
+    changes: broadcast::Sender<Change>,
+}
+
+impl SqliteStore {
+    /// Open (or create) the store in the file at `path`, migrating its schema to this
+    /// version. Refuses a file that is not a Nodus database with `Error::Corrupt`.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        check_file(&path).await?;
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT);
+        let in_file = |e: Error| in_file(&path, e);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| in_file(map_err(e)))?;
+        MIGRATOR
+            .run(&writer)
+            .await
+            .map_err(|e| in_file(migrate_error(e)))?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(READERS)
+            .connect_with(options)
+            .await
+            .map_err(|e| in_file(map_err(e)))?;
+        let pool = writer.clone();
+        let journal = GroupCommit::spawn(move |writes| {
+            let pool = pool.clone();
+            async move { commit_journal(&pool, writes).await }
+        });
+        let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                writer,
+                readers,
+                journal,
+                changes,
+            }),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The writer's journal mode and `synchronous` level (2 is FULL), as SQLite reports them.
+    pub async fn durability(&self) -> Result<(String, i64), Error> {
+        let mut conn = self.write_connection().await?;
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        Ok((mode, synchronous))
+    }
+
+    /// Close the connections; later calls fail with `Unavailable`.
+    pub async fn close(&self) {
+        self.inner.writer.close().await;
+        self.inner.readers.close().await;
+    }
+
+    fn notify(&self, change: Change) {
+        let _ = self.inner.changes.send(change);
+    }
+
+    /// The writer connection, for one transaction; notifications are sent while it is held,
+    /// so they arrive in commit order.
+    async fn write_connection(&self) -> Result<sqlx::pool::PoolConnection<Sqlite>, Error> {
+        self.inner.writer.acquire().await.map_err(map_err)
+    }
+}
+
+/// Refuse a file that is not a SQLite database, or a SQLite database of another application,
+/// before anything writes to it; stamp a new file as Nodus's.
+async fn check_file(path: &Path) -> Result<(), Error> {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .busy_timeout(BUSY_TIMEOUT);
+    let refuse = |e: sqlx::Error| match map_err(e) {
+        Error::Corrupt(message) => Error::Corrupt(format!(
+            "{} is not a Nodus store: it is not a SQLite database, or it is damaged ({message})",
+            path.display()
+        )),
+        other => in_file(path, other),
+    };
+    let mut conn = SqliteConnection::connect_with(&options)
+        .await
+        .map_err(refuse)?;
+    let result = async {
+        let application_id: i64 = sqlx::query_scalar("PRAGMA application_id")
+            .fetch_one(&mut conn)
+            .await
+            .map_err(refuse)?;
+        if application_id == APPLICATION_ID {
+            return Ok(());
+        }
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+             ORDER BY name",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(refuse)?;
+        if application_id != 0 || !tables.is_empty() {
+            return Err(Error::Corrupt(format!(
+                "{} is a SQLite database of another application (application_id {application_id:#x}, \
+                 tables: {}); Nodus will not use it",
+                path.display(),
+                if tables.is_empty() { "none".to_string() } else { tables.join(", ") }
+            )));
+        }
+        sqlx::query(&format!("PRAGMA application_id = {APPLICATION_ID}"))
+            .execute(&mut conn)
+            .await
+            .map_err(refuse)?;
+        Ok(())
+    }
+    .await;
+    let _ = conn.close().await;
+    result
+}
+
+fn in_file(path: &Path, error: Error) -> Error {
+    match error {
+        Error::Unavailable(m) => Error::Unavailable(format!("{}: {m}", path.display())),
+        Error::Corrupt(m) => Error::Corrupt(format!("{}: {m}", path.display())),
+        other => other,
+    }
+}
+
+fn migrate_error(error: sqlx::migrate::MigrateError) -> Error {
+    use sqlx::migrate::MigrateError as M;
+    match error {
+        M::Execute(e) | M::ExecuteMigration(e, _) => map_err(e),
+        M::VersionMissing(v) => Error::Corrupt(format!(
+            "the database was migrated by a newer Nodus (migration {v} is unknown here)"
+        )),
+        other => Error::Corrupt(format!("schema migration failed: {other}")),
+    }
+}
+
+/// Write a batch of journal writes in one transaction; each write gets its own result.
+async fn commit_journal(
+    pool: &SqlitePool,
+    writes: Vec<JournalWrite>,
+) -> Result<Vec<Result<(), Error>>, Error> {
+    let mut conn = pool.acquire().await.map_err(map_err)?;
+    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut results = Vec::with_capacity(writes.len());
+    for write in &writes {
+        results.push(journal_write(&mut tx, write).await?);
+    }
+    tx.commit().await.map_err(map_err)?;
+    Ok(results)
+}
+
+/// One journal write inside a transaction: `Err` for a database failure (the batch fails),
+/// `Ok(Err)` for a refused write.
+async fn journal_write(
+    conn: &mut SqliteConnection,
+    write: &JournalWrite,
+) -> Result<Result<(), Error>, Error> {
+    let run = write.run();
+    let (fence, seq) = match write {
+        JournalWrite::Append { fence, step, .. } => (*fence, step.seq),
+        JournalWrite::Complete { fence, seq, .. } => (*fence, *seq),
+    };
+    let latest: Option<i64> = sqlx::query_scalar("SELECT fence FROM leases WHERE run_uid = ?")
+        .bind(run)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if latest.is_none() || latest != sql::to_i64(fence.0) {
+        return Ok(Err(Error::Fenced {
+            run: run.to_string(),
+        }));
+    }
+    let len: i64 =
+        sqlx::query_scalar("SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?")
+            .bind(run)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    match write {
+        JournalWrite::Append { step, .. } => {
+            if i64::from(seq) != len {
+                return Ok(Err(sql::append_refused(run, seq, len)));
+            }
+            let text = match sql::step_text(step) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            };
+            sqlx::query("INSERT INTO steps (run_uid, seq, step) VALUES (?, ?, ?)")
+                .bind(run)
+                .bind(i64::from(seq))
+                .bind(text)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+        }
+        JournalWrite::Complete { completion, .. } => {
+            let text = match sql::completion_text(completion) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            };
+            let done = sqlx::query(
+                "UPDATE steps SET completion = ? WHERE run_uid = ? AND seq = ? \
+                 AND completion IS NULL",
+            )
+            .bind(text)
+            .bind(run)
+            .bind(i64::from(seq))
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+            if done.rows_affected() == 0 {
+                let completed = i64::from(seq) < len;
+                return Ok(Err(sql::complete_refused(run, seq, len, completed)));
+            }
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
+fn json_path(parts: &[&str]) -> String {
+    let mut path = String::from("$");
+    for part in parts {
+        path.push_str(".\"");
+        path.push_str(part);
+        path.push('"');
+    }
+    path
+}
+
+/// Insert a document known to be new, inside a transaction.
+async fn insert(
+    conn: &mut SqliteConnection,
+    key: &ObjectKey,
+    document: &Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO resources (project, kind, name, version, uid, document) \
+         VALUES (?, ?, ?, 1, ?, ?)",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .bind(sql::uid_of(document))
+    .bind(sql::document_text(document))
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Grant `lease` on a run inside a write transaction.
+async fn grant(conn: &mut SqliteConnection, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
+    let expires_at = sql::nanos(lease.expires_at()?)?;
+    let now = sql::nanos(lease.now)?;
+    let row = sqlx::query("SELECT fence, owner, expires_at FROM leases WHERE run_uid = ?")
+        .bind(run_uid)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    let fence = match row {
+        None => 1,
+        Some(row) => {
+            let fence: i64 = row.try_get(0).map_err(map_err)?;
+            let owner: Option<String> = row.try_get(1).map_err(map_err)?;
+            let until: i64 = row.try_get(2).map_err(map_err)?;
+            if let Some(owner) = owner.filter(|o| *o != lease.owner && until > now) {
+                return Err(Error::Leased {
+                    run: run_uid.to_string(),
+                    owner,
+                    until: sql::from_nanos(until)?,
+                });
+            }
+            fence.checked_add(1).ok_or_else(|| {
+                Error::Corrupt(format!("run {run_uid}: no fence is left to claim"))
+            })?
+        }
+    };
+    sqlx::query(
+        "INSERT INTO leases (run_uid, fence, owner, expires_at) VALUES (?, ?, ?, ?) \
+         ON CONFLICT (run_uid) DO UPDATE SET fence = excluded.fence, owner = excluded.owner, \
+         expires_at = excluded.expires_at",
+    )
+    .bind(run_uid)
+    .bind(fence)
+    .bind(&lease.owner)
+    .bind(expires_at)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    Ok(Fence(sql::to_u64(fence, "a fence")?))
+}
+
+/// Refuse unless `fence` is the run's latest.
+async fn check_fence(
+    conn: &mut SqliteConnection,
+    run_uid: &str,
+    fence: Fence,
+) -> Result<(), Error> {
+    let latest: Option<i64> = sqlx::query_scalar("SELECT fence FROM leases WHERE run_uid = ?")
+        .bind(run_uid)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if latest.is_some() && latest == sql::to_i64(fence.0) {
+        Ok(())
+    } else {
+        Err(Error::Fenced {
+            run: run_uid.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
+        let mut conn = self.write_connection().await?;
+        match insert(&mut conn, key, &document).await {
+            Ok(()) => {}
+            Err(e) if sql::is_unique_violation(&e) => {
+                return Err(Error::AlreadyExists(key.clone()));
+            }
+            Err(e) => return Err(map_err(e)),
+        }
+        self.notify(Change::Written(key.clone(), 1));
+        drop(conn);
+        Ok(Record {
+            key: key.clone(),
+            version: 1,
+            document,
+        })
+    }
+
+    async fn create_batch(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Vec<Record>, Error> {
+        let scope = match (idempotency_key, items.first()) {
+            (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
+            _ => None,
+        };
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        if let Some((project, key)) = &scope {
+            let stored: Option<String> = sqlx::query_scalar(
+                "SELECT records FROM batches WHERE project = ? AND idempotency_key = ?",
+            )
+            .bind(project)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if let Some(stored) = stored {
+                return sql::parse_batch(&stored);
+            }
+        }
+        let mut seen = HashSet::with_capacity(items.len());
+        for (key, document) in &items {
+            if !seen.insert(key) {
+                return Err(Error::AlreadyExists(key.clone()));
+            }
+            match insert(&mut tx, key, document).await {
+                Ok(()) => {}
+                Err(e) if sql::is_unique_violation(&e) => {
+                    return Err(Error::AlreadyExists(key.clone()));
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        let records: Vec<Record> = items
+            .into_iter()
+            .map(|(key, document)| Record {
+                key,
+                version: 1,
+                document,
+            })
+            .collect();
+        if let Some((project, key)) = &scope {
+            sqlx::query("INSERT INTO batches (project, idempotency_key, records) VALUES (?, ?, ?)")
+                .bind(project)
+                .bind(key)
+                .bind(sql::batch_text(&records))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        for record in &records {
+            self.notify(Change::Written(record.key.clone(), 1));
+        }
+        drop(conn);
+        Ok(records)
+    }
+
+    async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
+        let row = sqlx::query(
+            "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
+        )
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .fetch_optional(&self.inner.readers)
+        .await
+        .map_err(map_err)?
+        .ok_or_else(|| Error::NotFound(key.clone()))?;
+        let version: i64 = row.try_get(0).map_err(map_err)?;
+        let document: String = row.try_get(1).map_err(map_err)?;
+        Ok(Record {
+            key: key.clone(),
+            version: sql::to_u64(version, "a version")?,
+            document: sql::parse_document(&document)?,
+        })
+    }
+
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, Error> {
+        let mut query: QueryBuilder<Sqlite> =
+            QueryBuilder::new("SELECT name, version, document FROM resources WHERE project = ");
+        query.push_bind(project);
+        query.push(" AND kind = ");
+        query.push_bind(sql::kind_name(kind));
+        // Conditions pushed down through bound JSON paths; the exact match is
+        // `Selector::matches` below (numbers and booleans match their text there).
+        for (label, value) in &selector.labels {
+            if let Some(parts) = sql::path_parts(label) {
+                let mut path = vec!["metadata", "labels"];
+                if parts.len() == 1 {
+                    path.extend(parts);
+                    let path = json_path(&path);
+                    query.push(" AND json_type(document, ");
+                    query.push_bind(path.clone());
+                    query.push(") = 'text' AND json_extract(document, ");
+                    query.push_bind(path);
+                    query.push(") = ");
+                    query.push_bind(value.as_str());
+                }
+            }
+        }
+        for (field, value) in &selector.fields {
+            if let Some(parts) = sql::path_parts(field) {
+                let path = json_path(&parts);
+                query.push(" AND (json_type(document, ");
+                query.push_bind(path.clone());
+                query.push(") IN ('integer', 'real', 'true', 'false') OR (json_type(document, ");
+                query.push_bind(path.clone());
+                query.push(") = 'text' AND json_extract(document, ");
+                query.push_bind(path);
+                query.push(") = ");
+                query.push_bind(value.as_str());
+                query.push("))");
+            }
+        }
+        query.push(" ORDER BY ord");
+        let rows = query
+            .build()
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(map_err)?;
+        let mut records = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.try_get(0).map_err(map_err)?;
+            let version: i64 = row.try_get(1).map_err(map_err)?;
+            let document: String = row.try_get(2).map_err(map_err)?;
+            let document = sql::parse_document(&document)?;
+            if selector.matches(&document) {
+                records.push(Record {
+                    key: ObjectKey::new(project, kind, name),
+                    version: sql::to_u64(version, "a version")?,
+                    document,
+                });
+            }
+        }
+        Ok(records)
+    }
+
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        expected_version: u64,
+        document: Value,
+    ) -> Result<Record, Error> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let current: i64 = sqlx::query_scalar(
+            "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
+        )
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .ok_or_else(|| Error::NotFound(key.clone()))?;
+        if sql::to_i64(expected_version) != Some(current) {
+            return Err(Error::Conflict {
+                key: key.clone(),
+                expected: expected_version,
+                actual: sql::to_u64(current, "a version")?,
+            });
+        }
+        let version = sql::bump(key, current)?;
+        sqlx::query(
+            "UPDATE resources SET version = ?, uid = ?, document = ? \
+             WHERE project = ? AND kind = ? AND name = ?",
+        )
+        .bind(version)
+        .bind(sql::uid_of(&document))
+        .bind(sql::document_text(&document))
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        let version = sql::to_u64(version, "a version")?;
+        self.notify(Change::Written(key.clone(), version));
+        drop(conn);
+        Ok(Record {
+            key: key.clone(),
+            version,
+            document,
+        })
+    }
+
+    async fn delete(&self, key: &ObjectKey) -> Result<(), Error> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let uid: Option<Option<String>> = sqlx::query_scalar(
+            "DELETE FROM resources WHERE project = ? AND kind = ? AND name = ? RETURNING uid",
+        )
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(uid) = uid else {
+            return Err(Error::NotFound(key.clone()));
+        };
+        if let Some(uid) = uid {
+            for statement in [
+                "DELETE FROM steps WHERE run_uid = ?",
+                "DELETE FROM inbox WHERE run_uid = ?",
+                // Old fences stay stale: the counter moves on and nobody holds it.
+                "UPDATE leases SET fence = fence + 1, owner = NULL WHERE run_uid = ?",
+            ] {
+                sqlx::query(statement)
+                    .bind(&uid)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            }
+        }
+        tx.commit().await.map_err(map_err)?;
+        self.notify(Change::Deleted(key.clone()));
+        drop(conn);
+        Ok(())
+    }
+
+    async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let fence = grant(&mut tx, run_uid, lease).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(fence)
+    }
+
+    async fn claim_runnable(
+        &self,
+        phases: &[&str],
+        lease: &Lease,
+    ) -> Result<Option<Claimed>, Error> {
+        let phases = Value::from(phases.to_vec()).to_string();
+        let now = sql::nanos(lease.now)?;
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let row = sqlx::query(
+            "SELECT r.project, r.name, r.uid FROM resources r \
+             LEFT JOIN leases l ON l.run_uid = r.uid \
+             WHERE r.kind = ? AND r.uid IS NOT NULL \
+             AND json_type(r.document, '$.status.phase') = 'text' \
+             AND json_extract(r.document, '$.status.phase') IN (SELECT value FROM json_each(?)) \
+             AND (l.run_uid IS NULL OR l.owner IS NULL OR (l.expires_at <= ? AND l.owner <> ?)) \
+             ORDER BY r.ord LIMIT 1",
+        )
+        .bind(sql::kind_name(Kind::AgentRun))
+        .bind(phases)
+        .bind(now)
+        .bind(&lease.owner)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let project: String = row.try_get(0).map_err(map_err)?;
+        let name: String = row.try_get(1).map_err(map_err)?;
+        let uid: String = row.try_get(2).map_err(map_err)?;
+        let fence = grant(&mut tx, &uid, lease).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(Claimed {
+            key: ObjectKey::new(project, Kind::AgentRun, name),
+            uid,
+            fence,
+        }))
+    }
+
+    async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
+        let expires_at = sql::nanos(lease.expires_at()?)?;
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        check_fence(&mut tx, run_uid, fence).await?;
+        sqlx::query("UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ?")
+            .bind(&lease.owner)
+            .bind(expires_at)
+            .bind(run_uid)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn release(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        check_fence(&mut tx, run_uid, fence).await?;
+        sqlx::query("UPDATE leases SET owner = NULL, expires_at = ? WHERE run_uid = ?")
+            .bind(i64::MIN)
+            .bind(run_uid)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error> {
+        self.inner
+            .journal
+            .write(JournalWrite::Append {
+                run: run_uid.to_string(),
+                fence,
+                step: step.clone(),
+            })
+            .await
+    }
+
+    async fn complete_step(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+    ) -> Result<(), Error> {
+        self.inner
+            .journal
+            .write(JournalWrite::Complete {
+                run: run_uid.to_string(),
+                fence,
+                seq,
+                completion: completion.clone(),
+            })
+            .await
+    }
+
+    async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
+        let rows = sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
+            .bind(run_uid)
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let step: String = row.try_get(0).map_err(map_err)?;
+                let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+                sql::read_step(run_uid, &step, completion.as_deref())
+            })
+            .collect()
+    }
+
+    async fn post_message(
+        &self,
+        run: &ObjectKey,
+        expected_version: u64,
+        key: Option<&str>,
+        payload: &str,
+        at: Timestamp,
+    ) -> Result<Delivery, Error> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let row = sqlx::query(
+            "SELECT version, uid FROM resources WHERE project = ? AND kind = ? AND name = ?",
+        )
+        .bind(&run.project)
+        .bind(sql::kind_name(run.kind))
+        .bind(&run.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .ok_or_else(|| Error::NotFound(run.clone()))?;
+        let current: i64 = row.try_get(0).map_err(map_err)?;
+        let uid: Option<String> = row.try_get(1).map_err(map_err)?;
+        let uid = uid.ok_or_else(|| {
+            sql::journal_error(&run.to_string(), "the run has no metadata.uid".to_string())
+        })?;
+        if let Some(key) = key {
+            let seq: Option<i64> =
+                sqlx::query_scalar("SELECT seq FROM inbox WHERE run_uid = ? AND message_key = ?")
+                    .bind(&uid)
+                    .bind(key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            if let Some(seq) = seq {
+                return Ok(Delivery::Duplicate(sql::to_u64(seq, "a message number")?));
+            }
+        }
+        if sql::to_i64(expected_version) != Some(current) {
+            return Err(Error::Conflict {
+                key: run.clone(),
+                expected: expected_version,
+                actual: sql::to_u64(current, "a version")?,
+            });
+        }
+        let version = sql::bump(run, current)?;
+        let seq: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE run_uid = ?")
+                .bind(&uid)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        sqlx::query(
+            "INSERT INTO inbox (run_uid, seq, message_key, payload, received_at) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&uid)
+        .bind(seq)
+        .bind(key)
+        .bind(payload)
+        .bind(at.to_string())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query("UPDATE resources SET version = ? WHERE project = ? AND kind = ? AND name = ?")
+            .bind(version)
+            .bind(&run.project)
+            .bind(sql::kind_name(run.kind))
+            .bind(&run.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        self.notify(Change::Written(
+            run.clone(),
+            sql::to_u64(version, "a version")?,
+        ));
+        drop(conn);
+        Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
+    }
+
+    async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
+        let rows = sqlx::query(
+            "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = ? \
+             ORDER BY seq",
+        )
+        .bind(run_uid)
+        .fetch_all(&self.inner.readers)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(map_err)?;
+                let received_at: String = row.try_get(3).map_err(map_err)?;
+                Ok(InboxMessage {
+                    seq: sql::to_u64(seq, "a message number")?,
+                    key: row.try_get(1).map_err(map_err)?,
+                    payload: row.try_get(2).map_err(map_err)?,
+                    received_at: sql::parse_time(&received_at)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn sweep_payloads(
+        &self,
+        ended_before: Timestamp,
+        now: Timestamp,
+    ) -> Result<Swept, Error> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let rows = sqlx::query(
+            "SELECT project, name, version, document FROM resources WHERE kind = ? \
+             AND json_extract(document, '$.status.completionTime') IS NOT NULL \
+             AND json_extract(document, '$.status.payloadsRemovedAt') IS NULL ORDER BY ord",
+        )
+        .bind(sql::kind_name(Kind::AgentRun))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let mut swept = Vec::new();
+        for row in rows {
+            let project: String = row.try_get(0).map_err(map_err)?;
+            let name: String = row.try_get(1).map_err(map_err)?;
+            let version: i64 = row.try_get(2).map_err(map_err)?;
+            let document: String = row.try_get(3).map_err(map_err)?;
+            let mut document = sql::parse_document(&document)?;
+            if !retention::due(&document, ended_before) {
+                continue;
+            }
+            let key = ObjectKey::new(project, Kind::AgentRun, name);
+            retention::strip_run(&mut document, now);
+            let version = sql::bump(&key, version)?;
+            sqlx::query(
+                "UPDATE resources SET version = ?, document = ? \
+                 WHERE project = ? AND kind = ? AND name = ?",
+            )
+            .bind(version)
+            .bind(sql::document_text(&document))
+            .bind(&key.project)
+            .bind(sql::kind_name(key.kind))
+            .bind(&key.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if let Some(uid) = sql::uid_of(&document) {
+                sqlx::query("UPDATE inbox SET payload = ? WHERE run_uid = ?")
+                    .bind(retention::REMOVED)
+                    .bind(uid)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                let steps = sqlx::query(
+                    "SELECT seq, step, completion FROM steps WHERE run_uid = ? ORDER BY seq",
+                )
+                .bind(uid)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+                for row in steps {
+                    let seq: i64 = row.try_get(0).map_err(map_err)?;
+                    let step: String = row.try_get(1).map_err(map_err)?;
+                    let completion: Option<String> = row.try_get(2).map_err(map_err)?;
+                    let mut step = sql::read_step(uid, &step, completion.as_deref())?;
+                    retention::strip_step(&mut step);
+                    let completion = step
+                        .completion
+                        .as_ref()
+                        .map(sql::completion_text)
+                        .transpose()?;
+                    sqlx::query(
+                        "UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?",
+                    )
+                    .bind(sql::step_text(&step)?)
+                    .bind(completion)
+                    .bind(uid)
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                }
+            }
+            swept.push((key, version));
+        }
+        tx.commit().await.map_err(map_err)?;
+        let mut runs = Vec::with_capacity(swept.len());
+        for (key, version) in swept {
+            self.notify(Change::Written(
+                key.clone(),
+                sql::to_u64(version, "a version")?,
+            ));
+            runs.push(key);
+        }
+        drop(conn);
+        Ok(Swept { runs })
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.inner.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,208 @@
+//! The SQLite store against the conformance suite (each case on a fresh file, and all cases
+//! on one shared file), and its own faults: foreign and damaged files, a closed store, a
+//! directory that does not exist, reopening.
+
+use jiff::Timestamp;
+use nodus_core::journal::{Intent, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{Error, Lease, ObjectKey, Store};
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::SqliteStore;
+use crate::conformance;
+
+/// A store in a new file of a new temporary directory (kept alive by the returned guard).
+async fn fresh() -> (SqliteStore, TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SqliteStore::open(dir.path().join("nodus.db"))
+        .await
+        .expect("open a new store");
+    (store, dir)
+}
+
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            let (store, _dir) = fresh().await;
+            conformance::$case(store).await;
+        }
+    )*};
+}
+
+cases!(
+    create_get_list_update_delete,
+    list_selectors,
+    optimistic_concurrency,
+    concurrent_writers,
+    batch_atomicity_and_order,
+    idempotent_batches,
+    journal_in_order,
+    fencing,
+    messages,
+    change_notification,
+    delete_removes_journal_and_inbox,
+    money_exact,
+    leases,
+    claim_runnable,
+    replicas_racing,
+    retention,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_all_on_one_file() {
+    let (store, _dir) = fresh().await;
+    conformance::run_all(|| store.clone()).await;
+}
+
+#[tokio::test]
+async fn wal_and_synchronous_full() {
+    let (store, _dir) = fresh().await;
+    assert_eq!(store.durability().await, Ok(("wal".to_string(), 2)));
+}
+
+#[tokio::test]
+async fn reopening_keeps_everything_and_fences_move_on() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("nodus.db");
+    let key = ObjectKey::new("p", Kind::AgentRun, "r");
+    let lease = Lease::new(
+        "a",
+        Timestamp::UNIX_EPOCH,
+        std::time::Duration::from_secs(30),
+    );
+    let step = Step {
+        seq: 0,
+        started_at: Timestamp::UNIX_EPOCH,
+        intent: Intent::Route { turn: 0 },
+        completion: None,
+    };
+    let first = {
+        let store = SqliteStore::open(&path).await.expect("open");
+        store
+            .create(&key, json!({"metadata": {"name": "r", "uid": "u"}, "status": {"cost": {"totalUSD": "0.000000001"}}}))
+            .await
+            .expect("create");
+        let fence = store.claim("u", &lease).await.expect("claim");
+        store.append_step("u", fence, &step).await.expect("append");
+        store.close().await;
+        fence
+    };
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("open again (migrations are idempotent)");
+    let record = store.get(&key).await.expect("get after reopening");
+    assert_eq!(
+        record.document["status"]["cost"]["totalUSD"],
+        json!("0.000000001")
+    );
+    assert_eq!(store.journal("u").await, Ok(vec![step]));
+    let second = store
+        .claim("u", &lease)
+        .await
+        .expect("claim after reopening");
+    assert!(second > first, "no fence is issued twice across restarts");
+}
+
+#[tokio::test]
+async fn a_closed_store_is_unavailable_not_a_panic() {
+    let (store, _dir) = fresh().await;
+    let key = ObjectKey::new("p", Kind::Agent, "a");
+    store.close().await;
+    let result = store.get(&key).await;
+    assert!(
+        matches!(&result, Err(e @ Error::Unavailable(_)) if e.is_retryable()),
+        "{result:?}"
+    );
+    let result = store.create(&key, json!({})).await;
+    assert!(matches!(result, Err(Error::Unavailable(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_unavailable() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("no-such-directory").join("nodus.db");
+    let result = SqliteStore::open(&path).await;
+    assert!(matches!(result, Err(Error::Unavailable(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_file_of_random_bytes_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("random.db");
+    // Deterministic "random" bytes: a linear congruential generator.
+    let mut x: u32 = 0x1234_5678;
+    let bytes: Vec<u8> = (0..64 * 1024)
+        .map(|_| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            x.to_be_bytes()[0]
+        })
+        .collect();
+    std::fs::write(&path, &bytes).expect("write the file");
+    match SqliteStore::open(&path).await {
+        Err(Error::Corrupt(message)) => {
+            assert!(
+                message.contains("is not a Nodus store")
+                    && message.contains("not a SQLite database"),
+                "{message}"
+            );
+            assert!(message.contains(&path.display().to_string()), "{message}");
+        }
+        other => panic!("a random file opened as {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        bytes,
+        "the file is left alone"
+    );
+}
+
+#[tokio::test]
+async fn a_sqlite_file_of_another_application_is_refused() {
+    use sqlx::{Connection, SqliteConnection};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("other.db");
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let mut conn = SqliteConnection::connect(&url).await.expect("create");
+    sqlx::query("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        .execute(&mut conn)
+        .await
+        .expect("a table");
+    sqlx::query("INSERT INTO notes (text) VALUES ('keep me')")
+        .execute(&mut conn)
+        .await
+        .expect("a row");
+    conn.close().await.expect("close");
+    let before = std::fs::read(&path).expect("read");
+
+    match SqliteStore::open(&path).await {
+        Err(Error::Corrupt(message)) => {
+            assert!(
+                message.contains("another application") && message.contains("notes"),
+                "{message}"
+            );
+        }
+        other => panic!("another application's file opened as {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        before,
+        "the file is left alone"
+    );
+
+    // A file stamped with another application_id is refused even when empty.
+    let stamped = dir.path().join("stamped.db");
+    let url = format!("sqlite://{}?mode=rwc", stamped.display());
+    let mut conn = SqliteConnection::connect(&url).await.expect("create");
+    sqlx::query("PRAGMA application_id = 42")
+        .execute(&mut conn)
+        .await
+        .expect("stamp");
+    conn.close().await.expect("close");
+    let result = SqliteStore::open(&stamped).await;
+    assert!(
+        matches!(&result, Err(Error::Corrupt(m)) if m.contains("0x2a")),
+        "{result:?}"
+    );
+}
