@@ -29,6 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             clock: Arc::new(SystemClock),
             catalog: Arc::new(nodus_llm::default_catalog()?),
             secrets: Arc::new(StaticSecrets::new()),
+            ledger: Arc::new(nodus_core::ledger::Unmetered),
         },
         Config::default(),
     );

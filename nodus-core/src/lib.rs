@@ -12,6 +12,7 @@ pub mod decide;
 pub mod engine;
 pub mod group;
 pub mod journal;
+pub mod ledger;
 pub mod lifecycle;
 pub mod model;
 pub mod money;

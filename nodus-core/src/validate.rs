@@ -18,7 +18,7 @@ use crate::resource::{
 };
 
 /// A document breaks a rule: `field: rule (got value)`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, thiserror::Error)]
 #[error("{field}: {rule} (got {value})")]
 pub struct Invalid {
     /// The field's path as written in the document, such as `spec.limits.maxActive`.

@@ -1,7 +1,21 @@
-//! The Nodus server: the REST API, the controllers (run executor, group controller,
-//! deadline and retention sweepers) and auth, on top of nodus-core.
-//!
-//! This crate is filled by the server issue; today it only names what it will own.
+//! The Nodus server: the REST API (axum), the controllers (run executor, group controller,
+//! deadlines), auth with project-bound tokens, sealed Secrets and project credits, on top of
+//! nodus-core. `nodus server` (in nodus-cli) starts it.
+
+mod api;
+pub mod app;
+pub mod auth;
+mod controller;
+pub mod error;
+mod metrics;
+mod openapi;
+pub mod options;
+mod patch;
+pub mod secrets;
+
+pub use api::router;
+pub use app::{AppState, Server, StartError};
+pub use options::{Options, SandboxKind, StoreUrl, default_data_dir};
 
 /// The API group and version the server serves.
 pub const API_PATH: &str = "/apis/nodus.dev/v1";

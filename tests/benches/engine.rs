@@ -39,6 +39,7 @@ fn engine(store: MemoryStore) -> Engine {
             clock: Arc::new(ManualClock::default()),
             catalog: Arc::new(nodus_llm::default_catalog().expect("catalog")),
             secrets: Arc::new(StaticSecrets::new()),
+            ledger: Arc::new(nodus_core::ledger::Unmetered),
         },
         Config::default(),
     )

@@ -209,6 +209,20 @@ impl Engine {
                         _ => advance(phase, RunPhase::Running)?,
                     };
                     let seq = u32::try_from(journal.len()).unwrap_or(u32::MAX);
+                    if !self.reserve_funds(fixed, seq, &intent).await? {
+                        let waiting = RunPhase::Waiting(WaitReason::AwaitingFunds);
+                        if self
+                            .write_status(fixed, &run, journal, advance(phase, waiting)?)
+                            .await?
+                        {
+                            return Ok(Driven::Waiting {
+                                reason: WaitReason::AwaitingFunds,
+                                until: decide::time_limit(&run.object.spec, journal)
+                                    .map(|(at, _)| at),
+                            });
+                        }
+                        continue;
+                    }
                     let step = Step {
                         seq,
                         started_at: now,
@@ -220,7 +234,28 @@ impl Engine {
                     journal.push(step);
                     (seq, target)
                 }
-                Decision::Repeat(seq) => (seq, advance(phase, RunPhase::Running)?),
+                Decision::Repeat(seq) => {
+                    let intent = journal
+                        .get(usize::try_from(seq).unwrap_or(usize::MAX))
+                        .map(|step| step.intent.clone());
+                    if let Some(intent) = intent
+                        && !self.reserve_funds(fixed, seq, &intent).await?
+                    {
+                        let waiting = RunPhase::Waiting(WaitReason::AwaitingFunds);
+                        if self
+                            .write_status(fixed, &run, journal, advance(phase, waiting)?)
+                            .await?
+                        {
+                            return Ok(Driven::Waiting {
+                                reason: WaitReason::AwaitingFunds,
+                                until: decide::time_limit(&run.object.spec, journal)
+                                    .map(|(at, _)| at),
+                            });
+                        }
+                        continue;
+                    }
+                    (seq, advance(phase, RunPhase::Running)?)
+                }
                 Decision::Abandon { seq, error } => {
                     let outcome = Outcome::Failed {
                         error,
@@ -306,6 +341,13 @@ impl Engine {
         seq: u32,
         outcome: Outcome,
     ) -> Result<()> {
+        let charged = journal
+            .get(usize::try_from(seq).unwrap_or(usize::MAX))
+            .is_some_and(|step| self.charge_of(fixed, &step.intent).is_some());
+        let actual = match &outcome {
+            Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
+            _ => Usd::ZERO,
+        };
         let completion = Completion {
             finished_at: self.deps.clock.now(),
             outcome,
@@ -319,7 +361,36 @@ impl Engine {
         if let Some(step) = journal.get_mut(usize::try_from(seq).unwrap_or(usize::MAX)) {
             step.completion = Some(completion);
         }
+        if charged {
+            let key = format!("{}/{seq}", fixed.uid);
+            self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
+                .await?;
+        }
         Ok(())
+    }
+
+    /// What a step reserves against the project's credits: platform model calls their
+    /// worst case, routing the router's; nothing else, and nothing on the user's own key.
+    fn charge_of(&self, fixed: &Fixed, intent: &Intent) -> Option<Usd> {
+        if fixed.snapshot.agent.model.access == Access::Byok {
+            return None;
+        }
+        match intent {
+            Intent::CallModel { reserved_usd, .. } => Some(*reserved_usd),
+            Intent::Route { .. } => Some(self.deps.router.max_cost()),
+            _ => None,
+        }
+    }
+
+    /// Reserve a step's charge; false when the project cannot cover it.
+    async fn reserve_funds(&self, fixed: &Fixed, seq: u32, intent: &Intent) -> Result<bool> {
+        let Some(amount) = self.charge_of(fixed, intent) else {
+            return Ok(true);
+        };
+        let key = format!("{}/{seq}", fixed.uid);
+        Ok(self
+            .retrying(|| self.deps.ledger.reserve(&fixed.project, &key, amount))
+            .await?)
     }
 
     /// Write the status projected from the journal with `phase`; false when the document

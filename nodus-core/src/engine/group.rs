@@ -41,11 +41,13 @@ impl Engine {
         records.into_iter().map(typed::decode).collect()
     }
 
+    /// Whether `run` may join `group`; `earlier` are runs of the same batch, not stored yet.
     pub(super) async fn admit_to_group(
         &self,
         project: &str,
         group: &str,
         run: &AgentRun,
+        earlier: &[AgentRun],
     ) -> Result<()> {
         let group = self.read_group(project, group).await.map_err(|e| match e {
             Error::NotFound { name, .. } => crate::validate::Invalid {
@@ -57,7 +59,16 @@ impl Engine {
             other => other,
         })?;
         let members = self.members(project, group.object.name()).await?;
-        let members: Vec<Member> = members.iter().map(|m| member(&m.object)).collect();
+        let members: Vec<Member> = members
+            .iter()
+            .map(|m| member(&m.object))
+            .chain(
+                earlier
+                    .iter()
+                    .filter(|e| e.spec.group.as_deref() == Some(group.object.name()))
+                    .map(member),
+            )
+            .collect();
         group::admit(
             &group.object.spec,
             group.object.status.phase,

@@ -34,8 +34,15 @@ use crate::resource::{
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
 use crate::secret::Secrets;
-use crate::store::{Delivery, ObjectKey, Selector, Store};
+use crate::store::{Delivery, ObjectKey, Record, Selector, Store};
 use crate::validate::{self, Invalid};
+
+/// The read-only project of ready-made agent templates (`claude-assistant`), which a run in
+/// any project can name by its bare name.
+pub const TEMPLATE_PROJECT: &str = "nodus";
+
+/// The most runs one batch creates.
+pub const MAX_BATCH: usize = 100;
 
 /// The Secret key a BYOK agent's key is read from.
 pub const API_KEY_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
@@ -57,6 +64,8 @@ pub struct Deps {
     pub catalog: Arc<Catalog>,
     /// Keys of BYOK agents.
     pub secrets: Arc<dyn Secrets>,
+    /// Project credits that platform calls reserve against.
+    pub ledger: Arc<dyn crate::ledger::Ledger>,
 }
 
 /// Settings an operator can change.
@@ -209,8 +218,18 @@ impl Engine {
     ) -> Result<(String, Versioned<crate::resource::AgentSpec>)> {
         let (agent_project, name) = reference.split_once('/').unwrap_or((project, reference));
         let key = ObjectKey::new(agent_project, Kind::Agent, name);
-        match self.deps.store.get(&key).await {
-            Ok(record) => Ok((format!("{agent_project}/{name}"), typed::decode(record)?)),
+        let found = match self.deps.store.get(&key).await {
+            // A bare name that the project lacks may name a ready-made template.
+            Err(crate::store::Error::NotFound(_)) if !reference.contains('/') => {
+                let template = ObjectKey::new(TEMPLATE_PROJECT, Kind::Agent, name);
+                self.deps.store.get(&template).await.map(|r| (TEMPLATE_PROJECT, r))
+            }
+            other => other.map(|r| (agent_project, r)),
+        };
+        match found {
+            Ok((agent_project, record)) => {
+                Ok((format!("{agent_project}/{name}"), typed::decode(record)?))
+            }
             Err(crate::store::Error::NotFound(_)) => Err(Invalid {
                 field: "spec.agent".to_string(),
                 rule: "must name an existing agent".to_string(),
@@ -223,13 +242,138 @@ impl Engine {
 
     /// Create a run: validate it, resolve and snapshot its agent, admit it to its group.
     /// A bad reference fails this request, not the run; nothing is written on error.
-    pub async fn create_run(&self, project: &str, mut run: AgentRun) -> Result<AgentRun> {
+    pub async fn create_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
+        let (key, document) = self.prepare_run(project, run, &[]).await?;
+        let record = self.deps.store.create(&key, document).await?;
+        let created: AgentRun = typed::decode(record)?.object;
+        if let Some(group) = &created.spec.group {
+            self.reconcile_group(project, group).await?;
+        }
+        Ok(created)
+    }
+
+    /// Create up to [`MAX_BATCH`] runs in list order, all or nothing. With an idempotency
+    /// key, a repeat returns the first call's runs. An error names the item (`items[3].spec…`).
+    pub async fn create_runs(
+        &self,
+        project: &str,
+        runs: Vec<AgentRun>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Vec<AgentRun>> {
+        if runs.len() > MAX_BATCH {
+            return Err(Invalid::new(
+                "items",
+                format!("a batch holds at most {MAX_BATCH} runs"),
+                runs.len().to_string(),
+            )
+            .into());
+        }
+        if let Some(key) = idempotency_key {
+            validate::check_message_key(key).map_err(|e| Invalid::new("Idempotency-Key", e.rule, e.value))?;
+            if let Some(first) = self.batch_record(project, key).await? {
+                return Ok(first);
+            }
+        }
+        let mut items = Vec::with_capacity(runs.len() + 1);
+        let mut earlier: Vec<AgentRun> = Vec::new();
+        for (index, run) in runs.into_iter().enumerate() {
+            match self.prepare_run(project, run, &earlier).await {
+                Ok((key, document)) => {
+                    earlier.push(
+                        typed::decode(Record {
+                            key: key.clone(),
+                            version: 0,
+                            document: document.clone(),
+                        })?
+                        .object,
+                    );
+                    items.push((key, document));
+                }
+                Err(Error::Invalid(invalid)) => {
+                    return Err(Invalid::new(
+                        format!("items[{index}].{}", invalid.field),
+                        invalid.rule,
+                        invalid.value,
+                    )
+                    .into());
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        let names: Vec<&str> = earlier.iter().map(|r| r.name()).collect();
+        if let Some(key) = idempotency_key {
+            // The record of the batch is written in the same all-or-nothing batch, so a repeat
+            // finds either the whole batch or nothing of it.
+            items.push((
+                ObjectKey::new(project, Kind::BatchRecord, key),
+                serde_json::json!({ "runs": names }),
+            ));
+        }
+        let records = self.deps.store.create_batch(items, idempotency_key).await?;
+        let runs: Vec<AgentRun> = records
+            .into_iter()
+            .filter(|record| record.key.kind == Kind::AgentRun)
+            .map(|record| typed::decode(record).map(|v| v.object))
+            .collect::<Result<_>>()?;
+        let mut groups: Vec<&str> = runs.iter().filter_map(|r| r.spec.group.as_deref()).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        for group in groups {
+            self.reconcile_group(project, group).await?;
+        }
+        Ok(runs)
+    }
+
+    /// The runs of an earlier batch with this idempotency key, as they are now.
+    async fn batch_record(&self, project: &str, key: &str) -> Result<Option<Vec<AgentRun>>> {
+        let record = match self
+            .deps
+            .store
+            .get(&ObjectKey::new(project, Kind::BatchRecord, key))
+            .await
+        {
+            Ok(record) => record,
+            Err(crate::store::Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let names: Vec<String> = serde_json::from_value(record.document["runs"].clone())
+            .map_err(|e| Error::Corrupt {
+                key: record.key.to_string(),
+                message: e.to_string(),
+            })?;
+        let mut runs = Vec::with_capacity(names.len());
+        for name in names {
+            match self.get_run(project, &name).await {
+                Ok(run) => runs.push(run),
+                // A run of the batch deleted since is left out.
+                Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(runs))
+    }
+
+    /// Check a run and build the document to store; `earlier` are runs of the same batch.
+    async fn prepare_run(
+        &self,
+        project: &str,
+        mut run: AgentRun,
+        earlier: &[AgentRun],
+    ) -> Result<(ObjectKey, serde_json::Value)> {
         if let (Some(group), Some(task)) = (&run.spec.group, &run.spec.task_key)
             && run.metadata.name.is_none()
         {
             run.metadata.name = Some(format!("{group}-{task}"));
         }
         validate::validate(&run)?;
+        if earlier.iter().any(|e| e.name() == run.name()) {
+            return Err(Invalid::new(
+                "metadata.name",
+                "must be unique in the batch",
+                format!("{:?}", run.name()),
+            )
+            .into());
+        }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
         if agent.object.spec.state == AgentState::Stopped {
             return Err(Error::AgentStopped {
@@ -242,23 +386,17 @@ impl Engine {
             .clone()
             .or_else(|| agent.object.spec.default_input.clone());
         let Some(prompt) = prompt else {
-            return Err(Invalid {
-                field: "spec.input".to_string(),
-                rule: "is required when the agent has no defaultInput".to_string(),
-                value: String::new(),
-            }
+            return Err(Invalid::new(
+                "spec.input",
+                "is required when the agent has no defaultInput",
+                "nothing",
+            )
             .into());
         };
         validate::check_message("spec.input", &prompt)?;
         let byok = agent.object.spec.model.access == Access::Byok;
         if byok {
-            let secret = agent
-                .object
-                .spec
-                .model
-                .api_key_secret
-                .clone()
-                .unwrap_or_default();
+            let secret = agent.object.spec.model.api_key_secret.clone().unwrap_or_default();
             if self
                 .deps
                 .secrets
@@ -266,18 +404,16 @@ impl Engine {
                 .await
                 .is_none()
             {
-                return Err(Invalid {
-                    field: "spec.model.apiKeySecret".to_string(),
-                    rule: format!(
-                        "must name a Secret of this project holding {API_KEY_SECRET_KEY}"
-                    ),
-                    value: secret,
-                }
+                return Err(Invalid::new(
+                    "spec.model.apiKeySecret",
+                    format!("must name a Secret of this project holding {API_KEY_SECRET_KEY}"),
+                    format!("{secret:?}"),
+                )
                 .into());
             }
         }
         if let Some(group) = run.spec.group.clone() {
-            self.admit_to_group(project, &group, &run).await?;
+            self.admit_to_group(project, &group, &run, earlier).await?;
         }
         self.stamp(project, &mut run);
         run.status = Default::default();
@@ -292,16 +428,8 @@ impl Engine {
             agent: agent.object.spec,
         });
         let key = ObjectKey::new(project, Kind::AgentRun, run.name());
-        let record = self
-            .deps
-            .store
-            .create(&key, typed::encode(&key, &run)?)
-            .await?;
-        let created: AgentRun = typed::decode(record)?.object;
-        if let Some(group) = &created.spec.group {
-            self.reconcile_group(project, group).await?;
-        }
-        Ok(created)
+        let document = typed::encode(&key, &run)?;
+        Ok((key, document))
     }
 
     /// The full answer of the run's last answered turn.

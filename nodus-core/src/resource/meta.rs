@@ -26,6 +26,8 @@ pub enum Kind {
     Project,
     /// An API token and the projects it holds (kept by the server, by hash).
     Token,
+    /// The runs a batch created under an idempotency key (kept by the engine).
+    BatchRecord,
 }
 
 impl Kind {
@@ -39,6 +41,7 @@ impl Kind {
             Kind::Budget => "budgets",
             Kind::Project => "projects",
             Kind::Token => "tokens",
+            Kind::BatchRecord => "batchrecords",
         }
     }
 
@@ -65,6 +68,7 @@ impl fmt::Display for Kind {
             Kind::Budget => "Budget",
             Kind::Project => "Project",
             Kind::Token => "Token",
+            Kind::BatchRecord => "BatchRecord",
         })
     }
 }

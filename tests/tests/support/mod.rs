@@ -281,6 +281,7 @@ impl World {
                 clock: self.clock.clone(),
                 catalog: Arc::new(catalog()),
                 secrets: Arc::new(self.secrets.clone()),
+                ledger: Arc::new(nodus_core::ledger::Unmetered),
             },
             Config::default(),
         )

@@ -1,0 +1,96 @@
+//! The REST API under `/apis/nodus.dev/v1/projects/{project}/…`, `/healthz`, `/metrics` and
+//! `/openapi.json`. Handlers authenticate, parse, call the engine, and answer JSON; every
+//! error goes through [`ApiError`](crate::error::ApiError).
+
+mod credits;
+mod resources;
+mod runs;
+mod selectors;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::Value;
+
+use crate::app::AppState;
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+
+/// The prefix of every resource path.
+pub const PREFIX: &str = "/apis/nodus.dev/v1/projects/{project}";
+/// The largest request body: a batch of 100 runs with large inputs.
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The whole API.
+pub fn router(state: Arc<AppState>) -> Router {
+    let resources = Router::new()
+        .route("/credits", get(credits::get).post(credits::add))
+        .route("/{plural}", get(resources::list).post(resources::create))
+        .route(
+            "/{plural}/{name}",
+            get(resources::get)
+                .put(resources::replace)
+                .patch(resources::patch)
+                .delete(resources::delete),
+        )
+        .route("/agentruns/{name}/messages", post(runs::send_message))
+        .route("/agentruns/{name}/steps", get(runs::steps))
+        .route("/agentruns/{name}/answer", get(runs::answer))
+        .route("/agentruns/{name}/cancel", post(runs::cancel))
+        .route("/agentruns/{name}/resolve", post(runs::resolve))
+        .route("/agentgroups/{name}/cancel", post(runs::cancel_group));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .nest(PREFIX, resources)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    state.metrics.request();
+    next.run(request).await
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(&state.engine, state.store.as_ref()).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn openapi() -> Response {
+    axum::Json(crate::openapi::document()).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such path; the API lives under /apis/nodus.dev/v1/projects/{project}/")
+}
+
+/// The caller, or `Unauthorized`.
+async fn caller(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal> {
+    state.auth.authenticate(headers).await
+}
+
+/// A request body as JSON.
+fn json_body(body: &[u8]) -> ApiResult<Value> {
+    if body.is_empty() {
+        return Err(ApiError::malformed("the request needs a JSON body"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))
+}
+
+/// A JSON answer with a status.
+fn reply(status: StatusCode, value: impl serde::Serialize) -> Response {
+    (status, axum::Json(value)).into_response()
+}

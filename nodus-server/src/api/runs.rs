@@ -1,0 +1,149 @@
+//! Run and group sub-resources: messages, steps, answer, cancel, resolve.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use nodus_core::lifecycle::Resolution;
+use nodus_core::store::Delivery;
+use nodus_core::validate::Invalid;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{caller, json_body, reply};
+use crate::app::AppState;
+use crate::error::{ApiError, ApiResult};
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MessageBody {
+    payload: String,
+    #[serde(default)]
+    message_key: Option<String>,
+}
+
+/// `POST …/agentruns/{name}/messages` with `{"payload": "…", "messageKey": "…"}`.
+pub async fn send_message(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    let message: MessageBody = serde_json::from_value(json_body(&body)?)
+        .map_err(|e| ApiError::malformed(format!("a message is {{\"payload\": \"…\", \"messageKey\": \"…\"}}: {e}")))?;
+    let delivery = state
+        .engine
+        .send_message(&project, &name, &message.payload, message.message_key.as_deref())
+        .await?;
+    let (status, seq, duplicate) = match delivery {
+        Delivery::Delivered(seq) => (StatusCode::CREATED, seq, false),
+        Delivery::Duplicate(seq) => (StatusCode::OK, seq, true),
+    };
+    Ok(reply(status, json!({"seq": seq, "duplicate": duplicate, "messageKey": message.message_key})))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StepsQuery {
+    /// With the full payload of each step.
+    #[serde(default)]
+    payload: bool,
+}
+
+/// `GET …/agentruns/{name}/steps[?payload=true]`
+pub async fn steps(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    Query(query): Query<StepsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    let items: Vec<Value> = if query.payload {
+        let steps = state.engine.steps(&project, &name).await?;
+        let journal = state.engine.journal(&project, &name).await?;
+        steps
+            .into_iter()
+            .zip(journal)
+            .map(|(view, step)| {
+                let mut value = serde_json::to_value(view).unwrap_or(Value::Null);
+                value["intent"] = serde_json::to_value(&step.intent).unwrap_or(Value::Null);
+                value["outcome"] = serde_json::to_value(step.outcome()).unwrap_or(Value::Null);
+                value
+            })
+            .collect()
+    } else {
+        state
+            .engine
+            .steps(&project, &name)
+            .await?
+            .into_iter()
+            .map(|view| serde_json::to_value(view).unwrap_or(Value::Null))
+            .collect()
+    };
+    Ok(reply(StatusCode::OK, json!({"kind": "StepList", "items": items})))
+}
+
+/// `GET …/agentruns/{name}/answer`: the whole answer of the last answered turn.
+pub async fn answer(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    let run = state.engine.get_run(&project, &name).await?;
+    let answer = state.engine.answer(&project, &name).await?;
+    Ok(reply(
+        StatusCode::OK,
+        json!({"answer": answer, "phase": run.status.phase.map(|p| p.name())}),
+    ))
+}
+
+/// `POST …/agentruns/{name}/cancel`: the run is cancelled and its sandbox deleted.
+pub async fn cancel(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    let run = state.engine.get_run(&project, &name).await?;
+    if let Some(phase) = run.status.phase.filter(|p| p.is_finished()) {
+        return Err(nodus_core::engine::Error::AgentRunFinished { run: name, phase }.into());
+    }
+    let run = state.engine.cancel_run(&project, &name).await?;
+    Ok(reply(StatusCode::OK, run))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    action: Resolution,
+}
+
+/// `POST …/agentruns/{name}/resolve` with `{"action": "retry" | "recordFailed" | "cancel"}`.
+pub async fn resolve(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    let body: ResolveBody = serde_json::from_value(json_body(&body)?).map_err(|_| {
+        ApiError::from(Invalid::new("action", "is one of retry, recordFailed, cancel", "another value"))
+    })?;
+    state.engine.resolve(&project, &name, body.action).await?;
+    Ok(reply(StatusCode::OK, state.engine.get_run(&project, &name).await?))
+}
+
+/// `POST …/agentgroups/{name}/cancel`: every unfinished run is cancelled; finished runs keep
+/// their answers.
+pub async fn cancel_group(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    Ok(reply(StatusCode::OK, state.engine.cancel_group(&project, &name).await?))
+}

@@ -1,0 +1,283 @@
+//! Building the server from its options: backends, engine, state, first-start bootstrap, and
+//! serving until shutdown.
+
+use std::sync::Arc;
+
+use nodus_core::catalog::Family;
+use nodus_core::clock::SystemClock;
+use nodus_core::engine::{Config, Deps, Engine};
+use nodus_core::ledger::StoreLedger;
+use nodus_core::model::ModelClient;
+use nodus_core::resource::{Agent, AgentSpec};
+use nodus_core::router::{FixedRouter, Router};
+use nodus_core::sandbox::Sandbox;
+use nodus_core::store::Store;
+use nodus_core::{Clock, Usd};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
+use crate::controller::Controller;
+use crate::metrics::Metrics;
+use crate::options::{Options, SandboxKind, StoreUrl};
+use crate::secrets::{Cipher, StoreSecrets};
+
+/// Credits the `default` project gets on first start, so that the quickstart runs at once.
+pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);
+
+/// `spec` of a Budget: a cap on a project's total spend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    /// The most the project may spend in all.
+    #[serde(rename = "maxSpendUSD")]
+    pub max_spend_usd: Usd,
+}
+
+/// What every handler shares.
+pub struct AppState {
+    /// The run engine.
+    pub engine: Engine,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Tokens.
+    pub auth: Auth,
+    /// Seals Secret values.
+    pub cipher: Cipher,
+    /// Project credits.
+    pub ledger: StoreLedger,
+    /// Request counters.
+    pub metrics: Metrics,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data directory cannot be used.
+    #[error("data directory {path}: {reason}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// A backend cannot be used.
+    #[error("{0}")]
+    Backend(String),
+    /// The store failed during bootstrap.
+    #[error("store: {0}")]
+    Store(#[from] nodus_core::store::Error),
+    /// Secrets cannot be sealed.
+    #[error(transparent)]
+    Cipher(#[from] crate::secrets::CipherError),
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {address}: {reason}")]
+    Listen {
+        /// The address.
+        address: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A server ready to serve.
+pub struct Server {
+    state: Arc<AppState>,
+    controller: Controller,
+    options: Options,
+    /// Lines for the operator: the store, sandbox and model in use, and where the token is.
+    pub announcements: Vec<String>,
+}
+
+impl Server {
+    /// Build the backends and the engine, and bootstrap a first start.
+    pub async fn build(options: Options) -> Result<Server, StartError> {
+        std::fs::create_dir_all(&options.data_dir).map_err(|e| StartError::DataDir {
+            path: options.data_dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let mut announcements = Vec::new();
+        let store = open_store(&options, &mut announcements).await?;
+        let sandbox = open_sandbox(&options, &mut announcements)?;
+        let (model, router) = open_model(&mut announcements);
+        let cipher = match options.store {
+            Some(StoreUrl::Memory) => Cipher::ephemeral()?,
+            _ => Cipher::in_dir(&options.data_dir)?,
+        };
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let ledger = StoreLedger::new(store.clone());
+        let catalog = nodus_llm::default_catalog()
+            .map_err(|e| StartError::Backend(e.to_string()))?;
+        let engine = Engine::new(
+            Deps {
+                store: store.clone(),
+                sandbox,
+                model,
+                router,
+                clock: clock.clone(),
+                catalog: Arc::new(catalog),
+                secrets: Arc::new(StoreSecrets::new(store.clone(), cipher.clone())),
+                ledger: Arc::new(ledger.clone()),
+            },
+            Config {
+                default_image: options.default_image.clone(),
+                ..Config::default()
+            },
+        );
+        let state = Arc::new(AppState {
+            engine: engine.clone(),
+            store: store.clone(),
+            auth: Auth::new(store.clone()),
+            cipher,
+            ledger,
+            metrics: Metrics::default(),
+        });
+        bootstrap(&state, &options, &mut announcements).await?;
+        let controller = Controller::new(engine, clock, options.max_concurrent_runs);
+        Ok(Server {
+            state,
+            controller,
+            options,
+            announcements,
+        })
+    }
+
+    /// The shared state (for tests that call the router without a socket).
+    pub fn state(&self) -> Arc<AppState> {
+        self.state.clone()
+    }
+
+    /// Serve the API and run the controllers until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let listener = tokio::net::TcpListener::bind(self.options.listen)
+            .await
+            .map_err(|e| StartError::Listen {
+                address: self.options.listen.to_string(),
+                reason: e.to_string(),
+            })?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let controller = tokio::spawn({
+            let mut stop = stop_rx.clone();
+            self.controller.run(async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            })
+        });
+        let app = crate::api::router(self.state.clone());
+        let mut stop = stop_rx;
+        let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        });
+        let signal = tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let result = served.await;
+        signal.abort();
+        let _ = controller.await;
+        result.map_err(|e| StartError::Listen {
+            address: self.options.listen.to_string(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+async fn open_store(options: &Options, announcements: &mut Vec<String>) -> Result<Arc<dyn Store>, StartError> {
+    let url = options
+        .store
+        .clone()
+        .unwrap_or_else(|| StoreUrl::Sqlite(options.data_dir.join("nodus.db")));
+    match url {
+        StoreUrl::Memory => {
+            announcements.push("store: in memory (nothing survives a restart)".to_string());
+            Ok(Arc::new(nodus_store::MemoryStore::new()))
+        }
+        StoreUrl::Sqlite(path) => Err(StartError::Backend(format!(
+            "the SQLite store ({}) is not built into this version yet; use --store memory:",
+            path.display()
+        ))),
+        StoreUrl::Postgres(_) => Err(StartError::Backend(
+            "the Postgres store is not built into this version yet; use --store memory:".to_string(),
+        )),
+    }
+}
+
+fn open_sandbox(options: &Options, announcements: &mut Vec<String>) -> Result<Arc<dyn Sandbox>, StartError> {
+    let root = options.data_dir.join("sandboxes");
+    match options.sandbox {
+        SandboxKind::Unisolated => {
+            announcements.push(format!(
+                "sandbox: UNISOLATED local processes in {} (chosen by name; runs record it)",
+                root.display()
+            ));
+            Ok(Arc::new(nodus_sandbox::UnisolatedSandbox::new(root)))
+        }
+        SandboxKind::Process => Err(StartError::Backend(
+            "the bubblewrap process sandbox is not built into this version yet; use --sandbox unisolated".to_string(),
+        )),
+        SandboxKind::Docker => Err(StartError::Backend(
+            "the Docker sandbox is not built into this version yet; use --sandbox unisolated".to_string(),
+        )),
+    }
+}
+
+fn open_model(announcements: &mut Vec<String>) -> (Arc<dyn ModelClient>, Arc<dyn Router>) {
+    announcements.push(
+        "model: the OFFLINE scripted model (no ANTHROPIC_API_KEY): it runs the shell commands a prompt quotes in backticks and answers with their output".to_string(),
+    );
+    (
+        Arc::new(nodus_llm::ScriptedModel::offline()),
+        Arc::new(FixedRouter(Family::Haiku)),
+    )
+}
+
+/// First start: the projects `default` and `nodus`, the `claude-assistant` template, the
+/// default project's welcome credits, and the admin token (written once to a file only its
+/// owner can read, or the one given by `--bootstrap-token`).
+async fn bootstrap(state: &AppState, options: &Options, announcements: &mut Vec<String>) -> Result<(), StartError> {
+    state.ledger.open(DEFAULT_PROJECT, WELCOME_CREDITS).await?;
+    state.ledger.open(TEMPLATE_PROJECT, Usd::ZERO).await?;
+    let template = Agent::new("claude-assistant", {
+        let mut spec = AgentSpec::new(
+            "You are Claude, a careful assistant working in a sandbox. Run shell commands to \
+             check your work before you answer, and answer concisely.",
+        );
+        spec.per_run_max_cost_usd = Usd::from_cents(100);
+        spec
+    });
+    state
+        .engine
+        .apply_agent(TEMPLATE_PROJECT, template)
+        .await
+        .map_err(|e| StartError::Backend(format!("cannot install the claude-assistant template: {e}")))?;
+
+    let token_file = options.data_dir.join(ADMIN_TOKEN_FILE);
+    let token = match &options.bootstrap_token {
+        Some(token) => token.clone(),
+        None => match std::fs::read_to_string(&token_file) {
+            Ok(token) => token.trim().to_string(),
+            Err(_) => {
+                let token = crate::auth::new_token()
+                    .map_err(|e| StartError::Backend(format!("no randomness for a token: {e}")))?;
+                crate::auth::write_private_file(&token_file, &format!("{token}\n")).map_err(|e| {
+                    StartError::DataDir {
+                        path: token_file.display().to_string(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                token
+            }
+        },
+    };
+    if token.is_empty() {
+        return Err(StartError::Backend("the bootstrap token is empty".to_string()));
+    }
+    state.auth.register(&token, &[DEFAULT_PROJECT], true).await?;
+    if options.bootstrap_token.is_some() {
+        announcements.push("admin token: the one given by --bootstrap-token".to_string());
+    } else {
+        announcements.push(format!("admin token: in {} (owner-only)", token_file.display()));
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! The API's errors: one JSON shape with a stable machine-readable reason, mapped from every
+//! error below in one place.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use nodus_core::engine;
+use nodus_core::store;
+use nodus_core::validate::Invalid;
+use serde::Serialize;
+
+/// An error answer: HTTP status, reason (`NotFound`, `Invalid`, `Conflict`, …) and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct ApiError {
+    #[serde(skip)]
+    status: u16,
+    /// The stable reason scripts can rely on.
+    pub reason: &'static str,
+    /// A sentence a person understands.
+    pub message: String,
+    /// For `Invalid`: the field, the rule and the value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<Invalid>,
+}
+
+impl ApiError {
+    /// An error with this status and reason.
+    pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: status.as_u16(),
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    /// The request body is not JSON, or not of the expected shape.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "Invalid", message)
+    }
+
+    /// No such thing.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "NotFound", message)
+    }
+
+    /// The caller is not authenticated.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "a valid bearer token is required (Authorization: Bearer <token>)",
+        )
+    }
+
+    /// The caller may not do this; says nothing about whether the target exists.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "Forbidden", message)
+    }
+
+    /// The status code.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(invalid: Invalid) -> Self {
+        ApiError {
+            status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
+            reason: "Invalid",
+            message: invalid.to_string(),
+            details: Some(invalid),
+        }
+    }
+}
+
+impl From<engine::Error> for ApiError {
+    fn from(error: engine::Error) -> Self {
+        if let engine::Error::Invalid(invalid) = error {
+            return invalid.into();
+        }
+        let reason = error.reason();
+        let status = match reason {
+            "NotFound" => StatusCode::NOT_FOUND,
+            "AlreadyExists" | "Conflict" | "AgentRunFinished" | "AgentStopped" => {
+                StatusCode::CONFLICT
+            }
+            "Invalid" => StatusCode::UNPROCESSABLE_ENTITY,
+            "Unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %error, "internal error");
+        }
+        ApiError::new(status, reason, error.to_string())
+    }
+}
+
+impl From<store::Error> for ApiError {
+    fn from(error: store::Error) -> Self {
+        engine::Error::from(error).into()
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    kind: &'static str,
+    status: &'static str,
+    code: u16,
+    #[serde(flatten)]
+    error: &'a ApiError,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Body {
+            kind: "Status",
+            status: "Failure",
+            code: self.status,
+            error: &self,
+        };
+        (self.status(), Json(&body)).into_response()
+    }
+}
+
+/// The API's result type.
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,87 @@
+//! Prometheus metrics at `/metrics`: runs by phase, model calls, spend, step latency.
+//!
+//! Counters are kept in memory by the API and read from the store when scraped; the text is
+//! written in the Prometheus exposition format by hand (a handful of series needs no crate).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nodus_core::engine::Engine;
+use nodus_core::journal::{Outcome, StepKind};
+use nodus_core::resource::{AgentRunSpec, Kind};
+use nodus_core::store::{Selector, Store};
+use nodus_core::Usd;
+
+use crate::auth::SYSTEM_PROJECT;
+
+/// Counters the API keeps.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// HTTP requests answered.
+    pub requests: AtomicU64,
+}
+
+impl Metrics {
+    /// Count one request.
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition text: counters, and what the store says about runs.
+    pub async fn render(&self, engine: &Engine, store: &dyn Store) -> String {
+        let mut phases: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut model_calls = 0u64;
+        let mut spend = Usd::ZERO;
+        let mut steps = 0u64;
+        let mut step_millis = 0u64;
+        let projects = store
+            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+            .await
+            .unwrap_or_default();
+        for project in projects {
+            let runs = engine
+                .list::<AgentRunSpec>(&project.key.name, &Selector::default())
+                .await
+                .unwrap_or_default();
+            for run in runs {
+                let phase = run.status.phase.map_or("Pending", |p| p.name());
+                *phases.entry(phase.to_string()).or_default() += 1;
+                spend = spend.saturating_add(run.status.cost.total_usd);
+                if let Ok(journal) = engine.journal(&project.key.name, run.name()).await {
+                    for step in &journal {
+                        if let Some(done) = &step.completion {
+                            steps += 1;
+                            let took = done.finished_at.duration_since(step.started_at);
+                            step_millis += u64::try_from(took.as_millis()).unwrap_or(0);
+                            if step.intent.kind() == StepKind::ModelCall
+                                && matches!(done.outcome, Outcome::ModelReplied { .. })
+                            {
+                                model_calls += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut text = String::new();
+        let _ = writeln!(text, "# HELP nodus_http_requests_total HTTP requests answered.");
+        let _ = writeln!(text, "# TYPE nodus_http_requests_total counter");
+        let _ = writeln!(text, "nodus_http_requests_total {}", self.requests.load(Ordering::Relaxed));
+        let _ = writeln!(text, "# HELP nodus_runs Runs by phase.");
+        let _ = writeln!(text, "# TYPE nodus_runs gauge");
+        for (phase, count) in &phases {
+            let _ = writeln!(text, "nodus_runs{{phase=\"{phase}\"}} {count}");
+        }
+        let _ = writeln!(text, "# HELP nodus_model_calls_total Model calls that replied.");
+        let _ = writeln!(text, "# TYPE nodus_model_calls_total counter");
+        let _ = writeln!(text, "nodus_model_calls_total {model_calls}");
+        let _ = writeln!(text, "# HELP nodus_spend_nanodollars_total Model and routing spend, in nano-dollars (exact).");
+        let _ = writeln!(text, "# TYPE nodus_spend_nanodollars_total counter");
+        let _ = writeln!(text, "nodus_spend_nanodollars_total {}", spend.nanos());
+        let _ = writeln!(text, "# HELP nodus_step_duration_milliseconds Time from a step's intent to its outcome.");
+        let _ = writeln!(text, "# TYPE nodus_step_duration_milliseconds summary");
+        let _ = writeln!(text, "nodus_step_duration_milliseconds_sum {step_millis}");
+        let _ = writeln!(text, "nodus_step_duration_milliseconds_count {steps}");
+        text
+    }
+}

@@ -1,0 +1,76 @@
+//! The OpenAPI document served at `/openapi.json`.
+
+use serde_json::{Value, json};
+
+fn operation(summary: &str, ok: &str) -> Value {
+    json!({
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "responses": {
+            ok: {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+            "default": {"description": "An error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Status"}}}}
+        }
+    })
+}
+
+fn with_body(mut operation: Value, description: &str) -> Value {
+    operation["requestBody"] = json!({
+        "required": true,
+        "description": description,
+        "content": {"application/json": {"schema": {"type": "object"}}}
+    });
+    operation
+}
+
+/// The document.
+pub fn document() -> Value {
+    let project = json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
+    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets"]}});
+    let name = json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
+    let base = "/apis/nodus.dev/v1/projects/{project}";
+    let mut paths = serde_json::Map::new();
+    paths.insert("/healthz".into(), json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}));
+    paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert(format!("{base}/{{plural}}"), json!({
+        "parameters": [project, plural],
+        "get": operation("List objects (labelSelector, fieldSelector)", "200"),
+        "post": with_body(operation("Create an object, or a batch of up to 100 runs (AgentRunList, Idempotency-Key)", "201"), "the object"),
+    }));
+    paths.insert(format!("{base}/{{plural}}/{{name}}"), json!({
+        "parameters": [project, plural, name],
+        "get": operation("Read an object", "200"),
+        "put": with_body(operation("Replace spec and labels (metadata.resourceVersion for optimistic concurrency)", "200"), "the object"),
+        "patch": with_body(operation("JSON merge patch of spec and labels", "200"), "the merge patch"),
+        "delete": operation("Delete (a group with all its runs)", "200"),
+    }));
+    for (sub, method, summary, ok) in [
+        ("messages", "post", "Send a message {payload, messageKey}", "201"),
+        ("steps", "get", "The run's steps in order", "200"),
+        ("answer", "get", "The whole answer", "200"),
+        ("cancel", "post", "Cancel the run (its sandbox is deleted)", "200"),
+        ("resolve", "post", "Resolve an uncertain step {action: retry|recordFailed|cancel}", "200"),
+    ] {
+        let op = if method == "post" && sub != "cancel" { with_body(operation(summary, ok), summary) } else { operation(summary, ok) };
+        paths.insert(format!("{base}/agentruns/{{name}}/{sub}"), json!({"parameters": [project, name], method: op}));
+    }
+    paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation("Cancel every unfinished run of the group", "200")}));
+    paths.insert(format!("{base}/credits"), json!({
+        "parameters": [project],
+        "get": operation("The project's credits", "200"),
+        "post": with_body(operation("Add credits {addUSD} (admin)", "200"), "{\"addUSD\": \"5.00\"}"),
+    }));
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Nodus", "version": env!("CARGO_PKG_VERSION"), "description": "Durable, cost-capped LLM agent runs in sandboxes."},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Status": {"type": "object", "properties": {
+                "kind": {"const": "Status"}, "status": {"const": "Failure"}, "code": {"type": "integer"},
+                "reason": {"type": "string", "description": "Stable: Invalid, NotFound, Conflict, AlreadyExists, AgentRunFinished, AgentStopped, Unauthorized, Forbidden, Unavailable, InternalError"},
+                "message": {"type": "string"},
+                "details": {"type": "object", "properties": {"field": {"type": "string"}, "rule": {"type": "string"}, "value": {"type": "string"}}}
+            }, "required": ["kind", "status", "code", "reason", "message"]}}
+        }
+    })
+}

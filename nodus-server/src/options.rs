@@ -1,0 +1,129 @@
+//! What `nodus server` is started with. The embedded default needs no flags: SQLite in the
+//! user's data directory, the process sandbox, `127.0.0.1:7070`, and the model from
+//! `ANTHROPIC_API_KEY` — or the offline model when no key is set.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Where state is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// In memory: nothing survives the process.
+    Memory,
+    /// One SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL server, shared by replicas.
+    Postgres(String),
+}
+
+impl FromStr for StoreUrl {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "memory:" || text == "memory" {
+            Ok(StoreUrl::Memory)
+        } else if let Some(path) = text.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err("sqlite:// needs a file path, as in sqlite:///var/lib/nodus/nodus.db".into());
+            }
+            Ok(StoreUrl::Sqlite(PathBuf::from(path)))
+        } else if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Ok(StoreUrl::Postgres(text.to_string()))
+        } else {
+            Err(format!(
+                "--store takes memory:, sqlite://PATH or postgres://…, not {text:?}"
+            ))
+        }
+    }
+}
+
+/// Where runs' commands execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxKind {
+    /// Processes isolated with bubblewrap (the default).
+    Process,
+    /// Docker containers.
+    Docker,
+    /// Plain local processes, no isolation; only when asked for by name, and every run in it
+    /// records that it was unisolated.
+    Unisolated,
+}
+
+impl FromStr for SandboxKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "process" => Ok(SandboxKind::Process),
+            "docker" => Ok(SandboxKind::Docker),
+            "unisolated" => Ok(SandboxKind::Unisolated),
+            other => Err(format!(
+                "--sandbox takes process, docker or unisolated, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Everything the server is started with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where the API listens.
+    pub listen: SocketAddr,
+    /// Where state is kept; `None`: SQLite in the data directory.
+    pub store: Option<StoreUrl>,
+    /// Where commands run.
+    pub sandbox: SandboxKind,
+    /// The data directory (token file, server key, SQLite file, sandboxes' working dirs).
+    pub data_dir: PathBuf,
+    /// The admin token to register instead of generating one.
+    pub bootstrap_token: Option<String>,
+    /// Runs driven at once.
+    pub max_concurrent_runs: usize,
+    /// The image of container sandboxes when a run names none.
+    pub default_image: Option<String>,
+}
+
+impl Options {
+    /// The embedded default in `data_dir`.
+    pub fn new(data_dir: PathBuf) -> Self {
+        Options {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            store: None,
+            sandbox: SandboxKind::Process,
+            data_dir,
+            bootstrap_token: None,
+            max_concurrent_runs: 256,
+            default_image: None,
+        }
+    }
+}
+
+/// The user's data directory for Nodus: `$XDG_DATA_HOME/nodus`, or `~/.local/share/nodus`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("nodus");
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/share/nodus"),
+        None => PathBuf::from(".nodus"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_parse_and_bad_ones_say_what_is_allowed() {
+        assert_eq!("memory:".parse(), Ok(StoreUrl::Memory));
+        assert_eq!(
+            "sqlite:///tmp/n.db".parse(),
+            Ok(StoreUrl::Sqlite(PathBuf::from("/tmp/n.db")))
+        );
+        assert!(matches!("postgres://u@h/db".parse(), Ok(StoreUrl::Postgres(_))));
+        let error = "mysql://x".parse::<StoreUrl>().expect_err("unsupported");
+        assert!(error.contains("sqlite://PATH"), "{error}");
+        assert!("vm".parse::<SandboxKind>().is_err());
+    }
+}
