@@ -11,6 +11,8 @@ pub mod retention;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -20,6 +22,8 @@ pub mod sqlite;
 pub mod conformance;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 

@@ -47,6 +47,9 @@ fn map_database(db: &dyn sqlx::error::DatabaseError) -> Error {
         Some(11 | 26) => Error::Corrupt(format!("the database file is damaged: {message}")),
         Some(5 | 6 | 10 | 13 | 14) => Error::Unavailable(message),
         _ if postgres_retryable => Error::Unavailable(message),
+        // Postgres class 22, data exceptions: a value the database cannot hold (a NUL byte
+        // in text, say).
+        _ if code.starts_with("22") => Error::Invalid(message),
         _ => Error::Corrupt(format!("the database refused a statement: {message}")),
     }
 }

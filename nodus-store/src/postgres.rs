@@ -1,0 +1,1091 @@
+//! The Postgres [`Store`]: several server replicas on one database.
+//!
+//! Runs are claimed with leases: `claim_runnable` picks a run with `FOR UPDATE SKIP LOCKED`,
+//! and every lease change is one conditional statement on the run's lease row, so two replicas
+//! never both hold a run; journal writes lock that row (`FOR SHARE`) and check the fence, so a
+//! replica whose lease was taken over cannot write. Journal writes are group-committed (see
+//! [`crate::group`]): many runs' steps share one transaction, each acknowledged after commit.
+//! Changes are announced with `pg_notify` inside the writing transaction (delivered on
+//! commit, in commit order) and heard by one `LISTEN` connection per store; notifications
+//! sent while that connection is being re-established are lost, so waiters should also
+//! re-read on a timer.
+//!
+//! Documents are `json`, kept exactly as written. The schema is versioned and migrated on
+//! connect; each store lives in one Postgres schema (`nodus` by default).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use nodus_core::journal::{Completion, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{
+    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
+    Store, Swept,
+};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Connection, Postgres, QueryBuilder, Row};
+use tokio::sync::{broadcast, oneshot};
+
+use crate::group::{self, GroupCommit, JournalWrite};
+use crate::retention;
+use crate::sql::{self, map_err};
+
+/// How many changes a slow subscriber may fall behind before it sees `Lagged`.
+const CHANGE_CAPACITY: usize = 1024;
+
+/// How many times a claim is tried again when a concurrent claim changed the lease between
+/// reading and writing it.
+const CLAIM_ATTEMPTS: usize = 16;
+
+/// The migrations, applied on connect.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// `postgres://user@host:port/database`.
+    pub url: String,
+    /// The schema the store's tables live in (created if missing): lowercase letters, digits
+    /// and `_`, at most 40 characters.
+    pub schema: String,
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// How long a call waits for a connection before failing with `Unavailable`.
+    pub acquire_timeout: Duration,
+}
+
+impl PostgresOptions {
+    /// Options for `url`, schema `nodus`.
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresOptions {
+            url: url.into(),
+            schema: "nodus".to_string(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The same, in another schema.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+}
+
+/// A store in a Postgres schema. Cloning is cheap; clones share the pool, the listener and
+/// the change channel.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    channel: String,
+    journal: GroupCommit,
+    changes: broadcast::Sender<Change>,
+    /// Dropped with the store, which stops the listener task.
+    _stop_listening: oneshot::Sender<()>,
+}
+
+impl PostgresStore {
+    /// Connect, create the schema if needed, migrate it, and start listening for changes.
+    pub async fn connect(options: PostgresOptions) -> Result<Self, Error> {
+        let schema = options.schema.clone();
+        if schema.is_empty()
+            || schema.len() > 40
+            || !schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(Error::Invalid(format!(
+                "schema name {schema:?}: use lowercase letters, digits and _ (at most 40)"
+            )));
+        }
+        let connect: PgConnectOptions = options
+            .url
+            .parse()
+            .map_err(|e| Error::Invalid(format!("database URL: {e}")))?;
+        // The schema name is checked above: it is an identifier, never user input.
+        let mut conn = PgConnection::connect_with(&connect)
+            .await
+            .map_err(map_err)?;
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .execute(&mut conn)
+            .await
+            .or_else(|e| {
+                // Two stores creating one schema at once: the loser sees a unique violation.
+                if sql::is_unique_violation(&e) {
+                    Ok(Default::default())
+                } else {
+                    Err(map_err(e))
+                }
+            })?;
+        let _ = conn.close().await;
+        let application = format!("nodus-{schema}");
+        let connect = connect
+            .options([("search_path", schema.as_str())])
+            .application_name(&application);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(2))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(map_err)?;
+        MIGRATOR.run(&pool).await.map_err(migrate_error)?;
+
+        let channel = format!("nodus_changes_{schema}");
+        let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
+        let mut listener = PgListener::connect_with(&pool).await.map_err(map_err)?;
+        listener.listen(&channel).await.map_err(map_err)?;
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(listen(listener, changes.clone(), stopped));
+
+        let journal_pool = pool.clone();
+        let journal = GroupCommit::spawn(move |writes| {
+            let pool = journal_pool.clone();
+            async move { commit_journal(&pool, writes).await }
+        });
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                channel,
+                journal,
+                changes,
+                _stop_listening: stop,
+            }),
+        })
+    }
+
+    /// Close the pool; later calls fail with `Unavailable`.
+    pub async fn close(&self) {
+        self.inner.pool.close().await;
+    }
+
+    /// Announce a change when the transaction commits.
+    async fn notify(&self, conn: &mut PgConnection, change: &Change) -> Result<(), Error> {
+        sqlx::query("SELECT pg_notify($1, $2)::text")
+            .bind(&self.inner.channel)
+            .bind(change_payload(change))
+            .execute(conn)
+            .await
+            .map_err(map_err)
+            .map(|_| ())
+    }
+
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, Postgres>, Error> {
+        self.inner.pool.begin().await.map_err(map_err)
+    }
+}
+
+/// Hear notifications and pass them on, until the store is dropped.
+async fn listen(
+    mut listener: PgListener,
+    changes: broadcast::Sender<Change>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            received = listener.recv() => match received {
+                Ok(notification) => match parse_change(notification.payload()) {
+                    Some(change) => {
+                        let _ = changes.send(change);
+                    }
+                    None => tracing::warn!(
+                        payload = notification.payload(),
+                        "ignoring an unreadable change notification"
+                    ),
+                },
+                Err(error) => {
+                    tracing::warn!(%error, "change listener lost its connection; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            },
+        }
+    }
+}
+
+/// A change as a notification payload: `["w", project, kind, name, version]` or
+/// `["d", project, kind, name]`.
+fn change_payload(change: &Change) -> String {
+    match change {
+        Change::Written(key, version) => {
+            json!([
+                "w",
+                key.project,
+                sql::kind_name(key.kind),
+                key.name,
+                version
+            ])
+        }
+        Change::Deleted(key) => json!(["d", key.project, sql::kind_name(key.kind), key.name]),
+    }
+    .to_string()
+}
+
+fn parse_change(payload: &str) -> Option<Change> {
+    let value: Value = serde_json::from_str(payload).ok()?;
+    let key = ObjectKey::new(
+        value.get(1)?.as_str()?,
+        Kind::from_plural(value.get(2)?.as_str()?)?,
+        value.get(3)?.as_str()?,
+    );
+    match value.get(0)?.as_str()? {
+        "w" => Some(Change::Written(key, value.get(4)?.as_u64()?)),
+        "d" => Some(Change::Deleted(key)),
+        _ => None,
+    }
+}
+
+fn migrate_error(error: sqlx::migrate::MigrateError) -> Error {
+    use sqlx::migrate::MigrateError as M;
+    match error {
+        M::Execute(e) | M::ExecuteMigration(e, _) => map_err(e),
+        M::VersionMissing(v) => Error::Corrupt(format!(
+            "the database was migrated by a newer Nodus (migration {v} is unknown here)"
+        )),
+        other => Error::Corrupt(format!("schema migration failed: {other}")),
+    }
+}
+
+/// One round of journal writes (each run at most once) as one statement: the fence check
+/// (the lease row locked `FOR SHARE`, so a concurrent claim waits or wins), the order check,
+/// the inserts and the updates. Returns per write: the latest fence, the journal's length,
+/// whether the step was completed already, and whether the write was done.
+const JOURNAL_ROUND: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::bool[], $6::text[])
+        AS t(idx, run_uid, fence, seq, is_append, body)
+),
+lease AS (
+    SELECT l.run_uid, l.fence FROM leases l
+    WHERE l.run_uid IN (SELECT run_uid FROM input)
+    FOR SHARE
+),
+state AS (
+    SELECT i.idx, i.run_uid, i.fence, i.seq, i.is_append, i.body, l.fence AS latest,
+        (SELECT COALESCE(MAX(s.seq) + 1, 0) FROM steps s WHERE s.run_uid = i.run_uid) AS len,
+        COALESCE((SELECT s.completion IS NOT NULL FROM steps s
+            WHERE s.run_uid = i.run_uid AND s.seq = i.seq), false) AS completed
+    FROM input i LEFT JOIN lease l ON l.run_uid = i.run_uid
+),
+appended AS (
+    INSERT INTO steps (run_uid, seq, step)
+    SELECT run_uid, seq, body::json FROM state
+    WHERE is_append AND latest = fence AND len = seq
+    ON CONFLICT DO NOTHING
+    RETURNING run_uid, seq
+),
+completed AS (
+    UPDATE steps s SET completion = st.body::json FROM state st
+    WHERE NOT st.is_append AND st.latest = st.fence
+        AND s.run_uid = st.run_uid AND s.seq = st.seq AND s.completion IS NULL
+    RETURNING s.run_uid, s.seq
+)
+SELECT st.idx, st.latest, st.len, st.completed,
+    EXISTS (SELECT 1 FROM appended a WHERE a.run_uid = st.run_uid AND a.seq = st.seq)
+    OR EXISTS (SELECT 1 FROM completed c WHERE c.run_uid = st.run_uid AND c.seq = st.seq)
+FROM state st
+"#;
+
+/// Write a batch of journal writes: one statement per round, in one transaction when there
+/// is more than one round; each write gets its own result.
+async fn commit_journal(
+    pool: &PgPool,
+    writes: Vec<JournalWrite>,
+) -> Result<Vec<Result<(), Error>>, Error> {
+    let mut results: Vec<Option<Result<(), Error>>> = (0..writes.len()).map(|_| None).collect();
+    // Bodies first: a write that cannot be serialized is refused on its own.
+    let mut bodies: Vec<Option<String>> = Vec::with_capacity(writes.len());
+    for (index, write) in writes.iter().enumerate() {
+        let body = match write {
+            JournalWrite::Append { step, .. } => sql::step_text(step),
+            JournalWrite::Complete { completion, .. } => sql::completion_text(completion),
+        };
+        match body {
+            Ok(body) => bodies.push(Some(body)),
+            Err(e) => {
+                bodies.push(None);
+                results[index] = Some(Err(e));
+            }
+        }
+    }
+    let rounds = group::rounds(&writes);
+    if rounds.len() == 1 {
+        // One statement: its own transaction, one round trip, one commit.
+        let mut conn = pool.acquire().await.map_err(map_err)?;
+        for round in &rounds {
+            run_round(&mut conn, &writes, &bodies, round, &mut results).await?;
+        }
+    } else {
+        let mut tx = pool.begin().await.map_err(map_err)?;
+        for round in &rounds {
+            run_round(&mut tx, &writes, &bodies, round, &mut results).await?;
+        }
+        tx.commit().await.map_err(map_err)?;
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::Corrupt("a journal write was lost".to_string()))))
+        .collect())
+}
+
+/// One round of a batch (each run at most once) as one statement; fills in each write's
+/// result.
+async fn run_round(
+    conn: &mut PgConnection,
+    writes: &[JournalWrite],
+    bodies: &[Option<String>],
+    round: &[usize],
+    results: &mut [Option<Result<(), Error>>],
+) -> Result<(), Error> {
+    let mut idx = Vec::new();
+    let mut runs = Vec::new();
+    let mut fences = Vec::new();
+    let mut seqs = Vec::new();
+    let mut appends = Vec::new();
+    let mut texts = Vec::new();
+    for &index in round {
+        let (Some(write), Some(Some(body))) = (writes.get(index), bodies.get(index)) else {
+            continue;
+        };
+        let (fence, seq, is_append) = match write {
+            JournalWrite::Append { fence, step, .. } => (*fence, step.seq, true),
+            JournalWrite::Complete { fence, seq, .. } => (*fence, *seq, false),
+        };
+        idx.push(i64::try_from(index).unwrap_or(i64::MAX));
+        runs.push(write.run().to_string());
+        // A fence that does not fit a bigint matches no stored fence.
+        fences.push(sql::to_i64(fence.0).unwrap_or(-1));
+        seqs.push(i64::from(seq));
+        appends.push(is_append);
+        texts.push(body.clone());
+    }
+    if idx.is_empty() {
+        return Ok(());
+    }
+    let rows = sqlx::query(JOURNAL_ROUND)
+        .bind(idx)
+        .bind(runs)
+        .bind(fences)
+        .bind(seqs)
+        .bind(appends)
+        .bind(texts)
+        .fetch_all(conn)
+        .await
+        .map_err(map_err)?;
+    for row in rows {
+        let index: i64 = row.try_get(0).map_err(map_err)?;
+        let latest: Option<i64> = row.try_get(1).map_err(map_err)?;
+        let len: i64 = row.try_get(2).map_err(map_err)?;
+        let completed: bool = row.try_get(3).map_err(map_err)?;
+        let done: bool = row.try_get(4).map_err(map_err)?;
+        let Some(write) = usize::try_from(index).ok().and_then(|i| writes.get(i)) else {
+            return Err(Error::Corrupt(format!("journal write {index} is unknown")));
+        };
+        let run = write.run();
+        let result = match write {
+            _ if done => Ok(()),
+            JournalWrite::Append { fence, .. } | JournalWrite::Complete { fence, .. }
+                if latest.is_none() || latest != sql::to_i64(fence.0) =>
+            {
+                Err(fenced(run))
+            }
+            JournalWrite::Append { step, .. } => Err(sql::append_refused(run, step.seq, len)),
+            JournalWrite::Complete { seq, .. } => {
+                Err(sql::complete_refused(run, *seq, len, completed))
+            }
+        };
+        if let Some(slot) = usize::try_from(index).ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(result);
+        }
+    }
+    Ok(())
+}
+
+/// Insert a document known to be new.
+async fn insert(
+    conn: &mut PgConnection,
+    key: &ObjectKey,
+    document: &Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO resources (project, kind, name, version, uid, document) \
+         VALUES ($1, $2, $3, 1, $4, $5::json)",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .bind(sql::uid_of(document))
+    .bind(sql::document_text(document))
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// A run's lease holder and expiry, to explain a refused claim.
+async fn leased(conn: &mut PgConnection, run_uid: &str) -> Result<Option<Error>, Error> {
+    let row = sqlx::query("SELECT owner, expires_at FROM leases WHERE run_uid = $1")
+        .bind(run_uid)
+        .fetch_optional(conn)
+        .await
+        .map_err(map_err)?;
+    let Some(row) = row else { return Ok(None) };
+    let owner: Option<String> = row.try_get(0).map_err(map_err)?;
+    let until: i64 = row.try_get(1).map_err(map_err)?;
+    Ok(owner.map(|owner| Error::Leased {
+        run: run_uid.to_string(),
+        owner,
+        until: sql::from_nanos(until).unwrap_or(Timestamp::MAX),
+    }))
+}
+
+/// Check the fence of a write that names it.
+fn fenced(run_uid: &str) -> Error {
+    Error::Fenced {
+        run: run_uid.to_string(),
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
+        let mut tx = self.begin().await?;
+        match insert(&mut tx, key, &document).await {
+            Ok(()) => {}
+            Err(e) if sql::is_unique_violation(&e) => {
+                return Err(Error::AlreadyExists(key.clone()));
+            }
+            Err(e) => return Err(map_err(e)),
+        }
+        self.notify(&mut tx, &Change::Written(key.clone(), 1))
+            .await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Record {
+            key: key.clone(),
+            version: 1,
+            document,
+        })
+    }
+
+    async fn create_batch(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Vec<Record>, Error> {
+        let scope = match (idempotency_key, items.first()) {
+            (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
+            _ => None,
+        };
+        let mut tx = self.begin().await?;
+        if let Some((project, key)) = &scope {
+            // Repeats of one key wait for each other, then see the first one's records.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
+                .bind(project)
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            let stored: Option<String> = sqlx::query_scalar(
+                "SELECT records::text FROM batches WHERE project = $1 AND idempotency_key = $2",
+            )
+            .bind(project)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if let Some(stored) = stored {
+                return sql::parse_batch(&stored);
+            }
+        }
+        // In order: an item that exists, or that an earlier item named, refuses the batch.
+        for (key, document) in &items {
+            match insert(&mut tx, key, document).await {
+                Ok(()) => {}
+                Err(e) if sql::is_unique_violation(&e) => {
+                    return Err(Error::AlreadyExists(key.clone()));
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        let records: Vec<Record> = items
+            .into_iter()
+            .map(|(key, document)| Record {
+                key,
+                version: 1,
+                document,
+            })
+            .collect();
+        if let Some((project, key)) = &scope {
+            sqlx::query(
+                "INSERT INTO batches (project, idempotency_key, records) VALUES ($1, $2, $3::json)",
+            )
+            .bind(project)
+            .bind(key)
+            .bind(sql::batch_text(&records))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        for record in &records {
+            self.notify(&mut tx, &Change::Written(record.key.clone(), 1))
+                .await?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(records)
+    }
+
+    async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
+        let row = sqlx::query(
+            "SELECT version, document::text FROM resources \
+             WHERE project = $1 AND kind = $2 AND name = $3",
+        )
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(map_err)?
+        .ok_or_else(|| Error::NotFound(key.clone()))?;
+        let version: i64 = row.try_get(0).map_err(map_err)?;
+        let document: String = row.try_get(1).map_err(map_err)?;
+        Ok(Record {
+            key: key.clone(),
+            version: sql::to_u64(version, "a version")?,
+            document: sql::parse_document(&document)?,
+        })
+    }
+
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, Error> {
+        let mut query: QueryBuilder<Postgres> = QueryBuilder::new(
+            "SELECT name, version, document::text FROM resources WHERE project = ",
+        );
+        query.push_bind(project);
+        query.push(" AND kind = ");
+        query.push_bind(sql::kind_name(kind));
+        // Conditions pushed down through bound paths; the exact match is `Selector::matches`
+        // below (numbers and booleans match their text there).
+        for (label, value) in &selector.labels {
+            let path = vec![
+                "metadata".to_string(),
+                "labels".to_string(),
+                label.to_string(),
+            ];
+            query.push(" AND json_typeof(document #> ");
+            query.push_bind(path.clone());
+            query.push(") = 'string' AND document #>> ");
+            query.push_bind(path);
+            query.push(" = ");
+            query.push_bind(value.as_str());
+        }
+        for (field, value) in &selector.fields {
+            let path: Vec<String> = field.split('.').map(str::to_string).collect();
+            query.push(" AND (json_typeof(document #> ");
+            query.push_bind(path.clone());
+            query.push(") IN ('number', 'boolean') OR (json_typeof(document #> ");
+            query.push_bind(path.clone());
+            query.push(") = 'string' AND document #>> ");
+            query.push_bind(path);
+            query.push(" = ");
+            query.push_bind(value.as_str());
+            query.push("))");
+        }
+        query.push(" ORDER BY ord");
+        let rows = query
+            .build()
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map_err)?;
+        let mut records = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.try_get(0).map_err(map_err)?;
+            let version: i64 = row.try_get(1).map_err(map_err)?;
+            let document: String = row.try_get(2).map_err(map_err)?;
+            let document = sql::parse_document(&document)?;
+            if selector.matches(&document) {
+                records.push(Record {
+                    key: ObjectKey::new(project, kind, name),
+                    version: sql::to_u64(version, "a version")?,
+                    document,
+                });
+            }
+        }
+        Ok(records)
+    }
+
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        expected_version: u64,
+        document: Value,
+    ) -> Result<Record, Error> {
+        let mut tx = self.begin().await?;
+        let updated: Option<i64> = match sql::to_i64(expected_version) {
+            Some(expected) => sqlx::query_scalar(
+                "UPDATE resources SET version = version + 1, uid = $1, document = $2::json \
+                 WHERE project = $3 AND kind = $4 AND name = $5 AND version = $6 \
+                 RETURNING version",
+            )
+            .bind(sql::uid_of(&document))
+            .bind(sql::document_text(&document))
+            .bind(&key.project)
+            .bind(sql::kind_name(key.kind))
+            .bind(&key.name)
+            .bind(expected)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?,
+            None => None,
+        };
+        let Some(version) = updated else {
+            let actual: Option<i64> = sqlx::query_scalar(
+                "SELECT version FROM resources WHERE project = $1 AND kind = $2 AND name = $3",
+            )
+            .bind(&key.project)
+            .bind(sql::kind_name(key.kind))
+            .bind(&key.name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            return match actual {
+                None => Err(Error::NotFound(key.clone())),
+                Some(actual) => Err(Error::Conflict {
+                    key: key.clone(),
+                    expected: expected_version,
+                    actual: sql::to_u64(actual, "a version")?,
+                }),
+            };
+        };
+        let version = sql::to_u64(version, "a version")?;
+        self.notify(&mut tx, &Change::Written(key.clone(), version))
+            .await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Record {
+            key: key.clone(),
+            version,
+            document,
+        })
+    }
+
+    async fn delete(&self, key: &ObjectKey) -> Result<(), Error> {
+        let mut tx = self.begin().await?;
+        let uid: Option<Option<String>> = sqlx::query_scalar(
+            "DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3 RETURNING uid",
+        )
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(uid) = uid else {
+            return Err(Error::NotFound(key.clone()));
+        };
+        if let Some(uid) = uid {
+            for statement in [
+                "DELETE FROM steps WHERE run_uid = $1",
+                "DELETE FROM inbox WHERE run_uid = $1",
+                // Old fences stay stale: the counter moves on and nobody holds it.
+                "UPDATE leases SET fence = fence + 1, owner = NULL WHERE run_uid = $1",
+            ] {
+                sqlx::query(statement)
+                    .bind(&uid)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            }
+        }
+        self.notify(&mut tx, &Change::Deleted(key.clone())).await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
+        let expires_at = sql::nanos(lease.expires_at()?)?;
+        let now = sql::nanos(lease.now)?;
+        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let fence: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO leases (run_uid, fence, owner, expires_at) VALUES ($1, 1, $2, $3) \
+                 ON CONFLICT (run_uid) DO UPDATE SET fence = leases.fence + 1, \
+                 owner = excluded.owner, expires_at = excluded.expires_at \
+                 WHERE leases.owner IS NULL OR leases.owner = excluded.owner \
+                 OR leases.expires_at <= $4 \
+                 RETURNING fence",
+            )
+            .bind(run_uid)
+            .bind(&lease.owner)
+            .bind(expires_at)
+            .bind(now)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+            if let Some(fence) = fence {
+                return Ok(Fence(sql::to_u64(fence, "a fence")?));
+            }
+            if let Some(refused) = leased(&mut conn, run_uid).await? {
+                return Err(refused);
+            }
+            // Released between the two statements: try again.
+        }
+        Err(Error::Unavailable(format!(
+            "run {run_uid}: the lease kept changing while claiming it"
+        )))
+    }
+
+    async fn claim_runnable(
+        &self,
+        phases: &[&str],
+        lease: &Lease,
+    ) -> Result<Option<Claimed>, Error> {
+        let expires_at = sql::nanos(lease.expires_at()?)?;
+        let now = sql::nanos(lease.now)?;
+        let phases: Vec<String> = phases.iter().map(|p| p.to_string()).collect();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let mut tx = self.begin().await?;
+            let row = sqlx::query(
+                "SELECT r.project, r.name, r.uid FROM resources r \
+                 LEFT JOIN leases l ON l.run_uid = r.uid \
+                 WHERE r.kind = $1 AND r.uid IS NOT NULL \
+                 AND json_typeof(r.document #> '{status,phase}') = 'string' \
+                 AND r.document #>> '{status,phase}' = ANY($2) \
+                 AND (l.run_uid IS NULL OR l.owner IS NULL \
+                      OR (l.expires_at <= $3 AND l.owner <> $4)) \
+                 ORDER BY r.ord LIMIT 1 \
+                 FOR UPDATE OF r SKIP LOCKED",
+            )
+            .bind(sql::kind_name(Kind::AgentRun))
+            .bind(&phases)
+            .bind(now)
+            .bind(&lease.owner)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let project: String = row.try_get(0).map_err(map_err)?;
+            let name: String = row.try_get(1).map_err(map_err)?;
+            let uid: String = row.try_get(2).map_err(map_err)?;
+            // The lease row decides: another replica may have claimed the run after this
+            // statement's snapshot.
+            let fence: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO leases (run_uid, fence, owner, expires_at) VALUES ($1, 1, $2, $3) \
+                 ON CONFLICT (run_uid) DO UPDATE SET fence = leases.fence + 1, \
+                 owner = excluded.owner, expires_at = excluded.expires_at \
+                 WHERE leases.owner IS NULL \
+                 OR (leases.expires_at <= $4 AND leases.owner <> excluded.owner) \
+                 RETURNING fence",
+            )
+            .bind(&uid)
+            .bind(&lease.owner)
+            .bind(expires_at)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            let Some(fence) = fence else {
+                continue;
+            };
+            tx.commit().await.map_err(map_err)?;
+            return Ok(Some(Claimed {
+                key: ObjectKey::new(project, Kind::AgentRun, name),
+                uid,
+                fence: Fence(sql::to_u64(fence, "a fence")?),
+            }));
+        }
+        Err(Error::Unavailable(
+            "runs kept being claimed by others while choosing one".to_string(),
+        ))
+    }
+
+    async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
+        let expires_at = sql::nanos(lease.expires_at()?)?;
+        let Some(fence) = sql::to_i64(fence.0) else {
+            return Err(fenced(run_uid));
+        };
+        let done = sqlx::query(
+            "UPDATE leases SET owner = $1, expires_at = $2 WHERE run_uid = $3 AND fence = $4",
+        )
+        .bind(&lease.owner)
+        .bind(expires_at)
+        .bind(run_uid)
+        .bind(fence)
+        .execute(&self.inner.pool)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            return Err(fenced(run_uid));
+        }
+        Ok(())
+    }
+
+    async fn release(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
+        let Some(fence) = sql::to_i64(fence.0) else {
+            return Err(fenced(run_uid));
+        };
+        let done = sqlx::query(
+            "UPDATE leases SET owner = NULL, expires_at = $1 WHERE run_uid = $2 AND fence = $3",
+        )
+        .bind(i64::MIN)
+        .bind(run_uid)
+        .bind(fence)
+        .execute(&self.inner.pool)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            return Err(fenced(run_uid));
+        }
+        Ok(())
+    }
+
+    async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error> {
+        self.inner
+            .journal
+            .write(JournalWrite::Append {
+                run: run_uid.to_string(),
+                fence,
+                step: step.clone(),
+            })
+            .await
+    }
+
+    async fn complete_step(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+    ) -> Result<(), Error> {
+        self.inner
+            .journal
+            .write(JournalWrite::Complete {
+                run: run_uid.to_string(),
+                fence,
+                seq,
+                completion: completion.clone(),
+            })
+            .await
+    }
+
+    async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
+        let rows = sqlx::query(
+            "SELECT step::text, completion::text FROM steps WHERE run_uid = $1 ORDER BY seq",
+        )
+        .bind(run_uid)
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let step: String = row.try_get(0).map_err(map_err)?;
+                let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+                sql::read_step(run_uid, &step, completion.as_deref())
+            })
+            .collect()
+    }
+
+    async fn post_message(
+        &self,
+        run: &ObjectKey,
+        expected_version: u64,
+        key: Option<&str>,
+        payload: &str,
+        at: Timestamp,
+    ) -> Result<Delivery, Error> {
+        let mut tx = self.begin().await?;
+        // Locking the run's row orders messages and updates of one run.
+        let row = sqlx::query(
+            "SELECT version, uid FROM resources WHERE project = $1 AND kind = $2 AND name = $3 \
+             FOR UPDATE",
+        )
+        .bind(&run.project)
+        .bind(sql::kind_name(run.kind))
+        .bind(&run.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .ok_or_else(|| Error::NotFound(run.clone()))?;
+        let current: i64 = row.try_get(0).map_err(map_err)?;
+        let uid: Option<String> = row.try_get(1).map_err(map_err)?;
+        let uid = uid.ok_or_else(|| {
+            sql::journal_error(&run.to_string(), "the run has no metadata.uid".to_string())
+        })?;
+        if let Some(key) = key {
+            let seq: Option<i64> =
+                sqlx::query_scalar("SELECT seq FROM inbox WHERE run_uid = $1 AND message_key = $2")
+                    .bind(&uid)
+                    .bind(key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            if let Some(seq) = seq {
+                return Ok(Delivery::Duplicate(sql::to_u64(seq, "a message number")?));
+            }
+        }
+        if sql::to_i64(expected_version) != Some(current) {
+            return Err(Error::Conflict {
+                key: run.clone(),
+                expected: expected_version,
+                actual: sql::to_u64(current, "a version")?,
+            });
+        }
+        let version = sql::bump(run, current)?;
+        let seq: i64 = sqlx::query_scalar(
+            "INSERT INTO inbox (run_uid, seq, message_key, payload, received_at) \
+             SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM inbox WHERE run_uid = $1 \
+             RETURNING seq",
+        )
+        .bind(&uid)
+        .bind(key)
+        .bind(payload)
+        .bind(at.to_string())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query(
+            "UPDATE resources SET version = $1 WHERE project = $2 AND kind = $3 AND name = $4",
+        )
+        .bind(version)
+        .bind(&run.project)
+        .bind(sql::kind_name(run.kind))
+        .bind(&run.name)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let version = sql::to_u64(version, "a version")?;
+        self.notify(&mut tx, &Change::Written(run.clone(), version))
+            .await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
+    }
+
+    async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
+        let rows = sqlx::query(
+            "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = $1 \
+             ORDER BY seq",
+        )
+        .bind(run_uid)
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(map_err)?;
+                let received_at: String = row.try_get(3).map_err(map_err)?;
+                Ok(InboxMessage {
+                    seq: sql::to_u64(seq, "a message number")?,
+                    key: row.try_get(1).map_err(map_err)?,
+                    payload: row.try_get(2).map_err(map_err)?,
+                    received_at: sql::parse_time(&received_at)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn sweep_payloads(
+        &self,
+        ended_before: Timestamp,
+        now: Timestamp,
+    ) -> Result<Swept, Error> {
+        let mut tx = self.begin().await?;
+        // Locked, so that two replicas sweeping at once do not both sweep a run (the second
+        // waits, then sees `payloadsRemovedAt`).
+        let rows = sqlx::query(
+            "SELECT project, name, version, document::text FROM resources WHERE kind = $1 \
+             AND document #> '{status,completionTime}' IS NOT NULL \
+             AND document #> '{status,payloadsRemovedAt}' IS NULL ORDER BY ord FOR UPDATE",
+        )
+        .bind(sql::kind_name(Kind::AgentRun))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let mut runs = Vec::new();
+        for row in rows {
+            let project: String = row.try_get(0).map_err(map_err)?;
+            let name: String = row.try_get(1).map_err(map_err)?;
+            let version: i64 = row.try_get(2).map_err(map_err)?;
+            let document: String = row.try_get(3).map_err(map_err)?;
+            let mut document = sql::parse_document(&document)?;
+            if !retention::due(&document, ended_before) {
+                continue;
+            }
+            let key = ObjectKey::new(project, Kind::AgentRun, name);
+            retention::strip_run(&mut document, now);
+            let version = sql::bump(&key, version)?;
+            sqlx::query(
+                "UPDATE resources SET version = $1, document = $2::json \
+                 WHERE project = $3 AND kind = $4 AND name = $5",
+            )
+            .bind(version)
+            .bind(sql::document_text(&document))
+            .bind(&key.project)
+            .bind(sql::kind_name(key.kind))
+            .bind(&key.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if let Some(uid) = sql::uid_of(&document) {
+                sqlx::query("UPDATE inbox SET payload = $1 WHERE run_uid = $2")
+                    .bind(retention::REMOVED)
+                    .bind(uid)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                let steps = sqlx::query(
+                    "SELECT seq, step::text, completion::text FROM steps WHERE run_uid = $1 \
+                     ORDER BY seq",
+                )
+                .bind(uid)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+                for row in steps {
+                    let seq: i64 = row.try_get(0).map_err(map_err)?;
+                    let step: String = row.try_get(1).map_err(map_err)?;
+                    let completion: Option<String> = row.try_get(2).map_err(map_err)?;
+                    let mut step = sql::read_step(uid, &step, completion.as_deref())?;
+                    retention::strip_step(&mut step);
+                    let completion = step
+                        .completion
+                        .as_ref()
+                        .map(sql::completion_text)
+                        .transpose()?;
+                    sqlx::query(
+                        "UPDATE steps SET step = $1::json, completion = $2::json \
+                         WHERE run_uid = $3 AND seq = $4",
+                    )
+                    .bind(sql::step_text(&step)?)
+                    .bind(completion)
+                    .bind(uid)
+                    .bind(seq)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                }
+            }
+            let version = sql::to_u64(version, "a version")?;
+            self.notify(&mut tx, &Change::Written(key.clone(), version))
+                .await?;
+            runs.push(key);
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(Swept { runs })
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.inner.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

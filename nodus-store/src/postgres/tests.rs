@@ -1,0 +1,316 @@
+//! The Postgres store against the conformance suite, each test in a schema of its own on the
+//! real PostgreSQL that `scripts/test-env` starts (`NODUS_TEST_POSTGRES_URL`); two stores on
+//! one schema as two replicas; and a database that goes down and comes back, through a TCP
+//! proxy the test cuts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use nodus_core::journal::{Intent, Step};
+use nodus_core::resource::Kind;
+use nodus_core::store::{Change, Error, Lease, ObjectKey, Store};
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::{PostgresOptions, PostgresStore};
+use crate::conformance;
+
+/// The test database's URL; a test fails (never skips) without it.
+fn url() -> String {
+    match std::env::var("NODUS_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "NODUS_TEST_POSTGRES_URL is not set: the Postgres store tests need a real \
+             PostgreSQL. Run `eval \"$(scripts/test-env start)\"` first (scripts/test does)."
+        ),
+    }
+}
+
+/// A schema no other test or earlier run uses.
+fn schema() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+    format!(
+        "t_{}_{nanos}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn fresh() -> PostgresStore {
+    PostgresStore::connect(PostgresOptions::new(url()).schema(schema()))
+        .await
+        .expect("connect to the test database")
+}
+
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            conformance::$case(fresh().await).await;
+        }
+    )*};
+}
+
+cases!(
+    create_get_list_update_delete,
+    list_selectors,
+    optimistic_concurrency,
+    concurrent_writers,
+    batch_atomicity_and_order,
+    idempotent_batches,
+    journal_in_order,
+    fencing,
+    messages,
+    change_notification,
+    delete_removes_journal_and_inbox,
+    money_exact,
+    leases,
+    claim_runnable,
+    replicas_racing,
+    retention,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_all_in_one_schema() {
+    let store = fresh().await;
+    conformance::run_all(|| store.clone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reconnecting_to_a_migrated_schema_works() {
+    let options = PostgresOptions::new(url()).schema(schema());
+    let first = PostgresStore::connect(options.clone())
+        .await
+        .expect("first");
+    let key = ObjectKey::new("p", Kind::Agent, "a");
+    first.create(&key, json!({"n": 1})).await.expect("create");
+    let second = PostgresStore::connect(options).await.expect("again");
+    assert_eq!(second.get(&key).await.map(|r| r.version), Ok(1));
+}
+
+#[tokio::test]
+async fn a_bad_schema_name_is_refused() {
+    let result = PostgresStore::connect(PostgresOptions::new(url()).schema("x; DROP")).await;
+    assert!(matches!(result, Err(Error::Invalid(_))), "{result:?}");
+}
+
+/// Two stores on one schema are two replicas: each run is claimed by exactly one, a
+/// takeover after expiry fences the first, and one hears the other's changes (NOTIFY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_on_one_database() {
+    let options = PostgresOptions::new(url()).schema(schema());
+    let a = PostgresStore::connect(options.clone())
+        .await
+        .expect("replica a");
+    let b = PostgresStore::connect(options).await.expect("replica b");
+    let mut heard_by_b = b.subscribe();
+
+    const RUNS: usize = 30;
+    let mut uids = Vec::new();
+    for i in 0..RUNS {
+        let uid = format!("uid-{i}");
+        let document = json!({"metadata": {"name": format!("r{i}"), "uid": uid},
+            "status": {"phase": "Running"}});
+        a.create(
+            &ObjectKey::new("p", Kind::AgentRun, format!("r{i}")),
+            document,
+        )
+        .await
+        .expect("create");
+        uids.push(uid);
+    }
+    // B hears A's writes.
+    let first = tokio::time::timeout(Duration::from_secs(10), heard_by_b.recv())
+        .await
+        .expect("a notification in time")
+        .expect("a change");
+    assert_eq!(
+        first,
+        Change::Written(ObjectKey::new("p", Kind::AgentRun, "r0"), 1)
+    );
+
+    let at = Timestamp::from_second(1_700_000_000).expect("time");
+    let race = |store: PostgresStore, owner: &'static str| async move {
+        let lease = Lease::new(owner, at, Duration::from_secs(30));
+        let mut mine = Vec::new();
+        while let Some(claimed) = store
+            .claim_runnable(&["Running"], &lease)
+            .await
+            .expect("claim_runnable")
+        {
+            mine.push(claimed);
+        }
+        mine
+    };
+    let (from_a, from_b) = tokio::join!(
+        tokio::spawn(race(a.clone(), "a")),
+        tokio::spawn(race(b.clone(), "b"))
+    );
+    let (from_a, from_b) = (from_a.expect("a's task"), from_b.expect("b's task"));
+    let mut all: Vec<String> = from_a
+        .iter()
+        .chain(&from_b)
+        .map(|c| c.uid.clone())
+        .collect();
+    all.sort();
+    let mut expected = uids.clone();
+    expected.sort();
+    assert_eq!(all, expected, "every run claimed exactly once");
+
+    // B takes one of A's runs over after expiry; A's fence is refused.
+    let taken = from_a.first().or(from_b.first()).expect("a claim").clone();
+    let later = Timestamp::from_second(1_700_000_031).expect("time");
+    let fence = b
+        .claim(&taken.uid, &Lease::new("c", later, Duration::from_secs(30)))
+        .await
+        .expect("takeover after expiry");
+    let step = Step {
+        seq: 0,
+        started_at: later,
+        intent: Intent::Route { turn: 0 },
+        completion: None,
+    };
+    assert_eq!(
+        a.append_step(&taken.uid, taken.fence, &step).await,
+        Err(Error::Fenced {
+            run: taken.uid.clone()
+        })
+    );
+    a.append_step(&taken.uid, fence, &step)
+        .await
+        .expect("the new fence writes through either replica");
+}
+
+/// A TCP proxy to the database that the test can cut (every connection dropped, new ones
+/// refused) and restore: the database going down and coming back.
+struct Proxy {
+    port: u16,
+    up: watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (up, watching) = watch::channel(true);
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut watching = watching.clone();
+                if !*watching.borrow() {
+                    continue; // dropped: refused
+                }
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = watching.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up }
+    }
+
+    fn set(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_that_goes_down_is_unavailable_then_back() {
+    let url = url();
+    let parsed: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+    let proxy = Proxy::start(format!("{}:{}", parsed.get_host(), parsed.get_port())).await;
+    let through_proxy = {
+        let rest = url.split_once('@').map_or(url.as_str(), |(_, rest)| rest);
+        let (_, path) = rest.split_once('/').unwrap_or((rest, "postgres"));
+        let user = parsed.get_username();
+        format!("postgres://{user}@127.0.0.1:{}/{path}", proxy.port)
+    };
+    let mut options = PostgresOptions::new(through_proxy).schema(schema());
+    options.acquire_timeout = Duration::from_secs(2);
+    let store = Arc::new(PostgresStore::connect(options).await.expect("connect"));
+    let key = ObjectKey::new("p", Kind::AgentRun, "r");
+    store
+        .create(&key, json!({"metadata": {"uid": "u"}}))
+        .await
+        .expect("create while up");
+    let fence = store
+        .claim(
+            "u",
+            &Lease::new("a", Timestamp::UNIX_EPOCH, Duration::from_secs(30)),
+        )
+        .await
+        .expect("claim");
+
+    proxy.set(false);
+    let step = Step {
+        seq: 0,
+        started_at: Timestamp::UNIX_EPOCH,
+        intent: Intent::Route { turn: 0 },
+        completion: None,
+    };
+    for _ in 0..3 {
+        let got = store.get(&key).await;
+        assert!(
+            matches!(&got, Err(e @ Error::Unavailable(_)) if e.is_retryable()),
+            "a read while down: {got:?}"
+        );
+        let appended = store.append_step("u", fence, &step).await;
+        assert!(
+            matches!(&appended, Err(Error::Unavailable(_))),
+            "a journal write while down: {appended:?}"
+        );
+        let updated = store.update(&key, 1, json!({})).await;
+        assert!(
+            matches!(&updated, Err(Error::Unavailable(_))),
+            "{updated:?}"
+        );
+    }
+
+    proxy.set(true);
+    let mut back = None;
+    for _ in 0..50 {
+        match store.get(&key).await {
+            Ok(record) => {
+                back = Some(record);
+                break;
+            }
+            Err(Error::Unavailable(_)) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => panic!("after the database came back: {e}"),
+        }
+    }
+    assert_eq!(back.map(|r| r.version), Some(1), "the store works again");
+    store
+        .append_step("u", fence, &step)
+        .await
+        .expect("the journal writer works again");
+    assert_eq!(store.journal("u").await.map(|j| j.len()), Ok(1));
+}
+
+#[tokio::test]
+async fn no_database_at_all_is_unavailable() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    let mut options =
+        PostgresOptions::new(format!("postgres://postgres@127.0.0.1:{port}/postgres"));
+    options.acquire_timeout = Duration::from_secs(1);
+    let result = PostgresStore::connect(options).await;
+    assert!(
+        matches!(&result, Err(e @ Error::Unavailable(_)) if e.is_retryable()),
+        "{result:?}"
+    );
+}
