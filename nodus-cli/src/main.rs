@@ -1,13 +1,55 @@
-//! The `nodus` command. The kubectl-like client and `nodus server` come with the server
-//! issue; until then it says so instead of pretending.
+//! The `nodus` command: a kubectl-like client for the Nodus API, and `nodus server`.
+//!
+//! Exit codes are part of the interface (see [`error::exit`] and `nodus --help`).
+
+mod cli;
+mod client;
+mod commands;
+mod config;
+mod duration;
+mod error;
+mod jsonpath;
+mod kinds;
+mod table;
+mod yaml;
 
 use std::process::ExitCode;
 
+use clap::Parser as _;
+
+use crate::cli::{Cli, Command};
+
 fn main() -> ExitCode {
-    eprintln!(
-        "nodus {}: the command-line client is not built yet; see README.md for the embedding example ({})",
-        env!("CARGO_PKG_VERSION"),
-        nodus_server::API_PATH
-    );
-    ExitCode::from(2)
+    // One TLS provider for the process (the client also names it explicitly).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version print to stdout and succeed; the rest is a usage error.
+            return ExitCode::from(if e.use_stderr() { error::exit::USAGE } else { error::exit::OK });
+        }
+    };
+    let runtime = if matches!(cli.command, Command::Server(_)) {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(error::exit::REFUSED);
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::from(error::exit::OK),
+        Err(error) => {
+            let text = error.render();
+            if !text.is_empty() {
+                eprintln!("{text}");
+            }
+            ExitCode::from(error.exit_code())
+        }
+    }
 }

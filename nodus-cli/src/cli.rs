@@ -1,0 +1,440 @@
+//! The command line: every command and flag, as clap derives them, and the help text with
+//! the exit codes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Shown after `nodus --help`.
+pub const AFTER_HELP: &str = "\
+Connection: `nodus login` saves a context (server, token, project) in
+$XDG_CONFIG_HOME/nodus/config.yaml; NODUS_SERVER, NODUS_TOKEN and --project override it.
+
+Exit codes:
+  0  success
+  1  the server refused the request (Error from server (Reason): …), or the input
+     (a file, a document, a patch) cannot be used
+  2  usage: the command line is wrong
+  3  the server cannot be reached, or there is no usable login (not logged in,
+     token not accepted)
+  4  wait: the timeout passed before the condition held
+  5  wait: the resource finished in a state that can never meet the condition";
+
+/// Run LLM agents as durable, cost-capped runs in sandboxes.
+#[derive(Debug, Parser)]
+#[command(name = "nodus", version, about, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    /// Connection and project.
+    #[command(flatten)]
+    pub global: Global,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The project to work in (default: the context's, else `default`).
+    #[arg(long, global = true, env = "NODUS_PROJECT")]
+    pub project: Option<String>,
+    /// The context to use instead of the current one.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the Nodus server (the embedded default needs no flags).
+    Server(ServerArgs),
+    /// Check a token against a server and save it as the current context.
+    Login(LoginArgs),
+    /// Show or choose the saved contexts.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Create or update resources from YAML or JSON documents.
+    Apply(ApplyArgs),
+    /// List resources, or show some (`get KIND`, `get KIND NAME`, `get KIND/NAME`).
+    Get(GetArgs),
+    /// Wait until a resource meets a condition.
+    Wait(WaitArgs),
+    /// Create a run or a group from flags.
+    #[command(subcommand)]
+    Create(CreateCommand),
+    /// Change a resource with a JSON merge patch.
+    Patch(PatchArgs),
+    /// Cancel a run (its sandbox is deleted) or every unfinished run of a group.
+    Cancel(TargetArgs),
+    /// Delete resources (a group goes with all of its runs).
+    Delete(DeleteArgs),
+    /// Work with one run: its answer, steps, messages and resolution.
+    #[command(subcommand, visible_alias = "ar")]
+    Agentrun(AgentRunCommand),
+    /// Show the project's credits, or add to them (admin token).
+    Credits(CreditsArgs),
+    /// Print a shell completion script.
+    Completion(CompletionArgs),
+}
+
+/// `nodus server`.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Where the API listens.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Where state is kept: memory:, sqlite://PATH or postgres://… (default: SQLite in the
+    /// data directory).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Where commands run: process, docker or unisolated.
+    #[arg(long, default_value = "process")]
+    pub sandbox: String,
+    /// The data directory (default: $XDG_DATA_HOME/nodus or ~/.local/share/nodus).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Register this admin token instead of generating one.
+    #[arg(long, env = "NODUS_BOOTSTRAP_TOKEN", hide_env_values = true)]
+    pub bootstrap_token: Option<String>,
+}
+
+/// `nodus login`.
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// The server's URL (default: the local server, http://127.0.0.1:7070).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The token (`-` reads it from standard input; default: the local server's token file).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// The name of the context to save (default: `local`, or the server's host).
+    #[arg(long = "name")]
+    pub name: Option<String>,
+    /// The data directory whose token file a local login reads.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// `nodus config …`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// List the saved contexts.
+    GetContexts,
+    /// Print the current context's name.
+    CurrentContext,
+    /// Make a saved context the current one.
+    UseContext {
+        /// The context's name.
+        name: String,
+    },
+}
+
+/// `-o`: how objects are printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// A table (the default).
+    Table,
+    /// A table with more columns.
+    Wide,
+    /// YAML.
+    Yaml,
+    /// JSON.
+    Json,
+    /// `kind.nodus.dev/NAME`.
+    Name,
+    /// A JSONPath template.
+    JsonPath(String),
+}
+
+/// Parses `-o`.
+pub fn parse_output(text: &str) -> Result<Output, String> {
+    Ok(match text {
+        "wide" => Output::Wide,
+        "yaml" => Output::Yaml,
+        "json" => Output::Json,
+        "name" => Output::Name,
+        other => match other.split_once('=') {
+            Some(("jsonpath", template)) => Output::JsonPath(template.to_string()),
+            _ => {
+                return Err(format!(
+                    "-o takes yaml, json, wide, name or jsonpath=TEMPLATE, not {other:?}"
+                ));
+            }
+        },
+    })
+}
+
+/// `nodus apply`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// A file or directory of YAML/JSON documents, or `-` for standard input.
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// `nodus get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// KIND, KIND NAME…, or KIND/NAME….
+    #[arg(required = true, num_args = 1..)]
+    pub targets: Vec<String>,
+    /// Output: yaml, json, wide, name or jsonpath=TEMPLATE.
+    #[arg(short, long, value_parser = parse_output)]
+    pub output: Option<Output>,
+    /// Label selector: key=value,key=value.
+    #[arg(short = 'l', long = "selector")]
+    pub selector: Option<String>,
+    /// Field selector: spec.group=x,status.phase=Running.
+    #[arg(long)]
+    pub field_selector: Option<String>,
+}
+
+/// `nodus wait`.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// KIND/NAME, such as agentrun/hello-agent-run.
+    pub target: String,
+    /// The condition: jsonpath='{.status.phase}'=VALUE.
+    #[arg(long = "for")]
+    pub condition: String,
+    /// How long to wait: 30s, 8m, 1h30m (0: check once).
+    #[arg(long, default_value = "30s")]
+    pub timeout: String,
+}
+
+/// `nodus create …`.
+#[derive(Debug, Subcommand)]
+pub enum CreateCommand {
+    /// Create a run of an agent.
+    #[command(visible_alias = "ar")]
+    Agentrun(CreateRunArgs),
+    /// Create a group of runs.
+    #[command(visible_alias = "ag")]
+    Agentgroup(CreateGroupArgs),
+}
+
+/// `nodus create agentrun`.
+#[derive(Debug, Args)]
+pub struct CreateRunArgs {
+    /// The run's name (optional for a group task: `<group>-<taskKey>`).
+    pub name: Option<String>,
+    /// The agent (or the template claude-assistant).
+    #[arg(long)]
+    pub agent: String,
+    /// The first prompt (`-` reads it from standard input).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Wait for messages after each turn instead of finishing.
+    #[arg(long)]
+    pub keep_alive: bool,
+    /// When the run must end: an RFC 3339 time, or a duration from now (30m, 2h).
+    #[arg(long)]
+    pub deadline: Option<String>,
+    /// The group the run belongs to.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// The run's task key in its group.
+    #[arg(long)]
+    pub task_key: Option<String>,
+    /// Task keys this run waits for (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub depends_on: Vec<String>,
+    /// Labels: key=value (repeatable).
+    #[arg(short = 'l', long = "label")]
+    pub labels: Vec<String>,
+}
+
+/// `nodus create agentgroup`.
+#[derive(Debug, Args)]
+pub struct CreateGroupArgs {
+    /// The group's name.
+    pub name: String,
+    /// The agent every run of the group uses.
+    #[arg(long)]
+    pub agent: String,
+    /// Runs that may go at once.
+    #[arg(long)]
+    pub max_active: Option<u32>,
+    /// Unfinished runs the group takes in.
+    #[arg(long)]
+    pub max_pending: Option<u32>,
+    /// One cap for the whole group's model spend, in dollars (0.60).
+    #[arg(long)]
+    pub max_cost: Option<String>,
+    /// Seal the group at once (no runs can be added).
+    #[arg(long)]
+    pub sealed: bool,
+    /// Labels: key=value (repeatable).
+    #[arg(short = 'l', long = "label")]
+    pub labels: Vec<String>,
+}
+
+/// `nodus patch`.
+#[derive(Debug, Args)]
+pub struct PatchArgs {
+    /// KIND/NAME.
+    pub target: String,
+    /// A JSON merge patch, such as '{"spec":{"sealed":true}}'.
+    #[arg(short, long)]
+    pub patch: String,
+}
+
+/// A command on one `KIND/NAME`.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// KIND/NAME.
+    pub target: String,
+}
+
+/// `nodus delete`.
+#[derive(Debug, Args)]
+pub struct DeleteArgs {
+    /// KIND/NAME…, or KIND NAME….
+    pub targets: Vec<String>,
+    /// Delete what these files describe.
+    #[arg(short = 'f', long = "filename")]
+    pub files: Vec<PathBuf>,
+    /// Succeed when an object does not exist.
+    #[arg(long)]
+    pub ignore_not_found: bool,
+}
+
+/// `nodus agentrun …`.
+#[derive(Debug, Subcommand)]
+pub enum AgentRunCommand {
+    /// Print the run's whole answer.
+    Answer {
+        /// The run.
+        name: String,
+    },
+    /// List what the run did, in order.
+    Steps {
+        /// The run.
+        name: String,
+        /// Output: yaml or json (default: a table).
+        #[arg(short, long, value_parser = parse_output)]
+        output: Option<Output>,
+        /// With each step's recorded intent and outcome (with -o yaml|json).
+        #[arg(long)]
+        payload: bool,
+    },
+    /// Send a message to a run.
+    Send {
+        /// The run.
+        name: String,
+        /// The message (`-` reads it from standard input).
+        message: String,
+        /// An idempotency key: the same key delivers the message once.
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Resolve a run parked in NeedsResolution.
+    Resolve {
+        /// The run.
+        name: String,
+        /// What to do with the uncertain step.
+        #[arg(long, value_enum)]
+        action: ResolveAction,
+    },
+}
+
+/// `--action` of `agentrun resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ResolveAction {
+    /// Run the uncertain step again.
+    Retry,
+    /// Record the step as failed and let the run go on.
+    RecordFailed,
+    /// Cancel the run.
+    Cancel,
+}
+
+impl ResolveAction {
+    /// The API's spelling.
+    pub fn wire(self) -> &'static str {
+        match self {
+            ResolveAction::Retry => "retry",
+            ResolveAction::RecordFailed => "recordFailed",
+            ResolveAction::Cancel => "cancel",
+        }
+    }
+}
+
+/// `nodus credits`.
+#[derive(Debug, Args)]
+pub struct CreditsArgs {
+    /// `add AMOUNT` adds credits in dollars (admin token).
+    #[command(subcommand)]
+    pub command: Option<CreditsCommand>,
+}
+
+/// `nodus credits add`.
+#[derive(Debug, Subcommand)]
+pub enum CreditsCommand {
+    /// Add credits to the project.
+    Add {
+        /// Dollars, such as 5.00.
+        amount: String,
+    },
+}
+
+/// `nodus completion`.
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_spec_commands_parse() {
+        let lines = [
+            "nodus login",
+            "nodus apply -f agent.yaml",
+            "nodus wait agentrun/hello-agent-run --for=jsonpath={.status.phase}=Succeeded --timeout=8m",
+            "nodus get agentrun/hello-agent-run -o yaml",
+            "nodus agentrun answer hello-agent-run",
+            "nodus agentrun steps hello-agent-run",
+            "nodus agentrun send hello-agent-run hello --key staging-1",
+            "nodus create agentrun triage --agent hello-agent --prompt hi",
+            "nodus create agentgroup parallel-agents --agent w --max-active 2 --max-cost 0.60",
+            "nodus patch ag/parallel-agents --patch {}",
+            "nodus get ag",
+            "nodus get ar --field-selector spec.group=parallel-agents",
+            "nodus cancel ag/parallel-agents",
+            "nodus delete ag/parallel-agents",
+            "nodus cancel agentrun/x",
+            "nodus agentrun resolve x --action record-failed",
+            "nodus credits add 5.00",
+            "nodus completion zsh",
+            "nodus get ar -o jsonpath={.items[*].metadata.name} --project team",
+        ];
+        for line in lines {
+            let args = line.split(' ');
+            if let Err(error) = Cli::try_parse_from(args) {
+                panic!("{line}: {error}");
+            }
+        }
+    }
+
+    #[test]
+    fn output_formats_parse() {
+        assert_eq!(parse_output("yaml"), Ok(Output::Yaml));
+        assert_eq!(
+            parse_output("jsonpath={.a}={.b}"),
+            Ok(Output::JsonPath("{.a}={.b}".into()))
+        );
+        assert!(parse_output("xml").is_err());
+    }
+}

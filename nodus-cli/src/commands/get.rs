@@ -1,0 +1,83 @@
+//! `nodus get`: list or show objects as a table, YAML, JSON, names or a JSONPath template.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::{out, outln};
+use crate::cli::{GetArgs, Output};
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::jsonpath::Template;
+use crate::kinds::{ResourceKind, parse_targets};
+use crate::table;
+use crate::yaml;
+
+pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
+    let (kind, names) = parse_targets(&args.targets)?;
+    let output = args.output.unwrap_or(Output::Table);
+    let template = match &output {
+        Output::JsonPath(text) => Some(Template::parse(text).map_err(Error::input)?),
+        _ => None,
+    };
+    let (document, items) = if names.is_empty() {
+        let mut query = Vec::new();
+        if let Some(selector) = &args.selector {
+            query.push(("labelSelector", selector.as_str()));
+        }
+        if let Some(selector) = &args.field_selector {
+            query.push(("fieldSelector", selector.as_str()));
+        }
+        let list = client.call(Method::GET, &[kind.plural()], &query, None).await?;
+        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+        (list, items)
+    } else {
+        if args.selector.is_some() || args.field_selector.is_some() {
+            return Err(Error::input("selectors (-l, --field-selector) apply to lists, not to named objects"));
+        }
+        let mut items = Vec::new();
+        for name in &names {
+            items.push(client.get(&[kind.plural(), name]).await?);
+        }
+        let document = match items.as_slice() {
+            [one] => one.clone(),
+            _ => json!({"apiVersion": "nodus.dev/v1", "kind": format!("{kind}List"), "items": items}),
+        };
+        (document, items)
+    };
+    print(kind, &output, template.as_ref(), &document, &items, &client.project)
+}
+
+/// Prints what `get` read in the chosen format.
+fn print(
+    kind: ResourceKind,
+    output: &Output,
+    template: Option<&Template>,
+    document: &Value,
+    items: &[Value],
+    project: &str,
+) -> Result<()> {
+    match output {
+        Output::Table | Output::Wide => {
+            if items.is_empty() {
+                eprintln!("No resources found in project {project}.");
+                return Ok(());
+            }
+            let now = jiff::Timestamp::now();
+            out(&table::objects(kind, items, *output == Output::Wide, now).render());
+        }
+        Output::Yaml => out(&yaml::to_yaml(document)?),
+        Output::Json => outln(&serde_json::to_string_pretty(document).unwrap_or_default()),
+        Output::Name => {
+            for item in items {
+                let name = item.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                outln(&kind.qualified(name));
+            }
+        }
+        Output::JsonPath(_) => {
+            if let Some(template) = template {
+                out(&template.render(document));
+            }
+        }
+    }
+    Ok(())
+}

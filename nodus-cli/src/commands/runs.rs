@@ -1,0 +1,138 @@
+//! `nodus agentrun answer|steps|send|resolve`: the sub-resources of one run.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::{out, outln, text_or_stdin};
+use crate::cli::{AgentRunCommand, Output};
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::jsonpath::scalar_text;
+use crate::kinds::ResourceKind;
+use crate::table::Table;
+use crate::yaml;
+
+const RUNS: &str = "agentruns";
+
+pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
+    match command {
+        AgentRunCommand::Answer { name } => {
+            let reply = client.get(&[RUNS, &name, "answer"]).await?;
+            match reply.get("answer").and_then(Value::as_str) {
+                Some(answer) => {
+                    out(answer);
+                    if !answer.ends_with('\n') {
+                        out("\n");
+                    }
+                    Ok(())
+                }
+                None => {
+                    let phase = reply.get("phase").and_then(Value::as_str).unwrap_or("Pending");
+                    Err(Error::input(format!(
+                        "agentrun/{name} has no answer yet (phase {phase})"
+                    )))
+                }
+            }
+        }
+        AgentRunCommand::Steps { name, output, payload } => {
+            let query: &[(&str, &str)] = if payload { &[("payload", "true")] } else { &[] };
+            let reply = client.call(Method::GET, &[RUNS, &name, "steps"], query, None).await?;
+            match output {
+                None | Some(Output::Table) | Some(Output::Wide) => {
+                    let items = reply.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+                    if items.is_empty() {
+                        eprintln!("agentrun/{name} has no steps yet.");
+                    } else {
+                        out(&steps_table(&items).render());
+                    }
+                }
+                Some(Output::Yaml) => out(&yaml::to_yaml(&reply)?),
+                Some(Output::Json) => outln(&serde_json::to_string_pretty(&reply).unwrap_or_default()),
+                Some(other) => {
+                    return Err(Error::input(format!(
+                        "agentrun steps prints a table, yaml or json, not {other:?}"
+                    )));
+                }
+            }
+            Ok(())
+        }
+        AgentRunCommand::Send { name, message, key } => {
+            let mut body = json!({"payload": text_or_stdin(&message)?});
+            if let Some(key) = &key {
+                body["messageKey"] = json!(key);
+            }
+            let reply = client.post(&[RUNS, &name, "messages"], body).await?;
+            let target = ResourceKind::AgentRun.qualified(&name);
+            if reply.get("duplicate").and_then(Value::as_bool) == Some(true) {
+                outln(&format!(
+                    "{target}: message with key {:?} was already delivered; not sent again",
+                    key.unwrap_or_default()
+                ));
+            } else {
+                let seq = reply.get("seq").map(scalar_text).unwrap_or_default();
+                outln(&format!("{target}: message delivered (seq {seq})"));
+            }
+            Ok(())
+        }
+        AgentRunCommand::Resolve { name, action } => {
+            let reply = client
+                .post(&[RUNS, &name, "resolve"], json!({"action": action.wire()}))
+                .await?;
+            let phase = reply.pointer("/status/phase").and_then(Value::as_str).unwrap_or("Pending");
+            outln(&format!(
+                "{} resolved ({}); now {phase}",
+                ResourceKind::AgentRun.qualified(&name),
+                action.wire()
+            ));
+            Ok(())
+        }
+    }
+}
+
+/// The steps as a table: SEQ, KIND, STATE, DURATION, SUMMARY.
+pub fn steps_table(items: &[Value]) -> Table {
+    let mut table = Table::new(&["SEQ", "KIND", "STATE", "DURATION", "SUMMARY"]);
+    for item in items {
+        let field = |name: &str| item.get(name).map(scalar_text).unwrap_or_default();
+        let time = |name: &str| {
+            item.get(name)
+                .and_then(Value::as_str)
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        };
+        let duration = match (time("startedAt"), time("finishedAt")) {
+            (Some(start), Some(end)) => {
+                let millis = end.as_millisecond().saturating_sub(start.as_millisecond()).max(0);
+                if millis < 1000 {
+                    format!("{millis}ms")
+                } else {
+                    format!("{}.{}s", millis / 1000, (millis % 1000) / 100)
+                }
+            }
+            _ => "-".to_string(),
+        };
+        let summary = field("summary").replace('\n', " ");
+        table.rows.push(vec![field("seq"), field("kind"), field("state"), duration, summary]);
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_show_in_order_with_their_duration() {
+        let items = vec![
+            json!({"seq": 0, "kind": "SandboxCreation", "state": "Completed", "startedAt": "2026-05-01T12:00:00Z", "finishedAt": "2026-05-01T12:00:00.040Z", "summary": "sandbox sb-1 (unisolated)"}),
+            json!({"seq": 1, "kind": "Command", "state": "Completed", "startedAt": "2026-05-01T12:00:01Z", "finishedAt": "2026-05-01T12:00:03.250Z", "summary": "echo hello\n-> 0"}),
+            json!({"seq": 2, "kind": "ModelCall", "state": "Started", "startedAt": "2026-05-01T12:00:04Z", "summary": "haiku"}),
+        ];
+        assert_eq!(
+            steps_table(&items).render(),
+            "SEQ   KIND              STATE       DURATION   SUMMARY\n\
+             0     SandboxCreation   Completed   40ms       sandbox sb-1 (unisolated)\n\
+             1     Command           Completed   2.2s       echo hello -> 0\n\
+             2     ModelCall         Started     -          haiku\n"
+        );
+    }
+}

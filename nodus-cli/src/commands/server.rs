@@ -1,0 +1,113 @@
+//! `nodus server`: builds the server from its flags, announces what it runs on, and serves
+//! until Ctrl-C or SIGTERM (then exits 0).
+
+use nodus_server::{Options, SandboxKind, Server, StoreUrl};
+
+use crate::cli::ServerArgs;
+use crate::error::{Error, Result};
+
+/// The options the flags describe.
+pub fn options(args: ServerArgs) -> Result<Options> {
+    let data_dir = args.data_dir.unwrap_or_else(nodus_server::default_data_dir);
+    let mut options = Options::new(data_dir);
+    options.listen = args.listen;
+    options.store = args
+        .store
+        .as_deref()
+        .map(str::parse::<StoreUrl>)
+        .transpose()
+        .map_err(Error::Input)?;
+    options.sandbox = args.sandbox.parse::<SandboxKind>().map_err(Error::Input)?;
+    options.bootstrap_token = args.bootstrap_token.filter(|t| !t.is_empty());
+    Ok(options)
+}
+
+pub async fn run(args: ServerArgs) -> Result<()> {
+    init_logging();
+    let options = options(args)?;
+    let listen = options.listen;
+    let server = Server::build(options)
+        .await
+        .map_err(|e| Error::Start(format!("the server cannot start: {e}")))?;
+    for line in &server.announcements {
+        eprintln!("nodus server: {line}");
+    }
+    eprintln!("nodus server: serving the API on http://{listen} (Ctrl-C stops it)");
+    server
+        .serve(shutdown())
+        .await
+        .map_err(|e| Error::Start(format!("the server stopped: {e}")))?;
+    eprintln!("nodus server: stopped");
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Logs to stderr at the level in `NODUS_LOG` (error, warn, info, debug, trace; default
+/// info).
+fn init_logging() {
+    let level = std::env::var("NODUS_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser as _;
+
+    fn server_args(line: &str) -> ServerArgs {
+        match Cli::try_parse_from(line.split(' ')).expect("parses").command {
+            Command::Server(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_become_options() {
+        let options = options(server_args(
+            "nodus server --store memory: --sandbox unisolated --data-dir /tmp/n --listen 127.0.0.1:7171 --bootstrap-token T",
+        ))
+        .expect("valid");
+        assert_eq!(options.store, Some(StoreUrl::Memory));
+        assert_eq!(options.sandbox, SandboxKind::Unisolated);
+        assert_eq!(options.listen.to_string(), "127.0.0.1:7171");
+        assert_eq!(options.data_dir, std::path::PathBuf::from("/tmp/n"));
+        assert_eq!(options.bootstrap_token.as_deref(), Some("T"));
+        let error = options_error("nodus server --store mysql://x");
+        assert!(error.contains("sqlite://PATH"), "{error}");
+        let error = options_error("nodus server --sandbox vm");
+        assert!(error.contains("unisolated"), "{error}");
+    }
+
+    fn options_error(line: &str) -> String {
+        options(server_args(line)).expect_err("invalid").to_string()
+    }
+}

@@ -1,0 +1,108 @@
+//! YAML at the edges: reading files of several `---` documents into JSON values (JSON files
+//! read the same way), and writing a value as YAML for `-o yaml` and the config file.
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The documents of a YAML (or JSON) text, in order; empty documents are left out. `source`
+/// names the text in errors (a file name, or `-` for standard input).
+pub fn parse_documents(text: &str, source: &str) -> Result<Vec<Value>> {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(text)
+        .map_err(|e| Error::input(format!("{source}: not valid YAML: {e}")))?;
+    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// A value as a YAML document (ending with a newline).
+pub fn to_yaml(value: &Value) -> Result<String> {
+    let mut text =
+        serde_saphyr::to_string(value).map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const RUNS: &str = r#"# runs.yaml
+apiVersion: nodus.dev/v1
+kind: AgentRun
+metadata:
+  name: parallel-agents-a
+spec:
+  agent: parallel-agents-worker
+  group: parallel-agents
+  taskKey: a
+  input: "What is the capital of France?"
+---
+---
+apiVersion: nodus.dev/v1
+kind: AgentRun
+spec:
+  dependsOn: [a, b]       # c waits until a and b have succeeded
+  input: "Run `echo hello` and tell me what it printed"
+"#;
+
+    #[test]
+    fn splits_documents_and_skips_empty_ones() {
+        let documents = parse_documents(RUNS, "runs.yaml").expect("valid YAML");
+        assert_eq!(documents.len(), 2);
+        assert_eq!(documents[0]["spec"]["taskKey"], "a");
+        assert_eq!(documents[1]["spec"]["dependsOn"], json!(["a", "b"]));
+        assert_eq!(
+            documents[1]["spec"]["input"],
+            "Run `echo hello` and tell me what it printed"
+        );
+    }
+
+    #[test]
+    fn reads_the_spec_agent_with_block_text_quoted_money_and_numbers() {
+        let text = "kind: Agent\nspec:\n  system: |\n    You are careful.\n    Answer briefly.\n  perRunMaxCostUSD: \"0.50\"\n  maxTokens: 1024\n  model:\n    families: [haiku]\n";
+        let documents = parse_documents(text, "agent.yaml").expect("valid YAML");
+        assert_eq!(
+            documents[0]["spec"],
+            json!({"system": "You are careful.\nAnswer briefly.\n", "perRunMaxCostUSD": "0.50", "maxTokens": 1024, "model": {"families": ["haiku"]}})
+        );
+    }
+
+    #[test]
+    fn json_files_read_as_yaml() {
+        let documents = parse_documents(r#"{"kind": "Agent", "spec": {"n": [1, 2]}}"#, "a.json")
+            .expect("JSON is YAML");
+        assert_eq!(documents, vec![json!({"kind": "Agent", "spec": {"n": [1, 2]}})]);
+    }
+
+    #[test]
+    fn malformed_yaml_names_its_source() {
+        let error = parse_documents("a: [\n", "bad.yaml").expect_err("unclosed");
+        assert!(error.to_string().starts_with("bad.yaml: not valid YAML"), "{error}");
+        assert!(parse_documents("", "empty.yaml").expect("empty").is_empty());
+    }
+
+    #[test]
+    fn emitted_yaml_reads_back_as_the_same_value() {
+        let value = json!({
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentRun",
+            "metadata": {"name": "hello", "labels": {}},
+            "spec": {"input": "Run `echo hello`: then tell me", "keepAlive": true},
+            "status": {
+                "phase": "Succeeded",
+                "cost": {"totalUSD": "0.50"},
+                "answer": {"preview": "hello\nworld\n", "bytes": 12},
+                "turns": [{"model": "claude-haiku", "commands": 1}, {"model": "x", "costUSD": "1.00"}],
+                "odd": ["true", "null", "", " lead", "#x", "- y", "yes", "1e3", "a\tb"],
+                "empty": [],
+                "none": null
+            }
+        });
+        let text = to_yaml(&value).expect("writes");
+        assert!(text.contains("totalUSD: \"0.50\""), "money stays a string: {text}");
+        let back = parse_documents(&text, "out").expect("reads back");
+        assert_eq!(back, vec![value]);
+    }
+}
