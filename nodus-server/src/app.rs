@@ -105,8 +105,8 @@ impl Server {
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
-        let catalog = nodus_llm::default_catalog()
-            .map_err(|e| StartError::Backend(e.to_string()))?;
+        let catalog =
+            nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;
         let engine = Engine::new(
             Deps {
                 store: store.clone(),
@@ -183,7 +183,10 @@ impl Server {
     }
 }
 
-async fn open_store(options: &Options, announcements: &mut Vec<String>) -> Result<Arc<dyn Store>, StartError> {
+async fn open_store(
+    options: &Options,
+    announcements: &mut Vec<String>,
+) -> Result<Arc<dyn Store>, StartError> {
     let url = options
         .store
         .clone()
@@ -193,17 +196,24 @@ async fn open_store(options: &Options, announcements: &mut Vec<String>) -> Resul
             announcements.push("store: in memory (nothing survives a restart)".to_string());
             Ok(Arc::new(nodus_store::MemoryStore::new()))
         }
-        StoreUrl::Sqlite(path) => Err(StartError::Backend(format!(
-            "the SQLite store ({}) is not built into this version yet; use --store memory:",
-            path.display()
-        ))),
+        StoreUrl::Sqlite(path) => {
+            let store = nodus_store::SqliteStore::open(&path).await.map_err(|e| {
+                StartError::Backend(format!("SQLite store {}: {e}", path.display()))
+            })?;
+            announcements.push(format!("store: SQLite at {} (one process)", path.display()));
+            Ok(Arc::new(store))
+        }
         StoreUrl::Postgres(_) => Err(StartError::Backend(
-            "the Postgres store is not built into this version yet; use --store memory:".to_string(),
+            "the Postgres store is not built into this version yet; use --store memory:"
+                .to_string(),
         )),
     }
 }
 
-fn open_sandbox(options: &Options, announcements: &mut Vec<String>) -> Result<Arc<dyn Sandbox>, StartError> {
+fn open_sandbox(
+    options: &Options,
+    announcements: &mut Vec<String>,
+) -> Result<Arc<dyn Sandbox>, StartError> {
     let root = options.data_dir.join("sandboxes");
     match options.sandbox {
         SandboxKind::Unisolated => {
@@ -235,7 +245,11 @@ fn open_model(announcements: &mut Vec<String>) -> (Arc<dyn ModelClient>, Arc<dyn
 /// First start: the projects `default` and `nodus`, the `claude-assistant` template, the
 /// default project's welcome credits, and the admin token (written once to a file only its
 /// owner can read, or the one given by `--bootstrap-token`).
-async fn bootstrap(state: &AppState, options: &Options, announcements: &mut Vec<String>) -> Result<(), StartError> {
+async fn bootstrap(
+    state: &AppState,
+    options: &Options,
+    announcements: &mut Vec<String>,
+) -> Result<(), StartError> {
     state.ledger.open(DEFAULT_PROJECT, WELCOME_CREDITS).await?;
     state.ledger.open(TEMPLATE_PROJECT, Usd::ZERO).await?;
     let template = Agent::new("claude-assistant", {
@@ -250,7 +264,9 @@ async fn bootstrap(state: &AppState, options: &Options, announcements: &mut Vec<
         .engine
         .apply_agent(TEMPLATE_PROJECT, template)
         .await
-        .map_err(|e| StartError::Backend(format!("cannot install the claude-assistant template: {e}")))?;
+        .map_err(|e| {
+            StartError::Backend(format!("cannot install the claude-assistant template: {e}"))
+        })?;
 
     let token_file = options.data_dir.join(ADMIN_TOKEN_FILE);
     let token = match &options.bootstrap_token {
@@ -260,24 +276,32 @@ async fn bootstrap(state: &AppState, options: &Options, announcements: &mut Vec<
             Err(_) => {
                 let token = crate::auth::new_token()
                     .map_err(|e| StartError::Backend(format!("no randomness for a token: {e}")))?;
-                crate::auth::write_private_file(&token_file, &format!("{token}\n")).map_err(|e| {
-                    StartError::DataDir {
+                crate::auth::write_private_file(&token_file, &format!("{token}\n")).map_err(
+                    |e| StartError::DataDir {
                         path: token_file.display().to_string(),
                         reason: e.to_string(),
-                    }
-                })?;
+                    },
+                )?;
                 token
             }
         },
     };
     if token.is_empty() {
-        return Err(StartError::Backend("the bootstrap token is empty".to_string()));
+        return Err(StartError::Backend(
+            "the bootstrap token is empty".to_string(),
+        ));
     }
-    state.auth.register(&token, &[DEFAULT_PROJECT], true).await?;
+    state
+        .auth
+        .register(&token, &[DEFAULT_PROJECT], true)
+        .await?;
     if options.bootstrap_token.is_some() {
         announcements.push("admin token: the one given by --bootstrap-token".to_string());
     } else {
-        announcements.push(format!("admin token: in {} (owner-only)", token_file.display()));
+        announcements.push(format!(
+            "admin token: in {} (owner-only)",
+            token_file.display()
+        ));
     }
     Ok(())
 }

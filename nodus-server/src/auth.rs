@@ -93,7 +93,12 @@ impl Auth {
     }
 
     /// Register a token for these projects (replacing what it held).
-    pub async fn register(&self, token: &str, projects: &[&str], admin: bool) -> Result<(), store::Error> {
+    pub async fn register(
+        &self,
+        token: &str,
+        projects: &[&str],
+        admin: bool,
+    ) -> Result<(), store::Error> {
         let key = Self::key(token);
         let document = serde_json::json!({
             "apiVersion": nodus_core::resource::API_VERSION,
@@ -102,7 +107,11 @@ impl Auth {
             "spec": TokenSpec { projects: projects.iter().map(|p| p.to_string()).collect(), admin },
         });
         match self.store.get(&key).await {
-            Ok(record) => self.store.update(&key, record.version, document).await.map(|_| ()),
+            Ok(record) => self
+                .store
+                .update(&key, record.version, document)
+                .await
+                .map(|_| ()),
             Err(store::Error::NotFound(_)) => self.store.create(&key, document).await.map(|_| ()),
             Err(e) => Err(e),
         }

@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nodus_core::Clock;
 use nodus_core::engine::{Driven, Engine};
 use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, Kind};
 use nodus_core::store::{Change, ObjectKey, Selector, Store};
-use nodus_core::Clock;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -117,7 +117,12 @@ impl Controller {
         workers.shutdown().await;
     }
 
-    fn queue(&self, key: ObjectKey, slots: &mut HashMap<ObjectKey, Slot>, workers: &mut JoinSet<Done>) {
+    fn queue(
+        &self,
+        key: ObjectKey,
+        slots: &mut HashMap<ObjectKey, Slot>,
+        workers: &mut JoinSet<Done>,
+    ) {
         let slot = slots.entry(key.clone()).or_default();
         if slot.busy {
             slot.dirty = true;
@@ -134,7 +139,11 @@ impl Controller {
                     {
                         tracing::warn!(group = %key, error = %error, "reconcile failed");
                     }
-                    Done { key, group: None, wake_at: None }
+                    Done {
+                        key,
+                        group: None,
+                        wake_at: None,
+                    }
                 }
                 _ => {
                     let _permit = permits.acquire_owned().await;
@@ -146,7 +155,11 @@ impl Controller {
 
     /// Every unfinished run and every group of every project.
     async fn everything(&self) -> Vec<ObjectKey> {
-        let projects = match self.store.list(SYSTEM_PROJECT, Kind::Project, &Selector::default()).await {
+        let projects = match self
+            .store
+            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+            .await
+        {
             Ok(projects) => projects,
             Err(error) => {
                 tracing::error!(error = %error, "cannot list projects");
@@ -157,8 +170,16 @@ impl Controller {
         for project in projects {
             let name = project.key.name;
             keys.extend(self.runs_of(&name).await);
-            if let Ok(groups) = self.engine.list::<AgentGroupSpec>(&name, &Selector::default()).await {
-                keys.extend(groups.iter().map(|g| ObjectKey::new(&name, Kind::AgentGroup, g.name())));
+            if let Ok(groups) = self
+                .engine
+                .list::<AgentGroupSpec>(&name, &Selector::default())
+                .await
+            {
+                keys.extend(
+                    groups
+                        .iter()
+                        .map(|g| ObjectKey::new(&name, Kind::AgentGroup, g.name())),
+                );
             }
         }
         keys
@@ -166,7 +187,11 @@ impl Controller {
 
     /// The unfinished runs of a project.
     async fn runs_of(&self, project: &str) -> Vec<ObjectKey> {
-        match self.engine.list::<AgentRunSpec>(project, &Selector::default()).await {
+        match self
+            .engine
+            .list::<AgentRunSpec>(project, &Selector::default())
+            .await
+        {
             Ok(runs) => runs
                 .iter()
                 .filter(|run| !run.status.phase.is_some_and(|p| p.is_finished()))
@@ -187,17 +212,39 @@ async fn drive(engine: &Engine, key: ObjectKey) -> Done {
             .spec
             .group
             .map(|group| ObjectKey::new(&key.project, Kind::AgentGroup, group)),
-        Err(_) => return Done { key, group: None, wake_at: None },
+        Err(_) => {
+            return Done {
+                key,
+                group: None,
+                wake_at: None,
+            };
+        }
     };
     match engine.drive(&key.project, &key.name).await {
-        Ok(Driven::Waiting { until, .. }) => Done { key, group, wake_at: until },
-        Ok(Driven::NotAdmitted) => Done { key, group: None, wake_at: None },
-        Ok(_) => Done { key, group, wake_at: None },
+        Ok(Driven::Waiting { until, .. }) => Done {
+            key,
+            group,
+            wake_at: until,
+        },
+        Ok(Driven::NotAdmitted) => Done {
+            key,
+            group: None,
+            wake_at: None,
+        },
+        Ok(_) => Done {
+            key,
+            group,
+            wake_at: None,
+        },
         Err(error) => {
             if error.reason() != "NotFound" {
                 tracing::warn!(run = %key, error = %error, "driving the run failed");
             }
-            Done { key, group, wake_at: None }
+            Done {
+                key,
+                group,
+                wake_at: None,
+            }
         }
     }
 }

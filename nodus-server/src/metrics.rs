@@ -6,11 +6,11 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use nodus_core::Usd;
 use nodus_core::engine::Engine;
 use nodus_core::journal::{Outcome, StepKind};
 use nodus_core::resource::{AgentRunSpec, Kind};
 use nodus_core::store::{Selector, Store};
-use nodus_core::Usd;
 
 use crate::auth::SYSTEM_PROJECT;
 
@@ -64,21 +64,37 @@ impl Metrics {
             }
         }
         let mut text = String::new();
-        let _ = writeln!(text, "# HELP nodus_http_requests_total HTTP requests answered.");
+        let _ = writeln!(
+            text,
+            "# HELP nodus_http_requests_total HTTP requests answered."
+        );
         let _ = writeln!(text, "# TYPE nodus_http_requests_total counter");
-        let _ = writeln!(text, "nodus_http_requests_total {}", self.requests.load(Ordering::Relaxed));
+        let _ = writeln!(
+            text,
+            "nodus_http_requests_total {}",
+            self.requests.load(Ordering::Relaxed)
+        );
         let _ = writeln!(text, "# HELP nodus_runs Runs by phase.");
         let _ = writeln!(text, "# TYPE nodus_runs gauge");
         for (phase, count) in &phases {
             let _ = writeln!(text, "nodus_runs{{phase=\"{phase}\"}} {count}");
         }
-        let _ = writeln!(text, "# HELP nodus_model_calls_total Model calls that replied.");
+        let _ = writeln!(
+            text,
+            "# HELP nodus_model_calls_total Model calls that replied."
+        );
         let _ = writeln!(text, "# TYPE nodus_model_calls_total counter");
         let _ = writeln!(text, "nodus_model_calls_total {model_calls}");
-        let _ = writeln!(text, "# HELP nodus_spend_nanodollars_total Model and routing spend, in nano-dollars (exact).");
+        let _ = writeln!(
+            text,
+            "# HELP nodus_spend_nanodollars_total Model and routing spend, in nano-dollars (exact)."
+        );
         let _ = writeln!(text, "# TYPE nodus_spend_nanodollars_total counter");
         let _ = writeln!(text, "nodus_spend_nanodollars_total {}", spend.nanos());
-        let _ = writeln!(text, "# HELP nodus_step_duration_milliseconds Time from a step's intent to its outcome.");
+        let _ = writeln!(
+            text,
+            "# HELP nodus_step_duration_milliseconds Time from a step's intent to its outcome."
+        );
         let _ = writeln!(text, "# TYPE nodus_step_duration_milliseconds summary");
         let _ = writeln!(text, "nodus_step_duration_milliseconds_sum {step_millis}");
         let _ = writeln!(text, "nodus_step_duration_milliseconds_count {steps}");

@@ -24,12 +24,17 @@ fn with_body(mut operation: Value, description: &str) -> Value {
 
 /// The document.
 pub fn document() -> Value {
-    let project = json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
+    let project =
+        json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
     let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets"]}});
-    let name = json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
+    let name =
+        json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let base = "/apis/nodus.dev/v1/projects/{project}";
     let mut paths = serde_json::Map::new();
-    paths.insert("/healthz".into(), json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}));
+    paths.insert(
+        "/healthz".into(),
+        json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}),
+    );
     paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}}));
     paths.insert(format!("{base}/{{plural}}"), json!({
         "parameters": [project, plural],
@@ -44,14 +49,36 @@ pub fn document() -> Value {
         "delete": operation("Delete (a group with all its runs)", "200"),
     }));
     for (sub, method, summary, ok) in [
-        ("messages", "post", "Send a message {payload, messageKey}", "201"),
+        (
+            "messages",
+            "post",
+            "Send a message {payload, messageKey}",
+            "201",
+        ),
         ("steps", "get", "The run's steps in order", "200"),
         ("answer", "get", "The whole answer", "200"),
-        ("cancel", "post", "Cancel the run (its sandbox is deleted)", "200"),
-        ("resolve", "post", "Resolve an uncertain step {action: retry|recordFailed|cancel}", "200"),
+        (
+            "cancel",
+            "post",
+            "Cancel the run (its sandbox is deleted)",
+            "200",
+        ),
+        (
+            "resolve",
+            "post",
+            "Resolve an uncertain step {action: retry|recordFailed|cancel}",
+            "200",
+        ),
     ] {
-        let op = if method == "post" && sub != "cancel" { with_body(operation(summary, ok), summary) } else { operation(summary, ok) };
-        paths.insert(format!("{base}/agentruns/{{name}}/{sub}"), json!({"parameters": [project, name], method: op}));
+        let op = if method == "post" && sub != "cancel" {
+            with_body(operation(summary, ok), summary)
+        } else {
+            operation(summary, ok)
+        };
+        paths.insert(
+            format!("{base}/agentruns/{{name}}/{sub}"),
+            json!({"parameters": [project, name], method: op}),
+        );
     }
     paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation("Cancel every unfinished run of the group", "200")}));
     paths.insert(format!("{base}/credits"), json!({

@@ -25,7 +25,9 @@ impl FromStr for StoreUrl {
             Ok(StoreUrl::Memory)
         } else if let Some(path) = text.strip_prefix("sqlite://") {
             if path.is_empty() {
-                return Err("sqlite:// needs a file path, as in sqlite:///var/lib/nodus/nodus.db".into());
+                return Err(
+                    "sqlite:// needs a file path, as in sqlite:///var/lib/nodus/nodus.db".into(),
+                );
             }
             Ok(StoreUrl::Sqlite(PathBuf::from(path)))
         } else if text.starts_with("postgres://") || text.starts_with("postgresql://") {
@@ -121,7 +123,10 @@ mod tests {
             "sqlite:///tmp/n.db".parse(),
             Ok(StoreUrl::Sqlite(PathBuf::from("/tmp/n.db")))
         );
-        assert!(matches!("postgres://u@h/db".parse(), Ok(StoreUrl::Postgres(_))));
+        assert!(matches!(
+            "postgres://u@h/db".parse(),
+            Ok(StoreUrl::Postgres(_))
+        ));
         let error = "mysql://x".parse::<StoreUrl>().expect_err("unsupported");
         assert!(error.contains("sqlite://PATH"), "{error}");
         assert!("vm".parse::<SandboxKind>().is_err());

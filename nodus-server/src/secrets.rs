@@ -114,7 +114,10 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
     }
     (0..text.len())
         .step_by(2)
-        .map(|i| text.get(i..i + 2).and_then(|pair| u8::from_str_radix(pair, 16).ok()))
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
         .collect()
 }
 
@@ -141,7 +144,9 @@ impl Secrets for StoreSecrets {
             .ok()?;
         let sealed = record.document["sealedData"].as_str()?;
         match self.cipher.open(sealed) {
-            Ok(values) => values.get(key).map(|value| SecretString::new(value.clone())),
+            Ok(values) => values
+                .get(key)
+                .map(|value| SecretString::new(value.clone())),
             Err(error) => {
                 tracing::warn!(project, secret = name, error = %error, "cannot open secret");
                 None
@@ -159,7 +164,10 @@ mod tests {
         let cipher = Cipher::ephemeral().expect("key");
         let values = BTreeMap::from([("ANTHROPIC_API_KEY".to_string(), "sk-ant-xyz".to_string())]);
         let sealed = cipher.seal(&values).expect("seal");
-        assert!(!sealed.contains("sk-ant"), "the value is not in the sealed text");
+        assert!(
+            !sealed.contains("sk-ant"),
+            "the value is not in the sealed text"
+        );
         assert_eq!(cipher.open(&sealed).expect("open"), values);
         let mut tampered = sealed.clone();
         tampered.replace_range(30..32, if &sealed[30..32] == "00" { "01" } else { "00" });
@@ -177,7 +185,10 @@ mod tests {
         let sealed = first.seal(&BTreeMap::new()).expect("seal");
         let again = Cipher::in_dir(&dir).expect("cipher");
         assert!(again.open(&sealed).is_ok(), "the same key is read back");
-        let mode = std::fs::metadata(dir.join(KEY_FILE)).expect("meta").permissions().mode();
+        let mode = std::fs::metadata(dir.join(KEY_FILE))
+            .expect("meta")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }

@@ -32,11 +32,25 @@ async fn api() -> Api {
 }
 
 impl Api {
-    async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> (StatusCode, Value) {
-        self.raw(method, path, token, body.map(|b| b.to_string()), &[]).await
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        self.raw(method, path, token, body.map(|b| b.to_string()), &[])
+            .await
     }
 
-    async fn raw(&self, method: Method, path: &str, token: Option<&str>, body: Option<String>, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+    async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<String>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
         let mut request = Request::builder().method(method).uri(path);
         if let Some(token) = token {
             request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
@@ -48,15 +62,30 @@ impl Api {
             .header(header::CONTENT_TYPE, "application/json")
             .body(body.map(Body::from).unwrap_or_else(Body::empty))
             .expect("request");
-        let response = self.router.clone().oneshot(request).await.expect("response");
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("response");
         let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
-        let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
         (status, value)
     }
 
     async fn runs(&self) -> usize {
-        let (_, list) = self.call(Method::GET, &format!("{BASE}/default/agentruns"), Some(TOKEN), None).await;
+        let (_, list) = self
+            .call(
+                Method::GET,
+                &format!("{BASE}/default/agentruns"),
+                Some(TOKEN),
+                None,
+            )
+            .await;
         list["items"].as_array().map_or(0, Vec::len)
     }
 }
@@ -76,22 +105,68 @@ async fn tokens_are_required_and_bound_to_their_projects() {
     let api = api().await;
     let path = format!("{BASE}/default/agents");
     let (status, body) = api.call(Method::GET, &path, None, None).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::UNAUTHORIZED, Some("Unauthorized")));
-    let (status, body) = api.call(Method::GET, &path, Some("nodus_wrong"), None).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::UNAUTHORIZED, Some("Unauthorized")));
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
+    );
+    let (status, body) = api
+        .call(Method::GET, &path, Some("nodus_wrong"), None)
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
+    );
     // Another project: the same answer whether it exists or not.
-    api.state.ledger.open("other", nodus_core::Usd::ZERO).await.expect("project");
-    let (existing, a) = api.call(Method::GET, &format!("{BASE}/other/agents"), Some(TOKEN), None).await;
-    let (missing, b) = api.call(Method::GET, &format!("{BASE}/nowhere/agents"), Some(TOKEN), None).await;
+    api.state
+        .ledger
+        .open("other", nodus_core::Usd::ZERO)
+        .await
+        .expect("project");
+    let (existing, a) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/other/agents"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let (missing, b) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/nowhere/agents"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
     assert_eq!(existing, StatusCode::FORBIDDEN);
     assert_eq!(missing, StatusCode::FORBIDDEN);
     assert_eq!(a["reason"], b["reason"]);
-    assert_eq!(a["message"].as_str().map(|m| m.replace("other", "X")), b["message"].as_str().map(|m| m.replace("nowhere", "X")));
+    assert_eq!(
+        a["message"].as_str().map(|m| m.replace("other", "X")),
+        b["message"].as_str().map(|m| m.replace("nowhere", "X"))
+    );
     // The template project is readable and read-only.
-    let (status, body) = api.call(Method::GET, &format!("{BASE}/nodus/agents/claude-assistant"), Some(TOKEN), None).await;
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/nodus/agents/claude-assistant"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = api.call(Method::POST, &format!("{BASE}/nodus/agents"), Some(TOKEN), Some(agent("mine"))).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::FORBIDDEN, Some("Forbidden")));
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/nodus/agents"),
+            Some(TOKEN),
+            Some(agent("mine")),
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::FORBIDDEN, Some("Forbidden"))
+    );
 }
 
 #[tokio::test]
@@ -99,30 +174,81 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
     let api = api().await;
     let agents = format!("{BASE}/default/agents");
     let runs = format!("{BASE}/default/agentruns");
-    let (status, body) = api.raw(Method::POST, &agents, Some(TOKEN), Some("{not json".into()), &[]).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("Invalid")));
+    let (status, body) = api
+        .raw(
+            Method::POST,
+            &agents,
+            Some(TOKEN),
+            Some("{not json".into()),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("Invalid"))
+    );
     let mut unknown = agent("hello-agent");
     unknown["spec"]["bogus"] = json!(1);
-    let (status, body) = api.call(Method::POST, &agents, Some(TOKEN), Some(unknown)).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("Invalid")));
+    let (status, body) = api
+        .call(Method::POST, &agents, Some(TOKEN), Some(unknown))
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("Invalid"))
+    );
     assert_eq!(body["details"]["field"], "spec.bogus", "{body}");
-    let (status, body) = api.call(Method::POST, &agents, Some(TOKEN), Some(agent("Bad_Name"))).await;
+    let (status, body) = api
+        .call(Method::POST, &agents, Some(TOKEN), Some(agent("Bad_Name")))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["details"]["field"], "metadata.name", "{body}");
-    let (status, _) = api.call(Method::GET, &format!("{agents}/hello-agent"), Some(TOKEN), None).await;
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("{agents}/hello-agent"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing was written");
 
-    let (status, _) = api.call(Method::POST, &agents, Some(TOKEN), Some(agent("hello-agent"))).await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            &agents,
+            Some(TOKEN),
+            Some(agent("hello-agent")),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED);
     let big = "x".repeat(256 * 1024 + 1);
-    let (status, body) = api.call(Method::POST, &runs, Some(TOKEN), Some(run("big", &big))).await;
+    let (status, body) = api
+        .call(Method::POST, &runs, Some(TOKEN), Some(run("big", &big)))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["details"]["field"], "spec.input", "{body}");
-    assert!(body["message"].as_str().is_some_and(|m| m.len() < 1000), "the value is shortened");
-    let (status, body) = api.call(Method::POST, &runs, Some(TOKEN), Some(run("r", "hi").tap(|r| r["spec"]["agent"] = json!("nope")))).await;
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.len() < 1000),
+        "the value is shortened"
+    );
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &runs,
+            Some(TOKEN),
+            Some(run("r", "hi").tap(|r| r["spec"]["agent"] = json!("nope"))),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(api.runs().await, 0, "nothing was written");
-    let (status, body) = api.call(Method::GET, &format!("{runs}?fieldSelector=spec.input%3Dx"), Some(TOKEN), None).await;
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{runs}?fieldSelector=spec.input%3Dx"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }
 
@@ -139,48 +265,163 @@ impl Tap for Value {
 #[tokio::test]
 async fn a_run_goes_from_create_to_answer_and_steps() {
     let api = api().await;
-    let (status, _) = api.call(Method::POST, &format!("{BASE}/default/agents"), Some(TOKEN), Some(agent("hello-agent"))).await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agents"),
+            Some(TOKEN),
+            Some(agent("hello-agent")),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, created) = api.call(Method::POST, &format!("{BASE}/default/agentruns"), Some(TOKEN), Some(run("hello-agent-run", "Run `echo hello` and tell me what it printed."))).await;
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentruns"),
+            Some(TOKEN),
+            Some(run(
+                "hello-agent-run",
+                "Run `echo hello` and tell me what it printed.",
+            )),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     assert_eq!(created["status"]["phase"], "Pending");
     assert_eq!(created["status"]["cost"]["limitUSD"], "0.50");
     // No controller runs in this test: drive the run by hand.
-    let driven = api.state.engine.drive("default", "hello-agent-run").await.expect("drive");
-    assert_eq!(driven, nodus_core::engine::Driven::Finished(nodus_core::lifecycle::RunPhase::Succeeded));
-    let (_, got) = api.call(Method::GET, &format!("{BASE}/default/agentruns/hello-agent-run"), Some(TOKEN), None).await;
+    let driven = api
+        .state
+        .engine
+        .drive("default", "hello-agent-run")
+        .await
+        .expect("drive");
+    assert_eq!(
+        driven,
+        nodus_core::engine::Driven::Finished(nodus_core::lifecycle::RunPhase::Succeeded)
+    );
+    let (_, got) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/hello-agent-run"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
     assert_eq!(got["status"]["phase"], "Succeeded");
-    assert!(got["status"]["answer"]["preview"].as_str().is_some_and(|a| a.contains("hello")), "{got}");
-    assert_eq!(got["status"]["sandbox"]["isolated"], false, "the unisolated sandbox says so");
-    let (_, answer) = api.call(Method::GET, &format!("{BASE}/default/agentruns/hello-agent-run/answer"), Some(TOKEN), None).await;
-    assert!(answer["answer"].as_str().is_some_and(|a| a.contains("hello")));
-    let (_, steps) = api.call(Method::GET, &format!("{BASE}/default/agentruns/hello-agent-run/steps"), Some(TOKEN), None).await;
-    let kinds: Vec<_> = steps["items"].as_array().expect("items").iter().map(|s| s["kind"].as_str().unwrap_or_default().to_string()).collect();
+    assert!(
+        got["status"]["answer"]["preview"]
+            .as_str()
+            .is_some_and(|a| a.contains("hello")),
+        "{got}"
+    );
+    assert_eq!(
+        got["status"]["sandbox"]["isolated"], false,
+        "the unisolated sandbox says so"
+    );
+    let (_, answer) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/hello-agent-run/answer"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert!(
+        answer["answer"]
+            .as_str()
+            .is_some_and(|a| a.contains("hello"))
+    );
+    let (_, steps) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/hello-agent-run/steps"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let kinds: Vec<_> = steps["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap_or_default().to_string())
+        .collect();
     assert_eq!(kinds.first().map(String::as_str), Some("SandboxCreation"));
     assert!(kinds.iter().any(|k| k == "Command"));
-    let (_, credits) = api.call(Method::GET, &format!("{BASE}/default/credits"), Some(TOKEN), None).await;
-    assert_eq!(credits["spentUSD"], got["status"]["cost"]["totalUSD"], "the run's spend came off the credits: {credits}");
+    let (_, credits) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/credits"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        credits["spentUSD"], got["status"]["cost"]["totalUSD"],
+        "the run's spend came off the credits: {credits}"
+    );
     // Messages to a finished run are refused.
-    let (status, body) = api.call(Method::POST, &format!("{BASE}/default/agentruns/hello-agent-run/messages"), Some(TOKEN), Some(json!({"payload": "more", "messageKey": "k"}))).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::CONFLICT, Some("AgentRunFinished")));
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentruns/hello-agent-run/messages"),
+            Some(TOKEN),
+            Some(json!({"payload": "more", "messageKey": "k"})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::CONFLICT, Some("AgentRunFinished"))
+    );
 }
 
 #[tokio::test]
 async fn batches_are_all_or_nothing_and_idempotent() {
     let api = api().await;
-    api.call(Method::POST, &format!("{BASE}/default/agents"), Some(TOKEN), Some(agent("hello-agent"))).await;
-    let list = |count: usize| json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRunList",
-        "items": (0..count).map(|i| run(&format!("b-{i}"), "hi")).collect::<Vec<_>>()});
+    api.call(
+        Method::POST,
+        &format!("{BASE}/default/agents"),
+        Some(TOKEN),
+        Some(agent("hello-agent")),
+    )
+    .await;
+    let list = |count: usize| {
+        json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRunList",
+        "items": (0..count).map(|i| run(&format!("b-{i}"), "hi")).collect::<Vec<_>>()})
+    };
     let runs = format!("{BASE}/default/agentruns");
-    let (status, body) = api.call(Method::POST, &runs, Some(TOKEN), Some(list(101))).await;
+    let (status, body) = api
+        .call(Method::POST, &runs, Some(TOKEN), Some(list(101)))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(api.runs().await, 0);
     let headers = [("idempotency-key", "batch-1")];
-    let (status, first) = api.raw(Method::POST, &runs, Some(TOKEN), Some(list(3).to_string()), &headers).await;
+    let (status, first) = api
+        .raw(
+            Method::POST,
+            &runs,
+            Some(TOKEN),
+            Some(list(3).to_string()),
+            &headers,
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
-    let (status, again) = api.raw(Method::POST, &runs, Some(TOKEN), Some(list(3).to_string()), &headers).await;
+    let (status, again) = api
+        .raw(
+            Method::POST,
+            &runs,
+            Some(TOKEN),
+            Some(list(3).to_string()),
+            &headers,
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{again}");
-    let names = |v: &Value| v["items"].as_array().map(|i| i.iter().map(|r| r["metadata"]["name"].clone()).collect::<Vec<_>>());
+    let names = |v: &Value| {
+        v["items"].as_array().map(|i| {
+            i.iter()
+                .map(|r| r["metadata"]["name"].clone())
+                .collect::<Vec<_>>()
+        })
+    };
     assert_eq!(names(&first), names(&again));
     assert_eq!(api.runs().await, 3);
 }
@@ -190,22 +431,71 @@ async fn secrets_are_sealed_and_never_returned() {
     let api = api().await;
     let secret = json!({"apiVersion": "nodus.dev/v1", "kind": "Secret", "metadata": {"name": "anthropic-key"},
                         "stringData": {"ANTHROPIC_API_KEY": "sk-ant-very-secret"}});
-    let (status, created) = api.call(Method::POST, &format!("{BASE}/default/secrets"), Some(TOKEN), Some(secret)).await;
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/secrets"),
+            Some(TOKEN),
+            Some(secret),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
-    let (_, got) = api.call(Method::GET, &format!("{BASE}/default/secrets/anthropic-key"), Some(TOKEN), None).await;
-    let (_, listed) = api.call(Method::GET, &format!("{BASE}/default/secrets"), Some(TOKEN), None).await;
+    let (_, got) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/secrets/anthropic-key"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let (_, listed) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/secrets"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
     for body in [&created, &got, &listed] {
         let text = body.to_string();
-        assert!(!text.contains("sk-ant-very-secret") && !text.contains("sealedData"), "{text}");
+        assert!(
+            !text.contains("sk-ant-very-secret") && !text.contains("sealedData"),
+            "{text}"
+        );
     }
     assert_eq!(got["keys"], json!(["ANTHROPIC_API_KEY"]));
-    let stored = api.state.store.get(&nodus_core::store::ObjectKey::new("default", nodus_core::resource::Kind::Secret, "anthropic-key")).await.expect("stored");
-    assert!(!stored.document.to_string().contains("sk-ant-very-secret"), "encrypted at rest");
+    let stored = api
+        .state
+        .store
+        .get(&nodus_core::store::ObjectKey::new(
+            "default",
+            nodus_core::resource::Kind::Secret,
+            "anthropic-key",
+        ))
+        .await
+        .expect("stored");
+    assert!(
+        !stored.document.to_string().contains("sk-ant-very-secret"),
+        "encrypted at rest"
+    );
     // A BYOK agent that names a missing secret: its runs are refused at creation.
     let byok = json!({"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "mine"},
         "spec": {"system": "s", "model": {"access": "BYOK", "name": "claude-sonnet-4-5", "apiKeySecret": "absent"}}});
-    api.call(Method::POST, &format!("{BASE}/default/agents"), Some(TOKEN), Some(byok)).await;
-    let (status, body) = api.call(Method::POST, &format!("{BASE}/default/agentruns"), Some(TOKEN), Some(run("x", "hi").tap(|r| r["spec"]["agent"] = json!("mine")))).await;
+    api.call(
+        Method::POST,
+        &format!("{BASE}/default/agents"),
+        Some(TOKEN),
+        Some(byok),
+    )
+    .await;
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentruns"),
+            Some(TOKEN),
+            Some(run("x", "hi").tap(|r| r["spec"]["agent"] = json!("mine"))),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["details"]["field"], "spec.model.apiKeySecret");
 }
@@ -213,18 +503,65 @@ async fn secrets_are_sealed_and_never_returned() {
 #[tokio::test]
 async fn merge_patch_seals_a_group_and_refuses_lowering_its_cap() {
     let api = api().await;
-    api.call(Method::POST, &format!("{BASE}/default/agents"), Some(TOKEN), Some(agent("hello-agent"))).await;
+    api.call(
+        Method::POST,
+        &format!("{BASE}/default/agents"),
+        Some(TOKEN),
+        Some(agent("hello-agent")),
+    )
+    .await;
     let group = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup", "metadata": {"name": "g"},
                        "spec": {"agent": "hello-agent", "limits": {"maxActive": 2}, "maxCostUSD": "0.60"}});
-    let (status, body) = api.call(Method::POST, &format!("{BASE}/default/agentgroups"), Some(TOKEN), Some(group)).await;
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentgroups"),
+            Some(TOKEN),
+            Some(group),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let path = format!("{BASE}/default/agentgroups/g");
-    let (status, body) = api.call(Method::PATCH, &path, Some(TOKEN), Some(json!({"spec": {"maxCostUSD": "0.10"}}))).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::CONFLICT, Some("Conflict")), "{body}");
-    let (status, body) = api.call(Method::PATCH, &path, Some(TOKEN), Some(json!({"spec": {"limits": {"maxActive": 4}, "sealed": true}}))).await;
+    let (status, body) = api
+        .call(
+            Method::PATCH,
+            &path,
+            Some(TOKEN),
+            Some(json!({"spec": {"maxCostUSD": "0.10"}})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::CONFLICT, Some("Conflict")),
+        "{body}"
+    );
+    let (status, body) = api
+        .call(
+            Method::PATCH,
+            &path,
+            Some(TOKEN),
+            Some(json!({"spec": {"limits": {"maxActive": 4}, "sealed": true}})),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["spec"]["limits"]["maxActive"], 4);
-    assert_eq!(body["status"]["phase"], "Succeeded", "a sealed empty group succeeds");
-    let (status, body) = api.call(Method::PATCH, &path, Some(TOKEN), Some(json!({"metadata": {"resourceVersion": "1"}, "spec": {"limits": {"maxActive": 5}}}))).await;
-    assert_eq!((status, body["reason"].as_str()), (StatusCode::CONFLICT, Some("Conflict")), "a stale version is refused: {body}");
+    assert_eq!(
+        body["status"]["phase"], "Succeeded",
+        "a sealed empty group succeeds"
+    );
+    let (status, body) = api
+        .call(
+            Method::PATCH,
+            &path,
+            Some(TOKEN),
+            Some(
+                json!({"metadata": {"resourceVersion": "1"}, "spec": {"limits": {"maxActive": 5}}}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::CONFLICT, Some("Conflict")),
+        "a stale version is refused: {body}"
+    );
 }

@@ -40,7 +40,14 @@ pub async fn add(
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_admin(&project)?;
     let body: AddCredits = serde_json::from_value(json_body(&body)?).map_err(|e| {
-        ApiError::from(Invalid::new("addUSD", "is a decimal amount of dollars such as \"5.00\"", e.to_string()))
+        ApiError::from(Invalid::new(
+            "addUSD",
+            "is a decimal amount of dollars such as \"5.00\"",
+            e.to_string(),
+        ))
     })?;
-    Ok(reply(StatusCode::OK, state.ledger.add(&project, body.add_usd).await?))
+    Ok(reply(
+        StatusCode::OK,
+        state.ledger.add(&project, body.add_usd).await?,
+    ))
 }

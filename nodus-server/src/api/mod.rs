@@ -50,12 +50,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi))
         .nest(PREFIX, resources)
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
-async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn count_requests(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     state.metrics.request();
     next.run(request).await
 }
@@ -65,7 +72,10 @@ async fn healthz() -> &'static str {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.metrics.render(&state.engine, state.store.as_ref()).await;
+    let text = state
+        .metrics
+        .render(&state.engine, state.store.as_ref())
+        .await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -87,7 +97,8 @@ fn json_body(body: &[u8]) -> ApiResult<Value> {
     if body.is_empty() {
         return Err(ApiError::malformed("the request needs a JSON body"));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))
 }
 
 /// A JSON answer with a status.

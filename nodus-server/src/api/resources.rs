@@ -22,7 +22,9 @@ use crate::error::{ApiError, ApiResult};
 
 fn kind_of(plural: &str) -> ApiResult<Kind> {
     match Kind::from_plural(plural) {
-        Some(kind @ (Kind::Agent | Kind::AgentRun | Kind::AgentGroup | Kind::Secret | Kind::Budget)) => Ok(kind),
+        Some(
+            kind @ (Kind::Agent | Kind::AgentRun | Kind::AgentGroup | Kind::Secret | Kind::Budget),
+        ) => Ok(kind),
         _ => Err(ApiError::not_found(format!(
             "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets and budgets"
         ))),
@@ -37,7 +39,11 @@ fn list_of(kind: Kind, items: Vec<Value>) -> Value {
     json!({"apiVersion": API_VERSION, "kind": format!("{kind}List"), "items": items})
 }
 
-async fn list_typed<S: nodus_core::resource::Spec>(engine: &Engine, project: &str, selector: &Selector) -> ApiResult<Vec<Value>> {
+async fn list_typed<S: nodus_core::resource::Spec>(
+    engine: &Engine,
+    project: &str,
+    selector: &Selector,
+) -> ApiResult<Vec<Value>> {
     engine
         .list::<S>(project, selector)
         .await?
@@ -59,7 +65,9 @@ pub async fn list(
     let items = match kind {
         Kind::Agent => list_typed::<AgentSpec>(&state.engine, &project, &selector).await?,
         Kind::AgentRun => list_typed::<AgentRunSpec>(&state.engine, &project, &selector).await?,
-        Kind::AgentGroup => list_typed::<AgentGroupSpec>(&state.engine, &project, &selector).await?,
+        Kind::AgentGroup => {
+            list_typed::<AgentGroupSpec>(&state.engine, &project, &selector).await?
+        }
         _ => state
             .store
             .list(&project, kind, &selector)
@@ -89,8 +97,14 @@ async fn read(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiRes
         Kind::AgentRun => to_value(&state.engine.get::<AgentRunSpec>(project, name).await?),
         Kind::AgentGroup => to_value(&state.engine.get::<AgentGroupSpec>(project, name).await?),
         _ => {
-            let record = state.store.get(&ObjectKey::new(project, kind, name)).await?;
-            Ok(with_version(plain_view(kind, record.document), record.version))
+            let record = state
+                .store
+                .get(&ObjectKey::new(project, kind, name))
+                .await?;
+            Ok(with_version(
+                plain_view(kind, record.document),
+                record.version,
+            ))
         }
     }
 }
@@ -125,18 +139,42 @@ pub async fn create(
         Kind::AgentRun if document.get("kind").and_then(Value::as_str) == Some("AgentRunList") => {
             let key = headers
                 .get("idempotency-key")
-                .map(|v| v.to_str().map_err(|_| ApiError::malformed("Idempotency-Key must be text")))
+                .map(|v| {
+                    v.to_str()
+                        .map_err(|_| ApiError::malformed("Idempotency-Key must be text"))
+                })
                 .transpose()?;
             let runs = parse_run_list(document)?;
             let created = state.engine.create_runs(&project, runs, key).await?;
-            list_of(Kind::AgentRun, created.iter().map(to_value).collect::<ApiResult<_>>()?)
+            list_of(
+                Kind::AgentRun,
+                created.iter().map(to_value).collect::<ApiResult<_>>()?,
+            )
         }
-        Kind::Agent => to_value(&state.engine.create_agent(&project, validate::parse(document)?).await?)?,
-        Kind::AgentRun => to_value(&state.engine.create_run(&project, validate::parse(document)?).await?)?,
-        Kind::AgentGroup => to_value(&state.engine.create_group(&project, validate::parse(document)?).await?)?,
+        Kind::Agent => to_value(
+            &state
+                .engine
+                .create_agent(&project, validate::parse(document)?)
+                .await?,
+        )?,
+        Kind::AgentRun => to_value(
+            &state
+                .engine
+                .create_run(&project, validate::parse(document)?)
+                .await?,
+        )?,
+        Kind::AgentGroup => to_value(
+            &state
+                .engine
+                .create_group(&project, validate::parse(document)?)
+                .await?,
+        )?,
         Kind::Secret | Kind::Budget => {
             let (name, stored) = plain_document(&state, &project, kind, document)?;
-            let record = state.store.create(&ObjectKey::new(&project, kind, &name), stored).await?;
+            let record = state
+                .store
+                .create(&ObjectKey::new(&project, kind, &name), stored)
+                .await?;
             with_version(plain_view(kind, record.document), record.version)
         }
         _ => return Err(ApiError::not_found(format!("cannot create {plural}"))),
@@ -148,7 +186,10 @@ fn parse_run_list(document: Value) -> ApiResult<Vec<AgentRun>> {
     let Value::Object(mut list) = document else {
         return Err(ApiError::malformed("an AgentRunList is an object"));
     };
-    if let Some(unknown) = list.keys().find(|k| !["apiVersion", "kind", "items", "metadata"].contains(&k.as_str())) {
+    if let Some(unknown) = list
+        .keys()
+        .find(|k| !["apiVersion", "kind", "items", "metadata"].contains(&k.as_str()))
+    {
         return Err(Invalid::new(unknown.clone(), "unknown field", format!("{unknown:?}")).into());
     }
     let Some(Value::Array(items)) = list.remove("items") else {
@@ -157,7 +198,10 @@ fn parse_run_list(document: Value) -> ApiResult<Vec<AgentRun>> {
     if items.len() > nodus_core::engine::MAX_BATCH {
         return Err(Invalid::new(
             "items",
-            format!("a batch holds at most {} runs", nodus_core::engine::MAX_BATCH),
+            format!(
+                "a batch holds at most {} runs",
+                nodus_core::engine::MAX_BATCH
+            ),
             items.len().to_string(),
         )
         .into());
@@ -167,7 +211,11 @@ fn parse_run_list(document: Value) -> ApiResult<Vec<AgentRun>> {
         .enumerate()
         .map(|(index, item)| {
             validate::parse::<AgentRunSpec>(item).map_err(|invalid| {
-                ApiError::from(Invalid::new(format!("items[{index}].{}", invalid.field), invalid.rule, invalid.value))
+                ApiError::from(Invalid::new(
+                    format!("items[{index}].{}", invalid.field),
+                    invalid.rule,
+                    invalid.value,
+                ))
             })
         })
         .collect()
@@ -175,11 +223,18 @@ fn parse_run_list(document: Value) -> ApiResult<Vec<AgentRun>> {
 
 /// The project in a document must be absent or the path's.
 fn check_project(document: &mut Value, project: &str) -> ApiResult<()> {
-    let given = document.pointer("/metadata/project").and_then(Value::as_str);
+    let given = document
+        .pointer("/metadata/project")
+        .and_then(Value::as_str);
     if let Some(given) = given
         && given != project
     {
-        return Err(Invalid::new("metadata.project", format!("must be the project in the path, {project:?}"), format!("{given:?}")).into());
+        return Err(Invalid::new(
+            "metadata.project",
+            format!("must be the project in the path, {project:?}"),
+            format!("{given:?}"),
+        )
+        .into());
     }
     if let Some(metadata) = document.get_mut("metadata").and_then(Value::as_object_mut) {
         metadata.remove("project");
@@ -188,7 +243,12 @@ fn check_project(document: &mut Value, project: &str) -> ApiResult<()> {
 }
 
 /// A Secret (sealed) or a Budget (checked) as stored.
-fn plain_document(state: &AppState, project: &str, kind: Kind, document: Value) -> ApiResult<(String, Value)> {
+fn plain_document(
+    state: &AppState,
+    project: &str,
+    kind: Kind,
+    document: Value,
+) -> ApiResult<(String, Value)> {
     let Value::Object(fields) = document else {
         return Err(ApiError::malformed(format!("a {kind} is a JSON object")));
     };
@@ -197,14 +257,28 @@ fn plain_document(state: &AppState, project: &str, kind: Kind, document: Value) 
         _ => &["apiVersion", "kind", "metadata", "spec"],
     };
     if let Some(unknown) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
-        let hint = if unknown == "data" { "unknown field (write values as stringData)" } else { "unknown field" };
+        let hint = if unknown == "data" {
+            "unknown field (write values as stringData)"
+        } else {
+            "unknown field"
+        };
         return Err(Invalid::new(unknown.clone(), hint, format!("{unknown:?}")).into());
     }
     if fields.get("apiVersion").and_then(Value::as_str) != Some(API_VERSION) {
-        return Err(Invalid::new("apiVersion", format!("must be {API_VERSION}"), format!("{}", fields.get("apiVersion").unwrap_or(&Value::Null))).into());
+        return Err(Invalid::new(
+            "apiVersion",
+            format!("must be {API_VERSION}"),
+            format!("{}", fields.get("apiVersion").unwrap_or(&Value::Null)),
+        )
+        .into());
     }
     if fields.get("kind").and_then(Value::as_str) != Some(&kind.to_string()) {
-        return Err(Invalid::new("kind", format!("must be {kind}"), format!("{}", fields.get("kind").unwrap_or(&Value::Null))).into());
+        return Err(Invalid::new(
+            "kind",
+            format!("must be {kind}"),
+            format!("{}", fields.get("kind").unwrap_or(&Value::Null)),
+        )
+        .into());
     }
     let name = fields
         .get("metadata")
@@ -213,25 +287,53 @@ fn plain_document(state: &AppState, project: &str, kind: Kind, document: Value) 
         .unwrap_or_default()
         .to_string();
     if !validate::is_dns_label(&name) {
-        return Err(Invalid::new("metadata.name", "must be a DNS-1123 label (lowercase letters, digits and '-', at most 63)", format!("{name:?}")).into());
+        return Err(Invalid::new(
+            "metadata.name",
+            "must be a DNS-1123 label (lowercase letters, digits and '-', at most 63)",
+            format!("{name:?}"),
+        )
+        .into());
     }
     let metadata = json!({"name": name, "project": project, "labels": fields.get("metadata").and_then(|m| m.get("labels")).cloned().unwrap_or(json!({}))});
     let stored = match kind {
         Kind::Secret => {
             let values: BTreeMap<String, String> = match fields.get("stringData") {
                 None => BTreeMap::new(),
-                Some(data) => serde_json::from_value(data.clone())
-                    .map_err(|_| Invalid::new("stringData", "is a map of string keys to string values", "another shape"))?,
+                Some(data) => serde_json::from_value(data.clone()).map_err(|_| {
+                    Invalid::new(
+                        "stringData",
+                        "is a map of string keys to string values",
+                        "another shape",
+                    )
+                })?,
             };
             if let Some(key) = values.keys().find(|k| k.is_empty() || k.len() > 253) {
-                return Err(Invalid::new("stringData", "keys are 1 to 253 characters", format!("{key:?}")).into());
+                return Err(Invalid::new(
+                    "stringData",
+                    "keys are 1 to 253 characters",
+                    format!("{key:?}"),
+                )
+                .into());
             }
-            let sealed = state.cipher.seal(&values).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()))?;
+            let sealed = state.cipher.seal(&values).map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    e.to_string(),
+                )
+            })?;
             json!({"apiVersion": API_VERSION, "kind": "Secret", "metadata": metadata, "keys": values.keys().collect::<Vec<_>>(), "sealedData": sealed})
         }
         _ => {
-            let spec: crate::app::BudgetSpec = serde_json::from_value(fields.get("spec").cloned().unwrap_or(Value::Null))
-                .map_err(|e| Invalid::new("spec", "is {maxSpendUSD: \"<decimal dollars>\"}", e.to_string()))?;
+            let spec: crate::app::BudgetSpec =
+                serde_json::from_value(fields.get("spec").cloned().unwrap_or(Value::Null))
+                    .map_err(|e| {
+                        Invalid::new(
+                            "spec",
+                            "is {maxSpendUSD: \"<decimal dollars>\"}",
+                            e.to_string(),
+                        )
+                    })?;
             json!({"apiVersion": API_VERSION, "kind": "Budget", "metadata": metadata, "spec": spec})
         }
     };
@@ -256,15 +358,27 @@ pub async fn replace(
 fn expected_version(document: &Value) -> ApiResult<Option<u64>> {
     match document.pointer("/metadata/resourceVersion") {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(text)) => text
-            .parse()
-            .map(Some)
-            .map_err(|_| Invalid::new("metadata.resourceVersion", "is the version read from the server", format!("{text:?}")).into()),
-        Some(other) => Err(Invalid::new("metadata.resourceVersion", "is a string", other.to_string()).into()),
+        Some(Value::String(text)) => text.parse().map(Some).map_err(|_| {
+            Invalid::new(
+                "metadata.resourceVersion",
+                "is the version read from the server",
+                format!("{text:?}"),
+            )
+            .into()
+        }),
+        Some(other) => {
+            Err(Invalid::new("metadata.resourceVersion", "is a string", other.to_string()).into())
+        }
     }
 }
 
-async fn put(state: &AppState, project: &str, kind: Kind, name: &str, mut document: Value) -> ApiResult<Value> {
+async fn put(
+    state: &AppState,
+    project: &str,
+    kind: Kind,
+    name: &str,
+    mut document: Value,
+) -> ApiResult<Value> {
     let expected = expected_version(&document)?;
     if let Some(object) = document.as_object_mut() {
         object.remove("status");
@@ -275,23 +389,46 @@ async fn put(state: &AppState, project: &str, kind: Kind, name: &str, mut docume
         }
     }
     match kind {
-        Kind::Agent => replace_typed::<AgentSpec>(&state.engine, project, name, document, expected).await,
-        Kind::AgentRun => replace_typed::<AgentRunSpec>(&state.engine, project, name, document, expected).await,
-        Kind::AgentGroup => replace_typed::<AgentGroupSpec>(&state.engine, project, name, document, expected).await,
+        Kind::Agent => {
+            replace_typed::<AgentSpec>(&state.engine, project, name, document, expected).await
+        }
+        Kind::AgentRun => {
+            replace_typed::<AgentRunSpec>(&state.engine, project, name, document, expected).await
+        }
+        Kind::AgentGroup => {
+            replace_typed::<AgentGroupSpec>(&state.engine, project, name, document, expected).await
+        }
         _ => {
             let key = ObjectKey::new(project, kind, name);
             let current = state.store.get(&key).await?;
             let (given, stored) = plain_document(state, project, kind, document)?;
             if given != name {
-                return Err(Invalid::new("metadata.name", format!("must match the name in the path, {name:?}"), format!("{given:?}")).into());
+                return Err(Invalid::new(
+                    "metadata.name",
+                    format!("must match the name in the path, {name:?}"),
+                    format!("{given:?}"),
+                )
+                .into());
             }
-            let record = state.store.update(&key, expected.unwrap_or(current.version), stored).await?;
-            Ok(with_version(plain_view(kind, record.document), record.version))
+            let record = state
+                .store
+                .update(&key, expected.unwrap_or(current.version), stored)
+                .await?;
+            Ok(with_version(
+                plain_view(kind, record.document),
+                record.version,
+            ))
         }
     }
 }
 
-async fn replace_typed<S: Validate + Replaceable>(engine: &Engine, project: &str, name: &str, document: Value, expected: Option<u64>) -> ApiResult<Value> {
+async fn replace_typed<S: Validate + Replaceable>(
+    engine: &Engine,
+    project: &str,
+    name: &str,
+    document: Value,
+    expected: Option<u64>,
+) -> ApiResult<Value> {
     let object: Object<S> = validate::parse(document)?;
     to_value(&engine.replace(project, name, object, expected).await?)
 }
@@ -310,7 +447,12 @@ pub async fn patch(
         return Err(ApiError::malformed("a merge patch is a JSON object"));
     }
     if patch.get("status").is_some() {
-        return Err(Invalid::new("status", "is written by Nodus, not patched", "a status patch").into());
+        return Err(Invalid::new(
+            "status",
+            "is written by Nodus, not patched",
+            "a status patch",
+        )
+        .into());
     }
     let pinned = expected_version(&patch)?;
     // Without a pinned version, a patch applies to the latest object: retry on a race.
@@ -319,14 +461,27 @@ pub async fn patch(
         let version = expected_version(&document)?;
         crate::patch::merge(&mut document, &patch);
         if let Some(metadata) = document.get_mut("metadata").and_then(Value::as_object_mut) {
-            metadata.insert("resourceVersion".into(), Value::String(pinned.or(version).unwrap_or_default().to_string()));
+            metadata.insert(
+                "resourceVersion".into(),
+                Value::String(pinned.or(version).unwrap_or_default().to_string()),
+            );
         }
         match put(&state, &project, kind, &name, document).await {
-            Err(error) if error.reason == "Conflict" && pinned.is_none() && error.message.contains("changed by someone else") => continue,
+            Err(error)
+                if error.reason == "Conflict"
+                    && pinned.is_none()
+                    && error.message.contains("changed by someone else") =>
+            {
+                continue;
+            }
             other => return other.map(|value| reply(StatusCode::OK, value)),
         }
     }
-    Err(ApiError::new(StatusCode::CONFLICT, "Conflict", format!("{name} kept changing; try again")))
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!("{name} kept changing; try again"),
+    ))
 }
 
 /// `DELETE …/{plural}/{name}`: a group goes with all of its runs; a started run is cancelled
@@ -342,7 +497,15 @@ pub async fn delete(
         Kind::Agent => state.engine.delete_agent(&project, &name).await?,
         Kind::AgentRun => state.engine.delete_run(&project, &name).await?,
         Kind::AgentGroup => state.engine.delete_group(&project, &name).await?,
-        _ => state.store.delete(&ObjectKey::new(&project, kind, &name)).await?,
+        _ => {
+            state
+                .store
+                .delete(&ObjectKey::new(&project, kind, &name))
+                .await?
+        }
     }
-    Ok(reply(StatusCode::OK, json!({"kind": "Status", "status": "Success", "message": format!("{kind} {name:?} deleted")})))
+    Ok(reply(
+        StatusCode::OK,
+        json!({"kind": "Status", "status": "Success", "message": format!("{kind} {name:?} deleted")}),
+    ))
 }

@@ -32,17 +32,28 @@ pub async fn send_message(
     body: Bytes,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    let message: MessageBody = serde_json::from_value(json_body(&body)?)
-        .map_err(|e| ApiError::malformed(format!("a message is {{\"payload\": \"…\", \"messageKey\": \"…\"}}: {e}")))?;
+    let message: MessageBody = serde_json::from_value(json_body(&body)?).map_err(|e| {
+        ApiError::malformed(format!(
+            "a message is {{\"payload\": \"…\", \"messageKey\": \"…\"}}: {e}"
+        ))
+    })?;
     let delivery = state
         .engine
-        .send_message(&project, &name, &message.payload, message.message_key.as_deref())
+        .send_message(
+            &project,
+            &name,
+            &message.payload,
+            message.message_key.as_deref(),
+        )
         .await?;
     let (status, seq, duplicate) = match delivery {
         Delivery::Delivered(seq) => (StatusCode::CREATED, seq, false),
         Delivery::Duplicate(seq) => (StatusCode::OK, seq, true),
     };
-    Ok(reply(status, json!({"seq": seq, "duplicate": duplicate, "messageKey": message.message_key})))
+    Ok(reply(
+        status,
+        json!({"seq": seq, "duplicate": duplicate, "messageKey": message.message_key}),
+    ))
 }
 
 #[derive(Deserialize, Default)]
@@ -83,7 +94,10 @@ pub async fn steps(
             .map(|view| serde_json::to_value(view).unwrap_or(Value::Null))
             .collect()
     };
-    Ok(reply(StatusCode::OK, json!({"kind": "StepList", "items": items})))
+    Ok(reply(
+        StatusCode::OK,
+        json!({"kind": "StepList", "items": items}),
+    ))
 }
 
 /// `GET …/agentruns/{name}/answer`: the whole answer of the last answered turn.
@@ -131,10 +145,17 @@ pub async fn resolve(
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
     let body: ResolveBody = serde_json::from_value(json_body(&body)?).map_err(|_| {
-        ApiError::from(Invalid::new("action", "is one of retry, recordFailed, cancel", "another value"))
+        ApiError::from(Invalid::new(
+            "action",
+            "is one of retry, recordFailed, cancel",
+            "another value",
+        ))
     })?;
     state.engine.resolve(&project, &name, body.action).await?;
-    Ok(reply(StatusCode::OK, state.engine.get_run(&project, &name).await?))
+    Ok(reply(
+        StatusCode::OK,
+        state.engine.get_run(&project, &name).await?,
+    ))
 }
 
 /// `POST …/agentgroups/{name}/cancel`: every unfinished run is cancelled; finished runs keep
@@ -145,5 +166,8 @@ pub async fn cancel_group(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    Ok(reply(StatusCode::OK, state.engine.cancel_group(&project, &name).await?))
+    Ok(reply(
+        StatusCode::OK,
+        state.engine.cancel_group(&project, &name).await?,
+    ))
 }

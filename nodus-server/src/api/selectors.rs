@@ -30,12 +30,18 @@ fn pairs(parameter: &str, text: &str) -> Result<BTreeMap<String, String>, Invali
     let mut pairs = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if part.contains("!=") {
-            return Err(Invalid::new(parameter, "supports only equality (key=value)", format!("{part:?}")));
+            return Err(Invalid::new(
+                parameter,
+                "supports only equality (key=value)",
+                format!("{part:?}"),
+            ));
         }
         let (key, value) = part
             .split_once("==")
             .or_else(|| part.split_once('='))
-            .ok_or_else(|| Invalid::new(parameter, "is a list of key=value", format!("{part:?}")))?;
+            .ok_or_else(|| {
+                Invalid::new(parameter, "is a list of key=value", format!("{part:?}"))
+            })?;
         pairs.insert(key.trim().to_string(), value.trim().to_string());
     }
     Ok(pairs)
@@ -44,9 +50,18 @@ fn pairs(parameter: &str, text: &str) -> Result<BTreeMap<String, String>, Invali
 impl ListQuery {
     /// The selector, or an error naming the bad part.
     pub fn selector(&self) -> Result<Selector, Invalid> {
-        let labels = pairs("labelSelector", self.label_selector.as_deref().unwrap_or_default())?;
-        let fields = pairs("fieldSelector", self.field_selector.as_deref().unwrap_or_default())?;
-        if let Some(field) = fields.keys().find(|f| !SELECTABLE_FIELDS.contains(&f.as_str())) {
+        let labels = pairs(
+            "labelSelector",
+            self.label_selector.as_deref().unwrap_or_default(),
+        )?;
+        let fields = pairs(
+            "fieldSelector",
+            self.field_selector.as_deref().unwrap_or_default(),
+        )?;
+        if let Some(field) = fields
+            .keys()
+            .find(|f| !SELECTABLE_FIELDS.contains(&f.as_str()))
+        {
             return Err(Invalid::new(
                 "fieldSelector",
                 format!("can select on {}", SELECTABLE_FIELDS.join(", ")),
@@ -70,9 +85,18 @@ mod tests {
         let selector = query.selector().expect("valid");
         assert_eq!(selector.labels["tier"], "gold");
         assert_eq!(selector.fields["spec.group"], "parallel-agents");
-        let bad = ListQuery { field_selector: Some("spec.input=x".into()), ..Default::default() };
-        assert_eq!(bad.selector().expect_err("not selectable").field, "fieldSelector");
-        let bad = ListQuery { label_selector: Some("a!=b".into()), ..Default::default() };
+        let bad = ListQuery {
+            field_selector: Some("spec.input=x".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            bad.selector().expect_err("not selectable").field,
+            "fieldSelector"
+        );
+        let bad = ListQuery {
+            label_selector: Some("a!=b".into()),
+            ..Default::default()
+        };
         assert!(bad.selector().is_err());
     }
 }

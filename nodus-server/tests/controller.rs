@@ -1,0 +1,321 @@
+//! The controllers at work in a served server: runs execute by themselves, groups admit by
+//! dependencies and limits, a message wakes a waiting run, a deadline ends one, credits gate
+//! spending, and a restarted server resumes its runs.
+
+use std::time::Duration;
+
+use nodus_core::Usd;
+use nodus_core::engine::Engine;
+use nodus_core::lifecycle::{FailReason, RunPhase, WaitReason};
+use nodus_core::resource::{
+    Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, GroupLimits,
+};
+use nodus_server::{Options, SandboxKind, Server, StoreUrl};
+
+struct Running {
+    engine: Engine,
+    state: std::sync::Arc<nodus_server::AppState>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+async fn serve(dir: &std::path::Path, store: StoreUrl) -> Running {
+    let mut options = Options::new(dir.to_path_buf());
+    options.store = Some(store);
+    options.sandbox = SandboxKind::Unisolated;
+    options.bootstrap_token = Some("nodus_controller_test".to_string());
+    options.listen = "127.0.0.1:0".parse().expect("address");
+    let server = Server::build(options).await.expect("server");
+    let state = server.state();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        server
+            .serve(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serves");
+    });
+    Running {
+        engine: state.engine.clone(),
+        state,
+        stop: Some(stop),
+        task,
+    }
+}
+
+async fn phase_of(engine: &Engine, name: &str) -> Option<RunPhase> {
+    engine
+        .get_run("default", name)
+        .await
+        .ok()
+        .and_then(|r| r.status.phase)
+}
+
+/// Wait until the run reaches `want` (or fail after a while, saying where it is).
+async fn until(engine: &Engine, name: &str, want: impl Fn(RunPhase) -> bool) -> RunPhase {
+    for _ in 0..400 {
+        if let Some(phase) = phase_of(engine, name).await
+            && want(phase)
+        {
+            return phase;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("run {name} stayed {:?}", phase_of(engine, name).await);
+}
+
+fn agent(cap_cents: u64) -> Agent {
+    let mut spec = AgentSpec::new("You are careful.");
+    spec.per_run_max_cost_usd = Usd::from_cents(cap_cents);
+    Agent::new("worker", spec)
+}
+
+fn task(group: &str, key: &str, deps: &[&str], input: &str) -> AgentRun {
+    let mut spec = AgentRunSpec::new("worker", input);
+    spec.group = Some(group.to_string());
+    spec.task_key = Some(key.to_string());
+    spec.depends_on = deps.iter().map(|d| d.to_string()).collect();
+    let mut run = AgentRun::new("", spec);
+    run.metadata.name = None;
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_groups_execute_by_themselves() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let engine = &server.engine;
+    engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    engine
+        .create_run(
+            "default",
+            AgentRun::new("solo", AgentRunSpec::new("worker", "Run `echo solo`")),
+        )
+        .await
+        .expect("run");
+    assert_eq!(
+        until(engine, "solo", RunPhase::is_finished).await,
+        RunPhase::Succeeded
+    );
+
+    let group = AgentGroupSpec {
+        agent: "worker".to_string(),
+        limits: GroupLimits {
+            max_active: 2,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: Some(Usd::from_cents(60)),
+        sealed: false,
+        evaluation: None,
+    };
+    engine
+        .apply_group("default", AgentGroup::new("g", group.clone()))
+        .await
+        .expect("group");
+    for (key, deps) in [("a", vec![]), ("b", vec![]), ("c", vec!["a", "b"])] {
+        engine
+            .create_run("default", task("g", key, &deps, "Run `echo task`"))
+            .await
+            .expect("task");
+    }
+    let mut sealed = group;
+    sealed.sealed = true;
+    engine
+        .apply_group("default", AgentGroup::new("g", sealed))
+        .await
+        .expect("seal");
+    assert_eq!(
+        until(engine, "g-c", RunPhase::is_finished).await,
+        RunPhase::Succeeded
+    );
+    for _ in 0..200 {
+        let g = engine
+            .get::<AgentGroupSpec>("default", "g")
+            .await
+            .expect("group");
+        if g.status.phase == Some(nodus_core::group::GroupPhase::Succeeded) {
+            assert_eq!(g.status.counts.succeeded, 3);
+            let c = engine.get_run("default", "g-c").await.expect("c");
+            let a = engine.get_run("default", "g-a").await.expect("a");
+            assert!(
+                c.status.start_time >= a.status.completion_time,
+                "c started after a finished"
+            );
+            server.stop().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the sealed group did not succeed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_wake_waiting_runs_and_deadlines_end_them() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let engine = &server.engine;
+    engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    let mut spec = AgentRunSpec::new("worker", "Run `echo first`");
+    spec.keep_alive = true;
+    spec.deadline = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3));
+    engine
+        .create_run("default", AgentRun::new("chat", spec))
+        .await
+        .expect("run");
+    until(engine, "chat", |p| {
+        p == RunPhase::Waiting(WaitReason::AwaitingMessage)
+    })
+    .await;
+    engine
+        .send_message("default", "chat", "Now run `echo second`", Some("k1"))
+        .await
+        .expect("send");
+    for _ in 0..200 {
+        let run = engine.get_run("default", "chat").await.expect("run");
+        let answered = engine
+            .answer("default", "chat")
+            .await
+            .expect("answer")
+            .unwrap_or_default();
+        if run.status.turns.len() == 2 && answered.contains("second") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        engine
+            .answer("default", "chat")
+            .await
+            .expect("answer")
+            .unwrap_or_default()
+            .contains("second")
+    );
+    let ended = until(engine, "chat", RunPhase::is_finished).await;
+    assert_eq!(ended, RunPhase::Failed(FailReason::DeadlineExceeded));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waits_for_credits_and_continues_when_they_are_added() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let engine = &server.engine;
+    server
+        .state
+        .ledger
+        .open("poor", Usd::ZERO)
+        .await
+        .expect("project");
+    engine.apply_agent("poor", agent(10)).await.expect("agent");
+    engine
+        .create_run(
+            "poor",
+            AgentRun::new("r", AgentRunSpec::new("worker", "Run `echo paid`")),
+        )
+        .await
+        .expect("run");
+    let waiting = RunPhase::Waiting(WaitReason::AwaitingFunds);
+    for _ in 0..400 {
+        if engine
+            .get_run("poor", "r")
+            .await
+            .ok()
+            .and_then(|r| r.status.phase)
+            == Some(waiting)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        engine.get_run("poor", "r").await.expect("run").status.phase,
+        Some(waiting)
+    );
+    server
+        .state
+        .ledger
+        .add("poor", Usd::from_cents(100))
+        .await
+        .expect("credits");
+    for _ in 0..400 {
+        if engine
+            .get_run("poor", "r")
+            .await
+            .ok()
+            .and_then(|r| r.status.phase)
+            == Some(RunPhase::Succeeded)
+        {
+            let account = server.state.ledger.account("poor").await.expect("account");
+            let run = engine.get_run("poor", "r").await.expect("run");
+            assert_eq!(account.spent_usd, run.status.cost.total_usd);
+            assert!(account.reserved.is_empty(), "every reservation settled");
+            server.stop().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the run did not continue after credits were added");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_resumes_its_runs() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = StoreUrl::Sqlite(dir.path().join("nodus.db"));
+    let first = serve(dir.path(), db.clone()).await;
+    first
+        .engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    let mut spec = AgentRunSpec::new("worker", "Run `echo before`");
+    spec.keep_alive = true;
+    first
+        .engine
+        .create_run("default", AgentRun::new("long", spec))
+        .await
+        .expect("run");
+    until(&first.engine, "long", |p| {
+        p == RunPhase::Waiting(WaitReason::AwaitingMessage)
+    })
+    .await;
+    first.stop().await;
+
+    let second = serve(dir.path(), db).await;
+    second
+        .engine
+        .send_message("default", "long", "Run `echo after`", None)
+        .await
+        .expect("send");
+    for _ in 0..400 {
+        let answer = second
+            .engine
+            .answer("default", "long")
+            .await
+            .expect("answer")
+            .unwrap_or_default();
+        if answer.contains("after") {
+            let run = second.engine.get_run("default", "long").await.expect("run");
+            assert_eq!(run.status.turns.len(), 2);
+            second.stop().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the restarted server did not take the message");
+}
