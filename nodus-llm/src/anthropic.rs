@@ -134,16 +134,8 @@ impl AnthropicClient {
         match &request.credentials {
             Credentials::Byok(key) => Ok(key),
             Credentials::Platform => {
-                if let Some(catalog) = &self.catalog
-                    && catalog.prices_of(&request.model).is_none()
-                {
-                    return Err(error(
-                        ErrorKind::Final,
-                        format!(
-                            "the model {} has no known price; platform access refuses it",
-                            request.model
-                        ),
-                    ));
+                if let Some(catalog) = &self.catalog {
+                    crate::catalog::platform_prices(catalog, &request.model)?;
                 }
                 self.config.api_key.as_ref().ok_or_else(|| {
                     error(

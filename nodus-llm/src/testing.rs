@@ -118,6 +118,15 @@ pub enum Fake {
     },
     /// Read the request, then close the connection without answering.
     Hangup,
+    /// Answer with exactly this status, content type and body.
+    Raw {
+        /// The HTTP status.
+        status: u16,
+        /// The content type.
+        content_type: String,
+        /// The body.
+        body: String,
+    },
 }
 
 impl Fake {
@@ -416,6 +425,11 @@ async fn answer(stream: &mut TcpStream, context: &Context, fake: Fake) -> std::i
             )
             .await
         }
+        Fake::Raw {
+            status,
+            content_type,
+            body,
+        } => write_full(stream, status, &[id], &content_type, body.as_bytes(), None).await,
         Fake::Message(message) => send_message(stream, context, &message, None).await,
         Fake::Cut {
             message,
