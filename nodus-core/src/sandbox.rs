@@ -1,5 +1,20 @@
 //! The `Sandbox` trait: an isolated place with a working directory where a run's commands
 //! execute. Backends (bubblewrap processes, Docker containers) live in nodus-sandbox.
+//!
+//! What every backend guarantees, beyond the signatures:
+//! - **Limits.** A sandbox's [`Limits`] are fixed when it is created. A command runs for at
+//!   most the smaller of [`ExecRequest::timeout`] and [`Limits::command_timeout_secs`], and
+//!   keeps at most the smaller of [`ExecRequest::output_cap`] and
+//!   [`Limits::output_cap_bytes`] of each stream ([`ExecRequest::within`]).
+//! - **No leftovers.** A timeout kills the command's whole process tree and returns what it
+//!   printed so far. Processes a command leaves running in the background do not outlive it.
+//! - **Cancellation kills.** Dropping the future of [`Sandbox::exec`] before it completes
+//!   kills the command (at once or within moments, from a background task).
+//! - **One command at a time.** A backend may run the commands of one sandbox one after the
+//!   other; callers do not rely on two commands of one sandbox running side by side.
+//! - **Bounded archives.** Archives are whole byte vectors of at most [`MAX_ARCHIVE_BYTES`]:
+//!   [`Sandbox::put_files`] refuses a larger one and [`Sandbox::get_files`] refuses to build
+//!   one.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -70,6 +85,11 @@ pub struct SandboxSpec {
     pub network: bool,
 }
 
+/// The largest tar archive that [`Sandbox::put_files`] accepts and [`Sandbox::get_files`]
+/// returns: 256 MiB. Archives travel as whole byte vectors, so this bounds the memory one
+/// transfer takes.
+pub const MAX_ARCHIVE_BYTES: usize = 256 << 20;
+
 /// A created sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -85,19 +105,37 @@ pub struct SandboxInfo {
 pub struct ExecRequest {
     /// A shell command line, run with `sh -c`.
     pub command: String,
-    /// Killed (with its whole process tree) after this long.
+    /// Killed (with its whole process tree) after this long, or after the sandbox's
+    /// [`Limits::command_timeout_secs`] when that is shorter.
     pub timeout: Duration,
     /// Directory relative to the working directory; the working directory when `None`.
     pub cwd: Option<String>,
-    /// Bytes of stdout and of stderr to keep.
+    /// Bytes of stdout and of stderr to keep, or the sandbox's [`Limits::output_cap_bytes`]
+    /// when that is smaller.
     pub output_cap: u64,
+}
+
+impl ExecRequest {
+    /// This request with its timeout and output cap bounded by a sandbox's limits: the
+    /// request's values win where they are smaller.
+    pub fn within(&self, limits: &Limits) -> ExecRequest {
+        ExecRequest {
+            command: self.command.clone(),
+            timeout: self
+                .timeout
+                .min(Duration::from_secs(limits.command_timeout_secs)),
+            cwd: self.cwd.clone(),
+            output_cap: self.output_cap.min(limits.output_cap_bytes),
+        }
+    }
 }
 
 /// What a command did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecOutput {
-    /// The exit code; `None` when a signal ended it.
+    /// The exit code; `None` when a signal ended it. (Docker reports a command ended by a
+    /// signal as exit code 128 + the signal's number, so its backend cannot tell.)
     pub exit_code: Option<i32>,
     /// Standard output, raw.
     pub stdout: Output,
@@ -132,18 +170,47 @@ impl Error {
     }
 }
 
-/// A place where a run's commands execute.
+/// A place where a run's commands execute. See the [module docs](self) for what every
+/// backend guarantees.
 #[async_trait]
 pub trait Sandbox: Send + Sync {
-    /// Create (or re-attach to) the sandbox for `spec.key`.
+    /// Create (or re-attach to) the sandbox for `spec.key`. After a restart of the server,
+    /// `create` with the same spec must be called again before `exec`.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error>;
-    /// Run one command.
+    /// Run one command, bounded by the sandbox's limits ([`ExecRequest::within`]). Dropping
+    /// the returned future kills the command.
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error>;
-    /// Unpack a tar archive into the working directory (paths checked: relative, no `..`,
-    /// no links pointing outside).
+    /// Unpack a tar archive of at most [`MAX_ARCHIVE_BYTES`] into the working directory
+    /// (paths checked: relative, no `..`, no links pointing outside; nothing is written when
+    /// an entry is refused). Used to stage a run's files before its first command.
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error>;
-    /// A tar archive of `path`, relative to the working directory.
+    /// A tar archive of `path`, relative to the working directory (`.` for all of it, as at
+    /// the end of a run); entries are named relative to the working directory.
     async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error>;
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_bounded_by_the_sandbox_limits() {
+        let limits = Limits {
+            command_timeout_secs: 10,
+            output_cap_bytes: 100,
+            ..Limits::default()
+        };
+        let request = |timeout, output_cap| ExecRequest {
+            command: "true".to_owned(),
+            timeout: Duration::from_secs(timeout),
+            cwd: Some("sub".to_owned()),
+            output_cap,
+        };
+        assert_eq!(request(5, 50).within(&limits), request(5, 50));
+        assert_eq!(request(60, 50).within(&limits), request(10, 50));
+        assert_eq!(request(5, 1 << 20).within(&limits), request(5, 100));
+        assert_eq!(request(60, 1 << 20).within(&limits), request(10, 100));
+    }
 }

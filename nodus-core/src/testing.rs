@@ -167,6 +167,13 @@ impl Sandbox for RecordingSandbox {
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), sandbox::Error> {
+        if tar.len() > sandbox::MAX_ARCHIVE_BYTES {
+            return Err(sandbox::Error::Refused(format!(
+                "an archive of {} bytes is larger than {} bytes",
+                tar.len(),
+                sandbox::MAX_ARCHIVE_BYTES
+            )));
+        }
         self.state().files.insert(id.0.clone(), tar);
         Ok(())
     }

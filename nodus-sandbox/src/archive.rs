@@ -14,13 +14,14 @@
 //!   unpacking fail half-way (a file over a directory, a hard link over an existing name).
 //!
 //! Permission bits are applied without set-uid, set-gid and sticky bits; ownership is not.
+//! Archives in and out are at most [`MAX_ARCHIVE_BYTES`] long.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use nodus_core::sandbox::Error;
+use nodus_core::sandbox::{Error, MAX_ARCHIVE_BYTES};
 use tar::EntryType;
 use tracing::debug;
 
@@ -61,6 +62,7 @@ enum Kind {
 /// Checks every entry of `tar` (see the module docs) against the working directory described by
 /// `on_disk`, writing nothing.
 pub(crate) fn check(tar: &[u8], on_disk: &dyn Fn(&Path) -> OnDisk) -> Result<(), Error> {
+    check_size(tar.len())?;
     let mut archive = tar::Archive::new(tar);
     let entries = archive.entries().map_err(invalid)?;
     // What the archive puts at each path so far, including directories it creates implicitly.
@@ -120,6 +122,91 @@ pub(crate) fn check(tar: &[u8], on_disk: &dyn Fn(&Path) -> OnDisk) -> Result<(),
     Ok(())
 }
 
+/// Refuses an archive larger than [`MAX_ARCHIVE_BYTES`].
+pub(crate) fn check_size(len: usize) -> Result<(), Error> {
+    if len > MAX_ARCHIVE_BYTES {
+        return Err(Error::Refused(format!(
+            "the archive would have {len} bytes, more than the {MAX_ARCHIVE_BYTES} bytes allowed"
+        )));
+    }
+    Ok(())
+}
+
+/// Every path an archive's entries could make [`check`] ask about, relative and clean: the
+/// entries' paths, the targets of hard links, and their ancestors. Entries that `check`
+/// refuses for their name alone are left out.
+#[cfg_attr(not(feature = "docker"), allow(dead_code))]
+pub(crate) fn touched(tar: &[u8]) -> Result<Vec<PathBuf>, Error> {
+    check_size(tar.len())?;
+    let mut archive = tar::Archive::new(tar);
+    let mut out = std::collections::BTreeSet::new();
+    let mut add = |path: &Path| {
+        if let Ok(clean) = paths::relative(path) {
+            for ancestor in paths::ancestors(&clean) {
+                out.insert(ancestor.to_path_buf());
+            }
+            if !clean.as_os_str().is_empty() {
+                out.insert(clean);
+            }
+        }
+    };
+    for entry in archive.entries().map_err(invalid)? {
+        let entry = entry.map_err(invalid)?;
+        add(&entry.path().map_err(invalid)?);
+        if entry.header().entry_type() == EntryType::Link
+            && let Ok(Some(target)) = entry.link_name()
+        {
+            add(&target);
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// A copy of `tar` with every entry renamed by `rename` (entries it maps to `None` are left
+/// out), hard-link targets included. Used to name the entries of an archive that another
+/// program made relative to the working directory.
+#[cfg_attr(not(feature = "docker"), allow(dead_code))]
+pub(crate) fn rebase(
+    tar: &[u8],
+    rename: &dyn Fn(&Path) -> Option<PathBuf>,
+) -> Result<Vec<u8>, Error> {
+    let failed = |e: io::Error| Error::Failed(format!("rewriting an archive: {e}"));
+    let mut archive = tar::Archive::new(tar);
+    let mut builder = tar::Builder::new(Vec::new());
+    for entry in archive.entries().map_err(invalid)? {
+        let mut entry = entry.map_err(invalid)?;
+        let path = entry.path().map_err(invalid)?.into_owned();
+        let Some(path) = rename(&path) else {
+            continue;
+        };
+        let mut header = entry.header().clone();
+        match header.entry_type() {
+            EntryType::Symlink => {
+                let target =
+                    link_target(&entry).map_err(|why| Error::Failed(format!("{path:?} {why}")))?;
+                builder
+                    .append_link(&mut header, &path, target)
+                    .map_err(failed)?;
+            }
+            EntryType::Link => {
+                let target =
+                    link_target(&entry).map_err(|why| Error::Failed(format!("{path:?} {why}")))?;
+                let Some(target) = rename(&target) else {
+                    continue;
+                };
+                builder
+                    .append_link(&mut header, &path, target)
+                    .map_err(failed)?;
+            }
+            _ => builder
+                .append_data(&mut header, &path, &mut entry)
+                .map_err(failed)?,
+        }
+        check_size(builder.get_ref().len())?;
+    }
+    builder.into_inner().map_err(failed)
+}
+
 /// Checks `tar` and, when every entry passes, unpacks it into `dir`.
 pub(crate) fn unpack(tar: &[u8], dir: &Path) -> Result<(), Error> {
     check(tar, &|rel| on_disk(dir, rel))?;
@@ -164,8 +251,9 @@ pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str) -> Result<Vec<u8>, Error
     builder.follow_symlinks(false);
     let file_type = meta.file_type();
     if file_type.is_dir() {
-        append_tree(&mut builder, &full, rel).map_err(failed)?;
+        append_tree(&mut builder, &full, rel).map_err(|e| too_large_or(e, failed))?;
     } else if file_type.is_file() || file_type.is_symlink() {
+        fits(&builder, &meta).map_err(|e| too_large_or(e, failed))?;
         builder.append_path_with_name(&full, rel).map_err(failed)?;
     } else {
         return Err(Error::Refused(format!(
@@ -196,12 +284,51 @@ fn append_tree(builder: &mut tar::Builder<Vec<u8>>, full: &Path, name: &Path) ->
                     .map(|child| (full.join(&child), name.join(&child))),
             );
         } else if file_type.is_file() || file_type.is_symlink() {
+            fits(builder, &meta)?;
             builder.append_path_with_name(&full, &name)?;
         } else {
             debug!(path = %full.display(), "left a special file out of an archive");
         }
     }
     Ok(())
+}
+
+/// The marker of an archive that would grow past [`MAX_ARCHIVE_BYTES`].
+#[derive(Debug)]
+struct TooLarge;
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the archive would be larger than {MAX_ARCHIVE_BYTES} bytes"
+        )
+    }
+}
+
+impl std::error::Error for TooLarge {}
+
+/// Whether a file of this size still fits into the archive (with a header and padding).
+fn fits(builder: &tar::Builder<Vec<u8>>, meta: &fs::Metadata) -> io::Result<()> {
+    let size = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+    let after = builder
+        .get_ref()
+        .len()
+        .saturating_add(size)
+        .saturating_add(1024);
+    if after > MAX_ARCHIVE_BYTES {
+        return Err(io::Error::other(TooLarge));
+    }
+    Ok(())
+}
+
+/// A too-large archive is refused; other errors are failures.
+fn too_large_or(e: io::Error, failed: impl Fn(io::Error) -> Error) -> Error {
+    if e.get_ref().is_some_and(|inner| inner.is::<TooLarge>()) {
+        Error::Refused(e.to_string())
+    } else {
+        failed(e)
+    }
 }
 
 fn invalid(e: io::Error) -> Error {

@@ -1,17 +1,36 @@
 //! Sandbox backends for Nodus: implementations of [`nodus_core::Sandbox`], the place where a
 //! run's shell commands execute.
 //!
-//! Today there is one backend, [`UnisolatedSandbox`]: plain local processes in a directory per
-//! run, with **no isolation**, for the embedding example, tests and operators who choose it by
-//! name. Backends that isolate come later: a process backend on bubblewrap (new namespaces, no
-//! network, read-only system, only the working directory writable, cgroup limits) and a Docker
-//! backend (no network by default, memory/cpu/pids limits, reattach after restart).
+//! - [`BwrapSandbox`]: the process backend. Each command runs under bubblewrap in new
+//!   namespaces, without network, with a read-only view of the host's system directories and
+//!   only its working directory writable; cgroup limits where the host allows, rlimits
+//!   otherwise.
+//! - [`DockerSandbox`] (feature `docker`): one container per run, kept alive between
+//!   commands, without network by default, with memory, CPU and process limits, labelled so
+//!   that a restarted server reattaches to its containers and removes orphans.
+//! - [`UnisolatedSandbox`]: plain local processes in a directory per run with **no
+//!   isolation**, for the embedding example, tests and operators who choose it by name; it
+//!   reports `isolated: false`.
 //!
-//! What every backend shares lives here too: checks of sandbox keys and relative paths, and
-//! tar transfer that validates every entry of an incoming archive before writing anything.
+//! What every backend shares lives here too, written once: checks of sandbox keys and
+//! relative paths, tar transfer that validates every entry of an incoming archive before
+//! writing anything, output capping, and local process handling. The conformance suite that
+//! every backend passes is [`conformance`] (feature `test-util`).
 
 mod archive;
+pub mod bwrap;
+mod capped;
+mod cgroup;
+#[cfg(feature = "test-util")]
+pub mod conformance;
+#[cfg(feature = "docker")]
+pub mod docker;
 mod paths;
+mod process;
 pub mod unisolated;
+mod workdir;
 
+pub use bwrap::{BwrapConfig, BwrapSandbox, CgroupUse};
+#[cfg(feature = "docker")]
+pub use docker::{DockerConfig, DockerSandbox};
 pub use unisolated::UnisolatedSandbox;

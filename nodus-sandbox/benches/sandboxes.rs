@@ -1,0 +1,3 @@
+//! Sandbox latency benchmarks (written next).
+
+fn main() {}

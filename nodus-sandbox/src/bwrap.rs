@@ -1,0 +1,535 @@
+//! The process backend: each command runs in a fresh [bubblewrap] sandbox over the run's
+//! working directory.
+//!
+//! A command gets new user, pid, ipc, uts, cgroup and network namespaces (the network only when
+//! the spec allows it), all capabilities dropped, no further user namespaces, a new session,
+//! and `--die-with-parent`. Its file system is a read-only tmpfs root with:
+//! - the host's system directories read-only (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, and
+//!   what [`BwrapConfig::extra_ro_binds`] adds), where every entry of `/etc` that is not
+//!   readable by everyone (`/etc/shadow`, `/etc/sudoers`, private keys) and every path in
+//!   [`BwrapConfig::hidden_paths`] is covered by an empty entry that nothing can read;
+//! - fresh `/proc` and `/dev`, a private `/tmp` (a tmpfs no larger than the memory limit);
+//! - the sandbox's working directory at [`WORKDIR`], the only writable place that outlives
+//!   the command.
+//!
+//! Nothing else of the host is there: not the other sandboxes' directories, not the server's
+//! files, not `/home`, `/root` or `/var`.
+//!
+//! Limits: memory (without swap), processes and CPU go through cgroups where the host lets
+//! this process manage them (v1 or v2; see [`crate::cgroup`]); a command is moved into its
+//! sandbox's cgroups before it starts. A limit that no cgroup enforces falls back to an rlimit
+//! set inside the sandbox before the command runs (`ulimit -u` for processes, counted per
+//! sandbox thanks to its user namespace; `ulimit -v` for memory); CPU then has no limit but the
+//! timeout. The command timeout and the output cap hold everywhere.
+//!
+//! Layout: the sandbox with key `k` is the directory `root/sandboxes/k` and has the id `k`; it
+//! outlives the server, so after a restart `create` with the same key works over the same
+//! files. As with the unisolated backend, the environment and limits of a sandbox live in
+//! memory: after a restart, `create` comes before `exec`.
+//!
+//! When the command's shell exits the sandbox's pid namespace ends, which kills whatever it
+//! left running; a timeout, or dropping the `exec` future, kills bubblewrap and with it the
+//! whole namespace. Bubblewrap reports a command ended by a signal as exit code 128 + the
+//! signal's number.
+//!
+//! Requires bubblewrap 0.8 or later and user namespaces. When `bwrap` is missing, `create`
+//! refuses with a message that says how to install it.
+//!
+//! [bubblewrap]: https://github.com/containers/bubblewrap
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nodus_core::Sandbox;
+use nodus_core::sandbox::{
+    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+};
+use tokio::process::Command;
+use tokio::sync::OnceCell;
+use tracing::{debug, info};
+
+use crate::cgroup::{self, Cgroups};
+use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
+use crate::{archive, paths, process};
+
+/// Where the working directory appears inside the sandbox.
+pub const WORKDIR: &str = "/work";
+
+/// `PATH` inside the sandbox.
+const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The host's system directories that are bound read-only (or re-created as the same
+/// symbolic links) when they exist.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
+/// How deep the scan of `/etc` for entries to hide goes.
+const ETC_SCAN_DEPTH: usize = 8;
+
+/// What to tell an operator whose host has no `bwrap`.
+const INSTALL_HINT: &str = "install bubblewrap: `apt-get install bubblewrap` (Debian, Ubuntu), \
+     `dnf install bubblewrap` (Fedora) or `apk add bubblewrap` (Alpine); or ask for the \
+     unisolated mode by name";
+
+/// Whether to enforce limits through cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CgroupUse {
+    /// Cgroups wherever the host allows, rlimits for the rest.
+    #[default]
+    Auto,
+    /// Rlimits only.
+    Never,
+}
+
+/// How the process backend works on this host.
+#[derive(Debug, Clone)]
+pub struct BwrapConfig {
+    /// The directory that holds the working directories (`root/sandboxes/<key>`). Keep it
+    /// outside the directories bound into sandboxes.
+    pub root: PathBuf,
+    /// The `bwrap` binary; searched in `PATH` when `None`.
+    pub bwrap: Option<PathBuf>,
+    /// Whether limits go through cgroups.
+    pub cgroups: CgroupUse,
+    /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
+    pub cgroup_parent: String,
+    /// More host directories to bind read-only at the same path (toolchains under `/opt`).
+    pub extra_ro_binds: Vec<PathBuf>,
+    /// More host paths to hide, beyond the entries of `/etc` that not everyone may read.
+    pub hidden_paths: Vec<PathBuf>,
+}
+
+impl BwrapConfig {
+    /// Working directories under `root`, `bwrap` from `PATH`, cgroups where possible under
+    /// `nodus`, nothing bound or hidden beyond the defaults.
+    pub fn new(root: PathBuf) -> Self {
+        BwrapConfig {
+            root,
+            bwrap: None,
+            cgroups: CgroupUse::Auto,
+            cgroup_parent: "nodus".to_owned(),
+            extra_ro_binds: Vec::new(),
+            hidden_paths: Vec::new(),
+        }
+    }
+}
+
+/// What a sandbox was created with.
+#[derive(Debug, Clone)]
+struct Created {
+    env: BTreeMap<String, String>,
+    limits: Limits,
+    network: bool,
+}
+
+/// What every command needs, found once: the binary and the arguments that lay out the
+/// sandbox's file system.
+#[derive(Debug)]
+struct Prepared {
+    bwrap: PathBuf,
+    base_args: Vec<OsString>,
+}
+
+/// Sandboxes that run each command under bubblewrap. See the [module docs](self).
+#[derive(Debug)]
+pub struct BwrapSandbox {
+    config: BwrapConfig,
+    cgroups: Cgroups,
+    prepared: OnceCell<Prepared>,
+    created: Mutex<HashMap<String, Created>>,
+}
+
+impl BwrapSandbox {
+    /// A backend with this configuration. Finds the host's cgroup controllers now (and
+    /// creates the parent cgroups); `bwrap` itself is looked for and tried on the first
+    /// [`Sandbox::create`].
+    pub fn new(config: BwrapConfig) -> Self {
+        let cgroups = match config.cgroups {
+            CgroupUse::Auto => Cgroups::detect(&config.cgroup_parent),
+            CgroupUse::Never => Cgroups::none(),
+        };
+        let enforced = cgroups.enforced();
+        info!(
+            root = %config.root.display(),
+            memory = enforced.memory,
+            pids = enforced.pids,
+            cpu = enforced.cpu,
+            "bubblewrap sandboxes (limits not enforced by cgroups fall back to rlimits)"
+        );
+        BwrapSandbox {
+            config,
+            cgroups,
+            prepared: OnceCell::new(),
+            created: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The host directory of a sandbox, for an id this backend could have issued.
+    fn dir_of(&self, id: &SandboxId) -> Result<PathBuf, Error> {
+        paths::check_key(&id.0).map_err(|_| Error::NotFound(id.clone()))?;
+        Ok(self.config.root.join("sandboxes").join(&id.0))
+    }
+
+    async fn existing_dir(&self, id: &SandboxId) -> Result<PathBuf, Error> {
+        let dir = self.dir_of(id)?;
+        let id = id.clone();
+        blocking(move || canonical_dir(&dir, &id)).await
+    }
+
+    fn created(&self) -> std::sync::MutexGuard<'_, HashMap<String, Created>> {
+        // The map stays consistent even if a holder panicked: each access is one call.
+        self.created.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn prepared(&self) -> Result<&Prepared, Error> {
+        self.prepared
+            .get_or_try_init(|| async {
+                let config = self.config.clone();
+                let memory = Limits::default().memory_bytes;
+                let prepared = blocking(move || prepare(&config)).await?;
+                probe(&prepared, memory).await?;
+                Ok(prepared)
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl Sandbox for BwrapSandbox {
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
+        paths::check_key(&spec.key).map_err(Error::Refused)?;
+        check_env(&spec.env)?;
+        self.prepared().await?;
+        let dir = self.config.root.join("sandboxes").join(&spec.key);
+        let cgroups = self.cgroups.clone();
+        let (key, limits) = (spec.key.clone(), spec.limits);
+        blocking(move || {
+            fs::create_dir_all(&dir).map_err(|e| {
+                Error::Failed(format!("creating the directory {}: {e}", dir.display()))
+            })?;
+            cgroups.create(&key, &limits)
+        })
+        .await?;
+        self.created().insert(
+            spec.key.clone(),
+            Created {
+                env: spec.env.clone(),
+                limits: spec.limits,
+                network: spec.network,
+            },
+        );
+        debug!(key = %spec.key, "bubblewrap sandbox ready");
+        Ok(SandboxInfo {
+            id: SandboxId(spec.key.clone()),
+            isolated: true,
+        })
+    }
+
+    async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
+        let dir = self.dir_of(id)?;
+        let created = self
+            .created()
+            .get(&id.0)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(id.clone()))?;
+        let prepared = self.prepared().await?;
+        let request = request.within(&created.limits);
+        let shown_cwd = request.cwd.clone().unwrap_or_default();
+        let rel = paths::relative(Path::new(&shown_cwd))
+            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        let owned_id = id.clone();
+        let (home, cwd) = blocking(move || {
+            let home = canonical_dir(&dir, &owned_id)?;
+            let cwd = inside_dir(&home, &rel, &shown_cwd)?;
+            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
+            let inside = if inner.as_os_str().is_empty() {
+                PathBuf::from(WORKDIR)
+            } else {
+                Path::new(WORKDIR).join(inner)
+            };
+            Ok((home, inside))
+        })
+        .await?;
+
+        let mut args = prepared.base_args.clone();
+        let mut push = |items: &[&std::ffi::OsStr]| args.extend(items.iter().map(OsString::from));
+        if created.network {
+            push(&["--share-net".as_ref()]);
+        }
+        let tmp_size = created.limits.memory_bytes.to_string();
+        push(&[
+            "--size".as_ref(),
+            tmp_size.as_ref(),
+            "--tmpfs".as_ref(),
+            "/tmp".as_ref(),
+            "--bind".as_ref(),
+            home.as_os_str(),
+            WORKDIR.as_ref(),
+            "--remount-ro".as_ref(),
+            "/".as_ref(),
+            "--clearenv".as_ref(),
+            "--setenv".as_ref(),
+            "PATH".as_ref(),
+            SANDBOX_PATH.as_ref(),
+            "--setenv".as_ref(),
+            "HOME".as_ref(),
+            WORKDIR.as_ref(),
+            "--setenv".as_ref(),
+            "LANG".as_ref(),
+            "C.UTF-8".as_ref(),
+        ]);
+        for (name, value) in &created.env {
+            push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
+        }
+        push(&[
+            "--chdir".as_ref(),
+            cwd.as_os_str(),
+            "--".as_ref(),
+            "/bin/sh".as_ref(),
+            "-c".as_ref(),
+        ]);
+        let enforced = self.cgroups.enforced();
+        let mut rlimits = Vec::new();
+        if !enforced.pids {
+            rlimits.push(format!("ulimit -u {}", created.limits.processes));
+        }
+        if !enforced.memory {
+            rlimits.push(format!("ulimit -v {}", created.limits.memory_bytes / 1024));
+        }
+        if rlimits.is_empty() {
+            args.push(request.command.clone().into());
+        } else {
+            // The limits first, then the command exactly as given.
+            let script = format!("{} && exec /bin/sh -c \"$1\"", rlimits.join(" && "));
+            args.extend([script.into(), "sh".into(), request.command.clone().into()]);
+        }
+
+        let procs_files = self.cgroups.procs_files(&id.0);
+        let gate = move |pid: u32| cgroup::join(pid, &procs_files);
+        let mut command = if self.cgroups.enforced() == cgroup::Controllers::default() {
+            let mut command = Command::new(&prepared.bwrap);
+            command.args(&args).stdin(Stdio::null());
+            command
+        } else {
+            // A shell that waits for its cue: it is moved into the cgroups before it becomes
+            // bubblewrap, so every process of the sandbox starts inside them.
+            let mut command = Command::new("/bin/sh");
+            command
+                .arg("-c")
+                .arg("read -r _ && exec \"$@\"")
+                .arg("nodus-sandbox")
+                .arg(&prepared.bwrap)
+                .args(&args)
+                .stdin(Stdio::piped());
+            command
+        };
+        command
+            .env_clear()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let uses_gate = self.cgroups.enforced() != cgroup::Controllers::default();
+        process::run(
+            command,
+            request.timeout,
+            request.output_cap,
+            uses_gate.then_some(&gate as process::Gate<'_>),
+        )
+        .await
+    }
+
+    async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
+        let dir = self.existing_dir(id).await?;
+        blocking(move || archive::unpack(&tar, &dir)).await
+    }
+
+    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+        let dir = self.existing_dir(id).await?;
+        let rel = paths::relative(Path::new(path))
+            .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
+        let shown = path.to_owned();
+        blocking(move || archive::pack(&dir, &rel, &shown)).await
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
+        // An id this backend cannot have issued names no sandbox: nothing to remove.
+        let Ok(dir) = self.dir_of(id) else {
+            return Ok(());
+        };
+        self.created().remove(&id.0);
+        let cgroups = self.cgroups.clone();
+        let key = id.0.clone();
+        blocking(move || {
+            remove_tree(&dir)?;
+            cgroups.remove(&key);
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// Finds `bwrap`, makes the masks and lays out the file system arguments.
+fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
+    let bwrap = match &config.bwrap {
+        Some(path) if path.is_file() => path.clone(),
+        Some(path) => {
+            return Err(Error::Refused(format!(
+                "bubblewrap is not installed (no {}): {INSTALL_HINT}",
+                path.display()
+            )));
+        }
+        None => find_in_path("bwrap").ok_or_else(|| {
+            Error::Refused(format!(
+                "bubblewrap is not installed (no `bwrap` in PATH): {INSTALL_HINT}"
+            ))
+        })?,
+    };
+    let failed = |what: &str, e: io::Error| Error::Failed(format!("{what}: {e}"));
+    let root = &config.root;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root.join("sandboxes"))
+        .map_err(|e| failed(&format!("creating {}", root.display()), e))?;
+    // Empty entries that nobody in a sandbox can read (no permission bits, no capabilities),
+    // laid over what is hidden.
+    let masks = root.join("masks");
+    let mask_file = masks.join("file");
+    let mask_dir = masks.join("dir");
+    fs::create_dir_all(&mask_dir).map_err(|e| failed("creating the masks", e))?;
+    if !mask_file.exists() {
+        fs::write(&mask_file, b"").map_err(|e| failed("creating the masks", e))?;
+    }
+    for mask in [&mask_file, &mask_dir] {
+        fs::set_permissions(mask, fs::Permissions::from_mode(0o000))
+            .map_err(|e| failed("creating the masks", e))?;
+    }
+
+    let mut args: Vec<OsString> = [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "nodus",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    let mut bound = Vec::new();
+    let system = SYSTEM_DIRS.iter().map(PathBuf::from);
+    for path in system.chain(config.extra_ro_binds.iter().cloned()) {
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if let Ok(target) = fs::read_link(&path) {
+                    args.extend(["--symlink".into(), target.into(), path.clone().into()]);
+                }
+            }
+            Ok(meta) if meta.is_dir() => {
+                args.extend(["--ro-bind".into(), path.clone().into(), path.clone().into()]);
+                bound.push(path);
+            }
+            _ => {}
+        }
+    }
+    let mut hidden = Vec::new();
+    scan_unreadable(Path::new("/etc"), ETC_SCAN_DEPTH, &mut hidden);
+    hidden.extend(config.hidden_paths.iter().cloned());
+    for path in hidden {
+        if !bound.iter().any(|b| path.starts_with(b)) {
+            continue;
+        }
+        let mask = match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => &mask_dir,
+            Ok(meta) if meta.is_file() => &mask_file,
+            _ => continue,
+        };
+        args.extend(["--ro-bind".into(), mask.into(), path.into()]);
+    }
+    args.extend(
+        ["--proc", "/proc", "--dev", "/dev"]
+            .iter()
+            .map(OsString::from),
+    );
+    Ok(Prepared {
+        bwrap,
+        base_args: args,
+    })
+}
+
+/// Collects the entries under `dir` that not everyone may read: files without the
+/// others-read bit, directories without others-read and others-search. Does not follow
+/// symbolic links nor descend into what it collects.
+fn scan_unreadable(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(children) = fs::read_dir(dir) else {
+        return;
+    };
+    for child in children.flatten() {
+        let path = child.path();
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if meta.is_dir() {
+            if mode & 0o005 != 0o005 {
+                out.push(path);
+            } else if depth > 0 {
+                scan_unreadable(&path, depth - 1, out);
+            }
+        } else if meta.is_file() && mode & 0o004 == 0 {
+            out.push(path);
+        }
+    }
+}
+
+/// Runs `true` in a sandbox laid out as every command's, so that a host where bubblewrap
+/// cannot work says so at `create`, not as a command's failure.
+async fn probe(prepared: &Prepared, memory: u64) -> Result<(), Error> {
+    let mut command = Command::new(&prepared.bwrap);
+    command
+        .args(&prepared.base_args)
+        .args(["--size", &memory.to_string(), "--tmpfs", "/tmp"])
+        .args(["--remount-ro", "/", "--", "/bin/sh", "-c", "true"])
+        .env_clear()
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(30), command.output())
+        .await
+        .map_err(|_| Error::Failed("bubblewrap did not start a sandbox in 30 s".to_owned()))?
+        .map_err(|e| {
+            Error::Refused(format!(
+                "cannot run bubblewrap ({}): {e}; {INSTALL_HINT}",
+                prepared.bwrap.display()
+            ))
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Refused(format!(
+            "bubblewrap ({}) cannot create a sandbox on this host (it needs version 0.8 or \
+             later and user namespaces): {}",
+            prepared.bwrap.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| SANDBOX_PATH.into());
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}

@@ -1,0 +1,402 @@
+//! Cgroup limits for process sandboxes: memory, process count and CPU through cgroup v1 or v2,
+//! wherever the host lets this process manage them.
+//!
+//! Each sandbox gets a cgroup `<parent>/<key>` in every hierarchy that holds one of the three
+//! controllers (v1: the `memory`, `pids` and `cpu` hierarchies; v2: the unified one, with the
+//! controllers enabled for `<parent>`). Its commands are moved into those cgroups before they
+//! start. A controller that cannot be used is reported by [`Cgroups::enforced`], so that the
+//! caller falls back to rlimits for it.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nodus_core::sandbox::{Error, Limits};
+use tracing::{debug, warn};
+
+/// CFS period for CPU limits, in microseconds.
+const CPU_PERIOD_US: u64 = 100_000;
+/// The smallest CFS quota the kernel accepts, in microseconds.
+const MIN_CPU_QUOTA_US: u64 = 1_000;
+/// How often, and how far apart, removing a busy cgroup is tried.
+const REMOVE_TRIES: u32 = 200;
+const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Which limits a set of cgroups enforces.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Controllers {
+    /// Memory (no swap).
+    pub(crate) memory: bool,
+    /// Processes and threads.
+    pub(crate) pids: bool,
+    /// CPU time per period.
+    pub(crate) cpu: bool,
+}
+
+impl Controllers {
+    fn any(self) -> bool {
+        self.memory || self.pids || self.cpu
+    }
+
+    fn or(self, other: Controllers) -> Controllers {
+        Controllers {
+            memory: self.memory || other.memory,
+            pids: self.pids || other.pids,
+            cpu: self.cpu || other.cpu,
+        }
+    }
+
+    fn minus(self, other: Controllers) -> Controllers {
+        Controllers {
+            memory: self.memory && !other.memory,
+            pids: self.pids && !other.pids,
+            cpu: self.cpu && !other.cpu,
+        }
+    }
+}
+
+/// One mounted hierarchy with a parent cgroup that this process may create cgroups under.
+#[derive(Debug, Clone)]
+struct Hierarchy {
+    /// `<mount point>/<parent>`.
+    parent: PathBuf,
+    v2: bool,
+    controllers: Controllers,
+}
+
+/// The cgroups that sandboxes are put in; empty when the host allows none.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cgroups {
+    hierarchies: Vec<Hierarchy>,
+}
+
+impl Cgroups {
+    /// No cgroups: every limit falls back to rlimits.
+    pub(crate) fn none() -> Self {
+        Cgroups::default()
+    }
+
+    /// Finds the memory, pids and cpu controllers in `/proc/self/mountinfo` (v1 first, then
+    /// v2) and prepares the parent cgroup `parent` in each hierarchy. Hierarchies that cannot
+    /// be used are left out with a warning.
+    pub(crate) fn detect(parent: &str) -> Self {
+        let mountinfo = match fs::read_to_string("/proc/self/mountinfo") {
+            Ok(text) => text,
+            Err(e) => {
+                warn!(error = %e, "cannot read /proc/self/mountinfo: no cgroup limits");
+                return Cgroups::none();
+            }
+        };
+        let mut found = Controllers::default();
+        let mut hierarchies = Vec::new();
+        let mut v2_mounts = Vec::new();
+        for line in mountinfo.lines() {
+            let Some((mount, fstype, options)) = parse_mount(line) else {
+                continue;
+            };
+            match fstype {
+                "cgroup" => {
+                    let has = |name: &str| options.split(',').any(|o| o == name);
+                    let controllers = Controllers {
+                        memory: has("memory"),
+                        pids: has("pids"),
+                        cpu: has("cpu"),
+                    }
+                    .minus(found);
+                    if !controllers.any() {
+                        continue;
+                    }
+                    match prepare_v1(&mount, parent) {
+                        Ok(dir) => {
+                            found = found.or(controllers);
+                            hierarchies.push(Hierarchy {
+                                parent: dir,
+                                v2: false,
+                                controllers,
+                            });
+                        }
+                        Err(e) => {
+                            warn!(mount = %mount.display(), error = %e, "cannot use this cgroup v1 hierarchy")
+                        }
+                    }
+                }
+                "cgroup2" => v2_mounts.push(mount),
+                _ => {}
+            }
+        }
+        for mount in v2_mounts {
+            let available =
+                fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            let has = |name: &str| available.split_whitespace().any(|c| c == name);
+            let wanted = Controllers {
+                memory: has("memory"),
+                pids: has("pids"),
+                cpu: has("cpu"),
+            }
+            .minus(found);
+            if !wanted.any() {
+                continue;
+            }
+            match prepare_v2(&mount, parent, wanted) {
+                Ok((dir, controllers)) if controllers.any() => {
+                    found = found.or(controllers);
+                    hierarchies.push(Hierarchy {
+                        parent: dir,
+                        v2: true,
+                        controllers,
+                    });
+                }
+                Ok(_) => {
+                    warn!(mount = %mount.display(), "no cgroup v2 controller could be enabled")
+                }
+                Err(e) => {
+                    warn!(mount = %mount.display(), error = %e, "cannot use the cgroup v2 hierarchy")
+                }
+            }
+        }
+        debug!(?found, "cgroup controllers for sandboxes");
+        Cgroups { hierarchies }
+    }
+
+    /// The limits these cgroups enforce.
+    pub(crate) fn enforced(&self) -> Controllers {
+        self.hierarchies
+            .iter()
+            .fold(Controllers::default(), |all, h| all.or(h.controllers))
+    }
+
+    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits.
+    pub(crate) fn create(&self, key: &str, limits: &Limits) -> Result<(), Error> {
+        for hierarchy in &self.hierarchies {
+            let dir = hierarchy.parent.join(key);
+            let failed = |what: &str, e: io::Error| {
+                Error::Failed(format!("{what} of cgroup {}: {e}", dir.display()))
+            };
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(failed("creating", e)),
+            }
+            write_limits(&dir, hierarchy, limits).map_err(|e| failed("setting the limits", e))?;
+        }
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files that a command of sandbox `key` must be written into.
+    pub(crate) fn procs_files(&self, key: &str) -> Vec<PathBuf> {
+        self.hierarchies
+            .iter()
+            .map(|h| h.parent.join(key).join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Removes the cgroups of sandbox `key`; missing ones are fine. Blocks for up to two
+    /// seconds while the last processes leave.
+    pub(crate) fn remove(&self, key: &str) {
+        for hierarchy in &self.hierarchies {
+            let dir = hierarchy.parent.join(key);
+            // The last processes of a command may take a moment to leave (the sandbox's init
+            // dies asynchronously after bubblewrap): the cgroup is busy until then.
+            let mut tries = 0;
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if e.kind() == io::ErrorKind::ResourceBusy && tries < REMOVE_TRIES => {
+                        tries += 1;
+                        std::thread::sleep(REMOVE_PAUSE);
+                    }
+                    Err(e) => {
+                        warn!(cgroup = %dir.display(), error = %e, "cannot remove a sandbox's cgroup");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Moves process `pid` into every cgroup in `procs_files`.
+pub(crate) fn join(pid: u32, procs_files: &[PathBuf]) -> Result<(), Error> {
+    for file in procs_files {
+        fs::write(file, pid.to_string()).map_err(|e| {
+            Error::Failed(format!(
+                "moving a command into the cgroup {}: {e}",
+                file.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits) -> io::Result<()> {
+    let set = |file: &str, value: &str| fs::write(dir.join(file), value);
+    let quota = (u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000).max(MIN_CPU_QUOTA_US);
+    let memory = limits.memory_bytes.to_string();
+    let c = hierarchy.controllers;
+    if hierarchy.v2 {
+        if c.memory {
+            set("memory.max", &memory)?;
+            if dir.join("memory.swap.max").exists() {
+                set("memory.swap.max", "0")?;
+            }
+        }
+        if c.pids {
+            set("pids.max", &limits.processes.to_string())?;
+        }
+        if c.cpu {
+            set("cpu.max", &format!("{quota} {CPU_PERIOD_US}"))?;
+        }
+    } else {
+        if c.memory {
+            // Memory plus swap may never be below memory: lift it, set memory, then pin it.
+            let memsw = dir.join("memory.memsw.limit_in_bytes").exists();
+            if memsw {
+                set("memory.memsw.limit_in_bytes", "-1")?;
+            }
+            set("memory.limit_in_bytes", &memory)?;
+            if memsw {
+                set("memory.memsw.limit_in_bytes", &memory)?;
+            }
+        }
+        if c.pids {
+            set("pids.max", &limits.processes.to_string())?;
+        }
+        if c.cpu {
+            set("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            set("cpu.cfs_quota_us", &quota.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn prepare_v1(mount: &Path, parent: &str) -> io::Result<PathBuf> {
+    let dir = mount.join(parent);
+    fs::create_dir_all(&dir)?;
+    // Probe that cgroups can be made here.
+    fs::metadata(dir.join("cgroup.procs"))?;
+    Ok(dir)
+}
+
+fn prepare_v2(
+    mount: &Path,
+    parent: &str,
+    wanted: Controllers,
+) -> io::Result<(PathBuf, Controllers)> {
+    let dir = mount.join(parent);
+    let names = [
+        ("memory", wanted.memory),
+        ("pids", wanted.pids),
+        ("cpu", wanted.cpu),
+    ];
+    for (name, want) in names {
+        if want {
+            // Already enabled, or refused: what counts is what `parent` ends up with.
+            let _ = fs::write(mount.join("cgroup.subtree_control"), format!("+{name}"));
+        }
+    }
+    fs::create_dir_all(&dir)?;
+    for (name, want) in names {
+        if want {
+            let _ = fs::write(dir.join("cgroup.subtree_control"), format!("+{name}"));
+        }
+    }
+    let enabled = fs::read_to_string(dir.join("cgroup.subtree_control"))?;
+    let on = |name: &str| enabled.split_whitespace().any(|c| c == name);
+    Ok((
+        dir,
+        Controllers {
+            memory: wanted.memory && on("memory"),
+            pids: wanted.pids && on("pids"),
+            cpu: wanted.cpu && on("cpu"),
+        },
+    ))
+}
+
+/// Mount point, file system type and super options of one line of `/proc/self/mountinfo`.
+fn parse_mount(line: &str) -> Option<(PathBuf, &str, &str)> {
+    let (left, right) = line.split_once(" - ")?;
+    let mount = left.split(' ').nth(4)?;
+    let mut right = right.split(' ');
+    let fstype = right.next()?;
+    let _source = right.next()?;
+    let options = right.next().unwrap_or("");
+    Some((PathBuf::from(unescape(mount)), fstype, options))
+}
+
+/// Undoes the octal escapes (`\040` for a space) of mountinfo paths.
+fn unescape(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| b == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        match octal {
+            Some(value) => {
+                out.push(value);
+                i += 4;
+            }
+            None => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines() {
+        let v1 = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory";
+        assert_eq!(
+            parse_mount(v1),
+            Some((
+                PathBuf::from("/sys/fs/cgroup/memory"),
+                "cgroup",
+                "rw,memory"
+            ))
+        );
+        let v2 = "30 23 0:26 / /sys/fs/cgroup rw shared:4 - cgroup2 cgroup2 rw,nsdelegate";
+        assert_eq!(
+            parse_mount(v2),
+            Some((PathBuf::from("/sys/fs/cgroup"), "cgroup2", "rw,nsdelegate"))
+        );
+        let spaced = "1 2 0:1 / /mnt/a\\040b rw - ext4 /dev/x rw";
+        assert_eq!(
+            parse_mount(spaced).map(|m| m.0),
+            Some(PathBuf::from("/mnt/a b"))
+        );
+        assert_eq!(parse_mount("garbage"), None);
+        assert_eq!(unescape("a\\134b\\"), "a\\b\\");
+    }
+
+    #[test]
+    fn controller_sets() {
+        let mem = Controllers {
+            memory: true,
+            ..Controllers::default()
+        };
+        let all = Controllers {
+            memory: true,
+            pids: true,
+            cpu: true,
+        };
+        assert_eq!(
+            all.minus(mem),
+            Controllers {
+                memory: false,
+                pids: true,
+                cpu: true
+            }
+        );
+        assert_eq!(mem.or(Controllers::default()), mem);
+        assert!(!Controllers::default().any());
+    }
+}

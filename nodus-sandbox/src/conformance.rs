@@ -1,0 +1,833 @@
+//! The conformance suite (feature `test-util`): what every sandbox backend must do, as one
+//! public async function per case, run against a real backend.
+//!
+//! Two groups, so that it is explicit what an unisolated backend is held to:
+//! - [`COMMON`]: commands, exit codes, output, timeouts, files, archives, lifecycle. Every
+//!   backend passes these, [`UnisolatedSandbox`](crate::UnisolatedSandbox) included.
+//! - [`ISOLATION`]: no network, no host secrets, no other sandbox's files, no writes outside
+//!   the working directory, fork bombs and memory hogs contained. Only isolating backends
+//!   pass these.
+//!
+//! [`run_common`], [`run_isolation`] and [`run_all`] run a group one case after another;
+//! [`conformance_tests!`](crate::conformance_tests) makes one `#[tokio::test]` per case, so that
+//! cases run side by side and fail one by one.
+//!
+//! The cases need, inside the sandbox: a POSIX `sh` with `printf`, `head`, `sleep` (with
+//! fractions), `cat`, `ls`, `ln`, `mkdir`, `touch`, `find`, `dd` and `busybox` (for `wget`);
+//! and on the host: `pgrep`, and the right to read `/etc/shadow` (they run as root in CI).
+//! Processes are looked for on the host, so a Docker engine must be local.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nodus_core::Sandbox;
+use nodus_core::sandbox::{
+    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+};
+
+/// A backend under test.
+#[derive(Clone)]
+pub struct Backend {
+    /// The backend.
+    pub sandbox: Arc<dyn Sandbox>,
+    /// The image for container backends (`None` for process backends).
+    pub image: Option<String>,
+    /// Whether it isolates ([`SandboxInfo::isolated`]); only then does [`ISOLATION`] apply.
+    pub isolated: bool,
+}
+
+/// A boxed case, as listed in [`COMMON`] and [`ISOLATION`].
+pub type Case = for<'a> fn(&'a Backend) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), |b| Box::pin($name(b)))),*]
+    };
+}
+
+/// The cases every backend passes, by name.
+pub const COMMON: &[(&str, Case)] = cases![
+    exit_codes,
+    stdout_and_stderr_apart,
+    output_cap,
+    timeout_kills_process_tree,
+    background_processes_end_with_command,
+    environment_and_cwd,
+    files_round_trip,
+    hostile_archives_refused,
+    recreate_keeps_files,
+    destroy_twice,
+];
+
+/// The cases only an isolating backend passes, by name.
+pub const ISOLATION: &[(&str, Case)] = cases![
+    no_network,
+    host_secrets_unreadable,
+    other_sandbox_unreachable,
+    no_writes_outside_workdir,
+    fork_bomb_contained,
+    memory_hog_contained,
+];
+
+/// Runs [`COMMON`].
+pub async fn run_common(backend: &Backend) {
+    for (name, case) in COMMON {
+        tracing::info!(case = name, "conformance");
+        case(backend).await;
+    }
+}
+
+/// Runs [`ISOLATION`].
+pub async fn run_isolation(backend: &Backend) {
+    for (name, case) in ISOLATION {
+        tracing::info!(case = name, "conformance");
+        case(backend).await;
+    }
+}
+
+/// Runs every case: [`COMMON`], then [`ISOLATION`].
+pub async fn run_all(backend: &Backend) {
+    run_common(backend).await;
+    run_isolation(backend).await;
+}
+
+/// One `#[tokio::test]` per case: `conformance_tests!(common, make)` for [`COMMON`],
+/// `conformance_tests!(all, make)` for [`COMMON`] and [`ISOLATION`], where `make` is an
+/// `async fn() -> Backend` in scope.
+#[macro_export]
+macro_rules! conformance_tests {
+    (common, $make:ident) => {
+        $crate::conformance_tests!(@cases $make,
+            exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
+            background_processes_end_with_command, environment_and_cwd, files_round_trip,
+            hostile_archives_refused, recreate_keeps_files, destroy_twice);
+    };
+    (all, $make:ident) => {
+        $crate::conformance_tests!(common, $make);
+        $crate::conformance_tests!(@cases $make,
+            no_network, host_secrets_unreadable, other_sandbox_unreachable,
+            no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained);
+    };
+    (@cases $make:ident, $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::conformance::$case(&$make().await).await;
+            }
+        )*
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// Limits small enough that a hostile command is contained fast on a small machine.
+pub fn test_limits() -> Limits {
+    Limits {
+        cpu_millis: 1000,
+        memory_bytes: 256 << 20,
+        processes: 64,
+        command_timeout_secs: 60,
+        output_cap_bytes: 1 << 20,
+    }
+}
+
+/// A key no other test on this machine uses.
+pub fn unique_key(tag: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("conf-{tag}-{}-{nanos:09}-{n}", std::process::id())
+}
+
+/// A spec for `backend` with the [`test_limits`].
+pub fn spec(backend: &Backend, key: &str) -> SandboxSpec {
+    SandboxSpec {
+        key: key.to_owned(),
+        image: backend.image.clone(),
+        env: BTreeMap::new(),
+        limits: test_limits(),
+        network: false,
+    }
+}
+
+/// A command with a 60 s timeout and a 1 MiB cap.
+pub fn request(command: &str) -> ExecRequest {
+    ExecRequest {
+        command: command.to_owned(),
+        timeout: Duration::from_secs(60),
+        cwd: None,
+        output_cap: 1 << 20,
+    }
+}
+
+async fn create(backend: &Backend, spec: &SandboxSpec) -> SandboxInfo {
+    let info = backend.sandbox.create(spec).await.expect("create");
+    assert_eq!(info.isolated, backend.isolated, "isolated as declared");
+    info
+}
+
+async fn fresh(backend: &Backend, tag: &str) -> SandboxId {
+    create(backend, &spec(backend, &unique_key(tag))).await.id
+}
+
+async fn exec(backend: &Backend, id: &SandboxId, command: &str) -> ExecOutput {
+    backend
+        .sandbox
+        .exec(id, &request(command))
+        .await
+        .unwrap_or_else(|e| panic!("exec {command:?}: {e}"))
+}
+
+async fn destroy(backend: &Backend, id: &SandboxId) {
+    backend.sandbox.destroy(id).await.expect("destroy");
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// How many host processes have `pattern` in their command line.
+fn count_processes(pattern: &str) -> usize {
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", pattern])
+        .output()
+        .expect("run pgrep (package procps)");
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "pgrep failed: {out:?}"
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// Waits until no host process has `pattern` in its command line; returns how many are left.
+async fn survivors(pattern: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = count_processes(pattern);
+        if left == 0 || Instant::now() > deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A tar archive of regular files.
+pub fn archive(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o644);
+        header.set_size(data.len() as u64);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *data)
+            .expect("append");
+    }
+    builder.into_inner().expect("finish")
+}
+
+/// A tar archive entry written with raw bytes, so that hostile names are possible.
+pub fn raw_entry(out: &mut Vec<u8>, path: &str, kind: tar::EntryType, target: &str, data: &[u8]) {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_mode(0o644);
+    header.set_size(data.len() as u64);
+    let old = header.as_old_mut();
+    old.name[..path.len()].copy_from_slice(path.as_bytes());
+    old.linkname[..target.len()].copy_from_slice(target.as_bytes());
+    header.set_cksum();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out.resize(out.len().next_multiple_of(512), 0);
+}
+
+/// Every entry of an archive: a file's content, `-> target` for a symbolic link, `<dir>` for
+/// a directory.
+pub fn listing(tar: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut archive = tar::Archive::new(tar);
+    let mut out = Vec::new();
+    for entry in archive.entries().expect("entries") {
+        let mut entry = entry.expect("entry");
+        let path = entry.path().expect("path").display().to_string();
+        let path = path.trim_end_matches('/').to_owned();
+        match entry.header().entry_type() {
+            tar::EntryType::Symlink => {
+                let target = entry.link_name().expect("link").expect("target");
+                out.push((path, format!("-> {}", target.display()).into_bytes()));
+            }
+            tar::EntryType::Directory => out.push((path, b"<dir>".to_vec())),
+            _ => {
+                let mut data = Vec::new();
+                entry.read_to_end(&mut data).expect("read");
+                out.push((path, data));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Common cases
+
+/// Exit codes come back as the shell gives them.
+pub async fn exit_codes(b: &Backend) {
+    let id = fresh(b, "exit").await;
+    assert_eq!(exec(b, &id, "true").await.exit_code, Some(0));
+    assert_eq!(exec(b, &id, "exit 3").await.exit_code, Some(3));
+    assert_eq!(exec(b, &id, "false").await.exit_code, Some(1));
+    let missing = exec(b, &id, "no-such-command-xyz").await;
+    assert_eq!(missing.exit_code, Some(127));
+    assert!(!missing.stderr.bytes.is_empty(), "the shell says why");
+    let out = exec(b, &id, "exit 0").await;
+    assert!(!out.timed_out);
+    destroy(b, &id).await;
+}
+
+/// Stdout and stderr are separate and raw: invalid UTF-8 is kept as it is.
+pub async fn stdout_and_stderr_apart(b: &Backend) {
+    let id = fresh(b, "streams").await;
+    let out = exec(
+        b,
+        &id,
+        r"printf 'out\377\n'; printf 'err\n' >&2; printf more",
+    )
+    .await;
+    assert_eq!(out.stdout.bytes, b"out\xff\nmore");
+    assert_eq!(out.stderr.bytes, b"err\n");
+    assert!(!out.stdout.truncated && !out.stderr.truncated);
+    assert_eq!(out.exit_code, Some(0));
+    destroy(b, &id).await;
+}
+
+/// Each stream is capped and marked truncated; the writer is never blocked; the sandbox's
+/// limit bounds a request that asks for more.
+pub async fn output_cap(b: &Backend) {
+    let mut small = spec(b, &unique_key("cap"));
+    small.limits.output_cap_bytes = 3000;
+    let id = create(b, &small).await.id;
+    let started = Instant::now();
+    let out = exec(
+        b,
+        &id,
+        "head -c 3000000 /dev/zero; head -c 3000000 /dev/zero >&2; echo done >&2",
+    )
+    .await;
+    assert_eq!(out.exit_code, Some(0), "the writer finished: {out:?}");
+    assert!(!out.timed_out);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(
+        out.stdout.bytes.len(),
+        3000,
+        "bounded by the sandbox's limit"
+    );
+    assert!(out.stdout.truncated);
+    assert_eq!(out.stderr.bytes.len(), 3000);
+    assert!(out.stderr.truncated);
+
+    let mut req = request("head -c 2000 /dev/zero; head -c 1000 /dev/zero >&2");
+    req.output_cap = 1000;
+    let out = b.sandbox.exec(&id, &req).await.expect("exec");
+    assert_eq!(out.stdout.bytes.len(), 1000, "bounded by the request");
+    assert!(out.stdout.truncated);
+    assert_eq!(out.stderr.bytes.len(), 1000);
+    assert!(!out.stderr.truncated, "exactly the cap is not truncated");
+    destroy(b, &id).await;
+}
+
+/// A timeout kills the whole process tree and keeps what was printed before it; the sandbox's
+/// limit bounds a request that allows longer.
+pub async fn timeout_kills_process_tree(b: &Backend) {
+    let mut short = spec(b, &unique_key("timeout"));
+    short.limits.command_timeout_secs = 2;
+    let id = create(b, &short).await.id;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    // `sleep 1000.<mark>`: a duration that names this case's processes on the host.
+    let sleep = format!("sleep 1000.{}{nanos:09}", std::process::id());
+    let command = format!(
+        "echo started; {sleep} & sh -c '{sleep}; true' & (trap '' TERM HUP; {sleep}) & {sleep}"
+    );
+    let started = Instant::now();
+    let req = request(&command);
+    let (out, seen) = tokio::join!(b.sandbox.exec(&id, &req), async {
+        loop {
+            let seen = count_processes(&sleep);
+            if seen >= 4 || started.elapsed() > Duration::from_millis(1800) {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let out = out.expect("exec");
+    assert!(seen >= 4, "the tree was running: {seen} processes");
+    assert!(out.timed_out, "{out:?}");
+    assert_eq!(out.exit_code, None);
+    assert_eq!(out.stdout.bytes, b"started\n", "output so far is kept");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
+    assert_eq!(survivors(&sleep).await, 0, "no process of the tree is left");
+    let after = exec(b, &id, "echo still here").await;
+    assert_eq!(after.stdout.bytes, b"still here\n");
+    destroy(b, &id).await;
+}
+
+/// A command ends when its shell does, and what it left in the background is killed.
+pub async fn background_processes_end_with_command(b: &Backend) {
+    let id = fresh(b, "background").await;
+    let sleep = format!("sleep 1000.{}{}", std::process::id(), unique_nanos());
+    let started = Instant::now();
+    let out = exec(b, &id, &format!("{sleep} & echo hi")).await;
+    assert_eq!(out.exit_code, Some(0));
+    assert!(!out.timed_out);
+    assert_eq!(out.stdout.bytes, b"hi\n");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(survivors(&sleep).await, 0);
+    destroy(b, &id).await;
+}
+
+fn unique_nanos() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{nanos:09}")
+}
+
+/// The spec's environment reaches commands, `HOME` is the working directory, and a command
+/// can run in a directory under it but nowhere else.
+pub async fn environment_and_cwd(b: &Backend) {
+    let mut with_env = spec(b, &unique_key("env"));
+    with_env
+        .env
+        .insert("GREETING".to_owned(), "hello world".to_owned());
+    let id = create(b, &with_env).await.id;
+    let out = exec(b, &id, "echo \"$GREETING\"; pwd; echo \"$HOME\"").await;
+    let text = text(&out.stdout.bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], "hello world");
+    assert_eq!(lines[1], lines[2], "HOME is the working directory: {text}");
+    let home = lines[1].to_owned();
+
+    exec(b, &id, "mkdir -p sub/dir && ln -s / escape").await;
+    let mut in_sub = request("pwd");
+    in_sub.cwd = Some("./sub//dir/".to_owned());
+    let out = b.sandbox.exec(&id, &in_sub).await.expect("exec in sub");
+    assert_eq!(text_of(&out), format!("{home}/sub/dir\n"));
+    for bad in ["/tmp", "..", "sub/../..", "missing", "escape", "escape/tmp"] {
+        let mut req = request("pwd");
+        req.cwd = Some(bad.to_owned());
+        match b.sandbox.exec(&id, &req).await {
+            Err(Error::Refused(_)) => {}
+            other => panic!("cwd {bad:?}: {other:?}"),
+        }
+    }
+    let mut bad_env = spec(b, &unique_key("badenv"));
+    bad_env.env.insert("A=B".to_owned(), "x".to_owned());
+    assert!(matches!(
+        b.sandbox.create(&bad_env).await,
+        Err(Error::Refused(_))
+    ));
+    for bad in ["", "..", "a/b", "sp ace"] {
+        let bad_key = spec(b, bad);
+        assert!(
+            matches!(b.sandbox.create(&bad_key).await, Err(Error::Refused(_))),
+            "key {bad:?}"
+        );
+    }
+    destroy(b, &id).await;
+}
+
+fn text_of(out: &ExecOutput) -> String {
+    text(&out.stdout.bytes)
+}
+
+/// A working directory staged from an archive before the first command comes back, changed,
+/// as an archive at the end; single paths come back named relative to the working directory.
+pub async fn files_round_trip(b: &Backend) {
+    let id = fresh(b, "files").await;
+    let binary: Vec<u8> = (0..=255).collect();
+    let files: [(&str, &[u8]); 3] = [
+        ("a.txt", b"alpha\n"),
+        ("dir/b.bin", &binary),
+        ("dir/deeper/c", b""),
+    ];
+    b.sandbox
+        .put_files(&id, archive(&files))
+        .await
+        .expect("stage");
+
+    let out = exec(
+        b,
+        &id,
+        "cat a.txt; wc -c < dir/b.bin; ln -s ../a.txt dir/link; echo new > made-here",
+    )
+    .await;
+    assert_eq!(text_of(&out).replace(' ', ""), "alpha\n256\n");
+
+    let all = listing(&b.sandbox.get_files(&id, ".").await.expect("get all"));
+    assert_eq!(
+        all,
+        [
+            ("a.txt".to_owned(), b"alpha\n".to_vec()),
+            ("dir".to_owned(), b"<dir>".to_vec()),
+            ("dir/b.bin".to_owned(), binary.clone()),
+            ("dir/deeper".to_owned(), b"<dir>".to_vec()),
+            ("dir/deeper/c".to_owned(), Vec::new()),
+            ("dir/link".to_owned(), b"-> ../a.txt".to_vec()),
+            ("made-here".to_owned(), b"new\n".to_vec()),
+        ]
+    );
+    let one = listing(
+        &b.sandbox
+            .get_files(&id, "dir/b.bin")
+            .await
+            .expect("get one"),
+    );
+    assert_eq!(one, [("dir/b.bin".to_owned(), binary.clone())]);
+
+    // What comes out goes back in, into another sandbox.
+    let other = fresh(b, "files2").await;
+    let sub = b.sandbox.get_files(&id, "dir").await.expect("get dir");
+    b.sandbox.put_files(&other, sub).await.expect("put back");
+    let out = exec(b, &other, "wc -c < dir/b.bin; cat dir/deeper/c").await;
+    assert_eq!(text_of(&out).trim(), "256");
+
+    for (bad, expected) in [
+        ("/etc/passwd", "is absolute"),
+        ("../x", "contains `..`"),
+        ("missing", "does not exist"),
+    ] {
+        match b.sandbox.get_files(&id, bad).await {
+            Err(Error::Refused(why)) => assert!(why.contains(expected), "{bad}: {why}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    exec(b, &id, "ln -s /etc escape").await;
+    match b.sandbox.get_files(&id, "escape/passwd").await {
+        Err(Error::Refused(why)) => assert!(why.contains("outside"), "{why}"),
+        other => panic!("through a link to /etc: {other:?}"),
+    }
+    let link = listing(&b.sandbox.get_files(&id, "escape").await.expect("get link"));
+    assert_eq!(link, [("escape".to_owned(), b"-> /etc".to_vec())]);
+    destroy(b, &id).await;
+    destroy(b, &other).await;
+}
+
+/// Archives with absolute paths, `..`, or links that point outside are refused whole: not
+/// even their harmless entries are written. Nothing is written through a link that a command
+/// left in the working directory.
+pub async fn hostile_archives_refused(b: &Backend) {
+    let id = fresh(b, "hostile").await;
+    let cases: [(&str, tar::EntryType, &str, &str); 5] = [
+        (
+            "/tmp/nodus-hostile-abs",
+            tar::EntryType::Regular,
+            "",
+            "is absolute",
+        ),
+        (
+            "../../outside/dotdot",
+            tar::EntryType::Regular,
+            "",
+            "contains `..`",
+        ),
+        (
+            "link",
+            tar::EntryType::Symlink,
+            "../../outside",
+            "outside the working directory",
+        ),
+        ("abs-link", tar::EntryType::Symlink, "/tmp", "absolute path"),
+        (
+            "hard",
+            tar::EntryType::Link,
+            "../../outside/x",
+            "contains `..`",
+        ),
+    ];
+    for (path, kind, target, expected) in cases {
+        let mut tar = Vec::new();
+        raw_entry(&mut tar, "harmless.txt", tar::EntryType::Regular, "", b"hi");
+        raw_entry(&mut tar, path, kind, target, b"pwned");
+        tar.extend_from_slice(&[0; 1024]);
+        match b.sandbox.put_files(&id, tar).await {
+            Err(Error::Refused(why)) => {
+                assert!(why.contains(path), "{why} names {path}");
+                assert!(why.contains(expected), "{why}");
+            }
+            other => panic!("{path}: {other:?}"),
+        }
+        let out = exec(b, &id, "ls -A").await;
+        assert_eq!(text_of(&out), "", "{path}: nothing was written");
+    }
+    assert!(!Path::new("/tmp/nodus-hostile-abs").exists());
+
+    exec(b, &id, "ln -s /tmp out").await;
+    let mut tar = Vec::new();
+    raw_entry(&mut tar, "out/x", tar::EntryType::Regular, "", b"pwned");
+    tar.extend_from_slice(&[0; 1024]);
+    match b.sandbox.put_files(&id, tar).await {
+        Err(Error::Refused(why)) => assert!(why.contains("symbolic link \"out\""), "{why}"),
+        other => panic!("through an existing link: {other:?}"),
+    }
+    assert!(matches!(
+        b.sandbox
+            .put_files(&id, b"not a tar archive at all".repeat(40))
+            .await,
+        Err(Error::Refused(_))
+    ));
+    let too_large = vec![0u8; nodus_core::sandbox::MAX_ARCHIVE_BYTES + 1];
+    assert!(matches!(
+        b.sandbox.put_files(&id, too_large).await,
+        Err(Error::Refused(_))
+    ));
+    destroy(b, &id).await;
+}
+
+/// Creating again with the same key re-attaches to the same sandbox and its files.
+pub async fn recreate_keeps_files(b: &Backend) {
+    let s = spec(b, &unique_key("recreate"));
+    let id = create(b, &s).await.id;
+    exec(b, &id, "echo kept > state").await;
+    let again = create(b, &s).await.id;
+    assert_eq!(again, id);
+    assert_eq!(exec(b, &id, "cat state").await.stdout.bytes, b"kept\n");
+    destroy(b, &id).await;
+}
+
+/// Destroying twice is fine; a destroyed sandbox runs nothing, and a new one with the same key
+/// starts empty.
+pub async fn destroy_twice(b: &Backend) {
+    let s = spec(b, &unique_key("destroy"));
+    let id = create(b, &s).await.id;
+    exec(b, &id, "echo x > file").await;
+    destroy(b, &id).await;
+    destroy(b, &id).await;
+    assert!(
+        matches!(
+            b.sandbox.exec(&id, &request("true")).await,
+            Err(Error::NotFound(_))
+        ),
+        "exec after destroy"
+    );
+    b.sandbox
+        .destroy(&SandboxId("../never-issued".to_owned()))
+        .await
+        .expect("an id never issued");
+    let id = create(b, &s).await.id;
+    assert_eq!(text_of(&exec(b, &id, "ls -A").await), "");
+    destroy(b, &id).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Isolation cases
+
+/// No network: only a loopback interface, no routes, and the host's loopback is not the
+/// sandbox's.
+pub async fn no_network(b: &Backend) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let mark = format!("host-says-{}", unique_nanos());
+    let reply = format!(
+        "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{mark}",
+        mark.len()
+    );
+    let server = std::thread::spawn(move || {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut served = 0;
+        while Instant::now() < deadline && served < 2 {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut buf = [0u8; 1024];
+                    let _ = stream.read(&mut buf);
+                    let _ = stream.write_all(reply.as_bytes());
+                    served += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        served
+    });
+    // The listener works from the host.
+    let mut control = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    control.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("write");
+    let mut answer = String::new();
+    control.read_to_string(&mut answer).expect("read");
+    assert!(answer.contains(&mark));
+
+    let id = fresh(b, "net").await;
+    let out = exec(
+        b,
+        &id,
+        &format!(
+            "busybox wget -q -T 3 -O - http://127.0.0.1:{port}/; echo \"rc=$?\"; \
+             cat /proc/net/dev; echo routes; tail -n +2 /proc/net/route"
+        ),
+    )
+    .await;
+    let text = text_of(&out);
+    assert!(!text.contains(&mark), "reached the host: {text}");
+    assert!(!text.contains("rc=0"), "{text}");
+    let interfaces: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.contains("Inter-"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("routes"))
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(interfaces, ["lo"], "{text}");
+    let routes = text.split("routes\n").nth(1).unwrap_or("");
+    assert_eq!(routes.trim(), "", "no routes: {text}");
+    assert_eq!(
+        server.join().expect("server"),
+        1,
+        "only the host's request came"
+    );
+    destroy(b, &id).await;
+}
+
+/// The host's `/etc/shadow` cannot be read.
+pub async fn host_secrets_unreadable(b: &Backend) {
+    let host = std::fs::read_to_string("/etc/shadow").expect("the test reads /etc/shadow (root)");
+    let root_line = host
+        .lines()
+        .find(|l| l.starts_with("root:"))
+        .expect("a root entry")
+        .to_owned();
+    let id = fresh(b, "shadow").await;
+    let out = exec(b, &id, "cat /etc/shadow").await;
+    assert!(!text_of(&out).contains(&root_line), "{out:?}");
+    assert!(
+        out.exit_code != Some(0) || out.stdout.bytes.is_empty(),
+        "{out:?}"
+    );
+    destroy(b, &id).await;
+}
+
+/// A sandbox's files cannot be found or read from another sandbox.
+pub async fn other_sandbox_unreachable(b: &Backend) {
+    let a = fresh(b, "mine").await;
+    let other = fresh(b, "theirs").await;
+    let name = format!("nodus-secret-{}", unique_nanos());
+    let out = exec(b, &a, &format!("echo classified > {name}; pwd")).await;
+    let a_dir = text_of(&out).trim().to_owned();
+    assert_eq!(out.exit_code, Some(0));
+
+    let out = exec(
+        b,
+        &other,
+        &format!(
+            "cat '{a_dir}/{name}'; \
+             find / \\( -path /proc -o -path /sys \\) -prune -o -name '{name}' -print 2>/dev/null; \
+             true"
+        ),
+    )
+    .await;
+    let text = text_of(&out);
+    assert!(!text.contains("classified"), "{text}");
+    assert!(!text.contains(&name), "found it: {text}");
+    destroy(b, &a).await;
+    destroy(b, &other).await;
+}
+
+/// Nothing outside the working directory can be written; a private `/tmp` is not the host's.
+pub async fn no_writes_outside_workdir(b: &Backend) {
+    let id = fresh(b, "writes").await;
+    let name = format!("nodus-probe-{}", unique_nanos());
+    let dirs = ["", "/etc", "/usr", "/bin", "/var", "/root", "/home", "/opt"];
+    let mut script = String::new();
+    for dir in dirs {
+        script.push_str(&format!(
+            "touch {dir}/{name} 2>/dev/null && echo wrote {dir}/{name}; \
+             mkdir {dir}/{name}.d 2>/dev/null && echo made {dir}/{name}.d; "
+        ));
+    }
+    script.push_str(&format!("touch /tmp/{name}; echo done"));
+    let out = exec(b, &id, &script).await;
+    assert_eq!(text_of(&out), "done\n", "{out:?}");
+    for dir in dirs {
+        assert!(!Path::new(&format!("{dir}/{name}")).exists(), "{dir}");
+        assert!(!Path::new(&format!("{dir}/{name}.d")).exists(), "{dir}");
+    }
+    assert!(
+        !Path::new(&format!("/tmp/{name}")).exists(),
+        "the sandbox's /tmp is its own"
+    );
+    destroy(b, &id).await;
+}
+
+/// A fork bomb hits the process limit; the host and another sandbox carry on while it runs,
+/// and the bombed sandbox works again afterwards.
+pub async fn fork_bomb_contained(b: &Backend) {
+    let bombed = fresh(b, "bomb").await;
+    let bystander = fresh(b, "bystander").await;
+    let mut bomb = request("bomb() { bomb | bomb & }; bomb; sleep 30");
+    bomb.timeout = Duration::from_secs(6);
+    let started = Instant::now();
+    let (out, during) = tokio::join!(b.sandbox.exec(&bombed, &bomb), async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let host = std::process::Command::new("true")
+            .status()
+            .map(|s| s.success());
+        let other = b.sandbox.exec(&bystander, &request("echo alive")).await;
+        (host, other)
+    });
+    let out = out.expect("exec");
+    assert!(out.timed_out, "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let (host, other) = during;
+    assert!(matches!(host, Ok(true)), "the host can start processes");
+    assert_eq!(other.expect("bystander").stdout.bytes, b"alive\n");
+    let after = exec(b, &bombed, "echo recovered").await;
+    assert_eq!(after.stdout.bytes, b"recovered\n");
+    destroy(b, &bombed).await;
+    destroy(b, &bystander).await;
+}
+
+/// A command that wants more memory than the limit fails; the sandbox and another one carry
+/// on.
+pub async fn memory_hog_contained(b: &Backend) {
+    let hog = fresh(b, "hog").await;
+    let bystander = fresh(b, "bystander").await;
+    // Within the limit works.
+    let fine = exec(
+        b,
+        &hog,
+        "dd if=/dev/zero of=/dev/null bs=32M count=1 2>/dev/null",
+    )
+    .await;
+    assert_eq!(fine.exit_code, Some(0), "{fine:?}");
+    // dd's block is one allocation, filled from /dev/zero: 600 MiB against a 256 MiB limit.
+    let mut req = request("dd if=/dev/zero of=/dev/null bs=600M count=1");
+    req.timeout = Duration::from_secs(30);
+    let out = b.sandbox.exec(&hog, &req).await.expect("exec");
+    assert!(!out.timed_out, "{out:?}");
+    assert_ne!(
+        out.exit_code,
+        Some(0),
+        "the hog did not get its memory: {out:?}"
+    );
+    assert_eq!(exec(b, &hog, "echo ok").await.stdout.bytes, b"ok\n");
+    assert_eq!(exec(b, &bystander, "echo ok").await.stdout.bytes, b"ok\n");
+    destroy(b, &hog).await;
+    destroy(b, &bystander).await;
+}

@@ -1,0 +1,847 @@
+//! The Docker backend (feature `docker`): one container per run, kept alive between commands,
+//! over the Docker Engine API on a local unix socket (bollard).
+//!
+//! The sandbox with key `k` is the container `nodus-k` (the prefix is configurable), which is
+//! also its id, with a volume of the same name at the working directory ([`DockerConfig`]'s
+//! `workdir`, `/work` by default). Both carry the label `nodus.sandbox.key=k`, so that a
+//! restarted server re-attaches to them (`create` with the same key finds the container and
+//! starts it if it stopped) and removes the ones no run needs ([`DockerSandbox::remove_orphans`]).
+//!
+//! A container is made from the run's image or the operator's default one, with:
+//! - network `none` unless the spec allows the network (then the default bridge);
+//! - memory (without swap), CPU and process limits from the spec;
+//! - a read-only root file system, a private `/tmp` (a tmpfs no larger than the memory limit)
+//!   and the working-directory volume as the only writable places;
+//! - all capabilities dropped and `no-new-privileges`;
+//! - as its first process a small shell loop that sleeps and reaps orphans, so the container
+//!   lives between commands. The image needs `/bin/sh` (and `kill`, built into every shell).
+//!
+//! Commands run through exec as `/bin/sh -c`, with stdout and stderr read apart and capped.
+//! When a command's shell ends, every process it left in the container is killed
+//! (`kill -9 -1` from inside, which spares only the first process); a timeout, or dropping the
+//! `exec` future, does the same from a second exec, and restarts the container (same file
+//! system) when that cannot start (a fork bomb at its process limit). Commands of one sandbox
+//! run one at a time. Docker reports a command ended by a signal as exit code 128 + the
+//! signal's number.
+//!
+//! Files move through the Docker archive API. An incoming archive is checked like everywhere
+//! (see the crate's archive rules): what is on disk at the paths it touches is looked up with
+//! one exec first. Outgoing archives name their entries relative to the working directory.
+//! As with the other backends, the limits of a sandbox live in memory: after a restart,
+//! `create` comes before `exec`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
+    RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use nodus_core::Sandbox;
+use nodus_core::output::Output;
+use nodus_core::sandbox::{
+    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+};
+use tracing::{debug, info, warn};
+
+use crate::archive::{self, OnDisk};
+use crate::workdir::check_env;
+use crate::{capped, paths};
+
+/// The label that names a container's or volume's sandbox key.
+pub const KEY_LABEL: &str = "nodus.sandbox.key";
+
+/// The container's first process: sleeps, reaps orphans, and lives on when `kill -9 -1`
+/// kills its sleep.
+const KEEPER: &str = "trap 'exit 0' TERM; while :; do sleep 2147483647 & wait $!; done";
+
+/// Runs the command (`$1`), then kills everything it left behind, and exits as it did.
+const WRAPPER: &str = "/bin/sh -c \"$1\"; s=$?; kill -9 -1 2>/dev/null; exit $s";
+
+/// How long output is still read after a timeout killed a command.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// How long the backend's own short execs (path checks, kills) may take.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most bytes of paths passed to one look-up exec.
+const LOOKUP_BATCH_BYTES: usize = 64 * 1024;
+
+/// How the Docker backend works.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// The image of runs that name none.
+    pub default_image: String,
+    /// The engine's unix socket.
+    pub socket: PathBuf,
+    /// Prefix of container and volume names.
+    pub name_prefix: String,
+    /// The working directory inside containers (absolute).
+    pub workdir: String,
+    /// Timeout of one API request (not of a command), in seconds.
+    pub request_timeout_secs: u64,
+}
+
+impl DockerConfig {
+    /// `/var/run/docker.sock`, names `nodus-<key>`, working directory `/work`, 120 s per
+    /// request.
+    pub fn new(default_image: String) -> Self {
+        DockerConfig {
+            default_image,
+            socket: PathBuf::from("/var/run/docker.sock"),
+            name_prefix: "nodus-".to_owned(),
+            workdir: "/work".to_owned(),
+            request_timeout_secs: 120,
+        }
+    }
+}
+
+/// Sandboxes that are Docker containers. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct DockerSandbox {
+    docker: Docker,
+    config: Arc<DockerConfig>,
+    /// The limits of each sandbox created since this value was made, by container name.
+    created: Arc<Mutex<HashMap<String, Limits>>>,
+    /// One lock per container: its commands and transfers run one at a time.
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl DockerSandbox {
+    /// Connects to the engine and agrees on an API version. Fails with
+    /// [`Error::Unavailable`] when the engine cannot be reached.
+    pub async fn connect(config: DockerConfig) -> Result<Self, Error> {
+        if !config.workdir.starts_with('/')
+            || paths::relative(Path::new(&config.workdir[1..])).is_err()
+        {
+            return Err(Error::Refused(format!(
+                "the working directory {:?} must be an absolute path without `..`",
+                config.workdir
+            )));
+        }
+        let socket = config.socket.to_str().ok_or_else(|| {
+            Error::Refused(format!("socket path {:?} is not UTF-8", config.socket))
+        })?;
+        let docker = Docker::connect_with_unix(
+            socket,
+            config.request_timeout_secs,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .map_err(|e| unavailable(&config, e))?
+        .negotiate_version()
+        .await
+        .map_err(|e| unavailable(&config, e))?;
+        info!(socket, version = ?docker.client_version(), "Docker sandboxes");
+        Ok(DockerSandbox {
+            docker,
+            config: Arc::new(config),
+            created: Arc::default(),
+            locks: Arc::default(),
+        })
+    }
+
+    /// Removes every container and volume of this backend (by label and name prefix) whose
+    /// key is not in `live_keys`, as after a restart, when the store says which runs still
+    /// need a sandbox. Returns the keys removed.
+    pub async fn remove_orphans(&self, live_keys: &BTreeSet<String>) -> Result<Vec<String>, Error> {
+        let filters = HashMap::from([("label", vec![KEY_LABEL])]);
+        let containers = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|e| api_error("listing containers", e))?;
+        let mut removed = BTreeSet::new();
+        for container in containers {
+            let key = container.labels.as_ref().and_then(|l| l.get(KEY_LABEL));
+            let named = container
+                .names
+                .iter()
+                .flatten()
+                .any(|n| key.is_some_and(|key| n.trim_start_matches('/') == self.name(key)));
+            if let (Some(key), true) = (key, named)
+                && !live_keys.contains(key)
+            {
+                self.remove(&self.name(key)).await?;
+                removed.insert(key.clone());
+            }
+        }
+        let volumes = self
+            .docker
+            .list_volumes(Some(
+                ListVolumesOptionsBuilder::new().filters(&filters).build(),
+            ))
+            .await
+            .map_err(|e| api_error("listing volumes", e))?;
+        for volume in volumes.volumes.into_iter().flatten() {
+            if let Some(key) = volume.labels.get(KEY_LABEL)
+                && volume.name == self.name(key)
+                && !live_keys.contains(key)
+            {
+                self.remove(&volume.name).await?;
+                removed.insert(key.clone());
+            }
+        }
+        if !removed.is_empty() {
+            info!(count = removed.len(), "removed orphaned Docker sandboxes");
+        }
+        Ok(removed.into_iter().collect())
+    }
+
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.config.name_prefix)
+    }
+
+    /// The key of an id this backend could have issued.
+    fn key_of<'a>(&self, id: &'a SandboxId) -> Option<&'a str> {
+        id.0.strip_prefix(&self.config.name_prefix)
+            .filter(|key| paths::check_key(key).is_ok())
+    }
+
+    fn limits_of(&self, id: &SandboxId) -> Result<Limits, Error> {
+        self.key_of(id).ok_or_else(|| Error::NotFound(id.clone()))?;
+        self.created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id.0)
+            .copied()
+            .ok_or_else(|| Error::NotFound(id.clone()))
+    }
+
+    fn lock_of(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id.0.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Removes a container and its volume; missing ones are fine.
+    async fn remove(&self, name: &str) -> Result<(), Error> {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(false)
+            .build();
+        match self.docker.remove_container(name, Some(options)).await {
+            Ok(()) => {}
+            Err(e) if status(&e) == Some(404) => {}
+            Err(e) => return Err(api_error("removing the container", e)),
+        }
+        let options = RemoveVolumeOptionsBuilder::new().force(true).build();
+        match self.docker.remove_volume(name, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if status(&e) == Some(404) => Ok(()),
+            Err(e) => Err(api_error("removing the volume", e)),
+        }
+    }
+
+    async fn create_container(&self, spec: &SandboxSpec, name: &str) -> Result<(), Error> {
+        let image = spec
+            .image
+            .clone()
+            .unwrap_or_else(|| self.config.default_image.clone());
+        let labels = HashMap::from([(KEY_LABEL.to_owned(), spec.key.clone())]);
+        let volume = VolumeCreateRequest {
+            name: Some(name.to_owned()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(volume)
+            .await
+            .map_err(|e| api_error("creating the volume", e))?;
+        let limits = &spec.limits;
+        let memory = i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX);
+        let mut env: Vec<String> = vec![format!("HOME={}", self.config.workdir)];
+        env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+        let body = ContainerCreateBody {
+            image: Some(image.clone()),
+            entrypoint: Some(vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                KEEPER.to_owned(),
+            ]),
+            env: Some(env),
+            working_dir: Some(self.config.workdir.clone()),
+            labels: Some(labels),
+            hostname: Some("nodus".to_owned()),
+            host_config: Some(HostConfig {
+                network_mode: Some(if spec.network { "bridge" } else { "none" }.to_owned()),
+                memory: Some(memory),
+                memory_swap: Some(memory),
+                nano_cpus: Some(i64::from(limits.cpu_millis) * 1_000_000),
+                pids_limit: Some(i64::from(limits.processes)),
+                readonly_rootfs: Some(true),
+                tmpfs: Some(HashMap::from([(
+                    "/tmp".to_owned(),
+                    format!("rw,nosuid,nodev,size={}", limits.memory_bytes),
+                )])),
+                mounts: Some(vec![Mount {
+                    target: Some(self.config.workdir.clone()),
+                    source: Some(name.to_owned()),
+                    typ: Some(MountType::VOLUME),
+                    ..Default::default()
+                }]),
+                cap_drop: Some(vec!["ALL".to_owned()]),
+                security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
+        let mut pulled = false;
+        loop {
+            match self
+                .docker
+                .create_container(Some(options.clone()), body.clone())
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if status(&e) == Some(404) && !pulled => {
+                    self.pull(&image).await?;
+                    pulled = true;
+                }
+                Err(e) if status(&e) == Some(404) => {
+                    return Err(Error::Refused(format!(
+                        "image {image:?} is not available: {e}"
+                    )));
+                }
+                Err(e) => return Err(api_error("creating the container", e)),
+            }
+        }
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), Error> {
+        info!(image, "pulling an image for sandboxes");
+        let options = CreateImageOptionsBuilder::new().from_image(image).build();
+        let mut stream = self.docker.create_image(Some(options), None, None);
+        while let Some(progress) = stream.next().await {
+            progress.map_err(|e| {
+                Error::Refused(format!(
+                    "image {image:?} is not available here and could not be pulled: {e}"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `argv` in the container and collects its output; `None` when the timeout hit
+    /// (after which the container's processes are killed). Kills on drop too.
+    async fn run(
+        &self,
+        id: &SandboxId,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        timeout: Duration,
+        cap: u64,
+    ) -> Result<ExecOutput, Error> {
+        let name = &id.0;
+        let options = CreateExecOptions {
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            cmd: Some(argv),
+            working_dir: cwd,
+            ..Default::default()
+        };
+        let mut started_again = false;
+        let exec = loop {
+            match self.docker.create_exec(name, options.clone()).await {
+                Ok(exec) => break exec,
+                Err(e) if status(&e) == Some(404) => return Err(Error::NotFound(id.clone())),
+                // Not running (a restarted engine): start it once and try again.
+                Err(e) if status(&e) == Some(409) && !started_again => {
+                    started_again = true;
+                    self.start(name).await?;
+                }
+                Err(e) => return Err(api_error("creating the exec", e)),
+            }
+        };
+        let mut guard = KillOnDrop {
+            sandbox: Some(self.clone()),
+            name: name.clone(),
+        };
+        let started = self
+            .docker
+            .start_exec(&exec.id, Some(StartExecOptions::default()))
+            .await
+            .map_err(|e| api_error("starting the exec", e))?;
+        let StartExecResults::Attached { mut output, .. } = started else {
+            return Err(Error::Failed("the exec started detached".to_owned()));
+        };
+        let cap = capped::cap_len(cap);
+        let mut out = Output::default();
+        let mut err = Output::default();
+        let mut keep = |chunk: bollard::container::LogOutput| match chunk {
+            bollard::container::LogOutput::StdOut { message } => {
+                capped::push(&mut out, cap, &message)
+            }
+            bollard::container::LogOutput::StdErr { message } => {
+                capped::push(&mut err, cap, &message)
+            }
+            _ => {}
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut timed_out = false;
+        loop {
+            match tokio::time::timeout_at(deadline, output.next()).await {
+                Ok(Some(Ok(chunk))) => keep(chunk),
+                Ok(Some(Err(e))) => return Err(api_error("reading the command's output", e)),
+                Ok(None) => break,
+                Err(_) => {
+                    timed_out = true;
+                    break;
+                }
+            }
+        }
+        if timed_out {
+            self.kill_all(name).await;
+            let grace = tokio::time::Instant::now() + DRAIN_GRACE;
+            while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(grace, output.next()).await {
+                keep(chunk);
+            }
+            guard.sandbox = None;
+            return Ok(ExecOutput {
+                exit_code: None,
+                stdout: out,
+                stderr: err,
+                timed_out: true,
+            });
+        }
+        guard.sandbox = None;
+        let exit_code = self.exit_code(&exec.id).await?;
+        Ok(ExecOutput {
+            exit_code,
+            stdout: out,
+            stderr: err,
+            timed_out: false,
+        })
+    }
+
+    /// The exit code of a finished exec (its output has ended; the engine may lag a moment).
+    async fn exit_code(&self, exec: &str) -> Result<Option<i32>, Error> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let inspect = self
+                .docker
+                .inspect_exec(exec)
+                .await
+                .map_err(|e| api_error("inspecting the exec", e))?;
+            if inspect.running != Some(true) || Instant::now() > deadline {
+                return Ok(inspect.exit_code.and_then(|c| i32::try_from(c).ok()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Runs one of the backend's own short commands.
+    async fn helper(&self, id: &SandboxId, argv: Vec<String>) -> Result<ExecOutput, Error> {
+        let out = self.run(id, argv, None, HELPER_TIMEOUT, 16 << 20).await?;
+        if out.timed_out || out.stdout.truncated {
+            return Err(Error::Failed(
+                "a path look-up in the container did not finish".to_owned(),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Kills every process of the container but its first: from inside when an exec can
+    /// start, else by restarting the container (its file system stays).
+    async fn kill_all(&self, name: &str) {
+        let options = CreateExecOptions {
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            cmd: Some(vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                "kill -9 -1".to_owned(),
+            ]),
+            ..Default::default()
+        };
+        let from_inside = async {
+            let exec = self.docker.create_exec(name, options).await?;
+            if let StartExecResults::Attached { mut output, .. } =
+                self.docker.start_exec(&exec.id, None).await?
+            {
+                while output.next().await.is_some() {}
+            }
+            self.docker.inspect_exec(&exec.id).await
+        };
+        let killed = match tokio::time::timeout(Duration::from_secs(5), from_inside).await {
+            Ok(Ok(inspect)) => inspect.exit_code == Some(0),
+            Ok(Err(e)) => {
+                debug!(container = name, error = %e, "cannot kill from inside");
+                false
+            }
+            Err(_) => false,
+        };
+        if killed {
+            return;
+        }
+        warn!(
+            container = name,
+            "restarting a container to kill a command's processes"
+        );
+        let options = RestartContainerOptionsBuilder::new().t(0).build();
+        if let Err(e) = self.docker.restart_container(name, Some(options)).await {
+            warn!(container = name, error = %e, "cannot restart a container");
+        }
+    }
+
+    async fn start(&self, name: &str) -> Result<(), Error> {
+        match self.docker.start_container(name, None).await {
+            Ok(()) => Ok(()),
+            // Already running.
+            Err(e) if status(&e) == Some(304) => Ok(()),
+            Err(e) => Err(api_error("starting the container", e)),
+        }
+    }
+
+    /// The container path of `rel` (clean, relative) under the working directory.
+    fn inside(&self, rel: &Path) -> Result<String, Error> {
+        let joined = Path::new(&self.config.workdir).join(rel);
+        joined
+            .to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| Error::Refused(format!("{rel:?} is not UTF-8, which Docker needs")))
+    }
+
+    /// Checks that the directory `rel` exists and, with links resolved, stays inside the
+    /// working directory. `what` names it in errors.
+    async fn check_dir(&self, id: &SandboxId, rel: &Path, what: &str) -> Result<(), Error> {
+        let path = self.inside(rel)?;
+        let out = self
+            .helper(
+                id,
+                vec![
+                    "/bin/sh".to_owned(),
+                    "-c".to_owned(),
+                    "cd -P -- \"$1\" 2>/dev/null && pwd -P".to_owned(),
+                    "nodus".to_owned(),
+                    path,
+                ],
+            )
+            .await?;
+        if out.exit_code != Some(0) {
+            return Err(Error::Refused(format!("{what} does not exist")));
+        }
+        let real = String::from_utf8_lossy(&out.stdout.bytes)
+            .trim_end()
+            .to_owned();
+        let workdir = self.config.workdir.trim_end_matches('/');
+        if real == workdir || real.starts_with(&format!("{workdir}/")) {
+            Ok(())
+        } else {
+            Err(Error::Refused(format!(
+                "{what} leads outside the working directory"
+            )))
+        }
+    }
+
+    /// What is at each of `rel_paths` in the working directory, without following a final
+    /// link.
+    async fn look_up(
+        &self,
+        id: &SandboxId,
+        rel_paths: &[PathBuf],
+    ) -> Result<HashMap<PathBuf, OnDisk>, Error> {
+        const SCRIPT: &str = "cd -- \"$1\" || exit 1; shift; for p in \"$@\"; do \
+            if [ -L \"$p\" ]; then echo L; elif [ -d \"$p\" ]; then echo D; \
+            elif [ -e \"$p\" ]; then echo O; else echo M; fi; done";
+        let mut found = HashMap::new();
+        let mut rest = rel_paths;
+        while !rest.is_empty() {
+            let mut argv = vec![
+                "/bin/sh".to_owned(),
+                "-c".to_owned(),
+                SCRIPT.to_owned(),
+                "nodus".to_owned(),
+                self.config.workdir.clone(),
+            ];
+            let mut bytes = 0;
+            let mut taken = 0;
+            for path in rest {
+                let text = path.to_str().ok_or_else(|| {
+                    Error::Refused(format!(
+                        "archive entry {path:?} is not UTF-8, which Docker needs"
+                    ))
+                })?;
+                if taken > 0 && bytes + text.len() > LOOKUP_BATCH_BYTES {
+                    break;
+                }
+                bytes += text.len() + 1;
+                taken += 1;
+                argv.push(format!("./{text}"));
+            }
+            let (batch, later) = rest.split_at(taken);
+            rest = later;
+            let out = self.helper(id, argv).await?;
+            let answers = String::from_utf8_lossy(&out.stdout.bytes).into_owned();
+            let answers: Vec<&str> = answers.lines().collect();
+            if out.exit_code != Some(0) || answers.len() != batch.len() {
+                return Err(Error::Failed(format!(
+                    "looking up paths in the container failed: {}",
+                    String::from_utf8_lossy(&out.stderr.bytes).trim()
+                )));
+            }
+            for (path, answer) in batch.iter().zip(answers) {
+                let kind = match answer {
+                    "L" => OnDisk::Symlink,
+                    "D" => OnDisk::Dir,
+                    "O" => OnDisk::Other,
+                    _ => OnDisk::Missing,
+                };
+                found.insert(path.clone(), kind);
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
+        paths::check_key(&spec.key).map_err(Error::Refused)?;
+        check_env(&spec.env)?;
+        let name = self.name(&spec.key);
+        for _ in 0..3 {
+            match self.docker.inspect_container(&name, None).await {
+                Ok(found) => {
+                    let key = found
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.labels.as_ref())
+                        .and_then(|l| l.get(KEY_LABEL));
+                    if key != Some(&spec.key) {
+                        return Err(Error::Refused(format!(
+                            "a container named {name} exists and is not this sandbox's"
+                        )));
+                    }
+                    let running = found.state.as_ref().and_then(|s| s.running) == Some(true);
+                    if !running {
+                        self.start(&name).await?;
+                    }
+                    debug!(container = %name, "re-attached to a Docker sandbox");
+                    break;
+                }
+                Err(e) if status(&e) == Some(404) => match self.create_container(spec, &name).await
+                {
+                    Ok(()) => {
+                        self.start(&name).await?;
+                        debug!(container = %name, "Docker sandbox ready");
+                        break;
+                    }
+                    // Made by someone else meanwhile: look again.
+                    Err(Error::Failed(why)) if why.contains("409") => continue,
+                    Err(e) => return Err(e),
+                },
+                Err(e) => return Err(api_error("inspecting the container", e)),
+            }
+        }
+        self.created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.clone(), spec.limits);
+        Ok(SandboxInfo {
+            id: SandboxId(name),
+            isolated: true,
+        })
+    }
+
+    async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
+        let request = request.within(&self.limits_of(id)?);
+        let shown_cwd = request.cwd.clone().unwrap_or_default();
+        let rel = paths::relative(Path::new(&shown_cwd))
+            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        let lock = self.lock_of(id);
+        let _one_at_a_time = lock.lock().await;
+        if !rel.as_os_str().is_empty() {
+            self.check_dir(id, &rel, &format!("working directory {shown_cwd:?}"))
+                .await?;
+        }
+        let argv = vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            WRAPPER.to_owned(),
+            "nodus".to_owned(),
+            request.command.clone(),
+        ];
+        let cwd = self.inside(&rel)?;
+        self.run(id, argv, Some(cwd), request.timeout, request.output_cap)
+            .await
+    }
+
+    async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
+        self.limits_of(id)?;
+        let touched = archive::touched(&tar)?;
+        let lock = self.lock_of(id);
+        let _one_at_a_time = lock.lock().await;
+        let on_disk = if touched.is_empty() {
+            HashMap::new()
+        } else {
+            self.look_up(id, &touched).await?
+        };
+        archive::check(&tar, &|path| {
+            on_disk.get(path).copied().unwrap_or(OnDisk::Missing)
+        })?;
+        let options = UploadToContainerOptionsBuilder::new()
+            .path(&self.config.workdir)
+            .build();
+        match self
+            .docker
+            .upload_to_container(&id.0, Some(options), bollard::body_full(tar.into()))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if status(&e) == Some(404) => Err(Error::NotFound(id.clone())),
+            Err(e) => Err(api_error("unpacking the archive", e)),
+        }
+    }
+
+    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+        self.limits_of(id)?;
+        let rel = paths::relative(Path::new(path))
+            .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
+        let lock = self.lock_of(id);
+        let _one_at_a_time = lock.lock().await;
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            self.check_dir(id, parent, &format!("{path:?}")).await?;
+        }
+        let options = DownloadFromContainerOptionsBuilder::new()
+            .path(&self.inside(&rel)?)
+            .build();
+        let mut stream = self.docker.download_from_container(&id.0, Some(options));
+        let mut tar = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => {
+                    tar.extend_from_slice(&bytes);
+                    archive::check_size(tar.len())?;
+                }
+                Err(e) if status(&e) == Some(404) => {
+                    return Err(Error::Refused(format!("{path:?} does not exist")));
+                }
+                Err(e) => return Err(api_error("archiving", e)),
+            }
+        }
+        // Docker names entries from the last component of the path; name them from the
+        // working directory instead, leaving out the working directory itself.
+        let whole = rel.as_os_str().is_empty();
+        let prefix = rel.parent().map(Path::to_path_buf).unwrap_or_default();
+        archive::rebase(&tar, &|entry| {
+            if whole {
+                let mut parts = entry
+                    .components()
+                    .filter(|c| !matches!(c, Component::CurDir));
+                parts.next();
+                let rest: PathBuf = parts.collect();
+                (!rest.as_os_str().is_empty()).then_some(rest)
+            } else {
+                Some(prefix.join(entry))
+            }
+        })
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
+        // An id this backend cannot have issued names no sandbox: nothing to remove.
+        let Some(key) = self.key_of(id) else {
+            return Ok(());
+        };
+        match self.docker.inspect_container(&id.0, None).await {
+            Ok(found) => {
+                let label = found
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.labels.as_ref())
+                    .and_then(|l| l.get(KEY_LABEL));
+                if label.map(String::as_str) != Some(key) {
+                    return Err(Error::Refused(format!(
+                        "the container {id} is not a sandbox of this backend"
+                    )));
+                }
+            }
+            Err(e) if status(&e) == Some(404) => {}
+            Err(e) => return Err(api_error("inspecting the container", e)),
+        }
+        self.created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id.0);
+        self.remove(&id.0).await?;
+        self.locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id.0);
+        Ok(())
+    }
+}
+
+/// Kills the processes of a container when an exec is dropped before it finished.
+struct KillOnDrop {
+    sandbox: Option<DockerSandbox>,
+    name: String,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let Some(sandbox) = self.sandbox.take() else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { sandbox.kill_all(&name).await });
+            }
+            Err(_) => {
+                warn!(container = %name, "an exec was dropped outside a runtime; its command may still run")
+            }
+        }
+    }
+}
+
+/// The HTTP status of an engine's answer.
+fn status(e: &DockerError) -> Option<u16> {
+    match e {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+fn unavailable(config: &DockerConfig, e: DockerError) -> Error {
+    Error::Unavailable(format!(
+        "cannot reach Docker at {}: {e}",
+        config.socket.display()
+    ))
+}
+
+/// An engine error while doing `what`: retryable when the engine could not be reached or
+/// answered 5xx, a failure otherwise.
+fn api_error(what: &str, e: DockerError) -> Error {
+    match &e {
+        DockerError::DockerResponseServerError { status_code, .. } if *status_code >= 500 => {
+            Error::Unavailable(format!("{what}: {e}"))
+        }
+        DockerError::DockerResponseServerError {
+            status_code,
+            message,
+        } => Error::Failed(format!("{what}: {status_code} {message}")),
+        DockerError::RequestTimeoutError
+        | DockerError::IOError { .. }
+        | DockerError::HyperResponseError { .. }
+        | DockerError::SocketNotFoundError(_) => Error::Unavailable(format!("{what}: {e}")),
+        _ => Error::Failed(format!("{what}: {e}")),
+    }
+}

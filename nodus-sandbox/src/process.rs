@@ -1,0 +1,175 @@
+//! Local processes for a command, shared by the unisolated and the bubblewrap backends: the
+//! command's process group is killed on timeout, when its shell exits and when the caller
+//! stops waiting; stdout and stderr are read while it runs and capped.
+
+use std::io;
+use std::time::Duration;
+
+use nodus_core::output::Output;
+use nodus_core::sandbox::{Error, ExecOutput};
+use rustix::process::{Pid, Signal};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tracing::{debug, warn};
+
+use crate::capped;
+
+/// How long output is still read after the shell has exited and its group was killed. Only
+/// a process that left the group can hold a pipe open that long.
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// Size of one read from a command's stdout or stderr.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Work done between spawning a command and letting it go on, with the pid of the spawned
+/// process (for example: moving it into cgroups). The command must wait for one line on its
+/// standard input before it does anything else; it gets end-of-file after that line.
+pub(crate) type Gate<'a> = &'a (dyn Fn(u32) -> Result<(), Error> + Sync);
+
+/// Runs a prepared command (stdout and stderr piped, its own process group, killed on drop)
+/// for at most `timeout`, keeping `cap` bytes of each stream. The whole process group is
+/// killed when the command ends or times out, and when the returned future is dropped.
+pub(crate) async fn run(
+    mut command: Command,
+    timeout: Duration,
+    cap: u64,
+    gate: Option<Gate<'_>>,
+) -> Result<ExecOutput, Error> {
+    let mut child = command.spawn().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => Error::Refused(format!("cannot start the command: {e}")),
+        io::ErrorKind::InvalidInput => Error::Refused(format!("cannot run this command: {e}")),
+        _ => Error::Failed(format!("starting the command: {e}")),
+    })?;
+    // With `process_group(0)` the spawned process leads a new group whose id is its pid.
+    let mut group = ProcessGroup::of(child.id());
+    if let Some(gate) = gate {
+        let pid = child
+            .id()
+            .ok_or_else(|| Error::Failed("the command exited before it started".to_owned()))?;
+        gate(pid)?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| Error::Failed("the command's input pipe is missing".to_owned()))?;
+        stdin
+            .write_all(b"go\n")
+            .await
+            .map_err(|e| Error::Failed(format!("starting the command: {e}")))?;
+        // Dropped here: the command sees end-of-file on its standard input.
+    }
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(Error::Failed(
+            "the command's output pipes are missing".to_owned(),
+        ));
+    };
+    let cap = capped::cap_len(cap);
+    let mut out = Output::default();
+    let mut err = Output::default();
+
+    let (status, drained) = {
+        let drain = async {
+            let (a, b) = tokio::join!(
+                read_capped(stdout, cap, &mut out),
+                read_capped(stderr, cap, &mut err)
+            );
+            a.and(b)
+        };
+        tokio::pin!(drain);
+        let timer = tokio::time::sleep(timeout);
+        tokio::pin!(timer);
+        let mut drained = None;
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break Some(status),
+                result = &mut drain, if drained.is_none() => drained = Some(result),
+                () = &mut timer => break None,
+            }
+        };
+        // Killing the group closes the pipes of all its processes; what they wrote is still
+        // read below.
+        group.kill();
+        if drained.is_none() {
+            drained = tokio::time::timeout(DRAIN_GRACE, &mut drain).await.ok();
+        }
+        (status, drained)
+    };
+
+    let timed_out = status.is_none();
+    let exit_code = match status {
+        // `None` when a signal ended the process.
+        Some(Ok(status)) => status.code(),
+        Some(Err(e)) => return Err(Error::Failed(format!("waiting for the command: {e}"))),
+        None => {
+            // The process was killed with its group; reap it (dropping the child would too).
+            if tokio::time::timeout(DRAIN_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                warn!("a killed command did not exit in time");
+            }
+            None
+        }
+    };
+    match drained {
+        Some(Err(e)) => Err(Error::Failed(format!("reading the command's output: {e}"))),
+        Some(Ok(())) => Ok(()),
+        None => {
+            debug!("a process that left the command's process group still holds its output open");
+            Ok(())
+        }
+    }?;
+    Ok(ExecOutput {
+        exit_code,
+        stdout: out,
+        stderr: err,
+        timed_out,
+    })
+}
+
+/// Reads `reader` to its end, keeping the first `cap` bytes in `out` and marking it truncated
+/// when more came.
+async fn read_capped<R: AsyncRead + Unpin>(
+    mut reader: R,
+    cap: usize,
+    out: &mut Output,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let n = reader.read(&mut buf).await?;
+        let Some(chunk) = buf.get(..n).filter(|chunk| !chunk.is_empty()) else {
+            return Ok(());
+        };
+        capped::push(out, cap, chunk);
+    }
+}
+
+/// A process group that is killed when this value is dropped, unless killed before.
+struct ProcessGroup(Option<Pid>);
+
+impl ProcessGroup {
+    fn of(leader: Option<u32>) -> Self {
+        // Never group 0 or 1: `kill(-1)` would signal every process the server may signal.
+        let pid = leader
+            .and_then(|pid| i32::try_from(pid).ok())
+            .filter(|&pid| pid > 1)
+            .and_then(Pid::from_raw);
+        ProcessGroup(pid)
+    }
+
+    fn kill(&mut self) {
+        if let Some(pid) = self.0.take() {
+            match rustix::process::kill_process_group(pid, Signal::KILL) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+                Err(e) => {
+                    warn!(group = pid.as_raw_nonzero().get(), error = %e, "killing a command's process group failed")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

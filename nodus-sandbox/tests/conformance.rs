@@ -1,0 +1,81 @@
+//! The conformance suite against every backend, for real: bubblewrap and Docker pass all of
+//! it, the unisolated backend the cases that need no isolation.
+//!
+//! Docker needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine;
+//! bubblewrap needs `bwrap`. Neither is skipped when missing: the tests fail and say why.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use nodus_sandbox::conformance::Backend;
+
+/// One directory per test process, under which each backend keeps its sandboxes.
+fn root(name: &str) -> PathBuf {
+    static ROOT: OnceLock<tempfile::TempDir> = OnceLock::new();
+    ROOT.get_or_init(|| tempfile::tempdir().expect("tempdir"))
+        .path()
+        .join(name)
+}
+
+mod bwrap {
+    use super::*;
+    use nodus_sandbox::{BwrapConfig, BwrapSandbox};
+
+    async fn backend() -> Backend {
+        static SANDBOX: OnceLock<Arc<BwrapSandbox>> = OnceLock::new();
+        let sandbox = SANDBOX
+            .get_or_init(|| Arc::new(BwrapSandbox::new(BwrapConfig::new(root("bwrap")))))
+            .clone();
+        Backend {
+            sandbox,
+            image: None,
+            isolated: true,
+        }
+    }
+
+    nodus_sandbox::conformance_tests!(all, backend);
+}
+
+mod docker {
+    use super::*;
+    use nodus_sandbox::{DockerConfig, DockerSandbox};
+
+    async fn backend() -> Backend {
+        let image = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+            panic!(
+                "NODUS_TEST_DOCKER_IMAGE is not set: run `eval \"$(scripts/test-env start)\"` \
+                 first (it starts dockerd and builds the test image)"
+            )
+        });
+        let sandbox = DockerSandbox::connect(DockerConfig::new(image.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("Docker is not reachable: {e}"));
+        Backend {
+            sandbox: Arc::new(sandbox),
+            image: Some(image),
+            isolated: true,
+        }
+    }
+
+    nodus_sandbox::conformance_tests!(all, backend);
+}
+
+mod unisolated {
+    use super::*;
+    use nodus_sandbox::UnisolatedSandbox;
+
+    async fn backend() -> Backend {
+        static SANDBOX: OnceLock<Arc<UnisolatedSandbox>> = OnceLock::new();
+        let sandbox = SANDBOX
+            .get_or_init(|| Arc::new(UnisolatedSandbox::new(root("unisolated"))))
+            .clone();
+        Backend {
+            sandbox,
+            image: None,
+            isolated: false,
+        }
+    }
+
+    // Only the cases that need no isolation: this backend has none.
+    nodus_sandbox::conformance_tests!(common, backend);
+}
