@@ -109,11 +109,15 @@ impl Client {
     }
 
     fn unreachable(&self, error: &reqwest::Error) -> Error {
+        // The innermost cause says it best ("Connection refused (os error 111)").
         let mut reason = error.to_string();
         let mut source = std::error::Error::source(error);
         while let Some(inner) = source {
-            reason = format!("{reason}: {inner}");
+            reason = inner.to_string();
             source = inner.source();
+        }
+        if error.is_timeout() {
+            reason = format!("timed out ({reason})");
         }
         Error::Unreachable {
             server: self.server(),

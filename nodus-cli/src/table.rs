@@ -129,7 +129,7 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
                 row.push(
                     item.pointer("/spec/state")
                         .and_then(Value::as_str)
-                        .unwrap_or("Active")
+                        .unwrap_or("Running")
                         .to_string(),
                 );
             }
@@ -313,7 +313,7 @@ mod tests {
         let agent = json!({"metadata": {"name": "hello-agent", "creationTimestamp": "2026-04-28T12:00:00Z"}, "spec": {"model": {"access": "Nodus", "families": ["haiku", "sonnet"]}, "perRunMaxCostUSD": "0.50"}});
         let table = objects(ResourceKind::Agent, std::slice::from_ref(&agent), true, now());
         assert_eq!(table.headers, ["NAME", "ACCESS", "MAX COST", "AGE", "FAMILIES", "MODEL", "STATE"]);
-        assert_eq!(table.rows[0], ["hello-agent", "Nodus", "$0.50", "3d", "haiku,sonnet", "<none>", "Active"]);
+        assert_eq!(table.rows[0], ["hello-agent", "Nodus", "$0.50", "3d", "haiku,sonnet", "<none>", "Running"]);
         let secret = json!({"metadata": {"name": "anthropic-key"}, "keys": ["ANTHROPIC_API_KEY"]});
         assert_eq!(objects(ResourceKind::Secret, &[secret], false, now()).rows[0], ["anthropic-key", "1", "<unknown>"]);
         let budget = json!({"metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20.00"}});

@@ -1,0 +1,232 @@
+//! The quickstart through the real binaries: `nodus server` on an in-memory store with the
+//! unisolated sandbox and the offline model, driven by the `nodus` CLI as the spec shows it:
+//! login, apply an agent and a run, wait, `get -o yaml`, `agentrun answer`, `agentrun steps`.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+const TOKEN: &str = "quickstart-test-token";
+
+const AGENT: &str = r#"apiVersion: nodus.dev/v1
+kind: Agent
+metadata:
+  name: hello-agent
+spec:
+  system: |
+    You are a careful assistant. Run shell commands in your sandbox to check your work, and answer in one short
+    paragraph.
+  # Nodus's Claude: each prompt is routed to Haiku, Sonnet, Opus or Fable, and billed from your credits.
+  model:
+    access: Nodus
+  perRunMaxCostUSD: "0.50"
+"#;
+
+const RUN: &str = r#"apiVersion: nodus.dev/v1
+kind: AgentRun
+metadata:
+  name: hello-agent-run
+spec:
+  agent: hello-agent
+  input: "Run `echo hello` and tell me what it printed"
+"#;
+
+/// The server child; stopped with SIGTERM (or killed) when dropped.
+struct Server {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Server {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("address").port()
+}
+
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
+}
+
+fn start_server(dir: &Path, port: u16) -> Server {
+    let log = dir.join("server.log");
+    let child = Command::new(NODUS)
+        .args(["server", "--store", "memory:", "--sandbox", "unisolated", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--bootstrap-token", TOKEN])
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("NODUS_BOOTSTRAP_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("nodus server starts");
+    let mut server = Server { child, log };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !healthy(port) {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!("the server exited with {status}:\n{}", server.log());
+        }
+        assert!(Instant::now() < deadline, "no /healthz within 60s:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server
+}
+
+/// Runs the CLI with its config in `dir` and no connection from the environment.
+fn nodus(dir: &Path, args: &[&str]) -> Output {
+    Command::new(NODUS)
+        .args(args)
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .env_remove("NODUS_CONFIG")
+        .env_remove("NODUS_SERVER")
+        .env_remove("NODUS_TOKEN")
+        .env_remove("NODUS_PROJECT")
+        .stdin(Stdio::null())
+        .output()
+        .expect("nodus runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs the CLI and requires exit code 0; returns its standard output.
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let output = nodus(dir, args);
+    assert!(
+        output.status.success(),
+        "nodus {args:?} failed with {}:\nstdout: {}\nstderr: {}",
+        output.status,
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    text(&output.stdout)
+}
+
+#[test]
+fn the_quickstart_runs_end_to_end_through_the_cli() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let port = free_port();
+    let mut server = start_server(dir, port);
+    let url = format!("http://127.0.0.1:{port}");
+
+    // Before login, commands say so with exit code 3.
+    let output = nodus(dir, &["get", "agents"]);
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("nodus login"));
+
+    // A wrong token is refused and nothing is saved.
+    let output = nodus(dir, &["login", "--server", &url, "--token", "wrong"]);
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("Error from server (Unauthorized)"));
+
+    let said = ok(dir, &["login", "--server", &url, "--token", TOKEN]);
+    assert!(said.contains("Logged in"), "{said}");
+    assert!(!said.contains(TOKEN), "the token is never printed");
+    let config = dir.join("config/nodus/config.yaml");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&config).expect("config saved").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    let agent = dir.join("agent.yaml");
+    let run = dir.join("run.yaml");
+    std::fs::write(&agent, AGENT).expect("write");
+    std::fs::write(&run, RUN).expect("write");
+    let agent = agent.to_str().expect("utf-8 path");
+    let run = run.to_str().expect("utf-8 path");
+
+    assert_eq!(ok(dir, &["apply", "-f", agent]), "agent.nodus.dev/hello-agent created\n");
+    assert_eq!(ok(dir, &["apply", "-f", agent]), "agent.nodus.dev/hello-agent unchanged\n");
+    assert_eq!(ok(dir, &["apply", "-f", run]), "agentrun.nodus.dev/hello-agent-run created\n");
+
+    let waited = ok(
+        dir,
+        &["wait", "agentrun/hello-agent-run", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=2m"],
+    );
+    assert_eq!(waited, "agentrun.nodus.dev/hello-agent-run condition met\n");
+
+    let yaml = ok(dir, &["get", "agentrun/hello-agent-run", "-o", "yaml"]);
+    assert!(yaml.starts_with("apiVersion: nodus.dev/v1\nkind: AgentRun\n"), "{yaml}");
+    for expected in ["phase: Succeeded", "preview:", "turns:", "chosenBy:", "costUSD:", "model:"] {
+        assert!(yaml.contains(expected), "{expected} in:\n{yaml}");
+    }
+
+    let table = ok(dir, &["get", "ar"]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "PHASE", "MODEL", "COST", "AGE"]);
+    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row[..2], ["hello-agent-run", "Succeeded"], "{table}");
+    assert!(row[3].starts_with('$'), "{table}");
+
+    let phase = ok(dir, &["get", "ar", "-o", "jsonpath={.items[*].status.phase}"]);
+    assert_eq!(phase, "Succeeded");
+
+    // The offline model ran the quoted command in the sandbox and answered with its output.
+    let answer = ok(dir, &["agentrun", "answer", "hello-agent-run"]);
+    assert!(answer.contains("echo hello"), "{answer}");
+    assert!(answer.lines().any(|line| line.trim() == "hello"), "{answer}");
+
+    let steps = ok(dir, &["agentrun", "steps", "hello-agent-run"]);
+    assert!(steps.starts_with("SEQ"), "{steps}");
+    for kind in ["SandboxCreation", "ModelCall", "Command", "SandboxDeletion"] {
+        assert!(steps.contains(kind), "{kind} in:\n{steps}");
+    }
+    assert!(steps.lines().skip(1).all(|line| line.contains("Completed")), "{steps}");
+
+    // A finished run refuses messages: the server's reason, exit code 1.
+    let output = nodus(dir, &["agentrun", "send", "hello-agent-run", "more"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).starts_with("Error from server (AgentRunFinished):"), "{}", text(&output.stderr));
+
+    // Waiting for a phase the finished run can never reach fails at once with code 5.
+    let output = nodus(
+        dir,
+        &["wait", "ar/hello-agent-run", "--for=jsonpath={.status.phase}=Failed", "--timeout=1m"],
+    );
+    assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
+
+    // SIGTERM stops the server cleanly, with exit code 0.
+    let pid = server.child.id().to_string();
+    let signalled = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+    assert!(signalled.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not stop:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "{}", server.log());
+    assert!(!server.log().contains(TOKEN), "the server never prints the token");
+}
