@@ -7,13 +7,11 @@
 
 use std::sync::Arc;
 
-use nodus_core::catalog::Family;
 use nodus_core::clock::SystemClock;
 use nodus_core::engine::{Config, Deps, Driven, Engine};
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
-use nodus_core::router::FixedRouter;
 use nodus_core::secret::StaticSecrets;
-use nodus_llm::ScriptedModel;
+use nodus_llm::{Jev, ScriptedModel};
 use nodus_sandbox::UnisolatedSandbox;
 use nodus_store::MemoryStore;
 
@@ -25,7 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             store: Arc::new(MemoryStore::new()),
             sandbox: Arc::new(UnisolatedSandbox::new(workdirs.clone())),
             model: Arc::new(ScriptedModel::offline()),
-            router: Arc::new(FixedRouter(Family::Haiku)),
+            router: Arc::new(Jev::new()),
             clock: Arc::new(SystemClock),
             catalog: Arc::new(nodus_llm::default_catalog()?),
             secrets: Arc::new(StaticSecrets::new()),
