@@ -133,7 +133,8 @@ impl Client {
         query: &[(&str, &str)],
         body: Option<Body>,
     ) -> Result<Value> {
-        self.send(method, &self.project_segments(rest), query, body, &[]).await
+        self.send(method, &self.project_segments(rest), query, body, &[])
+            .await
     }
 
     /// Sends a request with extra headers.
@@ -190,7 +191,8 @@ impl Client {
 
     /// `POST` of JSON to a path under the project.
     pub async fn post(&self, rest: &[&str], body: Value) -> Result<Value> {
-        self.call(Method::POST, rest, &[], Some(Body::Json(body))).await
+        self.call(Method::POST, rest, &[], Some(Body::Json(body)))
+            .await
     }
 }
 
@@ -223,7 +225,10 @@ pub fn server_error(code: u16, body: &[u8]) -> Error {
         if text.is_empty() {
             format!("the server answered HTTP {code}")
         } else {
-            format!("HTTP {code}: {}", text.chars().take(500).collect::<String>())
+            format!(
+                "HTTP {code}: {}",
+                text.chars().take(500).collect::<String>()
+            )
         }
     });
     Error::Server {
@@ -256,13 +261,19 @@ mod tests {
     #[test]
     fn urls_escape_names_and_keep_a_base_path() {
         let client = Client::new("http://127.0.0.1:7070/", "t", "default").expect("client");
-        let url = client.url(&client.project_segments(&["agentruns", "a b/c"]), &[("labelSelector", "a=b,c=d")]);
+        let url = client.url(
+            &client.project_segments(&["agentruns", "a b/c"]),
+            &[("labelSelector", "a=b,c=d")],
+        );
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:7070/apis/nodus.dev/v1/projects/default/agentruns/a%20b%2Fc?labelSelector=a%3Db%2Cc%3Dd"
         );
         let client = Client::new("https://example.com/nodus", "t", "p").expect("client");
-        assert_eq!(client.url(&["healthz"], &[]).as_str(), "https://example.com/nodus/healthz");
+        assert_eq!(
+            client.url(&["healthz"], &[]).as_str(),
+            "https://example.com/nodus/healthz"
+        );
         assert!(!format!("{client:?}").contains("\"t\""));
         assert!(Client::new("ftp://x", "t", "p").is_err());
         assert!(Client::new("127.0.0.1:7070", "t", "p").is_err());

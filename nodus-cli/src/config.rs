@@ -93,7 +93,8 @@ impl Config {
 
     /// The config as YAML.
     pub fn to_text(&self) -> Result<String> {
-        serde_saphyr::to_string(self).map_err(|e| Error::input(format!("cannot write the config: {e}")))
+        serde_saphyr::to_string(self)
+            .map_err(|e| Error::input(format!("cannot write the config: {e}")))
     }
 
     /// Writes the file (owner-only), through a temporary file and a rename.
@@ -110,7 +111,9 @@ impl Config {
             use std::os::unix::fs::OpenOptionsExt as _;
             options.mode(0o600);
         }
-        let mut file = options.open(&temporary).map_err(|e| config_error(path, e))?;
+        let mut file = options
+            .open(&temporary)
+            .map_err(|e| config_error(path, e))?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
@@ -130,7 +133,9 @@ impl Config {
 
     /// The current context, if any.
     pub fn current(&self) -> Option<&Context> {
-        self.current_context.as_deref().and_then(|name| self.context(name))
+        self.current_context
+            .as_deref()
+            .and_then(|name| self.context(name))
     }
 
     /// Adds or replaces a context and makes it current.
@@ -148,7 +153,11 @@ impl Config {
             let known: Vec<&str> = self.contexts.iter().map(|c| c.name.as_str()).collect();
             return Err(Error::input(format!(
                 "no context {name:?}; there are: {}",
-                if known.is_empty() { "none (run nodus login)".to_string() } else { known.join(", ") }
+                if known.is_empty() {
+                    "none (run nodus login)".to_string()
+                } else {
+                    known.join(", ")
+                }
             )));
         }
         self.current_context = Some(name.to_string());
@@ -164,7 +173,11 @@ pub fn context_name_for(server: &str) -> String {
     }
     let rest = server.split_once("://").map_or(server, |(_, rest)| rest);
     let host = rest.split('/').next().unwrap_or(rest);
-    if host.is_empty() { "default".to_string() } else { host.to_string() }
+    if host.is_empty() {
+        "default".to_string()
+    } else {
+        host.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -184,7 +197,10 @@ mod tests {
     fn the_file_round_trips_owner_only() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nested/config.yaml");
-        assert_eq!(Config::load(&path).expect("absent is empty"), Config::default());
+        assert_eq!(
+            Config::load(&path).expect("absent is empty"),
+            Config::default()
+        );
         let mut config = Config::default();
         config.upsert(context("local", LOCAL_SERVER));
         config.upsert(context("prod", "https://nodus.example.com"));
@@ -195,7 +211,10 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
-            let mode = std::fs::metadata(&path).expect("exists").permissions().mode();
+            let mode = std::fs::metadata(&path)
+                .expect("exists")
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
     }
@@ -209,7 +228,10 @@ mod tests {
         config.upsert(changed);
         config.upsert(context("other", "http://10.0.0.1:7070"));
         assert_eq!(config.contexts.len(), 2);
-        assert_eq!(config.context("local").and_then(|c| c.project.as_deref()), Some("team"));
+        assert_eq!(
+            config.context("local").and_then(|c| c.project.as_deref()),
+            Some("team")
+        );
         config.use_context("local").expect("exists");
         assert_eq!(config.current_context.as_deref(), Some("local"));
         let error = config.use_context("nope").expect_err("absent");
@@ -234,7 +256,10 @@ mod tests {
     #[test]
     fn context_names_come_from_the_server() {
         assert_eq!(context_name_for("http://127.0.0.1:7070/"), "local");
-        assert_eq!(context_name_for("https://nodus.example.com/"), "nodus.example.com");
+        assert_eq!(
+            context_name_for("https://nodus.example.com/"),
+            "nodus.example.com"
+        );
         assert_eq!(context_name_for("http://127.0.0.1:8080"), "127.0.0.1:8080");
     }
 }

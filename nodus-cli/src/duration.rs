@@ -22,7 +22,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         }
         let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let part = match &rest[..unit_len] {
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
@@ -39,7 +41,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 /// A duration as the user would write it (`8m`, `1h30m`, `45s`, `250ms`).
 pub fn display(duration: Duration) -> String {
     let seconds = duration.as_secs();
-    if seconds == 0 {
+    if seconds == 0 && duration.as_millis() > 0 {
         return format!("{}ms", duration.as_millis());
     }
     let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
@@ -85,5 +87,6 @@ mod tests {
         assert_eq!(display(Duration::from_secs(5400)), "1h30m");
         assert_eq!(display(Duration::from_secs(45)), "45s");
         assert_eq!(display(Duration::from_millis(250)), "250ms");
+        assert_eq!(display(Duration::ZERO), "0s");
     }
 }

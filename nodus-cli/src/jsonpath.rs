@@ -258,7 +258,13 @@ impl Path {
         if values.is_empty() {
             return None;
         }
-        Some(values.into_iter().map(scalar_text).collect::<Vec<_>>().join(" "))
+        Some(
+            values
+                .into_iter()
+                .map(scalar_text)
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
     }
 
     /// Whether the path starts under `.status` (what a finished resource no longer changes).
@@ -342,7 +348,10 @@ mod tests {
             ("{.items[0].status.turns[0]}", r#"{"model":"haiku"}"#),
             ("{.missing.field}", ""),
             ("{.items[7].metadata.name}", ""),
-            ("{range .items[*]}{.metadata.name}={.status.phase}{\"\\n\"}{end}", "a=Succeeded\nb=Running\n"),
+            (
+                "{range .items[*]}{.metadata.name}={.status.phase}{\"\\n\"}{end}",
+                "a=Succeeded\nb=Running\n",
+            ),
             ("{range .items}{.metadata.name},{end}", "a,b,"),
             ("plain text", "plain text"),
         ];
@@ -384,7 +393,10 @@ mod tests {
         let path = Path::parse(".status.phase").expect("valid");
         assert!(path.reads_status());
         assert_eq!(path.display(), "{.status.phase}");
-        assert_eq!(path.text(&json!({"status": {"phase": "Failed"}})), Some("Failed".into()));
+        assert_eq!(
+            path.text(&json!({"status": {"phase": "Failed"}})),
+            Some("Failed".into())
+        );
         assert_eq!(path.text(&json!({"status": {}})), None);
         assert!(!Path::parse(".metadata.name").expect("valid").reads_status());
     }

@@ -37,9 +37,7 @@ impl ResourceKind {
     /// `agentrun.nodus.dev`.
     pub fn parse(text: &str) -> Option<ResourceKind> {
         let lower = text.to_ascii_lowercase();
-        let bare = lower
-            .strip_suffix(".nodus.dev")
-            .unwrap_or(lower.as_str());
+        let bare = lower.strip_suffix(".nodus.dev").unwrap_or(lower.as_str());
         Some(match bare {
             "agent" | "agents" => ResourceKind::Agent,
             "agentrun" | "agentruns" | "ar" => ResourceKind::AgentRun,
@@ -114,7 +112,9 @@ pub fn parse_kind(text: &str) -> Result<ResourceKind> {
 /// `KIND/NAME` as one argument.
 pub fn parse_target(text: &str) -> Result<(ResourceKind, String)> {
     let (kind, name) = text.split_once('/').ok_or_else(|| {
-        Error::input(format!("{text:?} is not KIND/NAME (for example agentrun/hello-agent-run)"))
+        Error::input(format!(
+            "{text:?} is not KIND/NAME (for example agentrun/hello-agent-run)"
+        ))
     })?;
     if name.is_empty() || name.contains('/') {
         return Err(Error::input(format!("{text:?} is not KIND/NAME")));
@@ -179,14 +179,25 @@ mod tests {
             assert_eq!(ResourceKind::parse(text), Some(kind), "{text}");
         }
         assert_eq!(ResourceKind::parse("pods"), None);
-        assert!(parse_kind("pods").expect_err("unknown").to_string().contains("agentruns (ar)"));
+        assert!(
+            parse_kind("pods")
+                .expect_err("unknown")
+                .to_string()
+                .contains("agentruns (ar)")
+        );
     }
 
     #[test]
     fn kinds_know_their_wire_names() {
         assert_eq!(ResourceKind::AgentRun.plural(), "agentruns");
-        assert_eq!(ResourceKind::AgentGroup.qualified("p"), "agentgroup.nodus.dev/p");
-        assert_eq!(ResourceKind::from_document_kind("AgentGroup"), Some(ResourceKind::AgentGroup));
+        assert_eq!(
+            ResourceKind::AgentGroup.qualified("p"),
+            "agentgroup.nodus.dev/p"
+        );
+        assert_eq!(
+            ResourceKind::from_document_kind("AgentGroup"),
+            Some(ResourceKind::AgentGroup)
+        );
         assert_eq!(ResourceKind::from_document_kind("agentgroup"), None);
         for kind in ALL {
             assert_eq!(
@@ -213,11 +224,17 @@ mod tests {
         );
         assert_eq!(
             parse_targets(&args(&["agentrun", "a", "b"])).expect("valid"),
-            (ResourceKind::AgentRun, vec!["a".to_string(), "b".to_string()])
+            (
+                ResourceKind::AgentRun,
+                vec!["a".to_string(), "b".to_string()]
+            )
         );
         assert_eq!(
             parse_targets(&args(&["ar/a", "agentrun/b"])).expect("valid"),
-            (ResourceKind::AgentRun, vec!["a".to_string(), "b".to_string()])
+            (
+                ResourceKind::AgentRun,
+                vec!["a".to_string(), "b".to_string()]
+            )
         );
         assert!(parse_targets(&args(&["ar/a", "ag/b"])).is_err());
         assert!(parse_targets(&args(&["ar", "ag/b"])).is_err());

@@ -27,13 +27,21 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             // --help and --version print to stdout and succeed; the rest is a usage error.
-            return ExitCode::from(if e.use_stderr() { error::exit::USAGE } else { error::exit::OK });
+            return ExitCode::from(if e.use_stderr() {
+                error::exit::USAGE
+            } else {
+                error::exit::OK
+            });
         }
     };
     let runtime = if matches!(cli.command, Command::Server(_)) {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     };
     let runtime = match runtime {
         Ok(runtime) => runtime,

@@ -73,7 +73,15 @@ fn headers(kind: ResourceKind, wide: bool) -> Vec<&'static str> {
         ),
         ResourceKind::AgentGroup => (
             &["NAME", "PHASE", "RUNS", "ACTIVE", "COST", "AGE"],
-            &["AGENT", "QUEUED", "WAITING", "FAILED", "MAX ACTIVE", "MAX COST", "SEALED"],
+            &[
+                "AGENT",
+                "QUEUED",
+                "WAITING",
+                "FAILED",
+                "MAX ACTIVE",
+                "MAX COST",
+                "SEALED",
+            ],
         ),
         ResourceKind::Secret => (&["NAME", "KEYS", "AGE"], &[]),
         ResourceKind::Budget => (&["NAME", "MAX SPEND", "AGE"], &[]),
@@ -118,7 +126,10 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
                 age,
             ];
             if wide {
-                let families = match item.pointer("/spec/model/families").and_then(Value::as_array) {
+                let families = match item
+                    .pointer("/spec/model/families")
+                    .and_then(Value::as_array)
+                {
                     Some(list) if !list.is_empty() => {
                         list.iter().map(scalar_text).collect::<Vec<_>>().join(",")
                     }
@@ -159,7 +170,14 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             row
         }
         ResourceKind::AgentGroup => {
-            let counts = ["queued", "active", "waiting", "succeeded", "failed", "cancelled"];
+            let counts = [
+                "queued",
+                "active",
+                "waiting",
+                "succeeded",
+                "failed",
+                "cancelled",
+            ];
             let total: u64 = counts
                 .iter()
                 .map(|c| count(item, &format!("/status/counts/{c}")))
@@ -189,7 +207,10 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             row
         }
         ResourceKind::Secret => {
-            let keys = item.get("keys").and_then(Value::as_array).map_or(0, Vec::len);
+            let keys = item
+                .get("keys")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
             vec![name, keys.to_string(), age]
         }
         ResourceKind::Budget => vec![name, dollars(item, "/spec/maxSpendUSD"), age],
@@ -224,22 +245,38 @@ pub fn human_duration(seconds: i64) -> String {
         format!("{s}s")
     } else if s < 10 * minute {
         let (m, rest) = (s / minute, s % minute);
-        if rest == 0 { format!("{m}m") } else { format!("{m}m{rest}s") }
+        if rest == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{rest}s")
+        }
     } else if s < 3 * hour {
         format!("{}m", s / minute)
     } else if s < 8 * hour {
         let (h, m) = (s / hour, (s % hour) / minute);
-        if m == 0 { format!("{h}h") } else { format!("{h}h{m}m") }
+        if m == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{m}m")
+        }
     } else if s < 2 * day {
         format!("{}h", s / hour)
     } else if s < 8 * day {
         let (d, h) = (s / day, (s % day) / hour);
-        if h == 0 { format!("{d}d") } else { format!("{d}d{h}h") }
+        if h == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{h}h")
+        }
     } else if s < 2 * year {
         format!("{}d", s / day)
     } else if s < 8 * year {
         let (y, d) = (s / year, (s % year) / day);
-        if d == 0 { format!("{y}y") } else { format!("{y}y{d}d") }
+        if d == 0 {
+            format!("{y}y")
+        } else {
+            format!("{y}y{d}d")
+        }
     } else {
         format!("{}y", s / year)
     }
@@ -257,7 +294,9 @@ mod tests {
     #[test]
     fn columns_are_padded_and_separated_by_three_spaces() {
         let mut table = Table::new(&["NAME", "PHASE"]);
-        table.rows.push(vec!["hello-agent-run".into(), "Succeeded".into()]);
+        table
+            .rows
+            .push(vec!["hello-agent-run".into(), "Succeeded".into()]);
         table.rows.push(vec!["b".into(), "".into()]);
         assert_eq!(
             table.render(),
@@ -277,7 +316,12 @@ mod tests {
             }
         });
         let queued = json!({"metadata": {"name": "q"}, "spec": {"agent": "a", "group": "g"}, "status": {"phase": "Pending", "reason": "GroupWait", "cost": {"totalUSD": "0.00"}}});
-        let table = objects(ResourceKind::AgentRun, &[run.clone(), queued.clone()], false, now());
+        let table = objects(
+            ResourceKind::AgentRun,
+            &[run.clone(), queued.clone()],
+            false,
+            now(),
+        );
         assert_eq!(
             table.render(),
             "NAME              PHASE       MODEL               COST      AGE\n\
@@ -301,23 +345,64 @@ mod tests {
                 "cost": {"totalUSD": "0.12", "limitUSD": "0.60"}
             }
         });
-        let table = objects(ResourceKind::AgentGroup, std::slice::from_ref(&group), false, now());
-        assert_eq!(table.headers, ["NAME", "PHASE", "RUNS", "ACTIVE", "COST", "AGE"]);
-        assert_eq!(table.rows[0], ["parallel-agents", "Running", "3/7", "2", "$0.12", "3h"]);
+        let table = objects(
+            ResourceKind::AgentGroup,
+            std::slice::from_ref(&group),
+            false,
+            now(),
+        );
+        assert_eq!(
+            table.headers,
+            ["NAME", "PHASE", "RUNS", "ACTIVE", "COST", "AGE"]
+        );
+        assert_eq!(
+            table.rows[0],
+            ["parallel-agents", "Running", "3/7", "2", "$0.12", "3h"]
+        );
         let wide = objects(ResourceKind::AgentGroup, &[group], true, now());
-        assert_eq!(wide.rows[0][6..], ["w", "1", "0", "1", "2", "$0.60", "true"]);
+        assert_eq!(
+            wide.rows[0][6..],
+            ["w", "1", "0", "1", "2", "$0.60", "true"]
+        );
     }
 
     #[test]
     fn agents_secrets_and_budgets_have_their_columns() {
         let agent = json!({"metadata": {"name": "hello-agent", "creationTimestamp": "2026-04-28T12:00:00Z"}, "spec": {"model": {"access": "Nodus", "families": ["haiku", "sonnet"]}, "perRunMaxCostUSD": "0.50"}});
-        let table = objects(ResourceKind::Agent, std::slice::from_ref(&agent), true, now());
-        assert_eq!(table.headers, ["NAME", "ACCESS", "MAX COST", "AGE", "FAMILIES", "MODEL", "STATE"]);
-        assert_eq!(table.rows[0], ["hello-agent", "Nodus", "$0.50", "3d", "haiku,sonnet", "<none>", "Running"]);
+        let table = objects(
+            ResourceKind::Agent,
+            std::slice::from_ref(&agent),
+            true,
+            now(),
+        );
+        assert_eq!(
+            table.headers,
+            [
+                "NAME", "ACCESS", "MAX COST", "AGE", "FAMILIES", "MODEL", "STATE"
+            ]
+        );
+        assert_eq!(
+            table.rows[0],
+            [
+                "hello-agent",
+                "Nodus",
+                "$0.50",
+                "3d",
+                "haiku,sonnet",
+                "<none>",
+                "Running"
+            ]
+        );
         let secret = json!({"metadata": {"name": "anthropic-key"}, "keys": ["ANTHROPIC_API_KEY"]});
-        assert_eq!(objects(ResourceKind::Secret, &[secret], false, now()).rows[0], ["anthropic-key", "1", "<unknown>"]);
+        assert_eq!(
+            objects(ResourceKind::Secret, &[secret], false, now()).rows[0],
+            ["anthropic-key", "1", "<unknown>"]
+        );
         let budget = json!({"metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20.00"}});
-        assert_eq!(objects(ResourceKind::Budget, &[budget], false, now()).rows[0], ["b", "$20.00", "<unknown>"]);
+        assert_eq!(
+            objects(ResourceKind::Budget, &[budget], false, now()).rows[0],
+            ["b", "$20.00", "<unknown>"]
+        );
     }
 
     #[test]

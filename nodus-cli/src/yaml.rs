@@ -15,8 +15,8 @@ pub fn parse_documents(text: &str, source: &str) -> Result<Vec<Value>> {
 
 /// A value as a YAML document (ending with a newline).
 pub fn to_yaml(value: &Value) -> Result<String> {
-    let mut text =
-        serde_saphyr::to_string(value).map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+    let mut text = serde_saphyr::to_string(value)
+        .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
     if !text.ends_with('\n') {
         text.push('\n');
     }
@@ -73,13 +73,19 @@ spec:
     fn json_files_read_as_yaml() {
         let documents = parse_documents(r#"{"kind": "Agent", "spec": {"n": [1, 2]}}"#, "a.json")
             .expect("JSON is YAML");
-        assert_eq!(documents, vec![json!({"kind": "Agent", "spec": {"n": [1, 2]}})]);
+        assert_eq!(
+            documents,
+            vec![json!({"kind": "Agent", "spec": {"n": [1, 2]}})]
+        );
     }
 
     #[test]
     fn malformed_yaml_names_its_source() {
         let error = parse_documents("a: [\n", "bad.yaml").expect_err("unclosed");
-        assert!(error.to_string().starts_with("bad.yaml: not valid YAML"), "{error}");
+        assert!(
+            error.to_string().starts_with("bad.yaml: not valid YAML"),
+            "{error}"
+        );
         assert!(parse_documents("", "empty.yaml").expect("empty").is_empty());
     }
 
@@ -101,7 +107,10 @@ spec:
             }
         });
         let text = to_yaml(&value).expect("writes");
-        assert!(text.contains("totalUSD: \"0.50\""), "money stays a string: {text}");
+        assert!(
+            text.contains("totalUSD: \"0.50\""),
+            "money stays a string: {text}"
+        );
         let back = parse_documents(&text, "out").expect("reads back");
         assert_eq!(back, vec![value]);
     }

@@ -75,9 +75,21 @@ fn healthy(port: u16) -> bool {
 fn start_server(dir: &Path, port: u16) -> Server {
     let log = dir.join("server.log");
     let child = Command::new(NODUS)
-        .args(["server", "--store", "memory:", "--sandbox", "unisolated", "--data-dir"])
+        .args([
+            "server",
+            "--store",
+            "memory:",
+            "--sandbox",
+            "unisolated",
+            "--data-dir",
+        ])
         .arg(dir.join("data"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--bootstrap-token", TOKEN])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--bootstrap-token",
+            TOKEN,
+        ])
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("NODUS_BOOTSTRAP_TOKEN")
         .stdin(Stdio::null())
@@ -91,7 +103,11 @@ fn start_server(dir: &Path, port: u16) -> Server {
         if let Ok(Some(status)) = server.child.try_wait() {
             panic!("the server exited with {status}:\n{}", server.log());
         }
-        assert!(Instant::now() < deadline, "no /healthz within 60s:\n{}", server.log());
+        assert!(
+            Instant::now() < deadline,
+            "no /healthz within 60s:\n{}",
+            server.log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     server
@@ -153,7 +169,10 @@ fn the_quickstart_runs_end_to_end_through_the_cli() {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(&config).expect("config saved").permissions().mode();
+        let mode = std::fs::metadata(&config)
+            .expect("config saved")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
 
@@ -164,69 +183,129 @@ fn the_quickstart_runs_end_to_end_through_the_cli() {
     let agent = agent.to_str().expect("utf-8 path");
     let run = run.to_str().expect("utf-8 path");
 
-    assert_eq!(ok(dir, &["apply", "-f", agent]), "agent.nodus.dev/hello-agent created\n");
-    assert_eq!(ok(dir, &["apply", "-f", agent]), "agent.nodus.dev/hello-agent unchanged\n");
-    assert_eq!(ok(dir, &["apply", "-f", run]), "agentrun.nodus.dev/hello-agent-run created\n");
+    assert_eq!(
+        ok(dir, &["apply", "-f", agent]),
+        "agent.nodus.dev/hello-agent created\n"
+    );
+    assert_eq!(
+        ok(dir, &["apply", "-f", agent]),
+        "agent.nodus.dev/hello-agent unchanged\n"
+    );
+    assert_eq!(
+        ok(dir, &["apply", "-f", run]),
+        "agentrun.nodus.dev/hello-agent-run created\n"
+    );
 
     let waited = ok(
         dir,
-        &["wait", "agentrun/hello-agent-run", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=2m"],
+        &[
+            "wait",
+            "agentrun/hello-agent-run",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=2m",
+        ],
     );
     assert_eq!(waited, "agentrun.nodus.dev/hello-agent-run condition met\n");
 
     let yaml = ok(dir, &["get", "agentrun/hello-agent-run", "-o", "yaml"]);
-    assert!(yaml.starts_with("apiVersion: nodus.dev/v1\nkind: AgentRun\n"), "{yaml}");
-    for expected in ["phase: Succeeded", "preview:", "turns:", "chosenBy:", "costUSD:", "model:"] {
+    assert!(
+        yaml.starts_with("apiVersion: nodus.dev/v1\nkind: AgentRun\n"),
+        "{yaml}"
+    );
+    for expected in [
+        "phase: Succeeded",
+        "preview:",
+        "turns:",
+        "chosenBy:",
+        "costUSD:",
+        "model:",
+    ] {
         assert!(yaml.contains(expected), "{expected} in:\n{yaml}");
     }
 
     let table = ok(dir, &["get", "ar"]);
     let mut lines = table.lines();
-    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     assert_eq!(header, ["NAME", "PHASE", "MODEL", "COST", "AGE"]);
-    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     assert_eq!(row[..2], ["hello-agent-run", "Succeeded"], "{table}");
     assert!(row[3].starts_with('$'), "{table}");
 
-    let phase = ok(dir, &["get", "ar", "-o", "jsonpath={.items[*].status.phase}"]);
+    let phase = ok(
+        dir,
+        &["get", "ar", "-o", "jsonpath={.items[*].status.phase}"],
+    );
     assert_eq!(phase, "Succeeded");
 
     // The offline model ran the quoted command in the sandbox and answered with its output.
     let answer = ok(dir, &["agentrun", "answer", "hello-agent-run"]);
     assert!(answer.contains("echo hello"), "{answer}");
-    assert!(answer.lines().any(|line| line.trim() == "hello"), "{answer}");
+    assert!(
+        answer.lines().any(|line| line.trim() == "hello"),
+        "{answer}"
+    );
 
     let steps = ok(dir, &["agentrun", "steps", "hello-agent-run"]);
     assert!(steps.starts_with("SEQ"), "{steps}");
     for kind in ["SandboxCreation", "ModelCall", "Command", "SandboxDeletion"] {
         assert!(steps.contains(kind), "{kind} in:\n{steps}");
     }
-    assert!(steps.lines().skip(1).all(|line| line.contains("Completed")), "{steps}");
+    assert!(
+        steps.lines().skip(1).all(|line| line.contains("Completed")),
+        "{steps}"
+    );
 
     // A finished run refuses messages: the server's reason, exit code 1.
     let output = nodus(dir, &["agentrun", "send", "hello-agent-run", "more"]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(text(&output.stderr).starts_with("Error from server (AgentRunFinished):"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).starts_with("Error from server (AgentRunFinished):"),
+        "{}",
+        text(&output.stderr)
+    );
 
     // Waiting for a phase the finished run can never reach fails at once with code 5.
     let output = nodus(
         dir,
-        &["wait", "ar/hello-agent-run", "--for=jsonpath={.status.phase}=Failed", "--timeout=1m"],
+        &[
+            "wait",
+            "ar/hello-agent-run",
+            "--for=jsonpath={.status.phase}=Failed",
+            "--timeout=1m",
+        ],
     );
     assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
 
     // SIGTERM stops the server cleanly, with exit code 0.
     let pid = server.child.id().to_string();
-    let signalled = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+    let signalled = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
     assert!(signalled.success());
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = server.child.try_wait().expect("wait") {
             break status;
         }
-        assert!(Instant::now() < deadline, "the server did not stop:\n{}", server.log());
+        assert!(
+            Instant::now() < deadline,
+            "the server did not stop:\n{}",
+            server.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(status.code(), Some(0), "{}", server.log());
-    assert!(!server.log().contains(TOKEN), "the server never prints the token");
+    assert!(
+        !server.log().contains(TOKEN),
+        "the server never prints the token"
+    );
 }

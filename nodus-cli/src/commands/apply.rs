@@ -46,7 +46,9 @@ pub async fn run(client: &Client, args: ApplyArgs) -> Result<()> {
                 outln(&format!("{} {word}", kind.qualified(&name)));
             }
             Err(error @ (Error::Unreachable { .. } | Error::NotLoggedIn(_))) => return Err(error),
-            Err(error) if error.exit_code() == crate::error::exit::UNREACHABLE => return Err(error),
+            Err(error) if error.exit_code() == crate::error::exit::UNREACHABLE => {
+                return Err(error);
+            }
             Err(error) => {
                 eprintln!("{}", error.render());
                 failures.push(error);
@@ -63,9 +65,16 @@ pub async fn run(client: &Client, args: ApplyArgs) -> Result<()> {
 }
 
 /// The kind and name of a document, with the name filled in for a group task.
-pub(super) fn target(source: &str, index: usize, mut document: Value) -> Result<(ResourceKind, String, Value)> {
+pub(super) fn target(
+    source: &str,
+    index: usize,
+    mut document: Value,
+) -> Result<(ResourceKind, String, Value)> {
     let at = || format!("{source}: document {}", index + 1);
-    let kind_text = document.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let kind_text = document
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let kind = ResourceKind::from_document_kind(kind_text).ok_or_else(|| {
         Error::input(format!(
             "{}: kind {kind_text:?} is not one of Agent, AgentRun, AgentGroup, Secret, Budget",
@@ -74,9 +83,8 @@ pub(super) fn target(source: &str, index: usize, mut document: Value) -> Result<
     })?;
     let name = match document.pointer("/metadata/name").and_then(Value::as_str) {
         Some(name) if !name.is_empty() => name.to_string(),
-        _ => task_name(&document).ok_or_else(|| {
-            Error::input(format!("{}: metadata.name is required", at()))
-        })?,
+        _ => task_name(&document)
+            .ok_or_else(|| Error::input(format!("{}: metadata.name is required", at())))?,
     };
     if !document.get("metadata").is_some_and(Value::is_object) {
         document["metadata"] = Value::Object(Default::default());
@@ -92,7 +100,12 @@ fn task_name(document: &Value) -> Option<String> {
     Some(format!("{group}-{task}"))
 }
 
-async fn apply_one(client: &Client, kind: ResourceKind, name: &str, mut document: Value) -> Result<Applied> {
+async fn apply_one(
+    client: &Client,
+    kind: ResourceKind,
+    name: &str,
+    mut document: Value,
+) -> Result<Applied> {
     let live = match client.get(&[kind.plural(), name]).await {
         Ok(live) => live,
         Err(error) if error.is_not_found() => {
@@ -110,7 +123,12 @@ async fn apply_one(client: &Client, kind: ResourceKind, name: &str, mut document
         .unwrap_or(Value::Null);
     document["metadata"]["resourceVersion"] = version;
     client
-        .call(Method::PUT, &[kind.plural(), name], &[], Some(Body::Json(document)))
+        .call(
+            Method::PUT,
+            &[kind.plural(), name],
+            &[],
+            Some(Body::Json(document)),
+        )
         .await?;
     Ok(Applied::Configured)
 }
@@ -128,7 +146,10 @@ pub fn unchanged(kind: ResourceKind, desired: &Value, live: &Value) -> bool {
     }
 }
 
-fn metadata_map<'v>(document: &'v Value, field: &str) -> Option<&'v serde_json::Map<String, Value>> {
+fn metadata_map<'v>(
+    document: &'v Value,
+    field: &str,
+) -> Option<&'v serde_json::Map<String, Value>> {
     document
         .get("metadata")
         .and_then(|m| m.get(field))
@@ -153,7 +174,9 @@ fn same_budget(desired: &Value, live: &Value) -> bool {
         serde_json::from_value::<nodus_server::app::BudgetSpec>(document.get("spec")?.clone()).ok()
     };
     match (spec(desired), spec(live)) {
-        (Some(a), Some(b)) => a == b && metadata_map(desired, "labels") == metadata_map(live, "labels"),
+        (Some(a), Some(b)) => {
+            a == b && metadata_map(desired, "labels") == metadata_map(live, "labels")
+        }
         _ => false,
     }
 }
@@ -183,7 +206,8 @@ mod tests {
     }
 
     #[test]
-    fn reapplying_the_same_document_is_unchanged_even_with_defaults_and_money_spelled_differently() {
+    fn reapplying_the_same_document_is_unchanged_even_with_defaults_and_money_spelled_differently()
+    {
         let server = live(&agent("0.50"));
         assert!(unchanged(ResourceKind::Agent, &agent("0.50"), &server));
         assert!(unchanged(ResourceKind::Agent, &agent("0.5"), &server));
@@ -193,17 +217,22 @@ mod tests {
         assert!(!unchanged(ResourceKind::Agent, &labelled, &server));
         let mut broken = agent("0.50");
         broken["spec"]["unknown"] = json!(1);
-        assert!(!unchanged(ResourceKind::Agent, &broken, &server), "the server reports it");
+        assert!(
+            !unchanged(ResourceKind::Agent, &broken, &server),
+            "the server reports it"
+        );
     }
 
     #[test]
     fn secrets_are_always_written_and_budgets_compare_amounts() {
         let secret = json!({"kind": "Secret", "metadata": {"name": "k"}, "stringData": {"A": "b"}});
         assert!(!unchanged(ResourceKind::Secret, &secret, &secret));
-        let budget = json!({"kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20"}});
+        let budget =
+            json!({"kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20"}});
         let stored = json!({"kind": "Budget", "metadata": {"name": "b", "labels": {}, "resourceVersion": "2"}, "spec": {"maxSpendUSD": "20.00"}});
         assert!(unchanged(ResourceKind::Budget, &budget, &stored));
-        let more = json!({"kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "25"}});
+        let more =
+            json!({"kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "25"}});
         assert!(!unchanged(ResourceKind::Budget, &more, &stored));
     }
 
@@ -211,12 +240,23 @@ mod tests {
     fn group_tasks_without_a_name_are_named_group_dash_task_key() {
         let run = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "spec": {"agent": "w", "group": "parallel-agents", "taskKey": "c", "input": "x"}});
         let (kind, name, document) = target("runs.yaml", 2, run).expect("named");
-        assert_eq!((kind, name.as_str()), (ResourceKind::AgentRun, "parallel-agents-c"));
+        assert_eq!(
+            (kind, name.as_str()),
+            (ResourceKind::AgentRun, "parallel-agents-c")
+        );
         assert_eq!(document["metadata"]["name"], "parallel-agents-c");
         let nameless = json!({"kind": "Agent", "spec": {}});
         let error = target("agent.yaml", 0, nameless).expect_err("no name");
-        assert_eq!(error.to_string(), "agent.yaml: document 1: metadata.name is required");
+        assert_eq!(
+            error.to_string(),
+            "agent.yaml: document 1: metadata.name is required"
+        );
         let odd = json!({"kind": "Pod", "metadata": {"name": "x"}});
-        assert!(target("p.yaml", 0, odd).expect_err("kind").to_string().contains("\"Pod\""));
+        assert!(
+            target("p.yaml", 0, odd)
+                .expect_err("kind")
+                .to_string()
+                .contains("\"Pod\"")
+        );
     }
 }

@@ -16,7 +16,10 @@ pub async fn run(client: &Client, command: CreateCommand) -> Result<()> {
     let (kind, document) = match command {
         CreateCommand::Agentrun(args) => {
             let prompt = args.prompt.as_deref().map(text_or_stdin).transpose()?;
-            (ResourceKind::AgentRun, run_document(&args, prompt, Timestamp::now())?)
+            (
+                ResourceKind::AgentRun,
+                run_document(&args, prompt, Timestamp::now())?,
+            )
         }
         CreateCommand::Agentgroup(args) => (ResourceKind::AgentGroup, group_document(&args)?),
     };
@@ -142,7 +145,10 @@ mod tests {
     use clap::Parser as _;
 
     fn create(line: &str) -> CreateCommand {
-        match Cli::try_parse_from(line.split(' ')).expect("parses").command {
+        match Cli::try_parse_from(line.split(' '))
+            .expect("parses")
+            .command
+        {
             crate::cli::Command::Create(command) => command,
             other => panic!("{other:?}"),
         }
@@ -154,10 +160,13 @@ mod tests {
 
     #[test]
     fn create_agentrun_builds_the_spec_run() {
-        let CreateCommand::Agentrun(args) = create("nodus create agentrun triage --agent hello-agent --prompt x --keep-alive --deadline 30m -l team=a") else {
+        let CreateCommand::Agentrun(args) = create(
+            "nodus create agentrun triage --agent hello-agent --prompt x --keep-alive --deadline 30m -l team=a",
+        ) else {
             panic!("a run");
         };
-        let document = run_document(&args, Some("Summarize the logs".into()), now()).expect("valid");
+        let document =
+            run_document(&args, Some("Summarize the logs".into()), now()).expect("valid");
         assert_eq!(
             document,
             json!({
@@ -168,12 +177,15 @@ mod tests {
             })
         );
         // The result must be a valid run for the server.
-        nodus_core::validate::parse::<nodus_core::resource::AgentRunSpec>(document).expect("the server reads it");
+        nodus_core::validate::parse::<nodus_core::resource::AgentRunSpec>(document)
+            .expect("the server reads it");
     }
 
     #[test]
     fn group_tasks_may_leave_the_name_out_and_others_may_not() {
-        let CreateCommand::Agentrun(args) = create("nodus create agentrun --agent w --group g --task-key c --depends-on a,b") else {
+        let CreateCommand::Agentrun(args) =
+            create("nodus create agentrun --agent w --group g --task-key c --depends-on a,b")
+        else {
             panic!("a run");
         };
         let document = run_document(&args, None, now()).expect("valid");
@@ -183,15 +195,24 @@ mod tests {
             panic!("a run");
         };
         assert!(run_document(&args, None, now()).is_err());
-        let CreateCommand::Agentrun(args) = create("nodus create agentrun r --agent w --deadline soon") else {
+        let CreateCommand::Agentrun(args) =
+            create("nodus create agentrun r --agent w --deadline soon")
+        else {
             panic!("a run");
         };
-        assert!(run_document(&args, None, now()).expect_err("bad").to_string().contains("--deadline"));
+        assert!(
+            run_document(&args, None, now())
+                .expect_err("bad")
+                .to_string()
+                .contains("--deadline")
+        );
     }
 
     #[test]
     fn create_agentgroup_builds_the_spec_group() {
-        let CreateCommand::Agentgroup(args) = create("nodus create agentgroup parallel-agents --agent parallel-agents-worker --max-active 2 --max-cost 0.60") else {
+        let CreateCommand::Agentgroup(args) = create(
+            "nodus create agentgroup parallel-agents --agent parallel-agents-worker --max-active 2 --max-cost 0.60",
+        ) else {
             panic!("a group");
         };
         let document = group_document(&args).expect("valid");
@@ -199,6 +220,7 @@ mod tests {
             document["spec"],
             json!({"agent": "parallel-agents-worker", "limits": {"maxActive": 2}, "maxCostUSD": "0.60"})
         );
-        nodus_core::validate::parse::<nodus_core::resource::AgentGroupSpec>(document).expect("the server reads it");
+        nodus_core::validate::parse::<nodus_core::resource::AgentGroupSpec>(document)
+            .expect("the server reads it");
     }
 }

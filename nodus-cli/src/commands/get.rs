@@ -27,12 +27,20 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         if let Some(selector) = &args.field_selector {
             query.push(("fieldSelector", selector.as_str()));
         }
-        let list = client.call(Method::GET, &[kind.plural()], &query, None).await?;
-        let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+        let list = client
+            .call(Method::GET, &[kind.plural()], &query, None)
+            .await?;
+        let items = list
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         (list, items)
     } else {
         if args.selector.is_some() || args.field_selector.is_some() {
-            return Err(Error::input("selectors (-l, --field-selector) apply to lists, not to named objects"));
+            return Err(Error::input(
+                "selectors (-l, --field-selector) apply to lists, not to named objects",
+            ));
         }
         let mut items = Vec::new();
         for name in &names {
@@ -40,11 +48,20 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         }
         let document = match items.as_slice() {
             [one] => one.clone(),
-            _ => json!({"apiVersion": "nodus.dev/v1", "kind": format!("{kind}List"), "items": items}),
+            _ => {
+                json!({"apiVersion": "nodus.dev/v1", "kind": format!("{kind}List"), "items": items})
+            }
         };
         (document, items)
     };
-    print(kind, &output, template.as_ref(), &document, &items, &client.project)
+    print(
+        kind,
+        &output,
+        template.as_ref(),
+        &document,
+        &items,
+        &client.project,
+    )
 }
 
 /// Prints what `get` read in the chosen format.
@@ -69,7 +86,10 @@ fn print(
         Output::Json => outln(&serde_json::to_string_pretty(document).unwrap_or_default()),
         Output::Name => {
             for item in items {
-                let name = item.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                let name = item
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 outln(&kind.qualified(name));
             }
         }

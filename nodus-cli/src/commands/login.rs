@@ -18,10 +18,16 @@ pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
     };
     let token = match &args.token {
         Some(token) => text_or_stdin(token)?.trim().to_string(),
-        None => match std::env::var("NODUS_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+        None => match std::env::var("NODUS_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+        {
             Some(token) => token.trim().to_string(),
             None => {
-                let dir = args.data_dir.clone().unwrap_or_else(nodus_server::default_data_dir);
+                let dir = args
+                    .data_dir
+                    .clone()
+                    .unwrap_or_else(nodus_server::default_data_dir);
                 local_token(&dir, &server)?
             }
         },
@@ -36,7 +42,10 @@ pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
     let client = Client::new(&server, &token, &project)?;
     // A read the token must be allowed: the project's agents.
     client.get(&["agents"]).await?;
-    let name = args.name.clone().unwrap_or_else(|| config::context_name_for(&server));
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| config::context_name_for(&server));
     let path = config::default_path();
     let mut config = Config::load(&path)?;
     config.upsert(Context {
@@ -63,7 +72,10 @@ fn local_token(dir: &Path, server: &str) -> Result<String> {
              first, or log in to {server} with --token",
             file.display()
         ))),
-        Err(e) => Err(Error::NotLoggedIn(format!("cannot read {}: {e}", file.display()))),
+        Err(e) => Err(Error::NotLoggedIn(format!(
+            "cannot read {}: {e}",
+            file.display()
+        ))),
     }
 }
 
@@ -79,7 +91,10 @@ pub fn config(_global: &Global, command: ConfigCommand) -> Result<()> {
                     if current { "*".into() } else { String::new() },
                     context.name.clone(),
                     context.server.clone(),
-                    context.project.clone().unwrap_or_else(|| config::DEFAULT_PROJECT.into()),
+                    context
+                        .project
+                        .clone()
+                        .unwrap_or_else(|| config::DEFAULT_PROJECT.into()),
                 ]);
             }
             super::out(&table.render());

@@ -4,7 +4,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::{outln, read_documents};
-use crate::cli::{Cli, CompletionArgs, CreditsArgs, CreditsCommand, DeleteArgs, PatchArgs, TargetArgs};
+use crate::cli::{
+    Cli, CompletionArgs, CreditsArgs, CreditsCommand, DeleteArgs, PatchArgs, TargetArgs,
+};
 use crate::client::{Body, Client};
 use crate::error::{Error, Result};
 use crate::kinds::{ResourceKind, parse_target, parse_targets};
@@ -14,7 +16,12 @@ pub async fn patch(client: &Client, args: PatchArgs) -> Result<()> {
     let (kind, name) = parse_target(&args.target)?;
     let patch = parse_patch(&args.patch)?;
     client
-        .call(Method::PATCH, &[kind.plural(), &name], &[], Some(Body::MergePatch(patch)))
+        .call(
+            Method::PATCH,
+            &[kind.plural(), &name],
+            &[],
+            Some(Body::MergePatch(patch)),
+        )
         .await?;
     outln(&format!("{} patched", kind.qualified(&name)));
     Ok(())
@@ -40,7 +47,9 @@ pub async fn cancel(client: &Client, args: TargetArgs) -> Result<()> {
             kind.plural()
         )));
     }
-    client.post(&[kind.plural(), &name, "cancel"], json!({})).await?;
+    client
+        .post(&[kind.plural(), &name, "cancel"], json!({}))
+        .await?;
     outln(&format!("{} cancelled", kind.qualified(&name)));
     Ok(())
 }
@@ -66,7 +75,10 @@ pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
         targets.extend(names.into_iter().map(|name| (kind, name)));
     }
     for (kind, name) in targets {
-        match client.call(Method::DELETE, &[kind.plural(), &name], &[], None).await {
+        match client
+            .call(Method::DELETE, &[kind.plural(), &name], &[], None)
+            .await
+        {
             Ok(_) => outln(&format!("{} deleted", kind.qualified(&name))),
             Err(error) if error.is_not_found() && args.ignore_not_found => {}
             Err(error) => return Err(error),
@@ -131,12 +143,18 @@ mod tests {
             json!({"spec": {"limits": {"maxActive": 4}}})
         );
         assert!(parse_patch("[1]").is_err());
-        assert!(parse_patch("{spec:").expect_err("bad").to_string().starts_with("--patch is not JSON"));
+        assert!(
+            parse_patch("{spec:")
+                .expect_err("bad")
+                .to_string()
+                .starts_with("--patch is not JSON")
+        );
     }
 
     #[test]
     fn credits_show_balance_spend_and_reservations() {
-        let account = json!({"balanceUSD": "4.98", "spentUSD": "0.02", "reserved": {"u/3": "0.01"}});
+        let account =
+            json!({"balanceUSD": "4.98", "spentUSD": "0.02", "reserved": {"u/3": "0.01"}});
         assert_eq!(
             credits_table("default", &account).render(),
             "PROJECT   BALANCE   SPENT   RESERVATIONS\ndefault   $4.98     $0.02   1\n"
@@ -146,7 +164,11 @@ mod tests {
     #[test]
     fn completion_scripts_generate_for_each_shell() {
         use clap::CommandFactory as _;
-        for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
             let mut buffer = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "nodus", &mut buffer);
             let script = String::from_utf8(buffer).expect("utf-8");

@@ -75,7 +75,9 @@ pub fn connect(global: &Global) -> Result<Client> {
 /// Writes to standard output; a closed pipe (as with `| head`) is not an error.
 pub fn out(text: &str) {
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
 }
 
 /// Writes a line to standard output.
@@ -158,7 +160,11 @@ mod tests {
     #[test]
     fn files_and_directories_give_their_documents_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("b.yaml"), "kind: Agent\nmetadata: {name: b}\n").expect("write");
+        std::fs::write(
+            dir.path().join("b.yaml"),
+            "kind: Agent\nmetadata: {name: b}\n",
+        )
+        .expect("write");
         std::fs::write(
             dir.path().join("a.yml"),
             "kind: AgentRunList\nitems:\n- kind: AgentRun\n  metadata: {name: a1}\n- kind: AgentRun\n  metadata: {name: a2}\n",

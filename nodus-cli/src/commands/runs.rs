@@ -27,19 +27,32 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                     Ok(())
                 }
                 None => {
-                    let phase = reply.get("phase").and_then(Value::as_str).unwrap_or("Pending");
+                    let phase = reply
+                        .get("phase")
+                        .and_then(Value::as_str)
+                        .unwrap_or("Pending");
                     Err(Error::input(format!(
                         "agentrun/{name} has no answer yet (phase {phase})"
                     )))
                 }
             }
         }
-        AgentRunCommand::Steps { name, output, payload } => {
+        AgentRunCommand::Steps {
+            name,
+            output,
+            payload,
+        } => {
             let query: &[(&str, &str)] = if payload { &[("payload", "true")] } else { &[] };
-            let reply = client.call(Method::GET, &[RUNS, &name, "steps"], query, None).await?;
+            let reply = client
+                .call(Method::GET, &[RUNS, &name, "steps"], query, None)
+                .await?;
             match output {
                 None | Some(Output::Table) | Some(Output::Wide) => {
-                    let items = reply.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+                    let items = reply
+                        .get("items")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default();
                     if items.is_empty() {
                         eprintln!("agentrun/{name} has no steps yet.");
                     } else {
@@ -47,11 +60,18 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                     }
                 }
                 Some(Output::Yaml) => out(&yaml::to_yaml(&reply)?),
-                Some(Output::Json) => outln(&serde_json::to_string_pretty(&reply).unwrap_or_default()),
-                Some(other) => {
-                    return Err(Error::input(format!(
-                        "agentrun steps prints a table, yaml or json, not {other:?}"
-                    )));
+                Some(Output::Json) => {
+                    outln(&serde_json::to_string_pretty(&reply).unwrap_or_default())
+                }
+                Some(Output::JsonPath(template)) => {
+                    let template =
+                        crate::jsonpath::Template::parse(&template).map_err(Error::input)?;
+                    out(&template.render(&reply));
+                }
+                Some(Output::Name) => {
+                    return Err(Error::input(
+                        "agentrun steps prints a table, yaml, json or jsonpath=…",
+                    ));
                 }
             }
             Ok(())
@@ -78,7 +98,10 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let reply = client
                 .post(&[RUNS, &name, "resolve"], json!({"action": action.wire()}))
                 .await?;
-            let phase = reply.pointer("/status/phase").and_then(Value::as_str).unwrap_or("Pending");
+            let phase = reply
+                .pointer("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or("Pending");
             outln(&format!(
                 "{} resolved ({}); now {phase}",
                 ResourceKind::AgentRun.qualified(&name),
@@ -101,7 +124,10 @@ pub fn steps_table(items: &[Value]) -> Table {
         };
         let duration = match (time("startedAt"), time("finishedAt")) {
             (Some(start), Some(end)) => {
-                let millis = end.as_millisecond().saturating_sub(start.as_millisecond()).max(0);
+                let millis = end
+                    .as_millisecond()
+                    .saturating_sub(start.as_millisecond())
+                    .max(0);
                 if millis < 1000 {
                     format!("{millis}ms")
                 } else {
@@ -111,7 +137,13 @@ pub fn steps_table(items: &[Value]) -> Table {
             _ => "-".to_string(),
         };
         let summary = field("summary").replace('\n', " ");
-        table.rows.push(vec![field("seq"), field("kind"), field("state"), duration, summary]);
+        table.rows.push(vec![
+            field("seq"),
+            field("kind"),
+            field("state"),
+            duration,
+            summary,
+        ]);
     }
     table
 }

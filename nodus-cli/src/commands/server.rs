@@ -85,7 +85,10 @@ mod tests {
     use clap::Parser as _;
 
     fn server_args(line: &str) -> ServerArgs {
-        match Cli::try_parse_from(line.split(' ')).expect("parses").command {
+        match Cli::try_parse_from(line.split(' '))
+            .expect("parses")
+            .command
+        {
             Command::Server(args) => args,
             other => panic!("{other:?}"),
         }

@@ -37,20 +37,21 @@ pub fn parse_condition(text: &str) -> Result<Condition> {
         ))
     };
     let rest = text.strip_prefix("jsonpath=").ok_or_else(usage)?;
-    let (expression, after) = if let Some(quote) = rest.chars().next().filter(|c| *c == '\'' || *c == '"') {
-        let inner = &rest[1..];
-        let end = inner.find(quote).ok_or_else(usage)?;
-        (&inner[..end], &inner[end + 1..])
-    } else if rest.starts_with('{') {
-        let end = rest.find('}').ok_or_else(usage)?;
-        (&rest[..=end], &rest[end + 1..])
-    } else {
-        let end = rest.find('=').ok_or_else(usage)?;
-        (&rest[..end], &rest[end..])
-    };
-    let value = after.strip_prefix('=').ok_or_else(|| {
-        Error::input(format!("--for needs the value to wait for: {text}=VALUE"))
-    })?;
+    let (expression, after) =
+        if let Some(quote) = rest.chars().next().filter(|c| *c == '\'' || *c == '"') {
+            let inner = &rest[1..];
+            let end = inner.find(quote).ok_or_else(usage)?;
+            (&inner[..end], &inner[end + 1..])
+        } else if rest.starts_with('{') {
+            let end = rest.find('}').ok_or_else(usage)?;
+            (&rest[..=end], &rest[end + 1..])
+        } else {
+            let end = rest.find('=').ok_or_else(usage)?;
+            (&rest[..end], &rest[end..])
+        };
+    let value = after
+        .strip_prefix('=')
+        .ok_or_else(|| Error::input(format!("--for needs the value to wait for: {text}=VALUE")))?;
     let expression = expression.trim();
     let expression = expression
         .strip_prefix('{')
@@ -91,14 +92,29 @@ pub fn progress_line(kind: ResourceKind, name: &str, object: &Value) -> String {
             parts.push(format!("turns {turns}"));
         }
         ResourceKind::AgentGroup => {
-            let total: u64 = ["queued", "active", "waiting", "succeeded", "failed", "cancelled"]
-                .iter()
-                .map(|c| count(&format!("/status/counts/{c}")))
-                .sum();
-            parts.push(format!("runs {}/{total}", count("/status/counts/succeeded")));
+            let total: u64 = [
+                "queued",
+                "active",
+                "waiting",
+                "succeeded",
+                "failed",
+                "cancelled",
+            ]
+            .iter()
+            .map(|c| count(&format!("/status/counts/{c}")))
+            .sum();
+            parts.push(format!(
+                "runs {}/{total}",
+                count("/status/counts/succeeded")
+            ));
             parts.push(format!("active {}", count("/status/counts/active")));
         }
         _ => {}
+    }
+    if text("/status/phase") == Some("NeedsResolution") {
+        parts.push(format!(
+            "(see nodus agentrun steps {name}, then nodus agentrun resolve {name} --action …)"
+        ));
     }
     if let Some(cost) = text("/status/cost/totalUSD") {
         match text("/status/cost/limitUSD") {
@@ -133,7 +149,10 @@ impl Progress {
     fn show(&mut self, line: &str, elapsed: Duration) {
         let mut stderr = std::io::stderr().lock();
         if self.live {
-            let full = format!("{line}  {}", duration::display(Duration::from_secs(elapsed.as_secs())));
+            let full = format!(
+                "{line}  {}",
+                duration::display(Duration::from_secs(elapsed.as_secs()))
+            );
             let shown: String = full.chars().take(self.width - 1).collect();
             let _ = write!(stderr, "\r\x1b[2K{shown}");
             let _ = stderr.flush();
@@ -175,13 +194,21 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
                     && let Some(phase) = finished_phase(&object)
                 {
                     progress.clear();
-                    return Err(Error::NeverMet(never_message(kind, &name, phase, &object, &condition)));
+                    return Err(Error::NeverMet(never_message(
+                        kind, &name, phase, &object, &condition,
+                    )));
                 }
                 progress.show(&progress_line(kind, &name, &object), started.elapsed());
                 last_value = actual;
             }
             Err(Error::Unreachable { reason, .. }) if seen => {
-                progress.show(&format!("{}/{name}  server unreachable ({reason}); retrying", kind.singular()), started.elapsed());
+                progress.show(
+                    &format!(
+                        "{}/{name}  server unreachable ({reason}); retrying",
+                        kind.singular()
+                    ),
+                    started.elapsed(),
+                );
             }
             Err(error) => {
                 progress.clear();
@@ -204,7 +231,13 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
     }
 }
 
-fn never_message(kind: ResourceKind, name: &str, phase: &str, object: &Value, condition: &Condition) -> String {
+fn never_message(
+    kind: ResourceKind,
+    name: &str,
+    phase: &str,
+    object: &Value,
+    condition: &Condition,
+) -> String {
     let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str);
     let mut why = phase.to_string();
     if let Some(reason) = text("/status/reason") {
@@ -241,7 +274,12 @@ mod tests {
         }
         let labels = parse_condition("jsonpath={.metadata.labels['a=b']}=x=y").expect("valid");
         assert_eq!(labels.value, "x=y");
-        for bad in ["condition=Ready", "jsonpath={.status.phase}", "jsonpath='{.status.phase}", "jsonpath={.status[?(@)]}=x"] {
+        for bad in [
+            "condition=Ready",
+            "jsonpath={.status.phase}",
+            "jsonpath='{.status.phase}",
+            "jsonpath={.status[?(@)]}=x",
+        ] {
             assert!(parse_condition(bad).is_err(), "{bad}");
         }
     }
@@ -259,14 +297,20 @@ mod tests {
             "agentgroup/g  Running  runs 1/4  active 2  $0.01"
         );
         let queued = json!({"status": {"phase": "Pending", "reason": "GroupWait"}});
-        assert_eq!(progress_line(ResourceKind::AgentRun, "q", &queued), "agentrun/q  Pending (GroupWait)  turns 0");
+        assert_eq!(
+            progress_line(ResourceKind::AgentRun, "q", &queued),
+            "agentrun/q  Pending (GroupWait)  turns 0"
+        );
     }
 
     #[test]
     fn a_finished_object_that_misses_the_condition_says_how_it_ended() {
         let failed = json!({"status": {"phase": "Failed", "reason": "DeadlineExceeded", "message": "the deadline passed"}});
         assert_eq!(finished_phase(&failed), Some("Failed"));
-        assert_eq!(finished_phase(&json!({"status": {"phase": "NeedsResolution"}})), None);
+        assert_eq!(
+            finished_phase(&json!({"status": {"phase": "NeedsResolution"}})),
+            None
+        );
         let condition = parse_condition("jsonpath={.status.phase}=Succeeded").expect("valid");
         assert_eq!(
             never_message(ResourceKind::AgentRun, "r", "Failed", &failed, &condition),
