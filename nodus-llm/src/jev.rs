@@ -20,7 +20,7 @@ use nodus_core::model::{ChatMessage, ContentBlock, Role};
 use nodus_core::router::{self, RouteChoice, RouteRequest, Router};
 
 /// The most of a prompt that is read for words (its length counts whole).
-const READ_BYTES: usize = 16 * 1024;
+const READ_BYTES: usize = 8 * 1024;
 
 /// What jev sees in a request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -401,6 +401,58 @@ const SIMPLE: &[&str] = &[
     "count",
 ];
 
+const REASONING_BIT: u8 = 1;
+const DEMANDING_BIT: u8 = 2;
+const TOOLS_BIT: u8 = 4;
+const MAKING_BIT: u8 = 8;
+const SIMPLE_BIT: u8 = 16;
+
+/// The word lists indexed by first letter: (stem, category, whole word only).
+type Index = [Vec<(&'static str, u8, bool)>; 26];
+
+static INDEX: std::sync::LazyLock<Index> = std::sync::LazyLock::new(|| {
+    let mut index: Index = Default::default();
+    let lists: [(&[&'static str], u8, bool); 5] = [
+        (REASONING, REASONING_BIT, false),
+        (DEMANDING, DEMANDING_BIT, false),
+        (TOOLS, TOOLS_BIT, false),
+        (MAKING, MAKING_BIT, false),
+        (SIMPLE, SIMPLE_BIT, true),
+    ];
+    for (list, bit, whole) in lists {
+        for stem in list {
+            if let Some(slot) = stem
+                .bytes()
+                .next()
+                .and_then(|b| b.checked_sub(b'a'))
+                .and_then(|i| index.get_mut(usize::from(i)))
+            {
+                slot.push((stem, bit, whole));
+            }
+        }
+    }
+    index
+});
+
+/// The categories a (lower-case) word belongs to.
+fn classify(word: &str) -> u8 {
+    let Some(entries) = word
+        .bytes()
+        .next()
+        .and_then(|b| b.checked_sub(b'a'))
+        .and_then(|i| INDEX.get(usize::from(i)))
+    else {
+        return 0;
+    };
+    let mut mask = 0;
+    for &(stem, bit, whole) in entries {
+        if (whole && word == stem) || (!whole && word.starts_with(stem)) {
+            mask |= bit;
+        }
+    }
+    mask
+}
+
 /// The features of a prompt.
 pub fn features(prompt: &str) -> Features {
     let mut end = prompt.len().min(READ_BYTES);
@@ -457,21 +509,12 @@ pub fn features(prompt: &str) -> Features {
             f.clauses += 1;
             continue;
         }
-        if REASONING.iter().any(|stem| word.starts_with(stem)) {
-            f.reasoning += 1;
-        }
-        if DEMANDING.iter().any(|stem| word.starts_with(stem)) {
-            f.demanding += 1;
-        }
-        if TOOLS.iter().any(|stem| word.starts_with(stem)) {
-            f.tools += 1;
-        }
-        if MAKING.iter().any(|stem| word.starts_with(stem)) {
-            f.making += 1;
-        }
-        if SIMPLE.contains(&word) {
-            f.simple += 1;
-        }
+        let mask = classify(word);
+        f.reasoning += u32::from(mask & REASONING_BIT != 0);
+        f.demanding += u32::from(mask & DEMANDING_BIT != 0);
+        f.tools += u32::from(mask & TOOLS_BIT != 0);
+        f.making += u32::from(mask & MAKING_BIT != 0);
+        f.simple += u32::from(mask & SIMPLE_BIT != 0);
     }
     f
 }

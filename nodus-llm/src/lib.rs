@@ -8,12 +8,15 @@
 //! - [`catalog`]: the model catalog as data (shipped defaults, replaceable by a file).
 //! - [`jev`]: the built-in router, a pure function of cheap local features;
 //!   [`model_router`]: a router that asks a small model, billed as a routing call.
-//! - [`scripted`]: the scripted and offline model for tests and the offline demo.
+//! - [`scripted`]: the scripted and offline model for tests and the offline demo;
+//!   [`from_env`]: the default client from the environment (Anthropic, or offline without a
+//!   platform key).
 //! - `testing` (feature `test-util`): a fake Anthropic- and OpenAI-compatible HTTP server.
 
 pub mod anthropic;
 pub mod catalog;
 pub mod error;
+pub mod from_env;
 pub mod http;
 pub mod jev;
 pub mod model_router;
@@ -26,6 +29,7 @@ pub mod testing;
 pub use anthropic::{AnthropicClient, AnthropicConfig};
 pub use catalog::default_catalog;
 pub use error::{Error, Result};
+pub use from_env::model_from_env;
 pub use http::{HttpConfig, RetryPolicy};
 pub use jev::Jev;
 pub use model_router::ModelRouter;
