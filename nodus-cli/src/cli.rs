@@ -23,7 +23,7 @@ Exit codes:
 
 /// Run LLM agents as durable, cost-capped runs in sandboxes.
 #[derive(Debug, Parser)]
-#[command(name = "nodus", version, about, after_help = AFTER_HELP, propagate_version = true)]
+#[command(name = "nodus", version, after_help = AFTER_HELP, propagate_version = true)]
 pub struct Cli {
     /// Connection and project.
     #[command(flatten)]

@@ -55,21 +55,37 @@ pub fn connect(global: &Global) -> Result<Client> {
         })?),
         None => config.current(),
     };
-    let token = env("NODUS_TOKEN").or_else(|| context.map(|c| c.token.clone()));
-    let Some(token) = token else {
-        return Err(Error::NotLoggedIn(
-            "not logged in: run `nodus login` (or set NODUS_SERVER and NODUS_TOKEN)".to_string(),
-        ));
-    };
     let server = env("NODUS_SERVER")
         .or_else(|| context.map(|c| c.server.clone()))
         .unwrap_or_else(|| config::LOCAL_SERVER.to_string());
+    let token = env("NODUS_TOKEN").or_else(|| token_for(&config, context, &server));
+    let Some(token) = token else {
+        return Err(Error::NotLoggedIn(match env("NODUS_SERVER") {
+            Some(server) => format!(
+                "no token for {server}: set NODUS_TOKEN, or run nodus login --server {server}"
+            ),
+            None => {
+                "not logged in: run `nodus login` (or set NODUS_SERVER and NODUS_TOKEN)".to_string()
+            }
+        }));
+    };
     let project = global
         .project
         .clone()
         .or_else(|| context.and_then(|c| c.project.clone()))
         .unwrap_or_else(|| config::DEFAULT_PROJECT.to_string());
     Client::new(&server, &token, &project)
+}
+
+/// The saved token for `server`: the context's when it is for that server, else another
+/// context's for it. A token is never sent to a server it was not saved for.
+fn token_for(config: &Config, context: Option<&config::Context>, server: &str) -> Option<String> {
+    let same =
+        |c: &&config::Context| c.server.trim_end_matches('/') == server.trim_end_matches('/');
+    context
+        .filter(same)
+        .or_else(|| config.contexts.iter().find(same))
+        .map(|c| c.token.clone())
 }
 
 /// Writes to standard output; a closed pipe (as with `| head`) is not an error.
@@ -156,6 +172,32 @@ fn expand_list(source: &str, document: Value, into: &mut Vec<(String, Value)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn saved_tokens_go_only_to_their_own_server() {
+        let context = |name: &str, server: &str, token: &str| config::Context {
+            name: name.into(),
+            server: server.into(),
+            token: token.into(),
+            project: None,
+        };
+        let mut config = Config::default();
+        config.upsert(context("prod", "https://prod.example.com", "p"));
+        config.upsert(context("local", "http://127.0.0.1:7070", "l"));
+        let current = config.current();
+        assert_eq!(
+            token_for(&config, current, "http://127.0.0.1:7070/").as_deref(),
+            Some("l")
+        );
+        assert_eq!(
+            token_for(&config, current, "https://prod.example.com").as_deref(),
+            Some("p")
+        );
+        assert_eq!(
+            token_for(&config, current, "https://evil.example.com"),
+            None
+        );
+    }
 
     #[test]
     fn files_and_directories_give_their_documents_in_order() {
