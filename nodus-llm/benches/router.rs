@@ -1,5 +1,6 @@
-//! Router decisions per second: jev over the labelled evaluation prompts, a short prompt, a
-//! 16 KiB prompt, and a short prompt at the end of a 200-message conversation.
+//! Router decisions per second: jev over the labelled evaluation prompts (beside a baseline:
+//! one lower-case copy of each), a short prompt, a 16 KiB prompt, and a short prompt at the
+//! end of a 200-message conversation.
 //!
 //! `cargo bench -p nodus-llm --bench router -- --warm-up-time 1 --measurement-time 3`
 
@@ -34,6 +35,15 @@ fn bench(c: &mut Criterion) {
                     allowed: &Family::ALL,
                 };
                 black_box(router.decide(black_box(&request)));
+            }
+        })
+    });
+
+    // Baseline, same run: the least work any reading of the text does (one lower-case copy).
+    group.bench_function("baseline: lower-case every evaluation prompt", |b| {
+        b.iter(|| {
+            for prompt in &prompts {
+                black_box(black_box(prompt.as_str()).to_ascii_lowercase());
             }
         })
     });
