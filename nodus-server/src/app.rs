@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use nodus_core::catalog::Family;
 use nodus_core::clock::SystemClock;
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::ledger::StoreLedger;
 use nodus_core::model::ModelClient;
 use nodus_core::resource::{Agent, AgentSpec};
-use nodus_core::router::{FixedRouter, Router};
+use nodus_core::router::Router;
 use nodus_core::sandbox::Sandbox;
 use nodus_core::store::Store;
 use nodus_core::{Clock, Usd};
@@ -97,16 +96,16 @@ impl Server {
         })?;
         let mut announcements = Vec::new();
         let store = open_store(&options, &mut announcements).await?;
-        let sandbox = open_sandbox(&options, &mut announcements)?;
-        let (model, router) = open_model(&mut announcements);
+        let sandbox = open_sandbox(&options, &mut announcements).await?;
+        let catalog =
+            Arc::new(nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?);
+        let (model, router) = open_model(&catalog, &mut announcements)?;
         let cipher = match options.store {
             Some(StoreUrl::Memory) => Cipher::ephemeral()?,
             _ => Cipher::in_dir(&options.data_dir)?,
         };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
-        let catalog =
-            nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;
         let engine = Engine::new(
             Deps {
                 store: store.clone(),
@@ -114,7 +113,7 @@ impl Server {
                 model,
                 router,
                 clock: clock.clone(),
-                catalog: Arc::new(catalog),
+                catalog,
                 secrets: Arc::new(StoreSecrets::new(store.clone(), cipher.clone())),
                 ledger: Arc::new(ledger.clone()),
             },
@@ -203,14 +202,18 @@ async fn open_store(
             announcements.push(format!("store: SQLite at {} (one process)", path.display()));
             Ok(Arc::new(store))
         }
-        StoreUrl::Postgres(_) => Err(StartError::Backend(
-            "the Postgres store is not built into this version yet; use --store memory:"
-                .to_string(),
-        )),
+        StoreUrl::Postgres(url) => {
+            let store = nodus_store::PostgresStore::connect(nodus_store::PostgresOptions::new(url))
+                .await
+                .map_err(|e| StartError::Backend(format!("Postgres store: {e}")))?;
+            announcements
+                .push("store: Postgres (replicas share the work through leases)".to_string());
+            Ok(Arc::new(store))
+        }
     }
 }
 
-fn open_sandbox(
+async fn open_sandbox(
     options: &Options,
     announcements: &mut Vec<String>,
 ) -> Result<Arc<dyn Sandbox>, StartError> {
@@ -223,23 +226,57 @@ fn open_sandbox(
             ));
             Ok(Arc::new(nodus_sandbox::UnisolatedSandbox::new(root)))
         }
-        SandboxKind::Process => Err(StartError::Backend(
-            "the bubblewrap process sandbox is not built into this version yet; use --sandbox unisolated".to_string(),
-        )),
-        SandboxKind::Docker => Err(StartError::Backend(
-            "the Docker sandbox is not built into this version yet; use --sandbox unisolated".to_string(),
-        )),
+        SandboxKind::Process => {
+            announcements.push(format!(
+                "sandbox: bubblewrap processes, working directories in {}",
+                root.display()
+            ));
+            Ok(Arc::new(nodus_sandbox::BwrapSandbox::new(
+                nodus_sandbox::BwrapConfig::new(root),
+            )))
+        }
+        SandboxKind::Docker => {
+            let Some(image) = options.default_image.clone() else {
+                return Err(StartError::Backend(
+                    "--sandbox docker needs --default-image IMAGE: the image of runs that name none"
+                        .to_string(),
+                ));
+            };
+            announcements.push(format!(
+                "sandbox: Docker containers (default image {image})"
+            ));
+            let docker =
+                nodus_sandbox::DockerSandbox::connect(nodus_sandbox::DockerConfig::new(image))
+                    .await
+                    .map_err(|e| StartError::Backend(format!("Docker sandbox: {e}")))?;
+            Ok(Arc::new(docker))
+        }
     }
 }
 
-fn open_model(announcements: &mut Vec<String>) -> (Arc<dyn ModelClient>, Arc<dyn Router>) {
+/// The model client and the router of the server.
+type ModelAndRouter = (Arc<dyn ModelClient>, Arc<dyn Router>);
+
+fn open_model(
+    catalog: &Arc<nodus_core::catalog::Catalog>,
+    announcements: &mut Vec<String>,
+) -> Result<ModelAndRouter, StartError> {
+    let config = nodus_llm::AnthropicConfig::from_env();
+    let router: Arc<dyn Router> = Arc::new(nodus_llm::Jev::new());
+    if config.api_key.is_some() {
+        announcements.push(format!(
+            "model: Anthropic at {}, routed per prompt by jev",
+            config.base_url
+        ));
+        let client = nodus_llm::AnthropicClient::new(config)
+            .map_err(|e| StartError::Backend(format!("Anthropic client: {e}")))?
+            .with_catalog(catalog.clone());
+        return Ok((Arc::new(client), router));
+    }
     announcements.push(
-        "model: the OFFLINE scripted model (no ANTHROPIC_API_KEY): it runs the shell commands a prompt quotes in backticks and answers with their output".to_string(),
+        "model: the OFFLINE scripted model (ANTHROPIC_API_KEY is not set): it runs the shell commands a prompt quotes in backticks and answers with their output".to_string(),
     );
-    (
-        Arc::new(nodus_llm::ScriptedModel::offline()),
-        Arc::new(FixedRouter(Family::Haiku)),
-    )
+    Ok((Arc::new(nodus_llm::ScriptedModel::offline()), router))
 }
 
 /// First start: the projects `default` and `nodus`, the `claude-assistant` template, the

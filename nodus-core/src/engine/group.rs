@@ -137,6 +137,11 @@ impl Engine {
                     }
                 }
             }
+            if group.object.status == plan.status {
+                // Nothing changed: no write, so no change notification that would wake the
+                // controllers for nothing.
+                return Ok(group.object);
+            }
             let mut object = group.object.clone();
             object.status = plan.status;
             let key = ObjectKey::new(project, Kind::AgentGroup, name);

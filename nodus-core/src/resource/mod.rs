@@ -41,6 +41,7 @@ pub struct Object<S: Spec> {
     /// The kind; must match the spec type.
     pub kind: Kind,
     /// Name, project, labels and the fields the store keeps.
+    #[serde(default)]
     pub metadata: ObjectMeta,
     /// What the user asked for.
     pub spec: S,

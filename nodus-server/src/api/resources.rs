@@ -456,7 +456,10 @@ pub async fn patch(
     }
     let pinned = expected_version(&patch)?;
     // Without a pinned version, a patch applies to the latest object: retry on a race.
-    for _ in 0..5 {
+    for attempt in 0..20u64 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5 * attempt)).await;
+        }
         let mut document = read(&state, &project, kind, &name).await?;
         let version = expected_version(&document)?;
         crate::patch::merge(&mut document, &patch);

@@ -1,0 +1,246 @@
+//! A real `nodus server` process for end-to-end tests, and the `nodus` CLI against it.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const TOKEN: &str = "nodus_e2e_admin_token";
+
+/// The `nodus` binary cargo built next to this test.
+pub fn nodus_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let binary = dir.join("nodus");
+    assert!(
+        binary.exists(),
+        "{} is missing: build the workspace (cargo test --workspace builds it)",
+        binary.display()
+    );
+    binary
+}
+
+/// Which store a server uses.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    /// The `--store` URL for a server whose data lives in `dir`.
+    pub fn store_url(&self, dir: &Path) -> String {
+        match self {
+            Backend::Sqlite => format!("sqlite://{}", dir.join("nodus.db").display()),
+            Backend::Postgres => postgres_url(),
+        }
+    }
+}
+
+/// A fresh database on the test PostgreSQL (started by scripts/test-env).
+pub fn postgres_url() -> String {
+    let base = std::env::var("NODUS_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!("NODUS_TEST_POSTGRES_URL is not set: run the tests with ./scripts/test, which starts PostgreSQL")
+    });
+    let database = format!("nodus_e2e_{}_{}", std::process::id(), unique());
+    let status = Command::new("psql")
+        .arg(&base)
+        .args(["-q", "-c", &format!("CREATE DATABASE {database}")])
+        .status()
+        .expect("psql runs");
+    assert!(status.success(), "cannot create database {database}");
+    match base.rsplit_once('/') {
+        Some((server, _)) => format!("{server}/{database}"),
+        None => panic!("NODUS_TEST_POSTGRES_URL has no database part: {base}"),
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A running server; killed when dropped.
+pub struct ServerProcess {
+    child: Child,
+    pub url: String,
+    pub data_dir: PathBuf,
+    pub store: String,
+    pub log: PathBuf,
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl ServerProcess {
+    /// Start `nodus server` on `store` with its data in `data_dir`, and wait for /healthz.
+    pub fn start(store: &str, data_dir: &Path, sandbox: &str) -> Self {
+        let port = free_port();
+        let log = data_dir.join(format!("server-{port}.log"));
+        let child = Command::new(nodus_binary())
+            .args([
+                "server",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--store",
+                store,
+                "--sandbox",
+                sandbox,
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--bootstrap-token", TOKEN])
+            .env_remove("ANTHROPIC_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log"))
+            .stderr(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&log)
+                    .expect("log"),
+            )
+            .spawn()
+            .expect("nodus server starts");
+        let server = ServerProcess {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data_dir: data_dir.to_path_buf(),
+            store: store.to_string(),
+            log,
+        };
+        server.wait_healthy();
+        server
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(output) = Command::new("curl")
+                .args(["-sf", &format!("{}/healthz", self.url)])
+                .output()
+                && output.status.success()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "the server did not become healthy; log:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    /// Kill the server with SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Run the CLI against this server; returns its output.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_in(args, None)
+    }
+
+    /// Run the CLI with `stdin` as its input.
+    pub fn cli_in(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        use std::io::Write as _;
+        let mut child = Command::new(nodus_binary())
+            .args(args)
+            .env("NODUS_SERVER", &self.url)
+            .env("NODUS_TOKEN", TOKEN)
+            .env("XDG_CONFIG_HOME", self.data_dir.join("config"))
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nodus runs");
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes()).expect("stdin");
+        }
+        child.wait_with_output().expect("nodus finishes")
+    }
+
+    /// Run the CLI and insist that it succeeds; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.cli(args);
+        assert!(
+            output.status.success(),
+            "nodus {args:?} failed ({}):\nstdout: {}\nstderr: {}\nserver log:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Run the CLI and insist that it fails; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let output = self.cli(args);
+        assert!(
+            !output.status.success(),
+            "nodus {args:?} should fail:\n{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    /// A plain HTTP call with curl: (status, body).
+    pub fn http(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, serde_json::Value) {
+        let mut command = Command::new("curl");
+        command.args([
+            "-s",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+            &format!("{}{}", self.url, path),
+        ]);
+        command.args(["-H", "Content-Type: application/json"]);
+        if let Some(token) = token {
+            command.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        if body.is_some() {
+            command.args(["--data-binary", "@-"]);
+            command.stdin(Stdio::piped());
+        }
+        command.stdout(Stdio::piped());
+        let mut child = command.spawn().expect("curl");
+        if let (Some(body), Some(mut pipe)) = (body, child.stdin.take()) {
+            use std::io::Write as _;
+            pipe.write_all(body.as_bytes()).expect("body");
+        }
+        let output = child.wait_with_output().expect("curl finishes");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let (body, code) = text.rsplit_once('\n').expect("status line");
+        (
+            code.trim().parse().expect("status"),
+            serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())),
+        )
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
