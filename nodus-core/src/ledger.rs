@@ -149,7 +149,11 @@ impl StoreLedger {
                     balance_usd: credits,
                     ..Account::default()
                 };
-                match self.store.create(&Self::key(project), document(project, &account)).await {
+                match self
+                    .store
+                    .create(&Self::key(project), document(project, &account))
+                    .await
+                {
                     Ok(_) => Ok(account),
                     Err(store::Error::AlreadyExists(_)) => Ok(self.read(project).await?.0),
                     Err(e) => Err(e),
@@ -187,10 +191,18 @@ impl StoreLedger {
 
     /// The smallest `spec.maxSpendUSD` of the project's Budgets.
     async fn budget(&self, project: &str) -> Result<Option<Usd>, store::Error> {
-        let budgets = self.store.list(project, Kind::Budget, &Selector::default()).await?;
+        let budgets = self
+            .store
+            .list(project, Kind::Budget, &Selector::default())
+            .await?;
         Ok(budgets
             .iter()
-            .filter_map(|b| b.document["spec"]["maxSpendUSD"].as_str()?.parse::<Usd>().ok())
+            .filter_map(|b| {
+                b.document["spec"]["maxSpendUSD"]
+                    .as_str()?
+                    .parse::<Usd>()
+                    .ok()
+            })
             .min())
     }
 
@@ -278,10 +290,16 @@ mod tests {
             balance_usd: Usd::from_cents(100),
             ..Account::default()
         };
-        account.reserve("r/1", Usd::from_cents(60), None).expect("fits");
-        account.reserve("r/1", Usd::from_cents(60), None).expect("a repeat is a no-op");
+        account
+            .reserve("r/1", Usd::from_cents(60), None)
+            .expect("fits");
+        account
+            .reserve("r/1", Usd::from_cents(60), None)
+            .expect("a repeat is a no-op");
         assert_eq!(account.available(), Usd::from_cents(40));
-        let refused = account.reserve("r/2", Usd::from_cents(50), None).expect_err("no room");
+        let refused = account
+            .reserve("r/2", Usd::from_cents(50), None)
+            .expect_err("no room");
         assert_eq!(
             refused,
             Refusal::Credits {
@@ -294,7 +312,14 @@ mod tests {
         assert_eq!(account.balance_usd, Usd::from_cents(93));
         assert_eq!(account.spent_usd, Usd::from_cents(7));
         let over_budget = account.reserve("r/3", Usd::from_cents(10), Some(Usd::from_cents(10)));
-        assert_eq!(over_budget, Err(Refusal::Budget { budget: Usd::from_cents(10) }));
-        account.reserve("r/3", Usd::from_cents(3), Some(Usd::from_cents(10))).expect("within budget");
+        assert_eq!(
+            over_budget,
+            Err(Refusal::Budget {
+                budget: Usd::from_cents(10)
+            })
+        );
+        account
+            .reserve("r/3", Usd::from_cents(3), Some(Usd::from_cents(10)))
+            .expect("within budget");
     }
 }

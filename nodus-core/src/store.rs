@@ -309,8 +309,11 @@ pub trait Store: Send + Sync {
     /// lease on (`lease.owner`'s own leases included: it is already working on those). Several
     /// replicas calling at once get different runs (Postgres: `FOR UPDATE SKIP LOCKED`).
     /// `None` when no run qualifies.
-    async fn claim_runnable(&self, phases: &[&str], lease: &Lease)
-    -> Result<Option<Claimed>, Error>;
+    async fn claim_runnable(
+        &self,
+        phases: &[&str],
+        lease: &Lease,
+    ) -> Result<Option<Claimed>, Error>;
 
     /// Extend the lease that `fence` holds to `lease.now + lease.duration`. Refused with
     /// `Fenced` once another claim took the run over (an expired lease nobody took over is

@@ -580,24 +580,45 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
 async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
     let world = World::new(vec![text("answer")]);
     let engine = world.engine();
-    engine.apply_agent(PROJECT, agent("worker", |_| {})).await.expect("agent");
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
     let batch = |count: usize| -> Vec<_> {
         (0..count)
             .map(|i| run(&format!("b-{i:03}"), "worker", "q", |_| {}))
             .collect()
     };
-    let error = engine.create_runs(PROJECT, batch(101), None).await.expect_err("101 runs");
+    let error = engine
+        .create_runs(PROJECT, batch(101), None)
+        .await
+        .expect_err("101 runs");
     assert_eq!(error.reason(), "Invalid");
     assert!(error.to_string().contains("at most 100"), "{error}");
 
     // The 57th run is invalid: nothing of the batch is written, and the error names it.
     let mut bad = batch(100);
     bad[56].spec.input = Some(String::new());
-    let error = engine.create_runs(PROJECT, bad, None).await.expect_err("item 56");
-    assert!(error.to_string().starts_with("items[56].spec.input"), "{error}");
-    assert!(engine.list_runs(PROJECT, &Selector::default()).await.expect("list").is_empty());
+    let error = engine
+        .create_runs(PROJECT, bad, None)
+        .await
+        .expect_err("item 56");
+    assert!(
+        error.to_string().starts_with("items[56].spec.input"),
+        "{error}"
+    );
+    assert!(
+        engine
+            .list_runs(PROJECT, &Selector::default())
+            .await
+            .expect("list")
+            .is_empty()
+    );
 
-    let first = engine.create_runs(PROJECT, batch(100), Some("key-1")).await.expect("batch");
+    let first = engine
+        .create_runs(PROJECT, batch(100), Some("key-1"))
+        .await
+        .expect("batch");
     let names: Vec<_> = first.iter().map(|r| r.name().to_string()).collect();
     let listed: Vec<_> = engine
         .list_runs(PROJECT, &Selector::default())
@@ -607,10 +628,29 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
         .map(|r| r.name().to_string())
         .collect();
     assert_eq!(listed, names, "created in list order");
-    let again = engine.create_runs(PROJECT, batch(100), Some("key-1")).await.expect("repeat");
-    assert_eq!(again.iter().map(|r| r.name().to_string()).collect::<Vec<_>>(), names);
-    assert_eq!(engine.list_runs(PROJECT, &Selector::default()).await.expect("list").len(), 100);
+    let again = engine
+        .create_runs(PROJECT, batch(100), Some("key-1"))
+        .await
+        .expect("repeat");
+    assert_eq!(
+        again
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect::<Vec<_>>(),
+        names
+    );
+    assert_eq!(
+        engine
+            .list_runs(PROJECT, &Selector::default())
+            .await
+            .expect("list")
+            .len(),
+        100
+    );
     // Without the key, the same batch collides with the runs that exist.
-    let error = engine.create_runs(PROJECT, batch(1), None).await.expect_err("exists");
+    let error = engine
+        .create_runs(PROJECT, batch(1), None)
+        .await
+        .expect_err("exists");
     assert_eq!(error.reason(), "AlreadyExists");
 }

@@ -222,7 +222,11 @@ impl Engine {
             // A bare name that the project lacks may name a ready-made template.
             Err(crate::store::Error::NotFound(_)) if !reference.contains('/') => {
                 let template = ObjectKey::new(TEMPLATE_PROJECT, Kind::Agent, name);
-                self.deps.store.get(&template).await.map(|r| (TEMPLATE_PROJECT, r))
+                self.deps
+                    .store
+                    .get(&template)
+                    .await
+                    .map(|r| (TEMPLATE_PROJECT, r))
             }
             other => other.map(|r| (agent_project, r)),
         };
@@ -269,7 +273,8 @@ impl Engine {
             .into());
         }
         if let Some(key) = idempotency_key {
-            validate::check_message_key(key).map_err(|e| Invalid::new("Idempotency-Key", e.rule, e.value))?;
+            validate::check_message_key(key)
+                .map_err(|e| Invalid::new("Idempotency-Key", e.rule, e.value))?;
             if let Some(first) = self.batch_record(project, key).await? {
                 return Ok(first);
             }
@@ -315,7 +320,10 @@ impl Engine {
             .filter(|record| record.key.kind == Kind::AgentRun)
             .map(|record| typed::decode(record).map(|v| v.object))
             .collect::<Result<_>>()?;
-        let mut groups: Vec<&str> = runs.iter().filter_map(|r| r.spec.group.as_deref()).collect();
+        let mut groups: Vec<&str> = runs
+            .iter()
+            .filter_map(|r| r.spec.group.as_deref())
+            .collect();
         groups.sort_unstable();
         groups.dedup();
         for group in groups {
@@ -336,10 +344,12 @@ impl Engine {
             Err(crate::store::Error::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let names: Vec<String> = serde_json::from_value(record.document["runs"].clone())
-            .map_err(|e| Error::Corrupt {
-                key: record.key.to_string(),
-                message: e.to_string(),
+        let names: Vec<String> =
+            serde_json::from_value(record.document["runs"].clone()).map_err(|e| {
+                Error::Corrupt {
+                    key: record.key.to_string(),
+                    message: e.to_string(),
+                }
             })?;
         let mut runs = Vec::with_capacity(names.len());
         for name in names {
@@ -396,7 +406,13 @@ impl Engine {
         validate::check_message("spec.input", &prompt)?;
         let byok = agent.object.spec.model.access == Access::Byok;
         if byok {
-            let secret = agent.object.spec.model.api_key_secret.clone().unwrap_or_default();
+            let secret = agent
+                .object
+                .spec
+                .model
+                .api_key_secret
+                .clone()
+                .unwrap_or_default();
             if self
                 .deps
                 .secrets

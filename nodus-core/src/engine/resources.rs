@@ -21,7 +21,11 @@ impl Engine {
     }
 
     /// Objects of a kind that match a selector, in creation order.
-    pub async fn list<S: Spec>(&self, project: &str, selector: &Selector) -> Result<Vec<Object<S>>> {
+    pub async fn list<S: Spec>(
+        &self,
+        project: &str,
+        selector: &Selector,
+    ) -> Result<Vec<Object<S>>> {
         let records = self.deps.store.list(project, S::KIND, selector).await?;
         records
             .into_iter()
@@ -30,7 +34,11 @@ impl Engine {
     }
 
     /// Create an agent; an existing name is refused.
-    pub async fn create_agent(&self, project: &str, mut agent: Object<AgentSpec>) -> Result<Object<AgentSpec>> {
+    pub async fn create_agent(
+        &self,
+        project: &str,
+        mut agent: Object<AgentSpec>,
+    ) -> Result<Object<AgentSpec>> {
         validate::validate(&agent)?;
         let key = ObjectKey::new(project, Kind::Agent, agent.name());
         self.stamp(project, &mut agent);
@@ -43,7 +51,11 @@ impl Engine {
     }
 
     /// Create a group; an existing name is refused.
-    pub async fn create_group(&self, project: &str, mut group: Object<AgentGroupSpec>) -> Result<Object<AgentGroupSpec>> {
+    pub async fn create_group(
+        &self,
+        project: &str,
+        mut group: Object<AgentGroupSpec>,
+    ) -> Result<Object<AgentGroupSpec>> {
         validate::validate(&group)?;
         self.resolve_agent(project, &group.spec.agent).await?;
         let name = group.name().to_string();
@@ -125,8 +137,12 @@ impl Engine {
             .phase
             .unwrap_or(RunPhase::Pending(PendingReason::Queued));
         if !phase.is_finished() {
-            self.request_cancel(project, name, crate::lifecycle::CancelReason::CancelRequested)
-                .await?;
+            self.request_cancel(
+                project,
+                name,
+                crate::lifecycle::CancelReason::CancelRequested,
+            )
+            .await?;
             self.drive(project, name).await?;
         }
         self.deps
