@@ -100,7 +100,8 @@ fn random_up_to(max: u64) -> u64 {
 pub struct HttpConfig {
     /// How long connecting may take.
     pub connect_timeout: Duration,
-    /// How long one attempt may take, from sending to the last byte of the response.
+    /// How long one attempt may take, from sending to the last byte of the response (a long
+    /// streamed reply included; a stalled stream is caught sooner by `idle_timeout`).
     pub request_timeout: Duration,
     /// How long the response may stay silent between two chunks (a stalled stream).
     pub idle_timeout: Duration,
@@ -112,7 +113,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             connect_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(600),
+            request_timeout: Duration::from_secs(1800),
             idle_timeout: Duration::from_secs(120),
             retry: RetryPolicy::default(),
         }

@@ -112,7 +112,6 @@ impl Jev {
     /// Decide, with reasons; `None` when no family is allowed.
     pub fn decide(&self, request: &RouteRequest<'_>) -> Option<Decision> {
         let mut features = features(request.prompt);
-        features.history_tool_results = 0;
         let mut task: Option<&str> = None;
         for message in request.conversation {
             features.history_messages = features.history_messages.saturating_add(1);
