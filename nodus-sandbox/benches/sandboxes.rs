@@ -1,3 +1,284 @@
-//! Sandbox latency benchmarks (written next).
+//! Sandbox latency: create + first exec + destroy for each backend, next to the bare tools
+//! measured in the same run (`bwrap … true`, `docker run --rm IMAGE true`), and exec latency in
+//! a live sandbox. Prints p50 and p99 of each and the ratios.
+//!
+//! Each iteration runs the bare tool and then the backend's cycle, so that the load of the
+//! machine weighs on both alike.
+//!
+//! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
+//! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker).
 
-fn main() {}
+#![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nodus_core::Sandbox;
+use nodus_core::sandbox::{ExecRequest, Limits, SandboxId, SandboxSpec};
+use nodus_sandbox::{BwrapConfig, BwrapSandbox, DockerConfig, DockerSandbox, UnisolatedSandbox};
+
+/// Latencies of one measurement, sorted.
+struct Samples {
+    name: String,
+    sorted: Vec<Duration>,
+}
+
+impl Samples {
+    fn new(name: &str, mut all: Vec<Duration>) -> Self {
+        all.sort_unstable();
+        Samples {
+            name: name.to_owned(),
+            sorted: all,
+        }
+    }
+
+    /// The `per_mille`th quantile (nearest rank).
+    fn quantile(&self, per_mille: usize) -> Duration {
+        let n = self.sorted.len();
+        let rank = (n * per_mille).div_ceil(1000).clamp(1, n.max(1));
+        self.sorted.get(rank - 1).copied().unwrap_or_default()
+    }
+
+    fn p50(&self) -> Duration {
+        self.quantile(500)
+    }
+
+    fn p99(&self) -> Duration {
+        self.quantile(990)
+    }
+
+    fn print(&self) {
+        println!(
+            "{:<52} n={:<4} p50 {:>9.2} ms   p99 {:>9.2} ms",
+            self.name,
+            self.sorted.len(),
+            ms(self.p50()),
+            ms(self.p99())
+        );
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn ratio(a: &Samples, b: &Samples) {
+    println!(
+        "  ratio {} / {}: p50 {:.2}x, p99 {:.2}x",
+        a.name,
+        b.name,
+        a.p50().as_secs_f64() / b.p50().as_secs_f64(),
+        a.p99().as_secs_f64() / b.p99().as_secs_f64()
+    );
+}
+
+fn spec(key: &str, image: Option<&str>) -> SandboxSpec {
+    SandboxSpec {
+        key: key.to_owned(),
+        image: image.map(str::to_owned),
+        env: BTreeMap::new(),
+        limits: Limits::default(),
+        network: false,
+    }
+}
+
+fn request(command: &str) -> ExecRequest {
+    ExecRequest {
+        command: command.to_owned(),
+        timeout: Duration::from_secs(60),
+        cwd: None,
+        output_cap: 1 << 20,
+    }
+}
+
+/// Runs a command once and times it.
+fn bare_once(argv: &[&str]) -> Duration {
+    let started = Instant::now();
+    let status = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run the bare command");
+    let took = started.elapsed();
+    assert!(status.success(), "{argv:?}: {status}");
+    took
+}
+
+async fn timed<F: Future<Output = ()>>(
+    n: usize,
+    mut once: impl FnMut(usize) -> F,
+) -> Vec<Duration> {
+    let mut all = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = Instant::now();
+        once(i).await;
+        all.push(started.elapsed());
+    }
+    all
+}
+
+/// Create + first exec (`true`) + destroy, `n` times, with phases; before each, the bare
+/// command `bare` (when given) once. Returns the bare samples first.
+async fn lifecycle(
+    name: &str,
+    n: usize,
+    sandbox: Arc<dyn Sandbox>,
+    image: Option<&str>,
+    bare: Option<(&str, &[&str])>,
+) -> (Samples, Samples, [Samples; 3]) {
+    let mut bare_samples = Vec::new();
+    let tag = format!("bench-{}", std::process::id());
+    // Warm-up: the first create of a backend finds its tools once.
+    let warm = sandbox
+        .create(&spec(&format!("{tag}-warm"), image))
+        .await
+        .expect("create");
+    sandbox.destroy(&warm.id).await.expect("destroy");
+    let mut phases = [Vec::new(), Vec::new(), Vec::new()];
+    let mut total = Vec::with_capacity(n);
+    for i in 0..n {
+        if let Some((_, argv)) = bare {
+            bare_samples.push(bare_once(argv));
+        }
+        let key = format!("{tag}-{i}");
+        let start = Instant::now();
+        let id = sandbox.create(&spec(&key, image)).await.expect("create").id;
+        let created = Instant::now();
+        let out = sandbox.exec(&id, &request("true")).await.expect("exec");
+        let executed = Instant::now();
+        assert_eq!(out.exit_code, Some(0), "{out:?}");
+        sandbox.destroy(&id).await.expect("destroy");
+        let destroyed = Instant::now();
+        phases[0].push(created - start);
+        phases[1].push(executed - created);
+        phases[2].push(destroyed - executed);
+        total.push(destroyed - start);
+    }
+    let [c, e, d] = phases;
+    (
+        Samples::new(bare.map_or("", |b| b.0), bare_samples),
+        Samples::new(&format!("{name}: create+exec+destroy"), total),
+        [
+            Samples::new(&format!("  {name}: create"), c),
+            Samples::new(&format!("  {name}: first exec"), e),
+            Samples::new(&format!("  {name}: destroy"), d),
+        ],
+    )
+}
+
+/// `n` execs of `true` in one live sandbox.
+async fn live_exec(
+    name: &str,
+    n: usize,
+    sandbox: Arc<dyn Sandbox>,
+    image: Option<&str>,
+) -> Samples {
+    let key = format!("bench-{}-live", std::process::id());
+    let id: SandboxId = sandbox.create(&spec(&key, image)).await.expect("create").id;
+    sandbox.exec(&id, &request("true")).await.expect("warm-up");
+    let all = timed(n, |_| {
+        let sandbox = sandbox.clone();
+        let id = id.clone();
+        async move {
+            let out = sandbox.exec(&id, &request("true")).await.expect("exec");
+            assert_eq!(out.exit_code, Some(0));
+        }
+    })
+    .await;
+    sandbox.destroy(&id).await.expect("destroy");
+    Samples::new(&format!("{name}: exec `true` in a live sandbox"), all)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument is not supported.
+    let n: usize = std::env::var("NODUS_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let n_docker = (n / 3).max(5);
+    let image = std::env::var("NODUS_TEST_DOCKER_IMAGE")
+        .expect("NODUS_TEST_DOCKER_IMAGE: run `eval \"$(scripts/test-env start)\"` first");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let root = tempfile::tempdir().expect("tempdir");
+
+    runtime.block_on(async {
+        println!("== processes ({n} iterations)");
+        let bwrap_argv: &[&str] = &[
+            "bwrap",
+            "--ro-bind",
+            "/",
+            "/",
+            "--unshare-all",
+            "--die-with-parent",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "true",
+        ];
+        let bwrap: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(BwrapConfig::new(
+            root.path().join("bwrap"),
+        )));
+        let (bare_bwrap, bwrap_cycle, bwrap_phases) = lifecycle(
+            "bwrap backend",
+            n,
+            bwrap.clone(),
+            None,
+            Some((
+                "bare `bwrap --ro-bind / / --unshare-all … true`",
+                bwrap_argv,
+            )),
+        )
+        .await;
+        let bwrap_live = live_exec("bwrap backend", n, bwrap, None).await;
+        let unisolated: Arc<dyn Sandbox> =
+            Arc::new(UnisolatedSandbox::new(root.path().join("unisolated")));
+        let (_, uni_cycle, _) =
+            lifecycle("unisolated backend", n, unisolated.clone(), None, None).await;
+        let uni_live = live_exec("unisolated backend", n, unisolated, None).await;
+        bare_bwrap.print();
+        bwrap_cycle.print();
+        for phase in &bwrap_phases {
+            phase.print();
+        }
+        bwrap_live.print();
+        uni_cycle.print();
+        uni_live.print();
+        ratio(&bwrap_cycle, &bare_bwrap);
+
+        println!("== Docker ({n_docker} iterations, image {image})");
+        let docker_argv: &[&str] = &["docker", "run", "--rm", "--network", "none", &image, "true"];
+        let docker: Arc<dyn Sandbox> = Arc::new(
+            DockerSandbox::connect(DockerConfig::new(image.clone()))
+                .await
+                .expect("Docker is reachable"),
+        );
+        let (bare_docker, docker_cycle, docker_phases) = lifecycle(
+            "docker backend",
+            n_docker,
+            docker.clone(),
+            Some(&image),
+            Some((
+                "bare `docker run --rm --network none IMAGE true`",
+                docker_argv,
+            )),
+        )
+        .await;
+        let docker_live = live_exec("docker backend", n, docker, Some(&image)).await;
+        bare_docker.print();
+        docker_cycle.print();
+        for phase in &docker_phases {
+            phase.print();
+        }
+        docker_live.print();
+        ratio(&docker_cycle, &bare_docker);
+    });
+}

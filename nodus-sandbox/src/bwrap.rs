@@ -18,7 +18,7 @@
 //! Limits: memory (without swap), processes and CPU go through cgroups where the host lets
 //! this process manage them (v1 or v2; see [`crate::cgroup`]); a command is moved into its
 //! sandbox's cgroups before it starts. A limit that no cgroup enforces falls back to an rlimit
-//! set inside the sandbox before the command runs (`ulimit -u` for processes, counted per
+//! set inside the sandbox before the command runs (`ulimit -u` or `-p` for processes, counted per
 //! sandbox thanks to its user namespace; `ulimit -v` for memory); CPU then has no limit but the
 //! timeout. The command timeout and the output cap hold everywhere.
 //!
@@ -300,7 +300,9 @@ impl Sandbox for BwrapSandbox {
         let enforced = self.cgroups.enforced();
         let mut rlimits = Vec::new();
         if !enforced.pids {
-            rlimits.push(format!("ulimit -u {}", created.limits.processes));
+            // `-u` in bash and busybox, `-p` in dash.
+            let n = created.limits.processes;
+            rlimits.push(format!("{{ ulimit -u {n} 2>/dev/null || ulimit -p {n}; }}"));
         }
         if !enforced.memory {
             rlimits.push(format!("ulimit -v {}", created.limits.memory_bytes / 1024));

@@ -19,8 +19,8 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota the kernel accepts, in microseconds.
 const MIN_CPU_QUOTA_US: u64 = 1_000;
 /// How often, and how far apart, removing a busy cgroup is tried.
-const REMOVE_TRIES: u32 = 200;
-const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+const REMOVE_TRIES: u32 = 2000;
+const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Which limits a set of cgroups enforces.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -56,6 +56,7 @@ pub const COMMON: &[(&str, Case)] = cases![
     stdout_and_stderr_apart,
     output_cap,
     timeout_kills_process_tree,
+    dropping_exec_kills,
     background_processes_end_with_command,
     environment_and_cwd,
     files_round_trip,
@@ -104,7 +105,7 @@ macro_rules! conformance_tests {
     (common, $make:ident) => {
         $crate::conformance_tests!(@cases $make,
             exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
-            background_processes_end_with_command, environment_and_cwd, files_round_trip,
+            dropping_exec_kills, background_processes_end_with_command, environment_and_cwd, files_round_trip,
             hostile_archives_refused, recreate_keeps_files, destroy_twice);
     };
     (all, $make:ident) => {
@@ -348,7 +349,7 @@ pub async fn output_cap(b: &Backend) {
 /// limit bounds a request that allows longer.
 pub async fn timeout_kills_process_tree(b: &Backend) {
     let mut short = spec(b, &unique_key("timeout"));
-    short.limits.command_timeout_secs = 2;
+    short.limits.command_timeout_secs = 3;
     let id = create(b, &short).await.id;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -364,7 +365,7 @@ pub async fn timeout_kills_process_tree(b: &Backend) {
     let (out, seen) = tokio::join!(b.sandbox.exec(&id, &req), async {
         loop {
             let seen = count_processes(&sleep);
-            if seen >= 4 || started.elapsed() > Duration::from_millis(1800) {
+            if seen >= 4 || started.elapsed() > Duration::from_millis(2800) {
                 return seen;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -377,12 +378,36 @@ pub async fn timeout_kills_process_tree(b: &Backend) {
     assert_eq!(out.stdout.bytes, b"started\n", "output so far is kept");
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_millis(1900) && took < Duration::from_secs(15),
+        took >= Duration::from_millis(2900) && took < Duration::from_secs(20),
         "{took:?}"
     );
     assert_eq!(survivors(&sleep).await, 0, "no process of the tree is left");
     let after = exec(b, &id, "echo still here").await;
     assert_eq!(after.stdout.bytes, b"still here\n");
+    destroy(b, &id).await;
+}
+
+/// Dropping the future of `exec` kills the command and its children.
+pub async fn dropping_exec_kills(b: &Backend) {
+    let id = fresh(b, "drop").await;
+    let sleep = format!("sleep 1000.{}{}", std::process::id(), unique_nanos());
+    let req = request(&format!("{sleep} & {sleep}"));
+    let mut running = Box::pin(b.sandbox.exec(&id, &req));
+    // Wait until the command's processes run, then stop waiting for it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::select! {
+            done = &mut running => panic!("the command ended by itself: {done:?}"),
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        if count_processes(&sleep) >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the command did not start");
+    }
+    drop(running);
+    assert_eq!(survivors(&sleep).await, 0, "nothing of it is left");
+    assert_eq!(exec(b, &id, "echo next").await.stdout.bytes, b"next\n");
     destroy(b, &id).await;
 }
 

@@ -39,7 +39,7 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -249,21 +249,14 @@ impl DockerSandbox {
         }
     }
 
-    async fn create_container(&self, spec: &SandboxSpec, name: &str) -> Result<(), Error> {
+    /// Creates the container (and its volume, unless it is left from before). Answers
+    /// `Ok(false)` when a container of that name exists already.
+    async fn create_container(&self, spec: &SandboxSpec, name: &str) -> Result<bool, Error> {
         let image = spec
             .image
             .clone()
             .unwrap_or_else(|| self.config.default_image.clone());
         let labels = HashMap::from([(KEY_LABEL.to_owned(), spec.key.clone())]);
-        let volume = VolumeCreateRequest {
-            name: Some(name.to_owned()),
-            labels: Some(labels.clone()),
-            ..Default::default()
-        };
-        self.docker
-            .create_volume(volume)
-            .await
-            .map_err(|e| api_error("creating the volume", e))?;
         let limits = &spec.limits;
         let memory = i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX);
         let mut env: Vec<String> = vec![format!("HOME={}", self.config.workdir)];
@@ -277,7 +270,7 @@ impl DockerSandbox {
             ]),
             env: Some(env),
             working_dir: Some(self.config.workdir.clone()),
-            labels: Some(labels),
+            labels: Some(labels.clone()),
             hostname: Some("nodus".to_owned()),
             host_config: Some(HostConfig {
                 network_mode: Some(if spec.network { "bridge" } else { "none" }.to_owned()),
@@ -290,10 +283,15 @@ impl DockerSandbox {
                     "/tmp".to_owned(),
                     format!("rw,nosuid,nodev,size={}", limits.memory_bytes),
                 )])),
+                // The engine makes the named volume, with these labels, if it is missing.
                 mounts: Some(vec![Mount {
                     target: Some(self.config.workdir.clone()),
                     source: Some(name.to_owned()),
                     typ: Some(MountType::VOLUME),
+                    volume_options: Some(MountVolumeOptions {
+                        labels: Some(labels.clone()),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }]),
                 cap_drop: Some(vec!["ALL".to_owned()]),
@@ -310,7 +308,8 @@ impl DockerSandbox {
                 .create_container(Some(options.clone()), body.clone())
                 .await
             {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(true),
+                Err(e) if status(&e) == Some(409) => return Ok(false),
                 Err(e) if status(&e) == Some(404) && !pulled => {
                     self.pull(&image).await?;
                     pulled = true;
@@ -443,7 +442,7 @@ impl DockerSandbox {
             if inspect.running != Some(true) || Instant::now() > deadline {
                 return Ok(inspect.exit_code.and_then(|c| i32::try_from(c).ok()));
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 
@@ -617,39 +616,35 @@ impl Sandbox for DockerSandbox {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;
         let name = self.name(&spec.key);
-        for _ in 0..3 {
-            match self.docker.inspect_container(&name, None).await {
-                Ok(found) => {
-                    let key = found
-                        .config
-                        .as_ref()
-                        .and_then(|c| c.labels.as_ref())
-                        .and_then(|l| l.get(KEY_LABEL));
-                    if key != Some(&spec.key) {
-                        return Err(Error::Refused(format!(
-                            "a container named {name} exists and is not this sandbox's"
-                        )));
-                    }
-                    let running = found.state.as_ref().and_then(|s| s.running) == Some(true);
-                    if !running {
-                        self.start(&name).await?;
-                    }
-                    debug!(container = %name, "re-attached to a Docker sandbox");
-                    break;
+        // Most creations are new: try that first, and re-attach when the name is taken.
+        if self.create_container(spec, &name).await? {
+            self.start(&name).await?;
+            debug!(container = %name, "Docker sandbox ready");
+        } else {
+            let found = match self.docker.inspect_container(&name, None).await {
+                Ok(found) => found,
+                Err(e) if status(&e) == Some(404) => {
+                    return Err(Error::Unavailable(format!(
+                        "the container {name} was removed while it was being re-attached"
+                    )));
                 }
-                Err(e) if status(&e) == Some(404) => match self.create_container(spec, &name).await
-                {
-                    Ok(()) => {
-                        self.start(&name).await?;
-                        debug!(container = %name, "Docker sandbox ready");
-                        break;
-                    }
-                    // Made by someone else meanwhile: look again.
-                    Err(Error::Failed(why)) if why.contains("409") => continue,
-                    Err(e) => return Err(e),
-                },
                 Err(e) => return Err(api_error("inspecting the container", e)),
+            };
+            let key = found
+                .config
+                .as_ref()
+                .and_then(|c| c.labels.as_ref())
+                .and_then(|l| l.get(KEY_LABEL));
+            if key != Some(&spec.key) {
+                return Err(Error::Refused(format!(
+                    "a container named {name} exists and is not this sandbox's"
+                )));
             }
+            let running = found.state.as_ref().and_then(|s| s.running) == Some(true);
+            if !running {
+                self.start(&name).await?;
+            }
+            debug!(container = %name, "re-attached to a Docker sandbox");
         }
         self.created
             .lock()

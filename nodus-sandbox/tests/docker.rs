@@ -1,1 +1,174 @@
-//! Docker-specific tests.
+//! What the conformance suite does not cover of the Docker backend: re-attaching after a
+//! restart (to a running or a stopped container), removing orphans, the limits and labels a
+//! container gets, and the error when the engine cannot be reached.
+//!
+//! Needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine; fails
+//! and says so otherwise.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+
+use nodus_core::Sandbox;
+use nodus_core::sandbox::{Error, SandboxSpec};
+use nodus_sandbox::conformance::{request, test_limits, unique_key};
+use nodus_sandbox::{DockerConfig, DockerSandbox};
+
+fn image() -> String {
+    std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+        panic!(
+            "NODUS_TEST_DOCKER_IMAGE is not set: run `eval \"$(scripts/test-env start)\"` first \
+             (it starts dockerd and builds the test image)"
+        )
+    })
+}
+
+async fn backend(prefix: &str) -> DockerSandbox {
+    let mut config = DockerConfig::new(image());
+    config.name_prefix = prefix.to_owned();
+    DockerSandbox::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("Docker is not reachable: {e}"))
+}
+
+fn spec(key: &str) -> SandboxSpec {
+    SandboxSpec {
+        key: key.to_owned(),
+        image: None,
+        env: BTreeMap::new(),
+        limits: test_limits(),
+        network: false,
+    }
+}
+
+/// `docker inspect -f FORMAT NAME`, or `None` when there is no such object.
+fn inspect(kind: &str, format: &str, name: &str) -> Option<String> {
+    let out = Command::new("docker")
+        .args([kind, "inspect", "-f", format, name])
+        .output()
+        .expect("run docker");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[tokio::test]
+async fn a_restarted_server_reattaches_to_running_and_stopped_containers() {
+    let key = unique_key("reattach");
+    let first = backend("nodus-").await;
+    let id = first.create(&spec(&key)).await.expect("create").id;
+    let container = inspect("container", "{{.Id}}", &id.0).expect("the container");
+    let out = first
+        .exec(&id, &request("echo kept > state"))
+        .await
+        .expect("exec");
+    assert_eq!(out.exit_code, Some(0));
+    drop(first);
+
+    // A new backend value, as after a restart: exec needs create first.
+    let again = backend("nodus-").await;
+    assert_eq!(
+        again.exec(&id, &request("true")).await,
+        Err(Error::NotFound(id.clone()))
+    );
+    assert_eq!(again.create(&spec(&key)).await.expect("re-attach").id, id);
+    assert_eq!(
+        inspect("container", "{{.Id}}", &id.0).as_deref(),
+        Some(container.as_str()),
+        "the same container"
+    );
+    let out = again.exec(&id, &request("cat state")).await.expect("exec");
+    assert_eq!(out.stdout.bytes, b"kept\n");
+
+    // A container that stopped (an engine restart) is started again, files and all.
+    let stopped = Command::new("docker")
+        .args(["stop", "-t", "0", &id.0])
+        .output()
+        .expect("docker stop");
+    assert!(stopped.status.success(), "{stopped:?}");
+    let again = backend("nodus-").await;
+    again
+        .create(&spec(&key))
+        .await
+        .expect("re-attach to a stopped one");
+    let out = again.exec(&id, &request("cat state")).await.expect("exec");
+    assert_eq!(out.stdout.bytes, b"kept\n");
+
+    again.destroy(&id).await.expect("destroy");
+    assert_eq!(inspect("container", "{{.Id}}", &id.0), None);
+    assert_eq!(inspect("volume", "{{.Name}}", &id.0), None);
+}
+
+#[tokio::test]
+async fn orphans_are_removed_and_live_sandboxes_kept() {
+    // A prefix of its own, so that the sandboxes of tests running alongside are not touched.
+    let prefix = format!("{}-", unique_key("orphans"));
+    let sandbox = backend(&prefix).await;
+    let live = sandbox.create(&spec("live")).await.expect("create").id;
+    let orphan = sandbox.create(&spec("orphan")).await.expect("create").id;
+    // An orphan whose container is gone but whose volume is left.
+    let half = sandbox.create(&spec("half")).await.expect("create").id;
+    let removed = Command::new("docker")
+        .args(["rm", "-f", &half.0])
+        .output()
+        .expect("docker rm");
+    assert!(removed.status.success());
+
+    let live_keys = BTreeSet::from(["live".to_owned()]);
+    let gone = sandbox
+        .remove_orphans(&live_keys)
+        .await
+        .expect("remove orphans");
+    assert_eq!(gone, ["half", "orphan"]);
+    for id in [&orphan, &half] {
+        assert_eq!(inspect("container", "{{.Id}}", &id.0), None, "{id}");
+        assert_eq!(inspect("volume", "{{.Name}}", &id.0), None, "{id}");
+    }
+    let out = sandbox
+        .exec(&live, &request("echo alive"))
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout.bytes, b"alive\n");
+    assert_eq!(
+        sandbox.remove_orphans(&live_keys).await.expect("again"),
+        Vec::<String>::new()
+    );
+    sandbox.destroy(&live).await.expect("destroy");
+}
+
+#[tokio::test]
+async fn containers_carry_limits_labels_and_no_network() {
+    let sandbox = backend("nodus-").await;
+    let key = unique_key("config");
+    let mut with_env = spec(&key);
+    with_env.env.insert("GREETING".to_owned(), "hi".to_owned());
+    let id = sandbox.create(&with_env).await.expect("create").id;
+    let format = "{{.HostConfig.Memory}} {{.HostConfig.MemorySwap}} {{.HostConfig.NanoCpus}} \
+                  {{.HostConfig.PidsLimit}} {{.HostConfig.NetworkMode}} \
+                  {{.HostConfig.ReadonlyRootfs}} {{index .Config.Labels \"nodus.sandbox.key\"}}";
+    let seen = inspect("container", format, &id.0).expect("inspect");
+    let memory = 256u64 << 20;
+    assert_eq!(
+        seen,
+        format!("{memory} {memory} 1000000000 64 none true {key}")
+    );
+    let out = sandbox
+        .exec(&id, &request("echo \"$GREETING $HOME\"; pwd"))
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout.bytes, b"hi /work\n/work\n");
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+#[tokio::test]
+async fn an_unreachable_engine_is_reported() {
+    let mut config = DockerConfig::new(image());
+    config.socket = PathBuf::from("/nonexistent/docker.sock");
+    match DockerSandbox::connect(config).await {
+        Err(e @ Error::Unavailable(_)) => {
+            assert!(e.to_string().contains("/nonexistent/docker.sock"), "{e}");
+            assert!(e.is_retryable());
+        }
+        other => panic!("{:?}", other.map(|_| "connected")),
+    }
+}
