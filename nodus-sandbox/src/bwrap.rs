@@ -16,7 +16,7 @@
 //! files, not `/home`, `/root` or `/var`.
 //!
 //! Limits: memory (without swap), processes and CPU go through cgroups where the host lets
-//! this process manage them (v1 or v2; see [`crate::cgroup`]); a command is moved into its
+//! this process manage them (v1 or v2); a command is moved into its
 //! sandbox's cgroups before it starts. A limit that no cgroup enforces falls back to an rlimit
 //! set inside the sandbox before the command runs (`ulimit -u` or `-p` for processes, counted per
 //! sandbox thanks to its user namespace; `ulimit -v` for memory); CPU then has no limit but the

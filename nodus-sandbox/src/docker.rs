@@ -26,7 +26,9 @@
 //!
 //! Files move through the Docker archive API. An incoming archive is checked like everywhere
 //! (see the crate's archive rules): what is on disk at the paths it touches is looked up with
-//! one exec first. Outgoing archives name their entries relative to the working directory.
+//! one exec first; the engine unpacks it with the permission bits it carries (set-uid bits
+//! are inert under `no-new-privileges`). Outgoing archives name their entries relative to the
+//! working directory.
 //! As with the other backends, the limits of a sandbox live in memory: after a restart,
 //! `create` comes before `exec`.
 
