@@ -1,2 +1,248 @@
-//! Journal append benchmark (written next).
-fn main() {}
+//! Journal appends per second on SQLite and on Postgres, each next to the raw single-row
+//! insert-and-commit rate of the same database, driver and row shape, measured in the same
+//! run; for 1 run and for 64 concurrent runs.
+//!
+//! `cargo bench -p nodus-store --bench journal` (Postgres from `NODUS_TEST_POSTGRES_URL`,
+//! which `eval "$(scripts/test-env start)"` sets; the bench fails without it). Set
+//! `NODUS_BENCH_SECONDS` to change how long each measurement runs (default 3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use nodus_core::Store;
+use nodus_core::journal::{Intent, Step};
+use nodus_core::store::Lease;
+use nodus_store::{PostgresOptions, PostgresStore, SqliteStore};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+/// Concurrent runs (and raw writers) in the concurrent measurements.
+const CONCURRENT: usize = 64;
+
+fn seconds() -> Duration {
+    let seconds = std::env::var("NODUS_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(3);
+    Duration::from_secs(seconds.max(1))
+}
+
+/// The step every append writes; the raw rows carry the same JSON.
+fn step(seq: u32) -> Step {
+    Step {
+        seq,
+        started_at: Timestamp::from_second(1_700_000_000).unwrap_or(Timestamp::UNIX_EPOCH),
+        intent: Intent::Route { turn: seq },
+        completion: None,
+    }
+}
+
+fn step_json(seq: u32) -> String {
+    serde_json::to_string(&step(seq)).unwrap_or_default()
+}
+
+/// Operations per second of `writers` tasks, each running `op(writer, i)` for i = 0, 1, …
+/// until the time is up.
+async fn rate<F, Fut>(writers: usize, op: F) -> f64
+where
+    F: Fn(usize, u32) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let duration = seconds();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let op = Arc::clone(&op);
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0u32;
+            while start.elapsed() < duration {
+                op(writer, done).await;
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut total = 0u64;
+    for task in tasks {
+        total += u64::from(task.await.expect("a writer"));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    #[allow(clippy::float_arithmetic)]
+    let per_second = total as f64 / elapsed;
+    per_second
+}
+
+/// Journal appends per second with `runs` concurrent runs, each appending in order.
+async fn journal_rate<S: Store + Clone + 'static>(store: S, runs: usize, tag: &str) -> f64 {
+    let lease = Lease::new("bench", Timestamp::now(), Duration::from_secs(3600));
+    let mut fences = Vec::new();
+    for run in 0..runs {
+        let uid = format!("{tag}-{run}");
+        fences.push((uid.clone(), store.claim(&uid, &lease).await.expect("claim")));
+    }
+    let fences = Arc::new(fences);
+    rate(runs, move |run, seq| {
+        let store = store.clone();
+        let fences = Arc::clone(&fences);
+        async move {
+            let (uid, fence) = &fences[run];
+            store
+                .append_step(uid, *fence, &step(seq))
+                .await
+                .expect("append");
+        }
+    })
+    .await
+}
+
+struct Figures {
+    raw_1: f64,
+    raw_n: f64,
+    journal_1: f64,
+    journal_n: f64,
+}
+
+#[allow(clippy::float_arithmetic)]
+fn print(backend: &str, f: &Figures) {
+    println!("{backend}");
+    println!("  raw insert+commit, 1 writer:        {:>9.0} /s", f.raw_1);
+    println!(
+        "  raw insert+commit, {CONCURRENT} writers:       {:>9.0} /s",
+        f.raw_n
+    );
+    println!(
+        "  journal appends, 1 run:             {:>9.0} /s  = {:>5.1} % of raw (1 writer)",
+        f.journal_1,
+        100.0 * f.journal_1 / f.raw_1
+    );
+    println!(
+        "  journal appends, {CONCURRENT} concurrent runs: {:>9.0} /s  = {:>5.1} x raw (1 writer)",
+        f.journal_n,
+        f.journal_n / f.raw_1
+    );
+}
+
+async fn sqlite() -> Figures {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("bench.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    // The raw rate: the same file, driver and settings (WAL, synchronous=FULL), one row per
+    // autocommit INSERT, through one connection as SQLite allows one writer.
+    let raw = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(&path)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("raw connection");
+    sqlx::query(
+        "CREATE TABLE bench_raw (run_uid TEXT NOT NULL, seq INTEGER NOT NULL, step TEXT NOT NULL, \
+         PRIMARY KEY (run_uid, seq)) WITHOUT ROWID",
+    )
+    .execute(&raw)
+    .await
+    .expect("raw table");
+    let raw_rate = |writers: usize| {
+        let raw = raw.clone();
+        rate(writers, move |writer, seq| {
+            let raw = raw.clone();
+            async move {
+                sqlx::query("INSERT INTO bench_raw (run_uid, seq, step) VALUES (?, ?, ?)")
+                    .bind(format!("raw-{writers}-{writer}"))
+                    .bind(i64::from(seq))
+                    .bind(step_json(seq))
+                    .execute(&raw)
+                    .await
+                    .expect("raw insert");
+            }
+        })
+    };
+    let raw_1 = raw_rate(1).await;
+    let raw_n = raw_rate(CONCURRENT).await;
+    let journal_1 = journal_rate(store.clone(), 1, "one").await;
+    let journal_n = journal_rate(store.clone(), CONCURRENT, "many").await;
+    Figures {
+        raw_1,
+        raw_n,
+        journal_1,
+        journal_n,
+    }
+}
+
+async fn postgres() -> Figures {
+    let url = std::env::var("NODUS_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!("NODUS_TEST_POSTGRES_URL is not set: run `eval \"$(scripts/test-env start)\"`")
+    });
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+    let schema = format!("bench_{}_{nanos}", std::process::id());
+    let mut options = PostgresOptions::new(&url).schema(&schema);
+    options.max_connections = 8;
+    let store = PostgresStore::connect(options).await.expect("connect");
+    // The raw rate: the same server, driver and row shape, one row per autocommit INSERT,
+    // one connection per writer.
+    let raw = PgPoolOptions::new()
+        .max_connections(u32::try_from(CONCURRENT).unwrap_or(64))
+        .connect(&url)
+        .await
+        .expect("raw pool");
+    sqlx::query(&format!(
+        "CREATE TABLE {schema}.bench_raw (run_uid text NOT NULL, seq bigint NOT NULL, \
+         step json NOT NULL, PRIMARY KEY (run_uid, seq))"
+    ))
+    .execute(&raw)
+    .await
+    .expect("raw table");
+    let insert =
+        format!("INSERT INTO {schema}.bench_raw (run_uid, seq, step) VALUES ($1, $2, $3::json)");
+    let raw_rate = |writers: usize| {
+        let raw = raw.clone();
+        let insert = insert.clone();
+        rate(writers, move |writer, seq| {
+            let raw = raw.clone();
+            let insert = insert.clone();
+            async move {
+                sqlx::query(&insert)
+                    .bind(format!("raw-{writers}-{writer}"))
+                    .bind(i64::from(seq))
+                    .bind(step_json(seq))
+                    .execute(&raw)
+                    .await
+                    .expect("raw insert");
+            }
+        })
+    };
+    let raw_1 = raw_rate(1).await;
+    let raw_n = raw_rate(CONCURRENT).await;
+    let journal_1 = journal_rate(store.clone(), 1, "one").await;
+    let journal_n = journal_rate(store.clone(), CONCURRENT, "many").await;
+    let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&raw)
+        .await;
+    Figures {
+        raw_1,
+        raw_n,
+        journal_1,
+        journal_n,
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        println!("each figure: {} s of writes", seconds().as_secs());
+        print("SQLite (WAL, synchronous=FULL)", &sqlite().await);
+        print("Postgres", &postgres().await);
+    });
+}

@@ -13,7 +13,9 @@
 //! Documents are `json`, kept exactly as written. The schema is versioned and migrated on
 //! connect; each store lives in one Postgres schema (`nodus` by default).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -88,9 +90,77 @@ struct Inner {
     channel: String,
     journal: GroupCommit,
     changes: broadcast::Sender<Change>,
+    /// Who is waiting to hear their own notifications.
+    heard: Arc<Heard>,
     /// Dropped with the store, which stops the listener task.
     _stop_listening: oneshot::Sender<()>,
 }
+
+/// A write returns only once this store's listener heard its change and passed it on to the
+/// subscribers in this process, so that "changes from now on" means the same as in the
+/// in-process backends: a subscriber made after a write returned never sees that write.
+#[derive(Debug, Default)]
+struct Heard {
+    /// This store instance's name in notifications.
+    instance: String,
+    next: AtomicU64,
+    waiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+}
+
+impl Heard {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, oneshot::Sender<()>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A token to put in a notification, and what tells when it was heard.
+    fn expect(self: &Arc<Self>) -> (u64, Hearing) {
+        let token = self.next.fetch_add(1, AtomicOrdering::Relaxed);
+        let (heard, hearing) = oneshot::channel();
+        self.lock().insert(token, heard);
+        let hearing = Hearing {
+            token,
+            heard: Arc::clone(self),
+            hearing,
+        };
+        (token, hearing)
+    }
+
+    fn heard(&self, instance: &str, token: u64) {
+        if instance != self.instance {
+            return;
+        }
+        if let Some(heard) = self.lock().remove(&token) {
+            let _ = heard.send(());
+        }
+    }
+}
+
+/// Waits until a notification was heard; forgets it when dropped.
+struct Hearing {
+    token: u64,
+    heard: Arc<Heard>,
+    hearing: oneshot::Receiver<()>,
+}
+
+impl Hearing {
+    /// Wait until heard, or for at most `HEARING`: the write is durable either way, and a
+    /// listener that is reconnecting must not hold writers up.
+    async fn wait(mut self) {
+        let _ = tokio::time::timeout(HEARING, &mut self.hearing).await;
+    }
+}
+
+impl Drop for Hearing {
+    fn drop(&mut self) {
+        self.heard.lock().remove(&self.token);
+    }
+}
+
+/// How long a write waits to hear its own change notification.
+const HEARING: Duration = Duration::from_secs(5);
+
+/// Counts store instances in this process, to name each in notifications.
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
 impl PostgresStore {
     /// Connect, create the schema if needed, migrate it, and start listening for changes.
@@ -143,7 +213,20 @@ impl PostgresStore {
         let mut listener = PgListener::connect_with(&pool).await.map_err(map_err)?;
         listener.listen(&channel).await.map_err(map_err)?;
         let (stop, stopped) = oneshot::channel();
-        tokio::spawn(listen(listener, changes.clone(), stopped));
+        let heard = Arc::new(Heard {
+            instance: format!(
+                "{}-{}",
+                nodus_core::store::process_owner(),
+                INSTANCES.fetch_add(1, AtomicOrdering::Relaxed)
+            ),
+            ..Heard::default()
+        });
+        tokio::spawn(listen(
+            listener,
+            changes.clone(),
+            Arc::clone(&heard),
+            stopped,
+        ));
 
         let journal_pool = pool.clone();
         let journal = GroupCommit::spawn(move |writes| {
@@ -156,6 +239,7 @@ impl PostgresStore {
                 channel,
                 journal,
                 changes,
+                heard,
                 _stop_listening: stop,
             }),
         })
@@ -166,15 +250,17 @@ impl PostgresStore {
         self.inner.pool.close().await;
     }
 
-    /// Announce a change when the transaction commits.
-    async fn notify(&self, conn: &mut PgConnection, change: &Change) -> Result<(), Error> {
+    /// Announce a change when the transaction commits; after the commit, wait on what this
+    /// returns.
+    async fn notify(&self, conn: &mut PgConnection, change: &Change) -> Result<Hearing, Error> {
+        let (token, hearing) = self.inner.heard.expect();
         sqlx::query("SELECT pg_notify($1, $2)::text")
             .bind(&self.inner.channel)
-            .bind(change_payload(change))
+            .bind(change_payload(change, &self.inner.heard.instance, token))
             .execute(conn)
             .await
-            .map_err(map_err)
-            .map(|_| ())
+            .map_err(map_err)?;
+        Ok(hearing)
     }
 
     async fn begin(&self) -> Result<sqlx::Transaction<'static, Postgres>, Error> {
@@ -186,6 +272,7 @@ impl PostgresStore {
 async fn listen(
     mut listener: PgListener,
     changes: broadcast::Sender<Change>,
+    heard: Arc<Heard>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     loop {
@@ -193,8 +280,9 @@ async fn listen(
             _ = &mut stopped => return,
             received = listener.recv() => match received {
                 Ok(notification) => match parse_change(notification.payload()) {
-                    Some(change) => {
+                    Some((change, instance, token)) => {
                         let _ = changes.send(change);
+                        heard.heard(&instance, token);
                     }
                     None => tracing::warn!(
                         payload = notification.payload(),
@@ -210,36 +298,42 @@ async fn listen(
     }
 }
 
-/// A change as a notification payload: `["w", project, kind, name, version]` or
-/// `["d", project, kind, name]`.
-fn change_payload(change: &Change) -> String {
+/// A change as a notification payload:
+/// `[instance, token, "w", project, kind, name, version]` or
+/// `[instance, token, "d", project, kind, name]`.
+fn change_payload(change: &Change, instance: &str, token: u64) -> String {
+    let kind = |key: &ObjectKey| sql::kind_name(key.kind);
     match change {
         Change::Written(key, version) => {
             json!([
+                instance,
+                token,
                 "w",
                 key.project,
-                sql::kind_name(key.kind),
+                kind(key),
                 key.name,
                 version
             ])
         }
-        Change::Deleted(key) => json!(["d", key.project, sql::kind_name(key.kind), key.name]),
+        Change::Deleted(key) => json!([instance, token, "d", key.project, kind(key), key.name]),
     }
     .to_string()
 }
 
-fn parse_change(payload: &str) -> Option<Change> {
+fn parse_change(payload: &str) -> Option<(Change, String, u64)> {
     let value: Value = serde_json::from_str(payload).ok()?;
     let key = ObjectKey::new(
-        value.get(1)?.as_str()?,
-        Kind::from_plural(value.get(2)?.as_str()?)?,
         value.get(3)?.as_str()?,
+        Kind::from_plural(value.get(4)?.as_str()?)?,
+        value.get(5)?.as_str()?,
     );
-    match value.get(0)?.as_str()? {
-        "w" => Some(Change::Written(key, value.get(4)?.as_u64()?)),
-        "d" => Some(Change::Deleted(key)),
-        _ => None,
-    }
+    let change = match value.get(2)?.as_str()? {
+        "w" => Change::Written(key, value.get(6)?.as_u64()?),
+        "d" => Change::Deleted(key),
+        _ => return None,
+    };
+    let instance = value.get(0)?.as_str()?.to_string();
+    Some((change, instance, value.get(1)?.as_u64()?))
 }
 
 fn migrate_error(error: sqlx::migrate::MigrateError) -> Error {
@@ -456,6 +550,7 @@ fn fenced(run_uid: &str) -> Error {
 impl Store for PostgresStore {
     async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
         let mut tx = self.begin().await?;
+        let mut hearings = Vec::new();
         match insert(&mut tx, key, &document).await {
             Ok(()) => {}
             Err(e) if sql::is_unique_violation(&e) => {
@@ -463,9 +558,14 @@ impl Store for PostgresStore {
             }
             Err(e) => return Err(map_err(e)),
         }
-        self.notify(&mut tx, &Change::Written(key.clone(), 1))
-            .await?;
+        hearings.push(
+            self.notify(&mut tx, &Change::Written(key.clone(), 1))
+                .await?,
+        );
         tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
         Ok(Record {
             key: key.clone(),
             version: 1,
@@ -483,6 +583,7 @@ impl Store for PostgresStore {
             _ => None,
         };
         let mut tx = self.begin().await?;
+        let mut hearings = Vec::new();
         if let Some((project, key)) = &scope {
             // Repeats of one key wait for each other, then see the first one's records.
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
@@ -533,10 +634,15 @@ impl Store for PostgresStore {
             .map_err(map_err)?;
         }
         for record in &records {
-            self.notify(&mut tx, &Change::Written(record.key.clone(), 1))
-                .await?;
+            hearings.push(
+                self.notify(&mut tx, &Change::Written(record.key.clone(), 1))
+                    .await?,
+            );
         }
         tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
         Ok(records)
     }
 
@@ -630,6 +736,7 @@ impl Store for PostgresStore {
         document: Value,
     ) -> Result<Record, Error> {
         let mut tx = self.begin().await?;
+        let mut hearings = Vec::new();
         let updated: Option<i64> = match sql::to_i64(expected_version) {
             Some(expected) => sqlx::query_scalar(
                 "UPDATE resources SET version = version + 1, uid = $1, document = $2::json \
@@ -667,9 +774,14 @@ impl Store for PostgresStore {
             };
         };
         let version = sql::to_u64(version, "a version")?;
-        self.notify(&mut tx, &Change::Written(key.clone(), version))
-            .await?;
+        hearings.push(
+            self.notify(&mut tx, &Change::Written(key.clone(), version))
+                .await?,
+        );
         tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
         Ok(Record {
             key: key.clone(),
             version,
@@ -679,6 +791,7 @@ impl Store for PostgresStore {
 
     async fn delete(&self, key: &ObjectKey) -> Result<(), Error> {
         let mut tx = self.begin().await?;
+        let mut hearings = Vec::new();
         let uid: Option<Option<String>> = sqlx::query_scalar(
             "DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3 RETURNING uid",
         )
@@ -705,8 +818,12 @@ impl Store for PostgresStore {
                     .map_err(map_err)?;
             }
         }
-        self.notify(&mut tx, &Change::Deleted(key.clone())).await?;
-        tx.commit().await.map_err(map_err)
+        hearings.push(self.notify(&mut tx, &Change::Deleted(key.clone())).await?);
+        tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
+        Ok(())
     }
 
     async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
@@ -903,6 +1020,7 @@ impl Store for PostgresStore {
         at: Timestamp,
     ) -> Result<Delivery, Error> {
         let mut tx = self.begin().await?;
+        let mut hearings = Vec::new();
         // Locking the run's row orders messages and updates of one run.
         let row = sqlx::query(
             "SELECT version, uid FROM resources WHERE project = $1 AND kind = $2 AND name = $3 \
@@ -963,9 +1081,14 @@ impl Store for PostgresStore {
         .await
         .map_err(map_err)?;
         let version = sql::to_u64(version, "a version")?;
-        self.notify(&mut tx, &Change::Written(run.clone(), version))
-            .await?;
+        hearings.push(
+            self.notify(&mut tx, &Change::Written(run.clone(), version))
+                .await?,
+        );
         tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
         Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
     }
 
@@ -998,6 +1121,7 @@ impl Store for PostgresStore {
         now: Timestamp,
     ) -> Result<Swept, Error> {
         let mut tx = self.begin().await?;
+        let mut hearings = Vec::new();
         // Locked, so that two replicas sweeping at once do not both sweep a run (the second
         // waits, then sees `payloadsRemovedAt`).
         let rows = sqlx::query(
@@ -1074,11 +1198,16 @@ impl Store for PostgresStore {
                 }
             }
             let version = sql::to_u64(version, "a version")?;
-            self.notify(&mut tx, &Change::Written(key.clone(), version))
-                .await?;
+            hearings.push(
+                self.notify(&mut tx, &Change::Written(key.clone(), version))
+                    .await?,
+            );
             runs.push(key);
         }
         tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
         Ok(Swept { runs })
     }
 
