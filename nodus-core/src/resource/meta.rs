@@ -45,7 +45,8 @@ impl Kind {
         }
     }
 
-    /// The kind whose plural (or kubectl-style short name) this is.
+    /// The kind whose plural (or, for the kinds users write, kubectl-style singular or short
+    /// name) this is. Every kind's [`Kind::plural`] reads back.
     pub fn from_plural(plural: &str) -> Option<Kind> {
         Some(match plural {
             "agents" | "agent" => Kind::Agent,
@@ -53,6 +54,9 @@ impl Kind {
             "agentgroups" | "agentgroup" | "ag" => Kind::AgentGroup,
             "secrets" | "secret" => Kind::Secret,
             "budgets" | "budget" => Kind::Budget,
+            "projects" => Kind::Project,
+            "tokens" => Kind::Token,
+            "batchrecords" => Kind::BatchRecord,
             _ => return None,
         })
     }
@@ -98,4 +102,27 @@ pub struct ObjectMeta {
     /// When the object was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<Timestamp>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_plural_reads_back() {
+        for kind in [
+            Kind::Agent,
+            Kind::AgentRun,
+            Kind::AgentGroup,
+            Kind::Secret,
+            Kind::Budget,
+            Kind::Project,
+            Kind::Token,
+            Kind::BatchRecord,
+        ] {
+            assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
+        }
+        assert_eq!(Kind::from_plural("ar"), Some(Kind::AgentRun));
+        assert_eq!(Kind::from_plural("nothing"), None);
+    }
 }
