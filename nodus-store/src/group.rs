@@ -3,8 +3,7 @@
 //! that transaction is durable. Under load, many runs' steps share one commit (one fsync);
 //! alone, a write costs one transaction as before.
 
-use std::future::Future;
-
+use async_trait::async_trait;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::store::{Error, Fence};
 use tokio::sync::{mpsc, oneshot};
@@ -49,6 +48,13 @@ impl JournalWrite {
     }
 }
 
+/// Writes a batch of journal writes in one transaction, for the writer task that owns it.
+#[async_trait]
+pub(crate) trait Committer: Send + 'static {
+    /// Each write's own result, in order, or one error when nothing was written.
+    async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error>;
+}
+
 struct Queued {
     write: JournalWrite,
     done: oneshot::Sender<Result<(), Error>>,
@@ -70,14 +76,10 @@ impl std::fmt::Debug for Queued {
 }
 
 impl GroupCommit {
-    /// Start the writer task. `commit` writes a batch in one transaction and returns each
-    /// write's own result (a refused write does not fail the others), or one error for all
-    /// when the transaction failed and nothing was written.
-    pub(crate) fn spawn<F, Fut>(mut commit: F) -> Self
-    where
-        F: FnMut(Vec<JournalWrite>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Vec<Result<(), Error>>, Error>> + Send,
-    {
+    /// Start the writer task. The committer writes a batch in one transaction and returns
+    /// each write's own result (a refused write does not fail the others), or one error for
+    /// all when the transaction failed and nothing was written.
+    pub(crate) fn spawn(mut committer: impl Committer) -> Self {
         let (queue, mut receiver) = mpsc::channel::<QueuedBox>(QUEUE);
         tokio::spawn(async move {
             let mut batch: Vec<QueuedBox> = Vec::with_capacity(MAX_BATCH);
@@ -85,7 +87,7 @@ impl GroupCommit {
                 let (writes, waiters): (Vec<_>, Vec<_>) =
                     batch.drain(..).map(|q| (q.write, q.done)).unzip();
                 let count = writes.len();
-                match commit(writes).await {
+                match committer.commit(writes).await {
                     Ok(results) if results.len() == count => {
                         for (done, result) in waiters.into_iter().zip(results) {
                             let _ = done.send(result);

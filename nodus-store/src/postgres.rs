@@ -31,7 +31,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{Connection, Postgres, QueryBuilder, Row};
 use tokio::sync::{broadcast, oneshot};
 
-use crate::group::{self, GroupCommit, JournalWrite};
+use crate::group::{self, Committer, GroupCommit, JournalWrite};
 use crate::retention;
 use crate::sql::{self, map_err};
 
@@ -228,10 +228,9 @@ impl PostgresStore {
             stopped,
         ));
 
-        let journal_pool = pool.clone();
-        let journal = GroupCommit::spawn(move |writes| {
-            let pool = journal_pool.clone();
-            async move { commit_journal(&pool, writes).await }
+        let journal = GroupCommit::spawn(JournalCommitter {
+            pool: pool.clone(),
+            conn: None,
         });
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -387,10 +386,32 @@ SELECT st.idx, st.latest, st.len, st.completed,
 FROM state st
 "#;
 
+/// The writer task's side of group commit, with a connection of its own (taken again from
+/// the pool after a failure).
+struct JournalCommitter {
+    pool: PgPool,
+    conn: Option<sqlx::pool::PoolConnection<Postgres>>,
+}
+
+#[async_trait]
+impl Committer for JournalCommitter {
+    async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error> {
+        let mut conn = match self.conn.take() {
+            Some(conn) => conn,
+            None => self.pool.acquire().await.map_err(map_err)?,
+        };
+        let result = commit_journal(&mut conn, writes).await;
+        if result.is_ok() {
+            self.conn = Some(conn);
+        }
+        result
+    }
+}
+
 /// Write a batch of journal writes: one statement per round, in one transaction when there
 /// is more than one round; each write gets its own result.
 async fn commit_journal(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     writes: Vec<JournalWrite>,
 ) -> Result<Vec<Result<(), Error>>, Error> {
     let mut results: Vec<Option<Result<(), Error>>> = (0..writes.len()).map(|_| None).collect();
@@ -412,12 +433,11 @@ async fn commit_journal(
     let rounds = group::rounds(&writes);
     if rounds.len() == 1 {
         // One statement: its own transaction, one round trip, one commit.
-        let mut conn = pool.acquire().await.map_err(map_err)?;
         for round in &rounds {
-            run_round(&mut conn, &writes, &bodies, round, &mut results).await?;
+            run_round(conn, &writes, &bodies, round, &mut results).await?;
         }
     } else {
-        let mut tx = pool.begin().await.map_err(map_err)?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
         for round in &rounds {
             run_round(&mut tx, &writes, &bodies, round, &mut results).await?;
         }

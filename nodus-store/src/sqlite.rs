@@ -33,7 +33,7 @@ use sqlx::sqlite::{
 use sqlx::{Connection, QueryBuilder, Row, Sqlite};
 use tokio::sync::broadcast;
 
-use crate::group::{GroupCommit, JournalWrite};
+use crate::group::{Committer, GroupCommit, JournalWrite};
 use crate::retention;
 use crate::sql::{self, map_err};
 
@@ -83,8 +83,10 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT);
         let in_file = |e: Error| in_file(&path, e);
+        // In-process connections need no liveness check before each use.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .connect_with(options.clone())
             .await
             .map_err(|e| in_file(map_err(e)))?;
@@ -94,13 +96,12 @@ impl SqliteStore {
             .map_err(|e| in_file(migrate_error(e)))?;
         let readers = SqlitePoolOptions::new()
             .max_connections(READERS)
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(|e| in_file(map_err(e)))?;
-        let pool = writer.clone();
-        let journal = GroupCommit::spawn(move |writes| {
-            let pool = pool.clone();
-            async move { commit_journal(&pool, writes).await }
+        let journal = GroupCommit::spawn(JournalCommitter {
+            pool: writer.clone(),
         });
         let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
         Ok(SqliteStore {
@@ -220,23 +221,34 @@ fn migrate_error(error: sqlx::migrate::MigrateError) -> Error {
     }
 }
 
-/// Write a batch of journal writes in one transaction; each write gets its own result.
-async fn commit_journal(
-    pool: &SqlitePool,
-    writes: Vec<JournalWrite>,
-) -> Result<Vec<Result<(), Error>>, Error> {
-    let mut conn = pool.acquire().await.map_err(map_err)?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
-    let mut results = Vec::with_capacity(writes.len());
-    for write in &writes {
-        results.push(journal_write(&mut tx, write).await?);
-    }
-    tx.commit().await.map_err(map_err)?;
-    Ok(results)
+/// The writer task's side of group commit: one transaction per batch on the writer
+/// connection (none for a batch of one: its statement commits by itself).
+struct JournalCommitter {
+    pool: SqlitePool,
 }
 
-/// One journal write inside a transaction: `Err` for a database failure (the batch fails),
-/// `Ok(Err)` for a refused write.
+#[async_trait]
+impl Committer for JournalCommitter {
+    async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut results = Vec::with_capacity(writes.len());
+        if writes.len() == 1 {
+            for write in &writes {
+                results.push(journal_write(&mut conn, write).await?);
+            }
+            return Ok(results);
+        }
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        for write in &writes {
+            results.push(journal_write(&mut tx, write).await?);
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(results)
+    }
+}
+
+/// One journal write, checked and done in one statement: `Err` for a database failure (the
+/// batch fails), `Ok(Err)` for a refused write, whose reason is then read.
 async fn journal_write(
     conn: &mut SqliteConnection,
     write: &JournalWrite,
@@ -246,6 +258,50 @@ async fn journal_write(
         JournalWrite::Append { fence, step, .. } => (*fence, step.seq),
         JournalWrite::Complete { fence, seq, .. } => (*fence, *seq),
     };
+    // A fence that does not fit matches no stored fence.
+    let fence_value = sql::to_i64(fence.0).unwrap_or(-1);
+    let done = match write {
+        JournalWrite::Append { step, .. } => {
+            let text = match sql::step_text(step) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            };
+            sqlx::query(
+                "INSERT INTO steps (run_uid, seq, step) SELECT ?1, ?2, ?3 \
+                 WHERE (SELECT fence FROM leases WHERE run_uid = ?1) = ?4 \
+                 AND (SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?1) = ?2",
+            )
+            .bind(run)
+            .bind(i64::from(seq))
+            .bind(text)
+            .bind(fence_value)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?
+        }
+        JournalWrite::Complete { completion, .. } => {
+            let text = match sql::completion_text(completion) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            };
+            sqlx::query(
+                "UPDATE steps SET completion = ?1 WHERE run_uid = ?2 AND seq = ?3 \
+                 AND completion IS NULL \
+                 AND (SELECT fence FROM leases WHERE run_uid = ?2) = ?4",
+            )
+            .bind(text)
+            .bind(run)
+            .bind(i64::from(seq))
+            .bind(fence_value)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?
+        }
+    };
+    if done.rows_affected() == 1 {
+        return Ok(Ok(()));
+    }
+    // Refused: say why.
     let latest: Option<i64> = sqlx::query_scalar("SELECT fence FROM leases WHERE run_uid = ?")
         .bind(run)
         .fetch_optional(&mut *conn)
@@ -262,45 +318,10 @@ async fn journal_write(
             .fetch_one(&mut *conn)
             .await
             .map_err(map_err)?;
-    match write {
-        JournalWrite::Append { step, .. } => {
-            if i64::from(seq) != len {
-                return Ok(Err(sql::append_refused(run, seq, len)));
-            }
-            let text = match sql::step_text(step) {
-                Ok(text) => text,
-                Err(e) => return Ok(Err(e)),
-            };
-            sqlx::query("INSERT INTO steps (run_uid, seq, step) VALUES (?, ?, ?)")
-                .bind(run)
-                .bind(i64::from(seq))
-                .bind(text)
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?;
-        }
-        JournalWrite::Complete { completion, .. } => {
-            let text = match sql::completion_text(completion) {
-                Ok(text) => text,
-                Err(e) => return Ok(Err(e)),
-            };
-            let done = sqlx::query(
-                "UPDATE steps SET completion = ? WHERE run_uid = ? AND seq = ? \
-                 AND completion IS NULL",
-            )
-            .bind(text)
-            .bind(run)
-            .bind(i64::from(seq))
-            .execute(&mut *conn)
-            .await
-            .map_err(map_err)?;
-            if done.rows_affected() == 0 {
-                let completed = i64::from(seq) < len;
-                return Ok(Err(sql::complete_refused(run, seq, len, completed)));
-            }
-        }
-    }
-    Ok(Ok(()))
+    Ok(Err(match write {
+        JournalWrite::Append { .. } => sql::append_refused(run, seq, len),
+        JournalWrite::Complete { .. } => sql::complete_refused(run, seq, len, i64::from(seq) < len),
+    }))
 }
 
 /// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
