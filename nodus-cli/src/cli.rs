@@ -49,6 +49,8 @@ pub struct Global {
 pub enum Command {
     /// Start the Nodus server (the embedded default needs no flags).
     Server(ServerArgs),
+    /// Run a first agent on the embedded default and show its answer, turns and steps.
+    Quickstart(QuickstartArgs),
     /// Check a token against a server and save it as the current context.
     Login(LoginArgs),
     /// Show or choose the saved contexts.
@@ -97,6 +99,17 @@ pub struct ServerArgs {
     /// Register this admin token instead of generating one.
     #[arg(long, env = "NODUS_BOOTSTRAP_TOKEN", hide_env_values = true)]
     pub bootstrap_token: Option<String>,
+    /// The image of container sandboxes for runs that name none (--sandbox docker).
+    #[arg(long)]
+    pub default_image: Option<String>,
+}
+
+/// `nodus quickstart`.
+#[derive(Debug, Args)]
+pub struct QuickstartArgs {
+    /// The data directory (default: $XDG_DATA_HOME/nodus or ~/.local/share/nodus).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
 }
 
 /// `nodus login`.

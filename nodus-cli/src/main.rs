@@ -34,7 +34,7 @@ fn main() -> ExitCode {
             });
         }
     };
-    let runtime = if matches!(cli.command, Command::Server(_)) {
+    let runtime = if matches!(cli.command, Command::Server(_) | Command::Quickstart(_)) {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()

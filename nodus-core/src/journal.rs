@@ -261,7 +261,7 @@ impl Step {
             Some(Outcome::SandboxCreated { info }) => format!("sandbox {} (unisolated)", info.id),
             Some(Outcome::Routed {
                 model, chosen_by, ..
-            }) => format!("{model} ({chosen_by:?})"),
+            }) => format!("{model} (chosen by {})", chosen_by.name()),
             Some(Outcome::ModelReplied { response, cost_usd }) => format!(
                 "{:?}, {} in / {} out tokens, ${cost_usd}",
                 response.stop_reason,

@@ -150,20 +150,53 @@ impl Server {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
+        self.bind().await?.serve(shutdown).await
+    }
+
+    /// Bind the listen address (port 0 picks a free port; [`Bound::local_addr`] tells it).
+    pub async fn bind(self) -> Result<Bound, StartError> {
         let listener = tokio::net::TcpListener::bind(self.options.listen)
             .await
             .map_err(|e| StartError::Listen {
                 address: self.options.listen.to_string(),
                 reason: e.to_string(),
             })?;
+        Ok(Bound {
+            server: self,
+            listener,
+        })
+    }
+}
+
+/// A server bound to its address, not serving yet.
+pub struct Bound {
+    server: Server,
+    listener: tokio::net::TcpListener,
+}
+
+impl Bound {
+    /// The address the API listens on.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.server.options.listen)
+    }
+
+    /// Serve the API and run the controllers until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let address = self.local_addr();
+        let Bound { server, listener } = self;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let controller = tokio::spawn({
             let mut stop = stop_rx.clone();
-            self.controller.run(async move {
+            server.controller.run(async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             })
         });
-        let app = crate::api::router(self.state.clone());
+        let app = crate::api::router(server.state.clone());
         let mut stop = stop_rx;
         let served = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
@@ -176,7 +209,7 @@ impl Server {
         signal.abort();
         let _ = controller.await;
         result.map_err(|e| StartError::Listen {
-            address: self.options.listen.to_string(),
+            address: address.to_string(),
             reason: e.to_string(),
         })
     }

@@ -5,6 +5,7 @@ mod create;
 mod get;
 mod login;
 mod misc;
+mod quickstart;
 mod runs;
 mod server;
 mod wait;
@@ -25,6 +26,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     let global = cli.global;
     match cli.command {
         Command::Server(args) => server::run(args).await,
+        Command::Quickstart(args) => quickstart::run(args).await,
         Command::Login(args) => login::login(&global, args).await,
         Command::Config(command) => login::config(&global, command),
         Command::Completion(args) => misc::completion(args),

@@ -19,9 +19,11 @@ pub fn options(args: ServerArgs) -> Result<Options> {
         .map_err(Error::Input)?;
     options.sandbox = args.sandbox.parse::<SandboxKind>().map_err(Error::Input)?;
     options.bootstrap_token = args.bootstrap_token.filter(|t| !t.is_empty());
+    options.default_image = args.default_image;
     Ok(options)
 }
 
+/// Start the server and serve until Ctrl-C or SIGTERM.
 pub async fn run(args: ServerArgs) -> Result<()> {
     init_logging();
     let options = options(args)?;
@@ -66,7 +68,7 @@ async fn shutdown() {
 
 /// Logs to stderr at the level in `NODUS_LOG` (error, warn, info, debug, trace; default
 /// info).
-fn init_logging() {
+pub fn init_logging() {
     let level = std::env::var("NODUS_LOG")
         .ok()
         .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())

@@ -188,6 +188,17 @@ pub enum ChosenBy {
     Agent,
 }
 
+impl ChosenBy {
+    /// The name as written in `status.turns[].chosenBy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChosenBy::Jev => "jev",
+            ChosenBy::Fallback => "fallback",
+            ChosenBy::Agent => "agent",
+        }
+    }
+}
+
 /// `status.answer`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

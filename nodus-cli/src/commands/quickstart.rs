@@ -1,0 +1,152 @@
+//! `nodus quickstart`: the first thing a newcomer runs. It starts the embedded default
+//! (SQLite in the data directory, the bubblewrap sandbox, the model from `ANTHROPIC_API_KEY`
+//! or the offline model) in this process, applies the spec's hello-agent and a run, waits for
+//! it, and prints the answer, the turns with their cost, and the journaled steps.
+
+use std::time::{Duration, Instant};
+
+use nodus_server::{Options, Server};
+use serde_json::{Value, json};
+
+use super::runs::steps_table;
+use crate::cli::QuickstartArgs;
+use crate::client::Client;
+use crate::error::{Error, Result};
+
+/// The prompt: it quotes its command in backticks, so the offline model can run it too.
+const PROMPT: &str = "Use the shell to print the Python version: run `python3 --version`, then tell me which one it is.";
+
+pub async fn run(args: QuickstartArgs) -> Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(nodus_server::default_data_dir);
+    let mut options = Options::new(data_dir.clone());
+    // Any free port, so that a server already on 7070 does not get in the way.
+    options.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = Server::build(options)
+        .await
+        .map_err(|e| Error::Start(format!("the embedded server cannot start: {e}")))?;
+    for line in &server.announcements {
+        eprintln!("quickstart: {line}");
+    }
+    let token_file = data_dir.join(nodus_server::auth::ADMIN_TOKEN_FILE);
+    let token = std::fs::read_to_string(&token_file)
+        .map(|t| t.trim().to_string())
+        .map_err(|e| Error::Start(format!("cannot read {}: {e}", token_file.display())))?;
+    let bound = server
+        .bind()
+        .await
+        .map_err(|e| Error::Start(format!("the embedded server cannot listen: {e}")))?;
+    let address = bound.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(bound.serve(async move {
+        let _ = stopped.await;
+    }));
+    let result = walk(&Client::new(
+        &format!("http://{address}"),
+        &token,
+        "default",
+    )?)
+    .await;
+    let _ = stop.send(());
+    let _ = serving.await;
+    result
+}
+
+async fn walk(client: &Client) -> Result<()> {
+    let agent = json!({
+        "apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "hello-agent"},
+        "spec": {
+            "system": "You are a careful assistant. Run shell commands in your sandbox to check your work, and answer in one short paragraph.\n",
+            "model": {"access": "Nodus"},
+            "perRunMaxCostUSD": "0.50"
+        }
+    });
+    match client.post(&["agents"], agent.clone()).await {
+        Ok(_) => eprintln!("quickstart: agent.nodus.dev/hello-agent created"),
+        Err(Error::Server { reason, .. }) if reason == "AlreadyExists" => {
+            let current = client.get(&["agents", "hello-agent"]).await?;
+            let mut replaced = agent;
+            replaced["metadata"]["resourceVersion"] =
+                current["metadata"]["resourceVersion"].clone();
+            client
+                .call(
+                    reqwest::Method::PUT,
+                    &["agents", "hello-agent"],
+                    &[],
+                    Some(crate::client::Body::Json(replaced)),
+                )
+                .await?;
+            eprintln!("quickstart: agent.nodus.dev/hello-agent configured");
+        }
+        Err(e) => return Err(e),
+    }
+    let name = format!("hello-agent-run-{}", jiff::Timestamp::now().as_second());
+    let run = json!({
+        "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
+        "spec": {"agent": "hello-agent", "input": PROMPT}
+    });
+    client.post(&["agentruns"], run).await?;
+    eprintln!("quickstart: agentrun.nodus.dev/{name} created; waiting for it");
+    let started = Instant::now();
+    let finished = loop {
+        let run = client.get(&["agentruns", &name]).await?;
+        let phase = run["status"]["phase"]
+            .as_str()
+            .unwrap_or("Pending")
+            .to_string();
+        if matches!(
+            phase.as_str(),
+            "Succeeded" | "Failed" | "Cancelled" | "NeedsResolution"
+        ) || (phase == "Waiting" && run["status"]["reason"] != "AwaitingMessage")
+        {
+            break run;
+        }
+        if started.elapsed() > Duration::from_secs(8 * 60) {
+            return Err(Error::Timeout(format!(
+                "the run {name} is still {phase} after 8 minutes"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    print_run(client, &name, &finished).await
+}
+
+async fn print_run(client: &Client, name: &str, run: &Value) -> Result<()> {
+    let status = &run["status"];
+    println!(
+        "run {name}: {}{}",
+        status["phase"].as_str().unwrap_or("?"),
+        status["reason"]
+            .as_str()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    println!();
+    println!("answer:");
+    let answer = client.get(&["agentruns", name, "answer"]).await?;
+    println!("{}", answer["answer"].as_str().unwrap_or("(no answer)"));
+    println!();
+    println!("turns:");
+    for (index, turn) in status["turns"].as_array().into_iter().flatten().enumerate() {
+        println!(
+            "  {index}: {} (chosen by {}), {} commands, ${}",
+            turn["model"].as_str().unwrap_or("?"),
+            turn["chosenBy"].as_str().unwrap_or("?"),
+            turn["commands"],
+            turn["costUSD"].as_str().unwrap_or("0")
+        );
+    }
+    println!(
+        "  total: ${} of the run's cap ${}",
+        status["cost"]["totalUSD"].as_str().unwrap_or("0"),
+        status["cost"]["limitUSD"].as_str().unwrap_or("-")
+    );
+    println!();
+    println!("steps:");
+    let steps = client.get(&["agentruns", name, "steps"]).await?;
+    let items = steps["items"].as_array().cloned().unwrap_or_default();
+    print!("{}", steps_table(&items).render());
+    if status["phase"] != "Succeeded" {
+        return Err(Error::Start(format!("the run ended {}", status["phase"])));
+    }
+    Ok(())
+}
