@@ -129,9 +129,11 @@ async fn sqlite() -> Figures {
     let path = dir.path().join("bench.db");
     let store = SqliteStore::open(&path).await.expect("open");
     // The raw rate: the same file, driver and settings (WAL, synchronous=FULL), one row per
-    // autocommit INSERT, through one connection as SQLite allows one writer.
+    // autocommit INSERT, through one connection as SQLite allows one writer (no liveness check
+    // before each use, like the store's).
     let raw = SqlitePoolOptions::new()
         .max_connections(1)
+        .test_before_acquire(false)
         .connect_with(
             SqliteConnectOptions::new()
                 .filename(&path)
@@ -187,9 +189,11 @@ async fn postgres() -> Figures {
     options.max_connections = 8;
     let store = PostgresStore::connect(options).await.expect("connect");
     // The raw rate: the same server, driver and row shape, one row per autocommit INSERT,
-    // one connection per writer.
+    // one connection per writer (no liveness check before each use, like the store's journal
+    // connection).
     let raw = PgPoolOptions::new()
         .max_connections(u32::try_from(CONCURRENT).unwrap_or(64))
+        .test_before_acquire(false)
         .connect(&url)
         .await
         .expect("raw pool");

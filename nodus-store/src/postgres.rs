@@ -400,7 +400,10 @@ impl Committer for JournalCommitter {
             Some(conn) => conn,
             None => self.pool.acquire().await.map_err(map_err)?,
         };
-        let result = commit_journal(&mut conn, writes).await;
+        let result = match writes.as_slice() {
+            [one] => write_one(&mut conn, one).await.map(|r| vec![r]),
+            _ => commit_journal(&mut conn, writes).await,
+        };
         if result.is_ok() {
             self.conn = Some(conn);
         }
@@ -447,6 +450,78 @@ async fn commit_journal(
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(Error::Corrupt("a journal write was lost".to_string()))))
         .collect())
+}
+
+/// A batch of one write: a plain statement that commits by itself; the reason for a refusal
+/// is read afterwards.
+async fn write_one(
+    conn: &mut PgConnection,
+    write: &JournalWrite,
+) -> Result<Result<(), Error>, Error> {
+    let run = write.run();
+    let (fence, seq, body) = match write {
+        JournalWrite::Append { fence, step, .. } => (*fence, step.seq, sql::step_text(step)),
+        JournalWrite::Complete {
+            fence,
+            seq,
+            completion,
+            ..
+        } => (*fence, *seq, sql::completion_text(completion)),
+    };
+    let body = match body {
+        Ok(body) => body,
+        Err(e) => return Ok(Err(e)),
+    };
+    // A fence that does not fit a bigint matches no stored fence.
+    let fence_value = sql::to_i64(fence.0).unwrap_or(-1);
+    let statement = match write {
+        JournalWrite::Append { .. } => {
+            "WITH lease AS (SELECT fence FROM leases WHERE run_uid = $1 FOR SHARE) \
+             INSERT INTO steps (run_uid, seq, step) SELECT $1, $2, $3::json \
+             WHERE (SELECT fence FROM lease) = $4 \
+             AND (SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = $1) = $2 \
+             ON CONFLICT DO NOTHING"
+        }
+        JournalWrite::Complete { .. } => {
+            "WITH lease AS (SELECT fence FROM leases WHERE run_uid = $1 FOR SHARE) \
+             UPDATE steps SET completion = $3::json \
+             WHERE run_uid = $1 AND seq = $2 AND completion IS NULL \
+             AND (SELECT fence FROM lease) = $4"
+        }
+    };
+    let done = sqlx::query(statement)
+        .bind(run)
+        .bind(i64::from(seq))
+        .bind(body)
+        .bind(fence_value)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if done.rows_affected() == 1 {
+        return Ok(Ok(()));
+    }
+    let row = sqlx::query(
+        "SELECT (SELECT fence FROM leases WHERE run_uid = $1), \
+         (SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = $1), \
+         COALESCE((SELECT completion IS NOT NULL FROM steps WHERE run_uid = $1 AND seq = $2), \
+         false)",
+    )
+    .bind(run)
+    .bind(i64::from(seq))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    let latest: Option<i64> = row.try_get(0).map_err(map_err)?;
+    let len: i64 = row.try_get(1).map_err(map_err)?;
+    let completed: bool = row.try_get(2).map_err(map_err)?;
+    Ok(Err(if latest.is_none() || latest != sql::to_i64(fence.0) {
+        fenced(run)
+    } else {
+        match write {
+            JournalWrite::Append { .. } => sql::append_refused(run, seq, len),
+            JournalWrite::Complete { .. } => sql::complete_refused(run, seq, len, completed),
+        }
+    }))
 }
 
 /// One round of a batch (each run at most once) as one statement; fills in each write's
