@@ -4,9 +4,11 @@
 //!
 //! `cargo bench -p nodus-store --bench journal` (Postgres from `NODUS_TEST_POSTGRES_URL`,
 //! which `eval "$(scripts/test-env start)"` sets; the bench fails without it). Set
-//! `NODUS_BENCH_SECONDS` to change how long each measurement runs (default 3).
+//! `NODUS_BENCH_SECONDS` to change how long each measurement runs (default 6); raw and
+//! journal writes alternate in slices, so a disturbance on the machine hits both alike.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
@@ -24,7 +26,7 @@ fn seconds() -> Duration {
     let seconds = std::env::var("NODUS_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(3);
+        .unwrap_or(6);
     Duration::from_secs(seconds.max(1))
 }
 
@@ -42,23 +44,24 @@ fn step_json(seq: u32) -> String {
     serde_json::to_string(&step(seq)).unwrap_or_default()
 }
 
-/// Operations per second of `writers` tasks, each running `op(writer, i)` for i = 0, 1, …
-/// until the time is up.
-async fn rate<F, Fut>(writers: usize, op: F) -> f64
-where
-    F: Fn(usize, u32) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let op = Arc::new(op);
-    let duration = seconds();
+/// How many slices each pair of figures is measured in, alternating raw and journal
+/// writes, so that a disturbance on the machine (another process's fsyncs) hits both alike.
+const SLICES: u32 = 6;
+
+/// A write: `op(writer)` does writer `writer`'s next write.
+type Op = Arc<dyn Fn(usize) -> BoxFuture + Send + Sync>;
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Operations done and seconds taken by `writers` tasks running `op` for `duration`.
+async fn slice(writers: usize, op: &Op, duration: Duration) -> (u64, f64) {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for writer in 0..writers {
-        let op = Arc::clone(&op);
+        let op = Arc::clone(op);
         tasks.push(tokio::spawn(async move {
-            let mut done = 0u32;
+            let mut done = 0u64;
             while start.elapsed() < duration {
-                op(writer, done).await;
+                op(writer).await;
                 done += 1;
             }
             done
@@ -66,36 +69,54 @@ where
     }
     let mut total = 0u64;
     for task in tasks {
-        total += u64::from(task.await.expect("a writer"));
+        total += task.await.expect("a writer");
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    #[allow(clippy::float_arithmetic)]
-    let per_second = total as f64 / elapsed;
-    per_second
+    (total, start.elapsed().as_secs_f64())
 }
 
-/// Journal appends per second with `runs` concurrent runs, each appending in order.
-async fn journal_rate<S: Store + Clone + 'static>(store: S, runs: usize, tag: &str) -> f64 {
+/// Raw and journal writes per second with `writers` writers each, measured in alternating
+/// slices.
+#[allow(clippy::float_arithmetic)]
+async fn pair(writers: usize, raw: &Op, journal: &Op) -> (f64, f64) {
+    let duration = seconds() / SLICES;
+    let (mut raw_ops, mut raw_secs, mut journal_ops, mut journal_secs) = (0, 0.0, 0, 0.0);
+    for _ in 0..SLICES {
+        let (ops, secs) = slice(writers, raw, duration).await;
+        raw_ops += ops;
+        raw_secs += secs;
+        let (ops, secs) = slice(writers, journal, duration).await;
+        journal_ops += ops;
+        journal_secs += secs;
+    }
+    (raw_ops as f64 / raw_secs, journal_ops as f64 / journal_secs)
+}
+
+/// Journal appends: writer `i` appends the next step of its own run.
+async fn journal_op<S: Store + Clone + 'static>(store: S, runs: usize, tag: &str) -> Op {
     let lease = Lease::new("bench", Timestamp::now(), Duration::from_secs(3600));
     let mut fences = Vec::new();
     for run in 0..runs {
         let uid = format!("{tag}-{run}");
-        fences.push((uid.clone(), store.claim(&uid, &lease).await.expect("claim")));
+        let fence = store.claim(&uid, &lease).await.expect("claim");
+        fences.push((uid, fence, AtomicU32::new(0)));
     }
     let fences = Arc::new(fences);
-    rate(runs, move |run, seq| {
+    Arc::new(move |run| {
         let store = store.clone();
         let fences = Arc::clone(&fences);
-        async move {
-            let (uid, fence) = &fences[run];
+        Box::pin(async move {
+            let (uid, fence, next) = &fences[run];
+            let seq = next.fetch_add(1, AtomicOrdering::Relaxed);
             store
                 .append_step(uid, *fence, &step(seq))
                 .await
                 .expect("append");
-        }
+        })
     })
-    .await
 }
+
+/// Numbers the raw rows.
+static RAW_ROWS: AtomicU32 = AtomicU32::new(0);
 
 struct Figures {
     raw_1: f64,
@@ -150,25 +171,22 @@ async fn sqlite() -> Figures {
     .execute(&raw)
     .await
     .expect("raw table");
-    let raw_rate = |writers: usize| {
+    let raw: Op = Arc::new(move |writer| {
         let raw = raw.clone();
-        rate(writers, move |writer, seq| {
-            let raw = raw.clone();
-            async move {
-                sqlx::query("INSERT INTO bench_raw (run_uid, seq, step) VALUES (?, ?, ?)")
-                    .bind(format!("raw-{writers}-{writer}"))
-                    .bind(i64::from(seq))
-                    .bind(step_json(seq))
-                    .execute(&raw)
-                    .await
-                    .expect("raw insert");
-            }
+        Box::pin(async move {
+            let seq = RAW_ROWS.fetch_add(1, AtomicOrdering::Relaxed);
+            sqlx::query("INSERT INTO bench_raw (run_uid, seq, step) VALUES (?, ?, ?)")
+                .bind(format!("raw-{writer}"))
+                .bind(i64::from(seq))
+                .bind(step_json(seq))
+                .execute(&raw)
+                .await
+                .expect("raw insert");
         })
-    };
-    let raw_1 = raw_rate(1).await;
-    let raw_n = raw_rate(CONCURRENT).await;
-    let journal_1 = journal_rate(store.clone(), 1, "one").await;
-    let journal_n = journal_rate(store.clone(), CONCURRENT, "many").await;
+    });
+    let (raw_1, journal_1) = pair(1, &raw, &journal_op(store.clone(), 1, "one").await).await;
+    let many = journal_op(store.clone(), CONCURRENT, "many").await;
+    let (raw_n, journal_n) = pair(CONCURRENT, &raw, &many).await;
     Figures {
         raw_1,
         raw_n,
@@ -206,27 +224,29 @@ async fn postgres() -> Figures {
     .expect("raw table");
     let insert =
         format!("INSERT INTO {schema}.bench_raw (run_uid, seq, step) VALUES ($1, $2, $3::json)");
-    let raw_rate = |writers: usize| {
-        let raw = raw.clone();
+    let raw_pool = raw.clone();
+    let raw: Op = Arc::new(move |writer| {
+        let raw = raw_pool.clone();
         let insert = insert.clone();
-        rate(writers, move |writer, seq| {
-            let raw = raw.clone();
-            let insert = insert.clone();
-            async move {
-                sqlx::query(&insert)
-                    .bind(format!("raw-{writers}-{writer}"))
-                    .bind(i64::from(seq))
-                    .bind(step_json(seq))
-                    .execute(&raw)
-                    .await
-                    .expect("raw insert");
-            }
+        Box::pin(async move {
+            let seq = RAW_ROWS.fetch_add(1, AtomicOrdering::Relaxed);
+            sqlx::query(&insert)
+                .bind(format!("raw-{writer}"))
+                .bind(i64::from(seq))
+                .bind(step_json(seq))
+                .execute(&raw)
+                .await
+                .expect("raw insert");
         })
-    };
-    let raw_1 = raw_rate(1).await;
-    let raw_n = raw_rate(CONCURRENT).await;
-    let journal_1 = journal_rate(store.clone(), 1, "one").await;
-    let journal_n = journal_rate(store.clone(), CONCURRENT, "many").await;
+    });
+    let (raw_1, journal_1) = pair(1, &raw, &journal_op(store.clone(), 1, "one").await).await;
+    let many = journal_op(store.clone(), CONCURRENT, "many").await;
+    let (raw_n, journal_n) = pair(CONCURRENT, &raw, &many).await;
+    let raw = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("a connection to clean up");
     let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&raw)
         .await;
@@ -245,7 +265,10 @@ fn main() {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        println!("each figure: {} s of writes", seconds().as_secs());
+        println!(
+            "each figure: {} s of writes in {SLICES} slices, raw and journal alternating",
+            seconds().as_secs()
+        );
         print("SQLite (WAL, synchronous=FULL)", &sqlite().await);
         print("Postgres", &postgres().await);
     });

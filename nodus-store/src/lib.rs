@@ -1,10 +1,17 @@
 //! Store backends for Nodus, behind the [`nodus_core::Store`] trait.
 //!
 //! - [`MemoryStore`]: everything in memory, for tests, examples and single-process use.
-//!   SQLite and Postgres backends come next, each behind its own feature.
+//! - [`SqliteStore`] (feature `sqlite`): the embedded default, one file in WAL mode with
+//!   `synchronous = FULL`, for one process.
+//! - [`PostgresStore`] (feature `postgres`): several replicas on one database, runs claimed
+//!   with leases (`FOR UPDATE SKIP LOCKED`), changes over `LISTEN/NOTIFY`.
 //! - `conformance` (with the `test-util` feature): the one test suite every backend passes,
-//!   so that all backends agree on versions, batches, journals, fencing, inboxes and change
-//!   notification.
+//!   so that all backends agree on versions, batches, journals, leases and fencing, inboxes,
+//!   retention and change notification.
+//!
+//! The SQL backends migrate their schema on open, bind every value (selector paths too), keep
+//! documents as exact JSON text (money is never a float), group-commit journal writes, and
+//! map database failures to `Error::Unavailable` (retryable) or `Error::Corrupt`.
 
 pub mod memory;
 pub mod retention;
