@@ -119,6 +119,7 @@ impl Server {
             },
             Config {
                 default_image: options.default_image.clone(),
+                replica: Some(replica_name(&options.data_dir)?),
                 ..Config::default()
             },
         );
@@ -310,6 +311,28 @@ fn open_model(
         "model: the OFFLINE scripted model (ANTHROPIC_API_KEY is not set): it runs the shell commands a prompt quotes in backticks and answers with their output".to_string(),
     );
     Ok((Arc::new(nodus_llm::ScriptedModel::offline()), router))
+}
+
+/// This replica's stable name, kept in the data directory: a restarted server takes the
+/// runs it was working on back at once instead of waiting for its old leases to expire.
+fn replica_name(data_dir: &std::path::Path) -> Result<String, StartError> {
+    let path = data_dir.join("replica-name");
+    if let Ok(name) = std::fs::read_to_string(&path) {
+        let name = name.trim().to_string();
+        if !name.is_empty() {
+            return Ok(name);
+        }
+    }
+    let suffix = crate::auth::new_token()
+        .map_err(|e| StartError::Backend(format!("no randomness for a replica name: {e}")))?;
+    let name = format!("replica-{}", &suffix[6..22]);
+    crate::auth::write_private_file(&path, &format!("{name}\n")).map_err(|e| {
+        StartError::DataDir {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    })?;
+    Ok(name)
 }
 
 /// First start: the projects `default` and `nodus`, the `claude-assistant` template, the

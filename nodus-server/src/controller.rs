@@ -236,14 +236,20 @@ async fn drive(engine: &Engine, key: ObjectKey) -> Done {
             group,
             wake_at: None,
         },
+        Err(error) if error.reason() == "NotFound" => Done {
+            key,
+            group,
+            wake_at: None,
+        },
         Err(error) => {
-            if error.reason() != "NotFound" {
-                tracing::warn!(run = %key, error = %error, "driving the run failed");
-            }
+            // Another replica holds the run, or the store is restarting: look again soon.
+            tracing::warn!(run = %key, error = %error, "driving the run failed; retrying soon");
             Done {
                 key,
                 group,
-                wake_at: None,
+                wake_at: jiff::Timestamp::now()
+                    .checked_add(jiff::SignedDuration::from_secs(2))
+                    .ok(),
             }
         }
     }

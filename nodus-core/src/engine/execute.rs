@@ -74,7 +74,7 @@ impl Engine {
             return Ok(Driven::NotAdmitted);
         }
         let fixed = self.fixed(project, &run.object)?;
-        let lease = crate::store::Lease::for_this_process(self.deps.clock.now());
+        let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let mut journal = self.deps.store.journal(&fixed.uid).await?;
         match self.drive_loop(&fixed, fence, &mut journal).await {
@@ -481,7 +481,16 @@ impl Engine {
                     cwd: None,
                     output_cap: self.config.limits.output_cap_bytes,
                 };
-                match self.deps.sandbox.exec(&info.id, &request).await {
+                let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
+                if let Err(sandbox::Error::NotFound(_)) = executed {
+                    // A sandbox created before a restart: re-create it over its working
+                    // directory (creation is idempotent by key) and run the command there.
+                    executed = match self.deps.sandbox.create(&fixed.sandbox).await {
+                        Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                        Err(e) => Err(e),
+                    };
+                }
+                match executed {
                     Ok(output) => Performed::Done(Outcome::CommandFinished { output }),
                     // It certainly did not run.
                     Err(e @ (sandbox::Error::NotFound(_) | sandbox::Error::Refused(_))) => {

@@ -82,6 +82,9 @@ pub struct Config {
     pub attempts: u32,
     /// Pause between those attempts.
     pub retry_pause: Duration,
+    /// This replica's stable name, under which it claims runs (a restarted replica with the
+    /// same name takes its runs back at once); the process's own name when `None`.
+    pub replica: Option<String>,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             router_timeout: Duration::from_millis(500),
             attempts: 3,
             retry_pause: Duration::from_millis(200),
+            replica: None,
         }
     }
 }
@@ -131,6 +135,19 @@ impl Engine {
             config: Arc::new(config),
             uid_counter: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// A lease request by this replica, from now.
+    fn lease(&self) -> crate::store::Lease {
+        let owner = match &self.config.replica {
+            Some(name) => name.clone(),
+            None => crate::store::process_owner().to_string(),
+        };
+        crate::store::Lease::new(
+            owner,
+            self.deps.clock.now(),
+            crate::store::Lease::DEFAULT_DURATION,
+        )
     }
 
     /// The store.
@@ -588,7 +605,7 @@ impl Engine {
             });
         }
         let uid = run_uid(&run.object).to_string();
-        let lease = crate::store::Lease::for_this_process(self.deps.clock.now());
+        let lease = self.lease();
         let fence = self.deps.store.claim(&uid, &lease).await?;
         let journal = self.deps.store.journal(&uid).await?;
         if let Some(step) = journal.iter().rev().find(|s| s.completion.is_none()) {

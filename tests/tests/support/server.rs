@@ -45,12 +45,18 @@ pub fn postgres_url() -> String {
         panic!("NODUS_TEST_POSTGRES_URL is not set: run the tests with ./scripts/test, which starts PostgreSQL")
     });
     let database = format!("nodus_e2e_{}_{}", std::process::id(), unique());
-    let status = Command::new("psql")
-        .arg(&base)
-        .args(["-q", "-c", &format!("CREATE DATABASE {database}")])
-        .status()
-        .expect("psql runs");
-    assert!(status.success(), "cannot create database {database}");
+    // CREATE DATABASE copies template1 and fails while another session uses it: retry.
+    let created = (0..20).any(|attempt| {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        Command::new("psql")
+            .arg(&base)
+            .args(["-q", "-c", &format!("CREATE DATABASE {database}")])
+            .status()
+            .is_ok_and(|status| status.success())
+    });
+    assert!(created, "cannot create database {database} on {base}");
     match base.rsplit_once('/') {
         Some((server, _)) => format!("{server}/{database}"),
         None => panic!("NODUS_TEST_POSTGRES_URL has no database part: {base}"),
