@@ -20,7 +20,9 @@
 //! sandbox's cgroups before it starts. A limit that no cgroup enforces falls back to an rlimit
 //! set inside the sandbox before the command runs (`ulimit -u` or `-p` for processes, counted per
 //! sandbox thanks to its user namespace; `ulimit -v` for memory); CPU then has no limit but the
-//! timeout. The command timeout and the output cap hold everywhere.
+//! timeout. A server running as root without a pids cgroup is refused a sandbox: there
+//! RLIMIT_NPROC would count every root process of the host. The command timeout and the
+//! output cap hold everywhere.
 //!
 //! Layout: the sandbox with key `k` is the directory `root/sandboxes/k` and has the id `k`; it
 //! outlives the server, so after a restart `create` with the same key works over the same
@@ -208,6 +210,15 @@ impl Sandbox for BwrapSandbox {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;
+        if !self.cgroups.enforced().pids && rustix::process::getuid().is_root() {
+            // RLIMIT_NPROC counts every process of the user, and root runs the whole host:
+            // the fallback would leave the sandbox unable to start anything at all, or, unset,
+            // leave a fork bomb uncontained. Refuse instead of pretending.
+            return Err(Error::Refused(
+                "no pids cgroup is available to limit this sandbox's processes, and the server                  runs as root, where an rlimit cannot do it: give the server a pids cgroup                  (cgroup v1 `pids` or v2 with the pids controller) or run it as an unprivileged user"
+                    .to_string(),
+            ));
+        }
         self.prepared().await?;
         let dir = self.config.root.join("sandboxes").join(&spec.key);
         let cgroups = self.cgroups.clone();

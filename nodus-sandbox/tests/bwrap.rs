@@ -126,12 +126,22 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
 }
 
 #[tokio::test]
-async fn without_cgroups_rlimits_contain_fork_bombs_and_memory_hogs() {
+async fn without_cgroups_rlimits_contain_fork_bombs_or_root_is_refused() {
     let root = tempfile::tempdir().expect("tempdir");
     let mut config = BwrapConfig::new(root.path().to_path_buf());
     config.cgroups = CgroupUse::Never;
     let sandbox = BwrapSandbox::new(config);
     let key = unique_key("rlimits");
+    if rustix::process::getuid().is_root() {
+        // As root an rlimit cannot contain processes (it counts every root process of the
+        // host): without a pids cgroup the sandbox is refused, with a reason.
+        let refused = sandbox
+            .create(&spec(&key))
+            .await
+            .expect_err("refused as root");
+        assert!(refused.to_string().contains("pids cgroup"), "{refused}");
+        return;
+    }
     let id = sandbox.create(&spec(&key)).await.expect("create").id;
     assert!(cgroup_dir("pids", &key).is_none());
     let limits = exec(

@@ -221,3 +221,222 @@ fn the_spec_walks_on_sqlite() {
 fn the_spec_walks_on_postgres() {
     walk_the_spec(Backend::Postgres);
 }
+
+fn limits_walk(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = backend.store_url(dir.path());
+    let server = ServerProcess::start(&store, dir.path(), "process");
+    server.ok(&["apply", "-f", &example("agent.yaml")]);
+
+    // A deadline ends a waiting run, without another model call.
+    server.ok(&[
+        "create",
+        "agentrun",
+        "dl",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        "Run `echo hi`",
+        "--keep-alive",
+        "--deadline",
+        "3s",
+    ]);
+    server.ok(&[
+        "wait",
+        "agentrun/dl",
+        "--for=jsonpath={.status.reason}=DeadlineExceeded",
+        "--timeout=1m",
+    ]);
+    assert_eq!(
+        server
+            .ok(&["get", "agentrun/dl", "-o", "jsonpath={.status.phase}"])
+            .trim(),
+        "Failed"
+    );
+
+    // A run whose cap cannot fit the next call waits with MaxCostReached and calls nothing.
+    let tiny = r#"{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{"name":"tiny"},"spec":{"system":"s","perRunMaxCostUSD":"0.000001"}}"#;
+    server.cli_in(&["apply", "-f", "-"], Some(tiny));
+    server.ok(&[
+        "create", "agentrun", "capped", "--agent", "tiny", "--prompt", "hi",
+    ]);
+    server.ok(&[
+        "wait",
+        "agentrun/capped",
+        "--for=jsonpath={.status.reason}=MaxCostReached",
+        "--timeout=1m",
+    ]);
+    assert_eq!(
+        server
+            .ok(&[
+                "get",
+                "agentrun/capped",
+                "-o",
+                "jsonpath={.status.cost.totalUSD}"
+            ])
+            .trim(),
+        "0.00"
+    );
+
+    // Group cap admission: $0.75 holds one run of the agent's $0.50 cap; the second waits
+    // with MaxCostReached.
+    server.ok(&[
+        "create",
+        "agentgroup",
+        "tight",
+        "--agent",
+        "hello-agent",
+        "--max-active",
+        "5",
+        "--max-cost",
+        "0.75",
+    ]);
+    let held = |name: &str, key: &str| {
+        vec![
+            "create".to_string(),
+            "agentrun".into(),
+            name.into(),
+            "--agent".into(),
+            "hello-agent".into(),
+            "--group".into(),
+            "tight".into(),
+            "--task-key".into(),
+            key.into(),
+            "--prompt".into(),
+            "Run `echo held`".into(),
+            "--keep-alive".into(),
+        ]
+    };
+    let first = held("tight-one", "one");
+    server.ok(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    let second = held("tight-two", "two");
+    server.ok(&second.iter().map(String::as_str).collect::<Vec<_>>());
+    server.ok(&[
+        "wait",
+        "agentrun/tight-one",
+        "--for=jsonpath={.status.phase}=Waiting",
+        "--timeout=1m",
+    ]);
+    assert_eq!(
+        server
+            .ok(&[
+                "get",
+                "agentrun/tight-two",
+                "-o",
+                "jsonpath={.status.reason}"
+            ])
+            .trim(),
+        "GroupWait"
+    );
+    assert_eq!(
+        server
+            .ok(&[
+                "get",
+                "ag/tight",
+                "-o",
+                "jsonpath={.status.blockedReasons.MaxCostReached}"
+            ])
+            .trim(),
+        "1"
+    );
+    // When the first finishes, its spend is counted and its cap released: the second starts.
+    server.ok(&["cancel", "agentrun/tight-one"]);
+    server.ok(&[
+        "wait",
+        "agentrun/tight-two",
+        "--for=jsonpath={.status.phase}=Waiting",
+        "--timeout=1m",
+    ]);
+
+    // Batches: 101 runs are refused whole; a repeated Idempotency-Key returns the first result.
+    let runs_path = "/apis/nodus.dev/v1/projects/default/agentruns";
+    let batch = |count: usize| {
+        let items: Vec<String> = (0..count)
+            .map(|i| format!(r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRun","metadata":{{"name":"many-{i}"}},"spec":{{"agent":"hello-agent","input":"hi"}}}}"#))
+            .collect();
+        format!(
+            r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRunList","items":[{}]}}"#,
+            items.join(",")
+        )
+    };
+    let (status, body) = server.http("POST", runs_path, Some(TOKEN), Some(&batch(101)));
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (422, Some("Invalid")),
+        "{body}"
+    );
+    assert_eq!(
+        server
+            .http("GET", &format!("{runs_path}/many-0"), Some(TOKEN), None)
+            .0,
+        404,
+        "nothing of it was written"
+    );
+    let first = server.http_with(
+        "POST",
+        runs_path,
+        &[("Idempotency-Key", "batch-7")],
+        Some(&batch(5)),
+    );
+    let again = server.http_with(
+        "POST",
+        runs_path,
+        &[("Idempotency-Key", "batch-7")],
+        Some(&batch(5)),
+    );
+    assert_eq!(first.0, 201, "{}", first.1);
+    assert_eq!(again.0, 201, "{}", again.1);
+    let names = |v: &serde_json::Value| {
+        v["items"].as_array().map(|i| {
+            i.iter()
+                .map(|r| r["metadata"]["name"].clone())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(names(&first.1), names(&again.1));
+    let listed = server.ok(&["get", "ar", "-o", "jsonpath={.items[*].metadata.name}"]);
+    assert_eq!(
+        listed
+            .split_whitespace()
+            .filter(|n| n.starts_with("many-"))
+            .count(),
+        5
+    );
+
+    // Bad input through the CLI: malformed YAML, an unknown field, an oversize input.
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some("apiVersion: nodus.dev/v1\nkind: [unclosed"),
+    );
+    assert!(!output.status.success());
+    let output = server.cli_in(&["apply", "-f", "-"], Some("apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {name: odd}\nspec: {system: s, bogus: 1}\n"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("spec.bogus"), "{stderr}");
+    let big = format!("x{}", "y".repeat(256 * 1024));
+    let refused = server.fails(&[
+        "create",
+        "agentrun",
+        "big",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        &big,
+    ]);
+    assert!(refused.contains("spec.input"), "{refused}");
+    assert_eq!(
+        server
+            .http("GET", &format!("{runs_path}/big"), Some(TOKEN), None)
+            .0,
+        404
+    );
+}
+
+#[test]
+fn limits_and_bad_input_on_sqlite() {
+    limits_walk(Backend::Sqlite);
+}
+
+#[test]
+fn limits_and_bad_input_on_postgres() {
+    limits_walk(Backend::Postgres);
+}
