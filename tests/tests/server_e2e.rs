@@ -412,17 +412,16 @@ fn limits_walk(backend: Backend) {
     let output = server.cli_in(&["apply", "-f", "-"], Some("apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {name: odd}\nspec: {system: s, bogus: 1}\n"));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("spec.bogus"), "{stderr}");
-    let big = format!("x{}", "y".repeat(256 * 1024));
-    let refused = server.fails(&[
-        "create",
-        "agentrun",
-        "big",
-        "--agent",
-        "hello-agent",
-        "--prompt",
-        &big,
-    ]);
-    assert!(refused.contains("spec.input"), "{refused}");
+    let big = format!(
+        r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRun","metadata":{{"name":"big"}},"spec":{{"agent":"hello-agent","input":"{}"}}}}"#,
+        "y".repeat(256 * 1024 + 1)
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&big));
+    let refused = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && refused.contains("spec.input"),
+        "{refused}"
+    );
     assert_eq!(
         server
             .http("GET", &format!("{runs_path}/big"), Some(TOKEN), None)

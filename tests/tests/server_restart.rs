@@ -121,7 +121,16 @@ fn a_killed_server_resumes_and_never_repeats_a_completed_command() {
         let name = format!("batch-t{i}");
         let answer = second.ok(&["agentrun", "answer", &name]);
         let starts = answer.lines().filter(|l| l.trim() == "start").count();
-        assert_eq!(starts, 1, "{name}: `echo start` ran once:\n{answer}");
+        // A command interrupted by the kill and recorded as failed may or may not have run
+        // before the kill; no command ever runs twice.
+        if parked.contains(&name) {
+            assert!(
+                starts <= 1,
+                "{name}: `echo start` ran at most once:\n{answer}"
+            );
+        } else {
+            assert_eq!(starts, 1, "{name}: `echo start` ran once:\n{answer}");
+        }
         let steps = json(&second.ok(&["get", &format!("agentrun/{name}"), "-o", "json"]));
         assert_eq!(steps["status"]["phase"], "Succeeded");
     }

@@ -27,7 +27,7 @@ pub enum Error {
         agent: String,
     },
     /// The run has finished and takes no messages or resolutions.
-    #[error("run {run:?} has finished ({phase}) and takes no more messages")]
+    #[error("run {run:?} has already finished ({phase})")]
     AgentRunFinished {
         /// The run.
         run: String,

@@ -541,9 +541,26 @@ impl Engine {
     /// Cancel a run: a run that has not started is cancelled at once; a started one deletes
     /// its sandbox first.
     pub async fn cancel_run(&self, project: &str, name: &str) -> Result<AgentRun> {
-        self.request_cancel(project, name, CancelReason::CancelRequested)
-            .await?;
+        self.request_cancel_run(project, name).await?;
         self.drive(project, name).await?;
+        self.get_run(project, name).await
+    }
+
+    /// Record that a run is to be cancelled, without driving it: for a server whose
+    /// controller drives runs (a second driver in the same process would fence the first).
+    /// A run that has not started is cancelled at once. A finished run refuses with
+    /// `AgentRunFinished`.
+    pub async fn request_cancel_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        if !self
+            .request_cancel(project, name, CancelReason::CancelRequested)
+            .await?
+        {
+            let run = self.get_run(project, name).await?;
+            return Err(Error::AgentRunFinished {
+                run: name.to_string(),
+                phase: run.status.phase.unwrap_or(RunPhase::Succeeded),
+            });
+        }
         self.get_run(project, name).await
     }
 
@@ -592,6 +609,18 @@ impl Engine {
         name: &str,
         resolution: Resolution,
     ) -> Result<Driven> {
+        self.record_resolution(project, name, resolution).await?;
+        self.drive(project, name).await
+    }
+
+    /// Record a resolution without driving the run (for a server whose controller drives
+    /// runs).
+    pub async fn record_resolution(
+        &self,
+        project: &str,
+        name: &str,
+        resolution: Resolution,
+    ) -> Result<()> {
         let mut run = self.read_run(project, name).await?;
         let phase = run
             .object
@@ -641,7 +670,7 @@ impl Engine {
             .store
             .update(&key, run.version, typed::encode(&key, &run.object)?)
             .await?;
-        self.drive(project, name).await
+        Ok(())
     }
 
     /// Create a group, or update a live one's spec (raising its cap, changing `maxActive`,

@@ -122,11 +122,8 @@ pub async fn cancel(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    let run = state.engine.get_run(&project, &name).await?;
-    if let Some(phase) = run.status.phase.filter(|p| p.is_finished()) {
-        return Err(nodus_core::engine::Error::AgentRunFinished { run: name, phase }.into());
-    }
-    let run = state.engine.cancel_run(&project, &name).await?;
+    // The controller carries the cancellation out (deletes the sandbox, ends the run).
+    let run = state.engine.request_cancel_run(&project, &name).await?;
     Ok(reply(StatusCode::OK, run))
 }
 
@@ -151,7 +148,11 @@ pub async fn resolve(
             "another value",
         ))
     })?;
-    state.engine.resolve(&project, &name, body.action).await?;
+    // The controller drives the run on from the resolution.
+    state
+        .engine
+        .record_resolution(&project, &name, body.action)
+        .await?;
     Ok(reply(
         StatusCode::OK,
         state.engine.get_run(&project, &name).await?,

@@ -202,6 +202,17 @@ impl ServerProcess {
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
+    /// A plain HTTP call with curl and the admin token, with extra headers.
+    pub fn http_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, serde_json::Value) {
+        self.curl(method, path, Some(TOKEN), headers, body)
+    }
+
     /// A plain HTTP call with curl: (status, body).
     pub fn http(
         &self,
@@ -210,7 +221,21 @@ impl ServerProcess {
         token: Option<&str>,
         body: Option<&str>,
     ) -> (u16, serde_json::Value) {
+        self.curl(method, path, token, &[], body)
+    }
+
+    fn curl(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, serde_json::Value) {
         let mut command = Command::new("curl");
+        for (name, value) in headers {
+            command.args(["-H", &format!("{name}: {value}")]);
+        }
         command.args([
             "-s",
             "-o",
