@@ -375,11 +375,13 @@ impl Engine {
         if fixed.snapshot.agent.model.access == Access::Byok {
             return None;
         }
-        match intent {
-            Intent::CallModel { reserved_usd, .. } => Some(*reserved_usd),
-            Intent::Route { .. } => Some(self.deps.router.max_cost()),
-            _ => None,
-        }
+        let amount = match intent {
+            Intent::CallModel { reserved_usd, .. } => *reserved_usd,
+            Intent::Route { .. } => self.deps.router.max_cost(),
+            _ => return None,
+        };
+        // Nothing to reserve (a local router): no ledger write at all.
+        (!amount.is_zero()).then_some(amount)
     }
 
     /// Reserve a step's charge; false when the project cannot cover it.

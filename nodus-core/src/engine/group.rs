@@ -41,42 +41,55 @@ impl Engine {
         records.into_iter().map(typed::decode).collect()
     }
 
-    /// Whether `run` may join `group`; `earlier` are runs of the same batch, not stored yet.
+    /// Whether `run` may join `group`. `admissions` holds what earlier runs of the same
+    /// batch learned of their groups (members included, the batch's own runs too), so a batch
+    /// reads each group once.
     pub(super) async fn admit_to_group(
         &self,
         project: &str,
         group: &str,
         run: &AgentRun,
-        earlier: &[AgentRun],
+        admissions: &mut Admissions,
     ) -> Result<()> {
-        let group = self.read_group(project, group).await.map_err(|e| match e {
-            Error::NotFound { name, .. } => crate::validate::Invalid {
-                field: "spec.group".to_string(),
-                rule: "must name an existing group".to_string(),
-                value: name,
-            }
-            .into(),
-            other => other,
-        })?;
-        let members = self.members(project, group.object.name()).await?;
-        let members: Vec<Member> = members
-            .iter()
-            .map(|m| member(&m.object))
-            .chain(
-                earlier
-                    .iter()
-                    .filter(|e| e.spec.group.as_deref() == Some(group.object.name()))
-                    .map(member),
-            )
-            .collect();
+        if !admissions.contains_key(group) {
+            let read = self.read_group(project, group).await.map_err(|e| match e {
+                Error::NotFound { name, .. } => crate::validate::Invalid {
+                    field: "spec.group".to_string(),
+                    rule: "must name an existing group".to_string(),
+                    value: name,
+                }
+                .into(),
+                other => other,
+            })?;
+            let members = self
+                .members(project, group)
+                .await?
+                .iter()
+                .map(|m| member(&m.object))
+                .collect();
+            admissions.insert(
+                group.to_string(),
+                Admission {
+                    spec: read.object.spec,
+                    phase: read.object.status.phase,
+                    members,
+                },
+            );
+        }
+        let Some(admission) = admissions.get_mut(group) else {
+            return Ok(());
+        };
         group::admit(
-            &group.object.spec,
-            group.object.status.phase,
-            &members,
+            &admission.spec,
+            admission.phase,
+            &admission.members,
             &run.spec.agent,
             run.spec.task_key.as_deref().unwrap_or_default(),
             &run.spec.depends_on,
         )?;
+        let mut admitted = member(run);
+        admitted.phase = RunPhase::Pending(PendingReason::Queued);
+        admission.members.push(admitted);
         Ok(())
     }
 
@@ -200,6 +213,16 @@ impl Engine {
         self.reconcile_group(project, name).await
     }
 }
+
+/// What a batch learned of one group: its spec and phase, and its members so far.
+pub(super) struct Admission {
+    spec: AgentGroupSpec,
+    phase: Option<GroupPhase>,
+    members: Vec<Member>,
+}
+
+/// Admissions by group name.
+pub(super) type Admissions = std::collections::HashMap<String, Admission>;
 
 /// A run as the group controller sees it.
 fn member(run: &AgentRun) -> Member {

@@ -264,7 +264,9 @@ impl Engine {
     /// Create a run: validate it, resolve and snapshot its agent, admit it to its group.
     /// A bad reference fails this request, not the run; nothing is written on error.
     pub async fn create_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
-        let (key, document) = self.prepare_run(project, run, &[]).await?;
+        let (key, document) = self
+            .prepare_run(project, run, &[], &mut Default::default())
+            .await?;
         let record = self.deps.store.create(&key, document).await?;
         let created: AgentRun = typed::decode(record)?.object;
         if let Some(group) = &created.spec.group {
@@ -298,8 +300,12 @@ impl Engine {
         }
         let mut items = Vec::with_capacity(runs.len() + 1);
         let mut earlier: Vec<AgentRun> = Vec::new();
+        let mut admissions = group::Admissions::new();
         for (index, run) in runs.into_iter().enumerate() {
-            match self.prepare_run(project, run, &earlier).await {
+            match self
+                .prepare_run(project, run, &earlier, &mut admissions)
+                .await
+            {
                 Ok((key, document)) => {
                     earlier.push(
                         typed::decode(Record {
@@ -386,6 +392,7 @@ impl Engine {
         project: &str,
         mut run: AgentRun,
         earlier: &[AgentRun],
+        admissions: &mut group::Admissions,
     ) -> Result<(ObjectKey, serde_json::Value)> {
         if let (Some(group), Some(task)) = (&run.spec.group, &run.spec.task_key)
             && run.metadata.name.is_none()
@@ -446,7 +453,8 @@ impl Engine {
             }
         }
         if let Some(group) = run.spec.group.clone() {
-            self.admit_to_group(project, &group, &run, earlier).await?;
+            self.admit_to_group(project, &group, &run, admissions)
+                .await?;
         }
         self.stamp(project, &mut run);
         run.status = Default::default();

@@ -1,0 +1,231 @@
+//! Server throughput on loopback, and the wall time of a 1,000-run group.
+//!
+//! `cargo bench -p nodus-tests --bench server`
+//!
+//! The embedded default (SQLite, bubblewrap sandboxes, the offline model) is started in this
+//! process. A small keep-alive HTTP/1.1 load generator measures requests per second for
+//! `GET /healthz` (the baseline: the HTTP stack alone), `GET` of an agent, and run creation
+//! (into a group whose cap admits nothing, so only creation is measured). Then a group of
+//! 100 and a group of 1,000 runs (maxActive 100, each run one command in its own sandbox)
+//! are timed from the first batch to the group's success; the difference divided by 900 is
+//! the time per run beyond a fixed start.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nodus_server::{Options, SandboxKind, Server, StoreUrl};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const TOKEN: &str = "nodus_bench_token";
+const CONNECTIONS: usize = 16;
+const SECONDS: u64 = 5;
+const P: &str = "/apis/nodus.dev/v1/projects/default";
+
+/// One keep-alive connection: send a request, read the status and the body.
+struct Connection {
+    stream: BufReader<TcpStream>,
+}
+
+impl Connection {
+    async fn open(address: SocketAddr) -> Connection {
+        Connection {
+            stream: BufReader::new(TcpStream::connect(address).await.expect("connect")),
+        }
+    }
+
+    async fn request(&mut self, method: &str, path: &str, body: Option<&str>) -> (u16, Vec<u8>) {
+        let body = body.unwrap_or("");
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let stream = self.stream.get_mut();
+        stream.write_all(head.as_bytes()).await.expect("write");
+        stream.write_all(body.as_bytes()).await.expect("write");
+        let mut line = String::new();
+        self.stream.read_line(&mut line).await.expect("status line");
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status");
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).await.expect("header");
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().expect("length");
+            }
+        }
+        let mut body = vec![0; length];
+        self.stream.read_exact(&mut body).await.expect("body");
+        (status, body)
+    }
+}
+
+type MakeRequest = Arc<dyn Fn(u64) -> (String, Option<String>) + Send + Sync>;
+
+/// Requests per second of `make(i)` over `CONNECTIONS` connections for `SECONDS`.
+async fn rate(address: SocketAddr, method: &'static str, make: MakeRequest, expect: u16) -> u64 {
+    let counter = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + Duration::from_secs(SECONDS);
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (counter, done, make) = (counter.clone(), done.clone(), make.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut connection = Connection::open(address).await;
+            while Instant::now() < stop {
+                let (path, body) = make(counter.fetch_add(1, Ordering::Relaxed));
+                let (status, answer) = connection.request(method, &path, body.as_deref()).await;
+                assert_eq!(status, expect, "{}", String::from_utf8_lossy(&answer));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("load task");
+    }
+    done.load(Ordering::Relaxed) / SECONDS
+}
+
+/// Milliseconds from the first batch of a group of `runs` to the group's success.
+async fn group_wall_time(address: SocketAddr, name: &str, runs: usize) -> u128 {
+    let mut connection = Connection::open(address).await;
+    let group = format!(
+        r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentGroup","metadata":{{"name":"{name}"}},"spec":{{"agent":"bench","limits":{{"maxActive":100}},"maxCostUSD":"1000.00"}}}}"#
+    );
+    let (status, body) = connection
+        .request("POST", &format!("{P}/agentgroups"), Some(&group))
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let started = Instant::now();
+    for batch in 0..runs.div_ceil(100) {
+        let items: Vec<String> = (batch * 100..((batch + 1) * 100).min(runs))
+            .map(|i| {
+                format!(
+                    r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRun","spec":{{"agent":"bench","group":"{name}","taskKey":"t{i}","input":"Run `echo {i}`"}}}}"#
+                )
+            })
+            .collect();
+        let list = format!(
+            r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRunList","items":[{}]}}"#,
+            items.join(",")
+        );
+        let (status, body) = connection
+            .request("POST", &format!("{P}/agentruns"), Some(&list))
+            .await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    }
+    let (status, body) = connection
+        .request(
+            "PATCH",
+            &format!("{P}/agentgroups/{name}"),
+            Some(r#"{"spec":{"sealed":true}}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    loop {
+        let (_, body) = connection
+            .request("GET", &format!("{P}/agentgroups/{name}"), None)
+            .await;
+        let group: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        match group["status"]["phase"].as_str() {
+            Some("Succeeded") => return started.elapsed().as_millis(),
+            Some("Failed") => panic!("the group failed: {group}"),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut options = Options::new(dir.path().to_path_buf());
+    options.store = Some(StoreUrl::Sqlite(dir.path().join("nodus.db")));
+    options.sandbox = SandboxKind::Process;
+    options.bootstrap_token = Some(TOKEN.to_string());
+    options.listen = "127.0.0.1:0".parse().expect("address");
+    let server = Server::build(options).await.expect("server");
+    let state = server.state();
+    state
+        .ledger
+        .add("default", nodus_core::Usd::from_cents(100_000))
+        .await
+        .expect("credits");
+    let bound = server.bind().await.expect("bind");
+    let address = bound.local_addr();
+    tokio::spawn(bound.serve(std::future::pending()));
+
+    let mut connection = Connection::open(address).await;
+    let agent = r#"{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{"name":"bench"},"spec":{"system":"s","perRunMaxCostUSD":"0.10","maxTokens":1024}}"#;
+    let (status, body) = connection
+        .request("POST", &format!("{P}/agents"), Some(agent))
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let parked = r#"{"apiVersion":"nodus.dev/v1","kind":"AgentGroup","metadata":{"name":"parked"},"spec":{"agent":"bench","maxCostUSD":"0.00"}}"#;
+    let (status, body) = connection
+        .request("POST", &format!("{P}/agentgroups"), Some(parked))
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+
+    let healthz = rate(
+        address,
+        "GET",
+        Arc::new(|_| ("/healthz".to_string(), None)),
+        200,
+    )
+    .await;
+    let get = rate(
+        address,
+        "GET",
+        Arc::new(|_| (format!("{P}/agents/bench"), None)),
+        200,
+    )
+    .await;
+    let create = rate(
+        address,
+        "POST",
+        Arc::new(|i| {
+            (
+                format!("{P}/agentruns"),
+                Some(format!(
+                    r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRun","spec":{{"agent":"bench","group":"parked","taskKey":"c{i}","input":"hi"}}}}"#
+                )),
+            )
+        }),
+        201,
+    )
+    .await;
+    println!(
+        "requests per second on loopback ({CONNECTIONS} keep-alive connections, {SECONDS} s each):"
+    );
+    println!("  GET /healthz (baseline)     {healthz:>8}/s");
+    println!(
+        "  GET an agent                {get:>8}/s   ({}% of the baseline)",
+        get * 100 / healthz.max(1)
+    );
+    println!(
+        "  POST a run (create only)    {create:>8}/s   ({}% of the baseline)",
+        create * 100 / healthz.max(1)
+    );
+
+    let hundred = group_wall_time(address, "g100", 100).await;
+    let thousand = group_wall_time(address, "g1000", 1000).await;
+    println!("group wall time, maxActive 100, one command per run in its own bubblewrap sandbox:");
+    println!("  100 runs    {hundred:>8} ms");
+    println!("  1000 runs   {thousand:>8} ms");
+    println!(
+        "  per run beyond a fixed start: {} µs",
+        (thousand.saturating_sub(hundred)) * 1000 / 900
+    );
+}
