@@ -197,6 +197,7 @@ impl Bound {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             })
         });
+        let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
         let app = crate::api::router(server.state.clone());
         let mut stop = stop_rx;
         let served = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -208,11 +209,36 @@ impl Bound {
         });
         let result = served.await;
         signal.abort();
+        sweeper.abort();
         let _ = controller.await;
         result.map_err(|e| StartError::Listen {
             address: address.to_string(),
             reason: e.to_string(),
         })
+    }
+}
+
+/// Recorded payloads are kept this long after their run ended.
+pub const PAYLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// The retention sweep: once an hour (and at start), remove the recorded payloads of runs
+/// that ended more than [`PAYLOAD_RETENTION`] ago; their records say so.
+async fn sweep_payloads(store: Arc<dyn Store>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        every.tick().await;
+        let now = jiff::Timestamp::now();
+        let Ok(before) = now.checked_sub(
+            jiff::SignedDuration::try_from(PAYLOAD_RETENTION).unwrap_or(jiff::SignedDuration::ZERO),
+        ) else {
+            continue;
+        };
+        match store.sweep_payloads(before, now).await {
+            Ok(swept) => tracing::info!(runs = swept.runs.len(), "retention sweep"),
+            Err(error) => {
+                tracing::warn!(error = %error, "retention sweep failed; retrying in an hour")
+            }
+        }
     }
 }
 

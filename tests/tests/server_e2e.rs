@@ -439,3 +439,40 @@ fn limits_and_bad_input_on_sqlite() {
 fn limits_and_bad_input_on_postgres() {
     limits_walk(Backend::Postgres);
 }
+
+/// Two replicas on one Postgres share the work: every run finishes once, no command runs
+/// twice, and a run created through one replica can be read through the other.
+#[test]
+fn two_replicas_share_the_runs_on_postgres() {
+    let store = server::postgres_url();
+    let (one_dir, two_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let one = ServerProcess::start(&store, one_dir.path(), "process");
+    let two = ServerProcess::start(&store, two_dir.path(), "process");
+    one.ok(&["apply", "-f", &example("agent.yaml")]);
+    for i in 0..12 {
+        one.ok(&[
+            "create",
+            "agentrun",
+            &format!("shared-{i}"),
+            "--agent",
+            "hello-agent",
+            "--prompt",
+            &format!("Run `echo shared {i}`"),
+        ]);
+    }
+    for i in 0..12 {
+        two.ok(&[
+            "wait",
+            &format!("agentrun/shared-{i}"),
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=2m",
+        ]);
+        let steps = one.ok(&["agentrun", "steps", &format!("shared-{i}")]);
+        let commands = steps.lines().filter(|l| l.contains("Command")).count();
+        assert_eq!(commands, 1, "shared-{i} ran its command once:\n{steps}");
+        assert!(!steps.contains("Uncertain"), "{steps}");
+    }
+}

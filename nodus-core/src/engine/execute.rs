@@ -77,7 +77,33 @@ impl Engine {
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let mut journal = self.deps.store.journal(&fixed.uid).await?;
-        match self.drive_loop(&fixed, fence, &mut journal).await {
+        // Renew the lease while the run is driven (a command may outlast it), and give it up
+        // when the drive ends, so another replica can take the run at once.
+        let renewing = async {
+            loop {
+                tokio::time::sleep(crate::store::Lease::DEFAULT_DURATION / 3).await;
+                if let Err(error) = self
+                    .deps
+                    .store
+                    .renew(&fixed.uid, fence, &self.lease())
+                    .await
+                {
+                    tracing::warn!(run = %fixed.key, error = %error, "cannot renew the run's lease");
+                }
+            }
+        };
+        let driven = tokio::select! {
+            biased;
+            driven = self.drive_loop(&fixed, fence, &mut journal) => driven,
+            () = renewing => unreachable_renewal(),
+        };
+        if !matches!(
+            driven,
+            Ok(Driven::TakenOver) | Err(Error::Store(store_api::Error::Fenced { .. }))
+        ) {
+            let _ = self.deps.store.release(&fixed.uid, fence).await;
+        }
+        match driven {
             Err(Error::Store(store_api::Error::Fenced { .. })) => Ok(Driven::TakenOver),
             other => other,
         }
@@ -706,6 +732,11 @@ impl Engine {
             }
         }
     }
+}
+
+/// The renewal loop never ends by itself; the select ends with the drive.
+fn unreachable_renewal() -> Result<Driven> {
+    Ok(Driven::TakenOver)
 }
 
 fn failed(error: String) -> Outcome {
