@@ -20,6 +20,9 @@ use tokio::task::JoinSet;
 
 use crate::auth::SYSTEM_PROJECT;
 
+/// How long a group's changes gather before it is reconciled.
+const GROUP_SETTLE: Duration = Duration::from_millis(50);
+
 /// What a worker finished, and what it found should happen next.
 struct Done {
     key: ObjectKey,
@@ -72,8 +75,9 @@ impl Controller {
                         self.queue(key, &mut slots, &mut workers);
                     }
                     Ok(Change::Written(key, _)) if key.kind == Kind::Project && key.project == SYSTEM_PROJECT => {
-                        // Credits changed: runs waiting for funds look again.
-                        for run in self.runs_of(&key.name).await {
+                        // Credits changed: the runs waiting for funds look again (only
+                        // those: every model call changes its project's account).
+                        for run in self.awaiting_funds(&key.name).await {
                             self.queue(run, &mut slots, &mut workers);
                         }
                     }
@@ -134,6 +138,9 @@ impl Controller {
         workers.spawn(async move {
             match key.kind {
                 Kind::AgentGroup => {
+                    // Let the changes of a busy group gather: one reconcile reads every member,
+                    // so one per burst of changes instead of one per change.
+                    tokio::time::sleep(GROUP_SETTLE).await;
                     if let Err(error) = engine.reconcile_group(&key.project, &key.name).await
                         && error.reason() != "NotFound"
                     {
@@ -183,6 +190,21 @@ impl Controller {
             }
         }
         keys
+    }
+
+    /// The runs of a project that wait for funds.
+    async fn awaiting_funds(&self, project: &str) -> Vec<ObjectKey> {
+        let selector = Selector {
+            fields: [("status.reason".to_string(), "AwaitingFunds".to_string())].into(),
+            ..Selector::default()
+        };
+        match self.store.list(project, Kind::AgentRun, &selector).await {
+            Ok(records) => records.into_iter().map(|record| record.key).collect(),
+            Err(error) => {
+                tracing::error!(project, error = %error, "cannot list the runs waiting for funds");
+                Vec::new()
+            }
+        }
     }
 
     /// The unfinished runs of a project.

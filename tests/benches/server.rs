@@ -151,8 +151,15 @@ async fn group_wall_time(address: SocketAddr, name: &str, runs: usize) -> u128 {
 async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut options = Options::new(dir.path().to_path_buf());
-    options.store = Some(StoreUrl::Sqlite(dir.path().join("nodus.db")));
-    options.sandbox = SandboxKind::Process;
+    // NODUS_BENCH_STORE and NODUS_BENCH_SANDBOX choose other backends, to see where time goes.
+    options.store = Some(match std::env::var("NODUS_BENCH_STORE") {
+        Ok(url) => url.parse().expect("NODUS_BENCH_STORE"),
+        Err(_) => StoreUrl::Sqlite(dir.path().join("nodus.db")),
+    });
+    options.sandbox = match std::env::var("NODUS_BENCH_SANDBOX") {
+        Ok(kind) => kind.parse().expect("NODUS_BENCH_SANDBOX"),
+        Err(_) => SandboxKind::Process,
+    };
     options.bootstrap_token = Some(TOKEN.to_string());
     options.listen = "127.0.0.1:0".parse().expect("address");
     let server = Server::build(options).await.expect("server");

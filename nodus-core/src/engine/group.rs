@@ -5,7 +5,7 @@ use crate::group::{self, GroupPhase, Member};
 use crate::lifecycle::{PendingReason, RunEvent, RunPhase};
 use crate::money::Usd;
 use crate::resource::{AgentGroup, AgentGroupSpec, AgentRun, Kind};
-use crate::store::{ObjectKey, Selector};
+use crate::store::{ObjectKey, Record, Selector};
 
 impl Engine {
     async fn read_group(
@@ -24,11 +24,9 @@ impl Engine {
         }
     }
 
-    async fn members(
-        &self,
-        project: &str,
-        group: &str,
-    ) -> Result<Vec<typed::Versioned<crate::resource::AgentRunSpec>>> {
+    /// The runs of a group as stored, each with its view for the controller (read straight
+    /// from the JSON, without decoding whole documents: a reconcile reads every member).
+    async fn members(&self, project: &str, group: &str) -> Result<Vec<(Record, Member)>> {
         let selector = Selector {
             fields: [("spec.group".to_string(), group.to_string())].into(),
             ..Selector::default()
@@ -38,7 +36,13 @@ impl Engine {
             .store
             .list(project, Kind::AgentRun, &selector)
             .await?;
-        records.into_iter().map(typed::decode).collect()
+        Ok(records
+            .into_iter()
+            .map(|record| {
+                let member = member_of(&record.document);
+                (record, member)
+            })
+            .collect())
     }
 
     /// Whether `run` may join `group`. `admissions` holds what earlier runs of the same
@@ -64,8 +68,8 @@ impl Engine {
             let members = self
                 .members(project, group)
                 .await?
-                .iter()
-                .map(|m| member(&m.object))
+                .into_iter()
+                .map(|(_, member)| member)
                 .collect();
             admissions.insert(
                 group.to_string(),
@@ -100,7 +104,7 @@ impl Engine {
         loop {
             let group = self.read_group(project, name).await?;
             let members = self.members(project, name).await?;
-            let view: Vec<Member> = members.iter().map(|m| member(&m.object)).collect();
+            let view: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
             let plan = group::reconcile(&group.object.spec, group.object.status.phase, &view);
             let now = self.deps.clock.now();
             let changes = plan
@@ -118,28 +122,19 @@ impl Engine {
                         .map(|&(i, reason)| (i, RunEvent::Queue(reason))),
                 );
             for (index, event) in changes {
-                let Some(run) = members.get(index) else {
+                let Some((record, member)) = members.get(index) else {
                     continue;
                 };
-                let phase = run
-                    .object
-                    .status
-                    .phase
-                    .unwrap_or(RunPhase::Pending(PendingReason::Queued));
-                let next = phase.apply(event)?;
-                if next == phase {
+                let next = member.phase.apply(event)?;
+                if next == member.phase {
                     continue;
                 }
-                let mut object = run.object.clone();
-                object.status.phase = Some(next);
-                if next.is_finished() {
-                    object.status.completion_time = Some(now);
-                }
-                let key = ObjectKey::new(project, Kind::AgentRun, object.name());
+                let mut document = record.document.clone();
+                set_phase(&mut document, next, now);
                 match self
                     .deps
                     .store
-                    .update(&key, run.version, typed::encode(&key, &object)?)
+                    .update(&record.key, record.version, document)
                     .await
                 {
                     // The run moved on meanwhile (it finished, or a message arrived): the
@@ -200,11 +195,11 @@ impl Engine {
                 Ok(_) => break,
             }
         }
-        for run in self.members(project, name).await? {
-            if run.object.status.phase.is_some_and(RunPhase::is_started) {
+        for (record, member) in self.members(project, name).await? {
+            if member.phase.is_started() {
                 self.request_cancel(
                     project,
-                    run.object.name(),
+                    &record.key.name,
                     crate::lifecycle::CancelReason::GroupCancelled,
                 )
                 .await?;
@@ -223,6 +218,64 @@ pub(super) struct Admission {
 
 /// Admissions by group name.
 pub(super) type Admissions = std::collections::HashMap<String, Admission>;
+
+/// A run's phase (and completion time, when it finishes) written into its document.
+fn set_phase(document: &mut serde_json::Value, phase: RunPhase, now: jiff::Timestamp) {
+    let Some(status) = document
+        .as_object_mut()
+        .map(|d| d.entry("status").or_insert_with(|| serde_json::json!({})))
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    status.insert("phase".into(), phase.name().into());
+    match phase.reason() {
+        Some(reason) => status.insert("reason".into(), reason.into()),
+        None => status.remove("reason"),
+    };
+    if phase.is_finished() {
+        status.insert("completionTime".into(), now.to_string().into());
+    }
+}
+
+/// A run as the group controller sees it, read from its stored document.
+fn member_of(document: &serde_json::Value) -> Member {
+    let status = &document["status"];
+    let phase = serde_json::from_value(serde_json::json!({
+        "phase": status["phase"],
+        "reason": status["reason"],
+    }))
+    .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+    let usd = |value: &serde_json::Value| {
+        value
+            .as_str()
+            .and_then(|text| text.parse::<Usd>().ok())
+            .unwrap_or(Usd::ZERO)
+    };
+    let agent = &status["snapshot"]["agent"];
+    let cap = if agent["model"]["access"].as_str() == Some("BYOK") {
+        Usd::ZERO
+    } else {
+        usd(&agent["perRunMaxCostUSD"])
+    };
+    Member {
+        task_key: document["spec"]["taskKey"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        depends_on: document["spec"]["dependsOn"]
+            .as_array()
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| k.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        cap,
+        spent: usd(&status["cost"]["totalUSD"]),
+        phase,
+    }
+}
 
 /// A run as the group controller sees it.
 fn member(run: &AgentRun) -> Member {
