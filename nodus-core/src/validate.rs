@@ -13,8 +13,8 @@ use std::ops::RangeInclusive;
 use serde_json::Value;
 
 use crate::resource::{
-    API_VERSION, Access, Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec,
-    DurationSpec, EvaluationSpec, GroupLimits, ModelAccess, Object, ObjectMeta, Spec, WorkdirSpec,
+    API_VERSION, Access, AgentGroupSpec, AgentRunSpec, AgentSpec, DurationSpec, EvaluationSpec,
+    GroupLimits, ModelAccess, Object, ObjectMeta, Spec, WorkdirSpec,
 };
 
 /// A document breaks a rule: `field: rule (got value)`.
@@ -130,21 +130,6 @@ pub fn validate<S: Validate>(object: &Object<S>) -> Result<()> {
     }
     object.spec.check_metadata(&object.metadata)?;
     object.spec.check_spec()
-}
-
-/// Checks an Agent: [`validate`] for [`AgentSpec`].
-pub fn validate_agent(agent: &Agent) -> Result<()> {
-    validate(agent)
-}
-
-/// Checks an AgentRun: [`validate`] for [`AgentRunSpec`].
-pub fn validate_run(run: &AgentRun) -> Result<()> {
-    validate(run)
-}
-
-/// Checks an AgentGroup: [`validate`] for [`AgentGroupSpec`].
-pub fn validate_group(group: &AgentGroup) -> Result<()> {
-    validate(group)
 }
 
 /// Checks a message's idempotency key (`messageKey`, `--key`): 1 to
@@ -917,7 +902,7 @@ mod tests {
     use super::*;
     use crate::catalog::Family;
     use crate::money::Usd;
-    use crate::resource::Kind;
+    use crate::resource::{Agent, AgentGroup, AgentRun, Kind};
     use serde_json::json;
 
     // ---- helpers ----
@@ -1217,19 +1202,19 @@ mod tests {
 
     #[test]
     fn typed_objects_are_checked_by_kind() {
-        assert_eq!(validate_agent(&accept(agent())), Ok(()));
-        assert_eq!(validate_run(&accept(run())), Ok(()));
-        assert_eq!(validate_group(&accept(group())), Ok(()));
+        assert_eq!(validate(&accept::<AgentSpec>(agent())), Ok(()));
+        assert_eq!(validate(&accept::<AgentRunSpec>(run())), Ok(()));
+        assert_eq!(validate(&accept::<AgentGroupSpec>(group())), Ok(()));
         let mut group: AgentGroup = accept(group());
         group.spec.limits.max_active = 0;
         assert_eq!(
-            validate_group(&group).map_err(|e| e.field),
+            validate(&group).map_err(|e| e.field),
             Err("spec.limits.maxActive".to_owned())
         );
         let mut run: AgentRun = accept(task("a", json!([])));
         run.spec.depends_on = vec!["a".to_owned()];
         assert_eq!(
-            validate_run(&run).map_err(|e| e.field),
+            validate(&run).map_err(|e| e.field),
             Err("spec.dependsOn[0]".to_owned())
         );
     }
