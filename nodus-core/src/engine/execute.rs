@@ -228,6 +228,9 @@ impl Engine {
                 catalog: &self.deps.catalog,
                 router_max_cost: self.deps.router.max_cost(),
             });
+            let decision = self
+                .funded(fixed, journal, decision, &run.object.spec)
+                .await?;
             let (seq, target) = match decision {
                 Decision::Act(intent) => {
                     let target = match intent {
@@ -235,20 +238,6 @@ impl Engine {
                         _ => advance(phase, RunPhase::Running)?,
                     };
                     let seq = u32::try_from(journal.len()).unwrap_or(u32::MAX);
-                    if !self.reserve_funds(fixed, seq, &intent).await? {
-                        let waiting = RunPhase::Waiting(WaitReason::AwaitingFunds);
-                        if self
-                            .write_status(fixed, &run, journal, advance(phase, waiting)?)
-                            .await?
-                        {
-                            return Ok(Driven::Waiting {
-                                reason: WaitReason::AwaitingFunds,
-                                until: decide::time_limit(&run.object.spec, journal)
-                                    .map(|(at, _)| at),
-                            });
-                        }
-                        continue;
-                    }
                     let step = Step {
                         seq,
                         started_at: now,
@@ -260,28 +249,7 @@ impl Engine {
                     journal.push(step);
                     (seq, target)
                 }
-                Decision::Repeat(seq) => {
-                    let intent = journal
-                        .get(usize::try_from(seq).unwrap_or(usize::MAX))
-                        .map(|step| step.intent.clone());
-                    if let Some(intent) = intent
-                        && !self.reserve_funds(fixed, seq, &intent).await?
-                    {
-                        let waiting = RunPhase::Waiting(WaitReason::AwaitingFunds);
-                        if self
-                            .write_status(fixed, &run, journal, advance(phase, waiting)?)
-                            .await?
-                        {
-                            return Ok(Driven::Waiting {
-                                reason: WaitReason::AwaitingFunds,
-                                until: decide::time_limit(&run.object.spec, journal)
-                                    .map(|(at, _)| at),
-                            });
-                        }
-                        continue;
-                    }
-                    (seq, advance(phase, RunPhase::Running)?)
-                }
+                Decision::Repeat(seq) => (seq, advance(phase, RunPhase::Running)?),
                 Decision::Abandon { seq, error } => {
                     let outcome = Outcome::Failed {
                         error,
@@ -408,6 +376,33 @@ impl Engine {
         };
         // Nothing to reserve (a local router): no ledger write at all.
         (!amount.is_zero()).then_some(amount)
+    }
+
+    /// The decision, or waiting for funds when the step it acts on cannot be reserved
+    /// against the project's credits.
+    async fn funded(
+        &self,
+        fixed: &Fixed,
+        journal: &[Step],
+        decision: Decision,
+        spec: &crate::resource::AgentRunSpec,
+    ) -> Result<Decision> {
+        let (seq, intent) = match &decision {
+            Decision::Act(intent) => (u32::try_from(journal.len()).unwrap_or(u32::MAX), intent),
+            Decision::Repeat(seq) => match journal.get(usize::try_from(*seq).unwrap_or(usize::MAX))
+            {
+                Some(step) => (*seq, &step.intent),
+                None => return Ok(decision),
+            },
+            _ => return Ok(decision),
+        };
+        if self.reserve_funds(fixed, seq, intent).await? {
+            return Ok(decision);
+        }
+        Ok(Decision::Wait {
+            reason: WaitReason::AwaitingFunds,
+            until: decide::time_limit(spec, journal).map(|(at, _)| at),
+        })
     }
 
     /// Reserve a step's charge; false when the project cannot cover it.
