@@ -96,7 +96,7 @@ impl Server {
         })?;
         let mut announcements = Vec::new();
         let store = open_store(&options, &mut announcements).await?;
-        let sandbox = open_sandbox(&options, &mut announcements).await?;
+        let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
         let catalog =
             Arc::new(nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?);
         let (model, router) = open_model(&catalog, &mut announcements)?;
@@ -275,6 +275,7 @@ async fn open_store(
 
 async fn open_sandbox(
     options: &Options,
+    store: &Arc<dyn Store>,
     announcements: &mut Vec<String>,
 ) -> Result<Arc<dyn Sandbox>, StartError> {
     let root = options.data_dir.join("sandboxes");
@@ -309,9 +310,54 @@ async fn open_sandbox(
                 nodus_sandbox::DockerSandbox::connect(nodus_sandbox::DockerConfig::new(image))
                     .await
                     .map_err(|e| StartError::Backend(format!("Docker sandbox: {e}")))?;
+            // Containers of runs that finished or were deleted while no server ran go now;
+            // live runs' containers stay, and their runs re-attach to them.
+            let live = live_run_uids(store.as_ref()).await?;
+            match docker.remove_orphans(&live).await {
+                Ok(removed) if !removed.is_empty() => announcements.push(format!(
+                    "sandbox: removed {} orphaned container(s)",
+                    removed.len()
+                )),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(error = %error, "cannot remove orphaned containers"),
+            }
             Ok(Arc::new(docker))
         }
     }
+}
+
+/// The uids of every unfinished run of every project.
+async fn live_run_uids(
+    store: &dyn Store,
+) -> Result<std::collections::BTreeSet<String>, StartError> {
+    let selector = nodus_core::store::Selector::default();
+    let projects = store
+        .list(
+            nodus_core::ledger::SYSTEM_PROJECT,
+            nodus_core::resource::Kind::Project,
+            &selector,
+        )
+        .await?;
+    let mut live = std::collections::BTreeSet::new();
+    for project in projects {
+        let runs = store
+            .list(
+                &project.key.name,
+                nodus_core::resource::Kind::AgentRun,
+                &selector,
+            )
+            .await?;
+        for run in runs {
+            let finished = matches!(
+                run.document["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed" | "Cancelled")
+            );
+            if let (false, Some(uid)) = (finished, run.document["metadata"]["uid"].as_str()) {
+                live.insert(uid.to_string());
+            }
+        }
+    }
+    Ok(live)
 }
 
 /// The model client and the router of the server.

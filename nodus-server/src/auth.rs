@@ -12,9 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 
-/// The project that holds what the server keeps for itself (tokens, projects). It is not a
-/// DNS label, so no user project can ever have its name.
-pub const SYSTEM_PROJECT: &str = "_system";
+pub use nodus_core::ledger::SYSTEM_PROJECT;
 /// The read-only project with the ready-made agent templates, readable from every project.
 pub const TEMPLATE_PROJECT: &str = "nodus";
 /// The project made on first start.

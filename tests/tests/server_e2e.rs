@@ -476,3 +476,40 @@ fn two_replicas_share_the_runs_on_postgres() {
         assert!(!steps.contains("Uncertain"), "{steps}");
     }
 }
+
+/// The same server with the Docker sandbox: a run's command executes in its own container.
+#[test]
+fn a_run_executes_in_a_docker_container() {
+    let image = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+        panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Backend::Sqlite.store_url(dir.path());
+    let server =
+        ServerProcess::start_with(&store, dir.path(), "docker", &["--default-image", &image]);
+    server.ok(&["apply", "-f", &example("agent.yaml")]);
+    server.ok(&[
+        "create",
+        "agentrun",
+        "boxed",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        "Run `echo from-docker; hostname`",
+    ]);
+    server.ok(&[
+        "wait",
+        "agentrun/boxed",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let answer = server.ok(&["agentrun", "answer", "boxed"]);
+    assert!(answer.contains("from-docker"), "{answer}");
+    let isolated = server.ok(&[
+        "get",
+        "agentrun/boxed",
+        "-o",
+        "jsonpath={.status.sandbox.isolated}",
+    ]);
+    assert_eq!(isolated.trim(), "true");
+}

@@ -88,6 +88,11 @@ pub fn free_port() -> u16 {
 impl ServerProcess {
     /// Start `nodus server` on `store` with its data in `data_dir`, and wait for /healthz.
     pub fn start(store: &str, data_dir: &Path, sandbox: &str) -> Self {
+        Self::start_with(store, data_dir, sandbox, &[])
+    }
+
+    /// The same, with more `nodus server` flags.
+    pub fn start_with(store: &str, data_dir: &Path, sandbox: &str, extra: &[&str]) -> Self {
         let port = free_port();
         let log = data_dir.join(format!("server-{port}.log"));
         let child = Command::new(nodus_binary())
@@ -103,6 +108,7 @@ impl ServerProcess {
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--bootstrap-token", TOKEN])
+            .args(extra)
             .env_remove("ANTHROPIC_API_KEY")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("log"))
