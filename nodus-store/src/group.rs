@@ -48,41 +48,47 @@ impl JournalWrite {
     }
 }
 
-/// Writes a batch of journal writes in one transaction, for the writer task that owns it.
+/// Writes a batch of writes (journal writes, or document updates) in one transaction, for the
+/// writer task that owns it.
 #[async_trait]
-pub(crate) trait Committer: Send + 'static {
+pub(crate) trait Committer<W: Send + 'static>: Send + 'static {
     /// Each write's own result, in order, or one error when nothing was written.
-    async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error>;
+    async fn commit(&mut self, writes: Vec<W>) -> Result<Vec<Result<(), Error>>, Error>;
 }
 
-struct Queued {
-    write: JournalWrite,
+struct Queued<W> {
+    write: W,
     done: oneshot::Sender<Result<(), Error>>,
 }
 
 /// The handle callers queue writes on. Dropping every handle stops the writer task.
-#[derive(Debug, Clone)]
-pub(crate) struct GroupCommit {
-    queue: mpsc::Sender<QueuedBox>,
+#[derive(Debug)]
+pub(crate) struct GroupCommit<W = JournalWrite> {
+    queue: mpsc::Sender<Box<Queued<W>>>,
 }
 
-/// Boxed so the channel's element stays small.
-type QueuedBox = Box<Queued>;
+impl<W> Clone for GroupCommit<W> {
+    fn clone(&self) -> Self {
+        GroupCommit {
+            queue: self.queue.clone(),
+        }
+    }
+}
 
-impl std::fmt::Debug for Queued {
+impl<W: std::fmt::Debug> std::fmt::Debug for Queued<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.write.fmt(f)
     }
 }
 
-impl GroupCommit {
+impl<W: Send + 'static> GroupCommit<W> {
     /// Start the writer task. The committer writes a batch in one transaction and returns
     /// each write's own result (a refused write does not fail the others), or one error for
     /// all when the transaction failed and nothing was written.
-    pub(crate) fn spawn(mut committer: impl Committer) -> Self {
-        let (queue, mut receiver) = mpsc::channel::<QueuedBox>(QUEUE);
+    pub(crate) fn spawn(mut committer: impl Committer<W>) -> Self {
+        let (queue, mut receiver) = mpsc::channel::<Box<Queued<W>>>(QUEUE);
         tokio::spawn(async move {
-            let mut batch: Vec<QueuedBox> = Vec::with_capacity(MAX_BATCH);
+            let mut batch: Vec<Box<Queued<W>>> = Vec::with_capacity(MAX_BATCH);
             while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
                 let (writes, waiters): (Vec<_>, Vec<_>) =
                     batch.drain(..).map(|q| (q.write, q.done)).unzip();
@@ -114,9 +120,9 @@ impl GroupCommit {
     }
 
     /// Queue a write and wait until it is durable (or refused).
-    pub(crate) async fn write(&self, write: JournalWrite) -> Result<(), Error> {
+    pub(crate) async fn write(&self, write: W) -> Result<(), Error> {
         let (done, result) = oneshot::channel();
-        let stopped = || Error::Unavailable("the journal writer stopped".to_string());
+        let stopped = || Error::Unavailable("the store's writer stopped".to_string());
         self.queue
             .send(Box::new(Queued { write, done }))
             .await

@@ -394,7 +394,7 @@ struct JournalCommitter {
 }
 
 #[async_trait]
-impl Committer for JournalCommitter {
+impl Committer<JournalWrite> for JournalCommitter {
     async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error> {
         let mut conn = match self.conn.take() {
             Some(conn) => conn,

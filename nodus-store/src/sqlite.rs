@@ -67,6 +67,9 @@ struct Inner {
     /// Connections that read.
     readers: SqlitePool,
     journal: GroupCommit,
+    /// Document updates, group-committed like the journal: under load many runs' status
+    /// writes share one durable commit.
+    updates: GroupCommit<DocumentUpdate>,
     changes: broadcast::Sender<Change>,
 }
 
@@ -104,12 +107,17 @@ impl SqliteStore {
             pool: writer.clone(),
         });
         let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
+        let updates = GroupCommit::spawn(UpdateCommitter {
+            pool: writer.clone(),
+            changes: changes.clone(),
+        });
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 writer,
                 readers,
                 journal,
+                updates,
                 changes,
             }),
         })
@@ -228,7 +236,7 @@ struct JournalCommitter {
 }
 
 #[async_trait]
-impl Committer for JournalCommitter {
+impl Committer<JournalWrite> for JournalCommitter {
     async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let mut results = Vec::with_capacity(writes.len());
@@ -245,6 +253,93 @@ impl Committer for JournalCommitter {
         tx.commit().await.map_err(map_err)?;
         Ok(results)
     }
+}
+
+/// A document update, checked against the version its writer read.
+#[derive(Debug)]
+struct DocumentUpdate {
+    key: ObjectKey,
+    expected: u64,
+    uid: Option<String>,
+    text: String,
+}
+
+/// Writes a batch of document updates in one transaction and announces each change after
+/// the commit, while it still holds the writer connection (so changes arrive in commit order).
+struct UpdateCommitter {
+    pool: SqlitePool,
+    changes: broadcast::Sender<Change>,
+}
+
+#[async_trait]
+impl Committer<DocumentUpdate> for UpdateCommitter {
+    async fn commit(
+        &mut self,
+        writes: Vec<DocumentUpdate>,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut tx = conn.begin().await.map_err(map_err)?;
+        let mut results = Vec::with_capacity(writes.len());
+        for write in &writes {
+            results.push(update_one(&mut tx, write).await?);
+        }
+        tx.commit().await.map_err(map_err)?;
+        for (write, result) in writes.iter().zip(&results) {
+            if result.is_ok() {
+                let _ = self
+                    .changes
+                    .send(Change::Written(write.key.clone(), write.expected + 1));
+            }
+        }
+        Ok(results)
+    }
+}
+
+/// One document update: `Err` for a database failure (the batch fails), `Ok(Err)` for a
+/// refused update (a missing document, or a stale version).
+async fn update_one(
+    conn: &mut SqliteConnection,
+    write: &DocumentUpdate,
+) -> Result<Result<(), Error>, Error> {
+    let key = &write.key;
+    // A version that does not fit was never stored: refused below, like any stale one.
+    if let Some(expected) = sql::to_i64(write.expected) {
+        let version = sql::bump(key, expected)?;
+        let done = sqlx::query(
+            "UPDATE resources SET version = ?, uid = ?, document = ? \
+             WHERE project = ? AND kind = ? AND name = ? AND version = ?",
+        )
+        .bind(version)
+        .bind(write.uid.as_deref())
+        .bind(&write.text)
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .bind(expected)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 1 {
+            return Ok(Ok(()));
+        }
+    }
+    let current: Option<i64> = sqlx::query_scalar(
+        "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    Ok(Err(match current {
+        None => Error::NotFound(key.clone()),
+        Some(actual) => Error::Conflict {
+            key: key.clone(),
+            expected: write.expected,
+            actual: sql::to_u64(actual, "a version")?,
+        },
+    }))
 }
 
 /// One journal write, checked and done in one statement: `Err` for a database failure (the
@@ -590,43 +685,17 @@ impl Store for SqliteStore {
         expected_version: u64,
         document: Value,
     ) -> Result<Record, Error> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        let current: i64 = sqlx::query_scalar(
-            "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
-        )
-        .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
-        .bind(&key.name)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .ok_or_else(|| Error::NotFound(key.clone()))?;
-        if sql::to_i64(expected_version) != Some(current) {
-            return Err(Error::Conflict {
+        // Only used when the update succeeds, that is when `expected_version` is stored.
+        let version = expected_version.saturating_add(1);
+        self.inner
+            .updates
+            .write(DocumentUpdate {
                 key: key.clone(),
                 expected: expected_version,
-                actual: sql::to_u64(current, "a version")?,
-            });
-        }
-        let version = sql::bump(key, current)?;
-        sqlx::query(
-            "UPDATE resources SET version = ?, uid = ?, document = ? \
-             WHERE project = ? AND kind = ? AND name = ?",
-        )
-        .bind(version)
-        .bind(sql::uid_of(&document))
-        .bind(sql::document_text(&document))
-        .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
-        .bind(&key.name)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        let version = sql::to_u64(version, "a version")?;
-        self.notify(Change::Written(key.clone(), version));
-        drop(conn);
+                uid: sql::uid_of(&document).map(str::to_string),
+                text: sql::document_text(&document),
+            })
+            .await?;
         Ok(Record {
             key: key.clone(),
             version,
