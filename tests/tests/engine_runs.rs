@@ -12,7 +12,9 @@ use nodus_core::lifecycle::{
     CancelReason, FailReason, PendingReason, Resolution, RunPhase, WaitReason,
 };
 use nodus_core::model::{self, ErrorKind};
-use nodus_core::resource::{Access, AgentGroup, AgentGroupSpec, AgentState, GroupLimits};
+use nodus_core::resource::{
+    Access, AgentGroup, AgentGroupSpec, AgentRunSpec, AgentState, GroupLimits,
+};
 use nodus_core::secret::SecretString;
 use nodus_core::store::{Delivery, Selector};
 use nodus_core::{Clock, Usd};
@@ -351,7 +353,7 @@ async fn a_stopped_agent_refuses_new_runs_and_bad_references_fail_the_request() 
     assert!(error.to_string().contains("spec.input"), "{error}");
     assert!(
         engine
-            .list_runs(PROJECT, &Selector::default())
+            .list::<AgentRunSpec>(PROJECT, &Selector::default())
             .await
             .expect("list")
             .is_empty(),
@@ -609,7 +611,7 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
     );
     assert!(
         engine
-            .list_runs(PROJECT, &Selector::default())
+            .list::<AgentRunSpec>(PROJECT, &Selector::default())
             .await
             .expect("list")
             .is_empty()
@@ -621,7 +623,7 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
         .expect("batch");
     let names: Vec<_> = first.iter().map(|r| r.name().to_string()).collect();
     let listed: Vec<_> = engine
-        .list_runs(PROJECT, &Selector::default())
+        .list::<AgentRunSpec>(PROJECT, &Selector::default())
         .await
         .expect("list")
         .iter()
@@ -641,7 +643,7 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
     );
     assert_eq!(
         engine
-            .list_runs(PROJECT, &Selector::default())
+            .list::<AgentRunSpec>(PROJECT, &Selector::default())
             .await
             .expect("list")
             .len(),

@@ -13,15 +13,7 @@ impl Engine {
         project: &str,
         name: &str,
     ) -> Result<typed::Versioned<AgentGroupSpec>> {
-        let key = ObjectKey::new(project, Kind::AgentGroup, name);
-        match self.deps.store.get(&key).await {
-            Ok(record) => typed::decode(record),
-            Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
-                kind: Kind::AgentGroup,
-                name: name.to_string(),
-            }),
-            Err(e) => Err(e.into()),
-        }
+        self.read(project, name).await
     }
 
     /// The runs of a group as stored, each with its view for the controller (read straight

@@ -34,7 +34,7 @@ use crate::resource::{
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
 use crate::secret::Secrets;
-use crate::store::{Delivery, ObjectKey, Record, Selector, Store};
+use crate::store::{Delivery, ObjectKey, Record, Store};
 use crate::validate::{self, Invalid};
 
 /// The read-only project of ready-made agent templates (`claude-assistant`), which a run in
@@ -216,15 +216,7 @@ impl Engine {
         project: &str,
         name: &str,
     ) -> Result<Versioned<crate::resource::AgentRunSpec>> {
-        let key = ObjectKey::new(project, Kind::AgentRun, name);
-        match self.deps.store.get(&key).await {
-            Ok(record) => typed::decode(record),
-            Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
-                kind: Kind::AgentRun,
-                name: name.to_string(),
-            }),
-            Err(e) => Err(e.into()),
-        }
+        self.read(project, name).await
     }
 
     /// Resolve `spec.agent` (`name`, or `project/name` for a shared template).
@@ -711,19 +703,6 @@ impl Engine {
             Err(e) => return Err(e.into()),
         }
         self.reconcile_group(project, &name).await
-    }
-
-    /// Runs of a project that match a selector.
-    pub async fn list_runs(&self, project: &str, selector: &Selector) -> Result<Vec<AgentRun>> {
-        let records = self
-            .deps
-            .store
-            .list(project, Kind::AgentRun, selector)
-            .await?;
-        records
-            .into_iter()
-            .map(|record| typed::decode(record).map(|v| v.object))
-            .collect()
     }
 }
 

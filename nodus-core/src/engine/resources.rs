@@ -1,6 +1,6 @@
 //! Reading, replacing and deleting resources with optimistic concurrency, for the API.
 
-use super::{Engine, Error, Result, typed};
+use super::{Engine, Error, Result, Versioned, typed};
 use crate::lifecycle::{PendingReason, RunPhase};
 use crate::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, Kind, Object, Spec};
 use crate::store::{ObjectKey, Selector};
@@ -9,9 +9,14 @@ use crate::validate::{self, Invalid, Validate};
 impl Engine {
     /// Read one object.
     pub async fn get<S: Spec>(&self, project: &str, name: &str) -> Result<Object<S>> {
+        Ok(self.read::<S>(project, name).await?.object)
+    }
+
+    /// Read one object with the version it was read at.
+    pub(super) async fn read<S: Spec>(&self, project: &str, name: &str) -> Result<Versioned<S>> {
         let key = ObjectKey::new(project, S::KIND, name);
         match self.deps.store.get(&key).await {
-            Ok(record) => Ok(typed::decode(record)?.object),
+            Ok(record) => typed::decode(record),
             Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
                 kind: S::KIND,
                 name: name.to_string(),
@@ -90,16 +95,7 @@ impl Engine {
             .into());
         }
         let key = ObjectKey::new(project, S::KIND, name);
-        let current = match self.deps.store.get(&key).await {
-            Ok(record) => typed::decode::<S>(record)?,
-            Err(crate::store::Error::NotFound(_)) => {
-                return Err(Error::NotFound {
-                    kind: S::KIND,
-                    name: name.to_string(),
-                });
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let current = self.read::<S>(project, name).await?;
         if let Some(expected) = expected_version
             && expected != current.version
         {
