@@ -165,7 +165,7 @@ impl StoreLedger {
 
     async fn read(&self, project: &str) -> Result<(Account, u64), store::Error> {
         let record = self.store.get(&Self::key(project)).await?;
-        let account = serde_json::from_value(record.document["status"]["account"].clone())
+        let account = account_of(&record.document)
             .map_err(|e| store::Error::Corrupt(format!("account of project {project}: {e}")))?;
         Ok((account, record.version))
     }
@@ -182,7 +182,7 @@ impl StoreLedger {
     /// Add credits; runs waiting for funds see the change.
     pub async fn add(&self, project: &str, amount: Usd) -> Result<Account, store::Error> {
         self.open(project, Usd::ZERO).await?;
-        self.update(project, |account| {
+        self.update(project, move |account| {
             account.balance_usd = account.balance_usd.saturating_add(amount);
             Ok(())
         })
@@ -206,30 +206,27 @@ impl StoreLedger {
             .min())
     }
 
+    /// Apply `change` to the project's account atomically (one store edit; nothing is
+    /// written when it refuses); the account afterwards.
     async fn update(
         &self,
         project: &str,
-        mut change: impl FnMut(&mut Account) -> Result<(), Refusal>,
+        mut change: impl FnMut(&mut Account) -> Result<(), Refusal> + Send + 'static,
     ) -> Result<Account, store::Error> {
-        loop {
-            let (mut account, version) = self.read(project).await?;
-            if change(&mut account).is_err() {
-                return Err(store::Error::Conflict {
-                    key: Self::key(project),
-                    expected: version,
-                    actual: version,
-                });
-            }
-            match self
-                .store
-                .update(&Self::key(project), version, document(project, &account))
-                .await
-            {
-                Err(store::Error::Conflict { .. }) => continue,
-                other => return other.map(|_| account),
-            }
-        }
+        let owner = project.to_string();
+        let edit: store::Edit = Box::new(move |stored| {
+            let mut account = account_of(stored).ok()?;
+            change(&mut account).ok()?;
+            Some(document(&owner, &account))
+        });
+        let record = self.store.modify(&Self::key(project), edit).await?;
+        account_of(&record.document)
+            .map_err(|e| store::Error::Corrupt(format!("account of project {project}: {e}")))
     }
+}
+
+fn account_of(document: &serde_json::Value) -> Result<Account, serde_json::Error> {
+    Account::deserialize(&document["status"]["account"])
 }
 
 fn document(project: &str, account: &Account) -> serde_json::Value {
@@ -245,31 +242,24 @@ fn document(project: &str, account: &Account) -> serde_json::Value {
 impl Ledger for StoreLedger {
     async fn reserve(&self, project: &str, key: &str, amount: Usd) -> Result<bool, store::Error> {
         let budget = self.budget(project).await?;
-        loop {
-            let (mut account, version) = match self.read(project).await {
-                Ok(read) => read,
-                Err(store::Error::NotFound(_)) => return Ok(amount.is_zero()),
-                Err(e) => return Err(e),
-            };
-            if account.reserve(key, amount, budget).is_err() {
-                return Ok(false);
-            }
-            match self
-                .store
-                .update(&Self::key(project), version, document(project, &account))
-                .await
-            {
-                Err(store::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(e),
-                Ok(_) => return Ok(true),
-            }
+        let reservation = key.to_string();
+        match self
+            .update(project, move |account| {
+                account.reserve(&reservation, amount, budget)
+            })
+            .await
+        {
+            Ok(account) => Ok(account.reserved.contains_key(key)),
+            Err(store::Error::NotFound(_)) => Ok(amount.is_zero()),
+            Err(e) => Err(e),
         }
     }
 
     async fn settle(&self, project: &str, key: &str, actual: Usd) -> Result<(), store::Error> {
+        let settled = key.to_string();
         match self
-            .update(project, |account| {
-                account.settle(key, actual);
+            .update(project, move |account| {
+                account.settle(&settled, actual);
                 Ok(())
             })
             .await

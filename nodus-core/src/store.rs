@@ -262,6 +262,10 @@ impl Error {
     }
 }
 
+/// An edit of one document for [`Store::modify`]: the replacement of the stored document, or
+/// `None` to leave it.
+pub type Edit = Box<dyn FnMut(&Value) -> Option<Value> + Send>;
+
 /// Durable state: resources, journals, inboxes.
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -294,6 +298,26 @@ pub trait Store: Send + Sync {
         expected_version: u64,
         document: Value,
     ) -> Result<Record, Error>;
+
+    /// Change a document atomically: `edit` is given the stored document and returns its
+    /// replacement, or `None` to leave it as it is; no other write to the document comes
+    /// between that read and this write, so concurrent edits (many runs' reservations on one
+    /// account, say) never conflict and are never lost. Returns the document as stored
+    /// afterwards. Backends that can, run `edit` inside their own write (one commit, however
+    /// many edits are queued); this default reads and updates until no conflict intervenes,
+    /// so `edit` may be called more than once.
+    async fn modify(&self, key: &ObjectKey, mut edit: Edit) -> Result<Record, Error> {
+        loop {
+            let record = self.get(key).await?;
+            let Some(document) = edit(&record.document) else {
+                return Ok(record);
+            };
+            match self.update(key, record.version, document).await {
+                Err(Error::Conflict { .. }) => continue,
+                other => return other,
+            }
+        }
+    }
 
     /// Delete a document with its journal and inbox.
     async fn delete(&self, key: &ObjectKey) -> Result<(), Error>;

@@ -39,6 +39,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     list_selectors(make()).await;
     optimistic_concurrency(make()).await;
     concurrent_writers(make()).await;
+    atomic_edits(make()).await;
     batch_atomicity_and_order(make()).await;
     idempotent_batches(make()).await;
     journal_in_order(make()).await;
@@ -433,6 +434,73 @@ pub async fn concurrent_writers<S: Store + Clone + 'static>(store: S) {
     let total = INCREMENTS * WRITERS as u64;
     assert_eq!(record.document["status"]["counter"], json!(total));
     assert_eq!(record.version, ROUNDS + 1 + total);
+}
+
+/// `modify` edits a document atomically: concurrent edits are all applied, none lost and none
+/// refused; an edit that returns `None` writes nothing; the answer is the stored document; a
+/// missing document is `NotFound`; every applied edit is announced as a change.
+pub async fn atomic_edits<S: Store + Clone + 'static>(store: S) {
+    const EDITORS: u64 = 16;
+    const EDITS: u64 = 10;
+
+    let project = unique("edits");
+    let key = ObjectKey::new(&project, Kind::Project, "account");
+    let missing = ObjectKey::new(&project, Kind::Project, "missing");
+    let counting = || -> nodus_core::store::Edit {
+        Box::new(|document: &Value| {
+            let mut document = document.clone();
+            let counter = document["status"]["counter"].as_u64()?;
+            document["status"]["counter"] = json!(counter + 1);
+            Some(document)
+        })
+    };
+    assert_eq!(
+        store.modify(&missing, counting()).await,
+        Err(Error::NotFound(missing.clone()))
+    );
+    let document = json!({
+        "apiVersion": "nodus.dev/v1", "kind": "Project",
+        "metadata": {"name": "account"}, "status": {"counter": 0},
+    });
+    store.create(&key, document).await.expect("create");
+    let mut changes = store.subscribe();
+
+    let mut tasks = Vec::new();
+    for _ in 0..EDITORS {
+        let (store, key) = (store.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..EDITS {
+                let edited = store.modify(&key, counting()).await.expect("an edit");
+                assert!(edited.document["status"]["counter"].as_u64() >= Some(1));
+            }
+        }));
+    }
+    join_all(tasks).await;
+    let total = EDITORS * EDITS;
+    let record = store.get(&key).await.expect("read after the edits");
+    assert_eq!(
+        record.document["status"]["counter"],
+        json!(total),
+        "no edit lost"
+    );
+    assert_eq!(record.version, 1 + total, "one version per edit");
+    let mut announced = 0;
+    while announced < total {
+        match next_change(&mut changes, &project).await {
+            Change::Written(k, _) if k == key => announced += 1,
+            other => panic!("unexpected change {other:?}"),
+        }
+    }
+
+    let unchanged = store
+        .modify(&key, Box::new(|_| None))
+        .await
+        .expect("an edit that changes nothing");
+    assert_eq!(unchanged, record, "the stored document, unchanged");
+    assert_eq!(
+        store.get(&key).await.expect("read again").version,
+        1 + total
+    );
 }
 
 /// A batch is written all or nothing, in order: a batch of 100 whose 57th item exists, or

@@ -48,26 +48,27 @@ impl JournalWrite {
     }
 }
 
-/// Writes a batch of writes (journal writes, or document updates) in one transaction, for the
-/// writer task that owns it.
+/// Writes a batch of writes in one transaction, for the writer task that owns it.
 #[async_trait]
 pub(crate) trait Committer<W: Send + 'static>: Send + 'static {
+    /// What a write answers when it is done (a fence for a claim, say).
+    type Output: Send + 'static;
     /// Each write's own result, in order, or one error when nothing was written.
-    async fn commit(&mut self, writes: Vec<W>) -> Result<Vec<Result<(), Error>>, Error>;
+    async fn commit(&mut self, writes: Vec<W>) -> Result<Vec<Result<Self::Output, Error>>, Error>;
 }
 
-struct Queued<W> {
+struct Queued<W, O> {
     write: W,
-    done: oneshot::Sender<Result<(), Error>>,
+    done: oneshot::Sender<Result<O, Error>>,
 }
 
 /// The handle callers queue writes on. Dropping every handle stops the writer task.
 #[derive(Debug)]
-pub(crate) struct GroupCommit<W = JournalWrite> {
-    queue: mpsc::Sender<Box<Queued<W>>>,
+pub(crate) struct GroupCommit<W = JournalWrite, O = ()> {
+    queue: mpsc::Sender<Box<Queued<W, O>>>,
 }
 
-impl<W> Clone for GroupCommit<W> {
+impl<W, O> Clone for GroupCommit<W, O> {
     fn clone(&self) -> Self {
         GroupCommit {
             queue: self.queue.clone(),
@@ -75,20 +76,20 @@ impl<W> Clone for GroupCommit<W> {
     }
 }
 
-impl<W: std::fmt::Debug> std::fmt::Debug for Queued<W> {
+impl<W: std::fmt::Debug, O> std::fmt::Debug for Queued<W, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.write.fmt(f)
     }
 }
 
-impl<W: Send + 'static> GroupCommit<W> {
+impl<W: Send + 'static, O: Send + 'static> GroupCommit<W, O> {
     /// Start the writer task. The committer writes a batch in one transaction and returns
     /// each write's own result (a refused write does not fail the others), or one error for
     /// all when the transaction failed and nothing was written.
-    pub(crate) fn spawn(mut committer: impl Committer<W>) -> Self {
-        let (queue, mut receiver) = mpsc::channel::<Box<Queued<W>>>(QUEUE);
+    pub(crate) fn spawn(mut committer: impl Committer<W, Output = O>) -> Self {
+        let (queue, mut receiver) = mpsc::channel::<Box<Queued<W, O>>>(QUEUE);
         tokio::spawn(async move {
-            let mut batch: Vec<Box<Queued<W>>> = Vec::with_capacity(MAX_BATCH);
+            let mut batch: Vec<Box<Queued<W, O>>> = Vec::with_capacity(MAX_BATCH);
             while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
                 let (writes, waiters): (Vec<_>, Vec<_>) =
                     batch.drain(..).map(|q| (q.write, q.done)).unzip();
@@ -120,7 +121,7 @@ impl<W: Send + 'static> GroupCommit<W> {
     }
 
     /// Queue a write and wait until it is durable (or refused).
-    pub(crate) async fn write(&self, write: W) -> Result<(), Error> {
+    pub(crate) async fn write(&self, write: W) -> Result<O, Error> {
         let (done, result) = oneshot::channel();
         let stopped = || Error::Unavailable("the store's writer stopped".to_string());
         self.queue

@@ -13,8 +13,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
-    Store, Swept,
+    Change, Claimed, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record,
+    Selector, Store, Swept,
 };
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -344,6 +344,24 @@ impl Store for MemoryStore {
             key: key.clone(),
             version,
             document,
+        })
+    }
+
+    async fn modify(&self, key: &ObjectKey, mut edit: Edit) -> Result<Record, Error> {
+        let mut state = self.lock();
+        let entry = state
+            .entry_mut(key)
+            .ok_or_else(|| Error::NotFound(key.clone()))?;
+        if let Some(document) = edit(&entry.document) {
+            let version = next_version(key, entry.version)?;
+            entry.version = version;
+            entry.document = document;
+            self.notify(Change::Written(key.clone(), version));
+        }
+        Ok(Record {
+            key: key.clone(),
+            version: entry.version,
+            document: entry.document.clone(),
         })
     }
 

@@ -23,8 +23,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
-    Store, Swept,
+    Change, Claimed, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record,
+    Selector, Store, Swept,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
@@ -395,6 +395,7 @@ struct JournalCommitter {
 
 #[async_trait]
 impl Committer<JournalWrite> for JournalCommitter {
+    type Output = ();
     async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error> {
         let mut conn = match self.conn.take() {
             Some(conn) => conn,
@@ -641,6 +642,34 @@ fn fenced(run_uid: &str) -> Error {
     }
 }
 
+/// Read a document through `executor`; `lock` is appended to the query (`" FOR UPDATE"`
+/// inside a transaction that writes it next).
+async fn read_record<'e>(
+    executor: impl sqlx::Executor<'e, Database = Postgres>,
+    key: &ObjectKey,
+    lock: &str,
+) -> Result<Record, Error> {
+    let query = format!(
+        "SELECT version, document::text FROM resources \
+         WHERE project = $1 AND kind = $2 AND name = $3{lock}"
+    );
+    let row = sqlx::query(&query)
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .fetch_optional(executor)
+        .await
+        .map_err(map_err)?
+        .ok_or_else(|| Error::NotFound(key.clone()))?;
+    let version: i64 = row.try_get(0).map_err(map_err)?;
+    let document: String = row.try_get(1).map_err(map_err)?;
+    Ok(Record {
+        key: key.clone(),
+        version: sql::to_u64(version, "a version")?,
+        document: sql::parse_document(&document)?,
+    })
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
@@ -742,23 +771,43 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
-        let row = sqlx::query(
-            "SELECT version, document::text FROM resources \
-             WHERE project = $1 AND kind = $2 AND name = $3",
+        read_record(&self.inner.pool, key, "").await
+    }
+
+    async fn modify(&self, key: &ObjectKey, mut edit: Edit) -> Result<Record, Error> {
+        let mut tx = self.begin().await?;
+        // The row stays locked until the commit: concurrent edits queue here, none is lost.
+        let record = read_record(&mut *tx, key, " FOR UPDATE").await?;
+        let Some(document) = edit(&record.document) else {
+            return Ok(record);
+        };
+        let stored = sql::to_i64(record.version).ok_or_else(|| {
+            Error::Corrupt(format!("{key}: version {} too large", record.version))
+        })?;
+        let version = sql::bump(key, stored)?;
+        sqlx::query(
+            "UPDATE resources SET version = $1, uid = $2, document = $3::json \
+             WHERE project = $4 AND kind = $5 AND name = $6",
         )
+        .bind(version)
+        .bind(sql::uid_of(&document))
+        .bind(sql::document_text(&document))
         .bind(&key.project)
         .bind(sql::kind_name(key.kind))
         .bind(&key.name)
-        .fetch_optional(&self.inner.pool)
+        .execute(&mut *tx)
         .await
-        .map_err(map_err)?
-        .ok_or_else(|| Error::NotFound(key.clone()))?;
-        let version: i64 = row.try_get(0).map_err(map_err)?;
-        let document: String = row.try_get(1).map_err(map_err)?;
+        .map_err(map_err)?;
+        let version = sql::to_u64(version, "a version")?;
+        let hearing = self
+            .notify(&mut tx, &Change::Written(key.clone(), version))
+            .await?;
+        tx.commit().await.map_err(map_err)?;
+        hearing.wait().await;
         Ok(Record {
             key: key.clone(),
-            version: sql::to_u64(version, "a version")?,
-            document: sql::parse_document(&document)?,
+            version,
+            document,
         })
     }
 

@@ -22,8 +22,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
-    Store, Swept,
+    Change, Claimed, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record,
+    Selector, Store, Swept,
 };
 use serde_json::Value;
 use sqlx::sqlite::{
@@ -66,10 +66,9 @@ struct Inner {
     writer: SqlitePool,
     /// Connections that read.
     readers: SqlitePool,
-    journal: GroupCommit,
-    /// Document updates, group-committed like the journal: under load many runs' status
-    /// writes share one durable commit.
-    updates: GroupCommit<DocumentUpdate>,
+    /// Every write but creates and deletes, group-committed: under load many runs' steps,
+    /// status writes, account edits and leases share one durable commit.
+    writes: GroupCommit<Write, Written>,
     changes: broadcast::Sender<Change>,
 }
 
@@ -103,11 +102,8 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| in_file(map_err(e)))?;
-        let journal = GroupCommit::spawn(JournalCommitter {
-            pool: writer.clone(),
-        });
         let (changes, _) = broadcast::channel(CHANGE_CAPACITY);
-        let updates = GroupCommit::spawn(UpdateCommitter {
+        let writes = GroupCommit::spawn(Writer {
             pool: writer.clone(),
             changes: changes.clone(),
         });
@@ -116,8 +112,7 @@ impl SqliteStore {
                 path,
                 writer,
                 readers,
-                journal,
-                updates,
+                writes,
                 changes,
             }),
         })
@@ -229,30 +224,216 @@ fn migrate_error(error: sqlx::migrate::MigrateError) -> Error {
     }
 }
 
+/// Every write but creates and deletes: queued for the one writer task, which group-commits
+/// whatever is queued in one transaction (one fsync) and answers each after the commit.
+enum Write {
+    /// A journal write.
+    Journal(JournalWrite),
+    /// A document replaced if still at the version its writer read.
+    Replace(DocumentUpdate),
+    /// A document edited in place ([`Store::modify`]).
+    Edit {
+        /// The document.
+        key: ObjectKey,
+        /// The edit.
+        edit: Edit,
+    },
+    /// A lease granted ([`Store::claim`]).
+    Claim {
+        /// The run's uid.
+        run: String,
+        /// The lease.
+        lease: Lease,
+    },
+    /// A lease extended or given up ([`Store::renew`], [`Store::release`]).
+    Lease {
+        /// The run's uid.
+        run: String,
+        /// The holder's fence.
+        fence: Fence,
+        /// The new owner and expiry; `None` gives the lease up.
+        renewal: Option<Lease>,
+    },
+}
+
+/// What a write answers.
+#[derive(Debug)]
+enum Written {
+    /// Done.
+    Done,
+    /// The edited document.
+    Document(Record),
+    /// The new fence.
+    Fence(Fence),
+}
+
+impl Written {
+    fn fence(self) -> Result<Fence, Error> {
+        match self {
+            Written::Fence(fence) => Ok(fence),
+            _ => Err(Error::Corrupt(
+                "a claim answered without a fence".to_string(),
+            )),
+        }
+    }
+
+    fn document(self) -> Result<Record, Error> {
+        match self {
+            Written::Document(record) => Ok(record),
+            _ => Err(Error::Corrupt(
+                "an edit answered without its document".to_string(),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for Write {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Write::Journal(write) => write.fmt(f),
+            Write::Replace(update) => update.fmt(f),
+            Write::Edit { key, .. } => write!(f, "Edit({key})"),
+            Write::Claim { run, .. } => write!(f, "Claim({run})"),
+            Write::Lease { run, .. } => write!(f, "Lease({run})"),
+        }
+    }
+}
+
 /// The writer task's side of group commit: one transaction per batch on the writer
-/// connection (none for a batch of one: its statement commits by itself).
-struct JournalCommitter {
+/// connection (none for a batch of one: its statements commit by themselves), and each
+/// document change announced after the commit, while the connection is still held, so that
+/// changes arrive in commit order.
+struct Writer {
     pool: SqlitePool,
+    changes: broadcast::Sender<Change>,
 }
 
 #[async_trait]
-impl Committer<JournalWrite> for JournalCommitter {
-    async fn commit(&mut self, writes: Vec<JournalWrite>) -> Result<Vec<Result<(), Error>>, Error> {
+impl Committer<Write> for Writer {
+    type Output = Written;
+
+    async fn commit(&mut self, writes: Vec<Write>) -> Result<Vec<Result<Written, Error>>, Error> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let mut results = Vec::with_capacity(writes.len());
+        let mut announced = Vec::new();
         if writes.len() == 1 {
-            for write in &writes {
-                results.push(journal_write(&mut conn, write).await?);
+            for write in writes {
+                results.push(write_one(&mut conn, write, &mut announced).await?);
             }
-            return Ok(results);
+        } else {
+            // Dropped on an error: the transaction rolls back and nothing was written.
+            let mut tx = conn.begin().await.map_err(map_err)?;
+            for write in writes {
+                results.push(write_one(&mut tx, write, &mut announced).await?);
+            }
+            tx.commit().await.map_err(map_err)?;
         }
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        for write in &writes {
-            results.push(journal_write(&mut tx, write).await?);
+        for change in announced {
+            let _ = self.changes.send(change);
         }
-        tx.commit().await.map_err(map_err)?;
         Ok(results)
     }
+}
+
+/// One write of a batch: `Err` for a database failure (the batch fails), `Ok(Err)` for a
+/// refused write (a stale version or fence, a lease held by another, a missing document).
+async fn write_one(
+    conn: &mut SqliteConnection,
+    write: Write,
+    announced: &mut Vec<Change>,
+) -> Result<Result<Written, Error>, Error> {
+    let refused = |e: Error| match e {
+        Error::Leased { .. } | Error::Fenced { .. } | Error::NotFound(_) => Ok(Err(e)),
+        failure => Err(failure),
+    };
+    match write {
+        Write::Journal(write) => Ok(journal_write(conn, &write).await?.map(|()| Written::Done)),
+        Write::Replace(update) => {
+            let result = update_one(conn, &update).await?;
+            if result.is_ok() {
+                announced.push(Change::Written(update.key, update.expected + 1));
+            }
+            Ok(result.map(|()| Written::Done))
+        }
+        Write::Edit { key, mut edit } => {
+            let record = match read_record(&mut *conn, &key).await {
+                Ok(record) => record,
+                Err(e) => return refused(e),
+            };
+            let Some(document) = edit(&record.document) else {
+                return Ok(Ok(Written::Document(record)));
+            };
+            let update = DocumentUpdate {
+                key: key.clone(),
+                expected: record.version,
+                uid: sql::uid_of(&document).map(str::to_string),
+                text: sql::document_text(&document),
+            };
+            let result = update_one(conn, &update).await?;
+            if result.is_ok() {
+                announced.push(Change::Written(
+                    key.clone(),
+                    record.version.saturating_add(1),
+                ));
+            }
+            Ok(result.map(|()| {
+                Written::Document(Record {
+                    key,
+                    version: record.version.saturating_add(1),
+                    document,
+                })
+            }))
+        }
+        Write::Claim { run, lease } => match grant(conn, &run, &lease).await {
+            Ok(fence) => Ok(Ok(Written::Fence(fence))),
+            Err(e) => refused(e),
+        },
+        Write::Lease {
+            run,
+            fence,
+            renewal,
+        } => {
+            if let Err(e) = check_fence(conn, &run, fence).await {
+                return refused(e);
+            }
+            let (owner, expires_at) = match &renewal {
+                Some(lease) => (Some(lease.owner.as_str()), sql::nanos(lease.expires_at()?)?),
+                None => (None, i64::MIN),
+            };
+            sqlx::query("UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ?")
+                .bind(owner)
+                .bind(expires_at)
+                .bind(&run)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+            Ok(Ok(Written::Done))
+        }
+    }
+}
+
+/// Read a document through `executor` (the readers, or the writer inside its transaction).
+async fn read_record<'e>(
+    executor: impl sqlx::Executor<'e, Database = Sqlite>,
+    key: &ObjectKey,
+) -> Result<Record, Error> {
+    let row = sqlx::query(
+        "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .fetch_optional(executor)
+    .await
+    .map_err(map_err)?
+    .ok_or_else(|| Error::NotFound(key.clone()))?;
+    let version: i64 = row.try_get(0).map_err(map_err)?;
+    let document: String = row.try_get(1).map_err(map_err)?;
+    Ok(Record {
+        key: key.clone(),
+        version: sql::to_u64(version, "a version")?,
+        document: sql::parse_document(&document)?,
+    })
 }
 
 /// A document update, checked against the version its writer read.
@@ -262,37 +443,6 @@ struct DocumentUpdate {
     expected: u64,
     uid: Option<String>,
     text: String,
-}
-
-/// Writes a batch of document updates in one transaction and announces each change after
-/// the commit, while it still holds the writer connection (so changes arrive in commit order).
-struct UpdateCommitter {
-    pool: SqlitePool,
-    changes: broadcast::Sender<Change>,
-}
-
-#[async_trait]
-impl Committer<DocumentUpdate> for UpdateCommitter {
-    async fn commit(
-        &mut self,
-        writes: Vec<DocumentUpdate>,
-    ) -> Result<Vec<Result<(), Error>>, Error> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        let mut results = Vec::with_capacity(writes.len());
-        for write in &writes {
-            results.push(update_one(&mut tx, write).await?);
-        }
-        tx.commit().await.map_err(map_err)?;
-        for (write, result) in writes.iter().zip(&results) {
-            if result.is_ok() {
-                let _ = self
-                    .changes
-                    .send(Change::Written(write.key.clone(), write.expected + 1));
-            }
-        }
-        Ok(results)
-    }
 }
 
 /// One document update: `Err` for a database failure (the batch fails), `Ok(Err)` for a
@@ -595,23 +745,7 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
-        let row = sqlx::query(
-            "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
-        )
-        .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
-        .bind(&key.name)
-        .fetch_optional(&self.inner.readers)
-        .await
-        .map_err(map_err)?
-        .ok_or_else(|| Error::NotFound(key.clone()))?;
-        let version: i64 = row.try_get(0).map_err(map_err)?;
-        let document: String = row.try_get(1).map_err(map_err)?;
-        Ok(Record {
-            key: key.clone(),
-            version: sql::to_u64(version, "a version")?,
-            document: sql::parse_document(&document)?,
-        })
+        read_record(&self.inner.readers, key).await
     }
 
     async fn list(
@@ -688,13 +822,13 @@ impl Store for SqliteStore {
         // Only used when the update succeeds, that is when `expected_version` is stored.
         let version = expected_version.saturating_add(1);
         self.inner
-            .updates
-            .write(DocumentUpdate {
+            .writes
+            .write(Write::Replace(DocumentUpdate {
                 key: key.clone(),
                 expected: expected_version,
                 uid: sql::uid_of(&document).map(str::to_string),
                 text: sql::document_text(&document),
-            })
+            }))
             .await?;
         Ok(Record {
             key: key.clone(),
@@ -739,11 +873,25 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        let fence = grant(&mut tx, run_uid, lease).await?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(fence)
+        self.inner
+            .writes
+            .write(Write::Claim {
+                run: run_uid.to_string(),
+                lease: lease.clone(),
+            })
+            .await?
+            .fence()
+    }
+
+    async fn modify(&self, key: &ObjectKey, edit: Edit) -> Result<Record, Error> {
+        self.inner
+            .writes
+            .write(Write::Edit {
+                key: key.clone(),
+                edit,
+            })
+            .await?
+            .document()
     }
 
     async fn claim_runnable(
@@ -787,42 +935,39 @@ impl Store for SqliteStore {
     }
 
     async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
-        let expires_at = sql::nanos(lease.expires_at()?)?;
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        check_fence(&mut tx, run_uid, fence).await?;
-        sqlx::query("UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ?")
-            .bind(&lease.owner)
-            .bind(expires_at)
-            .bind(run_uid)
-            .execute(&mut *tx)
+        self.inner
+            .writes
+            .write(Write::Lease {
+                run: run_uid.to_string(),
+                fence,
+                renewal: Some(lease.clone()),
+            })
             .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)
+            .map(drop)
     }
 
     async fn release(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        check_fence(&mut tx, run_uid, fence).await?;
-        sqlx::query("UPDATE leases SET owner = NULL, expires_at = ? WHERE run_uid = ?")
-            .bind(i64::MIN)
-            .bind(run_uid)
-            .execute(&mut *tx)
+        self.inner
+            .writes
+            .write(Write::Lease {
+                run: run_uid.to_string(),
+                fence,
+                renewal: None,
+            })
             .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)
+            .map(drop)
     }
 
     async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error> {
         self.inner
-            .journal
-            .write(JournalWrite::Append {
+            .writes
+            .write(Write::Journal(JournalWrite::Append {
                 run: run_uid.to_string(),
                 fence,
                 step: step.clone(),
-            })
+            }))
             .await
+            .map(drop)
     }
 
     async fn complete_step(
@@ -833,14 +978,15 @@ impl Store for SqliteStore {
         completion: &Completion,
     ) -> Result<(), Error> {
         self.inner
-            .journal
-            .write(JournalWrite::Complete {
+            .writes
+            .write(Write::Journal(JournalWrite::Complete {
                 run: run_uid.to_string(),
                 fence,
                 seq,
                 completion: completion.clone(),
-            })
+            }))
             .await
+            .map(drop)
     }
 
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {

@@ -147,44 +147,9 @@ async fn group_wall_time(address: SocketAddr, name: &str, runs: usize) -> u128 {
     }
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut options = Options::new(dir.path().to_path_buf());
-    // NODUS_BENCH_STORE and NODUS_BENCH_SANDBOX choose other backends, to see where time goes.
-    options.store = Some(match std::env::var("NODUS_BENCH_STORE") {
-        Ok(url) => url.parse().expect("NODUS_BENCH_STORE"),
-        Err(_) => StoreUrl::Sqlite(dir.path().join("nodus.db")),
-    });
-    options.sandbox = match std::env::var("NODUS_BENCH_SANDBOX") {
-        Ok(kind) => kind.parse().expect("NODUS_BENCH_SANDBOX"),
-        Err(_) => SandboxKind::Process,
-    };
-    options.bootstrap_token = Some(TOKEN.to_string());
-    options.listen = "127.0.0.1:0".parse().expect("address");
-    let server = Server::build(options).await.expect("server");
-    let state = server.state();
-    state
-        .ledger
-        .add("default", nodus_core::Usd::from_cents(100_000))
-        .await
-        .expect("credits");
-    let bound = server.bind().await.expect("bind");
-    let address = bound.local_addr();
-    tokio::spawn(bound.serve(std::future::pending()));
-
-    let mut connection = Connection::open(address).await;
-    let agent = r#"{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{"name":"bench"},"spec":{"system":"s","perRunMaxCostUSD":"0.10","maxTokens":1024}}"#;
-    let (status, body) = connection
-        .request("POST", &format!("{P}/agents"), Some(agent))
-        .await;
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let parked = r#"{"apiVersion":"nodus.dev/v1","kind":"AgentGroup","metadata":{"name":"parked"},"spec":{"agent":"bench","maxCostUSD":"0.00"}}"#;
-    let (status, body) = connection
-        .request("POST", &format!("{P}/agentgroups"), Some(parked))
-        .await;
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-
+/// Requests per second for the health check (the baseline), an agent's `GET` and a run's
+/// `POST`, printed.
+async fn requests_per_second(address: SocketAddr) {
     let healthz = rate(
         address,
         "GET",
@@ -225,7 +190,50 @@ async fn main() {
         "  POST a run (create only)    {create:>8}/s   ({}% of the baseline)",
         create * 100 / healthz.max(1)
     );
+}
 
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut options = Options::new(dir.path().to_path_buf());
+    // NODUS_BENCH_STORE and NODUS_BENCH_SANDBOX choose other backends, to see where time goes.
+    options.store = Some(match std::env::var("NODUS_BENCH_STORE") {
+        Ok(url) => url.parse().expect("NODUS_BENCH_STORE"),
+        Err(_) => StoreUrl::Sqlite(dir.path().join("nodus.db")),
+    });
+    options.sandbox = match std::env::var("NODUS_BENCH_SANDBOX") {
+        Ok(kind) => kind.parse().expect("NODUS_BENCH_SANDBOX"),
+        Err(_) => SandboxKind::Process,
+    };
+    options.bootstrap_token = Some(TOKEN.to_string());
+    options.listen = "127.0.0.1:0".parse().expect("address");
+    let server = Server::build(options).await.expect("server");
+    let state = server.state();
+    state
+        .ledger
+        .add("default", nodus_core::Usd::from_cents(100_000))
+        .await
+        .expect("credits");
+    let bound = server.bind().await.expect("bind");
+    let address = bound.local_addr();
+    tokio::spawn(bound.serve(std::future::pending()));
+
+    let mut connection = Connection::open(address).await;
+    let agent = r#"{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{"name":"bench"},"spec":{"system":"s","perRunMaxCostUSD":"0.10","maxTokens":1024}}"#;
+    let (status, body) = connection
+        .request("POST", &format!("{P}/agents"), Some(agent))
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let parked = r#"{"apiVersion":"nodus.dev/v1","kind":"AgentGroup","metadata":{"name":"parked"},"spec":{"agent":"bench","maxCostUSD":"0.00"}}"#;
+    let (status, body) = connection
+        .request("POST", &format!("{P}/agentgroups"), Some(parked))
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+
+    // NODUS_BENCH_GROUPS_ONLY skips the request rates (for iterating on the group figure).
+    if std::env::var_os("NODUS_BENCH_GROUPS_ONLY").is_none() {
+        requests_per_second(address).await;
+    }
     let hundred = group_wall_time(address, "g100", 100).await;
     let thousand = group_wall_time(address, "g1000", 1000).await;
     println!("group wall time, maxActive 100, one command per run in its own bubblewrap sandbox:");
