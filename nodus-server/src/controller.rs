@@ -7,12 +7,13 @@
 //! waiting run with a deadline is queued again when the deadline comes. At start every
 //! unfinished run and every group is queued, which is how runs resume after a restart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nodus_core::Clock;
 use nodus_core::engine::{Driven, Engine};
+use nodus_core::lifecycle::WaitReason;
 use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, Kind};
 use nodus_core::store::{Change, ObjectKey, Selector, Store};
 use tokio::sync::{Semaphore, mpsc};
@@ -30,6 +31,8 @@ struct Done {
     group: Option<ObjectKey>,
     /// When to look at the run again by itself (its deadline).
     wake_at: Option<jiff::Timestamp>,
+    /// The run waits for its project's credits.
+    awaiting_funds: bool,
 }
 
 #[derive(Default)]
@@ -63,6 +66,10 @@ impl Controller {
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<ObjectKey>();
         let mut slots: HashMap<ObjectKey, Slot> = HashMap::new();
         let mut workers: JoinSet<Done> = JoinSet::new();
+        // The runs this controller left waiting for funds, by project: a change of a
+        // project's credits wakes only those (every model call changes the account; looking
+        // for waiting runs in the store each time would read every run of the project).
+        let mut awaiting_funds: HashMap<String, HashSet<ObjectKey>> = HashMap::new();
         for key in self.everything().await {
             self.queue(key, &mut slots, &mut workers);
         }
@@ -77,7 +84,7 @@ impl Controller {
                     Ok(Change::Written(key, _)) if key.kind == Kind::Project && key.project == SYSTEM_PROJECT => {
                         // Credits changed: the runs waiting for funds look again (only
                         // those: every model call changes its project's account).
-                        for run in self.awaiting_funds(&key.name).await {
+                        for run in awaiting_funds.remove(&key.name).unwrap_or_default() {
                             self.queue(run, &mut slots, &mut workers);
                         }
                     }
@@ -93,6 +100,12 @@ impl Controller {
                 Some(key) = wake_rx.recv() => self.queue(key, &mut slots, &mut workers),
                 Some(done) = workers.join_next(), if !workers.is_empty() => {
                     let Ok(done) = done else { continue };
+                    if done.awaiting_funds {
+                        awaiting_funds
+                            .entry(done.key.project.clone())
+                            .or_default()
+                            .insert(done.key.clone());
+                    }
                     if let Some(group) = done.group {
                         self.queue(group, &mut slots, &mut workers);
                     }
@@ -150,6 +163,7 @@ impl Controller {
                         key,
                         group: None,
                         wake_at: None,
+                        awaiting_funds: false,
                     }
                 }
                 _ => {
@@ -192,21 +206,6 @@ impl Controller {
         keys
     }
 
-    /// The runs of a project that wait for funds.
-    async fn awaiting_funds(&self, project: &str) -> Vec<ObjectKey> {
-        let selector = Selector {
-            fields: [("status.reason".to_string(), "AwaitingFunds".to_string())].into(),
-            ..Selector::default()
-        };
-        match self.store.list(project, Kind::AgentRun, &selector).await {
-            Ok(records) => records.into_iter().map(|record| record.key).collect(),
-            Err(error) => {
-                tracing::error!(project, error = %error, "cannot list the runs waiting for funds");
-                Vec::new()
-            }
-        }
-    }
-
     /// The unfinished runs of a project.
     async fn runs_of(&self, project: &str) -> Vec<ObjectKey> {
         match self
@@ -239,29 +238,34 @@ async fn drive(engine: &Engine, key: ObjectKey) -> Done {
                 key,
                 group: None,
                 wake_at: None,
+                awaiting_funds: false,
             };
         }
     };
     match engine.drive(&key.project, &key.name).await {
-        Ok(Driven::Waiting { until, .. }) => Done {
+        Ok(Driven::Waiting { until, reason }) => Done {
             key,
             group,
             wake_at: until,
+            awaiting_funds: reason == WaitReason::AwaitingFunds,
         },
         Ok(Driven::NotAdmitted) => Done {
             key,
             group: None,
             wake_at: None,
+            awaiting_funds: false,
         },
         Ok(_) => Done {
             key,
             group,
             wake_at: None,
+            awaiting_funds: false,
         },
         Err(error) if error.reason() == "NotFound" => Done {
             key,
             group,
             wake_at: None,
+            awaiting_funds: false,
         },
         Err(error) => {
             // Another replica holds the run, or the store is restarting: look again soon.
@@ -272,6 +276,7 @@ async fn drive(engine: &Engine, key: ObjectKey) -> Done {
                 wake_at: jiff::Timestamp::now()
                     .checked_add(jiff::SignedDuration::from_secs(2))
                     .ok(),
+                awaiting_funds: false,
             }
         }
     }
