@@ -6,6 +6,8 @@
 use async_trait::async_trait;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::store::{Error, Fence};
+use std::time::{Duration, Instant};
+
 use tokio::sync::{mpsc, oneshot};
 
 /// At most this many writes share one transaction.
@@ -90,11 +92,15 @@ impl<W: Send + 'static, O: Send + 'static> GroupCommit<W, O> {
         let (queue, mut receiver) = mpsc::channel::<Box<Queued<W, O>>>(QUEUE);
         tokio::spawn(async move {
             let mut batch: Vec<Box<Queued<W, O>>> = Vec::with_capacity(MAX_BATCH);
+            let mut last_count = 0;
             while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+                gather(&mut receiver, &mut batch, last_count).await;
                 let (writes, waiters): (Vec<_>, Vec<_>) =
                     batch.drain(..).map(|q| (q.write, q.done)).unzip();
                 let count = writes.len();
-                match committer.commit(writes).await {
+                last_count = count;
+                let committed = committer.commit(writes).await;
+                match committed {
                     Ok(results) if results.len() == count => {
                         for (done, result) in waiters.into_iter().zip(results) {
                             let _ = done.send(result);
@@ -129,6 +135,30 @@ impl<W: Send + 'static, O: Send + 'static> GroupCommit<W, O> {
             .await
             .map_err(|_| stopped())?;
         result.await.map_err(|_| stopped())?
+    }
+}
+
+/// The longest a batch waits for the writers of the previous batch to queue again.
+const GATHER: Duration = Duration::from_micros(300);
+
+/// When fewer writes are queued than the previous batch had, give their writers a moment
+/// (at most [`GATHER`]) to queue again: the writers just acknowledged are usually about to
+/// write once more, and one commit for all of them is cheaper than several. A lone writer
+/// (a previous batch of one) never waits.
+async fn gather<T>(receiver: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, last_count: usize) {
+    let want = last_count.min(MAX_BATCH);
+    if batch.len() >= want {
+        return;
+    }
+    let until = Instant::now() + GATHER;
+    while batch.len() < want && Instant::now() < until {
+        tokio::task::yield_now().await;
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
     }
 }
 

@@ -71,6 +71,11 @@ mod tests {
         conformance::concurrent_writers(MemoryStore::new()).await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn atomic_edits() {
+        conformance::atomic_edits(MemoryStore::new()).await;
+    }
+
     #[tokio::test]
     async fn batch_atomicity_and_order() {
         conformance::batch_atomicity_and_order(MemoryStore::new()).await;

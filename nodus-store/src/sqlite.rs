@@ -323,8 +323,25 @@ impl Committer<Write> for Writer {
         } else {
             // Dropped on an error: the transaction rolls back and nothing was written.
             let mut tx = conn.begin().await.map_err(map_err)?;
-            for write in writes {
-                results.push(write_one(&mut tx, write, &mut announced).await?);
+            let mut writes = writes.into_iter().peekable();
+            while let Some(write) = writes.next() {
+                let Write::Journal(first) = write else {
+                    results.push(write_one(&mut tx, write, &mut announced).await?);
+                    continue;
+                };
+                // Consecutive journal writes (most of a busy batch) in a few statements.
+                let mut segment = vec![first];
+                while let Some(Write::Journal(_)) = writes.peek() {
+                    if let Some(Write::Journal(write)) = writes.next() {
+                        segment.push(write);
+                    }
+                }
+                if let [write] = segment.as_slice() {
+                    results.push(journal_write(&mut tx, write).await?.map(|()| Written::Done));
+                } else {
+                    let written = batch::journal_writes(&mut tx, &segment).await?;
+                    results.extend(written.into_iter().map(|r| r.map(|()| Written::Done)));
+                }
             }
             tx.commit().await.map_err(map_err)?;
         }
@@ -1205,5 +1222,6 @@ impl Store for SqliteStore {
     }
 }
 
+mod batch;
 #[cfg(test)]
 mod tests;

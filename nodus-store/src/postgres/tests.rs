@@ -62,6 +62,7 @@ cases!(
     list_selectors,
     optimistic_concurrency,
     concurrent_writers,
+    atomic_edits,
     batch_atomicity_and_order,
     idempotent_batches,
     journal_in_order,

@@ -36,6 +36,7 @@ cases!(
     list_selectors,
     optimistic_concurrency,
     concurrent_writers,
+    atomic_edits,
     batch_atomicity_and_order,
     idempotent_batches,
     journal_in_order,
@@ -204,5 +205,99 @@ async fn a_sqlite_file_of_another_application_is_refused() {
     assert!(
         matches!(&result, Err(Error::Corrupt(m)) if m.contains("0x2a")),
         "{result:?}"
+    );
+}
+
+/// One batch of journal writes, checked in order against each other and written in a few
+/// statements: each write gets its own answer, exactly as if written one by one.
+#[tokio::test]
+async fn a_batch_of_journal_writes_answers_each_write_in_order() {
+    use crate::group::JournalWrite;
+    use nodus_core::journal::{Completion, Outcome};
+    use nodus_core::store::Fence;
+
+    let (store, _dir) = fresh().await;
+    let lease = Lease::new("a", Timestamp::now(), std::time::Duration::from_secs(30));
+    let fence = store.claim("u", &lease).await.expect("claim");
+    let step = |seq| Step {
+        seq,
+        started_at: Timestamp::UNIX_EPOCH,
+        intent: Intent::Route { turn: seq },
+        completion: None,
+    };
+    store
+        .append_step("u", fence, &step(0))
+        .await
+        .expect("append");
+    let done = Completion {
+        finished_at: Timestamp::UNIX_EPOCH,
+        outcome: Outcome::Failed {
+            error: "no".to_string(),
+            by_resolution: false,
+        },
+    };
+    let append = |seq, fence| JournalWrite::Append {
+        run: "u".to_string(),
+        fence,
+        step: step(seq),
+    };
+    let complete = |seq, fence| JournalWrite::Complete {
+        run: "u".to_string(),
+        fence,
+        seq,
+        completion: done.clone(),
+    };
+    let stale = Fence(fence.0 - 1);
+    let writes = vec![
+        append(1, fence),
+        append(1, fence),
+        complete(1, fence),
+        complete(1, fence),
+        complete(5, fence),
+        append(2, stale),
+        JournalWrite::Append {
+            run: "nobody-holds-this".to_string(),
+            fence,
+            step: step(0),
+        },
+        complete(0, fence),
+        append(2, fence),
+    ];
+    let results = {
+        let mut conn = store.inner.writer.acquire().await.expect("the writer");
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
+        let results = super::batch::journal_writes(&mut tx, &writes)
+            .await
+            .expect("the batch");
+        tx.commit().await.expect("commit");
+        results
+    };
+    let refusal = |r: &Result<(), Error>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(Error::Fenced { .. }) => "fenced".to_string(),
+        Err(Error::Journal { message, .. }) => message.clone(),
+        Err(other) => format!("{other:?}"),
+    };
+    assert_eq!(
+        results.iter().map(refusal).collect::<Vec<_>>(),
+        vec![
+            "ok".to_string(),
+            "step 1 appended out of order (the journal has 2 steps, so the next is 2)".to_string(),
+            "ok".to_string(),
+            "step 1 is already completed".to_string(),
+            "cannot complete step 5: the journal has 2 steps".to_string(),
+            "fenced".to_string(),
+            "fenced".to_string(),
+            "ok".to_string(),
+            "ok".to_string(),
+        ]
+    );
+    let journal = store.journal("u").await.expect("the journal");
+    assert_eq!(
+        journal
+            .iter()
+            .map(|s| (s.seq, s.completion.is_some()))
+            .collect::<Vec<_>>(),
+        vec![(0, true), (1, true), (2, false)]
     );
 }
