@@ -10,7 +10,7 @@
 //!   retention and change notification.
 //!
 //! The SQL backends migrate their schema on open, bind every value (selector paths too), keep
-//! documents as exact JSON text (money is never a float), group-commit journal writes, and
+//! documents as exact JSON text (money is never a float), group-commit writes, and
 //! map database failures to `Error::Unavailable` (retryable) or `Error::Corrupt`.
 
 pub mod memory;
