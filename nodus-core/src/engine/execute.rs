@@ -16,7 +16,10 @@ use crate::replay::{Prompt, Replay, SandboxState};
 use crate::resource::{Access, AgentRun, AgentSpec, ChosenBy, Kind, RunSnapshot};
 use crate::router::RouteRequest;
 use crate::sandbox::{self, ExecRequest, SandboxSpec};
-use crate::store::{self as store_api, Fence, ObjectKey};
+use crate::store::{self as store_api, Fence, InboxMessage, ObjectKey};
+
+/// A run as read from (or written to) the store.
+type Run = typed::Versioned<crate::resource::AgentRunSpec>;
 
 /// Where driving a run left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,14 +209,24 @@ impl Engine {
         fence: Fence,
         journal: &mut Vec<Step>,
     ) -> Result<Driven> {
+        // The run as this loop last wrote it, with its inbox: while nobody else writes the run
+        // (a message or a cancel request bumps its version, so the next status write is
+        // refused and the loop reads again), there is nothing new to read.
+        let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         loop {
-            let record = self.deps.store.get(&fixed.key).await?;
-            let run = typed::decode::<crate::resource::AgentRunSpec>(record)?;
+            let (run, inbox) = match known.take() {
+                Some(known) => known,
+                None => {
+                    let record = self.deps.store.get(&fixed.key).await?;
+                    let run = typed::decode::<crate::resource::AgentRunSpec>(record)?;
+                    let inbox = self.deps.store.inbox(&fixed.uid).await?;
+                    (run, inbox)
+                }
+            };
             let phase = phase_of(&run.object);
             if phase.is_finished() {
                 return Ok(Driven::Finished(phase));
             }
-            let inbox = self.deps.store.inbox(&fixed.uid).await?;
             let now = self.deps.clock.now();
             let decision = decide::decide(&RunInput {
                 agent: &fixed.snapshot.agent,
@@ -259,37 +272,33 @@ impl Engine {
                     continue;
                 }
                 Decision::Park(seq) => {
+                    let target = advance(phase, RunPhase::NeedsResolution)?;
                     if self
-                        .write_status(
-                            fixed,
-                            &run,
-                            journal,
-                            advance(phase, RunPhase::NeedsResolution)?,
-                        )
+                        .write_status(fixed, &run, journal, target)
                         .await?
+                        .is_some()
                     {
                         return Ok(Driven::Parked { seq });
                     }
                     continue;
                 }
                 Decision::Wait { reason, until } => {
+                    let target = advance(phase, RunPhase::Waiting(reason))?;
                     if self
-                        .write_status(
-                            fixed,
-                            &run,
-                            journal,
-                            advance(phase, RunPhase::Waiting(reason))?,
-                        )
+                        .write_status(fixed, &run, journal, target)
                         .await?
+                        .is_some()
                     {
                         return Ok(Driven::Waiting { reason, until });
                     }
                     continue;
                 }
                 Decision::Finish(end) => {
+                    let target = advance(phase, end)?;
                     if self
-                        .write_status(fixed, &run, journal, advance(phase, end)?)
+                        .write_status(fixed, &run, journal, target)
                         .await?
+                        .is_some()
                     {
                         return Ok(Driven::Finished(end));
                     }
@@ -303,22 +312,25 @@ impl Engine {
                     message: format!("the decider named step {seq}, which the journal lacks"),
                 });
             };
-            match self.perform(fixed, journal, &run.object, &intent).await {
+            match self
+                .perform(fixed, journal, &run.object, &inbox, &intent)
+                .await
+            {
                 Performed::Done(outcome) => {
                     self.complete(fixed, fence, journal, seq, outcome).await?;
                     // A conflict here only means the document moved on; the next pass
                     // re-reads it and writes the status again.
-                    self.write_status(fixed, &run, journal, target).await?;
+                    known = self
+                        .write_status(fixed, &run, journal, target)
+                        .await?
+                        .map(|written| (written, inbox));
                 }
                 Performed::Uncertain => {
+                    let target = advance(target, RunPhase::NeedsResolution)?;
                     if self
-                        .write_status(
-                            fixed,
-                            &run,
-                            journal,
-                            advance(target, RunPhase::NeedsResolution)?,
-                        )
+                        .write_status(fixed, &run, journal, target)
                         .await?
+                        .is_some()
                     {
                         return Ok(Driven::Parked { seq });
                     }
@@ -416,15 +428,15 @@ impl Engine {
             .await?)
     }
 
-    /// Write the status projected from the journal with `phase`; false when the document
-    /// changed since it was read (the caller looks again).
+    /// Write the status projected from the journal with `phase`: the run as stored now, or
+    /// `None` when the document changed since it was read (the caller looks again).
     async fn write_status(
         &self,
         fixed: &Fixed,
-        run: &typed::Versioned<crate::resource::AgentRunSpec>,
+        run: &Run,
         journal: &[Step],
         phase: RunPhase,
-    ) -> Result<bool> {
+    ) -> Result<Option<Run>> {
         let replay = Replay::of(journal);
         let status = status::project(
             &run.object.status,
@@ -434,7 +446,7 @@ impl Engine {
             self.deps.clock.now(),
         );
         if status == run.object.status {
-            return Ok(true);
+            return Ok(Some(run.clone()));
         }
         let mut object = run.object.clone();
         object.status = status;
@@ -447,8 +459,14 @@ impl Engine {
             })
             .await
         {
-            Ok(_) => Ok(true),
-            Err(store_api::Error::Conflict { .. }) => Ok(false),
+            Ok(record) => {
+                object.metadata.resource_version = Some(record.version.to_string());
+                Ok(Some(Run {
+                    object,
+                    version: record.version,
+                }))
+            }
+            Err(store_api::Error::Conflict { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -477,6 +495,7 @@ impl Engine {
         fixed: &Fixed,
         journal: &[Step],
         run: &AgentRun,
+        inbox: &[InboxMessage],
         intent: &Intent,
     ) -> Performed {
         let replay = Replay::of(journal);
@@ -490,9 +509,11 @@ impl Engine {
                     Err(e) => Performed::Done(failed(e.to_string())),
                 }
             }
-            Intent::Route { turn } => Performed::Done(self.route(fixed, &replay, *turn).await),
+            Intent::Route { turn } => {
+                Performed::Done(self.route(fixed, &replay, inbox, *turn).await)
+            }
             Intent::CallModel { model, tools, .. } => {
-                self.call_model(fixed, &replay, model, *tools).await
+                self.call_model(fixed, &replay, inbox, model, *tools).await
             }
             Intent::Command { command, .. } => {
                 let SandboxState::Live(info) = replay.sandbox else {
@@ -560,16 +581,21 @@ impl Engine {
         }
     }
 
-    async fn route(&self, fixed: &Fixed, replay: &Replay<'_>, turn: u32) -> Outcome {
+    async fn route(
+        &self,
+        fixed: &Fixed,
+        replay: &Replay<'_>,
+        inbox: &[InboxMessage],
+        turn: u32,
+    ) -> Outcome {
         let agent = &fixed.snapshot.agent;
         let allowed: Vec<Family> = agent
             .model
             .families
             .clone()
             .unwrap_or_else(|| Family::ALL.to_vec());
-        let inbox = self.deps.store.inbox(&fixed.uid).await.unwrap_or_default();
         let (conversation, _) =
-            replay.conversation(&fixed.first_prompt, &inbox, agent.max_tool_calls);
+            replay.conversation(&fixed.first_prompt, inbox, agent.max_tool_calls);
         let prompt = match replay
             .turns
             .get(usize::try_from(turn).unwrap_or(usize::MAX))
@@ -658,6 +684,7 @@ impl Engine {
         &self,
         fixed: &Fixed,
         replay: &Replay<'_>,
+        inbox: &[InboxMessage],
         model: &str,
         tools: bool,
     ) -> Performed {
@@ -693,8 +720,7 @@ impl Engine {
                 }
             }
         };
-        let inbox = self.deps.store.inbox(&fixed.uid).await.unwrap_or_default();
-        let (messages, _) = replay.conversation(&fixed.first_prompt, &inbox, agent.max_tool_calls);
+        let (messages, _) = replay.conversation(&fixed.first_prompt, inbox, agent.max_tool_calls);
         let request = ModelRequest {
             model: model.to_string(),
             system: fixed.system.clone(),
