@@ -215,7 +215,10 @@ impl Sandbox for BwrapSandbox {
             // the fallback would leave the sandbox unable to start anything at all, or, unset,
             // leave a fork bomb uncontained. Refuse instead of pretending.
             return Err(Error::Refused(
-                "no pids cgroup is available to limit this sandbox's processes, and the server                  runs as root, where an rlimit cannot do it: give the server a pids cgroup                  (cgroup v1 `pids` or v2 with the pids controller) or run it as an unprivileged user"
+                "no pids cgroup is available to limit this sandbox's processes, and the server \
+                 runs as root, where an rlimit cannot do it: give the server a pids cgroup \
+                 (cgroup v1 `pids` or v2 with the pids controller) or run it as an \
+                 unprivileged user"
                     .to_string(),
             ));
         }
