@@ -301,3 +301,61 @@ async fn a_batch_of_journal_writes_answers_each_write_in_order() {
         vec![(0, true), (1, true), (2, false)]
     );
 }
+
+/// The largest batch the writer takes fits SQLite's limits (bound parameters, rows of one
+/// `VALUES`): as many appends and completions, each for its own run, in one segment.
+#[tokio::test]
+async fn a_full_batch_of_journal_writes_fits_in_one_segment() {
+    use crate::group::{JournalWrite, MAX_BATCH};
+    use nodus_core::journal::{Completion, Outcome};
+
+    let (store, _dir) = fresh().await;
+    let lease = Lease::new("a", Timestamp::now(), std::time::Duration::from_secs(30));
+    let mut fences = Vec::new();
+    for run in 0..MAX_BATCH {
+        fences.push(
+            store
+                .claim(&format!("r{run}"), &lease)
+                .await
+                .expect("claim"),
+        );
+    }
+    let step = Step {
+        seq: 0,
+        started_at: Timestamp::UNIX_EPOCH,
+        intent: Intent::Route { turn: 0 },
+        completion: None,
+    };
+    let appends: Vec<JournalWrite> = (0..MAX_BATCH)
+        .map(|run| JournalWrite::Append {
+            run: format!("r{run}"),
+            fence: fences[run],
+            step: step.clone(),
+        })
+        .collect();
+    let completes: Vec<JournalWrite> = (0..MAX_BATCH)
+        .map(|run| JournalWrite::Complete {
+            run: format!("r{run}"),
+            fence: fences[run],
+            seq: 0,
+            completion: Completion {
+                finished_at: Timestamp::UNIX_EPOCH,
+                outcome: Outcome::SandboxDestroyed,
+            },
+        })
+        .collect();
+    for segment in [appends, completes] {
+        let mut conn = store.inner.writer.acquire().await.expect("the writer");
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
+        let results = super::batch::journal_writes(&mut tx, &segment)
+            .await
+            .expect("the batch");
+        tx.commit().await.expect("commit");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+    for run in [0, MAX_BATCH - 1] {
+        let journal = store.journal(&format!("r{run}")).await.expect("journal");
+        assert_eq!(journal.len(), 1);
+        assert!(journal[0].completion.is_some());
+    }
+}
