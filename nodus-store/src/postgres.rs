@@ -661,13 +661,7 @@ async fn read_record<'e>(
         .await
         .map_err(map_err)?
         .ok_or_else(|| Error::NotFound(key.clone()))?;
-    let version: i64 = row.try_get(0).map_err(map_err)?;
-    let document: String = row.try_get(1).map_err(map_err)?;
-    Ok(Record {
-        key: key.clone(),
-        version: sql::to_u64(version, "a version")?,
-        document: sql::parse_document(&document)?,
-    })
+    sql::record_of(key.clone(), &row, 0)
 }
 
 #[async_trait]
@@ -859,15 +853,9 @@ impl Store for PostgresStore {
         let mut records = Vec::with_capacity(rows.len());
         for row in rows {
             let name: String = row.try_get(0).map_err(map_err)?;
-            let version: i64 = row.try_get(1).map_err(map_err)?;
-            let document: String = row.try_get(2).map_err(map_err)?;
-            let document = sql::parse_document(&document)?;
-            if selector.matches(&document) {
-                records.push(Record {
-                    key: ObjectKey::new(project, kind, name),
-                    version: sql::to_u64(version, "a version")?,
-                    document,
-                });
+            let record = sql::record_of(ObjectKey::new(project, kind, name), &row, 1)?;
+            if selector.matches(&record.document) {
+                records.push(record);
             }
         }
         Ok(records)

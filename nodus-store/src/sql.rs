@@ -105,6 +105,24 @@ pub(crate) fn parse_document(text: &str) -> Result<Value, Error> {
     serde_json::from_str(text).map_err(|e| Error::Corrupt(format!("stored document: {e}")))
 }
 
+/// The stored document of `key` from a row whose columns `at` and `at + 1` are its version
+/// and its JSON text (the same for every SQL backend).
+pub(crate) fn record_of<R>(key: ObjectKey, row: &R, at: usize) -> Result<Record, Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let version: i64 = row.try_get(at).map_err(map_err)?;
+    let document: String = row.try_get(at + 1).map_err(map_err)?;
+    Ok(Record {
+        key,
+        version: to_u64(version, "a version")?,
+        document: parse_document(&document)?,
+    })
+}
+
 /// A document as text for storage.
 pub(crate) fn document_text(document: &Value) -> String {
     document.to_string()
