@@ -163,6 +163,37 @@ const HEARING: Duration = Duration::from_secs(5);
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
 impl PostgresStore {
+    /// Extend the lease that `fence` holds to `renewal`, or give it up (`None`); `Fenced`
+    /// once another claim took the run over.
+    async fn set_lease(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        renewal: Option<&Lease>,
+    ) -> Result<(), Error> {
+        let (owner, expires_at) = match renewal {
+            Some(lease) => (Some(lease.owner.as_str()), sql::nanos(lease.expires_at()?)?),
+            None => (None, i64::MIN),
+        };
+        let Some(fence) = sql::to_i64(fence.0) else {
+            return Err(fenced(run_uid));
+        };
+        let done = sqlx::query(
+            "UPDATE leases SET owner = $1, expires_at = $2 WHERE run_uid = $3 AND fence = $4",
+        )
+        .bind(owner)
+        .bind(expires_at)
+        .bind(run_uid)
+        .bind(fence)
+        .execute(&self.inner.pool)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            return Err(fenced(run_uid));
+        }
+        Ok(())
+    }
+
     /// Connect, create the schema if needed, migrate it, and start listening for changes.
     pub async fn connect(options: PostgresOptions) -> Result<Self, Error> {
         let schema = options.schema.clone();
@@ -1058,43 +1089,11 @@ impl Store for PostgresStore {
     }
 
     async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
-        let expires_at = sql::nanos(lease.expires_at()?)?;
-        let Some(fence) = sql::to_i64(fence.0) else {
-            return Err(fenced(run_uid));
-        };
-        let done = sqlx::query(
-            "UPDATE leases SET owner = $1, expires_at = $2 WHERE run_uid = $3 AND fence = $4",
-        )
-        .bind(&lease.owner)
-        .bind(expires_at)
-        .bind(run_uid)
-        .bind(fence)
-        .execute(&self.inner.pool)
-        .await
-        .map_err(map_err)?;
-        if done.rows_affected() == 0 {
-            return Err(fenced(run_uid));
-        }
-        Ok(())
+        self.set_lease(run_uid, fence, Some(lease)).await
     }
 
     async fn release(&self, run_uid: &str, fence: Fence) -> Result<(), Error> {
-        let Some(fence) = sql::to_i64(fence.0) else {
-            return Err(fenced(run_uid));
-        };
-        let done = sqlx::query(
-            "UPDATE leases SET owner = NULL, expires_at = $1 WHERE run_uid = $2 AND fence = $3",
-        )
-        .bind(i64::MIN)
-        .bind(run_uid)
-        .bind(fence)
-        .execute(&self.inner.pool)
-        .await
-        .map_err(map_err)?;
-        if done.rows_affected() == 0 {
-            return Err(fenced(run_uid));
-        }
-        Ok(())
+        self.set_lease(run_uid, fence, None).await
     }
 
     async fn append_step(&self, run_uid: &str, fence: Fence, step: &Step) -> Result<(), Error> {
