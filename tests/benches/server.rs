@@ -9,6 +9,9 @@
 //! 100 and a group of 1,000 runs (maxActive 100, each run one command in its own sandbox)
 //! are timed from the first batch to the group's success; the difference divided by 900 is
 //! the time per run beyond a fixed start.
+//!
+//! `NODUS_BENCH_STORE` (`memory:`) and `NODUS_BENCH_SANDBOX` (`unisolated`) swap a backend to
+//! see where the time goes; `NODUS_BENCH_GROUPS_ONLY` skips the request rates.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
