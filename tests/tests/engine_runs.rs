@@ -656,3 +656,92 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
         .expect_err("exists");
     assert_eq!(error.reason(), "AlreadyExists");
 }
+
+/// Run fields this engine does not carry out yet are refused at creation, naming the field,
+/// and nothing is written: they are never accepted and silently ignored.
+#[tokio::test]
+async fn fields_not_carried_out_yet_are_refused_at_creation() {
+    use nodus_core::engine::Error;
+    use nodus_core::resource::{PostRunAction, WorkdirSpec};
+
+    let world = World::new(vec![]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("plain", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("typed", |a| {
+                a.context_schema = Some(serde_json::json!({"type": "object"}));
+            }),
+        )
+        .await
+        .expect("agent with a context schema");
+    let context = serde_json::Map::from_iter([("ticket".to_string(), serde_json::json!(7))]);
+    let cases: Vec<(&str, &str, Box<dyn Fn(&mut AgentRunSpec)>)> = vec![
+        (
+            "plain",
+            "spec.workdir",
+            Box::new(|s| {
+                s.workdir = Some(WorkdirSpec {
+                    base_workdir: Some("default/project-source".to_string()),
+                    artifact_mounts: vec![],
+                })
+            }),
+        ),
+        (
+            "plain",
+            "spec.environment",
+            Box::new(|s| s.environment = Some("staging".to_string())),
+        ),
+        (
+            "plain",
+            "spec.postRunAction",
+            Box::new(|s| {
+                s.post_run_action = Some(PostRunAction {
+                    kind: "agents.noop".to_string(),
+                    config: None,
+                })
+            }),
+        ),
+        (
+            "typed",
+            "spec.context",
+            Box::new(move |s| s.context = Some(context.clone())),
+        ),
+    ];
+    for (index, (agent_name, field, set)) in cases.into_iter().enumerate() {
+        let name = format!("refused-{index}");
+        let refused = engine
+            .create_run(PROJECT, run(&name, agent_name, "q", |s| set(s)))
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, field);
+                assert!(
+                    invalid
+                        .rule
+                        .starts_with("is not supported by this server yet"),
+                    "{invalid:?}"
+                );
+            }
+            other => panic!("{field}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, &name).await.is_err(),
+            "{field}: nothing is written"
+        );
+    }
+    // A context without a schema is carried out (it goes into the system prompt).
+    engine
+        .create_run(
+            PROJECT,
+            run("with-context", "plain", "q", |s| {
+                s.context = Some(serde_json::Map::new())
+            }),
+        )
+        .await
+        .expect("a context without a schema");
+}

@@ -29,7 +29,8 @@ use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
 use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
-    Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, RunSnapshot,
+    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentSpec, AgentState, CostStatus, Kind,
+    RunSnapshot,
 };
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
@@ -401,6 +402,7 @@ impl Engine {
             .into());
         }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
+        refuse_unsupported(&run.spec, &agent.object.spec)?;
         if agent.object.spec.state == AgentState::Stopped {
             return Err(Error::AgentStopped {
                 agent: run.spec.agent.clone(),
@@ -719,4 +721,57 @@ fn view(step: &Step, parked: bool) -> StepView {
         finished_at: step.completion.as_ref().map(|c| c.finished_at),
         summary: step.summary(),
     }
+}
+
+/// Fields of a run that this engine does not carry out yet are refused when the run is
+/// created, rather than accepted and silently ignored: a working directory staged from
+/// FileSets, an AgentEnvironment, a post-run action, and a `context` that would have to be
+/// checked against the agent's `contextSchema`.
+fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
+    let unsupported = |field: &str, what: &str, value: String| -> Result<()> {
+        Err(Invalid::new(
+            field,
+            format!("is not supported by this server yet ({what})"),
+            value,
+        )
+        .into())
+    };
+    // A value as compact JSON, shortened for an error message.
+    let shown = |value: serde_json::Result<String>| -> String {
+        let text = value.unwrap_or_default();
+        match text.char_indices().nth(80) {
+            Some((end, _)) => format!("{}…", &text[..end]),
+            None => text,
+        }
+    };
+    if let Some(workdir) = &spec.workdir {
+        return unsupported(
+            "spec.workdir",
+            "FileSets are not stored yet; stage files with a first command instead",
+            shown(serde_json::to_string(workdir)),
+        );
+    }
+    if let Some(environment) = &spec.environment {
+        return unsupported(
+            "spec.environment",
+            "AgentEnvironments are not applied yet",
+            format!("{environment:?}"),
+        );
+    }
+    if let Some(action) = &spec.post_run_action {
+        return unsupported(
+            "spec.postRunAction",
+            "no post-run action plugins are installed",
+            format!("{:?}", action.kind),
+        );
+    }
+    if spec.context.is_some() && agent.context_schema.is_some() {
+        return unsupported(
+            "spec.context",
+            "the agent has a contextSchema and contexts are not checked against it yet; \
+             remove the schema or the context",
+            shown(serde_json::to_string(&spec.context)),
+        );
+    }
+    Ok(())
 }
