@@ -680,7 +680,8 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .await
         .expect("agent with a context schema");
     let context = serde_json::Map::from_iter([("ticket".to_string(), serde_json::json!(7))]);
-    let cases: Vec<(&str, &str, Box<dyn Fn(&mut AgentRunSpec)>)> = vec![
+    type SetSpec = Box<dyn Fn(&mut AgentRunSpec)>;
+    let cases: Vec<(&str, &str, SetSpec)> = vec![
         (
             "plain",
             "spec.workdir",
