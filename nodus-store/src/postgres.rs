@@ -89,6 +89,9 @@ struct Inner {
     pool: PgPool,
     channel: String,
     journal: GroupCommit,
+    /// Atomic edits ([`Store::modify`]), group-committed: many runs' reservations on one
+    /// account share one transaction, which holds the account's row lock once.
+    edits: GroupCommit<EditWrite, Record>,
     changes: broadcast::Sender<Change>,
     /// Who is waiting to hear their own notifications.
     heard: Arc<Heard>,
@@ -263,11 +266,17 @@ impl PostgresStore {
             pool: pool.clone(),
             conn: None,
         });
+        let edits = GroupCommit::spawn(EditCommitter {
+            pool: pool.clone(),
+            channel: channel.clone(),
+            heard: Arc::clone(&heard),
+        });
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
                 channel,
                 journal,
+                edits,
                 changes,
                 heard,
                 _stop_listening: stop,
@@ -283,19 +292,30 @@ impl PostgresStore {
     /// Announce a change when the transaction commits; after the commit, wait on what this
     /// returns.
     async fn notify(&self, conn: &mut PgConnection, change: &Change) -> Result<Hearing, Error> {
-        let (token, hearing) = self.inner.heard.expect();
-        sqlx::query("SELECT pg_notify($1, $2)::text")
-            .bind(&self.inner.channel)
-            .bind(change_payload(change, &self.inner.heard.instance, token))
-            .execute(conn)
-            .await
-            .map_err(map_err)?;
-        Ok(hearing)
+        notify(conn, &self.inner.channel, &self.inner.heard, change).await
     }
 
     async fn begin(&self) -> Result<sqlx::Transaction<'static, Postgres>, Error> {
         self.inner.pool.begin().await.map_err(map_err)
     }
+}
+
+/// Announce `change` on `channel` inside the caller's transaction; the answer tells when this
+/// store heard it back.
+async fn notify(
+    conn: &mut PgConnection,
+    channel: &str,
+    heard: &Arc<Heard>,
+    change: &Change,
+) -> Result<Hearing, Error> {
+    let (token, hearing) = heard.expect();
+    sqlx::query("SELECT pg_notify($1, $2)::text")
+        .bind(channel)
+        .bind(change_payload(change, &heard.instance, token))
+        .execute(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(hearing)
 }
 
 /// Hear notifications and pass them on, until the store is dropped.
@@ -673,6 +693,90 @@ fn fenced(run_uid: &str) -> Error {
     }
 }
 
+/// An edit queued for the edit committer.
+struct EditWrite {
+    key: ObjectKey,
+    edit: Edit,
+}
+
+impl std::fmt::Debug for EditWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Edit({})", self.key)
+    }
+}
+
+/// The edit writer's side of group commit: one transaction per batch locks each document
+/// the batch edits (`FOR UPDATE`, in key order, so two replicas' batches cannot deadlock on
+/// each other), applies the edits in the order they were queued, writes each version and
+/// announces it, and commits once. Each edit is answered after the commit, once its change
+/// was heard back.
+struct EditCommitter {
+    pool: PgPool,
+    channel: String,
+    heard: Arc<Heard>,
+}
+
+#[async_trait]
+impl Committer<EditWrite> for EditCommitter {
+    type Output = Record;
+
+    async fn commit(
+        &mut self,
+        writes: Vec<EditWrite>,
+    ) -> Result<Vec<Result<Record, Error>>, Error> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let keys: std::collections::BTreeSet<&ObjectKey> = writes.iter().map(|w| &w.key).collect();
+        let mut current: HashMap<ObjectKey, Option<Record>> = HashMap::new();
+        for key in keys {
+            let record = match read_record(&mut *tx, key, " FOR UPDATE").await {
+                Ok(record) => Some(record),
+                Err(Error::NotFound(_)) => None,
+                Err(e) => return Err(e),
+            };
+            current.insert(key.clone(), record);
+        }
+        let mut results = Vec::with_capacity(writes.len());
+        let mut hearings = Vec::new();
+        for EditWrite { key, mut edit } in writes {
+            let Some(Some(record)) = current.get_mut(&key) else {
+                results.push(Err(Error::NotFound(key)));
+                continue;
+            };
+            let Some(document) = edit(&record.document) else {
+                results.push(Ok(record.clone()));
+                continue;
+            };
+            let stored = sql::to_i64(record.version).ok_or_else(|| {
+                Error::Corrupt(format!("{key}: version {} too large", record.version))
+            })?;
+            let version = sql::bump(&key, stored)?;
+            sqlx::query(
+                "UPDATE resources SET version = $1, uid = $2, document = $3::json \
+                 WHERE project = $4 AND kind = $5 AND name = $6",
+            )
+            .bind(version)
+            .bind(sql::uid_of(&document))
+            .bind(sql::document_text(&document))
+            .bind(&key.project)
+            .bind(sql::kind_name(key.kind))
+            .bind(&key.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            record.version = sql::to_u64(version, "a version")?;
+            record.document = document;
+            let change = Change::Written(key, record.version);
+            hearings.push(notify(&mut tx, &self.channel, &self.heard, &change).await?);
+            results.push(Ok(record.clone()));
+        }
+        tx.commit().await.map_err(map_err)?;
+        for hearing in hearings {
+            hearing.wait().await;
+        }
+        Ok(results)
+    }
+}
+
 /// Read a document through `executor`; `lock` is appended to the query (`" FOR UPDATE"`
 /// inside a transaction that writes it next).
 async fn read_record<'e>(
@@ -799,41 +903,14 @@ impl Store for PostgresStore {
         read_record(&self.inner.pool, key, "").await
     }
 
-    async fn modify(&self, key: &ObjectKey, mut edit: Edit) -> Result<Record, Error> {
-        let mut tx = self.begin().await?;
-        // The row stays locked until the commit: concurrent edits queue here, none is lost.
-        let record = read_record(&mut *tx, key, " FOR UPDATE").await?;
-        let Some(document) = edit(&record.document) else {
-            return Ok(record);
-        };
-        let stored = sql::to_i64(record.version).ok_or_else(|| {
-            Error::Corrupt(format!("{key}: version {} too large", record.version))
-        })?;
-        let version = sql::bump(key, stored)?;
-        sqlx::query(
-            "UPDATE resources SET version = $1, uid = $2, document = $3::json \
-             WHERE project = $4 AND kind = $5 AND name = $6",
-        )
-        .bind(version)
-        .bind(sql::uid_of(&document))
-        .bind(sql::document_text(&document))
-        .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
-        .bind(&key.name)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let version = sql::to_u64(version, "a version")?;
-        let hearing = self
-            .notify(&mut tx, &Change::Written(key.clone(), version))
-            .await?;
-        tx.commit().await.map_err(map_err)?;
-        hearing.wait().await;
-        Ok(Record {
-            key: key.clone(),
-            version,
-            document,
-        })
+    async fn modify(&self, key: &ObjectKey, edit: Edit) -> Result<Record, Error> {
+        self.inner
+            .edits
+            .write(EditWrite {
+                key: key.clone(),
+                edit,
+            })
+            .await
     }
 
     async fn list(
