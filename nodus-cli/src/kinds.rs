@@ -18,15 +18,18 @@ pub enum ResourceKind {
     Secret,
     /// A cap on a project's total spend.
     Budget,
+    /// Stored files that working directories are staged from.
+    FileSet,
 }
 
 /// Every kind, in the order help texts list them.
-pub const ALL: [ResourceKind; 5] = [
+pub const ALL: [ResourceKind; 6] = [
     ResourceKind::Agent,
     ResourceKind::AgentRun,
     ResourceKind::AgentGroup,
     ResourceKind::Secret,
     ResourceKind::Budget,
+    ResourceKind::FileSet,
 ];
 
 /// The API group in qualified names (`agentrun.nodus.dev/NAME`).
@@ -44,6 +47,7 @@ impl ResourceKind {
             "agentgroup" | "agentgroups" | "ag" => ResourceKind::AgentGroup,
             "secret" | "secrets" => ResourceKind::Secret,
             "budget" | "budgets" => ResourceKind::Budget,
+            "fileset" | "filesets" | "fs" => ResourceKind::FileSet,
             _ => return None,
         })
     }
@@ -61,6 +65,7 @@ impl ResourceKind {
             ResourceKind::AgentGroup => "AgentGroup",
             ResourceKind::Secret => "Secret",
             ResourceKind::Budget => "Budget",
+            ResourceKind::FileSet => "FileSet",
         }
     }
 
@@ -72,6 +77,7 @@ impl ResourceKind {
             ResourceKind::AgentGroup => "agentgroups",
             ResourceKind::Secret => "secrets",
             ResourceKind::Budget => "budgets",
+            ResourceKind::FileSet => "filesets",
         }
     }
 
@@ -174,6 +180,8 @@ mod tests {
             ("agentgroups", ResourceKind::AgentGroup),
             ("secret", ResourceKind::Secret),
             ("budgets", ResourceKind::Budget),
+            ("fs", ResourceKind::FileSet),
+            ("FileSet", ResourceKind::FileSet),
         ];
         for (text, kind) in cases {
             assert_eq!(ResourceKind::parse(text), Some(kind), "{text}");

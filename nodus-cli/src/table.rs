@@ -85,6 +85,7 @@ fn headers(kind: ResourceKind, wide: bool) -> Vec<&'static str> {
         ),
         ResourceKind::Secret => (&["NAME", "KEYS", "AGE"], &[]),
         ResourceKind::Budget => (&["NAME", "MAX SPEND", "AGE"], &[]),
+        ResourceKind::FileSet => (&["NAME", "FILES", "AGE"], &[]),
     };
     let mut headers = base.to_vec();
     if wide {
@@ -214,6 +215,13 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             vec![name, keys.to_string(), age]
         }
         ResourceKind::Budget => vec![name, dollars(item, "/spec/maxSpendUSD"), age],
+        ResourceKind::FileSet => {
+            let files = item
+                .pointer("/spec/files")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            vec![name, files.to_string(), age]
+        }
     }
 }
 

@@ -82,6 +82,11 @@ impl RecordingSandbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The last archive put into sandbox `id`.
+    pub fn archive(&self, id: &str) -> Option<Vec<u8>> {
+        self.state().files.get(id).cloned()
+    }
+
     /// Every command executed, in order (repeats included).
     pub fn executions(&self) -> Vec<String> {
         self.state().executions.clone()

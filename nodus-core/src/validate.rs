@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::resource::{
     API_VERSION, Access, AgentGroupSpec, AgentRunSpec, AgentSpec, DurationSpec, EvaluationSpec,
-    GroupLimits, ModelAccess, Object, ObjectMeta, Spec, WorkdirSpec,
+    FileSetSpec, GroupLimits, ModelAccess, Object, ObjectMeta, Spec, WorkdirSpec,
 };
 
 /// A document breaks a rule: `field: rule (got value)`.
@@ -276,6 +276,30 @@ impl Validate for AgentRunSpec {
                 shown(name),
             )),
         }
+    }
+}
+
+/// The most files one FileSet holds.
+pub const MAX_FILESET_FILES: usize = 10_000;
+
+impl Validate for FileSetSpec {
+    fn check_spec(&self) -> Result<()> {
+        if self.files.len() > MAX_FILESET_FILES {
+            return Err(Invalid::new(
+                "spec.files",
+                format!("must hold at most {MAX_FILESET_FILES} files"),
+                self.files.len().to_string(),
+            ));
+        }
+        let mut paths = Vec::with_capacity(self.files.len());
+        for (index, file) in self.files.iter().enumerate() {
+            let field = format!("spec.files[{index}].path");
+            paths.push((check_mount_path(&field, &file.path)?, index));
+        }
+        check_no_overlap(paths, &|index| {
+            let path = self.files.get(index).map_or("", |f| f.path.as_str());
+            (format!("spec.files[{index}].path"), path)
+        })
     }
 }
 
@@ -555,6 +579,24 @@ fn check_workdir(workdir: &WorkdirSpec) -> Result<()> {
         let components = check_mount_path(&format!("{field}.mountPath"), &mount.mount_path)?;
         paths.push((components, index));
     }
+    check_no_overlap(paths, &|index| {
+        let path = workdir
+            .artifact_mounts
+            .get(index)
+            .map_or("", |m| m.mount_path.as_str());
+        (
+            format!("spec.workdir.artifactMounts[{index}].mountPath"),
+            path,
+        )
+    })
+}
+
+/// No path (its components, with its index) is another's, or inside another's; `describe`
+/// gives an index's field and path for the error, which names the later of the two.
+fn check_no_overlap<'a>(
+    mut paths: Vec<(Vec<&str>, usize)>,
+    describe: &dyn Fn(usize) -> (String, &'a str),
+) -> Result<()> {
     // Sorted component-wise, a path that contains another comes right after one that it
     // contains, so comparing neighbours finds every overlap.
     paths.sort();
@@ -567,15 +609,11 @@ fn check_workdir(workdir: &WorkdirSpec) -> Result<()> {
             } else {
                 (*second_index, *first_index)
             };
-            let mounts = &workdir.artifact_mounts;
-            let earlier_path = mounts.get(earlier).map_or("", |m| m.mount_path.as_str());
-            let later_path = mounts.get(later).map_or("", |m| m.mount_path.as_str());
+            let (earlier_field, earlier_path) = describe(earlier);
+            let (later_field, later_path) = describe(later);
             return Err(Invalid::new(
-                format!("spec.workdir.artifactMounts[{later}].mountPath"),
-                format!(
-                    "must not overlap spec.workdir.artifactMounts[{earlier}].mountPath ({})",
-                    shown(earlier_path)
-                ),
+                later_field,
+                format!("must not overlap {earlier_field} ({})", shown(earlier_path)),
                 shown(later_path),
             ));
         }
@@ -1871,6 +1909,62 @@ mod tests {
         }
         accept::<AgentRunSpec>(mounts(&["data/a", "data/b", "data-a", "datab/x"]));
         accept::<AgentRunSpec>(with(run(), "/spec/context", json!({ "x": { "nodus": 1 } })));
+    }
+
+    // ---- FileSet ----
+
+    fn fileset(paths: &[&str]) -> Value {
+        let files: Vec<Value> = paths
+            .iter()
+            .map(|p| json!({ "path": p, "content": "x" }))
+            .collect();
+        json!({
+            "apiVersion": "nodus.dev/v1", "kind": "FileSet",
+            "metadata": { "name": "source" }, "spec": { "files": files },
+        })
+    }
+
+    #[test]
+    fn fileset_rules() {
+        check::<FileSetSpec>(vec![
+            (
+                fileset(&["/etc/passwd"]),
+                "spec.files[0].path",
+                "/etc/passwd",
+            ),
+            (
+                fileset(&["ok", "a/../../b"]),
+                "spec.files[1].path",
+                "a/../../b",
+            ),
+            (fileset(&[""]), "spec.files[0].path", "\"\""),
+            (
+                fileset(&["a", "b", "./a"]),
+                "spec.files[2].path",
+                "spec.files[0].path",
+            ),
+            (
+                fileset(&["data/x", "data"]),
+                "spec.files[1].path",
+                "spec.files[0].path",
+            ),
+            (
+                with(
+                    fileset(&[]),
+                    "/spec/files",
+                    json!([{ "path": "a", "mode": "0755" }]),
+                ),
+                "spec.files[0].mode",
+                "unknown field",
+            ),
+            (
+                with(fileset(&[]), "/metadata/name", json!("Source")),
+                "metadata.name",
+                "\"Source\"",
+            ),
+        ]);
+        accept::<FileSetSpec>(fileset(&["app/main.py", "app-x/y", "run.sh"]));
+        accept::<FileSetSpec>(fileset(&[]));
     }
 
     // ---- AgentGroup ----

@@ -662,7 +662,7 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
 #[tokio::test]
 async fn fields_not_carried_out_yet_are_refused_at_creation() {
     use nodus_core::engine::Error;
-    use nodus_core::resource::{PostRunAction, WorkdirSpec};
+    use nodus_core::resource::PostRunAction;
 
     let world = World::new(vec![]);
     let engine = world.engine();
@@ -682,16 +682,6 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
     let context = serde_json::Map::from_iter([("ticket".to_string(), serde_json::json!(7))]);
     type SetSpec = Box<dyn Fn(&mut AgentRunSpec)>;
     let cases: Vec<(&str, &str, SetSpec)> = vec![
-        (
-            "plain",
-            "spec.workdir",
-            Box::new(|s| {
-                s.workdir = Some(WorkdirSpec {
-                    base_workdir: Some("default/project-source".to_string()),
-                    artifact_mounts: vec![],
-                })
-            }),
-        ),
         (
             "plain",
             "spec.environment",

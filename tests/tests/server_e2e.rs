@@ -66,6 +66,33 @@ fn walk_the_spec(backend: Backend) {
             .contains("triaged")
     );
 
+    // A working directory staged from a FileSet before the first command.
+    server.ok(&["apply", "-f", &example("fileset.yaml")]);
+    let filesets = server.ok(&["get", "filesets"]);
+    assert!(
+        filesets.contains("project-source") && filesets.contains("FILES"),
+        "{filesets}"
+    );
+    server.ok(&["apply", "-f", &example("workdir-run.yaml")]);
+    server.ok(&[
+        "wait",
+        "agentrun/review-config",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let answer = server.ok(&["agentrun", "answer", "review-config"]);
+    assert!(answer.contains("retries: 3"), "{answer}");
+    let missing = "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: no-files\n\
+                   spec:\n  agent: hello-agent\n  input: hi\n  workdir:\n    baseWorkdir: nothing-here\n";
+    let refused = server.cli_in(&["apply", "-f", "-"], Some(missing));
+    assert!(!refused.status.success(), "a missing FileSet is refused");
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("spec.workdir.baseWorkdir") && message.contains("existing FileSet"),
+        "{message}"
+    );
+    server.fails(&["get", "agentrun/no-files"]);
+
     // keepAlive: a message key delivers once; a finished run refuses with AgentRunFinished.
     server.ok(&[
         "create",

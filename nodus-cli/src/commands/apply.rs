@@ -4,7 +4,7 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec};
+use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, FileSetSpec};
 use nodus_core::validate::{self, Validate};
 
 use super::{outln, read_documents};
@@ -77,7 +77,8 @@ pub(super) fn target(
         .unwrap_or_default();
     let kind = ResourceKind::from_document_kind(kind_text).ok_or_else(|| {
         Error::input(format!(
-            "{}: kind {kind_text:?} is not one of Agent, AgentRun, AgentGroup, Secret, Budget",
+            "{}: kind {kind_text:?} is not one of Agent, AgentRun, AgentGroup, Secret, Budget, \
+             FileSet",
             at()
         ))
     })?;
@@ -142,6 +143,7 @@ pub fn unchanged(kind: ResourceKind, desired: &Value, live: &Value) -> bool {
         ResourceKind::AgentRun => same_typed::<AgentRunSpec>(desired, live),
         ResourceKind::AgentGroup => same_typed::<AgentGroupSpec>(desired, live),
         ResourceKind::Budget => same_budget(desired, live),
+        ResourceKind::FileSet => same_typed::<FileSetSpec>(desired, live),
         ResourceKind::Secret => false,
     }
 }

@@ -505,7 +505,16 @@ impl Engine {
                     .sandbox_retrying(|| self.deps.sandbox.create(spec))
                     .await
                 {
-                    Ok(info) => Performed::Done(Outcome::SandboxCreated { info }),
+                    Ok(info) => match self.stage_workdir(fixed, run, &info).await {
+                        Ok(()) => Performed::Done(Outcome::SandboxCreated { info }),
+                        Err(error) => {
+                            // The step fails, so the run holds no sandbox: remove this one.
+                            if let Err(e) = self.deps.sandbox.destroy(&info.id).await {
+                                tracing::warn!(sandbox = %info.id, error = %e, "cannot remove a sandbox whose staging failed");
+                            }
+                            Performed::Done(failed(error))
+                        }
+                    },
                     Err(e) => Performed::Done(failed(e.to_string())),
                 }
             }
@@ -579,6 +588,26 @@ impl Engine {
                 other => return other,
             }
         }
+    }
+
+    /// Put the run's working directory (`spec.workdir`) into its new sandbox. Repeating it
+    /// after a crash is safe: no command has run in the sandbox yet.
+    async fn stage_workdir(
+        &self,
+        fixed: &Fixed,
+        run: &AgentRun,
+        info: &sandbox::SandboxInfo,
+    ) -> std::result::Result<(), String> {
+        let Some(workdir) = &run.spec.workdir else {
+            return Ok(());
+        };
+        let tar = self
+            .workdir_archive(&fixed.project, workdir)
+            .await
+            .map_err(|e| format!("staging the working directory: {e}"))?;
+        self.sandbox_retrying(|| self.deps.sandbox.put_files(&info.id, tar.clone()))
+            .await
+            .map_err(|e| format!("staging the working directory: {e}"))
     }
 
     async fn route(

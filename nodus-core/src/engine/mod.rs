@@ -11,6 +11,7 @@ mod group;
 mod resources;
 mod status;
 mod typed;
+mod workdir;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -403,6 +404,9 @@ impl Engine {
         }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
         refuse_unsupported(&run.spec, &agent.object.spec)?;
+        if let Some(workdir) = &run.spec.workdir {
+            self.check_workdir(project, workdir).await?;
+        }
         if agent.object.spec.state == AgentState::Stopped {
             return Err(Error::AgentStopped {
                 agent: run.spec.agent.clone(),
@@ -724,9 +728,8 @@ fn view(step: &Step, parked: bool) -> StepView {
 }
 
 /// Fields of a run that this engine does not carry out yet are refused when the run is
-/// created, rather than accepted and silently ignored: a working directory staged from
-/// FileSets, an AgentEnvironment, a post-run action, and a `context` that would have to be
-/// checked against the agent's `contextSchema`.
+/// created, rather than accepted and silently ignored: an AgentEnvironment, a post-run
+/// action, and a `context` that would have to be checked against the agent's `contextSchema`.
 fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
     let unsupported = |field: &str, what: &str, value: String| -> Result<()> {
         Err(Invalid::new(
@@ -744,13 +747,6 @@ fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
             None => text,
         }
     };
-    if let Some(workdir) = &spec.workdir {
-        return unsupported(
-            "spec.workdir",
-            "FileSets are not stored yet; stage files with a first command instead",
-            shown(serde_json::to_string(workdir)),
-        );
-    }
     if let Some(environment) = &spec.environment {
         return unsupported(
             "spec.environment",

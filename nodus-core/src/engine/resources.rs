@@ -42,15 +42,25 @@ impl Engine {
     pub async fn create_agent(
         &self,
         project: &str,
-        mut agent: Object<AgentSpec>,
+        agent: Object<AgentSpec>,
     ) -> Result<Object<AgentSpec>> {
-        validate::validate(&agent)?;
-        let key = ObjectKey::new(project, Kind::Agent, agent.name());
-        self.stamp(project, &mut agent);
+        self.create(project, agent).await
+    }
+
+    /// Create an object of a kind that does nothing on creation (an agent, a FileSet); an
+    /// existing name is refused.
+    pub async fn create<S: validate::Validate>(
+        &self,
+        project: &str,
+        mut object: Object<S>,
+    ) -> Result<Object<S>> {
+        validate::validate(&object)?;
+        let key = ObjectKey::new(project, S::KIND, object.name());
+        self.stamp(project, &mut object);
         let record = self
             .deps
             .store
-            .create(&key, typed::encode(&key, &agent)?)
+            .create(&key, typed::encode(&key, &object)?)
             .await?;
         Ok(typed::decode(record)?.object)
     }
@@ -174,10 +184,16 @@ impl Engine {
 
     /// Delete an agent (its runs keep their snapshot and go on).
     pub async fn delete_agent(&self, project: &str, name: &str) -> Result<()> {
-        let key = ObjectKey::new(project, Kind::Agent, name);
+        self.delete::<AgentSpec>(project, name).await
+    }
+
+    /// Delete an object of a kind that does nothing on deletion (an agent, a FileSet: runs
+    /// keep their snapshot of an agent, and a FileSet is read when a sandbox is created).
+    pub async fn delete<S: Spec>(&self, project: &str, name: &str) -> Result<()> {
+        let key = ObjectKey::new(project, S::KIND, name);
         match self.deps.store.delete(&key).await {
             Err(crate::store::Error::NotFound(_)) => Err(Error::NotFound {
-                kind: Kind::Agent,
+                kind: S::KIND,
                 name: name.to_string(),
             }),
             other => Ok(other?),
@@ -192,6 +208,12 @@ pub trait Replaceable: Spec {
 }
 
 impl Replaceable for AgentSpec {
+    fn check_replace(_: &Self, _: &Self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Replaceable for crate::resource::FileSetSpec {
     fn check_replace(_: &Self, _: &Self) -> Result<()> {
         Ok(())
     }

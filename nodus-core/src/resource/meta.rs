@@ -22,6 +22,8 @@ pub enum Kind {
     Secret,
     /// A cap on a project's total spend.
     Budget,
+    /// Stored files that working directories are staged from.
+    FileSet,
     /// A project: its credits and what it has spent (kept by the server).
     Project,
     /// An API token and the projects it holds (kept by the server, by hash).
@@ -39,6 +41,7 @@ impl Kind {
             Kind::AgentGroup => "agentgroups",
             Kind::Secret => "secrets",
             Kind::Budget => "budgets",
+            Kind::FileSet => "filesets",
             Kind::Project => "projects",
             Kind::Token => "tokens",
             Kind::BatchRecord => "batchrecords",
@@ -54,6 +57,7 @@ impl Kind {
             "agentgroups" | "agentgroup" | "ag" => Kind::AgentGroup,
             "secrets" | "secret" => Kind::Secret,
             "budgets" | "budget" => Kind::Budget,
+            "filesets" | "fileset" | "fs" => Kind::FileSet,
             "projects" => Kind::Project,
             "tokens" => Kind::Token,
             "batchrecords" => Kind::BatchRecord,
@@ -70,6 +74,7 @@ impl fmt::Display for Kind {
             Kind::AgentGroup => "AgentGroup",
             Kind::Secret => "Secret",
             Kind::Budget => "Budget",
+            Kind::FileSet => "FileSet",
             Kind::Project => "Project",
             Kind::Token => "Token",
             Kind::BatchRecord => "BatchRecord",
@@ -116,6 +121,7 @@ mod tests {
             Kind::AgentGroup,
             Kind::Secret,
             Kind::Budget,
+            Kind::FileSet,
             Kind::Project,
             Kind::Token,
             Kind::BatchRecord,

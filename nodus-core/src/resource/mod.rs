@@ -5,12 +5,14 @@
 
 mod agent;
 mod duration;
+mod fileset;
 mod group;
 mod meta;
 mod run;
 
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
 pub use duration::{DurationSpec, ParseDurationError};
+pub use fileset::{FileEntry, FileSetSpec, FileSetStatus};
 pub use group::{
     AgentGroupSpec, AgentGroupStatus, BlockedReason, EvaluationSpec, GroupCounts, GroupLimits,
 };
@@ -86,6 +88,11 @@ impl Spec for AgentSpec {
 impl Spec for AgentRunSpec {
     const KIND: Kind = Kind::AgentRun;
     type Status = AgentRunStatus;
+}
+
+impl Spec for FileSetSpec {
+    const KIND: Kind = Kind::FileSet;
+    type Status = FileSetStatus;
 }
 
 impl Spec for AgentGroupSpec {

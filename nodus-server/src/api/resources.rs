@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use nodus_core::engine::{Engine, Replaceable};
 use nodus_core::resource::{
-    API_VERSION, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, Kind, Object,
+    API_VERSION, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, FileSetSpec, Kind, Object,
 };
 use nodus_core::store::{ObjectKey, Selector};
 use nodus_core::validate::{self, Invalid, Validate};
@@ -23,10 +23,16 @@ use crate::error::{ApiError, ApiResult};
 fn kind_of(plural: &str) -> ApiResult<Kind> {
     match Kind::from_plural(plural) {
         Some(
-            kind @ (Kind::Agent | Kind::AgentRun | Kind::AgentGroup | Kind::Secret | Kind::Budget),
+            kind @ (Kind::Agent
+            | Kind::AgentRun
+            | Kind::AgentGroup
+            | Kind::Secret
+            | Kind::Budget
+            | Kind::FileSet),
         ) => Ok(kind),
         _ => Err(ApiError::not_found(format!(
-            "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets and budgets"
+            "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets, \
+             budgets and filesets"
         ))),
     }
 }
@@ -64,6 +70,7 @@ pub async fn list(
     let selector = query.selector()?;
     let items = match kind {
         Kind::Agent => list_typed::<AgentSpec>(&state.engine, &project, &selector).await?,
+        Kind::FileSet => list_typed::<FileSetSpec>(&state.engine, &project, &selector).await?,
         Kind::AgentRun => list_typed::<AgentRunSpec>(&state.engine, &project, &selector).await?,
         Kind::AgentGroup => {
             list_typed::<AgentGroupSpec>(&state.engine, &project, &selector).await?
@@ -94,6 +101,7 @@ pub async fn get(
 async fn read(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiResult<Value> {
     match kind {
         Kind::Agent => to_value(&state.engine.get::<AgentSpec>(project, name).await?),
+        Kind::FileSet => to_value(&state.engine.get::<FileSetSpec>(project, name).await?),
         Kind::AgentRun => to_value(&state.engine.get::<AgentRunSpec>(project, name).await?),
         Kind::AgentGroup => to_value(&state.engine.get::<AgentGroupSpec>(project, name).await?),
         _ => {
@@ -154,7 +162,13 @@ pub async fn create(
         Kind::Agent => to_value(
             &state
                 .engine
-                .create_agent(&project, validate::parse(document)?)
+                .create::<AgentSpec>(&project, validate::parse(document)?)
+                .await?,
+        )?,
+        Kind::FileSet => to_value(
+            &state
+                .engine
+                .create::<FileSetSpec>(&project, validate::parse(document)?)
                 .await?,
         )?,
         Kind::AgentRun => to_value(
@@ -392,6 +406,9 @@ async fn put(
         Kind::Agent => {
             replace_typed::<AgentSpec>(&state.engine, project, name, document, expected).await
         }
+        Kind::FileSet => {
+            replace_typed::<FileSetSpec>(&state.engine, project, name, document, expected).await
+        }
         Kind::AgentRun => {
             replace_typed::<AgentRunSpec>(&state.engine, project, name, document, expected).await
         }
@@ -497,7 +514,8 @@ pub async fn delete(
     caller(&state, &headers).await?.check_write(&project)?;
     let kind = kind_of(&plural)?;
     match kind {
-        Kind::Agent => state.engine.delete_agent(&project, &name).await?,
+        Kind::Agent => state.engine.delete::<AgentSpec>(&project, &name).await?,
+        Kind::FileSet => state.engine.delete::<FileSetSpec>(&project, &name).await?,
         Kind::AgentRun => state.engine.delete_run(&project, &name).await?,
         Kind::AgentGroup => state.engine.delete_group(&project, &name).await?,
         _ => {

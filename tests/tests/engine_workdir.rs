@@ -1,0 +1,206 @@
+//! A run's working directory staged from FileSets: what the sandbox receives, references
+//! refused at creation, and a FileSet gone by the time the sandbox is made.
+
+mod support;
+
+use std::io::Read;
+
+use nodus_core::engine::{Driven, Error};
+use nodus_core::lifecycle::RunPhase;
+use nodus_core::resource::{ArtifactMount, FileEntry, FileSetSpec, Object, WorkdirSpec};
+use nodus_llm::Reply;
+use support::{PROJECT, World, agent, run};
+
+fn file(path: &str, content: &str, executable: bool) -> FileEntry {
+    FileEntry {
+        path: path.to_string(),
+        content: content.to_string(),
+        executable,
+    }
+}
+
+fn workdir(base: Option<&str>, mounts: &[(&str, &str)]) -> WorkdirSpec {
+    WorkdirSpec {
+        base_workdir: base.map(str::to_string),
+        artifact_mounts: mounts
+            .iter()
+            .map(|(reference, path)| ArtifactMount {
+                reference: reference.to_string(),
+                mount_path: path.to_string(),
+            })
+            .collect(),
+    }
+}
+
+/// Entries of a tar archive: path, mode, contents.
+fn entries(tar: &[u8]) -> Vec<(String, u32, String)> {
+    let mut archive = tar::Archive::new(tar);
+    let mut out = Vec::new();
+    for entry in archive.entries().expect("entries") {
+        let mut entry = entry.expect("entry");
+        let path = entry.path().expect("path").display().to_string();
+        let mode = entry.header().mode().expect("mode");
+        let mut content = String::new();
+        entry.read_to_string(&mut content).expect("content");
+        out.push((path, mode, content));
+    }
+    out
+}
+
+async fn world_with_filesets() -> (World, nodus_core::engine::Engine) {
+    let world = World::new(vec![Reply::Text("done".to_string())]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create(
+            PROJECT,
+            Object::new(
+                "source",
+                FileSetSpec {
+                    files: vec![
+                        file("app/main.py", "print('hi')\n", false),
+                        file("run.sh", "#!/bin/sh\npython3 app/main.py\n", true),
+                    ],
+                },
+            ),
+        )
+        .await
+        .expect("a FileSet");
+    engine
+        .create(
+            PROJECT,
+            Object::new(
+                "notes",
+                FileSetSpec {
+                    files: vec![file("notes.txt", "remember\n", false)],
+                },
+            ),
+        )
+        .await
+        .expect("another FileSet");
+    (world, engine)
+}
+
+#[tokio::test]
+async fn the_sandbox_receives_the_base_files_and_the_mounted_ones() {
+    let (world, engine) = world_with_filesets().await;
+    let created = engine
+        .create_run(
+            PROJECT,
+            run("staged", "helper", "q", |s| {
+                s.workdir = Some(workdir(
+                    Some("source"),
+                    &[(&format!("{PROJECT}/notes#notes.txt"), "docs/notes.txt")],
+                ));
+            }),
+        )
+        .await
+        .expect("a run with a working directory");
+    assert_eq!(
+        engine.drive(PROJECT, "staged").await.expect("drive"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let uid = created.metadata.uid.expect("a uid");
+    let tar = world.sandbox.archive(&uid).expect("an archive was put");
+    assert_eq!(
+        entries(&tar),
+        vec![
+            (
+                "app/main.py".to_string(),
+                0o644,
+                "print('hi')\n".to_string()
+            ),
+            (
+                "run.sh".to_string(),
+                0o755,
+                "#!/bin/sh\npython3 app/main.py\n".to_string()
+            ),
+            (
+                "docs/notes.txt".to_string(),
+                0o644,
+                "remember\n".to_string()
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn references_that_name_nothing_are_refused_at_creation() {
+    let (_world, engine) = world_with_filesets().await;
+    let cases = [
+        (
+            workdir(Some("missing"), &[]),
+            "spec.workdir.baseWorkdir",
+            "must name an existing FileSet",
+        ),
+        (
+            workdir(Some("other-project/source"), &[]),
+            "spec.workdir.baseWorkdir",
+            "must name a FileSet of this project",
+        ),
+        (
+            workdir(None, &[("notes#absent.txt", "a.txt")]),
+            "spec.workdir.artifactMounts[0].ref",
+            "must name a file of the FileSet",
+        ),
+        (
+            workdir(None, &[("notes", "a.txt")]),
+            "spec.workdir.artifactMounts[0].ref",
+            "must be `fileset#path`",
+        ),
+    ];
+    for (index, (spec, field, rule)) in cases.into_iter().enumerate() {
+        let name = format!("refused-{index}");
+        match engine
+            .create_run(
+                PROJECT,
+                run(&name, "helper", "q", |s| s.workdir = Some(spec)),
+            )
+            .await
+        {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, field);
+                assert!(invalid.rule.starts_with(rule), "{invalid:?}");
+            }
+            other => panic!("{field}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, &name).await.is_err(),
+            "nothing written"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fileset_deleted_before_the_sandbox_is_made_fails_the_run_and_leaves_no_sandbox() {
+    let (world, engine) = world_with_filesets().await;
+    engine
+        .create_run(
+            PROJECT,
+            run("orphaned", "helper", "q", |s| {
+                s.workdir = Some(workdir(Some("source"), &[]))
+            }),
+        )
+        .await
+        .expect("created while the FileSet exists");
+    engine
+        .delete::<FileSetSpec>(PROJECT, "source")
+        .await
+        .expect("delete the FileSet");
+    assert_eq!(
+        engine.drive(PROJECT, "orphaned").await.expect("drive"),
+        Driven::Finished(RunPhase::Failed(
+            nodus_core::lifecycle::FailReason::SandboxFailed
+        ))
+    );
+    let failed = engine.get_run(PROJECT, "orphaned").await.expect("the run");
+    let message = serde_json::to_string(&failed.status).expect("status");
+    assert!(
+        message.contains("staging the working directory"),
+        "{message}"
+    );
+    assert!(world.sandbox.live().is_empty(), "no sandbox is left behind");
+}
