@@ -321,6 +321,14 @@ pub enum AgentRunCommand {
         /// The run.
         name: String,
     },
+    /// Save the run's final working directory (kept for runs with spec.workdir) as a tar
+    /// archive.
+    Workdir {
+        /// The run.
+        name: String,
+        /// The file to write (`-` writes to standard output).
+        file: std::path::PathBuf,
+    },
     /// List what the run did, in order.
     Steps {
         /// The run.

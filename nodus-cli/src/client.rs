@@ -189,6 +189,24 @@ impl Client {
         self.call(Method::GET, rest, &[], None).await
     }
 
+    /// `GET` of a binary answer (an archive) under the project.
+    pub async fn get_bytes(&self, rest: &[&str]) -> Result<Vec<u8>> {
+        let response = self
+            .http
+            .get(self.url(&self.project_segments(rest), &[]))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        if status.is_success() {
+            Ok(bytes.to_vec())
+        } else {
+            Err(server_error(status.as_u16(), &bytes))
+        }
+    }
+
     /// `POST` of JSON to a path under the project.
     pub async fn post(&self, rest: &[&str], body: Value) -> Result<Value> {
         self.call(Method::POST, rest, &[], Some(Body::Json(body)))

@@ -227,19 +227,40 @@ async fn sweep_payloads(store: Arc<dyn Store>) {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
     loop {
         every.tick().await;
-        let now = jiff::Timestamp::now();
-        let Ok(before) = now.checked_sub(
-            jiff::SignedDuration::try_from(PAYLOAD_RETENTION).unwrap_or(jiff::SignedDuration::ZERO),
-        ) else {
-            continue;
-        };
-        match store.sweep_payloads(before, now).await {
-            Ok(swept) => tracing::info!(runs = swept.runs.len(), "retention sweep"),
+        match sweep_once(store.as_ref(), jiff::Timestamp::now()).await {
+            Ok(runs) => tracing::info!(runs, "retention sweep"),
             Err(error) => {
                 tracing::warn!(error = %error, "retention sweep failed; retrying in an hour")
             }
         }
     }
+}
+
+/// One retention sweep at `now`: the payloads of runs that ended more than
+/// [`PAYLOAD_RETENTION`] ago, and the final working directories they kept. How many runs
+/// were swept.
+async fn sweep_once(
+    store: &dyn Store,
+    now: jiff::Timestamp,
+) -> Result<usize, nodus_core::store::Error> {
+    let retention =
+        jiff::SignedDuration::try_from(PAYLOAD_RETENTION).unwrap_or(jiff::SignedDuration::ZERO);
+    let before = now.checked_sub(retention).unwrap_or(jiff::Timestamp::MIN);
+    let swept = store.sweep_payloads(before, now).await?;
+    for run in &swept.runs {
+        // A kept final working directory is a payload too.
+        match store
+            .delete(&nodus_core::engine::workdir_archive_key(run))
+            .await
+        {
+            Ok(()) | Err(nodus_core::store::Error::NotFound(_)) => {}
+            // The run is marked swept already; say so, and go on with the others.
+            Err(error) => {
+                tracing::warn!(run = %run, error = %error, "cannot remove a kept working directory")
+            }
+        }
+    }
+    Ok(swept.runs.len())
 }
 
 async fn open_store(
@@ -469,4 +490,52 @@ async fn bootstrap(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use nodus_core::resource::Kind;
+    use nodus_core::store::{ObjectKey, Store};
+    use serde_json::json;
+
+    use super::*;
+
+    /// A run that ended longer ago than the retention period loses its kept working directory
+    /// with its other payloads; a recent one keeps it.
+    #[tokio::test]
+    async fn the_sweep_removes_kept_working_directories_of_old_runs() {
+        let store = nodus_store::MemoryStore::new();
+        let now = jiff::Timestamp::from_second(2_000_000_000).expect("a time");
+        for (name, days_ago) in [("old", 31), ("recent", 1)] {
+            let ended = now
+                .checked_sub(jiff::SignedDuration::from_hours(24 * days_ago))
+                .expect("a time");
+            let run = ObjectKey::new("p", Kind::AgentRun, name);
+            store
+                .create(
+                    &run,
+                    json!({
+                        "apiVersion": "nodus.dev/v1", "kind": "AgentRun",
+                        "metadata": {"name": name, "uid": format!("uid-{name}")},
+                        "spec": {"agent": "a", "input": "secret input"},
+                        "status": {"phase": "Succeeded", "completionTime": ended.to_string()},
+                    }),
+                )
+                .await
+                .expect("a run");
+            store
+                .create(
+                    &nodus_core::engine::workdir_archive_key(&run),
+                    json!({"bytes": 0, "archiveBase64": ""}),
+                )
+                .await
+                .expect("a kept working directory");
+        }
+        assert_eq!(sweep_once(&store, now).await, Ok(1));
+        let kept = |name: &str| {
+            nodus_core::engine::workdir_archive_key(&ObjectKey::new("p", Kind::AgentRun, name))
+        };
+        assert!(store.get(&kept("old")).await.is_err(), "swept");
+        assert!(store.get(&kept("recent")).await.is_ok(), "kept");
+    }
 }

@@ -58,6 +58,12 @@ pub fn document() -> Value {
         ("steps", "get", "The run's steps in order", "200"),
         ("answer", "get", "The whole answer", "200"),
         (
+            "workdir",
+            "get",
+            "The final working directory of a run with spec.workdir (application/x-tar)",
+            "200",
+        ),
+        (
             "cancel",
             "post",
             "Cancel the run (its sandbox is deleted)",

@@ -128,6 +128,61 @@ async fn the_sandbox_receives_the_base_files_and_the_mounted_ones() {
 }
 
 #[tokio::test]
+async fn the_final_working_directory_is_kept_until_the_run_is_deleted() {
+    use nodus_core::engine::{OutputWorkdir, workdir_archive_key};
+    use nodus_core::store::{ObjectKey, Store};
+
+    let (world, engine) = world_with_filesets().await;
+    engine
+        .create_run(
+            PROJECT,
+            run("kept", "helper", "q", |s| {
+                s.workdir = Some(workdir(Some("notes"), &[]))
+            }),
+        )
+        .await
+        .expect("a run with a working directory");
+    engine
+        .create_run(PROJECT, run("plain", "helper", "q", |_| {}))
+        .await
+        .expect("a run without one");
+    assert_eq!(
+        engine.output_workdir(PROJECT, "kept").await.expect("read"),
+        None,
+        "nothing is kept before the run ends"
+    );
+    for name in ["kept", "plain"] {
+        assert_eq!(
+            engine.drive(PROJECT, name).await.expect("drive"),
+            Driven::Finished(RunPhase::Succeeded)
+        );
+    }
+    // The recording sandbox hands back what was put into it.
+    match engine.output_workdir(PROJECT, "kept").await.expect("read") {
+        Some(OutputWorkdir::Archive(tar)) => assert_eq!(
+            entries(&tar),
+            vec![("notes.txt".to_string(), 0o644, "remember\n".to_string())]
+        ),
+        other => panic!("expected the archive, got {other:?}"),
+    }
+    assert_eq!(
+        engine.output_workdir(PROJECT, "plain").await.expect("read"),
+        None,
+        "a run without spec.workdir keeps none"
+    );
+    engine.delete_run(PROJECT, "kept").await.expect("delete");
+    let key = workdir_archive_key(&ObjectKey::new(
+        PROJECT,
+        nodus_core::resource::Kind::AgentRun,
+        "kept",
+    ));
+    assert!(
+        world.memory.get(&key).await.is_err(),
+        "deleting the run removes what it kept"
+    );
+}
+
+#[tokio::test]
 async fn references_that_name_nothing_are_refused_at_creation() {
     let (_world, engine) = world_with_filesets().await;
     let cases = [

@@ -82,6 +82,36 @@ fn walk_the_spec(backend: Backend) {
     ]);
     let answer = server.ok(&["agentrun", "answer", "review-config"]);
     assert!(answer.contains("retries: 3"), "{answer}");
+    let saved = dir.path().join("review-config.tar");
+    server.ok(&[
+        "agentrun",
+        "workdir",
+        "review-config",
+        saved.to_str().expect("utf-8 path"),
+    ]);
+    let tar = std::fs::read(&saved).expect("the saved archive");
+    let mut names: Vec<String> = tar::Archive::new(tar.as_slice())
+        .entries()
+        .expect("a tar archive")
+        .map(|entry| {
+            let entry = entry.expect("an entry");
+            entry.path().expect("a path").display().to_string()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "app",
+            "app/config.yaml",
+            "check.sh",
+            "copy",
+            "copy/config.yaml"
+        ],
+        "the final working directory, directories included"
+    );
+    let none = server.fails(&["agentrun", "workdir", "triage", "-"]);
+    assert!(none.contains("only a run with spec.workdir"), "{none}");
     let missing = "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: no-files\n\
                    spec:\n  agent: hello-agent\n  input: hi\n  workdir:\n    baseWorkdir: nothing-here\n";
     let refused = server.cli_in(&["apply", "-f", "-"], Some(missing));

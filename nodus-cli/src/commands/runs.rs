@@ -37,6 +37,24 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                 }
             }
         }
+        AgentRunCommand::Workdir { name, file } => {
+            let tar = client.get_bytes(&[RUNS, &name, "workdir"]).await?;
+            if file.as_os_str() == "-" {
+                use std::io::Write;
+                std::io::stdout()
+                    .write_all(&tar)
+                    .map_err(|e| Error::input(format!("writing the archive: {e}")))?;
+            } else {
+                std::fs::write(&file, &tar)
+                    .map_err(|e| Error::input(format!("writing {}: {e}", file.display())))?;
+                eprintln!(
+                    "agentrun/{name}: final working directory saved to {} ({} bytes)",
+                    file.display(),
+                    tar.len()
+                );
+            }
+            Ok(())
+        }
         AgentRunCommand::Steps {
             name,
             output,

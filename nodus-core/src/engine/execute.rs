@@ -558,7 +558,9 @@ impl Engine {
             Intent::ReadMessage { .. } => Performed::Done(Outcome::MessageRead),
             Intent::Answer { .. } => Performed::Done(Outcome::Answered),
             Intent::DestroySandbox { id, .. } => {
-                let _ = run;
+                if run.spec.workdir.is_some() {
+                    self.keep_workdir(&fixed.key, id).await;
+                }
                 match self
                     .sandbox_retrying(|| self.deps.sandbox.destroy(id))
                     .await

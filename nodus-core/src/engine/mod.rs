@@ -12,6 +12,7 @@ mod resources;
 mod status;
 mod typed;
 mod workdir;
+pub use workdir::{MAX_KEPT_WORKDIR_BYTES, OutputWorkdir, workdir_archive_key};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -155,6 +155,19 @@ impl Engine {
             .store
             .delete(&ObjectKey::new(project, Kind::AgentRun, name))
             .await?;
+        match self
+            .deps
+            .store
+            .delete(&super::workdir_archive_key(&ObjectKey::new(
+                project,
+                Kind::AgentRun,
+                name,
+            )))
+            .await
+        {
+            Ok(()) | Err(crate::store::Error::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
         if let Some(group) = &run.object.spec.group {
             match self.reconcile_group(project, group).await {
                 Ok(_) | Err(Error::NotFound { .. }) => {}

@@ -1,11 +1,34 @@
 //! A run's working directory staged from FileSets: the references are checked when the run is
 //! created (a missing FileSet or file fails the request, not the run), and the files are
-//! read and put into the sandbox, as one tar archive, when its sandbox is created.
+//! read and put into the sandbox, as one tar archive, when its sandbox is created. When the
+//! run ends, before its sandbox is deleted, the final working directory is kept as a tar
+//! archive ([`Kind::WorkdirArchive`], named after the run) for [`Engine::output_workdir`].
 
-use super::{Engine, Result, typed};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::{Engine, Error, Result, typed};
 use crate::resource::{FileEntry, FileSetSpec, Kind, WorkdirSpec};
+use crate::sandbox::SandboxId;
 use crate::store::{self, ObjectKey};
 use crate::validate::Invalid;
+
+/// The largest final working directory kept (a larger one is recorded as omitted).
+pub const MAX_KEPT_WORKDIR_BYTES: usize = 16 << 20;
+
+/// Where the final working directory of `run` is kept.
+pub fn workdir_archive_key(run: &ObjectKey) -> ObjectKey {
+    ObjectKey::new(&run.project, Kind::WorkdirArchive, &run.name)
+}
+
+/// A run's final working directory, as far as it was kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputWorkdir {
+    /// The tar archive.
+    Archive(Vec<u8>),
+    /// Why there is none (too large, or the sandbox could not give it).
+    Omitted(String),
+}
 
 /// A file of the working directory: where it goes and what it holds.
 struct Staged<'a> {
@@ -45,6 +68,59 @@ impl Engine {
         archive(&staged).map_err(|e| {
             Invalid::new("spec.workdir", "must make a tar archive", e.to_string()).into()
         })
+    }
+
+    /// Keep the final working directory of `run` (whose sandbox is `sandbox`), once: a repeat
+    /// after a crash finds it kept. Best effort: a failure is kept as the reason.
+    pub(super) async fn keep_workdir(&self, run: &ObjectKey, sandbox: &SandboxId) {
+        let key = workdir_archive_key(run);
+        match self.deps.store.get(&key).await {
+            Ok(_) => return,
+            Err(store::Error::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(run = %run, error = %e, "cannot look for a kept working directory")
+            }
+        }
+        let document = match self.deps.sandbox.get_files(sandbox, "").await {
+            Ok(tar) if tar.len() > MAX_KEPT_WORKDIR_BYTES => serde_json::json!({
+                "bytes": tar.len(),
+                "omitted": format!("the working directory is {} bytes, more than the {MAX_KEPT_WORKDIR_BYTES} kept", tar.len()),
+            }),
+            Ok(tar) => {
+                serde_json::json!({ "bytes": tar.len(), "archiveBase64": BASE64.encode(&tar) })
+            }
+            Err(e) => {
+                serde_json::json!({ "omitted": format!("the sandbox could not give it: {e}") })
+            }
+        };
+        match self.deps.store.create(&key, document).await {
+            Ok(_) | Err(store::Error::AlreadyExists(_)) => {}
+            Err(e) => {
+                tracing::warn!(run = %run, error = %e, "cannot keep the final working directory")
+            }
+        }
+    }
+
+    /// The final working directory of a run with `spec.workdir`, kept when it ended; `None`
+    /// when there is none (the run has no `spec.workdir`, has not ended, or it was removed
+    /// by retention).
+    pub async fn output_workdir(&self, project: &str, name: &str) -> Result<Option<OutputWorkdir>> {
+        self.read_run(project, name).await?;
+        let key = workdir_archive_key(&ObjectKey::new(project, Kind::AgentRun, name));
+        let record = match self.deps.store.get(&key).await {
+            Ok(record) => record,
+            Err(store::Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(archive) = record.document["archiveBase64"].as_str() {
+            let tar = BASE64.decode(archive).map_err(|e| Error::Corrupt {
+                key: key.to_string(),
+                message: format!("the kept archive is not base64: {e}"),
+            })?;
+            return Ok(Some(OutputWorkdir::Archive(tar)));
+        }
+        let reason = record.document["omitted"].as_str().unwrap_or("not kept");
+        Ok(Some(OutputWorkdir::Omitted(reason.to_string())))
     }
 
     /// The FileSets `workdir` names, read and checked.

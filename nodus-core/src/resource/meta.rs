@@ -30,6 +30,9 @@ pub enum Kind {
     Token,
     /// The runs a batch created under an idempotency key (kept by the engine).
     BatchRecord,
+    /// A run's final working directory, as a tar archive (kept by the engine, named after
+    /// the run).
+    WorkdirArchive,
 }
 
 impl Kind {
@@ -45,6 +48,7 @@ impl Kind {
             Kind::Project => "projects",
             Kind::Token => "tokens",
             Kind::BatchRecord => "batchrecords",
+            Kind::WorkdirArchive => "workdirarchives",
         }
     }
 
@@ -61,6 +65,7 @@ impl Kind {
             "projects" => Kind::Project,
             "tokens" => Kind::Token,
             "batchrecords" => Kind::BatchRecord,
+            "workdirarchives" => Kind::WorkdirArchive,
             _ => return None,
         })
     }
@@ -78,6 +83,7 @@ impl fmt::Display for Kind {
             Kind::Project => "Project",
             Kind::Token => "Token",
             Kind::BatchRecord => "BatchRecord",
+            Kind::WorkdirArchive => "WorkdirArchive",
         })
     }
 }
@@ -125,6 +131,7 @@ mod tests {
             Kind::Project,
             Kind::Token,
             Kind::BatchRecord,
+            Kind::WorkdirArchive,
         ] {
             assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
         }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use nodus_core::engine::OutputWorkdir;
 use nodus_core::lifecycle::Resolution;
 use nodus_core::store::Delivery;
 use nodus_core::validate::Invalid;
@@ -113,6 +114,37 @@ pub async fn answer(
         StatusCode::OK,
         json!({"answer": answer, "phase": run.status.phase.map(|p| p.name())}),
     ))
+}
+
+/// `GET …/agentruns/{name}/workdir`: the run's final working directory as a tar archive
+/// (`application/x-tar`), kept when a run with `spec.workdir` ended.
+pub async fn workdir(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    match state.engine.output_workdir(&project, &name).await? {
+        Some(OutputWorkdir::Archive(tar)) => Ok((
+            StatusCode::OK,
+            [(axum::http::header::CONTENT_TYPE, "application/x-tar")],
+            tar,
+        )
+            .into_response()),
+        Some(OutputWorkdir::Omitted(reason)) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "WorkdirNotKept",
+            format!("the final working directory of {name:?} was not kept: {reason}"),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "{name:?} has no final working directory: only a run with spec.workdir keeps \
+                 one, when it ends, for the payload retention period"
+            ),
+        )),
+    }
 }
 
 /// `POST …/agentruns/{name}/cancel`: the run is cancelled and its sandbox deleted.
