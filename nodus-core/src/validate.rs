@@ -295,6 +295,23 @@ impl Validate for FileSetSpec {
         for (index, file) in self.files.iter().enumerate() {
             let field = format!("spec.files[{index}].path");
             paths.push((check_mount_path(&field, &file.path)?, index));
+            if let Some(encoded) = &file.content_base64 {
+                let field = format!("spec.files[{index}].contentBase64");
+                if !file.content.is_empty() {
+                    return Err(Invalid::new(
+                        field,
+                        "must not be given with content: a file has one or the other",
+                        shown(encoded),
+                    ));
+                }
+                if let Err(e) = file.bytes() {
+                    return Err(Invalid::new(
+                        field,
+                        format!("must be standard base64 ({e})"),
+                        shown(encoded),
+                    ));
+                }
+            }
         }
         check_no_overlap(paths, &|index| {
             let path = self.files.get(index).map_or("", |f| f.path.as_str());
@@ -1963,6 +1980,32 @@ mod tests {
                 "\"Source\"",
             ),
         ]);
+        check::<FileSetSpec>(vec![
+            (
+                with(
+                    fileset(&[]),
+                    "/spec/files",
+                    json!([{ "path": "a.bin", "contentBase64": "not base64!" }]),
+                ),
+                "spec.files[0].contentBase64",
+                "standard base64",
+            ),
+            (
+                with(
+                    fileset(&[]),
+                    "/spec/files",
+                    json!([{ "path": "a", "content": "x", "contentBase64": "eA==" }]),
+                ),
+                "spec.files[0].contentBase64",
+                "one or the other",
+            ),
+        ]);
+        let binary = accept::<FileSetSpec>(with(
+            fileset(&[]),
+            "/spec/files",
+            json!([{ "path": "a.bin", "contentBase64": "AAH/" }]),
+        ));
+        assert_eq!(binary.spec.files[0].bytes(), Ok(vec![0, 1, 255]));
         accept::<FileSetSpec>(fileset(&["app/main.py", "app-x/y", "run.sh"]));
         accept::<FileSetSpec>(fileset(&[]));
     }

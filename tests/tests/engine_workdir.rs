@@ -15,6 +15,7 @@ fn file(path: &str, content: &str, executable: bool) -> FileEntry {
     FileEntry {
         path: path.to_string(),
         content: content.to_string(),
+        content_base64: None,
         executable,
     }
 }
@@ -33,15 +34,15 @@ fn workdir(base: Option<&str>, mounts: &[(&str, &str)]) -> WorkdirSpec {
 }
 
 /// Entries of a tar archive: path, mode, contents.
-fn entries(tar: &[u8]) -> Vec<(String, u32, String)> {
+fn entries(tar: &[u8]) -> Vec<(String, u32, Vec<u8>)> {
     let mut archive = tar::Archive::new(tar);
     let mut out = Vec::new();
     for entry in archive.entries().expect("entries") {
         let mut entry = entry.expect("entry");
         let path = entry.path().expect("path").display().to_string();
         let mode = entry.header().mode().expect("mode");
-        let mut content = String::new();
-        entry.read_to_string(&mut content).expect("content");
+        let mut content = Vec::new();
+        entry.read_to_end(&mut content).expect("content");
         out.push((path, mode, content));
     }
     out
@@ -63,6 +64,12 @@ async fn world_with_filesets() -> (World, nodus_core::engine::Engine) {
                     files: vec![
                         file("app/main.py", "print('hi')\n", false),
                         file("run.sh", "#!/bin/sh\npython3 app/main.py\n", true),
+                        FileEntry {
+                            path: "img/dot.bin".to_string(),
+                            content: String::new(),
+                            content_base64: Some("AAH/".to_string()),
+                            executable: false,
+                        },
                     ],
                 },
             ),
@@ -108,21 +115,14 @@ async fn the_sandbox_receives_the_base_files_and_the_mounted_ones() {
     assert_eq!(
         entries(&tar),
         vec![
-            (
-                "app/main.py".to_string(),
-                0o644,
-                "print('hi')\n".to_string()
-            ),
+            ("app/main.py".to_string(), 0o644, b"print('hi')\n".to_vec()),
             (
                 "run.sh".to_string(),
                 0o755,
-                "#!/bin/sh\npython3 app/main.py\n".to_string()
+                b"#!/bin/sh\npython3 app/main.py\n".to_vec()
             ),
-            (
-                "docs/notes.txt".to_string(),
-                0o644,
-                "remember\n".to_string()
-            ),
+            ("img/dot.bin".to_string(), 0o644, vec![0, 1, 255]),
+            ("docs/notes.txt".to_string(), 0o644, b"remember\n".to_vec()),
         ]
     );
 }
@@ -161,7 +161,7 @@ async fn the_final_working_directory_is_kept_until_the_run_is_deleted() {
     match engine.output_workdir(PROJECT, "kept").await.expect("read") {
         Some(OutputWorkdir::Archive(tar)) => assert_eq!(
             entries(&tar),
-            vec![("notes.txt".to_string(), 0o644, "remember\n".to_string())]
+            vec![("notes.txt".to_string(), 0o644, b"remember\n".to_vec())]
         ),
         other => panic!("expected the archive, got {other:?}"),
     }

@@ -30,10 +30,25 @@ pub enum OutputWorkdir {
     Omitted(String),
 }
 
-/// A file of the working directory: where it goes and what it holds.
+/// A file of the working directory: where it goes, its bytes and whether it may be run.
 struct Staged<'a> {
     path: &'a str,
-    file: &'a FileEntry,
+    bytes: Vec<u8>,
+    executable: bool,
+}
+
+impl<'a> Staged<'a> {
+    fn new(path: &'a str, file: &FileEntry) -> Result<Self> {
+        let bytes = file.bytes().map_err(|e| Error::Corrupt {
+            key: path.to_string(),
+            message: format!("a stored file is not base64: {e}"),
+        })?;
+        Ok(Staged {
+            path,
+            bytes,
+            executable: file.executable,
+        })
+    }
 }
 
 impl Engine {
@@ -51,18 +66,14 @@ impl Engine {
         let sets = self.workdir_files(project, workdir).await?;
         let mut staged: Vec<Staged<'_>> = Vec::new();
         if let Some(base) = &sets.base {
-            staged.extend(base.files.iter().map(|file| Staged {
-                path: &file.path,
-                file,
-            }));
+            for file in &base.files {
+                staged.push(Staged::new(&file.path, file)?);
+            }
         }
         for (mount, set) in workdir.artifact_mounts.iter().zip(&sets.mounts) {
             let (_, path) = split_ref(&mount.reference).unwrap_or_default();
             if let Some(file) = set.file(path) {
-                staged.push(Staged {
-                    path: &mount.mount_path,
-                    file,
-                });
+                staged.push(Staged::new(&mount.mount_path, file)?);
             }
         }
         archive(&staged).map_err(|e| {
@@ -201,13 +212,13 @@ fn archive(files: &[Staged<'_>]) -> std::io::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
     for staged in files {
         let mut header = tar::Header::new_gnu();
-        header.set_size(staged.file.content.len() as u64);
-        header.set_mode(if staged.file.executable { 0o755 } else { 0o644 });
+        header.set_size(staged.bytes.len() as u64);
+        header.set_mode(if staged.executable { 0o755 } else { 0o644 });
         header.set_entry_type(tar::EntryType::Regular);
         builder.append_data(
             &mut header,
             staged.path.trim_start_matches("./"),
-            staged.file.content.as_bytes(),
+            staged.bytes.as_slice(),
         )?;
     }
     builder.into_inner()

@@ -13,18 +13,33 @@ pub struct FileSetSpec {
     pub files: Vec<FileEntry>,
 }
 
-/// One stored file (UTF-8 text).
+/// One stored file: UTF-8 text in `content`, or any bytes in `contentBase64`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileEntry {
     /// Where it goes, relative to the working directory (`app/main.py`).
     pub path: String,
-    /// Its contents.
-    #[serde(default)]
+    /// Its contents as text.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub content: String,
+    /// Its contents as standard base64, for bytes that are not text (instead of `content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
     /// Whether it may be run (mode 0755 instead of 0644).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub executable: bool,
+}
+
+impl FileEntry {
+    /// The file's bytes; an error when `contentBase64` is not base64 (validation refuses
+    /// such a file).
+    pub fn bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        use base64::Engine as _;
+        match &self.content_base64 {
+            Some(encoded) => base64::engine::general_purpose::STANDARD.decode(encoded),
+            None => Ok(self.content.as_bytes().to_vec()),
+        }
+    }
 }
 
 impl FileSetSpec {
