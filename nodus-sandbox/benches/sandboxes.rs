@@ -6,7 +6,8 @@
 //! machine weighs on both alike.
 //!
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
-//! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker).
+//! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker);
+//! `NODUS_BENCH_ONLY=processes` or `docker` runs one half.
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -121,16 +122,16 @@ async fn timed<F: Future<Output = ()>>(
     all
 }
 
-/// Create + first exec (`true`) + destroy, `n` times, with phases; before each, the bare
-/// command `bare` (when given) once. Returns the bare samples first.
+/// Create + first exec (`true`) + destroy, `n` times, with phases; before each, each bare
+/// command of `bare` once. Returns the bare samples first, in the order of `bare`.
 async fn lifecycle(
     name: &str,
     n: usize,
     sandbox: Arc<dyn Sandbox>,
     image: Option<&str>,
-    bare: Option<(&str, &[&str])>,
-) -> (Samples, Samples, [Samples; 3]) {
-    let mut bare_samples = Vec::new();
+    bare: &[(&str, &[&str])],
+) -> (Vec<Samples>, Samples, [Samples; 3]) {
+    let mut bare_samples = vec![Vec::new(); bare.len()];
     let tag = format!("bench-{}", std::process::id());
     // Warm-up: the first create of a backend finds its tools once.
     let warm = sandbox
@@ -141,8 +142,8 @@ async fn lifecycle(
     let mut phases = [Vec::new(), Vec::new(), Vec::new()];
     let mut total = Vec::with_capacity(n);
     for i in 0..n {
-        if let Some((_, argv)) = bare {
-            bare_samples.push(bare_once(argv));
+        for ((_, argv), samples) in bare.iter().zip(&mut bare_samples) {
+            samples.push(bare_once(argv));
         }
         let key = format!("{tag}-{i}");
         let start = Instant::now();
@@ -160,7 +161,10 @@ async fn lifecycle(
     }
     let [c, e, d] = phases;
     (
-        Samples::new(bare.map_or("", |b| b.0), bare_samples),
+        bare.iter()
+            .zip(bare_samples)
+            .map(|((label, _), samples)| Samples::new(label, samples))
+            .collect(),
         Samples::new(&format!("{name}: create+exec+destroy"), total),
         [
             Samples::new(&format!("  {name}: create"), c),
@@ -199,7 +203,6 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let n_docker = (n / 3).max(5);
     let image = std::env::var("NODUS_TEST_DOCKER_IMAGE")
         .expect("NODUS_TEST_DOCKER_IMAGE: run `eval \"$(scripts/test-env start)\"` first");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -209,7 +212,20 @@ fn main() {
         .expect("runtime");
     let root = tempfile::tempdir().expect("tempdir");
 
+    // `NODUS_BENCH_ONLY=processes` or `docker` runs one half.
+    let only = std::env::var("NODUS_BENCH_ONLY").unwrap_or_default();
     runtime.block_on(async {
+        if only != "docker" {
+            processes(n, root.path()).await;
+        }
+        if only != "processes" {
+            docker(n, &image).await;
+        }
+    });
+}
+
+async fn processes(n: usize, root: &std::path::Path) {
+    {
         println!("== processes ({n} iterations)");
         let bwrap_argv: &[&str] = &[
             "bwrap",
@@ -224,27 +240,28 @@ fn main() {
             "/proc",
             "true",
         ];
-        let bwrap: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(BwrapConfig::new(
-            root.path().join("bwrap"),
-        )));
+        let bwrap: Arc<dyn Sandbox> =
+            Arc::new(BwrapSandbox::new(BwrapConfig::new(root.join("bwrap"))));
         let (bare_bwrap, bwrap_cycle, bwrap_phases) = lifecycle(
             "bwrap backend",
             n,
             bwrap.clone(),
             None,
-            Some((
+            &[(
                 "bare `bwrap --ro-bind / / --unshare-all … true`",
                 bwrap_argv,
-            )),
+            )],
         )
         .await;
         let bwrap_live = live_exec("bwrap backend", n, bwrap, None).await;
         let unisolated: Arc<dyn Sandbox> =
-            Arc::new(UnisolatedSandbox::new(root.path().join("unisolated")));
+            Arc::new(UnisolatedSandbox::new(root.join("unisolated")));
         let (_, uni_cycle, _) =
-            lifecycle("unisolated backend", n, unisolated.clone(), None, None).await;
+            lifecycle("unisolated backend", n, unisolated.clone(), None, &[]).await;
         let uni_live = live_exec("unisolated backend", n, unisolated, None).await;
-        bare_bwrap.print();
+        for bare in &bare_bwrap {
+            bare.print();
+        }
         bwrap_cycle.print();
         for phase in &bwrap_phases {
             phase.print();
@@ -252,12 +269,21 @@ fn main() {
         bwrap_live.print();
         uni_cycle.print();
         uni_live.print();
-        ratio(&bwrap_cycle, &bare_bwrap);
+        for bare in &bare_bwrap {
+            ratio(&bwrap_cycle, bare);
+        }
+    }
+}
 
+async fn docker(n: usize, image: &str) {
+    let n_docker = (n / 3).max(5);
+    {
         println!("== Docker ({n_docker} iterations, image {image})");
-        let docker_argv: &[&str] = &["docker", "run", "--rm", "--network", "none", &image, "true"];
+        let docker_argv: &[&str] = &["docker", "run", "--rm", image, "true"];
+        let docker_none_argv: &[&str] =
+            &["docker", "run", "--rm", "--network", "none", image, "true"];
         let docker: Arc<dyn Sandbox> = Arc::new(
-            DockerSandbox::connect(DockerConfig::new(image.clone()))
+            DockerSandbox::connect(DockerConfig::new(image.to_owned()))
                 .await
                 .expect("Docker is reachable"),
         );
@@ -265,20 +291,27 @@ fn main() {
             "docker backend",
             n_docker,
             docker.clone(),
-            Some(&image),
-            Some((
-                "bare `docker run --rm --network none IMAGE true`",
-                docker_argv,
-            )),
+            Some(image),
+            &[
+                ("bare `docker run --rm IMAGE true`", docker_argv),
+                (
+                    "bare `docker run --rm --network none IMAGE true`",
+                    docker_none_argv,
+                ),
+            ],
         )
         .await;
-        let docker_live = live_exec("docker backend", n, docker, Some(&image)).await;
-        bare_docker.print();
+        let docker_live = live_exec("docker backend", n, docker, Some(image)).await;
+        for bare in &bare_docker {
+            bare.print();
+        }
         docker_cycle.print();
         for phase in &docker_phases {
             phase.print();
         }
         docker_live.print();
-        ratio(&docker_cycle, &bare_docker);
-    });
+        for bare in &bare_docker {
+            ratio(&docker_cycle, bare);
+        }
+    }
 }

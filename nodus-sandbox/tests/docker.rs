@@ -1,5 +1,5 @@
 //! What the conformance suite does not cover of the Docker backend: re-attaching after a
-//! restart (to a running or a stopped container), removing orphans, the limits and labels a
+//! restart (to a running or a stopped container), the command channel's fidelity, removing orphans, the limits and labels a
 //! container gets, and the error when the engine cannot be reached.
 //!
 //! Needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine; fails
@@ -97,6 +97,53 @@ async fn a_restarted_server_reattaches_to_running_and_stopped_containers() {
     again.destroy(&id).await.expect("destroy");
     assert_eq!(inspect("container", "{{.Id}}", &id.0), None);
     assert_eq!(inspect("volume", "{{.Name}}", &id.0), None);
+}
+
+/// Commands reach the container's first process over its stdin, byte for byte; a container
+/// restarted behind the backend's back (which ends that attachment) serves the next command.
+#[tokio::test]
+async fn commands_travel_byte_for_byte_and_survive_a_container_restart() {
+    let sandbox = backend("nodus-").await;
+    let id = sandbox
+        .create(&spec(&unique_key("channel")))
+        .await
+        .expect("create")
+        .id;
+    let command =
+        "cat <<'EOF'\nquote ' double \" back \\ tab \t bell \u{7} \u{10}\u{11} é\n  $HOME `x`\nEOF";
+    let out = sandbox.exec(&id, &request(command)).await.expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout.bytes),
+        "quote ' double \" back \\ tab \t bell \u{7} \u{10}\u{11} é\n  $HOME `x`\n"
+    );
+    assert_eq!(out.exit_code, Some(0));
+    let no_newline = sandbox
+        .exec(
+            &id,
+            &request("printf 'no newline'; printf 'err' >&2; exit 7"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        (
+            no_newline.stdout.bytes,
+            no_newline.stderr.bytes,
+            no_newline.exit_code
+        ),
+        (b"no newline".to_vec(), b"err".to_vec(), Some(7))
+    );
+
+    let restarted = Command::new("docker")
+        .args(["restart", "-t", "0", &id.0])
+        .output()
+        .expect("docker restart");
+    assert!(restarted.status.success(), "{restarted:?}");
+    let out = sandbox
+        .exec(&id, &request("echo after"))
+        .await
+        .expect("exec after a restart");
+    assert_eq!(out.stdout.bytes, b"after\n");
+    sandbox.destroy(&id).await.expect("destroy");
 }
 
 #[tokio::test]

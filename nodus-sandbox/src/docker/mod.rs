@@ -13,16 +13,19 @@
 //! - a read-only root file system, a private `/tmp` (a tmpfs no larger than the memory limit)
 //!   and the working-directory volume as the only writable places;
 //! - all capabilities dropped and `no-new-privileges`;
-//! - as its first process a small shell loop that sleeps and reaps orphans, so the container
-//!   lives between commands. The image needs `/bin/sh` (and `kill`, built into every shell).
+//! - as its first process a shell that reads commands from its stdin, which stays open
+//!   between commands (the image needs `/bin/sh`; `kill` and `printf` are built into every
+//!   shell).
 //!
-//! Commands run through exec as `/bin/sh -c`, with stdout and stderr read apart and capped.
-//! When a command's shell ends, every process it left in the container is killed
-//! (`kill -9 -1` from inside, which spares only the first process); a timeout, or dropping the
-//! `exec` future, does the same from a second exec, and restarts the container (same file
-//! system) when that cannot start (a fork bomb at its process limit). Commands of one sandbox
-//! run one at a time. Docker reports a command ended by a signal as exit code 128 + the
-//! signal's number.
+//! Commands go through the [command channel](channel): the backend attaches to the first
+//! process when it creates the container (again after a restart, on the next command) and
+//! sends each command as one line; the command runs as `/bin/sh -c` in the working directory
+//! (or a directory below it), with stdout and stderr read apart and capped. When the command
+//! ends, every process it left in the container is killed (`kill -9 -1` from the first
+//! process, which spares only itself). A timeout, or dropping the `exec` future, does the same
+//! from an exec, and restarts the container (same file system) when that cannot start (a fork
+//! bomb at its process limit). Commands of one sandbox run one at a time. A command ended by a
+//! signal reports exit code 128 + the signal's number.
 //!
 //! Files move through the Docker archive API. An incoming archive is checked like everywhere
 //! (see the crate's archive rules): what is on disk at the paths it touches is looked up with
@@ -59,15 +62,15 @@ use crate::archive::{self, OnDisk};
 use crate::workdir::check_env;
 use crate::{capped, paths};
 
+mod channel;
+
+use channel::{Channel, Next, Reading, Status};
+
+/// A container's turn to run something, with its command channel once attached.
+type Slot = Arc<tokio::sync::Mutex<Option<Channel>>>;
+
 /// The label that names a container's or volume's sandbox key.
 pub const KEY_LABEL: &str = "nodus.sandbox.key";
-
-/// The container's first process: sleeps, reaps orphans, and lives on when `kill -9 -1`
-/// kills its sleep.
-const KEEPER: &str = "trap 'exit 0' TERM; while :; do sleep 2147483647 & wait $!; done";
-
-/// Runs the command (`$1`), then kills everything it left behind, and exits as it did.
-const WRAPPER: &str = "/bin/sh -c \"$1\"; s=$?; kill -9 -1 2>/dev/null; exit $s";
 
 /// How long output is still read after a timeout killed a command.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -114,8 +117,9 @@ pub struct DockerSandbox {
     config: Arc<DockerConfig>,
     /// The limits of each sandbox created since this value was made, by container name.
     created: Arc<Mutex<HashMap<String, Limits>>>,
-    /// One lock per container: its commands and transfers run one at a time.
-    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// One slot per container, holding its command channel once attached: its commands and
+    /// transfers run one at a time.
+    slots: Arc<Mutex<HashMap<String, Slot>>>,
 }
 
 impl DockerSandbox {
@@ -147,7 +151,7 @@ impl DockerSandbox {
             docker,
             config: Arc::new(config),
             created: Arc::default(),
-            locks: Arc::default(),
+            slots: Arc::default(),
         })
     }
 
@@ -223,8 +227,8 @@ impl DockerSandbox {
             .ok_or_else(|| Error::NotFound(id.clone()))
     }
 
-    fn lock_of(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks
+    fn slot_of(&self, id: &SandboxId) -> Slot {
+        self.slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(id.0.clone())
@@ -268,8 +272,15 @@ impl DockerSandbox {
             entrypoint: Some(vec![
                 "/bin/sh".to_owned(),
                 "-c".to_owned(),
-                KEEPER.to_owned(),
+                channel::FIRST_PROCESS.to_owned(),
+                "nodus".to_owned(),
+                self.config.workdir.clone(),
             ]),
+            open_stdin: Some(true),
+            stdin_once: Some(false),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
             env: Some(env),
             working_dir: Some(self.config.workdir.clone()),
             labels: Some(labels.clone()),
@@ -326,6 +337,80 @@ impl DockerSandbox {
         }
     }
 
+    /// Attaches to the container's first process, starting the container if it stopped.
+    async fn attach(&self, id: &SandboxId) -> Result<Channel, Error> {
+        let name = &id.0;
+        let found = match self.docker.inspect_container(name, None).await {
+            Ok(found) => found,
+            Err(e) if status(&e) == Some(404) => return Err(Error::NotFound(id.clone())),
+            Err(e) => return Err(api_error("inspecting the container", e)),
+        };
+        let channel = Channel::attach(&self.docker, name)
+            .await
+            .map_err(|e| api_error("attaching to the container", e))?;
+        if found.state.as_ref().and_then(|s| s.running) != Some(true) {
+            self.start(name).await?;
+        }
+        Ok(channel)
+    }
+
+    /// Sends one command's frame through `channel` and reads its output until both end
+    /// markers or the timeout (which kills the command's processes, after which output is
+    /// still read for a moment). Gives the channel back when it can serve another command.
+    async fn run_in(
+        &self,
+        id: &SandboxId,
+        mut channel: Channel,
+        nonce: &str,
+        frame: &[u8],
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<(Ran, Option<Channel>), Error> {
+        let name = &id.0;
+        let mut guard = KillOnDrop {
+            sandbox: Some(self.clone()),
+            name: name.clone(),
+        };
+        channel
+            .send(frame)
+            .await
+            .map_err(|e| Error::Unavailable(format!("sending a command to {name}: {e}")))?;
+        let mut reading = Reading::new(nonce, cap);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !reading.done() {
+            match tokio::time::timeout_at(deadline, channel.next()).await {
+                Ok(Ok(Next::Chunk(chunk))) => reading.feed(&chunk)?,
+                Ok(Ok(Next::Closed)) => {
+                    guard.sandbox = None;
+                    return Ok((Ran::Closed(reading), None));
+                }
+                Ok(Err(e)) => return Err(api_error("reading the command's output", e)),
+                Err(_) => break,
+            }
+        }
+        guard.sandbox = None;
+        if reading.done() {
+            return Ok((Ran::Ended(reading), Some(channel)));
+        }
+        let restarted = self.kill_all(name).await;
+        let grace = tokio::time::Instant::now() + DRAIN_GRACE;
+        let mut usable = false;
+        while let Ok(Ok(Next::Chunk(chunk))) = tokio::time::timeout_at(grace, channel.next()).await
+        {
+            if reading.feed(&chunk).is_err() {
+                break;
+            }
+            if reading.done() {
+                usable = true;
+                break;
+            }
+        }
+        Ok((
+            Ran::TimedOut(reading),
+            (usable && !restarted).then_some(channel),
+        ))
+    }
+
     async fn pull(&self, image: &str) -> Result<(), Error> {
         info!(image, "pulling an image for sandboxes");
         let options = CreateImageOptionsBuilder::new().from_image(image).build();
@@ -340,9 +425,10 @@ impl DockerSandbox {
         Ok(())
     }
 
-    /// Runs `argv` in the container and collects its output; `None` when the timeout hit
-    /// (after which the container's processes are killed). Kills on drop too.
-    async fn run(
+    /// Runs `argv` in the container through an exec and collects its output (marked timed out
+    /// when the timeout hit, after which the container's processes are killed). Kills on drop
+    /// too.
+    async fn run_exec(
         &self,
         id: &SandboxId,
         argv: Vec<String>,
@@ -450,7 +536,9 @@ impl DockerSandbox {
 
     /// Runs one of the backend's own short commands.
     async fn helper(&self, id: &SandboxId, argv: Vec<String>) -> Result<ExecOutput, Error> {
-        let out = self.run(id, argv, None, HELPER_TIMEOUT, 16 << 20).await?;
+        let out = self
+            .run_exec(id, argv, None, HELPER_TIMEOUT, 16 << 20)
+            .await?;
         if out.timed_out || out.stdout.truncated {
             return Err(Error::Failed(
                 "a path look-up in the container did not finish".to_owned(),
@@ -460,8 +548,9 @@ impl DockerSandbox {
     }
 
     /// Kills every process of the container but its first: from inside when an exec can
-    /// start, else by restarting the container (its file system stays).
-    async fn kill_all(&self, name: &str) {
+    /// start, else by restarting the container (its file system stays). Answers whether it
+    /// restarted the container.
+    async fn kill_all(&self, name: &str) -> bool {
         let options = CreateExecOptions {
             attach_stdout: Some(true),
             attach_stderr: Some(true),
@@ -479,10 +568,10 @@ impl DockerSandbox {
             {
                 while output.next().await.is_some() {}
             }
-            self.docker.inspect_exec(&exec.id).await
+            Ok::<_, DockerError>(exec.id)
         };
         let killed = match tokio::time::timeout(Duration::from_secs(5), from_inside).await {
-            Ok(Ok(inspect)) => inspect.exit_code == Some(0),
+            Ok(Ok(exec)) => matches!(self.exit_code(&exec).await, Ok(Some(0))),
             Ok(Err(e)) => {
                 debug!(container = name, error = %e, "cannot kill from inside");
                 false
@@ -490,7 +579,7 @@ impl DockerSandbox {
             Err(_) => false,
         };
         if killed {
-            return;
+            return false;
         }
         warn!(
             container = name,
@@ -500,6 +589,7 @@ impl DockerSandbox {
         if let Err(e) = self.docker.restart_container(name, Some(options)).await {
             warn!(container = name, error = %e, "cannot restart a container");
         }
+        true
     }
 
     async fn start(&self, name: &str) -> Result<(), Error> {
@@ -620,7 +710,13 @@ impl Sandbox for DockerSandbox {
         let name = self.name(&spec.key);
         // Most creations are new: try that first, and re-attach when the name is taken.
         if self.create_container(spec, &name).await? {
-            self.start(&name).await?;
+            // Attach as `docker run` does, before the first process starts, so that nothing
+            // it says is missed; both requests travel together.
+            let (attached, started) =
+                tokio::join!(Channel::attach(&self.docker, &name), self.start(&name));
+            started?;
+            let channel = attached.map_err(|e| api_error("attaching to the container", e))?;
+            *self.slot_of(&SandboxId(name.clone())).lock().await = Some(channel);
             debug!(container = %name, "Docker sandbox ready");
         } else {
             let found = match self.docker.inspect_container(&name, None).await {
@@ -663,29 +759,70 @@ impl Sandbox for DockerSandbox {
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let lock = self.lock_of(id);
-        let _one_at_a_time = lock.lock().await;
-        if !rel.as_os_str().is_empty() {
-            self.check_dir(id, &rel, &format!("working directory {shown_cwd:?}"))
+        let nonce = channel::nonce();
+        let frame = channel::frame(&nonce, &self.inside(&rel)?, &request.command)?;
+        let slot = self.slot_of(id);
+        let mut held = slot.lock().await;
+        // The channel leaves the slot while a command runs and goes back only when the command
+        // ended cleanly: a future dropped half-way leaves the next command a fresh attachment.
+        let cap = capped::cap_len(request.output_cap);
+        let mut fresh = false;
+        let ran = loop {
+            let channel = match held.take() {
+                Some(channel) => channel,
+                None => {
+                    fresh = true;
+                    self.attach(id).await?
+                }
+            };
+            let (ran, channel) = self
+                .run_in(id, channel, &nonce, &frame, request.timeout, cap)
                 .await?;
-        }
-        let argv = vec![
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            WRAPPER.to_owned(),
-            "nodus".to_owned(),
-            request.command.clone(),
-        ];
-        let cwd = self.inside(&rel)?;
-        self.run(id, argv, Some(cwd), request.timeout, request.output_cap)
-            .await
+            *held = channel;
+            match ran {
+                // The container stopped before the command began (restarted since the last
+                // command): once more, on a fresh attachment.
+                Ran::Closed(reading) if !reading.begun() && !fresh => {}
+                ran => break ran,
+            }
+        };
+        let (exit_code, reading) = match ran {
+            Ran::Ended(reading) => (Some(reading.status()?), reading),
+            Ran::TimedOut(reading) => (None, reading),
+            Ran::Closed(_) => {
+                return Err(Error::Unavailable(format!(
+                    "the first process of {id} ended while a command ran"
+                )));
+            }
+        };
+        let exit_code = match exit_code {
+            None => None,
+            Some(Status::Exited(code)) => Some(code),
+            Some(Status::MissingDir) => {
+                return Err(Error::Refused(format!(
+                    "working directory {shown_cwd:?} does not exist"
+                )));
+            }
+            Some(Status::OutsideDir) => {
+                return Err(Error::Refused(format!(
+                    "working directory {shown_cwd:?} leads outside the working directory"
+                )));
+            }
+        };
+        let (stdout, stderr) = reading.into_outputs();
+        Ok(ExecOutput {
+            exit_code,
+            stdout,
+            stderr,
+            timed_out: exit_code.is_none(),
+        })
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
         self.limits_of(id)?;
         let touched = archive::touched(&tar)?;
-        let lock = self.lock_of(id);
-        let _one_at_a_time = lock.lock().await;
+        let slot = self.slot_of(id);
+        let _one_at_a_time = slot.lock().await;
         let on_disk = if touched.is_empty() {
             HashMap::new()
         } else {
@@ -712,8 +849,8 @@ impl Sandbox for DockerSandbox {
         self.limits_of(id)?;
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
-        let lock = self.lock_of(id);
-        let _one_at_a_time = lock.lock().await;
+        let slot = self.slot_of(id);
+        let _one_at_a_time = slot.lock().await;
         if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
             self.check_dir(id, parent, &format!("{path:?}")).await?;
         }
@@ -757,8 +894,21 @@ impl Sandbox for DockerSandbox {
         let Some(key) = self.key_of(id) else {
             return Ok(());
         };
-        match self.docker.inspect_container(&id.0, None).await {
-            Ok(found) => {
+        let made_here = self
+            .created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&id.0);
+        // A container this value created or re-attached to was checked then; any other must
+        // carry this sandbox's label before it is removed.
+        let found = if made_here {
+            Ok(None)
+        } else {
+            self.docker.inspect_container(&id.0, None).await.map(Some)
+        };
+        match found {
+            Ok(None) => {}
+            Ok(Some(found)) => {
                 let label = found
                     .config
                     .as_ref()
@@ -778,12 +928,22 @@ impl Sandbox for DockerSandbox {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id.0);
         self.remove(&id.0).await?;
-        self.locks
+        self.slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id.0);
         Ok(())
     }
+}
+
+/// How a command sent through the channel came out.
+enum Ran {
+    /// Both end markers came.
+    Ended(Reading),
+    /// The timeout hit; what the command printed until then (and during the kill).
+    TimedOut(Reading),
+    /// The first process's streams ended first.
+    Closed(Reading),
 }
 
 /// Kills the processes of a container when an exec is dropped before it finished.
@@ -800,7 +960,9 @@ impl Drop for KillOnDrop {
         let name = std::mem::take(&mut self.name);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(async move { sandbox.kill_all(&name).await });
+                runtime.spawn(async move {
+                    sandbox.kill_all(&name).await;
+                });
             }
             Err(_) => {
                 warn!(container = %name, "an exec was dropped outside a runtime; its command may still run")
