@@ -11,7 +11,8 @@
 //! the time per run beyond a fixed start.
 //!
 //! `NODUS_BENCH_STORE` (`memory:`) and `NODUS_BENCH_SANDBOX` (`unisolated`) swap a backend to
-//! see where the time goes; `NODUS_BENCH_GROUPS_ONLY` skips the request rates.
+//! see where the time goes; `NODUS_BENCH_GROUPS_ONLY` skips the request rates,
+//! `NODUS_BENCH_RATES_ONLY` the groups.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -234,8 +235,12 @@ async fn main() {
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
 
     // NODUS_BENCH_GROUPS_ONLY skips the request rates (for iterating on the group figure).
+    // NODUS_BENCH_RATES_ONLY skips the groups.
     if std::env::var_os("NODUS_BENCH_GROUPS_ONLY").is_none() {
         requests_per_second(address).await;
+    }
+    if std::env::var_os("NODUS_BENCH_RATES_ONLY").is_some() {
+        return;
     }
     let hundred = group_wall_time(address, "g100", 100).await;
     let thousand = group_wall_time(address, "g1000", 1000).await;

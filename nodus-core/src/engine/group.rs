@@ -1,5 +1,7 @@
 //! Group operations of the engine: admission of new runs, reconcile, cancel.
 
+use futures_util::future::join_all;
+
 use super::{Engine, Error, Result, typed};
 use crate::group::{self, GroupPhase, Member};
 use crate::lifecycle::{PendingReason, RunEvent, RunPhase};
@@ -113,6 +115,7 @@ impl Engine {
                         .iter()
                         .map(|&(i, reason)| (i, RunEvent::Queue(reason))),
                 );
+            let mut writes = Vec::new();
             for (index, event) in changes {
                 let Some((record, member)) = members.get(index) else {
                     continue;
@@ -123,12 +126,16 @@ impl Engine {
                 }
                 let mut document = record.document.clone();
                 set_phase(&mut document, next, now);
-                match self
-                    .deps
-                    .store
-                    .update(&record.key, record.version, document)
-                    .await
-                {
+                writes.push(
+                    self.deps
+                        .store
+                        .update(&record.key, record.version, document),
+                );
+            }
+            // All at once: a store that commits concurrent writes together (SQLite's writer)
+            // starts a hundred runs in one commit instead of a hundred.
+            for written in join_all(writes).await {
+                match written {
                     // The run moved on meanwhile (it finished, or a message arrived): the
                     // next pass sees it.
                     Err(crate::store::Error::Conflict { .. }) => {}
@@ -187,16 +194,21 @@ impl Engine {
                 Ok(_) => break,
             }
         }
-        for (record, member) in self.members(project, name).await? {
-            if member.phase.is_started() {
+        let members = self.members(project, name).await?;
+        let requests = members
+            .iter()
+            .filter(|(_, member)| member.phase.is_started())
+            .map(|(record, _)| {
                 self.request_cancel(
                     project,
                     &record.key.name,
                     crate::lifecycle::CancelReason::GroupCancelled,
                 )
-                .await?;
-            }
-        }
+            });
+        join_all(requests)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
         self.reconcile_group(project, name).await
     }
 }
