@@ -120,6 +120,8 @@ impl Server {
             Config {
                 default_image: options.default_image.clone(),
                 replica: Some(replica_name(&options.data_dir)?),
+                // The controller reconciles a group whenever one of its runs changes.
+                reconcile_on_create: false,
                 ..Config::default()
             },
         );

@@ -88,6 +88,10 @@ pub struct Config {
     /// This replica's stable name, under which it claims runs (a restarted replica with the
     /// same name takes its runs back at once); the process's own name when `None`.
     pub replica: Option<String>,
+    /// Whether creating runs in a group reconciles the group before it answers (starting
+    /// what may start). A server whose controller reconciles groups on every run change turns
+    /// this off, so a creation does not read the whole group twice.
+    pub reconcile_on_create: bool,
 }
 
 impl Default for Config {
@@ -99,6 +103,7 @@ impl Default for Config {
             attempts: 3,
             retry_pause: Duration::from_millis(200),
             replica: None,
+            reconcile_on_create: true,
         }
     }
 }
@@ -264,7 +269,9 @@ impl Engine {
             .await?;
         let record = self.deps.store.create(&key, document).await?;
         let created: AgentRun = typed::decode(record)?.object;
-        if let Some(group) = &created.spec.group {
+        if let Some(group) = &created.spec.group
+            && self.config.reconcile_on_create
+        {
             self.reconcile_group(project, group).await?;
         }
         Ok(created)
@@ -344,8 +351,10 @@ impl Engine {
             .collect();
         groups.sort_unstable();
         groups.dedup();
-        for group in groups {
-            self.reconcile_group(project, group).await?;
+        if self.config.reconcile_on_create {
+            for group in groups {
+                self.reconcile_group(project, group).await?;
+            }
         }
         Ok(runs)
     }
