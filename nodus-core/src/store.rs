@@ -66,6 +66,19 @@ pub struct Selector {
 }
 
 impl Selector {
+    /// `paths` and the paths this selector looks at (`metadata.labels` for any label), each
+    /// once: what a sparse document needs to hold to be matched and read.
+    pub fn paths_with(&self, paths: &[&str]) -> Vec<String> {
+        let mut all: Vec<String> = paths.iter().map(|p| (*p).to_string()).collect();
+        if !self.labels.is_empty() {
+            all.push("metadata.labels".to_string());
+        }
+        all.extend(self.fields.keys().cloned());
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// Whether a document matches. A missing field matches nothing.
     pub fn matches(&self, document: &Value) -> bool {
         let labels = &document["metadata"]["labels"];
@@ -262,6 +275,39 @@ impl Error {
     }
 }
 
+/// A document that holds only the values of `document` at `paths` (dotted field paths); an
+/// absent path stays absent, and so does one that runs through something not an object.
+pub fn sparse(document: &Value, paths: &[String]) -> Value {
+    let mut out = Value::Object(serde_json::Map::new());
+    for path in paths {
+        let found = path
+            .split('.')
+            .try_fold(document, |value, part| value.get(part));
+        if let Some(value) = found {
+            set_path(&mut out, path, value.clone());
+        }
+    }
+    out
+}
+
+/// Puts `value` at the dotted `path` of `document`, making the objects on the way.
+pub fn set_path(document: &mut Value, path: &str, value: Value) {
+    let mut here = document;
+    let mut parts = path.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let Some(object) = here.as_object_mut() else {
+            return;
+        };
+        if parts.peek().is_none() {
+            object.insert(part.to_string(), value);
+            return;
+        }
+        here = object
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+    }
+}
+
 /// An edit of one document for [`Store::modify`]: the replacement of the stored document, or
 /// `None` to leave it.
 pub type Edit = Box<dyn FnMut(&Value) -> Option<Value> + Send>;
@@ -290,6 +336,29 @@ pub trait Store: Send + Sync {
         kind: Kind,
         selector: &Selector,
     ) -> Result<Vec<Record>, Error>;
+
+    /// Like [`Store::list`], but each document holds only the values at `paths` (dotted
+    /// field paths; absent ones stay absent) and at the selector's own paths: for controllers
+    /// that look at a few fields of many documents. This default lists whole documents and
+    /// cuts them down; the SQL stores read only those paths.
+    async fn list_sparse(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+    ) -> Result<Vec<Record>, Error> {
+        let wanted = selector.paths_with(paths);
+        Ok(self
+            .list(project, kind, selector)
+            .await?
+            .into_iter()
+            .map(|record| Record {
+                document: sparse(&record.document, &wanted),
+                ..record
+            })
+            .collect())
+    }
 
     /// Replace a document if it is still at `expected_version`.
     async fn update(

@@ -223,6 +223,14 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
         (&[], &[("spec.nothing", "x")], &[]),
         (&[], &[("metadata.name", "mike")], &["mike"]),
     ];
+    // A sparse listing holds the same records with only these paths (and the selector's).
+    let paths = [
+        "spec.group",
+        "status.phase",
+        "metadata.labels.team",
+        "metadata",
+        "spec.nothing",
+    ];
     for (labels, fields, expected) in cases {
         let selector = selector(labels, fields);
         assert_eq!(
@@ -230,7 +238,51 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
             *expected,
             "list with {selector:?}"
         );
+        let full = store
+            .list(&project, Kind::AgentRun, &selector)
+            .await
+            .expect("list");
+        let sparse = store
+            .list_sparse(&project, Kind::AgentRun, &selector, &paths)
+            .await
+            .expect("sparse list");
+        let wanted = selector.paths_with(&paths);
+        let cut: Vec<_> = full
+            .iter()
+            .map(|r| {
+                (
+                    r.key.clone(),
+                    r.version,
+                    nodus_core::store::sparse(&r.document, &wanted),
+                )
+            })
+            .collect();
+        let got: Vec<_> = sparse
+            .into_iter()
+            .map(|r| (r.key, r.version, r.document))
+            .collect();
+        assert_eq!(got, cut, "sparse list with {selector:?}");
     }
+    let narrow = store
+        .list_sparse(
+            &project,
+            Kind::AgentRun,
+            &selector(&[], &[("spec.group", "g1")]),
+            &["status.phase", "spec.nothing"],
+        )
+        .await
+        .expect("sparse list");
+    assert_eq!(
+        narrow
+            .iter()
+            .map(|r| r.document.clone())
+            .collect::<Vec<_>>(),
+        [
+            json!({"spec": {"group": "g1"}, "status": {"phase": "Running"}}),
+            json!({"spec": {"group": "g1"}, "status": {"phase": "Succeeded"}}),
+        ],
+        "only the paths asked for and the selector's; absent paths stay absent"
+    );
 
     // An update changes what matches, not the order.
     let alpha = ObjectKey::new(&project, Kind::AgentRun, "alpha");

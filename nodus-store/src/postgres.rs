@@ -319,6 +319,46 @@ async fn notify(
 }
 
 /// Hear notifications and pass them on, until the store is dropped.
+/// The conditions of a listing after `WHERE project = `: the project, the kind and the
+/// selector, pushed down through bound paths, in creation order. The exact match is
+/// `Selector::matches` afterwards (numbers and booleans match their text there).
+fn push_selection<'a>(
+    query: &mut QueryBuilder<'a, Postgres>,
+    project: &'a str,
+    kind: Kind,
+    selector: &'a Selector,
+) {
+    query.push_bind(project);
+    query.push(" AND kind = ");
+    query.push_bind(sql::kind_name(kind));
+    for (label, value) in &selector.labels {
+        let path = vec![
+            "metadata".to_string(),
+            "labels".to_string(),
+            label.to_string(),
+        ];
+        query.push(" AND json_typeof(document #> ");
+        query.push_bind(path.clone());
+        query.push(") = 'string' AND document #>> ");
+        query.push_bind(path);
+        query.push(" = ");
+        query.push_bind(value.as_str());
+    }
+    for (field, value) in &selector.fields {
+        let path: Vec<String> = field.split('.').map(str::to_string).collect();
+        query.push(" AND (json_typeof(document #> ");
+        query.push_bind(path.clone());
+        query.push(") IN ('number', 'boolean') OR (json_typeof(document #> ");
+        query.push_bind(path.clone());
+        query.push(") = 'string' AND document #>> ");
+        query.push_bind(path);
+        query.push(" = ");
+        query.push_bind(value.as_str());
+        query.push("))");
+    }
+    query.push(" ORDER BY ord");
+}
+
 async fn listen(
     mut listener: PgListener,
     changes: broadcast::Sender<Change>,
@@ -922,51 +962,40 @@ impl Store for PostgresStore {
         let mut query: QueryBuilder<Postgres> = QueryBuilder::new(
             "SELECT name, version, document::text FROM resources WHERE project = ",
         );
-        query.push_bind(project);
-        query.push(" AND kind = ");
-        query.push_bind(sql::kind_name(kind));
-        // Conditions pushed down through bound paths; the exact match is `Selector::matches`
-        // below (numbers and booleans match their text there).
-        for (label, value) in &selector.labels {
-            let path = vec![
-                "metadata".to_string(),
-                "labels".to_string(),
-                label.to_string(),
-            ];
-            query.push(" AND json_typeof(document #> ");
-            query.push_bind(path.clone());
-            query.push(") = 'string' AND document #>> ");
-            query.push_bind(path);
-            query.push(" = ");
-            query.push_bind(value.as_str());
-        }
-        for (field, value) in &selector.fields {
-            let path: Vec<String> = field.split('.').map(str::to_string).collect();
-            query.push(" AND (json_typeof(document #> ");
-            query.push_bind(path.clone());
-            query.push(") IN ('number', 'boolean') OR (json_typeof(document #> ");
-            query.push_bind(path.clone());
-            query.push(") = 'string' AND document #>> ");
-            query.push_bind(path);
-            query.push(" = ");
-            query.push_bind(value.as_str());
-            query.push("))");
-        }
-        query.push(" ORDER BY ord");
+        push_selection(&mut query, project, kind, selector);
         let rows = query
             .build()
             .fetch_all(&self.inner.pool)
             .await
             .map_err(map_err)?;
-        let mut records = Vec::with_capacity(rows.len());
-        for row in rows {
-            let name: String = row.try_get(0).map_err(map_err)?;
-            let record = sql::record_of(ObjectKey::new(project, kind, name), &row, 1)?;
-            if selector.matches(&record.document) {
-                records.push(record);
-            }
+        sql::selected(project, kind, selector, &rows, sql::record_of)
+    }
+
+    async fn list_sparse(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+    ) -> Result<Vec<Record>, Error> {
+        let wanted = selector.paths_with(paths);
+        let mut query: QueryBuilder<Postgres> = QueryBuilder::new("SELECT name, version");
+        for path in &wanted {
+            // JSON text, or NULL when the path is absent.
+            query.push(", (document #> ");
+            query.push_bind(path.split('.').map(str::to_string).collect::<Vec<_>>());
+            query.push(")::text");
         }
-        Ok(records)
+        query.push(" FROM resources WHERE project = ");
+        push_selection(&mut query, project, kind, selector);
+        let rows = query
+            .build()
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map_err)?;
+        sql::selected(project, kind, selector, &rows, |key, row, at| {
+            sql::sparse_record_of(key, row, at, &wanted)
+        })
     }
 
     async fn update(

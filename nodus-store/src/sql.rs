@@ -123,6 +123,60 @@ where
     })
 }
 
+/// A sparse record from a row of `name, version, value…`, one value (JSON text, or NULL when
+/// absent) per path of `paths` from column `at + 1` on; `at` is the version's column.
+pub(crate) fn sparse_record_of<R>(
+    key: ObjectKey,
+    row: &R,
+    at: usize,
+    paths: &[String],
+) -> Result<Record, Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let version: i64 = row.try_get(at).map_err(map_err)?;
+    let mut document = Value::Object(serde_json::Map::new());
+    for (i, path) in paths.iter().enumerate() {
+        let text: Option<String> = row.try_get(at + 1 + i).map_err(map_err)?;
+        if let Some(text) = text {
+            nodus_core::store::set_path(&mut document, path, parse_document(&text)?);
+        }
+    }
+    Ok(Record {
+        key,
+        version: to_u64(version, "a version")?,
+        document,
+    })
+}
+
+/// The records of listed rows (`name` first, then what `record_of` reads from column 1 on)
+/// that `selector` matches exactly.
+pub(crate) fn selected<R>(
+    project: &str,
+    kind: Kind,
+    selector: &nodus_core::store::Selector,
+    rows: &[R],
+    record_of: impl Fn(ObjectKey, &R, usize) -> Result<Record, Error>,
+) -> Result<Vec<Record>, Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let mut records = Vec::with_capacity(rows.len());
+    for row in rows {
+        let name: String = row.try_get(0).map_err(map_err)?;
+        let record = record_of(ObjectKey::new(project, kind, name), row, 1)?;
+        if selector.matches(&record.document) {
+            records.push(record);
+        }
+    }
+    Ok(records)
+}
+
 /// A document as text for storage.
 pub(crate) fn document_text(document: &Value) -> String {
     document.to_string()

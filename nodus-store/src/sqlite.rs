@@ -581,6 +581,50 @@ async fn journal_write(
     }))
 }
 
+/// The conditions of a listing after `WHERE project = `: the project, the kind and the
+/// selector, pushed down through bound JSON paths, in creation order. The exact match is
+/// `Selector::matches` afterwards (numbers and booleans match their text there).
+fn push_selection<'a>(
+    query: &mut QueryBuilder<'a, Sqlite>,
+    project: &'a str,
+    kind: Kind,
+    selector: &'a Selector,
+) {
+    query.push_bind(project);
+    query.push(" AND kind = ");
+    query.push_bind(sql::kind_name(kind));
+    for (label, value) in &selector.labels {
+        if let Some(parts) = sql::path_parts(label) {
+            let mut path = vec!["metadata", "labels"];
+            if parts.len() == 1 {
+                path.extend(parts);
+                let path = json_path(&path);
+                query.push(" AND json_type(document, ");
+                query.push_bind(path.clone());
+                query.push(") = 'text' AND json_extract(document, ");
+                query.push_bind(path);
+                query.push(") = ");
+                query.push_bind(value.as_str());
+            }
+        }
+    }
+    for (field, value) in &selector.fields {
+        if let Some(parts) = sql::path_parts(field) {
+            let path = json_path(&parts);
+            query.push(" AND (json_type(document, ");
+            query.push_bind(path.clone());
+            query.push(") IN ('integer', 'real', 'true', 'false') OR (json_type(document, ");
+            query.push_bind(path.clone());
+            query.push(") = 'text' AND json_extract(document, ");
+            query.push_bind(path);
+            query.push(") = ");
+            query.push_bind(value.as_str());
+            query.push("))");
+        }
+    }
+    query.push(" ORDER BY ord");
+}
+
 /// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
 fn json_path(parts: &[&str]) -> String {
     let mut path = String::from("$");
@@ -768,55 +812,54 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Record>, Error> {
         let mut query: QueryBuilder<Sqlite> =
             QueryBuilder::new("SELECT name, version, document FROM resources WHERE project = ");
-        query.push_bind(project);
-        query.push(" AND kind = ");
-        query.push_bind(sql::kind_name(kind));
-        // Conditions pushed down through bound JSON paths; the exact match is
-        // `Selector::matches` below (numbers and booleans match their text there).
-        for (label, value) in &selector.labels {
-            if let Some(parts) = sql::path_parts(label) {
-                let mut path = vec!["metadata", "labels"];
-                if parts.len() == 1 {
-                    path.extend(parts);
-                    let path = json_path(&path);
-                    query.push(" AND json_type(document, ");
-                    query.push_bind(path.clone());
-                    query.push(") = 'text' AND json_extract(document, ");
-                    query.push_bind(path);
-                    query.push(") = ");
-                    query.push_bind(value.as_str());
-                }
-            }
-        }
-        for (field, value) in &selector.fields {
-            if let Some(parts) = sql::path_parts(field) {
-                let path = json_path(&parts);
-                query.push(" AND (json_type(document, ");
-                query.push_bind(path.clone());
-                query.push(") IN ('integer', 'real', 'true', 'false') OR (json_type(document, ");
-                query.push_bind(path.clone());
-                query.push(") = 'text' AND json_extract(document, ");
-                query.push_bind(path);
-                query.push(") = ");
-                query.push_bind(value.as_str());
-                query.push("))");
-            }
-        }
-        query.push(" ORDER BY ord");
+        push_selection(&mut query, project, kind, selector);
         let rows = query
             .build()
             .fetch_all(&self.inner.readers)
             .await
             .map_err(map_err)?;
-        let mut records = Vec::with_capacity(rows.len());
-        for row in rows {
-            let name: String = row.try_get(0).map_err(map_err)?;
-            let record = sql::record_of(ObjectKey::new(project, kind, name), &row, 1)?;
-            if selector.matches(&record.document) {
-                records.push(record);
-            }
+        sql::selected(project, kind, selector, &rows, sql::record_of)
+    }
+
+    async fn list_sparse(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+    ) -> Result<Vec<Record>, Error> {
+        let wanted = selector.paths_with(paths);
+        let Some(json_paths) = wanted
+            .iter()
+            .map(|path| sql::path_parts(path).map(|parts| json_path(&parts)))
+            .collect::<Option<Vec<_>>>()
+        else {
+            // A path no JSON path can spell: whole documents, cut down here.
+            let records = self.list(project, kind, selector).await?;
+            return Ok(records
+                .into_iter()
+                .map(|r| Record {
+                    document: nodus_core::store::sparse(&r.document, &wanted),
+                    ..r
+                })
+                .collect());
+        };
+        let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT name, version");
+        for path in json_paths {
+            // `->` answers JSON text (or NULL when the path is absent).
+            query.push(", document -> ");
+            query.push_bind(path);
         }
-        Ok(records)
+        query.push(" FROM resources WHERE project = ");
+        push_selection(&mut query, project, kind, selector);
+        let rows = query
+            .build()
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(map_err)?;
+        sql::selected(project, kind, selector, &rows, |key, row, at| {
+            sql::sparse_record_of(key, row, at, &wanted)
+        })
     }
 
     async fn update(

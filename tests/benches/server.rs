@@ -12,7 +12,8 @@
 //!
 //! `NODUS_BENCH_STORE` (`memory:`) and `NODUS_BENCH_SANDBOX` (`unisolated`) swap a backend to
 //! see where the time goes; `NODUS_BENCH_GROUPS_ONLY` skips the request rates,
-//! `NODUS_BENCH_RATES_ONLY` the groups.
+//! `NODUS_BENCH_RATES_ONLY` the groups; `NODUS_BENCH_SYSTEM_BYTES` sizes the agent's system
+//! prompt (1 byte by default), which every run's document carries in its snapshot.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -223,7 +224,16 @@ async fn main() {
     tokio::spawn(bound.serve(std::future::pending()));
 
     let mut connection = Connection::open(address).await;
-    let agent = r#"{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{"name":"bench"},"spec":{"system":"s","perRunMaxCostUSD":"0.10","maxTokens":1024}}"#;
+    // NODUS_BENCH_SYSTEM_BYTES: the agent's system prompt, which every run's document copies.
+    let system_bytes: usize = std::env::var("NODUS_BENCH_SYSTEM_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let agent = format!(
+        r#"{{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{{"name":"bench"}},"spec":{{"system":"{}","perRunMaxCostUSD":"0.10","maxTokens":1024}}}}"#,
+        "s".repeat(system_bytes)
+    );
+    let agent = agent.as_str();
     let (status, body) = connection
         .request("POST", &format!("{P}/agents"), Some(agent))
         .await;

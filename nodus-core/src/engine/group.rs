@@ -18,8 +18,8 @@ impl Engine {
         self.read(project, name).await
     }
 
-    /// The runs of a group as stored, each with its view for the controller (read straight
-    /// from the JSON, without decoding whole documents: a reconcile reads every member).
+    /// The runs of a group, each with its view for the controller. Only the paths the view
+    /// needs are read ([`MEMBER_PATHS`]): admission and every reconcile read every member.
     async fn members(&self, project: &str, group: &str) -> Result<Vec<(Record, Member)>> {
         let selector = Selector {
             fields: [("spec.group".to_string(), group.to_string())].into(),
@@ -28,7 +28,7 @@ impl Engine {
         let records = self
             .deps
             .store
-            .list(project, Kind::AgentRun, &selector)
+            .list_sparse(project, Kind::AgentRun, &selector, MEMBER_PATHS)
             .await?;
         Ok(records
             .into_iter()
@@ -124,21 +124,24 @@ impl Engine {
                 if next == member.phase {
                     continue;
                 }
-                let mut document = record.document.clone();
-                set_phase(&mut document, next, now);
-                writes.push(
-                    self.deps
-                        .store
-                        .update(&record.key, record.version, document),
-                );
+                // The listing read only a few paths: the store edits the whole document, and
+                // leaves it when the run moved on meanwhile (the next pass sees it).
+                let seen = member.phase;
+                let edit: crate::store::Edit = Box::new(move |document| {
+                    (member_of(document).phase == seen).then(|| {
+                        let mut document = document.clone();
+                        set_phase(&mut document, next, now);
+                        document
+                    })
+                });
+                writes.push(self.deps.store.modify(&record.key, edit));
             }
             // All at once: a store that commits concurrent writes together (SQLite's writer)
             // starts a hundred runs in one commit instead of a hundred.
             for written in join_all(writes).await {
                 match written {
-                    // The run moved on meanwhile (it finished, or a message arrived): the
-                    // next pass sees it.
-                    Err(crate::store::Error::Conflict { .. }) => {}
+                    // Deleted meanwhile: the next pass no longer lists it.
+                    Err(crate::store::Error::NotFound(_)) => {}
                     other => {
                         other?;
                     }
@@ -242,7 +245,19 @@ fn set_phase(document: &mut serde_json::Value, phase: RunPhase, now: jiff::Times
     }
 }
 
-/// A run as the group controller sees it, read from its stored document.
+/// The paths of a run's document that [`member_of`] reads.
+const MEMBER_PATHS: &[&str] = &[
+    "spec.taskKey",
+    "spec.dependsOn",
+    "status.phase",
+    "status.reason",
+    "status.cost.totalUSD",
+    "status.snapshot.agent.model.access",
+    "status.snapshot.agent.perRunMaxCostUSD",
+];
+
+/// A run as the group controller sees it, read from its stored document (whole, or cut
+/// down to [`MEMBER_PATHS`]).
 fn member_of(document: &serde_json::Value) -> Member {
     let status = &document["status"];
     let phase = serde_json::from_value(serde_json::json!({
