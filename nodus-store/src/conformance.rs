@@ -304,6 +304,32 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
         ["zulu", "alpha", "mike"]
     );
 
+    // So does an atomic edit, and a change of group.
+    store
+        .modify(
+            &alpha,
+            Box::new(|document| {
+                let mut document = document.clone();
+                document["status"]["phase"] = json!("Failed");
+                document["spec"]["group"] = json!("g2");
+                Some(document)
+            }),
+        )
+        .await
+        .expect("edit alpha");
+    for (fields, expected) in [
+        (&[("status.phase", "Failed")][..], &["alpha"][..]),
+        (&[("status.phase", "Running")][..], &["zulu", "mike"][..]),
+        (&[("spec.group", "g2")][..], &["alpha"][..]),
+        (&[("spec.group", "g1")][..], &["zulu"][..]),
+    ] {
+        assert_eq!(
+            names(&store, &project, Kind::AgentRun, &selector(&[], fields)).await,
+            expected,
+            "after an edit, {fields:?}"
+        );
+    }
+
     assert_eq!(
         names(&store, &project, Kind::Agent, &selector(&[], &[])).await,
         ["decoy"]

@@ -345,6 +345,12 @@ fn push_selection<'a>(
         query.push_bind(value.as_str());
     }
     for (field, value) in &selector.fields {
+        if let Some(column) = sql::column_of(field) {
+            query.push(" AND ");
+            query.push(column);
+            query.push(" = ");
+            query.push_bind(value.as_str());
+        }
         let path: Vec<String> = field.split('.').map(str::to_string).collect();
         query.push(" AND (json_typeof(document #> ");
         query.push_bind(path.clone());
@@ -695,14 +701,17 @@ async fn insert(
     key: &ObjectKey,
     document: &Value,
 ) -> Result<(), sqlx::Error> {
+    let columns = sql::Columns::of(document);
     sqlx::query(
-        "INSERT INTO resources (project, kind, name, version, uid, document) \
-         VALUES ($1, $2, $3, 1, $4, $5::json)",
+        "INSERT INTO resources (project, kind, name, version, uid, group_name, phase, document) \
+         VALUES ($1, $2, $3, 1, $4, $5, $6, $7::json)",
     )
     .bind(&key.project)
     .bind(sql::kind_name(key.kind))
     .bind(&key.name)
-    .bind(sql::uid_of(document))
+    .bind(columns.uid)
+    .bind(columns.group)
+    .bind(columns.phase)
     .bind(sql::document_text(document))
     .execute(conn)
     .await
@@ -790,12 +799,15 @@ impl Committer<EditWrite> for EditCommitter {
                 Error::Corrupt(format!("{key}: version {} too large", record.version))
             })?;
             let version = sql::bump(&key, stored)?;
+            let columns = sql::Columns::of(&document);
             sqlx::query(
-                "UPDATE resources SET version = $1, uid = $2, document = $3::json \
-                 WHERE project = $4 AND kind = $5 AND name = $6",
+                "UPDATE resources SET version = $1, uid = $2, group_name = $3, phase = $4, \
+                 document = $5::json WHERE project = $6 AND kind = $7 AND name = $8",
             )
             .bind(version)
-            .bind(sql::uid_of(&document))
+            .bind(columns.uid)
+            .bind(columns.group)
+            .bind(columns.phase)
             .bind(sql::document_text(&document))
             .bind(&key.project)
             .bind(sql::kind_name(key.kind))
@@ -1006,13 +1018,17 @@ impl Store for PostgresStore {
     ) -> Result<Record, Error> {
         let mut tx = self.begin().await?;
         let mut hearings = Vec::new();
+        let columns = sql::Columns::of(&document);
         let updated: Option<i64> = match sql::to_i64(expected_version) {
             Some(expected) => sqlx::query_scalar(
-                "UPDATE resources SET version = version + 1, uid = $1, document = $2::json \
-                 WHERE project = $3 AND kind = $4 AND name = $5 AND version = $6 \
+                "UPDATE resources SET version = version + 1, uid = $1, group_name = $2, \
+                 phase = $3, document = $4::json \
+                 WHERE project = $5 AND kind = $6 AND name = $7 AND version = $8 \
                  RETURNING version",
             )
-            .bind(sql::uid_of(&document))
+            .bind(columns.uid)
+            .bind(columns.group)
+            .bind(columns.phase)
             .bind(sql::document_text(&document))
             .bind(&key.project)
             .bind(sql::kind_name(key.kind))
@@ -1142,8 +1158,7 @@ impl Store for PostgresStore {
                 "SELECT r.project, r.name, r.uid FROM resources r \
                  LEFT JOIN leases l ON l.run_uid = r.uid \
                  WHERE r.kind = $1 AND r.uid IS NOT NULL \
-                 AND json_typeof(r.document #> '{status,phase}') = 'string' \
-                 AND r.document #>> '{status,phase}' = ANY($2) \
+                 AND r.phase = ANY($2) \
                  AND (l.run_uid IS NULL OR l.owner IS NULL \
                       OR (l.expires_at <= $3 AND l.owner <> $4)) \
                  ORDER BY r.ord LIMIT 1 \

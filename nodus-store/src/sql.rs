@@ -182,6 +182,36 @@ pub(crate) fn document_text(document: &Value) -> String {
     document.to_string()
 }
 
+/// What a document's row carries beside its text, for look-ups and indexes: `metadata.uid`
+/// (journal and inbox), `spec.group` (a group's members) and `status.phase` (claims), each
+/// when it is a string.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Columns {
+    pub(crate) uid: Option<String>,
+    pub(crate) group: Option<String>,
+    pub(crate) phase: Option<String>,
+}
+
+impl Columns {
+    pub(crate) fn of(document: &Value) -> Self {
+        let text = |value: &Value| value.as_str().map(str::to_string);
+        Columns {
+            uid: uid_of(document).map(str::to_string),
+            group: text(&document["spec"]["group"]),
+            phase: text(&document["status"]["phase"]),
+        }
+    }
+}
+
+/// The column that holds a selectable field (see [`Columns`]).
+pub(crate) fn column_of(field: &str) -> Option<&'static str> {
+    match field {
+        "spec.group" => Some("group_name"),
+        "status.phase" => Some("phase"),
+        _ => None,
+    }
+}
+
 /// The run uid a document carries in `metadata.uid`.
 pub(crate) fn uid_of(document: &Value) -> Option<&str> {
     document["metadata"]["uid"].as_str()

@@ -384,7 +384,7 @@ async fn write_one(
             let update = DocumentUpdate {
                 key: key.clone(),
                 expected: record.version,
-                uid: sql::uid_of(&document).map(str::to_string),
+                columns: sql::Columns::of(&document),
                 text: sql::document_text(&document),
             };
             let result = update_one(conn, &update).await?;
@@ -453,7 +453,7 @@ async fn read_record<'e>(
 struct DocumentUpdate {
     key: ObjectKey,
     expected: u64,
-    uid: Option<String>,
+    columns: sql::Columns,
     text: String,
 }
 
@@ -468,11 +468,13 @@ async fn update_one(
     if let Some(expected) = sql::to_i64(write.expected) {
         let version = sql::bump(key, expected)?;
         let done = sqlx::query(
-            "UPDATE resources SET version = ?, uid = ?, document = ? \
+            "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
              WHERE project = ? AND kind = ? AND name = ? AND version = ?",
         )
         .bind(version)
-        .bind(write.uid.as_deref())
+        .bind(write.columns.uid.as_deref())
+        .bind(write.columns.group.as_deref())
+        .bind(write.columns.phase.as_deref())
         .bind(&write.text)
         .bind(&key.project)
         .bind(sql::kind_name(key.kind))
@@ -609,6 +611,12 @@ fn push_selection<'a>(
         }
     }
     for (field, value) in &selector.fields {
+        if let Some(column) = sql::column_of(field) {
+            query.push(" AND ");
+            query.push(column);
+            query.push(" = ");
+            query.push_bind(value.as_str());
+        }
         if let Some(parts) = sql::path_parts(field) {
             let path = json_path(&parts);
             query.push(" AND (json_type(document, ");
@@ -624,6 +632,16 @@ fn push_selection<'a>(
     }
     query.push(" ORDER BY ord");
 }
+
+/// The first runnable run of any project in one of the phases `?2` (a JSON array) that no
+/// live lease holds (`?3` now, `?4` the claimant), in creation order; `?1` is the run kind.
+/// The `phase` column (indexed) holds `status.phase`.
+const CLAIM_SQL: &str = "SELECT r.project, r.name, r.uid FROM resources r \
+     LEFT JOIN leases l ON l.run_uid = r.uid \
+     WHERE r.kind = ? AND r.uid IS NOT NULL \
+     AND r.phase IN (SELECT value FROM json_each(?)) \
+     AND (l.run_uid IS NULL OR l.owner IS NULL OR (l.expires_at <= ? AND l.owner <> ?)) \
+     ORDER BY r.ord LIMIT 1";
 
 /// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
 fn json_path(parts: &[&str]) -> String {
@@ -642,14 +660,17 @@ async fn insert(
     key: &ObjectKey,
     document: &Value,
 ) -> Result<(), sqlx::Error> {
+    let columns = sql::Columns::of(document);
     sqlx::query(
-        "INSERT INTO resources (project, kind, name, version, uid, document) \
-         VALUES (?, ?, ?, 1, ?, ?)",
+        "INSERT INTO resources (project, kind, name, version, uid, group_name, phase, document) \
+         VALUES (?, ?, ?, 1, ?, ?, ?, ?)",
     )
     .bind(&key.project)
     .bind(sql::kind_name(key.kind))
     .bind(&key.name)
-    .bind(sql::uid_of(document))
+    .bind(columns.uid)
+    .bind(columns.group)
+    .bind(columns.phase)
     .bind(sql::document_text(document))
     .execute(conn)
     .await
@@ -875,7 +896,7 @@ impl Store for SqliteStore {
             .write(Write::Replace(DocumentUpdate {
                 key: key.clone(),
                 expected: expected_version,
-                uid: sql::uid_of(&document).map(str::to_string),
+                columns: sql::Columns::of(&document),
                 text: sql::document_text(&document),
             }))
             .await?;
@@ -952,22 +973,14 @@ impl Store for SqliteStore {
         let now = sql::nanos(lease.now)?;
         let mut conn = self.write_connection().await?;
         let mut tx = conn.begin().await.map_err(map_err)?;
-        let row = sqlx::query(
-            "SELECT r.project, r.name, r.uid FROM resources r \
-             LEFT JOIN leases l ON l.run_uid = r.uid \
-             WHERE r.kind = ? AND r.uid IS NOT NULL \
-             AND json_type(r.document, '$.status.phase') = 'text' \
-             AND json_extract(r.document, '$.status.phase') IN (SELECT value FROM json_each(?)) \
-             AND (l.run_uid IS NULL OR l.owner IS NULL OR (l.expires_at <= ? AND l.owner <> ?)) \
-             ORDER BY r.ord LIMIT 1",
-        )
-        .bind(sql::kind_name(Kind::AgentRun))
-        .bind(phases)
-        .bind(now)
-        .bind(&lease.owner)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        let row = sqlx::query(CLAIM_SQL)
+            .bind(sql::kind_name(Kind::AgentRun))
+            .bind(phases)
+            .bind(now)
+            .bind(&lease.owner)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
         let Some(row) = row else {
             return Ok(None);
         };

@@ -315,3 +315,29 @@ async fn no_database_at_all_is_unavailable() {
         "{result:?}"
     );
 }
+
+#[tokio::test]
+async fn group_members_can_be_found_through_the_index() {
+    let store = fresh().await;
+    let selector = nodus_core::store::Selector {
+        fields: [("spec.group".to_string(), "g".to_string())].into(),
+        ..Default::default()
+    };
+    let mut query: sqlx::QueryBuilder<sqlx::Postgres> =
+        sqlx::QueryBuilder::new("EXPLAIN SELECT name FROM resources WHERE project = ");
+    super::push_selection(&mut query, "p", Kind::AgentRun, &selector);
+    let mut tx = store.inner.pool.begin().await.expect("begin");
+    // An empty table is read whole whatever the indexes; forbid that to see whether the
+    // query's expression matches the index at all.
+    sqlx::query("SET LOCAL enable_seqscan = off")
+        .execute(&mut *tx)
+        .await
+        .expect("set");
+    let rows = query.build().fetch_all(&mut *tx).await.expect("explain");
+    let plan: Vec<String> = rows
+        .iter()
+        .map(|row| sqlx::Row::get::<String, _>(row, 0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("resources_group"), "{plan}");
+}

@@ -359,3 +359,34 @@ async fn a_full_batch_of_journal_writes_fits_in_one_segment() {
         assert!(journal[0].completion.is_some());
     }
 }
+
+/// The plan SQLite chooses for `sql`, one line per step.
+async fn plan(store: &SqliteStore, sql: &str) -> String {
+    let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .fetch_all(&store.inner.readers)
+        .await
+        .expect("explain");
+    rows.iter()
+        .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn group_members_and_claims_are_found_through_indexes() {
+    let (store, _dir) = fresh().await;
+    let selector = nodus_core::store::Selector {
+        fields: [("spec.group".to_string(), "g".to_string())].into(),
+        ..Default::default()
+    };
+    let mut query: sqlx::QueryBuilder<sqlx::Sqlite> =
+        sqlx::QueryBuilder::new("SELECT name FROM resources WHERE project = ");
+    super::push_selection(&mut query, "p", Kind::AgentRun, &selector);
+    // The bound values are not part of a plan: `?` stands for each.
+    let sql = query.sql().to_string();
+    let members = plan(&store, &sql).await;
+    assert!(members.contains("resources_group"), "{members}");
+
+    let claims = plan(&store, super::CLAIM_SQL).await;
+    assert!(claims.contains("resources_phase"), "{claims}");
+}
