@@ -275,6 +275,17 @@ impl Error {
     }
 }
 
+/// `records` with each document cut down to `paths` (see [`sparse`]).
+pub fn cut_down(records: Vec<Record>, paths: &[String]) -> Vec<Record> {
+    records
+        .into_iter()
+        .map(|record| Record {
+            document: sparse(&record.document, paths),
+            ..record
+        })
+        .collect()
+}
+
 /// A document that holds only the values of `document` at `paths` (dotted field paths); an
 /// absent path stays absent, and so does one that runs through something not an object.
 pub fn sparse(document: &Value, paths: &[String]) -> Value {
@@ -349,15 +360,7 @@ pub trait Store: Send + Sync {
         paths: &[&str],
     ) -> Result<Vec<Record>, Error> {
         let wanted = selector.paths_with(paths);
-        Ok(self
-            .list(project, kind, selector)
-            .await?
-            .into_iter()
-            .map(|record| Record {
-                document: sparse(&record.document, &wanted),
-                ..record
-            })
-            .collect())
+        Ok(cut_down(self.list(project, kind, selector).await?, &wanted))
     }
 
     /// Replace a document if it is still at `expected_version`.

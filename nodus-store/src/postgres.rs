@@ -346,10 +346,12 @@ fn push_selection<'a>(
     }
     for (field, value) in &selector.fields {
         if let Some(column) = sql::column_of(field) {
+            // The column holds the field when it is a string, which is all it may match.
             query.push(" AND ");
             query.push(column);
             query.push(" = ");
             query.push_bind(value.as_str());
+            continue;
         }
         let path: Vec<String> = field.split('.').map(str::to_string).collect();
         query.push(" AND (json_typeof(document #> ");

@@ -612,12 +612,12 @@ fn push_selection<'a>(
     }
     for (field, value) in &selector.fields {
         if let Some(column) = sql::column_of(field) {
+            // The column holds the field when it is text, which is all it may match.
             query.push(" AND ");
             query.push(column);
             query.push(" = ");
             query.push_bind(value.as_str());
-        }
-        if let Some(parts) = sql::path_parts(field) {
+        } else if let Some(parts) = sql::path_parts(field) {
             let path = json_path(&parts);
             query.push(" AND (json_type(document, ");
             query.push_bind(path.clone());
@@ -857,13 +857,7 @@ impl Store for SqliteStore {
         else {
             // A path no JSON path can spell: whole documents, cut down here.
             let records = self.list(project, kind, selector).await?;
-            return Ok(records
-                .into_iter()
-                .map(|r| Record {
-                    document: nodus_core::store::sparse(&r.document, &wanted),
-                    ..r
-                })
-                .collect());
+            return Ok(nodus_core::store::cut_down(records, &wanted));
         };
         let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT name, version");
         for path in json_paths {
