@@ -139,6 +139,11 @@ pub(super) fn frame(nonce: &str, dir: &str, command: &str) -> Result<Vec<u8>, Er
     Ok(format!("\n{nonce} {} {dir} {payload}\n", payload.len()).into_bytes())
 }
 
+/// `text` as one shell word: single-quoted, each `'` written `'\''`.
+pub(super) fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
 /// `bytes` as `printf %b` text: printable ASCII but space and backslash as is, every other
 /// byte as `\0` and three octal digits.
 fn escape(bytes: &[u8]) -> String {
@@ -187,6 +192,11 @@ impl Reading {
             LogOutput::StdErr { message } => self.stderr.feed(message),
             _ => Ok(()),
         }
+    }
+
+    /// Whether the command's stdout was cut at the cap.
+    pub(super) fn stdout_truncated(&self) -> bool {
+        self.stdout.out.truncated
     }
 
     /// Whether the command began (its begin marker came on stdout).
@@ -408,6 +418,13 @@ mod tests {
         );
         assert_eq!(fields[1], fields[3].len().to_string());
         assert!(frame("N", "/work", "a\0b").is_err());
+    }
+
+    #[test]
+    fn quoted_words_hold_any_text() {
+        assert_eq!(quote("plain"), "'plain'");
+        assert_eq!(quote("it's $HOME"), "'it'\\''s $HOME'");
+        assert_eq!(quote(""), "''");
     }
 
     #[test]

@@ -29,7 +29,7 @@
 //!
 //! Files move through the Docker archive API. An incoming archive is checked like everywhere
 //! (see the crate's archive rules): what is on disk at the paths it touches is looked up with
-//! one exec first; the engine unpacks it with the permission bits it carries (set-uid bits
+//! one script through the command channel first; the engine unpacks it with the permission bits it carries (set-uid bits
 //! are inert under `no-new-privileges`). Outgoing archives name their entries relative to the
 //! working directory.
 //! As with the other backends, the limits of a sandbox live in memory: after a restart,
@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -78,8 +78,8 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// How long the backend's own short execs (path checks, kills) may take.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The most bytes of paths passed to one look-up exec.
-const LOOKUP_BATCH_BYTES: usize = 64 * 1024;
+/// The most bytes of quoted paths in one look-up script (Linux caps one argument at 128 KiB).
+const LOOKUP_BATCH_BYTES: usize = 96 * 1024;
 
 /// How the Docker backend works.
 #[derive(Debug, Clone)]
@@ -354,6 +354,42 @@ impl DockerSandbox {
         Ok(channel)
     }
 
+    /// Runs `command` in the container directory `dir` through the channel in `held` (the
+    /// caller holds the sandbox's slot), attaching when there is none. The channel leaves the
+    /// slot while the command runs and goes back only when it ended cleanly: a future dropped
+    /// half-way leaves the next command a fresh attachment. Once more on a fresh attachment
+    /// when the stream closed before the command began (the container restarted since).
+    async fn run_command(
+        &self,
+        id: &SandboxId,
+        held: &mut Option<Channel>,
+        dir: &str,
+        command: &str,
+        timeout: Duration,
+        cap: usize,
+    ) -> Result<Ran, Error> {
+        let nonce = channel::nonce();
+        let frame = channel::frame(&nonce, dir, command)?;
+        let mut fresh = false;
+        loop {
+            let channel = match held.take() {
+                Some(channel) => channel,
+                None => {
+                    fresh = true;
+                    self.attach(id).await?
+                }
+            };
+            let (ran, channel) = self
+                .run_in(id, channel, &nonce, &frame, timeout, cap)
+                .await?;
+            *held = channel;
+            match ran {
+                Ran::Closed(reading) if !reading.begun() && !fresh => {}
+                ran => return Ok(ran),
+            }
+        }
+    }
+
     /// Sends one command's frame through `channel` and reads its output until both end
     /// markers or the timeout (which kills the command's processes, after which output is
     /// still read for a moment). Gives the channel back when it can serve another command.
@@ -425,99 +461,6 @@ impl DockerSandbox {
         Ok(())
     }
 
-    /// Runs `argv` in the container through an exec and collects its output (marked timed out
-    /// when the timeout hit, after which the container's processes are killed). Kills on drop
-    /// too.
-    async fn run_exec(
-        &self,
-        id: &SandboxId,
-        argv: Vec<String>,
-        cwd: Option<String>,
-        timeout: Duration,
-        cap: u64,
-    ) -> Result<ExecOutput, Error> {
-        let name = &id.0;
-        let options = CreateExecOptions {
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            cmd: Some(argv),
-            working_dir: cwd,
-            ..Default::default()
-        };
-        let mut started_again = false;
-        let exec = loop {
-            match self.docker.create_exec(name, options.clone()).await {
-                Ok(exec) => break exec,
-                Err(e) if status(&e) == Some(404) => return Err(Error::NotFound(id.clone())),
-                // Not running (a restarted engine): start it once and try again.
-                Err(e) if status(&e) == Some(409) && !started_again => {
-                    started_again = true;
-                    self.start(name).await?;
-                }
-                Err(e) => return Err(api_error("creating the exec", e)),
-            }
-        };
-        let mut guard = KillOnDrop {
-            sandbox: Some(self.clone()),
-            name: name.clone(),
-        };
-        let started = self
-            .docker
-            .start_exec(&exec.id, Some(StartExecOptions::default()))
-            .await
-            .map_err(|e| api_error("starting the exec", e))?;
-        let StartExecResults::Attached { mut output, .. } = started else {
-            return Err(Error::Failed("the exec started detached".to_owned()));
-        };
-        let cap = capped::cap_len(cap);
-        let mut out = Output::default();
-        let mut err = Output::default();
-        let mut keep = |chunk: bollard::container::LogOutput| match chunk {
-            bollard::container::LogOutput::StdOut { message } => {
-                capped::push(&mut out, cap, &message)
-            }
-            bollard::container::LogOutput::StdErr { message } => {
-                capped::push(&mut err, cap, &message)
-            }
-            _ => {}
-        };
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut timed_out = false;
-        loop {
-            match tokio::time::timeout_at(deadline, output.next()).await {
-                Ok(Some(Ok(chunk))) => keep(chunk),
-                Ok(Some(Err(e))) => return Err(api_error("reading the command's output", e)),
-                Ok(None) => break,
-                Err(_) => {
-                    timed_out = true;
-                    break;
-                }
-            }
-        }
-        if timed_out {
-            self.kill_all(name).await;
-            let grace = tokio::time::Instant::now() + DRAIN_GRACE;
-            while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(grace, output.next()).await {
-                keep(chunk);
-            }
-            guard.sandbox = None;
-            return Ok(ExecOutput {
-                exit_code: None,
-                stdout: out,
-                stderr: err,
-                timed_out: true,
-            });
-        }
-        guard.sandbox = None;
-        let exit_code = self.exit_code(&exec.id).await?;
-        Ok(ExecOutput {
-            exit_code,
-            stdout: out,
-            stderr: err,
-            timed_out: false,
-        })
-    }
-
     /// The exit code of a finished exec (its output has ended; the engine may lag a moment).
     async fn exit_code(&self, exec: &str) -> Result<Option<i32>, Error> {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -534,17 +477,44 @@ impl DockerSandbox {
         }
     }
 
-    /// Runs one of the backend's own short commands.
-    async fn helper(&self, id: &SandboxId, argv: Vec<String>) -> Result<ExecOutput, Error> {
-        let out = self
-            .run_exec(id, argv, None, HELPER_TIMEOUT, 16 << 20)
-            .await?;
-        if out.timed_out || out.stdout.truncated {
-            return Err(Error::Failed(
-                "a path look-up in the container did not finish".to_owned(),
-            ));
+    /// Runs one of the backend's own short shell scripts with arguments (`$1`…) through the
+    /// channel held in `held`; its exit code and what it printed.
+    async fn helper(
+        &self,
+        id: &SandboxId,
+        held: &mut Option<Channel>,
+        script: &str,
+        args: &[&str],
+    ) -> Result<(i32, Output, Output), Error> {
+        let mut command = String::from("set --");
+        for arg in args {
+            command.push(' ');
+            command.push_str(&channel::quote(arg));
         }
-        Ok(out)
+        command.push('\n');
+        command.push_str(script);
+        let ran = self
+            .run_command(
+                id,
+                held,
+                &self.config.workdir,
+                &command,
+                HELPER_TIMEOUT,
+                16 << 20,
+            )
+            .await?;
+        match ran {
+            Ran::Ended(reading) if !reading.stdout_truncated() => {
+                if let Status::Exited(code) = reading.status()? {
+                    let (out, err) = reading.into_outputs();
+                    return Ok((code, out, err));
+                }
+            }
+            _ => {}
+        }
+        Err(Error::Failed(
+            "a path look-up in the container did not finish".to_owned(),
+        ))
     }
 
     /// Kills every process of the container but its first: from inside when an exec can
@@ -611,34 +581,30 @@ impl DockerSandbox {
     }
 
     /// Checks that the directory `rel` exists and, with links resolved, stays inside the
-    /// working directory. `what` names it in errors.
-    async fn check_dir(&self, id: &SandboxId, rel: &Path, what: &str) -> Result<(), Error> {
-        let path = self.inside(rel)?;
-        let out = self
-            .helper(
-                id,
-                vec![
-                    "/bin/sh".to_owned(),
-                    "-c".to_owned(),
-                    "cd -P -- \"$1\" 2>/dev/null && pwd -P".to_owned(),
-                    "nodus".to_owned(),
-                    path,
-                ],
-            )
+    /// working directory (the first process checks a command's directory that way). `what`
+    /// names it in errors.
+    async fn check_dir(
+        &self,
+        id: &SandboxId,
+        held: &mut Option<Channel>,
+        rel: &Path,
+        what: &str,
+    ) -> Result<(), Error> {
+        let dir = self.inside(rel)?;
+        let ran = self
+            .run_command(id, held, &dir, "true", HELPER_TIMEOUT, 0)
             .await?;
-        if out.exit_code != Some(0) {
-            return Err(Error::Refused(format!("{what} does not exist")));
-        }
-        let real = String::from_utf8_lossy(&out.stdout.bytes)
-            .trim_end()
-            .to_owned();
-        let workdir = self.config.workdir.trim_end_matches('/');
-        if real == workdir || real.starts_with(&format!("{workdir}/")) {
-            Ok(())
-        } else {
-            Err(Error::Refused(format!(
-                "{what} leads outside the working directory"
-            )))
+        match ran {
+            Ran::Ended(reading) => match reading.status()? {
+                Status::Exited(_) => Ok(()),
+                Status::MissingDir => Err(Error::Refused(format!("{what} does not exist"))),
+                Status::OutsideDir => Err(Error::Refused(format!(
+                    "{what} leads outside the working directory"
+                ))),
+            },
+            _ => Err(Error::Failed(format!(
+                "checking {what} in the container did not finish"
+            ))),
         }
     }
 
@@ -647,45 +613,42 @@ impl DockerSandbox {
     async fn look_up(
         &self,
         id: &SandboxId,
+        held: &mut Option<Channel>,
         rel_paths: &[PathBuf],
     ) -> Result<HashMap<PathBuf, OnDisk>, Error> {
-        const SCRIPT: &str = "cd -- \"$1\" || exit 1; shift; for p in \"$@\"; do \
+        const SCRIPT: &str = "for p in \"$@\"; do \
             if [ -L \"$p\" ]; then echo L; elif [ -d \"$p\" ]; then echo D; \
             elif [ -e \"$p\" ]; then echo O; else echo M; fi; done";
         let mut found = HashMap::new();
         let mut rest = rel_paths;
         while !rest.is_empty() {
-            let mut argv = vec![
-                "/bin/sh".to_owned(),
-                "-c".to_owned(),
-                SCRIPT.to_owned(),
-                "nodus".to_owned(),
-                self.config.workdir.clone(),
-            ];
+            let mut args = Vec::new();
             let mut bytes = 0;
-            let mut taken = 0;
             for path in rest {
                 let text = path.to_str().ok_or_else(|| {
                     Error::Refused(format!(
                         "archive entry {path:?} is not UTF-8, which Docker needs"
                     ))
                 })?;
-                if taken > 0 && bytes + text.len() > LOOKUP_BATCH_BYTES {
+                let arg = format!("./{text}");
+                // The script travels as one argument of `/bin/sh -c`, which Linux caps.
+                let quoted = channel::quote(&arg).len() + 1;
+                if !args.is_empty() && bytes + quoted > LOOKUP_BATCH_BYTES {
                     break;
                 }
-                bytes += text.len() + 1;
-                taken += 1;
-                argv.push(format!("./{text}"));
+                bytes += quoted;
+                args.push(arg);
             }
-            let (batch, later) = rest.split_at(taken);
+            let (batch, later) = rest.split_at(args.len());
             rest = later;
-            let out = self.helper(id, argv).await?;
-            let answers = String::from_utf8_lossy(&out.stdout.bytes).into_owned();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (code, out, err) = self.helper(id, held, SCRIPT, &args).await?;
+            let answers = String::from_utf8_lossy(&out.bytes).into_owned();
             let answers: Vec<&str> = answers.lines().collect();
-            if out.exit_code != Some(0) || answers.len() != batch.len() {
+            if code != 0 || answers.len() != batch.len() {
                 return Err(Error::Failed(format!(
                     "looking up paths in the container failed: {}",
-                    String::from_utf8_lossy(&out.stderr.bytes).trim()
+                    String::from_utf8_lossy(&err.bytes).trim()
                 )));
             }
             for (path, answer) in batch.iter().zip(answers) {
@@ -759,35 +722,18 @@ impl Sandbox for DockerSandbox {
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let nonce = channel::nonce();
-        let frame = channel::frame(&nonce, &self.inside(&rel)?, &request.command)?;
+        let dir = self.inside(&rel)?;
         let slot = self.slot_of(id);
         let mut held = slot.lock().await;
-        // The channel leaves the slot while a command runs and goes back only when the command
-        // ended cleanly: a future dropped half-way leaves the next command a fresh attachment.
         let cap = capped::cap_len(request.output_cap);
-        let mut fresh = false;
-        let ran = loop {
-            let channel = match held.take() {
-                Some(channel) => channel,
-                None => {
-                    fresh = true;
-                    self.attach(id).await?
-                }
-            };
-            let (ran, channel) = self
-                .run_in(id, channel, &nonce, &frame, request.timeout, cap)
-                .await?;
-            *held = channel;
-            match ran {
-                // The container stopped before the command began (restarted since the last
-                // command): once more, on a fresh attachment.
-                Ran::Closed(reading) if !reading.begun() && !fresh => {}
-                ran => break ran,
-            }
-        };
+        let ran = self
+            .run_command(id, &mut held, &dir, &request.command, request.timeout, cap)
+            .await?;
         let (exit_code, reading) = match ran {
-            Ran::Ended(reading) => (Some(reading.status()?), reading),
+            Ran::Ended(reading) => {
+                let status = reading.status()?;
+                (Some(status), reading)
+            }
             Ran::TimedOut(reading) => (None, reading),
             Ran::Closed(_) => {
                 return Err(Error::Unavailable(format!(
@@ -822,11 +768,11 @@ impl Sandbox for DockerSandbox {
         self.limits_of(id)?;
         let touched = archive::touched(&tar)?;
         let slot = self.slot_of(id);
-        let _one_at_a_time = slot.lock().await;
+        let mut held = slot.lock().await;
         let on_disk = if touched.is_empty() {
             HashMap::new()
         } else {
-            self.look_up(id, &touched).await?
+            self.look_up(id, &mut held, &touched).await?
         };
         archive::check(&tar, &|path| {
             on_disk.get(path).copied().unwrap_or(OnDisk::Missing)
@@ -850,9 +796,10 @@ impl Sandbox for DockerSandbox {
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
         let slot = self.slot_of(id);
-        let _one_at_a_time = slot.lock().await;
+        let mut held = slot.lock().await;
         if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-            self.check_dir(id, parent, &format!("{path:?}")).await?;
+            self.check_dir(id, &mut held, parent, &format!("{path:?}"))
+                .await?;
         }
         let options = DownloadFromContainerOptionsBuilder::new()
             .path(&self.inside(&rel)?)
@@ -946,7 +893,7 @@ enum Ran {
     Closed(Reading),
 }
 
-/// Kills the processes of a container when an exec is dropped before it finished.
+/// Kills the processes of a container when a command's future is dropped before it finished.
 struct KillOnDrop {
     sandbox: Option<DockerSandbox>,
     name: String,
@@ -965,7 +912,7 @@ impl Drop for KillOnDrop {
                 });
             }
             Err(_) => {
-                warn!(container = %name, "an exec was dropped outside a runtime; its command may still run")
+                warn!(container = %name, "a command was dropped outside a runtime; it may still run")
             }
         }
     }
