@@ -58,7 +58,7 @@ use tokio::process::Command;
 use tokio::sync::OnceCell;
 use tracing::{debug, info};
 
-use crate::cgroup::{self, Cgroups};
+use crate::cgroup::Cgroups;
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
 use crate::{archive, paths, process};
 
@@ -73,6 +73,19 @@ const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
 ];
+
+/// The cgroup gate: `$1` files to write `0` into (moving the shell itself into the sandbox's
+/// cgroups), then the program to become. A file it cannot write ends it with [`GATE_FAILED`]
+/// and a line that starts with [`GATE_MESSAGE`].
+const GATE: &str = "n=$1; shift; while [ \"$n\" -gt 0 ]; do \
+    echo 0 2>/dev/null > \"$1\" || { echo \"nodus-sandbox: cannot join the cgroup $1\" >&2; exit 125; }; \
+    shift; n=$((n - 1)); done; exec \"$@\"";
+
+/// The exit status of a gate that could not join a cgroup.
+const GATE_FAILED: i32 = 125;
+
+/// How the gate's own failure message starts.
+const GATE_MESSAGE: &[u8] = b"nodus-sandbox: cannot join the cgroup ";
 
 /// How deep the scan of `/etc` for entries to hide goes.
 const ETC_SCAN_DEPTH: usize = 8;
@@ -329,39 +342,37 @@ impl Sandbox for BwrapSandbox {
             args.extend([script.into(), "sh".into(), request.command.clone().into()]);
         }
 
-        let procs_files = self.cgroups.procs_files(&id.0);
-        let gate = move |pid: u32| cgroup::join(pid, &procs_files);
-        let mut command = if self.cgroups.enforced() == cgroup::Controllers::default() {
-            let mut command = Command::new(&prepared.bwrap);
-            command.args(&args).stdin(Stdio::null());
-            command
+        let entry_files = self.cgroups.entry_files(&id.0);
+        let mut command = if entry_files.is_empty() {
+            Command::new(&prepared.bwrap)
         } else {
-            // A shell that waits for its cue: it is moved into the cgroups before it becomes
-            // bubblewrap, so every process of the sandbox starts inside them.
+            // A gate shell moves itself into the sandbox's cgroups, then becomes bubblewrap,
+            // so every process of the sandbox starts inside them.
             let mut command = Command::new("/bin/sh");
             command
                 .arg("-c")
-                .arg("read -r _ && exec \"$@\"")
+                .arg(GATE)
                 .arg("nodus-sandbox")
-                .arg(&prepared.bwrap)
-                .args(&args)
-                .stdin(Stdio::piped());
+                .arg(entry_files.len().to_string())
+                .args(&entry_files)
+                .arg(&prepared.bwrap);
             command
         };
         command
+            .args(&args)
+            .stdin(Stdio::null())
             .env_clear()
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let uses_gate = self.cgroups.enforced() != cgroup::Controllers::default();
-        process::run(
-            command,
-            request.timeout,
-            request.output_cap,
-            uses_gate.then_some(&gate as process::Gate<'_>),
-        )
-        .await
+        let out = process::run(command, request.timeout, request.output_cap).await?;
+        if out.exit_code == Some(GATE_FAILED) && out.stderr.bytes.starts_with(GATE_MESSAGE) {
+            return Err(Error::Failed(
+                String::from_utf8_lossy(&out.stderr.bytes).trim().to_owned(),
+            ));
+        }
+        Ok(out)
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {

@@ -182,11 +182,17 @@ impl Cgroups {
         Ok(())
     }
 
-    /// The `cgroup.procs` files that a command of sandbox `key` must be written into.
-    pub(crate) fn procs_files(&self, key: &str) -> Vec<PathBuf> {
+    /// The files into which a process of sandbox `key` writes `0` to move itself into the
+    /// sandbox's cgroups: `tasks` in v1 (which moves the writing thread, and spares the kernel
+    /// the global lock it takes to move another process; the gate shell has one thread),
+    /// `cgroup.procs` in v2.
+    pub(crate) fn entry_files(&self, key: &str) -> Vec<PathBuf> {
         self.hierarchies
             .iter()
-            .map(|h| h.parent.join(key).join("cgroup.procs"))
+            .map(|h| {
+                let file = if h.v2 { "cgroup.procs" } else { "tasks" };
+                h.parent.join(key).join(file)
+            })
             .collect()
     }
 
@@ -214,19 +220,6 @@ impl Cgroups {
             }
         }
     }
-}
-
-/// Moves process `pid` into every cgroup in `procs_files`.
-pub(crate) fn join(pid: u32, procs_files: &[PathBuf]) -> Result<(), Error> {
-    for file in procs_files {
-        fs::write(file, pid.to_string()).map_err(|e| {
-            Error::Failed(format!(
-                "moving a command into the cgroup {}: {e}",
-                file.display()
-            ))
-        })?;
-    }
-    Ok(())
 }
 
 fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits) -> io::Result<()> {

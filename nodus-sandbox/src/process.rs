@@ -8,7 +8,7 @@ use std::time::Duration;
 use nodus_core::output::Output;
 use nodus_core::sandbox::{Error, ExecOutput};
 use rustix::process::{Pid, Signal};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tracing::{debug, warn};
 
@@ -21,11 +21,6 @@ pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// Size of one read from a command's stdout or stderr.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// Work done between spawning a command and letting it go on, with the pid of the spawned
-/// process (for example: moving it into cgroups). The command must wait for one line on its
-/// standard input before it does anything else; it gets end-of-file after that line.
-pub(crate) type Gate<'a> = &'a (dyn Fn(u32) -> Result<(), Error> + Sync);
-
 /// Runs a prepared command (stdout and stderr piped, its own process group, killed on drop)
 /// for at most `timeout`, keeping `cap` bytes of each stream. The whole process group is
 /// killed when the command ends or times out, and when the returned future is dropped.
@@ -33,7 +28,6 @@ pub(crate) async fn run(
     mut command: Command,
     timeout: Duration,
     cap: u64,
-    gate: Option<Gate<'_>>,
 ) -> Result<ExecOutput, Error> {
     let mut child = command.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => Error::Refused(format!("cannot start the command: {e}")),
@@ -42,21 +36,6 @@ pub(crate) async fn run(
     })?;
     // With `process_group(0)` the spawned process leads a new group whose id is its pid.
     let mut group = ProcessGroup::of(child.id());
-    if let Some(gate) = gate {
-        let pid = child
-            .id()
-            .ok_or_else(|| Error::Failed("the command exited before it started".to_owned()))?;
-        gate(pid)?;
-        let mut stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| Error::Failed("the command's input pipe is missing".to_owned()))?;
-        stdin
-            .write_all(b"go\n")
-            .await
-            .map_err(|e| Error::Failed(format!("starting the command: {e}")))?;
-        // Dropped here: the command sees end-of-file on its standard input.
-    }
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(Error::Failed(
             "the command's output pipes are missing".to_owned(),

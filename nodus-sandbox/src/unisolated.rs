@@ -142,7 +142,7 @@ impl Sandbox for UnisolatedSandbox {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        process::run(command, request.timeout, request.output_cap, None).await
+        process::run(command, request.timeout, request.output_cap).await
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {

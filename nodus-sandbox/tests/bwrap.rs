@@ -118,6 +118,27 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
     });
     assert_eq!(text(&out), "done\n");
     assert!(seen.lines().count() >= 4, "bwrap and the command: {seen:?}");
+
+    // A cgroup gone from under the sandbox: the command does not run outside it, and the
+    // failure is the sandbox's, not the command's.
+    std::fs::remove_dir(&pids).expect("remove the pids cgroup");
+    let refused = sandbox
+        .exec(&id, &request("echo ran > ran"))
+        .await
+        .expect_err("no command outside the cgroups");
+    assert!(
+        matches!(&refused, Error::Failed(m) if m.contains("cannot join the cgroup")),
+        "{refused:?}"
+    );
+    assert!(
+        !root
+            .path()
+            .join("sandboxes")
+            .join(&key)
+            .join("ran")
+            .exists()
+    );
+
     sandbox.destroy(&id).await.expect("destroy");
     assert!(
         cgroup_dir("memory", &key).is_none(),
