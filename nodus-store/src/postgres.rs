@@ -345,12 +345,7 @@ fn push_selection<'a>(
         query.push_bind(value.as_str());
     }
     for (field, value) in &selector.fields {
-        if let Some(column) = sql::column_of(field) {
-            // The column holds the field when it is a string, which is all it may match.
-            query.push(" AND ");
-            query.push(column);
-            query.push(" = ");
-            query.push_bind(value.as_str());
+        if sql::push_column_match(query, field, value) {
             continue;
         }
         let path: Vec<String> = field.split('.').map(str::to_string).collect();

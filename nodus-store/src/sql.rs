@@ -204,12 +204,34 @@ impl Columns {
 }
 
 /// The column that holds a selectable field (see [`Columns`]).
-pub(crate) fn column_of(field: &str) -> Option<&'static str> {
+fn column_of(field: &str) -> Option<&'static str> {
     match field {
         "spec.group" => Some("group_name"),
         "status.phase" => Some("phase"),
         _ => None,
     }
+}
+
+/// Pushes ` AND <column> = value` when `field` has a column of its own (which holds the field
+/// when it is text, all such a field may match), through its index. Answers whether it did;
+/// other fields are the caller's to match in the document.
+pub(crate) fn push_column_match<'a, DB>(
+    query: &mut sqlx::QueryBuilder<'a, DB>,
+    field: &str,
+    value: &'a str,
+) -> bool
+where
+    DB: sqlx::Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    let Some(column) = column_of(field) else {
+        return false;
+    };
+    query.push(" AND ");
+    query.push(column);
+    query.push(" = ");
+    query.push_bind(value);
+    true
 }
 
 /// The run uid a document carries in `metadata.uid`.

@@ -611,13 +611,10 @@ fn push_selection<'a>(
         }
     }
     for (field, value) in &selector.fields {
-        if let Some(column) = sql::column_of(field) {
-            // The column holds the field when it is text, which is all it may match.
-            query.push(" AND ");
-            query.push(column);
-            query.push(" = ");
-            query.push_bind(value.as_str());
-        } else if let Some(parts) = sql::path_parts(field) {
+        if sql::push_column_match(query, field, value) {
+            continue;
+        }
+        if let Some(parts) = sql::path_parts(field) {
             let path = json_path(&parts);
             query.push(" AND (json_type(document, ");
             query.push_bind(path.clone());
