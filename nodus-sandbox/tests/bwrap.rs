@@ -121,7 +121,20 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
 
     // A cgroup gone from under the sandbox: the command does not run outside it, and the
     // failure is the sandbox's, not the command's.
-    std::fs::remove_dir(&pids).expect("remove the pids cgroup");
+    // The last processes of the command leave the cgroup a moment after it answered.
+    let patience = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::remove_dir(&pids) {
+            Ok(()) => break,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ResourceBusy
+                    && std::time::Instant::now() < patience =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("remove the pids cgroup: {e}"),
+        }
+    }
     let refused = sandbox
         .exec(&id, &request("echo ran > ran"))
         .await
