@@ -6,6 +6,8 @@
 //!   most the smaller of [`ExecRequest::timeout`] and [`Limits::command_timeout_secs`], and
 //!   keeps at most the smaller of [`ExecRequest::output_cap`] and
 //!   [`Limits::output_cap_bytes`] of each stream ([`ExecRequest::within`]).
+//! - **Bounded command lines.** A command longer than [`MAX_COMMAND_BYTES`] is refused
+//!   before anything runs ([`ExecRequest::within`]), the same on every backend.
 //! - **No leftovers.** A timeout kills the command's whole process tree and returns what it
 //!   printed so far. Processes a command leaves running in the background do not outlive it.
 //! - **Cancellation kills.** Dropping the future of [`Sandbox::exec`] before it completes
@@ -90,6 +92,10 @@ pub struct SandboxSpec {
 /// transfer takes.
 pub const MAX_ARCHIVE_BYTES: usize = 256 << 20;
 
+/// The longest command line a sandbox runs, in bytes: Linux hands it to `/bin/sh -c` as one
+/// argument, and one argument holds at most 128 KiB with its terminating NUL.
+pub const MAX_COMMAND_BYTES: usize = (128 << 10) - 1;
+
 /// A created sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -116,17 +122,25 @@ pub struct ExecRequest {
 }
 
 impl ExecRequest {
-    /// This request with its timeout and output cap bounded by a sandbox's limits: the
-    /// request's values win where they are smaller.
-    pub fn within(&self, limits: &Limits) -> ExecRequest {
-        ExecRequest {
+    /// This request with its timeout and output cap bounded by a sandbox's limits (the
+    /// request's values win where they are smaller), or [`Error::Refused`] for a command
+    /// longer than [`MAX_COMMAND_BYTES`], which no backend can hand to its shell.
+    pub fn within(&self, limits: &Limits) -> Result<ExecRequest, Error> {
+        let length = self.command.len();
+        if length > MAX_COMMAND_BYTES {
+            return Err(Error::Refused(format!(
+                "the command is {length} bytes long, and a command may have at most \
+                 {MAX_COMMAND_BYTES}: nothing ran; write large files in several commands"
+            )));
+        }
+        Ok(ExecRequest {
             command: self.command.clone(),
             timeout: self
                 .timeout
                 .min(Duration::from_secs(limits.command_timeout_secs)),
             cwd: self.cwd.clone(),
             output_cap: self.output_cap.min(limits.output_cap_bytes),
-        }
+        })
     }
 }
 
@@ -208,9 +222,29 @@ mod tests {
             cwd: Some("sub".to_owned()),
             output_cap,
         };
-        assert_eq!(request(5, 50).within(&limits), request(5, 50));
-        assert_eq!(request(60, 50).within(&limits), request(10, 50));
-        assert_eq!(request(5, 1 << 20).within(&limits), request(5, 100));
-        assert_eq!(request(60, 1 << 20).within(&limits), request(10, 100));
+        let bounded = |r: ExecRequest| r.within(&limits).expect("a short command");
+        assert_eq!(bounded(request(5, 50)), request(5, 50));
+        assert_eq!(bounded(request(60, 50)), request(10, 50));
+        assert_eq!(bounded(request(5, 1 << 20)), request(5, 100));
+        assert_eq!(bounded(request(60, 1 << 20)), request(10, 100));
+    }
+
+    #[test]
+    fn a_command_longer_than_a_shell_argument_may_be_is_refused() {
+        let request = |length| ExecRequest {
+            command: "x".repeat(length),
+            timeout: Duration::from_secs(1),
+            cwd: None,
+            output_cap: 1,
+        };
+        let longest = request(MAX_COMMAND_BYTES);
+        assert_eq!(longest.within(&Limits::default()).expect("fits"), longest);
+        match request(MAX_COMMAND_BYTES + 1).within(&Limits::default()) {
+            Err(Error::Refused(message)) => {
+                assert!(message.contains("131072 bytes long"), "{message}");
+                assert!(message.contains("at most 131071"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }

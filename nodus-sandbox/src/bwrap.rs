@@ -269,7 +269,7 @@ impl Sandbox for BwrapSandbox {
             .cloned()
             .ok_or_else(|| Error::NotFound(id.clone()))?;
         let prepared = self.prepared().await?;
-        let request = request.within(&created.limits);
+        let request = request.within(&created.limits)?;
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;

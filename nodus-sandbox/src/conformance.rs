@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nodus_core::Sandbox;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, MAX_COMMAND_BYTES, SandboxId, SandboxInfo, SandboxSpec,
 };
 
 /// A backend under test.
@@ -63,6 +63,7 @@ pub const COMMON: &[(&str, Case)] = cases![
     hostile_archives_refused,
     recreate_keeps_files,
     destroy_twice,
+    longest_command,
 ];
 
 /// The cases only an isolating backend passes, by name.
@@ -106,7 +107,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $make,
             exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
             dropping_exec_kills, background_processes_end_with_command, environment_and_cwd, files_round_trip,
-            hostile_archives_refused, recreate_keeps_files, destroy_twice);
+            hostile_archives_refused, recreate_keeps_files, destroy_twice, longest_command);
     };
     (all, $make:ident) => {
         $crate::conformance_tests!(common, $make);
@@ -291,6 +292,34 @@ pub async fn exit_codes(b: &Backend) {
     assert!(!missing.stderr.bytes.is_empty(), "the shell says why");
     let out = exec(b, &id, "exit 0").await;
     assert!(!out.timed_out);
+    destroy(b, &id).await;
+}
+
+/// A command of [`MAX_COMMAND_BYTES`] runs; one byte longer is refused and nothing runs.
+pub async fn longest_command(b: &Backend) {
+    let id = fresh(b, "long").await;
+    let padded = |command: &str, length: usize| {
+        let comment = " #".to_owned() + &"x".repeat(length - command.len() - 2);
+        command.to_owned() + &comment
+    };
+    let longest = padded("touch longest; echo ran", MAX_COMMAND_BYTES);
+    assert_eq!(longest.len(), MAX_COMMAND_BYTES);
+    let out = exec(b, &id, &longest).await;
+    assert_eq!(
+        (out.exit_code, text(&out.stdout.bytes)),
+        (Some(0), "ran\n".to_owned())
+    );
+    let too_long = padded("touch too-long", MAX_COMMAND_BYTES + 1);
+    match b.sandbox.exec(&id, &request(&too_long)).await {
+        Err(Error::Refused(message)) => assert!(message.contains("at most"), "{message}"),
+        other => panic!("a command over the limit must be refused: {other:?}"),
+    }
+    let seen = exec(b, &id, "ls").await;
+    assert_eq!(
+        text(&seen.stdout.bytes),
+        "longest\n",
+        "the refused command did not run"
+    );
     destroy(b, &id).await;
 }
 

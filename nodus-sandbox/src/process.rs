@@ -31,7 +31,11 @@ pub(crate) async fn run(
 ) -> Result<ExecOutput, Error> {
     let mut child = command.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => Error::Refused(format!("cannot start the command: {e}")),
-        io::ErrorKind::InvalidInput => Error::Refused(format!("cannot run this command: {e}")),
+        // The command line or environment is more than the kernel takes: it certainly did
+        // not run.
+        io::ErrorKind::InvalidInput | io::ErrorKind::ArgumentListTooLong => {
+            Error::Refused(format!("cannot run this command: {e}"))
+        }
         _ => Error::Failed(format!("starting the command: {e}")),
     })?;
     // With `process_group(0)` the spawned process leads a new group whose id is its pid.

@@ -112,7 +112,7 @@ impl Sandbox for UnisolatedSandbox {
             .get(&id.0)
             .cloned()
             .ok_or_else(|| Error::NotFound(id.clone()))?;
-        let request = request.within(&limits);
+        let request = request.within(&limits)?;
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;

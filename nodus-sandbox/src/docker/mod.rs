@@ -718,7 +718,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let request = request.within(&self.limits_of(id)?);
+        let request = request.within(&self.limits_of(id)?)?;
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
