@@ -5,9 +5,15 @@
 //! Each iteration runs the bare tool and then the backend's cycle, so that the load of the
 //! machine weighs on both alike.
 //!
+//! Then starts at a time: how many sandboxes per second the bubblewrap backend and bare
+//! `bwrap` go through with 1, 16 and 100 in flight, next to `sh -c true` (a process start,
+//! which scales with the cores), and how busy the machine's CPUs were meanwhile. A start
+//! that cannot use the idle cores waits on something other than the CPU.
+//!
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
-//! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker);
-//! `NODUS_BENCH_ONLY=processes` or `docker` runs one half.
+//! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
+//! times it for each figure of the starts at a time);
+//! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part.
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -215,31 +221,37 @@ fn main() {
     // `NODUS_BENCH_ONLY=processes` or `docker` runs one half.
     let only = std::env::var("NODUS_BENCH_ONLY").unwrap_or_default();
     runtime.block_on(async {
-        if only != "docker" {
+        if only.is_empty() || only == "processes" {
             processes(n, root.path()).await;
         }
-        if only != "processes" {
+        if only.is_empty() || only == "docker" {
             docker(n, &image).await;
+        }
+        if only.is_empty() || only == "parallel" {
+            parallel(n * 4, root.path()).await;
         }
     });
 }
 
+/// Bubblewrap's own smallest isolated invocation: the bare tool of the process rows.
+const BARE_BWRAP: &[&str] = &[
+    "bwrap",
+    "--ro-bind",
+    "/",
+    "/",
+    "--unshare-all",
+    "--die-with-parent",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "true",
+];
+
 async fn processes(n: usize, root: &std::path::Path) {
     {
         println!("== processes ({n} iterations)");
-        let bwrap_argv: &[&str] = &[
-            "bwrap",
-            "--ro-bind",
-            "/",
-            "/",
-            "--unshare-all",
-            "--die-with-parent",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "true",
-        ];
+        let bwrap_argv = BARE_BWRAP;
         let bwrap: Arc<dyn Sandbox> =
             Arc::new(BwrapSandbox::new(BwrapConfig::new(root.join("bwrap"))));
         let (bare_bwrap, bwrap_cycle, bwrap_phases) = lifecycle(
@@ -313,5 +325,97 @@ async fn docker(n: usize, image: &str) {
         for bare in &bare_docker {
             ratio(&docker_cycle, bare);
         }
+    }
+}
+
+/// The CPU time of the whole machine so far, from `/proc/stat`: (busy, all) in clock ticks,
+/// where busy leaves out idle, I/O wait and time stolen by the hypervisor.
+fn cpu_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let line = stat.lines().next().expect("the cpu line");
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().expect("a tick count"))
+        .collect();
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal (guest time is inside user)
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6);
+    (busy, busy + at(3) + at(4) + at(7))
+}
+
+/// `n` starts, `in_flight` at a time, each the future `one(i)` makes; prints starts per
+/// second and how busy the machine's CPUs were.
+async fn at_a_time<F>(label: &str, n: usize, in_flight: usize, one: impl Fn(usize) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let mut tasks = tokio::task::JoinSet::new();
+    let (busy0, all0) = cpu_ticks();
+    let started = Instant::now();
+    for i in 0..n {
+        let permit = permits.clone().acquire_owned().await.expect("permits");
+        let start = one(i);
+        tasks.spawn(async move {
+            start.await;
+            drop(permit);
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a start");
+    }
+    let took = started.elapsed();
+    let (busy1, all1) = cpu_ticks();
+    let busy = (busy1 - busy0) as f64 * 100.0 / (all1 - all0).max(1) as f64;
+    println!(
+        "{label:<44} {in_flight:>3} in flight: {:>7.0}/s ({:>5.2} ms each), CPUs {busy:>3.0} % busy",
+        n as f64 / took.as_secs_f64(),
+        ms(took) / n as f64,
+    );
+}
+
+/// A bare command, started and awaited without its output.
+async fn bare_async(argv: &'static [&'static str]) {
+    let status = tokio::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .expect("run the bare command");
+    assert!(status.success(), "{argv:?}: {status}");
+}
+
+/// Starts at a time: the bubblewrap backend's cycle and bare `bwrap` against `sh -c true`.
+async fn parallel(n: usize, root: &std::path::Path) {
+    println!("== starts at a time ({n} each)");
+    let bwrap: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(BwrapConfig::new(root.join("par"))));
+    let warm = bwrap
+        .create(&spec("bench-par-warm", None))
+        .await
+        .expect("create");
+    bwrap.destroy(&warm.id).await.expect("destroy");
+    let tag = std::process::id();
+    for in_flight in [1, 16, 100] {
+        at_a_time("`sh -c true` (baseline)", n, in_flight, |_| {
+            bare_async(&["sh", "-c", "true"])
+        })
+        .await;
+        at_a_time("bare `bwrap --unshare-all … true`", n, in_flight, |_| {
+            bare_async(BARE_BWRAP)
+        })
+        .await;
+        at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
+            let sandbox = bwrap.clone();
+            let key = format!("bench-par-{tag}-{in_flight}-{i}");
+            async move {
+                let id = sandbox.create(&spec(&key, None)).await.expect("create").id;
+                let out = sandbox.exec(&id, &request("true")).await.expect("exec");
+                assert_eq!(out.exit_code, Some(0), "{out:?}");
+                sandbox.destroy(&id).await.expect("destroy");
+            }
+        })
+        .await;
     }
 }
