@@ -57,6 +57,7 @@ pub const COMMON: &[(&str, Case)] = cases![
     output_cap,
     timeout_kills_process_tree,
     dropping_exec_kills,
+    dropped_command_kill_spares_the_next,
     background_processes_end_with_command,
     environment_and_cwd,
     files_round_trip,
@@ -106,7 +107,7 @@ macro_rules! conformance_tests {
     (common, $make:ident) => {
         $crate::conformance_tests!(@cases $make,
             exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
-            dropping_exec_kills, background_processes_end_with_command, environment_and_cwd, files_round_trip,
+            dropping_exec_kills, dropped_command_kill_spares_the_next, background_processes_end_with_command, environment_and_cwd, files_round_trip,
             hostile_archives_refused, recreate_keeps_files, destroy_twice, longest_command);
     };
     (all, $make:ident) => {
@@ -437,6 +438,39 @@ pub async fn dropping_exec_kills(b: &Backend) {
     drop(running);
     assert_eq!(survivors(&sleep).await, 0, "nothing of it is left");
     assert_eq!(exec(b, &id, "echo next").await.stdout.bytes, b"next\n");
+    destroy(b, &id).await;
+}
+
+/// The kill of a dropped command never reaches the command after it, even when the dropped
+/// one ended by itself just before it was dropped, or just after (its kill lands later).
+pub async fn dropped_command_kill_spares_the_next(b: &Backend) {
+    let id = fresh(b, "drop-next").await;
+    for late_ms in [280, 300, 320, 350] {
+        // A sleep of 0.3 s, told apart from every other by its last digits.
+        let sleep = format!("sleep 0.3000{}", &unique_nanos()[..5]);
+        let req = request(&sleep);
+        let mut running = Box::pin(b.sandbox.exec(&id, &req));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            tokio::select! {
+                done = &mut running => panic!("the command ended before it was seen: {done:?}"),
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            if count_processes(&sleep) >= 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the command did not start");
+        }
+        // Stop waiting about when it ends by itself (the future is not polled meanwhile).
+        tokio::time::sleep(Duration::from_millis(late_ms)).await;
+        drop(running);
+        let next = exec(b, &id, "sleep 1; echo next").await;
+        assert_eq!(
+            (next.exit_code, text(&next.stdout.bytes)),
+            (Some(0), "next\n".to_owned()),
+            "the next command ran whole (dropped {late_ms} ms after it started): {next:?}"
+        );
+    }
     destroy(b, &id).await;
 }
 

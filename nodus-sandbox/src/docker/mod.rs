@@ -24,7 +24,8 @@
 //! ends, every process it left in the container is killed (`kill -9 -1` from the first
 //! process, which spares only itself). A timeout, or dropping the `exec` future, does the same
 //! from an exec, and restarts the container (same file system) when that cannot start (a fork
-//! bomb at its process limit). Commands of one sandbox run one at a time. A command ended by a
+//! bomb at its process limit); after a dropped future, the sandbox's next command waits for
+//! that kill, which could otherwise hit it. Commands of one sandbox run one at a time. A command ended by a
 //! signal reports exit code 128 + the signal's number.
 //!
 //! Files move through the Docker archive API. An incoming archive is checked like everywhere
@@ -66,8 +67,18 @@ mod channel;
 
 use channel::{Channel, Next, Reading, Status};
 
-/// A container's turn to run something, with its command channel once attached.
-type Slot = Arc<tokio::sync::Mutex<Option<Channel>>>;
+/// A container's turn to run something.
+type Slot = Arc<tokio::sync::Mutex<Turn>>;
+
+/// What the holder of a container's slot finds there.
+#[derive(Debug, Default)]
+struct Turn {
+    /// The command channel, once attached.
+    channel: Option<Channel>,
+    /// The kill of what a dropped command left running. The next holder waits for it before
+    /// it runs anything, so that the kill cannot hit its command instead.
+    killing: Option<tokio::task::JoinHandle<()>>,
+}
 
 /// The label that names a container's or volume's sandbox key.
 pub const KEY_LABEL: &str = "nodus.sandbox.key";
@@ -362,7 +373,7 @@ impl DockerSandbox {
     async fn run_command(
         &self,
         id: &SandboxId,
-        held: &mut Option<Channel>,
+        held: &mut Turn,
         dir: &str,
         command: &str,
         timeout: Duration,
@@ -370,9 +381,18 @@ impl DockerSandbox {
     ) -> Result<Ran, Error> {
         let nonce = channel::nonce();
         let frame = channel::frame(&nonce, dir, command)?;
+        if let Some(killing) = held.killing.take() {
+            // Whatever it answers, the kill is over: nothing of the dropped command is left.
+            let _ = killing.await;
+        }
+        let mut guard = KillOnDrop {
+            sandbox: None,
+            name: id.0.clone(),
+            killing: &mut held.killing,
+        };
         let mut fresh = false;
         loop {
-            let channel = match held.take() {
+            let channel = match held.channel.take() {
                 Some(channel) => channel,
                 None => {
                     fresh = true;
@@ -380,9 +400,9 @@ impl DockerSandbox {
                 }
             };
             let (ran, channel) = self
-                .run_in(id, channel, &nonce, &frame, timeout, cap)
+                .run_in(&mut guard, channel, &nonce, &frame, timeout, cap)
                 .await?;
-            *held = channel;
+            held.channel = channel;
             match ran {
                 Ran::Closed(reading) if !reading.begun() && !fresh => {}
                 ran => return Ok(ran),
@@ -395,18 +415,15 @@ impl DockerSandbox {
     /// still read for a moment). Gives the channel back when it can serve another command.
     async fn run_in(
         &self,
-        id: &SandboxId,
+        guard: &mut KillOnDrop<'_>,
         mut channel: Channel,
         nonce: &str,
         frame: &[u8],
         timeout: Duration,
         cap: usize,
     ) -> Result<(Ran, Option<Channel>), Error> {
-        let name = &id.0;
-        let mut guard = KillOnDrop {
-            sandbox: Some(self.clone()),
-            name: name.clone(),
-        };
+        let name = guard.name.clone();
+        guard.sandbox = Some(self.clone());
         channel
             .send(frame)
             .await
@@ -428,7 +445,7 @@ impl DockerSandbox {
         if reading.done() {
             return Ok((Ran::Ended(reading), Some(channel)));
         }
-        let restarted = self.kill_all(name).await;
+        let restarted = self.kill_all(&name).await;
         let grace = tokio::time::Instant::now() + DRAIN_GRACE;
         let mut usable = false;
         while let Ok(Ok(Next::Chunk(chunk))) = tokio::time::timeout_at(grace, channel.next()).await
@@ -482,7 +499,7 @@ impl DockerSandbox {
     async fn helper(
         &self,
         id: &SandboxId,
-        held: &mut Option<Channel>,
+        held: &mut Turn,
         script: &str,
         args: &[&str],
     ) -> Result<(i32, Output, Output), Error> {
@@ -586,7 +603,7 @@ impl DockerSandbox {
     async fn check_dir(
         &self,
         id: &SandboxId,
-        held: &mut Option<Channel>,
+        held: &mut Turn,
         rel: &Path,
         what: &str,
     ) -> Result<(), Error> {
@@ -613,7 +630,7 @@ impl DockerSandbox {
     async fn look_up(
         &self,
         id: &SandboxId,
-        held: &mut Option<Channel>,
+        held: &mut Turn,
         rel_paths: &[PathBuf],
     ) -> Result<HashMap<PathBuf, OnDisk>, Error> {
         const SCRIPT: &str = "for p in \"$@\"; do \
@@ -679,7 +696,7 @@ impl Sandbox for DockerSandbox {
                 tokio::join!(Channel::attach(&self.docker, &name), self.start(&name));
             started?;
             let channel = attached.map_err(|e| api_error("attaching to the container", e))?;
-            *self.slot_of(&SandboxId(name.clone())).lock().await = Some(channel);
+            self.slot_of(&SandboxId(name.clone())).lock().await.channel = Some(channel);
             debug!(container = %name, "Docker sandbox ready");
         } else {
             let found = match self.docker.inspect_container(&name, None).await {
@@ -893,13 +910,15 @@ enum Ran {
     Closed(Reading),
 }
 
-/// Kills the processes of a container when a command's future is dropped before it finished.
-struct KillOnDrop {
+/// Kills the processes of a container when a command's future is dropped before it finished,
+/// from a task that the slot's next holder waits for ([`Turn::killing`]).
+struct KillOnDrop<'a> {
     sandbox: Option<DockerSandbox>,
     name: String,
+    killing: &'a mut Option<tokio::task::JoinHandle<()>>,
 }
 
-impl Drop for KillOnDrop {
+impl Drop for KillOnDrop<'_> {
     fn drop(&mut self) {
         let Some(sandbox) = self.sandbox.take() else {
             return;
@@ -907,9 +926,9 @@ impl Drop for KillOnDrop {
         let name = std::mem::take(&mut self.name);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(async move {
+                *self.killing = Some(runtime.spawn(async move {
                     sandbox.kill_all(&name).await;
-                });
+                }));
             }
             Err(_) => {
                 warn!(container = %name, "a command was dropped outside a runtime; it may still run")
