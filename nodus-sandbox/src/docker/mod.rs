@@ -25,8 +25,8 @@
 //! process, which spares only itself). A timeout, or dropping the `exec` future, does the same
 //! from an exec, and restarts the container (same file system) when that cannot start (a fork
 //! bomb at its process limit); after a dropped future, the sandbox's next command waits for
-//! that kill, which could otherwise hit it. Commands of one sandbox run one at a time. A command ended by a
-//! signal reports exit code 128 + the signal's number.
+//! that kill, which could otherwise hit it. Commands of one sandbox run one at a time. A
+//! command ended by a signal reports exit code 128 + the signal's number.
 //!
 //! Files move through the Docker archive API. An incoming archive is checked like everywhere
 //! (see the crate's archive rules): what is on disk at the paths it touches is looked up with
