@@ -249,12 +249,9 @@ async fn drive(engine: &Engine, key: ObjectKey) -> Done {
             wake_at: until,
             awaiting_funds: reason == WaitReason::AwaitingFunds,
         },
-        Ok(Driven::NotAdmitted) => Done {
-            key,
-            group: None,
-            wake_at: None,
-            awaiting_funds: false,
-        },
+        // A run its group has not admitted yet: the group decides (a new run of an open
+        // group is admitted by that reconcile; one that must wait leaves the group as it was,
+        // which writes nothing).
         Ok(_) => Done {
             key,
             group,
