@@ -93,9 +93,15 @@ pub fn shell_tool() -> ToolSpec {
     }
 }
 
-/// When the run must end: its deadline or the end of its timeout, whichever is first.
+/// When the run must end: its deadline or the end of its timeout (from its first step),
+/// whichever is first. The default timeout bounds only a run without a deadline: a deadline
+/// the user set is the run's lifetime, even a longer one.
 pub fn time_limit(spec: &AgentRunSpec, journal: &[Step]) -> Option<(Timestamp, FailReason)> {
-    let timeout = spec.timeout.unwrap_or(AgentRunSpec::DEFAULT_TIMEOUT);
+    let timeout = match (spec.timeout, spec.deadline) {
+        (Some(timeout), _) => timeout,
+        (None, None) => AgentRunSpec::DEFAULT_TIMEOUT,
+        (None, Some(deadline)) => return Some((deadline, FailReason::DeadlineExceeded)),
+    };
     let timeout_end = journal.first().and_then(|first| {
         let seconds = i64::try_from(timeout.as_secs()).ok()?;
         first
@@ -352,5 +358,55 @@ pub fn prompt_token_bound(
             from_bytes.min(from_usage)
         }
         _ => from_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::DurationSpec;
+
+    fn started(at: Timestamp) -> Vec<Step> {
+        vec![Step {
+            seq: 0,
+            started_at: at,
+            intent: Intent::Route { turn: 0 },
+            completion: None,
+        }]
+    }
+
+    #[test]
+    fn a_deadline_is_the_lifetime_and_the_default_timeout_bounds_the_rest() {
+        let first: Timestamp = "2026-12-01T10:00:00Z".parse().expect("time");
+        let at = |hours: i64| first + SignedDuration::from_hours(hours);
+        let journal = started(first);
+        let mut spec = AgentRunSpec::new("a", "hi");
+        assert_eq!(
+            time_limit(&spec, &journal),
+            Some((at(1), FailReason::TimeoutExceeded)),
+            "no deadline: the default hour"
+        );
+        assert_eq!(time_limit(&spec, &[]), None, "not started: no timeout yet");
+        spec.deadline = Some(at(2));
+        assert_eq!(
+            time_limit(&spec, &journal),
+            Some((at(2), FailReason::DeadlineExceeded)),
+            "a deadline past the default hour holds"
+        );
+        spec.timeout = Some(DurationSpec::from_secs(1800));
+        assert_eq!(
+            time_limit(&spec, &journal),
+            Some((
+                first + SignedDuration::from_mins(30),
+                FailReason::TimeoutExceeded
+            )),
+            "a timeout the user set applies beside the deadline"
+        );
+        spec.timeout = Some(DurationSpec::from_secs(3 * 3600));
+        assert_eq!(
+            time_limit(&spec, &journal),
+            Some((at(2), FailReason::DeadlineExceeded)),
+            "whichever comes first"
+        );
     }
 }

@@ -41,7 +41,8 @@ pub struct AgentRunSpec {
     /// A stored AgentEnvironment (`name` or `project/name`): secrets, env vars, compute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
-    /// Bounds the whole run (default 3600 s).
+    /// Bounds the whole run from its first step (default 3600 s, which applies only to a run
+    /// without a deadline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<DurationSpec>,
     /// The container image for container sandboxes.
