@@ -250,6 +250,37 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    // A run's spec is fixed once it exists: a replace with another spec says what to do
+    // instead and changes nothing.
+    let (status, _) = api
+        .call(Method::POST, &runs, Some(TOKEN), Some(run("fixed", "hi")))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = api
+        .call(
+            Method::PUT,
+            &format!("{runs}/fixed"),
+            Some(TOKEN),
+            Some(run("fixed", "hi").tap(|r| r["spec"]["keepAlive"] = json!(true))),
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("Invalid")),
+        "{body}"
+    );
+    assert_eq!(body["details"]["field"], "spec", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("delete the run first")),
+        "{body}"
+    );
+    let (_, kept) = api
+        .call(Method::GET, &format!("{runs}/fixed"), Some(TOKEN), None)
+        .await;
+    assert_eq!(kept["spec"].get("keepAlive"), None, "{kept}");
 }
 
 trait Tap: Sized {

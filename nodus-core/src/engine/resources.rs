@@ -243,7 +243,8 @@ impl Replaceable for AgentRunSpec {
         if old != new {
             return Err(Invalid::new(
                 "spec",
-                "cannot change once the run exists (only labels can); cancel it and start a new run",
+                "cannot change once the run exists (only labels can); delete the run first, or \
+                 start the new one under another name",
                 "a changed spec",
             )
             .into());
