@@ -8,7 +8,8 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// The server refused the request, or the input (a file, a patch) cannot be used.
     pub const REFUSED: u8 = 1;
-    /// The command line is wrong (clap's own code).
+    /// The command line is wrong: what clap finds, and what the commands find in their own
+    /// arguments (a kind, `KIND/NAME`, `--for`, `--timeout`, `--deadline`, a label).
     pub const USAGE: u8 = 2;
     /// The server cannot be reached, or no usable login (no context, token not accepted).
     pub const UNREACHABLE: u8 = 3;
@@ -42,9 +43,12 @@ pub enum Error {
     /// There is no login to use.
     #[error("{0}")]
     NotLoggedIn(String),
-    /// The input cannot be used: a file, a document, a patch, a flag's value.
+    /// The input cannot be used: a file, a document, a patch.
     #[error("{0}")]
     Input(String),
+    /// The command line is wrong: an argument or a flag's value.
+    #[error("{0}")]
+    Usage(String),
     /// The config file cannot be read or written.
     #[error("config file {path}: {reason}")]
     Config {
@@ -83,6 +87,7 @@ impl Error {
             Error::Server { .. } | Error::Input(_) | Error::Config { .. } | Error::Start(_) => {
                 exit::REFUSED
             }
+            Error::Usage(_) => exit::USAGE,
             Error::Unreachable { .. } | Error::NotLoggedIn(_) => exit::UNREACHABLE,
             Error::Timeout(_) => exit::TIMEOUT,
             Error::NeverMet(_) => exit::NEVER,
@@ -98,6 +103,11 @@ impl Error {
     /// An input error with a message.
     pub fn input(message: impl fmt::Display) -> Self {
         Error::Input(message.to_string())
+    }
+
+    /// A usage error (the command line is wrong) with a message.
+    pub fn usage(message: impl fmt::Display) -> Self {
+        Error::Usage(message.to_string())
     }
 
     /// How the error is printed: the server's errors as kubectl prints them, the rest with
@@ -142,5 +152,6 @@ mod tests {
         assert_eq!(Error::Timeout("t".into()).exit_code(), exit::TIMEOUT);
         assert_eq!(Error::NeverMet("n".into()).exit_code(), exit::NEVER);
         assert_eq!(Error::input("bad").exit_code(), exit::REFUSED);
+        assert_eq!(Error::usage("bad").exit_code(), exit::USAGE);
     }
 }

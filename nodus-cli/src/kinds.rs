@@ -104,7 +104,7 @@ impl fmt::Display for ResourceKind {
 }
 
 fn unknown_kind(text: &str) -> Error {
-    Error::input(format!(
+    Error::usage(format!(
         "the server doesn't have a resource type {text:?}; there are agents, agentruns (ar), \
          agentgroups (ag), secrets and budgets"
     ))
@@ -118,12 +118,12 @@ pub fn parse_kind(text: &str) -> Result<ResourceKind> {
 /// `KIND/NAME` as one argument.
 pub fn parse_target(text: &str) -> Result<(ResourceKind, String)> {
     let (kind, name) = text.split_once('/').ok_or_else(|| {
-        Error::input(format!(
+        Error::usage(format!(
             "{text:?} is not KIND/NAME (for example agentrun/hello-agent-run)"
         ))
     })?;
     if name.is_empty() || name.contains('/') {
-        return Err(Error::input(format!("{text:?} is not KIND/NAME")));
+        return Err(Error::usage(format!("{text:?} is not KIND/NAME")));
     }
     Ok((parse_kind(kind)?, name.to_string()))
 }
@@ -132,7 +132,7 @@ pub fn parse_target(text: &str) -> Result<(ResourceKind, String)> {
 /// names means every object of the kind.
 pub fn parse_targets(arguments: &[String]) -> Result<(ResourceKind, Vec<String>)> {
     let Some(first) = arguments.first() else {
-        return Err(Error::input(
+        return Err(Error::usage(
             "name a resource type, such as agentruns, or KIND/NAME",
         ));
     };
@@ -142,20 +142,20 @@ pub fn parse_targets(arguments: &[String]) -> Result<(ResourceKind, Vec<String>)
         for argument in arguments {
             let (this, name) = parse_target(argument)?;
             if kind.is_some_and(|k| k != this) {
-                return Err(Error::input(
+                return Err(Error::usage(
                     "name objects of one kind at a time (KIND/NAME KIND/NAME …)",
                 ));
             }
             kind = Some(this);
             names.push(name);
         }
-        let kind = kind.ok_or_else(|| Error::input("no target"))?;
+        let kind = kind.ok_or_else(|| Error::usage("no target"))?;
         return Ok((kind, names));
     }
     let kind = parse_kind(first)?;
     let names = arguments[1..].to_vec();
     if let Some(bad) = names.iter().find(|n| n.contains('/')) {
-        return Err(Error::input(format!(
+        return Err(Error::usage(format!(
             "there is a resource type already ({first}); {bad:?} should be a plain name"
         )));
     }

@@ -272,6 +272,44 @@ fn the_quickstart_runs_end_to_end_through_the_cli() {
         text(&output.stderr)
     );
 
+    // A command line the commands themselves find wrong is a usage error, code 2, as clap's.
+    for args in [
+        &["get", "pods"][..],
+        &["cancel", "hello-agent-run"],
+        &["wait", "ar/hello-agent-run", "--for=phase=Succeeded"],
+        &[
+            "wait",
+            "ar/hello-agent-run",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=soon",
+        ],
+        &[
+            "create",
+            "agentrun",
+            "x",
+            "--agent",
+            "hello-agent",
+            "--prompt",
+            "p",
+            "--deadline",
+            "later",
+        ],
+        &["delete", "ar"],
+    ] {
+        let output = nodus(dir, args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&output.stderr)
+        );
+        assert!(
+            text(&output.stderr).starts_with("error: "),
+            "{}",
+            text(&output.stderr)
+        );
+    }
+
     // Waiting for a phase the finished run can never reach fails at once with code 5.
     let output = nodus(
         dir,

@@ -38,7 +38,7 @@ fn labels(pairs: &[String]) -> Result<BTreeMap<String, String>> {
         .map(|pair| {
             pair.split_once('=')
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .ok_or_else(|| Error::input(format!("a label is key=value, not {pair:?}")))
+                .ok_or_else(|| Error::usage(format!("a label is key=value, not {pair:?}")))
         })
         .collect()
 }
@@ -61,14 +61,14 @@ fn deadline(text: &str, now: Timestamp) -> Result<Timestamp> {
         return Ok(time);
     }
     let after = duration::parse(text).map_err(|_| {
-        Error::input(format!(
+        Error::usage(format!(
             "--deadline takes a time (2026-05-01T12:00:00Z) or a duration from now (30m), not {text:?}"
         ))
     })?;
     let span = jiff::SignedDuration::try_from(after)
-        .map_err(|_| Error::input(format!("--deadline {text:?} is too far away")))?;
+        .map_err(|_| Error::usage(format!("--deadline {text:?} is too far away")))?;
     now.checked_add(span)
-        .map_err(|_| Error::input(format!("--deadline {text:?} is too far away")))
+        .map_err(|_| Error::usage(format!("--deadline {text:?} is too far away")))
 }
 
 /// The AgentRun that `create agentrun` describes.
@@ -77,7 +77,7 @@ fn run_document(args: &CreateRunArgs, prompt: Option<String>, now: Timestamp) ->
         (Some(name), _, _) => Some(name.as_str()),
         (None, Some(_), Some(_)) => None,
         (None, _, _) => {
-            return Err(Error::input(
+            return Err(Error::usage(
                 "name the run (nodus create agentrun NAME --agent A --prompt P), or give --group and --task-key",
             ));
         }

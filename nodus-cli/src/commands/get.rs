@@ -16,7 +16,7 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
     let (kind, names) = parse_targets(&args.targets)?;
     let output = args.output.unwrap_or(Output::Table);
     let template = match &output {
-        Output::JsonPath(text) => Some(Template::parse(text).map_err(Error::input)?),
+        Output::JsonPath(text) => Some(Template::parse(text).map_err(Error::usage)?),
         _ => None,
     };
     let (document, items) = if names.is_empty() {
@@ -38,7 +38,7 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         (list, items)
     } else {
         if args.selector.is_some() || args.field_selector.is_some() {
-            return Err(Error::input(
+            return Err(Error::usage(
                 "selectors (-l, --field-selector) apply to lists, not to named objects",
             ));
         }

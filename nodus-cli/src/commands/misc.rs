@@ -42,7 +42,7 @@ pub fn parse_patch(text: &str) -> Result<Value> {
 pub async fn cancel(client: &Client, args: TargetArgs) -> Result<()> {
     let (kind, name) = parse_target(&args.target)?;
     if !kind.cancellable() {
-        return Err(Error::input(format!(
+        return Err(Error::usage(format!(
             "only agentruns and agentgroups can be cancelled, not {}",
             kind.plural()
         )));
@@ -58,7 +58,7 @@ pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
     let mut targets: Vec<(ResourceKind, String)> = Vec::new();
     if !args.files.is_empty() {
         if !args.targets.is_empty() {
-            return Err(Error::input("name objects or give -f files, not both"));
+            return Err(Error::usage("name objects or give -f files, not both"));
         }
         for (index, (source, document)) in read_documents(&args.files)?.into_iter().enumerate() {
             let (kind, name, _) = super::apply::target(&source, index, document)?;
@@ -67,7 +67,7 @@ pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
     } else {
         let (kind, names) = parse_targets(&args.targets)?;
         if names.is_empty() {
-            return Err(Error::input(format!(
+            return Err(Error::usage(format!(
                 "name the {} to delete (KIND/NAME or KIND NAME)",
                 kind.plural()
             )));

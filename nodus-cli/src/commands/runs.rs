@@ -83,11 +83,11 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                 }
                 Some(Output::JsonPath(template)) => {
                     let template =
-                        crate::jsonpath::Template::parse(&template).map_err(Error::input)?;
+                        crate::jsonpath::Template::parse(&template).map_err(Error::usage)?;
                     out(&template.render(&reply));
                 }
                 Some(Output::Name) => {
-                    return Err(Error::input(
+                    return Err(Error::usage(
                         "agentrun steps prints a table, yaml, json or jsonpath=…",
                     ));
                 }

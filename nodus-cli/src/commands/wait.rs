@@ -32,7 +32,7 @@ pub struct Condition {
 /// shell left in are taken off).
 pub fn parse_condition(text: &str) -> Result<Condition> {
     let usage = || {
-        Error::input(format!(
+        Error::usage(format!(
             "--for takes jsonpath='{{.status.phase}}'=VALUE, not {text:?}"
         ))
     };
@@ -51,13 +51,13 @@ pub fn parse_condition(text: &str) -> Result<Condition> {
         };
     let value = after
         .strip_prefix('=')
-        .ok_or_else(|| Error::input(format!("--for needs the value to wait for: {text}=VALUE")))?;
+        .ok_or_else(|| Error::usage(format!("--for needs the value to wait for: {text}=VALUE")))?;
     let expression = expression.trim();
     let expression = expression
         .strip_prefix('{')
         .and_then(|e| e.strip_suffix('}'))
         .unwrap_or(expression);
-    let path = Path::parse(expression.trim()).map_err(Error::input)?;
+    let path = Path::parse(expression.trim()).map_err(Error::usage)?;
     Ok(Condition {
         path,
         value: value.to_string(),
@@ -174,7 +174,7 @@ impl Progress {
 pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
     let (kind, name) = parse_target(&args.target)?;
     let condition = parse_condition(&args.condition)?;
-    let timeout = duration::parse(&args.timeout).map_err(Error::input)?;
+    let timeout = duration::parse(&args.timeout).map_err(Error::usage)?;
     let started = Instant::now();
     let deadline = started + timeout;
     let mut progress = Progress::new();
