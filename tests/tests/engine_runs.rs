@@ -474,6 +474,84 @@ async fn a_final_model_error_fails_the_run_and_deletes_its_sandbox() {
 }
 
 #[tokio::test]
+async fn a_queued_group_run_fails_at_its_deadline_and_its_dependents_with_it() {
+    let world = World::new(vec![text("answer")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    let spec = AgentGroupSpec {
+        agent: "worker".to_string(),
+        limits: GroupLimits {
+            max_active: 1,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: None,
+        sealed: true,
+        evaluation: None,
+    };
+    engine
+        .apply_group(
+            PROJECT,
+            AgentGroup::new(
+                "g",
+                AgentGroupSpec {
+                    sealed: false,
+                    ..spec.clone()
+                },
+            ),
+        )
+        .await
+        .expect("group");
+    let deadline = world
+        .clock
+        .now()
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("time");
+    for (key, deps, deadline) in [
+        ("first", vec![], None),
+        ("late", vec![], Some(deadline)),
+        ("after", vec!["late".to_string()], None),
+    ] {
+        let mut r = run("", "worker", "q", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+            s.depends_on = deps;
+            s.deadline = deadline;
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    // "first" holds the only slot and is never driven: "late" stays queued.
+    assert_eq!(
+        engine.drive(PROJECT, "g-late").await.expect("late"),
+        Driven::NotAdmitted {
+            until: Some(deadline)
+        },
+        "queued, to be looked at again at its deadline"
+    );
+    world.clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        engine.drive(PROJECT, "g-late").await.expect("late"),
+        Driven::Finished(RunPhase::Failed(FailReason::DeadlineExceeded))
+    );
+    let late = engine.get_run(PROJECT, "g-late").await.expect("late");
+    assert!(late.status.completion_time.is_some());
+    assert!(world.sandbox.live().is_empty(), "it never had a sandbox");
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("seal");
+    let after = engine.get_run(PROJECT, "g-after").await.expect("after");
+    assert_eq!(
+        after.status.phase,
+        Some(RunPhase::Cancelled(CancelReason::DependencyFailed)),
+        "its dependent does not wait for it forever"
+    );
+}
+
+#[tokio::test]
 async fn group_runs_start_in_dependency_order_under_max_active() {
     let world = World::new(vec![text("answer")]);
     let engine = world.engine();
@@ -520,7 +598,7 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
     );
     assert_eq!(
         engine.drive(PROJECT, "g-b").await.expect("b"),
-        Driven::NotAdmitted,
+        Driven::NotAdmitted { until: None },
         "maxActive 1"
     );
     assert_eq!(

@@ -9,7 +9,9 @@ use crate::catalog::Family;
 use crate::cost;
 use crate::decide::{self, Decision, RunInput};
 use crate::journal::{Completion, Intent, Outcome, Step};
-use crate::lifecycle::{PendingReason, RunEvent, RunPhase, TransitionRefused, WaitReason};
+use crate::lifecycle::{
+    FailReason, PendingReason, RunEvent, RunPhase, TransitionRefused, WaitReason,
+};
 use crate::model::{Credentials, ErrorKind, ModelRequest, ToolChoice};
 use crate::money::Usd;
 use crate::replay::{Prompt, Replay, SandboxState};
@@ -38,8 +40,12 @@ pub enum Driven {
         /// The step.
         seq: u32,
     },
-    /// The run is queued in its group and not admitted yet.
-    NotAdmitted,
+    /// The run is queued in its group and not admitted yet; drive it again when the group
+    /// changes, or at `until`.
+    NotAdmitted {
+        /// Its deadline, if any: it fails then if it is still queued.
+        until: Option<jiff::Timestamp>,
+    },
     /// Another writer claimed the run; this one stopped.
     TakenOver,
 }
@@ -74,7 +80,15 @@ impl Engine {
             return Ok(Driven::Finished(phase));
         }
         if run.object.spec.group.is_some() && matches!(phase, RunPhase::Pending(_)) {
-            return Ok(Driven::NotAdmitted);
+            let deadline = run.object.spec.deadline;
+            if deadline.is_some_and(|at| self.deps.clock.now() >= at) {
+                let key = ObjectKey::new(project, Kind::AgentRun, name);
+                self.end_queued(&key, phase, FailReason::DeadlineExceeded)
+                    .await?;
+                // Failed now, or admitted meanwhile (its own loop then sees the deadline).
+                return Box::pin(self.drive(project, name)).await;
+            }
+            return Ok(Driven::NotAdmitted { until: deadline });
         }
         let fixed = self.fixed(project, &run.object)?;
         let lease = self.lease();

@@ -168,6 +168,27 @@ impl Engine {
         }
     }
 
+    /// Fail a run that its group never admitted (its deadline passed while it was queued),
+    /// unless it left `queued` meanwhile.
+    pub(super) async fn end_queued(
+        &self,
+        key: &ObjectKey,
+        queued: RunPhase,
+        reason: crate::lifecycle::FailReason,
+    ) -> Result<()> {
+        let next = queued.apply(RunEvent::Fail(reason))?;
+        let now = self.deps.clock.now();
+        let edit: crate::store::Edit = Box::new(move |document| {
+            (member_of(document).phase == queued).then(|| {
+                let mut document = document.clone();
+                set_phase(&mut document, next, now);
+                document
+            })
+        });
+        self.deps.store.modify(key, edit).await?;
+        Ok(())
+    }
+
     /// Cancel a group: every run that has not finished is cancelled; finished runs keep their
     /// answers. The group goes through `Cancelling` to `Cancelled`. Started runs are marked to
     /// be cancelled; whoever drives them (the server's controller, or the embedder calling
