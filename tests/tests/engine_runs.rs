@@ -803,6 +803,31 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
             "{field}: nothing is written"
         );
     }
+    // An evaluation group likewise.
+    let evaluation: nodus_core::resource::EvaluationSpec =
+        serde_json::from_value(serde_json::json!({"environment": "nodus/swe-tasks@3", "tasks": 2}))
+            .expect("an evaluation");
+    let group = AgentGroupSpec {
+        agent: "plain".to_string(),
+        limits: GroupLimits::default(),
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: Some(evaluation),
+    };
+    match engine
+        .apply_group(PROJECT, AgentGroup::new("eval", group))
+        .await
+    {
+        Err(Error::Invalid(invalid)) => {
+            assert_eq!(invalid.field, "spec.evaluation");
+            assert!(invalid.rule.contains("evaluation groups"), "{invalid:?}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        engine.get::<AgentGroupSpec>(PROJECT, "eval").await.is_err(),
+        "nothing is written"
+    );
     // A context without a schema is carried out (it goes into the system prompt).
     engine
         .create_run(

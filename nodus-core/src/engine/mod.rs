@@ -693,6 +693,13 @@ impl Engine {
     /// sealing it), then reconcile it.
     pub async fn apply_group(&self, project: &str, mut group: AgentGroup) -> Result<AgentGroup> {
         validate::validate(&group)?;
+        if let Some(evaluation) = &group.spec.evaluation {
+            return Err(not_supported_yet(
+                "spec.evaluation",
+                "evaluation groups are not carried out yet",
+                format!("{:?}", evaluation.environment),
+            ));
+        }
         let name = group.name().to_string();
         let key = ObjectKey::new(project, Kind::AgentGroup, &name);
         match self.deps.store.get(&key).await {
@@ -737,17 +744,22 @@ fn view(step: &Step, parked: bool) -> StepView {
     }
 }
 
+/// The refusal of a field this engine does not carry out yet, naming what is missing.
+fn not_supported_yet(field: &str, what: &str, value: String) -> Error {
+    Invalid::new(
+        field,
+        format!("is not supported by this server yet ({what})"),
+        value,
+    )
+    .into()
+}
+
 /// Fields of a run that this engine does not carry out yet are refused when the run is
 /// created, rather than accepted and silently ignored: an AgentEnvironment, a post-run
 /// action, and a `context` that would have to be checked against the agent's `contextSchema`.
 fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
     let unsupported = |field: &str, what: &str, value: String| -> Result<()> {
-        Err(Invalid::new(
-            field,
-            format!("is not supported by this server yet ({what})"),
-            value,
-        )
-        .into())
+        Err(not_supported_yet(field, what, value))
     };
     // A value as compact JSON, shortened for an error message.
     let shown = |value: serde_json::Result<String>| -> String {
