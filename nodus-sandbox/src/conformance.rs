@@ -417,6 +417,26 @@ pub async fn timeout_kills_process_tree(b: &Backend) {
     destroy(b, &id).await;
 }
 
+/// Polls `running`, an exec's future, until `count` processes match `pattern`; the command
+/// must not end before that.
+async fn until_seen<T: std::fmt::Debug>(
+    running: &mut (impl Future<Output = T> + Unpin),
+    pattern: &str,
+    count: usize,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::select! {
+            done = &mut *running => panic!("the command ended before it was seen: {done:?}"),
+            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        if count_processes(pattern) >= count {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the command did not start");
+    }
+}
+
 /// Dropping the future of `exec` kills the command and its children.
 pub async fn dropping_exec_kills(b: &Backend) {
     let id = fresh(b, "drop").await;
@@ -424,17 +444,7 @@ pub async fn dropping_exec_kills(b: &Backend) {
     let req = request(&format!("{sleep} & {sleep}"));
     let mut running = Box::pin(b.sandbox.exec(&id, &req));
     // Wait until the command's processes run, then stop waiting for it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        tokio::select! {
-            done = &mut running => panic!("the command ended by itself: {done:?}"),
-            () = tokio::time::sleep(Duration::from_millis(50)) => {}
-        }
-        if count_processes(&sleep) >= 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the command did not start");
-    }
+    until_seen(&mut running, &sleep, 2).await;
     drop(running);
     assert_eq!(survivors(&sleep).await, 0, "nothing of it is left");
     assert_eq!(exec(b, &id, "echo next").await.stdout.bytes, b"next\n");
@@ -450,17 +460,7 @@ pub async fn dropped_command_kill_spares_the_next(b: &Backend) {
         let sleep = format!("sleep 0.3000{}", &unique_nanos()[..5]);
         let req = request(&sleep);
         let mut running = Box::pin(b.sandbox.exec(&id, &req));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            tokio::select! {
-                done = &mut running => panic!("the command ended before it was seen: {done:?}"),
-                () = tokio::time::sleep(Duration::from_millis(5)) => {}
-            }
-            if count_processes(&sleep) >= 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the command did not start");
-        }
+        until_seen(&mut running, &sleep, 1).await;
         // Stop waiting about when it ends by itself (the future is not polled meanwhile).
         tokio::time::sleep(Duration::from_millis(late_ms)).await;
         drop(running);

@@ -143,6 +143,15 @@ async fn a_message_sent_while_working_is_read_after_the_current_turn() {
     assert_eq!(run.status.answer.expect("answer").preview, "two");
 }
 
+/// A deadline one minute after the world's clock.
+fn a_minute_from_now(world: &World) -> jiff::Timestamp {
+    world
+        .clock
+        .now()
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("time")
+}
+
 #[tokio::test]
 async fn deadline_fails_a_waiting_run_without_another_model_call() {
     let world = World::new(vec![text("first")]);
@@ -151,11 +160,7 @@ async fn deadline_fails_a_waiting_run_without_another_model_call() {
         .apply_agent(PROJECT, agent("helper", |_| {}))
         .await
         .expect("agent");
-    let deadline = world
-        .clock
-        .now()
-        .checked_add(jiff::SignedDuration::from_secs(60))
-        .expect("time");
+    let deadline = a_minute_from_now(&world);
     engine
         .create_run(
             PROJECT,
@@ -504,11 +509,7 @@ async fn a_queued_group_run_fails_at_its_deadline_and_its_dependents_with_it() {
         )
         .await
         .expect("group");
-    let deadline = world
-        .clock
-        .now()
-        .checked_add(jiff::SignedDuration::from_secs(60))
-        .expect("time");
+    let deadline = a_minute_from_now(&world);
     for (key, deps, deadline) in [
         ("first", vec![], None),
         ("late", vec![], Some(deadline)),
