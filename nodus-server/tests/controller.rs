@@ -1,5 +1,6 @@
 //! The controllers at work in a served server: runs execute by themselves, groups admit by
-//! dependencies and limits, a message wakes a waiting run, a deadline ends one, credits gate
+//! dependencies and limits, a message wakes a waiting run, a deadline ends one (queued in a
+//! group too), credits gate
 //! spending, and a restarted server resumes its runs.
 
 use std::time::Duration;
@@ -210,6 +211,46 @@ async fn messages_wake_waiting_runs_and_deadlines_end_them() {
             .contains("second")
     );
     let ended = until(engine, "chat", RunPhase::is_finished).await;
+    assert_eq!(ended, RunPhase::Failed(FailReason::DeadlineExceeded));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let engine = &server.engine;
+    engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    let group = AgentGroupSpec {
+        agent: "worker".to_string(),
+        limits: GroupLimits {
+            max_active: 1,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: None,
+    };
+    engine
+        .apply_group("default", AgentGroup::new("one-slot", group))
+        .await
+        .expect("group");
+    // The only slot goes to a conversation that waits for messages and never ends.
+    let mut holder = task("one-slot", "holder", &[], "Run `echo first`");
+    holder.spec.keep_alive = true;
+    engine.create_run("default", holder).await.expect("holder");
+    until(engine, "one-slot-holder", |p| {
+        p == RunPhase::Waiting(WaitReason::AwaitingMessage)
+    })
+    .await;
+    let mut queued = task("one-slot", "queued", &[], "Run `echo never`");
+    queued.spec.deadline = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(2));
+    engine.create_run("default", queued).await.expect("queued");
+    // Nothing else happens in the group: the controller looks at the run at its deadline.
+    let ended = until(engine, "one-slot-queued", RunPhase::is_finished).await;
     assert_eq!(ended, RunPhase::Failed(FailReason::DeadlineExceeded));
     server.stop().await;
 }
