@@ -1,7 +1,6 @@
 //! The controllers at work in a served server: runs execute by themselves, groups admit by
 //! dependencies and limits, a message wakes a waiting run, a deadline ends one (queued in a
-//! group too), credits gate
-//! spending, and a restarted server resumes its runs.
+//! group too), credits gate spending, and a restarted server resumes its runs.
 
 use std::time::Duration;
 
