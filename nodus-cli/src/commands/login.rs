@@ -62,8 +62,15 @@ pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
     Ok(())
 }
 
-/// The local server's admin token, from its data directory.
+/// The local server's admin token, from its data directory; only for a server on this
+/// machine, so that the admin token never goes to another one.
 fn local_token(dir: &Path, server: &str) -> Result<String> {
+    if !on_this_machine(server) {
+        return Err(Error::NotLoggedIn(format!(
+            "give the token for {server} with --token (or NODUS_TOKEN): the local server's \
+             token file is only used for a server on this machine"
+        )));
+    }
     let file = dir.join("admin-token");
     match std::fs::read_to_string(&file) {
         Ok(token) => Ok(token.trim().to_string()),
@@ -77,6 +84,21 @@ fn local_token(dir: &Path, server: &str) -> Result<String> {
             file.display()
         ))),
     }
+}
+
+/// Whether `server` (a URL) is on this machine: `localhost` or a loopback address.
+fn on_this_machine(server: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(server) else {
+        return false;
+    };
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub fn config(_global: &Global, command: ConfigCommand) -> Result<()> {
@@ -114,4 +136,38 @@ pub fn config(_global: &Global, command: ConfigCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_token_file_serves_only_a_server_on_this_machine() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("admin-token"), "nodus_secret_admin\n").expect("token");
+        for local in [
+            "http://127.0.0.1:7070",
+            "http://localhost:7070",
+            "http://[::1]:7070",
+        ] {
+            assert_eq!(
+                local_token(dir.path(), local).expect("local"),
+                "nodus_secret_admin"
+            );
+        }
+        for remote in [
+            "https://nodus.example.com",
+            "http://10.0.0.5:7070",
+            "not a url",
+        ] {
+            match local_token(dir.path(), remote) {
+                Err(Error::NotLoggedIn(message)) => {
+                    assert!(message.contains("--token"), "{message}");
+                    assert!(!message.contains("nodus_secret_admin"), "{message}");
+                }
+                other => panic!("{remote}: the admin token must not go there: {other:?}"),
+            }
+        }
+    }
 }
