@@ -341,6 +341,38 @@ async fn a_stopped_agent_refuses_new_runs_and_bad_references_fail_the_request() 
         .expect_err("missing agent");
     assert_eq!(error.reason(), "Invalid");
     assert!(error.to_string().contains("spec.agent"), "{error}");
+    // Another project's agent is answered exactly as a missing one: nothing of it shows.
+    engine
+        .apply_agent("other", agent("private", |_| {}))
+        .await
+        .expect("another project's agent");
+    let answer = |error: nodus_core::engine::Error, reference: &str| {
+        (error.reason(), error.to_string().replace(reference, "REF"))
+    };
+    let foreign = engine
+        .create_run(PROJECT, run("r", "other/private", "go", |_| {}))
+        .await
+        .expect_err("another project's agent");
+    let missing = engine
+        .create_run(PROJECT, run("r", "other/nothing", "go", |_| {}))
+        .await
+        .expect_err("a missing agent of another project");
+    assert_eq!(
+        answer(foreign, "other/private"),
+        answer(missing, "other/nothing")
+    );
+    let group = AgentGroupSpec {
+        agent: "other/private".to_string(),
+        limits: GroupLimits::default(),
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: None,
+    };
+    let error = engine
+        .apply_group(PROJECT, AgentGroup::new("borrowed", group))
+        .await
+        .expect_err("a group on another project's agent");
+    assert_eq!(error.reason(), "Invalid");
     let error = engine
         .create_run(PROJECT, run("Bad_Name", "off", "go", |_| {}))
         .await

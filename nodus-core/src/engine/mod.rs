@@ -234,6 +234,19 @@ impl Engine {
         reference: &str,
     ) -> Result<(String, Versioned<crate::resource::AgentSpec>)> {
         let (agent_project, name) = reference.split_once('/').unwrap_or((project, reference));
+        let not_found = || -> Error {
+            Invalid {
+                field: "spec.agent".to_string(),
+                rule: "must name an existing agent".to_string(),
+                value: reference.to_string(),
+            }
+            .into()
+        };
+        // Only the project's own agents and the shared templates: another project's agent is
+        // answered as missing, so a run learns nothing of it (not even that it exists).
+        if agent_project != project && agent_project != TEMPLATE_PROJECT {
+            return Err(not_found());
+        }
         let key = ObjectKey::new(agent_project, Kind::Agent, name);
         let found = match self.deps.store.get(&key).await {
             // A bare name that the project lacks may name a ready-made template.
@@ -251,12 +264,7 @@ impl Engine {
             Ok((agent_project, record)) => {
                 Ok((format!("{agent_project}/{name}"), typed::decode(record)?))
             }
-            Err(crate::store::Error::NotFound(_)) => Err(Invalid {
-                field: "spec.agent".to_string(),
-                rule: "must name an existing agent".to_string(),
-                value: reference.to_string(),
-            }
-            .into()),
+            Err(crate::store::Error::NotFound(_)) => Err(not_found()),
             Err(e) => Err(e.into()),
         }
     }
