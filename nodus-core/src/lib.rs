@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod clock;
 pub mod cost;
 pub mod decide;
+pub mod digest;
 pub mod engine;
 pub mod group;
 pub mod journal;

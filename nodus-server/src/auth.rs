@@ -8,7 +8,6 @@ use axum::http::HeaderMap;
 use nodus_core::resource::Kind;
 use nodus_core::store::{self, ObjectKey, Store};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 
@@ -85,8 +84,7 @@ impl Auth {
     }
 
     fn key(token: &str) -> ObjectKey {
-        let digest = Sha256::digest(token.as_bytes());
-        let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let hash = nodus_core::digest::sha256_hex(token.as_bytes());
         ObjectKey::new(SYSTEM_PROJECT, Kind::Token, hash)
     }
 

@@ -760,6 +760,18 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
             .len(),
         100
     );
+    // The same key with other runs is refused, naming the key, and writes nothing.
+    let other = vec![run("c-000", "worker", "q", |_| {})];
+    let error = engine
+        .create_runs(PROJECT, other, Some("key-1"))
+        .await
+        .expect_err("another batch under the same key");
+    assert_eq!(error.reason(), "Invalid");
+    assert!(error.to_string().starts_with("Idempotency-Key"), "{error}");
+    assert!(
+        engine.get_run(PROJECT, "c-000").await.is_err(),
+        "not written"
+    );
     // Without the key, the same batch collides with the runs that exist.
     let error = engine
         .create_runs(PROJECT, batch(1), None)

@@ -286,7 +286,8 @@ impl Engine {
     }
 
     /// Create up to [`MAX_BATCH`] runs in list order, all or nothing. With an idempotency
-    /// key, a repeat returns the first call's runs. An error names the item (`items[3].spec…`).
+    /// key, a repeat of the same runs returns the first call's runs, and other runs under the
+    /// same key are refused. An error names the item (`items[3].spec…`).
     pub async fn create_runs(
         &self,
         project: &str,
@@ -301,10 +302,11 @@ impl Engine {
             )
             .into());
         }
+        let request = batch_digest(&runs);
         if let Some(key) = idempotency_key {
             validate::check_message_key(key)
                 .map_err(|e| Invalid::new("Idempotency-Key", e.rule, e.value))?;
-            if let Some(first) = self.batch_record(project, key).await? {
+            if let Some(first) = self.batch_record(project, key, &request).await? {
                 return Ok(first);
             }
         }
@@ -344,7 +346,7 @@ impl Engine {
             // finds either the whole batch or nothing of it.
             items.push((
                 ObjectKey::new(project, Kind::BatchRecord, key),
-                serde_json::json!({ "runs": names }),
+                serde_json::json!({ "runs": names, "request": request }),
             ));
         }
         let records = self.deps.store.create_batch(items, idempotency_key).await?;
@@ -367,8 +369,14 @@ impl Engine {
         Ok(runs)
     }
 
-    /// The runs of an earlier batch with this idempotency key, as they are now.
-    async fn batch_record(&self, project: &str, key: &str) -> Result<Option<Vec<AgentRun>>> {
+    /// The runs of an earlier batch with this idempotency key, as they are now; refused when
+    /// that batch asked for other runs (`request` is [`batch_digest`] of this one).
+    async fn batch_record(
+        &self,
+        project: &str,
+        key: &str,
+        request: &str,
+    ) -> Result<Option<Vec<AgentRun>>> {
         let record = match self
             .deps
             .store
@@ -379,6 +387,18 @@ impl Engine {
             Err(crate::store::Error::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        // Records written before digests were kept have none, and match any request.
+        if let Some(first) = record.document.get("request").and_then(|d| d.as_str())
+            && first != request
+        {
+            return Err(Invalid::new(
+                "Idempotency-Key",
+                "was already used for a batch of other runs: a repeat must send the same \
+                 runs, and a new batch needs a new key",
+                key,
+            )
+            .into());
+        }
         let names: Vec<String> =
             serde_json::from_value(record.document["runs"].clone()).map_err(|e| {
                 Error::Corrupt {
@@ -750,6 +770,12 @@ fn view(step: &Step, parked: bool) -> StepView {
         finished_at: step.completion.as_ref().map(|c| c.finished_at),
         summary: step.summary(),
     }
+}
+
+/// A fingerprint of the runs a batch asks for (SHA-256 of their JSON, hex), so that a repeat
+/// under the same idempotency key can be told from another batch.
+fn batch_digest(runs: &[AgentRun]) -> String {
+    crate::digest::sha256_hex(&serde_json::to_vec(runs).unwrap_or_default())
 }
 
 /// The refusal of a field this engine does not carry out yet, naming what is missing.
