@@ -251,8 +251,8 @@ async fn drive(engine: &Engine, key: ObjectKey) -> Done {
         },
         // A run its group has not admitted yet: the group decides (a new run of an open
         // group is admitted by that reconcile; one that must wait leaves the group as it was,
-        // which writes nothing), and the run looks again at its deadline.
-        Ok(Driven::NotAdmitted { until }) => Done {
+        // which writes nothing). It, and a parked run, look again at their deadline.
+        Ok(Driven::NotAdmitted { until } | Driven::Parked { until, .. }) => Done {
             key,
             group,
             wake_at: until,

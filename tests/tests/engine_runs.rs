@@ -398,8 +398,9 @@ async fn a_stopped_agent_refuses_new_runs_and_bad_references_fail_the_request() 
     );
 }
 
-#[tokio::test]
-async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
+/// A world whose agent `mine` runs on the user's own key, and a run `byok` of it whose first
+/// model call has an uncertain outcome, driven until it parks.
+async fn parked_byok_run(deadline: Option<jiff::Timestamp>) -> (World, nodus_core::engine::Engine) {
     let mut world = World::new(vec![text("hello from my key")]);
     world.secrets = world.secrets.clone().with(
         PROJECT,
@@ -420,15 +421,44 @@ async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
         .await
         .expect("agent");
     engine
-        .create_run(PROJECT, run("byok", "mine", "hi", |_| {}))
+        .create_run(
+            PROJECT,
+            run("byok", "mine", "hi", |s| s.deadline = deadline),
+        )
         .await
         .expect("run");
     world.model.fail_next(model::Error {
         kind: ErrorKind::Uncertain,
         message: "connection reset after sending".into(),
     });
+    let started = world.clock.now();
     let driven = engine.drive(PROJECT, "byok").await.expect("drive");
-    assert!(matches!(driven, Driven::Parked { .. }), "{driven:?}");
+    // Parked on its model call (a BYOK run has no routing step), until its deadline, or
+    // without one the end of its default hour.
+    let until = deadline.or(started
+        .checked_add(jiff::SignedDuration::from_hours(1))
+        .ok());
+    assert_eq!(driven, Driven::Parked { seq: 1, until });
+    (world, engine)
+}
+
+#[tokio::test]
+async fn a_parked_run_fails_at_its_deadline_unresolved() {
+    let deadline = a_minute_from_now(&World::new(vec![]));
+    let (world, engine) = parked_byok_run(Some(deadline)).await;
+    let calls = world.model.calls();
+    world.clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        engine.drive(PROJECT, "byok").await.expect("drive"),
+        Driven::Finished(RunPhase::Failed(FailReason::DeadlineExceeded))
+    );
+    assert_eq!(world.model.calls(), calls, "no call is made again");
+    assert!(world.sandbox.live().is_empty(), "its sandbox is deleted");
+}
+
+#[tokio::test]
+async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
+    let (world, engine) = parked_byok_run(None).await;
     let parked = engine.get_run(PROJECT, "byok").await.expect("run");
     assert_eq!(parked.status.phase, Some(RunPhase::NeedsResolution));
     assert_eq!(parked.status.cost.limit_usd, None, "BYOK runs have no cap");

@@ -35,10 +35,12 @@ pub enum Driven {
         /// Its deadline, if any.
         until: Option<jiff::Timestamp>,
     },
-    /// The run is parked on an uncertain step until a person resolves it.
+    /// The run is parked on an uncertain step until a person resolves it, or until `until`.
     Parked {
         /// The step.
         seq: u32,
+        /// Its deadline or the end of its timeout, if any: then it fails unresolved.
+        until: Option<jiff::Timestamp>,
     },
     /// The run is queued in its group and not admitted yet; drive it again when the group
     /// changes, or at `until`.
@@ -292,7 +294,10 @@ impl Engine {
                         .await?
                         .is_some()
                     {
-                        return Ok(Driven::Parked { seq });
+                        return Ok(Driven::Parked {
+                            seq,
+                            until: decide::time_limit(&run.object.spec, journal).map(|(at, _)| at),
+                        });
                     }
                     continue;
                 }
@@ -346,7 +351,10 @@ impl Engine {
                         .await?
                         .is_some()
                     {
-                        return Ok(Driven::Parked { seq });
+                        return Ok(Driven::Parked {
+                            seq,
+                            until: decide::time_limit(&run.object.spec, journal).map(|(at, _)| at),
+                        });
                     }
                 }
             }
