@@ -458,7 +458,7 @@ async fn a_parked_run_fails_at_its_deadline_unresolved() {
 
 #[tokio::test]
 async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
-    let (world, engine) = parked_byok_run(None).await;
+    let (_world, engine) = parked_byok_run(None).await;
     let parked = engine.get_run(PROJECT, "byok").await.expect("run");
     assert_eq!(parked.status.phase, Some(RunPhase::NeedsResolution));
     assert_eq!(parked.status.cost.limit_usd, None, "BYOK runs have no cap");
