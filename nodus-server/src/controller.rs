@@ -88,6 +88,12 @@ impl Controller {
                             self.queue(run, &mut slots, &mut workers);
                         }
                     }
+                    Ok(Change::Written(key, _) | Change::Deleted(key)) if key.kind == Kind::Budget => {
+                        // A budget raised or removed may fund what waits in its project.
+                        for run in awaiting_funds.remove(&key.project).unwrap_or_default() {
+                            self.queue(run, &mut slots, &mut workers);
+                        }
+                    }
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "change notifications lagged; looking at everything again");

@@ -255,6 +255,54 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_under_a_budget_continues_when_the_budget_is_raised() {
+    use nodus_core::store::ObjectKey;
+    let dir = tempfile::tempdir().expect("dir");
+    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let engine = &server.engine;
+    let budget = |limit: &str| {
+        serde_json::json!({
+            "apiVersion": "nodus.dev/v1", "kind": "Budget",
+            "metadata": {"name": "cap"}, "spec": {"maxSpendUSD": limit}
+        })
+    };
+    let key = ObjectKey::new("default", nodus_core::resource::Kind::Budget, "cap");
+    let written = server
+        .state
+        .store
+        .create(&key, budget("0.00"))
+        .await
+        .expect("budget");
+    engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    engine
+        .create_run(
+            "default",
+            AgentRun::new("r", AgentRunSpec::new("worker", "Run `echo paid`")),
+        )
+        .await
+        .expect("run");
+    until(engine, "r", |p| {
+        p == RunPhase::Waiting(WaitReason::AwaitingFunds)
+    })
+    .await;
+    // Only the budget changes: no credits are added, no other run writes the account.
+    server
+        .state
+        .store
+        .update(&key, written.version, budget("10.00"))
+        .await
+        .expect("raise");
+    assert_eq!(
+        until(engine, "r", RunPhase::is_finished).await,
+        RunPhase::Succeeded
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_waits_for_credits_and_continues_when_they_are_added() {
     let dir = tempfile::tempdir().expect("dir");
     let server = serve(dir.path(), StoreUrl::Memory).await;
