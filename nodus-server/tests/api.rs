@@ -251,6 +251,43 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 
+    // What axum answers by itself has the API's JSON shape too.
+    let huge = format!("{{\"pad\": \"{}\"}}", "x".repeat(33 * 1024 * 1024));
+    let (status, body) = api
+        .raw(Method::POST, &runs, Some(TOKEN), Some(huge), &[])
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("Invalid")),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.contains("MiB")),
+        "{body}"
+    );
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{runs}/x/steps?payload=maybe"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("Invalid")),
+        "{body}"
+    );
+    let (status, body) = api
+        .call(Method::PATCH, &format!("{runs}/x/steps"), Some(TOKEN), None)
+        .await;
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("MethodNotAllowed")),
+        "{body}"
+    );
+    assert_eq!(api.runs().await, 0, "nothing was written");
+
     // A run's spec is fixed once it exists: a replace with another spec says what to do
     // instead and changes nothing.
     let (status, _) = api

@@ -51,6 +51,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi))
         .nest(PREFIX, resources)
         .fallback(not_found)
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -66,6 +67,40 @@ async fn count_requests(
 ) -> Response {
     state.metrics.request();
     next.run(request).await
+}
+
+/// Gives the errors that axum answers by itself (a body over [`MAX_BODY_BYTES`], a query that
+/// does not parse, a method a path does not have) the API's JSON shape and a reason.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !status.is_client_error() || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+    let (reason, message) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "Invalid",
+            format!(
+                "the request body is larger than {} MiB",
+                MAX_BODY_BYTES / (1024 * 1024)
+            ),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "MethodNotAllowed",
+            "this path does not take that method".to_string(),
+        ),
+        _ => ("Invalid", text),
+    };
+    ApiError::new(status, reason, message).into_response()
 }
 
 async fn healthz() -> &'static str {
