@@ -546,6 +546,51 @@ async fn secrets_are_sealed_and_never_returned() {
         !stored.document.to_string().contains("sk-ant-very-secret"),
         "encrypted at rest"
     );
+    // A merge patch keeps the values it does not name, and answers none of them.
+    let values = || async {
+        let stored = api
+            .state
+            .store
+            .get(&nodus_core::store::ObjectKey::new(
+                "default",
+                nodus_core::resource::Kind::Secret,
+                "anthropic-key",
+            ))
+            .await
+            .expect("stored");
+        let sealed = stored.document["sealedData"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        (
+            api.state.cipher.open(&sealed).expect("opens"),
+            stored.document["metadata"]["labels"].clone(),
+        )
+    };
+    let path = format!("{BASE}/default/secrets/anthropic-key");
+    for (patch, want) in [
+        (
+            json!({"metadata": {"labels": {"team": "infra"}}}),
+            json!({"ANTHROPIC_API_KEY": "sk-ant-very-secret"}),
+        ),
+        (
+            json!({"stringData": {"EXTRA": "two"}}),
+            json!({"ANTHROPIC_API_KEY": "sk-ant-very-secret", "EXTRA": "two"}),
+        ),
+        (
+            json!({"stringData": {"EXTRA": null}}),
+            json!({"ANTHROPIC_API_KEY": "sk-ant-very-secret"}),
+        ),
+    ] {
+        let (status, body) = api
+            .call(Method::PATCH, &path, Some(TOKEN), Some(patch.clone()))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{patch}: {body}");
+        assert!(!body.to_string().contains("sk-ant-very-secret"), "{body}");
+        let (values, labels) = values().await;
+        assert_eq!(serde_json::to_value(values).expect("json"), want, "{patch}");
+        assert_eq!(labels, json!({"team": "infra"}), "{patch}");
+    }
     // A BYOK agent that names a missing secret: its runs are refused at creation.
     let byok = json!({"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "mine"},
         "spec": {"system": "s", "model": {"access": "BYOK", "name": "claude-sonnet-4-5", "apiKeySecret": "absent"}}});

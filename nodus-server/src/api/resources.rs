@@ -117,6 +117,40 @@ async fn read(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiRes
     }
 }
 
+/// The object as a merge patch applies to it: as `get` shows it, but for a Secret its values
+/// as `stringData` (opened here, sealed again when written; never answered), so that a patch
+/// of its labels keeps them and a patch of `stringData` merges into them.
+async fn editable(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiResult<Value> {
+    if kind != Kind::Secret {
+        return read(state, project, kind, name).await;
+    }
+    let record = state
+        .store
+        .get(&ObjectKey::new(project, kind, name))
+        .await?;
+    let sealed = record.document["sealedData"].as_str().unwrap_or_default();
+    let values = state.cipher.open(sealed).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            e.to_string(),
+        )
+    })?;
+    let mut metadata = record.document["metadata"].clone();
+    if let Some(metadata) = metadata.as_object_mut() {
+        metadata.remove("project");
+    }
+    Ok(with_version(
+        json!({
+            "apiVersion": API_VERSION,
+            "kind": "Secret",
+            "metadata": metadata,
+            "stringData": values,
+        }),
+        record.version,
+    ))
+}
+
 /// What `get` shows of a plain document: a Secret's keys, never its values.
 fn plain_view(kind: Kind, mut document: Value) -> Value {
     if kind == Kind::Secret
@@ -477,7 +511,7 @@ pub async fn patch(
         if attempt > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(5 * attempt)).await;
         }
-        let mut document = read(&state, &project, kind, &name).await?;
+        let mut document = editable(&state, &project, kind, &name).await?;
         let version = expected_version(&document)?;
         crate::patch::merge(&mut document, &patch);
         if let Some(metadata) = document.get_mut("metadata").and_then(Value::as_object_mut) {
