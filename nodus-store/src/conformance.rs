@@ -1752,6 +1752,24 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         runs.insert(name, (uid, store.get(&key(name)).await.expect("get")));
     }
     let before = |name: &str| runs[name].clone();
+    // Runs created in an idempotent batch: the copies the store keeps to answer a repeat are
+    // swept with the runs.
+    let batch: Vec<(ObjectKey, Value)> = [("batched-old", Some(3 * day)), ("batched-new", None)]
+        .into_iter()
+        .map(|(name, ended)| {
+            let mut document = run_document(name, &unique("uid"));
+            document["spec"]["input"] = json!("secret input");
+            if let Some(ended) = ended {
+                document["status"]["phase"] = json!("Succeeded");
+                document["status"]["completionTime"] = json!(time(ended).to_string());
+            }
+            (key(name), document)
+        })
+        .collect();
+    store
+        .create_batch(batch.clone(), Some("kept"))
+        .await
+        .expect("batch");
 
     let swept = store.sweep_payloads(cutoff, now).await.expect("sweep");
     let ours: Vec<_> = swept
@@ -1762,9 +1780,22 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         .collect();
     assert_eq!(
         ours,
-        [key("old")],
-        "only the run that ended before the cut-off"
+        [key("old"), key("batched-old")],
+        "only the runs that ended before the cut-off"
     );
+    let repeat = store
+        .create_batch(batch, Some("kept"))
+        .await
+        .expect("the batch, repeated");
+    let input = |name: &str| {
+        let record = repeat
+            .iter()
+            .find(|r| r.key == key(name))
+            .expect("in the batch");
+        record.document["spec"].get("input").cloned()
+    };
+    assert_eq!(input("batched-old"), None, "the kept copy is swept too");
+    assert_eq!(input("batched-new"), Some(json!("secret input")));
 
     let (old_uid, old_before) = before("old");
     let old = store.get(&key("old")).await.expect("get old");

@@ -614,6 +614,9 @@ impl Store for MemoryStore {
             self.notify(Change::Written(key.clone(), version));
             swept.runs.push(key);
         }
+        for records in state.batches.values_mut() {
+            retention::strip_batch(records, &swept.runs, now);
+        }
         Ok(swept)
     }
 

@@ -1453,6 +1453,30 @@ impl Store for PostgresStore {
             );
             runs.push(key);
         }
+        // The copies of those runs kept for idempotent batches go the same way.
+        for project in sql::projects_of(&runs) {
+            let batches: Vec<(String, String)> = sqlx::query_as(
+                "SELECT idempotency_key, records::text FROM batches WHERE project = $1",
+            )
+            .bind(project)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            for (idempotency_key, text) in batches {
+                if let Some(text) = sql::stripped_batch(&text, &runs, now)? {
+                    sqlx::query(
+                        "UPDATE batches SET records = $1::json \
+                         WHERE project = $2 AND idempotency_key = $3",
+                    )
+                    .bind(text)
+                    .bind(project)
+                    .bind(&idempotency_key)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                }
+            }
+        }
         tx.commit().await.map_err(map_err)?;
         for hearing in hearings {
             hearing.wait().await;

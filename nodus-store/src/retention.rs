@@ -45,6 +45,21 @@ pub fn strip_run(document: &mut Value, now: Timestamp) {
     }
 }
 
+/// The copies in an idempotent batch's records of the runs just swept, stripped the same
+/// way; whether any was.
+pub fn strip_batch(
+    records: &mut [nodus_core::store::Record],
+    swept: &[nodus_core::store::ObjectKey],
+    now: Timestamp,
+) -> bool {
+    let mut changed = false;
+    for record in records.iter_mut().filter(|r| swept.contains(&r.key)) {
+        strip_run(&mut record.document, now);
+        changed = true;
+    }
+    changed
+}
+
 /// The step without its contents: commands, their output, model replies' content, error
 /// texts. Kinds, times, sequence numbers, models, token counts, costs and exit codes stay.
 pub fn strip_step(step: &mut Step) {

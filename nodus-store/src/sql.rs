@@ -273,6 +273,25 @@ pub(crate) fn batch_text(records: &[Record]) -> String {
     .to_string()
 }
 
+/// A stored batch with the copies of the runs in `swept` stripped ([`retention::strip_batch`]),
+/// when it holds any of them.
+pub(crate) fn stripped_batch(
+    text: &str,
+    swept: &[ObjectKey],
+    now: jiff::Timestamp,
+) -> Result<Option<String>, Error> {
+    let mut records = parse_batch(text)?;
+    Ok(crate::retention::strip_batch(&mut records, swept, now).then(|| batch_text(&records)))
+}
+
+/// The projects of some keys, each once.
+pub(crate) fn projects_of(keys: &[ObjectKey]) -> Vec<&str> {
+    let mut projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
+    projects.sort_unstable();
+    projects.dedup();
+    projects
+}
+
 /// The records of an idempotent batch, read back.
 pub(crate) fn parse_batch(text: &str) -> Result<Vec<Record>, Error> {
     let corrupt = |what: &str| Error::Corrupt(format!("stored batch: {what}"));

@@ -1240,6 +1240,29 @@ impl Store for SqliteStore {
             }
             swept.push((key, version));
         }
+        // The copies of those runs kept for idempotent batches go the same way.
+        let keys: Vec<ObjectKey> = swept.iter().map(|(key, _)| key.clone()).collect();
+        for project in sql::projects_of(&keys) {
+            let batches: Vec<(String, String)> =
+                sqlx::query_as("SELECT idempotency_key, records FROM batches WHERE project = ?")
+                    .bind(project)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            for (idempotency_key, text) in batches {
+                if let Some(text) = sql::stripped_batch(&text, &keys, now)? {
+                    sqlx::query(
+                        "UPDATE batches SET records = ? WHERE project = ? AND idempotency_key = ?",
+                    )
+                    .bind(text)
+                    .bind(project)
+                    .bind(&idempotency_key)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                }
+            }
+        }
         tx.commit().await.map_err(map_err)?;
         let mut runs = Vec::with_capacity(swept.len());
         for (key, version) in swept {
