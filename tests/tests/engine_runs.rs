@@ -541,6 +541,47 @@ async fn a_final_model_error_fails_the_run_and_deletes_its_sandbox() {
 }
 
 #[tokio::test]
+async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_it_ends() {
+    use nodus_core::store::{Lease, Store as _};
+    let world = World::new(vec![text("answer")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    let created = engine
+        .create_run(PROJECT, run("busy", "worker", "q", |s| s.keep_alive = true))
+        .await
+        .expect("run");
+    let uid = created.metadata.uid.clone().expect("a uid");
+    // Started (it waits for a message, its sandbox live), and now another replica has
+    // claimed it and works on it.
+    assert!(matches!(
+        engine.drive(PROJECT, "busy").await.expect("drive"),
+        Driven::Waiting { .. }
+    ));
+    world
+        .memory
+        .claim(
+            &uid,
+            &Lease::new("other-replica", world.clock.now(), Duration::from_secs(30)),
+        )
+        .await
+        .expect("claim");
+    let error = engine
+        .delete_run(PROJECT, "busy")
+        .await
+        .expect_err("held by another replica");
+    assert_eq!(error.reason(), "Conflict", "{error}");
+    assert!(error.to_string().contains("delete it again"), "{error}");
+    let kept = engine.get_run(PROJECT, "busy").await.expect("still there");
+    assert!(
+        kept.status.cancel_requested.is_some(),
+        "its cancellation is recorded for the replica that runs it"
+    );
+}
+
+#[tokio::test]
 async fn a_queued_group_run_fails_at_its_deadline_and_its_dependents_with_it() {
     let world = World::new(vec![text("answer")]);
     let engine = world.engine();

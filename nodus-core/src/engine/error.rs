@@ -42,6 +42,16 @@ pub enum Error {
         /// Its phase.
         phase: RunPhase,
     },
+    /// The run is being worked by another replica, which ends it now that its cancellation
+    /// is requested; it cannot be deleted before that.
+    #[error(
+        "run {run:?} is being worked by another replica, which now cancels it: delete it again \
+         once it has ended"
+    )]
+    RunBusy {
+        /// The run.
+        run: String,
+    },
     /// The group does not take this run.
     #[error(transparent)]
     Admission(#[from] AdmissionRefused),
@@ -73,7 +83,7 @@ impl Error {
             Error::NotFound { .. } | Error::Store(store::Error::NotFound(_)) => "NotFound",
             Error::AgentStopped { .. } => "AgentStopped",
             Error::AgentRunFinished { .. } => "AgentRunFinished",
-            Error::NotParked { .. } => "Conflict",
+            Error::NotParked { .. } | Error::RunBusy { .. } => "Conflict",
             Error::Admission(AdmissionRefused::UnknownDependency(_))
             | Error::Admission(AdmissionRefused::AgentMismatch { .. }) => "Invalid",
             Error::Admission(_) | Error::GroupUpdate(_) => "Conflict",

@@ -136,6 +136,12 @@ impl Engine {
 
     /// Delete a run: a started run is cancelled first, so its sandbox is deleted.
     pub async fn delete_run(&self, project: &str, name: &str) -> Result<()> {
+        self.delete_one_run(project, name, true).await
+    }
+
+    /// [`delete_run`](Engine::delete_run), reconciling the run's group afterwards or not (a
+    /// group being deleted is not).
+    async fn delete_one_run(&self, project: &str, name: &str, reconcile: bool) -> Result<()> {
         let run = self.read_run(project, name).await?;
         let phase = run
             .object
@@ -149,7 +155,17 @@ impl Engine {
                 crate::lifecycle::CancelReason::CancelRequested,
             )
             .await?;
-            self.drive(project, name).await?;
+            match self.drive(project, name).await {
+                // Another replica holds it: it sees the cancellation and ends the run.
+                Err(Error::Store(crate::store::Error::Leased { .. })) => {
+                    return Err(Error::RunBusy {
+                        run: name.to_string(),
+                    });
+                }
+                other => {
+                    other?;
+                }
+            }
         }
         self.deps
             .store
@@ -168,7 +184,7 @@ impl Engine {
             Ok(()) | Err(crate::store::Error::NotFound(_)) => {}
             Err(e) => return Err(e.into()),
         }
-        if let Some(group) = &run.object.spec.group {
+        if let Some(group) = run.object.spec.group.as_ref().filter(|_| reconcile) {
             match self.reconcile_group(project, group).await {
                 Ok(_) | Err(Error::NotFound { .. }) => {}
                 Err(e) => return Err(e),
@@ -177,17 +193,25 @@ impl Engine {
         Ok(())
     }
 
-    /// Delete a group together with all of its runs.
+    /// Delete a group together with all of its runs: the runs first, so that a run that
+    /// cannot go yet (another replica is ending it) leaves the group there to delete again;
+    /// then the group, then any run created into it meanwhile.
     pub async fn delete_group(&self, project: &str, name: &str) -> Result<()> {
         self.get::<AgentGroupSpec>(project, name).await?;
-        let selector = Selector {
-            fields: [("spec.group".to_string(), name.to_string())].into(),
-            ..Selector::default()
-        };
+        self.delete_members(project, name).await?;
         let key = ObjectKey::new(project, Kind::AgentGroup, name);
         self.deps.store.delete(&key).await?;
+        self.delete_members(project, name).await
+    }
+
+    /// Delete every run of a group.
+    async fn delete_members(&self, project: &str, group: &str) -> Result<()> {
+        let selector = Selector {
+            fields: [("spec.group".to_string(), group.to_string())].into(),
+            ..Selector::default()
+        };
         for run in self.list::<AgentRunSpec>(project, &selector).await? {
-            match self.delete_run(project, run.name()).await {
+            match self.delete_one_run(project, run.name(), false).await {
                 Ok(()) | Err(Error::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
