@@ -350,6 +350,13 @@ impl Engine {
             ));
         }
         let records = self.deps.store.create_batch(items, idempotency_key).await?;
+        // A batch under the same key that was being written at the same time as this one: the
+        // store answered with that batch, which is a repeat only if it asked for these runs.
+        if let Some(key) = idempotency_key
+            && let Some(record) = records.iter().find(|r| r.key.kind == Kind::BatchRecord)
+        {
+            check_repeat(&record.document, &request, key)?;
+        }
         let runs: Vec<AgentRun> = records
             .into_iter()
             .filter(|record| record.key.kind == Kind::AgentRun)
@@ -387,18 +394,7 @@ impl Engine {
             Err(crate::store::Error::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        // Records written before digests were kept have none, and match any request.
-        if let Some(first) = record.document.get("request").and_then(|d| d.as_str())
-            && first != request
-        {
-            return Err(Invalid::new(
-                "Idempotency-Key",
-                "was already used for a batch of other runs: a repeat must send the same \
-                 runs, and a new batch needs a new key",
-                key,
-            )
-            .into());
-        }
+        check_repeat(&record.document, request, key)?;
         let names: Vec<String> =
             serde_json::from_value(record.document["runs"].clone()).map_err(|e| {
                 Error::Corrupt {
@@ -769,6 +765,21 @@ fn view(step: &Step, parked: bool) -> StepView {
         started_at: step.started_at,
         finished_at: step.completion.as_ref().map(|c| c.finished_at),
         summary: step.summary(),
+    }
+}
+
+/// Refuses a batch record that was written for other runs than `request` asks for (records
+/// written before digests were kept have none, and match any request).
+fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<()> {
+    match record.get("request").and_then(|d| d.as_str()) {
+        Some(first) if first != request => Err(Invalid::new(
+            "Idempotency-Key",
+            "was already used for a batch of other runs: a repeat must send the same runs, and \
+             a new batch needs a new key",
+            key,
+        )
+        .into()),
+        _ => Ok(()),
     }
 }
 
