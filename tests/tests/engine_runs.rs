@@ -582,6 +582,46 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
 }
 
 #[tokio::test]
+async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
+    use nodus_core::store::Store as _;
+    let world = World::new(vec![text("answer")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    let applied = run("kept", "worker", "private question", |_| {});
+    engine
+        .create_run(PROJECT, applied.clone())
+        .await
+        .expect("run");
+    assert_eq!(
+        engine.drive(PROJECT, "kept").await.expect("drive"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let later = a_minute_from_now(&world);
+    world
+        .memory
+        .sweep_payloads(later, later)
+        .await
+        .expect("sweep");
+    // The manifest applied again, as a GitOps loop does: no change, and no input comes back.
+    engine
+        .replace(PROJECT, "kept", applied.clone(), None)
+        .await
+        .expect("the same spec again");
+    let stored = engine.get_run(PROJECT, "kept").await.expect("run");
+    assert_eq!(stored.spec.input, None, "the input stays removed");
+    let mut changed = applied;
+    changed.spec.keep_alive = true;
+    let error = engine
+        .replace(PROJECT, "kept", changed, None)
+        .await
+        .expect_err("another spec");
+    assert_eq!(error.reason(), "Invalid");
+}
+
+#[tokio::test]
 async fn a_queued_group_run_fails_at_its_deadline_and_its_dependents_with_it() {
     let world = World::new(vec![text("answer")]);
     let engine = world.engine();

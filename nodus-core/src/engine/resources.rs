@@ -116,9 +116,9 @@ impl Engine {
             }
             .into());
         }
-        S::check_replace(&current.object.spec, &new.spec)?;
+        let spec = S::replaced(&current.object, new.spec)?;
         let mut updated = current.object;
-        updated.spec = new.spec;
+        updated.spec = spec;
         updated.metadata.labels = new.metadata.labels;
         updated.metadata.annotations = new.metadata.annotations;
         let record = self
@@ -240,31 +240,38 @@ impl Engine {
 
 /// Which changes of its spec a kind allows on a live object.
 pub trait Replaceable: Spec {
-    /// Whether `new` may replace `old`.
-    fn check_replace(old: &Self, new: &Self) -> Result<()>;
+    /// The spec to store when `new` replaces `current`'s, or why it may not.
+    fn replaced(current: &Object<Self>, new: Self) -> Result<Self>;
 }
 
 impl Replaceable for AgentSpec {
-    fn check_replace(_: &Self, _: &Self) -> Result<()> {
-        Ok(())
+    fn replaced(_: &Object<Self>, new: Self) -> Result<Self> {
+        Ok(new)
     }
 }
 
 impl Replaceable for crate::resource::FileSetSpec {
-    fn check_replace(_: &Self, _: &Self) -> Result<()> {
-        Ok(())
+    fn replaced(_: &Object<Self>, new: Self) -> Result<Self> {
+        Ok(new)
     }
 }
 
 impl Replaceable for AgentGroupSpec {
-    fn check_replace(old: &Self, new: &Self) -> Result<()> {
-        Ok(crate::group::check_update(old, new)?)
+    fn replaced(current: &Object<Self>, new: Self) -> Result<Self> {
+        crate::group::check_update(&current.spec, &new)?;
+        Ok(new)
     }
 }
 
 impl Replaceable for AgentRunSpec {
-    fn check_replace(old: &Self, new: &Self) -> Result<()> {
-        if old != new {
+    /// A run's spec never changes. A run whose payloads the retention sweep removed lacks its
+    /// input: the same spec applied again (with its input) is no change, and the input stays
+    /// removed.
+    fn replaced(current: &Object<Self>, mut new: Self) -> Result<Self> {
+        if current.status.payloads_removed_at.is_some() {
+            new.input.clone_from(&current.spec.input);
+        }
+        if current.spec != new {
             return Err(Invalid::new(
                 "spec",
                 "cannot change once the run exists (only labels can); delete the run first, or \
@@ -273,6 +280,6 @@ impl Replaceable for AgentRunSpec {
             )
             .into());
         }
-        Ok(())
+        Ok(new)
     }
 }
