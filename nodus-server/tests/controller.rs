@@ -74,6 +74,19 @@ async fn until(engine: &Engine, name: &str, want: impl Fn(RunPhase) -> bool) -> 
     panic!("run {name} stayed {:?}", phase_of(engine, name).await);
 }
 
+/// A server on the in-memory store, in its own directory (dropped last), with the agent
+/// `worker` (a 10-cent cap) in the project `default`.
+async fn serve_worker() -> (tempfile::TempDir, Running) {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = serve(dir.path(), StoreUrl::Memory).await;
+    server
+        .engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    (dir, server)
+}
+
 fn agent(cap_cents: u64) -> Agent {
     let mut spec = AgentSpec::new("You are careful.");
     spec.per_run_max_cost_usd = Usd::from_cents(cap_cents);
@@ -92,13 +105,8 @@ fn task(group: &str, key: &str, deps: &[&str], input: &str) -> AgentRun {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_and_groups_execute_by_themselves() {
-    let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let (_dir, server) = serve_worker().await;
     let engine = &server.engine;
-    engine
-        .apply_agent("default", agent(10))
-        .await
-        .expect("agent");
     engine
         .create_run(
             "default",
@@ -167,13 +175,8 @@ async fn runs_and_groups_execute_by_themselves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_wake_waiting_runs_and_deadlines_end_them() {
-    let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let (_dir, server) = serve_worker().await;
     let engine = &server.engine;
-    engine
-        .apply_agent("default", agent(10))
-        .await
-        .expect("agent");
     let mut spec = AgentRunSpec::new("worker", "Run `echo first`");
     spec.keep_alive = true;
     spec.deadline = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3));
@@ -216,13 +219,8 @@ async fn messages_wake_waiting_runs_and_deadlines_end_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
-    let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let (_dir, server) = serve_worker().await;
     let engine = &server.engine;
-    engine
-        .apply_agent("default", agent(10))
-        .await
-        .expect("agent");
     let group = AgentGroupSpec {
         agent: "worker".to_string(),
         limits: GroupLimits {

@@ -143,6 +143,31 @@ async fn a_message_sent_while_working_is_read_after_the_current_turn() {
     assert_eq!(run.status.answer.expect("answer").preview, "two");
 }
 
+/// A world whose model answers "answer", and its engine with the agent `worker`.
+async fn with_worker() -> (World, nodus_core::engine::Engine) {
+    let world = World::new(vec![text("answer")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    (world, engine)
+}
+
+/// A group spec of the agent `worker`: at most `max_active` at once, no cap.
+fn worker_group(max_active: u32, sealed: bool) -> AgentGroupSpec {
+    AgentGroupSpec {
+        agent: "worker".to_string(),
+        limits: GroupLimits {
+            max_active,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: None,
+        sealed,
+        evaluation: None,
+    }
+}
+
 /// A deadline one minute after the world's clock.
 fn a_minute_from_now(world: &World) -> jiff::Timestamp {
     world
@@ -543,12 +568,7 @@ async fn a_final_model_error_fails_the_run_and_deletes_its_sandbox() {
 #[tokio::test]
 async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_it_ends() {
     use nodus_core::store::{Lease, Store as _};
-    let world = World::new(vec![text("answer")]);
-    let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("worker", |_| {}))
-        .await
-        .expect("agent");
+    let (world, engine) = with_worker().await;
     let created = engine
         .create_run(PROJECT, run("busy", "worker", "q", |s| s.keep_alive = true))
         .await
@@ -584,12 +604,7 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
 #[tokio::test]
 async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
     use nodus_core::store::Store as _;
-    let world = World::new(vec![text("answer")]);
-    let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("worker", |_| {}))
-        .await
-        .expect("agent");
+    let (world, engine) = with_worker().await;
     let applied = run("kept", "worker", "private question", |_| {});
     engine
         .create_run(PROJECT, applied.clone())
@@ -623,22 +638,8 @@ async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
 
 #[tokio::test]
 async fn a_queued_group_run_fails_at_its_deadline_and_its_dependents_with_it() {
-    let world = World::new(vec![text("answer")]);
-    let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("worker", |_| {}))
-        .await
-        .expect("agent");
-    let spec = AgentGroupSpec {
-        agent: "worker".to_string(),
-        limits: GroupLimits {
-            max_active: 1,
-            ..GroupLimits::default()
-        },
-        max_cost_usd: None,
-        sealed: true,
-        evaluation: None,
-    };
+    let (world, engine) = with_worker().await;
+    let spec = worker_group(1, true);
     engine
         .apply_group(
             PROJECT,
@@ -802,12 +803,7 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
 
 #[tokio::test]
 async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
-    let world = World::new(vec![text("answer")]);
-    let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("worker", |_| {}))
-        .await
-        .expect("agent");
+    let (_world, engine) = with_worker().await;
     let batch = |count: usize| -> Vec<_> {
         (0..count)
             .map(|i| run(&format!("b-{i:03}"), "worker", "q", |_| {}))
