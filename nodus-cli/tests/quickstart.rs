@@ -162,6 +162,26 @@ fn the_quickstart_runs_end_to_end_through_the_cli() {
     assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
     assert!(text(&output.stderr).contains("Error from server (Unauthorized)"));
 
+    // A token that does not hold the project named is no usable login for it either.
+    let output = nodus(
+        dir,
+        &[
+            "login",
+            "--server",
+            &url,
+            "--token",
+            TOKEN,
+            "--project",
+            "elsewhere",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("not bound to the project \"elsewhere\""),
+        "{}",
+        text(&output.stderr)
+    );
+
     let said = ok(dir, &["login", "--server", &url, "--token", TOKEN]);
     assert!(said.contains("Logged in"), "{said}");
     assert!(!said.contains(TOKEN), "the token is never printed");

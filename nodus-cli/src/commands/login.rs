@@ -40,8 +40,15 @@ pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| config::DEFAULT_PROJECT.to_string());
     let client = Client::new(&server, &token, &project)?;
-    // A read the token must be allowed: the project's agents.
-    client.get(&["agents"]).await?;
+    // A read the token must be allowed: the project's agents. A token that does not hold the
+    // project is no usable login for it.
+    client.get(&["agents"]).await.map_err(|error| match &error {
+        Error::Server { reason, .. } if reason == "Forbidden" => Error::NotLoggedIn(format!(
+            "the token is not bound to the project {project:?} on {server}: log in with a token \
+             for it, or name one of the token's projects with --project"
+        )),
+        _ => error,
+    })?;
     let name = args
         .name
         .clone()
