@@ -532,24 +532,8 @@ async fn secrets_are_sealed_and_never_returned() {
         );
     }
     assert_eq!(got["keys"], json!(["ANTHROPIC_API_KEY"]));
-    let stored = api
-        .state
-        .store
-        .get(&nodus_core::store::ObjectKey::new(
-            "default",
-            nodus_core::resource::Kind::Secret,
-            "anthropic-key",
-        ))
-        .await
-        .expect("stored");
-    assert!(
-        !stored.document.to_string().contains("sk-ant-very-secret"),
-        "encrypted at rest"
-    );
-    // A merge patch keeps the values it does not name, and answers none of them.
-    let values = || async {
-        let stored = api
-            .state
+    let stored = || async {
+        api.state
             .store
             .get(&nodus_core::store::ObjectKey::new(
                 "default",
@@ -557,7 +541,19 @@ async fn secrets_are_sealed_and_never_returned() {
                 "anthropic-key",
             ))
             .await
-            .expect("stored");
+            .expect("stored")
+    };
+    assert!(
+        !stored()
+            .await
+            .document
+            .to_string()
+            .contains("sk-ant-very-secret"),
+        "encrypted at rest"
+    );
+    // A merge patch keeps the values it does not name, and answers none of them.
+    let values = || async {
+        let stored = stored().await;
         let sealed = stored.document["sealedData"]
             .as_str()
             .unwrap_or_default()
