@@ -455,7 +455,9 @@ pub trait Store: Send + Sync {
     /// (`spec.input`), the answer preview, its inbox messages' text, and its steps' contents
     /// (commands, their output, model replies' content, error texts), keeping what accounts
     /// for the run (kinds, times, models, tokens, costs, exit codes). Each swept run's
-    /// document gets `status.payloadsRemovedAt: now` (a write: its version is bumped).
+    /// document gets `status.payloadsRemovedAt: now` (a write: its version is bumped), and
+    /// its kept final working directory (the `WorkdirArchive` of its name) is deleted in the
+    /// same write, as are the copies of it kept for an idempotent batch.
     async fn sweep_payloads(&self, ended_before: Timestamp, now: Timestamp)
     -> Result<Swept, Error>;
 

@@ -248,20 +248,8 @@ async fn sweep_once(
     let retention =
         jiff::SignedDuration::try_from(PAYLOAD_RETENTION).unwrap_or(jiff::SignedDuration::ZERO);
     let before = now.checked_sub(retention).unwrap_or(jiff::Timestamp::MIN);
+    // The store removes the kept final working directories in the same write.
     let swept = store.sweep_payloads(before, now).await?;
-    for run in &swept.runs {
-        // A kept final working directory is a payload too.
-        match store
-            .delete(&nodus_core::engine::workdir_archive_key(run))
-            .await
-        {
-            Ok(()) | Err(nodus_core::store::Error::NotFound(_)) => {}
-            // The run is marked swept already; say so, and go on with the others.
-            Err(error) => {
-                tracing::warn!(run = %run, error = %error, "cannot remove a kept working directory")
-            }
-        }
-    }
     Ok(swept.runs.len())
 }
 

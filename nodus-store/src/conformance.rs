@@ -1749,9 +1749,18 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
                 .await
                 .expect("complete");
         }
+        // A kept final working directory, which is a payload too.
+        store
+            .create(
+                &nodus_core::engine::workdir_archive_key(&key(name)),
+                json!({ "bytes": 3, "archiveBase64": "AAAA" }),
+            )
+            .await
+            .expect("an archive");
         runs.insert(name, (uid, store.get(&key(name)).await.expect("get")));
     }
     let before = |name: &str| runs[name].clone();
+    let archive_of = |name: &str| nodus_core::engine::workdir_archive_key(&key(name));
     // Runs created in an idempotent batch: the copies the store keeps to answer a repeat are
     // swept with the runs.
     let batch: Vec<(ObjectKey, Value)> = [("batched-old", Some(3 * day)), ("batched-new", None)]
@@ -1850,7 +1859,15 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         step(1, Intent::Route { turn: 0 }).started_at
     );
 
+    assert!(
+        matches!(store.get(&archive_of("old")).await, Err(Error::NotFound(_))),
+        "the swept run's kept working directory is gone"
+    );
     for name in ["recent", "running"] {
+        assert!(
+            store.get(&archive_of(name)).await.is_ok(),
+            "{name} keeps its archive"
+        );
         let (uid, record) = before(name);
         assert_eq!(
             store.get(&key(name)).await,

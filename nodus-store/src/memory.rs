@@ -155,6 +155,13 @@ impl State {
         collection.by_order.get_mut(order)
     }
 
+    /// Take a document out, if it is there.
+    fn remove(&mut self, key: &ObjectKey) -> Option<Entry> {
+        let collection = self.projects.get_mut(&key.project)?.get_mut(&key.kind)?;
+        let order = collection.by_name.remove(&key.name)?;
+        collection.by_order.remove(&order)
+    }
+
     fn contains(&self, key: &ObjectKey) -> bool {
         self.collection(&key.project, key.kind)
             .is_some_and(|c| c.by_name.contains_key(&key.name))
@@ -368,13 +375,7 @@ impl Store for MemoryStore {
     async fn delete(&self, key: &ObjectKey) -> Result<(), Error> {
         let mut state = self.lock();
         let entry = state
-            .projects
-            .get_mut(&key.project)
-            .and_then(|kinds| kinds.get_mut(&key.kind))
-            .and_then(|collection| {
-                let order = collection.by_name.remove(&key.name)?;
-                collection.by_order.remove(&order)
-            })
+            .remove(key)
             .ok_or_else(|| Error::NotFound(key.clone()))?;
         if let Some(uid) = run_uid(&entry.document) {
             state.journals.remove(uid);
@@ -612,6 +613,11 @@ impl Store for MemoryStore {
                 }
             }
             self.notify(Change::Written(key.clone(), version));
+            // Its kept final working directory is a payload too: it goes with it.
+            let archive = nodus_core::engine::workdir_archive_key(&key);
+            if state.remove(&archive).is_some() {
+                self.notify(Change::Deleted(archive));
+            }
             swept.runs.push(key);
         }
         for records in state.batches.values_mut() {

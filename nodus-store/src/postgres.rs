@@ -1451,6 +1451,19 @@ impl Store for PostgresStore {
                 self.notify(&mut tx, &Change::Written(key.clone(), version))
                     .await?,
             );
+            // Its kept final working directory is a payload too: it goes in the same write.
+            let archive = nodus_core::engine::workdir_archive_key(&key);
+            let removed =
+                sqlx::query("DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3")
+                    .bind(&archive.project)
+                    .bind(sql::kind_name(archive.kind))
+                    .bind(&archive.name)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            if removed.rows_affected() > 0 {
+                hearings.push(self.notify(&mut tx, &Change::Deleted(archive)).await?);
+            }
             runs.push(key);
         }
         // The copies of those runs kept for idempotent batches go the same way.

@@ -1177,6 +1177,7 @@ impl Store for SqliteStore {
         .await
         .map_err(map_err)?;
         let mut swept = Vec::new();
+        let mut archives = Vec::new();
         for row in rows {
             let project: String = row.try_get(0).map_err(map_err)?;
             let name: String = row.try_get(1).map_err(map_err)?;
@@ -1238,6 +1239,19 @@ impl Store for SqliteStore {
                     .map_err(map_err)?;
                 }
             }
+            // Its kept final working directory is a payload too: it goes in the same write.
+            let archive = nodus_core::engine::workdir_archive_key(&key);
+            let removed =
+                sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
+                    .bind(&archive.project)
+                    .bind(sql::kind_name(archive.kind))
+                    .bind(&archive.name)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+            if removed.rows_affected() > 0 {
+                archives.push(archive);
+            }
             swept.push((key, version));
         }
         // The copies of those runs kept for idempotent batches go the same way.
@@ -1271,6 +1285,9 @@ impl Store for SqliteStore {
                 sql::to_u64(version, "a version")?,
             ));
             runs.push(key);
+        }
+        for archive in archives {
+            self.notify(Change::Deleted(archive));
         }
         drop(conn);
         Ok(Swept { runs })
