@@ -288,6 +288,30 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
     );
     assert_eq!(api.runs().await, 0, "nothing was written");
 
+    // An evaluation group is refused when it is posted too (not only when applied).
+    let evaluation = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup",
+        "metadata": {"name": "eval"},
+        "spec": {"agent": "hello-agent", "evaluation": {"environment": "nodus/tasks@1", "tasks": 2}}});
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentgroups"),
+            Some(TOKEN),
+            Some(evaluation),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["details"]["field"], "spec.evaluation", "{body}");
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentgroups/eval"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was written");
+
     // A run's spec is fixed once it exists: a replace with another spec says what to do
     // instead and changes nothing.
     let (status, _) = api

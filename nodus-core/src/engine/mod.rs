@@ -717,13 +717,7 @@ impl Engine {
     /// sealing it), then reconcile it.
     pub async fn apply_group(&self, project: &str, mut group: AgentGroup) -> Result<AgentGroup> {
         validate::validate(&group)?;
-        if let Some(evaluation) = &group.spec.evaluation {
-            return Err(not_supported_yet(
-                "spec.evaluation",
-                "evaluation groups are not carried out yet",
-                format!("{:?}", evaluation.environment),
-            ));
-        }
+        refuse_unsupported_group(&group.spec)?;
         let name = group.name().to_string();
         let key = ObjectKey::new(project, Kind::AgentGroup, &name);
         match self.deps.store.get(&key).await {
@@ -787,6 +781,19 @@ fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<
 /// under the same idempotency key can be told from another batch.
 fn batch_digest(runs: &[AgentRun]) -> String {
     crate::digest::sha256_hex(&serde_json::to_vec(runs).unwrap_or_default())
+}
+
+/// A group asking for what this engine does not carry out yet (an evaluation) is refused
+/// however it is written (created, applied, replaced), rather than accepted and ignored.
+pub(super) fn refuse_unsupported_group(spec: &crate::resource::AgentGroupSpec) -> Result<()> {
+    match &spec.evaluation {
+        Some(evaluation) => Err(not_supported_yet(
+            "spec.evaluation",
+            "evaluation groups are not carried out yet",
+            format!("{:?}", evaluation.environment),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The refusal of a field this engine does not carry out yet, naming what is missing.

@@ -72,6 +72,7 @@ impl Engine {
         mut group: Object<AgentGroupSpec>,
     ) -> Result<Object<AgentGroupSpec>> {
         validate::validate(&group)?;
+        super::refuse_unsupported_group(&group.spec)?;
         self.resolve_agent(project, &group.spec.agent).await?;
         let name = group.name().to_string();
         let key = ObjectKey::new(project, Kind::AgentGroup, &name);
@@ -258,6 +259,7 @@ impl Replaceable for crate::resource::FileSetSpec {
 
 impl Replaceable for AgentGroupSpec {
     fn replaced(current: &Object<Self>, new: Self) -> Result<Self> {
+        super::refuse_unsupported_group(&new)?;
         crate::group::check_update(&current.spec, &new)?;
         Ok(new)
     }
