@@ -35,6 +35,11 @@ impl ApiError {
         }
     }
 
+    /// A failure of the server itself (sealing or opening a Secret).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+    }
+
     /// The request body is not JSON, or not of the expected shape.
     pub fn malformed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "Invalid", message)

@@ -129,13 +129,10 @@ async fn editable(state: &AppState, project: &str, kind: Kind, name: &str) -> Ap
         .get(&ObjectKey::new(project, kind, name))
         .await?;
     let sealed = record.document["sealedData"].as_str().unwrap_or_default();
-    let values = state.cipher.open(sealed).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            e.to_string(),
-        )
-    })?;
+    let values = state
+        .cipher
+        .open(sealed)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let mut metadata = record.document["metadata"].clone();
     if let Some(metadata) = metadata.as_object_mut() {
         metadata.remove("project");
@@ -363,13 +360,10 @@ fn plain_document(
                 )
                 .into());
             }
-            let sealed = state.cipher.seal(&values).map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    e.to_string(),
-                )
-            })?;
+            let sealed = state
+                .cipher
+                .seal(&values)
+                .map_err(|e| ApiError::internal(e.to_string()))?;
             json!({"apiVersion": API_VERSION, "kind": "Secret", "metadata": metadata, "keys": values.keys().collect::<Vec<_>>(), "sealedData": sealed})
         }
         _ => {
