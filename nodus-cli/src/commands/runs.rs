@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::jsonpath::scalar_text;
 use crate::kinds::ResourceKind;
 use crate::table::Table;
+use crate::terminal;
 use crate::yaml;
 
 const RUNS: &str = "agentruns";
@@ -20,10 +21,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let reply = client.get(&[RUNS, &name, "answer"]).await?;
             match reply.get("answer").and_then(Value::as_str) {
                 Some(answer) => {
-                    out(answer);
-                    if !answer.ends_with('\n') {
-                        out("\n");
-                    }
+                    out(&answer_text(answer, terminal::stdout_is_terminal()));
                     Ok(())
                 }
                 None => {
@@ -74,7 +72,8 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                     if items.is_empty() {
                         eprintln!("agentrun/{name} has no steps yet.");
                     } else {
-                        out(&steps_table(&items).render());
+                        let table = steps_table(&items).render();
+                        out(&terminal::shown(&table, terminal::stdout_is_terminal()));
                     }
                 }
                 Some(Output::Yaml) => out(&yaml::to_yaml(&reply)?),
@@ -130,6 +129,16 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
     }
 }
 
+/// What `agentrun answer` prints: the answer with a final newline, its control characters
+/// escaped when `terminal` (standard output is one).
+pub fn answer_text(answer: &str, terminal: bool) -> String {
+    let mut text = terminal::shown(answer, terminal).into_owned();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
 /// The steps as a table: SEQ, KIND, STATE, DURATION, SUMMARY.
 pub fn steps_table(items: &[Value]) -> Table {
     let mut table = Table::new(&["SEQ", "KIND", "STATE", "DURATION", "SUMMARY"]);
@@ -183,6 +192,24 @@ mod tests {
              0     SandboxCreation   Completed   40ms       sandbox sb-1 (unisolated)\n\
              1     Command           Completed   2.2s       echo hello -> 0\n\
              2     ModelCall         Started     -          haiku\n"
+        );
+    }
+
+    #[test]
+    fn an_answer_with_escape_sequences_is_escaped_on_a_terminal_only() {
+        let answer = "[offline model] I ran the commands you quoted.\n\u{1b}[2J\u{1b}]2;owned\u{7}\u{1b}[31mFAIL\u{1b}[0m";
+        assert_eq!(
+            answer_text(answer, true),
+            "[offline model] I ran the commands you quoted.\n^[[2J^[]2;owned^G^[[31mFAIL^[[0m\n"
+        );
+        assert_eq!(answer_text(answer, false), format!("{answer}\n"));
+        let items = vec![
+            json!({"seq": 3, "kind": "Command", "state": "Completed", "summary": "printf '\u{1b}[2J'\n-> 0"}),
+        ];
+        let table = steps_table(&items).render();
+        assert!(
+            terminal::shown(&table, true).contains("printf '^[[2J' -> 0"),
+            "{table}"
         );
     }
 }
