@@ -86,12 +86,13 @@ fn print(
     items: &[Value],
     project: &str,
 ) -> Result<()> {
+    // As kubectl: the formats for people say so when there is nothing, for every kind.
+    if items.is_empty() && matches!(output, Output::Table | Output::Wide | Output::Name) {
+        eprintln!("No resources found in project {project}.");
+        return Ok(());
+    }
     match output {
         Output::Table | Output::Wide => {
-            if items.is_empty() {
-                eprintln!("No resources found in project {project}.");
-                return Ok(());
-            }
             let now = jiff::Timestamp::now();
             out(&table::objects(kind, items, *output == Output::Wide, now).render());
         }

@@ -24,7 +24,8 @@ pub fn options(args: ServerArgs) -> Result<Options> {
 }
 
 /// `--listen`: HOST:PORT, where HOST is an address or a name (`localhost:7070`); a name
-/// listens on the first address it resolves to.
+/// listens on the first IPv4 address it resolves to (where `nodus login`'s default,
+/// 127.0.0.1, finds a local server), else on its first address.
 pub fn listen_address(text: &str) -> Result<std::net::SocketAddr> {
     use std::net::ToSocketAddrs as _;
     let usage = |why: &str| {
@@ -32,11 +33,15 @@ pub fn listen_address(text: &str) -> Result<std::net::SocketAddr> {
             "--listen {text:?}: {why} (HOST:PORT, such as 127.0.0.1:7070 or localhost:7070)"
         ))
     };
-    let mut addresses = text
+    let addresses: Vec<std::net::SocketAddr> = text
         .to_socket_addrs()
-        .map_err(|e| usage(&format!("cannot be resolved: {e}")))?;
+        .map_err(|e| usage(&format!("cannot be resolved: {e}")))?
+        .collect();
     addresses
-        .next()
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addresses.first())
+        .copied()
         .ok_or_else(|| usage("resolves to no address"))
 }
 
