@@ -231,3 +231,106 @@ fn the_server_listens_on_a_host_name_and_a_busy_port_is_an_error_before_serving(
     assert!(!said.contains("serving"), "{said}");
     assert!(!said.contains(TOKEN), "{said}");
 }
+
+/// `nodus server` on the SQLite store of `data` with the bubblewrap sandbox and its own
+/// token file (the one the quickstart made), on a free port.
+fn server_on(dir: &std::path::Path, data: &std::path::Path) -> Server {
+    let port = support::free_port();
+    let log = dir.join("server.log");
+    let child = std::process::Command::new(support::NODUS)
+        .args(["server", "--data-dir"])
+        .arg(data)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("NODUS_BOOTSTRAP_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("nodus server starts");
+    support::wait_healthy(Server { child, log, port })
+}
+
+#[test]
+fn the_quickstart_survives_a_closed_stdout_and_leaves_an_existing_hello_agent_alone() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let data = dir.join("data");
+    let data_arg = data.to_str().expect("utf-8");
+
+    // It runs its own server: --project and --context are refused, nothing is made.
+    let output = nodus(
+        dir,
+        &["quickstart", "--project", "team", "--data-dir", data_arg],
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("does not take --project"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!data.exists());
+
+    // `nodus quickstart | head -1`: the first line is read, then the pipe closes.
+    let mut child = support::command(dir)
+        .args(["quickstart", "--data-dir", data_arg])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("quickstart starts");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a first line");
+    let output = child.wait_with_output().expect("quickstart ends");
+    let said = text(&output.stderr);
+    assert!(first.starts_with("run hello-agent-run-"), "{first}\n{said}");
+    assert!(first.trim_end().ends_with(": Succeeded"), "{first}\n{said}");
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(!said.contains("panicked"), "{said}");
+
+    // Someone changes hello-agent; the next quickstart uses it as it is.
+    {
+        let server = server_on(dir, &data);
+        ok(
+            dir,
+            &["login", "--server", &server.url(), "--data-dir", data_arg],
+        );
+        let agent = std::fs::read_to_string(format!("{ROOT}/examples/agent.yaml"))
+            .expect("agent.yaml")
+            .replace("perRunMaxCostUSD: \"0.50\"", "perRunMaxCostUSD: \"0.40\"");
+        let mine = dir.join("mine.yaml");
+        std::fs::write(&mine, agent).expect("write");
+        assert_eq!(
+            ok(dir, &["apply", "-f", mine.to_str().expect("utf-8")]),
+            "agent.nodus.dev/hello-agent configured\n"
+        );
+    }
+    let output = nodus(dir, &["quickstart", "--data-dir", data_arg]);
+    let said = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("agent.nodus.dev/hello-agent exists already; it is used as it is"),
+        "{said}"
+    );
+    let server = server_on(dir, &data);
+    ok(
+        dir,
+        &["login", "--server", &server.url(), "--data-dir", data_arg],
+    );
+    assert_eq!(
+        ok(
+            dir,
+            &[
+                "get",
+                "agent/hello-agent",
+                "-o",
+                "jsonpath={.spec.perRunMaxCostUSD}"
+            ]
+        ),
+        "0.40"
+    );
+    let runs = ok(dir, &["get", "ar", "-o", "name"]);
+    assert_eq!(runs.lines().count(), 2, "two runs of their own: {runs}");
+}
