@@ -592,6 +592,10 @@ mod tests {
             get.contains("--project") && get.contains("--context"),
             "{get}"
         );
+        assert!(
+            get.contains("Values match exactly, case included"),
+            "field selectors say they are case-sensitive: {get}"
+        );
         for line in [
             "nodus quickstart --project team",
             "nodus server --context prod",

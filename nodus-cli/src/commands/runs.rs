@@ -39,9 +39,14 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let tar = client.get_bytes(&[RUNS, &name, "workdir"]).await?;
             if file.as_os_str() == "-" {
                 use std::io::Write;
-                std::io::stdout()
-                    .write_all(&tar)
-                    .map_err(|e| Error::input(format!("writing the archive: {e}")))?;
+                let mut stdout = std::io::stdout().lock();
+                match stdout.write_all(&tar).and_then(|()| stdout.flush()) {
+                    // A reader that stopped reading (`| head -c`) ends the command quietly.
+                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                        return Err(Error::input(format!("writing the archive: {e}")));
+                    }
+                    _ => {}
+                }
             } else {
                 std::fs::write(&file, &tar)
                     .map_err(|e| Error::input(format!("writing {}: {e}", file.display())))?;
