@@ -132,6 +132,32 @@ fn apply_of_the_examples_directory_works_on_an_empty_server_and_delete_goes_on_p
         );
     }
 
+    // Piped, an answer keeps the bytes of command output as they are (escape sequences
+    // included); a terminal gets them escaped (unit tests of answer_text and steps_text).
+    ok(
+        dir,
+        &[
+            "create",
+            "agentrun",
+            "colours",
+            "--agent",
+            "hello-agent",
+            "--prompt",
+            r"Run `printf '\033[2J\033[31mred'`",
+        ],
+    );
+    ok(
+        dir,
+        &[
+            "wait",
+            "agentrun/colours",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=1m",
+        ],
+    );
+    let answer = ok(dir, &["agentrun", "answer", "colours"]);
+    assert!(answer.contains("\u{1b}[2J\u{1b}[31mred"), "{answer:?}");
+
     // cancel takes KIND NAME as get and delete do.
     ok(
         dir,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nodus_server::{Options, Server};
 use serde_json::{Value, json};
 
-use super::runs::steps_table;
+use super::runs::{answer_text, steps_text};
 use super::{out, outln};
 use crate::cli::QuickstartArgs;
 use crate::client::Client;
@@ -131,7 +131,11 @@ async fn print_run(client: &Client, name: &str, run: &Value) -> Result<()> {
     outln("");
     outln("answer:");
     let answer = client.get(&["agentruns", name, "answer"]).await?;
-    outln(answer["answer"].as_str().unwrap_or("(no answer)"));
+    let terminal = crate::terminal::stdout_is_terminal();
+    out(&answer_text(
+        answer["answer"].as_str().unwrap_or("(no answer)"),
+        terminal,
+    ));
     outln("");
     outln("turns:");
     for (index, turn) in status["turns"].as_array().into_iter().flatten().enumerate() {
@@ -152,7 +156,7 @@ async fn print_run(client: &Client, name: &str, run: &Value) -> Result<()> {
     outln("steps:");
     let steps = client.get(&["agentruns", name, "steps"]).await?;
     let items = steps["items"].as_array().cloned().unwrap_or_default();
-    out(&steps_table(&items).render());
+    out(&steps_text(&items, terminal));
     if status["phase"] != "Succeeded" {
         return Err(Error::Start(format!("the run ended {}", status["phase"])));
     }

@@ -77,8 +77,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                     if items.is_empty() {
                         eprintln!("agentrun/{name} has no steps yet.");
                     } else {
-                        let table = steps_table(&items).render();
-                        out(&terminal::shown(&table, terminal::stdout_is_terminal()));
+                        out(&steps_text(&items, terminal::stdout_is_terminal()));
                     }
                 }
                 Some(Output::Yaml) => out(&yaml::to_yaml(&reply)?),
@@ -142,6 +141,18 @@ pub fn answer_text(answer: &str, terminal: bool) -> String {
         text.push('\n');
     }
     text
+}
+
+/// What `agentrun steps` prints: [`steps_table`], each cell's control characters escaped
+/// when `terminal` (before the columns are measured, so that they stay aligned).
+pub fn steps_text(items: &[Value], terminal: bool) -> String {
+    let mut table = steps_table(items);
+    for cell in table.rows.iter_mut().flatten() {
+        if let std::borrow::Cow::Owned(shown) = terminal::shown(cell, terminal) {
+            *cell = shown;
+        }
+    }
+    table.render()
 }
 
 /// The steps as a table: SEQ, KIND, STATE, DURATION, SUMMARY.
@@ -211,10 +222,8 @@ mod tests {
         let items = vec![
             json!({"seq": 3, "kind": "Command", "state": "Completed", "summary": "printf '\u{1b}[2J'\n-> 0"}),
         ];
-        let table = steps_table(&items).render();
-        assert!(
-            terminal::shown(&table, true).contains("printf '^[[2J' -> 0"),
-            "{table}"
-        );
+        assert!(steps_text(&items, false).contains("printf '\u{1b}[2J' -> 0"));
+        let table = steps_text(&items, true);
+        assert!(table.contains("printf '^[[2J' -> 0"), "{table}");
     }
 }
