@@ -41,14 +41,8 @@ impl ResourceKind {
     pub fn parse(text: &str) -> Option<ResourceKind> {
         let lower = text.to_ascii_lowercase();
         let bare = lower.strip_suffix(".nodus.dev").unwrap_or(lower.as_str());
-        Some(match bare {
-            "agent" | "agents" => ResourceKind::Agent,
-            "agentrun" | "agentruns" | "ar" => ResourceKind::AgentRun,
-            "agentgroup" | "agentgroups" | "ag" => ResourceKind::AgentGroup,
-            "secret" | "secrets" => ResourceKind::Secret,
-            "budget" | "budgets" => ResourceKind::Budget,
-            "fileset" | "filesets" | "fs" => ResourceKind::FileSet,
-            _ => return None,
+        ALL.into_iter().find(|&kind| {
+            bare == kind.singular() || bare == kind.plural() || short_name(kind) == Some(bare)
         })
     }
 
