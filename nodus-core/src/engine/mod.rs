@@ -526,7 +526,8 @@ impl Engine {
         Ok(self.deps.store.journal(run_uid(&run.object)).await?)
     }
 
-    /// Send a message to a run. A repeated `key` delivers once; a finished run refuses with
+    /// Send a message to a run. A repeated `key` delivers once (the same key with another
+    /// payload is refused, naming `messageKey`); a finished run refuses with
     /// `AgentRunFinished`; a run that is working reads it after its current turn.
     pub async fn send_message(
         &self,
@@ -552,6 +553,11 @@ impl Engine {
                 if let Some(key) = key {
                     let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
                     if let Some(message) = inbox.iter().find(|m| m.key.as_deref() == Some(key)) {
+                        // The retention sweep may have removed the first payload: then a
+                        // repeat cannot be told from another message, and answers as one.
+                        if run.object.status.payloads_removed_at.is_none() {
+                            check_same_message(message, payload, key)?;
+                        }
                         return Ok(Delivery::Duplicate(message.seq));
                     }
                 }
@@ -573,6 +579,14 @@ impl Engine {
                 .await
             {
                 Err(crate::store::Error::Conflict { .. }) => continue,
+                Ok(Delivery::Duplicate(seq)) => {
+                    let key = key.unwrap_or_default();
+                    let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
+                    if let Some(message) = inbox.iter().find(|m| m.seq == seq) {
+                        check_same_message(message, payload, key)?;
+                    }
+                    return Ok(Delivery::Duplicate(seq));
+                }
                 other => return Ok(other?),
             }
         }
@@ -775,6 +789,24 @@ fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<
         .into()),
         _ => Ok(()),
     }
+}
+
+/// Refuses a message key that was already used for a message with another payload: only a
+/// repeat of the same message is answered as delivered.
+fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &str) -> Result<()> {
+    if first.payload == payload {
+        return Ok(());
+    }
+    Err(Invalid::new(
+        "messageKey",
+        format!(
+            "was already used for message {} with another payload: a repeat must send the same \
+             payload, and a new message needs a new key",
+            first.seq
+        ),
+        key,
+    )
+    .into())
 }
 
 /// A fingerprint of the runs a batch asks for (SHA-256 of their JSON, hex), so that a repeat
