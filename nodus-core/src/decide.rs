@@ -117,6 +117,22 @@ pub fn time_limit(spec: &AgentRunSpec, journal: &[Step]) -> Option<(Timestamp, F
     }
 }
 
+/// How the run ends now, if it does: a cancellation recorded on it (`cancel`), or its time
+/// limit passed. The decider ends the run then; the executor also asks while a command runs,
+/// and stops the command when the answer is `Some`.
+pub fn ending(
+    spec: &AgentRunSpec,
+    journal: &[Step],
+    cancel: Option<CancelReason>,
+    now: Timestamp,
+) -> Option<RunPhase> {
+    cancel.map(RunPhase::Cancelled).or_else(|| {
+        time_limit(spec, journal)
+            .filter(|(at, _)| now >= *at)
+            .map(|(_, reason)| RunPhase::Failed(reason))
+    })
+}
+
 /// Decide the run's next move.
 pub fn decide(input: &RunInput<'_>) -> Decision {
     let replay = Replay::of(input.journal);
@@ -124,11 +140,7 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
         return Decision::Finish(then);
     }
     let limit = time_limit(input.spec, input.journal);
-    let ending = input.cancel.map(RunPhase::Cancelled).or_else(|| {
-        limit
-            .filter(|(at, _)| input.now >= *at)
-            .map(|(_, reason)| RunPhase::Failed(reason))
-    });
+    let ending = ending(input.spec, input.journal, input.cancel, input.now);
     let byok = input.agent.model.access == Access::Byok;
 
     if let Some(step) = replay.open_step {

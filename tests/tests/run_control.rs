@@ -1,15 +1,22 @@
-//! Ending and steering runs over the engine: a message key reused for another payload is
-//! refused, a keepAlive conversation is closed after its current turn, and a group run that
-//! can never start says why.
+//! Ending and steering runs: a cancel, a delete, a deadline and a group cancel stop a running
+//! command at once (a served server on real bubblewrap); over the engine, a message key
+//! reused for another payload is refused, a keepAlive conversation is closed after its
+//! current turn, and a group run that can never start says why.
 
 mod support;
 
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
 use nodus_core::Usd;
 use nodus_core::engine::Driven;
-use nodus_core::lifecycle::{PendingReason, RunPhase, WaitReason};
-use nodus_core::resource::{AgentGroup, AgentGroupSpec, GroupLimits};
+use nodus_core::engine::Engine;
+use nodus_core::journal::{StepKind, StepState};
+use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase, WaitReason};
+use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, GroupLimits};
 use nodus_core::store::Delivery;
 use nodus_llm::Reply;
+use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use support::{PROJECT, World, agent, run};
 
 fn text(s: &str) -> Reply {
@@ -179,4 +186,267 @@ async fn a_group_run_whose_cap_can_never_fit_says_what_to_change() {
     );
     let done = engine.get_run(PROJECT, "g-a").await.expect("run");
     assert_eq!(done.status.message, None);
+}
+
+/// A server served in this process on the in-memory store and real bubblewrap sandboxes,
+/// with the offline model (it runs the commands a prompt quotes in backticks) and the agent
+/// `sleeper`.
+struct Served {
+    dir: tempfile::TempDir,
+    engine: Engine,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn start() -> Served {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut options = Options::new(dir.path().to_path_buf());
+        options.store = Some(StoreUrl::Memory);
+        options.sandbox = SandboxKind::Process;
+        options.bootstrap_token = Some("nodus_run_control_test_token_0123456789".to_string());
+        options.listen = "127.0.0.1:0".parse().expect("address");
+        let server = Server::build(options).await.expect("server");
+        let engine = server.state().engine.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .serve(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("serves");
+        });
+        engine
+            .apply_agent(PROJECT, agent("sleeper", |_| {}))
+            .await
+            .expect("agent");
+        Served {
+            dir,
+            engine,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.task.await;
+    }
+
+    /// The host directory of a run's sandbox.
+    fn sandbox_dir(&self, uid: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("sandboxes")
+            .join("sandboxes")
+            .join(uid)
+    }
+
+    async fn uid(&self, name: &str) -> String {
+        self.engine
+            .get_run(PROJECT, name)
+            .await
+            .expect("run")
+            .metadata
+            .uid
+            .expect("uid")
+    }
+
+    async fn phase(&self, name: &str) -> Option<RunPhase> {
+        self.engine
+            .get_run(PROJECT, name)
+            .await
+            .ok()
+            .and_then(|r| r.status.phase)
+    }
+
+    /// Wait (up to 30 s) until the run reaches `want`.
+    async fn until(&self, name: &str, want: impl Fn(RunPhase) -> bool) -> RunPhase {
+        for _ in 0..1200 {
+            if let Some(phase) = self.phase(name).await
+                && want(phase)
+            {
+                return phase;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("run {name} stayed {:?}", self.phase(name).await);
+    }
+}
+
+/// The processes whose command line holds `marker` (the sandboxed command and the
+/// bubblewrap that runs it).
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Wait (up to 30 s) until the sandboxed command with `marker` runs.
+async fn running(marker: &str) {
+    for _ in 0..1200 {
+        if !processes_with(marker).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the command {marker} never started");
+}
+
+/// A run of `sleeper` whose one command is `sleep SECONDS`.
+fn sleeping(name: &str, seconds: &str) -> AgentRun {
+    AgentRun::new(
+        name,
+        AgentRunSpec::new("sleeper", format!("Run `sleep {seconds}`")),
+    )
+}
+
+/// What every stopped run must show: no process of its command left, its sandbox (working
+/// directory and cgroups) deleted.
+async fn assert_stopped(served: &Served, marker: &str, uid: &str, elapsed: Duration) {
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "the run ended {elapsed:?} after it was asked to, not at once"
+    );
+    // The processes are killed as the command's step is stopped; give the kernel a moment
+    // to reap them.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !processes_with(marker).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        processes_with(marker),
+        Vec::<u32>::new(),
+        "the command's processes are gone"
+    );
+    assert!(
+        !served.sandbox_dir(uid).exists(),
+        "the sandbox's working directory is deleted"
+    );
+    for hierarchy in ["pids", "memory", "cpu", "unified"] {
+        let cgroup = Path::new("/sys/fs/cgroup")
+            .join(hierarchy)
+            .join("nodus")
+            .join(uid);
+        assert!(!cgroup.exists(), "{} is removed", cgroup.display());
+    }
+}
+
+/// The run's command step was recorded as stopped (not uncertain).
+async fn assert_command_cancelled(engine: &Engine, name: &str) {
+    let steps = engine.steps(PROJECT, name).await.expect("steps");
+    let command = steps
+        .iter()
+        .find(|s| s.kind == StepKind::Command)
+        .expect("a command step");
+    assert_eq!(command.state, StepState::Cancelled, "{steps:?}");
+    assert!(command.summary.contains("stopped"), "{}", command.summary);
+    assert_eq!(
+        steps.last().map(|s| s.kind),
+        Some(StepKind::SandboxDeletion),
+        "{steps:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_delete_and_deadlines_stop_a_running_command_at_once() {
+    let served = Served::start().await;
+    let engine = &served.engine;
+
+    // Cancel, as the API records it: the controller stops the command.
+    engine
+        .create_run(PROJECT, sleeping("cancelled", "60.11"))
+        .await
+        .expect("run");
+    running("60.11").await;
+    let uid = served.uid("cancelled").await;
+    let asked = Instant::now();
+    engine
+        .request_cancel_run(PROJECT, "cancelled")
+        .await
+        .expect("cancel");
+    let phase = served.until("cancelled", RunPhase::is_finished).await;
+    assert_eq!(phase, RunPhase::Cancelled(CancelReason::CancelRequested));
+    assert_stopped(&served, "60.11", &uid, asked.elapsed()).await;
+    assert_command_cancelled(engine, "cancelled").await;
+
+    // Delete: the run goes, and so do its command and its sandbox.
+    engine
+        .create_run(PROJECT, sleeping("deleted", "60.12"))
+        .await
+        .expect("run");
+    running("60.12").await;
+    let uid = served.uid("deleted").await;
+    let asked = Instant::now();
+    engine.delete_run(PROJECT, "deleted").await.expect("delete");
+    assert_eq!(served.phase("deleted").await, None, "the run is gone");
+    assert_stopped(&served, "60.12", &uid, asked.elapsed()).await;
+
+    // A deadline ends the command when it comes, not when the command ends.
+    let mut run = sleeping("late", "60.13");
+    run.spec.deadline = Some(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3));
+    let created = Instant::now();
+    engine.create_run(PROJECT, run).await.expect("run");
+    running("60.13").await;
+    let uid = served.uid("late").await;
+    let phase = served.until("late", RunPhase::is_finished).await;
+    assert_eq!(phase, RunPhase::Failed(FailReason::DeadlineExceeded));
+    let after_deadline = created.elapsed().saturating_sub(Duration::from_secs(3));
+    assert_stopped(&served, "60.13", &uid, after_deadline).await;
+    assert_command_cancelled(engine, "late").await;
+
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_cancel_stops_its_running_commands_at_once() {
+    let served = Served::start().await;
+    let engine = &served.engine;
+    let group = AgentGroupSpec {
+        agent: "sleeper".to_string(),
+        limits: GroupLimits::default(),
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: None,
+    };
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", group))
+        .await
+        .expect("group");
+    for (key, seconds) in [("a", "60.21"), ("b", "60.22")] {
+        let mut run = sleeping("", seconds);
+        run.metadata.name = None;
+        run.spec.group = Some("g".to_string());
+        run.spec.task_key = Some(key.to_string());
+        engine.create_run(PROJECT, run).await.expect("run");
+    }
+    running("60.21").await;
+    running("60.22").await;
+    let uids = [served.uid("g-a").await, served.uid("g-b").await];
+    let asked = Instant::now();
+    engine.cancel_group(PROJECT, "g").await.expect("cancel");
+    for name in ["g-a", "g-b"] {
+        let phase = served.until(name, RunPhase::is_finished).await;
+        assert_eq!(phase, RunPhase::Cancelled(CancelReason::GroupCancelled));
+    }
+    let elapsed = asked.elapsed();
+    assert_stopped(&served, "60.21", &uids[0], elapsed).await;
+    assert_stopped(&served, "60.22", &uids[1], elapsed).await;
+    assert_command_cancelled(engine, "g-a").await;
+    served.stop().await;
 }
