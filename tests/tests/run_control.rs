@@ -200,10 +200,19 @@ struct Served {
 
 impl Served {
     async fn start() -> Served {
+        Served::start_on(SandboxKind::Process).await
+    }
+
+    async fn start_on(sandbox: SandboxKind) -> Served {
         let dir = tempfile::tempdir().expect("dir");
         let mut options = Options::new(dir.path().to_path_buf());
         options.store = Some(StoreUrl::Memory);
-        options.sandbox = SandboxKind::Process;
+        options.sandbox = sandbox;
+        if sandbox == SandboxKind::Docker {
+            options.default_image = Some(std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+                panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
+            }));
+        }
         options.bootstrap_token = Some("nodus_run_control_test_token_0123456789".to_string());
         options.listen = "127.0.0.1:0".parse().expect("address");
         let server = Server::build(options).await.expect("server");
@@ -448,5 +457,33 @@ async fn a_group_cancel_stops_its_running_commands_at_once() {
     assert_stopped(&served, "60.21", &uids[0], elapsed).await;
     assert_stopped(&served, "60.22", &uids[1], elapsed).await;
     assert_command_cancelled(engine, "g-a").await;
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_a_running_command_in_a_docker_container_at_once() {
+    let served = Served::start_on(SandboxKind::Docker).await;
+    let engine = &served.engine;
+    engine
+        .create_run(PROJECT, sleeping("boxed", "60.31"))
+        .await
+        .expect("run");
+    // The container's processes are the host's too.
+    running("60.31").await;
+    let asked = Instant::now();
+    engine
+        .request_cancel_run(PROJECT, "boxed")
+        .await
+        .expect("cancel");
+    let phase = served.until("boxed", RunPhase::is_finished).await;
+    assert_eq!(phase, RunPhase::Cancelled(CancelReason::CancelRequested));
+    let elapsed = asked.elapsed();
+    assert!(elapsed < Duration::from_secs(5), "ended after {elapsed:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with("60.31").is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(processes_with("60.31"), Vec::<u32>::new());
+    assert_command_cancelled(engine, "boxed").await;
     served.stop().await;
 }
