@@ -468,6 +468,12 @@ pub enum AgentRunCommand {
         #[arg(long)]
         key: Option<String>,
     },
+    /// Close a keepAlive conversation: the run answers its current turn, then succeeds
+    /// (its sandbox is deleted) instead of waiting for more messages.
+    Close {
+        /// The run.
+        name: String,
+    },
     /// Resolve a run parked in NeedsResolution.
     Resolve {
         /// The run.

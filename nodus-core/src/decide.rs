@@ -44,6 +44,9 @@ pub struct RunInput<'a> {
     pub now: Timestamp,
     /// A cancellation someone asked for.
     pub cancel: Option<CancelReason>,
+    /// Whether the conversation was closed: a keepAlive run then succeeds after its turn
+    /// instead of waiting for messages.
+    pub close: bool,
     /// Model ids and prices.
     pub catalog: &'a Catalog,
     /// The most one routing call can cost.
@@ -285,7 +288,7 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
             message_seq: message.seq,
         });
     }
-    if input.spec.keep_alive {
+    if input.spec.keep_alive && !input.close {
         return Decision::Wait {
             reason: WaitReason::AwaitingMessage,
             until: limit.map(|(at, _)| at),

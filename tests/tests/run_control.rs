@@ -1,8 +1,11 @@
 //! Ending and steering runs: a cancel, a delete, a deadline and a group cancel stop a running
 //! command at once (a served server on real bubblewrap); over the engine, a message key
 //! reused for another payload is refused, a keepAlive conversation is closed after its
-//! current turn, and a group run that can never start says why.
+//! current turn, and a group run that can never start says why; the same through the real
+//! `nodus` CLI against a `nodus server` process.
 
+#[path = "support/server.rs"]
+mod server;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -186,6 +189,104 @@ async fn a_group_run_whose_cap_can_never_fit_says_what_to_change() {
     );
     let done = engine.get_run(PROJECT, "g-a").await.expect("run");
     assert_eq!(done.status.message, None);
+}
+
+#[tokio::test]
+async fn a_closed_keep_alive_conversation_succeeds_after_its_turn() {
+    let world = World::new(vec![text("first"), text("second")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(
+            PROJECT,
+            run("chat", "helper", "Summarize the logs", |s| {
+                s.keep_alive = true
+            }),
+        )
+        .await
+        .expect("run");
+    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
+    assert!(
+        matches!(
+            driven,
+            Driven::Waiting {
+                reason: WaitReason::AwaitingMessage,
+                ..
+            }
+        ),
+        "{driven:?}"
+    );
+    // A message that came before the close is still answered; then the run succeeds.
+    engine
+        .send_message(PROJECT, "chat", "And the staging logs", None)
+        .await
+        .expect("send");
+    let closing = engine
+        .request_close_run(PROJECT, "chat")
+        .await
+        .expect("close");
+    assert!(closing.status.close_requested);
+    assert_eq!(
+        world.sandbox.live().len(),
+        1,
+        "nothing happens until driven"
+    );
+    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let closed = engine.get_run(PROJECT, "chat").await.expect("run");
+    assert_eq!(closed.status.phase, Some(RunPhase::Succeeded));
+    assert_eq!(
+        closed.status.answer.map(|a| a.preview).as_deref(),
+        Some("second"),
+        "the answer is kept"
+    );
+    assert_eq!(
+        engine
+            .answer(PROJECT, "chat")
+            .await
+            .expect("answer")
+            .as_deref(),
+        Some("second")
+    );
+    assert!(world.sandbox.live().is_empty(), "the sandbox is deleted");
+    let refused = engine
+        .close_run(PROJECT, "chat")
+        .await
+        .expect_err("finished");
+    assert_eq!(refused.reason(), "AgentRunFinished");
+    let refused = engine
+        .send_message(PROJECT, "chat", "anyone there?", None)
+        .await
+        .expect_err("finished");
+    assert_eq!(refused.reason(), "AgentRunFinished");
+}
+
+#[tokio::test]
+async fn closing_a_waiting_conversation_ends_it_at_once() {
+    let world = World::new(vec![text("only")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(
+            PROJECT,
+            run("chat", "helper", "Summarize the logs", |s| {
+                s.keep_alive = true
+            }),
+        )
+        .await
+        .expect("run");
+    engine.drive(PROJECT, "chat").await.expect("drive");
+    let calls = world.model.calls();
+    let closed = engine.close_run(PROJECT, "chat").await.expect("close");
+    assert_eq!(closed.status.phase, Some(RunPhase::Succeeded));
+    assert_eq!(world.model.calls(), calls, "no model call after the close");
+    assert!(world.sandbox.live().is_empty(), "the sandbox is deleted");
 }
 
 /// A server served in this process on the in-memory store and real bubblewrap sandboxes,
@@ -486,4 +587,126 @@ async fn a_cancel_stops_a_running_command_in_a_docker_container_at_once() {
     assert_eq!(processes_with("60.31"), Vec::<u32>::new());
     assert_command_cancelled(engine, "boxed").await;
     served.stop().await;
+}
+
+/// The CLI closes a conversation (it ends Succeeded, with its answer), refuses to send a
+/// reused message key with another payload (exit 1, naming messageKey), and cancels a run in
+/// a long command at once; against a `nodus server` on SQLite and bubblewrap.
+#[test]
+fn the_cli_closes_conversations_refuses_reused_message_keys_and_cancels_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = server::Backend::Sqlite.store_url(dir.path());
+    let server = server::ServerProcess::start(&store, dir.path(), "process");
+    server.ok(&[
+        "apply",
+        "-f",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/agent.yaml"),
+    ]);
+    server.ok(&[
+        "create",
+        "agentrun",
+        "chat",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        "Run `echo first`",
+        "--keep-alive",
+    ]);
+    server.ok(&[
+        "wait",
+        "agentrun/chat",
+        "--for=jsonpath={.status.phase}=Waiting",
+        "--timeout=2m",
+    ]);
+    server.ok(&[
+        "agentrun",
+        "send",
+        "chat",
+        "Run `echo staging`",
+        "--key",
+        "k1",
+    ]);
+    let repeat = server.ok(&[
+        "agentrun",
+        "send",
+        "chat",
+        "Run `echo staging`",
+        "--key",
+        "k1",
+    ]);
+    assert!(repeat.contains("already delivered"), "{repeat}");
+    let reused = server.cli(&[
+        "agentrun",
+        "send",
+        "chat",
+        "Run `echo other`",
+        "--key",
+        "k1",
+    ]);
+    assert_eq!(reused.status.code(), Some(1), "{reused:?}");
+    let stderr = String::from_utf8_lossy(&reused.stderr);
+    assert!(
+        stderr.contains("Invalid") && stderr.contains("messageKey"),
+        "{stderr}"
+    );
+
+    let closed = server.ok(&["agentrun", "close", "chat"]);
+    assert!(closed.contains("closed"), "{closed}");
+    server.ok(&[
+        "wait",
+        "agentrun/chat",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let answer = server.ok(&["agentrun", "answer", "chat"]);
+    assert!(
+        answer.contains("staging"),
+        "the last turn's answer is kept: {answer}"
+    );
+    assert!(
+        !answer.contains("other"),
+        "the refused message was never read: {answer}"
+    );
+    let refused = server.fails(&["agentrun", "close", "chat"]);
+    assert!(refused.contains("AgentRunFinished"), "{refused}");
+    // The REST call is documented.
+    let (status, openapi) = server.http("GET", "/openapi.json", None, None);
+    assert_eq!(status, 200);
+    let path = "/apis/nodus.dev/v1/projects/{project}/agentruns/{name}/close";
+    assert!(
+        openapi["paths"][path]["post"].is_object(),
+        "{path} in {:?}",
+        openapi["paths"]
+            .as_object()
+            .map(|p| p.keys().collect::<Vec<_>>())
+    );
+
+    // Cancel from the CLI ends a run in a long command at once.
+    server.ok(&[
+        "create",
+        "agentrun",
+        "sleepy",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        "Run `sleep 60.41`",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while processes_with("60.41").is_empty() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let asked = Instant::now();
+    server.ok(&["cancel", "agentrun/sleepy"]);
+    server.ok(&[
+        "wait",
+        "agentrun/sleepy",
+        "--for=jsonpath={.status.phase}=Cancelled",
+        "--timeout=30s",
+    ]);
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "cancelled after {:?}",
+        asked.elapsed()
+    );
 }

@@ -115,6 +115,14 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             }
             Ok(())
         }
+        AgentRunCommand::Close { name } => {
+            client.post(&[RUNS, &name, "close"], json!({})).await?;
+            outln(&format!(
+                "{} closed: it succeeds after its current turn",
+                ResourceKind::AgentRun.qualified(&name)
+            ));
+            Ok(())
+        }
         AgentRunCommand::Resolve { name, action } => {
             let reply = client
                 .post(&[RUNS, &name, "resolve"], json!({"action": action.wire()}))

@@ -254,6 +254,7 @@ impl Engine {
                 inbox: &inbox,
                 now,
                 cancel: run.object.status.cancel_requested,
+                close: run.object.status.close_requested,
                 catalog: &self.deps.catalog,
                 router_max_cost: self.deps.router.max_cost(),
             });

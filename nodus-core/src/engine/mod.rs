@@ -618,6 +618,50 @@ impl Engine {
         self.get_run(project, name).await
     }
 
+    /// Close a keepAlive conversation: the run answers its current turn (and the messages
+    /// that came before), then succeeds and deletes its sandbox instead of waiting for more
+    /// messages. Then drive the run.
+    pub async fn close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        self.request_close_run(project, name).await?;
+        self.drive(project, name).await?;
+        self.get_run(project, name).await
+    }
+
+    /// Record that a run's conversation is closed, without driving it (for a server whose
+    /// controller drives runs). A run that is not keepAlive finishes after its turn anyway;
+    /// closing it changes nothing. A finished run refuses with `AgentRunFinished`.
+    pub async fn request_close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        loop {
+            let mut run = self.read_run(project, name).await?;
+            let phase = run
+                .object
+                .status
+                .phase
+                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            if phase.is_finished() {
+                return Err(Error::AgentRunFinished {
+                    run: name.to_string(),
+                    phase,
+                });
+            }
+            if run.object.status.close_requested {
+                return Ok(run.object);
+            }
+            run.object.status.close_requested = true;
+            let key = ObjectKey::new(project, Kind::AgentRun, name);
+            match self
+                .deps
+                .store
+                .update(&key, run.version, typed::encode(&key, &run.object)?)
+                .await
+            {
+                Err(crate::store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(record) => return Ok(typed::decode(record)?.object),
+            }
+        }
+    }
+
     /// Mark a run as to be cancelled (`reason`); returns false when it had finished.
     async fn request_cancel(
         &self,

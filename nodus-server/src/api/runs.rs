@@ -1,4 +1,4 @@
-//! Run and group sub-resources: messages, steps, answer, cancel, resolve.
+//! Run and group sub-resources: messages, steps, answer, cancel, close, resolve.
 
 use std::sync::Arc;
 
@@ -156,6 +156,19 @@ pub async fn cancel(
     caller(&state, &headers).await?.check_write(&project)?;
     // The controller carries the cancellation out (deletes the sandbox, ends the run).
     let run = state.engine.request_cancel_run(&project, &name).await?;
+    Ok(reply(StatusCode::OK, run))
+}
+
+/// `POST …/agentruns/{name}/close`: a keepAlive conversation ends after its current turn;
+/// the run succeeds with its answer and its sandbox is deleted.
+pub async fn close(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    // The controller carries it out (finishes the turn, deletes the sandbox, ends the run).
+    let run = state.engine.request_close_run(&project, &name).await?;
     Ok(reply(StatusCode::OK, run))
 }
 
