@@ -662,6 +662,50 @@ impl Engine {
         }
     }
 
+    /// The run once it has finished, or as it is when `timeout` has passed: for an API that
+    /// records a cancellation and answers once the run's driver has carried it out (a running
+    /// command is stopped at once, so that is soon unless another replica is slow to see it).
+    pub async fn finished_run(
+        &self,
+        project: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<AgentRun> {
+        let mut changes = self.deps.store.subscribe();
+        let key = ObjectKey::new(project, Kind::AgentRun, name);
+        let clock = self.deps.clock.clone();
+        let give_up = clock.sleep(timeout);
+        tokio::pin!(give_up);
+        loop {
+            let run = self.get_run(project, name).await?;
+            if run.status.phase.is_some_and(RunPhase::is_finished) {
+                return Ok(run);
+            }
+            let changed = async {
+                loop {
+                    match changes.recv().await {
+                        Ok(crate::store::Change::Written(changed, _))
+                        | Ok(crate::store::Change::Deleted(changed))
+                            if changed == key =>
+                        {
+                            return;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            };
+            tokio::select! {
+                biased;
+                () = changed => {}
+                () = &mut give_up => return Ok(run),
+            }
+        }
+    }
+
     /// Mark a run as to be cancelled (`reason`); returns false when it had finished.
     async fn request_cancel(
         &self,
