@@ -391,6 +391,23 @@ mod tests {
     }
 
     #[test]
+    fn a_run_ends_when_cancelled_or_at_its_time_limit() {
+        let first: Timestamp = "2026-12-01T10:00:00Z".parse().expect("time");
+        let journal = started(first);
+        let mut spec = AgentRunSpec::new("a", "hi");
+        spec.deadline = Some(first + SignedDuration::from_secs(2));
+        assert_eq!(ending(&spec, &journal, None, first), None);
+        assert_eq!(
+            ending(&spec, &journal, Some(CancelReason::GroupCancelled), first),
+            Some(RunPhase::Cancelled(CancelReason::GroupCancelled))
+        );
+        assert_eq!(
+            ending(&spec, &journal, None, first + SignedDuration::from_secs(2)),
+            Some(RunPhase::Failed(FailReason::DeadlineExceeded))
+        );
+    }
+
+    #[test]
     fn a_deadline_is_the_lifetime_and_the_default_timeout_bounds_the_rest() {
         let first: Timestamp = "2026-12-01T10:00:00Z".parse().expect("time");
         let at = |hours: i64| first + SignedDuration::from_hours(hours);
