@@ -23,6 +23,8 @@ API_VERSION = "nodus.dev/v1"
 MAX_BATCH = 100
 #: The model a BYOK agent uses when none is named.
 DEFAULT_BYOK_MODEL = "claude-sonnet-4-5"
+#: The read-only project of Nodus's ready-made agents (``claude-assistant``).
+TEMPLATE_PROJECT = "nodus"
 #: What the client sends as its User-Agent.
 USER_AGENT = "nodus-python/0.1.0"
 
@@ -113,6 +115,15 @@ def backoff(first: float = 0.1, factor: float = 1.5, most: float = 2.0) -> Itera
     while True:
         yield delay
         delay = min(most, delay * factor)
+
+
+def run_target(agent_project: str, client_project: str, agent: str) -> tuple[str, str]:
+    """Where a run of ``agent`` goes and how it names the agent: in the agent's project,
+    except for a ready-made template (project ``nodus``, read-only), whose runs go in the
+    client's project and name it ``nodus/<agent>``."""
+    if agent_project == TEMPLATE_PROJECT and client_project != TEMPLATE_PROJECT:
+        return client_project, f"{TEMPLATE_PROJECT}/{agent}"
+    return agent_project, agent
 
 
 def new_run_name(agent: str) -> str:

@@ -67,7 +67,8 @@ class ClaudeAgent:
     @classmethod
     def from_name(cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None) -> "ClaudeAgent":
         """The agent ``name`` as it is on the server (such as the ready-made
-        ``claude-assistant`` template in project ``nodus``); nothing is changed on it."""
+        ``claude-assistant`` template in project ``nodus``, whose runs go in the client's
+        project); nothing is changed on it."""
         agent = cls(name, project=project, client=client)
         agent._spec = None
         return agent
@@ -119,10 +120,11 @@ class ClaudeAgent:
         ``name`` defaults to ``<agent>-<random>``."""
         if not self._ensured:
             self.ensure()
+        project, agent = _core.run_target(self.project, self.client.project, self.name)
         run_name = name or _core.new_run_name(self.name)
-        document = _core.run_document(run_name, self.name, prompt, keep_alive, deadline, context)
-        created = self.client.create("agentruns", document, project=self.project)
-        return AgentRun(run_name, project=self.project, client=self.client, _document=created)
+        document = _core.run_document(run_name, agent, prompt, keep_alive, deadline, context)
+        created = self.client.create("agentruns", document, project=project)
+        return AgentRun(run_name, project=project, client=self.client, _document=created)
 
     def remote(self, prompt: str, *, timeout: Optional[float] = None) -> str:
         """Runs ``prompt`` to the end and returns the answer. Raises

@@ -293,10 +293,11 @@ class ClaudeAgent:
         """Starts a run with ``prompt``; see :meth:`nodus.ClaudeAgent.submit`."""
         if not self._ensured:
             await self.ensure()
+        project, agent = _core.run_target(self.project, self.client.project, self.name)
         run_name = name or _core.new_run_name(self.name)
-        document = _core.run_document(run_name, self.name, prompt, keep_alive, deadline, context)
-        created = await self.client.create("agentruns", document, project=self.project)
-        return AgentRun(run_name, project=self.project, client=self.client, _document=created)
+        document = _core.run_document(run_name, agent, prompt, keep_alive, deadline, context)
+        created = await self.client.create("agentruns", document, project=project)
+        return AgentRun(run_name, project=project, client=self.client, _document=created)
 
     async def remote(self, prompt: str, *, timeout: Optional[float] = None) -> str:
         """Runs ``prompt`` to the end and returns the answer; see

@@ -139,7 +139,8 @@ class Turn:
 class RunStatus:
     """A run's status as last read: ``phase`` (``Pending``, ``Running``, ``Waiting``,
     ``NeedsResolution``, ``Succeeded``, ``Failed``, ``Cancelled``), its ``reason``, the
-    ``message``, the ``turns``, the ``cost``, the answer's ``preview`` and the times."""
+    ``message``, the ``turns``, the ``cost``, the answer's ``preview``, the times, and
+    ``cancel_requested`` (the reason) while a cancellation is being carried out."""
 
     name: str
     phase: Optional[str]
@@ -153,6 +154,7 @@ class RunStatus:
     started: Optional[datetime]
     completed: Optional[datetime]
     keep_alive: bool
+    cancel_requested: Optional[str]
     raw: Dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -175,6 +177,7 @@ class RunStatus:
             started=parse_time(status.get("startTime")),
             completed=parse_time(status.get("completionTime")),
             keep_alive=bool(_dict(data.get("spec")).get("keepAlive", False)),
+            cancel_requested=status.get("cancelRequested"),
             raw=data,
         )
 
@@ -185,8 +188,9 @@ class RunStatus:
 
     @property
     def awaiting_message(self) -> bool:
-        """Whether a keep-alive run has answered its turn and waits for a message."""
-        return self.phase == "Waiting" and self.reason == "AwaitingMessage"
+        """Whether a keep-alive run has answered its turn and waits for a message (and is
+        not being cancelled)."""
+        return self.phase == "Waiting" and self.reason == "AwaitingMessage" and not self.cancel_requested
 
 
 @dataclass(frozen=True)
