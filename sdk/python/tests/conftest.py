@@ -215,3 +215,49 @@ def connection_env(server: NodusServer, monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setattr(nodus.client, "_default", None)
     monkeypatch.setattr(nodus.aio, "_default", None)
+
+
+class LosingProxy:
+    """An HTTP proxy to ``target`` that passes each run-creating POST (…/agentruns) on to the
+    server, but the first ``lose`` times drops the connection instead of returning the answer:
+    the runs were created, the client never heard so. ``keys`` holds their Idempotency-Keys."""
+
+    def __init__(self, target: str, lose: int = 1) -> None:
+        import httpx
+
+        self.keys: List[Optional[str]] = []
+        self.lose = lose
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                body = self.rfile.read(length) if length else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                answer = httpx.request(self.command, target + self.path, content=body, headers=headers)
+                if self.command == "POST" and self.path.endswith("/agentruns"):
+                    proxy.keys.append(self.headers.get("idempotency-key"))
+                    if proxy.lose > 0:
+                        proxy.lose -= 1
+                        self.close_connection = True
+                        return
+                self.send_response(answer.status_code)
+                self.send_header("content-type", answer.headers.get("content-type", "application/json"))
+                self.send_header("content-length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

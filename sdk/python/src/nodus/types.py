@@ -140,7 +140,8 @@ class RunStatus:
     """A run's status as last read: ``phase`` (``Pending``, ``Running``, ``Waiting``,
     ``NeedsResolution``, ``Succeeded``, ``Failed``, ``Cancelled``), its ``reason``, the
     ``message``, the ``turns``, the ``cost``, the answer's ``preview``, the times, and
-    ``cancel_requested`` (the reason) while a cancellation is being carried out."""
+    ``cancel_requested`` (the reason) or ``close_requested`` while a cancellation or a close
+    is being carried out."""
 
     name: str
     phase: Optional[str]
@@ -155,6 +156,7 @@ class RunStatus:
     completed: Optional[datetime]
     keep_alive: bool
     cancel_requested: Optional[str]
+    close_requested: bool
     raw: Dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -178,6 +180,7 @@ class RunStatus:
             completed=parse_time(status.get("completionTime")),
             keep_alive=bool(_dict(data.get("spec")).get("keepAlive", False)),
             cancel_requested=status.get("cancelRequested"),
+            close_requested=bool(status.get("closeRequested")),
             raw=data,
         )
 
@@ -189,8 +192,13 @@ class RunStatus:
     @property
     def awaiting_message(self) -> bool:
         """Whether a keep-alive run has answered its turn and waits for a message (and is
-        not being cancelled)."""
-        return self.phase == "Waiting" and self.reason == "AwaitingMessage" and not self.cancel_requested
+        not being cancelled or closed)."""
+        return (
+            self.phase == "Waiting"
+            and self.reason == "AwaitingMessage"
+            and not self.cancel_requested
+            and not self.close_requested
+        )
 
 
 @dataclass(frozen=True)
