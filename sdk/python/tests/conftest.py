@@ -69,7 +69,14 @@ def reply_for(request: Dict[str, Any]) -> List[Dict[str, Any]]:
     elif "python version" in prompt.lower():
         command = "python3 --version"
     if command is not None:
-        return [{"type": "tool_use", "id": f"toolu_{time.time_ns()}", "name": "shell", "input": {"command": command}}]
+        return [
+            {
+                "type": "tool_use",
+                "id": f"toolu_{time.time_ns()}",
+                "name": "shell",
+                "input": {"command": command},
+            }
+        ]
     return [{"type": "text", "text": f"Noted: {prompt}"}]
 
 
@@ -89,7 +96,9 @@ class FakeAnthropic:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
-                fake.requests.append({"key": self.headers.get("x-api-key"), "path": self.path, "body": body})
+                fake.requests.append(
+                    {"key": self.headers.get("x-api-key"), "path": self.path, "body": body}
+                )
                 if self.path.endswith("/count_tokens"):
                     return self._json({"input_tokens": 20})
                 content = reply_for(body)
@@ -98,23 +107,101 @@ class FakeAnthropic:
                 usage = {"input_tokens": 20, "output_tokens": 10}
                 if not body.get("stream"):
                     return self._json(
-                        {"id": "msg_1", "type": "message", "role": "assistant", "model": model,
-                         "content": content, "stop_reason": stop, "usage": usage}
+                        {
+                            "id": "msg_1",
+                            "type": "message",
+                            "role": "assistant",
+                            "model": model,
+                            "content": content,
+                            "stop_reason": stop,
+                            "usage": usage,
+                        }
                     )
-                events = [("message_start", {"type": "message_start", "message": {
-                    "id": "msg_1", "type": "message", "role": "assistant", "model": model,
-                    "content": [], "stop_reason": None, "usage": {"input_tokens": 20, "output_tokens": 1}}})]
+                events = [
+                    (
+                        "message_start",
+                        {
+                            "type": "message_start",
+                            "message": {
+                                "id": "msg_1",
+                                "type": "message",
+                                "role": "assistant",
+                                "model": model,
+                                "content": [],
+                                "stop_reason": None,
+                                "usage": {"input_tokens": 20, "output_tokens": 1},
+                            },
+                        },
+                    )
+                ]
                 for index, block in enumerate(content):
                     if block["type"] == "text":
-                        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}))
-                        events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": block["text"]}}))
+                        events.append(
+                            (
+                                "content_block_start",
+                                {
+                                    "type": "content_block_start",
+                                    "index": index,
+                                    "content_block": {"type": "text", "text": ""},
+                                },
+                            )
+                        )
+                        events.append(
+                            (
+                                "content_block_delta",
+                                {
+                                    "type": "content_block_delta",
+                                    "index": index,
+                                    "delta": {"type": "text_delta", "text": block["text"]},
+                                },
+                            )
+                        )
                     else:
-                        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
-                        events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
-                    events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-                events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 10}}))
+                        events.append(
+                            (
+                                "content_block_start",
+                                {
+                                    "type": "content_block_start",
+                                    "index": index,
+                                    "content_block": {
+                                        "type": "tool_use",
+                                        "id": block["id"],
+                                        "name": block["name"],
+                                        "input": {},
+                                    },
+                                },
+                            )
+                        )
+                        events.append(
+                            (
+                                "content_block_delta",
+                                {
+                                    "type": "content_block_delta",
+                                    "index": index,
+                                    "delta": {
+                                        "type": "input_json_delta",
+                                        "partial_json": json.dumps(block["input"]),
+                                    },
+                                },
+                            )
+                        )
+                    events.append(
+                        ("content_block_stop", {"type": "content_block_stop", "index": index})
+                    )
+                events.append(
+                    (
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": stop},
+                            "usage": {"output_tokens": 10},
+                        },
+                    )
+                )
                 events.append(("message_stop", {"type": "message_stop"}))
-                data = "".join(f"event: {name}\ndata: {json.dumps(payload)}\n\n" for name, payload in events).encode()
+                data = "".join(
+                    f"event: {name}\ndata: {json.dumps(payload)}\n\n" for name, payload in events
+                ).encode()
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("content-length", str(len(data)))
@@ -158,11 +245,24 @@ class NodusServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NODUS_")}
         env.update({"ANTHROPIC_API_KEY": PLATFORM_KEY, "ANTHROPIC_BASE_URL": model_url})
         self.process = subprocess.Popen(
-            [nodus_bin(), "server", "--store", "memory:", "--sandbox", "unisolated",
-             "--data-dir", str(Path(self.dir) / "data"), "--listen", f"127.0.0.1:{self.port}",
-             "--bootstrap-token", TOKEN],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=self.log_path.open("wb"), env=env,
+            [
+                nodus_bin(),
+                "server",
+                "--store",
+                "memory:",
+                "--sandbox",
+                "unisolated",
+                "--data-dir",
+                str(Path(self.dir) / "data"),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--bootstrap-token",
+                TOKEN,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("wb"),
+            env=env,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -171,7 +271,7 @@ class NodusServer:
                     break
             except OSError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nodus server did not start:\n{self.log()}")
+                    raise RuntimeError(f"nodus server did not start:\n{self.log()}") from None
                 time.sleep(0.05)
 
     def log(self) -> str:
@@ -238,8 +338,14 @@ class LosingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 body = self.rfile.read(length) if length else None
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                answer = httpx.request(self.command, target + self.path, content=body, headers=headers)
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("host", "content-length")
+                }
+                answer = httpx.request(
+                    self.command, target + self.path, content=body, headers=headers
+                )
                 if self.command == "POST" and self.path.endswith("/agentruns"):
                     proxy.keys.append(self.headers.get("idempotency-key"))
                     if proxy.lose > 0:
@@ -247,7 +353,9 @@ class LosingProxy:
                         self.close_connection = True
                         return
                 self.send_response(answer.status_code)
-                self.send_header("content-type", answer.headers.get("content-type", "application/json"))
+                self.send_header(
+                    "content-type", answer.headers.get("content-type", "application/json")
+                )
                 self.send_header("content-length", str(len(answer.content)))
                 self.end_headers()
                 self.wfile.write(answer.content)

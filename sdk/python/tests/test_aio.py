@@ -30,7 +30,15 @@ def run_async(test: Callable[[aio.AsyncClient], Awaitable[T]], **client: Any) ->
 
 
 def test_aio_exports_the_same_names_and_errors() -> None:
-    for name in ["ClaudeAgent", "AgentRun", "AgentGroup", "Task", "NodusError", "AgentRunFinished", "Invalid"]:
+    for name in [
+        "ClaudeAgent",
+        "AgentRun",
+        "AgentGroup",
+        "Task",
+        "NodusError",
+        "AgentRunFinished",
+        "Invalid",
+    ]:
         assert hasattr(aio, name)
     assert aio.NotFound is nodus.NotFound and aio.Task is nodus.Task
     for cls in (aio.ClaudeAgent, aio.AgentRun, aio.AgentGroup):
@@ -41,7 +49,9 @@ def test_aio_exports_the_same_names_and_errors() -> None:
 
 def test_aio_remote_submit_status_steps_and_template() -> None:
     async def test(client: aio.AsyncClient) -> None:
-        agent = aio.ClaudeAgent(unique("aremote"), system="You are careful.", families=["haiku"], client=client)
+        agent = aio.ClaudeAgent(
+            unique("aremote"), system="You are careful.", families=["haiku"], client=client
+        )
         assert await agent.remote("run `echo async-ok`", timeout=60) == "It is async-ok."
         run = await agent.submit("run `echo again`")
         status = await run.wait(timeout=60)
@@ -82,7 +92,9 @@ def test_aio_keep_alive_send_twice_delivered_once_then_cancel(fake_model: FakeAn
 
 def test_aio_cancel_a_working_run_and_time_out() -> None:
     async def test(client: aio.AsyncClient) -> None:
-        run = await aio.ClaudeAgent(unique("acancel"), system="x", client=client).submit("run `sleep 5`")
+        run = await aio.ClaudeAgent(unique("acancel"), system="x", client=client).submit(
+            "run `sleep 5`"
+        )
         with pytest.raises(nodus.WaitTimeout):
             await run.wait(timeout=0.3)
         await run.cancel()
@@ -99,7 +111,9 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
         await client.create_secret(secret, {"ANTHROPIC_API_KEY": user_key})
         agent = aio.ClaudeAgent(unique("abyok"), system="x", api_key_secret=secret, client=client)
         seen = len(fake_model.requests)
-        group = await aio.AgentGroup.create(unique("agrp"), agent=agent, max_active=2, max_cost="0.60")
+        group = await aio.AgentGroup.create(
+            unique("agrp"), agent=agent, max_active=2, max_cost="0.60"
+        )
         runs = await group.submit([("a", "run `echo A`"), ("b", "run `echo B`", ["a"])])
         assert [r.name for r in runs] == [f"{group.name}-a", f"{group.name}-b"]
         status = await group.wait(timeout=120)
@@ -107,7 +121,10 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
         assert (await group.status).cost.total == Decimal("0")
         assert {r["key"] for r in fake_model.requests[seen:]} == {user_key}
         results = await group.results()
-        assert sorted((r.task_id, r.state, r.get("verdict")) for r in results) == [("a", "Succeeded", None), ("b", "Succeeded", None)]
+        assert sorted((r.task_id, r.state, r.get("verdict")) for r in results) == [
+            ("a", "Succeeded", None),
+            ("b", "Succeeded", None),
+        ]
         assert len(await group.runs()) == 2
         with pytest.raises(nodus.Conflict):
             await group.submit([("c", "late")], seal=False)
@@ -116,7 +133,11 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
         with pytest.raises(nodus.NotFound):
             await aio.AgentGroup.from_name(group.name, client=client).status
         with pytest.raises(nodus.Invalid) as invalid:
-            await aio.AgentGroup.create(unique("aeval"), agent=agent.name, evaluation={"environment": "nodus/x@1.0.0", "tasks": 1})
+            await aio.AgentGroup.create(
+                unique("aeval"),
+                agent=agent.name,
+                evaluation={"environment": "nodus/x@1.0.0", "tasks": 1},
+            )
         assert invalid.value.field == "spec.evaluation"
         with pytest.raises(nodus.AlreadyExists):
             await client.create_secret(secret, {"A": "b"})

@@ -39,20 +39,36 @@ def readme_snippet() -> str:
 def test_the_spec_snippet_prints_the_answer(server: NodusServer, tmp_path: Path) -> None:
     snippet = readme_snippet()
     # The snippet is the spec's, word for word.
-    assert 'agent = nodus.ClaudeAgent("helper", system="You are careful.", families=["haiku", "sonnet"])' in snippet
+    assert (
+        'agent = nodus.ClaudeAgent("helper", system="You are careful.", families=["haiku", "sonnet"])'
+        in snippet
+    )
     assert 'run.send("message", "Now the staging logs")' in snippet
     script = tmp_path / "from_python.py"
     script.write_text(snippet)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
     assert done.returncode == 0, done.stderr
     # The answer of a run that ran `python3 --version` in its sandbox.
     assert re.fullmatch(r"It is Python 3\.\d+\.\d+\.\n", done.stdout), done.stdout
     # The keep-alive run the snippet started took its message; end it.
-    runs = [r for r in nodus.Client().list("agentruns", field_selector="spec.agent=helper") if r["spec"].get("keepAlive")]
+    runs = [
+        r
+        for r in nodus.Client().list("agentruns", field_selector="spec.agent=helper")
+        if r["spec"].get("keepAlive")
+    ]
     assert len(runs) == 1
     run = nodus.AgentRun(runs[0]["metadata"]["name"])
     assert run.answer(timeout=60) == "Noted: Now the staging logs"
-    assert [s.summary for s in run.steps() if s.kind == "Answer"] == ["answer turn 0: answered", "answer turn 1: answered"]
+    assert [s.summary for s in run.steps() if s.kind == "Answer"] == [
+        "answer turn 0: answered",
+        "answer turn 1: answered",
+    ]
     run.cancel()
     assert run.wait(timeout=60).phase == "Cancelled"
 
@@ -62,9 +78,17 @@ def test_the_spec_evaluation_example_raises_the_servers_refusal() -> None:
     spec.evaluation and the SDK raises that as Invalid, naming the field."""
     nodus.Client().create(
         "agents",
-        {"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "parallel-agents-worker"},
-         "spec": {"system": "Answer in one short sentence.", "model": {"access": "Nodus", "families": ["haiku"]},
-                  "maxTokens": 1024, "perRunMaxCostUSD": "0.10"}},
+        {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "Agent",
+            "metadata": {"name": "parallel-agents-worker"},
+            "spec": {
+                "system": "Answer in one short sentence.",
+                "model": {"access": "Nodus", "families": ["haiku"]},
+                "maxTokens": 1024,
+                "perRunMaxCostUSD": "0.10",
+            },
+        },
     )
     example = Path(__file__).resolve().parents[1] / "examples" / "evaluation.py"
     with pytest.raises(nodus.Invalid) as refused:
@@ -91,7 +115,15 @@ def test_remote_status_steps_and_money() -> None:
     assert status.answer_preview == "It is second."
     assert run.status.phase == "Succeeded"
     kinds = [s.kind for s in run.steps()]
-    assert kinds == ["SandboxCreation", "Routing", "ModelCall", "Command", "ModelCall", "Answer", "SandboxDeletion"]
+    assert kinds == [
+        "SandboxCreation",
+        "Routing",
+        "ModelCall",
+        "Command",
+        "ModelCall",
+        "Answer",
+        "SandboxDeletion",
+    ]
     assert all(s.state == "Completed" and s.started and s.started.tzinfo for s in run.steps())
     assert run.answer() == "It is second."
     run.delete()
@@ -102,13 +134,17 @@ def test_remote_status_steps_and_money() -> None:
 def test_claude_agent_creates_then_updates_on_first_use() -> None:
     name = unique("upd")
     client = nodus.Client()
-    first = nodus.ClaudeAgent(name, system="first", families=["haiku", "sonnet"], per_run_max_cost="0.50")
+    first = nodus.ClaudeAgent(
+        name, system="first", families=["haiku", "sonnet"], per_run_max_cost="0.50"
+    )
     stored = first.ensure()
     assert stored["spec"]["system"] == "first"
     assert stored["spec"]["model"] == {"access": "Nodus", "families": ["haiku", "sonnet"]}
     assert stored["spec"]["perRunMaxCostUSD"] == "0.50"
     # Unchanged: no write (the resourceVersion stays).
-    again = nodus.ClaudeAgent(name, system="first", families=["haiku", "sonnet"], per_run_max_cost=Decimal("0.5")).ensure()
+    again = nodus.ClaudeAgent(
+        name, system="first", families=["haiku", "sonnet"], per_run_max_cost=Decimal("0.5")
+    ).ensure()
     assert again["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
     # Changed fields are updated, the others left as stored.
     nodus.ClaudeAgent(name, system="second").remote("run `true`", timeout=60)
@@ -139,8 +175,12 @@ def test_byok_agent_uses_the_key_of_its_secret(fake_model: FakeAnthropic) -> Non
     seen = len(fake_model.requests)
     run = agent.submit("run `echo byok`")
     assert run.answer(timeout=60) == "It is byok."
-    calls = [r for r in fake_model.requests[seen:] if user_key in str(r["body"]) or r["key"] == user_key]
-    assert calls and all(r["key"] == user_key and r["body"]["model"] == "claude-sonnet-4-5" for r in calls)
+    calls = [
+        r for r in fake_model.requests[seen:] if user_key in str(r["body"]) or r["key"] == user_key
+    ]
+    assert calls and all(
+        r["key"] == user_key and r["body"]["model"] == "claude-sonnet-4-5" for r in calls
+    )
     spec = client.get("agents", agent.name)["spec"]["model"]
     assert spec == {"access": "BYOK", "name": "claude-sonnet-4-5", "apiKeySecret": secret}
     assert run.status.cost.total == Decimal("0")
@@ -194,10 +234,16 @@ def test_a_cancelled_run() -> None:
 
 
 def test_a_group_submits_in_batches_seals_and_finishes() -> None:
-    agent = nodus.ClaudeAgent(unique("worker"), system="Answer briefly.", families=["haiku"], per_run_max_cost="0.10")
+    agent = nodus.ClaudeAgent(
+        unique("worker"), system="Answer briefly.", families=["haiku"], per_run_max_cost="0.10"
+    )
     group = nodus.AgentGroup.create(unique("grp"), agent=agent, max_active=2, max_cost="0.60")
     runs = group.submit(
-        [("a", "run `echo A`"), nodus.Task("b", "run `echo B`"), {"key": "c", "input": "run `echo C`", "depends_on": ["a", "b"]}]
+        [
+            ("a", "run `echo A`"),
+            nodus.Task("b", "run `echo B`"),
+            {"key": "c", "input": "run `echo C`", "depends_on": ["a", "b"]},
+        ]
     )
     assert [r.name for r in runs] == [f"{group.name}-a", f"{group.name}-b", f"{group.name}-c"]
     status = group.wait(timeout=120)
@@ -207,7 +253,10 @@ def test_a_group_submits_in_batches_seals_and_finishes() -> None:
     assert status.evaluation.pending is None and status.evaluation.get("passRate") is None
     results = group.results()
     assert sorted((r.task_id, r.state, r.get("verdict")) for r in results) == [
-        ("a", "Succeeded", None), ("b", "Succeeded", None), ("c", "Succeeded", None)]
+        ("a", "Succeeded", None),
+        ("b", "Succeeded", None),
+        ("c", "Succeeded", None),
+    ]
     assert {r.preview for r in results} == {"It is A.", "It is B.", "It is C."}
     assert sorted(r.name for r in group.runs()) == sorted(r.name for r in runs)
     assert nodus.AgentRun(f"{group.name}-c").answer() == "It is C."
@@ -223,7 +272,9 @@ def test_a_group_submits_in_batches_seals_and_finishes() -> None:
 def test_a_large_submit_goes_in_batches_of_100_and_repeats_idempotently() -> None:
     agent = nodus.ClaudeAgent(unique("many"), system="x", per_run_max_cost="1.00")
     # A cap below one run's cap: no run starts, the test only creates them.
-    group = nodus.AgentGroup.create(unique("big"), agent=agent, max_active=1, max_cost=Decimal("0.01"))
+    group = nodus.AgentGroup.create(
+        unique("big"), agent=agent, max_active=1, max_cost=Decimal("0.01")
+    )
     tasks = [nodus.Task(f"t{i}", f"task {i}", ("t0",) if i else ()) for i in range(150)]
     runs = group.submit(tasks, seal=False)
     assert len(runs) == 150 and runs[149].name == f"{group.name}-t149"
@@ -232,7 +283,11 @@ def test_a_large_submit_goes_in_batches_of_100_and_repeats_idempotently() -> Non
     assert [r.name for r in again] == [r.name for r in runs]
     status = group.status
     assert not status.sealed and sum(status.counts.values()) == 150
-    assert status.blocked_reasons.get("MaxCostReached", 0) + status.blocked_reasons.get("DependencyWait", 0) == 150
+    assert (
+        status.blocked_reasons.get("MaxCostReached", 0)
+        + status.blocked_reasons.get("DependencyWait", 0)
+        == 150
+    )
     assert group.seal().sealed
     cancelled = group.cancel()
     assert cancelled.phase in ("Cancelling", "Cancelled")
@@ -245,11 +300,17 @@ def test_a_batch_whose_answer_was_lost_is_sent_again_and_created_once(server: No
     try:
         with nodus.Client(server=proxy.url, token=TOKEN) as client:
             agent = nodus.ClaudeAgent(unique("lost"), system="x", client=client)
-            group = nodus.AgentGroup.create(unique("lost"), agent=agent, max_active=1, max_cost="0.01", client=client)
+            group = nodus.AgentGroup.create(
+                unique("lost"), agent=agent, max_active=1, max_cost="0.01", client=client
+            )
             runs = group.submit([("a", "first"), ("b", "second", ["a"])], seal=False)
             assert [r.name for r in runs] == [f"{group.name}-a", f"{group.name}-b"]
             # Sent twice under one key; the server created the runs once and replayed them.
-            assert len(proxy.keys) == 2 and proxy.keys[0] is not None and proxy.keys[0] == proxy.keys[1]
+            assert (
+                len(proxy.keys) == 2
+                and proxy.keys[0] is not None
+                and proxy.keys[0] == proxy.keys[1]
+            )
             listed = client.list("agentruns", field_selector=f"spec.group={group.name}")
             assert sorted(r["metadata"]["name"] for r in listed) == [r.name for r in runs]
             group.delete()
@@ -269,7 +330,15 @@ def test_stopped_agent_invalid_input_and_existing_objects() -> None:
         nodus.ClaudeAgent("Not_A_Name", system="x").ensure()
     assert invalid.value.field == "metadata.name" and invalid.value.rule and invalid.value.value
     with pytest.raises(nodus.AlreadyExists) as exists:
-        client.create("agents", {"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name}, "spec": {"system": "x", "model": {"access": "Nodus"}}})
+        client.create(
+            "agents",
+            {
+                "apiVersion": "nodus.dev/v1",
+                "kind": "Agent",
+                "metadata": {"name": name},
+                "spec": {"system": "x", "model": {"access": "Nodus"}},
+            },
+        )
     assert isinstance(exists.value, nodus.Conflict)
     with pytest.raises(nodus.Invalid) as kind:
         nodus.AgentRun("whatever").send("telegram", "hi")
@@ -277,7 +346,9 @@ def test_stopped_agent_invalid_input_and_existing_objects() -> None:
     with pytest.raises(TypeError, match="max_cost"):
         nodus.AgentGroup.create(unique("g"), agent=name, max_cost=0.6)
     with pytest.raises(nodus.NodusError) as method:
-        client.send(nodus._core.Request("PUT", "/apis/nodus.dev/v1/projects/default/agentruns/x/steps"))
+        client.send(
+            nodus._core.Request("PUT", "/apis/nodus.dev/v1/projects/default/agentruns/x/steps")
+        )
     assert method.value.reason == "MethodNotAllowed" and method.value.status_code == 405
 
 
@@ -310,20 +381,29 @@ def test_a_server_that_is_down_is_a_clear_error() -> None:
     # No chain into the HTTP library's exceptions.
     assert error.__cause__ is None and error.__suppress_context__
     script = f"import nodus\nnodus.ClaudeAgent('a', system='x', client=nodus.Client(server={url!r}, token='t'*40)).remote('hi')\n"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1
     assert "nodus.errors.ConnectionFailed: ConnectionFailed: the Nodus server at" in done.stderr
     assert "httpx" not in done.stderr and "httpcore" not in done.stderr
 
 
-def test_connection_from_arguments_environment_and_the_cli_login(server: NodusServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_connection_from_arguments_environment_and_the_cli_login(
+    server: NodusServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("NODUS_SERVER")
     monkeypatch.delenv("NODUS_TOKEN")
     with pytest.raises(nodus.ConfigError, match="no token for http://127.0.0.1:7070"):
         nodus.Client()
     # `nodus login` writes the config the SDK reads.
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"))
-    login = subprocess.run([nodus_bin(), "login", "--server", server.url, "--token", TOKEN], env=env, capture_output=True, text=True)
+    login = subprocess.run(
+        [nodus_bin(), "login", "--server", server.url, "--token", TOKEN],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert login.returncode == 0, login.stderr
     client = nodus.Client()
     assert (client.server, client.project) == (server.url, "default")
@@ -343,15 +423,28 @@ def test_connection_from_arguments_environment_and_the_cli_login(server: NodusSe
 
 def test_unit_errors_by_reason_and_status() -> None:
     make = nodus.errors.error_from_response
-    body: Any = {"kind": "Status", "status": "Failure", "code": 503, "reason": "Unavailable", "message": "store down"}
+    body: Any = {
+        "kind": "Status",
+        "status": "Failure",
+        "code": 503,
+        "reason": "Unavailable",
+        "message": "store down",
+    }
     assert type(make(503, body, "")) is nodus.ServerUnavailable
-    assert type(make(500, {"reason": "InternalError", "message": "boom"}, "")) is nodus.InternalError
-    assert type(make(404, {"reason": "WorkdirNotKept", "message": "too big"}, "")) is nodus.WorkdirNotKept
+    assert (
+        type(make(500, {"reason": "InternalError", "message": "boom"}, "")) is nodus.InternalError
+    )
+    assert (
+        type(make(404, {"reason": "WorkdirNotKept", "message": "too big"}, ""))
+        is nodus.WorkdirNotKept
+    )
     assert type(make(429, None, "slow down")) is nodus.ServerUnavailable
     unknown = make(418, {"reason": "Teapot", "message": "short and stout"}, "")
     assert type(unknown) is nodus.NodusError and unknown.reason == "Teapot"
     assert str(make(409, {"reason": "AgentStopped", "message": "m"}, "")) == "AgentStopped: m"
-    assert nodus.types.parse_time("2026-12-01T15:23:47.445862612Z") == datetime.fromisoformat("2026-12-01T15:23:47.445862+00:00")
+    assert nodus.types.parse_time("2026-12-01T15:23:47.445862612Z") == datetime.fromisoformat(
+        "2026-12-01T15:23:47.445862+00:00"
+    )
     assert nodus.types.parse_time("2026-12-01T15:23:47+02:00").utcoffset().total_seconds() == 7200  # type: ignore[union-attr]
     with pytest.raises(TypeError):
         nodus.types.parse_money(0.1)

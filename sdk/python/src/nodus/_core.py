@@ -15,8 +15,15 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import ConnectionFailed, Invalid, NodusError, error_from_response
-from .types import Task, money_text
+from .errors import (
+    ConnectionFailed,
+    Invalid,
+    NodusError,
+    RunFailed,
+    WaitTimeout,
+    error_from_response,
+)
+from .types import GroupStatus, RunStatus, Task, money_text
 
 API_VERSION = "nodus.dev/v1"
 #: Runs per batch request: the server takes at most 100.
@@ -40,7 +47,9 @@ class Request:
     params: Dict[str, str] = field(default_factory=dict)
 
 
-def resource_path(project: str, plural: str, name: Optional[str] = None, sub: Optional[str] = None) -> str:
+def resource_path(
+    project: str, plural: str, name: Optional[str] = None, sub: Optional[str] = None
+) -> str:
     """``/apis/nodus.dev/v1/projects/{project}/{plural}[/{name}[/{sub}]]``, each part quoted."""
     path = f"/apis/nodus.dev/v1/projects/{quote(project, safe='')}/{plural}"
     if name is not None:
@@ -151,7 +160,9 @@ def agent_model(
     spec = {"access": "Nodus"}
     if families is not None:
         if isinstance(families, str):
-            raise TypeError(f"families is a list of model families such as [\"haiku\"], not the string {families!r}")
+            raise TypeError(
+                f'families is a list of model families such as ["haiku"], not the string {families!r}'
+            )
         spec["families"] = list(families)
     if model is not None:
         spec["name"] = model
@@ -251,7 +262,12 @@ def group_document(
         spec["maxCostUSD"] = money_text(max_cost, "max_cost")
     if evaluation is not None:
         spec["evaluation"] = dict(evaluation)
-    return {"apiVersion": API_VERSION, "kind": "AgentGroup", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentGroup",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def secret_document(name: str, values: Mapping[str, str]) -> Dict[str, Any]:
@@ -268,8 +284,8 @@ def message_body(kind: str, payload: str, key: Optional[str]) -> Dict[str, Any]:
     """The body of ``POST …/messages``. ``kind`` must be ``"message"``."""
     if kind != "message":
         raise Invalid(
-            f"send takes \"message\" as what to send, not {kind!r}",
-            details={"field": "kind", "rule": "is \"message\"", "value": repr(kind)},
+            f'send takes "message" as what to send, not {kind!r}',
+            details={"field": "kind", "rule": 'is "message"', "value": repr(kind)},
         )
     if not isinstance(payload, str):
         raise TypeError(f"payload is text, not {payload!r}")
@@ -279,7 +295,9 @@ def message_body(kind: str, payload: str, key: Optional[str]) -> Dict[str, Any]:
     return body
 
 
-def batches(group: str, group_uid: str, agent: str, tasks: List[Task]) -> List[tuple[str, Dict[str, Any]]]:
+def batches(
+    group: str, group_uid: str, agent: str, tasks: List[Task]
+) -> List[tuple[str, Dict[str, Any]]]:
     """The tasks as AgentRunLists of at most 100 runs, in order, each with its
     Idempotency-Key. The key is a digest of the group's uid and the batch, so sending the same
     batch again (a retry, or the same program run twice) creates its runs once."""
@@ -296,3 +314,44 @@ def count_answers(steps: Any) -> int:
     """How many turns a run has answered, from its StepList."""
     items = steps.get("items", []) if isinstance(steps, dict) else []
     return sum(1 for s in items if s.get("kind") == "Answer" and s.get("state") == "Completed")
+
+
+def run_settled(status: RunStatus) -> Optional[bool]:
+    """Whether a wait for a run ends at ``status``: ``True`` when the run has finished or
+    needs a resolution, ``None`` when a keep-alive run awaits a message (the wait ends once
+    it has answered every turn it was sent; count its answers), else ``False``."""
+    if status.finished or status.phase == "NeedsResolution":
+        return True
+    if status.awaiting_message:
+        return None
+    return False
+
+
+def check_answerable(name: str, status: RunStatus) -> None:
+    """Raises RunFailed unless the run at ``status`` has an answer to return (it succeeded,
+    or a keep-alive run answered its turn)."""
+    if status.phase == "Succeeded" or status.awaiting_message:
+        return
+    raise RunFailed(
+        f"run {name!r} is {status.phase} ({status.reason or 'no reason'})"
+        + (f": {status.message}" if status.message else "")
+        + ", with no answer to return",
+        reason=status.reason or status.phase,
+        status=status,
+    )
+
+
+def run_timeout(name: str, status: RunStatus, timeout: Optional[float]) -> WaitTimeout:
+    """The error of a run wait that ran out of time."""
+    return WaitTimeout(
+        f"run {name!r} is still {status.phase} ({status.reason or 'no reason'}) after {timeout}s",
+        status=status,
+    )
+
+
+def group_timeout(name: str, status: GroupStatus, timeout: Optional[float]) -> WaitTimeout:
+    """The error of a group wait that ran out of time."""
+    return WaitTimeout(
+        f"group {name!r} is still {status.phase} after {timeout}s (runs: {status.counts})",
+        status=status,
+    )

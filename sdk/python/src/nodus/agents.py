@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from . import _core
 from .client import Client, default_client
-from .errors import AlreadyExists, RunFailed, ServerUnavailable, WaitTimeout
+from .errors import AlreadyExists, ServerUnavailable
 from .types import Delivery, GroupStatus, Result, RunStatus, Step, Task, as_tasks
 
 __all__ = ["ClaudeAgent", "AgentRun", "AgentGroup"]
@@ -65,7 +65,9 @@ class ClaudeAgent:
         self._ensured = False
 
     @classmethod
-    def from_name(cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None) -> "ClaudeAgent":
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> "ClaudeAgent":
         """The agent ``name`` as it is on the server (such as the ready-made
         ``claude-assistant`` template in project ``nodus``, whose runs go in the client's
         project); nothing is changed on it."""
@@ -96,7 +98,9 @@ class ClaudeAgent:
             agent = client.get("agents", self.name, project=project)
         else:
             try:
-                agent = client.create("agents", _core.agent_document(self.name, self._spec), project=project)
+                agent = client.create(
+                    "agents", _core.agent_document(self.name, self._spec), project=project
+                )
             except AlreadyExists:
                 agent = client.get("agents", self.name, project=project)
                 patch = _core.agent_patch(agent, self._spec)
@@ -162,15 +166,16 @@ class AgentRun:
     @property
     def status(self) -> RunStatus:
         """The run's status, read from the server now."""
-        self._last = RunStatus.from_json(self._client.get("agentruns", self.name, project=self.project))
+        self._last = RunStatus.from_json(
+            self._client.get("agentruns", self.name, project=self.project)
+        )
         return self._last
 
     def _settled(self, status: RunStatus) -> bool:
-        if status.finished or status.phase == "NeedsResolution":
-            return True
-        if status.awaiting_message:
+        settled = _core.run_settled(status)
+        if settled is None:
             return _core.count_answers(self._sub("GET", "steps")) >= self._answers_expected
-        return False
+        return settled
 
     def wait(self, timeout: Optional[float] = None) -> RunStatus:
         """Waits until the run has finished (Succeeded, Failed, Cancelled), needs a
@@ -183,11 +188,7 @@ class AgentRun:
             if self._settled(status):
                 return status
             if not _pause(delay, deadline):
-                raise WaitTimeout(
-                    f"run {self.name!r} is still {status.phase} ({status.reason or 'no reason'}) "
-                    f"after {timeout}s",
-                    status=status,
-                )
+                raise _core.run_timeout(self.name, status, timeout)
         raise AssertionError("unreachable")
 
     def answer(self, timeout: Optional[float] = None) -> str:
@@ -195,16 +196,9 @@ class AgentRun:
         :meth:`wait` does. Raises :class:`~nodus.RunFailed` (with the run's reason) when the
         run failed, was cancelled or needs a resolution."""
         status = self.wait(timeout)
-        if status.phase == "Succeeded" or status.awaiting_message:
-            body = self._sub("GET", "answer")
-            return str(body.get("answer") or "")
-        raise RunFailed(
-            f"run {self.name!r} is {status.phase} ({status.reason or 'no reason'})"
-            + (f": {status.message}" if status.message else "")
-            + ", with no answer to return",
-            reason=status.reason or status.phase,
-            status=status,
-        )
+        _core.check_answerable(self.name, status)
+        body = self._sub("GET", "answer")
+        return str(body.get("answer") or "")
 
     def steps(self) -> List[Step]:
         """What the run did so far, in order: sandbox, routing, model calls, commands,
@@ -217,7 +211,9 @@ class AgentRun:
         Sending the same ``key`` again delivers it once (the answer says ``duplicate``). A
         working run reads it after its current turn; a finished run refuses it with
         :class:`~nodus.AgentRunFinished`."""
-        delivery = Delivery.from_json(self._sub("POST", "messages", _core.message_body(kind, payload, key)))
+        delivery = Delivery.from_json(
+            self._sub("POST", "messages", _core.message_body(kind, payload, key))
+        )
         self._answers_expected = max(self._answers_expected, delivery.seq + 1)
         return delivery
 
@@ -237,7 +233,9 @@ class AgentGroup:
     :meth:`wait` for it, read its :attr:`status` and :meth:`results`, :meth:`cancel` or
     :meth:`delete` it. Make one with :meth:`create` or :meth:`from_name`."""
 
-    def __init__(self, name: str, *, project: Optional[str] = None, client: Optional[Client] = None) -> None:
+    def __init__(
+        self, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> None:
         self.name: str = name
         self._client = client or default_client()
         self.project: str = project or self._client.project
@@ -274,7 +272,9 @@ class AgentGroup:
         return group
 
     @classmethod
-    def from_name(cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None) -> "AgentGroup":
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> "AgentGroup":
         """A handle on the existing group ``name`` (nothing is read yet)."""
         return cls(name, project=project, client=client)
 
@@ -287,7 +287,9 @@ class AgentGroup:
         """The group's status, read from the server now."""
         return GroupStatus.from_json(self._read())
 
-    def submit(self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True) -> List[AgentRun]:
+    def submit(
+        self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True
+    ) -> List[AgentRun]:
         """Creates a run for each task, in order, in batches of up to 100 (each with an
         Idempotency-Key, so a batch retried after a lost answer is created once), then seals
         the group unless ``seal=False``. A task is a :class:`~nodus.Task`, a ``(key, input)``
@@ -301,7 +303,12 @@ class AgentGroup:
         for key, body in _core.batches(self.name, uid, agent, items):
             created = self._create_batch(key, body)
             runs.extend(
-                AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client, _document=run)
+                AgentRun(
+                    str(run["metadata"]["name"]),
+                    project=self.project,
+                    client=self._client,
+                    _document=run,
+                )
                 for run in created.get("items", [])
             )
         if seal:
@@ -311,7 +318,9 @@ class AgentGroup:
     def _create_batch(self, key: str, body: Dict[str, Any]) -> Dict[str, Any]:
         for attempt in range(3):
             try:
-                return self._client.create("agentruns", body, project=self.project, idempotency_key=key)
+                return self._client.create(
+                    "agentruns", body, project=self.project, idempotency_key=key
+                )
             except ServerUnavailable:
                 if attempt == 2:
                     raise
@@ -320,7 +329,9 @@ class AgentGroup:
 
     def seal(self) -> GroupStatus:
         """Seals the group: it takes no more runs, and finishes once they have."""
-        self._document = self._client.patch("agentgroups", self.name, {"spec": {"sealed": True}}, project=self.project)
+        self._document = self._client.patch(
+            "agentgroups", self.name, {"spec": {"sealed": True}}, project=self.project
+        )
         return GroupStatus.from_json(self._document)
 
     def wait(self, timeout: Optional[float] = None) -> GroupStatus:
@@ -333,26 +344,31 @@ class AgentGroup:
             if status.finished:
                 return status
             if not _pause(delay, deadline):
-                raise WaitTimeout(
-                    f"group {self.name!r} is still {status.phase} after {timeout}s "
-                    f"(runs: {status.counts})",
-                    status=status,
-                )
+                raise _core.group_timeout(self.name, status, timeout)
         raise AssertionError("unreachable")
 
     def results(self) -> List[Result]:
         """One result per run of the group, in task order as the server lists them."""
-        runs = self._client.list("agentruns", field_selector=f"spec.group={self.name}", project=self.project)
+        runs = self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
         return [Result.from_json(run) for run in runs]
 
     def runs(self) -> List[AgentRun]:
         """A handle on each run of the group."""
-        runs = self._client.list("agentruns", field_selector=f"spec.group={self.name}", project=self.project)
-        return [AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client) for run in runs]
+        runs = self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
+        return [
+            AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client)
+            for run in runs
+        ]
 
     def cancel(self) -> GroupStatus:
         """Cancels every unfinished run; finished runs keep their answers."""
-        return GroupStatus.from_json(self._client.sub("POST", "agentgroups", self.name, "cancel", project=self.project))
+        return GroupStatus.from_json(
+            self._client.sub("POST", "agentgroups", self.name, "cancel", project=self.project)
+        )
 
     def delete(self) -> None:
         """Deletes the group with all of its runs."""

@@ -133,12 +133,16 @@ class AsyncClient:
             raise _core.connection_error(self.server, error) from None
         return _core.result(response)
 
-    def _path(self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]) -> str:
+    def _path(
+        self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
+    ) -> str:
         return _core.resource_path(project or self.project, plural, name, sub)
 
     async def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
         """``GET …/{plural}/{name}``: one object."""
-        answer: Dict[str, Any] = await self.send(_core.Request("GET", self._path(plural, name, None, project)))
+        answer: Dict[str, Any] = await self.send(
+            _core.Request("GET", self._path(plural, name, None, project))
+        )
         return answer
 
     async def list(
@@ -155,7 +159,9 @@ class AsyncClient:
             params["fieldSelector"] = field_selector
         if label_selector:
             params["labelSelector"] = label_selector
-        answer = await self.send(_core.Request("GET", self._path(plural, None, None, project), params=params))
+        answer = await self.send(
+            _core.Request("GET", self._path(plural, None, None, project), params=params)
+        )
         items: List[Dict[str, Any]] = answer.get("items", [])
         return items
 
@@ -174,7 +180,9 @@ class AsyncClient:
         )
         return answer
 
-    async def patch(self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None) -> Dict[str, Any]:
+    async def patch(
+        self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
         """``PATCH …/{plural}/{name}``: a JSON merge patch."""
         answer: Dict[str, Any] = await self.send(
             _core.Request("PATCH", self._path(plural, name, None, project), dict(patch))
@@ -185,11 +193,22 @@ class AsyncClient:
         """``DELETE …/{plural}/{name}``."""
         await self.send(_core.Request("DELETE", self._path(plural, name, None, project)))
 
-    async def create_secret(self, name: str, values: Mapping[str, str], *, project: Optional[str] = None) -> Dict[str, Any]:
+    async def create_secret(
+        self, name: str, values: Mapping[str, str], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
         """Creates a Secret with ``values``; the server seals them and never answers them."""
         return await self.create("secrets", _core.secret_document(name, values), project=project)
 
-    async def sub(self, method: str, plural: str, name: str, sub: str, body: Any = None, *, project: Optional[str] = None) -> Any:
+    async def sub(
+        self,
+        method: str,
+        plural: str,
+        name: str,
+        sub: str,
+        body: Any = None,
+        *,
+        project: Optional[str] = None,
+    ) -> Any:
         """A request to a sub-resource."""
         return await self.send(_core.Request(method, self._path(plural, name, sub, project), body))
 
@@ -244,7 +263,9 @@ class ClaudeAgent:
         self._ensured = False
 
     @classmethod
-    def from_name(cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None) -> "ClaudeAgent":
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> "ClaudeAgent":
         """The agent ``name`` as it is on the server; nothing is changed on it."""
         agent = cls(name, project=project, client=client)
         agent._spec = None
@@ -272,7 +293,9 @@ class ClaudeAgent:
             agent = await client.get("agents", self.name, project=project)
         else:
             try:
-                agent = await client.create("agents", _core.agent_document(self.name, self._spec), project=project)
+                agent = await client.create(
+                    "agents", _core.agent_document(self.name, self._spec), project=project
+                )
             except AlreadyExists:
                 agent = await client.get("agents", self.name, project=project)
                 patch = _core.agent_patch(agent, self._spec)
@@ -327,10 +350,14 @@ class AgentRun:
         return f"AgentRun({self.name!r}, project={self.project!r})"
 
     async def _sub(self, method: str, sub: str, body: Any = None) -> Any:
-        return await self._client.sub(method, "agentruns", self.name, sub, body, project=self.project)
+        return await self._client.sub(
+            method, "agentruns", self.name, sub, body, project=self.project
+        )
 
     async def _status(self) -> RunStatus:
-        return RunStatus.from_json(await self._client.get("agentruns", self.name, project=self.project))
+        return RunStatus.from_json(
+            await self._client.get("agentruns", self.name, project=self.project)
+        )
 
     @property
     def status(self) -> Awaitable[RunStatus]:
@@ -338,11 +365,10 @@ class AgentRun:
         return self._status()
 
     async def _settled(self, status: RunStatus) -> bool:
-        if status.finished or status.phase == "NeedsResolution":
-            return True
-        if status.awaiting_message:
+        settled = _core.run_settled(status)
+        if settled is None:
             return _core.count_answers(await self._sub("GET", "steps")) >= self._answers_expected
-        return False
+        return settled
 
     async def wait(self, timeout: Optional[float] = None) -> RunStatus:
         """Waits as :meth:`nodus.AgentRun.wait` does."""
@@ -352,26 +378,15 @@ class AgentRun:
             if await self._settled(status):
                 return status
             if not await _pause(delay, deadline):
-                raise WaitTimeout(
-                    f"run {self.name!r} is still {status.phase} ({status.reason or 'no reason'}) "
-                    f"after {timeout}s",
-                    status=status,
-                )
+                raise _core.run_timeout(self.name, status, timeout)
         raise AssertionError("unreachable")
 
     async def answer(self, timeout: Optional[float] = None) -> str:
         """The answer of the last answered turn; see :meth:`nodus.AgentRun.answer`."""
         status = await self.wait(timeout)
-        if status.phase == "Succeeded" or status.awaiting_message:
-            body = await self._sub("GET", "answer")
-            return str(body.get("answer") or "")
-        raise RunFailed(
-            f"run {self.name!r} is {status.phase} ({status.reason or 'no reason'})"
-            + (f": {status.message}" if status.message else "")
-            + ", with no answer to return",
-            reason=status.reason or status.phase,
-            status=status,
-        )
+        _core.check_answerable(self.name, status)
+        body = await self._sub("GET", "answer")
+        return str(body.get("answer") or "")
 
     async def steps(self) -> List[Step]:
         """What the run did so far, in order."""
@@ -380,7 +395,9 @@ class AgentRun:
 
     async def send(self, kind: str, payload: str, key: Optional[str] = None) -> Delivery:
         """Sends a message to a keep-alive run; see :meth:`nodus.AgentRun.send`."""
-        delivery = Delivery.from_json(await self._sub("POST", "messages", _core.message_body(kind, payload, key)))
+        delivery = Delivery.from_json(
+            await self._sub("POST", "messages", _core.message_body(kind, payload, key))
+        )
         self._answers_expected = max(self._answers_expected, delivery.seq + 1)
         return delivery
 
@@ -397,7 +414,9 @@ class AgentGroup:
     """A handle on the group ``name``; see :class:`nodus.AgentGroup`. ``await group.status``
     reads its status."""
 
-    def __init__(self, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None) -> None:
+    def __init__(
+        self, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> None:
         self.name: str = name
         self._client = client or default_client()
         self.project: str = project or self._client.project
@@ -431,7 +450,9 @@ class AgentGroup:
         return group
 
     @classmethod
-    def from_name(cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None) -> "AgentGroup":
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> "AgentGroup":
         """A handle on the existing group ``name`` (nothing is read yet)."""
         return cls(name, project=project, client=client)
 
@@ -447,7 +468,9 @@ class AgentGroup:
         """The group's status, read from the server when awaited: ``await group.status``."""
         return self._status()
 
-    async def submit(self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True) -> List[AgentRun]:
+    async def submit(
+        self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True
+    ) -> List[AgentRun]:
         """Creates a run per task in batches of up to 100, then seals; see
         :meth:`nodus.AgentGroup.submit`."""
         items = as_tasks(tasks)
@@ -458,7 +481,12 @@ class AgentGroup:
         for key, body in _core.batches(self.name, uid, agent, items):
             created = await self._create_batch(key, body)
             runs.extend(
-                AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client, _document=run)
+                AgentRun(
+                    str(run["metadata"]["name"]),
+                    project=self.project,
+                    client=self._client,
+                    _document=run,
+                )
                 for run in created.get("items", [])
             )
         if seal:
@@ -468,7 +496,9 @@ class AgentGroup:
     async def _create_batch(self, key: str, body: Dict[str, Any]) -> Dict[str, Any]:
         for attempt in range(3):
             try:
-                return await self._client.create("agentruns", body, project=self.project, idempotency_key=key)
+                return await self._client.create(
+                    "agentruns", body, project=self.project, idempotency_key=key
+                )
             except ServerUnavailable:
                 if attempt == 2:
                     raise
@@ -490,22 +520,25 @@ class AgentGroup:
             if status.finished:
                 return status
             if not await _pause(delay, deadline):
-                raise WaitTimeout(
-                    f"group {self.name!r} is still {status.phase} after {timeout}s "
-                    f"(runs: {status.counts})",
-                    status=status,
-                )
+                raise _core.group_timeout(self.name, status, timeout)
         raise AssertionError("unreachable")
 
     async def results(self) -> List[Result]:
         """One result per run of the group."""
-        runs = await self._client.list("agentruns", field_selector=f"spec.group={self.name}", project=self.project)
+        runs = await self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
         return [Result.from_json(run) for run in runs]
 
     async def runs(self) -> List[AgentRun]:
         """A handle on each run of the group."""
-        runs = await self._client.list("agentruns", field_selector=f"spec.group={self.name}", project=self.project)
-        return [AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client) for run in runs]
+        runs = await self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
+        return [
+            AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client)
+            for run in runs
+        ]
 
     async def cancel(self) -> GroupStatus:
         """Cancels every unfinished run."""

@@ -79,13 +79,17 @@ class Client:
             raise _core.connection_error(self.server, error) from None
         return _core.result(response)
 
-    def _path(self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]) -> str:
+    def _path(
+        self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
+    ) -> str:
         return _core.resource_path(project or self.project, plural, name, sub)
 
     def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
         """``GET …/{plural}/{name}``: one object (``plural`` is ``agents``, ``agentruns``,
         ``agentgroups``, ``secrets``, ``budgets`` or ``filesets``)."""
-        answer: Dict[str, Any] = self.send(_core.Request("GET", self._path(plural, name, None, project)))
+        answer: Dict[str, Any] = self.send(
+            _core.Request("GET", self._path(plural, name, None, project))
+        )
         return answer
 
     def list(
@@ -103,7 +107,9 @@ class Client:
             params["fieldSelector"] = field_selector
         if label_selector:
             params["labelSelector"] = label_selector
-        answer = self.send(_core.Request("GET", self._path(plural, None, None, project), params=params))
+        answer = self.send(
+            _core.Request("GET", self._path(plural, None, None, project), params=params)
+        )
         items: List[Dict[str, Any]] = answer.get("items", [])
         return items
 
@@ -123,7 +129,9 @@ class Client:
         )
         return answer
 
-    def patch(self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None) -> Dict[str, Any]:
+    def patch(
+        self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
         """``PATCH …/{plural}/{name}``: a JSON merge patch of spec and labels."""
         answer: Dict[str, Any] = self.send(
             _core.Request("PATCH", self._path(plural, name, None, project), dict(patch))
@@ -134,12 +142,23 @@ class Client:
         """``DELETE …/{plural}/{name}`` (a group goes with its runs)."""
         self.send(_core.Request("DELETE", self._path(plural, name, None, project)))
 
-    def create_secret(self, name: str, values: Mapping[str, str], *, project: Optional[str] = None) -> Dict[str, Any]:
+    def create_secret(
+        self, name: str, values: Mapping[str, str], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
         """Creates a Secret with ``values`` (for BYOK: ``{"ANTHROPIC_API_KEY": "…"}``). The
         server seals them and never answers them."""
         return self.create("secrets", _core.secret_document(name, values), project=project)
 
-    def sub(self, method: str, plural: str, name: str, sub: str, body: Any = None, *, project: Optional[str] = None) -> Any:
+    def sub(
+        self,
+        method: str,
+        plural: str,
+        name: str,
+        sub: str,
+        body: Any = None,
+        *,
+        project: Optional[str] = None,
+    ) -> Any:
         """A request to a sub-resource (``…/agentruns/NAME/steps``)."""
         return self.send(_core.Request(method, self._path(plural, name, sub, project), body))
 

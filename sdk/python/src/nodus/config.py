@@ -107,7 +107,9 @@ def resolve(
     if chosen_token is None:
         for context in ([current] if current else []) + contexts:
             saved = context.get("token")
-            if isinstance(saved, str) and _same_server(str(context.get("server", "")), chosen_server):
+            if isinstance(saved, str) and _same_server(
+                str(context.get("server", "")), chosen_server
+            ):
                 chosen_token = saved
                 break
     if chosen_token is None:

@@ -78,7 +78,9 @@ def money_text(value: Any, name: str) -> str:
     """An amount of dollars as the decimal string the server takes (``"0.60"``), from a str,
     int or Decimal. A float is refused, naming the argument."""
     if isinstance(value, float):
-        raise TypeError(f"{name} is money: pass a str or Decimal such as \"0.60\", not the float {value!r}")
+        raise TypeError(
+            f'{name} is money: pass a str or Decimal such as "0.60", not the float {value!r}'
+        )
     if isinstance(value, bool) or not isinstance(value, (str, int, Decimal)):
         raise TypeError(f"{name} is a decimal amount of dollars (str or Decimal), not {value!r}")
     try:
@@ -105,7 +107,9 @@ class Cost:
     def from_json(cls, value: Any) -> "Cost":
         """From the server's ``{"totalUSD": "…", "limitUSD": "…"}``."""
         data = _dict(value)
-        return cls(parse_money(data.get("totalUSD")) or Decimal("0"), parse_money(data.get("limitUSD")))
+        return cls(
+            parse_money(data.get("totalUSD")) or Decimal("0"), parse_money(data.get("limitUSD"))
+        )
 
 
 @dataclass(frozen=True)
@@ -296,7 +300,9 @@ class GroupStatus:
             phase=status.get("phase"),
             reason=status.get("reason"),
             counts={str(k): int(v) for k, v in _dict(status.get("counts")).items()},
-            blocked_reasons={str(k): int(v) for k, v in _dict(status.get("blockedReasons")).items()},
+            blocked_reasons={
+                str(k): int(v) for k, v in _dict(status.get("blockedReasons")).items()
+            },
             cost=Cost.from_json(status.get("cost")),
             sealed=bool(_dict(data.get("spec")).get("sealed", False)),
             evaluation=Evaluation(_dict(status.get("evaluation"))),
@@ -360,7 +366,12 @@ class Task:
 
     def document(self, group: str, agent: str) -> Dict[str, Any]:
         """The AgentRun this task becomes in ``group``."""
-        spec: Dict[str, Any] = {"agent": agent, "group": group, "taskKey": self.key, "input": self.input}
+        spec: Dict[str, Any] = {
+            "agent": agent,
+            "group": group,
+            "taskKey": self.key,
+            "input": self.input,
+        }
         if self.depends_on:
             spec["dependsOn"] = list(self.depends_on)
         return {
