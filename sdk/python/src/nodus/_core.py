@@ -32,6 +32,10 @@ MAX_BATCH = 100
 DEFAULT_BYOK_MODEL = "claude-sonnet-4-5"
 #: The read-only project of Nodus's ready-made agents (``claude-assistant``).
 TEMPLATE_PROJECT = "nodus"
+#: Connections kept for reuse: an idle one is dropped after 5 s, before the server closes
+#: idle keep-alive connections (10 s by default), so a request never goes out on a
+#: connection the server is closing.
+LIMITS = httpx.Limits(max_connections=20, max_keepalive_connections=10, keepalive_expiry=5.0)
 #: What the client sends as its User-Agent.
 USER_AGENT = "nodus-python/0.1.0"
 

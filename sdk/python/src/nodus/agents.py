@@ -155,7 +155,6 @@ class AgentRun:
         # The answered turns a wait for a keep-alive run waits for: the input's, then one
         # per message delivered through this handle.
         self._answers_expected = 1 if _document is not None else 0
-        self._last: Optional[RunStatus] = RunStatus.from_json(_document) if _document else None
 
     def __repr__(self) -> str:
         return f"AgentRun({self.name!r}, project={self.project!r})"
@@ -166,10 +165,7 @@ class AgentRun:
     @property
     def status(self) -> RunStatus:
         """The run's status, read from the server now."""
-        self._last = RunStatus.from_json(
-            self._client.get("agentruns", self.name, project=self.project)
-        )
-        return self._last
+        return RunStatus.from_json(self._client.get("agentruns", self.name, project=self.project))
 
     def _settled(self, status: RunStatus) -> bool:
         settled = _core.run_settled(status)
@@ -220,8 +216,7 @@ class AgentRun:
     def cancel(self) -> RunStatus:
         """Cancels the run (its sandbox is deleted); returns the status the server answered.
         The run ends shortly after: :meth:`wait` for ``Cancelled``."""
-        self._last = RunStatus.from_json(self._sub("POST", "cancel"))
-        return self._last
+        return RunStatus.from_json(self._sub("POST", "cancel"))
 
     def delete(self) -> None:
         """Deletes the run (a started run is cancelled first)."""
@@ -348,7 +343,7 @@ class AgentGroup:
         raise AssertionError("unreachable")
 
     def results(self) -> List[Result]:
-        """One result per run of the group, in task order as the server lists them."""
+        """One result per run of the group, in the order the server lists them."""
         runs = self._client.list(
             "agentruns", field_selector=f"spec.group={self.name}", project=self.project
         )

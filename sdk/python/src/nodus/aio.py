@@ -94,6 +94,7 @@ class AsyncClient:
             base_url=self._connection.server,
             headers=_core.headers(self._connection.token),
             timeout=timeout,
+            limits=_core.LIMITS,
         )
 
     @property

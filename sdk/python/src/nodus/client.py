@@ -38,6 +38,7 @@ class Client:
             base_url=self._connection.server,
             headers=_core.headers(self._connection.token),
             timeout=timeout,
+            limits=_core.LIMITS,
         )
 
     @property
