@@ -163,6 +163,12 @@ def test_the_template_from_name_runs_in_the_callers_project() -> None:
     assert nodus.Client().get("agentruns", run.name)["spec"]["agent"] == "nodus/claude-assistant"
     with pytest.raises(nodus.NotFound):
         nodus.ClaudeAgent.from_name(unique("missing")).remote("hi")
+    group = nodus.AgentGroup.create(unique("tplgrp"), agent=agent, max_cost="5")
+    assert group.project == "default"
+    group.submit([("only", "run `echo grouped`")])
+    assert group.wait(timeout=60).phase == "Succeeded"
+    assert [(r.task_id, r.preview) for r in group.results()] == [("only", "It is grouped.")]
+    group.delete()
 
 
 def test_byok_agent_uses_the_key_of_its_secret(fake_model: FakeAnthropic) -> None:

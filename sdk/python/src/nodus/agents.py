@@ -258,9 +258,11 @@ class AgentGroup:
         ``spec.evaluation``."""
         if isinstance(agent, ClaudeAgent):
             client = client or agent.client
-            project = project or agent.project
             agent.ensure()
-            agent = agent.name
+            # A template's group lives in the client's project, as its runs do.
+            target, reference = _core.run_target(agent.project, agent.client.project, agent.name)
+            project = project or target
+            agent = reference
         group = cls(name, project=project, client=client)
         document = _core.group_document(name, agent, max_active, max_cost, evaluation, max_pending)
         group._document = group._client.create("agentgroups", document, project=group.project)
