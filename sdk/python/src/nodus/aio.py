@@ -11,7 +11,9 @@
     status = await run.status          # a property that reads the server: await it
 
 Constructors (``ClaudeAgent(...)``, ``ClaudeAgent.from_name``, ``AgentGroup.from_name``) do
-no input or output; ``AgentGroup.create`` is a coroutine.
+no input or output; ``AgentGroup.create`` is a coroutine. The shared default client belongs to
+the event loop that first uses it: a program that runs several loops (several
+``asyncio.run``) passes each its own ``client=AsyncClient(...)``.
 """
 
 from __future__ import annotations
