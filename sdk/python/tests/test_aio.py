@@ -178,3 +178,11 @@ def test_aio_default_client_from_the_environment(server: NodusServer) -> None:
         return answer
 
     assert asyncio.run(main()) == "It is env."
+
+
+def test_aio_without_a_token_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODUS_TOKEN")
+    with pytest.raises(nodus.ConfigError, match="no token for http://127.0.0.1:"):
+        aio.AsyncClient()
+    with pytest.raises(nodus.ConfigError):
+        aio.AgentRun("x")
