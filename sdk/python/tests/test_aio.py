@@ -86,6 +86,11 @@ def test_aio_keep_alive_send_twice_delivered_once_then_cancel(fake_model: FakeAn
             await run.answer()
         with pytest.raises(nodus.AgentRunFinished):
             await run.send("message", "late")
+        talk = await agent.submit("hello", keep_alive=True)
+        assert await talk.answer(timeout=60) == "Noted: hello"
+        assert (await talk.close()).close_requested
+        assert (await talk.wait(timeout=60)).phase == "Succeeded"
+        assert await talk.answer() == "Noted: hello"
 
     run_async(test)
 

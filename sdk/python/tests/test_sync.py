@@ -207,16 +207,28 @@ def test_keep_alive_conversation_with_a_message_key_sent_twice(fake_model: FakeA
     assert len(answers) == 2
     last = fake_model.requests[-1]["body"]["messages"]
     assert sum(1 for m in last if "now run `echo two`" in str(m["content"])) == 1
+    # Another message under a used key is refused, naming the key's field.
+    with pytest.raises(nodus.Invalid) as reused:
+        run.send("message", "something else", key="staging-1")
+    assert reused.value.field == "messageKey"
     # A handle made from the name alone waits for the turn in progress too.
     other = nodus.AgentRun(run.name)
     assert other.send("message", "thanks").seq == 2
     assert other.answer(timeout=60) == "Noted: thanks"
-    run.cancel()
-    assert run.wait(timeout=60).phase == "Cancelled"
+    # Closing ends the conversation well: the last message is answered, the run succeeds.
+    other.send("message", "last `echo three`")
+    closing = other.close()
+    assert closing.close_requested and not closing.awaiting_message
+    status = other.wait(timeout=60)
+    assert status.phase == "Succeeded"
+    assert other.answer() == "It is three."
+    assert [s.kind for s in other.steps()][-1] == "SandboxDeletion"
     with pytest.raises(nodus.AgentRunFinished) as finished:
         run.send("message", "too late", key="late")
     assert finished.value.reason == "AgentRunFinished" and finished.value.status_code == 409
     assert isinstance(finished.value, nodus.Conflict)
+    with pytest.raises(nodus.AgentRunFinished):
+        run.close()
 
 
 def test_a_cancelled_run() -> None:

@@ -218,6 +218,13 @@ class AgentRun:
         The run ends shortly after: :meth:`wait` for ``Cancelled``."""
         return RunStatus.from_json(self._sub("POST", "cancel"))
 
+    def close(self) -> RunStatus:
+        """Ends a keep-alive conversation well: the run answers its current turn and the
+        messages sent before, then succeeds with its answer and its sandbox is deleted
+        (:meth:`wait` for ``Succeeded``). A finished run refuses with
+        :class:`~nodus.AgentRunFinished`."""
+        return RunStatus.from_json(self._sub("POST", "close"))
+
     def delete(self) -> None:
         """Deletes the run (a started run is cancelled first)."""
         self._client.delete("agentruns", self.name, project=self.project)

@@ -408,6 +408,10 @@ class AgentRun:
         """Cancels the run; returns the status the server answered."""
         return RunStatus.from_json(await self._sub("POST", "cancel"))
 
+    async def close(self) -> RunStatus:
+        """Ends a keep-alive conversation well; see :meth:`nodus.AgentRun.close`."""
+        return RunStatus.from_json(await self._sub("POST", "close"))
+
     async def delete(self) -> None:
         """Deletes the run."""
         await self._client.delete("agentruns", self.name, project=self.project)
