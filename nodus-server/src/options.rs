@@ -3,7 +3,7 @@
 //! `ANTHROPIC_API_KEY` — or the offline model when no key is set.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// Where state is kept.
@@ -84,6 +84,9 @@ pub struct Options {
     pub max_concurrent_runs: usize,
     /// The image of container sandboxes when a run names none.
     pub default_image: Option<String>,
+    /// Where process sandboxes keep their working directories; `None`:
+    /// [`default_sandbox_dir`] of the data directory.
+    pub sandbox_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -97,9 +100,35 @@ impl Options {
             bootstrap_token: None,
             max_concurrent_runs: 256,
             default_image: None,
+            sandbox_dir: None,
         }
     }
+
+    /// Where process sandboxes keep their working directories.
+    pub fn sandbox_dir(&self) -> PathBuf {
+        self.sandbox_dir
+            .clone()
+            .unwrap_or_else(|| default_sandbox_dir(&self.data_dir))
+    }
 }
+
+/// Where the process sandboxes of a server with `data_dir` keep their working directories by
+/// default. A server that is not root: `data_dir/sandboxes`. A root server runs its sandboxes
+/// as an unprivileged user, which must be able to reach them, and a data directory (0700,
+/// often under `/root`) is not reachable: `/var/lib/nodus/sandboxes/<12 hex digits of the
+/// SHA-256 of the data directory's absolute path>`, so that servers with different data
+/// directories do not share one, and the path shows a sandbox nothing of the data directory.
+pub fn default_sandbox_dir(data_dir: &Path) -> PathBuf {
+    if !rustix::process::getuid().is_root() {
+        return data_dir.join("sandboxes");
+    }
+    let absolute = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = nodus_core::digest::sha256_hex(absolute.as_os_str().as_encoded_bytes());
+    Path::new(ROOT_SANDBOX_AREA).join(digest.get(..12).unwrap_or(&digest))
+}
+
+/// Where a root server keeps its sandboxes' working directories by default.
+pub const ROOT_SANDBOX_AREA: &str = "/var/lib/nodus/sandboxes";
 
 /// The user's data directory for Nodus: `$XDG_DATA_HOME/nodus`, or `~/.local/share/nodus`.
 pub fn default_data_dir() -> PathBuf {

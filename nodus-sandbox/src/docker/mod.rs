@@ -55,7 +55,7 @@ use futures_util::StreamExt;
 use nodus_core::Sandbox;
 use nodus_core::output::Output;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, MAX_ARCHIVE_BYTES, SandboxId, SandboxInfo, SandboxSpec,
 };
 use tracing::{debug, info, warn};
 
@@ -778,6 +778,7 @@ impl Sandbox for DockerSandbox {
             stdout,
             stderr,
             timed_out: exit_code.is_none(),
+            stopped: None,
         })
     }
 
@@ -808,8 +809,17 @@ impl Sandbox for DockerSandbox {
         }
     }
 
-    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, Error> {
         self.limits_of(id)?;
+        // Docker's archive is a little larger than the one made of it (headers for the
+        // working directory itself): allow one more header and padding while downloading.
+        let max = max_bytes.min(MAX_ARCHIVE_BYTES);
+        let download_max = max.saturating_add(4096).min(MAX_ARCHIVE_BYTES);
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
         let slot = self.slot_of(id);
@@ -827,7 +837,9 @@ impl Sandbox for DockerSandbox {
             match chunk {
                 Ok(bytes) => {
                     tar.extend_from_slice(&bytes);
-                    archive::check_size(tar.len())?;
+                    if tar.len() > download_max {
+                        archive::check_cap(tar.len(), max)?;
+                    }
                 }
                 Err(e) if status(&e) == Some(404) => {
                     return Err(Error::Refused(format!("{path:?} does not exist")));
@@ -839,18 +851,28 @@ impl Sandbox for DockerSandbox {
         // working directory instead, leaving out the working directory itself.
         let whole = rel.as_os_str().is_empty();
         let prefix = rel.parent().map(Path::to_path_buf).unwrap_or_default();
-        archive::rebase(&tar, &|entry| {
-            if whole {
-                let mut parts = entry
-                    .components()
-                    .filter(|c| !matches!(c, Component::CurDir));
-                parts.next();
-                let rest: PathBuf = parts.collect();
-                (!rest.as_os_str().is_empty()).then_some(rest)
-            } else {
-                Some(prefix.join(entry))
-            }
-        })
+        let (tar, left_out) = archive::rebase(
+            &tar,
+            &|entry| {
+                if whole {
+                    let mut parts = entry
+                        .components()
+                        .filter(|c| !matches!(c, Component::CurDir));
+                    parts.next();
+                    let rest: PathBuf = parts.collect();
+                    (!rest.as_os_str().is_empty()).then_some(rest)
+                } else {
+                    Some(prefix.join(entry))
+                }
+            },
+            max,
+        )?;
+        if !whole && left_out.contains(&rel) {
+            return Err(Error::Refused(format!(
+                "{path:?} is a symbolic link that leads outside the working directory"
+            )));
+        }
+        Ok(tar)
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
