@@ -4,8 +4,10 @@
 //!
 //! A command is stopped when, while it runs, its working directory has grown (it is larger
 //! than when the command started) and is now larger than the sandbox's
-//! [`Limits::disk_bytes`](nodus_core::sandbox::Limits::disk_bytes), or the file system holding
-//! it has less free space than the backend's reserve. A directory that is already too large
+//! [`Limits::disk_bytes`](nodus_core::sandbox::Limits::disk_bytes) (with 1 MiB of slack for
+//! its directories), or the file system holding it has less free space than the backend's
+//! reserve. A command that ends by itself with the directory at the limit (a writer that
+//! `ulimit -f` stopped) is reported as stopped too. A directory that is already too large
 //! does not stop a command that frees space (`rm`), so a run can always clean up.
 
 use std::collections::HashSet;
@@ -17,8 +19,18 @@ use std::time::Duration;
 
 use crate::workdir::blocking;
 
-/// How often a running command's working directory is measured.
+/// How often a running command's working directory is measured, at most: a directory that
+/// takes long to measure is measured less often (see [`Watch::pause`]).
 pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How far past the limit the watchdog lets a working directory grow before it stops the
+/// command: room for its directories, so that a single file, which `ulimit -f` ends exactly
+/// at the limit, is not cut short by the watchdog first.
+const WATCH_SLACK: u64 = 1 << 20;
+
+/// At most this share of the time goes to measuring: after a measurement that took `t`, the
+/// next waits at least `t` times this.
+const WATCH_SPACING: u32 = 4;
 
 /// What to watch while one command runs.
 #[derive(Debug, Clone)]
@@ -40,12 +52,15 @@ impl Watch {
 
     /// Why the command must stop, if it must: the working directory grew past `start` and
     /// is over the limit, or grew while the file system has less free space than the
-    /// reserve.
-    pub(crate) async fn check(&self, start: u64) -> Option<String> {
+    /// reserve. Also how long to wait before the next check.
+    pub(crate) async fn check(&self, start: u64) -> (Option<String>, Duration) {
         let watch = self.clone();
-        blocking(move || Ok(watch.check_now(start)))
+        let began = std::time::Instant::now();
+        let verdict = blocking(move || Ok(watch.check_now(start)))
             .await
-            .unwrap_or(None)
+            .unwrap_or(None);
+        let pause = WATCH_INTERVAL.max(began.elapsed() * WATCH_SPACING);
+        (verdict, pause)
     }
 
     fn check_now(&self, start: u64) -> Option<String> {
@@ -53,10 +68,10 @@ impl Watch {
         if used <= start {
             return None;
         }
-        if used > self.limit {
+        if used > self.limit.saturating_add(WATCH_SLACK) {
             return Some(format!(
-                "the working directory grew past its disk limit of {} bytes (limits.diskBytes); \
-                 delete files or write less",
+                "the working directory grew past its disk limit of {} bytes (delete files or write \
+                 less)",
                 self.limit
             ));
         }
@@ -78,8 +93,8 @@ impl Watch {
             let used = usage(&watch.dir);
             Ok((used > start && used >= watch.limit).then(|| {
                 format!(
-                    "the working directory reached its disk limit of {} bytes (limits.diskBytes); \
-                     delete files or write less",
+                    "the working directory reached its disk limit of {} bytes (delete files or \
+                     write less)",
                     watch.limit
                 )
             }))

@@ -63,10 +63,12 @@ pub(crate) async fn run(
             let Some(watch) = &watch else {
                 return std::future::pending().await;
             };
+            let mut pause = WATCH_INTERVAL;
             loop {
-                tokio::time::sleep(WATCH_INTERVAL).await;
-                if let Some(reason) = watch.check(start).await {
-                    return reason;
+                tokio::time::sleep(pause).await;
+                match watch.check(start).await {
+                    (Some(reason), _) => return reason,
+                    (None, next) => pause = next,
                 }
             }
         };
