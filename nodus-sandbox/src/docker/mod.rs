@@ -9,7 +9,9 @@
 //!
 //! A container is made from the run's image or the operator's default one, with:
 //! - network `none` unless the spec allows the network (then the default bridge);
-//! - memory (without swap), CPU and process limits from the spec;
+//! - memory (without swap), CPU and process limits from the spec, and no file larger than
+//!   its disk limit (`ulimit -f`; unlike the bubblewrap backend, no watchdog measures the
+//!   whole working directory yet);
 //! - a read-only root file system, a private `/tmp` (a tmpfs no larger than the memory limit)
 //!   and the working-directory volume as the only writable places;
 //! - all capabilities dropped and `no-new-privileges`;
@@ -45,7 +47,9 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -302,6 +306,12 @@ impl DockerSandbox {
                 memory_swap: Some(memory),
                 nano_cpus: Some(i64::from(limits.cpu_millis) * 1_000_000),
                 pids_limit: Some(i64::from(limits.processes)),
+                // No file larger than the disk limit (RLIMIT_FSIZE counts bytes).
+                ulimits: Some(vec![ResourcesUlimits {
+                    name: Some("fsize".to_owned()),
+                    soft: Some(i64::try_from(limits.disk_bytes).unwrap_or(i64::MAX)),
+                    hard: Some(i64::try_from(limits.disk_bytes).unwrap_or(i64::MAX)),
+                }]),
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".to_owned(),
