@@ -258,7 +258,7 @@ async fn the_sandbox_sees_little_of_the_host() {
     assert!(processes <= 4, "only the sandbox's processes: {processes}");
     assert_eq!(rest[4], "nodus");
 
-    // The backend's root (other sandboxes, masks) is not there; the masks cannot be read.
+    // The backend's root (other sandboxes) is not there; /etc/shadow cannot be read.
     let probe = exec(
         &sandbox,
         &id,
