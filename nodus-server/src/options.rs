@@ -160,4 +160,29 @@ mod tests {
         assert!(error.contains("sqlite://PATH"), "{error}");
         assert!("vm".parse::<SandboxKind>().is_err());
     }
+
+    #[test]
+    fn a_root_servers_sandboxes_live_outside_its_data_directory() {
+        let one = Options::new(PathBuf::from("/root/.local/share/nodus"));
+        let other = Options::new(PathBuf::from("/srv/nodus"));
+        if rustix::process::getuid().is_root() {
+            // The sandboxes' user cannot pass a 0700 data directory, and the path a sandbox
+            // sees in its mountinfo says nothing of it.
+            for options in [&one, &other] {
+                let dir = options.sandbox_dir();
+                assert!(dir.starts_with(ROOT_SANDBOX_AREA), "{}", dir.display());
+                assert!(!dir.starts_with(&options.data_dir), "{}", dir.display());
+            }
+            assert_ne!(
+                one.sandbox_dir(),
+                other.sandbox_dir(),
+                "one area per data directory"
+            );
+        } else {
+            assert_eq!(one.sandbox_dir(), one.data_dir.join("sandboxes"));
+        }
+        let mut chosen = Options::new(PathBuf::from("/srv/nodus"));
+        chosen.sandbox_dir = Some(PathBuf::from("/data/boxes"));
+        assert_eq!(chosen.sandbox_dir(), PathBuf::from("/data/boxes"));
+    }
 }
