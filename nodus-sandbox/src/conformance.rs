@@ -79,8 +79,8 @@ pub const ISOLATION: &[(&str, Case)] = cases![
     memory_hog_contained,
 ];
 
-/// The cases of a backend that limits the working directory's size (the bubblewrap backend;
-/// Docker does not yet), by name.
+/// The cases of a backend that limits the working directory's size, by name: bubblewrap, and
+/// Docker where the server can see the volumes (a local engine, as root).
 pub const DISK: &[(&str, Case)] = cases![disk_limit_stops_writers];
 
 /// Runs [`COMMON`].

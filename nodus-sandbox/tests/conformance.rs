@@ -66,6 +66,7 @@ mod docker {
     }
 
     nodus_sandbox::conformance_tests!(all, backend);
+    nodus_sandbox::conformance_tests!(disk, backend);
 }
 
 mod unisolated {
