@@ -10,7 +10,7 @@ pub mod error;
 mod metrics;
 mod openapi;
 pub mod options;
-mod patch;
+pub mod patch;
 pub mod secrets;
 
 pub use api::router;
