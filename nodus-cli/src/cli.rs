@@ -217,6 +217,11 @@ pub struct ServerArgs {
     /// The image of container sandboxes for runs that name none (--sandbox docker).
     #[arg(long)]
     pub default_image: Option<String>,
+    /// Where process sandboxes keep their working directories (default: DATA_DIR/sandboxes;
+    /// as root, /var/lib/nodus/sandboxes/<hash of DATA_DIR>, which the sandboxes' user,
+    /// nobody, can reach).
+    #[arg(long)]
+    pub sandbox_dir: Option<PathBuf>,
 }
 
 /// `nodus quickstart`.

@@ -280,6 +280,9 @@ impl Step {
             ),
             Some(Outcome::CommandFinished { output }) => match output.exit_code {
                 _ if output.timed_out => "timed out".to_string(),
+                _ if output.stopped.is_some() => {
+                    format!("stopped: {}", output.stopped.as_deref().unwrap_or_default())
+                }
                 Some(code) => format!("exit {code}"),
                 None => "killed by a signal".to_string(),
             },

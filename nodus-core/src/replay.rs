@@ -452,6 +452,10 @@ fn tool_result(
 pub fn render_output(output: &ExecOutput) -> String {
     let status = match output.exit_code {
         _ if output.timed_out => "timed out and was killed".to_string(),
+        _ if output.stopped.is_some() => format!(
+            "stopped by the sandbox: {}",
+            output.stopped.as_deref().unwrap_or_default()
+        ),
         Some(code) => format!("exit code {code}"),
         None => "killed by a signal".to_string(),
     };

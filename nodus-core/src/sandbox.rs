@@ -15,8 +15,13 @@
 //! - **One command at a time.** A backend may run the commands of one sandbox one after the
 //!   other; callers do not rely on two commands of one sandbox running side by side.
 //! - **Bounded archives.** Archives are whole byte vectors of at most [`MAX_ARCHIVE_BYTES`]:
-//!   [`Sandbox::put_files`] refuses a larger one and [`Sandbox::get_files`] refuses to build
-//!   one.
+//!   [`Sandbox::put_files`] refuses a larger one, and [`Sandbox::get_files`] stops building
+//!   one as soon as it would grow past the caller's cap (never more than
+//!   [`MAX_ARCHIVE_BYTES`]). An archive that comes out has no set-uid, set-gid or sticky
+//!   bits and no symbolic link that leads outside the working directory.
+//! - **Bounded disk.** A command that makes the working directory larger than
+//!   [`Limits::disk_bytes`], or leaves the file system of the working directories less free
+//!   space than the backend's reserve, is stopped, and [`ExecOutput::stopped`] says why.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -52,10 +57,22 @@ pub struct Limits {
     pub command_timeout_secs: u64,
     /// Bytes of stdout and of stderr kept per command.
     pub output_cap_bytes: u64,
+    /// Bytes the working directory may take on disk ([`DEFAULT_DISK_BYTES`] when a stored
+    /// spec has none): a command that grows it past this is stopped.
+    #[serde(default = "default_disk_bytes")]
+    pub disk_bytes: u64,
+}
+
+/// The default [`Limits::disk_bytes`]: 1 GiB.
+pub const DEFAULT_DISK_BYTES: u64 = 1 << 30;
+
+fn default_disk_bytes() -> u64 {
+    DEFAULT_DISK_BYTES
 }
 
 impl Default for Limits {
-    /// 1 CPU, 1 GiB, 256 processes, 300 s per command, 1 MiB of each output stream.
+    /// 1 CPU, 1 GiB, 256 processes, 300 s per command, 1 MiB of each output stream, 1 GiB
+    /// of working directory.
     fn default() -> Self {
         Limits {
             cpu_millis: 1000,
@@ -63,6 +80,7 @@ impl Default for Limits {
             processes: 256,
             command_timeout_secs: 300,
             output_cap_bytes: 1 << 20,
+            disk_bytes: DEFAULT_DISK_BYTES,
         }
     }
 }
@@ -158,6 +176,10 @@ pub struct ExecOutput {
     /// Whether the timeout killed it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// Why the sandbox stopped it before it ended, when it did for a limit other than the
+    /// timeout (the working directory grew past [`Limits::disk_bytes`], the disk ran short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 /// What can go wrong with a sandbox.
@@ -199,8 +221,17 @@ pub trait Sandbox: Send + Sync {
     /// an entry is refused). Used to stage a run's files before its first command.
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error>;
     /// A tar archive of `path`, relative to the working directory (`.` for all of it, as at
-    /// the end of a run); entries are named relative to the working directory.
-    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error>;
+    /// the end of a run); entries are named relative to the working directory. Packing stops,
+    /// with [`Error::Refused`], as soon as the archive would grow past `max_bytes` (or
+    /// [`MAX_ARCHIVE_BYTES`] when that is smaller), so no more is ever held in memory.
+    /// Set-uid, set-gid and sticky bits are cleared; symbolic links that lead outside the
+    /// working directory are left out (asked for by name, refused).
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, Error>;
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
 }

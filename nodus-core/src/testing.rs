@@ -131,6 +131,7 @@ impl RecordingSandbox {
             stdout: Output::complete(stdout),
             stderr: Output::default(),
             timed_out: false,
+            stopped: None,
         }
     }
 }
@@ -183,7 +184,12 @@ impl Sandbox for RecordingSandbox {
         Ok(())
     }
 
-    async fn get_files(&self, id: &SandboxId, _path: &str) -> Result<Vec<u8>, sandbox::Error> {
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        _path: &str,
+        _max_bytes: usize,
+    ) -> Result<Vec<u8>, sandbox::Error> {
         Ok(self.state().files.get(&id.0).cloned().unwrap_or_default())
     }
 

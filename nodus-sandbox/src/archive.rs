@@ -15,6 +15,10 @@
 //!
 //! Permission bits are applied without set-uid, set-gid and sticky bits; ownership is not.
 //! Archives in and out are at most [`MAX_ARCHIVE_BYTES`] long.
+//!
+//! An outgoing archive (a downloaded working directory) is held to the same rules: only
+//! permission bits (no set-id or sticky bits), no owners, and no symbolic link whose target
+//! the incoming rules would refuse; its size is bounded while it is built.
 
 use std::collections::HashMap;
 use std::fs;
@@ -122,6 +126,16 @@ pub(crate) fn check(tar: &[u8], on_disk: &dyn Fn(&Path) -> OnDisk) -> Result<(),
     Ok(())
 }
 
+/// Refuses an outgoing archive larger than `max` bytes.
+pub(crate) fn check_cap(len: usize, max: usize) -> Result<(), Error> {
+    if len > max {
+        return Err(Error::Refused(format!(
+            "the archive would be larger than {max} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses an archive larger than [`MAX_ARCHIVE_BYTES`].
 pub(crate) fn check_size(len: usize) -> Result<(), Error> {
     if len > MAX_ARCHIVE_BYTES {
@@ -163,13 +177,17 @@ pub(crate) fn touched(tar: &[u8]) -> Result<Vec<PathBuf>, Error> {
 }
 
 /// A copy of `tar` with every entry renamed by `rename` (entries it maps to `None` are left
-/// out), hard-link targets included. Used to name the entries of an archive that another
-/// program made relative to the working directory.
+/// out), hard-link targets included, of at most `max` bytes. Used to name the entries of an
+/// archive that another program made relative to the working directory; cleaned as [`pack`]
+/// cleans: modes keep their permission bits only, and symbolic links that lead outside are
+/// left out. Returns the archive and the (renamed) paths of the links left out.
 #[cfg_attr(not(feature = "docker"), allow(dead_code))]
 pub(crate) fn rebase(
     tar: &[u8],
     rename: &dyn Fn(&Path) -> Option<PathBuf>,
-) -> Result<Vec<u8>, Error> {
+    max: usize,
+) -> Result<(Vec<u8>, Vec<PathBuf>), Error> {
+    let mut left_out = Vec::new();
     let failed = |e: io::Error| Error::Failed(format!("rewriting an archive: {e}"));
     let mut archive = tar::Archive::new(tar);
     let mut builder = tar::Builder::new(Vec::new());
@@ -180,10 +198,17 @@ pub(crate) fn rebase(
             continue;
         };
         let mut header = entry.header().clone();
+        let mode = header.mode().map_err(invalid)?;
+        header.set_mode(mode & 0o777);
         match header.entry_type() {
             EntryType::Symlink => {
                 let target =
                     link_target(&entry).map_err(|why| Error::Failed(format!("{path:?} {why}")))?;
+                if check_symlink_target(&path, &target).is_err() {
+                    debug!(path = %path.display(), "left a link that leads outside out of an archive");
+                    left_out.push(path);
+                    continue;
+                }
                 builder
                     .append_link(&mut header, &path, target)
                     .map_err(failed)?;
@@ -202,9 +227,11 @@ pub(crate) fn rebase(
                 .append_data(&mut header, &path, &mut entry)
                 .map_err(failed)?,
         }
-        check_size(builder.get_ref().len())?;
+        check_cap(builder.get_ref().len(), max)?;
     }
-    builder.into_inner().map_err(failed)
+    let tar = builder.into_inner().map_err(failed)?;
+    check_cap(tar.len(), max)?;
+    Ok((tar, left_out))
 }
 
 /// Checks `tar` and, when every entry passes, unpacks it into `dir`.
@@ -220,10 +247,16 @@ pub(crate) fn unpack(tar: &[u8], dir: &Path) -> Result<(), Error> {
 }
 
 /// A tar archive of `rel` (a checked relative path; empty for the whole directory) under
-/// `dir`. Symbolic links are archived as links, never followed; sockets, FIFOs and devices
-/// inside a directory are left out. `shown` is the path as the caller wrote it.
-pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str) -> Result<Vec<u8>, Error> {
+/// `dir`, of at most `max` bytes (and never more than [`MAX_ARCHIVE_BYTES`]): packing stops as
+/// soon as the next entry would not fit, so no more than that is ever held. Symbolic links
+/// are archived as links, never followed; those that lead outside the working directory (see
+/// [`check_symlink_target`]) are left out, and refused when asked for by name. Sockets, FIFOs
+/// and devices inside a directory are left out. Modes keep only the permission bits: no
+/// set-uid, set-gid or sticky bit; owners are not recorded. `shown` is the path as the caller
+/// wrote it.
+pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str, max: usize) -> Result<Vec<u8>, Error> {
     let failed = |e: io::Error| Error::Failed(format!("archiving {shown:?}: {e}"));
+    let max = max.min(MAX_ARCHIVE_BYTES);
     let full = dir.join(rel);
     if let Some(parent) = full.parent().filter(|_| !rel.as_os_str().is_empty()) {
         // The path may pass through links, as long as they stay inside the directory.
@@ -248,30 +281,42 @@ pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str) -> Result<Vec<u8>, Error
         Err(e) => return Err(failed(e)),
     };
     let mut builder = tar::Builder::new(Vec::new());
-    builder.follow_symlinks(false);
     let file_type = meta.file_type();
     if file_type.is_dir() {
-        append_tree(&mut builder, &full, rel).map_err(|e| too_large_or(e, failed))?;
+        append_tree(&mut builder, &full, rel, max).map_err(|e| too_large_or(e, max, failed))?;
     } else if file_type.is_file() || file_type.is_symlink() {
-        fits(&builder, &meta).map_err(|e| too_large_or(e, failed))?;
-        builder.append_path_with_name(&full, rel).map_err(failed)?;
+        let appended = append_one(&mut builder, &full, rel, &meta, max)
+            .map_err(|e| too_large_or(e, max, failed))?;
+        if !appended {
+            return Err(Error::Refused(format!(
+                "{shown:?} is a symbolic link that leads outside the working directory"
+            )));
+        }
     } else {
         return Err(Error::Refused(format!(
             "{shown:?} is not a regular file, directory or symbolic link"
         )));
     }
-    builder.into_inner().map_err(failed)
+    let tar = builder.into_inner().map_err(failed)?;
+    // Long names add headers the estimate above leaves out.
+    check_cap(tar.len(), max)?;
+    Ok(tar)
 }
 
 /// Appends the directory `full` as `name` with everything below it, in name order.
-fn append_tree(builder: &mut tar::Builder<Vec<u8>>, full: &Path, name: &Path) -> io::Result<()> {
+fn append_tree(
+    builder: &mut tar::Builder<Vec<u8>>,
+    full: &Path,
+    name: &Path,
+    max: usize,
+) -> io::Result<()> {
     let mut stack = vec![(full.to_path_buf(), name.to_path_buf())];
     while let Some((full, name)) = stack.pop() {
         let meta = fs::symlink_metadata(&full)?;
         let file_type = meta.file_type();
         if file_type.is_dir() {
             if !name.as_os_str().is_empty() {
-                builder.append_path_with_name(&full, &name)?;
+                append_one(builder, &full, &name, &meta, max)?;
             }
             let mut children = fs::read_dir(&full)?
                 .map(|child| child.map(|child| child.file_name()))
@@ -284,8 +329,9 @@ fn append_tree(builder: &mut tar::Builder<Vec<u8>>, full: &Path, name: &Path) ->
                     .map(|child| (full.join(&child), name.join(&child))),
             );
         } else if file_type.is_file() || file_type.is_symlink() {
-            fits(builder, &meta)?;
-            builder.append_path_with_name(&full, &name)?;
+            if !append_one(builder, &full, &name, &meta, max)? {
+                debug!(path = %full.display(), "left a link that leads outside out of an archive");
+            }
         } else {
             debug!(path = %full.display(), "left a special file out of an archive");
         }
@@ -293,39 +339,77 @@ fn append_tree(builder: &mut tar::Builder<Vec<u8>>, full: &Path, name: &Path) ->
     Ok(())
 }
 
-/// The marker of an archive that would grow past [`MAX_ARCHIVE_BYTES`].
+/// Appends one directory, regular file or symbolic link `full` as `name`, with its permission
+/// bits only (no set-id or sticky bits, no owners). Returns `false` for a symbolic link that
+/// leads outside the working directory, which is left out. Fails with [`TooLarge`] when the
+/// entry would take the archive past `max`.
+fn append_one(
+    builder: &mut tar::Builder<Vec<u8>>,
+    full: &Path,
+    name: &Path,
+    meta: &fs::Metadata,
+    max: usize,
+) -> io::Result<bool> {
+    let file_type = meta.file_type();
+    let mut header = tar::Header::new_gnu();
+    header.set_metadata_in_mode(meta, tar::HeaderMode::Deterministic);
+    header.set_mtime(
+        meta.modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs()),
+    );
+    header.set_mode(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777);
+    let size = if file_type.is_file() { meta.len() } else { 0 };
+    fits(builder, size, max)?;
+    if file_type.is_symlink() {
+        let target = fs::read_link(full)?;
+        if check_symlink_target(name, &target).is_err() {
+            return Ok(false);
+        }
+        builder.append_link(&mut header, name, &target)?;
+    } else if file_type.is_dir() {
+        builder.append_data(&mut header, name, io::empty())?;
+    } else {
+        // At most the size in the header, even if the file grew since.
+        let file = fs::File::open(full)?;
+        let mut data = io::Read::take(file, size);
+        builder.append_data(&mut header, name, &mut data)?;
+    }
+    Ok(true)
+}
+
+/// The marker of an archive that would grow past its cap.
 #[derive(Debug)]
 struct TooLarge;
 
 impl std::fmt::Display for TooLarge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the archive would be larger than {MAX_ARCHIVE_BYTES} bytes"
-        )
+        f.write_str("too large")
     }
 }
 
 impl std::error::Error for TooLarge {}
 
-/// Whether a file of this size still fits into the archive (with a header and padding).
-fn fits(builder: &tar::Builder<Vec<u8>>, meta: &fs::Metadata) -> io::Result<()> {
-    let size = usize::try_from(meta.len()).unwrap_or(usize::MAX);
+/// Whether an entry of `size` bytes still fits into an archive of at most `max` bytes (with
+/// its headers, padding and the archive's end).
+fn fits(builder: &tar::Builder<Vec<u8>>, size: u64, max: usize) -> io::Result<()> {
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
     let after = builder
         .get_ref()
         .len()
         .saturating_add(size)
-        .saturating_add(1024);
-    if after > MAX_ARCHIVE_BYTES {
+        .saturating_add(2048);
+    if after > max {
         return Err(io::Error::other(TooLarge));
     }
     Ok(())
 }
 
-/// A too-large archive is refused; other errors are failures.
-fn too_large_or(e: io::Error, failed: impl Fn(io::Error) -> Error) -> Error {
+/// A too-large archive is refused, naming the cap; other errors are failures.
+fn too_large_or(e: io::Error, max: usize, failed: impl Fn(io::Error) -> Error) -> Error {
     if e.get_ref().is_some_and(|inner| inner.is::<TooLarge>()) {
-        Error::Refused(e.to_string())
+        Error::Refused(format!("the archive would be larger than {max} bytes"))
     } else {
         failed(e)
     }
@@ -615,6 +699,51 @@ mod tests {
             ("h", H, "file"),
         ];
         assert_eq!(check(&archive(fine), &disk), Ok(()));
+    }
+
+    #[test]
+    fn packing_stops_at_the_cap_and_cleans_modes_and_links() {
+        use std::os::unix::fs::PermissionsExt;
+
+        let dir = std::env::temp_dir().join(format!("nodus-pack-{}", std::process::id()));
+        fs::create_dir_all(dir.join("d")).expect("dir");
+        fs::write(dir.join("a"), b"small").expect("write");
+        fs::set_permissions(dir.join("a"), fs::Permissions::from_mode(0o4755)).expect("chmod");
+        fs::set_permissions(dir.join("d"), fs::Permissions::from_mode(0o1777)).expect("chmod");
+        std::os::unix::fs::symlink("/etc/shadow", dir.join("d/out")).expect("symlink");
+        std::os::unix::fs::symlink("../a", dir.join("d/in")).expect("symlink");
+        // 200 MiB that take no disk: packing must stop before reading them.
+        let big = fs::File::create(dir.join("z-big")).expect("create");
+        big.set_len(200 << 20).expect("sparse");
+        let started = std::time::Instant::now();
+        match pack(&dir, Path::new(""), ".", 1 << 20) {
+            Err(Error::Refused(why)) => {
+                assert_eq!(why, "the archive would be larger than 1048576 bytes")
+            }
+            other => panic!("over the cap: {other:?}"),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+
+        fs::remove_file(dir.join("z-big")).expect("rm");
+        let tar = pack(&dir, Path::new(""), ".", 1 << 20).expect("fits");
+        let mut seen = Vec::new();
+        for entry in tar::Archive::new(tar.as_slice())
+            .entries()
+            .expect("entries")
+        {
+            let entry = entry.expect("entry");
+            let path = entry.path().expect("path").display().to_string();
+            seen.push((path, entry.header().mode().expect("mode")));
+        }
+        seen.sort();
+        let want = [("a", 0o755), ("d", 0o777), ("d/in", 0o777)];
+        let want: Vec<(String, u32)> = want.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+        assert_eq!(seen, want);
+        match pack(&dir, Path::new("d/out"), "d/out", 1 << 20) {
+            Err(Error::Refused(why)) => assert!(why.contains("leads outside"), "{why}"),
+            other => panic!("a link to /etc/shadow: {other:?}"),
+        }
+        fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]

@@ -5,15 +5,37 @@
 //! the spec allows it), all capabilities dropped, no further user namespaces, a new session,
 //! and `--die-with-parent`. Its file system is a read-only tmpfs root with:
 //! - the host's system directories read-only (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, and
-//!   what [`BwrapConfig::extra_ro_binds`] adds), where every entry of `/etc` that is not
-//!   readable by everyone (`/etc/shadow`, `/etc/sudoers`, private keys) and every path in
-//!   [`BwrapConfig::hidden_paths`] is covered by an empty entry that nothing can read;
+//!   what [`BwrapConfig::extra_ro_binds`] adds);
 //! - fresh `/proc` and `/dev`, a private `/tmp` (a tmpfs no larger than the memory limit);
 //! - the sandbox's working directory at [`WORKDIR`], the only writable place that outlives
 //!   the command.
 //!
 //! Nothing else of the host is there: not the other sandboxes' directories, not the server's
 //! files, not `/home`, `/root` or `/var`.
+//!
+//! Host user: a server running as root runs every sandbox as an unprivileged host user and
+//! group ([`BwrapConfig::run_as`], by default [`DEFAULT_SANDBOX_USER`], 65534 `nobody` /
+//! `nogroup`), dropping to it with util-linux `setpriv` as the last step before bubblewrap. So
+//! file permissions keep host secrets out: what that user may not read on the host (`/etc/shadow`,
+//! a 0600 root file anywhere under the bound directories, whenever it was made) it cannot read
+//! in a sandbox either. Bubblewrap resolves the working directory's host path as that user, so
+//! every ancestor of [`BwrapConfig::root`] must be searchable by it (a directory under `/root`
+//! is not): [`Sandbox::create`] refuses, naming the directory, when one is not. Each working
+//! directory is owned by that user, mode 0700; the directory that holds them is root's, 0711.
+//! A server that is not root runs sandboxes as its own user (bubblewrap maps it in a user
+//! namespace); its own files are then the ones to keep out of the bound directories.
+//!
+//! What a command can see of how it was started holds no host path: bubblewrap reads its
+//! arguments from the command's standard input (`--args 0`, so `/proc/1/cmdline` is
+//! `bwrap --args 0`), starts in `/` with an empty environment, and the working directory's
+//! host path, which `/proc/self/mountinfo` shows, is `<root>/sandboxes/<key>`. Commands then
+//! get `/dev/null` as standard input.
+//!
+//! Disk: a command's single files are limited to [`Limits::disk_bytes`] (`ulimit -f`), and a
+//! watchdog measures the working directory while the command runs: when it grew past
+//! [`Limits::disk_bytes`], or the file system of the working directories has less free space
+//! than [`BwrapConfig::disk_reserve_bytes`], the command is killed and
+//! [`ExecOutput::stopped`] says why (see the `disk` module).
 //!
 //! Limits: memory (without swap), processes and CPU go through cgroups where the host lets
 //! this process manage them (v1 or v2); a command is moved into its
@@ -43,7 +65,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::io::{Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Mutex, PoisonError};
@@ -59,6 +82,7 @@ use tokio::sync::OnceCell;
 use tracing::{debug, info};
 
 use crate::cgroup::Cgroups;
+use crate::disk::Watch;
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
 use crate::{archive, paths, process};
 
@@ -87,8 +111,24 @@ const GATE_FAILED: i32 = 125;
 /// How the gate's own failure message starts.
 const GATE_MESSAGE: &[u8] = b"nodus-sandbox: cannot join the cgroup ";
 
-/// How deep the scan of `/etc` for entries to hide goes.
-const ETC_SCAN_DEPTH: usize = 8;
+/// The host user sandboxes run as under a root server unless configured otherwise: 65534,
+/// `nobody` and `nogroup` on Debian and most distributions.
+pub const DEFAULT_SANDBOX_USER: HostUser = HostUser {
+    uid: 65534,
+    gid: 65534,
+};
+
+/// The free space the file system of the working directories keeps by default: 256 MiB.
+pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 256 << 20;
+
+/// A host user id and group id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostUser {
+    /// The user id.
+    pub uid: u32,
+    /// The group id (the only group: supplementary groups are cleared).
+    pub gid: u32,
+}
 
 /// What to tell an operator whose host has no `bwrap`.
 const INSTALL_HINT: &str = "install bubblewrap: `apt-get install bubblewrap` (Debian, Ubuntu), \
@@ -109,7 +149,8 @@ pub enum CgroupUse {
 #[derive(Debug, Clone)]
 pub struct BwrapConfig {
     /// The directory that holds the working directories (`root/sandboxes/<key>`). Keep it
-    /// outside the directories bound into sandboxes.
+    /// outside the directories bound into sandboxes; with [`BwrapConfig::run_as`] every
+    /// ancestor must be searchable by that user.
     pub root: PathBuf,
     /// The `bwrap` binary; searched in `PATH` when `None`.
     pub bwrap: Option<PathBuf>,
@@ -118,14 +159,21 @@ pub struct BwrapConfig {
     /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
     pub cgroup_parent: String,
     /// More host directories to bind read-only at the same path (toolchains under `/opt`).
+    /// The sandboxes read in them what [`BwrapConfig::run_as`] may read.
     pub extra_ro_binds: Vec<PathBuf>,
-    /// More host paths to hide, beyond the entries of `/etc` that not everyone may read.
-    pub hidden_paths: Vec<PathBuf>,
+    /// The host user and group that commands run as (through `setpriv`, which must be
+    /// installed), or `None` for the server's own user. The server must be root to use it.
+    pub run_as: Option<HostUser>,
+    /// The free bytes the file system of [`BwrapConfig::root`] keeps: a command that lets it
+    /// drop below is stopped, so that the store, when it shares that file system, can still
+    /// write.
+    pub disk_reserve_bytes: u64,
 }
 
 impl BwrapConfig {
     /// Working directories under `root`, `bwrap` from `PATH`, cgroups where possible under
-    /// `nodus`, nothing bound or hidden beyond the defaults.
+    /// `nodus`, nothing bound beyond the defaults, [`DEFAULT_SANDBOX_USER`] when this process
+    /// runs as root (its own user otherwise), [`DEFAULT_DISK_RESERVE_BYTES`] kept free.
     pub fn new(root: PathBuf) -> Self {
         BwrapConfig {
             root,
@@ -133,7 +181,10 @@ impl BwrapConfig {
             cgroups: CgroupUse::Auto,
             cgroup_parent: "nodus".to_owned(),
             extra_ro_binds: Vec::new(),
-            hidden_paths: Vec::new(),
+            run_as: rustix::process::getuid()
+                .is_root()
+                .then_some(DEFAULT_SANDBOX_USER),
+            disk_reserve_bytes: DEFAULT_DISK_RESERVE_BYTES,
         }
     }
 }
@@ -146,11 +197,14 @@ struct Created {
     network: bool,
 }
 
-/// What every command needs, found once: the binary and the arguments that lay out the
-/// sandbox's file system.
+/// What every command needs, found once: how to start bubblewrap and the arguments that lay
+/// out the sandbox's file system.
 #[derive(Debug)]
 struct Prepared {
     bwrap: PathBuf,
+    /// The program and its arguments up to and including `bwrap`: `setpriv … bwrap` when
+    /// commands run as another user, `bwrap` alone otherwise.
+    launcher: Vec<OsString>,
     base_args: Vec<OsString>,
 }
 
@@ -238,11 +292,16 @@ impl Sandbox for BwrapSandbox {
         self.prepared().await?;
         let dir = self.config.root.join("sandboxes").join(&spec.key);
         let cgroups = self.cgroups.clone();
-        let (key, limits) = (spec.key.clone(), spec.limits);
+        let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
         blocking(move || {
-            fs::create_dir_all(&dir).map_err(|e| {
+            let failed = |e: io::Error| {
                 Error::Failed(format!("creating the directory {}: {e}", dir.display()))
-            })?;
+            };
+            fs::create_dir_all(&dir).map_err(failed)?;
+            if let Some(user) = user {
+                std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(failed)?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
+            }
             cgroups.create(&key, &limits)
         })
         .await?;
@@ -317,56 +376,43 @@ impl Sandbox for BwrapSandbox {
         for (name, value) in &created.env {
             push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
         }
-        push(&[
-            "--chdir".as_ref(),
-            cwd.as_os_str(),
-            "--".as_ref(),
-            "/bin/sh".as_ref(),
-            "-c".as_ref(),
-        ]);
+        push(&["--chdir".as_ref(), cwd.as_os_str()]);
+        // Bubblewrap read its arguments from standard input and closed it: the command gets
+        // /dev/null instead. Then the limits, then the command exactly as given.
         let enforced = self.cgroups.enforced();
-        let mut rlimits = Vec::new();
+        let mut prelude = vec!["exec </dev/null".to_owned()];
         if !enforced.pids {
             // `-u` in bash and busybox, `-p` in dash.
             let n = created.limits.processes;
-            rlimits.push(format!("{{ ulimit -u {n} 2>/dev/null || ulimit -p {n}; }}"));
+            prelude.push(format!("{{ ulimit -u {n} 2>/dev/null || ulimit -p {n}; }}"));
         }
         if !enforced.memory {
-            rlimits.push(format!("ulimit -v {}", created.limits.memory_bytes / 1024));
+            prelude.push(format!("ulimit -v {}", created.limits.memory_bytes / 1024));
         }
-        if rlimits.is_empty() {
-            args.push(request.command.clone().into());
-        } else {
-            // The limits first, then the command exactly as given.
-            let script = format!("{} && exec /bin/sh -c \"$1\"", rlimits.join(" && "));
-            args.extend([script.into(), "sh".into(), request.command.clone().into()]);
-        }
+        // In blocks of 512 bytes, as `sh` counts them.
+        prelude.push(format!("ulimit -f {}", created.limits.disk_bytes / 512));
+        let script = format!("{} && exec /bin/sh -c \"$1\"", prelude.join(" && "));
+        let shell: [OsString; 5] = [
+            "/bin/sh".into(),
+            "-c".into(),
+            script.into(),
+            "sh".into(),
+            request.command.clone().into(),
+        ];
 
         let entry_files = self.cgroups.entry_files(&id.0);
-        let mut command = if entry_files.is_empty() {
-            Command::new(&prepared.bwrap)
-        } else {
-            // A gate shell moves itself into the sandbox's cgroups, then becomes bubblewrap,
-            // so every process of the sandbox starts inside them.
-            let mut command = Command::new("/bin/sh");
-            command
-                .arg("-c")
-                .arg(GATE)
-                .arg("nodus-sandbox")
-                .arg(entry_files.len().to_string())
-                .args(&entry_files)
-                .arg(&prepared.bwrap);
-            command
-        };
+        let mut command = launch(prepared, &entry_files, &args, &shell)?;
         command
-            .args(&args)
-            .stdin(Stdio::null())
-            .env_clear()
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let out = process::run(command, request.timeout, request.output_cap).await?;
+        let watch = Watch {
+            dir: home,
+            limit: created.limits.disk_bytes,
+            reserve: self.config.disk_reserve_bytes,
+        };
+        let out = process::run(command, request.timeout, request.output_cap, Some(watch)).await?;
         if out.exit_code == Some(GATE_FAILED) && out.stderr.bytes.starts_with(GATE_MESSAGE) {
             return Err(Error::Failed(
                 String::from_utf8_lossy(&out.stderr.bytes).trim().to_owned(),
@@ -377,15 +423,28 @@ impl Sandbox for BwrapSandbox {
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
         let dir = self.existing_dir(id).await?;
-        blocking(move || archive::unpack(&tar, &dir)).await
+        let user = self.config.run_as;
+        blocking(move || {
+            archive::unpack(&tar, &dir)?;
+            match user {
+                Some(user) => give_to(&dir, user),
+                None => Ok(()),
+            }
+        })
+        .await
     }
 
-    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, Error> {
         let dir = self.existing_dir(id).await?;
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
         let shown = path.to_owned();
-        blocking(move || archive::pack(&dir, &rel, &shown)).await
+        blocking(move || archive::pack(&dir, &rel, &shown, max_bytes)).await
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
@@ -405,7 +464,8 @@ impl Sandbox for BwrapSandbox {
     }
 }
 
-/// Finds `bwrap`, makes the masks and lays out the file system arguments.
+/// Finds `bwrap` (and `setpriv`), makes the directory of the working directories, checks that
+/// the sandboxes' user can reach it, and lays out the file system arguments.
 fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
     let bwrap = match &config.bwrap {
         Some(path) if path.is_file() => path.clone(),
@@ -422,25 +482,42 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
         })?,
     };
     let failed = |what: &str, e: io::Error| Error::Failed(format!("{what}: {e}"));
-    let root = &config.root;
+    let sandboxes = config.root.join("sandboxes");
+    let shown = sandboxes.display();
+    // Searchable by the sandboxes' user, listable by root only.
+    let mode = if config.run_as.is_some() {
+        0o711
+    } else {
+        0o700
+    };
     fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
-        .create(root.join("sandboxes"))
-        .map_err(|e| failed(&format!("creating {}", root.display()), e))?;
-    // Empty entries that nobody in a sandbox can read (no permission bits, no capabilities),
-    // laid over what is hidden.
-    let masks = root.join("masks");
-    let mask_file = masks.join("file");
-    let mask_dir = masks.join("dir");
-    fs::create_dir_all(&mask_dir).map_err(|e| failed("creating the masks", e))?;
-    if !mask_file.exists() {
-        fs::write(&mask_file, b"").map_err(|e| failed("creating the masks", e))?;
+        .mode(mode)
+        .create(&sandboxes)
+        .map_err(|e| failed(&format!("creating {shown}"), e))?;
+    fs::set_permissions(&sandboxes, fs::Permissions::from_mode(mode))
+        .map_err(|e| failed(&format!("setting the mode of {shown}"), e))?;
+    let mut launcher = Vec::new();
+    if let Some(user) = config.run_as {
+        check_reachable(&sandboxes, user)?;
+        let setpriv = find_in_path("setpriv").ok_or_else(|| {
+            Error::Refused(format!(
+                "`setpriv` (util-linux) is not installed, and a server running as root needs it \
+                 to run sandboxes as the user {}:{}: `apt-get install util-linux` (Debian, \
+                 Ubuntu), `dnf install util-linux` (Fedora) or `apk add setpriv` (Alpine)",
+                user.uid, user.gid
+            ))
+        })?;
+        launcher.extend([
+            setpriv.into_os_string(),
+            "--reuid".into(),
+            user.uid.to_string().into(),
+            "--regid".into(),
+            user.gid.to_string().into(),
+            "--clear-groups".into(),
+        ]);
     }
-    for mask in [&mask_file, &mask_dir] {
-        fs::set_permissions(mask, fs::Permissions::from_mode(0o000))
-            .map_err(|e| failed("creating the masks", e))?;
-    }
+    launcher.push(bwrap.clone().into_os_string());
 
     let mut args: Vec<OsString> = [
         "--unshare-all",
@@ -456,7 +533,6 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
     .iter()
     .map(OsString::from)
     .collect();
-    let mut bound = Vec::new();
     let system = SYSTEM_DIRS.iter().map(PathBuf::from);
     for path in system.chain(config.extra_ro_binds.iter().cloned()) {
         match fs::symlink_metadata(&path) {
@@ -467,24 +543,9 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
             }
             Ok(meta) if meta.is_dir() => {
                 args.extend(["--ro-bind".into(), path.clone().into(), path.clone().into()]);
-                bound.push(path);
             }
             _ => {}
         }
-    }
-    let mut hidden = Vec::new();
-    scan_unreadable(Path::new("/etc"), ETC_SCAN_DEPTH, &mut hidden);
-    hidden.extend(config.hidden_paths.iter().cloned());
-    for path in hidden {
-        if !bound.iter().any(|b| path.starts_with(b)) {
-            continue;
-        }
-        let mask = match fs::symlink_metadata(&path) {
-            Ok(meta) if meta.is_dir() => &mask_dir,
-            Ok(meta) if meta.is_file() => &mask_file,
-            _ => continue,
-        };
-        args.extend(["--ro-bind".into(), mask.into(), path.into()]);
     }
     args.extend(
         ["--proc", "/proc", "--dev", "/dev"]
@@ -493,46 +554,140 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
     );
     Ok(Prepared {
         bwrap,
+        launcher,
         base_args: args,
     })
 }
 
-/// Collects the entries under `dir` that not everyone may read: files without the
-/// others-read bit, directories without others-read and others-search. Does not follow
-/// symbolic links nor descend into what it collects.
-fn scan_unreadable(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(children) = fs::read_dir(dir) else {
-        return;
-    };
-    for child in children.flatten() {
-        let path = child.path();
-        let Ok(meta) = fs::symlink_metadata(&path) else {
-            continue;
-        };
+/// Refuses a directory that `user` cannot reach: bubblewrap, running as `user`, resolves the
+/// working directories' paths, so every directory on the way must be searchable by it.
+fn check_reachable(dir: &Path, user: HostUser) -> Result<(), Error> {
+    let real = dir
+        .canonicalize()
+        .map_err(|e| Error::Failed(format!("resolving {}: {e}", dir.display())))?;
+    for ancestor in real.ancestors() {
+        let meta = fs::metadata(ancestor)
+            .map_err(|e| Error::Failed(format!("reading {}: {e}", ancestor.display())))?;
         let mode = meta.permissions().mode();
-        if meta.is_dir() {
-            if mode & 0o005 != 0o005 {
-                out.push(path);
-            } else if depth > 0 {
-                scan_unreadable(&path, depth - 1, out);
-            }
-        } else if meta.is_file() && mode & 0o004 == 0 {
-            out.push(path);
+        let searchable = mode & 0o001 != 0
+            || (meta.uid() == user.uid && mode & 0o100 != 0)
+            || (meta.gid() == user.gid && mode & 0o010 != 0);
+        if !searchable {
+            return Err(Error::Refused(format!(
+                "the sandboxes' working directories must be under a directory that their user \
+                 {}:{} can reach, and {} (mode {:o}, owner {}) is not searchable by it: choose \
+                 a sandbox directory outside it, or allow it with `chmod o+x {}`",
+                user.uid,
+                user.gid,
+                ancestor.display(),
+                mode & 0o7777,
+                meta.uid(),
+                ancestor.display()
+            )));
         }
     }
+    Ok(())
+}
+
+/// Makes `user` the owner of `dir` and everything below it (never following links), as
+/// after files were unpacked there as root.
+fn give_to(dir: &Path, user: HostUser) -> Result<(), Error> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = fs::symlink_metadata(&path)
+            .map_err(|e| Error::Failed(format!("reading {}: {e}", path.display())))?;
+        if meta.uid() != user.uid || meta.gid() != user.gid {
+            std::os::unix::fs::lchown(&path, Some(user.uid), Some(user.gid)).map_err(|e| {
+                Error::Failed(format!("giving {} to the sandbox: {e}", path.display()))
+            })?;
+        }
+        if meta.is_dir() {
+            let children = fs::read_dir(&path)
+                .map_err(|e| Error::Failed(format!("reading {}: {e}", path.display())))?;
+            stack.extend(children.flatten().map(|child| child.path()));
+        }
+    }
+    Ok(())
+}
+
+/// The command that starts bubblewrap with the options `args` and then `program`: through the
+/// cgroup gate when there are `entry_files` to join, as the sandboxes' user when there is one,
+/// in `/` with an empty environment, reading its options from standard input (`--args 0`) so
+/// that none of them, host paths included, shows in the sandbox's `/proc/1/cmdline`; only
+/// `program` (the shell and the command) does.
+fn launch(
+    prepared: &Prepared,
+    entry_files: &[PathBuf],
+    args: &[OsString],
+    program: &[OsString],
+) -> Result<Command, Error> {
+    let mut data = Vec::new();
+    for arg in args {
+        let bytes = arg.as_encoded_bytes();
+        if bytes.contains(&0) {
+            return Err(Error::Refused(
+                "cannot run this command: it contains a NUL byte".to_owned(),
+            ));
+        }
+        data.extend_from_slice(bytes);
+        data.push(0);
+    }
+    let fd = rustix::fs::memfd_create("nodus-bwrap-args", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| Error::Failed(format!("making bubblewrap's arguments: {e}")))?;
+    let mut file = fs::File::from(fd);
+    file.write_all(&data)
+        .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
+        .map_err(|e| Error::Failed(format!("writing bubblewrap's arguments: {e}")))?;
+    let (first, rest) = prepared
+        .launcher
+        .split_first()
+        .ok_or_else(|| Error::Failed("no bubblewrap to start".to_owned()))?;
+    let mut command = if entry_files.is_empty() {
+        let mut command = Command::new(first);
+        command.args(rest);
+        command
+    } else {
+        // A gate shell moves itself into the sandbox's cgroups, then becomes bubblewrap (as
+        // the sandboxes' user), so every process of the sandbox starts inside them.
+        let mut command = Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(GATE)
+            .arg("nodus-sandbox")
+            .arg(entry_files.len().to_string())
+            .args(entry_files)
+            .arg(first)
+            .args(rest);
+        command
+    };
+    command
+        .args(["--args", "0", "--"])
+        .args(program)
+        .stdin(Stdio::from(file))
+        .current_dir("/")
+        .env_clear();
+    Ok(command)
 }
 
 /// Runs `true` in a sandbox laid out as every command's, so that a host where bubblewrap
 /// cannot work says so at `create`, not as a command's failure.
 async fn probe(prepared: &Prepared, memory: u64) -> Result<(), Error> {
-    let mut command = Command::new(&prepared.bwrap);
-    command
-        .args(&prepared.base_args)
-        .args(["--size", &memory.to_string(), "--tmpfs", "/tmp"])
-        .args(["--remount-ro", "/", "--", "/bin/sh", "-c", "true"])
-        .env_clear()
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+    let mut args = prepared.base_args.clone();
+    args.extend(
+        [
+            "--size",
+            &memory.to_string(),
+            "--tmpfs",
+            "/tmp",
+            "--remount-ro",
+            "/",
+        ]
+        .iter()
+        .map(OsString::from),
+    );
+    let shell = ["/bin/sh", "-c", "true"].map(OsString::from);
+    let mut command = launch(prepared, &[], &args, &shell)?;
+    command.kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(30), command.output())
         .await
         .map_err(|_| Error::Failed("bubblewrap did not start a sandbox in 30 s".to_owned()))?

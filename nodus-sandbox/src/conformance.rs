@@ -27,7 +27,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nodus_core::Sandbox;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, MAX_COMMAND_BYTES, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, MAX_ARCHIVE_BYTES, MAX_COMMAND_BYTES, SandboxId,
+    SandboxInfo, SandboxSpec,
 };
 
 /// A backend under test.
@@ -65,6 +66,7 @@ pub const COMMON: &[(&str, Case)] = cases![
     recreate_keeps_files,
     destroy_twice,
     longest_command,
+    archives_out_are_clean_and_capped,
 ];
 
 /// The cases only an isolating backend passes, by name.
@@ -76,6 +78,10 @@ pub const ISOLATION: &[(&str, Case)] = cases![
     fork_bomb_contained,
     memory_hog_contained,
 ];
+
+/// The cases of a backend that limits the working directory's size, by name: bubblewrap, and
+/// Docker where the server can see the volumes (a local engine, as root).
+pub const DISK: &[(&str, Case)] = cases![disk_limit_stops_writers];
 
 /// Runs [`COMMON`].
 pub async fn run_common(backend: &Backend) {
@@ -100,21 +106,26 @@ pub async fn run_all(backend: &Backend) {
 }
 
 /// One `#[tokio::test]` per case: `conformance_tests!(common, make)` for [`COMMON`],
-/// `conformance_tests!(all, make)` for [`COMMON`] and [`ISOLATION`], where `make` is an
-/// `async fn() -> Backend` in scope.
+/// `conformance_tests!(all, make)` for [`COMMON`] and [`ISOLATION`],
+/// `conformance_tests!(disk, make)` for [`DISK`], where `make` is an `async fn() -> Backend`
+/// in scope.
 #[macro_export]
 macro_rules! conformance_tests {
     (common, $make:ident) => {
         $crate::conformance_tests!(@cases $make,
             exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
             dropping_exec_kills, dropped_command_kill_spares_the_next, background_processes_end_with_command, environment_and_cwd, files_round_trip,
-            hostile_archives_refused, recreate_keeps_files, destroy_twice, longest_command);
+            hostile_archives_refused, recreate_keeps_files, destroy_twice, longest_command,
+            archives_out_are_clean_and_capped);
     };
     (all, $make:ident) => {
         $crate::conformance_tests!(common, $make);
         $crate::conformance_tests!(@cases $make,
             no_network, host_secrets_unreadable, other_sandbox_unreachable,
             no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained);
+    };
+    (disk, $make:ident) => {
+        $crate::conformance_tests!(@cases $make, disk_limit_stops_writers);
     };
     (@cases $make:ident, $($case:ident),* $(,)?) => {
         $(
@@ -137,6 +148,7 @@ pub fn test_limits() -> Limits {
         processes: 64,
         command_timeout_secs: 60,
         output_cap_bytes: 1 << 20,
+        disk_bytes: 64 << 20,
     }
 }
 
@@ -568,7 +580,12 @@ pub async fn files_round_trip(b: &Backend) {
     .await;
     assert_eq!(text_of(&out).replace(' ', ""), "alpha\n256\n");
 
-    let all = listing(&b.sandbox.get_files(&id, ".").await.expect("get all"));
+    let all = listing(
+        &b.sandbox
+            .get_files(&id, ".", MAX_ARCHIVE_BYTES)
+            .await
+            .expect("get all"),
+    );
     assert_eq!(
         all,
         [
@@ -583,7 +600,7 @@ pub async fn files_round_trip(b: &Backend) {
     );
     let one = listing(
         &b.sandbox
-            .get_files(&id, "dir/b.bin")
+            .get_files(&id, "dir/b.bin", MAX_ARCHIVE_BYTES)
             .await
             .expect("get one"),
     );
@@ -591,7 +608,11 @@ pub async fn files_round_trip(b: &Backend) {
 
     // What comes out goes back in, into another sandbox.
     let other = fresh(b, "files2").await;
-    let sub = b.sandbox.get_files(&id, "dir").await.expect("get dir");
+    let sub = b
+        .sandbox
+        .get_files(&id, "dir", MAX_ARCHIVE_BYTES)
+        .await
+        .expect("get dir");
     b.sandbox.put_files(&other, sub).await.expect("put back");
     let out = exec(b, &other, "wc -c < dir/b.bin; cat dir/deeper/c").await;
     assert_eq!(text_of(&out).trim(), "256");
@@ -601,20 +622,82 @@ pub async fn files_round_trip(b: &Backend) {
         ("../x", "contains `..`"),
         ("missing", "does not exist"),
     ] {
-        match b.sandbox.get_files(&id, bad).await {
+        match b.sandbox.get_files(&id, bad, MAX_ARCHIVE_BYTES).await {
             Err(Error::Refused(why)) => assert!(why.contains(expected), "{bad}: {why}"),
             other => panic!("{bad}: {other:?}"),
         }
     }
     exec(b, &id, "ln -s /etc escape").await;
-    match b.sandbox.get_files(&id, "escape/passwd").await {
+    match b
+        .sandbox
+        .get_files(&id, "escape/passwd", MAX_ARCHIVE_BYTES)
+        .await
+    {
         Err(Error::Refused(why)) => assert!(why.contains("outside"), "{why}"),
         other => panic!("through a link to /etc: {other:?}"),
     }
-    let link = listing(&b.sandbox.get_files(&id, "escape").await.expect("get link"));
-    assert_eq!(link, [("escape".to_owned(), b"-> /etc".to_vec())]);
+    // A link that leads outside is not handed out: refused by name, left out of the whole.
+    match b.sandbox.get_files(&id, "escape", MAX_ARCHIVE_BYTES).await {
+        Err(Error::Refused(why)) => assert!(why.contains("leads outside"), "{why}"),
+        other => panic!("a link to /etc: {other:?}"),
+    }
+    let all = listing(
+        &b.sandbox
+            .get_files(&id, ".", MAX_ARCHIVE_BYTES)
+            .await
+            .expect("get all"),
+    );
+    assert!(all.iter().all(|(path, _)| path != "escape"), "{all:?}");
     destroy(b, &id).await;
     destroy(b, &other).await;
+}
+
+/// Archives that come out carry permission bits only (no set-uid, set-gid or sticky bit) and
+/// no symbolic link that leads outside the working directory, so that extracting one cannot
+/// plant a set-uid program or a link to the host; packing stops at the caller's cap.
+pub async fn archives_out_are_clean_and_capped(b: &Backend) {
+    let id = fresh(b, "clean").await;
+    let out = exec(
+        b,
+        &id,
+        "printf x > suid; chmod 4755 suid; printf y > sgid; chmod 2750 sgid; \
+         mkdir sticky; chmod 1777 sticky; ln -s /etc/passwd abs; ln -s ../../x up; \
+         ln -s suid near; dd if=/dev/zero of=big bs=1024 count=64 2>/dev/null",
+    )
+    .await;
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let tar = b
+        .sandbox
+        .get_files(&id, ".", MAX_ARCHIVE_BYTES)
+        .await
+        .expect("get all");
+    let mut modes = BTreeMap::new();
+    let mut archive = tar::Archive::new(tar.as_slice());
+    for entry in archive.entries().expect("entries") {
+        let entry = entry.expect("entry");
+        let path = entry.path().expect("path").display().to_string();
+        let mode = entry.header().mode().expect("mode");
+        modes.insert(path.trim_end_matches('/').to_owned(), mode);
+    }
+    assert_eq!(modes.get("suid"), Some(&0o755), "{modes:?}");
+    assert_eq!(modes.get("sgid"), Some(&0o750), "{modes:?}");
+    assert_eq!(modes.get("sticky"), Some(&0o777), "{modes:?}");
+    assert!(modes.contains_key("near"), "a link inside stays: {modes:?}");
+    assert!(!modes.contains_key("abs"), "{modes:?}");
+    assert!(!modes.contains_key("up"), "{modes:?}");
+
+    // 64 KiB of `big` cannot fit into 32 KiB: refused, naming the cap.
+    match b.sandbox.get_files(&id, ".", 32 << 10).await {
+        Err(Error::Refused(why)) => assert!(why.contains("larger than 32768 bytes"), "{why}"),
+        other => panic!("over the cap: {other:?}"),
+    }
+    let small = b
+        .sandbox
+        .get_files(&id, "suid", 32 << 10)
+        .await
+        .expect("a small file fits");
+    assert!(small.len() <= 32 << 10);
+    destroy(b, &id).await;
 }
 
 /// Archives with absolute paths, `..`, or links that point outside are refused whole: not
@@ -860,6 +943,62 @@ pub async fn no_writes_outside_workdir(b: &Backend) {
         !Path::new(&format!("/tmp/{name}")).exists(),
         "the sandbox's /tmp is its own"
     );
+    destroy(b, &id).await;
+}
+
+/// A command that writes past the working directory's disk limit ([`test_limits`]: 64 MiB) is
+/// stopped at it, and [`ExecOutput::stopped`] says so: one large file ends exactly at the
+/// limit, many smaller ones are stopped by the watchdog soon after it. The sandbox works
+/// again afterwards, and a command that frees space is not stopped.
+pub async fn disk_limit_stops_writers(b: &Backend) {
+    let id = fresh(b, "disk").await;
+    let limit = test_limits().disk_bytes;
+    let mut req = request("dd if=/dev/zero of=big bs=1M count=100 2>/dev/null; wc -c < big");
+    req.timeout = Duration::from_secs(30);
+    let one = b.sandbox.exec(&id, &req).await.expect("exec");
+    assert!(!one.timed_out, "{one:?}");
+    let stopped = one.stopped.clone().unwrap_or_default();
+    assert!(
+        stopped.contains(&format!("disk limit of {limit} bytes")),
+        "{one:?}"
+    );
+    assert_eq!(
+        text_of(&one).trim(),
+        limit.to_string(),
+        "the file ends at the limit"
+    );
+
+    // Many files, written slowly: the watchdog stops the command.
+    let mut req = request(
+        "rm big; for i in $(seq 1 40); do dd if=/dev/zero of=f$i bs=1M count=4 2>/dev/null; \
+         sleep 0.05; done; echo finished",
+    );
+    req.timeout = Duration::from_secs(60);
+    let many = b.sandbox.exec(&id, &req).await.expect("exec");
+    assert!(!many.timed_out, "{many:?}");
+    assert!(!text_of(&many).contains("finished"), "{many:?}");
+    let stopped = many.stopped.clone().unwrap_or_default();
+    assert!(
+        stopped.contains(&format!("disk limit of {limit} bytes")),
+        "{many:?}"
+    );
+    let used = exec(b, &id, "cat f* | wc -c").await;
+    let used: u64 = text_of(&used).trim().parse().expect("a count");
+    assert!(
+        (limit..limit + (32 << 20)).contains(&used),
+        "stopped soon after the limit: {used}"
+    );
+
+    // Over the limit, a command that frees space runs, and then writing works again.
+    let freed = exec(b, &id, "rm f*; echo freed").await;
+    assert_eq!((text_of(&freed).as_str(), freed.stopped), ("freed\n", None));
+    let again = exec(
+        b,
+        &id,
+        "dd if=/dev/zero of=small bs=1M count=1 2>/dev/null; echo ok",
+    )
+    .await;
+    assert_eq!((text_of(&again).as_str(), again.stopped), ("ok\n", None));
     destroy(b, &id).await;
 }
 

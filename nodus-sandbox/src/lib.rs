@@ -23,6 +23,7 @@ mod capped;
 mod cgroup;
 #[cfg(feature = "test-util")]
 pub mod conformance;
+mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;
 mod paths;
@@ -30,7 +31,7 @@ mod process;
 pub mod unisolated;
 mod workdir;
 
-pub use bwrap::{BwrapConfig, BwrapSandbox, CgroupUse};
+pub use bwrap::{BwrapConfig, BwrapSandbox, CgroupUse, DEFAULT_SANDBOX_USER, HostUser};
 #[cfg(feature = "docker")]
 pub use docker::{DockerConfig, DockerSandbox};
 pub use unisolated::UnisolatedSandbox;

@@ -1,6 +1,7 @@
 //! Local processes for a command, shared by the unisolated and the bubblewrap backends: the
 //! command's process group is killed on timeout, when its shell exits and when the caller
-//! stops waiting; stdout and stderr are read while it runs and capped.
+//! stops waiting; stdout and stderr are read while it runs and capped. A disk watch, when
+//! given, stops the command as soon as its working directory takes too much.
 
 use std::io;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use tokio::process::Command;
 use tracing::{debug, warn};
 
 use crate::capped;
+use crate::disk::{WATCH_INTERVAL, Watch};
 
 /// How long output is still read after the shell has exited and its group was killed. Only
 /// a process that left the group can hold a pipe open that long.
@@ -24,11 +26,18 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Runs a prepared command (stdout and stderr piped, its own process group, killed on drop)
 /// for at most `timeout`, keeping `cap` bytes of each stream. The whole process group is
 /// killed when the command ends or times out, and when the returned future is dropped.
+/// With a `watch`, the group is also killed when the working directory grows past its limit
+/// or the disk runs short, and [`ExecOutput::stopped`] says which.
 pub(crate) async fn run(
     mut command: Command,
     timeout: Duration,
     cap: u64,
+    watch: Option<Watch>,
 ) -> Result<ExecOutput, Error> {
+    let start = match &watch {
+        Some(watch) => watch.start().await,
+        None => 0,
+    };
     let mut child = command.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => Error::Refused(format!("cannot start the command: {e}")),
         // The command line or environment is more than the kernel takes: it certainly did
@@ -49,7 +58,22 @@ pub(crate) async fn run(
     let mut out = Output::default();
     let mut err = Output::default();
 
-    let (status, drained) = {
+    let (status, drained, mut stopped) = {
+        let watchdog = async {
+            let Some(watch) = &watch else {
+                return std::future::pending().await;
+            };
+            let mut pause = WATCH_INTERVAL;
+            loop {
+                tokio::time::sleep(pause).await;
+                match watch.check(start).await {
+                    (Some(reason), _) => return reason,
+                    (None, next) => pause = next,
+                }
+            }
+        };
+        tokio::pin!(watchdog);
+        let mut stopped = None;
         let drain = async {
             let (a, b) = tokio::join!(
                 read_capped(stdout, cap, &mut out),
@@ -66,6 +90,10 @@ pub(crate) async fn run(
                 status = child.wait() => break Some(status),
                 result = &mut drain, if drained.is_none() => drained = Some(result),
                 () = &mut timer => break None,
+                reason = &mut watchdog => {
+                    stopped = Some(reason);
+                    break None;
+                }
             }
         };
         // Killing the group closes the pipes of all its processes; what they wrote is still
@@ -74,10 +102,10 @@ pub(crate) async fn run(
         if drained.is_none() {
             drained = tokio::time::timeout(DRAIN_GRACE, &mut drain).await.ok();
         }
-        (status, drained)
+        (status, drained, stopped)
     };
 
-    let timed_out = status.is_none();
+    let timed_out = status.is_none() && stopped.is_none();
     let exit_code = match status {
         // `None` when a signal ended the process.
         Some(Ok(status)) => status.code(),
@@ -101,11 +129,15 @@ pub(crate) async fn run(
             Ok(())
         }
     }?;
+    if let (Some(watch), None, Some(_)) = (&watch, &stopped, exit_code) {
+        stopped = watch.reached(start).await;
+    }
     Ok(ExecOutput {
         exit_code,
         stdout: out,
         stderr: err,
         timed_out,
+        stopped,
     })
 }
 

@@ -142,7 +142,7 @@ impl Sandbox for UnisolatedSandbox {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        process::run(command, request.timeout, request.output_cap).await
+        process::run(command, request.timeout, request.output_cap, None).await
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
@@ -150,12 +150,17 @@ impl Sandbox for UnisolatedSandbox {
         blocking(move || archive::unpack(&tar, &dir)).await
     }
 
-    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, Error> {
         let dir = self.existing_dir(id).await?;
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
         let shown = path.to_owned();
-        blocking(move || archive::pack(&dir, &rel, &shown)).await
+        blocking(move || archive::pack(&dir, &rel, &shown, max_bytes)).await
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {

@@ -3,6 +3,7 @@
 //! the sandbox's cgroups, rlimits where no cgroup is used, and what a sandbox sees of the host.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -10,6 +11,14 @@ use nodus_core::Sandbox;
 use nodus_core::sandbox::{Error, ExecOutput, SandboxId, SandboxSpec};
 use nodus_sandbox::conformance::{request, test_limits, unique_key};
 use nodus_sandbox::{BwrapConfig, BwrapSandbox, CgroupUse};
+
+/// A temporary directory that a sandbox's user can reach (a root server runs sandboxes as
+/// another user, which must be able to search every directory on the way).
+fn reachable_tempdir() -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    root
+}
 
 fn spec(key: &str) -> SandboxSpec {
     SandboxSpec {
@@ -31,7 +40,7 @@ fn text(out: &ExecOutput) -> String {
 
 #[tokio::test]
 async fn missing_bwrap_says_how_to_install_it() {
-    let root = tempfile::tempdir().expect("tempdir");
+    let root = reachable_tempdir();
     let mut config = BwrapConfig::new(root.path().to_path_buf());
     config.bwrap = Some(PathBuf::from("/nonexistent/bwrap"));
     let sandbox = BwrapSandbox::new(config);
@@ -46,7 +55,7 @@ async fn missing_bwrap_says_how_to_install_it() {
 
 #[tokio::test]
 async fn a_restarted_server_recreates_over_the_same_directory() {
-    let root = tempfile::tempdir().expect("tempdir");
+    let root = reachable_tempdir();
     let key = unique_key("restart");
     let first = BwrapSandbox::new(BwrapConfig::new(root.path().to_path_buf()));
     let info = first.create(&spec(&key)).await.expect("create");
@@ -87,7 +96,7 @@ fn cgroup_dir(controller: &str, key: &str) -> Option<PathBuf> {
 
 #[tokio::test]
 async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
-    let root = tempfile::tempdir().expect("tempdir");
+    let root = reachable_tempdir();
     let sandbox = BwrapSandbox::new(BwrapConfig::new(root.path().to_path_buf()));
     let key = unique_key("cgroups");
     let id = sandbox.create(&spec(&key)).await.expect("create").id;
@@ -161,7 +170,7 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
 
 #[tokio::test]
 async fn without_cgroups_rlimits_contain_fork_bombs_or_root_is_refused() {
-    let root = tempfile::tempdir().expect("tempdir");
+    let root = reachable_tempdir();
     let mut config = BwrapConfig::new(root.path().to_path_buf());
     config.cgroups = CgroupUse::Never;
     let sandbox = BwrapSandbox::new(config);
@@ -214,7 +223,7 @@ async fn without_cgroups_rlimits_contain_fork_bombs_or_root_is_refused() {
 
 #[tokio::test]
 async fn the_sandbox_sees_little_of_the_host() {
-    let root = tempfile::tempdir().expect("tempdir");
+    let root = reachable_tempdir();
     let sandbox = BwrapSandbox::new(BwrapConfig::new(root.path().to_path_buf()));
     let id = sandbox
         .create(&spec(&unique_key("view")))
@@ -249,7 +258,7 @@ async fn the_sandbox_sees_little_of_the_host() {
     assert!(processes <= 4, "only the sandbox's processes: {processes}");
     assert_eq!(rest[4], "nodus");
 
-    // The backend's root (other sandboxes, masks) is not there; the masks cannot be read.
+    // The backend's root (other sandboxes) is not there; /etc/shadow cannot be read.
     let probe = exec(
         &sandbox,
         &id,
@@ -264,5 +273,216 @@ async fn the_sandbox_sees_little_of_the_host() {
     assert!(probe.contains("No such file or directory"), "{probe}");
     assert!(probe.contains("Permission denied"), "{probe}");
     assert!(probe.ends_with("rc=1\n"), "{probe}");
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+/// A file only root may read, made for a test and removed when dropped.
+struct RootOnly(PathBuf);
+
+impl RootOnly {
+    fn new(path: PathBuf, content: &str) -> Self {
+        std::fs::write(&path, content).expect("write the secret");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        RootOnly(path)
+    }
+}
+
+impl Drop for RootOnly {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn root_only_host_files_stay_unreadable_under_a_root_server() {
+    assert!(
+        rustix::process::getuid().is_root(),
+        "this test plays a root server: run it as root"
+    );
+    let root = reachable_tempdir();
+    let config = BwrapConfig::new(root.path().join("area"));
+    assert_eq!(
+        config.run_as,
+        Some(nodus_sandbox::DEFAULT_SANDBOX_USER),
+        "a root server runs sandboxes as nobody"
+    );
+    let sandbox = BwrapSandbox::new(config);
+    let tag = unique_key("rootonly");
+    // A root-only file in a directory bound into every sandbox, made before the backend
+    // was prepared ...
+    let share = Path::new("/usr/local/share").join(&tag);
+    std::fs::create_dir_all(&share).expect("mkdir");
+    let early = RootOnly::new(share.join("secret"), "classified-usr\n");
+    let id = sandbox.create(&spec(&tag)).await.expect("create").id;
+    // ... and one made in /etc after it was.
+    let late = RootOnly::new(Path::new("/etc").join(&tag), "classified-etc\n");
+
+    let out = exec(
+        &sandbox,
+        &id,
+        &format!(
+            "cat {} 2>&1; echo rc=$?; cat {} 2>&1; echo rc=$?; id -u",
+            early.0.display(),
+            late.0.display()
+        ),
+    )
+    .await;
+    let seen = text(&out);
+    assert!(!seen.contains("classified"), "{seen}");
+    assert_eq!(seen.matches("Permission denied").count(), 2, "{seen}");
+    assert_eq!(seen.matches("rc=1").count(), 2, "{seen}");
+    assert!(seen.ends_with("65534\n"), "runs as nobody: {seen}");
+
+    // Files staged by the server belong to the sandbox's user, which may change them.
+    sandbox
+        .put_files(
+            &id,
+            nodus_sandbox::conformance::archive(&[("in/staged.txt", b"x")]),
+        )
+        .await
+        .expect("stage");
+    let out = exec(
+        &sandbox,
+        &id,
+        "echo y >> in/staged.txt && rm -r in && echo ok",
+    )
+    .await;
+    assert_eq!(text(&out), "ok\n", "{out:?}");
+    let dir = root.path().join("area/sandboxes").join(&tag);
+    let meta = std::fs::metadata(&dir).expect("the working directory");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (65534, 0o700));
+    sandbox.destroy(&id).await.expect("destroy");
+    drop((early, late));
+    std::fs::remove_dir(&share).expect("rmdir");
+}
+
+#[tokio::test]
+async fn a_sandbox_directory_its_user_cannot_reach_is_refused_by_name() {
+    // A directory 0700 and root's (as a data directory is): the sandboxes' user cannot pass
+    // it.
+    let hidden = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(hidden.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let mut config = BwrapConfig::new(hidden.path().join("area"));
+    config.run_as = Some(nodus_sandbox::DEFAULT_SANDBOX_USER);
+    let sandbox = BwrapSandbox::new(config);
+    match sandbox.create(&spec(&unique_key("unreachable"))).await {
+        Err(Error::Refused(why)) => {
+            let shown = hidden.path().display().to_string();
+            assert!(why.contains(&format!("{shown} (mode 700")), "{why}");
+            assert!(why.contains("65534:65534"), "{why}");
+            assert!(why.contains("chmod o+x"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn proc_shows_no_host_path_of_the_server() {
+    let root = reachable_tempdir();
+    let area = root.path().join("area");
+    let sandbox = BwrapSandbox::new(BwrapConfig::new(area.clone()));
+    let id = sandbox
+        .create(&spec(&unique_key("proc")))
+        .await
+        .expect("create")
+        .id;
+    let out = exec(
+        &sandbox,
+        &id,
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo --; tr '\\0' ' ' < /proc/1/environ; \
+         echo; echo --; cat /proc/self/mountinfo",
+    )
+    .await;
+    let seen = text(&out);
+    let parts: Vec<&str> = seen.split("--\n").collect();
+    let [cmdline, environ, mountinfo] = parts[..] else {
+        panic!("three parts: {seen}");
+    };
+    let server_cwd = std::env::current_dir().expect("cwd");
+    let server_cwd = server_cwd.display().to_string();
+    let area = area.display().to_string();
+    for (name, text) in [
+        ("cmdline", cmdline),
+        ("environ", environ),
+        ("mountinfo", mountinfo),
+    ] {
+        assert!(
+            !text.contains(&server_cwd),
+            "{name} shows the server's cwd: {text}"
+        );
+    }
+    // bubblewrap's options, host paths among them, come from standard input: the command
+    // line is bubblewrap's name and the shell with the command.
+    assert!(
+        cmdline.starts_with("/usr/bin/bwrap --args 0 -- /bin/sh -c "),
+        "{cmdline}"
+    );
+    assert!(!cmdline.contains(&area), "{cmdline}");
+    assert!(!environ.contains(&area), "{environ}");
+    // The gate shell's own `PWD`, at most, and that is `/`.
+    assert!(["", "PWD=/"].contains(&environ.trim()), "{environ}");
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+/// A tmpfs mounted for a test (as root), unmounted when dropped.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = reachable_tempdir();
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0711"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount a tmpfs (the test runs as root)");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn a_command_is_stopped_before_the_disk_runs_short() {
+    // Working directories on a 200 MiB file system that keeps 120 MiB free: a command may
+    // write about 80 MiB there, though its own limit is 1 GiB.
+    let disk = Tmpfs::mount("200m");
+    let mut config = BwrapConfig::new(disk.0.path().join("area"));
+    config.disk_reserve_bytes = 120 << 20;
+    let sandbox = BwrapSandbox::new(config);
+    let mut spec = spec(&unique_key("reserve"));
+    spec.limits.disk_bytes = 1 << 30;
+    let id = sandbox.create(&spec).await.expect("create").id;
+    let mut req = request(
+        "for i in $(seq 1 40); do dd if=/dev/zero of=f$i bs=1M count=4 2>/dev/null; \
+         sleep 0.05; done; echo finished",
+    );
+    req.timeout = Duration::from_secs(60);
+    let out = sandbox.exec(&id, &req).await.expect("exec");
+    assert!(!out.timed_out, "{out:?}");
+    assert!(!text(&out).contains("finished"), "{out:?}");
+    let stopped = out.stopped.clone().unwrap_or_default();
+    assert!(
+        stopped.contains(&format!("less than the {} bytes kept free", 120u64 << 20)),
+        "{out:?}"
+    );
+    let stat = rustix::fs::statvfs(disk.0.path()).expect("statvfs");
+    let free = stat.f_bavail * stat.f_frsize;
+    assert!(free > 90 << 20, "room is left for the store: {free}");
+    // Freeing space works; then writing does again.
+    let out = exec(&sandbox, &id, "rm f*; echo ok > note; cat note").await;
+    assert_eq!((text(&out).as_str(), out.stopped), ("ok\n", None));
     sandbox.destroy(&id).await.expect("destroy");
 }

@@ -4,6 +4,7 @@
 //! Docker needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine;
 //! bubblewrap needs `bwrap`. Neither is skipped when missing: the tests fail and say why.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -12,9 +13,15 @@ use nodus_sandbox::conformance::Backend;
 /// One directory per test process, under which each backend keeps its sandboxes.
 fn root(name: &str) -> PathBuf {
     static ROOT: OnceLock<tempfile::TempDir> = OnceLock::new();
-    ROOT.get_or_init(|| tempfile::tempdir().expect("tempdir"))
-        .path()
-        .join(name)
+    ROOT.get_or_init(|| {
+        // Reachable by the user a root server runs sandboxes as.
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+        dir
+    })
+    .path()
+    .join(name)
 }
 
 mod bwrap {
@@ -34,6 +41,7 @@ mod bwrap {
     }
 
     nodus_sandbox::conformance_tests!(all, backend);
+    nodus_sandbox::conformance_tests!(disk, backend);
 }
 
 mod docker {
@@ -58,6 +66,7 @@ mod docker {
     }
 
     nodus_sandbox::conformance_tests!(all, backend);
+    nodus_sandbox::conformance_tests!(disk, backend);
 }
 
 mod unisolated {

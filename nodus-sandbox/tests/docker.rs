@@ -208,6 +208,30 @@ async fn containers_carry_limits_labels_and_no_network() {
 }
 
 #[tokio::test]
+async fn no_file_grows_past_the_disk_limit() {
+    let sandbox = backend("nodus-").await;
+    let id = sandbox
+        .create(&spec(&unique_key("fsize")))
+        .await
+        .expect("create")
+        .id;
+    let limit = test_limits().disk_bytes;
+    let out = sandbox
+        .exec(
+            &id,
+            &request("dd if=/dev/zero of=big bs=1M count=100 2>/dev/null; wc -c < big"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout.bytes).trim(),
+        limit.to_string(),
+        "{out:?}"
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+#[tokio::test]
 async fn an_unreachable_engine_is_reported() {
     let mut config = DockerConfig::new(image());
     config.socket = PathBuf::from("/nonexistent/docker.sock");

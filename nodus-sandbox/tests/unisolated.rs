@@ -6,7 +6,9 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nodus_core::Sandbox;
-use nodus_core::sandbox::{Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxSpec};
+use nodus_core::sandbox::{
+    Error, ExecOutput, ExecRequest, Limits, MAX_ARCHIVE_BYTES, SandboxId, SandboxSpec,
+};
 use nodus_sandbox::UnisolatedSandbox;
 
 const MIB: usize = 1 << 20;
@@ -325,7 +327,7 @@ async fn exec_needs_a_created_sandbox() {
             Err(Error::NotFound(id.clone()))
         );
         assert_eq!(
-            sandbox.get_files(&id, ".").await,
+            sandbox.get_files(&id, ".", MAX_ARCHIVE_BYTES).await,
             Err(Error::NotFound(id.clone()))
         );
     }
@@ -351,7 +353,12 @@ async fn files_round_trip() {
     .await;
     assert_eq!(out.stdout.bytes, b"alpha\n256\n");
 
-    let all = listing(&sandbox.get_files(&id, ".").await.expect("get all"));
+    let all = listing(
+        &sandbox
+            .get_files(&id, ".", MAX_ARCHIVE_BYTES)
+            .await
+            .expect("get all"),
+    );
     assert_eq!(
         all,
         [
@@ -363,12 +370,20 @@ async fn files_round_trip() {
             ("dir/link".to_owned(), b"-> ../a.txt".to_vec()),
         ]
     );
-    let one = listing(&sandbox.get_files(&id, "dir/b.bin").await.expect("get one"));
+    let one = listing(
+        &sandbox
+            .get_files(&id, "dir/b.bin", MAX_ARCHIVE_BYTES)
+            .await
+            .expect("get one"),
+    );
     assert_eq!(one, [("dir/b.bin".to_owned(), binary.clone())]);
 
     // What comes out goes back in, into another sandbox.
     let other = sandbox.create(&spec("run-2")).await.expect("create").id;
-    let sub = sandbox.get_files(&id, "dir").await.expect("get dir");
+    let sub = sandbox
+        .get_files(&id, "dir", MAX_ARCHIVE_BYTES)
+        .await
+        .expect("get dir");
     sandbox.put_files(&other, sub).await.expect("put back");
     let out = exec(&sandbox, &other, "cat dir/link; wc -c < dir/b.bin").await;
     assert_eq!(out.stdout.bytes, b"256\n");
@@ -382,19 +397,24 @@ async fn files_round_trip() {
         ("../run-2", "contains `..`"),
         ("missing", "does not exist"),
     ] {
-        match sandbox.get_files(&id, bad).await {
+        match sandbox.get_files(&id, bad, MAX_ARCHIVE_BYTES).await {
             Err(Error::Refused(why)) => assert!(why.contains(expected), "{bad}: {why}"),
             other => panic!("{bad}: {other:?}"),
         }
     }
     exec(&sandbox, &id, "ln -s /etc escape").await;
-    match sandbox.get_files(&id, "escape/passwd").await {
+    match sandbox
+        .get_files(&id, "escape/passwd", MAX_ARCHIVE_BYTES)
+        .await
+    {
         Err(Error::Refused(why)) => assert!(why.contains("outside"), "{why}"),
         other => panic!("through a link to /etc: {other:?}"),
     }
-    // The link itself is archived as a link, not followed.
-    let link = listing(&sandbox.get_files(&id, "escape").await.expect("get link"));
-    assert_eq!(link, [("escape".to_owned(), b"-> /etc".to_vec())]);
+    // The link itself is not handed out: it leads outside.
+    match sandbox.get_files(&id, "escape", MAX_ARCHIVE_BYTES).await {
+        Err(Error::Refused(why)) => assert!(why.contains("leads outside"), "{why}"),
+        other => panic!("a link to /etc: {other:?}"),
+    }
 }
 
 #[tokio::test]

@@ -289,9 +289,9 @@ async fn open_sandbox(
     store: &Arc<dyn Store>,
     announcements: &mut Vec<String>,
 ) -> Result<Arc<dyn Sandbox>, StartError> {
-    let root = options.data_dir.join("sandboxes");
     match options.sandbox {
         SandboxKind::Unisolated => {
+            let root = options.data_dir.join("sandboxes");
             announcements.push(format!(
                 "sandbox: UNISOLATED local processes in {} (chosen by name; runs record it)",
                 root.display()
@@ -299,6 +299,7 @@ async fn open_sandbox(
             Ok(Arc::new(nodus_sandbox::UnisolatedSandbox::new(root)))
         }
         SandboxKind::Process => {
+            let root = options.sandbox_dir();
             announcements.push(format!(
                 "sandbox: bubblewrap processes, working directories in {}",
                 root.display()

@@ -15,7 +15,9 @@ pub mod secrets;
 
 pub use api::router;
 pub use app::{AppState, Server, StartError};
-pub use options::{Options, SandboxKind, StoreUrl, default_data_dir};
+pub use options::{
+    Options, ROOT_SANDBOX_AREA, SandboxKind, StoreUrl, default_data_dir, default_sandbox_dir,
+};
 
 /// The API group and version the server serves.
 pub const API_PATH: &str = "/apis/nodus.dev/v1";

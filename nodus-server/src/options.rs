@@ -3,7 +3,7 @@
 //! `ANTHROPIC_API_KEY` — or the offline model when no key is set.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// Where state is kept.
@@ -84,6 +84,9 @@ pub struct Options {
     pub max_concurrent_runs: usize,
     /// The image of container sandboxes when a run names none.
     pub default_image: Option<String>,
+    /// Where process sandboxes keep their working directories; `None`:
+    /// [`default_sandbox_dir`] of the data directory.
+    pub sandbox_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -97,9 +100,35 @@ impl Options {
             bootstrap_token: None,
             max_concurrent_runs: 256,
             default_image: None,
+            sandbox_dir: None,
         }
     }
+
+    /// Where process sandboxes keep their working directories.
+    pub fn sandbox_dir(&self) -> PathBuf {
+        self.sandbox_dir
+            .clone()
+            .unwrap_or_else(|| default_sandbox_dir(&self.data_dir))
+    }
 }
+
+/// Where the process sandboxes of a server with `data_dir` keep their working directories by
+/// default. A server that is not root: `data_dir/sandboxes`. A root server runs its sandboxes
+/// as an unprivileged user, which must be able to reach them, and a data directory (0700,
+/// often under `/root`) is not reachable: `/var/lib/nodus/sandboxes/<12 hex digits of the
+/// SHA-256 of the data directory's absolute path>`, so that servers with different data
+/// directories do not share one, and the path shows a sandbox nothing of the data directory.
+pub fn default_sandbox_dir(data_dir: &Path) -> PathBuf {
+    if !rustix::process::getuid().is_root() {
+        return data_dir.join("sandboxes");
+    }
+    let absolute = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = nodus_core::digest::sha256_hex(absolute.as_os_str().as_encoded_bytes());
+    Path::new(ROOT_SANDBOX_AREA).join(digest.get(..12).unwrap_or(&digest))
+}
+
+/// Where a root server keeps its sandboxes' working directories by default.
+pub const ROOT_SANDBOX_AREA: &str = "/var/lib/nodus/sandboxes";
 
 /// The user's data directory for Nodus: `$XDG_DATA_HOME/nodus`, or `~/.local/share/nodus`.
 pub fn default_data_dir() -> PathBuf {
@@ -130,5 +159,30 @@ mod tests {
         let error = "mysql://x".parse::<StoreUrl>().expect_err("unsupported");
         assert!(error.contains("sqlite://PATH"), "{error}");
         assert!("vm".parse::<SandboxKind>().is_err());
+    }
+
+    #[test]
+    fn a_root_servers_sandboxes_live_outside_its_data_directory() {
+        let one = Options::new(PathBuf::from("/root/.local/share/nodus"));
+        let other = Options::new(PathBuf::from("/srv/nodus"));
+        if rustix::process::getuid().is_root() {
+            // The sandboxes' user cannot pass a 0700 data directory, and the path a sandbox
+            // sees in its mountinfo says nothing of it.
+            for options in [&one, &other] {
+                let dir = options.sandbox_dir();
+                assert!(dir.starts_with(ROOT_SANDBOX_AREA), "{}", dir.display());
+                assert!(!dir.starts_with(&options.data_dir), "{}", dir.display());
+            }
+            assert_ne!(
+                one.sandbox_dir(),
+                other.sandbox_dir(),
+                "one area per data directory"
+            );
+        } else {
+            assert_eq!(one.sandbox_dir(), one.data_dir.join("sandboxes"));
+        }
+        let mut chosen = Options::new(PathBuf::from("/srv/nodus"));
+        chosen.sandbox_dir = Some(PathBuf::from("/data/boxes"));
+        assert_eq!(chosen.sandbox_dir(), PathBuf::from("/data/boxes"));
     }
 }

@@ -1709,6 +1709,7 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
                         stdout: Output::complete(b"top secret".to_vec()),
                         stderr: Output::complete(b"warning".to_vec()),
                         timed_out: false,
+                        stopped: None,
                     },
                 },
             ),

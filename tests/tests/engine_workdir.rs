@@ -259,3 +259,75 @@ async fn a_fileset_deleted_before_the_sandbox_is_made_fails_the_run_and_leaves_n
     );
     assert!(world.sandbox.live().is_empty(), "no sandbox is left behind");
 }
+
+#[tokio::test]
+async fn many_mounts_of_a_big_fileset_are_refused_at_creation_by_size() {
+    use nodus_core::engine::MAX_STAGED_WORKDIR_BYTES;
+
+    let (world, engine) = world_with_filesets().await;
+    engine
+        .create(
+            PROJECT,
+            Object::new(
+                "big",
+                FileSetSpec {
+                    files: vec![file("blob", &"x".repeat(20_000_000), false)],
+                },
+            ),
+        )
+        .await
+        .expect("a big FileSet");
+    // 100 mounts of a 20 MB file in a small request: 2 GB if each were staged.
+    let mounts: Vec<(String, String)> = (0..100)
+        .map(|i| ("big#blob".to_string(), format!("copy-{i}")))
+        .collect();
+    let mounts: Vec<(&str, &str)> = mounts
+        .iter()
+        .map(|(r, p)| (r.as_str(), p.as_str()))
+        .collect();
+    match engine
+        .create_run(
+            PROJECT,
+            run("hoarder", "helper", "q", |s| {
+                s.workdir = Some(workdir(Some("source"), &mounts))
+            }),
+        )
+        .await
+    {
+        Err(Error::Invalid(invalid)) => {
+            // Three copies fit into 64 MiB, the fourth does not.
+            assert_eq!(invalid.field, "spec.workdir.artifactMounts[3]");
+            assert!(
+                invalid
+                    .rule
+                    .contains(&format!("within {MAX_STAGED_WORKDIR_BYTES} bytes (64 MiB")),
+                "{invalid:?}"
+            );
+            assert!(invalid.value.contains("bytes with this one"), "{invalid:?}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        engine.get_run(PROJECT, "hoarder").await.is_err(),
+        "nothing written"
+    );
+    assert!(world.sandbox.archive("hoarder").is_none());
+
+    // Three copies are within the limit and staged.
+    let created = engine
+        .create_run(
+            PROJECT,
+            run("three", "helper", "q", |s| {
+                s.workdir = Some(workdir(None, &mounts[..3]))
+            }),
+        )
+        .await
+        .expect("three copies fit");
+    assert_eq!(
+        engine.drive(PROJECT, "three").await.expect("drive"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let uid = created.metadata.uid.expect("a uid");
+    let tar = world.sandbox.archive(&uid).expect("an archive was put");
+    assert_eq!(entries(&tar).len(), 3);
+}

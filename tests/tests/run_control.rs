@@ -347,10 +347,10 @@ impl Served {
     }
 
     /// The host directory of a run's sandbox.
+    /// Where a process sandbox's working directory is (for a root server, outside the data
+    /// directory).
     fn sandbox_dir(&self, uid: &str) -> PathBuf {
-        self.dir
-            .path()
-            .join("sandboxes")
+        nodus_server::default_sandbox_dir(self.dir.path())
             .join("sandboxes")
             .join(uid)
     }

@@ -66,6 +66,39 @@ fn walk_the_spec(backend: Backend) {
             .contains("triaged")
     );
 
+    // What a command sees of how its sandbox was started names neither the data directory
+    // nor the server's working directory.
+    server.ok(&[
+        "create",
+        "agentrun",
+        "peek",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        "Run `cat /proc/1/cmdline; echo; cat /proc/1/environ; echo; cat /proc/self/mountinfo; echo peeked` please",
+    ]);
+    server.ok(&[
+        "wait",
+        "agentrun/peek",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let peeked = server.ok(&["agentrun", "answer", "peek"]);
+    assert!(
+        peeked.contains("peeked") && peeked.contains(" /work "),
+        "{peeked}"
+    );
+    let data_dir = dir.path().display().to_string();
+    let server_cwd = std::env::current_dir().expect("cwd").display().to_string();
+    assert!(
+        !peeked.contains(&data_dir),
+        "the data directory shows: {peeked}"
+    );
+    assert!(
+        !peeked.contains(&server_cwd),
+        "the server's cwd shows: {peeked}"
+    );
+
     // A working directory staged from a FileSet before the first command.
     server.ok(&["apply", "-f", &example("fileset.yaml")]);
     let filesets = server.ok(&["get", "filesets"]);

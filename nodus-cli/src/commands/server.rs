@@ -20,6 +20,7 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     options.sandbox = args.sandbox.parse::<SandboxKind>().map_err(Error::Input)?;
     options.bootstrap_token = args.bootstrap_token.filter(|t| !t.is_empty());
     options.default_image = args.default_image;
+    options.sandbox_dir = args.sandbox_dir;
     Ok(options)
 }
 

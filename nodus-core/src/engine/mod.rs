@@ -12,7 +12,10 @@ mod resources;
 mod status;
 mod typed;
 mod workdir;
-pub use workdir::{MAX_KEPT_WORKDIR_BYTES, OutputWorkdir, workdir_archive_key};
+pub use workdir::{
+    MAX_KEPT_WORKDIR_BYTES, MAX_STAGED_WORKDIR_BYTES, OutputWorkdir, STAGED_ENTRY_OVERHEAD,
+    workdir_archive_key,
+};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

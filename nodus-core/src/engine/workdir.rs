@@ -3,6 +3,14 @@
 //! read and put into the sandbox, as one tar archive, when its sandbox is created. When the
 //! run ends, before its sandbox is deleted, the final working directory is kept as a tar
 //! archive ([`Kind::WorkdirArchive`], named after the run) for [`Engine::output_workdir`].
+//!
+//! Memory stays bounded: each FileSet is read once however many mounts name it, the bytes a
+//! working directory stages are counted from the files' stored sizes before anything is
+//! decoded or copied (more than [`MAX_STAGED_WORKDIR_BYTES`] refuses the run at creation),
+//! and the sandbox stops packing the final working directory as soon as it would exceed
+//! [`MAX_KEPT_WORKDIR_BYTES`].
+
+use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -15,6 +23,15 @@ use crate::validate::Invalid;
 
 /// The largest final working directory kept (a larger one is recorded as omitted).
 pub const MAX_KEPT_WORKDIR_BYTES: usize = 16 << 20;
+
+/// The most bytes a working directory stages from FileSets: 64 MiB, counting every file of
+/// `baseWorkdir` and every artifact mount (each mount again, even of the same file), with
+/// [`STAGED_ENTRY_OVERHEAD`] for each.
+pub const MAX_STAGED_WORKDIR_BYTES: u64 = 64 << 20;
+
+/// What one staged file adds to the staging archive beyond its bytes (its header and
+/// padding), counted against [`MAX_STAGED_WORKDIR_BYTES`] with its path.
+pub const STAGED_ENTRY_OVERHEAD: u64 = 1024;
 
 /// Where the final working directory of `run` is kept.
 pub fn workdir_archive_key(run: &ObjectKey) -> ObjectKey {
@@ -70,9 +87,9 @@ impl Engine {
                 staged.push(Staged::new(&file.path, file)?);
             }
         }
-        for (mount, set) in workdir.artifact_mounts.iter().zip(&sets.mounts) {
-            let (_, path) = split_ref(&mount.reference).unwrap_or_default();
-            if let Some(file) = set.file(path) {
+        for mount in &workdir.artifact_mounts {
+            let (set, path) = split_ref(&mount.reference).unwrap_or_default();
+            if let Some(file) = sets.mounted.get(set).and_then(|set| set.file(path)) {
                 staged.push(Staged::new(&mount.mount_path, file)?);
             }
         }
@@ -92,7 +109,13 @@ impl Engine {
                 tracing::warn!(run = %run, error = %e, "cannot look for a kept working directory")
             }
         }
-        let document = match self.deps.sandbox.get_files(sandbox, "").await {
+        // The sandbox stops packing at the cap: no more than it is ever held.
+        let packed = self
+            .deps
+            .sandbox
+            .get_files(sandbox, "", MAX_KEPT_WORKDIR_BYTES)
+            .await;
+        let document = match packed {
             Ok(tar) if tar.len() > MAX_KEPT_WORKDIR_BYTES => serde_json::json!({
                 "bytes": tar.len(),
                 "omitted": format!("the working directory is {} bytes, more than the {MAX_KEPT_WORKDIR_BYTES} kept", tar.len()),
@@ -134,16 +157,22 @@ impl Engine {
         Ok(Some(OutputWorkdir::Omitted(reason.to_string())))
     }
 
-    /// The FileSets `workdir` names, read and checked.
+    /// The FileSets `workdir` names, read and checked: each once, however many mounts name
+    /// it, and the bytes they stage counted from stored sizes before any is decoded.
     async fn workdir_files(&self, project: &str, workdir: &WorkdirSpec) -> Result<Sets> {
+        let mut staged = StagedBytes::default();
         let base = match &workdir.base_workdir {
-            Some(reference) => Some(
-                self.fileset(project, "spec.workdir.baseWorkdir", reference)
-                    .await?,
-            ),
+            Some(reference) => {
+                let field = "spec.workdir.baseWorkdir";
+                let set = self.fileset(project, field, reference).await?;
+                for file in &set.files {
+                    staged.add(field, &file.path, file.size())?;
+                }
+                Some(set)
+            }
             None => None,
         };
-        let mut mounts = Vec::with_capacity(workdir.artifact_mounts.len());
+        let mut mounted: BTreeMap<String, FileSetSpec> = BTreeMap::new();
         for (index, mount) in workdir.artifact_mounts.iter().enumerate() {
             let field = format!("spec.workdir.artifactMounts[{index}].ref");
             let Some((set, path)) = split_ref(&mount.reference) else {
@@ -154,18 +183,25 @@ impl Engine {
                 )
                 .into());
             };
-            let spec = self.fileset(project, &field, set).await?;
-            if spec.file(path).is_none() {
+            if !mounted.contains_key(set) {
+                let spec = self.fileset(project, &field, set).await?;
+                mounted.insert(set.to_string(), spec);
+            }
+            let Some(file) = mounted.get(set).and_then(|spec| spec.file(path)) else {
                 return Err(Invalid::new(
                     field,
                     format!("must name a file of the FileSet {set:?}"),
                     format!("{:?}", mount.reference),
                 )
                 .into());
-            }
-            mounts.push(spec);
+            };
+            staged.add(
+                &format!("spec.workdir.artifactMounts[{index}]"),
+                &mount.mount_path,
+                file.size(),
+            )?;
         }
-        Ok(Sets { base, mounts })
+        Ok(Sets { base, mounted })
     }
 
     /// The FileSet `reference` (`name`, or `project/name` of this project) names.
@@ -196,8 +232,37 @@ impl Engine {
 /// What a working directory is made of.
 struct Sets {
     base: Option<FileSetSpec>,
-    /// The FileSet of each artifact mount, in order.
-    mounts: Vec<FileSetSpec>,
+    /// The FileSets the artifact mounts name, each once, by the name the mount gives.
+    mounted: BTreeMap<String, FileSetSpec>,
+}
+
+/// The bytes a working directory stages so far, against [`MAX_STAGED_WORKDIR_BYTES`].
+#[derive(Default)]
+struct StagedBytes(u64);
+
+impl StagedBytes {
+    /// Counts a file of `size` bytes staged at `path` for `field`; refuses, naming `field`,
+    /// when the total goes over the limit.
+    fn add(&mut self, field: &str, path: &str, size: u64) -> Result<()> {
+        self.0 = self
+            .0
+            .saturating_add(size)
+            .saturating_add(path.len() as u64)
+            .saturating_add(STAGED_ENTRY_OVERHEAD);
+        if self.0 > MAX_STAGED_WORKDIR_BYTES {
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "must keep the working directory's staged files within \
+                     {MAX_STAGED_WORKDIR_BYTES} bytes (64 MiB, counting the base FileSet's files \
+                     and each artifact mount again, with {STAGED_ENTRY_OVERHEAD} bytes per file)"
+                ),
+                format!("{} bytes with this one", self.0),
+            )
+            .into());
+        }
+        Ok(())
+    }
 }
 
 /// `fileset#path` split in two.

@@ -40,6 +40,21 @@ impl FileEntry {
             None => Ok(self.content.as_bytes().to_vec()),
         }
     }
+
+    /// The file's size in bytes, from its stored form without decoding it (for valid
+    /// `contentBase64`, exact; padding and line breaks are not counted).
+    pub fn size(&self) -> u64 {
+        match &self.content_base64 {
+            Some(encoded) => {
+                let digits = encoded
+                    .bytes()
+                    .filter(|b| !matches!(b, b'=' | b'\n' | b'\r'))
+                    .count();
+                (digits as u64).saturating_mul(3) / 4
+            }
+            None => self.content.len() as u64,
+        }
+    }
 }
 
 impl FileSetSpec {

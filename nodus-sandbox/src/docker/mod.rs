@@ -9,7 +9,11 @@
 //!
 //! A container is made from the run's image or the operator's default one, with:
 //! - network `none` unless the spec allows the network (then the default bridge);
-//! - memory (without swap), CPU and process limits from the spec;
+//! - memory (without swap), CPU and process limits from the spec, and no file larger than
+//!   its disk limit (`ulimit -f`); where the server can read the working directory's volume
+//!   on this host (a local engine, the server root), the bubblewrap backend's watchdog also
+//!   stops a command that grows the volume past the limit or leaves the disk less free space
+//!   than [`DockerConfig::disk_reserve_bytes`];
 //! - a read-only root file system, a private `/tmp` (a tmpfs no larger than the memory limit)
 //!   and the working-directory volume as the only writable places;
 //! - all capabilities dropped and `no-new-privileges`;
@@ -45,7 +49,9 @@ use async_trait::async_trait;
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -55,11 +61,12 @@ use futures_util::StreamExt;
 use nodus_core::Sandbox;
 use nodus_core::output::Output;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, MAX_ARCHIVE_BYTES, SandboxId, SandboxInfo, SandboxSpec,
 };
 use tracing::{debug, info, warn};
 
 use crate::archive::{self, OnDisk};
+use crate::disk::{WATCH_INTERVAL, Watch};
 use crate::workdir::check_env;
 use crate::{capped, paths};
 
@@ -105,11 +112,14 @@ pub struct DockerConfig {
     pub workdir: String,
     /// Timeout of one API request (not of a command), in seconds.
     pub request_timeout_secs: u64,
+    /// The free bytes the file system of the working-directory volumes keeps, where the
+    /// server can see them (a local engine): a command that lets it drop below is stopped.
+    pub disk_reserve_bytes: u64,
 }
 
 impl DockerConfig {
     /// `/var/run/docker.sock`, names `nodus-<key>`, working directory `/work`, 120 s per
-    /// request.
+    /// request, 256 MiB kept free.
     pub fn new(default_image: String) -> Self {
         DockerConfig {
             default_image,
@@ -117,6 +127,7 @@ impl DockerConfig {
             name_prefix: "nodus-".to_owned(),
             workdir: "/work".to_owned(),
             request_timeout_secs: 120,
+            disk_reserve_bytes: crate::bwrap::DEFAULT_DISK_RESERVE_BYTES,
         }
     }
 }
@@ -238,6 +249,30 @@ impl DockerSandbox {
             .ok_or_else(|| Error::NotFound(id.clone()))
     }
 
+    /// The disk watch of a sandbox's working directory: its volume's directory on this host,
+    /// when the engine is local and this process can read it (as root); `None` otherwise,
+    /// when only `ulimit -f` bounds what a command writes.
+    async fn disk_watch(&self, id: &SandboxId, limits: &Limits) -> Option<Watch> {
+        let volume = match self.docker.inspect_volume(&id.0).await {
+            Ok(volume) => volume,
+            Err(e) => {
+                debug!(sandbox = %id, error = %e, "no disk watch: cannot inspect the volume");
+                return None;
+            }
+        };
+        let dir = PathBuf::from(volume.mountpoint);
+        let readable = fs_readable(&dir).await;
+        if !readable {
+            debug!(sandbox = %id, "no disk watch: the volume's directory is not readable here");
+            return None;
+        }
+        Some(Watch {
+            dir,
+            limit: limits.disk_bytes,
+            reserve: self.config.disk_reserve_bytes,
+        })
+    }
+
     fn slot_of(&self, id: &SandboxId) -> Slot {
         self.slots
             .lock()
@@ -302,6 +337,12 @@ impl DockerSandbox {
                 memory_swap: Some(memory),
                 nano_cpus: Some(i64::from(limits.cpu_millis) * 1_000_000),
                 pids_limit: Some(i64::from(limits.processes)),
+                // No file larger than the disk limit (RLIMIT_FSIZE counts bytes).
+                ulimits: Some(vec![ResourcesUlimits {
+                    name: Some("fsize".to_owned()),
+                    soft: Some(i64::try_from(limits.disk_bytes).unwrap_or(i64::MAX)),
+                    hard: Some(i64::try_from(limits.disk_bytes).unwrap_or(i64::MAX)),
+                }]),
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".to_owned(),
@@ -376,8 +417,7 @@ impl DockerSandbox {
         held: &mut Turn,
         dir: &str,
         command: &str,
-        timeout: Duration,
-        cap: usize,
+        bounds: Bounds<'_>,
     ) -> Result<Ran, Error> {
         let nonce = channel::nonce();
         let frame = channel::frame(&nonce, dir, command)?;
@@ -400,7 +440,7 @@ impl DockerSandbox {
                 }
             };
             let (ran, channel) = self
-                .run_in(&mut guard, channel, &nonce, &frame, timeout, cap)
+                .run_in(&mut guard, channel, &nonce, &frame, bounds)
                 .await?;
             held.channel = channel;
             match ran {
@@ -412,16 +452,22 @@ impl DockerSandbox {
 
     /// Sends one command's frame through `channel` and reads its output until both end
     /// markers or the timeout (which kills the command's processes, after which output is
-    /// still read for a moment). Gives the channel back when it can serve another command.
+    /// still read for a moment), or until the disk `watch` (with the working directory's size
+    /// at the start) stops the command the same way. Gives the channel back when it can serve
+    /// another command.
     async fn run_in(
         &self,
         guard: &mut KillOnDrop<'_>,
         mut channel: Channel,
         nonce: &str,
         frame: &[u8],
-        timeout: Duration,
-        cap: usize,
+        bounds: Bounds<'_>,
     ) -> Result<(Ran, Option<Channel>), Error> {
+        let Bounds {
+            timeout,
+            cap,
+            watch,
+        } = bounds;
         let name = guard.name.clone();
         guard.sandbox = Some(self.clone());
         channel
@@ -430,8 +476,31 @@ impl DockerSandbox {
             .map_err(|e| Error::Unavailable(format!("sending a command to {name}: {e}")))?;
         let mut reading = Reading::new(nonce, cap);
         let deadline = tokio::time::Instant::now() + timeout;
+        let watchdog = async {
+            let Some((watch, start)) = watch else {
+                return std::future::pending().await;
+            };
+            let mut pause = WATCH_INTERVAL;
+            loop {
+                tokio::time::sleep(pause).await;
+                match watch.check(start).await {
+                    (Some(reason), _) => return reason,
+                    (None, next) => pause = next,
+                }
+            }
+        };
+        tokio::pin!(watchdog);
+        let mut stopped = None;
         while !reading.done() {
-            match tokio::time::timeout_at(deadline, channel.next()).await {
+            // Reading the stream is cancel-safe: a chunk not yet taken stays in it.
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(deadline, channel.next()) => next,
+                reason = &mut watchdog => {
+                    stopped = Some(reason);
+                    break;
+                }
+            };
+            match next {
                 Ok(Ok(Next::Chunk(chunk))) => reading.feed(&chunk)?,
                 Ok(Ok(Next::Closed)) => {
                     guard.sandbox = None;
@@ -458,10 +527,11 @@ impl DockerSandbox {
                 break;
             }
         }
-        Ok((
-            Ran::TimedOut(reading),
-            (usable && !restarted).then_some(channel),
-        ))
+        let ran = match stopped {
+            Some(reason) => Ran::Stopped(reading, reason),
+            None => Ran::TimedOut(reading),
+        };
+        Ok((ran, (usable && !restarted).then_some(channel)))
     }
 
     async fn pull(&self, image: &str) -> Result<(), Error> {
@@ -516,8 +586,7 @@ impl DockerSandbox {
                 held,
                 &self.config.workdir,
                 &command,
-                HELPER_TIMEOUT,
-                16 << 20,
+                Bounds::helper(16 << 20),
             )
             .await?;
         match ran {
@@ -609,7 +678,7 @@ impl DockerSandbox {
     ) -> Result<(), Error> {
         let dir = self.inside(rel)?;
         let ran = self
-            .run_command(id, held, &dir, "true", HELPER_TIMEOUT, 0)
+            .run_command(id, held, &dir, "true", Bounds::helper(0))
             .await?;
         match ran {
             Ran::Ended(reading) => match reading.status()? {
@@ -735,7 +804,8 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let request = request.within(&self.limits_of(id)?)?;
+        let limits = self.limits_of(id)?;
+        let request = request.within(&limits)?;
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
@@ -743,15 +813,35 @@ impl Sandbox for DockerSandbox {
         let slot = self.slot_of(id);
         let mut held = slot.lock().await;
         let cap = capped::cap_len(request.output_cap);
+        let watch = self.disk_watch(id, &limits).await;
+        let start = match &watch {
+            Some(watch) => watch.start().await,
+            None => 0,
+        };
         let ran = self
-            .run_command(id, &mut held, &dir, &request.command, request.timeout, cap)
+            .run_command(
+                id,
+                &mut held,
+                &dir,
+                &request.command,
+                Bounds {
+                    timeout: request.timeout,
+                    cap,
+                    watch: watch.as_ref().map(|w| (w, start)),
+                },
+            )
             .await?;
+        let mut stopped = None;
         let (exit_code, reading) = match ran {
             Ran::Ended(reading) => {
                 let status = reading.status()?;
                 (Some(status), reading)
             }
             Ran::TimedOut(reading) => (None, reading),
+            Ran::Stopped(reading, reason) => {
+                stopped = Some(reason);
+                (None, reading)
+            }
             Ran::Closed(_) => {
                 return Err(Error::Unavailable(format!(
                     "the first process of {id} ended while a command ran"
@@ -772,12 +862,16 @@ impl Sandbox for DockerSandbox {
                 )));
             }
         };
+        if let (Some(watch), None, Some(_)) = (&watch, &stopped, exit_code) {
+            stopped = watch.reached(start).await;
+        }
         let (stdout, stderr) = reading.into_outputs();
         Ok(ExecOutput {
             exit_code,
             stdout,
             stderr,
-            timed_out: exit_code.is_none(),
+            timed_out: exit_code.is_none() && stopped.is_none(),
+            stopped,
         })
     }
 
@@ -808,8 +902,17 @@ impl Sandbox for DockerSandbox {
         }
     }
 
-    async fn get_files(&self, id: &SandboxId, path: &str) -> Result<Vec<u8>, Error> {
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, Error> {
         self.limits_of(id)?;
+        // Docker's archive is a little larger than the one made of it (headers for the
+        // working directory itself): allow one more header and padding while downloading.
+        let max = max_bytes.min(MAX_ARCHIVE_BYTES);
+        let download_max = max.saturating_add(4096).min(MAX_ARCHIVE_BYTES);
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
         let slot = self.slot_of(id);
@@ -827,7 +930,9 @@ impl Sandbox for DockerSandbox {
             match chunk {
                 Ok(bytes) => {
                     tar.extend_from_slice(&bytes);
-                    archive::check_size(tar.len())?;
+                    if tar.len() > download_max {
+                        archive::check_cap(tar.len(), max)?;
+                    }
                 }
                 Err(e) if status(&e) == Some(404) => {
                     return Err(Error::Refused(format!("{path:?} does not exist")));
@@ -839,18 +944,28 @@ impl Sandbox for DockerSandbox {
         // working directory instead, leaving out the working directory itself.
         let whole = rel.as_os_str().is_empty();
         let prefix = rel.parent().map(Path::to_path_buf).unwrap_or_default();
-        archive::rebase(&tar, &|entry| {
-            if whole {
-                let mut parts = entry
-                    .components()
-                    .filter(|c| !matches!(c, Component::CurDir));
-                parts.next();
-                let rest: PathBuf = parts.collect();
-                (!rest.as_os_str().is_empty()).then_some(rest)
-            } else {
-                Some(prefix.join(entry))
-            }
-        })
+        let (tar, left_out) = archive::rebase(
+            &tar,
+            &|entry| {
+                if whole {
+                    let mut parts = entry
+                        .components()
+                        .filter(|c| !matches!(c, Component::CurDir));
+                    parts.next();
+                    let rest: PathBuf = parts.collect();
+                    (!rest.as_os_str().is_empty()).then_some(rest)
+                } else {
+                    Some(prefix.join(entry))
+                }
+            },
+            max,
+        )?;
+        if !whole && left_out.contains(&rel) {
+            return Err(Error::Refused(format!(
+                "{path:?} is a symbolic link that leads outside the working directory"
+            )));
+        }
+        Ok(tar)
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
@@ -906,8 +1021,30 @@ enum Ran {
     Ended(Reading),
     /// The timeout hit; what the command printed until then (and during the kill).
     TimedOut(Reading),
+    /// The disk watch stopped it, for this reason; what it printed until then.
+    Stopped(Reading, String),
     /// The first process's streams ended first.
     Closed(Reading),
+}
+
+/// What bounds one command: its timeout, the bytes kept of each stream, and the disk watch
+/// with the working directory's size when it started.
+#[derive(Clone, Copy)]
+struct Bounds<'a> {
+    timeout: Duration,
+    cap: usize,
+    watch: Option<(&'a Watch, u64)>,
+}
+
+impl Bounds<'_> {
+    /// A helper script of the backend's own: [`HELPER_TIMEOUT`], `cap`, no disk watch.
+    fn helper(cap: usize) -> Self {
+        Bounds {
+            timeout: HELPER_TIMEOUT,
+            cap,
+            watch: None,
+        }
+    }
 }
 
 /// Kills the processes of a container when a command's future is dropped before it finished,
@@ -969,4 +1106,9 @@ fn api_error(what: &str, e: DockerError) -> Error {
         | DockerError::SocketNotFoundError(_) => Error::Unavailable(format!("{what}: {e}")),
         _ => Error::Failed(format!("{what}: {e}")),
     }
+}
+
+/// Whether `dir` is a directory this process can list.
+async fn fs_readable(dir: &Path) -> bool {
+    tokio::fs::read_dir(dir).await.is_ok()
 }
