@@ -1,15 +1,18 @@
 //! Embedding nodus-core: an agent run with the in-memory store, the offline scripted model
 //! and the unisolated local sandbox, all in this process.
 //!
-//! Run it with `cargo run -p nodus-examples --example embedding`. The offline model runs the
-//! shell commands that the prompt quotes in backticks and answers with their output; every
-//! step is journaled, and the answer and the steps are printed at the end.
+//! Run it with `cargo run -p nodus-examples --example embedding`. The engine's `Runner` drives
+//! the run (as it does in the server); the offline model runs the shell commands that the
+//! prompt quotes in backticks and answers with their output; every step is journaled, and the
+//! answer and the steps are printed at the end.
 
 use std::sync::Arc;
 
 use nodus_core::clock::SystemClock;
-use nodus_core::engine::{Config, Deps, Driven, Engine};
+use nodus_core::engine::{Config, Deps, Engine};
+use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
+use nodus_core::runner::{Runner, RunnerConfig};
 use nodus_core::secret::StaticSecrets;
 use nodus_llm::{Jev, ScriptedModel};
 use nodus_sandbox::UnisolatedSandbox;
@@ -31,6 +34,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         Config::default(),
     );
+    // The runner drives every run of the engine until it is shut down.
+    let runner = Runner::start(engine.clone(), RunnerConfig::default());
 
     let agent = Agent::new(
         "hello-agent",
@@ -49,11 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     engine.create_run("default", run).await?;
 
-    let driven = engine
-        .run_until_settled("default", "hello-agent-run")
-        .await?;
-    let run = engine.get_run("default", "hello-agent-run").await?;
-    println!("run hello-agent-run: {driven:?}");
+    let run = runner.settled("default", "hello-agent-run").await?;
+    runner.shutdown().await;
+    let phase = run.status.phase;
+    println!("run hello-agent-run: {phase:?}");
     for (index, turn) in run.status.turns.iter().enumerate() {
         println!(
             "turn {index}: model {} (chosen by {:?}), {} commands, cost ${}",
@@ -80,8 +84,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let _ = std::fs::remove_dir_all(&workdirs);
-    if driven != Driven::Finished(nodus_core::lifecycle::RunPhase::Succeeded) {
-        return Err(format!("the run did not succeed: {driven:?}").into());
+    if phase != Some(RunPhase::Succeeded) {
+        return Err(format!("the run did not succeed: {phase:?}").into());
     }
     Ok(())
 }

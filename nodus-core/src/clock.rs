@@ -12,6 +12,15 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
     /// Wait for `duration` to pass on this clock.
     async fn sleep(&self, duration: Duration);
+    /// Wait until this clock reads `at` or later (at once when it does already).
+    async fn sleep_until(&self, at: Timestamp) {
+        let left = at.duration_since(self.now());
+        if let Ok(left) = Duration::try_from(left)
+            && !left.is_zero()
+        {
+            self.sleep(left).await;
+        }
+    }
 }
 
 /// The system's wall clock and tokio's timer.

@@ -14,25 +14,27 @@ use crate::clock::Clock;
 use crate::output::Output;
 use crate::sandbox::{self, ExecOutput, ExecRequest, Sandbox, SandboxId, SandboxInfo, SandboxSpec};
 
-/// A clock that moves only when told; `sleep` moves it forward at once.
+/// A clock that moves only when told. `sleep` moves it forward at once (a pause the code
+/// takes is over at once); `sleep_until` waits until [`advance`](ManualClock::advance) moves
+/// the clock to the time it waits for (a deadline comes when the test says so).
 #[derive(Debug)]
 pub struct ManualClock {
-    now: Mutex<Timestamp>,
+    now: tokio::sync::watch::Sender<Timestamp>,
 }
 
 impl ManualClock {
     /// A clock at `start`.
     pub fn new(start: Timestamp) -> Self {
         ManualClock {
-            now: Mutex::new(start),
+            now: tokio::sync::watch::Sender::new(start),
         }
     }
 
-    /// Move the clock forward.
+    /// Move the clock forward (waking what waits for a time it passes).
     pub fn advance(&self, by: Duration) {
-        let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
         let by = SignedDuration::try_from(by).unwrap_or(SignedDuration::MAX);
-        *now = now.checked_add(by).unwrap_or(Timestamp::MAX);
+        self.now
+            .send_modify(|now| *now = now.checked_add(by).unwrap_or(Timestamp::MAX));
     }
 }
 
@@ -46,11 +48,17 @@ impl Default for ManualClock {
 #[async_trait]
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        *self.now.lock().unwrap_or_else(|e| e.into_inner())
+        *self.now.borrow()
     }
 
     async fn sleep(&self, duration: Duration) {
         self.advance(duration);
+    }
+
+    async fn sleep_until(&self, at: Timestamp) {
+        let mut now = self.now.subscribe();
+        // The sender lives as long as the clock, which outlives this borrow of it.
+        let _ = now.wait_for(|now| *now >= at).await;
     }
 }
 

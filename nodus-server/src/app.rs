@@ -9,13 +9,13 @@ use nodus_core::ledger::StoreLedger;
 use nodus_core::model::ModelClient;
 use nodus_core::resource::{Agent, AgentSpec};
 use nodus_core::router::Router;
+use nodus_core::runner::{Runner, RunnerConfig};
 use nodus_core::sandbox::Sandbox;
 use nodus_core::store::Store;
 use nodus_core::{Clock, Usd};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
-use crate::controller::Controller;
 use crate::metrics::Metrics;
 use crate::options::{Options, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
@@ -81,7 +81,6 @@ pub enum StartError {
 /// A server ready to serve.
 pub struct Server {
     state: Arc<AppState>,
-    controller: Controller,
     options: Options,
     /// Lines for the operator: the store, sandbox and model in use, and where the token is.
     pub announcements: Vec<String>,
@@ -120,8 +119,6 @@ impl Server {
             Config {
                 default_image: options.default_image.clone(),
                 replica: Some(replica_name(&options.data_dir)?),
-                // The controller reconciles a group whenever one of its runs changes.
-                reconcile_on_create: false,
                 ..Config::default()
             },
         );
@@ -134,10 +131,8 @@ impl Server {
             metrics: Metrics::default(),
         });
         bootstrap(&state, &options, &mut announcements).await?;
-        let controller = Controller::new(engine, clock, options.max_concurrent_runs);
         Ok(Server {
             state,
-            controller,
             options,
             announcements,
         })
@@ -148,7 +143,7 @@ impl Server {
         self.state.clone()
     }
 
-    /// Serve the API and run the controllers until `shutdown` resolves.
+    /// Serve the API and run the engine's runner until `shutdown` resolves.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -185,7 +180,7 @@ impl Bound {
             .unwrap_or(self.server.options.listen)
     }
 
-    /// Serve the API and run the controllers until `shutdown` resolves.
+    /// Serve the API and run the engine's [`Runner`] until `shutdown` resolves.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -193,13 +188,15 @@ impl Bound {
         let address = self.local_addr();
         let Bound { server, listener } = self;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let controller = tokio::spawn({
-            let mut stop = stop_rx.clone();
-            server.controller.run(async move {
-                let _ = stop.wait_for(|stopped| *stopped).await;
-            })
-        });
-        let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
+        // The runner drives every run and reconciles every group; the API only records.
+        let runner = Runner::start(
+            server.state.engine.clone(),
+            RunnerConfig {
+                max_concurrent: server.options.max_concurrent_runs,
+                retention: Some(PAYLOAD_RETENTION),
+                ..RunnerConfig::default()
+            },
+        );
         let app = crate::api::router(server.state.clone());
         let mut stop = stop_rx;
         let served = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -211,8 +208,7 @@ impl Bound {
         });
         let result = served.await;
         signal.abort();
-        sweeper.abort();
-        let _ = controller.await;
+        runner.shutdown().await;
         result.map_err(|e| StartError::Listen {
             address: address.to_string(),
             reason: e.to_string(),
@@ -220,38 +216,9 @@ impl Bound {
     }
 }
 
-/// Recorded payloads are kept this long after their run ended.
+/// Recorded payloads are kept this long after their run ended (the runner's retention sweep
+/// removes them after that, once an hour).
 pub const PAYLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
-
-/// The retention sweep: once an hour (and at start), remove the recorded payloads of runs
-/// that ended more than [`PAYLOAD_RETENTION`] ago; their records say so.
-async fn sweep_payloads(store: Arc<dyn Store>) {
-    let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
-    loop {
-        every.tick().await;
-        match sweep_once(store.as_ref(), jiff::Timestamp::now()).await {
-            Ok(runs) => tracing::info!(runs, "retention sweep"),
-            Err(error) => {
-                tracing::warn!(error = %error, "retention sweep failed; retrying in an hour")
-            }
-        }
-    }
-}
-
-/// One retention sweep at `now`: the payloads of runs that ended more than
-/// [`PAYLOAD_RETENTION`] ago, and the final working directories they kept. How many runs
-/// were swept.
-async fn sweep_once(
-    store: &dyn Store,
-    now: jiff::Timestamp,
-) -> Result<usize, nodus_core::store::Error> {
-    let retention =
-        jiff::SignedDuration::try_from(PAYLOAD_RETENTION).unwrap_or(jiff::SignedDuration::ZERO);
-    let before = now.checked_sub(retention).unwrap_or(jiff::Timestamp::MIN);
-    // The store removes the kept final working directories in the same write.
-    let swept = store.sweep_payloads(before, now).await?;
-    Ok(swept.runs.len())
-}
 
 async fn open_store(
     options: &Options,
@@ -481,52 +448,4 @@ async fn bootstrap(
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use nodus_core::resource::Kind;
-    use nodus_core::store::{ObjectKey, Store};
-    use serde_json::json;
-
-    use super::*;
-
-    /// A run that ended longer ago than the retention period loses its kept working directory
-    /// with its other payloads; a recent one keeps it.
-    #[tokio::test]
-    async fn the_sweep_removes_kept_working_directories_of_old_runs() {
-        let store = nodus_store::MemoryStore::new();
-        let now = jiff::Timestamp::from_second(2_000_000_000).expect("a time");
-        for (name, days_ago) in [("old", 31), ("recent", 1)] {
-            let ended = now
-                .checked_sub(jiff::SignedDuration::from_hours(24 * days_ago))
-                .expect("a time");
-            let run = ObjectKey::new("p", Kind::AgentRun, name);
-            store
-                .create(
-                    &run,
-                    json!({
-                        "apiVersion": "nodus.dev/v1", "kind": "AgentRun",
-                        "metadata": {"name": name, "uid": format!("uid-{name}")},
-                        "spec": {"agent": "a", "input": "secret input"},
-                        "status": {"phase": "Succeeded", "completionTime": ended.to_string()},
-                    }),
-                )
-                .await
-                .expect("a run");
-            store
-                .create(
-                    &nodus_core::engine::workdir_archive_key(&run),
-                    json!({"bytes": 0, "archiveBase64": ""}),
-                )
-                .await
-                .expect("a kept working directory");
-        }
-        assert_eq!(sweep_once(&store, now).await, Ok(1));
-        let kept = |name: &str| {
-            nodus_core::engine::workdir_archive_key(&ObjectKey::new("p", Kind::AgentRun, name))
-        };
-        assert!(store.get(&kept("old")).await.is_err(), "swept");
-        assert!(store.get(&kept("recent")).await.is_ok(), "kept");
-    }
 }

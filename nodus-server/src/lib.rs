@@ -1,11 +1,10 @@
-//! The Nodus server: the REST API (axum), the controllers (run executor, group controller,
-//! deadlines), auth with project-bound tokens, sealed Secrets and project credits, on top of
-//! nodus-core. `nodus server` (in nodus-cli) starts it.
+//! The Nodus server: the REST API (axum), auth with project-bound tokens, sealed Secrets and
+//! project credits, on top of nodus-core, whose `Runner` (started by the server) drives the
+//! runs and groups. `nodus server` (in nodus-cli) starts it.
 
 mod api;
 pub mod app;
 pub mod auth;
-mod controller;
 pub mod error;
 mod metrics;
 mod openapi;

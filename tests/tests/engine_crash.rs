@@ -41,6 +41,20 @@ async fn setup(world: &World) {
         .expect("message");
 }
 
+/// Where the runner of `engine` leaves the run "job" (finished, or parked again).
+async fn settle(world: &World, engine: &nodus_core::engine::Engine) -> Driven {
+    let runner = world.runner(engine);
+    let run = runner.settled(PROJECT, "job").await.expect("settled");
+    runner.shutdown().await;
+    match run.status.phase.expect("a phase") {
+        RunPhase::NeedsResolution => Driven::Parked {
+            seq: 0,
+            until: None,
+        },
+        phase => Driven::Finished(phase),
+    }
+}
+
 /// Drive the run to its end on a fresh engine, resolving a park with `resolution`.
 async fn finish(world: &World, resolution: Resolution) -> (Driven, bool) {
     let engine = world.engine();
@@ -53,11 +67,12 @@ async fn finish(world: &World, resolution: Resolution) -> (Driven, bool) {
         assert_eq!(run.status.phase, Some(RunPhase::NeedsResolution));
         let steps = engine.steps(PROJECT, "job").await.expect("steps");
         assert_eq!(steps.last().map(|s| s.state), Some(StepState::Uncertain));
-        let driven = engine
+        engine
             .resolve(PROJECT, "job", resolution)
             .await
             .expect("resolve");
-        return (driven, true);
+        // The runner drives it on from the resolution.
+        return (settle(world, &engine).await, true);
     }
     (driven, false)
 }
@@ -242,11 +257,12 @@ async fn parked_after_command(world: &World) {
 async fn resolve_retry_runs_the_command_again() {
     let world = World::new(script());
     parked_after_command(&world).await;
-    let driven = world
-        .engine()
+    let engine = world.engine();
+    engine
         .resolve(PROJECT, "job", Resolution::Retry)
         .await
         .expect("resolve");
+    let driven = settle(&world, &engine).await;
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     assert_eq!(
         world.sandbox.count("echo one"),
@@ -262,11 +278,12 @@ async fn resolve_retry_runs_the_command_again() {
 async fn resolve_record_failed_continues_without_running_it() {
     let world = World::new(script());
     parked_after_command(&world).await;
-    let driven = world
-        .engine()
+    let engine = world.engine();
+    engine
         .resolve(PROJECT, "job", Resolution::RecordFailed)
         .await
         .expect("resolve");
+    let driven = settle(&world, &engine).await;
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     assert_eq!(world.sandbox.count("echo one"), 1);
     let steps = world.engine().steps(PROJECT, "job").await.expect("steps");
@@ -279,11 +296,12 @@ async fn resolve_cancel_deletes_the_sandbox_and_calls_no_model() {
     let world = World::new(script());
     parked_after_command(&world).await;
     let calls = world.model.calls();
-    let driven = world
-        .engine()
+    let engine = world.engine();
+    engine
         .resolve(PROJECT, "job", Resolution::Cancel)
         .await
         .expect("resolve");
+    let driven = settle(&world, &engine).await;
     assert_eq!(
         driven,
         Driven::Finished(RunPhase::Cancelled(CancelReason::CancelRequested))

@@ -97,7 +97,10 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         1
     );
 
-    let cancelled = engine.cancel_run(PROJECT, "chat").await.expect("cancel");
+    let runner = world.runner(&engine);
+    engine.cancel_run(PROJECT, "chat").await.expect("cancel");
+    let cancelled = runner.settled(PROJECT, "chat").await.expect("cancelled");
+    runner.shutdown().await;
     assert_eq!(
         cancelled.status.phase,
         Some(RunPhase::Cancelled(CancelReason::CancelRequested))
@@ -206,14 +209,16 @@ async fn deadline_fails_a_waiting_run_without_another_model_call() {
     );
     let calls = world.model.calls();
     world.clock.advance(Duration::from_secs(61));
-    // run_until_settled wakes at the deadline by itself.
-    let driven = engine
-        .run_until_settled(PROJECT, "chat")
+    // The runner ends it at its deadline by itself.
+    let runner = world.runner(&engine);
+    let ended = engine
+        .finished_run(PROJECT, "chat", Duration::from_secs(3600))
         .await
-        .expect("drive");
+        .expect("run");
+    runner.shutdown().await;
     assert_eq!(
-        driven,
-        Driven::Finished(RunPhase::Failed(FailReason::DeadlineExceeded))
+        ended.status.phase,
+        Some(RunPhase::Failed(FailReason::DeadlineExceeded))
     );
     assert_eq!(world.model.calls(), calls);
     assert!(world.sandbox.live().is_empty());
@@ -487,12 +492,14 @@ async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
     let parked = engine.get_run(PROJECT, "byok").await.expect("run");
     assert_eq!(parked.status.phase, Some(RunPhase::NeedsResolution));
     assert_eq!(parked.status.cost.limit_usd, None, "BYOK runs have no cap");
-    let driven = engine
+    let runner = _world.runner(&engine);
+    engine
         .resolve(PROJECT, "byok", Resolution::Retry)
         .await
         .expect("resolve");
-    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
-    let finished = engine.get_run(PROJECT, "byok").await.expect("run");
+    let finished = runner.settled(PROJECT, "byok").await.expect("run");
+    runner.shutdown().await;
+    assert_eq!(finished.status.phase, Some(RunPhase::Succeeded));
     assert_eq!(
         finished.status.cost.total_usd,
         Usd::ZERO,

@@ -11,9 +11,10 @@ use std::time::Duration;
 use nodus_core::Usd;
 use nodus_core::clock::SystemClock;
 use nodus_core::cost::{self, Usage};
-use nodus_core::engine::{Config, Deps, Driven, Engine};
+use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{Access, ChosenBy};
+use nodus_core::runner::{Runner, RunnerConfig};
 use nodus_core::secret::{SecretString, StaticSecrets};
 use nodus_core::testing::RecordingSandbox;
 use nodus_llm::testing::{Fake, FakeMessage, FakeServer};
@@ -103,12 +104,10 @@ async fn a_platform_run_is_billed_once_per_reply_received() {
         )
         .await
         .expect("run");
-    let driven = engine
-        .run_until_settled(PROJECT, "py")
-        .await
-        .expect("drive");
-    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
-    let finished = engine.get_run(PROJECT, "py").await.expect("run");
+    let runner = Runner::start(engine.clone(), RunnerConfig::default());
+    let finished = runner.settled(PROJECT, "py").await.expect("run");
+    runner.shutdown().await;
+    assert_eq!(finished.status.phase, Some(RunPhase::Succeeded));
     let turn = &finished.status.turns[0];
     assert_eq!(turn.chosen_by, ChosenBy::Jev);
     assert_eq!(
@@ -163,12 +162,9 @@ async fn a_byok_run_uses_the_users_key_costs_nothing_and_parks_when_cut_off() {
         .create_run(PROJECT, run("hi", "mine", "Say hello.", |_| {}))
         .await
         .expect("run");
-    let driven = engine
-        .run_until_settled(PROJECT, "hi")
-        .await
-        .expect("drive");
-    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
-    let finished = engine.get_run(PROJECT, "hi").await.expect("run");
+    let runner = Runner::start(engine.clone(), RunnerConfig::default());
+    let finished = runner.settled(PROJECT, "hi").await.expect("run");
+    assert_eq!(finished.status.phase, Some(RunPhase::Succeeded));
     assert_eq!(finished.status.cost.total_usd, Usd::ZERO);
     assert_eq!(server.requests()[0].header("x-api-key"), Some(USER_KEY));
 
@@ -176,11 +172,9 @@ async fn a_byok_run_uses_the_users_key_costs_nothing_and_parks_when_cut_off() {
         .create_run(PROJECT, run("cut", "mine", "Say hello again.", |_| {}))
         .await
         .expect("run");
-    let driven = engine
-        .run_until_settled(PROJECT, "cut")
-        .await
-        .expect("drive");
-    assert!(matches!(driven, Driven::Parked { .. }), "{driven:?}");
+    let parked = runner.settled(PROJECT, "cut").await.expect("run");
+    runner.shutdown().await;
+    assert_eq!(parked.status.phase, Some(RunPhase::NeedsResolution));
     assert_eq!(
         server.request_count(),
         2,

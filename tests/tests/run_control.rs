@@ -91,7 +91,10 @@ async fn a_message_key_reused_for_another_payload_is_refused() {
     assert_eq!(inbox.len(), 1, "nothing written: {inbox:?}");
 
     // A finished run refuses another payload under a delivered key the same way.
+    let runner = world.runner(&engine);
     engine.cancel_run(PROJECT, "chat").await.expect("cancel");
+    runner.settled(PROJECT, "chat").await.expect("cancelled");
+    runner.shutdown().await;
     let refused = engine
         .send_message(
             PROJECT,
@@ -224,19 +227,16 @@ async fn a_closed_keep_alive_conversation_succeeds_after_its_turn() {
         .send_message(PROJECT, "chat", "And the staging logs", None)
         .await
         .expect("send");
-    let closing = engine
-        .request_close_run(PROJECT, "chat")
-        .await
-        .expect("close");
+    let closing = engine.close_run(PROJECT, "chat").await.expect("close");
     assert!(closing.status.close_requested);
     assert_eq!(
         world.sandbox.live().len(),
         1,
-        "nothing happens until driven"
+        "closing only records: the runner carries it out"
     );
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
-    let closed = engine.get_run(PROJECT, "chat").await.expect("run");
+    let runner = world.runner(&engine);
+    let closed = runner.settled(PROJECT, "chat").await.expect("closed");
+    runner.shutdown().await;
     assert_eq!(closed.status.phase, Some(RunPhase::Succeeded));
     assert_eq!(
         closed.status.answer.map(|a| a.preview).as_deref(),
@@ -283,7 +283,10 @@ async fn closing_a_waiting_conversation_ends_it_at_once() {
         .expect("run");
     engine.drive(PROJECT, "chat").await.expect("drive");
     let calls = world.model.calls();
-    let closed = engine.close_run(PROJECT, "chat").await.expect("close");
+    let runner = world.runner(&engine);
+    engine.close_run(PROJECT, "chat").await.expect("close");
+    let closed = runner.settled(PROJECT, "chat").await.expect("closed");
+    runner.shutdown().await;
     assert_eq!(closed.status.phase, Some(RunPhase::Succeeded));
     assert_eq!(world.model.calls(), calls, "no model call after the close");
     assert!(world.sandbox.live().is_empty(), "the sandbox is deleted");
@@ -478,7 +481,7 @@ async fn cancel_delete_and_deadlines_stop_a_running_command_at_once() {
     let served = Served::start().await;
     let engine = &served.engine;
 
-    // Cancel, as the API records it: the controller stops the command.
+    // Cancel, as the API records it: the runner stops the command.
     engine
         .create_run(PROJECT, sleeping("cancelled", "60.11"))
         .await
@@ -487,7 +490,7 @@ async fn cancel_delete_and_deadlines_stop_a_running_command_at_once() {
     let uid = served.uid("cancelled").await;
     let asked = Instant::now();
     engine
-        .request_cancel_run(PROJECT, "cancelled")
+        .cancel_run(PROJECT, "cancelled")
         .await
         .expect("cancel");
     let phase = served.until("cancelled", RunPhase::is_finished).await;
@@ -572,10 +575,7 @@ async fn a_cancel_stops_a_running_command_in_a_docker_container_at_once() {
     // The container's processes are the host's too.
     running("60.31").await;
     let asked = Instant::now();
-    engine
-        .request_cancel_run(PROJECT, "boxed")
-        .await
-        .expect("cancel");
+    engine.cancel_run(PROJECT, "boxed").await.expect("cancel");
     let phase = served.until("boxed", RunPhase::is_finished).await;
     assert_eq!(phase, RunPhase::Cancelled(CancelReason::CancelRequested));
     let elapsed = asked.elapsed();

@@ -42,11 +42,11 @@ pub enum Error {
         /// Its phase.
         phase: RunPhase,
     },
-    /// The run is being worked by another replica, which ends it now that its cancellation
-    /// is requested; it cannot be deleted before that.
+    /// The run's cancellation is recorded, but it did not end in time (its runner is busy, or
+    /// none runs); it cannot be deleted before it has.
     #[error(
-        "run {run:?} is being worked by another replica, which now cancels it: delete it again \
-         once it has ended"
+        "run {run:?} is being cancelled but has not ended yet (its sandbox is still being \
+         deleted, or no runner is working it): delete it again once it has ended"
     )]
     RunBusy {
         /// The run.

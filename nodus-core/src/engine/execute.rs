@@ -100,7 +100,14 @@ impl Engine {
         // when the drive ends, so another replica can take the run at once.
         let renewing = async {
             loop {
-                tokio::time::sleep(crate::store::Lease::DEFAULT_DURATION / 3).await;
+                let third =
+                    jiff::SignedDuration::try_from(crate::store::Lease::DEFAULT_DURATION / 3)
+                        .unwrap_or(jiff::SignedDuration::from_secs(10));
+                let next = self.deps.clock.now().checked_add(third);
+                self.deps
+                    .clock
+                    .sleep_until(next.unwrap_or(jiff::Timestamp::MAX))
+                    .await;
                 if let Err(error) = self
                     .deps
                     .store
@@ -125,52 +132,6 @@ impl Engine {
         match driven {
             Err(Error::Store(store_api::Error::Fenced { .. })) => Ok(Driven::TakenOver),
             other => other,
-        }
-    }
-
-    /// Drive a run, and while it waits for a message or for funds, wait for a change to it
-    /// (or its deadline) and drive it again. Returns when it finishes, parks, reaches its cap,
-    /// or is not admitted.
-    pub async fn run_until_settled(&self, project: &str, name: &str) -> Result<Driven> {
-        let mut changes = self.deps.store.subscribe();
-        let key = ObjectKey::new(project, Kind::AgentRun, name);
-        loop {
-            let driven = self.drive(project, name).await?;
-            let Driven::Waiting {
-                reason: WaitReason::AwaitingMessage | WaitReason::AwaitingFunds,
-                until,
-            } = driven
-            else {
-                return Ok(driven);
-            };
-            let clock = self.deps.clock.clone();
-            let timeout = until.map(|at| {
-                let left = at.duration_since(clock.now());
-                Duration::try_from(left).unwrap_or(Duration::ZERO)
-            });
-            let wait_for_change = async {
-                loop {
-                    match changes.recv().await {
-                        Ok(store_api::Change::Written(changed, _)) if changed == key => return,
-                        Ok(store_api::Change::Deleted(changed)) if changed == key => return,
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                            std::future::pending::<()>().await;
-                        }
-                        Ok(_) => {}
-                    }
-                }
-            };
-            match timeout {
-                Some(timeout) => {
-                    tokio::select! {
-                        biased;
-                        () = wait_for_change => {}
-                        () = clock.sleep(timeout) => {}
-                    }
-                }
-                None => wait_for_change.await,
-            }
         }
     }
 

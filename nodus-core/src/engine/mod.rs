@@ -91,10 +91,9 @@ pub struct Config {
     /// This replica's stable name, under which it claims runs (a restarted replica with the
     /// same name takes its runs back at once); the process's own name when `None`.
     pub replica: Option<String>,
-    /// Whether creating runs in a group reconciles the group before it answers (starting
-    /// what may start). A server whose controller reconciles groups on every run change turns
-    /// this off, so a creation does not read the whole group twice.
-    pub reconcile_on_create: bool,
+    /// How long deleting a started run waits for the [`Runner`](crate::runner::Runner) to
+    /// end it (stop its command, delete its sandbox) before it refuses with `RunBusy`.
+    pub delete_wait: Duration,
 }
 
 impl Default for Config {
@@ -106,7 +105,7 @@ impl Default for Config {
             attempts: 3,
             retry_pause: Duration::from_millis(200),
             replica: None,
-            reconcile_on_create: true,
+            delete_wait: Duration::from_secs(30),
         }
     }
 }
@@ -164,6 +163,11 @@ impl Engine {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.deps.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.deps.clock
     }
 
     fn new_uid(&self) -> String {
@@ -273,19 +277,14 @@ impl Engine {
     }
 
     /// Create a run: validate it, resolve and snapshot its agent, admit it to its group.
-    /// A bad reference fails this request, not the run; nothing is written on error.
+    /// A bad reference fails this request, not the run; nothing is written on error. The
+    /// [`Runner`](crate::runner::Runner) starts it (a run of a group once its group admits it).
     pub async fn create_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
         let (key, document) = self
             .prepare_run(project, run, &[], &mut Default::default())
             .await?;
         let record = self.deps.store.create(&key, document).await?;
-        let created: AgentRun = typed::decode(record)?.object;
-        if let Some(group) = &created.spec.group
-            && self.config.reconcile_on_create
-        {
-            self.reconcile_group(project, group).await?;
-        }
-        Ok(created)
+        Ok(typed::decode(record)?.object)
     }
 
     /// Create up to [`MAX_BATCH`] runs in list order, all or nothing. With an idempotency
@@ -360,23 +359,11 @@ impl Engine {
         {
             check_repeat(&record.document, &request, key)?;
         }
-        let runs: Vec<AgentRun> = records
+        records
             .into_iter()
             .filter(|record| record.key.kind == Kind::AgentRun)
             .map(|record| typed::decode(record).map(|v| v.object))
-            .collect::<Result<_>>()?;
-        let mut groups: Vec<&str> = runs
-            .iter()
-            .filter_map(|r| r.spec.group.as_deref())
-            .collect();
-        groups.sort_unstable();
-        groups.dedup();
-        if self.config.reconcile_on_create {
-            for group in groups {
-                self.reconcile_group(project, group).await?;
-            }
-        }
-        Ok(runs)
+            .collect()
     }
 
     /// The runs of an earlier batch with this idempotency key, as they are now; refused when
@@ -595,19 +582,10 @@ impl Engine {
         }
     }
 
-    /// Cancel a run: a run that has not started is cancelled at once; a started one deletes
-    /// its sandbox first.
+    /// Record that a run is to be cancelled: a run that has not started is cancelled at
+    /// once; the [`Runner`](crate::runner::Runner) stops a started one's command and deletes its
+    /// sandbox. A finished run refuses with `AgentRunFinished`.
     pub async fn cancel_run(&self, project: &str, name: &str) -> Result<AgentRun> {
-        self.request_cancel_run(project, name).await?;
-        self.drive(project, name).await?;
-        self.get_run(project, name).await
-    }
-
-    /// Record that a run is to be cancelled, without driving it: for a server whose
-    /// controller drives runs (a second driver in the same process would fence the first).
-    /// A run that has not started is cancelled at once. A finished run refuses with
-    /// `AgentRunFinished`.
-    pub async fn request_cancel_run(&self, project: &str, name: &str) -> Result<AgentRun> {
         if !self
             .request_cancel(project, name, CancelReason::CancelRequested)
             .await?
@@ -623,17 +601,10 @@ impl Engine {
 
     /// Close a keepAlive conversation: the run answers its current turn (and the messages
     /// that came before), then succeeds and deletes its sandbox instead of waiting for more
-    /// messages. Then drive the run.
+    /// messages; the [`Runner`](crate::runner::Runner) carries it out. A run that is not
+    /// keepAlive finishes after its turn anyway; closing it changes nothing. A finished run
+    /// refuses with `AgentRunFinished`.
     pub async fn close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
-        self.request_close_run(project, name).await?;
-        self.drive(project, name).await?;
-        self.get_run(project, name).await
-    }
-
-    /// Record that a run's conversation is closed, without driving it (for a server whose
-    /// controller drives runs). A run that is not keepAlive finishes after its turn anyway;
-    /// closing it changes nothing. A finished run refuses with `AgentRunFinished`.
-    pub async fn request_close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
         loop {
             let mut run = self.read_run(project, name).await?;
             let phase = run
@@ -665,8 +636,9 @@ impl Engine {
         }
     }
 
-    /// The run once it has finished, or as it is when `timeout` has passed: for an API that
-    /// records a cancellation and answers once the run's driver has carried it out (a running
+    /// The run once it has finished, or as it is when `timeout` has passed on the engine's
+    /// clock: for an API that records a cancellation and answers once the runner has carried
+    /// it out (a running
     /// command is stopped at once, so that is soon unless another replica is slow to see it).
     pub async fn finished_run(
         &self,
@@ -677,7 +649,13 @@ impl Engine {
         let mut changes = self.deps.store.subscribe();
         let key = ObjectKey::new(project, Kind::AgentRun, name);
         let clock = self.deps.clock.clone();
-        let give_up = clock.sleep(timeout);
+        let until = clock
+            .now()
+            .checked_add(
+                jiff::SignedDuration::try_from(timeout).unwrap_or(jiff::SignedDuration::MAX),
+            )
+            .unwrap_or(Timestamp::MAX);
+        let give_up = clock.sleep_until(until);
         tokio::pin!(give_up);
         loop {
             let run = self.get_run(project, name).await?;
@@ -747,25 +725,9 @@ impl Engine {
     }
 
     /// Resolve a run parked on an uncertain step: carry the step out again, record it as
-    /// failed and continue, or cancel the run. Then drive the run on.
-    pub async fn resolve(
-        &self,
-        project: &str,
-        name: &str,
-        resolution: Resolution,
-    ) -> Result<Driven> {
-        self.record_resolution(project, name, resolution).await?;
-        self.drive(project, name).await
-    }
-
-    /// Record a resolution without driving the run (for a server whose controller drives
-    /// runs).
-    pub async fn record_resolution(
-        &self,
-        project: &str,
-        name: &str,
-        resolution: Resolution,
-    ) -> Result<()> {
+    /// failed and continue, or cancel the run. This records the resolution; the
+    /// [`Runner`](crate::runner::Runner) drives the run on.
+    pub async fn resolve(&self, project: &str, name: &str, resolution: Resolution) -> Result<()> {
         let mut run = self.read_run(project, name).await?;
         let phase = run
             .object
@@ -804,6 +766,9 @@ impl Engine {
                 .complete_step(&uid, fence, step.seq, &completion)
                 .await?;
         }
+        // Give the lease up at once: the runner drives the run on (under another replica's
+        // name, perhaps).
+        let _ = self.deps.store.release(&uid, fence).await;
         // Cancelling keeps the phase until the sandbox is deleted; the others resume.
         if resolution == Resolution::Cancel {
             run.object.status.cancel_requested = Some(CancelReason::CancelRequested);

@@ -156,16 +156,16 @@ impl Engine {
                 crate::lifecycle::CancelReason::CancelRequested,
             )
             .await?;
-            match self.drive(project, name).await {
-                // Another replica holds it: it sees the cancellation and ends the run.
-                Err(Error::Store(crate::store::Error::Leased { .. })) => {
-                    return Err(Error::RunBusy {
-                        run: name.to_string(),
-                    });
-                }
-                other => {
-                    other?;
-                }
+            // A run that had not started is cancelled now; a started one is ended by the
+            // runner (its command stopped, its sandbox deleted), whichever replica drives it:
+            // no request drives a run itself.
+            let run = self
+                .finished_run(project, name, self.config.delete_wait)
+                .await?;
+            if !run.status.phase.is_some_and(RunPhase::is_finished) {
+                return Err(Error::RunBusy {
+                    run: name.to_string(),
+                });
             }
         }
         self.deps

@@ -157,9 +157,9 @@ pub async fn cancel(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    // The controller carries the cancellation out (stops a running command, deletes the
+    // The runner carries the cancellation out (stops a running command, deletes the
     // sandbox, ends the run): answer once it has, so that "cancelled" is what the run is.
-    state.engine.request_cancel_run(&project, &name).await?;
+    state.engine.cancel_run(&project, &name).await?;
     let run = state
         .engine
         .finished_run(&project, &name, CANCEL_WAIT)
@@ -175,8 +175,8 @@ pub async fn close(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    // The controller carries it out (finishes the turn, deletes the sandbox, ends the run).
-    let run = state.engine.request_close_run(&project, &name).await?;
+    // The runner carries it out (finishes the turn, deletes the sandbox, ends the run).
+    let run = state.engine.close_run(&project, &name).await?;
     Ok(reply(StatusCode::OK, run))
 }
 
@@ -201,11 +201,8 @@ pub async fn resolve(
             "another value",
         ))
     })?;
-    // The controller drives the run on from the resolution.
-    state
-        .engine
-        .record_resolution(&project, &name, body.action)
-        .await?;
+    // The runner drives the run on from the resolution.
+    state.engine.resolve(&project, &name, body.action).await?;
     Ok(reply(
         StatusCode::OK,
         state.engine.get_run(&project, &name).await?,

@@ -15,6 +15,7 @@ use nodus_core::journal::{Completion, Step};
 use nodus_core::model::{self, ModelClient, ModelRequest, ModelResponse};
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec, Kind};
 use nodus_core::router::FixedRouter;
+use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::{
     self, Change, Claimed, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
@@ -269,6 +270,19 @@ impl World {
     /// An engine (a "process") over this world's store.
     pub fn engine(&self) -> Engine {
         self.engine_over(Arc::new(self.memory.clone()))
+    }
+
+    /// The runner of `engine`, as a server or an embedder starts it: groups reconcile at
+    /// once (no settling pause), and the test project's runs resume at start.
+    pub fn runner(&self, engine: &Engine) -> RunnerHandle {
+        Runner::start(
+            engine.clone(),
+            RunnerConfig {
+                group_settle: std::time::Duration::ZERO,
+                projects: vec![PROJECT.to_string()],
+                ..RunnerConfig::default()
+            },
+        )
     }
 
     pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {

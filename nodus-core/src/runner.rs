@@ -1,0 +1,457 @@
+//! The runner: the one scheduler of runs and groups, driven by the store's change notification.
+//!
+//! Its owner starts it over an [`Engine`] ([`Runner::start`]) and stops it
+//! ([`RunnerHandle::shutdown`]); the server does nothing else with runs. One loop owns the work
+//! queue. A change to a run queues the run; a change to a group, or a run of a group moving,
+//! queues the group. Each key is worked by at most one task at a time; a change that arrives
+//! while its key is being worked marks it to be worked again. At most
+//! [`RunnerConfig::max_concurrent`] runs are driven at once. A waiting or parked run, and a run
+//! still queued in its group, is queued again at its deadline; a change of a project's credits
+//! or budget wakes the runs this runner left waiting for funds. At start every unfinished run
+//! and every group is queued, which is how runs resume after a restart. With
+//! [`RunnerConfig::retention`] it also sweeps the payloads of old runs.
+//!
+//! Every time it reads or waits for is the engine's [`Clock`]: with a manual clock, a deadline
+//! comes when the test moves the clock past it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::clock::Clock;
+use crate::engine::{Driven, Engine, Error, Result};
+use crate::ledger::SYSTEM_PROJECT;
+use crate::lifecycle::{RunPhase, WaitReason};
+use crate::resource::{AgentGroupSpec, AgentRun, AgentRunSpec, Kind};
+use crate::store::{Change, ObjectKey, Selector, Store};
+
+/// How a runner works.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// The most runs driven at once (at least one).
+    pub max_concurrent: usize,
+    /// How long a group's changes gather before it is reconciled (one reconcile reads every
+    /// member, so one per burst of changes instead of one per change); zero reconciles at once.
+    pub group_settle: Duration,
+    /// When a drive failed in a way that may pass (another replica holds the run, the store is
+    /// restarting), how long until the run is looked at again.
+    pub retry_after: Duration,
+    /// Sweep the recorded payloads of runs that ended longer ago than this (at start, then
+    /// every [`sweep_every`](RunnerConfig::sweep_every)); `None` keeps them.
+    pub retention: Option<Duration>,
+    /// How often the retention sweep runs.
+    pub sweep_every: Duration,
+    /// Projects whose runs and groups are resumed at start besides those with a credit account
+    /// (an embedder on [`Unmetered`](crate::ledger::Unmetered) names its projects here).
+    pub projects: Vec<String>,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            max_concurrent: 256,
+            group_settle: Duration::from_millis(50),
+            retry_after: Duration::from_secs(2),
+            retention: None,
+            sweep_every: Duration::from_secs(3600),
+            projects: Vec::new(),
+        }
+    }
+}
+
+/// The scheduler of an engine's runs and groups. Built and started by [`Runner::start`].
+pub struct Runner {
+    engine: Engine,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: RunnerConfig,
+    permits: Arc<Semaphore>,
+}
+
+/// A started runner: stop it with [`shutdown`](RunnerHandle::shutdown).
+pub struct RunnerHandle {
+    engine: Engine,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    sweeper: Option<JoinHandle<()>>,
+}
+
+/// What a worker finished, and what it found should happen next.
+struct Done {
+    key: ObjectKey,
+    /// A group to reconcile because one of its runs moved.
+    group: Option<ObjectKey>,
+    /// When to look at the run again by itself (its deadline, or a retry).
+    wake_at: Option<Timestamp>,
+    /// The run waits for its project's credits.
+    awaiting_funds: bool,
+}
+
+impl Done {
+    fn nothing(key: ObjectKey, group: Option<ObjectKey>) -> Self {
+        Done {
+            key,
+            group,
+            wake_at: None,
+            awaiting_funds: false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    busy: bool,
+    dirty: bool,
+}
+
+/// The runner's working state inside its loop.
+#[derive(Default)]
+struct Queue {
+    slots: HashMap<ObjectKey, Slot>,
+    workers: JoinSet<Done>,
+    /// Keys woken at a time of the clock.
+    timers: JoinSet<ObjectKey>,
+    /// The runs this runner left waiting for funds, by project: a change of a project's
+    /// credits wakes only those (every model call changes the account; looking for waiting
+    /// runs in the store each time would read every run of the project).
+    awaiting_funds: HashMap<String, HashSet<ObjectKey>>,
+}
+
+impl Runner {
+    /// Start a runner over `engine` (its store, sandbox, model and clock). Changes written
+    /// after this returns are seen; unfinished runs and groups already stored are resumed.
+    pub fn start(engine: Engine, config: RunnerConfig) -> RunnerHandle {
+        let store = engine.store().clone();
+        let clock = engine.clock().clone();
+        let changes = store.subscribe();
+        let (stop, stopped) = watch::channel(false);
+        let sweeper = config.retention.map(|retention| {
+            tokio::spawn(sweep_payloads(
+                store.clone(),
+                clock.clone(),
+                retention,
+                config.sweep_every,
+            ))
+        });
+        let runner = Runner {
+            permits: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+            engine: engine.clone(),
+            store,
+            clock,
+            config,
+        };
+        let task = tokio::spawn(runner.run(changes, stopped));
+        RunnerHandle {
+            engine,
+            stop,
+            task,
+            sweeper,
+        }
+    }
+
+    async fn run(
+        self,
+        mut changes: tokio::sync::broadcast::Receiver<Change>,
+        mut stopped: watch::Receiver<bool>,
+    ) {
+        let mut queue = Queue::default();
+        for key in self.everything().await {
+            self.queue(key, &mut queue);
+        }
+        let stop = async move {
+            let _ = stopped.wait_for(|stopped| *stopped).await;
+        };
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                change = changes.recv() => match change {
+                    Ok(Change::Written(key, _)) if matches!(key.kind, Kind::AgentRun | Kind::AgentGroup) => {
+                        self.queue(key, &mut queue);
+                    }
+                    Ok(Change::Written(key, _)) if key.kind == Kind::Project && key.project == SYSTEM_PROJECT => {
+                        // Credits changed: the runs waiting for funds look again (only
+                        // those: every model call changes its project's account).
+                        for run in queue.awaiting_funds.remove(&key.name).unwrap_or_default() {
+                            self.queue(run, &mut queue);
+                        }
+                    }
+                    Ok(Change::Written(key, _) | Change::Deleted(key)) if key.kind == Kind::Budget => {
+                        // A budget raised or removed may fund what waits in its project.
+                        for run in queue.awaiting_funds.remove(&key.project).unwrap_or_default() {
+                            self.queue(run, &mut queue);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "change notifications lagged; looking at everything again");
+                        for key in self.everything().await {
+                            self.queue(key, &mut queue);
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+                Some(Ok(key)) = queue.timers.join_next(), if !queue.timers.is_empty() => {
+                    self.queue(key, &mut queue);
+                }
+                Some(done) = queue.workers.join_next(), if !queue.workers.is_empty() => {
+                    let Ok(done) = done else { continue };
+                    self.finished(done, &mut queue);
+                }
+            }
+        }
+        queue.timers.shutdown().await;
+        queue.workers.shutdown().await;
+    }
+
+    /// A worker is done: queue what follows from it.
+    fn finished(&self, done: Done, queue: &mut Queue) {
+        if done.awaiting_funds {
+            queue
+                .awaiting_funds
+                .entry(done.key.project.clone())
+                .or_default()
+                .insert(done.key.clone());
+        }
+        if let Some(group) = done.group {
+            self.queue(group, queue);
+        }
+        if let Some(at) = done.wake_at {
+            let clock = self.clock.clone();
+            let key = done.key.clone();
+            queue.timers.spawn(async move {
+                clock.sleep_until(at).await;
+                key
+            });
+        }
+        let again = queue.slots.get_mut(&done.key).is_some_and(|slot| {
+            slot.busy = false;
+            std::mem::take(&mut slot.dirty)
+        });
+        if again {
+            self.queue(done.key, queue);
+        } else {
+            queue.slots.remove(&done.key);
+        }
+    }
+
+    fn queue(&self, key: ObjectKey, queue: &mut Queue) {
+        let slot = queue.slots.entry(key.clone()).or_default();
+        if slot.busy {
+            slot.dirty = true;
+            return;
+        }
+        slot.busy = true;
+        let engine = self.engine.clone();
+        let permits = self.permits.clone();
+        let clock = self.clock.clone();
+        let settle = self.config.group_settle;
+        let retry_after = self.config.retry_after;
+        queue.workers.spawn(async move {
+            match key.kind {
+                Kind::AgentGroup => {
+                    // Let the changes of a busy group gather.
+                    if !settle.is_zero() {
+                        clock.sleep(settle).await;
+                    }
+                    match engine.reconcile_group(&key.project, &key.name).await {
+                        Ok(_) | Err(Error::NotFound { .. }) => {}
+                        Err(error) => {
+                            tracing::warn!(group = %key, error = %error, "reconcile failed");
+                        }
+                    }
+                    Done::nothing(key, None)
+                }
+                _ => {
+                    let _permit = permits.acquire_owned().await;
+                    drive(&engine, clock.as_ref(), retry_after, key).await
+                }
+            }
+        });
+    }
+
+    /// Every unfinished run and every group of every project.
+    async fn everything(&self) -> Vec<ObjectKey> {
+        let mut projects: Vec<String> = match self
+            .store
+            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+            .await
+        {
+            Ok(projects) => projects.into_iter().map(|p| p.key.name).collect(),
+            Err(error) => {
+                tracing::error!(error = %error, "cannot list projects");
+                Vec::new()
+            }
+        };
+        projects.extend(self.config.projects.iter().cloned());
+        projects.sort_unstable();
+        projects.dedup();
+        let mut keys = Vec::new();
+        for name in projects {
+            keys.extend(self.runs_of(&name).await);
+            if let Ok(groups) = self
+                .engine
+                .list::<AgentGroupSpec>(&name, &Selector::default())
+                .await
+            {
+                keys.extend(
+                    groups
+                        .iter()
+                        .map(|g| ObjectKey::new(&name, Kind::AgentGroup, g.name())),
+                );
+            }
+        }
+        keys
+    }
+
+    /// The unfinished runs of a project.
+    async fn runs_of(&self, project: &str) -> Vec<ObjectKey> {
+        match self
+            .engine
+            .list::<AgentRunSpec>(project, &Selector::default())
+            .await
+        {
+            Ok(runs) => runs
+                .iter()
+                .filter(|run| !run.status.phase.is_some_and(|p| p.is_finished()))
+                .map(|run| ObjectKey::new(project, Kind::AgentRun, run.name()))
+                .collect(),
+            Err(error) => {
+                tracing::error!(project, error = %error, "cannot list runs");
+                Vec::new()
+            }
+        }
+    }
+}
+
+impl RunnerHandle {
+    /// Stop the runner: drives in progress are dropped (a run's journal says where it was;
+    /// the next runner resumes it), timers and the retention sweep end.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        if let Some(sweeper) = &self.sweeper {
+            sweeper.abort();
+        }
+        let _ = self.task.await;
+        if let Some(sweeper) = self.sweeper {
+            let _ = sweeper.await;
+        }
+    }
+
+    /// The run once the runner has taken it as far as it goes by itself: finished, parked
+    /// until a person resolves it, or waiting for a message or for funds (and not asked to
+    /// cancel or close). For tests and embedders that start a run and want its result; a run
+    /// that waits for a message is answered as it is, even when a message was just sent
+    /// (wait for its change, or for [`Engine::finished_run`], then).
+    pub async fn settled(&self, project: &str, name: &str) -> Result<AgentRun> {
+        let mut changes = self.engine.store().subscribe();
+        let key = ObjectKey::new(project, Kind::AgentRun, name);
+        loop {
+            let run = self.engine.get_run(project, name).await?;
+            let asked = run.status.cancel_requested.is_some() || run.status.close_requested;
+            let phase = run.status.phase;
+            if phase.is_some_and(RunPhase::is_finished) || (!asked && phase.is_some_and(is_settled))
+            {
+                return Ok(run);
+            }
+            loop {
+                match changes.recv().await {
+                    Ok(Change::Written(changed, _) | Change::Deleted(changed))
+                        if changed == key =>
+                    {
+                        break;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(Error::NotFound {
+                            kind: Kind::AgentRun,
+                            name: name.to_string(),
+                        });
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Whether a run in `phase` stays so until something outside the runner happens.
+fn is_settled(phase: RunPhase) -> bool {
+    phase.is_finished()
+        || matches!(
+            phase,
+            RunPhase::NeedsResolution
+                | RunPhase::Waiting(WaitReason::AwaitingMessage | WaitReason::AwaitingFunds)
+        )
+}
+
+/// Drive one run and say what follows.
+async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: ObjectKey) -> Done {
+    let group = match engine.get_run(&key.project, &key.name).await {
+        Ok(run) => run
+            .spec
+            .group
+            .map(|group| ObjectKey::new(&key.project, Kind::AgentGroup, group)),
+        Err(_) => return Done::nothing(key, None),
+    };
+    match engine.drive(&key.project, &key.name).await {
+        Ok(Driven::Waiting { until, reason }) => Done {
+            key,
+            group,
+            wake_at: until,
+            awaiting_funds: reason == WaitReason::AwaitingFunds,
+        },
+        // A run its group has not admitted yet: the group decides (a new run of an open
+        // group is admitted by that reconcile; one that must wait leaves the group as it was,
+        // which writes nothing). It, and a parked run, look again at their deadline.
+        Ok(Driven::NotAdmitted { until } | Driven::Parked { until, .. }) => Done {
+            key,
+            group,
+            wake_at: until,
+            awaiting_funds: false,
+        },
+        Ok(_) | Err(Error::NotFound { .. }) => Done::nothing(key, group),
+        Err(error) => {
+            // Another replica holds the run, or the store is restarting: look again soon.
+            tracing::warn!(run = %key, error = %error, "driving the run failed; retrying soon");
+            let retry = jiff::SignedDuration::try_from(retry_after)
+                .unwrap_or(jiff::SignedDuration::from_secs(2));
+            Done {
+                key,
+                group,
+                wake_at: clock.now().checked_add(retry).ok(),
+                awaiting_funds: false,
+            }
+        }
+    }
+}
+
+/// The retention sweep: at start and then every `every`, remove the recorded payloads of runs
+/// that ended more than `retention` ago (the store removes their kept final working
+/// directories in the same write); their records say so.
+async fn sweep_payloads(
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    retention: Duration,
+    every: Duration,
+) {
+    let retention = jiff::SignedDuration::try_from(retention).unwrap_or(jiff::SignedDuration::MAX);
+    let every = jiff::SignedDuration::try_from(every).unwrap_or(jiff::SignedDuration::MAX);
+    loop {
+        let now = clock.now();
+        let before = now.checked_sub(retention).unwrap_or(Timestamp::MIN);
+        match store.sweep_payloads(before, now).await {
+            Ok(swept) => tracing::info!(runs = swept.runs.len(), "retention sweep"),
+            Err(error) => {
+                tracing::warn!(error = %error, "retention sweep failed; retrying at the next one");
+            }
+        }
+        clock
+            .sleep_until(now.checked_add(every).unwrap_or(Timestamp::MAX))
+            .await;
+    }
+}
