@@ -595,10 +595,15 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
         )
         .await
         .expect("claim");
-    let error = engine
-        .delete_run(PROJECT, "busy")
-        .await
-        .expect_err("held by another replica");
+    // The delete records the cancellation and waits for the run's runner to end it; nobody
+    // here does, and it gives up once `Config::delete_wait` has passed on the clock.
+    let deleting = engine.delete_run(PROJECT, "busy");
+    let waiting = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        world.clock.advance(Duration::from_secs(31));
+    };
+    let (deleted, ()) = tokio::join!(deleting, waiting);
+    let error = deleted.expect_err("held by another replica");
     assert_eq!(error.reason(), "Conflict", "{error}");
     assert!(error.to_string().contains("delete it again"), "{error}");
     let kept = engine.get_run(PROJECT, "busy").await.expect("still there");
@@ -743,6 +748,11 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
         r.metadata.name = None;
         engine.create_run(PROJECT, r).await.expect("task");
     }
+    // What a runner does when runs of the group change.
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
     let c = engine.get_run(PROJECT, "g-c").await.expect("c");
     assert_eq!(
         c.status.phase,

@@ -621,10 +621,7 @@ impl Engine {
             let Some((at, reason)) = limit else {
                 return std::future::pending().await;
             };
-            let left = at.duration_since(clock.now());
-            clock
-                .sleep(Duration::try_from(left).unwrap_or(Duration::ZERO))
-                .await;
+            clock.sleep_until(at).await;
             RunPhase::Failed(reason)
         };
         tokio::select! {

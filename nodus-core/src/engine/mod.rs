@@ -790,30 +790,40 @@ impl Engine {
         refuse_unsupported_group(&group.spec)?;
         let name = group.name().to_string();
         let key = ObjectKey::new(project, Kind::AgentGroup, &name);
-        match self.deps.store.get(&key).await {
-            Ok(record) => {
-                let current = typed::decode::<crate::resource::AgentGroupSpec>(record)?;
-                crate::group::check_update(&current.object.spec, &group.spec)?;
-                let mut updated = current.object;
-                updated.spec = group.spec;
-                updated.metadata.labels = group.metadata.labels;
-                self.deps
-                    .store
-                    .update(&key, current.version, typed::encode(&key, &updated)?)
-                    .await?;
+        loop {
+            match self.deps.store.get(&key).await {
+                Ok(record) => {
+                    let current = typed::decode::<crate::resource::AgentGroupSpec>(record)?;
+                    crate::group::check_update(&current.object.spec, &group.spec)?;
+                    let mut updated = current.object;
+                    updated.spec = group.spec.clone();
+                    updated.metadata.labels = group.metadata.labels.clone();
+                    match self
+                        .deps
+                        .store
+                        .update(&key, current.version, typed::encode(&key, &updated)?)
+                        .await
+                    {
+                        // The runner wrote the group's status meanwhile: apply to that.
+                        Err(crate::store::Error::Conflict { .. }) => continue,
+                        other => {
+                            other?;
+                        }
+                    }
+                }
+                Err(crate::store::Error::NotFound(_)) => {
+                    self.resolve_agent(project, &group.spec.agent).await?;
+                    self.stamp(project, &mut group);
+                    group.status = Default::default();
+                    self.deps
+                        .store
+                        .create(&key, typed::encode(&key, &group)?)
+                        .await?;
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(crate::store::Error::NotFound(_)) => {
-                self.resolve_agent(project, &group.spec.agent).await?;
-                self.stamp(project, &mut group);
-                group.status = Default::default();
-                self.deps
-                    .store
-                    .create(&key, typed::encode(&key, &group)?)
-                    .await?;
-            }
-            Err(e) => return Err(e.into()),
+            return self.reconcile_group(project, &name).await;
         }
-        self.reconcile_group(project, &name).await
     }
 }
 

@@ -1,0 +1,380 @@
+//! The Runner of nodus-core on the in-memory store and a manual clock, with no server: a
+//! deadline wakes a waiting run when the clock passes it, no more runs are driven at once than
+//! its bound, a group with dependencies runs under maxActive and its cost cap, and the
+//! retention sweep runs by the clock.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nodus_core::catalog::Family;
+use nodus_core::engine::{Config, Deps, Engine};
+use nodus_core::group::GroupPhase;
+use nodus_core::lifecycle::{FailReason, RunPhase, WaitReason};
+use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, GroupLimits, Kind};
+use nodus_core::router::FixedRouter;
+use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
+use nodus_core::sandbox::{
+    self, ExecOutput, ExecRequest, Sandbox, SandboxId, SandboxInfo, SandboxSpec,
+};
+use nodus_core::secret::StaticSecrets;
+use nodus_core::store::{ObjectKey, Store};
+use nodus_core::testing::{ManualClock, RecordingSandbox};
+use nodus_core::{Clock, Usd};
+use nodus_llm::ScriptedModel;
+use nodus_store::MemoryStore;
+use serde_json::json;
+use support::{PROJECT, agent, catalog, run};
+use tokio::sync::Semaphore;
+
+/// How long a test waits for what must happen soon (real time).
+const SOON: Duration = Duration::from_secs(20);
+
+/// A recording sandbox whose commands wait at a gate, counting how many run at once.
+struct GatedSandbox {
+    inner: RecordingSandbox,
+    gate: Arc<Semaphore>,
+    in_flight: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl GatedSandbox {
+    fn closed() -> Self {
+        GatedSandbox {
+            inner: RecordingSandbox::new(),
+            gate: Arc::new(Semaphore::new(0)),
+            in_flight: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        }
+    }
+
+    fn open(&self) {
+        self.gate.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+}
+
+#[async_trait]
+impl Sandbox for GatedSandbox {
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, sandbox::Error> {
+        self.inner.create(spec).await
+    }
+    async fn exec(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+    ) -> Result<ExecOutput, sandbox::Error> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let permit = self.gate.acquire().await;
+        drop(permit);
+        let output = self.inner.exec(id, request).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        output
+    }
+    async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), sandbox::Error> {
+        self.inner.put_files(id, tar).await
+    }
+    async fn get_files(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, sandbox::Error> {
+        self.inner.get_files(id, path, max_bytes).await
+    }
+    async fn destroy(&self, id: &SandboxId) -> Result<(), sandbox::Error> {
+        self.inner.destroy(id).await
+    }
+}
+
+/// An engine over the in-memory store, `sandbox`, the offline model (it runs the commands a
+/// prompt quotes in backticks) and a manual clock.
+fn engine(sandbox: Arc<dyn Sandbox>, clock: Arc<ManualClock>) -> Engine {
+    Engine::new(
+        Deps {
+            store: Arc::new(MemoryStore::new()),
+            sandbox,
+            model: Arc::new(ScriptedModel::offline()),
+            router: Arc::new(FixedRouter(Family::Haiku)),
+            clock,
+            catalog: Arc::new(catalog()),
+            secrets: Arc::new(StaticSecrets::new()),
+            ledger: Arc::new(nodus_core::ledger::Unmetered),
+        },
+        Config::default(),
+    )
+}
+
+fn start(engine: &Engine, max_concurrent: usize) -> RunnerHandle {
+    Runner::start(
+        engine.clone(),
+        RunnerConfig {
+            max_concurrent,
+            group_settle: Duration::ZERO,
+            ..RunnerConfig::default()
+        },
+    )
+}
+
+/// Wait (real time) until `check` holds.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let give_up = tokio::time::Instant::now() + SOON;
+    while !check() {
+        assert!(tokio::time::Instant::now() < give_up, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_deadline_wakes_a_waiting_run_when_the_clock_passes_it() {
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine(Arc::new(RecordingSandbox::new()), clock.clone());
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let deadline = clock
+        .now()
+        .checked_add(jiff::SignedDuration::from_secs(60))
+        .expect("time");
+    let runner = start(&engine, 4);
+    engine
+        .create_run(
+            PROJECT,
+            run("chat", "helper", "Say hello: run `echo hello`.", |s| {
+                s.keep_alive = true;
+                s.deadline = Some(deadline);
+            }),
+        )
+        .await
+        .expect("run");
+    let waiting = runner.settled(PROJECT, "chat").await.expect("settled");
+    assert_eq!(
+        waiting.status.phase,
+        Some(RunPhase::Waiting(WaitReason::AwaitingMessage))
+    );
+    // Nothing wakes it while the clock stands before its deadline.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(Duration::from_secs(59));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = engine.get_run(PROJECT, "chat").await.expect("run");
+    assert_eq!(
+        run.status.phase,
+        Some(RunPhase::Waiting(WaitReason::AwaitingMessage)),
+        "one second before its deadline"
+    );
+    clock.advance(Duration::from_secs(2));
+    let ended = tokio::time::timeout(
+        SOON,
+        engine.finished_run(PROJECT, "chat", Duration::from_secs(3600)),
+    )
+    .await
+    .expect("woken at its deadline")
+    .expect("run");
+    assert_eq!(
+        ended.status.phase,
+        Some(RunPhase::Failed(FailReason::DeadlineExceeded))
+    );
+    runner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_more_runs_are_driven_at_once_than_its_bound() {
+    let clock = Arc::new(ManualClock::default());
+    let sandbox = Arc::new(GatedSandbox::closed());
+    let engine = engine(sandbox.clone(), clock);
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let runner = start(&engine, 2);
+    let names: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
+    for name in &names {
+        engine
+            .create_run(
+                PROJECT,
+                run(name, "helper", &format!("Run `echo {name}`."), |_| {}),
+            )
+            .await
+            .expect("run");
+    }
+    until("two commands wait at the gate", || {
+        sandbox.in_flight.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sandbox.most.load(Ordering::SeqCst), 2, "a third waits");
+    sandbox.open();
+    for name in &names {
+        let run = tokio::time::timeout(SOON, runner.settled(PROJECT, name))
+            .await
+            .expect("finished")
+            .expect("run");
+        assert_eq!(run.status.phase, Some(RunPhase::Succeeded), "{name}");
+    }
+    assert_eq!(sandbox.most.load(Ordering::SeqCst), 2);
+    assert_eq!(sandbox.inner.executions().len(), 5);
+    runner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_with_dependencies_runs_under_its_cost_cap_with_no_server() {
+    let clock = Arc::new(ManualClock::default());
+    let sandbox = Arc::new(GatedSandbox::closed());
+    sandbox.open();
+    let engine = engine(sandbox.clone(), clock);
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("worker", |a| a.per_run_max_cost_usd = Usd::from_cents(20)),
+        )
+        .await
+        .expect("agent");
+    // maxActive would let two go, but $0.30 holds one $0.20 cap at a time.
+    let mut spec = AgentGroupSpec {
+        agent: "worker".to_string(),
+        limits: GroupLimits {
+            max_active: 2,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: Some(Usd::from_cents(30)),
+        sealed: false,
+        evaluation: None,
+    };
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
+        .await
+        .expect("group");
+    let runner = start(&engine, 8);
+    let mut runs = Vec::new();
+    for (key, deps) in [
+        ("a", vec![]),
+        ("b", vec![]),
+        ("c", vec![]),
+        ("report", vec!["a", "b", "c"]),
+    ] {
+        let mut r: AgentRun = run("", "worker", &format!("Run `echo {key}`."), |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+            s.depends_on = deps.into_iter().map(str::to_string).collect();
+        });
+        r.metadata.name = None;
+        runs.push(r);
+    }
+    engine.create_runs(PROJECT, runs, None).await.expect("runs");
+    spec.sealed = true;
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("seal");
+    for name in ["g-a", "g-b", "g-c", "g-report"] {
+        let run = tokio::time::timeout(SOON, runner.settled(PROJECT, name))
+            .await
+            .expect("finished")
+            .expect("run");
+        assert_eq!(run.status.phase, Some(RunPhase::Succeeded), "{name}");
+    }
+    let executions = sandbox.inner.executions();
+    assert_eq!(executions.len(), 4, "{executions:?}");
+    assert_eq!(
+        executions.last().map(String::as_str),
+        Some("echo report"),
+        "the report runs after the runs it depends on: {executions:?}"
+    );
+    assert_eq!(
+        sandbox.most.load(Ordering::SeqCst),
+        1,
+        "the cost cap holds one run at a time"
+    );
+    let mut changes = engine.store().subscribe();
+    let group = tokio::time::timeout(SOON, async {
+        loop {
+            let group = engine
+                .get::<AgentGroupSpec>(PROJECT, "g")
+                .await
+                .expect("group");
+            if group.status.phase.is_some_and(GroupPhase::is_finished) {
+                return group;
+            }
+            let _ = changes.recv().await;
+        }
+    })
+    .await
+    .expect("the group finishes");
+    assert_eq!(group.status.phase, Some(GroupPhase::Succeeded));
+    assert_eq!(group.status.counts.succeeded, 4);
+    runner.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_retention_sweep_runs_by_the_clock() {
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine(Arc::new(RecordingSandbox::new()), clock.clone());
+    let store = engine.store().clone();
+    let day = jiff::SignedDuration::from_hours(24);
+    for (name, days_ago) in [("old", 31), ("recent", 29)] {
+        let ended = clock.now().checked_sub(day * days_ago).expect("a time");
+        let key = ObjectKey::new(PROJECT, Kind::AgentRun, name);
+        store
+            .create(
+                &key,
+                json!({
+                    "apiVersion": "nodus.dev/v1", "kind": "AgentRun",
+                    "metadata": {"name": name, "uid": format!("uid-{name}")},
+                    "spec": {"agent": "a", "input": "secret input"},
+                    "status": {"phase": "Succeeded", "completionTime": ended.to_string()},
+                }),
+            )
+            .await
+            .expect("a run");
+        store
+            .create(
+                &nodus_core::engine::workdir_archive_key(&key),
+                json!({"bytes": 0, "archiveBase64": ""}),
+            )
+            .await
+            .expect("a kept working directory");
+    }
+    let kept = |name: &str| {
+        nodus_core::engine::workdir_archive_key(&ObjectKey::new(PROJECT, Kind::AgentRun, name))
+    };
+    let swept = |store: Arc<dyn Store>, name: &'static str| async move {
+        store
+            .get(&ObjectKey::new(PROJECT, Kind::AgentRun, name))
+            .await
+            .expect("run")
+            .document["status"]
+            .get("payloadsRemovedAt")
+            .is_some()
+    };
+    let runner = Runner::start(
+        engine.clone(),
+        RunnerConfig {
+            retention: Some(Duration::from_secs(30 * 24 * 3600)),
+            sweep_every: Duration::from_secs(3600),
+            ..RunnerConfig::default()
+        },
+    );
+    // At start: the run that ended 31 days ago.
+    let give_up = tokio::time::Instant::now() + SOON;
+    while !swept(store.clone(), "old").await {
+        assert!(tokio::time::Instant::now() < give_up, "never swept");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.get(&kept("old")).await.is_err(), "swept");
+    assert!(store.get(&kept("recent")).await.is_ok(), "kept");
+    // Two days later (by the clock), at the next sweep, the other one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!swept(store.clone(), "recent").await);
+    clock.advance(Duration::from_secs(2 * 24 * 3600));
+    let give_up = tokio::time::Instant::now() + SOON;
+    while !swept(store.clone(), "recent").await {
+        assert!(tokio::time::Instant::now() < give_up, "never swept");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.get(&kept("recent")).await.is_err(), "swept");
+    runner.shutdown().await;
+}
