@@ -2,8 +2,9 @@
 //!
 //! It holds the resource types and their validation, exact money, the pure state machines
 //! (run lifecycle, group controller, cost guard), the traits through which everything
-//! touches the world ([`Store`], [`Sandbox`], [`ModelClient`], [`Router`], [`Clock`]) and the
-//! durable run engine built on them. It does no I/O of its own.
+//! touches the world ([`Store`], [`Sandbox`], [`ModelClient`], [`Router`], [`Clock`]), the
+//! durable run engine built on them, and the [`Runner`] that schedules its runs and groups
+//! (the server only starts it). It does no I/O of its own.
 
 pub mod catalog;
 pub mod clock;

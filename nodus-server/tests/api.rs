@@ -380,16 +380,20 @@ async fn a_run_goes_from_create_to_answer_and_steps() {
     assert_eq!(status, StatusCode::CREATED, "{created}");
     assert_eq!(created["status"]["phase"], "Pending");
     assert_eq!(created["status"]["cost"]["limitUSD"], "0.50");
-    // No controller runs in this test: drive the run by hand.
-    let driven = api
-        .state
-        .engine
-        .drive("default", "hello-agent-run")
+    // The router is called without a socket here: start the engine's runner as the server
+    // does when it serves.
+    let runner = nodus_core::runner::Runner::start(
+        api.state.engine.clone(),
+        nodus_core::runner::RunnerConfig::default(),
+    );
+    let settled = runner
+        .settled("default", "hello-agent-run")
         .await
-        .expect("drive");
+        .expect("settled");
+    runner.shutdown().await;
     assert_eq!(
-        driven,
-        nodus_core::engine::Driven::Finished(nodus_core::lifecycle::RunPhase::Succeeded)
+        settled.status.phase,
+        Some(nodus_core::lifecycle::RunPhase::Succeeded)
     );
     let (_, got) = api
         .call(

@@ -104,7 +104,14 @@ async fn a_platform_run_is_billed_once_per_reply_received() {
         )
         .await
         .expect("run");
-    let runner = Runner::start(engine.clone(), RunnerConfig::default());
+    let runner = Runner::start(
+        engine.clone(),
+        RunnerConfig {
+            // The run was created before the runner started: it resumes it from here.
+            projects: vec![PROJECT.to_string()],
+            ..RunnerConfig::default()
+        },
+    );
     let finished = runner.settled(PROJECT, "py").await.expect("run");
     runner.shutdown().await;
     assert_eq!(finished.status.phase, Some(RunPhase::Succeeded));
@@ -162,7 +169,14 @@ async fn a_byok_run_uses_the_users_key_costs_nothing_and_parks_when_cut_off() {
         .create_run(PROJECT, run("hi", "mine", "Say hello.", |_| {}))
         .await
         .expect("run");
-    let runner = Runner::start(engine.clone(), RunnerConfig::default());
+    let runner = Runner::start(
+        engine.clone(),
+        RunnerConfig {
+            // The run was created before the runner started: it resumes it from here.
+            projects: vec![PROJECT.to_string()],
+            ..RunnerConfig::default()
+        },
+    );
     let finished = runner.settled(PROJECT, "hi").await.expect("run");
     assert_eq!(finished.status.phase, Some(RunPhase::Succeeded));
     assert_eq!(finished.status.cost.total_usd, Usd::ZERO);

@@ -153,6 +153,11 @@ async fn a_group_run_whose_cap_can_never_fit_says_what_to_change() {
         )
         .await
         .expect("run");
+    // What the runner does when a run of the group is created.
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
     let waiting = engine.get_run(PROJECT, "g-a").await.expect("run");
     assert_eq!(
         waiting.status.phase,

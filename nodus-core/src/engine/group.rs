@@ -210,8 +210,7 @@ impl Engine {
 
     /// Cancel a group: every run that has not finished is cancelled; finished runs keep their
     /// answers. The group goes through `Cancelling` to `Cancelled`. Started runs are marked to
-    /// be cancelled; whoever drives them (the server's controller, or the embedder calling
-    /// [`Engine::drive`]) deletes their sandboxes and ends them.
+    /// be cancelled; the [`Runner`](crate::runner::Runner) deletes their sandboxes and ends them.
     pub async fn cancel_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
         loop {
             let group = self.read_group(project, name).await?;
