@@ -378,3 +378,65 @@ async fn the_retention_sweep_runs_by_the_clock() {
     assert!(store.get(&kept("recent")).await.is_err(), "swept");
     runner.shutdown().await;
 }
+
+#[tokio::test]
+async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
+    let clock = Arc::new(ManualClock::default());
+    let sandbox = Arc::new(RecordingSandbox::new());
+    let engine = engine(sandbox.clone(), clock.clone());
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let runner = start(&engine, 4);
+    engine
+        .create_run(
+            PROJECT,
+            run("chat", "helper", "Run `echo hello`.", |s| {
+                s.keep_alive = true
+            }),
+        )
+        .await
+        .expect("run");
+    runner.settled(PROJECT, "chat").await.expect("waiting");
+    runner.shutdown().await;
+    assert_eq!(sandbox.live().len(), 1, "started: its sandbox is live");
+    // No runner: the request records the cancellation and does not drive the run itself
+    // (before, it drove it under the runner's replica name and fenced the runner's drive).
+    let deleting = engine.delete_run(PROJECT, "chat");
+    let waiting = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        clock.advance(Duration::from_secs(31));
+    };
+    let (deleted, ()) = tokio::time::timeout(SOON, async { tokio::join!(deleting, waiting) })
+        .await
+        .expect("the delete gives up");
+    assert_eq!(
+        deleted.expect_err("not ended yet").reason(),
+        "Conflict",
+        "RunBusy"
+    );
+    assert_eq!(sandbox.live().len(), 1, "the request deleted no sandbox");
+    let kept = engine.get_run(PROJECT, "chat").await.expect("still there");
+    assert!(kept.status.cancel_requested.is_some());
+    // The runner carries the cancellation out; then the run can go.
+    let runner = Runner::start(
+        engine.clone(),
+        RunnerConfig {
+            projects: vec![PROJECT.to_string()],
+            ..RunnerConfig::default()
+        },
+    );
+    let ended = match tokio::time::timeout(SOON, runner.settled(PROJECT, "chat")).await {
+        Ok(ended) => ended.expect("cancelled"),
+        Err(_) => panic!(
+            "not cancelled: {:?} {:?}",
+            engine.get_run(PROJECT, "chat").await,
+            engine.steps(PROJECT, "chat").await
+        ),
+    };
+    assert!(matches!(ended.status.phase, Some(RunPhase::Cancelled(_))));
+    assert!(sandbox.live().is_empty(), "the runner deleted the sandbox");
+    engine.delete_run(PROJECT, "chat").await.expect("delete");
+    runner.shutdown().await;
+}
