@@ -241,7 +241,7 @@ impl Sandbox for BwrapSandbox {
         let (key, limits) = (spec.key.clone(), spec.limits);
         blocking(move || {
             fs::create_dir_all(&dir).map_err(|e| {
-                Error::Failed(format!("creating the directory {}: {e}", dir.display()))
+                Error::Failed(format!("creating the sandbox's working directory: {e}"))
             })?;
             cgroups.create(&key, &limits)
         })
@@ -427,7 +427,7 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
         .recursive(true)
         .mode(0o700)
         .create(root.join("sandboxes"))
-        .map_err(|e| failed(&format!("creating {}", root.display()), e))?;
+        .map_err(|e| failed("creating the sandboxes' directory", e))?;
     // Empty entries that nobody in a sandbox can read (no permission bits, no capabilities),
     // laid over what is hidden.
     let masks = root.join("masks");
