@@ -90,20 +90,21 @@ pub struct Server {
 impl Server {
     /// Build the backends and the engine, and bootstrap a first start.
     pub async fn build(options: Options) -> Result<Server, StartError> {
-        std::fs::create_dir_all(&options.data_dir).map_err(|e| StartError::DataDir {
-            path: options.data_dir.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        // Everything that can be refused is checked before anything is written.
+        if let Some(token) = &options.bootstrap_token {
+            check_bootstrap_token(token)?;
+        }
+        prepare_data_dir(&options.data_dir)?;
+        let cipher = match options.store {
+            Some(StoreUrl::Memory) => Cipher::ephemeral()?,
+            _ => Cipher::in_dir(&options.data_dir)?,
+        };
         let mut announcements = Vec::new();
         let store = open_store(&options, &mut announcements).await?;
         let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
         let catalog =
             Arc::new(nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?);
         let (model, router) = open_model(&catalog, &mut announcements)?;
-        let cipher = match options.store {
-            Some(StoreUrl::Memory) => Cipher::ephemeral()?,
-            _ => Cipher::in_dir(&options.data_dir)?,
-        };
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
         let engine = Engine::new(
@@ -128,7 +129,7 @@ impl Server {
         let state = Arc::new(AppState {
             engine: engine.clone(),
             store: store.clone(),
-            auth: Auth::new(store.clone()),
+            auth: Auth::new(store.clone(), cipher.token_key()),
             cipher,
             ledger,
             metrics: Metrics::default(),
@@ -220,6 +221,69 @@ impl Bound {
     }
 }
 
+/// Make the data directory owner-only (0700) when it is missing; refuse one that other users
+/// can read or write: it holds every prompt, output and token hash, and the server key.
+fn prepare_data_dir(dir: &std::path::Path) -> Result<(), StartError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let refuse = |reason: String| StartError::DataDir {
+        path: dir.display().to_string(),
+        reason,
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => Err(refuse("it is not a directory".to_string())),
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o066 != 0 {
+                return Err(refuse(format!(
+                    "its mode is {mode:04o}: other users can read or write it, and it holds \
+                     every prompt, output and token hash and the server key; make it \
+                     owner-only with `chmod 700 {}`",
+                    dir.display()
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| refuse(e.to_string()))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .or_else(|e| match e.kind() {
+                    // Made by someone else meanwhile: check it as an existing one.
+                    std::io::ErrorKind::AlreadyExists => Ok(()),
+                    _ => Err(refuse(e.to_string())),
+                })?;
+            // The mode given to `mkdir` passes through the umask; this one does not.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| refuse(e.to_string()))?;
+            prepare_data_dir(dir)
+        }
+        Err(e) => Err(refuse(e.to_string())),
+    }
+}
+
+/// Create a missing SQLite file owner-only (0600); SQLite gives its `-wal` and `-shm` files
+/// the database's mode.
+fn create_private_db(path: &std::path::Path) -> Result<(), StartError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let failed =
+        |e: std::io::Error| StartError::Backend(format!("SQLite store {}: {e}", path.display()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(file) => file
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(failed),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(failed(e)),
+    }
+}
+
 /// Recorded payloads are kept this long after their run ended.
 pub const PAYLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 
@@ -267,6 +331,7 @@ async fn open_store(
             Ok(Arc::new(nodus_store::MemoryStore::new()))
         }
         StoreUrl::Sqlite(path) => {
+            create_private_db(&path)?;
             let store = nodus_store::SqliteStore::open(&path).await.map_err(|e| {
                 StartError::Backend(format!("SQLite store {}: {e}", path.display()))
             })?;
@@ -418,6 +483,22 @@ fn replica_name(data_dir: &std::path::Path) -> Result<String, StartError> {
     Ok(name)
 }
 
+/// A `--bootstrap-token` long enough that it cannot be guessed (the token itself is never
+/// shown).
+fn check_bootstrap_token(token: &str) -> Result<String, StartError> {
+    let token = token.trim();
+    let chars = token.chars().count();
+    if chars < crate::auth::MIN_BOOTSTRAP_TOKEN_CHARS {
+        return Err(StartError::Backend(format!(
+            "--bootstrap-token must have at least {} characters, not {chars}: a short token \
+             can be guessed; use a random one (such as `openssl rand -hex 24`), or leave the \
+             flag out and the server makes one",
+            crate::auth::MIN_BOOTSTRAP_TOKEN_CHARS
+        )));
+    }
+    Ok(token.to_string())
+}
+
 /// First start: the projects `default` and `nodus`, the `claude-assistant` template, the
 /// default project's welcome credits, and the admin token (written once to a file only its
 /// owner can read, or the one given by `--bootstrap-token`).
@@ -446,7 +527,7 @@ async fn bootstrap(
 
     let token_file = options.data_dir.join(ADMIN_TOKEN_FILE);
     let token = match &options.bootstrap_token {
-        Some(token) => token.clone(),
+        Some(token) => check_bootstrap_token(token)?,
         None => match std::fs::read_to_string(&token_file) {
             Ok(token) => token.trim().to_string(),
             Err(_) => {

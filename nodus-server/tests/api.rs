@@ -7,7 +7,7 @@ use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-const TOKEN: &str = "nodus_test_admin_token";
+const TOKEN: &str = "nodus_test_admin_token_0123456789abcdef";
 const BASE: &str = "/apis/nodus.dev/v1/projects";
 
 struct Api {
@@ -18,7 +18,8 @@ struct Api {
 
 async fn api() -> Api {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut options = Options::new(dir.path().to_path_buf());
+    // The server makes its data directory owner-only; a temporary directory is not.
+    let mut options = Options::new(dir.path().join("data"));
     options.store = Some(StoreUrl::Memory);
     options.sandbox = SandboxKind::Unisolated;
     options.bootstrap_token = Some(TOKEN.to_string());
