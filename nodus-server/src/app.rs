@@ -203,21 +203,34 @@ impl Bound {
         let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
         let app = crate::api::router(server.state.clone());
         let mut stop = stop_rx;
-        let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let files = crate::listen::raise_descriptor_limit();
+        let limits = crate::listen::ConnectionLimits {
+            header_timeout: server.options.header_timeout,
+            // Half the descriptors at most: the store, sandboxes and commands need the rest.
+            max_connections: files
+                .and_then(|files| usize::try_from(files / 2).ok())
+                .map_or(server.options.max_connections, |half| {
+                    server.options.max_connections.min(half)
+                }),
+        };
+        tracing::info!(
+            %address,
+            max_connections = limits.max_connections,
+            open_files = files,
+            "serving"
+        );
+        let served = crate::listen::serve(listener, app, limits, async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         });
         let signal = tokio::spawn(async move {
             shutdown.await;
             let _ = stop_tx.send(true);
         });
-        let result = served.await;
+        served.await;
         signal.abort();
         sweeper.abort();
         let _ = controller.await;
-        result.map_err(|e| StartError::Listen {
-            address: address.to_string(),
-            reason: e.to_string(),
-        })
+        Ok(())
     }
 }
 

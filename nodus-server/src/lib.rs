@@ -7,6 +7,7 @@ pub mod app;
 pub mod auth;
 mod controller;
 pub mod error;
+mod listen;
 mod metrics;
 mod openapi;
 pub mod options;

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Where state is kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +85,12 @@ pub struct Options {
     pub max_concurrent_runs: usize,
     /// The image of container sandboxes when a run names none.
     pub default_image: Option<String>,
+    /// How long a connection may take to send a request's headers, counted from when it
+    /// opened or its last response was sent; this also closes idle keep-alive connections.
+    pub header_timeout: Duration,
+    /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
+    /// process's limit of open files.
+    pub max_connections: usize,
 }
 
 impl Options {
@@ -97,6 +104,8 @@ impl Options {
             bootstrap_token: None,
             max_concurrent_runs: 256,
             default_image: None,
+            header_timeout: Duration::from_secs(10),
+            max_connections: 512,
         }
     }
 }
