@@ -556,21 +556,34 @@ impl Engine {
                     cwd: None,
                     output_cap: self.config.limits.output_cap_bytes,
                 };
-                let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
-                if let Err(sandbox::Error::NotFound(_)) = executed {
-                    // A sandbox created before a restart: re-create it over its working
-                    // directory (creation is idempotent by key) and run the command there.
-                    executed = match self.deps.sandbox.create(&fixed.sandbox).await {
-                        Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
-                        Err(e) => Err(e),
-                    };
-                }
+                let mut attempt = 1;
+                let executed = loop {
+                    let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
+                    if let Err(sandbox::Error::NotFound(_)) = executed {
+                        // A sandbox created before a restart: re-create it over its working
+                        // directory (creation is idempotent by key) and run the command there.
+                        executed = match self.deps.sandbox.create(&fixed.sandbox).await {
+                            Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                            Err(e) => Err(e),
+                        };
+                    }
+                    match executed {
+                        // It did not start (the host is out of descriptors, say): try again.
+                        Err(sandbox::Error::NotStarted(_)) if attempt < self.config.attempts => {
+                            attempt += 1;
+                            self.deps.clock.sleep(self.config.retry_pause).await;
+                        }
+                        other => break other,
+                    }
+                };
                 match executed {
                     Ok(output) => Performed::Done(Outcome::CommandFinished { output }),
                     // It certainly did not run.
-                    Err(e @ (sandbox::Error::NotFound(_) | sandbox::Error::Refused(_))) => {
-                        Performed::Done(failed(e.to_string()))
-                    }
+                    Err(
+                        e @ (sandbox::Error::NotFound(_)
+                        | sandbox::Error::Refused(_)
+                        | sandbox::Error::NotStarted(_)),
+                    ) => Performed::Done(failed(e.to_string())),
                     Err(e) => {
                         tracing::warn!(run = %fixed.key, error = %e, "command outcome uncertain");
                         Performed::Uncertain
