@@ -100,6 +100,17 @@ impl Server {
             _ => Cipher::in_dir(&options.data_dir)?,
         };
         let mut announcements = Vec::new();
+        if keeps_reserve(&options) {
+            match crate::reserve::keep(&options.data_dir) {
+                Ok(crate::reserve::Kept::Released(path)) => announcements.push(format!(
+                    "the disk is nearly full: released the store's reserve ({}) so that the \
+                     store can open and write; free space on it",
+                    path.display()
+                )),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(error = %error, "cannot keep the store's reserve"),
+            }
+        }
         let store = open_store(&options, &mut announcements).await?;
         let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
         let catalog =
@@ -201,6 +212,8 @@ impl Bound {
             })
         });
         let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
+        let reserve = keeps_reserve(&server.options)
+            .then(|| tokio::spawn(keep_reserve(server.options.data_dir.clone())));
         let app = crate::api::router(server.state.clone());
         let mut stop = stop_rx;
         let files = crate::listen::raise_descriptor_limit();
@@ -229,6 +242,9 @@ impl Bound {
         served.await;
         signal.abort();
         sweeper.abort();
+        if let Some(reserve) = reserve {
+            reserve.abort();
+        }
         let _ = controller.await;
         Ok(())
     }
@@ -294,6 +310,26 @@ fn create_private_db(path: &std::path::Path) -> Result<(), StartError> {
             .map_err(failed),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(failed(e)),
+    }
+}
+
+/// Whether the server keeps a reserve for its store: for a SQLite store (its file may fill
+/// up with the working directories beside it).
+fn keeps_reserve(options: &Options) -> bool {
+    !matches!(
+        options.store,
+        Some(StoreUrl::Memory) | Some(StoreUrl::Postgres(_))
+    )
+}
+
+/// Every few seconds: give the store's reserve back when the disk is nearly full, and make it
+/// again when there is room.
+async fn keep_reserve(dir: std::path::PathBuf) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+    loop {
+        every.tick().await;
+        let dir = dir.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::reserve::keep_logged(&dir)).await;
     }
 }
 

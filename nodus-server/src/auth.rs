@@ -134,6 +134,9 @@ impl Auth {
             "spec": TokenSpec { projects: projects.iter().map(|p| p.to_string()).collect(), admin },
         });
         match self.store.get(&key).await {
+            // Registered as it is already (every start registers the admin token): nothing
+            // to write, so that a server starts on a full disk.
+            Ok(record) if record.document == document => {}
             Ok(record) => {
                 self.store.update(&key, record.version, document).await?;
             }
@@ -143,8 +146,13 @@ impl Auth {
             Err(e) => return Err(e),
         }
         // The same token stored before tokens were keyed would still open the door.
-        match self.store.delete(&Self::legacy_key(token)).await {
-            Ok(_) | Err(store::Error::NotFound(_)) => Ok(()),
+        let legacy = Self::legacy_key(token);
+        match self.store.get(&legacy).await {
+            Ok(_) => match self.store.delete(&legacy).await {
+                Ok(()) | Err(store::Error::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            },
+            Err(store::Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
     }

@@ -12,6 +12,7 @@ mod metrics;
 mod openapi;
 pub mod options;
 mod patch;
+pub mod reserve;
 pub mod secrets;
 
 pub use api::router;

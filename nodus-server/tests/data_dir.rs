@@ -263,3 +263,40 @@ async fn tokens_are_stored_under_a_keyed_hash_and_old_ones_still_work() {
         StatusCode::UNAUTHORIZED
     );
 }
+
+/// The versions of everything the first start bootstraps.
+async fn bootstrapped_versions(store: &dyn Store) -> Vec<(String, u64)> {
+    let mut versions = Vec::new();
+    for (project, kind) in [
+        (SYSTEM_PROJECT, Kind::Token),
+        ("nodus", Kind::Agent),
+        (SYSTEM_PROJECT, Kind::Project),
+    ] {
+        for record in store
+            .list(project, kind, &Selector::default())
+            .await
+            .expect("list")
+        {
+            versions.push((record.key.to_string(), record.version));
+        }
+    }
+    versions.sort();
+    versions
+}
+
+/// A second start finds everything the first one bootstrapped and writes none of it again
+/// (which lets a server start on a full disk).
+#[tokio::test]
+async fn a_second_start_writes_nothing_that_is_there() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("data");
+    let mut first = options(&dir);
+    first.bootstrap_token = Some(TOKEN.to_string());
+    let server = Server::build(first.clone()).await.expect("first start");
+    let before = bootstrapped_versions(server.state().store.as_ref()).await;
+    assert!(before.len() >= 3, "{before:?}");
+    drop(server);
+    let server = Server::build(first).await.expect("second start");
+    let after = bootstrapped_versions(server.state().store.as_ref()).await;
+    assert_eq!(before, after);
+}
