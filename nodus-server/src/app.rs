@@ -20,6 +20,9 @@ use crate::metrics::Metrics;
 use crate::options::{Options, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
 
+/// The SQLite file in the data directory, when no store is named.
+const SQLITE_FILE: &str = "nodus.db";
+
 /// Credits the `default` project gets on first start, so that the quickstart runs at once.
 pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);
 
@@ -100,8 +103,8 @@ impl Server {
             _ => Cipher::in_dir(&options.data_dir)?,
         };
         let mut announcements = Vec::new();
-        if keeps_reserve(&options) {
-            match crate::reserve::keep(&options.data_dir) {
+        if let Some(reserve) = reserve_path(&options) {
+            match crate::reserve::keep(&reserve) {
                 Ok(crate::reserve::Kept::Released(path)) => announcements.push(format!(
                     "the disk is nearly full: released the store's reserve ({}) so that the \
                      store can open and write; free space on it",
@@ -212,8 +215,7 @@ impl Bound {
             })
         });
         let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
-        let reserve = keeps_reserve(&server.options)
-            .then(|| tokio::spawn(keep_reserve(server.options.data_dir.clone())));
+        let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
         let app = crate::api::router(server.state.clone());
         let mut stop = stop_rx;
         let files = crate::listen::raise_descriptor_limit();
@@ -313,23 +315,26 @@ fn create_private_db(path: &std::path::Path) -> Result<(), StartError> {
     }
 }
 
-/// Whether the server keeps a reserve for its store: for a SQLite store (its file may fill
-/// up with the working directories beside it).
-fn keeps_reserve(options: &Options) -> bool {
-    !matches!(
-        options.store,
-        Some(StoreUrl::Memory) | Some(StoreUrl::Postgres(_))
-    )
+/// The reserve of the server's store: beside a SQLite file, on its file system (which the
+/// working directories in the data directory may fill); none for other stores.
+fn reserve_path(options: &Options) -> Option<std::path::PathBuf> {
+    match &options.store {
+        None => Some(crate::reserve::reserve_of(
+            &options.data_dir.join(SQLITE_FILE),
+        )),
+        Some(StoreUrl::Sqlite(path)) => Some(crate::reserve::reserve_of(path)),
+        Some(StoreUrl::Memory | StoreUrl::Postgres(_)) => None,
+    }
 }
 
 /// Every few seconds: give the store's reserve back when the disk is nearly full, and make it
 /// again when there is room.
-async fn keep_reserve(dir: std::path::PathBuf) {
+async fn keep_reserve(reserve: std::path::PathBuf) {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
     loop {
         every.tick().await;
-        let dir = dir.clone();
-        let _ = tokio::task::spawn_blocking(move || crate::reserve::keep_logged(&dir)).await;
+        let reserve = reserve.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::reserve::keep_logged(&reserve)).await;
     }
 }
 
@@ -373,7 +378,7 @@ async fn open_store(
     let url = options
         .store
         .clone()
-        .unwrap_or_else(|| StoreUrl::Sqlite(options.data_dir.join("nodus.db")));
+        .unwrap_or_else(|| StoreUrl::Sqlite(options.data_dir.join(SQLITE_FILE)));
     match url {
         StoreUrl::Memory => {
             announcements.push("store: in memory (nothing survives a restart)".to_string());

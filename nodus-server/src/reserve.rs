@@ -1,14 +1,14 @@
-//! The store's reserve: a file of [`RESERVE_BYTES`] in the data directory that is given
-//! back to the file system when it is (nearly) full, so that the SQLite store can still
-//! open (it needs room for its WAL and shared-memory files) and write; it is made again
+//! The store's reserve: a file of [`RESERVE_BYTES`] beside the SQLite file (`nodus.db.reserve`)
+//! that is given back to the file system when it is (nearly) full, so that the store can
+//! still open (it needs room for its WAL and shared-memory files) and write; it is made again
 //! once there is room.
 
 use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
-/// The reserve's file in the data directory.
-pub const RESERVE_FILE: &str = "store-reserve";
+/// What the reserve's file name adds to the SQLite file's.
+pub const RESERVE_SUFFIX: &str = ".reserve";
 /// The reserve's size: room for the store's shared memory and some writes.
 pub const RESERVE_BYTES: u64 = 8 * 1024 * 1024;
 /// Below this much free space, the reserve is given back.
@@ -32,10 +32,21 @@ fn available(dir: &Path) -> io::Result<u64> {
     Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
 }
 
-/// Give the reserve back when the file system of `dir` is nearly full; make it when it is
+/// The reserve of the SQLite file `db`.
+pub fn reserve_of(db: &Path) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(RESERVE_SUFFIX);
+    db.with_file_name(name)
+}
+
+/// Give the reserve at `path` back when its file system is nearly full; make it when it is
 /// missing and there is room for it twice over.
-pub(crate) fn keep(dir: &Path) -> io::Result<Kept> {
-    let path = dir.join(RESERVE_FILE);
+pub(crate) fn keep(path: &Path) -> io::Result<Kept> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let path = path.to_path_buf();
     let free = available(dir)?;
     let exists = path.exists();
     if exists && free < NEARLY_FULL_BYTES {
@@ -72,8 +83,8 @@ fn make(path: &Path) -> io::Result<()> {
 }
 
 /// [`keep`], logged; for the periodic check while the server runs.
-pub(crate) fn keep_logged(dir: &Path) {
-    match keep(dir) {
+pub(crate) fn keep_logged(path: &Path) {
+    match keep(path) {
         Ok(Kept::Unchanged) => {}
         Ok(Kept::Released(path)) => tracing::warn!(
             path = %path.display(),

@@ -52,8 +52,8 @@ fn refusal(result: Result<Server, StartError>) -> String {
 }
 
 /// A fresh data directory is 0700 and every file in it 0600 (the SQLite database, its WAL
-/// and shared-memory files, the server key, the replica name, the admin token), even with
-/// a umask of 0.
+/// and shared-memory files and its reserve, the server key, the replica name, the admin
+/// token), even with a umask of 0.
 #[tokio::test]
 async fn a_fresh_data_directory_is_owner_only_whatever_the_umask() {
     let parent = tempfile::tempdir().expect("tempdir");
@@ -74,6 +74,7 @@ async fn a_fresh_data_directory_is_owner_only_whatever_the_umask() {
     for expected in [
         "admin-token",
         "nodus.db",
+        "nodus.db.reserve",
         "nodus.db-shm",
         "nodus.db-wal",
         "replica-name",
