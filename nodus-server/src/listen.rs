@@ -12,6 +12,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
+/// The open files asked for when the hard limit is unlimited.
+const MAX_OPEN_FILES: u64 = 1 << 20;
+
 /// How long a failed `accept` (descriptors exhausted, say) waits before the next one.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
@@ -98,9 +101,11 @@ pub(crate) async fn serve(
 pub(crate) fn raise_descriptor_limit() -> Option<u64> {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
-    if limit.current != limit.maximum {
+    // An unlimited hard limit: as many as Linux allows by default (`fs.nr_open`).
+    let target = limit.maximum.unwrap_or(MAX_OPEN_FILES);
+    if limit.current.is_some_and(|current| current < target) {
         let raised = rustix::process::Rlimit {
-            current: limit.maximum,
+            current: Some(target),
             maximum: limit.maximum,
         };
         if let Err(error) = setrlimit(Resource::Nofile, raised) {

@@ -1,6 +1,7 @@
 //! Connections a client without a token opens cannot exhaust the server: idle ones are
 //! closed after the header timeout, fresh or kept alive, and past the connection limit new
-//! ones wait instead of taking descriptors, while `/healthz` still answers.
+//! ones wait instead of taking descriptors, while `/healthz` still answers; the soft limit
+//! of open files is raised to the hard one.
 
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,18 @@ async fn closed_within(mut stream: TcpStream, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_after_the_timeout_while_healthz_answers() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    // A low soft limit of open files, as many hosts start processes with: the server raises
+    // it to the hard limit.
+    let hard = getrlimit(Resource::Nofile).maximum;
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(512),
+            maximum: hard,
+        },
+    )
+    .expect("a lower soft limit");
     let dir = tempfile::tempdir().expect("dir");
     let (address, stop) = start(dir.path()).await;
     let mut idle = Vec::new();
@@ -81,6 +94,11 @@ async fn idle_connections_are_closed_after_the_timeout_while_healthz_answers() {
         .await
         .expect("/healthz answers while idle connections are open");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let soft = getrlimit(Resource::Nofile).current;
+    assert!(
+        soft > Some(512),
+        "the soft limit was raised: {soft:?} (hard {hard:?})"
+    );
 
     // Every idle connection is closed by the server, none before the timeout.
     let closing: Vec<_> = idle
