@@ -1,10 +1,12 @@
 //! The command line: every command and flag, as clap derives them, and the help text with
 //! the exit codes.
 
-use std::net::SocketAddr;
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::{PossibleValue, TypedValueParser};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
 /// Shown after `nodus --help`.
 pub const AFTER_HELP: &str = "\
@@ -20,6 +22,119 @@ Exit codes:
      token not accepted)
   4  wait: the timeout passed before the condition held
   5  wait: the resource finished in a state that can never meet the condition";
+
+/// The commands that do not talk to a server through a context: `--project` and `--context`
+/// mean nothing to them, so their help leaves the two out and they refuse them.
+const SERVERLESS: [&str; 2] = ["server", "quickstart"];
+
+/// The command line as clap sees it: the [`SERVERLESS`] commands hold their own hidden
+/// `--project` and `--context` (so the global ones are not propagated to them and their help
+/// leaves them out), which [`parse_from`] refuses. Completion scripts are generated from it.
+pub fn command() -> clap::Command {
+    let mut command = Cli::command();
+    for name in SERVERLESS {
+        command = command.mut_subcommand(name, |sub| {
+            ["project", "context"].into_iter().fold(sub, |sub, flag| {
+                sub.arg(clap::Arg::new(flag).long(flag).hide(true).num_args(1))
+            })
+        });
+    }
+    command
+}
+
+/// Parses the process's arguments (see [`parse_from`]).
+pub fn parse() -> Result<Cli, clap::Error> {
+    parse_from(std::env::args_os())
+}
+
+/// Parses a command line; `--project` or `--context` on `server` or `quickstart` is a usage
+/// error (`NODUS_PROJECT` in the environment is not: it is meant for the other commands).
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut command = command();
+    let matches = command.try_get_matches_from_mut(args)?;
+    if let Some((name, sub)) = matches.subcommand()
+        && SERVERLESS.contains(&name)
+    {
+        for flag in ["project", "context"] {
+            let given =
+                |m: &clap::ArgMatches| m.value_source(flag) == Some(ValueSource::CommandLine);
+            if given(&matches) || given(sub) {
+                return Err(command.error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "`nodus {name}` does not take --{flag}: it runs its own server in the \
+                         project default; --{flag} is for the commands that talk to a server"
+                    ),
+                ));
+            }
+        }
+    }
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
+}
+
+/// A value parser that takes any text but offers `values` to the completion scripts (the
+/// kinds, where an argument is a KIND, a NAME or KIND/NAME).
+#[derive(Clone)]
+pub struct Offered(fn() -> Vec<&'static str>);
+
+impl Offered {
+    /// The kinds, by plural and short name.
+    pub fn kinds() -> Offered {
+        Offered(|| {
+            crate::kinds::ALL
+                .iter()
+                .flat_map(|&kind| [Some(kind.plural()), crate::kinds::short_name(kind)])
+                .flatten()
+                .collect()
+        })
+    }
+}
+
+impl TypedValueParser for Offered {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<String, clap::Error> {
+        clap::builder::StringValueParser::new().parse_ref(command, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new((self.0)().into_iter().map(PossibleValue::new)))
+    }
+}
+
+/// `-o`: [`parse_output`], offering the formats to the completion scripts.
+#[derive(Clone)]
+pub struct OutputParser;
+
+impl TypedValueParser for OutputParser {
+    type Value = Output;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<Output, clap::Error> {
+        parse_output.parse_ref(command, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            ["yaml", "json", "wide", "name", "jsonpath="]
+                .into_iter()
+                .map(PossibleValue::new),
+        ))
+    }
+}
 
 /// Run LLM agents as durable, cost-capped runs in sandboxes.
 #[derive(Debug, Parser)]
@@ -68,7 +183,7 @@ pub enum Command {
     /// Change a resource with a JSON merge patch.
     Patch(PatchArgs),
     /// Cancel a run (its sandbox is deleted) or every unfinished run of a group.
-    Cancel(TargetArgs),
+    Cancel(CancelArgs),
     /// Delete resources (a group goes with all of its runs).
     Delete(DeleteArgs),
     /// Work with one run: its answer, steps, messages and resolution.
@@ -83,9 +198,9 @@ pub enum Command {
 /// `nodus server`.
 #[derive(Debug, Args)]
 pub struct ServerArgs {
-    /// Where the API listens.
+    /// Where the API listens: HOST:PORT, the host an address or a name (localhost:7070).
     #[arg(long, default_value = "127.0.0.1:7070")]
-    pub listen: SocketAddr,
+    pub listen: String,
     /// Where state is kept: memory:, sqlite://PATH or postgres://… (default: SQLite in the
     /// data directory).
     #[arg(long)]
@@ -190,15 +305,16 @@ pub struct ApplyArgs {
 #[derive(Debug, Args)]
 pub struct GetArgs {
     /// KIND, KIND NAME…, or KIND/NAME….
-    #[arg(required = true, num_args = 1..)]
+    #[arg(required = true, num_args = 1.., value_parser = Offered::kinds(), hide_possible_values = true)]
     pub targets: Vec<String>,
     /// Output: yaml, json, wide, name or jsonpath=TEMPLATE.
-    #[arg(short, long, value_parser = parse_output)]
+    #[arg(short, long, value_parser = OutputParser, hide_possible_values = true)]
     pub output: Option<Output>,
     /// Label selector: key=value,key=value.
     #[arg(short = 'l', long = "selector")]
     pub selector: Option<String>,
-    /// Field selector: spec.group=x,status.phase=Running.
+    /// Field selector: spec.group=x,status.phase=Running. Values match exactly, case
+    /// included: status.phase=Running, not running.
     #[arg(long)]
     pub field_selector: Option<String>,
 }
@@ -293,17 +409,19 @@ pub struct PatchArgs {
     pub patch: String,
 }
 
-/// A command on one `KIND/NAME`.
+/// `nodus cancel`.
 #[derive(Debug, Args)]
-pub struct TargetArgs {
-    /// KIND/NAME.
-    pub target: String,
+pub struct CancelArgs {
+    /// KIND/NAME…, or KIND NAME… (agentruns or agentgroups).
+    #[arg(required = true, num_args = 1.., value_parser = Offered::kinds(), hide_possible_values = true)]
+    pub targets: Vec<String>,
 }
 
 /// `nodus delete`.
 #[derive(Debug, Args)]
 pub struct DeleteArgs {
     /// KIND/NAME…, or KIND NAME….
+    #[arg(value_parser = Offered::kinds(), hide_possible_values = true)]
     pub targets: Vec<String>,
     /// Delete what these files describe.
     #[arg(short = 'f', long = "filename")]
@@ -334,7 +452,7 @@ pub enum AgentRunCommand {
         /// The run.
         name: String,
         /// Output: yaml or json (default: a table).
-        #[arg(short, long, value_parser = parse_output)]
+        #[arg(short, long, value_parser = OutputParser, hide_possible_values = true)]
         output: Option<Output>,
         /// With each step's recorded intent and outcome (with -o yaml|json).
         #[arg(long)]
@@ -349,6 +467,12 @@ pub enum AgentRunCommand {
         /// An idempotency key: the same key delivers the message once.
         #[arg(long)]
         key: Option<String>,
+    },
+    /// Close a keepAlive conversation: the run answers its current turn, then succeeds
+    /// (its sandbox is deleted) instead of waiting for more messages.
+    Close {
+        /// The run.
+        name: String,
     },
     /// Resolve a run parked in NeedsResolution.
     Resolve {
@@ -411,11 +535,11 @@ pub struct CompletionArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory as _;
 
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
     }
 
     #[test]
@@ -436,6 +560,8 @@ mod tests {
             "nodus cancel ag/parallel-agents",
             "nodus delete ag/parallel-agents",
             "nodus cancel agentrun/x",
+            "nodus cancel agentrun x y",
+            "nodus cancel ag parallel-agents",
             "nodus agentrun resolve x --action record-failed",
             "nodus credits add 5.00",
             "nodus completion zsh",
@@ -447,6 +573,74 @@ mod tests {
                 panic!("{line}: {error}");
             }
         }
+    }
+
+    #[test]
+    fn server_and_quickstart_neither_offer_nor_take_project_and_context() {
+        let mut command = command();
+        command.build();
+        let help = command
+            .find_subcommand_mut("server")
+            .expect("server")
+            .render_help()
+            .to_string();
+        assert!(help.contains("--listen"), "{help}");
+        assert!(
+            !help.contains("--project") && !help.contains("--context"),
+            "{help}"
+        );
+        let get = command
+            .find_subcommand_mut("get")
+            .expect("get")
+            .render_help()
+            .to_string();
+        assert!(
+            get.contains("--project") && get.contains("--context"),
+            "{get}"
+        );
+        assert!(
+            get.contains("Values match exactly, case included"),
+            "field selectors say they are case-sensitive: {get}"
+        );
+        for line in [
+            "nodus quickstart --project team",
+            "nodus server --context prod",
+            "nodus --project team server",
+        ] {
+            let error = parse_from(line.split(" ")).expect_err(line);
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{line}"
+            );
+            assert!(error.to_string().contains("does not take --"), "{error}");
+        }
+        assert!(parse_from(["nodus", "server"]).is_ok());
+        assert!(parse_from("nodus get ar --project team".split(' ')).is_ok());
+    }
+
+    #[test]
+    fn completion_scripts_offer_kinds_and_output_formats() {
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let mut buffer = Vec::new();
+            clap_complete::generate(shell, &mut command(), "nodus", &mut buffer);
+            let script = String::from_utf8(buffer).expect("utf-8");
+            for word in ["jsonpath=", "wide"] {
+                assert!(script.contains(word), "{shell}: {word}");
+            }
+            // Fish completes the values of options only; bash and zsh offer the kinds too.
+            if shell != clap_complete::Shell::Fish {
+                for word in ["agentruns", "agentgroups", "filesets", "budgets"] {
+                    assert!(script.contains(word), "{shell}: {word}");
+                }
+            }
+        }
+        // Offered, not required: names and KIND/NAME still parse.
+        assert!(parse_from("nodus get ar/x ar/y -o jsonpath={.a}".split(' ')).is_ok());
     }
 
     #[test]

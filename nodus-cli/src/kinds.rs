@@ -41,14 +41,8 @@ impl ResourceKind {
     pub fn parse(text: &str) -> Option<ResourceKind> {
         let lower = text.to_ascii_lowercase();
         let bare = lower.strip_suffix(".nodus.dev").unwrap_or(lower.as_str());
-        Some(match bare {
-            "agent" | "agents" => ResourceKind::Agent,
-            "agentrun" | "agentruns" | "ar" => ResourceKind::AgentRun,
-            "agentgroup" | "agentgroups" | "ag" => ResourceKind::AgentGroup,
-            "secret" | "secrets" => ResourceKind::Secret,
-            "budget" | "budgets" => ResourceKind::Budget,
-            "fileset" | "filesets" | "fs" => ResourceKind::FileSet,
-            _ => return None,
+        ALL.into_iter().find(|&kind| {
+            bare == kind.singular() || bare == kind.plural() || short_name(kind) == Some(bare)
         })
     }
 
@@ -91,6 +85,18 @@ impl ResourceKind {
         format!("{}.{GROUP}/{name}", self.singular())
     }
 
+    /// Where `apply` puts documents of this kind: what others refer to goes first (Secrets
+    /// and Budgets, FileSets, Agents), then groups, then runs. `delete -f` goes the other way.
+    pub fn apply_rank(self) -> u8 {
+        match self {
+            ResourceKind::Secret | ResourceKind::Budget => 0,
+            ResourceKind::FileSet => 1,
+            ResourceKind::Agent => 2,
+            ResourceKind::AgentGroup => 3,
+            ResourceKind::AgentRun => 4,
+        }
+    }
+
     /// Whether runs of this kind can be cancelled.
     pub fn cancellable(self) -> bool {
         matches!(self, ResourceKind::AgentRun | ResourceKind::AgentGroup)
@@ -103,10 +109,36 @@ impl fmt::Display for ResourceKind {
     }
 }
 
+/// The short name of a kind on the command line, if it has one (`ar`).
+pub fn short_name(kind: ResourceKind) -> Option<&'static str> {
+    match kind {
+        ResourceKind::AgentRun => Some("ar"),
+        ResourceKind::AgentGroup => Some("ag"),
+        ResourceKind::FileSet => Some("fs"),
+        _ => None,
+    }
+}
+
+/// Every kind as the command line names it, from [`ALL`]: `agents, agentruns (ar), …`.
+pub fn kinds_list() -> String {
+    let names: Vec<String> = ALL
+        .iter()
+        .map(|&kind| match short_name(kind) {
+            Some(short) => format!("{} ({short})", kind.plural()),
+            None => kind.plural().to_string(),
+        })
+        .collect();
+    match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 fn unknown_kind(text: &str) -> Error {
     Error::usage(format!(
-        "the server doesn't have a resource type {text:?}; there are agents, agentruns (ar), \
-         agentgroups (ag), secrets and budgets"
+        "the server doesn't have a resource type {text:?}; there are {}",
+        kinds_list()
     ))
 }
 
@@ -187,6 +219,13 @@ mod tests {
             assert_eq!(ResourceKind::parse(text), Some(kind), "{text}");
         }
         assert_eq!(ResourceKind::parse("pods"), None);
+        let message = parse_kind("pods").expect_err("unknown").to_string();
+        for kind in ALL {
+            assert!(message.contains(kind.plural()), "{kind} in {message}");
+            if let Some(short) = short_name(kind) {
+                assert_eq!(ResourceKind::parse(short), Some(kind));
+            }
+        }
         assert!(
             parse_kind("pods")
                 .expect_err("unknown")

@@ -11,18 +11,17 @@ mod error;
 mod jsonpath;
 mod kinds;
 mod table;
+mod terminal;
 mod yaml;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
-use crate::cli::{Cli, Command};
+use crate::cli::Command;
 
 fn main() -> ExitCode {
     // One TLS provider for the process (the client also names it explicitly).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = match Cli::try_parse() {
+    let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();

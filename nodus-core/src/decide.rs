@@ -44,6 +44,9 @@ pub struct RunInput<'a> {
     pub now: Timestamp,
     /// A cancellation someone asked for.
     pub cancel: Option<CancelReason>,
+    /// Whether the conversation was closed: a keepAlive run then succeeds after its turn
+    /// instead of waiting for messages.
+    pub close: bool,
     /// Model ids and prices.
     pub catalog: &'a Catalog,
     /// The most one routing call can cost.
@@ -117,6 +120,22 @@ pub fn time_limit(spec: &AgentRunSpec, journal: &[Step]) -> Option<(Timestamp, F
     }
 }
 
+/// How the run ends now, if it does: a cancellation recorded on it (`cancel`), or its time
+/// limit passed. The decider ends the run then; the executor also asks while a command runs,
+/// and stops the command when the answer is `Some`.
+pub fn ending(
+    spec: &AgentRunSpec,
+    journal: &[Step],
+    cancel: Option<CancelReason>,
+    now: Timestamp,
+) -> Option<RunPhase> {
+    cancel.map(RunPhase::Cancelled).or_else(|| {
+        time_limit(spec, journal)
+            .filter(|(at, _)| now >= *at)
+            .map(|(_, reason)| RunPhase::Failed(reason))
+    })
+}
+
 /// Decide the run's next move.
 pub fn decide(input: &RunInput<'_>) -> Decision {
     let replay = Replay::of(input.journal);
@@ -124,11 +143,7 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
         return Decision::Finish(then);
     }
     let limit = time_limit(input.spec, input.journal);
-    let ending = input.cancel.map(RunPhase::Cancelled).or_else(|| {
-        limit
-            .filter(|(at, _)| input.now >= *at)
-            .map(|(_, reason)| RunPhase::Failed(reason))
-    });
+    let ending = ending(input.spec, input.journal, input.cancel, input.now);
     let byok = input.agent.model.access == Access::Byok;
 
     if let Some(step) = replay.open_step {
@@ -273,7 +288,7 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
             message_seq: message.seq,
         });
     }
-    if input.spec.keep_alive {
+    if input.spec.keep_alive && !input.close {
         return Decision::Wait {
             reason: WaitReason::AwaitingMessage,
             until: limit.map(|(at, _)| at),
@@ -373,6 +388,23 @@ mod tests {
             intent: Intent::Route { turn: 0 },
             completion: None,
         }]
+    }
+
+    #[test]
+    fn a_run_ends_when_cancelled_or_at_its_time_limit() {
+        let first: Timestamp = "2026-12-01T10:00:00Z".parse().expect("time");
+        let journal = started(first);
+        let mut spec = AgentRunSpec::new("a", "hi");
+        spec.deadline = Some(first + SignedDuration::from_secs(2));
+        assert_eq!(ending(&spec, &journal, None, first), None);
+        assert_eq!(
+            ending(&spec, &journal, Some(CancelReason::GroupCancelled), first),
+            Some(RunPhase::Cancelled(CancelReason::GroupCancelled))
+        );
+        assert_eq!(
+            ending(&spec, &journal, None, first + SignedDuration::from_secs(2)),
+            Some(RunPhase::Failed(FailReason::DeadlineExceeded))
+        );
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub struct Plan {
     pub cancel: Vec<(usize, CancelReason)>,
     /// Queued members that stay queued, with their new pending reason.
     pub queue: Vec<(usize, PendingReason)>,
+    /// Queued members that can never start as the group's cap stands (their own cap is more
+    /// than the group's cap leaves after its finished runs), with what to change; the other
+    /// queued members have no such message.
+    pub never_fit: Vec<(usize, String)>,
     /// The group's status after the plan is carried out.
     pub status: AgentGroupStatus,
 }
@@ -190,6 +194,17 @@ pub fn reconcile(spec: &AgentGroupSpec, phase: Option<GroupPhase>, members: &[Me
             phases[i] = RunPhase::Cancelled(reason);
             plan.cancel.push((i, reason));
             continue;
+        }
+        // What finished runs spent stays spent, and started runs only add to it: a run whose
+        // cap is more than what is left of the group's cap then never starts. Say what to
+        // change, whatever it waits for now.
+        if let Some(cap) = spec.max_cost_usd
+            && cap
+                .checked_sub(spent_finished)
+                .is_none_or(|left| member.cap > left)
+        {
+            plan.never_fit
+                .push((i, never_fits_message(cap, spent_finished, member.cap)));
         }
         if waiting_for_dependency {
             plan.queue.push((i, PendingReason::DependencyWait));
@@ -253,6 +268,22 @@ pub fn reconcile(spec: &AgentGroupSpec, phase: Option<GroupPhase>, members: &[Me
         GroupPhase::Running
     });
     plan
+}
+
+/// What to change so that a run whose cap is `run_cap` can start under a group cap of
+/// `group_cap`, of which finished runs spent `spent`.
+fn never_fits_message(group_cap: Usd, spent: Usd, run_cap: Usd) -> String {
+    let spent = if spent.is_zero() {
+        String::new()
+    } else {
+        format!(", of which finished runs spent ${spent}")
+    };
+    format!(
+        "this run's cap (${run_cap}) can never fit under its group's cap: raise the group's \
+         spec.maxCostUSD (${group_cap}{spent}) or lower the agent's perRunMaxCostUSD \
+         (${run_cap}; a run keeps the cap it was created with, so then delete this run and \
+         create it again)"
+    )
 }
 
 fn count(phases: &[RunPhase]) -> GroupCounts {
@@ -648,6 +679,47 @@ mod tests {
         let plan = reconcile(&spec, None, &members);
         assert_eq!(plan.start, vec![1]);
         assert_eq!(plan.queue, vec![(0, PendingReason::GroupWait)]);
+    }
+
+    #[test]
+    fn a_run_whose_cap_never_fits_says_what_to_change() {
+        let spec = spec(10, Some("0.30"));
+        let mut done = run("done", &[], "0.10", RunPhase::Succeeded);
+        done.spent = usd("0.05");
+        let members = vec![
+            done,
+            queued("big", &[], "0.50"),
+            queued("fits-later", &[], "0.25"),
+            run("running", &[], "0.10", RunPhase::Running),
+            queued("edge", &[], "0.26"),
+        ];
+        let plan = reconcile(&spec, None, &members);
+        // 0.30 − 0.05 spent leaves 0.25: "big" and "edge" never fit; "fits-later" only waits
+        // for the running run's cap.
+        let never: Vec<usize> = plan.never_fit.iter().map(|(i, _)| *i).collect();
+        assert_eq!(never, vec![1, 4]);
+        let (_, message) = &plan.never_fit[0];
+        assert!(
+            message.contains("spec.maxCostUSD ($0.30, of which finished runs spent $0.05)")
+                && message.contains("perRunMaxCostUSD ($0.50"),
+            "{message}"
+        );
+        assert!(plan.queue.contains(&(2, PendingReason::GroupWait)));
+
+        let unspent = reconcile(
+            &spec,
+            None,
+            &[queued("big", &[], "0.50"), queued("small", &[], "0.10")],
+        );
+        assert_eq!(unspent.start, vec![1]);
+        assert_eq!(unspent.never_fit.len(), 1);
+        assert!(
+            unspent.never_fit[0]
+                .1
+                .contains("raise the group's spec.maxCostUSD ($0.30) or lower the agent's perRunMaxCostUSD ($0.50"),
+            "{:?}",
+            unspent.never_fit
+        );
     }
 
     #[test]

@@ -183,6 +183,13 @@ pub enum Outcome {
     },
     /// The outcome stays unknown; a person chose to carry the step out again as a new step.
     Superseded,
+    /// The command was stopped before it finished, because the run is ending (cancelled,
+    /// deleted, or at its deadline): its processes were killed. A completed outcome, so the
+    /// run ends instead of parking.
+    Stopped {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A step's outcome and when it was recorded.
@@ -222,6 +229,8 @@ pub enum StepState {
     Failed,
     /// Its outcome is unknown: interrupted by a crash, or superseded by a retry.
     Uncertain,
+    /// Stopped before it finished because the run was ending; never repeated.
+    Cancelled,
 }
 
 impl Step {
@@ -238,6 +247,7 @@ impl Step {
             None => StepState::Started,
             Some(Outcome::Superseded) => StepState::Uncertain,
             Some(Outcome::Failed { .. }) => StepState::Failed,
+            Some(Outcome::Stopped { .. }) => StepState::Cancelled,
             Some(_) => StepState::Completed,
         }
     }
@@ -278,6 +288,7 @@ impl Step {
             Some(Outcome::SandboxDestroyed) => "deleted".to_string(),
             Some(Outcome::Failed { error, .. }) => format!("failed: {}", preview(error, 200)),
             Some(Outcome::Superseded) => "outcome unknown; retried as a new step".to_string(),
+            Some(Outcome::Stopped { reason }) => format!("stopped: {}", preview(reason, 200)),
         };
         format!("{intent}: {outcome}")
     }

@@ -277,7 +277,9 @@ impl<'a> Replay<'a> {
             ) => {
                 let result = match outcome {
                     Outcome::CommandFinished { output } => CommandResult::Ran(output),
-                    Outcome::Failed { error, .. } => CommandResult::Failed(error),
+                    Outcome::Failed { error, .. } | Outcome::Stopped { reason: error } => {
+                        CommandResult::Failed(error)
+                    }
                     _ => return,
                 };
                 if let Some(turn) = self.turn_mut(*turn) {

@@ -204,8 +204,11 @@ impl Cgroups {
     pub(crate) fn remove(&self, key: &str) {
         for hierarchy in &self.hierarchies {
             let dir = hierarchy.parent.join(key);
-            // The last processes of a command may take a moment to leave (the sandbox's init
-            // dies asynchronously after bubblewrap): the cgroup is busy until then.
+            // A command still running there (its sandbox is deleted under it) is killed, with
+            // everything it started; the last processes may take a moment to leave (the
+            // sandbox's init dies asynchronously after bubblewrap): the cgroup is busy until
+            // then.
+            kill_all(&dir, hierarchy.v2);
             let mut tries = 0;
             loop {
                 match fs::remove_dir(&dir) {
@@ -213,6 +216,10 @@ impl Cgroups {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
                     Err(e) if e.kind() == io::ErrorKind::ResourceBusy && tries < REMOVE_TRIES => {
                         tries += 1;
+                        if tries % 100 == 0 {
+                            // Something forked while it was being killed: again.
+                            kill_all(&dir, hierarchy.v2);
+                        }
                         std::thread::sleep(REMOVE_PAUSE);
                     }
                     Err(e) => {
@@ -220,6 +227,32 @@ impl Cgroups {
                         break;
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Kills every process in the cgroup `dir`: through `cgroup.kill` where cgroup v2 has it
+/// (Linux 5.14), otherwise each process that `cgroup.procs` lists. A cgroup that is gone
+/// holds nothing.
+fn kill_all(dir: &Path, v2: bool) {
+    if v2 && fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
+        return;
+    };
+    for pid in procs
+        .lines()
+        .filter_map(|line| line.trim().parse::<i32>().ok())
+        // Never 0 or 1: those do not name one process of the sandbox.
+        .filter(|&pid| pid > 1)
+        .filter_map(rustix::process::Pid::from_raw)
+    {
+        match rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+            Err(e) => {
+                warn!(cgroup = %dir.display(), pid = pid.as_raw_nonzero().get(), error = %e, "cannot kill a process of a sandbox's cgroup")
             }
         }
     }

@@ -11,7 +11,7 @@ mod listen;
 mod metrics;
 mod openapi;
 pub mod options;
-mod patch;
+pub mod patch;
 pub mod reserve;
 pub mod secrets;
 

@@ -70,13 +70,19 @@ pub fn document() -> Value {
             "200",
         ),
         (
+            "close",
+            "post",
+            "Close a keepAlive conversation: the run succeeds after its current turn (its sandbox is deleted)",
+            "200",
+        ),
+        (
             "resolve",
             "post",
             "Resolve an uncertain step {action: retry|recordFailed|cancel}",
             "200",
         ),
     ] {
-        let op = if method == "post" && sub != "cancel" {
+        let op = if method == "post" && !matches!(sub, "cancel" | "close") {
             with_body(operation(summary, ok), summary)
         } else {
             operation(summary, ok)

@@ -91,6 +91,8 @@ pub fn strip_step(step: &mut Step) {
         | Outcome::MessageRead
         | Outcome::Answered
         | Outcome::SandboxDestroyed
-        | Outcome::Superseded => {}
+        | Outcome::Superseded
+        // Says only how the run ended.
+        | Outcome::Stopped { .. } => {}
     }
 }

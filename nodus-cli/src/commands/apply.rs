@@ -1,5 +1,8 @@
-//! `nodus apply -f`: create each document's object, or update it when it exists (GET, then
-//! PUT naming the version read), printing `kind.nodus.dev/NAME created|configured|unchanged`.
+//! `nodus apply -f`: create each document's object, or update it when it exists (GET, then a
+//! merge patch of the document naming the version read, so that a field the document leaves
+//! out stays as it is), printing `kind.nodus.dev/NAME created|configured|unchanged`.
+//! Documents go in dependency order (see [`ResourceKind::apply_rank`]), each kind in file
+//! order; an error names the file and the document.
 
 use reqwest::Method;
 use serde_json::Value;
@@ -27,15 +30,19 @@ pub async fn run(client: &Client, args: ApplyArgs) -> Result<()> {
         return Err(Error::input("no objects passed to apply"));
     }
     let mut failures = Vec::new();
-    for (index, (source, document)) in documents.into_iter().enumerate() {
-        let (kind, name, document) = match target(&source, index, document) {
-            Ok(target) => target,
+    let mut targets = Vec::new();
+    for (at, document) in documents {
+        match target(&at, document) {
+            Ok(target) => targets.push((at, target)),
             Err(error) => {
                 eprintln!("{}", error.render());
                 failures.push(error);
-                continue;
             }
-        };
+        }
+    }
+    // A stable sort: within a kind the file order stays (a run after the runs it depends on).
+    targets.sort_by_key(|(_, (kind, _, _))| kind.apply_rank());
+    for (at, (kind, name, document)) in targets {
         match apply_one(client, kind, &name, document).await {
             Ok(applied) => {
                 let word = match applied {
@@ -50,36 +57,47 @@ pub async fn run(client: &Client, args: ApplyArgs) -> Result<()> {
                 return Err(error);
             }
             Err(error) => {
+                let error = located(&at, error);
                 eprintln!("{}", error.render());
                 failures.push(error);
             }
         }
     }
-    match failures.len() {
-        0 => Ok(()),
-        count => Err(Error::Reported {
-            count,
-            code: failures.iter().map(Error::exit_code).max().unwrap_or(1),
-        }),
+    super::reported(&failures)
+}
+
+/// `error` with where its document came from (`FILE: document N`) in front of its message.
+pub(super) fn located(at: &str, error: Error) -> Error {
+    match error {
+        Error::Server {
+            code,
+            reason,
+            message,
+        } => Error::Server {
+            code,
+            reason,
+            message: format!("{at}: {message}"),
+        },
+        Error::Usage(message) => Error::Usage(format!("{at}: {message}")),
+        Error::Reported { .. } | Error::Unreachable { .. } | Error::NotLoggedIn(_) => error,
+        other => Error::input(format!("{at}: {other}")),
     }
 }
 
-/// The kind and name of a document, with the name filled in for a group task.
-pub(super) fn target(
-    source: &str,
-    index: usize,
-    mut document: Value,
-) -> Result<(ResourceKind, String, Value)> {
-    let at = || format!("{source}: document {}", index + 1);
+/// The kind and name of a document (`at` says where it came from: `FILE: document N`), with
+/// the name filled in for a group task.
+pub(super) fn target(at: &str, mut document: Value) -> Result<(ResourceKind, String, Value)> {
+    let at = || at.to_string();
     let kind_text = document
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
     let kind = ResourceKind::from_document_kind(kind_text).ok_or_else(|| {
+        let kinds: Vec<&str> = crate::kinds::ALL.iter().map(|k| k.name()).collect();
         Error::input(format!(
-            "{}: kind {kind_text:?} is not one of Agent, AgentRun, AgentGroup, Secret, Budget, \
-             FileSet",
-            at()
+            "{}: kind {kind_text:?} is not one of {}",
+            at(),
+            kinds.join(", ")
         ))
     })?;
     let name = match document.pointer("/metadata/name").and_then(Value::as_str) {
@@ -115,9 +133,11 @@ async fn apply_one(
         }
         Err(error) => return Err(error),
     };
-    if unchanged(kind, &document, &live) {
+    if unchanged(kind, &patched(&live, &document), &live) {
         return Ok(Applied::Unchanged);
     }
+    // The document as a merge patch: what it leaves out (such as a group's spec.sealed) stays
+    // as it is on the server, pinned to the version read.
     let version = live
         .pointer("/metadata/resourceVersion")
         .cloned()
@@ -125,13 +145,23 @@ async fn apply_one(
     document["metadata"]["resourceVersion"] = version;
     client
         .call(
-            Method::PUT,
+            Method::PATCH,
             &[kind.plural(), name],
             &[],
-            Some(Body::Json(document)),
+            Some(Body::MergePatch(document)),
         )
         .await?;
     Ok(Applied::Configured)
+}
+
+/// The object `document` would leave on the server as a merge patch of `live`.
+fn patched(live: &Value, document: &Value) -> Value {
+    let mut object = live.clone();
+    if let Some(map) = object.as_object_mut() {
+        map.remove("status");
+    }
+    nodus_server::patch::merge(&mut object, document);
+    object
 }
 
 /// Whether applying `desired` would change nothing on `live`: the spec with the server's
@@ -241,24 +271,69 @@ mod tests {
     #[test]
     fn group_tasks_without_a_name_are_named_group_dash_task_key() {
         let run = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "spec": {"agent": "w", "group": "parallel-agents", "taskKey": "c", "input": "x"}});
-        let (kind, name, document) = target("runs.yaml", 2, run).expect("named");
+        let (kind, name, document) = target("runs.yaml: document 3", run).expect("named");
         assert_eq!(
             (kind, name.as_str()),
             (ResourceKind::AgentRun, "parallel-agents-c")
         );
         assert_eq!(document["metadata"]["name"], "parallel-agents-c");
         let nameless = json!({"kind": "Agent", "spec": {}});
-        let error = target("agent.yaml", 0, nameless).expect_err("no name");
+        let error = target("agent.yaml: document 1", nameless).expect_err("no name");
         assert_eq!(
             error.to_string(),
             "agent.yaml: document 1: metadata.name is required"
         );
         let odd = json!({"kind": "Pod", "metadata": {"name": "x"}});
         assert!(
-            target("p.yaml", 0, odd)
+            target("p.yaml: document 1", odd)
                 .expect_err("kind")
                 .to_string()
                 .contains("\"Pod\"")
         );
+    }
+
+    #[test]
+    fn a_document_that_leaves_a_field_out_leaves_it_as_it_is() {
+        let manifest = json!({
+            "apiVersion": "nodus.dev/v1", "kind": "AgentGroup",
+            "metadata": {"name": "parallel-agents"},
+            "spec": {"agent": "w", "limits": {"maxActive": 2}, "maxCostUSD": "0.60"}
+        });
+        let parsed = validate::parse::<AgentGroupSpec>(manifest.clone()).expect("valid");
+        let mut sealed = serde_json::to_value(parsed).expect("serializes");
+        sealed["spec"]["sealed"] = json!(true);
+        sealed["metadata"]["resourceVersion"] = json!("4");
+        sealed["status"] = json!({"phase": "Running"});
+        let effective = patched(&sealed, &manifest);
+        assert_eq!(effective["spec"]["sealed"], json!(true));
+        assert!(effective.get("status").is_none());
+        assert!(
+            unchanged(ResourceKind::AgentGroup, &effective, &sealed),
+            "re-applying the manifest to the sealed group changes nothing"
+        );
+        let mut wider = manifest.clone();
+        wider["spec"]["limits"]["maxActive"] = json!(4);
+        assert!(!unchanged(
+            ResourceKind::AgentGroup,
+            &patched(&sealed, &wider),
+            &sealed
+        ));
+    }
+
+    #[test]
+    fn server_errors_name_the_file_and_document() {
+        let error = located(
+            "examples/group.yaml: document 1",
+            Error::Server {
+                code: 404,
+                reason: "NotFound".into(),
+                message: "agent \"w\" not found".into(),
+            },
+        );
+        assert_eq!(
+            error.render(),
+            "Error from server (NotFound): examples/group.yaml: document 1: agent \"w\" not found"
+        );
+        assert_eq!(error.exit_code(), crate::error::exit::REFUSED);
     }
 }

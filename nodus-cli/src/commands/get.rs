@@ -19,6 +19,7 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         Output::JsonPath(text) => Some(Template::parse(text).map_err(Error::usage)?),
         _ => None,
     };
+    let mut failures = Vec::new();
     let (document, items) = if names.is_empty() {
         let mut query = Vec::new();
         if let Some(selector) = &args.selector {
@@ -42,12 +43,23 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
                 "selectors (-l, --field-selector) apply to lists, not to named objects",
             ));
         }
+        // Like kubectl: the ones found are printed, and each one missing is an error.
         let mut items = Vec::new();
         for name in &names {
-            items.push(client.get(&[kind.plural(), name]).await?);
+            match client.get(&[kind.plural(), name]).await {
+                Ok(item) => items.push(item),
+                Err(error) if error.exit_code() == crate::error::exit::REFUSED => {
+                    eprintln!("{}", error.render());
+                    failures.push(error);
+                }
+                Err(error) => return Err(error),
+            }
         }
-        let document = match items.as_slice() {
-            [one] => one.clone(),
+        if items.is_empty() {
+            return super::reported(&failures);
+        }
+        let document = match (names.len(), items.as_slice()) {
+            (1, [one]) => one.clone(),
             _ => {
                 json!({"apiVersion": "nodus.dev/v1", "kind": format!("{kind}List"), "items": items})
             }
@@ -61,7 +73,8 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         &document,
         &items,
         &client.project,
-    )
+    )?;
+    super::reported(&failures)
 }
 
 /// Prints what `get` read in the chosen format.
@@ -73,12 +86,13 @@ fn print(
     items: &[Value],
     project: &str,
 ) -> Result<()> {
+    // As kubectl: the formats for people say so when there is nothing, for every kind.
+    if items.is_empty() && matches!(output, Output::Table | Output::Wide | Output::Name) {
+        eprintln!("No resources found in project {project}.");
+        return Ok(());
+    }
     match output {
         Output::Table | Output::Wide => {
-            if items.is_empty() {
-                eprintln!("No resources found in project {project}.");
-                return Ok(());
-            }
             let now = jiff::Timestamp::now();
             out(&table::objects(kind, items, *output == Output::Wide, now).render());
         }

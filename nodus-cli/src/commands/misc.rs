@@ -4,9 +4,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::{outln, read_documents};
-use crate::cli::{
-    Cli, CompletionArgs, CreditsArgs, CreditsCommand, DeleteArgs, PatchArgs, TargetArgs,
-};
+use crate::cli::{CancelArgs, CompletionArgs, CreditsArgs, CreditsCommand, DeleteArgs, PatchArgs};
 use crate::client::{Body, Client};
 use crate::error::{Error, Result};
 use crate::kinds::{ResourceKind, parse_target, parse_targets};
@@ -39,31 +37,56 @@ pub fn parse_patch(text: &str) -> Result<Value> {
     Ok(value)
 }
 
-pub async fn cancel(client: &Client, args: TargetArgs) -> Result<()> {
-    let (kind, name) = parse_target(&args.target)?;
+pub async fn cancel(client: &Client, args: CancelArgs) -> Result<()> {
+    let (kind, names) = parse_targets(&args.targets)?;
     if !kind.cancellable() {
         return Err(Error::usage(format!(
             "only agentruns and agentgroups can be cancelled, not {}",
             kind.plural()
         )));
     }
-    client
-        .post(&[kind.plural(), &name, "cancel"], json!({}))
-        .await?;
-    outln(&format!("{} cancelled", kind.qualified(&name)));
-    Ok(())
+    if names.is_empty() {
+        return Err(Error::usage(format!(
+            "name the {} to cancel (KIND/NAME or KIND NAME)",
+            kind.plural()
+        )));
+    }
+    let mut failures = Vec::new();
+    for name in names {
+        match client
+            .post(&[kind.plural(), &name, "cancel"], json!({}))
+            .await
+        {
+            Ok(_) => outln(&format!("{} cancelled", kind.qualified(&name))),
+            Err(error) if error.exit_code() == crate::error::exit::REFUSED => {
+                eprintln!("{}", error.render());
+                failures.push(error);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    super::reported(&failures)
 }
 
 pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
-    let mut targets: Vec<(ResourceKind, String)> = Vec::new();
+    // Each target with where it came from (`FILE: document N`) when a file named it.
+    let mut targets: Vec<(Option<String>, ResourceKind, String)> = Vec::new();
+    let mut failures = Vec::new();
     if !args.files.is_empty() {
         if !args.targets.is_empty() {
             return Err(Error::usage("name objects or give -f files, not both"));
         }
-        for (index, (source, document)) in read_documents(&args.files)?.into_iter().enumerate() {
-            let (kind, name, _) = super::apply::target(&source, index, document)?;
-            targets.push((kind, name));
+        for (at, document) in read_documents(&args.files)? {
+            match super::apply::target(&at, document) {
+                Ok((kind, name, _)) => targets.push((Some(at), kind, name)),
+                Err(error) => {
+                    eprintln!("{}", error.render());
+                    failures.push(error);
+                }
+            }
         }
+        // The reverse of apply's order: runs before their group, groups before their agent.
+        targets.sort_by_key(|(_, kind, _)| std::cmp::Reverse(kind.apply_rank()));
     } else {
         let (kind, names) = parse_targets(&args.targets)?;
         if names.is_empty() {
@@ -72,19 +95,29 @@ pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
                 kind.plural()
             )));
         }
-        targets.extend(names.into_iter().map(|name| (kind, name)));
+        targets.extend(names.into_iter().map(|name| (None, kind, name)));
     }
-    for (kind, name) in targets {
+    // Like kubectl: every object is tried, each failure is reported, and the exit code says
+    // that some failed.
+    for (at, kind, name) in targets {
         match client
             .call(Method::DELETE, &[kind.plural(), &name], &[], None)
             .await
         {
             Ok(_) => outln(&format!("{} deleted", kind.qualified(&name))),
             Err(error) if error.is_not_found() && args.ignore_not_found => {}
-            Err(error) => return Err(error),
+            Err(error) if error.exit_code() != crate::error::exit::REFUSED => return Err(error),
+            Err(error) => {
+                let error = match &at {
+                    Some(at) => super::apply::located(at, error),
+                    None => error,
+                };
+                eprintln!("{}", error.render());
+                failures.push(error);
+            }
         }
     }
-    Ok(())
+    super::reported(&failures)
 }
 
 pub async fn credits(client: &Client, args: CreditsArgs) -> Result<()> {
@@ -124,8 +157,7 @@ fn credits_table(project: &str, account: &Value) -> Table {
 }
 
 pub fn completion(args: CompletionArgs) -> Result<()> {
-    use clap::CommandFactory as _;
-    let mut command = Cli::command();
+    let mut command = crate::cli::command();
     let mut buffer = Vec::new();
     clap_complete::generate(args.shell, &mut command, "nodus", &mut buffer);
     super::out(&String::from_utf8_lossy(&buffer));
@@ -163,14 +195,13 @@ mod tests {
 
     #[test]
     fn completion_scripts_generate_for_each_shell() {
-        use clap::CommandFactory as _;
         for shell in [
             clap_complete::Shell::Bash,
             clap_complete::Shell::Zsh,
             clap_complete::Shell::Fish,
         ] {
             let mut buffer = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "nodus", &mut buffer);
+            clap_complete::generate(shell, &mut crate::cli::command(), "nodus", &mut buffer);
             let script = String::from_utf8(buffer).expect("utf-8");
             assert!(script.contains("agentrun"), "{shell}");
         }

@@ -90,6 +90,22 @@ fn token_for(config: &Config, context: Option<&config::Context>, server: &str) -
         .map(|c| c.token.clone())
 }
 
+/// The end of a command that went on past failures it printed one by one: success when there
+/// were none, else [`Error::Reported`] with the worst exit code among them.
+pub fn reported(failures: &[Error]) -> Result<()> {
+    match failures.len() {
+        0 => Ok(()),
+        count => Err(Error::Reported {
+            count,
+            code: failures
+                .iter()
+                .map(Error::exit_code)
+                .max()
+                .unwrap_or(crate::error::exit::REFUSED),
+        }),
+    }
+}
+
 /// Writes to standard output; a closed pipe (as with `| head`) is not an error.
 pub fn out(text: &str) {
     let mut stdout = std::io::stdout().lock();
@@ -116,8 +132,9 @@ pub fn text_or_stdin(text: &str) -> Result<String> {
 }
 
 /// The documents of files (`-` is standard input; a directory gives its `.yaml`, `.yml` and
-/// `.json` files in name order), each with the file it came from. `kind: …List` documents
-/// with `items` give their items.
+/// `.json` files in name order), each with where it came from (`FILE: document N`, counting
+/// from 1 in its file). `kind: …List` documents with `items` give their items
+/// (`FILE: document N, item M`).
 pub fn read_documents(paths: &[PathBuf]) -> Result<Vec<(String, Value)>> {
     let mut files = Vec::new();
     for path in paths {
@@ -140,8 +157,12 @@ pub fn read_documents(paths: &[PathBuf]) -> Result<Vec<(String, Value)>> {
     let mut documents = Vec::new();
     for file in files {
         let (source, text) = read_file(&file)?;
-        for document in yaml::parse_documents(&text, &source)? {
-            expand_list(&source, document, &mut documents);
+        for (index, document) in yaml::parse_documents(&text, &source)?
+            .into_iter()
+            .enumerate()
+        {
+            let at = format!("{source}: document {}", index + 1);
+            expand_list(&at, document, &mut documents);
         }
     }
     Ok(documents)
@@ -156,7 +177,7 @@ fn read_file(path: &Path) -> Result<(String, String)> {
     Ok((source, text))
 }
 
-fn expand_list(source: &str, document: Value, into: &mut Vec<(String, Value)>) {
+fn expand_list(at: &str, document: Value, into: &mut Vec<(String, Value)>) {
     let is_list = document
         .get("kind")
         .and_then(Value::as_str)
@@ -164,10 +185,15 @@ fn expand_list(source: &str, document: Value, into: &mut Vec<(String, Value)>) {
     match document {
         Value::Object(mut map) if is_list && map.get("items").is_some_and(Value::is_array) => {
             if let Some(Value::Array(items)) = map.remove("items") {
-                into.extend(items.into_iter().map(|item| (source.to_string(), item)));
+                into.extend(
+                    items
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, item)| (format!("{at}, item {}", index + 1), item)),
+                );
             }
         }
-        other => into.push((source.to_string(), other)),
+        other => into.push((at.to_string(), other)),
     }
 }
 
@@ -221,6 +247,17 @@ mod tests {
             .filter_map(|(_, d)| d.pointer("/metadata/name").and_then(Value::as_str))
             .collect();
         assert_eq!(names, ["a1", "a2", "b"]);
+        let places: Vec<&str> = documents.iter().map(|(at, _)| at.as_str()).collect();
+        let a = dir.path().join("a.yml").display().to_string();
+        let b = dir.path().join("b.yaml").display().to_string();
+        assert_eq!(
+            places,
+            [
+                format!("{a}: document 1, item 1"),
+                format!("{a}: document 1, item 2"),
+                format!("{b}: document 1"),
+            ]
+        );
         let missing = read_documents(&[dir.path().join("absent.yaml")]).expect_err("absent");
         assert!(missing.to_string().contains("absent.yaml"), "{missing}");
     }

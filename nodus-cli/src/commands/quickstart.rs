@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use nodus_server::{Options, Server};
 use serde_json::{Value, json};
 
-use super::runs::steps_table;
+use super::runs::{answer_text, steps_text};
+use super::{out, outln};
 use crate::cli::QuickstartArgs;
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -60,31 +61,29 @@ async fn walk(client: &Client) -> Result<()> {
             "perRunMaxCostUSD": "0.50"
         }
     });
-    match client.post(&["agents"], agent.clone()).await {
+    match client.post(&["agents"], agent).await {
         Ok(_) => eprintln!("quickstart: agent.nodus.dev/hello-agent created"),
-        Err(Error::Server { reason, .. }) if reason == "AlreadyExists" => {
-            let current = client.get(&["agents", "hello-agent"]).await?;
-            let mut replaced = agent;
-            replaced["metadata"]["resourceVersion"] =
-                current["metadata"]["resourceVersion"].clone();
-            client
-                .call(
-                    reqwest::Method::PUT,
-                    &["agents", "hello-agent"],
-                    &[],
-                    Some(crate::client::Body::Json(replaced)),
-                )
-                .await?;
-            eprintln!("quickstart: agent.nodus.dev/hello-agent configured");
-        }
+        // Someone's own hello-agent is theirs: the quickstart runs it as it is.
+        Err(Error::Server { reason, .. }) if reason == "AlreadyExists" => eprintln!(
+            "quickstart: agent.nodus.dev/hello-agent exists already; it is used as it is, not \
+             changed"
+        ),
         Err(e) => return Err(e),
     }
-    let name = format!("hello-agent-run-{}", jiff::Timestamp::now().as_second());
-    let run = json!({
-        "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
-        "spec": {"agent": "hello-agent", "input": PROMPT}
-    });
-    client.post(&["agentruns"], run).await?;
+    let mut name = run_name(jiff::Timestamp::now());
+    for attempt in 1.. {
+        let run = json!({
+            "apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
+            "spec": {"agent": "hello-agent", "input": PROMPT}
+        });
+        match client.post(&["agentruns"], run).await {
+            Err(Error::Server { reason, .. }) if reason == "AlreadyExists" && attempt < 100 => {
+                name = format!("{}-{attempt}", run_name(jiff::Timestamp::now()));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => break,
+        }
+    }
     eprintln!("quickstart: agentrun.nodus.dev/{name} created; waiting for it");
     let started = Instant::now();
     let finished = loop {
@@ -110,43 +109,70 @@ async fn walk(client: &Client) -> Result<()> {
     print_run(client, &name, &finished).await
 }
 
+/// A run name of its own for each quickstart: the time to the microsecond.
+fn run_name(now: jiff::Timestamp) -> String {
+    format!(
+        "hello-agent-run-{}-{:06}",
+        now.as_second(),
+        now.subsec_microsecond()
+    )
+}
+
 async fn print_run(client: &Client, name: &str, run: &Value) -> Result<()> {
     let status = &run["status"];
-    println!(
+    outln(&format!(
         "run {name}: {}{}",
         status["phase"].as_str().unwrap_or("?"),
         status["reason"]
             .as_str()
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
-    );
-    println!();
-    println!("answer:");
+    ));
+    outln("");
+    outln("answer:");
     let answer = client.get(&["agentruns", name, "answer"]).await?;
-    println!("{}", answer["answer"].as_str().unwrap_or("(no answer)"));
-    println!();
-    println!("turns:");
+    let terminal = crate::terminal::stdout_is_terminal();
+    out(&answer_text(
+        answer["answer"].as_str().unwrap_or("(no answer)"),
+        terminal,
+    ));
+    outln("");
+    outln("turns:");
     for (index, turn) in status["turns"].as_array().into_iter().flatten().enumerate() {
-        println!(
+        outln(&format!(
             "  {index}: {} (chosen by {}), {} commands, ${}",
             turn["model"].as_str().unwrap_or("?"),
             turn["chosenBy"].as_str().unwrap_or("?"),
             turn["commands"],
             turn["costUSD"].as_str().unwrap_or("0")
-        );
+        ));
     }
-    println!(
+    outln(&format!(
         "  total: ${} of the run's cap ${}",
         status["cost"]["totalUSD"].as_str().unwrap_or("0"),
         status["cost"]["limitUSD"].as_str().unwrap_or("-")
-    );
-    println!();
-    println!("steps:");
+    ));
+    outln("");
+    outln("steps:");
     let steps = client.get(&["agentruns", name, "steps"]).await?;
     let items = steps["items"].as_array().cloned().unwrap_or_default();
-    print!("{}", steps_table(&items).render());
+    out(&steps_text(&items, terminal));
     if status["phase"] != "Succeeded" {
         return Err(Error::Start(format!("the run ended {}", status["phase"])));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_quickstarts_in_one_second_name_their_runs_apart() {
+        let first: jiff::Timestamp = "2026-05-01T12:00:00.100Z".parse().expect("time");
+        let second: jiff::Timestamp = "2026-05-01T12:00:00.900Z".parse().expect("time");
+        assert_ne!(run_name(first), run_name(second));
+        assert_eq!(run_name(first), "hello-agent-run-1777636800-100000");
+        assert!(run_name(first).len() <= 63, "a DNS label");
+    }
 }

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::jsonpath::scalar_text;
 use crate::kinds::ResourceKind;
 use crate::table::Table;
+use crate::terminal;
 use crate::yaml;
 
 const RUNS: &str = "agentruns";
@@ -20,10 +21,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let reply = client.get(&[RUNS, &name, "answer"]).await?;
             match reply.get("answer").and_then(Value::as_str) {
                 Some(answer) => {
-                    out(answer);
-                    if !answer.ends_with('\n') {
-                        out("\n");
-                    }
+                    out(&answer_text(answer, terminal::stdout_is_terminal()));
                     Ok(())
                 }
                 None => {
@@ -41,9 +39,14 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let tar = client.get_bytes(&[RUNS, &name, "workdir"]).await?;
             if file.as_os_str() == "-" {
                 use std::io::Write;
-                std::io::stdout()
-                    .write_all(&tar)
-                    .map_err(|e| Error::input(format!("writing the archive: {e}")))?;
+                let mut stdout = std::io::stdout().lock();
+                match stdout.write_all(&tar).and_then(|()| stdout.flush()) {
+                    // A reader that stopped reading (`| head -c`) ends the command quietly.
+                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                        return Err(Error::input(format!("writing the archive: {e}")));
+                    }
+                    _ => {}
+                }
             } else {
                 std::fs::write(&file, &tar)
                     .map_err(|e| Error::input(format!("writing {}: {e}", file.display())))?;
@@ -74,7 +77,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                     if items.is_empty() {
                         eprintln!("agentrun/{name} has no steps yet.");
                     } else {
-                        out(&steps_table(&items).render());
+                        out(&steps_text(&items, terminal::stdout_is_terminal()));
                     }
                 }
                 Some(Output::Yaml) => out(&yaml::to_yaml(&reply)?),
@@ -112,6 +115,14 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             }
             Ok(())
         }
+        AgentRunCommand::Close { name } => {
+            client.post(&[RUNS, &name, "close"], json!({})).await?;
+            outln(&format!(
+                "{} closed: it succeeds after its current turn",
+                ResourceKind::AgentRun.qualified(&name)
+            ));
+            Ok(())
+        }
         AgentRunCommand::Resolve { name, action } => {
             let reply = client
                 .post(&[RUNS, &name, "resolve"], json!({"action": action.wire()}))
@@ -128,6 +139,28 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// What `agentrun answer` prints: the answer with a final newline, its control characters
+/// escaped when `terminal` (standard output is one).
+pub fn answer_text(answer: &str, terminal: bool) -> String {
+    let mut text = terminal::shown(answer, terminal).into_owned();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
+/// What `agentrun steps` prints: [`steps_table`], each cell's control characters escaped
+/// when `terminal` (before the columns are measured, so that they stay aligned).
+pub fn steps_text(items: &[Value], terminal: bool) -> String {
+    let mut table = steps_table(items);
+    for cell in table.rows.iter_mut().flatten() {
+        if let std::borrow::Cow::Owned(shown) = terminal::shown(cell, terminal) {
+            *cell = shown;
+        }
+    }
+    table.render()
 }
 
 /// The steps as a table: SEQ, KIND, STATE, DURATION, SUMMARY.
@@ -184,5 +217,21 @@ mod tests {
              1     Command           Completed   2.2s       echo hello -> 0\n\
              2     ModelCall         Started     -          haiku\n"
         );
+    }
+
+    #[test]
+    fn an_answer_with_escape_sequences_is_escaped_on_a_terminal_only() {
+        let answer = "[offline model] I ran the commands you quoted.\n\u{1b}[2J\u{1b}]2;owned\u{7}\u{1b}[31mFAIL\u{1b}[0m";
+        assert_eq!(
+            answer_text(answer, true),
+            "[offline model] I ran the commands you quoted.\n^[[2J^[]2;owned^G^[[31mFAIL^[[0m\n"
+        );
+        assert_eq!(answer_text(answer, false), format!("{answer}\n"));
+        let items = vec![
+            json!({"seq": 3, "kind": "Command", "state": "Completed", "summary": "printf '\u{1b}[2J'\n-> 0"}),
+        ];
+        assert!(steps_text(&items, false).contains("printf '\u{1b}[2J' -> 0"));
+        let table = steps_text(&items, true);
+        assert!(table.contains("printf '^[[2J' -> 0"), "{table}");
     }
 }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 pub fn options(args: ServerArgs) -> Result<Options> {
     let data_dir = args.data_dir.unwrap_or_else(nodus_server::default_data_dir);
     let mut options = Options::new(data_dir);
-    options.listen = args.listen;
+    options.listen = listen_address(&args.listen)?;
     options.store = args
         .store
         .as_deref()
@@ -23,19 +23,47 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     Ok(options)
 }
 
-/// Start the server and serve until Ctrl-C or SIGTERM.
+/// `--listen`: HOST:PORT, where HOST is an address or a name (`localhost:7070`); a name
+/// listens on the first IPv4 address it resolves to (where `nodus login`'s default,
+/// 127.0.0.1, finds a local server), else on its first address.
+pub fn listen_address(text: &str) -> Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs as _;
+    let usage = |why: &str| {
+        Error::usage(format!(
+            "--listen {text:?}: {why} (HOST:PORT, such as 127.0.0.1:7070 or localhost:7070)"
+        ))
+    };
+    let addresses: Vec<std::net::SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| usage(&format!("cannot be resolved: {e}")))?
+        .collect();
+    addresses
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addresses.first())
+        .copied()
+        .ok_or_else(|| usage("resolves to no address"))
+}
+
+/// Start the server and serve until Ctrl-C or SIGTERM. It says it serves only once it holds
+/// its address: a busy port is an error before that.
 pub async fn run(args: ServerArgs) -> Result<()> {
     init_logging();
     let options = options(args)?;
-    let listen = options.listen;
     let server = Server::build(options)
         .await
         .map_err(|e| Error::Start(format!("the server cannot start: {e}")))?;
-    for line in &server.announcements {
+    let announcements = server.announcements.clone();
+    let bound = server
+        .bind()
+        .await
+        .map_err(|e| Error::Start(format!("the server cannot start: {e}")))?;
+    for line in &announcements {
         eprintln!("nodus server: {line}");
     }
+    let listen = bound.local_addr();
     eprintln!("nodus server: serving the API on http://{listen} (Ctrl-C stops it)");
-    server
+    bound
         .serve(shutdown())
         .await
         .map_err(|e| Error::Start(format!("the server stopped: {e}")))?;
@@ -111,6 +139,16 @@ mod tests {
         assert!(error.contains("sqlite://PATH"), "{error}");
         let error = options_error("nodus server --sandbox vm");
         assert!(error.contains("unisolated"), "{error}");
+    }
+
+    #[test]
+    fn listen_takes_host_names() {
+        let options = options(server_args("nodus server --listen localhost:7320")).expect("valid");
+        assert!(options.listen.ip().is_loopback(), "{}", options.listen);
+        assert_eq!(options.listen.port(), 7320);
+        let error = options_error("nodus server --listen localhost");
+        assert!(error.contains("--listen \"localhost\""), "{error}");
+        assert!(error.contains("HOST:PORT"), "{error}");
     }
 
     fn options_error(line: &str) -> String {

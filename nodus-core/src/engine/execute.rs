@@ -254,6 +254,7 @@ impl Engine {
                 inbox: &inbox,
                 now,
                 cancel: run.object.status.cancel_requested,
+                close: run.object.status.close_requested,
                 catalog: &self.deps.catalog,
                 router_max_cost: self.deps.router.max_cost(),
             });
@@ -556,24 +557,44 @@ impl Engine {
                     cwd: None,
                     output_cap: self.config.limits.output_cap_bytes,
                 };
-                let mut attempt = 1;
-                let executed = loop {
-                    let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
-                    if let Err(sandbox::Error::NotFound(_)) = executed {
-                        // A sandbox created before a restart: re-create it over its working
-                        // directory (creation is idempotent by key) and run the command there.
-                        executed = match self.deps.sandbox.create(&fixed.sandbox).await {
-                            Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
-                            Err(e) => Err(e),
-                        };
-                    }
-                    match executed {
-                        // It did not start (the host is out of descriptors, say): try again.
-                        Err(sandbox::Error::NotStarted(_)) if attempt < self.config.attempts => {
-                            attempt += 1;
-                            self.deps.clock.sleep(self.config.retry_pause).await;
+                // Watched from before the command starts, so no cancellation is missed.
+                let changes = self.deps.store.subscribe();
+                let exec = async {
+                    let mut attempt = 1;
+                    loop {
+                        let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
+                        if let Err(sandbox::Error::NotFound(_)) = executed {
+                            // A sandbox created before a restart: re-create it over its working
+                            // directory (creation is idempotent by key) and run the command
+                            // there.
+                            executed = match self.deps.sandbox.create(&fixed.sandbox).await {
+                                Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                                Err(e) => Err(e),
+                            };
                         }
-                        other => break other,
+                        match executed {
+                            // It did not start (the host is out of descriptors, say): again.
+                            Err(sandbox::Error::NotStarted(_))
+                                if attempt < self.config.attempts =>
+                            {
+                                attempt += 1;
+                                self.deps.clock.sleep(self.config.retry_pause).await;
+                            }
+                            other => break other,
+                        }
+                    }
+                };
+                // The run ending (cancelled, deleted, at its deadline) stops the command at
+                // once: dropping the exec kills its processes, and the step is recorded as
+                // stopped, a completed outcome, so the run ends rather than parks.
+                let executed = tokio::select! {
+                    biased;
+                    executed = exec => executed,
+                    end = self.ending(fixed, &run.spec, journal, changes) => {
+                        tracing::info!(run = %fixed.key, ending = %end, "stopped a command: the run is ending");
+                        return Performed::Done(Outcome::Stopped {
+                            reason: format!("the run is ending ({end}); its processes were killed"),
+                        });
                     }
                 };
                 match executed {
@@ -604,6 +625,66 @@ impl Engine {
                     Err(e) => Performed::Done(failed(e.to_string())),
                 }
             }
+        }
+    }
+
+    /// Resolves, with how the run ends, once the run is to end while one of its steps is
+    /// under way: a cancellation recorded on it (a run deleted meanwhile counts as cancelled)
+    /// or its time limit reached. Whether it ends is [`decide::ending`]'s answer; this only
+    /// watches for the moment to ask: the run as stored now, each change to it, and the time
+    /// limit. Never resolves otherwise.
+    async fn ending(
+        &self,
+        fixed: &Fixed,
+        spec: &crate::resource::AgentRunSpec,
+        journal: &[Step],
+        mut changes: tokio::sync::broadcast::Receiver<store_api::Change>,
+    ) -> RunPhase {
+        use tokio::sync::broadcast::error::RecvError;
+        let clock = &self.deps.clock;
+        let watch = async {
+            let mut look = true;
+            loop {
+                if look {
+                    let cancel = match self.deps.store.get(&fixed.key).await {
+                        Ok(record) => typed::decode::<crate::resource::AgentRunSpec>(record)
+                            .ok()
+                            .and_then(|run| run.object.status.cancel_requested),
+                        Err(store_api::Error::NotFound(_)) => {
+                            Some(crate::lifecycle::CancelReason::CancelRequested)
+                        }
+                        // The store is unavailable: the command goes on, and the next change
+                        // looks again.
+                        Err(_) => None,
+                    };
+                    if let Some(end) = decide::ending(spec, journal, cancel, clock.now()) {
+                        return end;
+                    }
+                }
+                look = match changes.recv().await {
+                    Ok(store_api::Change::Written(key, _) | store_api::Change::Deleted(key)) => {
+                        key == fixed.key
+                    }
+                    Err(RecvError::Lagged(_)) => true,
+                    Err(RecvError::Closed) => std::future::pending().await,
+                };
+            }
+        };
+        let limit = decide::time_limit(spec, journal);
+        let timer = async {
+            let Some((at, reason)) = limit else {
+                return std::future::pending().await;
+            };
+            let left = at.duration_since(clock.now());
+            clock
+                .sleep(Duration::try_from(left).unwrap_or(Duration::ZERO))
+                .await;
+            RunPhase::Failed(reason)
+        };
+        tokio::select! {
+            biased;
+            end = watch => end,
+            end = timer => end,
         }
     }
 

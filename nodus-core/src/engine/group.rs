@@ -121,7 +121,23 @@ impl Engine {
                     continue;
                 };
                 let next = member.phase.apply(event)?;
-                if next == member.phase {
+                // A queued run says why it can never start (or nothing), a run the group
+                // starts no longer does; a cancelled run keeps its message.
+                let message = match event {
+                    RunEvent::Queue(_) => Some(
+                        plan.never_fit
+                            .iter()
+                            .find(|(i, _)| *i == index)
+                            .map(|(_, message)| message.clone()),
+                    ),
+                    RunEvent::Start => Some(None),
+                    _ => None,
+                };
+                let stored = record.document["status"]["message"].as_str();
+                let message_changes = message
+                    .as_ref()
+                    .is_some_and(|message| message.as_deref() != stored);
+                if next == member.phase && !message_changes {
                     continue;
                 }
                 // The listing read only a few paths: the store edits the whole document, and
@@ -131,6 +147,9 @@ impl Engine {
                     (member_of(document).phase == seen).then(|| {
                         let mut document = document.clone();
                         set_phase(&mut document, next, now);
+                        if let Some(message) = &message {
+                            set_message(&mut document, message.as_deref());
+                        }
                         document
                     })
                 });
@@ -266,12 +285,28 @@ fn set_phase(document: &mut serde_json::Value, phase: RunPhase, now: jiff::Times
     }
 }
 
-/// The paths of a run's document that [`member_of`] reads.
+/// A run's `status.message` written into its document (removed for `None`).
+fn set_message(document: &mut serde_json::Value, message: Option<&str>) {
+    let Some(status) = document
+        .get_mut("status")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    match message {
+        Some(message) => status.insert("message".into(), message.into()),
+        None => status.remove("message"),
+    };
+}
+
+/// The paths of a run's document that [`member_of`] reads, and its message (which a
+/// reconcile writes when a queued run can never start).
 const MEMBER_PATHS: &[&str] = &[
     "spec.taskKey",
     "spec.dependsOn",
     "status.phase",
     "status.reason",
+    "status.message",
     "status.cost.totalUSD",
     "status.snapshot.agent.model.access",
     "status.snapshot.agent.perRunMaxCostUSD",

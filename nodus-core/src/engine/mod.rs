@@ -532,7 +532,8 @@ impl Engine {
         Ok(self.deps.store.journal(run_uid(&run.object)).await?)
     }
 
-    /// Send a message to a run. A repeated `key` delivers once; a finished run refuses with
+    /// Send a message to a run. A repeated `key` delivers once (the same key with another
+    /// payload is refused, naming `messageKey`); a finished run refuses with
     /// `AgentRunFinished`; a run that is working reads it after its current turn.
     pub async fn send_message(
         &self,
@@ -558,6 +559,11 @@ impl Engine {
                 if let Some(key) = key {
                     let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
                     if let Some(message) = inbox.iter().find(|m| m.key.as_deref() == Some(key)) {
+                        // The retention sweep may have removed the first payload: then a
+                        // repeat cannot be told from another message, and answers as one.
+                        if run.object.status.payloads_removed_at.is_none() {
+                            check_same_message(message, payload, key)?;
+                        }
                         return Ok(Delivery::Duplicate(message.seq));
                     }
                 }
@@ -579,6 +585,14 @@ impl Engine {
                 .await
             {
                 Err(crate::store::Error::Conflict { .. }) => continue,
+                Ok(Delivery::Duplicate(seq)) => {
+                    let key = key.unwrap_or_default();
+                    let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
+                    if let Some(message) = inbox.iter().find(|m| m.seq == seq) {
+                        check_same_message(message, payload, key)?;
+                    }
+                    return Ok(Delivery::Duplicate(seq));
+                }
                 other => return Ok(other?),
             }
         }
@@ -608,6 +622,94 @@ impl Engine {
             });
         }
         self.get_run(project, name).await
+    }
+
+    /// Close a keepAlive conversation: the run answers its current turn (and the messages
+    /// that came before), then succeeds and deletes its sandbox instead of waiting for more
+    /// messages. Then drive the run.
+    pub async fn close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        self.request_close_run(project, name).await?;
+        self.drive(project, name).await?;
+        self.get_run(project, name).await
+    }
+
+    /// Record that a run's conversation is closed, without driving it (for a server whose
+    /// controller drives runs). A run that is not keepAlive finishes after its turn anyway;
+    /// closing it changes nothing. A finished run refuses with `AgentRunFinished`.
+    pub async fn request_close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
+        loop {
+            let mut run = self.read_run(project, name).await?;
+            let phase = run
+                .object
+                .status
+                .phase
+                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            if phase.is_finished() {
+                return Err(Error::AgentRunFinished {
+                    run: name.to_string(),
+                    phase,
+                });
+            }
+            if run.object.status.close_requested {
+                return Ok(run.object);
+            }
+            run.object.status.close_requested = true;
+            let key = ObjectKey::new(project, Kind::AgentRun, name);
+            match self
+                .deps
+                .store
+                .update(&key, run.version, typed::encode(&key, &run.object)?)
+                .await
+            {
+                Err(crate::store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(record) => return Ok(typed::decode(record)?.object),
+            }
+        }
+    }
+
+    /// The run once it has finished, or as it is when `timeout` has passed: for an API that
+    /// records a cancellation and answers once the run's driver has carried it out (a running
+    /// command is stopped at once, so that is soon unless another replica is slow to see it).
+    pub async fn finished_run(
+        &self,
+        project: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<AgentRun> {
+        let mut changes = self.deps.store.subscribe();
+        let key = ObjectKey::new(project, Kind::AgentRun, name);
+        let clock = self.deps.clock.clone();
+        let give_up = clock.sleep(timeout);
+        tokio::pin!(give_up);
+        loop {
+            let run = self.get_run(project, name).await?;
+            if run.status.phase.is_some_and(RunPhase::is_finished) {
+                return Ok(run);
+            }
+            let changed = async {
+                loop {
+                    match changes.recv().await {
+                        Ok(crate::store::Change::Written(changed, _))
+                        | Ok(crate::store::Change::Deleted(changed))
+                            if changed == key =>
+                        {
+                            return;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok(_) => {}
+                    }
+                }
+            };
+            tokio::select! {
+                biased;
+                () = changed => {}
+                () = &mut give_up => return Ok(run),
+            }
+        }
     }
 
     /// Mark a run as to be cancelled (`reason`); returns false when it had finished.
@@ -781,6 +883,24 @@ fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<
         .into()),
         _ => Ok(()),
     }
+}
+
+/// Refuses a message key that was already used for a message with another payload: only a
+/// repeat of the same message is answered as delivered.
+fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &str) -> Result<()> {
+    if first.payload == payload {
+        return Ok(());
+    }
+    Err(Invalid::new(
+        "messageKey",
+        format!(
+            "was already used for message {} with another payload: a repeat must send the same \
+             payload, and a new message needs a new key",
+            first.seq
+        ),
+        key,
+    )
+    .into())
 }
 
 /// A fingerprint of the runs a batch asks for (SHA-256 of their JSON, hex), so that a repeat

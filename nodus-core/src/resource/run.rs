@@ -139,6 +139,10 @@ pub struct AgentRunStatus {
     /// A cancellation that was asked for and is being carried out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested: Option<CancelReason>,
+    /// The conversation was closed: the run succeeds after its current turn (and the messages
+    /// that came before) instead of waiting for more messages.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub close_requested: bool,
     /// When the run started working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Timestamp>,

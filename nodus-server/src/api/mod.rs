@@ -43,6 +43,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agentruns/{name}/answer", get(runs::answer))
         .route("/agentruns/{name}/workdir", get(runs::workdir))
         .route("/agentruns/{name}/cancel", post(runs::cancel))
+        .route("/agentruns/{name}/close", post(runs::close))
         .route("/agentruns/{name}/resolve", post(runs::resolve))
         .route("/agentgroups/{name}/cancel", post(runs::cancel_group));
     Router::new()

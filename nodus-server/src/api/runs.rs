@@ -1,4 +1,4 @@
-//! Run and group sub-resources: messages, steps, answer, cancel, resolve.
+//! Run and group sub-resources: messages, steps, answer, cancel, close, resolve.
 
 use std::sync::Arc;
 
@@ -147,6 +147,9 @@ pub async fn workdir(
     }
 }
 
+/// How long a cancel waits for the run to end before it answers with the run as it is.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `POST …/agentruns/{name}/cancel`: the run is cancelled and its sandbox deleted.
 pub async fn cancel(
     State(state): State<Arc<AppState>>,
@@ -154,8 +157,26 @@ pub async fn cancel(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    // The controller carries the cancellation out (deletes the sandbox, ends the run).
-    let run = state.engine.request_cancel_run(&project, &name).await?;
+    // The controller carries the cancellation out (stops a running command, deletes the
+    // sandbox, ends the run): answer once it has, so that "cancelled" is what the run is.
+    state.engine.request_cancel_run(&project, &name).await?;
+    let run = state
+        .engine
+        .finished_run(&project, &name, CANCEL_WAIT)
+        .await?;
+    Ok(reply(StatusCode::OK, run))
+}
+
+/// `POST …/agentruns/{name}/close`: a keepAlive conversation ends after its current turn;
+/// the run succeeds with its answer and its sandbox is deleted.
+pub async fn close(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    // The controller carries it out (finishes the turn, deletes the sandbox, ends the run).
+    let run = state.engine.request_close_run(&project, &name).await?;
     Ok(reply(StatusCode::OK, run))
 }
 

@@ -1,0 +1,361 @@
+"""What the synchronous and the asyncio clients share: the requests they send, how answers
+and failures become values and exceptions, the documents they create, and the back-off of
+their waits. Nothing here does input or output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from urllib.parse import quote
+
+import httpx
+
+from .errors import (
+    ConnectionFailed,
+    Invalid,
+    NodusError,
+    RunFailed,
+    WaitTimeout,
+    error_from_response,
+)
+from .types import GroupStatus, RunStatus, Task, money_text
+
+API_VERSION = "nodus.dev/v1"
+#: Runs per batch request: the server takes at most 100.
+MAX_BATCH = 100
+#: The model a BYOK agent uses when none is named.
+DEFAULT_BYOK_MODEL = "claude-sonnet-4-5"
+#: The read-only project of Nodus's ready-made agents (``claude-assistant``).
+TEMPLATE_PROJECT = "nodus"
+#: Connections kept for reuse: an idle one is dropped after 5 s, before the server closes
+#: idle keep-alive connections (10 s by default), so a request never goes out on a
+#: connection the server is closing.
+LIMITS = httpx.Limits(max_connections=20, max_keepalive_connections=10, keepalive_expiry=5.0)
+#: What the client sends as its User-Agent.
+USER_AGENT = "nodus-python/0.1.0"
+
+
+@dataclass
+class Request:
+    """One HTTP request to the API, relative to the server."""
+
+    method: str
+    path: str
+    body: Any = None
+    headers: Dict[str, str] = field(default_factory=dict)
+    params: Dict[str, str] = field(default_factory=dict)
+
+
+def resource_path(
+    project: str, plural: str, name: Optional[str] = None, sub: Optional[str] = None
+) -> str:
+    """``/apis/nodus.dev/v1/projects/{project}/{plural}[/{name}[/{sub}]]``, each part quoted."""
+    path = f"/apis/nodus.dev/v1/projects/{quote(project, safe='')}/{plural}"
+    if name is not None:
+        path += f"/{quote(name, safe='')}"
+    if sub is not None:
+        path += f"/{sub}"
+    return path
+
+
+def encode(body: Any) -> bytes:
+    """A request body as JSON; Decimals are written as their exact decimal text."""
+
+    def default(value: Any) -> Any:
+        if isinstance(value, Decimal):
+            return str(value)
+        raise TypeError(f"{value!r} cannot be sent as JSON")
+
+    return json.dumps(body, default=default).encode("utf-8")
+
+
+def decode(response: httpx.Response) -> Any:
+    """The JSON of an answer, with every non-integer number as an exact Decimal."""
+    if not response.content:
+        return None
+    try:
+        return json.loads(response.content, parse_float=Decimal)
+    except ValueError:
+        return None
+
+
+def result(response: httpx.Response) -> Any:
+    """The JSON of a successful answer, or the exception for a failed one."""
+    body = decode(response)
+    if response.is_success:
+        return body
+    raise error_from_response(response.status_code, body, response.text[:500])
+
+
+def connection_error(server: str, error: Exception) -> NodusError:
+    """The exception for a request that never got an answer: says which server and why, and
+    hides the HTTP library's own traceback (raise it ``from None``)."""
+    if isinstance(error, httpx.TimeoutException):
+        why = "it did not answer in time"
+    elif isinstance(error, httpx.ConnectError):
+        why = f"cannot connect ({_short(error)})"
+    else:
+        why = _short(error)
+    return ConnectionFailed(
+        f"the Nodus server at {server} is unreachable: {why}. Is it running (`nodus server`), "
+        f"and is NODUS_SERVER right?"
+    )
+
+
+def _short(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:200]
+
+
+def headers(token: str) -> Dict[str, str]:
+    """The headers of every request."""
+    return {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json",
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+    }
+
+
+def backoff(first: float = 0.1, factor: float = 1.5, most: float = 2.0) -> Iterator[float]:
+    """The pauses between two reads of a wait: short at first, then growing to ``most``."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(most, delay * factor)
+
+
+def run_target(agent_project: str, client_project: str, agent: str) -> tuple[str, str]:
+    """Where a run of ``agent`` goes and how it names the agent: in the agent's project,
+    except for a ready-made template (project ``nodus``, read-only), whose runs go in the
+    client's project and name it ``nodus/<agent>``."""
+    if agent_project == TEMPLATE_PROJECT and client_project != TEMPLATE_PROJECT:
+        return client_project, f"{TEMPLATE_PROJECT}/{agent}"
+    return agent_project, agent
+
+
+def new_run_name(agent: str) -> str:
+    """A fresh run name for ``agent``: ``<agent>-<10 random hex>``, a DNS label."""
+    suffix = secrets.token_hex(5)
+    return f"{agent[: 63 - len(suffix) - 1]}-{suffix}"
+
+
+def agent_model(
+    families: Optional[Sequence[str]], api_key_secret: Optional[str], model: Optional[str]
+) -> Optional[Dict[str, Any]]:
+    """``spec.model`` for what ClaudeAgent was given: Nodus's Claude (optionally limited to
+    ``families``), or BYOK with the Secret ``api_key_secret`` and ``model``."""
+    if api_key_secret is not None:
+        spec: Dict[str, Any] = {
+            "access": "BYOK",
+            "name": model or DEFAULT_BYOK_MODEL,
+            "apiKeySecret": api_key_secret,
+        }
+        if families is not None:
+            spec["families"] = list(families)
+        return spec
+    if families is None and model is None:
+        return None
+    spec = {"access": "Nodus"}
+    if families is not None:
+        if isinstance(families, str):
+            raise TypeError(
+                f'families is a list of model families such as ["haiku"], not the string {families!r}'
+            )
+        spec["families"] = list(families)
+    if model is not None:
+        spec["name"] = model
+    return spec
+
+
+def agent_spec(
+    system: Optional[str],
+    families: Optional[Sequence[str]],
+    api_key_secret: Optional[str],
+    model: Optional[str],
+    max_tokens: Optional[int],
+    per_run_max_cost: Any,
+) -> Dict[str, Any]:
+    """The fields of ``spec`` ClaudeAgent sets; fields not given are left to the server."""
+    spec: Dict[str, Any] = {}
+    if system is not None:
+        spec["system"] = system
+    model_spec = agent_model(families, api_key_secret, model)
+    if model_spec is not None:
+        spec["model"] = model_spec
+    if max_tokens is not None:
+        spec["maxTokens"] = max_tokens
+    if per_run_max_cost is not None:
+        spec["perRunMaxCostUSD"] = money_text(per_run_max_cost, "per_run_max_cost")
+    return spec
+
+
+def agent_document(name: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
+    """A new Agent with ``spec`` (Nodus's Claude unless the spec says otherwise)."""
+    full = {"system": "", "model": {"access": "Nodus"}}
+    full.update(spec)
+    return {"apiVersion": API_VERSION, "kind": "Agent", "metadata": {"name": name}, "spec": full}
+
+
+def agent_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The merge patch that brings the stored agent's spec to the fields ClaudeAgent was given,
+    or ``None`` when it has them already. ``spec.model`` is replaced whole (a null clears the
+    fields the new model does not name)."""
+    spec = current.get("spec") or {}
+    changes: Dict[str, Any] = {}
+    for key, value in wanted.items():
+        stored = spec.get(key)
+        if key == "perRunMaxCostUSD" and stored is not None:
+            if Decimal(str(stored)) != Decimal(str(value)):
+                changes[key] = value
+        elif key == "model":
+            old = dict(stored or {})
+            if old != value:
+                patch = {k: None for k in old if k not in value}
+                patch.update(value)
+                changes[key] = patch
+        elif stored != value:
+            changes[key] = value
+    return {"spec": changes} if changes else None
+
+
+def run_document(
+    name: str,
+    agent: str,
+    prompt: str,
+    keep_alive: bool,
+    deadline: Optional[str] = None,
+    context: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """A new AgentRun of ``agent`` with ``prompt`` as its input."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt is text, not {prompt!r}")
+    spec: Dict[str, Any] = {"agent": agent, "input": prompt}
+    if keep_alive:
+        spec["keepAlive"] = True
+    if deadline is not None:
+        spec["deadline"] = deadline
+    if context is not None:
+        spec["context"] = dict(context)
+    return {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
+
+
+def group_document(
+    name: str,
+    agent: str,
+    max_active: Optional[int],
+    max_cost: Any,
+    evaluation: Optional[Mapping[str, Any]],
+    max_pending: Optional[int],
+) -> Dict[str, Any]:
+    """A new AgentGroup; ``evaluation`` is passed to the server as ``spec.evaluation``."""
+    spec: Dict[str, Any] = {"agent": agent}
+    limits: Dict[str, Any] = {}
+    if max_active is not None:
+        limits["maxActive"] = max_active
+    if max_pending is not None:
+        limits["maxPending"] = max_pending
+    if limits:
+        spec["limits"] = limits
+    if max_cost is not None:
+        spec["maxCostUSD"] = money_text(max_cost, "max_cost")
+    if evaluation is not None:
+        spec["evaluation"] = dict(evaluation)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentGroup",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def secret_document(name: str, values: Mapping[str, str]) -> Dict[str, Any]:
+    """A new Secret with ``values`` (sent as ``stringData``; the server seals them)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "stringData": dict(values),
+    }
+
+
+def message_body(kind: str, payload: str, key: Optional[str]) -> Dict[str, Any]:
+    """The body of ``POST …/messages``. ``kind`` must be ``"message"``."""
+    if kind != "message":
+        raise Invalid(
+            f'send takes "message" as what to send, not {kind!r}',
+            details={"field": "kind", "rule": 'is "message"', "value": repr(kind)},
+        )
+    if not isinstance(payload, str):
+        raise TypeError(f"payload is text, not {payload!r}")
+    body: Dict[str, Any] = {"payload": payload}
+    if key is not None:
+        body["messageKey"] = key
+    return body
+
+
+def batches(
+    group: str, group_uid: str, agent: str, tasks: List[Task]
+) -> List[tuple[str, Dict[str, Any]]]:
+    """The tasks as AgentRunLists of at most 100 runs, in order, each with its
+    Idempotency-Key. The key is a digest of the group's uid and the batch, so sending the same
+    batch again (a retry, or the same program run twice) creates its runs once."""
+    result = []
+    for start in range(0, len(tasks), MAX_BATCH):
+        items = [task.document(group, agent) for task in tasks[start : start + MAX_BATCH]]
+        body = {"apiVersion": API_VERSION, "kind": "AgentRunList", "items": items}
+        digest = hashlib.sha256(group_uid.encode() + b"\0" + encode(body)).hexdigest()[:32]
+        result.append((f"{group}-{digest}", body))
+    return result
+
+
+def count_answers(steps: Any) -> int:
+    """How many turns a run has answered, from its StepList."""
+    items = steps.get("items", []) if isinstance(steps, dict) else []
+    return sum(1 for s in items if s.get("kind") == "Answer" and s.get("state") == "Completed")
+
+
+def run_settled(status: RunStatus) -> Optional[bool]:
+    """Whether a wait for a run ends at ``status``: ``True`` when the run has finished or
+    needs a resolution, ``None`` when a keep-alive run awaits a message (the wait ends once
+    it has answered every turn it was sent; count its answers), else ``False``."""
+    if status.finished or status.phase == "NeedsResolution":
+        return True
+    if status.awaiting_message:
+        return None
+    return False
+
+
+def check_answerable(name: str, status: RunStatus) -> None:
+    """Raises RunFailed unless the run at ``status`` has an answer to return (it succeeded,
+    or a keep-alive run answered its turn)."""
+    if status.phase == "Succeeded" or status.awaiting_message:
+        return
+    raise RunFailed(
+        f"run {name!r} is {status.phase} ({status.reason or 'no reason'})"
+        + (f": {status.message}" if status.message else "")
+        + ", with no answer to return",
+        reason=status.reason or status.phase,
+        status=status,
+    )
+
+
+def run_timeout(name: str, status: RunStatus, timeout: Optional[float]) -> WaitTimeout:
+    """The error of a run wait that ran out of time."""
+    return WaitTimeout(
+        f"run {name!r} is still {status.phase} ({status.reason or 'no reason'}) after {timeout}s",
+        status=status,
+    )
+
+
+def group_timeout(name: str, status: GroupStatus, timeout: Optional[float]) -> WaitTimeout:
+    """The error of a group wait that ran out of time."""
+    return WaitTimeout(
+        f"group {name!r} is still {status.phase} after {timeout}s (runs: {status.counts})",
+        status=status,
+    )

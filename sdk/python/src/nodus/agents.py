@@ -1,0 +1,379 @@
+"""Agents, runs and groups as Python objects (synchronous): :class:`ClaudeAgent` creates or
+updates its agent on first use and starts runs, :class:`AgentRun` is a handle on one run,
+:class:`AgentGroup` a handle on a group of runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from . import _core
+from .client import Client, default_client
+from .errors import AlreadyExists, ServerUnavailable
+from .types import Delivery, GroupStatus, Result, RunStatus, Step, Task, as_tasks
+
+__all__ = ["ClaudeAgent", "AgentRun", "AgentGroup"]
+
+
+def _deadline(timeout: Optional[float]) -> Optional[float]:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _pause(delay: float, deadline: Optional[float]) -> bool:
+    """Sleeps ``delay`` (at most until ``deadline``); ``False`` when the deadline has passed."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        delay = min(delay, left)
+    time.sleep(delay)
+    return True
+
+
+class ClaudeAgent:
+    """An Agent on Claude. On first use (:meth:`remote`, :meth:`submit`, :meth:`ensure`) it
+    creates the agent ``name`` with the fields given, or updates the stored agent to them;
+    fields not given are left as the server has them.
+
+    ``system`` is the system prompt; ``families`` limits Nodus's routing (``["haiku",
+    "sonnet"]``); ``api_key_secret`` names a Secret holding ``ANTHROPIC_API_KEY`` to run on
+    your own key (BYOK, with ``model``, default ``claude-sonnet-4-5``); ``per_run_max_cost`` is
+    a Decimal or decimal string of dollars. ``project`` and ``client`` choose where it lives
+    (default: the shared :func:`~nodus.client.default_client`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        system: Optional[str] = None,
+        families: Optional[Sequence[str]] = None,
+        api_key_secret: Optional[str] = None,
+        *,
+        model: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        per_run_max_cost: Any = None,
+        project: Optional[str] = None,
+        client: Optional[Client] = None,
+    ) -> None:
+        self.name: str = name
+        self._spec: Optional[Dict[str, Any]] = _core.agent_spec(
+            system, families, api_key_secret, model, max_tokens, per_run_max_cost
+        )
+        self._project = project
+        self._client = client
+        self._ensured = False
+
+    @classmethod
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> "ClaudeAgent":
+        """The agent ``name`` as it is on the server (such as the ready-made
+        ``claude-assistant`` template in project ``nodus``, whose runs go in the client's
+        project); nothing is changed on it."""
+        agent = cls(name, project=project, client=client)
+        agent._spec = None
+        return agent
+
+    def __repr__(self) -> str:
+        return f"ClaudeAgent({self.name!r}, project={self.project!r})"
+
+    @property
+    def client(self) -> Client:
+        """The client this agent uses."""
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    @property
+    def project(self) -> str:
+        """The agent's project."""
+        return self._project or self.client.project
+
+    def ensure(self) -> Dict[str, Any]:
+        """Creates the agent, or updates it to the fields given, and returns it as stored.
+        For :meth:`from_name` it only reads it (:class:`~nodus.NotFound` if it is not there)."""
+        client, project = self.client, self.project
+        if self._spec is None:
+            agent = client.get("agents", self.name, project=project)
+        else:
+            try:
+                agent = client.create(
+                    "agents", _core.agent_document(self.name, self._spec), project=project
+                )
+            except AlreadyExists:
+                agent = client.get("agents", self.name, project=project)
+                patch = _core.agent_patch(agent, self._spec)
+                if patch is not None:
+                    agent = client.patch("agents", self.name, patch, project=project)
+        self._ensured = True
+        return agent
+
+    def submit(
+        self,
+        prompt: str,
+        keep_alive: bool = False,
+        *,
+        name: Optional[str] = None,
+        deadline: Optional[str] = None,
+        context: Optional[Mapping[str, Any]] = None,
+    ) -> "AgentRun":
+        """Starts a run with ``prompt`` and returns its handle at once. With
+        ``keep_alive=True`` the run waits for messages after each turn (see
+        :meth:`AgentRun.send`) until it is cancelled or its ``deadline`` (RFC 3339) passes.
+        ``name`` defaults to ``<agent>-<random>``."""
+        if not self._ensured:
+            self.ensure()
+        project, agent = _core.run_target(self.project, self.client.project, self.name)
+        run_name = name or _core.new_run_name(self.name)
+        document = _core.run_document(run_name, agent, prompt, keep_alive, deadline, context)
+        created = self.client.create("agentruns", document, project=project)
+        return AgentRun(run_name, project=project, client=self.client, _document=created)
+
+    def remote(self, prompt: str, *, timeout: Optional[float] = None) -> str:
+        """Runs ``prompt`` to the end and returns the answer. Raises
+        :class:`~nodus.RunFailed` when the run fails or is cancelled, and
+        :class:`~nodus.WaitTimeout` after ``timeout`` seconds (the run goes on)."""
+        return self.submit(prompt).answer(timeout=timeout)
+
+
+class AgentRun:
+    """A handle on the run ``name``: read its :attr:`status`, :meth:`wait` for it, read its
+    :meth:`answer` and :meth:`steps`, :meth:`send` it messages, :meth:`cancel` it."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: Optional[str] = None,
+        client: Optional[Client] = None,
+        _document: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.name: str = name
+        self._client = client or default_client()
+        self.project: str = project or self._client.project
+        # The answered turns a wait for a keep-alive run waits for: the input's, then one
+        # per message delivered through this handle.
+        self._answers_expected = 1 if _document is not None else 0
+
+    def __repr__(self) -> str:
+        return f"AgentRun({self.name!r}, project={self.project!r})"
+
+    def _sub(self, method: str, sub: str, body: Any = None) -> Any:
+        return self._client.sub(method, "agentruns", self.name, sub, body, project=self.project)
+
+    @property
+    def status(self) -> RunStatus:
+        """The run's status, read from the server now."""
+        return RunStatus.from_json(self._client.get("agentruns", self.name, project=self.project))
+
+    def _settled(self, status: RunStatus) -> bool:
+        settled = _core.run_settled(status)
+        if settled is None:
+            return _core.count_answers(self._sub("GET", "steps")) >= self._answers_expected
+        return settled
+
+    def wait(self, timeout: Optional[float] = None) -> RunStatus:
+        """Waits until the run has finished (Succeeded, Failed, Cancelled), needs a
+        resolution, or — for a keep-alive run — has answered its input and every message sent
+        through this handle and awaits the next one. Reads the status with a growing pause
+        (0.1 s up to 2 s); raises :class:`~nodus.WaitTimeout` after ``timeout`` seconds."""
+        deadline = _deadline(timeout)
+        for delay in _core.backoff():
+            status = self.status
+            if self._settled(status):
+                return status
+            if not _pause(delay, deadline):
+                raise _core.run_timeout(self.name, status, timeout)
+        raise AssertionError("unreachable")
+
+    def answer(self, timeout: Optional[float] = None) -> str:
+        """The whole answer of the run's last answered turn, once it is there: waits as
+        :meth:`wait` does. Raises :class:`~nodus.RunFailed` (with the run's reason) when the
+        run failed, was cancelled or needs a resolution."""
+        status = self.wait(timeout)
+        _core.check_answerable(self.name, status)
+        body = self._sub("GET", "answer")
+        return str(body.get("answer") or "")
+
+    def steps(self) -> List[Step]:
+        """What the run did so far, in order: sandbox, routing, model calls, commands,
+        answers."""
+        body = self._sub("GET", "steps")
+        return [Step.from_json(item) for item in body.get("items", [])]
+
+    def send(self, kind: str, payload: str, key: Optional[str] = None) -> Delivery:
+        """Sends a message to a keep-alive run: ``run.send("message", "…", key="k1")``.
+        Sending the same ``key`` again delivers it once (the answer says ``duplicate``). A
+        working run reads it after its current turn; a finished run refuses it with
+        :class:`~nodus.AgentRunFinished`."""
+        delivery = Delivery.from_json(
+            self._sub("POST", "messages", _core.message_body(kind, payload, key))
+        )
+        self._answers_expected = max(self._answers_expected, delivery.seq + 1)
+        return delivery
+
+    def cancel(self) -> RunStatus:
+        """Cancels the run (its sandbox is deleted); returns the status the server answered.
+        The run ends shortly after: :meth:`wait` for ``Cancelled``."""
+        return RunStatus.from_json(self._sub("POST", "cancel"))
+
+    def close(self) -> RunStatus:
+        """Ends a keep-alive conversation well: the run answers its current turn and the
+        messages sent before, then succeeds with its answer and its sandbox is deleted
+        (:meth:`wait` for ``Succeeded``). A finished run refuses with
+        :class:`~nodus.AgentRunFinished`."""
+        return RunStatus.from_json(self._sub("POST", "close"))
+
+    def delete(self) -> None:
+        """Deletes the run (a started run is cancelled first)."""
+        self._client.delete("agentruns", self.name, project=self.project)
+
+
+class AgentGroup:
+    """A handle on the group ``name``: :meth:`submit` tasks to it, :meth:`seal` it,
+    :meth:`wait` for it, read its :attr:`status` and :meth:`results`, :meth:`cancel` or
+    :meth:`delete` it. Make one with :meth:`create` or :meth:`from_name`."""
+
+    def __init__(
+        self, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> None:
+        self.name: str = name
+        self._client = client or default_client()
+        self.project: str = project or self._client.project
+        self._document: Optional[Dict[str, Any]] = None
+
+    def __repr__(self) -> str:
+        return f"AgentGroup({self.name!r}, project={self.project!r})"
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        agent: Union[str, ClaudeAgent],
+        max_active: Optional[int] = None,
+        max_cost: Any = None,
+        evaluation: Optional[Mapping[str, Any]] = None,
+        *,
+        max_pending: Optional[int] = None,
+        project: Optional[str] = None,
+        client: Optional[Client] = None,
+    ) -> "AgentGroup":
+        """Creates the group ``name`` of ``agent`` (a name, or a :class:`ClaudeAgent`, which
+        is created or updated first): at most ``max_active`` runs at once, ``max_cost``
+        dollars (Decimal or decimal string) for all of them. ``evaluation`` is sent as
+        ``spec.evaluation``."""
+        if isinstance(agent, ClaudeAgent):
+            client = client or agent.client
+            agent.ensure()
+            # A template's group lives in the client's project, as its runs do.
+            target, reference = _core.run_target(agent.project, agent.client.project, agent.name)
+            project = project or target
+            agent = reference
+        group = cls(name, project=project, client=client)
+        document = _core.group_document(name, agent, max_active, max_cost, evaluation, max_pending)
+        group._document = group._client.create("agentgroups", document, project=group.project)
+        return group
+
+    @classmethod
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> "AgentGroup":
+        """A handle on the existing group ``name`` (nothing is read yet)."""
+        return cls(name, project=project, client=client)
+
+    def _read(self) -> Dict[str, Any]:
+        self._document = self._client.get("agentgroups", self.name, project=self.project)
+        return self._document
+
+    @property
+    def status(self) -> GroupStatus:
+        """The group's status, read from the server now."""
+        return GroupStatus.from_json(self._read())
+
+    def submit(
+        self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True
+    ) -> List[AgentRun]:
+        """Creates a run for each task, in order, in batches of up to 100 (each with an
+        Idempotency-Key, so a batch retried after a lost answer is created once), then seals
+        the group unless ``seal=False``. A task is a :class:`~nodus.Task`, a ``(key, input)``
+        or ``(key, input, depends_on)`` tuple, or a mapping; list a task after the tasks it
+        depends on. Returns the runs' handles."""
+        items = as_tasks(tasks)
+        document = self._document or self._read()
+        uid = str(document.get("metadata", {}).get("uid", ""))
+        agent = str(document.get("spec", {}).get("agent", ""))
+        runs: List[AgentRun] = []
+        for key, body in _core.batches(self.name, uid, agent, items):
+            created = self._create_batch(key, body)
+            runs.extend(
+                AgentRun(
+                    str(run["metadata"]["name"]),
+                    project=self.project,
+                    client=self._client,
+                    _document=run,
+                )
+                for run in created.get("items", [])
+            )
+        if seal:
+            self.seal()
+        return runs
+
+    def _create_batch(self, key: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        for attempt in range(3):
+            try:
+                return self._client.create(
+                    "agentruns", body, project=self.project, idempotency_key=key
+                )
+            except ServerUnavailable:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def seal(self) -> GroupStatus:
+        """Seals the group: it takes no more runs, and finishes once they have."""
+        self._document = self._client.patch(
+            "agentgroups", self.name, {"spec": {"sealed": True}}, project=self.project
+        )
+        return GroupStatus.from_json(self._document)
+
+    def wait(self, timeout: Optional[float] = None) -> GroupStatus:
+        """Waits until the group has finished (Succeeded, Failed, Cancelled) and returns its
+        status, reading it with a growing pause (0.1 s up to 2 s). A group finishes only once
+        it is sealed. Raises :class:`~nodus.WaitTimeout` after ``timeout`` seconds."""
+        deadline = _deadline(timeout)
+        for delay in _core.backoff():
+            status = self.status
+            if status.finished:
+                return status
+            if not _pause(delay, deadline):
+                raise _core.group_timeout(self.name, status, timeout)
+        raise AssertionError("unreachable")
+
+    def results(self) -> List[Result]:
+        """One result per run of the group, in the order the server lists them."""
+        runs = self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
+        return [Result.from_json(run) for run in runs]
+
+    def runs(self) -> List[AgentRun]:
+        """A handle on each run of the group."""
+        runs = self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
+        return [
+            AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client)
+            for run in runs
+        ]
+
+    def cancel(self) -> GroupStatus:
+        """Cancels every unfinished run; finished runs keep their answers."""
+        return GroupStatus.from_json(
+            self._client.sub("POST", "agentgroups", self.name, "cancel", project=self.project)
+        )
+
+    def delete(self) -> None:
+        """Deletes the group with all of its runs."""
+        self._client.delete("agentgroups", self.name, project=self.project)

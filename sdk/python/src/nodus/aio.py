@@ -1,0 +1,560 @@
+"""The asyncio client: the same names and methods as the synchronous package, as coroutines.
+
+.. code-block:: python
+
+    import nodus.aio
+
+    agent = nodus.aio.ClaudeAgent("helper", system="You are careful.")
+    print(await agent.remote("Use the shell to print the Python version"))
+    run = await agent.submit("Summarize the logs", keep_alive=True)
+    await run.send("message", "Now the staging logs")
+    status = await run.status          # a property that reads the server: await it
+
+Constructors (``ClaudeAgent(...)``, ``ClaudeAgent.from_name``, ``AgentGroup.from_name``) do
+no input or output; ``AgentGroup.create`` is a coroutine. The shared default client belongs to
+the event loop that first uses it: a program that runs several loops (several
+``asyncio.run``) passes each its own ``client=AsyncClient(...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import httpx
+
+from . import _core
+from .config import Connection, resolve
+from .errors import (
+    AgentRunFinished,
+    AgentStopped,
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    InternalError,
+    Invalid,
+    NodusError,
+    NotFound,
+    RunFailed,
+    ServerUnavailable,
+    Unauthorized,
+    WaitTimeout,
+    WorkdirNotKept,
+)
+from .types import Delivery, Evaluation, GroupStatus, Result, RunStatus, Step, Task, as_tasks
+
+__all__ = [
+    "AsyncClient",
+    "ClaudeAgent",
+    "AgentRun",
+    "AgentGroup",
+    "Task",
+    "RunStatus",
+    "GroupStatus",
+    "Evaluation",
+    "Result",
+    "Step",
+    "Delivery",
+    "default_client",
+    "NodusError",
+    "ConfigError",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "WorkdirNotKept",
+    "Invalid",
+    "Conflict",
+    "AlreadyExists",
+    "AgentRunFinished",
+    "AgentStopped",
+    "ServerUnavailable",
+    "ConnectionFailed",
+    "InternalError",
+    "WaitTimeout",
+    "RunFailed",
+]
+
+
+class AsyncClient:
+    """A connection to one server with one token, for asyncio; see :class:`nodus.Client`
+    for where ``server``, ``token`` and ``project`` come from. Use ``async with``, or await
+    :meth:`aclose`, to close its connections."""
+
+    def __init__(
+        self,
+        server: Optional[str] = None,
+        token: Optional[str] = None,
+        project: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self._connection: Connection = resolve(server, token, project)
+        self._http = httpx.AsyncClient(
+            base_url=self._connection.server,
+            headers=_core.headers(self._connection.token),
+            timeout=timeout,
+            limits=_core.LIMITS,
+        )
+
+    @property
+    def server(self) -> str:
+        """The server's base URL."""
+        return self._connection.server
+
+    @property
+    def project(self) -> str:
+        """The default project."""
+        return self._connection.project
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(server={self.server!r}, project={self.project!r})"
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Closes the client's connections."""
+        await self._http.aclose()
+
+    async def send(self, request: _core.Request) -> Any:
+        """Sends one request; see :meth:`nodus.Client.send`."""
+        try:
+            response = await self._http.request(
+                request.method,
+                request.path,
+                content=None if request.body is None else _core.encode(request.body),
+                headers=request.headers,
+                params=request.params or None,
+            )
+        except httpx.TransportError as error:
+            raise _core.connection_error(self.server, error) from None
+        return _core.result(response)
+
+    def _path(
+        self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
+    ) -> str:
+        return _core.resource_path(project or self.project, plural, name, sub)
+
+    async def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
+        """``GET …/{plural}/{name}``: one object."""
+        answer: Dict[str, Any] = await self.send(
+            _core.Request("GET", self._path(plural, name, None, project))
+        )
+        return answer
+
+    async def list(
+        self,
+        plural: str,
+        *,
+        field_selector: Optional[str] = None,
+        label_selector: Optional[str] = None,
+        project: Optional[str] = None,
+    ) -> List[Dict[str, Any]]:
+        """``GET …/{plural}``: the objects, filtered by the selectors."""
+        params: Dict[str, str] = {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if label_selector:
+            params["labelSelector"] = label_selector
+        answer = await self.send(
+            _core.Request("GET", self._path(plural, None, None, project), params=params)
+        )
+        items: List[Dict[str, Any]] = answer.get("items", [])
+        return items
+
+    async def create(
+        self,
+        plural: str,
+        document: Mapping[str, Any],
+        *,
+        project: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """``POST …/{plural}``: creates the object or a batch of runs."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        answer: Dict[str, Any] = await self.send(
+            _core.Request("POST", self._path(plural, None, None, project), dict(document), headers)
+        )
+        return answer
+
+    async def patch(
+        self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """``PATCH …/{plural}/{name}``: a JSON merge patch."""
+        answer: Dict[str, Any] = await self.send(
+            _core.Request("PATCH", self._path(plural, name, None, project), dict(patch))
+        )
+        return answer
+
+    async def delete(self, plural: str, name: str, *, project: Optional[str] = None) -> None:
+        """``DELETE …/{plural}/{name}``."""
+        await self.send(_core.Request("DELETE", self._path(plural, name, None, project)))
+
+    async def create_secret(
+        self, name: str, values: Mapping[str, str], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Creates a Secret with ``values``; the server seals them and never answers them."""
+        return await self.create("secrets", _core.secret_document(name, values), project=project)
+
+    async def sub(
+        self,
+        method: str,
+        plural: str,
+        name: str,
+        sub: str,
+        body: Any = None,
+        *,
+        project: Optional[str] = None,
+    ) -> Any:
+        """A request to a sub-resource."""
+        return await self.send(_core.Request(method, self._path(plural, name, sub, project), body))
+
+
+_default: Optional[AsyncClient] = None
+
+
+def default_client() -> AsyncClient:
+    """The async client that handles use when none is given, made on first use."""
+    global _default
+    if _default is None:
+        _default = AsyncClient()
+    return _default
+
+
+def _deadline(timeout: Optional[float]) -> Optional[float]:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+async def _pause(delay: float, deadline: Optional[float]) -> bool:
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        delay = min(delay, left)
+    await asyncio.sleep(delay)
+    return True
+
+
+class ClaudeAgent:
+    """An Agent on Claude; see :class:`nodus.ClaudeAgent`. Its methods are coroutines."""
+
+    def __init__(
+        self,
+        name: str,
+        system: Optional[str] = None,
+        families: Optional[Sequence[str]] = None,
+        api_key_secret: Optional[str] = None,
+        *,
+        model: Optional[str] = None,
+        max_tokens: Optional[int] = None,
+        per_run_max_cost: Any = None,
+        project: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> None:
+        self.name: str = name
+        self._spec: Optional[Dict[str, Any]] = _core.agent_spec(
+            system, families, api_key_secret, model, max_tokens, per_run_max_cost
+        )
+        self._project = project
+        self._client = client
+        self._ensured = False
+
+    @classmethod
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> "ClaudeAgent":
+        """The agent ``name`` as it is on the server; nothing is changed on it."""
+        agent = cls(name, project=project, client=client)
+        agent._spec = None
+        return agent
+
+    def __repr__(self) -> str:
+        return f"ClaudeAgent({self.name!r}, project={self.project!r})"
+
+    @property
+    def client(self) -> AsyncClient:
+        """The client this agent uses."""
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    @property
+    def project(self) -> str:
+        """The agent's project."""
+        return self._project or self.client.project
+
+    async def ensure(self) -> Dict[str, Any]:
+        """Creates the agent, or updates it to the fields given; returns it as stored."""
+        client, project = self.client, self.project
+        if self._spec is None:
+            agent = await client.get("agents", self.name, project=project)
+        else:
+            try:
+                agent = await client.create(
+                    "agents", _core.agent_document(self.name, self._spec), project=project
+                )
+            except AlreadyExists:
+                agent = await client.get("agents", self.name, project=project)
+                patch = _core.agent_patch(agent, self._spec)
+                if patch is not None:
+                    agent = await client.patch("agents", self.name, patch, project=project)
+        self._ensured = True
+        return agent
+
+    async def submit(
+        self,
+        prompt: str,
+        keep_alive: bool = False,
+        *,
+        name: Optional[str] = None,
+        deadline: Optional[str] = None,
+        context: Optional[Mapping[str, Any]] = None,
+    ) -> "AgentRun":
+        """Starts a run with ``prompt``; see :meth:`nodus.ClaudeAgent.submit`."""
+        if not self._ensured:
+            await self.ensure()
+        project, agent = _core.run_target(self.project, self.client.project, self.name)
+        run_name = name or _core.new_run_name(self.name)
+        document = _core.run_document(run_name, agent, prompt, keep_alive, deadline, context)
+        created = await self.client.create("agentruns", document, project=project)
+        return AgentRun(run_name, project=project, client=self.client, _document=created)
+
+    async def remote(self, prompt: str, *, timeout: Optional[float] = None) -> str:
+        """Runs ``prompt`` to the end and returns the answer; see
+        :meth:`nodus.ClaudeAgent.remote`."""
+        run = await self.submit(prompt)
+        return await run.answer(timeout=timeout)
+
+
+class AgentRun:
+    """A handle on the run ``name``; see :class:`nodus.AgentRun`. ``await run.status``
+    reads its status."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+        _document: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.name: str = name
+        self._client = client or default_client()
+        self.project: str = project or self._client.project
+        self._answers_expected = 1 if _document is not None else 0
+
+    def __repr__(self) -> str:
+        return f"AgentRun({self.name!r}, project={self.project!r})"
+
+    async def _sub(self, method: str, sub: str, body: Any = None) -> Any:
+        return await self._client.sub(
+            method, "agentruns", self.name, sub, body, project=self.project
+        )
+
+    async def _status(self) -> RunStatus:
+        return RunStatus.from_json(
+            await self._client.get("agentruns", self.name, project=self.project)
+        )
+
+    @property
+    def status(self) -> Awaitable[RunStatus]:
+        """The run's status, read from the server when awaited: ``await run.status``."""
+        return self._status()
+
+    async def _settled(self, status: RunStatus) -> bool:
+        settled = _core.run_settled(status)
+        if settled is None:
+            return _core.count_answers(await self._sub("GET", "steps")) >= self._answers_expected
+        return settled
+
+    async def wait(self, timeout: Optional[float] = None) -> RunStatus:
+        """Waits as :meth:`nodus.AgentRun.wait` does."""
+        deadline = _deadline(timeout)
+        for delay in _core.backoff():
+            status = await self._status()
+            if await self._settled(status):
+                return status
+            if not await _pause(delay, deadline):
+                raise _core.run_timeout(self.name, status, timeout)
+        raise AssertionError("unreachable")
+
+    async def answer(self, timeout: Optional[float] = None) -> str:
+        """The answer of the last answered turn; see :meth:`nodus.AgentRun.answer`."""
+        status = await self.wait(timeout)
+        _core.check_answerable(self.name, status)
+        body = await self._sub("GET", "answer")
+        return str(body.get("answer") or "")
+
+    async def steps(self) -> List[Step]:
+        """What the run did so far, in order."""
+        body = await self._sub("GET", "steps")
+        return [Step.from_json(item) for item in body.get("items", [])]
+
+    async def send(self, kind: str, payload: str, key: Optional[str] = None) -> Delivery:
+        """Sends a message to a keep-alive run; see :meth:`nodus.AgentRun.send`."""
+        delivery = Delivery.from_json(
+            await self._sub("POST", "messages", _core.message_body(kind, payload, key))
+        )
+        self._answers_expected = max(self._answers_expected, delivery.seq + 1)
+        return delivery
+
+    async def cancel(self) -> RunStatus:
+        """Cancels the run; returns the status the server answered."""
+        return RunStatus.from_json(await self._sub("POST", "cancel"))
+
+    async def close(self) -> RunStatus:
+        """Ends a keep-alive conversation well; see :meth:`nodus.AgentRun.close`."""
+        return RunStatus.from_json(await self._sub("POST", "close"))
+
+    async def delete(self) -> None:
+        """Deletes the run."""
+        await self._client.delete("agentruns", self.name, project=self.project)
+
+
+class AgentGroup:
+    """A handle on the group ``name``; see :class:`nodus.AgentGroup`. ``await group.status``
+    reads its status."""
+
+    def __init__(
+        self, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> None:
+        self.name: str = name
+        self._client = client or default_client()
+        self.project: str = project or self._client.project
+        self._document: Optional[Dict[str, Any]] = None
+
+    def __repr__(self) -> str:
+        return f"AgentGroup({self.name!r}, project={self.project!r})"
+
+    @classmethod
+    async def create(
+        cls,
+        name: str,
+        agent: Union[str, ClaudeAgent],
+        max_active: Optional[int] = None,
+        max_cost: Any = None,
+        evaluation: Optional[Mapping[str, Any]] = None,
+        *,
+        max_pending: Optional[int] = None,
+        project: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> "AgentGroup":
+        """Creates the group; see :meth:`nodus.AgentGroup.create`."""
+        if isinstance(agent, ClaudeAgent):
+            client = client or agent.client
+            await agent.ensure()
+            # A template's group lives in the client's project, as its runs do.
+            target, reference = _core.run_target(agent.project, agent.client.project, agent.name)
+            project = project or target
+            agent = reference
+        group = cls(name, project=project, client=client)
+        document = _core.group_document(name, agent, max_active, max_cost, evaluation, max_pending)
+        group._document = await group._client.create("agentgroups", document, project=group.project)
+        return group
+
+    @classmethod
+    def from_name(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> "AgentGroup":
+        """A handle on the existing group ``name`` (nothing is read yet)."""
+        return cls(name, project=project, client=client)
+
+    async def _read(self) -> Dict[str, Any]:
+        self._document = await self._client.get("agentgroups", self.name, project=self.project)
+        return self._document
+
+    async def _status(self) -> GroupStatus:
+        return GroupStatus.from_json(await self._read())
+
+    @property
+    def status(self) -> Awaitable[GroupStatus]:
+        """The group's status, read from the server when awaited: ``await group.status``."""
+        return self._status()
+
+    async def submit(
+        self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True
+    ) -> List[AgentRun]:
+        """Creates a run per task in batches of up to 100, then seals; see
+        :meth:`nodus.AgentGroup.submit`."""
+        items = as_tasks(tasks)
+        document = self._document or await self._read()
+        uid = str(document.get("metadata", {}).get("uid", ""))
+        agent = str(document.get("spec", {}).get("agent", ""))
+        runs: List[AgentRun] = []
+        for key, body in _core.batches(self.name, uid, agent, items):
+            created = await self._create_batch(key, body)
+            runs.extend(
+                AgentRun(
+                    str(run["metadata"]["name"]),
+                    project=self.project,
+                    client=self._client,
+                    _document=run,
+                )
+                for run in created.get("items", [])
+            )
+        if seal:
+            await self.seal()
+        return runs
+
+    async def _create_batch(self, key: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        for attempt in range(3):
+            try:
+                return await self._client.create(
+                    "agentruns", body, project=self.project, idempotency_key=key
+                )
+            except ServerUnavailable:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def seal(self) -> GroupStatus:
+        """Seals the group."""
+        self._document = await self._client.patch(
+            "agentgroups", self.name, {"spec": {"sealed": True}}, project=self.project
+        )
+        return GroupStatus.from_json(self._document)
+
+    async def wait(self, timeout: Optional[float] = None) -> GroupStatus:
+        """Waits until the group has finished; see :meth:`nodus.AgentGroup.wait`."""
+        deadline = _deadline(timeout)
+        for delay in _core.backoff():
+            status = await self._status()
+            if status.finished:
+                return status
+            if not await _pause(delay, deadline):
+                raise _core.group_timeout(self.name, status, timeout)
+        raise AssertionError("unreachable")
+
+    async def results(self) -> List[Result]:
+        """One result per run of the group."""
+        runs = await self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
+        return [Result.from_json(run) for run in runs]
+
+    async def runs(self) -> List[AgentRun]:
+        """A handle on each run of the group."""
+        runs = await self._client.list(
+            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
+        )
+        return [
+            AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client)
+            for run in runs
+        ]
+
+    async def cancel(self) -> GroupStatus:
+        """Cancels every unfinished run."""
+        return GroupStatus.from_json(
+            await self._client.sub("POST", "agentgroups", self.name, "cancel", project=self.project)
+        )
+
+    async def delete(self) -> None:
+        """Deletes the group with all of its runs."""
+        await self._client.delete("agentgroups", self.name, project=self.project)

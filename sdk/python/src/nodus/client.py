@@ -1,0 +1,178 @@
+"""The synchronous connection to a Nodus server: authenticated JSON requests to the REST API,
+with the server's failures raised as :mod:`nodus.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Mapping, Optional
+
+import httpx
+
+from . import _core
+from .config import Connection, resolve
+
+__all__ = ["Client", "default_client"]
+
+
+class Client:
+    """A connection to one server with one token; ``project`` is the default project of the
+    calls that do not name one.
+
+    Each of ``server``, ``token`` and ``project`` comes from the argument when given, else from
+    ``NODUS_SERVER`` / ``NODUS_TOKEN`` / ``NODUS_PROJECT``, else from the ``nodus`` CLI's
+    current context. ``timeout`` bounds each request in seconds. Use it as a context manager,
+    or call :meth:`close`, to close its connections.
+    """
+
+    def __init__(
+        self,
+        server: Optional[str] = None,
+        token: Optional[str] = None,
+        project: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self._connection: Connection = resolve(server, token, project)
+        self._http = httpx.Client(
+            base_url=self._connection.server,
+            headers=_core.headers(self._connection.token),
+            timeout=timeout,
+            limits=_core.LIMITS,
+        )
+
+    @property
+    def server(self) -> str:
+        """The server's base URL."""
+        return self._connection.server
+
+    @property
+    def project(self) -> str:
+        """The default project."""
+        return self._connection.project
+
+    def __repr__(self) -> str:
+        return f"Client(server={self.server!r}, project={self.project!r})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the client's connections."""
+        self._http.close()
+
+    def send(self, request: _core.Request) -> Any:
+        """Sends one request; returns the answer's JSON (numbers with a fraction as
+        Decimal), or raises the exception for the server's reason, or
+        :class:`~nodus.ConnectionFailed` when the server cannot be reached."""
+        try:
+            response = self._http.request(
+                request.method,
+                request.path,
+                content=None if request.body is None else _core.encode(request.body),
+                headers=request.headers,
+                params=request.params or None,
+            )
+        except httpx.TransportError as error:
+            raise _core.connection_error(self.server, error) from None
+        return _core.result(response)
+
+    def _path(
+        self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
+    ) -> str:
+        return _core.resource_path(project or self.project, plural, name, sub)
+
+    def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
+        """``GET …/{plural}/{name}``: one object (``plural`` is ``agents``, ``agentruns``,
+        ``agentgroups``, ``secrets``, ``budgets`` or ``filesets``)."""
+        answer: Dict[str, Any] = self.send(
+            _core.Request("GET", self._path(plural, name, None, project))
+        )
+        return answer
+
+    def list(
+        self,
+        plural: str,
+        *,
+        field_selector: Optional[str] = None,
+        label_selector: Optional[str] = None,
+        project: Optional[str] = None,
+    ) -> List[Dict[str, Any]]:
+        """``GET …/{plural}``: the objects, filtered by ``field_selector``
+        (``spec.group=NAME``) and ``label_selector`` (``team=a``)."""
+        params: Dict[str, str] = {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        if label_selector:
+            params["labelSelector"] = label_selector
+        answer = self.send(
+            _core.Request("GET", self._path(plural, None, None, project), params=params)
+        )
+        items: List[Dict[str, Any]] = answer.get("items", [])
+        return items
+
+    def create(
+        self,
+        plural: str,
+        document: Mapping[str, Any],
+        *,
+        project: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """``POST …/{plural}``: creates the object (or, for ``agentruns``, a batch given as an
+        ``AgentRunList``, with ``idempotency_key``)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        answer: Dict[str, Any] = self.send(
+            _core.Request("POST", self._path(plural, None, None, project), dict(document), headers)
+        )
+        return answer
+
+    def patch(
+        self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """``PATCH …/{plural}/{name}``: a JSON merge patch of spec and labels."""
+        answer: Dict[str, Any] = self.send(
+            _core.Request("PATCH", self._path(plural, name, None, project), dict(patch))
+        )
+        return answer
+
+    def delete(self, plural: str, name: str, *, project: Optional[str] = None) -> None:
+        """``DELETE …/{plural}/{name}`` (a group goes with its runs)."""
+        self.send(_core.Request("DELETE", self._path(plural, name, None, project)))
+
+    def create_secret(
+        self, name: str, values: Mapping[str, str], *, project: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Creates a Secret with ``values`` (for BYOK: ``{"ANTHROPIC_API_KEY": "…"}``). The
+        server seals them and never answers them."""
+        return self.create("secrets", _core.secret_document(name, values), project=project)
+
+    def sub(
+        self,
+        method: str,
+        plural: str,
+        name: str,
+        sub: str,
+        body: Any = None,
+        *,
+        project: Optional[str] = None,
+    ) -> Any:
+        """A request to a sub-resource (``…/agentruns/NAME/steps``)."""
+        return self.send(_core.Request(method, self._path(plural, name, sub, project), body))
+
+
+_default_lock = threading.Lock()
+_default: Optional[Client] = None
+
+
+def default_client() -> Client:
+    """The client that handles use when none is given: made on first use from the
+    environment and the CLI's config, then shared."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default

@@ -1,0 +1,403 @@
+"""What the server answers, as Python values: run and group statuses, steps, message
+deliveries and group results. Money is :class:`decimal.Decimal`, times are timezone-aware
+:class:`datetime.datetime` values, and each object keeps the server's JSON in ``raw``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+__all__ = [
+    "Cost",
+    "Turn",
+    "RunStatus",
+    "Step",
+    "Delivery",
+    "GroupStatus",
+    "Evaluation",
+    "Result",
+    "Task",
+    "parse_time",
+    "parse_money",
+    "RUN_FINISHED",
+    "GROUP_FINISHED",
+]
+
+#: The phases after which a run does nothing more.
+RUN_FINISHED = frozenset({"Succeeded", "Failed", "Cancelled"})
+#: The phases after which a group does nothing more.
+GROUP_FINISHED = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+_TIME = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+    r"(Z|z|[+-]\d{2}:?\d{2})$"
+)
+
+
+def parse_time(value: Any) -> Optional[datetime]:
+    """An RFC 3339 timestamp (``2026-12-01T15:23:47.445862612Z``, nanoseconds allowed) as a
+    timezone-aware datetime; ``None`` for ``None``. Raises ``ValueError`` for other text."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    match = _TIME.match(str(value))
+    if not match:
+        raise ValueError(f"not an RFC 3339 timestamp: {value!r}")
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micro = int((fraction or "0")[:6].ljust(6, "0"))
+    if offset in ("Z", "z"):
+        tz = timezone.utc
+    else:
+        sign = -1 if offset[0] == "-" else 1
+        digits = offset[1:].replace(":", "")
+        tz = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    return datetime(
+        int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz
+    )
+
+
+def parse_money(value: Any) -> Optional[Decimal]:
+    """A dollar amount (the server writes them as decimal strings) as an exact Decimal;
+    ``None`` for ``None``. A float is refused: it cannot be exact."""
+    if value is None:
+        return None
+    if isinstance(value, float):
+        raise TypeError(f"money is never a float (got {value!r}); use a str or Decimal")
+    try:
+        return Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"not a decimal amount of dollars: {value!r}") from None
+
+
+def money_text(value: Any, name: str) -> str:
+    """An amount of dollars as the decimal string the server takes (``"0.60"``), from a str,
+    int or Decimal. A float is refused, naming the argument."""
+    if isinstance(value, float):
+        raise TypeError(
+            f'{name} is money: pass a str or Decimal such as "0.60", not the float {value!r}'
+        )
+    if isinstance(value, bool) or not isinstance(value, (str, int, Decimal)):
+        raise TypeError(f"{name} is a decimal amount of dollars (str or Decimal), not {value!r}")
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise ValueError(f"{name} is a decimal amount of dollars, not {value!r}") from None
+    if not amount.is_finite():
+        raise ValueError(f"{name} is a finite amount of dollars, not {value!r}")
+    return str(amount)
+
+
+def _dict(value: Any) -> Dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What was spent (``total``) and the cap (``limit``, ``None`` when uncapped), in USD."""
+
+    total: Decimal
+    limit: Optional[Decimal]
+
+    @classmethod
+    def from_json(cls, value: Any) -> "Cost":
+        """From the server's ``{"totalUSD": "…", "limitUSD": "…"}``."""
+        data = _dict(value)
+        return cls(
+            parse_money(data.get("totalUSD")) or Decimal("0"), parse_money(data.get("limitUSD"))
+        )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One prompt of a run: the model that served it, how it was chosen and what it cost."""
+
+    model: str
+    family: Optional[str]
+    chosen_by: Optional[str]
+    cost: Decimal
+    input_tokens: int
+    output_tokens: int
+    commands: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> "Turn":
+        """From one item of ``status.turns``."""
+        data = _dict(value)
+        return cls(
+            model=str(data.get("model", "")),
+            family=data.get("family"),
+            chosen_by=data.get("chosenBy"),
+            cost=parse_money(data.get("costUSD")) or Decimal("0"),
+            input_tokens=int(data.get("inputTokens", 0)),
+            output_tokens=int(data.get("outputTokens", 0)),
+            commands=int(data.get("commands", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's status as last read: ``phase`` (``Pending``, ``Running``, ``Waiting``,
+    ``NeedsResolution``, ``Succeeded``, ``Failed``, ``Cancelled``), its ``reason``, the
+    ``message``, the ``turns``, the ``cost``, the answer's ``preview``, the times, and
+    ``cancel_requested`` (the reason) or ``close_requested`` while a cancellation or a close
+    is being carried out."""
+
+    name: str
+    phase: Optional[str]
+    reason: Optional[str]
+    message: Optional[str]
+    turns: Tuple[Turn, ...]
+    cost: Cost
+    answer_preview: Optional[str]
+    answer_bytes: Optional[int]
+    created: Optional[datetime]
+    started: Optional[datetime]
+    completed: Optional[datetime]
+    keep_alive: bool
+    cancel_requested: Optional[str]
+    close_requested: bool
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, document: Any) -> "RunStatus":
+        """From an AgentRun as the server answers it."""
+        data = _dict(document)
+        status = _dict(data.get("status"))
+        answer = status.get("answer")
+        answer_data = _dict(answer)
+        return cls(
+            name=str(_dict(data.get("metadata")).get("name", "")),
+            phase=status.get("phase"),
+            reason=status.get("reason"),
+            message=status.get("message"),
+            turns=tuple(Turn.from_json(t) for t in status.get("turns") or []),
+            cost=Cost.from_json(status.get("cost")),
+            answer_preview=answer_data.get("preview") if answer is not None else None,
+            answer_bytes=answer_data.get("bytes") if answer is not None else None,
+            created=parse_time(_dict(data.get("metadata")).get("creationTimestamp")),
+            started=parse_time(status.get("startTime")),
+            completed=parse_time(status.get("completionTime")),
+            keep_alive=bool(_dict(data.get("spec")).get("keepAlive", False)),
+            cancel_requested=status.get("cancelRequested"),
+            close_requested=bool(status.get("closeRequested")),
+            raw=data,
+        )
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended (Succeeded, Failed or Cancelled)."""
+        return self.phase in RUN_FINISHED
+
+    @property
+    def awaiting_message(self) -> bool:
+        """Whether a keep-alive run has answered its turn and waits for a message (and is
+        not being cancelled or closed)."""
+        return (
+            self.phase == "Waiting"
+            and self.reason == "AwaitingMessage"
+            and not self.cancel_requested
+            and not self.close_requested
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recorded step of a run: ``kind`` (``SandboxCreation``, ``Routing``,
+    ``ModelCall``, ``Command``, ``Answer``, …), ``state`` and a one-line ``summary``."""
+
+    seq: int
+    kind: str
+    state: str
+    summary: str
+    started: Optional[datetime]
+    finished: Optional[datetime]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, value: Any) -> "Step":
+        """From one item of the server's StepList."""
+        data = _dict(value)
+        return cls(
+            seq=int(data.get("seq", 0)),
+            kind=str(data.get("kind", "")),
+            state=str(data.get("state", "")),
+            summary=str(data.get("summary", "")),
+            started=parse_time(data.get("startedAt")),
+            finished=parse_time(data.get("finishedAt")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The answer to a message: its sequence number in the run, and whether it was a
+    ``duplicate`` of one sent before with the same key (then it is not delivered again)."""
+
+    seq: int
+    duplicate: bool
+    key: Optional[str]
+
+    @classmethod
+    def from_json(cls, value: Any) -> "Delivery":
+        """From the server's ``{"seq": …, "duplicate": …, "messageKey": …}``."""
+        data = _dict(value)
+        return cls(int(data.get("seq", 0)), bool(data.get("duplicate")), data.get("messageKey"))
+
+
+class Evaluation:
+    """A group's evaluation summary (``status.evaluation``): ``pending`` cases and, with
+    :meth:`get`, any other field such as ``passRate`` or ``meanReward``. Empty for a group
+    without ``spec.evaluation``."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data: Dict[str, Any] = dict(data)
+
+    @property
+    def pending(self) -> Optional[int]:
+        """How many cases are not finished yet (``None`` when not evaluated)."""
+        value = self._data.get("pending")
+        return int(value) if value is not None else None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the summary (``passRate``, ``meanReward``, …), or ``default``."""
+        return self._data.get(key, default)
+
+    def __repr__(self) -> str:
+        return f"Evaluation({self._data!r})"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """A group's status as last read: ``phase`` (``Running``, ``Cancelling``,
+    ``Succeeded``, ``Failed``, ``Cancelled``), ``reason``, the run ``counts`` (queued,
+    active, waiting, succeeded, failed, cancelled), ``blocked_reasons``, ``cost``,
+    ``sealed`` and the ``evaluation`` summary."""
+
+    name: str
+    phase: Optional[str]
+    reason: Optional[str]
+    counts: Dict[str, int]
+    blocked_reasons: Dict[str, int]
+    cost: Cost
+    sealed: bool
+    evaluation: Evaluation
+    created: Optional[datetime]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, document: Any) -> "GroupStatus":
+        """From an AgentGroup as the server answers it."""
+        data = _dict(document)
+        status = _dict(data.get("status"))
+        metadata = _dict(data.get("metadata"))
+        return cls(
+            name=str(metadata.get("name", "")),
+            phase=status.get("phase"),
+            reason=status.get("reason"),
+            counts={str(k): int(v) for k, v in _dict(status.get("counts")).items()},
+            blocked_reasons={
+                str(k): int(v) for k, v in _dict(status.get("blockedReasons")).items()
+            },
+            cost=Cost.from_json(status.get("cost")),
+            sealed=bool(_dict(data.get("spec")).get("sealed", False)),
+            evaluation=Evaluation(_dict(status.get("evaluation"))),
+            created=parse_time(metadata.get("creationTimestamp")),
+            raw=data,
+        )
+
+    @property
+    def finished(self) -> bool:
+        """Whether the group has ended (Succeeded, Failed or Cancelled)."""
+        return self.phase in GROUP_FINISHED
+
+
+@dataclass(frozen=True)
+class Result:
+    """One task of a group: its ``task_id`` (the run's ``spec.taskKey``), the ``run`` name,
+    its ``state`` (the run's phase), ``reason``, ``cost`` and the answer ``preview``. Use
+    :meth:`get` for the fields of an evaluation record, such as ``verdict``."""
+
+    task_id: str
+    run: str
+    state: Optional[str]
+    reason: Optional[str]
+    cost: Cost
+    preview: Optional[str]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, document: Any) -> "Result":
+        """From an AgentRun of the group."""
+        status = RunStatus.from_json(document)
+        spec = _dict(_dict(document).get("spec"))
+        return cls(
+            task_id=str(spec.get("taskKey", status.name)),
+            run=status.name,
+            state=status.phase,
+            reason=status.reason,
+            cost=status.cost,
+            preview=status.answer_preview,
+            raw=status.raw,
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the task's evaluation record (``verdict``, ``reward``, …), else of the
+        run's status; ``default`` when neither has it (as for a group without evaluation)."""
+        status = _dict(self.raw.get("status"))
+        record = _dict(status.get("evaluation"))
+        if key in record:
+            return record[key]
+        return status.get(key, default)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task to run in a group: its ``key`` (a DNS label, unique in the group; the run is
+    named ``<group>-<key>``), its ``input`` prompt and the keys it ``depends_on``."""
+
+    key: str
+    input: str
+    depends_on: Tuple[str, ...] = ()
+
+    def document(self, group: str, agent: str) -> Dict[str, Any]:
+        """The AgentRun this task becomes in ``group``."""
+        spec: Dict[str, Any] = {
+            "agent": agent,
+            "group": group,
+            "taskKey": self.key,
+            "input": self.input,
+        }
+        if self.depends_on:
+            spec["dependsOn"] = list(self.depends_on)
+        return {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentRun",
+            "metadata": {"name": f"{group}-{self.key}"},
+            "spec": spec,
+        }
+
+
+def as_tasks(tasks: Any) -> List[Task]:
+    """Tasks from :class:`Task` values, ``(key, input)`` or ``(key, input, depends_on)``
+    tuples, or mappings with ``key``, ``input`` and optional ``depends_on``/``dependsOn``."""
+    result: List[Task] = []
+    for index, item in enumerate(tasks):
+        if isinstance(item, Task):
+            result.append(item)
+        elif isinstance(item, tuple) and len(item) in (2, 3):
+            depends = tuple(item[2]) if len(item) == 3 else ()
+            result.append(Task(str(item[0]), str(item[1]), depends))
+        elif isinstance(item, Mapping) and "key" in item and "input" in item:
+            depends = item.get("depends_on", item.get("dependsOn", ()))
+            result.append(Task(str(item["key"]), str(item["input"]), tuple(depends)))
+        else:
+            raise TypeError(
+                f"tasks[{index}] is a Task, a (key, input[, depends_on]) tuple or a mapping "
+                f"with key and input, not {item!r}"
+            )
+    return result
