@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
-const TOKEN: &str = "quickstart-test-token";
+const TOKEN: &str = "quickstart-test-token-0123456789abcdef";
 
 const AGENT: &str = r#"apiVersion: nodus.dev/v1
 kind: Agent

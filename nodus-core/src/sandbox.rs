@@ -197,12 +197,16 @@ pub enum Error {
     /// Something else failed.
     #[error("sandbox failure: {0}")]
     Failed(String),
+    /// The command could not be started because the host was out of a resource for the
+    /// moment (open files, processes, memory): it certainly did not run, and a retry may help.
+    #[error("the command could not be started, so it did not run: {0}")]
+    NotStarted(String),
 }
 
 impl Error {
     /// Whether trying again may help.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable(_))
+        matches!(self, Error::Unavailable(_) | Error::NotStarted(_))
     }
 }
 

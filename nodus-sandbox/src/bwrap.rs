@@ -295,7 +295,7 @@ impl Sandbox for BwrapSandbox {
         let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
         blocking(move || {
             let failed = |e: io::Error| {
-                Error::Failed(format!("creating the directory {}: {e}", dir.display()))
+                Error::Failed(format!("creating the sandbox's working directory: {e}"))
             };
             fs::create_dir_all(&dir).map_err(failed)?;
             if let Some(user) = user {

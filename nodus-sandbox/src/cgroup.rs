@@ -169,15 +169,18 @@ impl Cgroups {
     pub(crate) fn create(&self, key: &str, limits: &Limits) -> Result<(), Error> {
         for hierarchy in &self.hierarchies {
             let dir = hierarchy.parent.join(key);
+            // The cgroup's host path goes to the log only, never into a run's status.
             let failed = |what: &str, e: io::Error| {
-                Error::Failed(format!("{what} of cgroup {}: {e}", dir.display()))
+                warn!(cgroup = %dir.display(), error = %e, "{what} a sandbox's cgroup failed");
+                Error::Failed(format!("{what} the sandbox's cgroup: {e}"))
             };
             match fs::create_dir(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(failed("creating", e)),
             }
-            write_limits(&dir, hierarchy, limits).map_err(|e| failed("setting the limits", e))?;
+            write_limits(&dir, hierarchy, limits)
+                .map_err(|e| failed("setting the limits of", e))?;
         }
         Ok(())
     }
@@ -377,6 +380,31 @@ fn unescape(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cgroup that cannot be made fails the sandbox with a message that names no host path
+    /// (it reaches the run's status).
+    #[test]
+    fn a_failure_names_no_host_path() {
+        let dir = tempfile::tempdir().expect("dir");
+        let parent = dir.path().join("missing");
+        let cgroups = Cgroups {
+            hierarchies: vec![Hierarchy {
+                parent: parent.clone(),
+                v2: true,
+                controllers: Controllers::default(),
+            }],
+        };
+        let limits = Limits::default();
+        let message = match cgroups.create("sandbox-key", &limits) {
+            Err(Error::Failed(message)) => message,
+            other => panic!("created: {other:?}"),
+        };
+        assert!(message.contains("the sandbox's cgroup"), "{message}");
+        assert!(
+            !message.contains(&dir.path().display().to_string()),
+            "{message}"
+        );
+    }
 
     #[test]
     fn mountinfo_lines() {

@@ -1,5 +1,8 @@
-//! Bearer tokens: each bound to one or more projects. Tokens are stored by their SHA-256
-//! hash only; the token itself is shown once, when it is made.
+//! Bearer tokens: each bound to one or more projects. Tokens are stored by their
+//! HMAC-SHA256 under a key derived from the server's `secret.key` only, so a stolen database
+//! alone does not let anyone test guesses of a token; the token itself is shown once, when
+//! it is made. Tokens stored by a plain SHA-256 (before the key) still work, and are stored
+//! again under the key when first used.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -71,19 +74,47 @@ struct TokenSpec {
     admin: bool,
 }
 
-/// Tokens, kept in the store by hash.
+/// The shortest admin token `--bootstrap-token` takes, in characters.
+pub const MIN_BOOTSTRAP_TOKEN_CHARS: usize = 32;
+
+/// The key tokens are hashed with: derived from the server's secret key.
+#[derive(Clone)]
+pub struct TokenKey([u8; 32]);
+
+impl TokenKey {
+    /// The token key of a server key.
+    pub fn derive(server_key: &[u8; 32]) -> Self {
+        TokenKey(nodus_core::digest::hmac_sha256(
+            server_key,
+            b"nodus token hashing v1",
+        ))
+    }
+
+    /// The name a token is stored under.
+    pub fn hash(&self, token: &str) -> String {
+        nodus_core::digest::hmac_sha256_hex(&self.0, token.as_bytes())
+    }
+}
+
+/// Tokens, kept in the store by keyed hash.
 #[derive(Clone)]
 pub struct Auth {
     store: Arc<dyn Store>,
+    key: TokenKey,
 }
 
 impl Auth {
-    /// Tokens in this store.
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Auth { store }
+    /// Tokens in this store, hashed with `key`.
+    pub fn new(store: Arc<dyn Store>, key: TokenKey) -> Self {
+        Auth { store, key }
     }
 
-    fn key(token: &str) -> ObjectKey {
+    fn key(&self, token: &str) -> ObjectKey {
+        ObjectKey::new(SYSTEM_PROJECT, Kind::Token, self.key.hash(token))
+    }
+
+    /// Where a token made before tokens were keyed is stored: its plain SHA-256.
+    fn legacy_key(token: &str) -> ObjectKey {
         let hash = nodus_core::digest::sha256_hex(token.as_bytes());
         ObjectKey::new(SYSTEM_PROJECT, Kind::Token, hash)
     }
@@ -95,7 +126,7 @@ impl Auth {
         projects: &[&str],
         admin: bool,
     ) -> Result<(), store::Error> {
-        let key = Self::key(token);
+        let key = self.key(token);
         let document = serde_json::json!({
             "apiVersion": nodus_core::resource::API_VERSION,
             "kind": "Token",
@@ -103,12 +134,25 @@ impl Auth {
             "spec": TokenSpec { projects: projects.iter().map(|p| p.to_string()).collect(), admin },
         });
         match self.store.get(&key).await {
-            Ok(record) => self
-                .store
-                .update(&key, record.version, document)
-                .await
-                .map(|_| ()),
-            Err(store::Error::NotFound(_)) => self.store.create(&key, document).await.map(|_| ()),
+            // Registered as it is already (every start registers the admin token): nothing
+            // to write, so that a server starts on a full disk.
+            Ok(record) if record.document == document => {}
+            Ok(record) => {
+                self.store.update(&key, record.version, document).await?;
+            }
+            Err(store::Error::NotFound(_)) => {
+                self.store.create(&key, document).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        // The same token stored before tokens were keyed would still open the door.
+        let legacy = Self::legacy_key(token);
+        match self.store.get(&legacy).await {
+            Ok(_) => match self.store.delete(&legacy).await {
+                Ok(()) | Err(store::Error::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            },
+            Err(store::Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -122,13 +166,34 @@ impl Auth {
             .map(str::trim)
             .filter(|token| !token.is_empty())
             .ok_or_else(ApiError::unauthorized)?;
-        let record = match self.store.get(&Self::key(token)).await {
+        let record = match self.store.get(&self.key(token)).await {
+            Ok(record) => record,
+            Err(store::Error::NotFound(_)) => return self.authenticate_legacy(token).await,
+            Err(e) => return Err(e.into()),
+        };
+        let spec: TokenSpec = serde_json::from_value(record.document["spec"].clone())
+            .map_err(|_| ApiError::unauthorized())?;
+        Ok(Principal {
+            projects: spec.projects,
+            admin: spec.admin,
+        })
+    }
+
+    /// A token stored by its plain SHA-256 (before tokens were keyed): accepted, and stored
+    /// again under the keyed hash (the plain one is removed).
+    async fn authenticate_legacy(&self, token: &str) -> Result<Principal, ApiError> {
+        let record = match self.store.get(&Self::legacy_key(token)).await {
             Ok(record) => record,
             Err(store::Error::NotFound(_)) => return Err(ApiError::unauthorized()),
             Err(e) => return Err(e.into()),
         };
         let spec: TokenSpec = serde_json::from_value(record.document["spec"].clone())
             .map_err(|_| ApiError::unauthorized())?;
+        let projects: Vec<&str> = spec.projects.iter().map(String::as_str).collect();
+        if let Err(error) = self.register(token, &projects, spec.admin).await {
+            // The token still works this time; storing it keyed is tried again next time.
+            tracing::warn!(error = %error, "cannot store a token under its keyed hash");
+        }
         Ok(Principal {
             projects: spec.projects,
             admin: spec.admin,
@@ -149,12 +214,14 @@ pub fn new_token() -> Result<String, getrandom::Error> {
 /// Write a file that only its owner can read, failing if it exists.
 pub fn write_private_file(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)?;
+    // The mode given to `open` passes through the umask; this one does not.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     file.write_all(contents.as_bytes())?;
     file.sync_all()
 }

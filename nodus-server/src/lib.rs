@@ -7,10 +7,12 @@ pub mod app;
 pub mod auth;
 mod controller;
 pub mod error;
+mod listen;
 mod metrics;
 mod openapi;
 pub mod options;
 pub mod patch;
+pub mod reserve;
 pub mod secrets;
 
 pub use api::router;

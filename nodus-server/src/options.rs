@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Where state is kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +88,12 @@ pub struct Options {
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
+    /// How long a connection may take to send a request's headers, counted from when it
+    /// opened or its last response was sent; this also closes idle keep-alive connections.
+    pub header_timeout: Duration,
+    /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
+    /// process's limit of open files.
+    pub max_connections: usize,
 }
 
 impl Options {
@@ -101,6 +108,8 @@ impl Options {
             max_concurrent_runs: 256,
             default_image: None,
             sandbox_dir: None,
+            header_timeout: Duration::from_secs(10),
+            max_connections: 512,
         }
     }
 

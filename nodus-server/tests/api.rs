@@ -7,7 +7,7 @@ use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-const TOKEN: &str = "nodus_test_admin_token";
+const TOKEN: &str = "nodus_test_admin_token_0123456789abcdef";
 const BASE: &str = "/apis/nodus.dev/v1/projects";
 
 struct Api {
@@ -18,7 +18,8 @@ struct Api {
 
 async fn api() -> Api {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut options = Options::new(dir.path().to_path_buf());
+    // The server makes its data directory owner-only; a temporary directory is not.
+    let mut options = Options::new(dir.path().join("data"));
     options.store = Some(StoreUrl::Memory);
     options.sandbox = SandboxKind::Unisolated;
     options.bootstrap_token = Some(TOKEN.to_string());
@@ -697,4 +698,82 @@ async fn merge_patch_seals_a_group_and_refuses_lowering_its_cap() {
         (StatusCode::CONFLICT, Some("Conflict")),
         "a stale version is refused: {body}"
     );
+}
+
+/// A FileSet stored before its paths were checked (a component longer than file systems
+/// take) fails its run when the working directory is staged; the run's message says which
+/// file and why, and shows no host path: not the data directory, not the sandbox's directory.
+#[tokio::test]
+async fn a_run_failure_message_shows_no_host_path() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agents"),
+            Some(TOKEN),
+            Some(agent("hello-agent")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let long = format!("src/{}", "x".repeat(300));
+    api.state
+        .store
+        .create(
+            &nodus_core::store::ObjectKey::new(
+                "default",
+                nodus_core::resource::Kind::FileSet,
+                "legacy",
+            ),
+            json!({"apiVersion": "nodus.dev/v1", "kind": "FileSet",
+                   "metadata": {"name": "legacy"},
+                   "spec": {"files": [{"path": long, "content": "x"}]}}),
+        )
+        .await
+        .expect("a FileSet stored under the old rules");
+    let mut staged = run("staged", "Run `ls` and tell me what it printed.");
+    staged["spec"]["workdir"] = json!({"baseWorkdir": "legacy"});
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentruns"),
+            Some(TOKEN),
+            Some(staged),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let driven = api
+        .state
+        .engine
+        .drive("default", "staged")
+        .await
+        .expect("drive");
+    assert_eq!(
+        driven,
+        nodus_core::engine::Driven::Finished(nodus_core::lifecycle::RunPhase::Failed(
+            nodus_core::lifecycle::FailReason::SandboxFailed
+        ))
+    );
+    let (_, got) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/staged"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let message = got["status"]["message"].as_str().expect("a message");
+    assert!(message.contains("./src/xxx"), "{message}");
+    assert!(message.contains("too long"), "{message}");
+    let data_dir = api._dir.path().display().to_string();
+    let everything = got.to_string();
+    assert!(!everything.contains(&data_dir), "{everything}");
+    let (_, steps) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/staged/steps"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert!(!steps.to_string().contains(&data_dir), "{steps}");
 }

@@ -29,10 +29,11 @@ impl Running {
 }
 
 async fn serve(dir: &std::path::Path, store: StoreUrl) -> Running {
-    let mut options = Options::new(dir.to_path_buf());
+    // The server makes its data directory owner-only; a temporary directory is not.
+    let mut options = Options::new(dir.join("data"));
     options.store = Some(store);
     options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some("nodus_controller_test".to_string());
+    options.bootstrap_token = Some("nodus_controller_test_0123456789abcdef".to_string());
     options.listen = "127.0.0.1:0".parse().expect("address");
     let server = Server::build(options).await.expect("server");
     let state = server.state();

@@ -991,3 +991,32 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .await
         .expect("a context without a schema");
 }
+
+/// A command that could not be started (the server out of descriptors) certainly did not
+/// run: it is tried again and runs once, and the run never parks. When it still cannot
+/// start, the step fails, the model is told, and the run goes on.
+#[tokio::test]
+async fn a_command_that_could_not_start_is_retried_not_parked() {
+    use nodus_core::sandbox::Error as SandboxError;
+    let emfile = || SandboxError::NotStarted("Too many open files (os error 24)".into());
+    for (failures, ran) in [(2, 1), (3, 0)] {
+        let world = World::new(vec![commands(&["echo one"]), text("done")]);
+        let engine = world.engine();
+        engine
+            .apply_agent(PROJECT, agent("helper", |_| {}))
+            .await
+            .expect("agent");
+        engine
+            .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
+            .await
+            .expect("run");
+        for _ in 0..failures {
+            world.sandbox.fail_next_exec(emfile());
+        }
+        let driven = engine.drive(PROJECT, "p").await.expect("drive");
+        assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{failures}");
+        assert_eq!(world.sandbox.count("echo one"), ran, "{failures}");
+        let got = engine.get_run(PROJECT, "p").await.expect("run");
+        assert_eq!(got.status.phase, Some(RunPhase::Succeeded));
+    }
+}

@@ -306,7 +306,8 @@ impl Served {
 
     async fn start_on(sandbox: SandboxKind) -> Served {
         let dir = tempfile::tempdir().expect("dir");
-        let mut options = Options::new(dir.path().to_path_buf());
+        // The server makes its data directory owner-only; a temporary directory is not.
+        let mut options = Options::new(dir.path().join("data"));
         options.store = Some(StoreUrl::Memory);
         options.sandbox = sandbox;
         if sandbox == SandboxKind::Docker {

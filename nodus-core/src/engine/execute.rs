@@ -560,16 +560,29 @@ impl Engine {
                 // Watched from before the command starts, so no cancellation is missed.
                 let changes = self.deps.store.subscribe();
                 let exec = async {
-                    let executed = self.deps.sandbox.exec(&info.id, &request).await;
-                    if let Err(sandbox::Error::NotFound(_)) = executed {
-                        // A sandbox created before a restart: re-create it over its working
-                        // directory (creation is idempotent by key) and run the command there.
-                        return match self.deps.sandbox.create(&fixed.sandbox).await {
-                            Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
-                            Err(e) => Err(e),
-                        };
+                    let mut attempt = 1;
+                    loop {
+                        let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
+                        if let Err(sandbox::Error::NotFound(_)) = executed {
+                            // A sandbox created before a restart: re-create it over its working
+                            // directory (creation is idempotent by key) and run the command
+                            // there.
+                            executed = match self.deps.sandbox.create(&fixed.sandbox).await {
+                                Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                                Err(e) => Err(e),
+                            };
+                        }
+                        match executed {
+                            // It did not start (the host is out of descriptors, say): again.
+                            Err(sandbox::Error::NotStarted(_))
+                                if attempt < self.config.attempts =>
+                            {
+                                attempt += 1;
+                                self.deps.clock.sleep(self.config.retry_pause).await;
+                            }
+                            other => break other,
+                        }
                     }
-                    executed
                 };
                 // The run ending (cancelled, deleted, at its deadline) stops the command at
                 // once: dropping the exec kills its processes, and the step is recorded as
@@ -587,9 +600,11 @@ impl Engine {
                 match executed {
                     Ok(output) => Performed::Done(Outcome::CommandFinished { output }),
                     // It certainly did not run.
-                    Err(e @ (sandbox::Error::NotFound(_) | sandbox::Error::Refused(_))) => {
-                        Performed::Done(failed(e.to_string()))
-                    }
+                    Err(
+                        e @ (sandbox::Error::NotFound(_)
+                        | sandbox::Error::Refused(_)
+                        | sandbox::Error::NotStarted(_)),
+                    ) => Performed::Done(failed(e.to_string())),
                     Err(e) => {
                         tracing::warn!(run = %fixed.key, error = %e, "command outcome uncertain");
                         Performed::Uncertain

@@ -193,10 +193,16 @@ impl Engine {
         match self.deps.store.get(&key).await {
             Ok(record) => {
                 let current = typed::decode::<crate::resource::AgentSpec>(record)?;
+                let unchanged = typed::encode(&key, &current.object)?;
                 let mut updated = current.object;
                 updated.spec = agent.spec;
                 updated.metadata.labels = agent.metadata.labels;
                 let document = typed::encode(&key, &updated)?;
+                if document == unchanged {
+                    // The same agent again: nothing to write (a server starting on a full
+                    // disk re-applies its template).
+                    return Ok(updated);
+                }
                 let record = self
                     .deps
                     .store

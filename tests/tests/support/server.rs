@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const TOKEN: &str = "nodus_e2e_admin_token";
+pub const TOKEN: &str = "nodus_e2e_admin_token_0123456789abcdef";
 
 /// The `nodus` binary cargo built next to this test.
 pub fn nodus_binary() -> PathBuf {
@@ -94,6 +94,12 @@ impl ServerProcess {
     /// The same, with more `nodus server` flags.
     pub fn start_with(store: &str, data_dir: &Path, sandbox: &str, extra: &[&str]) -> Self {
         let port = free_port();
+        // The server refuses a data directory that other users can read.
+        std::fs::set_permissions(
+            data_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .expect("an owner-only data directory");
         let log = data_dir.join(format!("server-{port}.log"));
         let child = Command::new(nodus_binary())
             .args([
