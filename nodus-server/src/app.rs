@@ -143,7 +143,7 @@ impl Server {
         let state = Arc::new(AppState {
             engine: engine.clone(),
             store: store.clone(),
-            auth: Auth::new(store.clone(), cipher.token_key()),
+            auth: Auth::new(store.clone(), cipher.token_key(), clock.clone()),
             cipher,
             ledger,
             metrics: Metrics::default(),
@@ -603,10 +603,7 @@ async fn bootstrap(
             "the bootstrap token is empty".to_string(),
         ));
     }
-    state
-        .auth
-        .register(&token, &[DEFAULT_PROJECT], true)
-        .await?;
+    state.auth.register_operator(&token).await?;
     if options.bootstrap_token.is_some() {
         announcements.push("admin token: the one given by --bootstrap-token".to_string());
     } else {

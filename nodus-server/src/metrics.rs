@@ -12,7 +12,7 @@ use nodus_core::journal::{Outcome, StepKind};
 use nodus_core::resource::{AgentRunSpec, Kind};
 use nodus_core::store::{Selector, Store};
 
-use crate::auth::SYSTEM_PROJECT;
+use crate::auth::{Principal, SYSTEM_PROJECT};
 
 /// Counters the API keeps.
 #[derive(Debug, Default)]
@@ -27,8 +27,9 @@ impl Metrics {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text: counters, and what the store says about runs.
-    pub async fn render(&self, engine: &Engine, store: &dyn Store) -> String {
+    /// The exposition text: counters, and what the store says about the runs of the projects
+    /// `caller` holds.
+    pub async fn render(&self, engine: &Engine, store: &dyn Store, caller: &Principal) -> String {
         let mut phases: std::collections::BTreeMap<String, u64> = Default::default();
         let mut model_calls = 0u64;
         let mut spend = Usd::ZERO;
@@ -39,6 +40,9 @@ impl Metrics {
             .await
             .unwrap_or_default();
         for project in projects {
+            if caller.check_read(&project.key.name).is_err() {
+                continue;
+            }
             let runs = engine
                 .list::<AgentRunSpec>(&project.key.name, &Selector::default())
                 .await

@@ -117,7 +117,18 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         (status, body["reason"].as_str()),
         (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
     );
-    // Another project: the same answer whether it exists or not.
+    // Another project: the same answer whether it exists or not (to a token of `default`
+    // that is not the operator's, which holds every project).
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/tokens"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"name": "team"}, "spec": {"role": "admin"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let team = created["token"].as_str().expect("a token");
     api.state
         .ledger
         .open("other", nodus_core::Usd::ZERO)
@@ -127,7 +138,7 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         .call(
             Method::GET,
             &format!("{BASE}/other/agents"),
-            Some(TOKEN),
+            Some(team),
             None,
         )
         .await;
@@ -135,7 +146,7 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         .call(
             Method::GET,
             &format!("{BASE}/nowhere/agents"),
-            Some(TOKEN),
+            Some(team),
             None,
         )
         .await;
