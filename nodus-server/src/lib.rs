@@ -12,6 +12,7 @@ mod openapi;
 pub mod options;
 pub mod patch;
 pub mod secrets;
+pub mod watch;
 
 pub use api::router;
 pub use app::{AppState, Server, StartError};
