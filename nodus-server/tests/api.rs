@@ -776,6 +776,7 @@ async fn a_run_failure_message_shows_no_host_path() {
         )
         .await;
     assert!(!steps.to_string().contains(&data_dir), "{steps}");
+}
 
 /// `GET` with `watch=true` in the background: the answer and how long it took.
 fn watch(
