@@ -360,3 +360,81 @@ fn the_quickstart_survives_a_closed_stdout_and_leaves_an_existing_hello_agent_al
     let runs = ok(dir, &["get", "ar", "-o", "name"]);
     assert_eq!(runs.lines().count(), 2, "two runs of their own: {runs}");
 }
+
+/// The server's count of answered requests (`nodus_http_requests_total`).
+fn requests_answered(server: &Server) -> u64 {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connects");
+    let request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).expect("writes");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("reads");
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix("nodus_http_requests_total "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no request count in {answer}"))
+}
+
+#[test]
+fn wait_waits_on_the_servers_long_poll_instead_of_polling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let server = start_server(dir, Some("memory:"), "unisolated");
+    login(dir, &server);
+    let agent = dir.join("agent.yaml");
+    std::fs::write(
+        &agent,
+        "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {name: watched}\nspec: {system: You are careful., model: {access: Nodus}, perRunMaxCostUSD: \"0.50\"}\n",
+    )
+    .expect("write");
+    ok(dir, &["apply", "-f", agent.to_str().expect("utf-8")]);
+    let condition = "--for=jsonpath={.metadata.labels.team}=a";
+
+    // Nothing changes for 3 s: a read and one long poll, not a dozen reads.
+    let before = requests_answered(&server);
+    let started = std::time::Instant::now();
+    let output = nodus(dir, &["wait", "agent/watched", condition, "--timeout=3s"]);
+    let took = started.elapsed();
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+    let requests = requests_answered(&server) - before;
+    assert!(requests <= 4, "{requests} requests in 3 s");
+
+    // A change answers the wait at once.
+    let mut waiting = support::command(dir)
+        .args(["wait", "agent/watched", condition, "--timeout=60s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait starts");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        waiting.try_wait().expect("wait").is_none(),
+        "nothing changed yet"
+    );
+    let changed = std::time::Instant::now();
+    ok(
+        dir,
+        &[
+            "patch",
+            "agent/watched",
+            "--patch",
+            r#"{"metadata":{"labels":{"team":"a"}}}"#,
+        ],
+    );
+    let output = waiting.wait_with_output().expect("wait ends");
+    assert!(
+        changed.elapsed() < Duration::from_secs(3),
+        "{:?} after the change",
+        changed.elapsed()
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stdout),
+        "agent.nodus.dev/watched condition met\n"
+    );
+}

@@ -49,6 +49,8 @@ pub struct AppState {
     pub ledger: StoreLedger,
     /// Request counters.
     pub metrics: Metrics,
+    /// The long polls waiting for a change; they end when the server stops.
+    pub watches: crate::watch::Watches,
 }
 
 /// Why the server could not start.
@@ -147,6 +149,7 @@ impl Server {
             cipher,
             ledger,
             metrics: Metrics::default(),
+            watches: crate::watch::Watches::default(),
         });
         bootstrap(&state, &options, &mut announcements).await?;
         let controller = Controller::new(engine, clock, options.max_concurrent_runs);
@@ -237,8 +240,11 @@ impl Bound {
         let served = crate::listen::serve(listener, app, limits, async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         });
+        let state = server.state.clone();
         let signal = tokio::spawn(async move {
             shutdown.await;
+            // Long polls answer now: serving stops once every request is answered.
+            state.watches.stop();
             let _ = stop_tx.send(true);
         });
         served.await;

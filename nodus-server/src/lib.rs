@@ -14,6 +14,7 @@ pub mod options;
 pub mod patch;
 pub mod reserve;
 pub mod secrets;
+pub mod watch;
 
 pub use api::router;
 pub use app::{AppState, Server, StartError};

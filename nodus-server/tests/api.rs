@@ -788,3 +788,342 @@ async fn a_run_failure_message_shows_no_host_path() {
         .await;
     assert!(!steps.to_string().contains(&data_dir), "{steps}");
 }
+
+/// `GET` with `watch=true` in the background: the answer and how long it took.
+fn watch(
+    api: &Api,
+    path: String,
+) -> tokio::task::JoinHandle<(StatusCode, Value, std::time::Duration)> {
+    let router = api.router.clone();
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .expect("request");
+        let response = router.oneshot(request).await.expect("response");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let value = serde_json::from_slice(&bytes).expect("JSON");
+        (status, value, started.elapsed())
+    })
+}
+
+async fn still_waiting(
+    handle: &tokio::task::JoinHandle<(StatusCode, Value, std::time::Duration)>,
+) -> bool {
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    !handle.is_finished()
+}
+
+#[tokio::test]
+async fn a_watch_answers_as_soon_as_the_object_changes_and_not_before() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let (status, body) = api
+        .call(Method::POST, &agents, Some(TOKEN), Some(agent("w")))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let version = body["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let path = format!("{agents}/w?watch=true&resourceVersion={version}&timeoutSeconds=60");
+
+    let waiting = watch(&api, path.clone());
+    assert!(still_waiting(&waiting).await, "nothing changed yet");
+    // A change of another object does not answer it.
+    api.call(Method::POST, &agents, Some(TOKEN), Some(agent("other")))
+        .await;
+    assert!(still_waiting(&waiting).await, "another object changed");
+    let changed = std::time::Instant::now();
+    let (status, patched) = api
+        .call(
+            Method::PATCH,
+            &format!("{agents}/w"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{patched}");
+    let (status, body, _) = waiting.await.expect("watch");
+    assert!(
+        changed.elapsed() < std::time::Duration::from_secs(2),
+        "answered {:?} after the change",
+        changed.elapsed()
+    );
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["labels"]["team"], "a");
+    assert_eq!(
+        body["metadata"]["resourceVersion"],
+        patched["metadata"]["resourceVersion"]
+    );
+
+    // A version the client has that is already old: the answer comes at once.
+    let (status, body, took) = watch(&api, path.clone()).await.expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["labels"]["team"], "a");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+
+    // Deleted while watched: NotFound, as a read would say.
+    let current = patched["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let waiting = watch(
+        &api,
+        format!("{agents}/w?watch=true&resourceVersion={current}"),
+    );
+    assert!(still_waiting(&waiting).await);
+    api.call(Method::DELETE, &format!("{agents}/w"), Some(TOKEN), None)
+        .await;
+    let (status, body, _) = waiting.await.expect("watch");
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::NOT_FOUND, Some("NotFound")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_times_out_with_the_unchanged_object_and_ends_when_the_server_stops() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let (_, created) = api
+        .call(Method::POST, &agents, Some(TOKEN), Some(agent("w")))
+        .await;
+    let version = created["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let (status, body, took) = watch(
+        &api,
+        format!("{agents}/w?watch=true&resourceVersion={version}&timeoutSeconds=1"),
+    )
+    .await
+    .expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["metadata"]["resourceVersion"].as_str(),
+        Some(&*version)
+    );
+    assert!(
+        took >= std::time::Duration::from_secs(1) && took < std::time::Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    // The same for a list: its version says whether anything in it changed.
+    let (status, list) = api.call(Method::GET, &agents, Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let list_version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a list version")
+        .to_string();
+    let (status, body, took) = watch(
+        &api,
+        format!("{agents}?watch=true&resourceVersion={list_version}&timeoutSeconds=1"),
+    )
+    .await
+    .expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["metadata"]["resourceVersion"],
+        list["metadata"]["resourceVersion"]
+    );
+    assert!(took >= std::time::Duration::from_secs(1), "{took:?}");
+
+    // A stopping server answers its long polls at once, as they are.
+    let waiting = watch(
+        &api,
+        format!("{agents}/w?watch=true&resourceVersion={version}&timeoutSeconds=300"),
+    );
+    assert!(still_waiting(&waiting).await);
+    api.state.watches.stop();
+    let (status, body, took) = waiting.await.expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["metadata"]["resourceVersion"].as_str(),
+        Some(&*version)
+    );
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_list_watch_answers_when_an_item_is_added_or_changed_in_its_selection() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let labelled = |name: &str, team: &str| {
+        let mut agent = agent(name);
+        agent["metadata"]["labels"] = json!({"team": team});
+        agent
+    };
+    api.call(Method::POST, &agents, Some(TOKEN), Some(labelled("a", "x")))
+        .await;
+    let (_, list) = api
+        .call(
+            Method::GET,
+            &format!("{agents}?labelSelector=team=x"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a list version")
+        .to_string();
+    let path = format!("{agents}?labelSelector=team=x&watch=true&resourceVersion={version}");
+    let waiting = watch(&api, path.clone());
+    assert!(still_waiting(&waiting).await);
+    // Outside the selection, or in another project: the list is the same, it waits on.
+    api.call(Method::POST, &agents, Some(TOKEN), Some(labelled("b", "y")))
+        .await;
+    assert!(
+        still_waiting(&waiting).await,
+        "an agent outside the selector"
+    );
+    api.state
+        .ledger
+        .open("other", nodus_core::Usd::ZERO)
+        .await
+        .expect("project");
+    api.call(
+        Method::POST,
+        &format!("{BASE}/other/agents"),
+        Some(TOKEN),
+        Some(labelled("c", "x")),
+    )
+    .await;
+    assert!(still_waiting(&waiting).await, "an agent in another project");
+    api.call(Method::POST, &agents, Some(TOKEN), Some(labelled("d", "x")))
+        .await;
+    let (status, body, _) = waiting.await.expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let names: Vec<&str> = body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|item| item["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "d"]);
+    assert_ne!(
+        body["metadata"]["resourceVersion"].as_str(),
+        Some(&*version)
+    );
+}
+
+#[tokio::test]
+async fn watch_parameters_are_checked_and_the_project_is_enforced() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    api.call(Method::POST, &agents, Some(TOKEN), Some(agent("w")))
+        .await;
+    for (query, field) in [
+        ("watch=yes&resourceVersion=1", "watch"),
+        ("watch=true", "resourceVersion"),
+        ("watch=true&resourceVersion=abc", "resourceVersion"),
+        (
+            "watch=true&resourceVersion=1&timeoutSeconds=0",
+            "timeoutSeconds",
+        ),
+        (
+            "watch=true&resourceVersion=1&timeoutSeconds=301",
+            "timeoutSeconds",
+        ),
+        (
+            "watch=true&resourceVersion=1&timeoutSeconds=ten",
+            "timeoutSeconds",
+        ),
+        ("resourceVersion=1", "resourceVersion"),
+        ("timeoutSeconds=5", "timeoutSeconds"),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::GET,
+                &format!("{agents}/w?{query}"),
+                Some(TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (
+                status,
+                body["reason"].as_str(),
+                body["details"]["field"].as_str()
+            ),
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("Invalid"),
+                Some(field)
+            ),
+            "{query}: {body}"
+        );
+    }
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{agents}?watch=true&resourceVersion=7"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, body["details"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("resourceVersion")),
+        "a list's version is its digest: {body}"
+    );
+    // The watch obeys the read's auth: at once, without waiting (to a token of `default`;
+    // the operator's holds every project).
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/tokens"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"name": "reader"}, "spec": {"role": "read"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let reader = created["token"].as_str().expect("a token");
+    api.state
+        .ledger
+        .open("other", nodus_core::Usd::ZERO)
+        .await
+        .expect("project");
+    let started = std::time::Instant::now();
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/other/agents/w?watch=true&resourceVersion=1&timeoutSeconds=60"),
+            Some(reader),
+            None,
+        )
+        .await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{agents}/w?watch=true&resourceVersion=1&timeoutSeconds=60"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    // The OpenAPI document names the parameters of both reads.
+    let (_, openapi) = api.call(Method::GET, "/openapi.json", None, None).await;
+    for path in ["{plural}", "{plural}/{name}"] {
+        let parameters = &openapi["paths"]
+            [format!("/apis/nodus.dev/v1/projects/{{project}}/{path}")]["get"]["parameters"];
+        let names: Vec<&str> = parameters
+            .as_array()
+            .map(|all| all.iter().filter_map(|p| p["name"].as_str()).collect())
+            .unwrap_or_default();
+        for name in ["watch", "resourceVersion", "timeoutSeconds"] {
+            assert!(names.contains(&name), "{path}: {names:?}");
+        }
+    }
+}

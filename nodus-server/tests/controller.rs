@@ -409,3 +409,113 @@ async fn a_restarted_server_resumes_its_runs() {
     }
     panic!("the restarted server did not take the message");
 }
+
+/// `GET path` over a fresh connection: the status and the JSON body.
+async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: nodus\r\nAuthorization: Bearer nodus_controller_test\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("writes");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("reads");
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status");
+    (status, serde_json::from_str(body).expect("a JSON body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_follows_a_run_to_its_end_and_ends_when_the_server_stops() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut options = Options::new(dir.path().to_path_buf());
+    options.store = Some(StoreUrl::Memory);
+    options.sandbox = SandboxKind::Unisolated;
+    options.bootstrap_token = Some("nodus_controller_test".to_string());
+    options.listen = "127.0.0.1:0".parse().expect("address");
+    let server = Server::build(options).await.expect("server");
+    let engine = server.state().engine.clone();
+    engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    let bound = server.bind().await.expect("binds");
+    let address = bound.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        bound
+            .serve(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serves");
+    });
+    let created = engine
+        .create_run(
+            "default",
+            AgentRun::new(
+                "followed",
+                AgentRunSpec::new("worker", "Run `echo followed`"),
+            ),
+        )
+        .await
+        .expect("run");
+    let path = "/apis/nodus.dev/v1/projects/default/agentruns/followed";
+    // Each answer is a new version of the run, until it has finished: no answer is a
+    // timeout, and nothing is read in between.
+    let mut version = created.metadata.resource_version.expect("a version");
+    let mut answers = 0;
+    let phase = loop {
+        let (status, run) = http_get(
+            address,
+            &format!("{path}?watch=true&resourceVersion={version}&timeoutSeconds=20"),
+        )
+        .await;
+        assert_eq!(status, 200, "{run}");
+        let next = run["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("a version")
+            .to_string();
+        assert_ne!(next, version, "a timeout, not a change: {run}");
+        version = next;
+        answers += 1;
+        let phase = run["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if ["Succeeded", "Failed", "Cancelled"].contains(&phase.as_str()) {
+            break phase;
+        }
+        assert!(answers < 200, "the run never finished: {run}");
+    };
+    assert_eq!(phase, "Succeeded");
+
+    // Stopping the server answers the long polls it holds at once, and serving ends.
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let answer = http_get(
+            address,
+            &format!("{path}?watch=true&resourceVersion={version}&timeoutSeconds=300"),
+        )
+        .await;
+        (answer, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "nothing changed: it waits");
+    let _ = stop.send(());
+    let ((status, run), took) = waiting.await.expect("answered");
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["status"]["phase"], "Succeeded");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("serving ends")
+        .expect("served");
+}

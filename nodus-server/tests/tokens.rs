@@ -170,6 +170,18 @@ async fn every_route_refuses_the_role_below_its_lowest_and_admits_that_role() {
         (Least::Read, Method::GET, "/metrics".to_string(), None),
         (Least::Read, Method::GET, s("/agents"), None),
         (Least::Read, Method::GET, s("/agents/a1"), None),
+        (
+            Least::Read,
+            Method::GET,
+            s("/agents/a1?watch=true&resourceVersion=0&timeoutSeconds=1"),
+            None,
+        ),
+        (
+            Least::Read,
+            Method::GET,
+            s("/agentruns?watch=true&resourceVersion=0&timeoutSeconds=1"),
+            None,
+        ),
         (Least::Read, Method::GET, s("/agentruns"), None),
         (Least::Read, Method::GET, s("/agentruns/r1"), None),
         (Least::Read, Method::GET, s("/agentruns/r1/steps"), None),

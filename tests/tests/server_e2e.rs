@@ -567,6 +567,93 @@ fn two_replicas_share_the_runs_on_postgres() {
     }
 }
 
+/// A long poll (`?watch=true`) on one object and on a list, through `watcher`, answers within
+/// seconds of a change made through `writer` (another replica on Postgres: the change comes
+/// over LISTEN/NOTIFY), and not before; the list's version is read with the store's own
+/// sparse listing.
+fn long_poll_walk(writer: &ServerProcess, watcher: &ServerProcess) {
+    writer.ok(&["apply", "-f", &example("agent.yaml")]);
+    let agents = "/apis/nodus.dev/v1/projects/default/agents";
+    let version = |body: &serde_json::Value| {
+        body["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("a version")
+            .to_string()
+    };
+    let (status, agent) = watcher.http("GET", &format!("{agents}/hello-agent"), Some(TOKEN), None);
+    assert_eq!(status, 200, "{agent}");
+    let (status, list) = watcher.http("GET", agents, Some(TOKEN), None);
+    assert_eq!(status, 200, "{list}");
+    let (object_version, list_version) = (version(&agent), version(&list));
+    std::thread::scope(|scope| {
+        let watch = |path: String| {
+            scope.spawn(move || {
+                let answer = watcher.http("GET", &path, Some(TOKEN), None);
+                (answer, std::time::Instant::now())
+            })
+        };
+        let object = watch(format!(
+            "{agents}/hello-agent?watch=true&resourceVersion={object_version}&timeoutSeconds=60"
+        ));
+        let listed = watch(format!(
+            "{agents}?watch=true&resourceVersion={list_version}&timeoutSeconds=60"
+        ));
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        assert!(
+            !object.is_finished() && !listed.is_finished(),
+            "nothing changed yet"
+        );
+        writer.ok(&[
+            "patch",
+            "agent/hello-agent",
+            "--patch",
+            r#"{"metadata":{"labels":{"watched":"yes"}}}"#,
+        ]);
+        let changed = std::time::Instant::now();
+        let ((status, body), at) = object.join().expect("object watch");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["metadata"]["labels"]["watched"], "yes");
+        assert_ne!(version(&body), object_version);
+        assert!(
+            at - changed < std::time::Duration::from_secs(3),
+            "{:?}",
+            at - changed
+        );
+        let ((status, body), at) = listed.join().expect("list watch");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["items"][0]["metadata"]["labels"]["watched"], "yes");
+        assert_ne!(version(&body), list_version);
+        assert!(
+            at - changed < std::time::Duration::from_secs(3),
+            "{:?}",
+            at - changed
+        );
+    });
+}
+
+#[test]
+fn a_long_poll_answers_a_change_on_sqlite() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = ServerProcess::start(
+        &Backend::Sqlite.store_url(dir.path()),
+        dir.path(),
+        "process",
+    );
+    long_poll_walk(&server, &server);
+}
+
+#[test]
+fn a_long_poll_answers_a_change_made_through_another_replica_on_postgres() {
+    let store = server::postgres_url();
+    let (one_dir, two_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let one = ServerProcess::start(&store, one_dir.path(), "process");
+    let two = ServerProcess::start(&store, two_dir.path(), "process");
+    long_poll_walk(&one, &two);
+}
+
 /// The same server with the Docker sandbox: a run's command executes in its own container.
 #[test]
 fn a_run_executes_in_a_docker_container() {
