@@ -23,17 +23,50 @@ struct Api {
 
 async fn api() -> Api {
     let dir = tempfile::tempdir().expect("tempdir");
+    let (router, state) = build(&dir, StoreUrl::Memory).await;
+    Api {
+        router,
+        state,
+        _dir: dir,
+    }
+}
+
+async fn build(
+    dir: &tempfile::TempDir,
+    store: StoreUrl,
+) -> (axum::Router, std::sync::Arc<nodus_server::AppState>) {
     let mut options = Options::new(dir.path().join("data"));
-    options.store = Some(StoreUrl::Memory);
+    options.store = Some(store);
     options.sandbox = SandboxKind::Unisolated;
     options.bootstrap_token = Some(OPERATOR.to_string());
     let server = Server::build(options).await.expect("server builds");
     let state = server.state();
-    Api {
-        router: nodus_server::router(state.clone()),
-        state,
-        _dir: dir,
-    }
+    (nodus_server::router(state.clone()), state)
+}
+
+/// A fresh database on the test PostgreSQL.
+fn postgres_url() -> String {
+    let base = std::env::var("NODUS_TEST_POSTGRES_URL")
+        .expect("NODUS_TEST_POSTGRES_URL is set (scripts/test starts PostgreSQL)");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .subsec_nanos();
+    let database = format!("nodus_tokens_{}_{nanos}", std::process::id());
+    // CREATE DATABASE copies template1 and fails while another session uses it: retry.
+    let created = (0..20).any(|attempt| {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+        std::process::Command::new("psql")
+            .arg(&base)
+            .args(["-q", "-c", &format!("CREATE DATABASE {database}")])
+            .status()
+            .is_ok_and(|status| status.success())
+    });
+    assert!(created, "cannot create database {database}");
+    let (server, _) = base.rsplit_once('/').expect("a database part");
+    format!("{server}/{database}")
 }
 
 impl Api {
@@ -669,4 +702,75 @@ async fn bad_token_and_project_requests_name_the_field_and_write_nothing() {
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     api.ok(Method::GET, &tokens, OPERATOR, None).await;
+}
+
+/// On SQLite and PostgreSQL: projects and tokens survive a restart, a restart rewrites none
+/// of them, and a token deleted or expired is refused on the next request.
+#[tokio::test]
+async fn tokens_hold_across_restarts_on_sqlite_and_postgres() {
+    for store in ["sqlite", "postgres"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = match store {
+            "sqlite" => StoreUrl::Sqlite(dir.path().join("nodus.db")),
+            _ => StoreUrl::Postgres(postgres_url()),
+        };
+        let (router, state) = build(&dir, url.clone()).await;
+        let api = Api {
+            router,
+            state,
+            _dir: tempfile::tempdir().expect("tempdir"),
+        };
+        api.project("team-a").await;
+        let reader = api.token("team-a", "reader", "read").await;
+        let doomed = api.token("team-a", "doomed", "write").await;
+        let agents = format!("{ROOT}/team-a/agents");
+        let (status, _) = api
+            .call(Method::POST, &agents, Some(&reader), Some(agent("a1")))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{store}");
+        api.ok(Method::POST, &agents, &doomed, Some(agent("a1")))
+            .await;
+        drop(api);
+
+        // Restarted: the tokens work as before, and deleting one revokes it at once.
+        let (router, state) = build(&dir, url).await;
+        let api = Api {
+            router,
+            state,
+            _dir: tempfile::tempdir().expect("tempdir"),
+        };
+        api.ok(Method::GET, &agents, &reader, None).await;
+        api.ok(Method::GET, &agents, &doomed, None).await;
+        let listed = api
+            .ok(
+                Method::GET,
+                &format!("{ROOT}/team-a/tokens"),
+                OPERATOR,
+                None,
+            )
+            .await;
+        assert_eq!(
+            listed["items"].as_array().map(Vec::len),
+            Some(2),
+            "{store}: {listed}"
+        );
+        api.ok(
+            Method::DELETE,
+            &format!("{ROOT}/team-a/tokens/doomed"),
+            OPERATOR,
+            None,
+        )
+        .await;
+        let (status, _) = api.call(Method::GET, &agents, Some(&doomed), None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{store}");
+        api.ok(Method::GET, &agents, &reader, None).await;
+        let (status, _) = api
+            .call(Method::POST, &agents, Some(&reader), Some(agent("a2")))
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{store}: still read after a restart"
+        );
+    }
 }
