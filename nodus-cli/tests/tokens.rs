@@ -164,6 +164,14 @@ fn two_projects_with_their_own_tokens_through_the_cli() {
         refused(&support::nodus(dir, &args), field, &format!("{args:?}"));
     }
 
+    // A team's token logs in to its own project without naming it.
+    let member = dir.join("member");
+    std::fs::create_dir_all(&member).expect("a home");
+    let logged = ok(&member, &["login", "--server", &url, "--token", &a_read]);
+    assert!(
+        logged.starts_with(&format!("Logged in to {url} (project team-a)")),
+        "{logged}"
+    );
     let a = |token: &str, args: &[&str]| as_token(dir, &url, token, "team-a", args);
     let b = |token: &str, args: &[&str]| as_token(dir, &url, token, "team-b", args);
 
@@ -177,6 +185,10 @@ fn two_projects_with_their_own_tokens_through_the_cli() {
     succeeded(&b(&b_admin, &["apply", "-f", &file_b]), "apply in team-b");
     let listed = succeeded(&a(&a_read, &["get", "agents", "-o", "name"]), "get agents");
     assert_eq!(listed, "agent.nodus.dev/agent-a\n");
+    assert_eq!(
+        ok(&member, &["get", "agents", "-o", "name"]),
+        "agent.nodus.dev/agent-a\n"
+    );
     let listed = succeeded(&b(&b_admin, &["get", "agents", "-o", "name"]), "get agents");
     assert_eq!(listed, "agent.nodus.dev/agent-b\n");
     // …and nothing of the other's.

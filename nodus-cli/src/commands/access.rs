@@ -14,7 +14,7 @@ use crate::table::{self, Table};
 use crate::yaml;
 
 /// The path segments of `/apis/nodus.dev/v1/projects`.
-const PROJECTS: [&str; 4] = ["apis", "nodus.dev", "v1", "projects"];
+pub const PROJECTS: [&str; 4] = ["apis", "nodus.dev", "v1", "projects"];
 
 /// Projects and tokens: the kinds this module answers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
