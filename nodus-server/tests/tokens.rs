@@ -200,7 +200,6 @@ async fn every_route_refuses_the_role_below_its_lowest_and_admits_that_role() {
     let s = |path: &str| format!("{p}{path}");
     let table: Vec<(Least, Method, String, Option<Value>)> = vec![
         (Least::Read, Method::GET, ROOT.to_string(), None),
-        (Least::Read, Method::GET, "/metrics".to_string(), None),
         (Least::Read, Method::GET, s("/agents"), None),
         (Least::Read, Method::GET, s("/agents/a1"), None),
         (
@@ -481,7 +480,21 @@ async fn two_projects_see_only_their_own_resources() {
     )
     .await;
     let (status, text) = api.call(Method::GET, "/metrics", None, None).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
+    let text = text.as_str().unwrap_or_default().to_string();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("nodus_http_requests_total"), "{text}");
+    for series in [
+        "nodus_runs",
+        "nodus_spend",
+        "nodus_model_calls",
+        "nodus_step",
+    ] {
+        assert!(!text.contains(series), "anonymous: {text}");
+    }
+    let (status, _) = api
+        .call(Method::GET, "/metrics", Some("nodus_wrong"), None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (_, text) = api.call(Method::GET, "/metrics", Some(&a), None).await;
     let text = text.as_str().unwrap_or_default().to_string();
     assert!(!text.contains("nodus_runs{"), "team-a has no runs: {text}");
