@@ -79,14 +79,14 @@ pub struct Principal {
     pub projects: Vec<String>,
     /// What it may do there.
     pub role: Role,
-    /// The server's operator token (the bootstrap token): an admin of every project, and
-    /// the one that creates projects.
+    /// The server's operator token (the bootstrap token): an admin of every project that
+    /// exists (they are its `projects`), and the one that creates projects.
     pub operator: bool,
 }
 
 impl Principal {
     fn holds(&self, project: &str) -> bool {
-        self.operator || self.projects.iter().any(|p| p == project)
+        self.projects.iter().any(|p| p == project)
     }
 
     /// Whether the caller may read `project` (its own, and the template project).
@@ -117,11 +117,7 @@ impl Principal {
         if !self.holds(project) {
             return Err(no_access(project));
         }
-        let role = if self.operator {
-            Role::Admin
-        } else {
-            self.role
-        };
+        let role = self.role;
         if role < least {
             return Err(ApiError::forbidden(format!(
                 "this token's role is {}: only a token with the role {} or above may {what}",
@@ -438,10 +434,26 @@ impl Auth {
         };
         let spec: TokenSpec = serde_json::from_value(record.document["spec"].clone())
             .map_err(|_| ApiError::unauthorized())?;
-        self.principal(spec)
+        self.principal(spec).await
     }
 
-    fn principal(&self, spec: TokenSpec) -> Result<Principal, ApiError> {
+    /// The names of every project (not the system's own).
+    async fn project_names(&self) -> Result<Vec<String>, store::Error> {
+        let mut names: Vec<String> = self
+            .store
+            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+            .await?
+            .into_iter()
+            .map(|record| record.key.name)
+            .filter(|name| name != SYSTEM_PROJECT)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Who the holder of a token of `spec` is: the operator holds every project that exists
+    /// now (read at each request, so a new project is held at once).
+    async fn principal(&self, spec: TokenSpec) -> Result<Principal, ApiError> {
         if let Some(expires_at) = spec.expires_at
             && expires_at <= self.clock.now()
         {
@@ -451,10 +463,15 @@ impl Auth {
                 format!("this token expired at {expires_at}; ask an admin for a new one"),
             ));
         }
+        let projects = if spec.operator {
+            self.project_names().await?
+        } else {
+            spec.projects.clone()
+        };
         Ok(Principal {
             role: spec.role(),
             operator: spec.operator,
-            projects: spec.projects,
+            projects,
         })
     }
 
@@ -473,7 +490,7 @@ impl Auth {
             // The token still works this time; storing it keyed is tried again next time.
             tracing::warn!(error = %error, "cannot store a token under its keyed hash");
         }
-        self.principal(spec)
+        self.principal(spec).await
     }
 
     /// Whether `project` exists.
@@ -624,17 +641,13 @@ impl Auth {
     /// `GET /apis/nodus.dev/v1/projects`: the projects the caller holds (every project for
     /// the operator).
     pub async fn list_projects(&self, caller: &Principal) -> ApiResult<Vec<Value>> {
-        let mut names: Vec<String> = self
-            .store
-            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+        Ok(self
+            .project_names()
             .await?
-            .into_iter()
-            .map(|record| record.key.name)
-            .filter(|name| name != SYSTEM_PROJECT)
-            .filter(|name| caller.operator || caller.projects.contains(name))
-            .collect();
-        names.sort();
-        Ok(names.iter().map(|name| project_view(name)).collect())
+            .iter()
+            .filter(|name| caller.projects.contains(name))
+            .map(|name| project_view(name))
+            .collect())
     }
 }
 

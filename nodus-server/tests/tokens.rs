@@ -429,6 +429,23 @@ async fn two_projects_see_only_their_own_resources() {
     assert_eq!(names(&list), ["only-a"]);
     let list = api.ok(Method::GET, ROOT, &a, None).await;
     assert_eq!(names(&list), ["team-a"]);
+    // The operator holds every project that exists, and no other.
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("{ROOT}/nowhere/agents"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    api.ok(
+        Method::GET,
+        &format!("{ROOT}/team-b/agents"),
+        OPERATOR,
+        None,
+    )
+    .await;
     let list = api.ok(Method::GET, ROOT, OPERATOR, None).await;
     assert_eq!(names(&list), ["default", "nodus", "team-a", "team-b"]);
     let list = api
