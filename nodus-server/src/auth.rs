@@ -383,7 +383,8 @@ impl Auth {
 
     /// Register the bootstrap token as the server's operator token: named
     /// [`OPERATOR_TOKEN_NAME`] in the project `default`, an admin of every project. A
-    /// bootstrap token given before in its place no longer works.
+    /// bootstrap token given before in its place is not removed (replicas that do not share
+    /// `secret.key` each register theirs).
     pub async fn register_operator(&self, token: &str) -> Result<(), store::Error> {
         let spec = TokenSpec {
             projects: vec![DEFAULT_PROJECT.to_string()],
@@ -395,17 +396,10 @@ impl Auth {
         let hash = self.key.hash(token);
         let name_key = Self::name_key(DEFAULT_PROJECT, OPERATOR_TOKEN_NAME);
         let created = match self.store.get(&name_key).await {
-            Ok(record) => {
-                if let Some(old) = record.document["tokenHash"].as_str()
-                    && old != hash
-                {
-                    self.delete_quietly(&Self::hash_key(old)).await?;
-                }
-                record.document["metadata"]["creationTimestamp"]
-                    .as_str()
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or_else(|| self.clock.now())
-            }
+            Ok(record) => record.document["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| self.clock.now()),
             Err(store::Error::NotFound(_)) => self.clock.now(),
             Err(e) => return Err(e),
         };
