@@ -300,6 +300,33 @@ fn two_projects_with_their_own_tokens_through_the_cli() {
         ["builder", "team-a", "write", "in"],
         "{table}"
     );
+    let wide = succeeded(
+        &a(&a_admin, &["get", "tokens", "-o", "wide"]),
+        "get tokens -o wide",
+    );
+    let header: Vec<&str> = wide
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PROJECTS",
+            "ROLE",
+            "EXPIRES",
+            "AGE",
+            "EXPIRES-AT",
+            "CREATED"
+        ]
+    );
+    let boss = wide
+        .lines()
+        .find(|l| l.starts_with("boss "))
+        .unwrap_or_default();
+    assert!(boss.contains("<none>") && boss.contains('T'), "{wide}");
     let json = succeeded(
         &a(&a_admin, &["get", "tokens", "-o", "json"]),
         "get tokens -o json",

@@ -159,7 +159,9 @@ pub async fn get(
         return super::reported(&failures);
     }
     match output {
-        Output::Table | Output::Wide => out(&render(kind, &items, jiff::Timestamp::now()).render()),
+        Output::Table | Output::Wide => {
+            out(&render(kind, &items, output == Output::Wide, jiff::Timestamp::now()).render())
+        }
         Output::Yaml => out(&yaml::to_yaml(&document)?),
         Output::Json => outln(&serde_json::to_string_pretty(&document).unwrap_or_default()),
         Output::Name => {
@@ -184,8 +186,9 @@ fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_string()
 }
 
-/// The table of projects (NAME) or tokens (NAME, PROJECTS, ROLE, EXPIRES, CREATED).
-fn render(kind: AccessKind, items: &[Value], now: jiff::Timestamp) -> Table {
+/// The table of projects (NAME) or tokens (NAME, PROJECTS, ROLE, EXPIRES, AGE; with `wide`,
+/// the times of expiry and creation too).
+fn render(kind: AccessKind, items: &[Value], wide: bool, now: jiff::Timestamp) -> Table {
     match kind {
         AccessKind::Project => {
             let mut table = Table::new(&["NAME"]);
@@ -195,7 +198,11 @@ fn render(kind: AccessKind, items: &[Value], now: jiff::Timestamp) -> Table {
             table
         }
         AccessKind::Token => {
-            let mut table = Table::new(&["NAME", "PROJECTS", "ROLE", "EXPIRES", "AGE"]);
+            let mut headers = vec!["NAME", "PROJECTS", "ROLE", "EXPIRES", "AGE"];
+            if wide {
+                headers.extend(["EXPIRES-AT", "CREATED"]);
+            }
+            let mut table = Table::new(&headers);
             for item in items {
                 let projects: Vec<String> = item["spec"]["projects"]
                     .as_array()
@@ -219,13 +226,23 @@ fn render(kind: AccessKind, items: &[Value], now: jiff::Timestamp) -> Table {
                 let age = since(&item["metadata"]["creationTimestamp"])
                     .map(|ago| table::human_duration(-ago))
                     .unwrap_or_default();
-                table.rows.push(vec![
+                let mut row = vec![
                     text(&item["metadata"]["name"]),
                     projects.join(","),
                     role,
                     expires,
                     age,
-                ]);
+                ];
+                if wide {
+                    let at = text(&item["spec"]["expiresAt"]);
+                    row.push(if at.is_empty() {
+                        "<none>".to_string()
+                    } else {
+                        at
+                    });
+                    row.push(text(&item["metadata"]["creationTimestamp"]));
+                }
+                table.rows.push(row);
             }
             table
         }
