@@ -417,7 +417,7 @@ async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, serde_json
         .await
         .expect("connects");
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: nodus\r\nAuthorization: Bearer nodus_controller_test\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: nodus\r\nAuthorization: Bearer nodus_controller_test_0123456789abcdef\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await.expect("writes");
     let mut answer = Vec::new();
@@ -435,10 +435,11 @@ async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, serde_json
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_follows_a_run_to_its_end_and_ends_when_the_server_stops() {
     let dir = tempfile::tempdir().expect("dir");
-    let mut options = Options::new(dir.path().to_path_buf());
+    // The server makes its data directory owner-only; a temporary directory is not.
+    let mut options = Options::new(dir.path().join("data"));
     options.store = Some(StoreUrl::Memory);
     options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some("nodus_controller_test".to_string());
+    options.bootstrap_token = Some("nodus_controller_test_0123456789abcdef".to_string());
     options.listen = "127.0.0.1:0".parse().expect("address");
     let server = Server::build(options).await.expect("server");
     let engine = server.state().engine.clone();
