@@ -16,7 +16,7 @@ use nodus_core::resource::{
     Access, AgentGroup, AgentGroupSpec, AgentRunSpec, AgentState, GroupLimits,
 };
 use nodus_core::secret::SecretString;
-use nodus_core::store::{Delivery, Selector};
+use nodus_core::store::{Delivery, Selector, Store as _};
 use nodus_core::{Clock, Usd};
 use nodus_llm::Reply;
 use support::{PROJECT, World, agent, run};
@@ -1019,4 +1019,76 @@ async fn a_command_that_could_not_start_is_retried_not_parked() {
         let got = engine.get_run(PROJECT, "p").await.expect("run");
         assert_eq!(got.status.phase, Some(RunPhase::Succeeded));
     }
+}
+
+#[tokio::test]
+async fn a_group_member_the_controller_cannot_read_is_an_error_not_a_zero_cap() {
+    let (world, engine) = with_worker().await;
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("worker", |a| {
+                a.per_run_max_cost_usd = Usd::from_cents(10);
+            }),
+        )
+        .await
+        .expect("agent");
+    // Room for one run's cap: a starts, b waits for room under the cap.
+    let mut spec = worker_group(2, false);
+    spec.max_cost_usd = Some(Usd::from_cents(15));
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("group");
+    for key in ["a", "b"] {
+        let mut r = run("", "worker", "q", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    let phase = |name: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .get_run(PROJECT, name)
+                .await
+                .expect("run")
+                .status
+                .phase
+        }
+    };
+    assert_eq!(phase("g-a").await, Some(RunPhase::Running));
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait))
+    );
+
+    // a's stored cap becomes unreadable (a number, where the document has a decimal string).
+    let key = support::run_key("g-a");
+    let record = world.memory.get(&key).await.expect("a");
+    let mut document = record.document.clone();
+    document["status"]["snapshot"]["agent"]["perRunMaxCostUSD"] = serde_json::json!(0.1);
+    world
+        .memory
+        .update(&key, record.version, document)
+        .await
+        .expect("corrupt a");
+
+    let error = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect_err("an unreadable member stops the reconcile");
+    assert_eq!(error.reason(), "InternalError");
+    let message = error.to_string();
+    assert!(
+        message.contains("g-a") && message.contains("perRunMaxCostUSD"),
+        "{message}"
+    );
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait)),
+        "b did not start on a cap read as zero"
+    );
 }
