@@ -96,6 +96,7 @@ impl Engine {
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let mut journal = self.deps.store.journal(&fixed.uid).await?;
+        self.settle_last_charge(&fixed, &journal).await?;
         // Renew the lease while the run is driven (a command may outlast it), and give it up
         // when the drive ends, so another replica can take the run at once.
         let renewing = async {
@@ -373,10 +374,7 @@ impl Engine {
         let charged = journal
             .get(usize::try_from(seq).unwrap_or(usize::MAX))
             .is_some_and(|step| self.charge_of(fixed, &step.intent).is_some());
-        let actual = match &outcome {
-            Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
-            _ => Usd::ZERO,
-        };
+        let actual = cost_of(&outcome);
         let completion = Completion {
             finished_at: self.deps.clock.now(),
             outcome,
@@ -391,6 +389,24 @@ impl Engine {
             step.completion = Some(completion);
         }
         if charged {
+            let key = format!("{}/{seq}", fixed.uid);
+            self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Settle the reservation of the last charged step that has an outcome, in case a crash
+    /// came between journaling the outcome and settling (settling is idempotent, and a
+    /// settled reservation writes nothing). Only the last one can be unsettled: a step's
+    /// reservation is settled before the next step is decided.
+    async fn settle_last_charge(&self, fixed: &Fixed, journal: &[Step]) -> Result<()> {
+        let last = journal.iter().rev().find_map(|step| {
+            let completion = step.completion.as_ref()?;
+            self.charge_of(fixed, &step.intent)?;
+            Some((step.seq, cost_of(&completion.outcome)))
+        });
+        if let Some((seq, actual)) = last {
             let key = format!("{}/{seq}", fixed.uid);
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
                 .await?;
@@ -905,6 +921,14 @@ impl Engine {
 /// The renewal loop never ends by itself; the select ends with the drive.
 fn unreachable_renewal() -> Result<Driven> {
     Ok(Driven::TakenOver)
+}
+
+/// What a completed step cost: a model call's or a routing call's billed cost, else nothing.
+fn cost_of(outcome: &Outcome) -> Usd {
+    match outcome {
+        Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
+        _ => Usd::ZERO,
+    }
 }
 
 fn failed(error: String) -> Outcome {

@@ -272,6 +272,20 @@ impl World {
     }
 
     pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        self.engine_with_ledger(store, Arc::new(nodus_core::ledger::Unmetered))
+    }
+
+    /// An engine over `store` that reserves and settles credits in it (`StoreLedger`).
+    pub fn metered_engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
+        self.engine_with_ledger(store, Arc::new(ledger))
+    }
+
+    pub fn engine_with_ledger(
+        &self,
+        store: Arc<dyn Store>,
+        ledger: Arc<dyn nodus_core::ledger::Ledger>,
+    ) -> Engine {
         Engine::new(
             Deps {
                 store,
@@ -281,7 +295,7 @@ impl World {
                 clock: self.clock.clone(),
                 catalog: Arc::new(catalog()),
                 secrets: Arc::new(self.secrets.clone()),
-                ledger: Arc::new(nodus_core::ledger::Unmetered),
+                ledger,
             },
             Config::default(),
         )
