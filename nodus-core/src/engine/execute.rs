@@ -231,7 +231,7 @@ impl Engine {
         // refused and the loop reads again), there is nothing new to read.
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         loop {
-            let (run, inbox) = match known.take() {
+            let (mut run, inbox) = match known.take() {
                 Some(known) => known,
                 None => {
                     let record = self.deps.store.get(&fixed.key).await?;
@@ -275,6 +275,19 @@ impl Engine {
                         intent,
                         completion: None,
                     };
+                    if matches!(step.intent, Intent::DestroySandbox { .. }) {
+                        // The run ends: say so in its status before the step is journaled,
+                        // with a write conditional on the run as read. A message that came
+                        // after that read bumped the version, so the write is refused and the
+                        // run decides again with the message; one that comes after the write
+                        // is refused by send_message, which sees the journaled ending.
+                        let mut ending = journal.clone();
+                        ending.push(step.clone());
+                        match self.write_status(fixed, &run, &ending, phase).await? {
+                            Some(written) => run = written,
+                            None => continue,
+                        }
+                    }
                     self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
                         .await?;
                     journal.push(step);
