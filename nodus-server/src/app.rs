@@ -430,9 +430,9 @@ async fn open_sandbox(
                 "sandbox: bubblewrap processes, working directories in {}",
                 root.display()
             ));
-            Ok(Arc::new(nodus_sandbox::BwrapSandbox::new(
-                nodus_sandbox::BwrapConfig::new(root),
-            )))
+            let sandbox = nodus_sandbox::BwrapSandbox::new(nodus_sandbox::BwrapConfig::new(root));
+            announcements.push(sandbox.limits());
+            Ok(Arc::new(sandbox))
         }
         SandboxKind::Docker => {
             let Some(image) = options.default_image.clone() else {
