@@ -1092,3 +1092,68 @@ async fn a_group_member_the_controller_cannot_read_is_an_error_not_a_zero_cap() 
         "b did not start on a cap read as zero"
     );
 }
+
+/// A run parked by a crash (its command's outcome unknown) gives up its slot: the group's
+/// queued run starts instead of waiting for good, and the group counts the parked run.
+#[tokio::test]
+async fn a_run_parked_by_a_crash_frees_its_groups_slot() {
+    use std::sync::Arc;
+    use support::{CrashMode, CrashingStore};
+    let world = World::new(vec![commands(&["echo one"]), text("done")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", worker_group(1, false)))
+        .await
+        .expect("group");
+    for key in ["a", "b"] {
+        let mut r = run("", "worker", "Run `echo one`", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    // Killed after a's command ran and before its outcome was written (write 8: sandbox,
+    // routing, model call, then the command's result); the restart parks it.
+    let crashing = Arc::new(CrashingStore::new(
+        world.memory.clone(),
+        8,
+        CrashMode::BeforeWrite,
+    ));
+    assert!(
+        world
+            .engine_over(crashing)
+            .drive(PROJECT, "g-a")
+            .await
+            .is_err()
+    );
+    let driven = engine.drive(PROJECT, "g-a").await.expect("restart");
+    assert!(matches!(driven, Driven::Parked { .. }), "{driven:?}");
+
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(group.status.counts.parked, 1);
+    assert_eq!(group.status.counts.active, 1, "b took the free slot");
+    assert!(group.status.blocked_reasons.is_empty());
+    assert_eq!(
+        engine.drive(PROJECT, "g-b").await.expect("b"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        group.status.phase,
+        Some(GroupPhase::Running),
+        "a is still parked"
+    );
+    assert_eq!(group.status.counts.parked, 1);
+    assert_eq!(group.status.counts.succeeded, 1);
+}
