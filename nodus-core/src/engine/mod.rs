@@ -536,8 +536,9 @@ impl Engine {
     }
 
     /// Send a message to a run. A repeated `key` delivers once (the same key with another
-    /// payload is refused, naming `messageKey`); a finished run refuses with
-    /// `AgentRunFinished`; a run that is working reads it after its current turn.
+    /// payload is refused, naming `messageKey`); a finished run, or one deleting its sandbox
+    /// to end, refuses with `AgentRunFinished`; a run that is working reads it after its
+    /// current turn.
     pub async fn send_message(
         &self,
         project: &str,
