@@ -8,6 +8,7 @@ pub mod auth;
 mod controller;
 pub mod error;
 mod listen;
+pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;
