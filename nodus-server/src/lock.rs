@@ -41,10 +41,15 @@ pub fn lock(dir: &Path) -> Result<DataDirLock, StartError> {
             let _ = file.read_to_string(&mut holder);
             let mut lines = holder.lines().map(str::trim);
             let who = match (lines.next(), lines.next()) {
-                (Some(pid), Some(command)) if !pid.is_empty() && !command.is_empty() => {
+                // A pid no longer running is the last holder's: the new one has not written
+                // its name yet.
+                (Some(pid), Some(command))
+                    if pid.parse::<u32>().is_ok()
+                        && !command.is_empty()
+                        && Path::new("/proc").join(pid).exists() =>
+                {
                     format!("`{command}` (pid {pid})")
                 }
-                // The holder has not written its name yet.
                 _ => "another process".to_string(),
             };
             return Err(refuse(format!(

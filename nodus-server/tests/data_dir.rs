@@ -352,3 +352,23 @@ async fn a_lock_file_left_by_a_dead_process_does_not_block() {
     );
     drop(server);
 }
+
+/// A holder that has not written its name yet is "another process", not the dead one whose
+/// pid is still in the file.
+#[tokio::test]
+async fn a_holder_that_has_not_written_its_name_is_not_named_after_a_dead_one() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("data");
+    std::fs::create_dir(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let lock = dir.join(nodus_server::lock::LOCK_FILE);
+    std::fs::write(&lock, "999999\nnodus server\n").expect("a stale lock file");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let held = std::fs::File::open(&lock).expect("open");
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .expect("the lock, as a new holder takes it");
+    let message = refusal(Server::build(options(&dir)).await);
+    assert!(message.contains("in use by another process"), "{message}");
+    assert!(!message.contains("999999"), "{message}");
+    drop(held);
+}
