@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware;
 use axum::response::sse::{Event, Sse};
@@ -287,10 +288,8 @@ async fn signin_page() -> Response {
 }
 
 /// `POST /console/signin` with `token`: a new session, its cookie, and the first project.
-async fn signin(
-    State(console): State<Arc<Console>>,
-    Form(form): Form<BTreeMap<String, String>>,
-) -> Response {
+async fn signin(State(console): State<Arc<Console>>, body: Bytes) -> Response {
+    let form = form_fields(&body);
     let token = form.get("token").map(|t| t.trim()).unwrap_or_default();
     if token.is_empty() {
         return html_response(
@@ -347,6 +346,12 @@ async fn signin(
     response
 }
 
+/// A posted form's fields (`application/x-www-form-urlencoded`); none when it is not one, so
+/// that a post without the session's CSRF token is refused as such.
+fn form_fields(body: &Bytes) -> BTreeMap<String, String> {
+    serde_urlencoded::from_bytes(body).unwrap_or_default()
+}
+
 /// Whether the CSRF token of a form is the session's.
 fn csrf_ok(signed: &SignedIn, form: &BTreeMap<String, String>) -> bool {
     let given = form.get("csrf").map(String::as_str).unwrap_or_default();
@@ -364,15 +369,12 @@ fn csrf_refused() -> Response {
 }
 
 /// `POST /console/signout`: the session ends and its cookie is cleared.
-async fn signout(
-    State(console): State<Arc<Console>>,
-    headers: HeaderMap,
-    Form(form): Form<BTreeMap<String, String>>,
-) -> Response {
+async fn signout(State(console): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
     let signed = match console.signed_in(&headers, true).await {
         Ok(signed) => signed,
         Err(response) => return response,
     };
+    let form = form_fields(&body);
     if !csrf_ok(&signed, &form) {
         return csrf_refused();
     }
@@ -570,12 +572,13 @@ async fn run_action(
     State(console): State<Arc<Console>>,
     Path((project, name, action)): Path<(String, String, String)>,
     headers: HeaderMap,
-    Form(form): Form<BTreeMap<String, String>>,
+    body: Bytes,
 ) -> Response {
     let signed = match console.signed_in(&headers, true).await {
         Ok(signed) => signed,
         Err(response) => return response,
     };
+    let form = form_fields(&body);
     if !csrf_ok(&signed, &form) {
         return csrf_refused();
     }

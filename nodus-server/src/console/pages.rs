@@ -371,6 +371,7 @@ pub async fn run(
         .text(show(&status["phase"]))
         .raw("</dd>");
     for (label, value) in [
+        ("Reason", &status["reason"]),
         ("Message", &status["message"]),
         ("Agent", &run["spec"]["agent"]),
         ("Group", &run["spec"]["group"]),

@@ -7,7 +7,7 @@
   if (!live || !window.EventSource || !window.fetch) {
     return;
   }
-  var fragment = live.getAttribute("data-fragment");
+  var fragment = window.location.pathname + "?fragment=1";
   var busy = false;
   var again = false;
   function refresh() {
@@ -26,9 +26,15 @@
         return response.ok ? response.text() : null;
       })
       .then(function (html) {
-        if (html !== null) {
-          live.innerHTML = html;
-          live.setAttribute("data-refreshed", String(Date.now()));
+        if (html === null) {
+          return;
+        }
+        // Parsed inert (a template runs nothing, loads nothing), and put in only when it
+        // differs: what the reader is looking at stays put until something changed.
+        var parsed = document.createElement("template");
+        parsed.innerHTML = html;
+        if (parsed.innerHTML !== live.innerHTML) {
+          live.replaceChildren(parsed.content);
         }
       })
       .catch(function () {})
