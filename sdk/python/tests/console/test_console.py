@@ -82,8 +82,13 @@ def wait_for(driver: WebDriver, what: Callable[[WebDriver], Any], timeout: float
 
 
 def shot(driver: WebDriver, name: str) -> None:
+    """The whole page, at the window's width."""
     SHOTS.mkdir(parents=True, exist_ok=True)
+    size = driver.get_window_size()
+    height = driver.execute_script("return document.documentElement.scrollHeight;")
+    driver.set_window_size(size["width"], max(size["height"], int(height) + 140))
     driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    driver.set_window_size(size["width"], size["height"])
 
 
 def sign_in(driver: WebDriver, server: NodusServer, token: str = TOKEN) -> None:
