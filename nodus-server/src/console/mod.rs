@@ -47,6 +47,11 @@ const COOKIE: &str = "nodus_console_session";
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// How often an idle event stream says it is still there.
 const KEEP_ALIVE: Duration = Duration::from_secs(20);
+/// The least time between two change events of a stream: a busy project (a group of a
+/// thousand runs) makes a page fetch its live part at most a few times a second.
+const MIN_EVENT_INTERVAL: Duration = Duration::from_millis(250);
+/// The most sessions kept; signing in past it ends the one closest to its end.
+const MAX_SESSIONS: usize = 10_000;
 /// The Content-Security-Policy of every console answer: scripts, styles and connections from
 /// the server only, no inline script or style, no framing, forms post only here.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
@@ -323,6 +328,14 @@ async fn signin(State(console): State<Arc<Console>>, body: Bytes) -> Response {
         let mut sessions = console.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         sessions.retain(|_, session| session.expires > now);
+        if sessions.len() >= MAX_SESSIONS
+            && let Some(oldest) = sessions
+                .iter()
+                .min_by_key(|(_, session)| session.expires)
+                .map(|(id, _)| id.clone())
+        {
+            sessions.remove(&oldest);
+        }
         sessions.insert(
             id.clone(),
             Session {
@@ -658,7 +671,15 @@ async fn events(
     }
     // Subscribed before the answer: nothing written after the page's read is missed.
     let changes = console.app.watches.subscribe(console.app.store.as_ref());
-    let stream = futures_util::stream::unfold((changes, project), |(mut changes, project)| async {
+    let now = Instant::now();
+    let start = (
+        changes,
+        project,
+        now.checked_sub(MIN_EVENT_INTERVAL).unwrap_or(now),
+    );
+    let stream = futures_util::stream::unfold(start, |(mut changes, project, last)| async move {
+        // Changes meanwhile stay queued in the subscription: the next wait sees them.
+        tokio::time::sleep_until(last + MIN_EVENT_INTERVAL).await;
         let deadline = Instant::now() + KEEP_ALIVE;
         let concerns = |key: &ObjectKey| {
             key.project == project
@@ -672,7 +693,10 @@ async fn events(
             Woken::Ended if Instant::now() < deadline => return None,
             Woken::Ended => Event::default().comment("idle"),
         };
-        Some((Ok::<_, Infallible>(event), (changes, project)))
+        Some((
+            Ok::<_, Infallible>(event),
+            (changes, project, Instant::now()),
+        ))
     });
     Sse::new(stream).into_response()
 }
