@@ -49,7 +49,24 @@ pub fn document() -> Value {
         "/healthz".into(),
         json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}),
     );
-    paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics: without a token the server's own counters only; with one, the runs of the projects it holds too (every project for the operator token)", "security": [{}, {"bearer": []}], "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert("/apis/nodus.dev/v1/projects".into(), json!({
+        "get": operation("The projects the token holds (every project for the operator token)", "200"),
+        "post": with_body(operation("Create a project {metadata: {name}} (the operator token)", "201"), "{\"metadata\": {\"name\": \"NAME\"}}"),
+    }));
+    paths.insert(format!("{base}/tokens"), json!({
+        "parameters": [project],
+        "get": operation("The project's tokens: name, projects, role, expiry, created; never a secret (admin)", "200"),
+        "post": with_body(operation("Create a token {metadata: {name}, spec: {role: read|write|admin, expires: 30d}}; the answer's `token` is the secret, shown this once (admin)", "201"), "the token"),
+    }));
+    paths.insert(
+        format!("{base}/tokens/{{name}}"),
+        json!({
+            "parameters": [project, name],
+            "get": operation("A token, without its secret (admin)", "200"),
+            "delete": operation("Revoke a token: refused from the next request on (admin)", "200"),
+        }),
+    );
     paths.insert(format!("{base}/{{plural}}"), json!({
         "parameters": [project, plural],
         "get": with_query(operation("List objects (labelSelector, fieldSelector; watch=true to wait for a change)", "200"), {

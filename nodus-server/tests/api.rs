@@ -117,7 +117,18 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         (status, body["reason"].as_str()),
         (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
     );
-    // Another project: the same answer whether it exists or not.
+    // Another project: the same answer whether it exists or not (to a token of `default`
+    // that is not the operator's, which holds every project).
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/tokens"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"name": "team"}, "spec": {"role": "admin"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let team = created["token"].as_str().expect("a token");
     api.state
         .ledger
         .open("other", nodus_core::Usd::ZERO)
@@ -127,7 +138,7 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         .call(
             Method::GET,
             &format!("{BASE}/other/agents"),
-            Some(TOKEN),
+            Some(team),
             None,
         )
         .await;
@@ -135,7 +146,7 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         .call(
             Method::GET,
             &format!("{BASE}/nowhere/agents"),
-            Some(TOKEN),
+            Some(team),
             None,
         )
         .await;
@@ -1064,18 +1075,33 @@ async fn watch_parameters_are_checked_and_the_project_is_enforced() {
         (StatusCode::UNPROCESSABLE_ENTITY, Some("resourceVersion")),
         "a list's version is its digest: {body}"
     );
-    // The watch obeys the read's auth: at once, without waiting.
+    // The watch obeys the read's auth: at once, without waiting (to a token of `default`;
+    // the operator's holds every project).
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/tokens"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"name": "reader"}, "spec": {"role": "read"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let reader = created["token"].as_str().expect("a token");
     api.state
         .ledger
         .open("other", nodus_core::Usd::ZERO)
         .await
         .expect("project");
-    let (status, _, took) = watch(
-        &api,
-        format!("{BASE}/other/agents/w?watch=true&resourceVersion=1&timeoutSeconds=60"),
-    )
-    .await
-    .expect("watch");
+    let started = std::time::Instant::now();
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/other/agents/w?watch=true&resourceVersion=1&timeoutSeconds=60"),
+            Some(reader),
+            None,
+        )
+        .await;
+    let took = started.elapsed();
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(took < std::time::Duration::from_secs(2), "{took:?}");
     let (status, body) = api

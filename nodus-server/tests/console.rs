@@ -12,8 +12,6 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const TOKEN: &str = "nodus_test_admin_token_0123456789abcdef";
-const OTHER_TOKEN: &str = "nodus_test_other_token_0123456789abcdef";
-const TWO_TOKEN: &str = "nodus_test_two_projects_token_0123456789";
 const BASE: &str = "/apis/nodus.dev/v1/projects";
 
 struct Console {
@@ -36,16 +34,6 @@ async fn console(store: StoreUrl) -> Console {
     options.bootstrap_token = Some(TOKEN.to_string());
     let server = Server::build(options).await.expect("server builds");
     let state = server.state();
-    state
-        .auth
-        .register(OTHER_TOKEN, &["other"], false)
-        .await
-        .expect("token");
-    state
-        .auth
-        .register(TWO_TOKEN, &["alpha", "beta"], false)
-        .await
-        .expect("token");
     Console {
         router: nodus_server::console::router(state.clone())
             .merge(nodus_server::router(state.clone())),
@@ -98,6 +86,37 @@ impl Console {
             Some(body.to_string()),
         )
         .await
+    }
+
+    /// A new project, made by the operator.
+    async fn project(&self, name: &str) {
+        let made = self
+            .send(
+                Method::POST,
+                BASE,
+                &[
+                    (header::AUTHORIZATION, format!("Bearer {TOKEN}")),
+                    (header::CONTENT_TYPE, "application/json".to_string()),
+                ],
+                Some(json!({"metadata": {"name": name}}).to_string()),
+            )
+            .await;
+        assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    }
+
+    /// A new token of `project` only, with this role: its secret.
+    async fn token(&self, project: &str, name: &str, role: &str) -> String {
+        let made = self
+            .api(
+                Method::POST,
+                &format!("/{project}/tokens"),
+                TOKEN,
+                json!({"metadata": {"name": name}, "spec": {"role": role}}),
+            )
+            .await;
+        assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+        let made: Value = serde_json::from_str(&made.body).expect("json");
+        made["token"].as_str().expect("token").to_string()
     }
 
     /// Signs in with `token`: the session cookie.
@@ -189,12 +208,15 @@ fn check_policy(answer: &Answer) {
 #[tokio::test]
 async fn another_projects_run_is_not_reachable_and_the_switcher_holds_the_tokens_projects() {
     let console = console(StoreUrl::Memory).await;
-    // A run in project "other", made with that project's token.
+    console.project("other").await;
+    let other_token = console.token("other", "team", "write").await;
+    let default_token = console.token("default", "mine", "write").await;
+    // A run in project "other", made with that project's own token.
     let made = console
         .api(
             Method::POST,
             "/other/agents",
-            OTHER_TOKEN,
+            &other_token,
             agent("hello-agent"),
         )
         .await;
@@ -203,25 +225,29 @@ async fn another_projects_run_is_not_reachable_and_the_switcher_holds_the_tokens
         .api(
             Method::POST,
             "/other/agentruns",
-            OTHER_TOKEN,
+            &other_token,
             run("private-run", "the other project's secret input"),
         )
         .await;
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
-    let cookie = console.sign_in(TOKEN).await;
-    for path in [
-        "/console/p/other/runs/private-run",
-        "/console/p/other/runs/private-run?fragment=1",
-        "/console/p/other/runs/private-run/steps/0",
-        "/console/p/other/agents",
-        "/console/p/other/groups",
+    // A token of "default" only: another project's run, in every form, and a project that
+    // does not exist, answer the same Forbidden and show nothing.
+    let cookie = console.sign_in(&default_token).await;
+    for (path, project) in [
+        ("/console/p/other/runs/private-run", "other"),
+        ("/console/p/other/runs/private-run?fragment=1", "other"),
+        ("/console/p/other/runs/private-run/steps/0", "other"),
+        ("/console/p/other/agents", "other"),
+        ("/console/p/other/groups", "other"),
+        ("/console/p/other/credits", "other"),
+        ("/console/p/nowhere/runs/private-run", "nowhere"),
     ] {
         let answer = console.page(path, &cookie).await;
         assert_eq!(answer.status, StatusCode::FORBIDDEN, "{path}");
         assert!(
-            answer
-                .body
-                .contains("this token does not hold project &quot;other&quot;"),
+            answer.body.contains(&format!(
+                "this token does not hold project &quot;{project}&quot;"
+            )),
             "{path}: {}",
             answer.body
         );
@@ -246,34 +272,53 @@ async fn another_projects_run_is_not_reachable_and_the_switcher_holds_the_tokens
         .await
         .expect("run");
     assert_eq!(run.status.cancel_requested, None);
+    assert_eq!(run.status.phase.map(|p| p.name()), Some("Pending"));
     // The events of another project are refused too.
     let events = console.page("/console/p/other/events", &cookie).await;
     assert_eq!(events.status, StatusCode::FORBIDDEN);
-    // The owner sees it, and a token of two projects switches between exactly those.
-    let owner = console.sign_in(OTHER_TOKEN).await;
+    // The switcher holds the token's one project.
+    let switcher = |body: &str| {
+        body.split("id=\"projects\"")
+            .nth(1)
+            .and_then(|rest| rest.split("</nav>").next())
+            .expect("switcher")
+            .to_string()
+    };
+    let mine = switcher(&page.body);
+    assert!(mine.contains("href=\"/console/p/default/agents\" aria-current=\"page\""));
+    assert_eq!(mine.matches("<a ").count(), 1, "{mine}");
+    // The owner sees it; the operator holds every project and switches between them.
+    let owner = console.sign_in(&other_token).await;
     let page = console
         .page("/console/p/other/runs/private-run", &owner)
         .await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.body.contains("the other project&#39;s secret input"));
-    let two = console.sign_in(TWO_TOKEN).await;
-    let page = console.page("/console/p/beta/agents", &two).await;
+    let operator = console.sign_in(TOKEN).await;
+    let page = console.page("/console/p/other/agents", &operator).await;
     assert_eq!(page.status, StatusCode::OK);
-    let switcher = page
-        .body
-        .split("id=\"projects\"")
-        .nth(1)
-        .and_then(|rest| rest.split("</nav>").next())
-        .expect("switcher");
-    assert!(switcher.contains("href=\"/console/p/alpha/agents\""));
-    assert!(switcher.contains("href=\"/console/p/beta/agents\" aria-current=\"page\""));
-    assert_eq!(switcher.matches("<a ").count(), 2, "{switcher}");
+    let all = switcher(&page.body);
+    assert!(all.contains("href=\"/console/p/default/agents\""));
+    assert!(all.contains("href=\"/console/p/other/agents\" aria-current=\"page\""));
     // No page shows a token.
-    for body in [&page.body] {
-        for token in [TOKEN, OTHER_TOKEN, TWO_TOKEN] {
-            assert!(!body.contains(token));
-        }
+    for token in [TOKEN, &other_token, &default_token] {
+        assert!(!page.body.contains(token));
     }
+    // A deleted token ends its sessions at their next request.
+    let deleted = console
+        .send(
+            Method::DELETE,
+            &format!("{BASE}/other/tokens/team"),
+            &[(header::AUTHORIZATION, format!("Bearer {TOKEN}"))],
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.body);
+    let after = console
+        .page("/console/p/other/runs/private-run", &owner)
+        .await;
+    assert_eq!(after.status, StatusCode::SEE_OTHER);
+    assert_eq!(after.headers[header::LOCATION], "/console/signin");
 }
 
 #[tokio::test]

@@ -38,6 +38,23 @@ fn kind_of(plural: &str) -> ApiResult<Kind> {
     }
 }
 
+/// The kind of `plural`, once the caller may change it in `project`: budgets need an admin
+/// token, the other kinds a write token.
+async fn check_change(
+    state: &AppState,
+    headers: &HeaderMap,
+    project: &str,
+    plural: &str,
+) -> ApiResult<Kind> {
+    let caller = caller(state, headers).await?;
+    caller.check_write(project)?;
+    let kind = kind_of(plural)?;
+    if kind == Kind::Budget {
+        caller.check_admin(project, "create, change or delete budgets")?;
+    }
+    Ok(kind)
+}
+
 fn to_value(object: &impl serde::Serialize) -> ApiResult<Value> {
     serde_json::to_value(object).map_err(|e| ApiError::malformed(e.to_string()))
 }
@@ -228,8 +245,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     let mut document = json_body(&body)?;
     check_project(&mut document, &project)?;
     let created = match kind {
@@ -447,8 +463,7 @@ pub async fn replace(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     let mut document = json_body(&body)?;
     check_project(&mut document, &project)?;
     let value = put(&state, &project, kind, &name, document).await?;
@@ -543,8 +558,7 @@ pub async fn patch(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     let patch = json_body(&body)?;
     if !patch.is_object() {
         return Err(ApiError::malformed("a merge patch is a JSON object"));
@@ -597,8 +611,7 @@ pub async fn delete(
     Path((project, plural, name)): Path<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     match kind {
         Kind::Agent => state.engine.delete::<AgentSpec>(&project, &name).await?,
         Kind::FileSet => state.engine.delete::<FileSetSpec>(&project, &name).await?,

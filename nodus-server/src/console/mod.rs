@@ -35,7 +35,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::app::AppState;
-use crate::auth::{Principal, SYSTEM_PROJECT};
+use crate::auth::{DEFAULT_PROJECT, Principal, SYSTEM_PROJECT, TEMPLATE_PROJECT};
 use crate::error::ApiError;
 use crate::watch::Woken;
 
@@ -270,7 +270,7 @@ async fn js() -> Response {
 
 async fn home(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     match console.signed_in(&headers, true).await {
-        Ok(signed) => match signed.principal.projects.first() {
+        Ok(signed) => match first_project(&signed.principal) {
             Some(project) => see_other(&format!(
                 "/console/p/{}/agents",
                 html::percent_encode(project)
@@ -279,6 +279,21 @@ async fn home(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respon
         },
         Err(response) => response,
     }
+}
+
+/// The project a signed-in browser starts in: `default` when the token holds it, else its
+/// first project other than the read-only templates.
+fn first_project(principal: &Principal) -> Option<&str> {
+    let held = |name: &str| principal.projects.iter().any(|p| p == name);
+    if held(DEFAULT_PROJECT) {
+        return Some(DEFAULT_PROJECT);
+    }
+    principal
+        .projects
+        .iter()
+        .map(String::as_str)
+        .find(|p| *p != TEMPLATE_PROJECT)
+        .or_else(|| principal.projects.first().map(String::as_str))
 }
 
 async fn project_home(Path(project): Path<String>) -> Response {
@@ -314,7 +329,7 @@ async fn signin(State(console): State<Arc<Console>>, body: Bytes) -> Response {
         }
         Err(error) => return error_page(&error, None),
     };
-    let Some(project) = principal.projects.first().cloned() else {
+    let Some(project) = first_project(&principal).map(str::to_string) else {
         return html_response(
             StatusCode::FORBIDDEN,
             pages::signin(Some("token: holds no project")),

@@ -314,28 +314,75 @@ def test_groups_and_credits_show_the_api_values(
     shot(browser, "credits")
 
 
-def test_another_projects_run_is_not_reachable(
-    browser: WebDriver, server: NodusServer, agent: nodus.ClaudeAgent
-) -> None:
-    run = agent.submit("Say hi")
-    run.wait(timeout=60)
-    sign_in(browser, server)
-    wait_for(browser, lambda d: d.current_url.endswith("/agents"))
-    # The token holds only "default": another project's pages answer Forbidden, the same
-    # whether or not the project or run exists, and show nothing of it.
-    for page in (
-        f"/console/p/other/runs/{run.name}",
-        "/console/p/other/agents",
-        "/console/p/other/credits",
-        f"/console/p/other/runs/{run.name}/steps/0",
+def post(server: NodusServer, path: str, body: Dict[str, Any], token: str = TOKEN) -> Any:
+    answer = httpx.post(
+        f"{server.url}/apis/nodus.dev/v1/projects{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert answer.status_code in (200, 201), answer.text
+    return answer.json()
+
+
+def test_another_projects_run_is_not_reachable(browser: WebDriver, server: NodusServer) -> None:
+    # A second project with its own token, its own agent and a run.
+    other = unique("other")
+    post(server, "", {"metadata": {"name": other}})
+    other_token = post(
+        server, f"/{other}/tokens", {"metadata": {"name": "team"}, "spec": {"role": "write"}}
+    )["token"]
+    post(
+        server,
+        f"/{other}/agents",
+        {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "Agent",
+            "metadata": {"name": "private-agent"},
+            "spec": {"system": "x", "model": {"access": "Nodus"}, "perRunMaxCostUSD": "0.50"},
+        },
+        other_token,
+    )
+    post(
+        server,
+        f"/{other}/agentruns",
+        {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentRun",
+            "metadata": {"name": "private-run"},
+            "spec": {"agent": "private-agent", "input": "the other project's secret"},
+        },
+        other_token,
+    )
+    # Signed in with a token of default only: the other project's run, by URL, answers
+    # Forbidden (the same as a project that does not exist) and shows nothing of it.
+    mine = post(
+        server, "/default/tokens", {"metadata": {"name": unique("mine")}, "spec": {"role": "write"}}
+    )["token"]
+    sign_in(browser, server, mine)
+    wait_for(browser, lambda d: d.current_url.endswith("/console/p/default/agents"))
+    projects = browser.find_elements(By.CSS_SELECTOR, "#projects a")
+    assert [a.text for a in projects] == ["default"]
+    for project, page in (
+        (other, f"/console/p/{other}/runs/private-run"),
+        (other, f"/console/p/{other}/agents"),
+        (other, f"/console/p/{other}/credits"),
+        (other, f"/console/p/{other}/runs/private-run/steps/0"),
+        ("nowhere", "/console/p/nowhere/runs/private-run"),
     ):
         browser.get(f"{server.url}{page}")
         assert browser.find_element(By.TAG_NAME, "h1").text == "403 Forbidden", page
         assert browser.find_element(By.ID, "problem").text == (
-            'this token does not hold project "other"'
+            f'this token does not hold project "{project}"'
         )
-        assert "Noted" not in browser.page_source
+        assert "secret" not in browser.page_source
+        assert mine not in browser.page_source
     shot(browser, "forbidden")
+    # Its owner sees it.
+    sign_in(browser, server, other_token)
+    wait_for(browser, lambda d: d.current_url.endswith(f"/console/p/{other}/agents"))
+    browser.get(f"{server.url}/console/p/{other}/runs/private-run")
+    assert browser.find_element(By.ID, "input").text == "the other project's secret"
 
 
 def test_every_answer_has_the_policy_and_actions_need_the_csrf_token(
