@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::html::{Html, percent_encode};
 use crate::app::AppState;
+use crate::auth::TEMPLATE_PROJECT;
 use crate::error::ApiError;
 
 /// Which part of the console a page belongs to.
@@ -174,11 +175,18 @@ fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
         .collect()
 }
 
+/// A phase as a class name: its letters and digits only.
+fn phase_class(phase: &Value) -> String {
+    show(phase)
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect()
+}
+
 fn phase_cell(html: &mut Html, phase: &Value) {
     let text = show(phase);
-    let class: String = text.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
     html.raw("<td class=\"phase phase-")
-        .text(class)
+        .text(phase_class(phase))
         .raw("\">")
         .text(text)
         .raw("</td>");
@@ -361,12 +369,7 @@ pub async fn run(
     html.raw("<h1>Run ")
         .text(name)
         .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
-        .text(
-            show(&status["phase"])
-                .chars()
-                .filter(|c| c.is_ascii_alphanumeric())
-                .collect::<String>(),
-        )
+        .text(phase_class(&status["phase"]))
         .raw("\">")
         .text(show(&status["phase"]))
         .raw("</dd>");
@@ -644,7 +647,9 @@ pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, 
     let mut html = Html::new();
     html.raw("<h1>Group ")
         .text(name)
-        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\">")
+        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
+        .text(phase_class(&status["phase"]))
+        .raw("\">")
         .text(show(&status["phase"]))
         .raw("</dd><dt>Agent</dt><dd>")
         .text(show(&group["spec"]["agent"]))
@@ -711,7 +716,8 @@ pub async fn credits(state: &AppState, projects: &[String]) -> Result<Page, ApiE
               <th class=\"num\">Credits left (USD)</th><th class=\"num\">Spent (USD)</th>\
               <th class=\"num\">Reserved (USD)</th><th>Budget (USD)</th></tr></thead><tbody>",
     );
-    for project in projects {
+    // The template project holds no credits of anyone's.
+    for project in projects.iter().filter(|p| *p != TEMPLATE_PROJECT) {
         let typed = state.ledger.account(project).await?;
         let account = serde_json::to_value(&typed).unwrap_or(Value::Null);
         let reserved: nodus_core::Usd = typed
