@@ -364,6 +364,42 @@ async fn sessions_csrf_and_headers() {
     );
     assert!(!wrong.body.contains("nodus_wrong_token_123456"));
     assert!(wrong.headers.get(header::SET_COOKIE).is_none());
+    // Another site's form: refused, even with a valid token (it would sign the browser in
+    // as the other site's user); the same site's is taken.
+    let foreign = console
+        .send(
+            Method::POST,
+            "/console/signin",
+            &[
+                (header::HOST, "127.0.0.1:8080".to_string()),
+                (header::ORIGIN, "https://evil.example".to_string()),
+                (
+                    header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded".to_string(),
+                ),
+            ],
+            Some(format!("token={TOKEN}")),
+        )
+        .await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN);
+    assert!(foreign.body.contains("Origin: must be this server"));
+    assert!(foreign.headers.get(header::SET_COOKIE).is_none());
+    let same = console
+        .send(
+            Method::POST,
+            "/console/signin",
+            &[
+                (header::HOST, "127.0.0.1:8080".to_string()),
+                (header::ORIGIN, "http://127.0.0.1:8080".to_string()),
+                (
+                    header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded".to_string(),
+                ),
+            ],
+            Some(format!("token={TOKEN}")),
+        )
+        .await;
+    assert_eq!(same.status, StatusCode::SEE_OTHER);
     let empty = console
         .form("/console/signin", None, &[("token", " ")])
         .await;
@@ -399,6 +435,24 @@ async fn sessions_csrf_and_headers() {
         assert_eq!(refused.status, StatusCode::FORBIDDEN, "{fields:?}");
         assert!(refused.body.contains("csrf: must be the form"));
     }
+    let foreign = console
+        .send(
+            Method::POST,
+            "/console/p/default/runs/r1/cancel",
+            &[
+                (header::COOKIE, cookie.clone()),
+                (header::HOST, "127.0.0.1:8080".to_string()),
+                (header::ORIGIN, "null".to_string()),
+                (
+                    header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded".to_string(),
+                ),
+            ],
+            Some(format!("csrf={csrf}")),
+        )
+        .await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN);
+    assert!(foreign.body.contains("Origin: must be this server"));
     let not_a_form = console
         .send(
             Method::POST,

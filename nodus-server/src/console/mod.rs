@@ -121,9 +121,10 @@ async fn secure_headers(mut response: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: with it a browser sends `Origin: null` on the console's own forms.
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -308,7 +309,10 @@ async fn signin_page() -> Response {
 }
 
 /// `POST /console/signin` with `token`: a new session, its cookie, and the first project.
-async fn signin(State(console): State<Arc<Console>>, body: Bytes) -> Response {
+async fn signin(State(console): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
+    if !same_origin(&headers) {
+        return cross_origin_refused();
+    }
     let form = form_fields(&body);
     let token = form.get("token").map(|t| t.trim()).unwrap_or_default();
     if token.is_empty() {
@@ -380,6 +384,33 @@ fn form_fields(body: &Bytes) -> BTreeMap<String, String> {
     serde_urlencoded::from_bytes(body).unwrap_or_default()
 }
 
+/// Whether a POST comes from a page of this server: a browser names the page's origin in
+/// `Origin`, and its host must be the request's `Host`. Without `Origin` (not a browser, or
+/// one too old to send it) the CSRF token alone decides; sign-in has no session yet, so this
+/// is what keeps another site from signing a browser in with the site's own token.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, rest)| rest);
+    matches!((origin_host, host), (Some(a), Some(b)) if a.eq_ignore_ascii_case(b))
+}
+
+/// The answer to a POST from another site.
+fn cross_origin_refused() -> Response {
+    error_page(
+        &ApiError::forbidden(
+            "Origin: must be this server: the console takes forms from its own pages only",
+        ),
+        None,
+    )
+}
+
 /// Whether the CSRF token of a form is the session's.
 fn csrf_ok(signed: &SignedIn, form: &BTreeMap<String, String>) -> bool {
     let given = form.get("csrf").map(String::as_str).unwrap_or_default();
@@ -403,6 +434,9 @@ async fn signout(State(console): State<Arc<Console>>, headers: HeaderMap, body: 
         Err(response) => return response,
     };
     let form = form_fields(&body);
+    if !same_origin(&headers) {
+        return cross_origin_refused();
+    }
     if !csrf_ok(&signed, &form) {
         return csrf_refused();
     }
@@ -607,6 +641,9 @@ async fn run_action(
         Err(response) => return response,
     };
     let form = form_fields(&body);
+    if !same_origin(&headers) {
+        return cross_origin_refused();
+    }
     if !csrf_ok(&signed, &form) {
         return csrf_refused();
     }

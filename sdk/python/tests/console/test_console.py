@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterator, List
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -77,6 +77,11 @@ def wait_for(driver: WebDriver, what: Callable[[WebDriver], Any], timeout: float
         except StaleElementReferenceException:
             # The live part was replaced while being read: read again.
             return False
+        except WebDriverException as error:
+            # The same, as Chromium says it for an element of a replaced node.
+            if "does not belong to the document" in str(error):
+                return False
+            raise
 
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(attempt)
 
