@@ -9,6 +9,7 @@ pub mod console;
 mod controller;
 pub mod error;
 mod listen;
+pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;
