@@ -5,14 +5,14 @@
 
 use std::time::{Duration, Instant};
 
+mod support;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
-use nodus_server::{Options, SandboxKind, Server, StoreUrl};
+use nodus_server::StoreUrl;
 use serde_json::{Value, json};
+use support::{BASE, TOKEN, agent};
 use tower::ServiceExt;
-
-const TOKEN: &str = "nodus_test_admin_token_0123456789abcdef";
-const BASE: &str = "/apis/nodus.dev/v1/projects";
 
 struct Console {
     router: axum::Router,
@@ -26,17 +26,12 @@ struct Answer {
     body: String,
 }
 
+/// The console beside the API, as `nodus server` serves them (support's harness).
 async fn console(store: StoreUrl) -> Console {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut options = Options::new(dir.path().join("data"));
-    options.store = Some(store);
-    options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some(TOKEN.to_string());
-    let server = Server::build(options).await.expect("server builds");
-    let state = server.state();
+    let (api, state) = support::build(&dir, store).await;
     Console {
-        router: nodus_server::console::router(state.clone())
-            .merge(nodus_server::router(state.clone())),
+        router: nodus_server::console::router(state.clone()).merge(api),
         state,
         _dir: dir,
     }
@@ -175,11 +170,6 @@ fn form_value(value: &str) -> String {
             }
         })
         .collect()
-}
-
-fn agent(name: &str) -> Value {
-    json!({"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name},
-           "spec": {"system": "You are careful.", "model": {"access": "Nodus"}, "perRunMaxCostUSD": "0.50"}})
 }
 
 fn run(name: &str, input: &str) -> Value {
