@@ -224,7 +224,8 @@ impl Bound {
         });
         let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
-        let app = crate::api::router(server.state.clone());
+        let app = crate::console::router(server.state.clone())
+            .merge(crate::api::router(server.state.clone()));
         let mut stop = stop_rx;
         let files = crate::listen::raise_descriptor_limit();
         let limits = crate::listen::ConnectionLimits {

@@ -5,6 +5,7 @@
 mod api;
 pub mod app;
 pub mod auth;
+pub mod console;
 mod controller;
 pub mod error;
 mod listen;
