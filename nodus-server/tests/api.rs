@@ -1127,3 +1127,100 @@ async fn watch_parameters_are_checked_and_the_project_is_enforced() {
         }
     }
 }
+
+/// The server checks a `contextSchema` when the agent is written (a valid JSON Schema
+/// 2020-12 document, no `$ref`) and a run's `context` against it when the run is created,
+/// answering 422 with the failing path; nothing is written.
+#[tokio::test]
+async fn a_context_schema_is_checked_at_agent_writing_and_a_context_at_run_creation() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let runs = format!("{BASE}/default/agentruns");
+    let with_schema = |schema: Value| {
+        let mut document = agent("typed");
+        document["spec"]["contextSchema"] = schema;
+        document
+    };
+    for (schema, field) in [
+        (
+            json!({"properties": {"ticket": {"type": "objekt"}}}),
+            "spec.contextSchema.properties.ticket.type",
+        ),
+        (
+            json!({"properties": {"ticket": {"$ref": "#/$defs/t"}}}),
+            "spec.contextSchema.properties.ticket.$ref",
+        ),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::POST,
+                &agents,
+                Some(TOKEN),
+                Some(with_schema(schema)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["details"]["field"], field, "{body}");
+    }
+    let (status, _) = api
+        .call(Method::GET, &format!("{agents}/typed"), Some(TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no agent was written");
+
+    let schema = json!({
+        "type": "object",
+        "properties": {"ticket": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+        "required": ["ticket"],
+    });
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &agents,
+            Some(TOKEN),
+            Some(with_schema(schema)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let typed_run = |name: &str, context: Option<Value>| {
+        let mut document = run(name, "hello");
+        document["spec"]["agent"] = json!("typed");
+        if let Some(context) = context {
+            document["spec"]["context"] = context;
+        }
+        document
+    };
+    for (context, field) in [
+        (
+            Some(json!({"ticket": {"id": "seven"}})),
+            "spec.context.ticket.id",
+        ),
+        (None, "spec.context"),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::POST,
+                &runs,
+                Some(TOKEN),
+                Some(typed_run("refused", context)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["details"]["field"], field, "{body}");
+        assert!(
+            body["details"]["rule"]
+                .as_str()
+                .is_some_and(|rule| rule.contains("contextSchema")),
+            "{body}"
+        );
+    }
+    assert_eq!(api.runs().await, 0, "nothing was written");
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &runs,
+            Some(TOKEN),
+            Some(typed_run("matching", Some(json!({"ticket": {"id": 7}})))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
