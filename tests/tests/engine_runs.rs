@@ -977,6 +977,65 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .expect("a context without a schema");
 }
 
+/// A run naming `spec.image` is refused when it is created by an engine whose sandbox cannot
+/// run images (bubblewrap, the unisolated backend), naming the field and why; nothing is
+/// written. Without an image the same run is created.
+#[tokio::test]
+async fn an_image_is_refused_at_creation_by_a_backend_that_runs_none() {
+    use nodus_core::engine::Error;
+    use nodus_sandbox::{BwrapConfig, BwrapSandbox, UnisolatedSandbox};
+    use std::sync::Arc;
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let backends: [(&str, Arc<dyn nodus_core::Sandbox>); 2] = [
+        (
+            "bwrap",
+            Arc::new(BwrapSandbox::new(BwrapConfig::new(
+                root.path().join("bwrap"),
+            ))),
+        ),
+        (
+            "unisolated",
+            Arc::new(UnisolatedSandbox::new(root.path().join("unisolated"))),
+        ),
+    ];
+    for (backend, sandbox) in backends {
+        let world = World::new(vec![]);
+        let engine = world.engine_with(Arc::new(world.memory.clone()), sandbox);
+        engine
+            .apply_agent(PROJECT, agent("helper", |_| {}))
+            .await
+            .expect("agent");
+        let refused = engine
+            .create_run(
+                PROJECT,
+                run("imaged", "helper", "q", |s| {
+                    s.image = Some("python:3.12-slim".to_string())
+                }),
+            )
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, "spec.image", "{backend}: {invalid}");
+                assert!(
+                    invalid.rule.contains("cannot be honoured"),
+                    "{backend}: {invalid}"
+                );
+                assert_eq!(invalid.value, "\"python:3.12-slim\"", "{backend}");
+            }
+            other => panic!("{backend}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, "imaged").await.is_err(),
+            "{backend}: nothing is written"
+        );
+        engine
+            .create_run(PROJECT, run("plain", "helper", "q", |_| {}))
+            .await
+            .unwrap_or_else(|e| panic!("{backend}: a run without an image: {e}"));
+    }
+}
+
 /// A run's `context` is checked against its agent's `contextSchema` when the run is created:
 /// a context failing at a nested path is refused naming that path, the schema keyword and the
 /// value, and so is a missing context the schema requires; nothing is written. A matching

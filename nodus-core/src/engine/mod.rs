@@ -446,6 +446,18 @@ impl Engine {
         }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
         refuse_unsupported(&run.spec)?;
+        if let Some(image) = &run.spec.image
+            && !self.deps.sandbox.supports_image()
+        {
+            return Err(Invalid::new(
+                "spec.image",
+                "cannot be honoured by this server's sandbox backend, which runs commands on \
+                 the host's file system and not in an image (only the docker sandbox runs \
+                 images): remove spec.image or use a server with --sandbox docker",
+                format!("{image:?}"),
+            )
+            .into());
+        }
         if let Some(schema) = &agent.object.spec.context_schema {
             validate::check_context(schema, run.spec.context.as_ref())?;
         }

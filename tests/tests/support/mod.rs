@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use jiff::Timestamp;
+use nodus_core::Sandbox;
 use nodus_core::catalog::{Catalog, Family};
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::journal::{Completion, Step};
@@ -272,10 +273,15 @@ impl World {
     }
 
     pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        self.engine_with(store, self.sandbox.clone())
+    }
+
+    /// An engine over `store` whose commands run in `sandbox`.
+    pub fn engine_with(&self, store: Arc<dyn Store>, sandbox: Arc<dyn Sandbox>) -> Engine {
         Engine::new(
             Deps {
                 store,
-                sandbox: self.sandbox.clone(),
+                sandbox,
                 model: self.model.clone(),
                 router: Arc::new(FixedRouter(Family::Haiku)),
                 clock: self.clock.clone(),
