@@ -441,7 +441,8 @@ fn wait_waits_on_the_servers_long_poll_instead_of_polling() {
 
 /// Through the CLI and the real server: an agent whose contextSchema is not a valid JSON
 /// Schema is refused at apply naming the path in the schema, and a run whose context fails
-/// the schema is refused naming the path in the context, the keyword and the value.
+/// the schema is refused naming the path in the context, the keyword and the value; the
+/// agent's runs are listed with `--field-selector status.snapshot.agentRef=PROJECT/NAME`.
 #[test]
 fn a_context_that_fails_the_agents_schema_is_refused_naming_the_path() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -500,4 +501,24 @@ fn a_context_that_fails_the_agents_schema_is_refused_naming_the_path() {
     }
     let output = nodus(dir, &["get", "ar", "typed-run"]);
     assert_eq!(output.status.code(), Some(1), "nothing was written");
+
+    // The agent's runs, listed by the reference they resolved to.
+    std::fs::write(
+        &run,
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata: {name: typed-run}\nspec:\n  agent: default/typed\n  \
+         input: hi\n  context: {ticket: {id: 7}}\n",
+    )
+    .expect("write");
+    ok(dir, &["apply", "-f", run.to_str().expect("utf-8")]);
+    let selected = |selector: &str| {
+        ok(
+            dir,
+            &["get", "ar", "--field-selector", selector, "-o", "name"],
+        )
+    };
+    assert_eq!(
+        selected("status.snapshot.agentRef=default/typed"),
+        "agentrun.nodus.dev/typed-run\n"
+    );
+    assert_eq!(selected("spec.agent=typed"), "");
 }
