@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::process::Command;
 use std::time::Duration;
 
 use support::{ROOT, Server, TOKEN, login, nodus, ok, start_server, text};
@@ -521,4 +522,69 @@ fn a_context_that_fails_the_agents_schema_is_refused_naming_the_path() {
         "agentrun.nodus.dev/typed-run\n"
     );
     assert_eq!(selected("spec.agent=typed"), "");
+}
+
+/// Most people first run Nodus as themselves: the quickstart as an ordinary user (uid 65534
+/// through `setpriv` when the tests run as root) with its own home and data directory runs its
+/// command in bubblewrap and succeeds, on the limits that user may have (cgroups it cannot
+/// make give way to rlimits, said at start), instead of failing with SandboxFailed.
+#[test]
+fn the_quickstart_runs_as_an_unprivileged_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("home");
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let mut command = if root {
+        // The user's own directories: readable on the way down, its home its own.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let chowned = Command::new("chown")
+            .args(["65534:65534"])
+            .arg(&home)
+            .status()
+            .expect("chown");
+        assert!(chowned.success());
+        let mut command = Command::new("setpriv");
+        command.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            support::NODUS,
+        ]);
+        command
+    } else {
+        Command::new(support::NODUS)
+    };
+    let output = command
+        .arg("quickstart")
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", home.join(".local/share"))
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .current_dir(&home)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("quickstart runs");
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("run hello-agent-run-"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.ends_with(": Succeeded")),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("Python 3"), "{stdout}");
+    // Its data directory is its own, and it says at start which limits hold.
+    assert!(
+        home.join(".local/share/nodus/nodus.db").exists(),
+        "{stderr}"
+    );
+    assert!(stderr.contains("quickstart: sandbox limits: "), "{stderr}");
 }

@@ -342,6 +342,21 @@ fn the_quickstart_runs_end_to_end_through_the_cli() {
     );
     assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
 
+    // Standard error is not a terminal here: no progress line, only the timeout.
+    let output = nodus(
+        dir,
+        &[
+            "wait",
+            "ar/hello-agent-run",
+            "--for=jsonpath={.metadata.name}=another-name",
+            "--timeout=1s",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("timed out after 1s"), "{stderr}");
+
     // SIGTERM stops the server cleanly, with exit code 0.
     let pid = server.child.id().to_string();
     let signalled = Command::new("kill")

@@ -6,6 +6,13 @@
 //! controllers enabled for `<parent>`). Its commands are moved into those cgroups before they
 //! start. A controller that cannot be used is reported by [`Cgroups::enforced`], so that the
 //! caller falls back to rlimits for it.
+//!
+//! A hierarchy is used only once this process has made a cgroup under the parent and moved a
+//! process into it (a probe), so that a user who may not make cgroups (an ordinary user on
+//! cgroup v1, or under a parent a root server made) gets rlimits instead of failed runs. On
+//! cgroup v2 a process that cannot use `<mount>/<parent>` uses what the host delegates to it:
+//! `<parent>` beside its own cgroup (systemd gives a user's services their own subtree).
+//! [`Cgroups::summary`] says which limits hold.
 
 use std::fs;
 use std::io;
@@ -106,7 +113,9 @@ impl Cgroups {
                     if !controllers.any() {
                         continue;
                     }
-                    match prepare_v1(&mount, parent) {
+                    match prepare_v1(&mount, parent)
+                        .and_then(|dir| probe(&dir, false).map(|()| dir))
+                    {
                         Ok(dir) => {
                             found = found.or(controllers);
                             hierarchies.push(Hierarchy {
@@ -137,7 +146,7 @@ impl Cgroups {
             if !wanted.any() {
                 continue;
             }
-            match prepare_v2(&mount, parent, wanted) {
+            match prepare_v2_anywhere(&mount, parent, wanted) {
                 Ok((dir, controllers)) if controllers.any() => {
                     found = found.or(controllers);
                     hierarchies.push(Hierarchy {
@@ -156,6 +165,47 @@ impl Cgroups {
         }
         debug!(?found, "cgroup controllers for sandboxes");
         Cgroups { hierarchies }
+    }
+
+    /// One sentence on which limits hold: which go through cgroups (and where), and what
+    /// stands in for the others.
+    pub(crate) fn summary(&self) -> String {
+        let enforced = self.enforced();
+        let limits = [
+            (
+                "memory",
+                enforced.memory,
+                "memory by an address-space rlimit",
+            ),
+            (
+                "processes",
+                enforced.pids,
+                "processes by an rlimit on this user's processes",
+            ),
+            ("CPU", enforced.cpu, "CPU only by each command's timeout"),
+        ];
+        let held: Vec<&str> = limits.iter().filter(|l| l.1).map(|l| l.0).collect();
+        let instead: Vec<&str> = limits.iter().filter(|l| !l.1).map(|l| l.2).collect();
+        let mut parts = Vec::new();
+        if !held.is_empty() {
+            let places: Vec<String> = self
+                .hierarchies
+                .iter()
+                .map(|h| h.parent.display().to_string())
+                .collect();
+            parts.push(format!(
+                "{} limited by cgroups under {}",
+                held.join(", "),
+                places.join(", ")
+            ));
+        }
+        if !instead.is_empty() {
+            parts.push(format!(
+                "without a cgroup this process may make, {}",
+                instead.join(", ")
+            ));
+        }
+        format!("sandbox limits: {}", parts.join("; "))
     }
 
     /// The limits these cgroups enforce.
@@ -307,12 +357,78 @@ fn prepare_v1(mount: &Path, parent: &str) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-fn prepare_v2(
+/// Prepares the v2 parent cgroup at `<mount>/<parent>`, or, when this process cannot use that
+/// one (not root), at `<parent>` beside its own cgroup, which the host may have delegated to
+/// it. The first that passes the probe is used.
+fn prepare_v2_anywhere(
     mount: &Path,
     parent: &str,
     wanted: Controllers,
 ) -> io::Result<(PathBuf, Controllers)> {
-    let dir = mount.join(parent);
+    let mut candidates = vec![mount.join(parent)];
+    if let Some(own) = own_v2_cgroup()
+        && let Some(beside) = Path::new(&own).parent()
+    {
+        let delegated = mount
+            .join(beside.strip_prefix("/").unwrap_or(beside))
+            .join(parent);
+        if !candidates.contains(&delegated) {
+            candidates.push(delegated);
+        }
+    }
+    let mut refused = Vec::new();
+    for dir in candidates {
+        match prepare_v2(&dir, wanted).and_then(|prepared| probe(&dir, true).map(|()| prepared)) {
+            Ok(prepared) => return Ok(prepared),
+            Err(e) => refused.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    Err(io::Error::other(refused.join("; ")))
+}
+
+/// This process's cgroup in the v2 hierarchy (`/proc/self/cgroup`'s `0::` line).
+fn own_v2_cgroup() -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Makes a cgroup under `dir`, moves a short-lived child process into it, and removes it: the
+/// proof that sandboxes' cgroups can be made there and their commands moved in.
+fn probe(dir: &Path, v2: bool) -> io::Result<()> {
+    let probe = dir.join(format!("nodus-probe-{}", std::process::id()));
+    fs::create_dir(&probe)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating a cgroup: {e}")))?;
+    let entry = probe.join(if v2 { "cgroup.procs" } else { "tasks" });
+    let joined = std::process::Command::new("/bin/sh")
+        .args(["-c", "echo 0 > \"$1\"", "sh"])
+        .arg(&entry)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    let mut tries = 0;
+    while let Err(e) = fs::remove_dir(&probe) {
+        if e.kind() == io::ErrorKind::NotFound || tries >= REMOVE_TRIES {
+            break;
+        }
+        tries += 1;
+        std::thread::sleep(REMOVE_PAUSE);
+    }
+    match joined {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("moving a process into a cgroup failed ({status})"),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+fn prepare_v2(dir: &Path, wanted: Controllers) -> io::Result<(PathBuf, Controllers)> {
+    let dir = dir.to_path_buf();
+    let above = dir.parent().unwrap_or(&dir).to_path_buf();
     let names = [
         ("memory", wanted.memory),
         ("pids", wanted.pids),
@@ -321,7 +437,7 @@ fn prepare_v2(
     for (name, want) in names {
         if want {
             // Already enabled, or refused: what counts is what `parent` ends up with.
-            let _ = fs::write(mount.join("cgroup.subtree_control"), format!("+{name}"));
+            let _ = fs::write(above.join("cgroup.subtree_control"), format!("+{name}"));
         }
     }
     fs::create_dir_all(&dir)?;

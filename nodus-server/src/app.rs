@@ -119,8 +119,9 @@ impl Server {
         let store = open_store(&options, &mut announcements).await?;
         let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
         let catalog =
-            Arc::new(nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?);
-        let (model, router) = open_model(&catalog, &mut announcements)?;
+            nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;
+        let (model, router, catalog) =
+            open_model(options.anthropic.clone(), catalog, &mut announcements)?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
         let engine = Engine::new(
@@ -429,9 +430,9 @@ async fn open_sandbox(
                 "sandbox: bubblewrap processes, working directories in {}",
                 root.display()
             ));
-            Ok(Arc::new(nodus_sandbox::BwrapSandbox::new(
-                nodus_sandbox::BwrapConfig::new(root),
-            )))
+            let sandbox = nodus_sandbox::BwrapSandbox::new(nodus_sandbox::BwrapConfig::new(root));
+            announcements.push(sandbox.limits());
+            Ok(Arc::new(sandbox))
         }
         SandboxKind::Docker => {
             let Some(image) = options.default_image.clone() else {
@@ -497,29 +498,29 @@ async fn live_run_uids(
     Ok(live)
 }
 
-/// The model client and the router of the server.
-type ModelAndRouter = (Arc<dyn ModelClient>, Arc<dyn Router>);
+/// The model client, the router and the catalog of the server.
+type ModelAndRouter = (
+    Arc<dyn ModelClient>,
+    Arc<dyn Router>,
+    Arc<nodus_core::catalog::Catalog>,
+);
 
+/// The model of `Options::anthropic`: Anthropic with the platform key; without one, the
+/// offline model (at $0) for platform runs, while BYOK runs still reach the Anthropic API at
+/// the configured base URL with their own key.
 fn open_model(
-    catalog: &Arc<nodus_core::catalog::Catalog>,
+    config: nodus_llm::AnthropicConfig,
+    catalog: nodus_core::catalog::Catalog,
     announcements: &mut Vec<String>,
 ) -> Result<ModelAndRouter, StartError> {
-    let config = nodus_llm::AnthropicConfig::from_env();
-    let router: Arc<dyn Router> = Arc::new(nodus_llm::Jev::new());
-    if config.api_key.is_some() {
-        announcements.push(format!(
-            "model: Anthropic at {}, routed per prompt by jev",
-            config.base_url
-        ));
-        let client = nodus_llm::AnthropicClient::new(config)
-            .map_err(|e| StartError::Backend(format!("Anthropic client: {e}")))?
-            .with_catalog(catalog.clone());
-        return Ok((Arc::new(client), router));
-    }
-    announcements.push(
-        "model: the OFFLINE scripted model (ANTHROPIC_API_KEY is not set): it runs the shell commands a prompt quotes in backticks and answers with their output".to_string(),
-    );
-    Ok((Arc::new(nodus_llm::ScriptedModel::offline()), router))
+    let chosen = nodus_llm::from_env::model_from_config(config, catalog)
+        .map_err(|e| StartError::Backend(format!("Anthropic client: {e}")))?;
+    announcements.push(format!("{}; routed per prompt by jev", chosen.line));
+    Ok((
+        chosen.model,
+        Arc::new(nodus_llm::Jev::new()),
+        chosen.catalog,
+    ))
 }
 
 /// This replica's stable name, kept in the data directory: a restarted server takes the

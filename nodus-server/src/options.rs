@@ -77,6 +77,10 @@ pub struct Options {
     pub store: Option<StoreUrl>,
     /// Where commands run.
     pub sandbox: SandboxKind,
+    /// The Anthropic API: the platform key and the base URL (by default from
+    /// `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`). Without a key, platform runs use the
+    /// offline model at $0, and BYOK runs still call this base URL with their own key.
+    pub anthropic: nodus_llm::AnthropicConfig,
     /// The data directory (token file, server key, SQLite file, sandboxes' working dirs).
     pub data_dir: PathBuf,
     /// The admin token to register instead of generating one.
@@ -103,6 +107,7 @@ impl Options {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             store: None,
             sandbox: SandboxKind::Process,
+            anthropic: nodus_llm::AnthropicConfig::from_env(),
             data_dir,
             bootstrap_token: None,
             max_concurrent_runs: 256,

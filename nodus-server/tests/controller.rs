@@ -10,6 +10,7 @@ use nodus_core::lifecycle::{FailReason, RunPhase, WaitReason};
 use nodus_core::resource::{
     Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, GroupLimits,
 };
+use nodus_llm::testing::{Fake, FakeMessage, FakeServer};
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 
 struct Running {
@@ -29,8 +30,35 @@ impl Running {
 }
 
 async fn serve(dir: &std::path::Path, store: StoreUrl) -> Running {
+    serve_with(dir, store, nodus_llm::AnthropicConfig::new()).await
+}
+
+/// A server whose platform runs call (and are billed by) the fake provider.
+async fn serve_priced(dir: &std::path::Path, fake: &FakeServer) -> Running {
+    let mut anthropic = nodus_llm::AnthropicConfig::new();
+    anthropic.base_url = fake.base_url();
+    anthropic.api_key = Some(nodus_core::secret::SecretString::new(
+        "sk-ant-controller-test",
+    ));
+    serve_with(dir, StoreUrl::Memory, anthropic).await
+}
+
+/// The offline model is free: the tests of credits and budgets need a priced one. The fake
+/// answers each call with text, so a run's first call ends its turn.
+async fn priced_fake() -> FakeServer {
+    let fake = FakeServer::start().await.expect("fake provider");
+    fake.push_all((0..4).map(|_| Fake::Message(FakeMessage::text("paid"))));
+    fake
+}
+
+async fn serve_with(
+    dir: &std::path::Path,
+    store: StoreUrl,
+    anthropic: nodus_llm::AnthropicConfig,
+) -> Running {
     // The server makes its data directory owner-only; a temporary directory is not.
     let mut options = Options::new(dir.join("data"));
+    options.anthropic = anthropic;
     options.store = Some(store);
     options.sandbox = SandboxKind::Unisolated;
     options.bootstrap_token = Some("nodus_controller_test_0123456789abcdef".to_string());
@@ -228,7 +256,8 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
             max_active: 1,
             ..GroupLimits::default()
         },
-        max_cost_usd: None,
+        // Room for one run's cap (10 cents).
+        max_cost_usd: Some(Usd::from_cents(10)),
         sealed: false,
         evaluation: None,
     };
@@ -236,7 +265,8 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
         .apply_group("default", AgentGroup::new("one-slot", group))
         .await
         .expect("group");
-    // The only slot goes to a conversation that waits for messages and never ends.
+    // The group's cap goes to a conversation that waits for messages and never ends: waiting,
+    // it holds no slot, but it holds its cap.
     let mut holder = task("one-slot", "holder", &[], "Run `echo first`");
     holder.spec.keep_alive = true;
     engine.create_run("default", holder).await.expect("holder");
@@ -257,7 +287,8 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
 async fn a_run_waiting_under_a_budget_continues_when_the_budget_is_raised() {
     use nodus_core::store::ObjectKey;
     let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let fake = priced_fake().await;
+    let server = serve_priced(dir.path(), &fake).await;
     let engine = &server.engine;
     let budget = |limit: &str| {
         serde_json::json!({
@@ -304,7 +335,8 @@ async fn a_run_waiting_under_a_budget_continues_when_the_budget_is_raised() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_waits_for_credits_and_continues_when_they_are_added() {
     let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let fake = priced_fake().await;
+    let server = serve_priced(dir.path(), &fake).await;
     let engine = &server.engine;
     server
         .state
@@ -354,6 +386,7 @@ async fn a_run_waits_for_credits_and_continues_when_they_are_added() {
             let account = server.state.ledger.account("poor").await.expect("account");
             let run = engine.get_run("poor", "r").await.expect("run");
             assert_eq!(account.spent_usd, run.status.cost.total_usd);
+            assert!(account.spent_usd > Usd::ZERO, "the fake's reply was billed");
             assert!(account.reserved.is_empty(), "every reservation settled");
             server.stop().await;
             return;

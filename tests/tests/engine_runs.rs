@@ -16,7 +16,7 @@ use nodus_core::resource::{
     Access, AgentGroup, AgentGroupSpec, AgentRunSpec, AgentState, GroupLimits,
 };
 use nodus_core::secret::SecretString;
-use nodus_core::store::{Delivery, Selector};
+use nodus_core::store::{Delivery, Selector, Store as _};
 use nodus_core::{Clock, Usd};
 use nodus_llm::Reply;
 use support::{PROJECT, World, agent, run};
@@ -1001,7 +1001,7 @@ async fn an_image_is_refused_at_creation_by_a_backend_that_runs_none() {
     ];
     for (backend, sandbox) in backends {
         let world = World::new(vec![]);
-        let engine = world.engine_with(Arc::new(world.memory.clone()), sandbox);
+        let engine = world.engine_with_sandbox(sandbox);
         engine
             .apply_agent(PROJECT, agent("helper", |_| {}))
             .await
@@ -1147,4 +1147,141 @@ async fn a_command_that_could_not_start_is_retried_not_parked() {
         let got = engine.get_run(PROJECT, "p").await.expect("run");
         assert_eq!(got.status.phase, Some(RunPhase::Succeeded));
     }
+}
+
+#[tokio::test]
+async fn a_group_member_the_controller_cannot_read_is_an_error_not_a_zero_cap() {
+    let (world, engine) = with_worker().await;
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("worker", |a| {
+                a.per_run_max_cost_usd = Usd::from_cents(10);
+            }),
+        )
+        .await
+        .expect("agent");
+    // Room for one run's cap: a starts, b waits for room under the cap.
+    let mut spec = worker_group(2, false);
+    spec.max_cost_usd = Some(Usd::from_cents(15));
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("group");
+    for key in ["a", "b"] {
+        let mut r = run("", "worker", "q", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    let phase = |name: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .get_run(PROJECT, name)
+                .await
+                .expect("run")
+                .status
+                .phase
+        }
+    };
+    assert_eq!(phase("g-a").await, Some(RunPhase::Running));
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait))
+    );
+
+    // a's stored cap becomes unreadable (a number, where the document has a decimal string).
+    let key = support::run_key("g-a");
+    let record = world.memory.get(&key).await.expect("a");
+    let mut document = record.document.clone();
+    document["status"]["snapshot"]["agent"]["perRunMaxCostUSD"] = serde_json::json!(0.1);
+    world
+        .memory
+        .update(&key, record.version, document)
+        .await
+        .expect("corrupt a");
+
+    let error = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect_err("an unreadable member stops the reconcile");
+    assert_eq!(error.reason(), "InternalError");
+    let message = error.to_string();
+    assert!(
+        message.contains("g-a") && message.contains("perRunMaxCostUSD"),
+        "{message}"
+    );
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait)),
+        "b did not start on a cap read as zero"
+    );
+}
+
+/// A run parked by a crash (its command's outcome unknown) gives up its slot: the group's
+/// queued run starts instead of waiting for good, and the group counts the parked run.
+#[tokio::test]
+async fn a_run_parked_by_a_crash_frees_its_groups_slot() {
+    use std::sync::Arc;
+    use support::{CrashMode, CrashingStore};
+    let world = World::new(vec![commands(&["echo one"]), text("done")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", worker_group(1, false)))
+        .await
+        .expect("group");
+    for key in ["a", "b"] {
+        let mut r = run("", "worker", "Run `echo one`", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    // Killed after a's command ran and before its outcome was written (write 8: sandbox,
+    // routing, model call, then the command's result); the restart parks it.
+    let crashing = Arc::new(CrashingStore::new(
+        world.memory.clone(),
+        8,
+        CrashMode::BeforeWrite,
+    ));
+    assert!(
+        world
+            .engine_over(crashing)
+            .drive(PROJECT, "g-a")
+            .await
+            .is_err()
+    );
+    let driven = engine.drive(PROJECT, "g-a").await.expect("restart");
+    assert!(matches!(driven, Driven::Parked { .. }), "{driven:?}");
+
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(group.status.counts.parked, 1);
+    assert_eq!(group.status.counts.active, 1, "b took the free slot");
+    assert!(group.status.blocked_reasons.is_empty());
+    assert_eq!(
+        engine.drive(PROJECT, "g-b").await.expect("b"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        group.status.phase,
+        Some(GroupPhase::Running),
+        "a is still parked"
+    );
+    assert_eq!(group.status.counts.parked, 1);
+    assert_eq!(group.status.counts.succeeded, 1);
 }

@@ -2,7 +2,8 @@
 //! waits for each change of it with the API's long poll (`?watch=true&resourceVersion=…`),
 //! until the condition holds, the timeout passes, or the object finishes in a state that can
 //! never meet it. On a terminal it keeps one live progress line (phase, turns, cost, the time
-//! waited); otherwise it prints a line when the state changes.
+//! waited); otherwise it prints no progress, so a script's standard error holds only what
+//! went wrong.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant};
@@ -132,7 +133,8 @@ pub fn progress_line(kind: ResourceKind, name: &str, object: &Value) -> String {
     parts.join("  ")
 }
 
-/// Where progress goes: a live line on a terminal, or a line per change otherwise.
+/// Where progress goes: a live line when standard error is a terminal, nowhere otherwise
+/// (the server being unreachable is still said, once per reason).
 struct Progress {
     live: bool,
     last: String,
@@ -154,8 +156,8 @@ impl Progress {
     }
 
     fn show(&mut self, line: &str, elapsed: Duration) {
-        let mut stderr = std::io::stderr().lock();
         if self.live {
+            let mut stderr = std::io::stderr().lock();
             let full = format!(
                 "{line}  {}",
                 duration::display(Duration::from_secs(elapsed.as_secs()))
@@ -163,10 +165,17 @@ impl Progress {
             let shown: String = full.chars().take(self.width - 1).collect();
             let _ = write!(stderr, "\r\x1b[2K{shown}");
             let _ = stderr.flush();
-        } else if line != self.last {
-            let _ = writeln!(stderr, "{line}");
         }
         self.last = line.to_string();
+    }
+
+    /// A note that is not progress (the server unreachable): the live line on a terminal,
+    /// otherwise a line of its own when it changes.
+    fn note(&mut self, line: &str, elapsed: Duration) {
+        if !self.live && line != self.last {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
+        self.show(line, elapsed);
     }
 
     fn clear(&self) {
@@ -271,7 +280,7 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
                     "{}/{name}  server unreachable ({reason}); retrying",
                     kind.singular()
                 );
-                progress.show(&line, started.elapsed());
+                progress.note(&line, started.elapsed());
                 last_line = Some(line);
                 true
             }

@@ -96,6 +96,7 @@ impl Engine {
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let mut journal = self.deps.store.journal(&fixed.uid).await?;
+        self.settle_last_charge(&fixed, &journal).await?;
         // Renew the lease while the run is driven (a command may outlast it), and give it up
         // when the drive ends, so another replica can take the run at once.
         let renewing = async {
@@ -230,7 +231,7 @@ impl Engine {
         // refused and the loop reads again), there is nothing new to read.
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         loop {
-            let (run, inbox) = match known.take() {
+            let (mut run, inbox) = match known.take() {
                 Some(known) => known,
                 None => {
                     let record = self.deps.store.get(&fixed.key).await?;
@@ -274,6 +275,19 @@ impl Engine {
                         intent,
                         completion: None,
                     };
+                    if matches!(step.intent, Intent::DestroySandbox { .. }) {
+                        // The run ends: say so in its status before the step is journaled,
+                        // with a write conditional on the run as read. A message that came
+                        // after that read bumped the version, so the write is refused and the
+                        // run decides again with the message; one that comes after the write
+                        // is refused by send_message, which sees the journaled ending.
+                        let mut ending = journal.clone();
+                        ending.push(step.clone());
+                        match self.write_status(fixed, &run, &ending, phase).await? {
+                            Some(written) => run = written,
+                            None => continue,
+                        }
+                    }
                     self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
                         .await?;
                     journal.push(step);
@@ -373,10 +387,7 @@ impl Engine {
         let charged = journal
             .get(usize::try_from(seq).unwrap_or(usize::MAX))
             .is_some_and(|step| self.charge_of(fixed, &step.intent).is_some());
-        let actual = match &outcome {
-            Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
-            _ => Usd::ZERO,
-        };
+        let actual = cost_of(&outcome);
         let completion = Completion {
             finished_at: self.deps.clock.now(),
             outcome,
@@ -391,6 +402,24 @@ impl Engine {
             step.completion = Some(completion);
         }
         if charged {
+            let key = format!("{}/{seq}", fixed.uid);
+            self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Settle the reservation of the last charged step that has an outcome, in case a crash
+    /// came between journaling the outcome and settling (settling is idempotent, and a
+    /// settled reservation writes nothing). Only the last one can be unsettled: a step's
+    /// reservation is settled before the next step is decided.
+    async fn settle_last_charge(&self, fixed: &Fixed, journal: &[Step]) -> Result<()> {
+        let last = journal.iter().rev().find_map(|step| {
+            let completion = step.completion.as_ref()?;
+            self.charge_of(fixed, &step.intent)?;
+            Some((step.seq, cost_of(&completion.outcome)))
+        });
+        if let Some((seq, actual)) = last {
             let key = format!("{}/{seq}", fixed.uid);
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
                 .await?;
@@ -905,6 +934,14 @@ impl Engine {
 /// The renewal loop never ends by itself; the select ends with the drive.
 fn unreachable_renewal() -> Result<Driven> {
     Ok(Driven::TakenOver)
+}
+
+/// What a completed step cost: a model call's or a routing call's billed cost, else nothing.
+fn cost_of(outcome: &Outcome) -> Usd {
+    match outcome {
+        Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
+        _ => Usd::ZERO,
+    }
 }
 
 fn failed(error: String) -> Outcome {

@@ -550,8 +550,9 @@ impl Engine {
     }
 
     /// Send a message to a run. A repeated `key` delivers once (the same key with another
-    /// payload is refused, naming `messageKey`); a finished run refuses with
-    /// `AgentRunFinished`; a run that is working reads it after its current turn.
+    /// payload is refused, naming `messageKey`); a finished run, or one deleting its sandbox
+    /// to end, refuses with `AgentRunFinished`; a run that is working reads it after its
+    /// current turn.
     pub async fn send_message(
         &self,
         project: &str,
@@ -571,7 +572,18 @@ impl Engine {
                 .phase
                 .unwrap_or(RunPhase::Pending(PendingReason::Queued));
             let object_key = ObjectKey::new(project, Kind::AgentRun, name);
-            if phase.is_finished() {
+            // A run that journaled its ending (its sandbox is being deleted) reads no more
+            // messages either: refused like a finished run's, rather than answered delivered
+            // and never read. The executor writes the run before it journals its ending, so a
+            // message posted against the version read here is refused if that came between.
+            let ended = if phase.is_finished() {
+                Some(phase)
+            } else if phase.is_started() {
+                ending_of(&self.deps.store.journal(run_uid(&run.object)).await?)
+            } else {
+                None
+            };
+            if let Some(phase) = ended {
                 // A repeat of a message the run already had is still answered as a repeat.
                 if let Some(key) = key {
                     let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
@@ -904,6 +916,15 @@ fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<
 
 /// Refuses a message key that was already used for a message with another payload: only a
 /// repeat of the same message is answered as delivered.
+/// How the run ends, once its journal holds the deletion of its sandbox (the last step of a
+/// run that is ending).
+fn ending_of(journal: &[crate::journal::Step]) -> Option<RunPhase> {
+    match journal.last().map(|step| &step.intent) {
+        Some(crate::journal::Intent::DestroySandbox { then, .. }) => Some(*then),
+        _ => None,
+    }
+}
+
 fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &str) -> Result<()> {
     if first.payload == payload {
         return Ok(());

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use nodus_core::Sandbox;
 use nodus_core::catalog::{Catalog, Family};
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::journal::{Completion, Step};
@@ -273,11 +272,38 @@ impl World {
     }
 
     pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {
-        self.engine_with(store, self.sandbox.clone())
+        self.engine_with_ledger(store, Arc::new(nodus_core::ledger::Unmetered))
     }
 
-    /// An engine over `store` whose commands run in `sandbox`.
-    pub fn engine_with(&self, store: Arc<dyn Store>, sandbox: Arc<dyn Sandbox>) -> Engine {
+    /// An engine over `store` that reserves and settles credits in it (`StoreLedger`).
+    pub fn metered_engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
+        self.engine_with_ledger(store, Arc::new(ledger))
+    }
+
+    pub fn engine_with_ledger(
+        &self,
+        store: Arc<dyn Store>,
+        ledger: Arc<dyn nodus_core::ledger::Ledger>,
+    ) -> Engine {
+        self.engine_with(store, self.sandbox.clone(), ledger)
+    }
+
+    /// An engine over this world's store with another sandbox.
+    pub fn engine_with_sandbox(&self, sandbox: Arc<dyn nodus_core::sandbox::Sandbox>) -> Engine {
+        self.engine_with(
+            Arc::new(self.memory.clone()),
+            sandbox,
+            Arc::new(nodus_core::ledger::Unmetered),
+        )
+    }
+
+    pub fn engine_with(
+        &self,
+        store: Arc<dyn Store>,
+        sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
+        ledger: Arc<dyn nodus_core::ledger::Ledger>,
+    ) -> Engine {
         Engine::new(
             Deps {
                 store,
@@ -287,7 +313,7 @@ impl World {
                 clock: self.clock.clone(),
                 catalog: Arc::new(catalog()),
                 secrets: Arc::new(self.secrets.clone()),
-                ledger: Arc::new(nodus_core::ledger::Unmetered),
+                ledger,
             },
             Config::default(),
         )

@@ -93,6 +93,17 @@ impl ServerProcess {
 
     /// The same, with more `nodus server` flags.
     pub fn start_with(store: &str, data_dir: &Path, sandbox: &str, extra: &[&str]) -> Self {
+        Self::start_in_env(store, data_dir, sandbox, extra, &[])
+    }
+
+    /// The same, with variables set in the server's environment.
+    pub fn start_in_env(
+        store: &str,
+        data_dir: &Path,
+        sandbox: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         // The server refuses a data directory that other users can read.
         std::fs::set_permissions(
@@ -116,6 +127,8 @@ impl ServerProcess {
             .args(["--bootstrap-token", TOKEN])
             .args(extra)
             .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("log"))
             .stderr(
