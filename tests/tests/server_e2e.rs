@@ -633,9 +633,19 @@ fn a_long_poll_answers_a_change_made_through_another_replica_on_postgres() {
     long_poll_walk(&one, &two);
 }
 
+/// One Docker server at a time in this binary: a Docker server removes, when it starts, the
+/// containers of runs it does not know (orphans), which another test's server may be using.
+fn one_docker_server_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static DOCKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    DOCKER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// The same server with the Docker sandbox: a run's command executes in its own container.
 #[test]
 fn a_run_executes_in_a_docker_container() {
+    let _docker = one_docker_server_at_a_time();
     let image = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
         panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
     });
@@ -675,6 +685,7 @@ fn a_run_executes_in_a_docker_container() {
 /// bubblewrap process sandbox refuses the same run at creation, naming spec.image.
 #[test]
 fn a_run_executes_in_the_image_it_names_and_the_process_sandbox_refuses_one() {
+    let _docker = one_docker_server_at_a_time();
     let base = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
         panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
     });
@@ -693,6 +704,7 @@ fn a_run_executes_in_the_image_it_names_and_the_process_sandbox_refuses_one() {
         .env("DOCKER_BUILDKIT", "0")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("docker build");
     {
@@ -704,7 +716,12 @@ fn a_run_executes_in_the_image_it_names_and_the_process_sandbox_refuses_one() {
         )
         .expect("a Dockerfile");
     }
-    assert!(build.wait().expect("docker build").success(), "{named}");
+    let built = build.wait_with_output().expect("docker build");
+    assert!(
+        built.status.success(),
+        "{named}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let manifest = dir.path().join("run.yaml");
     std::fs::write(
         &manifest,
