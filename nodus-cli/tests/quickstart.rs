@@ -144,6 +144,38 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     text(&output.stdout)
 }
 
+/// `nodus quickstart` on the data directory of a running `nodus server` is refused, naming
+/// the server's pid; once the server stops, another starts on it.
+#[test]
+fn the_quickstart_is_refused_on_the_data_directory_of_a_running_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let mut server = start_server(dir, free_port());
+    let data = dir.join("data");
+    let output = Command::new(NODUS)
+        .arg("quickstart")
+        .arg("--data-dir")
+        .arg(&data)
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("nodus quickstart runs");
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let named = format!(
+        "data directory {}: it is in use by `nodus server` (pid {}); stop it or pass \
+         --data-dir",
+        data.display(),
+        server.child.id()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    drop(server);
+    let again = start_server(dir, free_port());
+    drop(again);
+}
+
 #[test]
 fn the_quickstart_runs_end_to_end_through_the_cli() {
     let dir = tempfile::tempdir().expect("tempdir");

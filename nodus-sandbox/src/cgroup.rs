@@ -25,8 +25,9 @@ use tracing::{debug, warn};
 const CPU_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota the kernel accepts, in microseconds.
 const MIN_CPU_QUOTA_US: u64 = 1_000;
-/// How often, and how far apart, removing a busy cgroup is tried.
-const REMOVE_TRIES: u32 = 2000;
+/// How long removing a busy cgroup is tried (killed processes leave it only when the kernel
+/// schedules their exit, which on a loaded host can take seconds), and how far apart.
+const REMOVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
 const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Which limits a set of cgroups enforces.
@@ -259,14 +260,18 @@ impl Cgroups {
             // sandbox's init dies asynchronously after bubblewrap): the cgroup is busy until
             // then.
             kill_all(&dir, hierarchy.v2);
-            let mut tries = 0;
+            let started = std::time::Instant::now();
+            let mut tries: u32 = 0;
             loop {
                 match fs::remove_dir(&dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(e) if e.kind() == io::ErrorKind::ResourceBusy && tries < REMOVE_TRIES => {
-                        tries += 1;
-                        if tries % 100 == 0 {
+                    Err(e)
+                        if e.kind() == io::ErrorKind::ResourceBusy
+                            && started.elapsed() < REMOVE_WITHIN =>
+                    {
+                        tries = tries.wrapping_add(1);
+                        if tries.is_multiple_of(100) {
                             // Something forked while it was being killed: again.
                             kill_all(&dir, hierarchy.v2);
                         }
@@ -408,12 +413,11 @@ fn probe(dir: &Path, v2: bool) -> io::Result<()> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
-    let mut tries = 0;
+    let started = std::time::Instant::now();
     while let Err(e) = fs::remove_dir(&probe) {
-        if e.kind() == io::ErrorKind::NotFound || tries >= REMOVE_TRIES {
+        if e.kind() == io::ErrorKind::NotFound || started.elapsed() >= REMOVE_WITHIN {
             break;
         }
-        tries += 1;
         std::thread::sleep(REMOVE_PAUSE);
     }
     match joined {

@@ -88,6 +88,7 @@ pub struct Server {
     state: Arc<AppState>,
     controller: Controller,
     options: Options,
+    _lock: crate::lock::DataDirLock,
     /// Lines for the operator: the store, sandbox and model in use, and where the token is.
     pub announcements: Vec<String>,
 }
@@ -104,6 +105,8 @@ impl Server {
             Some(StoreUrl::Memory) => Cipher::ephemeral()?,
             _ => Cipher::in_dir(&options.data_dir)?,
         };
+        // One process per data directory, whatever the store: held until the server drops.
+        let lock = crate::lock::lock(&options.data_dir)?;
         let mut announcements = Vec::new();
         if let Some(reserve) = reserve_path(&options) {
             match crate::reserve::keep(&reserve) {
@@ -158,6 +161,7 @@ impl Server {
             state,
             controller,
             options,
+            _lock: lock,
             announcements,
         })
     }
@@ -220,7 +224,8 @@ impl Bound {
         });
         let sweeper = tokio::spawn(sweep_payloads(server.state.store.clone()));
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
-        let app = crate::api::router(server.state.clone());
+        let app = crate::console::router(server.state.clone())
+            .merge(crate::api::router(server.state.clone()));
         let mut stop = stop_rx;
         let files = crate::listen::raise_descriptor_limit();
         let limits = crate::listen::ConnectionLimits {

@@ -5,9 +5,11 @@
 mod api;
 pub mod app;
 pub mod auth;
+pub mod console;
 mod controller;
 pub mod error;
 mod listen;
+pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;

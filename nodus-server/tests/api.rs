@@ -1,83 +1,15 @@
 //! The API's handlers without a socket (`oneshot`): auth, bad input, resources, runs,
 //! batches, secrets and credits, over the in-memory store and the unisolated sandbox.
 
+mod support;
+
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
-use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use serde_json::{Value, json};
+use support::{Api, BASE, TOKEN, agent, api};
 use tower::ServiceExt;
 
-const TOKEN: &str = "nodus_test_admin_token_0123456789abcdef";
-const BASE: &str = "/apis/nodus.dev/v1/projects";
-
-struct Api {
-    router: axum::Router,
-    state: std::sync::Arc<nodus_server::AppState>,
-    _dir: tempfile::TempDir,
-}
-
-async fn api() -> Api {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // The server makes its data directory owner-only; a temporary directory is not.
-    let mut options = Options::new(dir.path().join("data"));
-    options.store = Some(StoreUrl::Memory);
-    options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some(TOKEN.to_string());
-    let server = Server::build(options).await.expect("server builds");
-    let state = server.state();
-    Api {
-        router: nodus_server::router(state.clone()),
-        state,
-        _dir: dir,
-    }
-}
-
 impl Api {
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        self.raw(method, path, token, body.map(|b| b.to_string()), &[])
-            .await
-    }
-
-    async fn raw(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<String>,
-        headers: &[(&str, &str)],
-    ) -> (StatusCode, Value) {
-        let mut request = Request::builder().method(method).uri(path);
-        if let Some(token) = token {
-            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let request = request
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.map(Body::from).unwrap_or_else(Body::empty))
-            .expect("request");
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("response");
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, value)
-    }
-
     async fn runs(&self) -> usize {
         let (_, list) = self
             .call(
@@ -89,11 +21,6 @@ impl Api {
             .await;
         list["items"].as_array().map_or(0, Vec::len)
     }
-}
-
-fn agent(name: &str) -> Value {
-    json!({"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name},
-           "spec": {"system": "You are careful.", "model": {"access": "Nodus"}, "perRunMaxCostUSD": "0.50"}})
 }
 
 fn run(name: &str, input: &str) -> Value {

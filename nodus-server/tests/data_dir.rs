@@ -74,6 +74,7 @@ async fn a_fresh_data_directory_is_owner_only_whatever_the_umask() {
     for expected in [
         "admin-token",
         "nodus.db",
+        "nodus.lock",
         "nodus.db.reserve",
         "nodus.db-shm",
         "nodus.db-wal",
@@ -301,4 +302,73 @@ async fn a_second_start_writes_nothing_that_is_there() {
     let server = Server::build(first).await.expect("second start");
     let after = bootstrapped_versions(server.state().store.as_ref()).await;
     assert_eq!(before, after);
+}
+
+/// A second server on a data directory in use is refused, naming the first one's pid and
+/// command and the way out, and writes nothing; once the first stops, it starts.
+#[tokio::test]
+async fn a_data_directory_in_use_is_refused_until_its_server_stops() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("data");
+    let first = Server::build(options(&dir))
+        .await
+        .expect("the first server");
+    let before = names(&dir);
+    let message = refusal(Server::build(options(&dir)).await);
+    let pid = format!("(pid {})", std::process::id());
+    assert!(message.contains(&dir.display().to_string()), "{message}");
+    assert!(message.contains("is in use by `"), "{message}");
+    assert!(message.contains(&pid), "{message}");
+    assert!(message.contains("--data-dir"), "{message}");
+    assert_eq!(names(&dir), before, "the refused server wrote nothing");
+    // With an in-memory store too: the data directory still holds the key and the sandboxes.
+    let mut memory = options(&dir);
+    memory.store = Some(nodus_server::StoreUrl::Memory);
+    assert!(refusal(Server::build(memory).await).contains(&pid));
+    drop(first);
+    let second = Server::build(options(&dir))
+        .await
+        .expect("the second server");
+    drop(second);
+}
+
+/// The lock file of a process that died (its lock went with it) does not block a start.
+#[tokio::test]
+async fn a_lock_file_left_by_a_dead_process_does_not_block() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("data");
+    std::fs::create_dir(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let lock = dir.join(nodus_server::lock::LOCK_FILE);
+    std::fs::write(&lock, "999999\nnodus server\n").expect("a stale lock file");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let server = Server::build(options(&dir))
+        .await
+        .expect("the server starts");
+    let holder = std::fs::read_to_string(&lock).expect("the lock file");
+    assert!(
+        holder.starts_with(&format!("{}\n", std::process::id())),
+        "{holder:?}"
+    );
+    drop(server);
+}
+
+/// A holder that has not written its name yet is "another process", not the dead one whose
+/// pid is still in the file.
+#[tokio::test]
+async fn a_holder_that_has_not_written_its_name_is_not_named_after_a_dead_one() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("data");
+    std::fs::create_dir(&dir).expect("dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let lock = dir.join(nodus_server::lock::LOCK_FILE);
+    std::fs::write(&lock, "999999\nnodus server\n").expect("a stale lock file");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let held = std::fs::File::open(&lock).expect("open");
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .expect("the lock, as a new holder takes it");
+    let message = refusal(Server::build(options(&dir)).await);
+    assert!(message.contains("in use by another process"), "{message}");
+    assert!(!message.contains("999999"), "{message}");
+    drop(held);
 }

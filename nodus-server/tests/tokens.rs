@@ -4,45 +4,17 @@
 //! input names its field and writes nothing; `/metrics` and `/openapi.json` reveal nothing
 //! about a project to someone who does not hold it.
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+mod support;
+
+use axum::http::{Method, StatusCode};
 use nodus_core::resource::Kind;
 use nodus_core::store::ObjectKey;
-use nodus_server::{Options, SandboxKind, Server, StoreUrl};
+use nodus_server::StoreUrl;
 use serde_json::{Value, json};
-use tower::ServiceExt;
+use support::{Api, agent, api, build};
 
-const OPERATOR: &str = "nodus_test_operator_token_0123456789abcdef";
-const ROOT: &str = "/apis/nodus.dev/v1/projects";
-
-struct Api {
-    router: axum::Router,
-    state: std::sync::Arc<nodus_server::AppState>,
-    _dir: tempfile::TempDir,
-}
-
-async fn api() -> Api {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (router, state) = build(&dir, StoreUrl::Memory).await;
-    Api {
-        router,
-        state,
-        _dir: dir,
-    }
-}
-
-async fn build(
-    dir: &tempfile::TempDir,
-    store: StoreUrl,
-) -> (axum::Router, std::sync::Arc<nodus_server::AppState>) {
-    let mut options = Options::new(dir.path().join("data"));
-    options.store = Some(store);
-    options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some(OPERATOR.to_string());
-    let server = Server::build(options).await.expect("server builds");
-    let state = server.state();
-    (nodus_server::router(state.clone()), state)
-}
+const OPERATOR: &str = support::TOKEN;
+const ROOT: &str = support::BASE;
 
 /// A fresh database on the test PostgreSQL.
 fn postgres_url() -> String {
@@ -70,47 +42,6 @@ fn postgres_url() -> String {
 }
 
 impl Api {
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut request = Request::builder().method(method.clone()).uri(path);
-        if let Some(token) = token {
-            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let content_type = if method == Method::PATCH {
-            "application/merge-patch+json"
-        } else {
-            "application/json"
-        };
-        let request = request
-            .header(header::CONTENT_TYPE, content_type)
-            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-            .expect("request");
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("response");
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, value)
-    }
-
-    async fn ok(&self, method: Method, path: &str, token: &str, body: Option<Value>) -> Value {
-        let (status, value) = self.call(method, path, Some(token), body).await;
-        assert!(status.is_success(), "{path}: {status} {value}");
-        value
-    }
-
     async fn project(&self, name: &str) {
         self.ok(
             Method::POST,
@@ -133,11 +64,6 @@ impl Api {
             .await;
         created["token"].as_str().expect("the secret").to_string()
     }
-}
-
-fn agent(name: &str) -> Value {
-    json!({"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name},
-           "spec": {"system": "You are careful.", "model": {"access": "Nodus"}, "perRunMaxCostUSD": "0.50"}})
 }
 
 fn run(name: &str) -> Value {

@@ -19,7 +19,7 @@ use nodus_core::secret::SecretString;
 use nodus_core::store::{Delivery, Selector, Store as _};
 use nodus_core::{Clock, Usd};
 use nodus_llm::Reply;
-use support::{PROJECT, World, agent, run};
+use support::{PROJECT, World, agent, helper_run, run, waiting_chat};
 
 fn text(s: &str) -> Reply {
     Reply::Text(s.to_string())
@@ -37,30 +37,7 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         text("second"),
     ]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(
-        matches!(
-            driven,
-            Driven::Waiting {
-                reason: WaitReason::AwaitingMessage,
-                ..
-            }
-        ),
-        "{driven:?}"
-    );
+    waiting_chat(&engine).await;
     assert_eq!(
         world.sandbox.live().len(),
         1,
@@ -123,14 +100,7 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
 async fn a_message_sent_while_working_is_read_after_the_current_turn() {
     let world = World::new(vec![text("one"), text("two")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("work", "helper", "go", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "work", "go", |_| {}).await;
     // Not keepAlive, and the message arrives before the run finishes its turn.
     engine
         .send_message(PROJECT, "work", "and this", None)
@@ -522,14 +492,7 @@ async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
 async fn an_uncertain_platform_call_is_repeated_not_parked() {
     let world = World::new(vec![text("ok")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "p", "hi", |_| {}).await;
     world.model.fail_next(model::Error {
         kind: ErrorKind::Uncertain,
         message: "timeout".into(),
@@ -543,14 +506,7 @@ async fn an_uncertain_platform_call_is_repeated_not_parked() {
 async fn a_final_model_error_fails_the_run_and_deletes_its_sandbox() {
     let world = World::new(vec![text("ok")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "p", "hi", |_| {}).await;
     world.model.fail_next(model::Error {
         kind: ErrorKind::Final,
         message: "invalid request".into(),
@@ -1130,14 +1086,7 @@ async fn a_command_that_could_not_start_is_retried_not_parked() {
     for (failures, ran) in [(2, 1), (3, 0)] {
         let world = World::new(vec![commands(&["echo one"]), text("done")]);
         let engine = world.engine();
-        engine
-            .apply_agent(PROJECT, agent("helper", |_| {}))
-            .await
-            .expect("agent");
-        engine
-            .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
-            .await
-            .expect("run");
+        helper_run(&engine, "p", "hi", |_| {}).await;
         for _ in 0..failures {
             world.sandbox.fail_next_exec(emfile());
         }

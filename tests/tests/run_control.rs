@@ -15,12 +15,12 @@ use nodus_core::Usd;
 use nodus_core::engine::Driven;
 use nodus_core::engine::Engine;
 use nodus_core::journal::{StepKind, StepState};
-use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase, WaitReason};
+use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase};
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, GroupLimits};
 use nodus_core::store::Delivery;
 use nodus_llm::Reply;
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
-use support::{PROJECT, World, agent, run};
+use support::{PROJECT, World, agent, helper_run, run, waiting_chat};
 
 fn text(s: &str) -> Reply {
     Reply::Text(s.to_string())
@@ -30,30 +30,7 @@ fn text(s: &str) -> Reply {
 async fn a_message_key_reused_for_another_payload_is_refused() {
     let world = World::new(vec![text("first"), text("second")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(
-        matches!(
-            driven,
-            Driven::Waiting {
-                reason: WaitReason::AwaitingMessage,
-                ..
-            }
-        ),
-        "{driven:?}"
-    );
+    waiting_chat(&engine).await;
     let first = engine
         .send_message(PROJECT, "chat", "Now the staging logs", Some("staging-1"))
         .await
@@ -195,30 +172,7 @@ async fn a_group_run_whose_cap_can_never_fit_says_what_to_change() {
 async fn a_closed_keep_alive_conversation_succeeds_after_its_turn() {
     let world = World::new(vec![text("first"), text("second")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(
-        matches!(
-            driven,
-            Driven::Waiting {
-                reason: WaitReason::AwaitingMessage,
-                ..
-            }
-        ),
-        "{driven:?}"
-    );
+    waiting_chat(&engine).await;
     // A message that came before the close is still answered; then the run succeeds.
     engine
         .send_message(PROJECT, "chat", "And the staging logs", None)
@@ -268,20 +222,7 @@ async fn a_closed_keep_alive_conversation_succeeds_after_its_turn() {
 async fn closing_a_waiting_conversation_ends_it_at_once() {
     let world = World::new(vec![text("only")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    engine.drive(PROJECT, "chat").await.expect("drive");
+    waiting_chat(&engine).await;
     let calls = world.model.calls();
     let closed = engine.close_run(PROJECT, "chat").await.expect("close");
     assert_eq!(closed.status.phase, Some(RunPhase::Succeeded));
@@ -771,14 +712,7 @@ async fn a_message_sent_while_the_run_deletes_its_sandbox_is_refused_not_lost() 
     });
     let engine = world.engine_with_sandbox(sandbox.clone());
     let _ = sandbox.sender.set(world.engine());
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("job", "helper", "Check the logs", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "job", "Check the logs", |_| {}).await;
     let driven = engine.drive(PROJECT, "job").await.expect("drive");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     let sent = sandbox

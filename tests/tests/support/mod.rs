@@ -337,6 +337,43 @@ pub fn run(
     AgentRun::new(name, spec)
 }
 
+/// Apply the agent `helper` and create its run `name` with `input`.
+pub async fn helper_run(
+    engine: &Engine,
+    name: &str,
+    input: &str,
+    configure: impl FnOnce(&mut AgentRunSpec),
+) {
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(PROJECT, run(name, "helper", input, configure))
+        .await
+        .expect("run");
+}
+
+/// The keepAlive conversation `chat` of the agent `helper`, driven until it waits for a
+/// message.
+pub async fn waiting_chat(engine: &Engine) {
+    helper_run(engine, "chat", "Summarize the logs", |s| {
+        s.keep_alive = true
+    })
+    .await;
+    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
+    assert!(
+        matches!(
+            driven,
+            nodus_core::engine::Driven::Waiting {
+                reason: nodus_core::lifecycle::WaitReason::AwaitingMessage,
+                ..
+            }
+        ),
+        "{driven:?}"
+    );
+}
+
 /// The journal as JSON, for exact comparison.
 pub fn journal_json(journal: &[Step]) -> Value {
     serde_json::to_value(journal).expect("journal serializes")
