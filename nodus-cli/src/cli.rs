@@ -319,7 +319,8 @@ pub struct GetArgs {
     #[arg(short = 'l', long = "selector")]
     pub selector: Option<String>,
     /// Field selector: spec.group=x,status.phase=Running. Values match exactly, case
-    /// included: status.phase=Running, not running.
+    /// included: status.phase=Running, not running. An agent's runs:
+    /// status.snapshot.agentRef=PROJECT/NAME, or spec.agent=NAME as the runs name it.
     #[arg(long)]
     pub field_selector: Option<String>,
 }
@@ -609,6 +610,7 @@ mod tests {
             "nodus patch ag/parallel-agents --patch {}",
             "nodus get ag",
             "nodus get ar --field-selector spec.group=parallel-agents",
+            "nodus get ar --field-selector status.snapshot.agentRef=default/hello-agent",
             "nodus cancel ag/parallel-agents",
             "nodus delete ag/parallel-agents",
             "nodus cancel agentrun/x",

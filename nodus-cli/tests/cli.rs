@@ -440,6 +440,90 @@ fn wait_waits_on_the_servers_long_poll_instead_of_polling() {
     );
 }
 
+/// Through the CLI and the real server: an agent whose contextSchema is not a valid JSON
+/// Schema is refused at apply naming the path in the schema, and a run whose context fails
+/// the schema is refused naming the path in the context, the keyword and the value; the
+/// agent's runs are listed with `--field-selector status.snapshot.agentRef=PROJECT/NAME`.
+#[test]
+fn a_context_that_fails_the_agents_schema_is_refused_naming_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let server = start_server(dir, Some("memory:"), "unisolated");
+    login(dir, &server);
+    let agent = |schema: &str| {
+        format!(
+            "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {{name: typed}}\nspec:\n  system: s\n  \
+             model: {{access: Nodus}}\n  perRunMaxCostUSD: \"0.10\"\n  contextSchema: {schema}\n"
+        )
+    };
+    let file = dir.join("agent.yaml");
+    let path = file.to_str().expect("utf-8");
+    std::fs::write(
+        &file,
+        agent("{type: object, properties: {ticket: {type: objekt}}}"),
+    )
+    .expect("write");
+    let output = nodus(dir, &["apply", "-f", path]);
+    assert_eq!(output.status.code(), Some(1));
+    let said = text(&output.stderr);
+    assert!(
+        said.contains("spec.contextSchema.properties.ticket.type"),
+        "{said}"
+    );
+    assert!(said.contains("JSON Schema 2020-12"), "{said}");
+
+    std::fs::write(
+        &file,
+        agent(
+            "{type: object, properties: {ticket: {type: object, properties: {id: {type: integer}}}}, required: [ticket]}",
+        ),
+    )
+    .expect("write");
+    assert_eq!(
+        ok(dir, &["apply", "-f", path]),
+        "agent.nodus.dev/typed created\n"
+    );
+    let run = dir.join("run.yaml");
+    std::fs::write(
+        &run,
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata: {name: typed-run}\nspec:\n  agent: typed\n  \
+         input: hi\n  context: {ticket: {id: seven}}\n",
+    )
+    .expect("write");
+    let output = nodus(dir, &["apply", "-f", run.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(1));
+    let said = text(&output.stderr);
+    for part in [
+        "spec.context.ticket.id",
+        "\"type\" at contextSchema#/properties/ticket/properties/id/type",
+        "\"seven\"",
+    ] {
+        assert!(said.contains(part), "{part}: {said}");
+    }
+    let output = nodus(dir, &["get", "ar", "typed-run"]);
+    assert_eq!(output.status.code(), Some(1), "nothing was written");
+
+    // The agent's runs, listed by the reference they resolved to.
+    std::fs::write(
+        &run,
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata: {name: typed-run}\nspec:\n  agent: default/typed\n  \
+         input: hi\n  context: {ticket: {id: 7}}\n",
+    )
+    .expect("write");
+    ok(dir, &["apply", "-f", run.to_str().expect("utf-8")]);
+    let selected = |selector: &str| {
+        ok(
+            dir,
+            &["get", "ar", "--field-selector", selector, "-o", "name"],
+        )
+    };
+    assert_eq!(
+        selected("status.snapshot.agentRef=default/typed"),
+        "agentrun.nodus.dev/typed-run\n"
+    );
+    assert_eq!(selected("spec.agent=typed"), "");
+}
+
 /// Most people first run Nodus as themselves: the quickstart as an ordinary user (uid 65534
 /// through `setpriv` when the tests run as root) with its own home and data directory runs its
 /// command in bubblewrap and succeeds, on the limits that user may have (cgroups it cannot

@@ -238,6 +238,13 @@ pub trait Sandbox: Send + Sync {
     ) -> Result<Vec<u8>, Error>;
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
+    /// Whether this backend runs a sandbox in the image its spec names
+    /// ([`SandboxSpec::image`]). Backends that cannot (they run commands on the host's file
+    /// system) answer `false`, the default, and a run naming `spec.image` is refused when it
+    /// is created rather than run somewhere else.
+    fn supports_image(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

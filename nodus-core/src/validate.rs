@@ -47,6 +47,11 @@ impl Invalid {
 /// The result of a check.
 pub type Result<T, E = Invalid> = std::result::Result<T, E>;
 
+mod context;
+pub use context::{
+    DIALECT as CONTEXT_SCHEMA_DIALECT, FEATURE as CONTEXT_SCHEMA_FEATURE, check_context,
+};
+
 /// The largest input, message, system prompt or default input: 256 KiB.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// Allowed `spec.maxTokens` of an Agent.
@@ -473,7 +478,8 @@ fn family_list(families: &[crate::catalog::Family]) -> String {
     format!("[{}]", names.join(", "))
 }
 
-/// A JSON object with no reference keyword anywhere, walked without recursion.
+/// A JSON object with no reference keyword anywhere (walked without recursion), and a valid
+/// JSON Schema 2020-12 document.
 fn check_context_schema(schema: &Value) -> Result<()> {
     const PREFIX: [Step<'static>; 2] = [Step::Key("spec"), Step::Key("contextSchema")];
     if !schema.is_object() {
@@ -514,7 +520,7 @@ fn check_context_schema(schema: &Value) -> Result<()> {
             _ => {}
         }
     }
-    Ok(())
+    context::check_schema(schema)
 }
 
 /// The steps from the root to `node`, following parents.
@@ -1778,13 +1784,15 @@ mod tests {
             ),
         ]);
         accept::<AgentSpec>(with(
-            with(
-                agent(),
-                "/spec/contextSchema",
-                json!({ "type": "object", "properties": { "ticket": { "type": "integer" } }, "required": ["ticket"] }),
-            ),
+            agent(),
             "/spec/postRunActions",
             json!(["agents.noop", "git.push"]),
+        ));
+        #[cfg(feature = "context-schema")]
+        accept::<AgentSpec>(with(
+            agent(),
+            "/spec/contextSchema",
+            json!({ "type": "object", "properties": { "ticket": { "type": "integer" } }, "required": ["ticket"] }),
         ));
         for limit in [1, 128_000] {
             accept::<AgentSpec>(with(agent(), "/spec/maxTokens", json!(limit)));

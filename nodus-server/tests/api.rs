@@ -1054,3 +1054,173 @@ async fn watch_parameters_are_checked_and_the_project_is_enforced() {
         }
     }
 }
+
+/// The server checks a `contextSchema` when the agent is written (a valid JSON Schema
+/// 2020-12 document, no `$ref`) and a run's `context` against it when the run is created,
+/// answering 422 with the failing path; nothing is written.
+#[tokio::test]
+async fn a_context_schema_is_checked_at_agent_writing_and_a_context_at_run_creation() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let runs = format!("{BASE}/default/agentruns");
+    let with_schema = |schema: Value| {
+        let mut document = agent("typed");
+        document["spec"]["contextSchema"] = schema;
+        document
+    };
+    for (schema, field) in [
+        (
+            json!({"properties": {"ticket": {"type": "objekt"}}}),
+            "spec.contextSchema.properties.ticket.type",
+        ),
+        (
+            json!({"properties": {"ticket": {"$ref": "#/$defs/t"}}}),
+            "spec.contextSchema.properties.ticket.$ref",
+        ),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::POST,
+                &agents,
+                Some(TOKEN),
+                Some(with_schema(schema)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["details"]["field"], field, "{body}");
+    }
+    let (status, _) = api
+        .call(Method::GET, &format!("{agents}/typed"), Some(TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no agent was written");
+
+    let schema = json!({
+        "type": "object",
+        "properties": {"ticket": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+        "required": ["ticket"],
+    });
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &agents,
+            Some(TOKEN),
+            Some(with_schema(schema)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let typed_run = |name: &str, context: Option<Value>| {
+        let mut document = run(name, "hello");
+        document["spec"]["agent"] = json!("typed");
+        if let Some(context) = context {
+            document["spec"]["context"] = context;
+        }
+        document
+    };
+    for (context, field) in [
+        (
+            Some(json!({"ticket": {"id": "seven"}})),
+            "spec.context.ticket.id",
+        ),
+        (None, "spec.context"),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::POST,
+                &runs,
+                Some(TOKEN),
+                Some(typed_run("refused", context)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["details"]["field"], field, "{body}");
+        assert!(
+            body["details"]["rule"]
+                .as_str()
+                .is_some_and(|rule| rule.contains("contextSchema")),
+            "{body}"
+        );
+    }
+    assert_eq!(api.runs().await, 0, "nothing was written");
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &runs,
+            Some(TOKEN),
+            Some(typed_run("matching", Some(json!({"ticket": {"id": 7}})))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// An agent's runs are listed with `fieldSelector=status.snapshot.agentRef=project/name`
+/// (however the runs named the agent) or `spec.agent=NAME` (as the runs named it).
+#[tokio::test]
+async fn an_agents_runs_are_listed_by_its_reference_or_its_name() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let runs = format!("{BASE}/default/agentruns");
+    for name in ["hello-agent", "other-agent"] {
+        let (status, body) = api
+            .call(Method::POST, &agents, Some(TOKEN), Some(agent(name)))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    for (name, agent) in [
+        ("by-name", "hello-agent"),
+        ("by-reference", "default/hello-agent"),
+        ("elsewhere", "other-agent"),
+    ] {
+        let mut document = run(name, "hi");
+        document["spec"]["agent"] = json!(agent);
+        let (status, body) = api
+            .call(Method::POST, &runs, Some(TOKEN), Some(document))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    for (selector, expected) in [
+        (
+            "status.snapshot.agentRef=default/hello-agent",
+            &["by-name", "by-reference"][..],
+        ),
+        (
+            "status.snapshot.agentRef=default/other-agent",
+            &["elsewhere"],
+        ),
+        ("status.snapshot.agentRef=hello-agent", &[]),
+        ("spec.agent=hello-agent", &["by-name"]),
+        ("spec.agent=default/hello-agent", &["by-reference"]),
+    ] {
+        let (status, list) = api
+            .call(
+                Method::GET,
+                &format!("{runs}?fieldSelector={selector}"),
+                Some(TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let mut names: Vec<&str> = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter_map(|item| item["metadata"]["name"].as_str())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, expected, "{selector}");
+    }
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{runs}?fieldSelector=status.snapshot.agent=x"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["details"]["rule"]
+            .as_str()
+            .is_some_and(|rule| rule.contains("status.snapshot.agentRef")),
+        "{body}"
+    );
+}

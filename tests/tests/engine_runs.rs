@@ -856,16 +856,6 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .apply_agent(PROJECT, agent("plain", |_| {}))
         .await
         .expect("agent");
-    engine
-        .apply_agent(
-            PROJECT,
-            agent("typed", |a| {
-                a.context_schema = Some(serde_json::json!({"type": "object"}));
-            }),
-        )
-        .await
-        .expect("agent with a context schema");
-    let context = serde_json::Map::from_iter([("ticket".to_string(), serde_json::json!(7))]);
     type SetSpec = Box<dyn Fn(&mut AgentRunSpec)>;
     let cases: Vec<(&str, &str, SetSpec)> = vec![
         (
@@ -882,11 +872,6 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
                     config: None,
                 })
             }),
-        ),
-        (
-            "typed",
-            "spec.context",
-            Box::new(move |s| s.context = Some(context.clone())),
         ),
     ];
     for (index, (agent_name, field, set)) in cases.into_iter().enumerate() {
@@ -946,6 +931,149 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         )
         .await
         .expect("a context without a schema");
+}
+
+/// A run naming `spec.image` is refused when it is created by an engine whose sandbox cannot
+/// run images (bubblewrap, the unisolated backend), naming the field and why; nothing is
+/// written. Without an image the same run is created.
+#[tokio::test]
+async fn an_image_is_refused_at_creation_by_a_backend_that_runs_none() {
+    use nodus_core::engine::Error;
+    use nodus_sandbox::{BwrapConfig, BwrapSandbox, UnisolatedSandbox};
+    use std::sync::Arc;
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let backends: [(&str, Arc<dyn nodus_core::Sandbox>); 2] = [
+        (
+            "bwrap",
+            Arc::new(BwrapSandbox::new(BwrapConfig::new(
+                root.path().join("bwrap"),
+            ))),
+        ),
+        (
+            "unisolated",
+            Arc::new(UnisolatedSandbox::new(root.path().join("unisolated"))),
+        ),
+    ];
+    for (backend, sandbox) in backends {
+        let world = World::new(vec![]);
+        let engine = world.engine_with_sandbox(sandbox);
+        engine
+            .apply_agent(PROJECT, agent("helper", |_| {}))
+            .await
+            .expect("agent");
+        let refused = engine
+            .create_run(
+                PROJECT,
+                run("imaged", "helper", "q", |s| {
+                    s.image = Some("python:3.12-slim".to_string())
+                }),
+            )
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, "spec.image", "{backend}: {invalid}");
+                assert!(
+                    invalid.rule.contains("cannot be honoured"),
+                    "{backend}: {invalid}"
+                );
+                assert_eq!(invalid.value, "\"python:3.12-slim\"", "{backend}");
+            }
+            other => panic!("{backend}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, "imaged").await.is_err(),
+            "{backend}: nothing is written"
+        );
+        engine
+            .create_run(PROJECT, run("plain", "helper", "q", |_| {}))
+            .await
+            .unwrap_or_else(|e| panic!("{backend}: a run without an image: {e}"));
+    }
+}
+
+/// A run's `context` is checked against its agent's `contextSchema` when the run is created:
+/// a context failing at a nested path is refused naming that path, the schema keyword and the
+/// value, and so is a missing context the schema requires; nothing is written. A matching
+/// context, and a context for an agent without a schema, are created.
+#[tokio::test]
+async fn a_context_is_checked_against_the_agents_schema_at_creation() {
+    use nodus_core::engine::Error;
+    use serde_json::json;
+
+    let world = World::new(vec![]);
+    let engine = world.engine();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "ticket": {
+                "type": "object",
+                "properties": { "id": { "type": "integer" } },
+                "required": ["id"],
+            },
+        },
+        "required": ["ticket"],
+    });
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("typed", |a| a.context_schema = Some(schema.clone())),
+        )
+        .await
+        .expect("an agent with a context schema");
+    engine
+        .apply_agent(PROJECT, agent("plain", |_| {}))
+        .await
+        .expect("an agent without one");
+    let context = |value: serde_json::Value| value.as_object().cloned();
+    let cases = [
+        (
+            context(json!({"ticket": {"id": "seven"}})),
+            "spec.context.ticket.id",
+            "\"type\" at contextSchema#/properties/ticket/properties/id/type",
+            "\"seven\"",
+        ),
+        (None, "spec.context", "is required", "nothing"),
+    ];
+    for (index, (given, field, rule, value)) in cases.into_iter().enumerate() {
+        let name = format!("refused-{index}");
+        let refused = engine
+            .create_run(
+                PROJECT,
+                run(&name, "typed", "q", |s| s.context = given.clone()),
+            )
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, field, "{invalid}");
+                assert!(invalid.rule.contains(rule), "{invalid}");
+                assert_eq!(invalid.value, value, "{invalid}");
+            }
+            other => panic!("{field}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, &name).await.is_err(),
+            "{field}: nothing is written"
+        );
+    }
+    engine
+        .create_run(
+            PROJECT,
+            run("matching", "typed", "q", |s| {
+                s.context = context(json!({"ticket": {"id": 7}}))
+            }),
+        )
+        .await
+        .expect("a matching context");
+    engine
+        .create_run(
+            PROJECT,
+            run("untyped", "plain", "q", |s| {
+                s.context = context(json!({"ticket": "anything"}))
+            }),
+        )
+        .await
+        .expect("a context for an agent without a schema");
 }
 
 /// A command that could not be started (the server out of descriptors) certainly did not

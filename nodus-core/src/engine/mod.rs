@@ -34,8 +34,7 @@ use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
 use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
-    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentSpec, AgentState, CostStatus, Kind,
-    RunSnapshot,
+    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentState, CostStatus, Kind, RunSnapshot,
 };
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
@@ -446,7 +445,22 @@ impl Engine {
             .into());
         }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
-        refuse_unsupported(&run.spec, &agent.object.spec)?;
+        refuse_unsupported(&run.spec)?;
+        if let Some(image) = &run.spec.image
+            && !self.deps.sandbox.supports_image()
+        {
+            return Err(Invalid::new(
+                "spec.image",
+                "cannot be honoured by this server's sandbox backend, which runs commands on \
+                 the host's file system and not in an image (only the docker sandbox runs \
+                 images): remove spec.image or use a server with --sandbox docker",
+                format!("{image:?}"),
+            )
+            .into());
+        }
+        if let Some(schema) = &agent.object.spec.context_schema {
+            validate::check_context(schema, run.spec.context.as_ref())?;
+        }
         if let Some(workdir) = &run.spec.workdir {
             self.check_workdir(project, workdir).await?;
         }
@@ -957,19 +971,11 @@ fn not_supported_yet(field: &str, what: &str, value: String) -> Error {
 }
 
 /// Fields of a run that this engine does not carry out yet are refused when the run is
-/// created, rather than accepted and silently ignored: an AgentEnvironment, a post-run
-/// action, and a `context` that would have to be checked against the agent's `contextSchema`.
-fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
+/// created, rather than accepted and silently ignored: an AgentEnvironment and a post-run
+/// action.
+fn refuse_unsupported(spec: &AgentRunSpec) -> Result<()> {
     let unsupported = |field: &str, what: &str, value: String| -> Result<()> {
         Err(not_supported_yet(field, what, value))
-    };
-    // A value as compact JSON, shortened for an error message.
-    let shown = |value: serde_json::Result<String>| -> String {
-        let text = value.unwrap_or_default();
-        match text.char_indices().nth(80) {
-            Some((end, _)) => format!("{}…", &text[..end]),
-            None => text,
-        }
     };
     if let Some(environment) = &spec.environment {
         return unsupported(
@@ -983,14 +989,6 @@ fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
             "spec.postRunAction",
             "no post-run action plugins are installed",
             format!("{:?}", action.kind),
-        );
-    }
-    if spec.context.is_some() && agent.context_schema.is_some() {
-        return unsupported(
-            "spec.context",
-            "the agent has a contextSchema and contexts are not checked against it yet; \
-             remove the schema or the context",
-            shown(serde_json::to_string(&spec.context)),
         );
     }
     Ok(())
