@@ -560,18 +560,23 @@ pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Resu
     })
 }
 
+/// The fields of a group's `status.counts`, in the order the group page shows them; every run
+/// of the group is in exactly one.
+const COUNT_FIELDS: [&str; 7] = [
+    "queued",
+    "active",
+    "waiting",
+    "parked",
+    "succeeded",
+    "failed",
+    "cancelled",
+];
+
 fn group_total(counts: &Value) -> u64 {
-    [
-        "queued",
-        "active",
-        "waiting",
-        "succeeded",
-        "failed",
-        "cancelled",
-    ]
-    .iter()
-    .filter_map(|field| counts[*field].as_u64())
-    .sum()
+    COUNT_FIELDS
+        .iter()
+        .filter_map(|field| counts[*field].as_u64())
+        .sum()
 }
 
 fn cost_against_cap(html: &mut Html, group: &Value) {
@@ -662,14 +667,7 @@ pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, 
         .raw("</dd><dt>Cost (USD)</dt><dd id=\"cost\">");
     cost_against_cap(&mut html, &group);
     html.raw("</dd></dl><h2>Counts</h2><div class=\"table\"><table id=\"counts\"><thead><tr>");
-    let fields = [
-        "queued",
-        "active",
-        "waiting",
-        "succeeded",
-        "failed",
-        "cancelled",
-    ];
+    let fields = COUNT_FIELDS;
     for field in fields {
         html.raw("<th class=\"num\">").raw(field).raw("</th>");
     }

@@ -300,6 +300,10 @@ def test_groups_and_credits_show_the_api_values(
     shot(browser, "groups")
     row.find_element(By.LINK_TEXT, group.name).click()
     wait_for(browser, lambda d: d.find_elements(By.ID, "counts"))
+    heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#counts th")]
+    values = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#counts td")]
+    counts = document["status"]["counts"]
+    assert dict(zip(heads, values)) == {field: str(n) for field, n in counts.items()}
     runs: List[Dict[str, Any]] = api(server, f"/agentruns?fieldSelector=spec.group={group.name}")[
         "items"
     ]
