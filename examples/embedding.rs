@@ -28,7 +28,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             model: Arc::new(ScriptedModel::offline()),
             router: Arc::new(Jev::new()),
             clock: Arc::new(SystemClock),
-            catalog: Arc::new(nodus_llm::default_catalog()?),
+            // The offline model is free: every family is answered by it, at no price.
+            catalog: Arc::new(nodus_llm::offline_catalog(&nodus_llm::default_catalog()?)),
             secrets: Arc::new(StaticSecrets::new()),
             ledger: Arc::new(nodus_core::ledger::Unmetered),
         },

@@ -177,7 +177,7 @@ pub enum Command {
     Get(GetArgs),
     /// Wait until a resource meets a condition.
     Wait(WaitArgs),
-    /// Create a run or a group from flags.
+    /// Create a run, a group, a project or a token from flags.
     #[command(subcommand)]
     Create(CreateCommand),
     /// Change a resource with a JSON merge patch.
@@ -319,7 +319,8 @@ pub struct GetArgs {
     #[arg(short = 'l', long = "selector")]
     pub selector: Option<String>,
     /// Field selector: spec.group=x,status.phase=Running. Values match exactly, case
-    /// included: status.phase=Running, not running.
+    /// included: status.phase=Running, not running. An agent's runs:
+    /// status.snapshot.agentRef=PROJECT/NAME, or spec.agent=NAME as the runs name it.
     #[arg(long)]
     pub field_selector: Option<String>,
 }
@@ -346,6 +347,53 @@ pub enum CreateCommand {
     /// Create a group of runs.
     #[command(visible_alias = "ag")]
     Agentgroup(CreateGroupArgs),
+    /// Create a project (the server's operator token).
+    Project(CreateProjectArgs),
+    /// Create a token of the project (admin token); its secret is printed this once.
+    Token(CreateTokenArgs),
+}
+
+/// `nodus create project`.
+#[derive(Debug, Args)]
+pub struct CreateProjectArgs {
+    /// The project's name (a DNS label).
+    pub name: String,
+}
+
+/// `nodus create token`.
+#[derive(Debug, Args)]
+pub struct CreateTokenArgs {
+    /// The token's name in its project (a DNS label).
+    pub name: String,
+    /// What it may do: read (get, list, watch), write (and create, change, delete, send,
+    /// cancel, resolve, close) or admin (and credits, budgets, tokens).
+    #[arg(long, value_enum)]
+    pub role: TokenRole,
+    /// When it stops working, from now: 30d, 12h, 90m, 1d12h (default: never).
+    #[arg(long)]
+    pub expires: Option<String>,
+}
+
+/// A token's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TokenRole {
+    /// Get, list and watch.
+    Read,
+    /// And create, change, delete, send, cancel, resolve and close.
+    Write,
+    /// And credits, budgets and tokens.
+    Admin,
+}
+
+impl TokenRole {
+    /// As the API writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenRole::Read => "read",
+            TokenRole::Write => "write",
+            TokenRole::Admin => "admin",
+        }
+    }
 }
 
 /// `nodus create agentrun`.
@@ -562,6 +610,7 @@ mod tests {
             "nodus patch ag/parallel-agents --patch {}",
             "nodus get ag",
             "nodus get ar --field-selector spec.group=parallel-agents",
+            "nodus get ar --field-selector status.snapshot.agentRef=default/hello-agent",
             "nodus cancel ag/parallel-agents",
             "nodus delete ag/parallel-agents",
             "nodus cancel agentrun/x",

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// Exit codes a script can rely on (also in `nodus --help` and README.md).
+/// Exit codes a script can rely on (also in `nodus --help` and docs/cli.md).
 pub mod exit {
     /// The command did what it was asked.
     pub const OK: u8 = 0;

@@ -175,6 +175,7 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
                 "queued",
                 "active",
                 "waiting",
+                "parked",
                 "succeeded",
                 "failed",
                 "cancelled",
@@ -349,7 +350,7 @@ mod tests {
             "spec": {"agent": "w", "limits": {"maxActive": 2}, "maxCostUSD": "0.60", "sealed": true},
             "status": {
                 "phase": "Running",
-                "counts": {"queued": 1, "active": 2, "waiting": 0, "succeeded": 3, "failed": 1, "cancelled": 0},
+                "counts": {"queued": 1, "active": 2, "waiting": 0, "parked": 2, "succeeded": 3, "failed": 1, "cancelled": 0},
                 "cost": {"totalUSD": "0.12", "limitUSD": "0.60"}
             }
         });
@@ -365,7 +366,7 @@ mod tests {
         );
         assert_eq!(
             table.rows[0],
-            ["parallel-agents", "Running", "3/7", "2", "$0.12", "3h"]
+            ["parallel-agents", "Running", "3/9", "2", "$0.12", "3h"]
         );
         let wide = objects(ResourceKind::AgentGroup, &[group], true, now());
         assert_eq!(

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::process::Command;
 use std::time::Duration;
 
 use support::{ROOT, Server, TOKEN, login, nodus, ok, start_server, text};
@@ -359,4 +360,231 @@ fn the_quickstart_survives_a_closed_stdout_and_leaves_an_existing_hello_agent_al
     );
     let runs = ok(dir, &["get", "ar", "-o", "name"]);
     assert_eq!(runs.lines().count(), 2, "two runs of their own: {runs}");
+}
+
+/// The server's count of answered requests (`nodus_http_requests_total`).
+fn requests_answered(server: &Server) -> u64 {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connects");
+    let request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).expect("writes");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("reads");
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix("nodus_http_requests_total "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no request count in {answer}"))
+}
+
+#[test]
+fn wait_waits_on_the_servers_long_poll_instead_of_polling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let server = start_server(dir, Some("memory:"), "unisolated");
+    login(dir, &server);
+    let agent = dir.join("agent.yaml");
+    std::fs::write(
+        &agent,
+        "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {name: watched}\nspec: {system: You are careful., model: {access: Nodus}, perRunMaxCostUSD: \"0.50\"}\n",
+    )
+    .expect("write");
+    ok(dir, &["apply", "-f", agent.to_str().expect("utf-8")]);
+    let condition = "--for=jsonpath={.metadata.labels.team}=a";
+
+    // Nothing changes for 3 s: a read and one long poll, not a dozen reads.
+    let before = requests_answered(&server);
+    let started = std::time::Instant::now();
+    let output = nodus(dir, &["wait", "agent/watched", condition, "--timeout=3s"]);
+    let took = started.elapsed();
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+    let requests = requests_answered(&server) - before;
+    assert!(requests <= 4, "{requests} requests in 3 s");
+
+    // A change answers the wait at once.
+    let mut waiting = support::command(dir)
+        .args(["wait", "agent/watched", condition, "--timeout=60s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait starts");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        waiting.try_wait().expect("wait").is_none(),
+        "nothing changed yet"
+    );
+    let changed = std::time::Instant::now();
+    ok(
+        dir,
+        &[
+            "patch",
+            "agent/watched",
+            "--patch",
+            r#"{"metadata":{"labels":{"team":"a"}}}"#,
+        ],
+    );
+    let output = waiting.wait_with_output().expect("wait ends");
+    assert!(
+        changed.elapsed() < Duration::from_secs(3),
+        "{:?} after the change",
+        changed.elapsed()
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(
+        text(&output.stdout),
+        "agent.nodus.dev/watched condition met\n"
+    );
+}
+
+/// Through the CLI and the real server: an agent whose contextSchema is not a valid JSON
+/// Schema is refused at apply naming the path in the schema, and a run whose context fails
+/// the schema is refused naming the path in the context, the keyword and the value; the
+/// agent's runs are listed with `--field-selector status.snapshot.agentRef=PROJECT/NAME`.
+#[test]
+fn a_context_that_fails_the_agents_schema_is_refused_naming_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let server = start_server(dir, Some("memory:"), "unisolated");
+    login(dir, &server);
+    let agent = |schema: &str| {
+        format!(
+            "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {{name: typed}}\nspec:\n  system: s\n  \
+             model: {{access: Nodus}}\n  perRunMaxCostUSD: \"0.10\"\n  contextSchema: {schema}\n"
+        )
+    };
+    let file = dir.join("agent.yaml");
+    let path = file.to_str().expect("utf-8");
+    std::fs::write(
+        &file,
+        agent("{type: object, properties: {ticket: {type: objekt}}}"),
+    )
+    .expect("write");
+    let output = nodus(dir, &["apply", "-f", path]);
+    assert_eq!(output.status.code(), Some(1));
+    let said = text(&output.stderr);
+    assert!(
+        said.contains("spec.contextSchema.properties.ticket.type"),
+        "{said}"
+    );
+    assert!(said.contains("JSON Schema 2020-12"), "{said}");
+
+    std::fs::write(
+        &file,
+        agent(
+            "{type: object, properties: {ticket: {type: object, properties: {id: {type: integer}}}}, required: [ticket]}",
+        ),
+    )
+    .expect("write");
+    assert_eq!(
+        ok(dir, &["apply", "-f", path]),
+        "agent.nodus.dev/typed created\n"
+    );
+    let run = dir.join("run.yaml");
+    std::fs::write(
+        &run,
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata: {name: typed-run}\nspec:\n  agent: typed\n  \
+         input: hi\n  context: {ticket: {id: seven}}\n",
+    )
+    .expect("write");
+    let output = nodus(dir, &["apply", "-f", run.to_str().expect("utf-8")]);
+    assert_eq!(output.status.code(), Some(1));
+    let said = text(&output.stderr);
+    for part in [
+        "spec.context.ticket.id",
+        "\"type\" at contextSchema#/properties/ticket/properties/id/type",
+        "\"seven\"",
+    ] {
+        assert!(said.contains(part), "{part}: {said}");
+    }
+    let output = nodus(dir, &["get", "ar", "typed-run"]);
+    assert_eq!(output.status.code(), Some(1), "nothing was written");
+
+    // The agent's runs, listed by the reference they resolved to.
+    std::fs::write(
+        &run,
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata: {name: typed-run}\nspec:\n  agent: default/typed\n  \
+         input: hi\n  context: {ticket: {id: 7}}\n",
+    )
+    .expect("write");
+    ok(dir, &["apply", "-f", run.to_str().expect("utf-8")]);
+    let selected = |selector: &str| {
+        ok(
+            dir,
+            &["get", "ar", "--field-selector", selector, "-o", "name"],
+        )
+    };
+    assert_eq!(
+        selected("status.snapshot.agentRef=default/typed"),
+        "agentrun.nodus.dev/typed-run\n"
+    );
+    assert_eq!(selected("spec.agent=typed"), "");
+}
+
+/// Most people first run Nodus as themselves: the quickstart as an ordinary user (uid 65534
+/// through `setpriv` when the tests run as root) with its own home and data directory runs its
+/// command in bubblewrap and succeeds, on the limits that user may have (cgroups it cannot
+/// make give way to rlimits, said at start), instead of failing with SandboxFailed.
+#[test]
+fn the_quickstart_runs_as_an_unprivileged_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("home");
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let mut command = if root {
+        // The user's own directories: readable on the way down, its home its own.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let chowned = Command::new("chown")
+            .args(["65534:65534"])
+            .arg(&home)
+            .status()
+            .expect("chown");
+        assert!(chowned.success());
+        let mut command = Command::new("setpriv");
+        command.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            support::NODUS,
+        ]);
+        command
+    } else {
+        Command::new(support::NODUS)
+    };
+    let output = command
+        .arg("quickstart")
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", home.join(".local/share"))
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .current_dir(&home)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("quickstart runs");
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("run hello-agent-run-"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.ends_with(": Succeeded")),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("Python 3"), "{stdout}");
+    // Its data directory is its own, and it says at start which limits hold.
+    assert!(
+        home.join(".local/share/nodus/nodus.db").exists(),
+        "{stderr}"
+    );
+    assert!(stderr.contains("quickstart: sandbox limits: "), "{stderr}");
 }

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
-const TOKEN: &str = "quickstart-test-token";
+const TOKEN: &str = "quickstart-test-token-0123456789abcdef";
 
 const AGENT: &str = r#"apiVersion: nodus.dev/v1
 kind: Agent
@@ -142,6 +142,38 @@ fn ok(dir: &Path, args: &[&str]) -> String {
         text(&output.stderr)
     );
     text(&output.stdout)
+}
+
+/// `nodus quickstart` on the data directory of a running `nodus server` is refused, naming
+/// the server's pid; once the server stops, another starts on it.
+#[test]
+fn the_quickstart_is_refused_on_the_data_directory_of_a_running_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let mut server = start_server(dir, free_port());
+    let data = dir.join("data");
+    let output = Command::new(NODUS)
+        .arg("quickstart")
+        .arg("--data-dir")
+        .arg(&data)
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("nodus quickstart runs");
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let named = format!(
+        "data directory {}: it is in use by `nodus server` (pid {}); stop it or pass \
+         --data-dir",
+        data.display(),
+        server.child.id()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    drop(server);
+    let again = start_server(dir, free_port());
+    drop(again);
 }
 
 #[test]
@@ -341,6 +373,21 @@ fn the_quickstart_runs_end_to_end_through_the_cli() {
         ],
     );
     assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
+
+    // Standard error is not a terminal here: no progress line, only the timeout.
+    let output = nodus(
+        dir,
+        &[
+            "wait",
+            "ar/hello-agent-run",
+            "--for=jsonpath={.metadata.name}=another-name",
+            "--timeout=1s",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("timed out after 1s"), "{stderr}");
 
     // SIGTERM stops the server cleanly, with exit code 0.
     let pid = server.child.id().to_string();

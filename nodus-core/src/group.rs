@@ -5,6 +5,12 @@
 //! status. [`admit`] decides whether a new run may join a group; [`check_update`] whether
 //! a change to a live group's spec is allowed.
 //!
+//! The concurrency rule: `maxActive` bounds the runs going at the same time, `Running` ones.
+//! A run that waits (for a message, for funds, at its cap) or is parked in `NeedsResolution`
+//! holds no slot, so runs parked by a crash cannot stall the group; a run that comes back
+//! from waiting or parked goes on at once, and no queued run starts until the group is under
+//! `maxActive` again.
+//!
 //! The cost rule: a run starts only while its cap fits under
 //! `maxCostUSD − spent by finished runs − caps of started, unfinished runs`. A started run
 //! cannot spend more than its cap, so no order of completions can spend more than the
@@ -152,7 +158,7 @@ pub fn reconcile(spec: &AgentGroupSpec, phase: Option<GroupPhase>, members: &[Me
         .map(|(i, m)| (m.task_key.as_str(), i))
         .collect();
 
-    let mut active = phases.iter().filter(|p| p.is_started()).count();
+    let mut active = phases.iter().filter(|p| holds_a_slot(**p)).count();
     let max_active = usize::try_from(spec.limits.max_active).unwrap_or(usize::MAX);
     let spent_finished: Usd = members
         .iter()
@@ -286,12 +292,19 @@ fn never_fits_message(group_cap: Usd, spent: Usd, run_cap: Usd) -> String {
     )
 }
 
+/// Whether a run in `phase` takes one of its group's `maxActive` slots: only a working one.
+/// A waiting or parked run still holds its cap against the group's cap.
+pub fn holds_a_slot(phase: RunPhase) -> bool {
+    phase == RunPhase::Running
+}
+
 fn count(phases: &[RunPhase]) -> GroupCounts {
     let mut counts = GroupCounts::default();
     for phase in phases {
         let slot = match phase {
             RunPhase::Pending(_) => &mut counts.queued,
-            RunPhase::Running | RunPhase::NeedsResolution => &mut counts.active,
+            RunPhase::Running => &mut counts.active,
+            RunPhase::NeedsResolution => &mut counts.parked,
             RunPhase::Waiting(_) => &mut counts.waiting,
             RunPhase::Succeeded => &mut counts.succeeded,
             RunPhase::Failed(_) => &mut counts.failed,
@@ -637,8 +650,8 @@ mod tests {
     }
 
     #[test]
-    fn started_runs_hold_slots_while_waiting_or_parked() {
-        let spec = spec(3, None);
+    fn waiting_and_parked_runs_hold_no_slot_but_hold_their_caps() {
+        let spec = spec(1, Some("3.50"));
         let members = vec![
             run(
                 "a",
@@ -648,12 +661,60 @@ mod tests {
             ),
             run("b", &[], "1", RunPhase::Waiting(WaitReason::MaxCostReached)),
             run("c", &[], "1", RunPhase::NeedsResolution),
-            queued("d", &[], "1"),
+            queued("d", &[], "0.50"),
+            queued("e", &[], "0.50"),
         ];
         let plan = reconcile(&spec, None, &members);
-        assert!(plan.start.is_empty());
-        assert_eq!(plan.status.counts.waiting, 2);
+        // No run works: d takes the one slot; the three started runs' caps leave $0.50.
+        assert_eq!(plan.start, vec![3]);
+        assert_eq!(plan.queue, vec![(4, PendingReason::GroupWait)]);
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxActiveReached, 1)])
+        );
         assert_eq!(plan.status.counts.active, 1);
+        assert_eq!(plan.status.counts.waiting, 2);
+        assert_eq!(plan.status.counts.parked, 1);
+        assert_eq!(plan.status.counts.queued, 1);
+
+        // With the slot free again (d parked too), e waits only for money: the caps of the
+        // waiting and parked runs are held.
+        let mut members = members;
+        members[3].phase = RunPhase::NeedsResolution;
+        let plan = reconcile(&spec, None, &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(
+            plan.status.blocked_reasons,
+            blocked(&[(BlockedReason::MaxCostReached, 1)])
+        );
+    }
+
+    #[test]
+    fn runs_parked_by_a_crash_do_not_stall_their_group() {
+        // 20 runs, maxActive 10, the server killed while 10 went: they park, and the 10
+        // queued ones start instead of waiting forever with GroupWait.
+        let spec = spec(10, None);
+        let mut members: Vec<Member> = (0..10)
+            .map(|i| run(&format!("p{i}"), &[], "0.10", RunPhase::NeedsResolution))
+            .collect();
+        members.extend((0..10).map(|i| queued(&format!("q{i}"), &[], "0.10")));
+        let plan = reconcile(&spec, None, &members);
+        assert_eq!(plan.start, (10..20).collect::<Vec<_>>());
+        assert!(plan.status.blocked_reasons.is_empty());
+        assert_eq!(plan.status.counts.parked, 10);
+        assert_eq!(plan.status.counts.active, 10);
+        carry_out(&mut members, &plan);
+
+        // A parked run resolved comes back at once, over maxActive; nothing else starts until
+        // the group is under it again, and the queued run says why.
+        members.push(queued("late", &[], "0.10"));
+        members[0].phase = members[0]
+            .phase
+            .apply(RunEvent::Resolve(crate::lifecycle::Resolution::Retry))
+            .expect("a parked run resumes");
+        let plan = reconcile(&spec, None, &members);
+        assert!(plan.start.is_empty());
+        assert_eq!(plan.status.counts.active, 11);
         assert_eq!(
             plan.status.blocked_reasons,
             blocked(&[(BlockedReason::MaxActiveReached, 1)])

@@ -256,14 +256,18 @@ impl Ledger for StoreLedger {
     }
 
     async fn settle(&self, project: &str, key: &str, actual: Usd) -> Result<(), store::Error> {
+        // A reservation already settled (or never made) writes nothing: the executor settles
+        // again after a restart, in case a crash came between a step's outcome and its settle.
         let settled = key.to_string();
-        match self
-            .update(project, move |account| {
+        let owner = project.to_string();
+        let edit: store::Edit = Box::new(move |stored| {
+            let mut account = account_of(stored).ok()?;
+            account.reserved.contains_key(&settled).then(|| {
                 account.settle(&settled, actual);
-                Ok(())
+                document(&owner, &account)
             })
-            .await
-        {
+        });
+        match self.store.modify(&Self::key(project), edit).await {
             Ok(_) | Err(store::Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }

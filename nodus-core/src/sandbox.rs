@@ -197,12 +197,16 @@ pub enum Error {
     /// Something else failed.
     #[error("sandbox failure: {0}")]
     Failed(String),
+    /// The command could not be started because the host was out of a resource for the
+    /// moment (open files, processes, memory): it certainly did not run, and a retry may help.
+    #[error("the command could not be started, so it did not run: {0}")]
+    NotStarted(String),
 }
 
 impl Error {
     /// Whether trying again may help.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable(_))
+        matches!(self, Error::Unavailable(_) | Error::NotStarted(_))
     }
 }
 
@@ -234,6 +238,13 @@ pub trait Sandbox: Send + Sync {
     ) -> Result<Vec<u8>, Error>;
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
+    /// Whether this backend runs a sandbox in the image its spec names
+    /// ([`SandboxSpec::image`]). Backends that cannot (they run commands on the host's file
+    /// system) answer `false`, the default, and a run naming `spec.image` is refused when it
+    /// is created rather than run somewhere else.
+    fn supports_image(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -47,6 +47,11 @@ impl Invalid {
 /// The result of a check.
 pub type Result<T, E = Invalid> = std::result::Result<T, E>;
 
+mod context;
+pub use context::{
+    DIALECT as CONTEXT_SCHEMA_DIALECT, FEATURE as CONTEXT_SCHEMA_FEATURE, check_context,
+};
+
 /// The largest input, message, system prompt or default input: 256 KiB.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// Allowed `spec.maxTokens` of an Agent.
@@ -67,6 +72,8 @@ pub const MAX_LABEL_KEY_CHARS: usize = 253;
 pub const MAX_LABEL_VALUE_CHARS: usize = 63;
 /// The longest message key, in characters.
 pub const MAX_MESSAGE_KEY_CHARS: usize = 253;
+/// The longest component of a path in a working directory, in bytes (what file systems take).
+pub const MAX_PATH_COMPONENT_BYTES: usize = 255;
 /// The key of a run's `spec.context` that Nodus keeps for itself.
 pub const RESERVED_CONTEXT_KEY: &str = "nodus";
 
@@ -471,7 +478,8 @@ fn family_list(families: &[crate::catalog::Family]) -> String {
     format!("[{}]", names.join(", "))
 }
 
-/// A JSON object with no reference keyword anywhere, walked without recursion.
+/// A JSON object with no reference keyword anywhere (walked without recursion), and a valid
+/// JSON Schema 2020-12 document.
 fn check_context_schema(schema: &Value) -> Result<()> {
     const PREFIX: [Step<'static>; 2] = [Step::Key("spec"), Step::Key("contextSchema")];
     if !schema.is_object() {
@@ -512,7 +520,7 @@ fn check_context_schema(schema: &Value) -> Result<()> {
             _ => {}
         }
     }
-    Ok(())
+    context::check_schema(schema)
 }
 
 /// The steps from the root to `node`, following parents.
@@ -646,6 +654,21 @@ fn check_mount_path<'a>(field: &str, path: &'a str) -> Result<Vec<&'a str>> {
     if path.contains('\0') {
         return Err(Invalid::new(field, "must not contain NUL", shown(path)));
     }
+    if path.contains(char::is_control) {
+        return Err(Invalid::new(
+            field,
+            "must not contain control characters",
+            shown(path),
+        ));
+    }
+    if path.contains(is_bidi_control) {
+        return Err(Invalid::new(
+            field,
+            "must not contain bidirectional overrides or isolates (U+202A to U+202E, \
+             U+2066 to U+2069)",
+            shown(path),
+        ));
+    }
     if path.starts_with('/') {
         return Err(Invalid::new(
             field,
@@ -671,7 +694,38 @@ fn check_mount_path<'a>(field: &str, path: &'a str) -> Result<Vec<&'a str>> {
             shown(path),
         ));
     }
+    if components
+        .iter()
+        .any(|component| component.starts_with('-'))
+    {
+        return Err(Invalid::new(
+            field,
+            "must not have a component that starts with `-` (a command would read it as an \
+             option)",
+            shown(path),
+        ));
+    }
+    if let Some(long) = components
+        .iter()
+        .find(|component| component.len() > MAX_PATH_COMPONENT_BYTES)
+    {
+        return Err(Invalid::new(
+            field,
+            format!(
+                "must not have a component longer than {MAX_PATH_COMPONENT_BYTES} bytes (one \
+                 has {})",
+                long.len()
+            ),
+            shown(path),
+        ));
+    }
     Ok(components)
+}
+
+/// Characters that reorder how text is displayed (bidirectional embeddings, overrides and
+/// isolates), so that a path would look like another one.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 fn check_evaluation(evaluation: &EvaluationSpec) -> Result<()> {
@@ -1730,13 +1784,15 @@ mod tests {
             ),
         ]);
         accept::<AgentSpec>(with(
-            with(
-                agent(),
-                "/spec/contextSchema",
-                json!({ "type": "object", "properties": { "ticket": { "type": "integer" } }, "required": ["ticket"] }),
-            ),
+            agent(),
             "/spec/postRunActions",
             json!(["agents.noop", "git.push"]),
+        ));
+        #[cfg(feature = "context-schema")]
+        accept::<AgentSpec>(with(
+            agent(),
+            "/spec/contextSchema",
+            json!({ "type": "object", "properties": { "ticket": { "type": "integer" } }, "required": ["ticket"] }),
         ));
         for limit in [1, 128_000] {
             accept::<AgentSpec>(with(agent(), "/spec/maxTokens", json!(limit)));
@@ -2007,6 +2063,67 @@ mod tests {
         ));
         assert_eq!(binary.spec.files[0].bytes(), Ok(vec![0, 1, 255]));
         accept::<FileSetSpec>(fileset(&["app/main.py", "app-x/y", "run.sh"]));
+        accept::<FileSetSpec>(fileset(&[&"x".repeat(255), "d\u{e9}j\u{e0}/vu", "a/b-"]));
+    }
+
+    /// Paths that would reach a file system or a command line in a misleading or failing
+    /// form are refused when the FileSet (or a mount) is created, with the value escaped.
+    #[test]
+    fn fileset_paths_refuse_control_characters_bidi_leading_dashes_and_long_components() {
+        let long = format!("dir/{}", "x".repeat(256));
+        check::<FileSetSpec>(vec![
+            (fileset(&["ok", "a\nb"]), "spec.files[1].path", r#""a\nb""#),
+            (
+                fileset(&["tab\there"]),
+                "spec.files[0].path",
+                "control characters",
+            ),
+            (fileset(&["esc\u{1b}[2J"]), "spec.files[0].path", r"\u{1b}"),
+            (fileset(&["del\u{7f}"]), "spec.files[0].path", r"\u{7f}"),
+            (
+                fileset(&["c1\u{85}"]),
+                "spec.files[0].path",
+                "control characters",
+            ),
+            (
+                fileset(&["invoice\u{202E}fdp.exe"]),
+                "spec.files[0].path",
+                r"\u{202e}",
+            ),
+            (
+                fileset(&["a\u{202A}b"]),
+                "spec.files[0].path",
+                "bidirectional",
+            ),
+            (
+                fileset(&["a\u{2066}b"]),
+                "spec.files[0].path",
+                "bidirectional",
+            ),
+            (fileset(&["a\u{2069}b"]), "spec.files[0].path", r"\u{2069}"),
+            (fileset(&["-rf"]), "spec.files[0].path", "starts with `-`"),
+            (
+                fileset(&["src/--help"]),
+                "spec.files[0].path",
+                r#""src/--help""#,
+            ),
+            (
+                fileset(&[&long]),
+                "spec.files[0].path",
+                "longer than 255 bytes (one has 256)",
+            ),
+        ]);
+        // The same rules hold for a run's mount paths.
+        let run = with(
+            run(),
+            "/spec/workdir",
+            json!({ "artifactMounts": [{ "ref": "files#x", "mountPath": "-x" }] }),
+        );
+        check::<AgentRunSpec>(vec![(
+            run,
+            "spec.workdir.artifactMounts[0].mountPath",
+            "starts with `-`",
+        )]);
         accept::<FileSetSpec>(fileset(&[]));
     }
 

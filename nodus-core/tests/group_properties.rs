@@ -6,8 +6,9 @@
 //! spend through their own `CostGuard` and finish. A small reference model, written for
 //! clarity rather than speed (a fixpoint for the dependency cascade, signed arithmetic for
 //! the money left), predicts every plan. After every operation the spec's invariants are
-//! checked: concurrency, the per-run and group caps, dependencies, sealing, the group's
-//! phase, counts and blocked reasons. Each case ends by sealing the group and driving it to
+//! checked: concurrency (only working runs take `maxActive` slots: a waiting or parked run
+//! holds none, but holds its cap), the per-run and group caps, dependencies, sealing, the
+//! group's phase, counts and blocked reasons. Each case ends by sealing the group and driving it to
 //! a finished phase.
 
 use std::collections::BTreeMap;
@@ -138,8 +139,11 @@ fn model_reconcile(
             if m.phase.is_finished() {
                 committed += nanos(m.spent);
             } else if m.phase.is_started() {
-                active += 1;
                 committed += nanos(m.cap.max(m.spent));
+            }
+            // Only a working run takes a slot; waiting and parked ones hold only their cap.
+            if m.phase == RunPhase::Running {
+                active += 1;
             }
         }
         let mut left: Option<i128> = spec.max_cost_usd.map(|cap| nanos(cap) - committed);
@@ -213,7 +217,8 @@ fn counts_of(members: &[Member]) -> GroupCounts {
     for m in members {
         match m.phase {
             RunPhase::Pending(_) => counts.queued += 1,
-            RunPhase::Running | RunPhase::NeedsResolution => counts.active += 1,
+            RunPhase::Running => counts.active += 1,
+            RunPhase::NeedsResolution => counts.parked += 1,
             RunPhase::Waiting(_) => counts.waiting += 1,
             RunPhase::Succeeded => counts.succeeded += 1,
             RunPhase::Failed(_) => counts.failed += 1,
@@ -394,7 +399,7 @@ fn op() -> impl Strategy<Value = Op> {
         30 => Just(Op::Reconcile),
         20 => (any::<Index>(), amount(0, 12), 0u64..=1000)
             .prop_map(|(run, worst, per_mille)| Op::Spend { run, worst, per_mille }),
-        8 => (any::<Index>(), any::<u8>()).prop_map(|(run, choice)| Op::Pause { run, choice }),
+        16 => (any::<Index>(), any::<u8>()).prop_map(|(run, choice)| Op::Pause { run, choice }),
         20 => (any::<Index>(), outcome).prop_map(|(run, outcome)| Op::Finish { run, outcome }),
         4 => (any::<Index>(), any::<bool>())
             .prop_map(|(run, deadline)| Op::EndQueued { run, deadline }),
@@ -429,8 +434,9 @@ struct Group {
     members: Vec<Member>,
     /// Whether each member was ever started (by a plan).
     ever_started: Vec<bool>,
-    /// `maxActive` was patched below the number of started runs, and they have not yet
-    /// come back under it.
+    /// More runs are working than `maxActive` (it was patched below them, or a waiting or
+    /// parked run came back while its slot was taken), and they have not yet come back
+    /// under it.
     over_max_active: bool,
     coverage: Coverage,
 }
@@ -470,8 +476,12 @@ impl Group {
         to_usize(self.spec.limits.max_active)
     }
 
-    fn started(&self) -> usize {
-        self.members.iter().filter(|m| m.phase.is_started()).count()
+    /// The runs that take `maxActive` slots: the working ones.
+    fn going(&self) -> usize {
+        self.members
+            .iter()
+            .filter(|m| m.phase == RunPhase::Running)
+            .count()
     }
 
     fn cancelling(&self) -> bool {
@@ -659,7 +669,27 @@ impl Group {
                         _ if choice.is_multiple_of(2) => RunEvent::Resolve(Resolution::Retry),
                         _ => RunEvent::Resolve(Resolution::RecordFailed),
                     };
+                    let was = self.members[i].phase;
                     self.transition(i, event)?;
+                    if was != RunPhase::Running {
+                        self.coverage.hit(if was == RunPhase::NeedsResolution {
+                            "a parked run came back"
+                        } else {
+                            "a waiting run came back"
+                        });
+                        // It goes on at once, even when its slot was taken meanwhile.
+                        if self.going() > self.max_active() {
+                            self.over_max_active = true;
+                            self.coverage.hit("a run came back over maxActive");
+                        }
+                    } else {
+                        self.coverage
+                            .hit(if self.members[i].phase == RunPhase::NeedsResolution {
+                                "a run parked"
+                            } else {
+                                "a run waits"
+                            });
+                    }
                 }
             }
             Op::Finish { run, outcome } => {
@@ -699,7 +729,7 @@ impl Group {
                 let mut new = self.spec.clone();
                 new.limits.max_active = *max_active;
                 self.update(new, Ok(()))?;
-                self.over_max_active = self.started() > self.max_active();
+                self.over_max_active = self.going() > self.max_active();
                 if self.over_max_active {
                     self.coverage
                         .hit("maxActive lowered below the started runs");
@@ -744,7 +774,7 @@ impl Group {
 
     /// One reconcile pass, checked against the model, carried out, and checked again.
     fn reconcile(&mut self) -> Result<Plan, TestCaseError> {
-        let started_before = self.started();
+        let started_before = self.going();
         let max_active = self.max_active();
         let plan = reconcile(&self.spec, self.phase, &self.members);
         check_plan_against_model(&self.spec, self.phase, &self.members, &plan)?;
@@ -794,6 +824,20 @@ impl Group {
         for &(i, reason) in &plan.queue {
             self.transition(i, RunEvent::Queue(reason))?;
         }
+        // No run waits for a slot while a slot is free: waiting and parked runs take none
+        // (runs parked by a crash cannot stall the group).
+        if plan
+            .status
+            .blocked_reasons
+            .contains_key(&BlockedReason::MaxActiveReached)
+        {
+            prop_assert!(
+                self.going() >= max_active,
+                "a run waits for a slot with {} of {} working",
+                self.going(),
+                max_active
+            );
+        }
         for reason in plan.status.blocked_reasons.keys() {
             self.coverage.hit(format!("blocked {reason:?}"));
         }
@@ -804,6 +848,7 @@ impl Group {
         let total = counts.queued
             + counts.active
             + counts.waiting
+            + counts.parked
             + counts.succeeded
             + counts.failed
             + counts.cancelled;
@@ -897,16 +942,17 @@ impl Group {
     }
 
     fn check_invariants(&mut self) -> Result<(), TestCaseError> {
-        // Concurrency: never more than maxActive going, unless maxActive was lowered below
-        // the runs already going (they are not stopped) and they have not yet finished.
-        let started = self.started();
-        if started <= self.max_active() {
+        // Concurrency: never more than maxActive working, unless maxActive was lowered below
+        // the runs already working (they are not stopped) or a waiting or parked run came
+        // back (it is not held back), and they have not yet come back under it.
+        let going = self.going();
+        if going <= self.max_active() {
             self.over_max_active = false;
         }
         prop_assert!(
-            self.over_max_active || started <= self.max_active(),
-            "{} started with maxActive {}",
-            started,
+            self.over_max_active || going <= self.max_active(),
+            "{} working with maxActive {}",
+            going,
             self.max_active()
         );
 
@@ -1124,7 +1170,10 @@ proptest! {
             after[i].phase = RunPhase::Cancelled(reason);
         }
         prop_assert_eq!(plan.status.counts, counts_of(&after));
-        let started_before = members.iter().filter(|m| m.phase.is_started()).count();
+        let started_before = members
+            .iter()
+            .filter(|m| m.phase == RunPhase::Running)
+            .count();
         prop_assert!(
             plan.start.len() <= to_usize(spec.limits.max_active).saturating_sub(started_before)
         );
@@ -1174,6 +1223,11 @@ fn the_generator_reaches_every_interesting_case() {
         "blocked MaxActiveReached",
         "blocked MaxCostReached",
         "maxActive lowered below the started runs",
+        "a run parked",
+        "a run waits",
+        "a parked run came back",
+        "a waiting run came back",
+        "a run came back over maxActive",
         "group cancelled",
         "drain raised the cap",
         "group ended Succeeded",

@@ -1,12 +1,15 @@
 //! The model client a server or an embedding program uses by default, chosen from the
 //! environment: the Anthropic client when `ANTHROPIC_API_KEY` is set; otherwise the offline
-//! model answers platform calls while BYOK runs still reach Anthropic with their own key.
+//! model answers platform calls, at no price and under its own name ([`OFFLINE_MODEL`]), while
+//! BYOK runs still reach Anthropic with their own key.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use nodus_core::catalog::Catalog;
+use nodus_core::catalog::{Catalog, CatalogModel};
+use nodus_core::cost::{Prices, Rates};
 use nodus_core::model::{self, Credentials, ModelClient, ModelRequest, ModelResponse};
+use nodus_core::money::Usd;
 
 use crate::anthropic::{AnthropicClient, AnthropicConfig};
 use crate::error::Result;
@@ -36,41 +39,84 @@ impl ModelClient for OfflinePlatform {
     }
 }
 
+/// The model id the offline model answers platform calls as. It is not a model anyone pays
+/// for: its calls cost $0, and a run's turns name it.
+pub const OFFLINE_MODEL: &str = "nodus-offline";
+
+/// `catalog` as a server without a platform key prices its runs: every family is answered by
+/// [`OFFLINE_MODEL`] at no price; the further models (named by BYOK agents) stay.
+pub fn offline_catalog(catalog: &Catalog) -> Catalog {
+    let free = CatalogModel {
+        model: OFFLINE_MODEL.to_string(),
+        prices: Prices {
+            base: Rates {
+                input: Usd::ZERO,
+                output: Usd::ZERO,
+                cache_write: Usd::ZERO,
+                cache_read: Usd::ZERO,
+            },
+            long_prompt: None,
+        },
+    };
+    let mut offline = catalog.clone();
+    for entry in offline.families.values_mut() {
+        *entry = free.clone();
+    }
+    offline.notes.push(format!(
+        "no platform key: every family is answered by the offline model ({OFFLINE_MODEL}), at no price"
+    ));
+    offline
+}
+
+/// What [`model_from_env`] chose.
+pub struct Chosen {
+    /// The model client.
+    pub model: Arc<dyn ModelClient>,
+    /// The catalog runs are routed and priced by: the one given, or its
+    /// [`offline_catalog`] when platform calls go to the offline model.
+    pub catalog: Arc<Catalog>,
+    /// One line that says which it is (never the key).
+    pub line: String,
+}
+
 /// The model client from the environment (`ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`), with
-/// platform calls to unpriced models refused by `catalog`, and one line that says which it is
-/// (never the key).
-pub fn model_from_env(catalog: Arc<Catalog>) -> Result<(Arc<dyn ModelClient>, String)> {
+/// platform calls to unpriced models refused by `catalog`.
+pub fn model_from_env(catalog: Catalog) -> Result<Chosen> {
     model_from_config(AnthropicConfig::from_env(), catalog)
 }
 
-/// As [`model_from_env`], from a configuration.
-pub fn model_from_config(
-    config: AnthropicConfig,
-    catalog: Arc<Catalog>,
-) -> Result<(Arc<dyn ModelClient>, String)> {
+/// As [`model_from_env`], from a configuration. Without a platform key, platform calls go to
+/// the offline model (priced by the [`offline_catalog`]) and BYOK calls to the configured
+/// base URL with the run's own key.
+pub fn model_from_config(config: AnthropicConfig, catalog: Catalog) -> Result<Chosen> {
     let base_url = config.base_url.clone();
     let date = catalog.date.clone();
-    let anthropic = AnthropicClient::new(config)?.with_catalog(catalog);
-    if anthropic.has_platform_key() {
-        Ok((
-            Arc::new(anthropic),
-            format!(
+    if config.api_key.is_some() {
+        let catalog = Arc::new(catalog);
+        let anthropic = AnthropicClient::new(config)?.with_catalog(catalog.clone());
+        Ok(Chosen {
+            model: Arc::new(anthropic),
+            catalog,
+            line: format!(
                 "model: the Anthropic Messages API at {base_url} (platform key from \
                  ANTHROPIC_API_KEY; catalog prices of {date})"
             ),
-        ))
+        })
     } else {
-        Ok((
-            Arc::new(OfflinePlatform {
+        let catalog = Arc::new(offline_catalog(&catalog));
+        let anthropic = AnthropicClient::new(config)?.with_catalog(catalog.clone());
+        Ok(Chosen {
+            model: Arc::new(OfflinePlatform {
                 anthropic,
                 offline: ScriptedModel::offline(),
             }),
-            format!(
-                "model: the OFFLINE scripted model for platform access (no ANTHROPIC_API_KEY): \
-                 it runs the shell commands a prompt quotes in backticks; BYOK agents reach \
-                 {base_url} with their own key"
+            catalog,
+            line: format!(
+                "model: the OFFLINE scripted model ({OFFLINE_MODEL}, $0) for platform access \
+                 (no ANTHROPIC_API_KEY): it runs the shell commands a prompt quotes in \
+                 backticks; BYOK agents reach {base_url} with their own key"
             ),
-        ))
+        })
     }
 }
 
@@ -97,13 +143,30 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_platform_key_platform_calls_are_offline_and_byok_calls_are_not() {
-        let catalog = Arc::new(crate::default_catalog().expect("catalog"));
+        let catalog = crate::default_catalog().expect("catalog");
         let mut config = AnthropicConfig::new();
         // Nothing listens on port 9 here: a BYOK call fails to connect, proving it went out.
         config.base_url = "http://127.0.0.1:9".into();
         config.http.retry.max_attempts = 1;
-        let (model, line) = model_from_config(config.clone(), catalog.clone()).expect("model");
+        let chosen = model_from_config(config.clone(), catalog.clone()).expect("model");
+        let (model, line) = (chosen.model, chosen.line);
         assert!(line.contains("OFFLINE"), "{line}");
+        for family in nodus_core::catalog::Family::ALL {
+            let entry = chosen.catalog.family(family).expect("every family");
+            assert_eq!(entry.model, OFFLINE_MODEL);
+            assert_eq!(
+                nodus_core::cost::bill(
+                    &entry.prices,
+                    &nodus_core::cost::Usage {
+                        input_tokens: 1_000_000,
+                        output_tokens: 1_000_000,
+                        cache_write_tokens: 0,
+                        cache_read_tokens: 0,
+                    }
+                ),
+                Usd::ZERO
+            );
+        }
         let offline = model
             .complete(&request(Credentials::Platform))
             .await
@@ -116,7 +179,12 @@ mod tests {
         assert_eq!(byok.kind, model::ErrorKind::Retryable, "{byok}");
 
         config.api_key = Some(SecretString::new("sk-platform"));
-        let (_, line) = model_from_config(config, catalog).expect("model");
+        let chosen = model_from_config(config, catalog.clone()).expect("model");
+        assert_eq!(
+            *chosen.catalog, catalog,
+            "a platform key keeps the catalog's prices"
+        );
+        let line = chosen.line;
         assert!(
             line.contains("Anthropic Messages API") && !line.contains("sk-platform"),
             "{line}"

@@ -29,7 +29,7 @@ pub mod testing;
 pub use anthropic::{AnthropicClient, AnthropicConfig};
 pub use catalog::default_catalog;
 pub use error::{Error, Result};
-pub use from_env::model_from_env;
+pub use from_env::{OFFLINE_MODEL, model_from_env, offline_catalog};
 pub use http::{HttpConfig, RetryPolicy};
 pub use jev::Jev;
 pub use model_router::ModelRouter;

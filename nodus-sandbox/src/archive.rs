@@ -241,9 +241,12 @@ pub(crate) fn unpack(tar: &[u8], dir: &Path) -> Result<(), Error> {
     archive.set_preserve_permissions(false);
     archive.set_preserve_ownerships(false);
     archive.set_overwrite(true);
-    archive
-        .unpack(dir)
-        .map_err(|e| Error::Failed(format!("unpacking the archive: {e}")))
+    archive.unpack(dir).map_err(|e| {
+        Error::Failed(format!(
+            "unpacking the archive: {}",
+            paths::shown_error(&e, dir)
+        ))
+    })
 }
 
 /// A tar archive of `rel` (a checked relative path; empty for the whole directory) under
@@ -699,6 +702,31 @@ mod tests {
             ("h", H, "file"),
         ];
         assert_eq!(check(&archive(fine), &disk), Ok(()));
+    }
+
+    /// A file that cannot be written (a name longer than the file system takes) fails with
+    /// the entry's path relative to the working directory and the reason, never the host's
+    /// path of the directory.
+    #[test]
+    fn an_unpack_failure_names_no_host_path() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let long = format!("src/{}", "x".repeat(300));
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o644);
+        header.set_size(1);
+        builder
+            .append_data(&mut header, &long, &b"x"[..])
+            .expect("a long name");
+        let tar = builder.into_inner().expect("an archive");
+        let why = match unpack(&tar, dir.path()) {
+            Err(Error::Failed(why)) => why,
+            other => panic!("unpacked: {other:?}"),
+        };
+        let host = dir.path().display().to_string();
+        assert!(!why.contains(&host), "{why}");
+        assert!(why.contains("./src/xxx"), "{why}");
+        assert!(why.contains("too long"), "{why}");
     }
 
     #[test]

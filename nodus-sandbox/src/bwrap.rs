@@ -242,6 +242,12 @@ impl BwrapSandbox {
         }
     }
 
+    /// Which limits hold: those cgroups enforce, and what stands in for the others (one
+    /// sentence, for the server to say at start).
+    pub fn limits(&self) -> String {
+        self.cgroups.summary()
+    }
+
     /// The host directory of a sandbox, for an id this backend could have issued.
     fn dir_of(&self, id: &SandboxId) -> Result<PathBuf, Error> {
         paths::check_key(&id.0).map_err(|_| Error::NotFound(id.clone()))?;
@@ -295,7 +301,7 @@ impl Sandbox for BwrapSandbox {
         let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
         blocking(move || {
             let failed = |e: io::Error| {
-                Error::Failed(format!("creating the directory {}: {e}", dir.display()))
+                Error::Failed(format!("creating the sandbox's working directory: {e}"))
             };
             fs::create_dir_all(&dir).map_err(failed)?;
             if let Some(user) = user {

@@ -6,6 +6,13 @@
 //! controllers enabled for `<parent>`). Its commands are moved into those cgroups before they
 //! start. A controller that cannot be used is reported by [`Cgroups::enforced`], so that the
 //! caller falls back to rlimits for it.
+//!
+//! A hierarchy is used only once this process has made a cgroup under the parent and moved a
+//! process into it (a probe), so that a user who may not make cgroups (an ordinary user on
+//! cgroup v1, or under a parent a root server made) gets rlimits instead of failed runs. On
+//! cgroup v2 a process that cannot use `<mount>/<parent>` uses what the host delegates to it:
+//! `<parent>` beside its own cgroup (systemd gives a user's services their own subtree).
+//! [`Cgroups::summary`] says which limits hold.
 
 use std::fs;
 use std::io;
@@ -18,8 +25,9 @@ use tracing::{debug, warn};
 const CPU_PERIOD_US: u64 = 100_000;
 /// The smallest CFS quota the kernel accepts, in microseconds.
 const MIN_CPU_QUOTA_US: u64 = 1_000;
-/// How often, and how far apart, removing a busy cgroup is tried.
-const REMOVE_TRIES: u32 = 2000;
+/// How long removing a busy cgroup is tried (killed processes leave it only when the kernel
+/// schedules their exit, which on a loaded host can take seconds), and how far apart.
+const REMOVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
 const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Which limits a set of cgroups enforces.
@@ -106,7 +114,9 @@ impl Cgroups {
                     if !controllers.any() {
                         continue;
                     }
-                    match prepare_v1(&mount, parent) {
+                    match prepare_v1(&mount, parent)
+                        .and_then(|dir| probe(&dir, false).map(|()| dir))
+                    {
                         Ok(dir) => {
                             found = found.or(controllers);
                             hierarchies.push(Hierarchy {
@@ -137,7 +147,7 @@ impl Cgroups {
             if !wanted.any() {
                 continue;
             }
-            match prepare_v2(&mount, parent, wanted) {
+            match prepare_v2_anywhere(&mount, parent, wanted) {
                 Ok((dir, controllers)) if controllers.any() => {
                     found = found.or(controllers);
                     hierarchies.push(Hierarchy {
@@ -158,6 +168,47 @@ impl Cgroups {
         Cgroups { hierarchies }
     }
 
+    /// One sentence on which limits hold: which go through cgroups (and where), and what
+    /// stands in for the others.
+    pub(crate) fn summary(&self) -> String {
+        let enforced = self.enforced();
+        let limits = [
+            (
+                "memory",
+                enforced.memory,
+                "memory by an address-space rlimit",
+            ),
+            (
+                "processes",
+                enforced.pids,
+                "processes by an rlimit on this user's processes",
+            ),
+            ("CPU", enforced.cpu, "CPU only by each command's timeout"),
+        ];
+        let held: Vec<&str> = limits.iter().filter(|l| l.1).map(|l| l.0).collect();
+        let instead: Vec<&str> = limits.iter().filter(|l| !l.1).map(|l| l.2).collect();
+        let mut parts = Vec::new();
+        if !held.is_empty() {
+            let places: Vec<String> = self
+                .hierarchies
+                .iter()
+                .map(|h| h.parent.display().to_string())
+                .collect();
+            parts.push(format!(
+                "{} limited by cgroups under {}",
+                held.join(", "),
+                places.join(", ")
+            ));
+        }
+        if !instead.is_empty() {
+            parts.push(format!(
+                "without a cgroup this process may make, {}",
+                instead.join(", ")
+            ));
+        }
+        format!("sandbox limits: {}", parts.join("; "))
+    }
+
     /// The limits these cgroups enforce.
     pub(crate) fn enforced(&self) -> Controllers {
         self.hierarchies
@@ -169,15 +220,18 @@ impl Cgroups {
     pub(crate) fn create(&self, key: &str, limits: &Limits) -> Result<(), Error> {
         for hierarchy in &self.hierarchies {
             let dir = hierarchy.parent.join(key);
+            // The cgroup's host path goes to the log only, never into a run's status.
             let failed = |what: &str, e: io::Error| {
-                Error::Failed(format!("{what} of cgroup {}: {e}", dir.display()))
+                warn!(cgroup = %dir.display(), error = %e, "{what} a sandbox's cgroup failed");
+                Error::Failed(format!("{what} the sandbox's cgroup: {e}"))
             };
             match fs::create_dir(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(failed("creating", e)),
             }
-            write_limits(&dir, hierarchy, limits).map_err(|e| failed("setting the limits", e))?;
+            write_limits(&dir, hierarchy, limits)
+                .map_err(|e| failed("setting the limits of", e))?;
         }
         Ok(())
     }
@@ -206,14 +260,18 @@ impl Cgroups {
             // sandbox's init dies asynchronously after bubblewrap): the cgroup is busy until
             // then.
             kill_all(&dir, hierarchy.v2);
-            let mut tries = 0;
+            let started = std::time::Instant::now();
+            let mut tries: u32 = 0;
             loop {
                 match fs::remove_dir(&dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(e) if e.kind() == io::ErrorKind::ResourceBusy && tries < REMOVE_TRIES => {
-                        tries += 1;
-                        if tries % 100 == 0 {
+                    Err(e)
+                        if e.kind() == io::ErrorKind::ResourceBusy
+                            && started.elapsed() < REMOVE_WITHIN =>
+                    {
+                        tries = tries.wrapping_add(1);
+                        if tries.is_multiple_of(100) {
                             // Something forked while it was being killed: again.
                             kill_all(&dir, hierarchy.v2);
                         }
@@ -304,12 +362,77 @@ fn prepare_v1(mount: &Path, parent: &str) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-fn prepare_v2(
+/// Prepares the v2 parent cgroup at `<mount>/<parent>`, or, when this process cannot use that
+/// one (not root), at `<parent>` beside its own cgroup, which the host may have delegated to
+/// it. The first that passes the probe is used.
+fn prepare_v2_anywhere(
     mount: &Path,
     parent: &str,
     wanted: Controllers,
 ) -> io::Result<(PathBuf, Controllers)> {
-    let dir = mount.join(parent);
+    let mut candidates = vec![mount.join(parent)];
+    if let Some(own) = own_v2_cgroup()
+        && let Some(beside) = Path::new(&own).parent()
+    {
+        let delegated = mount
+            .join(beside.strip_prefix("/").unwrap_or(beside))
+            .join(parent);
+        if !candidates.contains(&delegated) {
+            candidates.push(delegated);
+        }
+    }
+    let mut refused = Vec::new();
+    for dir in candidates {
+        match prepare_v2(&dir, wanted).and_then(|prepared| probe(&dir, true).map(|()| prepared)) {
+            Ok(prepared) => return Ok(prepared),
+            Err(e) => refused.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    Err(io::Error::other(refused.join("; ")))
+}
+
+/// This process's cgroup in the v2 hierarchy (`/proc/self/cgroup`'s `0::` line).
+fn own_v2_cgroup() -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// Makes a cgroup under `dir`, moves a short-lived child process into it, and removes it: the
+/// proof that sandboxes' cgroups can be made there and their commands moved in.
+fn probe(dir: &Path, v2: bool) -> io::Result<()> {
+    let probe = dir.join(format!("nodus-probe-{}", std::process::id()));
+    fs::create_dir(&probe)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating a cgroup: {e}")))?;
+    let entry = probe.join(if v2 { "cgroup.procs" } else { "tasks" });
+    let joined = std::process::Command::new("/bin/sh")
+        .args(["-c", "echo 0 > \"$1\"", "sh"])
+        .arg(&entry)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    let started = std::time::Instant::now();
+    while let Err(e) = fs::remove_dir(&probe) {
+        if e.kind() == io::ErrorKind::NotFound || started.elapsed() >= REMOVE_WITHIN {
+            break;
+        }
+        std::thread::sleep(REMOVE_PAUSE);
+    }
+    match joined {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("moving a process into a cgroup failed ({status})"),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+fn prepare_v2(dir: &Path, wanted: Controllers) -> io::Result<(PathBuf, Controllers)> {
+    let dir = dir.to_path_buf();
+    let above = dir.parent().unwrap_or(&dir).to_path_buf();
     let names = [
         ("memory", wanted.memory),
         ("pids", wanted.pids),
@@ -318,7 +441,7 @@ fn prepare_v2(
     for (name, want) in names {
         if want {
             // Already enabled, or refused: what counts is what `parent` ends up with.
-            let _ = fs::write(mount.join("cgroup.subtree_control"), format!("+{name}"));
+            let _ = fs::write(above.join("cgroup.subtree_control"), format!("+{name}"));
         }
     }
     fs::create_dir_all(&dir)?;
@@ -377,6 +500,31 @@ fn unescape(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cgroup that cannot be made fails the sandbox with a message that names no host path
+    /// (it reaches the run's status).
+    #[test]
+    fn a_failure_names_no_host_path() {
+        let dir = tempfile::tempdir().expect("dir");
+        let parent = dir.path().join("missing");
+        let cgroups = Cgroups {
+            hierarchies: vec![Hierarchy {
+                parent: parent.clone(),
+                v2: true,
+                controllers: Controllers::default(),
+            }],
+        };
+        let limits = Limits::default();
+        let message = match cgroups.create("sandbox-key", &limits) {
+            Err(Error::Failed(message)) => message,
+            other => panic!("created: {other:?}"),
+        };
+        assert!(message.contains("the sandbox's cgroup"), "{message}");
+        assert!(
+            !message.contains(&dir.path().display().to_string()),
+            "{message}"
+        );
+    }
 
     #[test]
     fn mountinfo_lines() {

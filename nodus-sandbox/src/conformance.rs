@@ -1007,7 +1007,9 @@ pub async fn disk_limit_stops_writers(b: &Backend) {
 pub async fn fork_bomb_contained(b: &Backend) {
     let bombed = fresh(b, "bomb").await;
     let bystander = fresh(b, "bystander").await;
-    let mut bomb = request("bomb() { bomb | bomb & }; bomb; sleep 30");
+    // `exec`: the sandbox's shell needs no fork of its own once the bomb has filled the
+    // process limit (a `sleep` it had to fork could fail and end the shell early).
+    let mut bomb = request("bomb() { bomb | bomb & }; bomb; exec sleep 30");
     bomb.timeout = Duration::from_secs(6);
     let started = Instant::now();
     let (out, during) = tokio::join!(b.sandbox.exec(&bombed, &bomb), async {

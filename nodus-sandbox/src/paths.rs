@@ -63,6 +63,35 @@ pub(crate) fn ancestors(path: &Path) -> impl Iterator<Item = &Path> {
     all.into_iter()
 }
 
+/// An I/O error as a user may see it: its message and the messages of its causes (a tar
+/// error names its file but not why it failed), with `dir` (the working directory, as given
+/// or canonical) shown as `.`, so that no host path reaches a run's status or an API answer.
+pub(crate) fn shown_error(e: &std::io::Error, dir: &Path) -> String {
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        let text = inner.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = inner.source();
+    }
+    let mut forms = vec![dir.to_path_buf()];
+    if let Ok(canonical) = dir.canonicalize() {
+        forms.push(canonical);
+    }
+    for form in forms {
+        let form = form.display().to_string();
+        if !form.is_empty() && form != "/" {
+            message = message
+                .replace(&format!("{form}/"), "./")
+                .replace(&form, ".");
+        }
+    }
+    message
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

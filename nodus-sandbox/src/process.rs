@@ -23,6 +23,28 @@ pub(crate) const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// Size of one read from a command's stdout or stderr.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// Why a command could not be spawned. Spawning fails before the command runs, so no
+/// failure here is uncertain: a lack of descriptors, processes or memory is worth a retry.
+fn spawn_error(e: io::Error) -> Error {
+    use rustix::io::Errno;
+    let short_of = [Errno::MFILE, Errno::NFILE, Errno::AGAIN, Errno::NOMEM];
+    if short_of
+        .iter()
+        .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()))
+    {
+        return Error::NotStarted(e.to_string());
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => Error::Refused(format!("cannot start the command: {e}")),
+        // The command line or environment is more than the kernel takes: it certainly did
+        // not run.
+        io::ErrorKind::InvalidInput | io::ErrorKind::ArgumentListTooLong => {
+            Error::Refused(format!("cannot run this command: {e}"))
+        }
+        _ => Error::Refused(format!("cannot start the command: {e}")),
+    }
+}
+
 /// Runs a prepared command (stdout and stderr piped, its own process group, killed on drop)
 /// for at most `timeout`, keeping `cap` bytes of each stream. The whole process group is
 /// killed when the command ends or times out, and when the returned future is dropped.
@@ -38,15 +60,7 @@ pub(crate) async fn run(
         Some(watch) => watch.start().await,
         None => 0,
     };
-    let mut child = command.spawn().map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => Error::Refused(format!("cannot start the command: {e}")),
-        // The command line or environment is more than the kernel takes: it certainly did
-        // not run.
-        io::ErrorKind::InvalidInput | io::ErrorKind::ArgumentListTooLong => {
-            Error::Refused(format!("cannot run this command: {e}"))
-        }
-        _ => Error::Failed(format!("starting the command: {e}")),
-    })?;
+    let mut child = command.spawn().map_err(spawn_error)?;
     // With `process_group(0)` the spawned process leads a new group whose id is its pid.
     let mut group = ProcessGroup::of(child.id());
     let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
@@ -186,5 +200,35 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spawning fails before the command runs: running out of descriptors (or processes, or
+    /// memory) is a retryable failure, never an uncertain one; other failures are refusals.
+    #[test]
+    fn a_spawn_failure_is_never_uncertain() {
+        use rustix::io::Errno;
+        for errno in [Errno::MFILE, Errno::NFILE, Errno::AGAIN, Errno::NOMEM] {
+            let error = spawn_error(io::Error::from_raw_os_error(errno.raw_os_error()));
+            assert!(
+                matches!(error, Error::NotStarted(_)),
+                "{errno:?}: {error:?}"
+            );
+            assert!(error.is_retryable(), "{errno:?}");
+            assert!(error.to_string().contains("did not run"), "{error}");
+        }
+        let emfile = spawn_error(io::Error::from_raw_os_error(Errno::MFILE.raw_os_error()));
+        assert!(
+            emfile.to_string().contains("Too many open files"),
+            "{emfile}"
+        );
+        for errno in [Errno::NOENT, Errno::ACCESS, Errno::TOOBIG, Errno::NOEXEC] {
+            let error = spawn_error(io::Error::from_raw_os_error(errno.raw_os_error()));
+            assert!(matches!(error, Error::Refused(_)), "{errno:?}: {error:?}");
+        }
     }
 }

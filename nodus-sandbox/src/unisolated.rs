@@ -92,7 +92,7 @@ impl Sandbox for UnisolatedSandbox {
         let dir = self.root.join(&spec.key);
         blocking(move || {
             fs::create_dir_all(&dir).map_err(|e| {
-                Error::Failed(format!("creating the directory {}: {e}", dir.display()))
+                Error::Failed(format!("creating the sandbox's working directory: {e}"))
             })
         })
         .await?;

@@ -35,8 +35,7 @@ pub(crate) fn canonical_dir(dir: &Path, id: &SandboxId) -> Result<PathBuf, Error
         Ok(_) => Err(Error::NotFound(id.clone())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::NotFound(id.clone())),
         Err(e) => Err(Error::Failed(format!(
-            "opening the directory {}: {e}",
-            dir.display()
+            "opening the sandbox's working directory: {e}"
         ))),
     }
 }
@@ -69,7 +68,8 @@ pub(crate) fn inside_dir(home: &Path, rel: &Path, shown: &str) -> Result<PathBuf
 /// Removes `dir` and everything in it; a missing directory is fine. Directories that a
 /// command made read-only (as Go's module cache is) are made writable first.
 pub(crate) fn remove_tree(dir: &Path) -> Result<(), Error> {
-    let failed = |e: io::Error| Error::Failed(format!("removing {}: {e}", dir.display()));
+    let failed =
+        |e: io::Error| Error::Failed(format!("removing the sandbox's working directory: {e}"));
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

@@ -1,6 +1,6 @@
 //! What the conformance suite does not cover of the Docker backend: re-attaching after a
 //! restart (to a running or a stopped container), the command channel's fidelity, removing orphans, the limits and labels a
-//! container gets, and the error when the engine cannot be reached.
+//! container gets, the image a spec names, and the error when the engine cannot be reached.
 //!
 //! Needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine; fails
 //! and says so otherwise.
@@ -205,6 +205,49 @@ async fn containers_carry_limits_labels_and_no_network() {
         .expect("exec");
     assert_eq!(out.stdout.bytes, b"hi /work\n/work\n");
     sandbox.destroy(&id).await.expect("destroy");
+}
+
+/// A sandbox whose spec names an image runs in that image, not in the default one: the
+/// container is created from a second tag of the test image (and the backend says it runs
+/// images, so the engine lets runs name one).
+#[tokio::test]
+async fn a_sandbox_runs_in_the_image_its_spec_names() {
+    let sandbox = backend("nodus-").await;
+    assert!(sandbox.supports_image());
+    let key = unique_key("image");
+    let named = format!("nodus-test-named:{key}");
+    let tagged = Command::new("docker")
+        .args(["tag", &image(), &named])
+        .status()
+        .expect("run docker");
+    assert!(tagged.success(), "docker tag {named}");
+    let mut in_named = spec(&key);
+    in_named.image = Some(named.clone());
+    let id = sandbox.create(&in_named).await.expect("create").id;
+    assert_eq!(
+        inspect("container", "{{.Config.Image}}", &id.0).as_deref(),
+        Some(named.as_str())
+    );
+    let out = sandbox.exec(&id, &request("echo ran")).await.expect("exec");
+    assert_eq!(out.stdout.bytes, b"ran\n");
+    sandbox.destroy(&id).await.expect("destroy");
+    // Without a name the default image is used.
+    let default_key = unique_key("image");
+    let id = sandbox
+        .create(&spec(&default_key))
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(
+        inspect("container", "{{.Config.Image}}", &id.0),
+        Some(image())
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+    let removed = Command::new("docker")
+        .args(["rmi", &named])
+        .output()
+        .expect("run docker");
+    assert!(removed.status.success(), "docker rmi {named}");
 }
 
 #[tokio::test]

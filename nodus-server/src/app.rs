@@ -20,6 +20,9 @@ use crate::metrics::Metrics;
 use crate::options::{Options, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
 
+/// The SQLite file in the data directory, when no store is named.
+const SQLITE_FILE: &str = "nodus.db";
+
 /// Credits the `default` project gets on first start, so that the quickstart runs at once.
 pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);
 
@@ -46,6 +49,8 @@ pub struct AppState {
     pub ledger: StoreLedger,
     /// Request counters.
     pub metrics: Metrics,
+    /// The long polls waiting for a change; they end when the server stops.
+    pub watches: crate::watch::Watches,
 }
 
 /// Why the server could not start.
@@ -82,6 +87,7 @@ pub enum StartError {
 pub struct Server {
     state: Arc<AppState>,
     options: Options,
+    _lock: crate::lock::DataDirLock,
     /// Lines for the operator: the store, sandbox and model in use, and where the token is.
     pub announcements: Vec<String>,
 }
@@ -89,20 +95,35 @@ pub struct Server {
 impl Server {
     /// Build the backends and the engine, and bootstrap a first start.
     pub async fn build(options: Options) -> Result<Server, StartError> {
-        std::fs::create_dir_all(&options.data_dir).map_err(|e| StartError::DataDir {
-            path: options.data_dir.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        let mut announcements = Vec::new();
-        let store = open_store(&options, &mut announcements).await?;
-        let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
-        let catalog =
-            Arc::new(nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?);
-        let (model, router) = open_model(&catalog, &mut announcements)?;
+        // Everything that can be refused is checked before anything is written.
+        if let Some(token) = &options.bootstrap_token {
+            check_bootstrap_token(token)?;
+        }
+        prepare_data_dir(&options.data_dir)?;
         let cipher = match options.store {
             Some(StoreUrl::Memory) => Cipher::ephemeral()?,
             _ => Cipher::in_dir(&options.data_dir)?,
         };
+        // One process per data directory, whatever the store: held until the server drops.
+        let lock = crate::lock::lock(&options.data_dir)?;
+        let mut announcements = Vec::new();
+        if let Some(reserve) = reserve_path(&options) {
+            match crate::reserve::keep(&reserve) {
+                Ok(crate::reserve::Kept::Released(path)) => announcements.push(format!(
+                    "the disk is nearly full: released the store's reserve ({}) so that the \
+                     store can open and write; free space on it",
+                    path.display()
+                )),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(error = %error, "cannot keep the store's reserve"),
+            }
+        }
+        let store = open_store(&options, &mut announcements).await?;
+        let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
+        let catalog =
+            nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;
+        let (model, router, catalog) =
+            open_model(options.anthropic.clone(), catalog, &mut announcements)?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
         let engine = Engine::new(
@@ -125,15 +146,17 @@ impl Server {
         let state = Arc::new(AppState {
             engine: engine.clone(),
             store: store.clone(),
-            auth: Auth::new(store.clone()),
+            auth: Auth::new(store.clone(), cipher.token_key(), clock.clone()),
             cipher,
             ledger,
             metrics: Metrics::default(),
+            watches: crate::watch::Watches::default(),
         });
         bootstrap(&state, &options, &mut announcements).await?;
         Ok(Server {
             state,
             options,
+            _lock: lock,
             announcements,
         })
     }
@@ -197,22 +220,129 @@ impl Bound {
                 ..RunnerConfig::default()
             },
         );
-        let app = crate::api::router(server.state.clone());
+        let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
+        let app = crate::console::router(server.state.clone())
+            .merge(crate::api::router(server.state.clone()));
         let mut stop = stop_rx;
-        let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let files = crate::listen::raise_descriptor_limit();
+        let limits = crate::listen::ConnectionLimits {
+            header_timeout: server.options.header_timeout,
+            // Half the descriptors at most: the store, sandboxes and commands need the rest.
+            max_connections: files
+                .and_then(|files| usize::try_from(files / 2).ok())
+                .map_or(server.options.max_connections, |half| {
+                    server.options.max_connections.min(half)
+                }),
+        };
+        tracing::info!(
+            %address,
+            max_connections = limits.max_connections,
+            open_files = files,
+            "serving"
+        );
+        let served = crate::listen::serve(listener, app, limits, async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
         });
+        let state = server.state.clone();
         let signal = tokio::spawn(async move {
             shutdown.await;
+            // Long polls answer now: serving stops once every request is answered.
+            state.watches.stop();
             let _ = stop_tx.send(true);
         });
-        let result = served.await;
+        served.await;
         signal.abort();
+        if let Some(reserve) = reserve {
+            reserve.abort();
+        }
         runner.shutdown().await;
-        result.map_err(|e| StartError::Listen {
-            address: address.to_string(),
-            reason: e.to_string(),
-        })
+        Ok(())
+    }
+}
+
+/// Make the data directory owner-only (0700) when it is missing; refuse one that other users
+/// can read or write: it holds every prompt, output and token hash, and the server key.
+fn prepare_data_dir(dir: &std::path::Path) -> Result<(), StartError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let refuse = |reason: String| StartError::DataDir {
+        path: dir.display().to_string(),
+        reason,
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => Err(refuse("it is not a directory".to_string())),
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o066 != 0 {
+                return Err(refuse(format!(
+                    "its mode is {mode:04o}: other users can read or write it, and it holds \
+                     every prompt, output and token hash and the server key; make it \
+                     owner-only with `chmod 700 {}`",
+                    dir.display()
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| refuse(e.to_string()))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .or_else(|e| match e.kind() {
+                    // Made by someone else meanwhile: check it as an existing one.
+                    std::io::ErrorKind::AlreadyExists => Ok(()),
+                    _ => Err(refuse(e.to_string())),
+                })?;
+            // The mode given to `mkdir` passes through the umask; this one does not.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| refuse(e.to_string()))?;
+            prepare_data_dir(dir)
+        }
+        Err(e) => Err(refuse(e.to_string())),
+    }
+}
+
+/// Create a missing SQLite file owner-only (0600); SQLite gives its `-wal` and `-shm` files
+/// the database's mode.
+fn create_private_db(path: &std::path::Path) -> Result<(), StartError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let failed =
+        |e: std::io::Error| StartError::Backend(format!("SQLite store {}: {e}", path.display()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(file) => file
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(failed),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// The reserve of the server's store: beside a SQLite file, on its file system (which the
+/// working directories in the data directory may fill); none for other stores.
+fn reserve_path(options: &Options) -> Option<std::path::PathBuf> {
+    match &options.store {
+        None => Some(crate::reserve::reserve_of(
+            &options.data_dir.join(SQLITE_FILE),
+        )),
+        Some(StoreUrl::Sqlite(path)) => Some(crate::reserve::reserve_of(path)),
+        Some(StoreUrl::Memory | StoreUrl::Postgres(_)) => None,
+    }
+}
+
+/// Every few seconds: give the store's reserve back when the disk is nearly full, and make it
+/// again when there is room.
+async fn keep_reserve(reserve: std::path::PathBuf) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+    loop {
+        every.tick().await;
+        let reserve = reserve.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::reserve::keep_logged(&reserve)).await;
     }
 }
 
@@ -227,13 +357,14 @@ async fn open_store(
     let url = options
         .store
         .clone()
-        .unwrap_or_else(|| StoreUrl::Sqlite(options.data_dir.join("nodus.db")));
+        .unwrap_or_else(|| StoreUrl::Sqlite(options.data_dir.join(SQLITE_FILE)));
     match url {
         StoreUrl::Memory => {
             announcements.push("store: in memory (nothing survives a restart)".to_string());
             Ok(Arc::new(nodus_store::MemoryStore::new()))
         }
         StoreUrl::Sqlite(path) => {
+            create_private_db(&path)?;
             let store = nodus_store::SqliteStore::open(&path).await.map_err(|e| {
                 StartError::Backend(format!("SQLite store {}: {e}", path.display()))
             })?;
@@ -271,9 +402,9 @@ async fn open_sandbox(
                 "sandbox: bubblewrap processes, working directories in {}",
                 root.display()
             ));
-            Ok(Arc::new(nodus_sandbox::BwrapSandbox::new(
-                nodus_sandbox::BwrapConfig::new(root),
-            )))
+            let sandbox = nodus_sandbox::BwrapSandbox::new(nodus_sandbox::BwrapConfig::new(root));
+            announcements.push(sandbox.limits());
+            Ok(Arc::new(sandbox))
         }
         SandboxKind::Docker => {
             let Some(image) = options.default_image.clone() else {
@@ -339,29 +470,29 @@ async fn live_run_uids(
     Ok(live)
 }
 
-/// The model client and the router of the server.
-type ModelAndRouter = (Arc<dyn ModelClient>, Arc<dyn Router>);
+/// The model client, the router and the catalog of the server.
+type ModelAndRouter = (
+    Arc<dyn ModelClient>,
+    Arc<dyn Router>,
+    Arc<nodus_core::catalog::Catalog>,
+);
 
+/// The model of `Options::anthropic`: Anthropic with the platform key; without one, the
+/// offline model (at $0) for platform runs, while BYOK runs still reach the Anthropic API at
+/// the configured base URL with their own key.
 fn open_model(
-    catalog: &Arc<nodus_core::catalog::Catalog>,
+    config: nodus_llm::AnthropicConfig,
+    catalog: nodus_core::catalog::Catalog,
     announcements: &mut Vec<String>,
 ) -> Result<ModelAndRouter, StartError> {
-    let config = nodus_llm::AnthropicConfig::from_env();
-    let router: Arc<dyn Router> = Arc::new(nodus_llm::Jev::new());
-    if config.api_key.is_some() {
-        announcements.push(format!(
-            "model: Anthropic at {}, routed per prompt by jev",
-            config.base_url
-        ));
-        let client = nodus_llm::AnthropicClient::new(config)
-            .map_err(|e| StartError::Backend(format!("Anthropic client: {e}")))?
-            .with_catalog(catalog.clone());
-        return Ok((Arc::new(client), router));
-    }
-    announcements.push(
-        "model: the OFFLINE scripted model (ANTHROPIC_API_KEY is not set): it runs the shell commands a prompt quotes in backticks and answers with their output".to_string(),
-    );
-    Ok((Arc::new(nodus_llm::ScriptedModel::offline()), router))
+    let chosen = nodus_llm::from_env::model_from_config(config, catalog)
+        .map_err(|e| StartError::Backend(format!("Anthropic client: {e}")))?;
+    announcements.push(format!("{}; routed per prompt by jev", chosen.line));
+    Ok((
+        chosen.model,
+        Arc::new(nodus_llm::Jev::new()),
+        chosen.catalog,
+    ))
 }
 
 /// This replica's stable name, kept in the data directory: a restarted server takes the
@@ -384,6 +515,22 @@ fn replica_name(data_dir: &std::path::Path) -> Result<String, StartError> {
         }
     })?;
     Ok(name)
+}
+
+/// A `--bootstrap-token` long enough that it cannot be guessed (the token itself is never
+/// shown).
+fn check_bootstrap_token(token: &str) -> Result<String, StartError> {
+    let token = token.trim();
+    let chars = token.chars().count();
+    if chars < crate::auth::MIN_BOOTSTRAP_TOKEN_CHARS {
+        return Err(StartError::Backend(format!(
+            "--bootstrap-token must have at least {} characters, not {chars}: a short token \
+             can be guessed; use a random one (such as `openssl rand -hex 24`), or leave the \
+             flag out and the server makes one",
+            crate::auth::MIN_BOOTSTRAP_TOKEN_CHARS
+        )));
+    }
+    Ok(token.to_string())
 }
 
 /// First start: the projects `default` and `nodus`, the `claude-assistant` template, the
@@ -414,7 +561,7 @@ async fn bootstrap(
 
     let token_file = options.data_dir.join(ADMIN_TOKEN_FILE);
     let token = match &options.bootstrap_token {
-        Some(token) => token.clone(),
+        Some(token) => check_bootstrap_token(token)?,
         None => match std::fs::read_to_string(&token_file) {
             Ok(token) => token.trim().to_string(),
             Err(_) => {
@@ -435,10 +582,7 @@ async fn bootstrap(
             "the bootstrap token is empty".to_string(),
         ));
     }
-    state
-        .auth
-        .register(&token, &[DEFAULT_PROJECT], true)
-        .await?;
+    state.auth.register_operator(&token).await?;
     if options.bootstrap_token.is_some() {
         announcements.push("admin token: the one given by --bootstrap-token".to_string());
     } else {

@@ -5,12 +5,17 @@
 mod api;
 pub mod app;
 pub mod auth;
+pub mod console;
 pub mod error;
+mod listen;
+pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;
 pub mod patch;
+pub mod reserve;
 pub mod secrets;
+pub mod watch;
 
 pub use api::router;
 pub use app::{AppState, Server, StartError};

@@ -1,4 +1,5 @@
-//! Prometheus metrics at `/metrics`: runs by phase, model calls, spend, step latency.
+//! Prometheus metrics at `/metrics`: requests answered for anyone; runs by phase, model
+//! calls, spend and step latency of the projects a token holds, for a caller with a token.
 //!
 //! Counters are kept in memory by the API and read from the store when scraped; the text is
 //! written in the Prometheus exposition format by hand (a handful of series needs no crate).
@@ -12,7 +13,7 @@ use nodus_core::journal::{Outcome, StepKind};
 use nodus_core::resource::{AgentRunSpec, Kind};
 use nodus_core::store::{Selector, Store};
 
-use crate::auth::SYSTEM_PROJECT;
+use crate::auth::{Principal, SYSTEM_PROJECT};
 
 /// Counters the API keeps.
 #[derive(Debug, Default)]
@@ -27,8 +28,28 @@ impl Metrics {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The exposition text: counters, and what the store says about runs.
-    pub async fn render(&self, engine: &Engine, store: &dyn Store) -> String {
+    /// The exposition text: the server's own counters for anyone; with a `caller`, what the
+    /// store says about the runs of the projects it holds.
+    pub async fn render(
+        &self,
+        engine: &Engine,
+        store: &dyn Store,
+        caller: Option<&Principal>,
+    ) -> String {
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
+            "# HELP nodus_http_requests_total HTTP requests answered."
+        );
+        let _ = writeln!(text, "# TYPE nodus_http_requests_total counter");
+        let _ = writeln!(
+            text,
+            "nodus_http_requests_total {}",
+            self.requests.load(Ordering::Relaxed)
+        );
+        let Some(caller) = caller else {
+            return text;
+        };
         let mut phases: std::collections::BTreeMap<String, u64> = Default::default();
         let mut model_calls = 0u64;
         let mut spend = Usd::ZERO;
@@ -39,6 +60,9 @@ impl Metrics {
             .await
             .unwrap_or_default();
         for project in projects {
+            if caller.check_read(&project.key.name).is_err() {
+                continue;
+            }
             let runs = engine
                 .list::<AgentRunSpec>(&project.key.name, &Selector::default())
                 .await
@@ -63,17 +87,6 @@ impl Metrics {
                 }
             }
         }
-        let mut text = String::new();
-        let _ = writeln!(
-            text,
-            "# HELP nodus_http_requests_total HTTP requests answered."
-        );
-        let _ = writeln!(text, "# TYPE nodus_http_requests_total counter");
-        let _ = writeln!(
-            text,
-            "nodus_http_requests_total {}",
-            self.requests.load(Ordering::Relaxed)
-        );
         let _ = writeln!(text, "# HELP nodus_runs Runs by phase.");
         let _ = writeln!(text, "# TYPE nodus_runs gauge");
         for (phase, count) in &phases {

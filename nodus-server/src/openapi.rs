@@ -30,20 +30,60 @@ pub fn document() -> Value {
     let name =
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let base = "/apis/nodus.dev/v1/projects/{project}";
+    let watch = |of: &str| {
+        json!([
+            {"name": "watch", "in": "query", "required": false, "schema": {"type": "boolean"},
+             "description": format!("true: a long poll, not a stream; answers {of} as soon as its metadata.resourceVersion differs from resourceVersion (at once if it already does; NotFound once an object is deleted), or as it is after timeoutSeconds or when the server stops. Ask again with the version answered")},
+            {"name": "resourceVersion", "in": "query", "required": false, "schema": {"type": "string"},
+             "description": "with watch=true (required there): the metadata.resourceVersion you have; a list's is a digest of its items' versions"},
+            {"name": "timeoutSeconds", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": crate::watch::MAX_TIMEOUT.as_secs(), "default": crate::watch::DEFAULT_TIMEOUT.as_secs()},
+             "description": "with watch=true: the longest wait"}
+        ])
+    };
+    let with_query = |mut operation: Value, parameters: Value| {
+        operation["parameters"] = parameters;
+        operation
+    };
     let mut paths = serde_json::Map::new();
     paths.insert(
         "/healthz".into(),
         json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}),
     );
-    paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics: without a token the server's own counters only; with one, the runs of the projects it holds too (every project for the operator token)", "security": [{}, {"bearer": []}], "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert("/apis/nodus.dev/v1/projects".into(), json!({
+        "get": operation("The projects the token holds (every project for the operator token)", "200"),
+        "post": with_body(operation("Create a project {metadata: {name}} (the operator token)", "201"), "{\"metadata\": {\"name\": \"NAME\"}}"),
+    }));
+    paths.insert(format!("{base}/tokens"), json!({
+        "parameters": [project],
+        "get": operation("The project's tokens: name, projects, role, expiry, created; never a secret (admin)", "200"),
+        "post": with_body(operation("Create a token {metadata: {name}, spec: {role: read|write|admin, expires: 30d}}; the answer's `token` is the secret, shown this once (admin)", "201"), "the token"),
+    }));
+    paths.insert(
+        format!("{base}/tokens/{{name}}"),
+        json!({
+            "parameters": [project, name],
+            "get": operation("A token, without its secret (admin)", "200"),
+            "delete": operation("Revoke a token: refused from the next request on (admin)", "200"),
+        }),
+    );
     paths.insert(format!("{base}/{{plural}}"), json!({
         "parameters": [project, plural],
-        "get": operation("List objects (labelSelector, fieldSelector)", "200"),
+        "get": with_query(operation("List objects (labelSelector, fieldSelector; watch=true to wait for a change)", "200"), {
+            let mut parameters = json!([
+                {"name": "labelSelector", "in": "query", "required": false, "schema": {"type": "string"}, "description": "key=value,…"},
+                {"name": "fieldSelector", "in": "query", "required": false, "schema": {"type": "string"}, "description": "path=value,…"}
+            ]);
+            if let (Some(all), Value::Array(more)) = (parameters.as_array_mut(), watch("the list")) {
+                all.extend(more);
+            }
+            parameters
+        }),
         "post": with_body(operation("Create an object, or a batch of up to 100 runs (AgentRunList, Idempotency-Key)", "201"), "the object"),
     }));
     paths.insert(format!("{base}/{{plural}}/{{name}}"), json!({
         "parameters": [project, plural, name],
-        "get": operation("Read an object", "200"),
+        "get": with_query(operation("Read an object (watch=true to wait for a change)", "200"), watch("the object")),
         "put": with_body(operation("Replace spec and labels (metadata.resourceVersion for optimistic concurrency)", "200"), "the object"),
         "patch": with_body(operation("JSON merge patch of spec and labels", "200"), "the merge patch"),
         "delete": operation("Delete (a group with all its runs)", "200"),

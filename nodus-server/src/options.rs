@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Where state is kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +77,10 @@ pub struct Options {
     pub store: Option<StoreUrl>,
     /// Where commands run.
     pub sandbox: SandboxKind,
+    /// The Anthropic API: the platform key and the base URL (by default from
+    /// `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`). Without a key, platform runs use the
+    /// offline model at $0, and BYOK runs still call this base URL with their own key.
+    pub anthropic: nodus_llm::AnthropicConfig,
     /// The data directory (token file, server key, SQLite file, sandboxes' working dirs).
     pub data_dir: PathBuf,
     /// The admin token to register instead of generating one.
@@ -87,6 +92,12 @@ pub struct Options {
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
+    /// How long a connection may take to send a request's headers, counted from when it
+    /// opened or its last response was sent; this also closes idle keep-alive connections.
+    pub header_timeout: Duration,
+    /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
+    /// process's limit of open files.
+    pub max_connections: usize,
 }
 
 impl Options {
@@ -96,11 +107,14 @@ impl Options {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             store: None,
             sandbox: SandboxKind::Process,
+            anthropic: nodus_llm::AnthropicConfig::from_env(),
             data_dir,
             bootstrap_token: None,
             max_concurrent_runs: 256,
             default_image: None,
             sandbox_dir: None,
+            header_timeout: Duration::from_secs(10),
+            max_connections: 512,
         }
     }
 

@@ -3,6 +3,7 @@
 //! as a BYOK run's API key.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,14 +14,18 @@ use nodus_core::resource::Kind;
 use nodus_core::secret::{SecretString, Secrets};
 use nodus_core::store::{ObjectKey, Store};
 
+use crate::auth::TokenKey;
+
 /// The file in the data directory with the server's secret key.
 pub const KEY_FILE: &str = "secret.key";
 const NONCE_BYTES: usize = 12;
 
-/// Encrypts and decrypts secret values with the server's key.
+/// Encrypts and decrypts secret values with the server's key, and gives the key that tokens
+/// are hashed with (derived from the same key, so replicas that share `secret.key` share it).
 #[derive(Clone)]
 pub struct Cipher {
     cipher: ChaCha20Poly1305,
+    tokens: TokenKey,
 }
 
 /// Why a secret could not be sealed or opened.
@@ -57,6 +62,24 @@ impl Cipher {
             path: path.display().to_string(),
             reason,
         };
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) => {
+                let mode = meta.permissions().mode() & 0o7777;
+                if !meta.is_file() {
+                    return Err(key_error("it is not a regular file".into()));
+                }
+                if mode & 0o066 != 0 {
+                    return Err(key_error(format!(
+                        "its mode is {mode:04o}: other users can read or write it, so Secrets \
+                         sealed with it are not secret (and a key someone else wrote must not \
+                         be used); check that it is the server's own key, then `chmod 600 {}`",
+                        path.display()
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(key_error(e.to_string())),
+        }
         if !path.exists() {
             let mut key = [0u8; 32];
             getrandom::fill(&mut key).map_err(CipherError::Random)?;
@@ -74,7 +97,13 @@ impl Cipher {
     fn from_key(key: &[u8; 32]) -> Self {
         Cipher {
             cipher: ChaCha20Poly1305::new(Key::from_slice(key)),
+            tokens: TokenKey::derive(key),
         }
+    }
+
+    /// The key that tokens are hashed with.
+    pub fn token_key(&self) -> TokenKey {
+        self.tokens.clone()
     }
 
     /// Encrypt values; the result is hex of nonce ‖ ciphertext.
@@ -178,7 +207,6 @@ mod tests {
 
     #[test]
     fn the_key_file_is_made_once_and_owner_only() {
-        use std::os::unix::fs::PermissionsExt as _;
         let dir = std::env::temp_dir().join(format!("nodus-cipher-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let first = Cipher::in_dir(&dir).expect("cipher");

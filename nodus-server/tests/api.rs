@@ -1,82 +1,15 @@
 //! The API's handlers without a socket (`oneshot`): auth, bad input, resources, runs,
 //! batches, secrets and credits, over the in-memory store and the unisolated sandbox.
 
+mod support;
+
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
-use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use serde_json::{Value, json};
+use support::{Api, BASE, TOKEN, agent, api};
 use tower::ServiceExt;
 
-const TOKEN: &str = "nodus_test_admin_token";
-const BASE: &str = "/apis/nodus.dev/v1/projects";
-
-struct Api {
-    router: axum::Router,
-    state: std::sync::Arc<nodus_server::AppState>,
-    _dir: tempfile::TempDir,
-}
-
-async fn api() -> Api {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut options = Options::new(dir.path().to_path_buf());
-    options.store = Some(StoreUrl::Memory);
-    options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some(TOKEN.to_string());
-    let server = Server::build(options).await.expect("server builds");
-    let state = server.state();
-    Api {
-        router: nodus_server::router(state.clone()),
-        state,
-        _dir: dir,
-    }
-}
-
 impl Api {
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        self.raw(method, path, token, body.map(|b| b.to_string()), &[])
-            .await
-    }
-
-    async fn raw(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        body: Option<String>,
-        headers: &[(&str, &str)],
-    ) -> (StatusCode, Value) {
-        let mut request = Request::builder().method(method).uri(path);
-        if let Some(token) = token {
-            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let request = request
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.map(Body::from).unwrap_or_else(Body::empty))
-            .expect("request");
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("response");
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, value)
-    }
-
     async fn runs(&self) -> usize {
         let (_, list) = self
             .call(
@@ -88,11 +21,6 @@ impl Api {
             .await;
         list["items"].as_array().map_or(0, Vec::len)
     }
-}
-
-fn agent(name: &str) -> Value {
-    json!({"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": name},
-           "spec": {"system": "You are careful.", "model": {"access": "Nodus"}, "perRunMaxCostUSD": "0.50"}})
 }
 
 fn run(name: &str, input: &str) -> Value {
@@ -116,7 +44,18 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         (status, body["reason"].as_str()),
         (StatusCode::UNAUTHORIZED, Some("Unauthorized"))
     );
-    // Another project: the same answer whether it exists or not.
+    // Another project: the same answer whether it exists or not (to a token of `default`
+    // that is not the operator's, which holds every project).
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/tokens"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"name": "team"}, "spec": {"role": "admin"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let team = created["token"].as_str().expect("a token");
     api.state
         .ledger
         .open("other", nodus_core::Usd::ZERO)
@@ -126,7 +65,7 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         .call(
             Method::GET,
             &format!("{BASE}/other/agents"),
-            Some(TOKEN),
+            Some(team),
             None,
         )
         .await;
@@ -134,7 +73,7 @@ async fn tokens_are_required_and_bound_to_their_projects() {
         .call(
             Method::GET,
             &format!("{BASE}/nowhere/agents"),
-            Some(TOKEN),
+            Some(team),
             None,
         )
         .await;
@@ -700,5 +639,592 @@ async fn merge_patch_seals_a_group_and_refuses_lowering_its_cap() {
         (status, body["reason"].as_str()),
         (StatusCode::CONFLICT, Some("Conflict")),
         "a stale version is refused: {body}"
+    );
+}
+
+/// A FileSet stored before its paths were checked (a component longer than file systems
+/// take) fails its run when the working directory is staged; the run's message says which
+/// file and why, and shows no host path: not the data directory, not the sandbox's directory.
+#[tokio::test]
+async fn a_run_failure_message_shows_no_host_path() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agents"),
+            Some(TOKEN),
+            Some(agent("hello-agent")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let long = format!("src/{}", "x".repeat(300));
+    api.state
+        .store
+        .create(
+            &nodus_core::store::ObjectKey::new(
+                "default",
+                nodus_core::resource::Kind::FileSet,
+                "legacy",
+            ),
+            json!({"apiVersion": "nodus.dev/v1", "kind": "FileSet",
+                   "metadata": {"name": "legacy"},
+                   "spec": {"files": [{"path": long, "content": "x"}]}}),
+        )
+        .await
+        .expect("a FileSet stored under the old rules");
+    let mut staged = run("staged", "Run `ls` and tell me what it printed.");
+    staged["spec"]["workdir"] = json!({"baseWorkdir": "legacy"});
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/agentruns"),
+            Some(TOKEN),
+            Some(staged),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let driven = api
+        .state
+        .engine
+        .drive("default", "staged")
+        .await
+        .expect("drive");
+    assert_eq!(
+        driven,
+        nodus_core::engine::Driven::Finished(nodus_core::lifecycle::RunPhase::Failed(
+            nodus_core::lifecycle::FailReason::SandboxFailed
+        ))
+    );
+    let (_, got) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/staged"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let message = got["status"]["message"].as_str().expect("a message");
+    assert!(message.contains("./src/xxx"), "{message}");
+    assert!(message.contains("too long"), "{message}");
+    let data_dir = api._dir.path().display().to_string();
+    let everything = got.to_string();
+    assert!(!everything.contains(&data_dir), "{everything}");
+    let (_, steps) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/default/agentruns/staged/steps"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert!(!steps.to_string().contains(&data_dir), "{steps}");
+}
+
+/// `GET` with `watch=true` in the background: the answer and how long it took.
+fn watch(
+    api: &Api,
+    path: String,
+) -> tokio::task::JoinHandle<(StatusCode, Value, std::time::Duration)> {
+    let router = api.router.clone();
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .expect("request");
+        let response = router.oneshot(request).await.expect("response");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let value = serde_json::from_slice(&bytes).expect("JSON");
+        (status, value, started.elapsed())
+    })
+}
+
+async fn still_waiting(
+    handle: &tokio::task::JoinHandle<(StatusCode, Value, std::time::Duration)>,
+) -> bool {
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    !handle.is_finished()
+}
+
+#[tokio::test]
+async fn a_watch_answers_as_soon_as_the_object_changes_and_not_before() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let (status, body) = api
+        .call(Method::POST, &agents, Some(TOKEN), Some(agent("w")))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let version = body["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let path = format!("{agents}/w?watch=true&resourceVersion={version}&timeoutSeconds=60");
+
+    let waiting = watch(&api, path.clone());
+    assert!(still_waiting(&waiting).await, "nothing changed yet");
+    // A change of another object does not answer it.
+    api.call(Method::POST, &agents, Some(TOKEN), Some(agent("other")))
+        .await;
+    assert!(still_waiting(&waiting).await, "another object changed");
+    let changed = std::time::Instant::now();
+    let (status, patched) = api
+        .call(
+            Method::PATCH,
+            &format!("{agents}/w"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{patched}");
+    let (status, body, _) = waiting.await.expect("watch");
+    assert!(
+        changed.elapsed() < std::time::Duration::from_secs(2),
+        "answered {:?} after the change",
+        changed.elapsed()
+    );
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["labels"]["team"], "a");
+    assert_eq!(
+        body["metadata"]["resourceVersion"],
+        patched["metadata"]["resourceVersion"]
+    );
+
+    // A version the client has that is already old: the answer comes at once.
+    let (status, body, took) = watch(&api, path.clone()).await.expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["labels"]["team"], "a");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+
+    // Deleted while watched: NotFound, as a read would say.
+    let current = patched["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let waiting = watch(
+        &api,
+        format!("{agents}/w?watch=true&resourceVersion={current}"),
+    );
+    assert!(still_waiting(&waiting).await);
+    api.call(Method::DELETE, &format!("{agents}/w"), Some(TOKEN), None)
+        .await;
+    let (status, body, _) = waiting.await.expect("watch");
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (StatusCode::NOT_FOUND, Some("NotFound")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_watch_times_out_with_the_unchanged_object_and_ends_when_the_server_stops() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let (_, created) = api
+        .call(Method::POST, &agents, Some(TOKEN), Some(agent("w")))
+        .await;
+    let version = created["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let (status, body, took) = watch(
+        &api,
+        format!("{agents}/w?watch=true&resourceVersion={version}&timeoutSeconds=1"),
+    )
+    .await
+    .expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["metadata"]["resourceVersion"].as_str(),
+        Some(&*version)
+    );
+    assert!(
+        took >= std::time::Duration::from_secs(1) && took < std::time::Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    // The same for a list: its version says whether anything in it changed.
+    let (status, list) = api.call(Method::GET, &agents, Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let list_version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a list version")
+        .to_string();
+    let (status, body, took) = watch(
+        &api,
+        format!("{agents}?watch=true&resourceVersion={list_version}&timeoutSeconds=1"),
+    )
+    .await
+    .expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["metadata"]["resourceVersion"],
+        list["metadata"]["resourceVersion"]
+    );
+    assert!(took >= std::time::Duration::from_secs(1), "{took:?}");
+
+    // A stopping server answers its long polls at once, as they are.
+    let waiting = watch(
+        &api,
+        format!("{agents}/w?watch=true&resourceVersion={version}&timeoutSeconds=300"),
+    );
+    assert!(still_waiting(&waiting).await);
+    api.state.watches.stop();
+    let (status, body, took) = waiting.await.expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["metadata"]["resourceVersion"].as_str(),
+        Some(&*version)
+    );
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+}
+
+#[tokio::test]
+async fn a_list_watch_answers_when_an_item_is_added_or_changed_in_its_selection() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let labelled = |name: &str, team: &str| {
+        let mut agent = agent(name);
+        agent["metadata"]["labels"] = json!({"team": team});
+        agent
+    };
+    api.call(Method::POST, &agents, Some(TOKEN), Some(labelled("a", "x")))
+        .await;
+    let (_, list) = api
+        .call(
+            Method::GET,
+            &format!("{agents}?labelSelector=team=x"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    let version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a list version")
+        .to_string();
+    let path = format!("{agents}?labelSelector=team=x&watch=true&resourceVersion={version}");
+    let waiting = watch(&api, path.clone());
+    assert!(still_waiting(&waiting).await);
+    // Outside the selection, or in another project: the list is the same, it waits on.
+    api.call(Method::POST, &agents, Some(TOKEN), Some(labelled("b", "y")))
+        .await;
+    assert!(
+        still_waiting(&waiting).await,
+        "an agent outside the selector"
+    );
+    api.state
+        .ledger
+        .open("other", nodus_core::Usd::ZERO)
+        .await
+        .expect("project");
+    api.call(
+        Method::POST,
+        &format!("{BASE}/other/agents"),
+        Some(TOKEN),
+        Some(labelled("c", "x")),
+    )
+    .await;
+    assert!(still_waiting(&waiting).await, "an agent in another project");
+    api.call(Method::POST, &agents, Some(TOKEN), Some(labelled("d", "x")))
+        .await;
+    let (status, body, _) = waiting.await.expect("watch");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let names: Vec<&str> = body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|item| item["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "d"]);
+    assert_ne!(
+        body["metadata"]["resourceVersion"].as_str(),
+        Some(&*version)
+    );
+}
+
+#[tokio::test]
+async fn watch_parameters_are_checked_and_the_project_is_enforced() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    api.call(Method::POST, &agents, Some(TOKEN), Some(agent("w")))
+        .await;
+    for (query, field) in [
+        ("watch=yes&resourceVersion=1", "watch"),
+        ("watch=true", "resourceVersion"),
+        ("watch=true&resourceVersion=abc", "resourceVersion"),
+        (
+            "watch=true&resourceVersion=1&timeoutSeconds=0",
+            "timeoutSeconds",
+        ),
+        (
+            "watch=true&resourceVersion=1&timeoutSeconds=301",
+            "timeoutSeconds",
+        ),
+        (
+            "watch=true&resourceVersion=1&timeoutSeconds=ten",
+            "timeoutSeconds",
+        ),
+        ("resourceVersion=1", "resourceVersion"),
+        ("timeoutSeconds=5", "timeoutSeconds"),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::GET,
+                &format!("{agents}/w?{query}"),
+                Some(TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (
+                status,
+                body["reason"].as_str(),
+                body["details"]["field"].as_str()
+            ),
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("Invalid"),
+                Some(field)
+            ),
+            "{query}: {body}"
+        );
+    }
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{agents}?watch=true&resourceVersion=7"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, body["details"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("resourceVersion")),
+        "a list's version is its digest: {body}"
+    );
+    // The watch obeys the read's auth: at once, without waiting (to a token of `default`;
+    // the operator's holds every project).
+    let (status, created) = api
+        .call(
+            Method::POST,
+            &format!("{BASE}/default/tokens"),
+            Some(TOKEN),
+            Some(json!({"metadata": {"name": "reader"}, "spec": {"role": "read"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let reader = created["token"].as_str().expect("a token");
+    api.state
+        .ledger
+        .open("other", nodus_core::Usd::ZERO)
+        .await
+        .expect("project");
+    let started = std::time::Instant::now();
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("{BASE}/other/agents/w?watch=true&resourceVersion=1&timeoutSeconds=60"),
+            Some(reader),
+            None,
+        )
+        .await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{agents}/w?watch=true&resourceVersion=1&timeoutSeconds=60"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    // The OpenAPI document names the parameters of both reads.
+    let (_, openapi) = api.call(Method::GET, "/openapi.json", None, None).await;
+    for path in ["{plural}", "{plural}/{name}"] {
+        let parameters = &openapi["paths"]
+            [format!("/apis/nodus.dev/v1/projects/{{project}}/{path}")]["get"]["parameters"];
+        let names: Vec<&str> = parameters
+            .as_array()
+            .map(|all| all.iter().filter_map(|p| p["name"].as_str()).collect())
+            .unwrap_or_default();
+        for name in ["watch", "resourceVersion", "timeoutSeconds"] {
+            assert!(names.contains(&name), "{path}: {names:?}");
+        }
+    }
+}
+
+/// The server checks a `contextSchema` when the agent is written (a valid JSON Schema
+/// 2020-12 document, no `$ref`) and a run's `context` against it when the run is created,
+/// answering 422 with the failing path; nothing is written.
+#[tokio::test]
+async fn a_context_schema_is_checked_at_agent_writing_and_a_context_at_run_creation() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let runs = format!("{BASE}/default/agentruns");
+    let with_schema = |schema: Value| {
+        let mut document = agent("typed");
+        document["spec"]["contextSchema"] = schema;
+        document
+    };
+    for (schema, field) in [
+        (
+            json!({"properties": {"ticket": {"type": "objekt"}}}),
+            "spec.contextSchema.properties.ticket.type",
+        ),
+        (
+            json!({"properties": {"ticket": {"$ref": "#/$defs/t"}}}),
+            "spec.contextSchema.properties.ticket.$ref",
+        ),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::POST,
+                &agents,
+                Some(TOKEN),
+                Some(with_schema(schema)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["details"]["field"], field, "{body}");
+    }
+    let (status, _) = api
+        .call(Method::GET, &format!("{agents}/typed"), Some(TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no agent was written");
+
+    let schema = json!({
+        "type": "object",
+        "properties": {"ticket": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+        "required": ["ticket"],
+    });
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &agents,
+            Some(TOKEN),
+            Some(with_schema(schema)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let typed_run = |name: &str, context: Option<Value>| {
+        let mut document = run(name, "hello");
+        document["spec"]["agent"] = json!("typed");
+        if let Some(context) = context {
+            document["spec"]["context"] = context;
+        }
+        document
+    };
+    for (context, field) in [
+        (
+            Some(json!({"ticket": {"id": "seven"}})),
+            "spec.context.ticket.id",
+        ),
+        (None, "spec.context"),
+    ] {
+        let (status, body) = api
+            .call(
+                Method::POST,
+                &runs,
+                Some(TOKEN),
+                Some(typed_run("refused", context)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["details"]["field"], field, "{body}");
+        assert!(
+            body["details"]["rule"]
+                .as_str()
+                .is_some_and(|rule| rule.contains("contextSchema")),
+            "{body}"
+        );
+    }
+    assert_eq!(api.runs().await, 0, "nothing was written");
+    let (status, body) = api
+        .call(
+            Method::POST,
+            &runs,
+            Some(TOKEN),
+            Some(typed_run("matching", Some(json!({"ticket": {"id": 7}})))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// An agent's runs are listed with `fieldSelector=status.snapshot.agentRef=project/name`
+/// (however the runs named the agent) or `spec.agent=NAME` (as the runs named it).
+#[tokio::test]
+async fn an_agents_runs_are_listed_by_its_reference_or_its_name() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let runs = format!("{BASE}/default/agentruns");
+    for name in ["hello-agent", "other-agent"] {
+        let (status, body) = api
+            .call(Method::POST, &agents, Some(TOKEN), Some(agent(name)))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    for (name, agent) in [
+        ("by-name", "hello-agent"),
+        ("by-reference", "default/hello-agent"),
+        ("elsewhere", "other-agent"),
+    ] {
+        let mut document = run(name, "hi");
+        document["spec"]["agent"] = json!(agent);
+        let (status, body) = api
+            .call(Method::POST, &runs, Some(TOKEN), Some(document))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    for (selector, expected) in [
+        (
+            "status.snapshot.agentRef=default/hello-agent",
+            &["by-name", "by-reference"][..],
+        ),
+        (
+            "status.snapshot.agentRef=default/other-agent",
+            &["elsewhere"],
+        ),
+        ("status.snapshot.agentRef=hello-agent", &[]),
+        ("spec.agent=hello-agent", &["by-name"]),
+        ("spec.agent=default/hello-agent", &["by-reference"]),
+    ] {
+        let (status, list) = api
+            .call(
+                Method::GET,
+                &format!("{runs}?fieldSelector={selector}"),
+                Some(TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let mut names: Vec<&str> = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter_map(|item| item["metadata"]["name"].as_str())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, expected, "{selector}");
+    }
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("{runs}?fieldSelector=status.snapshot.agent=x"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["details"]["rule"]
+            .as_str()
+            .is_some_and(|rule| rule.contains("status.snapshot.agentRef")),
+        "{body}"
     );
 }

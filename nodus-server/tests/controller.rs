@@ -10,6 +10,7 @@ use nodus_core::lifecycle::{FailReason, RunPhase, WaitReason};
 use nodus_core::resource::{
     Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, GroupLimits,
 };
+use nodus_llm::testing::{Fake, FakeMessage, FakeServer};
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 
 struct Running {
@@ -29,10 +30,38 @@ impl Running {
 }
 
 async fn serve(dir: &std::path::Path, store: StoreUrl) -> Running {
-    let mut options = Options::new(dir.to_path_buf());
+    serve_with(dir, store, nodus_llm::AnthropicConfig::new()).await
+}
+
+/// A server whose platform runs call (and are billed by) the fake provider.
+async fn serve_priced(dir: &std::path::Path, fake: &FakeServer) -> Running {
+    let mut anthropic = nodus_llm::AnthropicConfig::new();
+    anthropic.base_url = fake.base_url();
+    anthropic.api_key = Some(nodus_core::secret::SecretString::new(
+        "sk-ant-controller-test",
+    ));
+    serve_with(dir, StoreUrl::Memory, anthropic).await
+}
+
+/// The offline model is free: the tests of credits and budgets need a priced one. The fake
+/// answers each call with text, so a run's first call ends its turn.
+async fn priced_fake() -> FakeServer {
+    let fake = FakeServer::start().await.expect("fake provider");
+    fake.push_all((0..4).map(|_| Fake::Message(FakeMessage::text("paid"))));
+    fake
+}
+
+async fn serve_with(
+    dir: &std::path::Path,
+    store: StoreUrl,
+    anthropic: nodus_llm::AnthropicConfig,
+) -> Running {
+    // The server makes its data directory owner-only; a temporary directory is not.
+    let mut options = Options::new(dir.join("data"));
+    options.anthropic = anthropic;
     options.store = Some(store);
     options.sandbox = SandboxKind::Unisolated;
-    options.bootstrap_token = Some("nodus_controller_test".to_string());
+    options.bootstrap_token = Some("nodus_controller_test_0123456789abcdef".to_string());
     options.listen = "127.0.0.1:0".parse().expect("address");
     let server = Server::build(options).await.expect("server");
     let state = server.state();
@@ -227,7 +256,8 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
             max_active: 1,
             ..GroupLimits::default()
         },
-        max_cost_usd: None,
+        // Room for one run's cap (10 cents).
+        max_cost_usd: Some(Usd::from_cents(10)),
         sealed: false,
         evaluation: None,
     };
@@ -235,7 +265,8 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
         .apply_group("default", AgentGroup::new("one-slot", group))
         .await
         .expect("group");
-    // The only slot goes to a conversation that waits for messages and never ends.
+    // The group's cap goes to a conversation that waits for messages and never ends: waiting,
+    // it holds no slot, but it holds its cap.
     let mut holder = task("one-slot", "holder", &[], "Run `echo first`");
     holder.spec.keep_alive = true;
     engine.create_run("default", holder).await.expect("holder");
@@ -256,7 +287,8 @@ async fn a_run_queued_in_its_group_ends_at_its_deadline_by_itself() {
 async fn a_run_waiting_under_a_budget_continues_when_the_budget_is_raised() {
     use nodus_core::store::ObjectKey;
     let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let fake = priced_fake().await;
+    let server = serve_priced(dir.path(), &fake).await;
     let engine = &server.engine;
     let budget = |limit: &str| {
         serde_json::json!({
@@ -303,7 +335,8 @@ async fn a_run_waiting_under_a_budget_continues_when_the_budget_is_raised() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_waits_for_credits_and_continues_when_they_are_added() {
     let dir = tempfile::tempdir().expect("dir");
-    let server = serve(dir.path(), StoreUrl::Memory).await;
+    let fake = priced_fake().await;
+    let server = serve_priced(dir.path(), &fake).await;
     let engine = &server.engine;
     server
         .state
@@ -353,6 +386,7 @@ async fn a_run_waits_for_credits_and_continues_when_they_are_added() {
             let account = server.state.ledger.account("poor").await.expect("account");
             let run = engine.get_run("poor", "r").await.expect("run");
             assert_eq!(account.spent_usd, run.status.cost.total_usd);
+            assert!(account.spent_usd > Usd::ZERO, "the fake's reply was billed");
             assert!(account.reserved.is_empty(), "every reservation settled");
             server.stop().await;
             return;
@@ -407,4 +441,115 @@ async fn a_restarted_server_resumes_its_runs() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("the restarted server did not take the message");
+}
+
+/// `GET path` over a fresh connection: the status and the JSON body.
+async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: nodus\r\nAuthorization: Bearer nodus_controller_test_0123456789abcdef\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("writes");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("reads");
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status");
+    (status, serde_json::from_str(body).expect("a JSON body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_follows_a_run_to_its_end_and_ends_when_the_server_stops() {
+    let dir = tempfile::tempdir().expect("dir");
+    // The server makes its data directory owner-only; a temporary directory is not.
+    let mut options = Options::new(dir.path().join("data"));
+    options.store = Some(StoreUrl::Memory);
+    options.sandbox = SandboxKind::Unisolated;
+    options.bootstrap_token = Some("nodus_controller_test_0123456789abcdef".to_string());
+    options.listen = "127.0.0.1:0".parse().expect("address");
+    let server = Server::build(options).await.expect("server");
+    let engine = server.state().engine.clone();
+    engine
+        .apply_agent("default", agent(10))
+        .await
+        .expect("agent");
+    let bound = server.bind().await.expect("binds");
+    let address = bound.local_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        bound
+            .serve(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serves");
+    });
+    let created = engine
+        .create_run(
+            "default",
+            AgentRun::new(
+                "followed",
+                AgentRunSpec::new("worker", "Run `echo followed`"),
+            ),
+        )
+        .await
+        .expect("run");
+    let path = "/apis/nodus.dev/v1/projects/default/agentruns/followed";
+    // Each answer is a new version of the run, until it has finished: no answer is a
+    // timeout, and nothing is read in between.
+    let mut version = created.metadata.resource_version.expect("a version");
+    let mut answers = 0;
+    let phase = loop {
+        let (status, run) = http_get(
+            address,
+            &format!("{path}?watch=true&resourceVersion={version}&timeoutSeconds=20"),
+        )
+        .await;
+        assert_eq!(status, 200, "{run}");
+        let next = run["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("a version")
+            .to_string();
+        assert_ne!(next, version, "a timeout, not a change: {run}");
+        version = next;
+        answers += 1;
+        let phase = run["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if ["Succeeded", "Failed", "Cancelled"].contains(&phase.as_str()) {
+            break phase;
+        }
+        assert!(answers < 200, "the run never finished: {run}");
+    };
+    assert_eq!(phase, "Succeeded");
+
+    // Stopping the server answers the long polls it holds at once, and serving ends.
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let answer = http_get(
+            address,
+            &format!("{path}?watch=true&resourceVersion={version}&timeoutSeconds=300"),
+        )
+        .await;
+        (answer, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "nothing changed: it waits");
+    let _ = stop.send(());
+    let ((status, run), took) = waiting.await.expect("answered");
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["status"]["phase"], "Succeeded");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    tokio::time::timeout(Duration::from_secs(5), serving)
+        .await
+        .expect("serving ends")
+        .expect("served");
 }

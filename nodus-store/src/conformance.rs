@@ -158,7 +158,8 @@ pub async fn create_get_list_update_delete<S: Store + Clone + 'static>(store: S)
     );
 }
 
-/// `list` filters by labels and by dotted fields (`spec.group`, `status.phase`), within one
+/// `list` filters by labels and by dotted fields (`spec.group`, `status.phase`,
+/// `status.snapshot.agentRef`), within one
 /// project and kind, in creation order; a missing label or field matches nothing.
 pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
     let project = unique("select");
@@ -172,8 +173,20 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
         ("alpha", &[("team", "blue")][..], Some("g1"), "Succeeded"),
         ("mike", &[("team", "red")][..], None, "Running"),
     ];
+    // Each run's agent as written (`spec.agent`) and as resolved at creation
+    // (`status.snapshot.agentRef`): an agent's runs are listed by either.
+    let agents = [
+        ("zulu", "helper", "helper"),
+        ("alpha", "other", "other"),
+        ("mike", "team/helper", "helper"),
+    ];
     for (name, labels, group, phase) in documents {
-        let document = shaped_run(name, &unique("uid"), labels, group, phase);
+        let mut document = shaped_run(name, &unique("uid"), labels, group, phase);
+        if let Some((_, written, resolved)) = agents.iter().find(|(run, ..)| *run == name) {
+            document["spec"]["agent"] = json!(written);
+            document["status"]["snapshot"] =
+                json!({ "agentRef": format!("team/{resolved}"), "agentRevision": "1" });
+        }
         store
             .create(&ObjectKey::new(&project, Kind::AgentRun, name), document)
             .await
@@ -222,11 +235,32 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
         (&[("team", "blue")], &[("status.phase", "Running")], &[]),
         (&[], &[("spec.nothing", "x")], &[]),
         (&[], &[("metadata.name", "mike")], &["mike"]),
+        (
+            &[],
+            &[("status.snapshot.agentRef", "team/helper")],
+            &["zulu", "mike"],
+        ),
+        (
+            &[],
+            &[("status.snapshot.agentRef", "team/other")],
+            &["alpha"],
+        ),
+        (&[], &[("status.snapshot.agentRef", "helper")], &[]),
+        (&[], &[("spec.agent", "helper")], &["zulu"]),
+        (
+            &[("team", "red")],
+            &[
+                ("status.snapshot.agentRef", "team/helper"),
+                ("status.phase", "Running"),
+            ],
+            &["zulu", "mike"],
+        ),
     ];
     // A sparse listing holds the same records with only these paths (and the selector's).
     let paths = [
         "spec.group",
         "status.phase",
+        "status.snapshot.agentRef",
         "metadata.labels.team",
         "metadata",
         "spec.nothing",

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 pub(crate) fn map_err(error: sqlx::Error) -> Error {
     use sqlx::Error as E;
     match error {
+        E::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => disk_full(&e.to_string()),
         E::Io(e) => Error::Unavailable(format!("database I/O: {e}")),
         E::PoolTimedOut => Error::Unavailable("no database connection in time".to_string()),
         E::PoolClosed => Error::Unavailable("the store was closed".to_string()),
@@ -43,6 +44,9 @@ fn map_database(db: &dyn sqlx::error::DatabaseError) -> Error {
     // SQLite result codes (primary code in the low byte): BUSY 5, LOCKED 6, IOERR 10,
     // FULL 13, CANTOPEN 14; CORRUPT 11 and NOTADB 26 mean the file is not ours to read.
     let sqlite_code = code.parse::<i64>().ok().map(|c| c & 0xff);
+    if sqlite_code == Some(13) || code == "53100" {
+        return disk_full(&message);
+    }
     match sqlite_code {
         Some(11 | 26) => Error::Corrupt(format!("the database file is damaged: {message}")),
         Some(5 | 6 | 10 | 13 | 14) => Error::Unavailable(message),
@@ -52,6 +56,15 @@ fn map_database(db: &dyn sqlx::error::DatabaseError) -> Error {
         _ if code.starts_with("22") => Error::Invalid(message),
         _ => Error::Corrupt(format!("the database refused a statement: {message}")),
     }
+}
+
+/// The database's disk is full (SQLite FULL, Postgres 53100 disk_full): nothing was written,
+/// and the same request succeeds once there is room.
+fn disk_full(message: &str) -> Error {
+    Error::Unavailable(format!(
+        "the disk is full, so nothing was written ({message}); retry once space is freed on \
+         the server"
+    ))
 }
 
 /// Whether an error is a unique-key violation (a create of something that exists).

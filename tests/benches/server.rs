@@ -24,7 +24,7 @@ use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-const TOKEN: &str = "nodus_bench_token";
+const TOKEN: &str = "nodus_bench_token_0123456789abcdef";
 const CONNECTIONS: usize = 16;
 const SECONDS: u64 = 5;
 const P: &str = "/apis/nodus.dev/v1/projects/default";
@@ -200,7 +200,7 @@ async fn requests_per_second(address: SocketAddr) {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut options = Options::new(dir.path().to_path_buf());
+    let mut options = Options::new(dir.path().join("data"));
     // NODUS_BENCH_STORE and NODUS_BENCH_SANDBOX choose other backends, to see where time goes.
     options.store = Some(match std::env::var("NODUS_BENCH_STORE") {
         Ok(url) => url.parse().expect("NODUS_BENCH_STORE"),

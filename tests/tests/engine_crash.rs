@@ -316,3 +316,67 @@ async fn resolve_cancel_deletes_the_sandbox_and_calls_no_model() {
         .expect_err("nothing left to resolve");
     assert_eq!(error.reason(), "Conflict");
 }
+
+/// With the real ledger: a crash at any journal write, before or after it, leaves no
+/// reservation held once the run has finished, and the credits spent are the run's cost. A
+/// crash after a model call's outcome is journaled and before its reservation is settled is
+/// the case that needs the restart to settle.
+#[tokio::test]
+async fn no_reservation_is_held_after_a_crash_at_any_journal_write() {
+    use nodus_core::ledger::StoreLedger;
+    let credits = nodus_core::Usd::from_cents(500);
+    for mode in [CrashMode::AfterWrite, CrashMode::BeforeWrite] {
+        for crash_at in 1..=32 {
+            let world = World::new(script());
+            StoreLedger::new(Arc::new(world.memory.clone()))
+                .open(PROJECT, credits)
+                .await
+                .expect("credits");
+            setup(&world).await;
+            let crashing = Arc::new(CrashingStore::new(world.memory.clone(), crash_at, mode));
+            let crashed = world
+                .metered_engine_over(crashing)
+                .drive(PROJECT, "job")
+                .await;
+            assert!(crashed.is_err(), "{mode:?} at write {crash_at} must crash");
+
+            let context = format!("{mode:?} at write {crash_at}");
+            let engine = world.metered_engine_over(Arc::new(world.memory.clone()));
+            let mut driven = engine.drive(PROJECT, "job").await.expect("restart");
+            if let Driven::Parked { .. } = driven {
+                let resolution = if mode == CrashMode::BeforeWrite {
+                    Resolution::RecordFailed
+                } else {
+                    Resolution::Retry
+                };
+                engine
+                    .resolve(PROJECT, "job", resolution)
+                    .await
+                    .expect("resolve");
+                // The runner drives it on from the resolution.
+                driven = settle(&world, &engine).await;
+            }
+            assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{context}");
+            let account = StoreLedger::new(Arc::new(world.memory.clone()))
+                .account(PROJECT)
+                .await
+                .expect("account");
+            let run = engine.get_run(PROJECT, "job").await.expect("run");
+            assert!(
+                account.reserved.is_empty(),
+                "{context}: held {:?}",
+                account.reserved
+            );
+            assert!(
+                run.status.cost.total_usd > nodus_core::Usd::ZERO,
+                "{context}"
+            );
+            assert_eq!(account.spent_usd, run.status.cost.total_usd, "{context}");
+            assert_eq!(
+                account.balance_usd,
+                credits.saturating_sub(account.spent_usd),
+                "{context}"
+            );
+        }
+    }
+}

@@ -16,10 +16,10 @@ use nodus_core::resource::{
     Access, AgentGroup, AgentGroupSpec, AgentRunSpec, AgentState, GroupLimits,
 };
 use nodus_core::secret::SecretString;
-use nodus_core::store::{Delivery, Selector};
+use nodus_core::store::{Delivery, Selector, Store as _};
 use nodus_core::{Clock, Usd};
 use nodus_llm::Reply;
-use support::{PROJECT, World, agent, run};
+use support::{PROJECT, World, agent, helper_run, run, waiting_chat};
 
 fn text(s: &str) -> Reply {
     Reply::Text(s.to_string())
@@ -37,30 +37,7 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         text("second"),
     ]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(
-        matches!(
-            driven,
-            Driven::Waiting {
-                reason: WaitReason::AwaitingMessage,
-                ..
-            }
-        ),
-        "{driven:?}"
-    );
+    waiting_chat(&engine).await;
     assert_eq!(
         world.sandbox.live().len(),
         1,
@@ -126,14 +103,7 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
 async fn a_message_sent_while_working_is_read_after_the_current_turn() {
     let world = World::new(vec![text("one"), text("two")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("work", "helper", "go", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "work", "go", |_| {}).await;
     // Not keepAlive, and the message arrives before the run finishes its turn.
     engine
         .send_message(PROJECT, "work", "and this", None)
@@ -529,14 +499,7 @@ async fn an_uncertain_byok_call_parks_and_retry_resolves_it() {
 async fn an_uncertain_platform_call_is_repeated_not_parked() {
     let world = World::new(vec![text("ok")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "p", "hi", |_| {}).await;
     world.model.fail_next(model::Error {
         kind: ErrorKind::Uncertain,
         message: "timeout".into(),
@@ -550,14 +513,7 @@ async fn an_uncertain_platform_call_is_repeated_not_parked() {
 async fn a_final_model_error_fails_the_run_and_deletes_its_sandbox() {
     let world = World::new(vec![text("ok")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(PROJECT, run("p", "helper", "hi", |_| {}))
-        .await
-        .expect("run");
+    helper_run(&engine, "p", "hi", |_| {}).await;
     world.model.fail_next(model::Error {
         kind: ErrorKind::Final,
         message: "invalid request".into(),
@@ -917,16 +873,6 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .apply_agent(PROJECT, agent("plain", |_| {}))
         .await
         .expect("agent");
-    engine
-        .apply_agent(
-            PROJECT,
-            agent("typed", |a| {
-                a.context_schema = Some(serde_json::json!({"type": "object"}));
-            }),
-        )
-        .await
-        .expect("agent with a context schema");
-    let context = serde_json::Map::from_iter([("ticket".to_string(), serde_json::json!(7))]);
     type SetSpec = Box<dyn Fn(&mut AgentRunSpec)>;
     let cases: Vec<(&str, &str, SetSpec)> = vec![
         (
@@ -943,11 +889,6 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
                     config: None,
                 })
             }),
-        ),
-        (
-            "typed",
-            "spec.context",
-            Box::new(move |s| s.context = Some(context.clone())),
         ),
     ];
     for (index, (agent_name, field, set)) in cases.into_iter().enumerate() {
@@ -1007,4 +948,306 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         )
         .await
         .expect("a context without a schema");
+}
+
+/// A run naming `spec.image` is refused when it is created by an engine whose sandbox cannot
+/// run images (bubblewrap, the unisolated backend), naming the field and why; nothing is
+/// written. Without an image the same run is created.
+#[tokio::test]
+async fn an_image_is_refused_at_creation_by_a_backend_that_runs_none() {
+    use nodus_core::engine::Error;
+    use nodus_sandbox::{BwrapConfig, BwrapSandbox, UnisolatedSandbox};
+    use std::sync::Arc;
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let backends: [(&str, Arc<dyn nodus_core::Sandbox>); 2] = [
+        (
+            "bwrap",
+            Arc::new(BwrapSandbox::new(BwrapConfig::new(
+                root.path().join("bwrap"),
+            ))),
+        ),
+        (
+            "unisolated",
+            Arc::new(UnisolatedSandbox::new(root.path().join("unisolated"))),
+        ),
+    ];
+    for (backend, sandbox) in backends {
+        let world = World::new(vec![]);
+        let engine = world.engine_with_sandbox(sandbox);
+        engine
+            .apply_agent(PROJECT, agent("helper", |_| {}))
+            .await
+            .expect("agent");
+        let refused = engine
+            .create_run(
+                PROJECT,
+                run("imaged", "helper", "q", |s| {
+                    s.image = Some("python:3.12-slim".to_string())
+                }),
+            )
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, "spec.image", "{backend}: {invalid}");
+                assert!(
+                    invalid.rule.contains("cannot be honoured"),
+                    "{backend}: {invalid}"
+                );
+                assert_eq!(invalid.value, "\"python:3.12-slim\"", "{backend}");
+            }
+            other => panic!("{backend}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, "imaged").await.is_err(),
+            "{backend}: nothing is written"
+        );
+        engine
+            .create_run(PROJECT, run("plain", "helper", "q", |_| {}))
+            .await
+            .unwrap_or_else(|e| panic!("{backend}: a run without an image: {e}"));
+    }
+}
+
+/// A run's `context` is checked against its agent's `contextSchema` when the run is created:
+/// a context failing at a nested path is refused naming that path, the schema keyword and the
+/// value, and so is a missing context the schema requires; nothing is written. A matching
+/// context, and a context for an agent without a schema, are created.
+#[tokio::test]
+async fn a_context_is_checked_against_the_agents_schema_at_creation() {
+    use nodus_core::engine::Error;
+    use serde_json::json;
+
+    let world = World::new(vec![]);
+    let engine = world.engine();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "ticket": {
+                "type": "object",
+                "properties": { "id": { "type": "integer" } },
+                "required": ["id"],
+            },
+        },
+        "required": ["ticket"],
+    });
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("typed", |a| a.context_schema = Some(schema.clone())),
+        )
+        .await
+        .expect("an agent with a context schema");
+    engine
+        .apply_agent(PROJECT, agent("plain", |_| {}))
+        .await
+        .expect("an agent without one");
+    let context = |value: serde_json::Value| value.as_object().cloned();
+    let cases = [
+        (
+            context(json!({"ticket": {"id": "seven"}})),
+            "spec.context.ticket.id",
+            "\"type\" at contextSchema#/properties/ticket/properties/id/type",
+            "\"seven\"",
+        ),
+        (None, "spec.context", "is required", "nothing"),
+    ];
+    for (index, (given, field, rule, value)) in cases.into_iter().enumerate() {
+        let name = format!("refused-{index}");
+        let refused = engine
+            .create_run(
+                PROJECT,
+                run(&name, "typed", "q", |s| s.context = given.clone()),
+            )
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, field, "{invalid}");
+                assert!(invalid.rule.contains(rule), "{invalid}");
+                assert_eq!(invalid.value, value, "{invalid}");
+            }
+            other => panic!("{field}: expected a refusal, got {other:?}"),
+        }
+        assert!(
+            engine.get_run(PROJECT, &name).await.is_err(),
+            "{field}: nothing is written"
+        );
+    }
+    engine
+        .create_run(
+            PROJECT,
+            run("matching", "typed", "q", |s| {
+                s.context = context(json!({"ticket": {"id": 7}}))
+            }),
+        )
+        .await
+        .expect("a matching context");
+    engine
+        .create_run(
+            PROJECT,
+            run("untyped", "plain", "q", |s| {
+                s.context = context(json!({"ticket": "anything"}))
+            }),
+        )
+        .await
+        .expect("a context for an agent without a schema");
+}
+
+/// A command that could not be started (the server out of descriptors) certainly did not
+/// run: it is tried again and runs once, and the run never parks. When it still cannot
+/// start, the step fails, the model is told, and the run goes on.
+#[tokio::test]
+async fn a_command_that_could_not_start_is_retried_not_parked() {
+    use nodus_core::sandbox::Error as SandboxError;
+    let emfile = || SandboxError::NotStarted("Too many open files (os error 24)".into());
+    for (failures, ran) in [(2, 1), (3, 0)] {
+        let world = World::new(vec![commands(&["echo one"]), text("done")]);
+        let engine = world.engine();
+        helper_run(&engine, "p", "hi", |_| {}).await;
+        for _ in 0..failures {
+            world.sandbox.fail_next_exec(emfile());
+        }
+        let driven = engine.drive(PROJECT, "p").await.expect("drive");
+        assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{failures}");
+        assert_eq!(world.sandbox.count("echo one"), ran, "{failures}");
+        let got = engine.get_run(PROJECT, "p").await.expect("run");
+        assert_eq!(got.status.phase, Some(RunPhase::Succeeded));
+    }
+}
+
+#[tokio::test]
+async fn a_group_member_the_controller_cannot_read_is_an_error_not_a_zero_cap() {
+    let (world, engine) = with_worker().await;
+    engine
+        .apply_agent(
+            PROJECT,
+            agent("worker", |a| {
+                a.per_run_max_cost_usd = Usd::from_cents(10);
+            }),
+        )
+        .await
+        .expect("agent");
+    // Room for one run's cap: a starts, b waits for room under the cap.
+    let mut spec = worker_group(2, false);
+    spec.max_cost_usd = Some(Usd::from_cents(15));
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("group");
+    for key in ["a", "b"] {
+        let mut r = run("", "worker", "q", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    let phase = |name: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .get_run(PROJECT, name)
+                .await
+                .expect("run")
+                .status
+                .phase
+        }
+    };
+    assert_eq!(phase("g-a").await, Some(RunPhase::Running));
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait))
+    );
+
+    // a's stored cap becomes unreadable (a number, where the document has a decimal string).
+    let key = support::run_key("g-a");
+    let record = world.memory.get(&key).await.expect("a");
+    let mut document = record.document.clone();
+    document["status"]["snapshot"]["agent"]["perRunMaxCostUSD"] = serde_json::json!(0.1);
+    world
+        .memory
+        .update(&key, record.version, document)
+        .await
+        .expect("corrupt a");
+
+    let error = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect_err("an unreadable member stops the reconcile");
+    assert_eq!(error.reason(), "InternalError");
+    let message = error.to_string();
+    assert!(
+        message.contains("g-a") && message.contains("perRunMaxCostUSD"),
+        "{message}"
+    );
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait)),
+        "b did not start on a cap read as zero"
+    );
+}
+
+/// A run parked by a crash (its command's outcome unknown) gives up its slot: the group's
+/// queued run starts instead of waiting for good, and the group counts the parked run.
+#[tokio::test]
+async fn a_run_parked_by_a_crash_frees_its_groups_slot() {
+    use std::sync::Arc;
+    use support::{CrashMode, CrashingStore};
+    let world = World::new(vec![commands(&["echo one"]), text("done")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", worker_group(1, false)))
+        .await
+        .expect("group");
+    for key in ["a", "b"] {
+        let mut r = run("", "worker", "Run `echo one`", |s| {
+            s.group = Some("g".to_string());
+            s.task_key = Some(key.to_string());
+        });
+        r.metadata.name = None;
+        engine.create_run(PROJECT, r).await.expect("task");
+    }
+    // Killed after a's command ran and before its outcome was written (write 8: sandbox,
+    // routing, model call, then the command's result); the restart parks it.
+    let crashing = Arc::new(CrashingStore::new(
+        world.memory.clone(),
+        8,
+        CrashMode::BeforeWrite,
+    ));
+    assert!(
+        world
+            .engine_over(crashing)
+            .drive(PROJECT, "g-a")
+            .await
+            .is_err()
+    );
+    let driven = engine.drive(PROJECT, "g-a").await.expect("restart");
+    assert!(matches!(driven, Driven::Parked { .. }), "{driven:?}");
+
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(group.status.counts.parked, 1);
+    assert_eq!(group.status.counts.active, 1, "b took the free slot");
+    assert!(group.status.blocked_reasons.is_empty());
+    assert_eq!(
+        engine.drive(PROJECT, "g-b").await.expect("b"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let group = engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        group.status.phase,
+        Some(GroupPhase::Running),
+        "a is still parked"
+    );
+    assert_eq!(group.status.counts.parked, 1);
+    assert_eq!(group.status.counts.succeeded, 1);
 }

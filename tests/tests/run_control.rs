@@ -15,12 +15,12 @@ use nodus_core::Usd;
 use nodus_core::engine::Driven;
 use nodus_core::engine::Engine;
 use nodus_core::journal::{StepKind, StepState};
-use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase, WaitReason};
+use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase};
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, GroupLimits};
 use nodus_core::store::Delivery;
 use nodus_llm::Reply;
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
-use support::{PROJECT, World, agent, run};
+use support::{PROJECT, World, agent, helper_run, run, waiting_chat};
 
 fn text(s: &str) -> Reply {
     Reply::Text(s.to_string())
@@ -30,30 +30,7 @@ fn text(s: &str) -> Reply {
 async fn a_message_key_reused_for_another_payload_is_refused() {
     let world = World::new(vec![text("first"), text("second")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(
-        matches!(
-            driven,
-            Driven::Waiting {
-                reason: WaitReason::AwaitingMessage,
-                ..
-            }
-        ),
-        "{driven:?}"
-    );
+    waiting_chat(&engine).await;
     let first = engine
         .send_message(PROJECT, "chat", "Now the staging logs", Some("staging-1"))
         .await
@@ -203,30 +180,7 @@ async fn a_group_run_whose_cap_can_never_fit_says_what_to_change() {
 async fn a_closed_keep_alive_conversation_succeeds_after_its_turn() {
     let world = World::new(vec![text("first"), text("second")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
-    assert!(
-        matches!(
-            driven,
-            Driven::Waiting {
-                reason: WaitReason::AwaitingMessage,
-                ..
-            }
-        ),
-        "{driven:?}"
-    );
+    waiting_chat(&engine).await;
     // A message that came before the close is still answered; then the run succeeds.
     engine
         .send_message(PROJECT, "chat", "And the staging logs", None)
@@ -273,20 +227,7 @@ async fn a_closed_keep_alive_conversation_succeeds_after_its_turn() {
 async fn closing_a_waiting_conversation_ends_it_at_once() {
     let world = World::new(vec![text("only")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    engine
-        .create_run(
-            PROJECT,
-            run("chat", "helper", "Summarize the logs", |s| {
-                s.keep_alive = true
-            }),
-        )
-        .await
-        .expect("run");
-    engine.drive(PROJECT, "chat").await.expect("drive");
+    waiting_chat(&engine).await;
     let calls = world.model.calls();
     let runner = world.runner(&engine);
     engine.close_run(PROJECT, "chat").await.expect("close");
@@ -314,7 +255,8 @@ impl Served {
 
     async fn start_on(sandbox: SandboxKind) -> Served {
         let dir = tempfile::tempdir().expect("dir");
-        let mut options = Options::new(dir.path().to_path_buf());
+        // The server makes its data directory owner-only; a temporary directory is not.
+        let mut options = Options::new(dir.path().join("data"));
         options.store = Some(StoreUrl::Memory);
         options.sandbox = sandbox;
         if sandbox == SandboxKind::Docker {
@@ -711,4 +653,90 @@ fn the_cli_closes_conversations_refuses_reused_message_keys_and_cancels_at_once(
         "cancelled after {:?}",
         asked.elapsed()
     );
+}
+
+/// A sandbox that, while it deletes a run's sandbox, sends the run a message (as a user who
+/// writes at the moment the run ends) and keeps the answer.
+struct MessageWhileDeleting {
+    inner: std::sync::Arc<nodus_core::testing::RecordingSandbox>,
+    sender: std::sync::OnceLock<Engine>,
+    sent: std::sync::Mutex<Option<nodus_core::engine::Result<Delivery>>>,
+}
+
+#[async_trait::async_trait]
+impl nodus_core::sandbox::Sandbox for MessageWhileDeleting {
+    async fn create(
+        &self,
+        spec: &nodus_core::sandbox::SandboxSpec,
+    ) -> Result<nodus_core::sandbox::SandboxInfo, nodus_core::sandbox::Error> {
+        self.inner.create(spec).await
+    }
+    async fn exec(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+        request: &nodus_core::sandbox::ExecRequest,
+    ) -> Result<nodus_core::sandbox::ExecOutput, nodus_core::sandbox::Error> {
+        self.inner.exec(id, request).await
+    }
+    async fn put_files(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+        tar: Vec<u8>,
+    ) -> Result<(), nodus_core::sandbox::Error> {
+        self.inner.put_files(id, tar).await
+    }
+    async fn get_files(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+        path: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, nodus_core::sandbox::Error> {
+        self.inner.get_files(id, path, max_bytes).await
+    }
+    async fn destroy(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+    ) -> Result<(), nodus_core::sandbox::Error> {
+        if let Some(sender) = self.sender.get() {
+            let sent = sender
+                .send_message(PROJECT, "job", "One more thing.", None)
+                .await;
+            *self.sent.lock().expect("lock") = Some(sent);
+        }
+        self.inner.destroy(id).await
+    }
+}
+
+#[tokio::test]
+async fn a_message_sent_while_the_run_deletes_its_sandbox_is_refused_not_lost() {
+    let world = World::new(vec![text("done")]);
+    let sandbox = std::sync::Arc::new(MessageWhileDeleting {
+        inner: world.sandbox.clone(),
+        sender: std::sync::OnceLock::new(),
+        sent: std::sync::Mutex::new(None),
+    });
+    let engine = world.engine_with_sandbox(sandbox.clone());
+    let _ = sandbox.sender.set(world.engine());
+    helper_run(&engine, "job", "Check the logs", |_| {}).await;
+    let driven = engine.drive(PROJECT, "job").await.expect("drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let sent = sandbox
+        .sent
+        .lock()
+        .expect("lock")
+        .take()
+        .expect("a message was sent while the sandbox was deleted");
+    // Answered delivered, it would never be read: the run's turn is over and it succeeded.
+    let error = sent.expect_err("the ending run refuses the message");
+    assert_eq!(error.reason(), "AgentRunFinished", "{error}");
+    assert!(error.to_string().contains("Succeeded"), "{error}");
+    let inbox = world
+        .engine()
+        .get_run(PROJECT, "job")
+        .await
+        .expect("run")
+        .status
+        .turns
+        .len();
+    assert_eq!(inbox, 1, "one turn: the message was never taken in");
 }

@@ -344,29 +344,8 @@ fn limits_walk(backend: Backend) {
         "Failed"
     );
 
-    // A run whose cap cannot fit the next call waits with MaxCostReached and calls nothing.
-    let tiny = r#"{"apiVersion":"nodus.dev/v1","kind":"Agent","metadata":{"name":"tiny"},"spec":{"system":"s","perRunMaxCostUSD":"0.000001"}}"#;
-    server.cli_in(&["apply", "-f", "-"], Some(tiny));
-    server.ok(&[
-        "create", "agentrun", "capped", "--agent", "tiny", "--prompt", "hi",
-    ]);
-    server.ok(&[
-        "wait",
-        "agentrun/capped",
-        "--for=jsonpath={.status.reason}=MaxCostReached",
-        "--timeout=1m",
-    ]);
-    assert_eq!(
-        server
-            .ok(&[
-                "get",
-                "agentrun/capped",
-                "-o",
-                "jsonpath={.status.cost.totalUSD}"
-            ])
-            .trim(),
-        "0.00"
-    );
+    // A run whose cap cannot fit the next call: tests/server_models.rs (the offline model
+    // here is free, so no call is too big for a cap).
 
     // Group cap admission: $0.75 holds one run of the agent's $0.50 cap; the second waits
     // with MaxCostReached.
@@ -567,9 +546,106 @@ fn two_replicas_share_the_runs_on_postgres() {
     }
 }
 
+/// A long poll (`?watch=true`) on one object and on a list, through `watcher`, answers within
+/// seconds of a change made through `writer` (another replica on Postgres: the change comes
+/// over LISTEN/NOTIFY), and not before; the list's version is read with the store's own
+/// sparse listing.
+fn long_poll_walk(writer: &ServerProcess, watcher: &ServerProcess) {
+    writer.ok(&["apply", "-f", &example("agent.yaml")]);
+    let agents = "/apis/nodus.dev/v1/projects/default/agents";
+    let version = |body: &serde_json::Value| {
+        body["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("a version")
+            .to_string()
+    };
+    let (status, agent) = watcher.http("GET", &format!("{agents}/hello-agent"), Some(TOKEN), None);
+    assert_eq!(status, 200, "{agent}");
+    let (status, list) = watcher.http("GET", agents, Some(TOKEN), None);
+    assert_eq!(status, 200, "{list}");
+    let (object_version, list_version) = (version(&agent), version(&list));
+    std::thread::scope(|scope| {
+        let watch = |path: String| {
+            scope.spawn(move || {
+                let answer = watcher.http("GET", &path, Some(TOKEN), None);
+                (answer, std::time::Instant::now())
+            })
+        };
+        let object = watch(format!(
+            "{agents}/hello-agent?watch=true&resourceVersion={object_version}&timeoutSeconds=60"
+        ));
+        let listed = watch(format!(
+            "{agents}?watch=true&resourceVersion={list_version}&timeoutSeconds=60"
+        ));
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        assert!(
+            !object.is_finished() && !listed.is_finished(),
+            "nothing changed yet"
+        );
+        writer.ok(&[
+            "patch",
+            "agent/hello-agent",
+            "--patch",
+            r#"{"metadata":{"labels":{"watched":"yes"}}}"#,
+        ]);
+        let changed = std::time::Instant::now();
+        let ((status, body), at) = object.join().expect("object watch");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["metadata"]["labels"]["watched"], "yes");
+        assert_ne!(version(&body), object_version);
+        assert!(
+            at - changed < std::time::Duration::from_secs(3),
+            "{:?}",
+            at - changed
+        );
+        let ((status, body), at) = listed.join().expect("list watch");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["items"][0]["metadata"]["labels"]["watched"], "yes");
+        assert_ne!(version(&body), list_version);
+        assert!(
+            at - changed < std::time::Duration::from_secs(3),
+            "{:?}",
+            at - changed
+        );
+    });
+}
+
+#[test]
+fn a_long_poll_answers_a_change_on_sqlite() {
+    let dir = tempfile::tempdir().expect("dir");
+    let server = ServerProcess::start(
+        &Backend::Sqlite.store_url(dir.path()),
+        dir.path(),
+        "process",
+    );
+    long_poll_walk(&server, &server);
+}
+
+#[test]
+fn a_long_poll_answers_a_change_made_through_another_replica_on_postgres() {
+    let store = server::postgres_url();
+    let (one_dir, two_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let one = ServerProcess::start(&store, one_dir.path(), "process");
+    let two = ServerProcess::start(&store, two_dir.path(), "process");
+    long_poll_walk(&one, &two);
+}
+
+/// One Docker server at a time in this binary: a Docker server removes, when it starts, the
+/// containers of runs it does not know (orphans), which another test's server may be using.
+fn one_docker_server_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static DOCKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    DOCKER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// The same server with the Docker sandbox: a run's command executes in its own container.
 #[test]
 fn a_run_executes_in_a_docker_container() {
+    let _docker = one_docker_server_at_a_time();
     let image = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
         panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
     });
@@ -602,4 +678,98 @@ fn a_run_executes_in_a_docker_container() {
         "jsonpath={.status.sandbox.isolated}",
     ]);
     assert_eq!(isolated.trim(), "true");
+}
+
+/// `spec.image` end to end: with the Docker sandbox a run executes in the image it names (one
+/// built here from the test image with a marker file, not the server's default image); the
+/// bubblewrap process sandbox refuses the same run at creation, naming spec.image.
+#[test]
+fn a_run_executes_in_the_image_it_names_and_the_process_sandbox_refuses_one() {
+    let _docker = one_docker_server_at_a_time();
+    let base = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+        panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let named = format!(
+        "nodus-test-marked:t{}",
+        dir.path()
+            .file_name()
+            .and_then(|name| name.to_str())
+            .expect("a name")
+            .to_ascii_lowercase()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    );
+    let mut build = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &named, "-"])
+        .env("DOCKER_BUILDKIT", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("docker build");
+    {
+        use std::io::Write as _;
+        let mut stdin = build.stdin.take().expect("stdin");
+        write!(
+            stdin,
+            "FROM {base}\nRUN echo in-the-named-image > /etc/nodus-marker\n"
+        )
+        .expect("a Dockerfile");
+    }
+    let built = build.wait_with_output().expect("docker build");
+    assert!(
+        built.status.success(),
+        "{named}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let manifest = dir.path().join("run.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata: {{name: imaged}}\nspec:\n  \
+             agent: hello-agent\n  image: {named}\n  input: \"Run `cat /etc/nodus-marker`\"\n"
+        ),
+    )
+    .expect("write");
+    let manifest = manifest.to_str().expect("utf-8");
+
+    let docker_dir = dir.path().join("docker");
+    std::fs::create_dir(&docker_dir).expect("dir");
+    let server = ServerProcess::start_with(
+        &Backend::Sqlite.store_url(&docker_dir),
+        &docker_dir,
+        "docker",
+        &["--default-image", &base],
+    );
+    server.ok(&["apply", "-f", &example("agent.yaml")]);
+    server.ok(&["apply", "-f", manifest]);
+    server.ok(&[
+        "wait",
+        "agentrun/imaged",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let answer = server.ok(&["agentrun", "answer", "imaged"]);
+    assert!(answer.contains("in-the-named-image"), "{answer}");
+    drop(server);
+
+    let process_dir = dir.path().join("process");
+    std::fs::create_dir(&process_dir).expect("dir");
+    let server = ServerProcess::start(
+        &Backend::Sqlite.store_url(&process_dir),
+        &process_dir,
+        "process",
+    );
+    server.ok(&["apply", "-f", &example("agent.yaml")]);
+    let said = server.fails(&["apply", "-f", manifest]);
+    assert!(said.contains("spec.image"), "{said}");
+    assert!(said.contains("cannot be honoured"), "{said}");
+    assert!(said.contains(&named), "{said}");
+    server.fails(&["get", "agentrun", "imaged"]);
+    drop(server);
+    let removed = std::process::Command::new("docker")
+        .args(["rmi", &named])
+        .output()
+        .expect("docker rmi");
+    assert!(removed.status.success(), "docker rmi {named}");
 }

@@ -22,6 +22,8 @@ pub async fn run(client: &Client, command: CreateCommand) -> Result<()> {
             )
         }
         CreateCommand::Agentgroup(args) => (ResourceKind::AgentGroup, group_document(&args)?),
+        CreateCommand::Project(args) => return super::access::create_project(client, args).await,
+        CreateCommand::Token(args) => return super::access::create_token(client, args).await,
     };
     let created = client.post(&[kind.plural()], document).await?;
     let name = created

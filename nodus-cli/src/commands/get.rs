@@ -13,6 +13,9 @@ use crate::table;
 use crate::yaml;
 
 pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
+    if let Some((kind, names)) = super::access::AccessKind::parse(&args.targets) {
+        return super::access::get(client, kind, names, args).await;
+    }
     let (kind, names) = parse_targets(&args.targets)?;
     let output = args.output.unwrap_or(Output::Table);
     let template = match &output {

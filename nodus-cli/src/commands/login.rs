@@ -10,6 +10,31 @@ use crate::config::{self, Config, Context};
 use crate::error::{Error, Result};
 use crate::table::Table;
 
+/// The project of a login without `--project`: the token's one project when it holds only
+/// one (a team's token), else `default`.
+async fn only_project(server: &str, token: &str) -> Result<String> {
+    let client = Client::new(server, token, config::DEFAULT_PROJECT)?;
+    let projects = client
+        .send(
+            reqwest::Method::GET,
+            &super::access::PROJECTS,
+            &[],
+            None,
+            &[],
+        )
+        .await
+        .ok()
+        .and_then(|list| list["items"].as_array().cloned())
+        .unwrap_or_default();
+    Ok(match projects.as_slice() {
+        [one] => one["metadata"]["name"]
+            .as_str()
+            .unwrap_or(config::DEFAULT_PROJECT)
+            .to_string(),
+        _ => config::DEFAULT_PROJECT.to_string(),
+    })
+}
+
 pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
     let server = match &args.server {
         Some(server) if server.contains("://") => server.trim_end_matches('/').to_string(),
@@ -35,10 +60,10 @@ pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
     if token.is_empty() {
         return Err(Error::NotLoggedIn("the token is empty".to_string()));
     }
-    let project = global
-        .project
-        .clone()
-        .unwrap_or_else(|| config::DEFAULT_PROJECT.to_string());
+    let project = match &global.project {
+        Some(project) => project.clone(),
+        None => only_project(&server, &token).await?,
+    };
     let client = Client::new(&server, &token, &project)?;
     // A read the token must be allowed: the project's agents. A token that does not hold the
     // project is no usable login for it.

@@ -69,6 +69,11 @@ pub async fn cancel(client: &Client, args: CancelArgs) -> Result<()> {
 }
 
 pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
+    if args.files.is_empty()
+        && let Some((kind, names)) = super::access::AccessKind::parse(&args.targets)
+    {
+        return super::access::delete(client, kind, names, args.ignore_not_found).await;
+    }
     // Each target with where it came from (`FILE: document N`) when a file named it.
     let mut targets: Vec<(Option<String>, ResourceKind, String)> = Vec::new();
     let mut failures = Vec::new();

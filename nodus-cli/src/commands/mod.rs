@@ -1,5 +1,6 @@
 //! The commands: each module carries out one group of them against the API.
 
+mod access;
 mod apply;
 mod create;
 mod get;

@@ -1,11 +1,14 @@
-//! `nodus wait KIND/NAME --for=jsonpath='{…}'=VALUE --timeout=…`: polls the object about
-//! four times a second until the condition holds, the timeout passes, or the object finishes
-//! in a state that can never meet it. On a terminal it keeps one live progress line (phase,
-//! turns, cost); otherwise it prints a line when the state changes.
+//! `nodus wait KIND/NAME --for=jsonpath='{…}'=VALUE --timeout=…`: reads the object, then
+//! waits for each change of it with the API's long poll (`?watch=true&resourceVersion=…`),
+//! until the condition holds, the timeout passes, or the object finishes in a state that can
+//! never meet it. On a terminal it keeps one live progress line (phase, turns, cost, the time
+//! waited); otherwise it prints no progress, so a script's standard error holds only what
+//! went wrong.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::Value;
 
 use super::outln;
@@ -16,8 +19,13 @@ use crate::error::{Error, Result};
 use crate::jsonpath::Path;
 use crate::kinds::{ResourceKind, parse_target};
 
-/// How often the object is read.
+/// The pause before reading again after an answer that did not change (a server that does
+/// not wait, or one that is stopping) or after the server could not be reached.
 const POLL: Duration = Duration::from_millis(250);
+/// The longest wait asked of the server in one request (well within the client's timeout).
+const LONG_POLL: Duration = Duration::from_secs(30);
+/// How often the live progress line's time is redrawn while a long poll waits.
+const TICK: Duration = Duration::from_secs(1);
 
 /// A parsed `--for`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +133,8 @@ pub fn progress_line(kind: ResourceKind, name: &str, object: &Value) -> String {
     parts.join("  ")
 }
 
-/// Where progress goes: a live line on a terminal, or a line per change otherwise.
+/// Where progress goes: a live line when standard error is a terminal, nowhere otherwise
+/// (the server being unreachable is still said, once per reason).
 struct Progress {
     live: bool,
     last: String,
@@ -147,8 +156,8 @@ impl Progress {
     }
 
     fn show(&mut self, line: &str, elapsed: Duration) {
-        let mut stderr = std::io::stderr().lock();
         if self.live {
+            let mut stderr = std::io::stderr().lock();
             let full = format!(
                 "{line}  {}",
                 duration::display(Duration::from_secs(elapsed.as_secs()))
@@ -156,10 +165,17 @@ impl Progress {
             let shown: String = full.chars().take(self.width - 1).collect();
             let _ = write!(stderr, "\r\x1b[2K{shown}");
             let _ = stderr.flush();
-        } else if line != self.last {
-            let _ = writeln!(stderr, "{line}");
         }
         self.last = line.to_string();
+    }
+
+    /// A note that is not progress (the server unreachable): the live line on a terminal,
+    /// otherwise a line of its own when it changes.
+    fn note(&mut self, line: &str, elapsed: Duration) {
+        if !self.live && line != self.last {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
+        self.show(line, elapsed);
     }
 
     fn clear(&self) {
@@ -180,9 +196,58 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
     let mut progress = Progress::new();
     let mut seen = false;
     let mut last_value: Option<String> = None;
+    let mut last_line: Option<String> = None;
+    // The version read last: the next request waits for a newer one.
+    let mut version: Option<String> = None;
+    let timed_out = |last_value: Option<String>| {
+        Error::Timeout(format!(
+            "timed out after {} waiting for {}/{name}: {} is {}, not {:?}",
+            duration::display(timeout),
+            kind.singular(),
+            condition.path.display(),
+            last_value.map_or_else(|| "not set".to_string(), |v| format!("{v:?}")),
+            condition.value,
+        ))
+    };
     loop {
-        match client.get(&[kind.plural(), &name]).await {
-            Ok(object) => {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .min(LONG_POLL)
+            .as_secs()
+            .max(1)
+            .to_string();
+        let query: Vec<(&str, &str)> = match &version {
+            Some(version) => vec![
+                ("watch", "true"),
+                ("resourceVersion", version),
+                ("timeoutSeconds", &wait),
+            ],
+            None => Vec::new(),
+        };
+        let answer = {
+            let path = [kind.plural(), name.as_str()];
+            let request = client.call(Method::GET, &path, &query, None);
+            tokio::pin!(request);
+            let mut tick = tokio::time::interval(TICK);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    answer = &mut request => break Some(answer),
+                    () = tokio::time::sleep_until(deadline.into()) => break None,
+                    _ = tick.tick() => {
+                        if let Some(line) = &last_line {
+                            progress.show(line, started.elapsed());
+                        }
+                    }
+                }
+            }
+        };
+        let unchanged = match answer {
+            None => {
+                progress.clear();
+                return Err(timed_out(last_value));
+            }
+            Some(Ok(object)) => {
                 seen = true;
                 let actual = condition.path.text(&object);
                 if actual.as_deref() == Some(condition.value.as_str()) {
@@ -198,36 +263,40 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
                         kind, &name, phase, &object, &condition,
                     )));
                 }
-                progress.show(&progress_line(kind, &name, &object), started.elapsed());
+                let line = progress_line(kind, &name, &object);
+                progress.show(&line, started.elapsed());
+                last_line = Some(line);
                 last_value = actual;
+                let read = object
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                let unchanged = read.is_none() || read == version;
+                version = read;
+                unchanged
             }
-            Err(Error::Unreachable { reason, .. }) if seen => {
-                progress.show(
-                    &format!(
-                        "{}/{name}  server unreachable ({reason}); retrying",
-                        kind.singular()
-                    ),
-                    started.elapsed(),
+            Some(Err(Error::Unreachable { reason, .. })) if seen => {
+                let line = format!(
+                    "{}/{name}  server unreachable ({reason}); retrying",
+                    kind.singular()
                 );
+                progress.note(&line, started.elapsed());
+                last_line = Some(line);
+                true
             }
-            Err(error) => {
+            Some(Err(error)) => {
                 progress.clear();
                 return Err(error);
             }
-        }
+        };
         let now = Instant::now();
         if now >= deadline {
             progress.clear();
-            return Err(Error::Timeout(format!(
-                "timed out after {} waiting for {}/{name}: {} is {}, not {:?}",
-                duration::display(timeout),
-                kind.singular(),
-                condition.path.display(),
-                last_value.map_or_else(|| "not set".to_string(), |v| format!("{v:?}")),
-                condition.value,
-            )));
+            return Err(timed_out(last_value));
         }
-        tokio::time::sleep(POLL.min(deadline - now)).await;
+        if unchanged {
+            tokio::time::sleep(POLL.min(deadline - now)).await;
+        }
     }
 }
 

@@ -96,6 +96,7 @@ impl Engine {
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let mut journal = self.deps.store.journal(&fixed.uid).await?;
+        self.settle_last_charge(&fixed, &journal).await?;
         // Renew the lease while the run is driven (a command may outlast it), and give it up
         // when the drive ends, so another replica can take the run at once.
         let renewing = async {
@@ -191,7 +192,7 @@ impl Engine {
         // refused and the loop reads again), there is nothing new to read.
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         loop {
-            let (run, inbox) = match known.take() {
+            let (mut run, inbox) = match known.take() {
                 Some(known) => known,
                 None => {
                     let record = self.deps.store.get(&fixed.key).await?;
@@ -235,6 +236,19 @@ impl Engine {
                         intent,
                         completion: None,
                     };
+                    if matches!(step.intent, Intent::DestroySandbox { .. }) {
+                        // The run ends: say so in its status before the step is journaled,
+                        // with a write conditional on the run as read. A message that came
+                        // after that read bumped the version, so the write is refused and the
+                        // run decides again with the message; one that comes after the write
+                        // is refused by send_message, which sees the journaled ending.
+                        let mut ending = journal.clone();
+                        ending.push(step.clone());
+                        match self.write_status(fixed, &run, &ending, phase).await? {
+                            Some(written) => run = written,
+                            None => continue,
+                        }
+                    }
                     self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
                         .await?;
                     journal.push(step);
@@ -334,10 +348,7 @@ impl Engine {
         let charged = journal
             .get(usize::try_from(seq).unwrap_or(usize::MAX))
             .is_some_and(|step| self.charge_of(fixed, &step.intent).is_some());
-        let actual = match &outcome {
-            Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
-            _ => Usd::ZERO,
-        };
+        let actual = cost_of(&outcome);
         let completion = Completion {
             finished_at: self.deps.clock.now(),
             outcome,
@@ -352,6 +363,24 @@ impl Engine {
             step.completion = Some(completion);
         }
         if charged {
+            let key = format!("{}/{seq}", fixed.uid);
+            self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Settle the reservation of the last charged step that has an outcome, in case a crash
+    /// came between journaling the outcome and settling (settling is idempotent, and a
+    /// settled reservation writes nothing). Only the last one can be unsettled: a step's
+    /// reservation is settled before the next step is decided.
+    async fn settle_last_charge(&self, fixed: &Fixed, journal: &[Step]) -> Result<()> {
+        let last = journal.iter().rev().find_map(|step| {
+            let completion = step.completion.as_ref()?;
+            self.charge_of(fixed, &step.intent)?;
+            Some((step.seq, cost_of(&completion.outcome)))
+        });
+        if let Some((seq, actual)) = last {
             let key = format!("{}/{seq}", fixed.uid);
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
                 .await?;
@@ -521,16 +550,29 @@ impl Engine {
                 // Watched from before the command starts, so no cancellation is missed.
                 let changes = self.deps.store.subscribe();
                 let exec = async {
-                    let executed = self.deps.sandbox.exec(&info.id, &request).await;
-                    if let Err(sandbox::Error::NotFound(_)) = executed {
-                        // A sandbox created before a restart: re-create it over its working
-                        // directory (creation is idempotent by key) and run the command there.
-                        return match self.deps.sandbox.create(&fixed.sandbox).await {
-                            Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
-                            Err(e) => Err(e),
-                        };
+                    let mut attempt = 1;
+                    loop {
+                        let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
+                        if let Err(sandbox::Error::NotFound(_)) = executed {
+                            // A sandbox created before a restart: re-create it over its working
+                            // directory (creation is idempotent by key) and run the command
+                            // there.
+                            executed = match self.deps.sandbox.create(&fixed.sandbox).await {
+                                Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                                Err(e) => Err(e),
+                            };
+                        }
+                        match executed {
+                            // It did not start (the host is out of descriptors, say): again.
+                            Err(sandbox::Error::NotStarted(_))
+                                if attempt < self.config.attempts =>
+                            {
+                                attempt += 1;
+                                self.deps.clock.sleep(self.config.retry_pause).await;
+                            }
+                            other => break other,
+                        }
                     }
-                    executed
                 };
                 // The run ending (cancelled, deleted, at its deadline) stops the command at
                 // once: dropping the exec kills its processes, and the step is recorded as
@@ -548,9 +590,11 @@ impl Engine {
                 match executed {
                     Ok(output) => Performed::Done(Outcome::CommandFinished { output }),
                     // It certainly did not run.
-                    Err(e @ (sandbox::Error::NotFound(_) | sandbox::Error::Refused(_))) => {
-                        Performed::Done(failed(e.to_string()))
-                    }
+                    Err(
+                        e @ (sandbox::Error::NotFound(_)
+                        | sandbox::Error::Refused(_)
+                        | sandbox::Error::NotStarted(_)),
+                    ) => Performed::Done(failed(e.to_string())),
                     Err(e) => {
                         tracing::warn!(run = %fixed.key, error = %e, "command outcome uncertain");
                         Performed::Uncertain
@@ -848,6 +892,14 @@ impl Engine {
 /// The renewal loop never ends by itself; the select ends with the drive.
 fn unreachable_renewal() -> Result<Driven> {
     Ok(Driven::TakenOver)
+}
+
+/// What a completed step cost: a model call's or a routing call's billed cost, else nothing.
+fn cost_of(outcome: &Outcome) -> Usd {
+    match outcome {
+        Outcome::ModelReplied { cost_usd, .. } | Outcome::Routed { cost_usd, .. } => *cost_usd,
+        _ => Usd::ZERO,
+    }
 }
 
 fn failed(error: String) -> Outcome {

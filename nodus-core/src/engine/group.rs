@@ -6,7 +6,9 @@ use super::{Engine, Error, Result, typed};
 use crate::group::{self, GroupPhase, Member};
 use crate::lifecycle::{PendingReason, RunEvent, RunPhase};
 use crate::money::Usd;
-use crate::resource::{AgentGroup, AgentGroupSpec, AgentRun, Kind};
+use serde::Deserialize;
+
+use crate::resource::{Access, AgentGroup, AgentGroupSpec, AgentRun, Kind};
 use crate::store::{ObjectKey, Record, Selector};
 
 impl Engine {
@@ -30,13 +32,18 @@ impl Engine {
             .store
             .list_sparse(project, Kind::AgentRun, &selector, MEMBER_PATHS)
             .await?;
-        Ok(records
+        records
             .into_iter()
-            .map(|record| {
-                let member = member_of(&record.document);
-                (record, member)
+            .map(|record| match member_of(&record.document) {
+                Ok(member) => Ok((record, member)),
+                // Never a guess: a cap read as zero would let the group start runs its cap
+                // has no room for.
+                Err(message) => Err(Error::Corrupt {
+                    key: record.key.to_string(),
+                    message: format!("the group controller cannot read this run: {message}"),
+                }),
             })
-            .collect())
+            .collect()
     }
 
     /// Whether `run` may join `group`. `admissions` holds what earlier runs of the same
@@ -144,7 +151,7 @@ impl Engine {
                 // leaves it when the run moved on meanwhile (the next pass sees it).
                 let seen = member.phase;
                 let edit: crate::store::Edit = Box::new(move |document| {
-                    (member_of(document).phase == seen).then(|| {
+                    (member_phase(document) == Ok(seen)).then(|| {
                         let mut document = document.clone();
                         set_phase(&mut document, next, now);
                         if let Some(message) = &message {
@@ -198,7 +205,7 @@ impl Engine {
         let next = queued.apply(RunEvent::Fail(reason))?;
         let now = self.deps.clock.now();
         let edit: crate::store::Edit = Box::new(move |document| {
-            (member_of(document).phase == queued).then(|| {
+            (member_phase(document) == Ok(queued)).then(|| {
                 let mut document = document.clone();
                 set_phase(&mut document, next, now);
                 document
@@ -311,44 +318,92 @@ const MEMBER_PATHS: &[&str] = &[
     "status.snapshot.agent.perRunMaxCostUSD",
 ];
 
-/// A run as the group controller sees it, read from its stored document (whole, or cut
-/// down to [`MEMBER_PATHS`]).
-fn member_of(document: &serde_json::Value) -> Member {
+/// The parts of a run's document the group controller reads ([`MEMBER_PATHS`]), typed as
+/// the run's own types read them: a document they cannot read is an error, never a default.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MemberDocument {
+    #[serde(default)]
+    spec: MemberSpec,
+    #[serde(default)]
+    status: MemberStatus,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MemberSpec {
+    #[serde(default)]
+    task_key: Option<String>,
+    #[serde(default)]
+    depends_on: Vec<String>,
+}
+
+#[derive(Default, Deserialize)]
+struct MemberStatus {
+    #[serde(default)]
+    cost: MemberCost,
+    #[serde(default)]
+    snapshot: Option<MemberSnapshot>,
+}
+
+#[derive(Default, Deserialize)]
+struct MemberCost {
+    #[serde(rename = "totalUSD", default)]
+    total_usd: Usd,
+}
+
+#[derive(Deserialize)]
+struct MemberSnapshot {
+    agent: MemberAgent,
+}
+
+#[derive(Deserialize)]
+struct MemberAgent {
+    #[serde(default)]
+    model: MemberModel,
+    #[serde(rename = "perRunMaxCostUSD")]
+    per_run_max_cost_usd: Usd,
+}
+
+#[derive(Default, Deserialize)]
+struct MemberModel {
+    #[serde(default)]
+    access: Access,
+}
+
+/// A run's phase from its stored document (a run not started yet has none: queued).
+fn member_phase(document: &serde_json::Value) -> std::result::Result<RunPhase, String> {
     let status = &document["status"];
-    let phase = serde_json::from_value(serde_json::json!({
+    if status["phase"].is_null() {
+        return Ok(RunPhase::Pending(PendingReason::Queued));
+    }
+    serde_json::from_value(serde_json::json!({
         "phase": status["phase"],
         "reason": status["reason"],
     }))
-    .unwrap_or(RunPhase::Pending(PendingReason::Queued));
-    let usd = |value: &serde_json::Value| {
-        value
-            .as_str()
-            .and_then(|text| text.parse::<Usd>().ok())
-            .unwrap_or(Usd::ZERO)
+    .map_err(|e| format!("status.phase: {e}"))
+}
+
+/// A run as the group controller sees it, read from its stored document (whole, or cut
+/// down to [`MEMBER_PATHS`]); an error says what could not be read.
+fn member_of(document: &serde_json::Value) -> std::result::Result<Member, String> {
+    let phase = member_phase(document)?;
+    let read: MemberDocument = serde_path_to_error::deserialize(document)
+        .map_err(|e| format!("{}: {}", e.path(), e.inner()))?;
+    let cap = match &read.status.snapshot {
+        Some(snapshot) if snapshot.agent.model.access == Access::Byok => Usd::ZERO,
+        Some(snapshot) => snapshot.agent.per_run_max_cost_usd,
+        // What a finished run holds is what it spent; an unfinished one holds its cap.
+        None if phase.is_finished() => Usd::ZERO,
+        None => return Err("status.snapshot: the run has no snapshot of its agent".to_string()),
     };
-    let agent = &status["snapshot"]["agent"];
-    let cap = if agent["model"]["access"].as_str() == Some("BYOK") {
-        Usd::ZERO
-    } else {
-        usd(&agent["perRunMaxCostUSD"])
-    };
-    Member {
-        task_key: document["spec"]["taskKey"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        depends_on: document["spec"]["dependsOn"]
-            .as_array()
-            .map(|keys| {
-                keys.iter()
-                    .filter_map(|k| k.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default(),
+    Ok(Member {
+        task_key: read.spec.task_key.unwrap_or_default(),
+        depends_on: read.spec.depends_on,
         cap,
-        spent: usd(&status["cost"]["totalUSD"]),
+        spent: read.status.cost.total_usd,
         phase,
-    }
+    })
 }
 
 /// A run as the group controller sees it.

@@ -34,8 +34,7 @@ use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
 use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
-    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentSpec, AgentState, CostStatus, Kind,
-    RunSnapshot,
+    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentState, CostStatus, Kind, RunSnapshot,
 };
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
@@ -197,10 +196,16 @@ impl Engine {
         match self.deps.store.get(&key).await {
             Ok(record) => {
                 let current = typed::decode::<crate::resource::AgentSpec>(record)?;
+                let unchanged = typed::encode(&key, &current.object)?;
                 let mut updated = current.object;
                 updated.spec = agent.spec;
                 updated.metadata.labels = agent.metadata.labels;
                 let document = typed::encode(&key, &updated)?;
+                if document == unchanged {
+                    // The same agent again: nothing to write (a server starting on a full
+                    // disk re-applies its template).
+                    return Ok(updated);
+                }
                 let record = self
                     .deps
                     .store
@@ -427,7 +432,22 @@ impl Engine {
             .into());
         }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
-        refuse_unsupported(&run.spec, &agent.object.spec)?;
+        refuse_unsupported(&run.spec)?;
+        if let Some(image) = &run.spec.image
+            && !self.deps.sandbox.supports_image()
+        {
+            return Err(Invalid::new(
+                "spec.image",
+                "cannot be honoured by this server's sandbox backend, which runs commands on \
+                 the host's file system and not in an image (only the docker sandbox runs \
+                 images): remove spec.image or use a server with --sandbox docker",
+                format!("{image:?}"),
+            )
+            .into());
+        }
+        if let Some(schema) = &agent.object.spec.context_schema {
+            validate::check_context(schema, run.spec.context.as_ref())?;
+        }
         if let Some(workdir) = &run.spec.workdir {
             self.check_workdir(project, workdir).await?;
         }
@@ -517,8 +537,9 @@ impl Engine {
     }
 
     /// Send a message to a run. A repeated `key` delivers once (the same key with another
-    /// payload is refused, naming `messageKey`); a finished run refuses with
-    /// `AgentRunFinished`; a run that is working reads it after its current turn.
+    /// payload is refused, naming `messageKey`); a finished run, or one deleting its sandbox
+    /// to end, refuses with `AgentRunFinished`; a run that is working reads it after its
+    /// current turn.
     pub async fn send_message(
         &self,
         project: &str,
@@ -538,7 +559,18 @@ impl Engine {
                 .phase
                 .unwrap_or(RunPhase::Pending(PendingReason::Queued));
             let object_key = ObjectKey::new(project, Kind::AgentRun, name);
-            if phase.is_finished() {
+            // A run that journaled its ending (its sandbox is being deleted) reads no more
+            // messages either: refused like a finished run's, rather than answered delivered
+            // and never read. The executor writes the run before it journals its ending, so a
+            // message posted against the version read here is refused if that came between.
+            let ended = if phase.is_finished() {
+                Some(phase)
+            } else if phase.is_started() {
+                ending_of(&self.deps.store.journal(run_uid(&run.object)).await?)
+            } else {
+                None
+            };
+            if let Some(phase) = ended {
                 // A repeat of a message the run already had is still answered as a repeat.
                 if let Some(key) = key {
                     let inbox = self.deps.store.inbox(run_uid(&run.object)).await?;
@@ -859,6 +891,15 @@ fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<
 
 /// Refuses a message key that was already used for a message with another payload: only a
 /// repeat of the same message is answered as delivered.
+/// How the run ends, once its journal holds the deletion of its sandbox (the last step of a
+/// run that is ending).
+fn ending_of(journal: &[crate::journal::Step]) -> Option<RunPhase> {
+    match journal.last().map(|step| &step.intent) {
+        Some(crate::journal::Intent::DestroySandbox { then, .. }) => Some(*then),
+        _ => None,
+    }
+}
+
 fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &str) -> Result<()> {
     if first.payload == payload {
         return Ok(());
@@ -905,19 +946,11 @@ fn not_supported_yet(field: &str, what: &str, value: String) -> Error {
 }
 
 /// Fields of a run that this engine does not carry out yet are refused when the run is
-/// created, rather than accepted and silently ignored: an AgentEnvironment, a post-run
-/// action, and a `context` that would have to be checked against the agent's `contextSchema`.
-fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
+/// created, rather than accepted and silently ignored: an AgentEnvironment and a post-run
+/// action.
+fn refuse_unsupported(spec: &AgentRunSpec) -> Result<()> {
     let unsupported = |field: &str, what: &str, value: String| -> Result<()> {
         Err(not_supported_yet(field, what, value))
-    };
-    // A value as compact JSON, shortened for an error message.
-    let shown = |value: serde_json::Result<String>| -> String {
-        let text = value.unwrap_or_default();
-        match text.char_indices().nth(80) {
-            Some((end, _)) => format!("{}…", &text[..end]),
-            None => text,
-        }
     };
     if let Some(environment) = &spec.environment {
         return unsupported(
@@ -931,14 +964,6 @@ fn refuse_unsupported(spec: &AgentRunSpec, agent: &AgentSpec) -> Result<()> {
             "spec.postRunAction",
             "no post-run action plugins are installed",
             format!("{:?}", action.kind),
-        );
-    }
-    if spec.context.is_some() && agent.context_schema.is_some() {
-        return unsupported(
-            "spec.context",
-            "the agent has a contextSchema and contexts are not checked against it yet; \
-             remove the schema or the context",
-            shown(serde_json::to_string(&spec.context)),
         );
     }
     Ok(())

@@ -45,6 +45,19 @@ pub fn project(
 }
 
 fn message(phase: RunPhase, replay: &Replay<'_>) -> Option<String> {
+    if !phase.is_finished() {
+        let ending = replay
+            .ended
+            .or(match replay.open_step.map(|step| &step.intent) {
+                Some(crate::journal::Intent::DestroySandbox { then, .. }) => Some(*then),
+                _ => None,
+            });
+        if let Some(then) = ending {
+            return Some(format!(
+                "the run is ending ({then}): deleting its sandbox; it takes no more messages"
+            ));
+        }
+    }
     Some(match phase {
         RunPhase::Waiting(WaitReason::MaxCostReached) => format!(
             "the next model call at its largest does not fit under the run's cap (spent {}); \

@@ -121,10 +121,13 @@ pub struct AgentGroupStatus {
 pub struct GroupCounts {
     /// Not started yet.
     pub queued: u32,
-    /// Started and working (or parked for resolution).
+    /// Started and working: the runs that take `maxActive` slots.
     pub active: u32,
-    /// Started and waiting for a message or for funds.
+    /// Started and waiting for a message or for funds (or at its cap); holds no slot.
     pub waiting: u32,
+    /// Parked in `NeedsResolution` until a person resolves it; holds no slot.
+    #[serde(default)]
+    pub parked: u32,
     /// Finished successfully.
     pub succeeded: u32,
     /// Failed.

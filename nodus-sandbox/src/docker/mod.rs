@@ -753,6 +753,12 @@ impl DockerSandbox {
 
 #[async_trait]
 impl Sandbox for DockerSandbox {
+    /// A container is created from the spec's image (the configured default when it names
+    /// none).
+    fn supports_image(&self) -> bool {
+        true
+    }
+
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;

@@ -38,7 +38,9 @@ pub async fn add(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_admin(&project)?;
+    caller(&state, &headers)
+        .await?
+        .check_admin(&project, "add credits")?;
     let body: AddCredits = serde_json::from_value(json_body(&body)?).map_err(|e| {
         ApiError::from(Invalid::new(
             "addUSD",

@@ -6,6 +6,7 @@ mod credits;
 mod resources;
 mod runs;
 mod selectors;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -23,6 +24,8 @@ use crate::error::{ApiError, ApiResult};
 
 /// The prefix of every resource path.
 pub const PREFIX: &str = "/apis/nodus.dev/v1/projects/{project}";
+/// Where projects are listed and created.
+pub const PROJECTS: &str = "/apis/nodus.dev/v1/projects";
 /// The largest request body: a batch of 100 runs with large inputs.
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
@@ -30,6 +33,14 @@ const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 pub fn router(state: Arc<AppState>) -> Router {
     let resources = Router::new()
         .route("/credits", get(credits::get).post(credits::add))
+        .route(
+            "/tokens",
+            get(tokens::list_tokens).post(tokens::create_token),
+        )
+        .route(
+            "/tokens/{name}",
+            get(tokens::get_token).delete(tokens::delete_token),
+        )
         .route("/{plural}", get(resources::list).post(resources::create))
         .route(
             "/{plural}/{name}",
@@ -50,6 +61,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route(
+            PROJECTS,
+            get(tokens::list_projects).post(tokens::create_project),
+        )
         .nest(PREFIX, resources)
         .fallback(not_found)
         .layer(middleware::from_fn(json_errors))
@@ -108,12 +123,20 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+/// `/metrics`: without a token, only the server's own counters (nothing about any project);
+/// with one, the runs of the projects it holds too (every project for the operator token).
+/// A token that is not valid is refused.
+async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult<Response> {
+    let caller = if headers.contains_key(header::AUTHORIZATION) {
+        Some(caller(&state, &headers).await?)
+    } else {
+        None
+    };
     let text = state
         .metrics
-        .render(&state.engine, state.store.as_ref())
+        .render(&state.engine, state.store.as_ref(), caller.as_ref())
         .await;
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn openapi() -> Response {

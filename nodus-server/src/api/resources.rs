@@ -19,6 +19,7 @@ use super::selectors::ListQuery;
 use super::{caller, json_body, reply};
 use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
+use crate::watch::{Target, WatchQuery};
 
 fn kind_of(plural: &str) -> ApiResult<Kind> {
     match Kind::from_plural(plural) {
@@ -35,6 +36,23 @@ fn kind_of(plural: &str) -> ApiResult<Kind> {
              budgets and filesets"
         ))),
     }
+}
+
+/// The kind of `plural`, once the caller may change it in `project`: budgets need an admin
+/// token, the other kinds a write token.
+async fn check_change(
+    state: &AppState,
+    headers: &HeaderMap,
+    project: &str,
+    plural: &str,
+) -> ApiResult<Kind> {
+    let caller = caller(state, headers).await?;
+    caller.check_write(project)?;
+    let kind = kind_of(plural)?;
+    if kind == Kind::Budget {
+        caller.check_admin(project, "create, change or delete budgets")?;
+    }
+    Ok(kind)
 }
 
 fn to_value(object: &impl serde::Serialize) -> ApiResult<Value> {
@@ -58,43 +76,100 @@ async fn list_typed<S: nodus_core::resource::Spec>(
         .collect()
 }
 
-/// `GET …/{plural}`
+/// `GET …/{plural}`; with `watch=true`, a long poll (see [`crate::watch`]): the list once its
+/// `metadata.resourceVersion` differs from the client's.
 pub async fn list(
     State(state): State<Arc<AppState>>,
     Path((project, plural)): Path<(String, String)>,
     Query(query): Query<ListQuery>,
+    Query(watch): Query<WatchQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_read(&project)?;
     let kind = kind_of(&plural)?;
     let selector = query.selector()?;
+    let Some(poll) = watch.long_poll(Target::List)? else {
+        let answer = list_answer(&state, &project, kind, &selector).await?;
+        return Ok(reply(StatusCode::OK, answer));
+    };
+    let (state, project, selector) = (&*state, project.as_str(), &selector);
+    let answer = state
+        .watches
+        .answer_when_changed(
+            state.store.as_ref(),
+            &poll,
+            |changed| changed.project == project && changed.kind == kind,
+            || async move {
+                let records = state
+                    .store
+                    .list_sparse(project, kind, selector, &["metadata.uid"])
+                    .await?;
+                Ok(crate::watch::list_version_of_records(&records))
+            },
+            || list_answer(state, project, kind, selector),
+        )
+        .await?;
+    Ok(reply(StatusCode::OK, answer))
+}
+
+/// The list answer, with its `metadata.resourceVersion`.
+async fn list_answer(
+    state: &AppState,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+) -> ApiResult<Value> {
     let items = match kind {
-        Kind::Agent => list_typed::<AgentSpec>(&state.engine, &project, &selector).await?,
-        Kind::FileSet => list_typed::<FileSetSpec>(&state.engine, &project, &selector).await?,
-        Kind::AgentRun => list_typed::<AgentRunSpec>(&state.engine, &project, &selector).await?,
-        Kind::AgentGroup => {
-            list_typed::<AgentGroupSpec>(&state.engine, &project, &selector).await?
-        }
+        Kind::Agent => list_typed::<AgentSpec>(&state.engine, project, selector).await?,
+        Kind::FileSet => list_typed::<FileSetSpec>(&state.engine, project, selector).await?,
+        Kind::AgentRun => list_typed::<AgentRunSpec>(&state.engine, project, selector).await?,
+        Kind::AgentGroup => list_typed::<AgentGroupSpec>(&state.engine, project, selector).await?,
         _ => state
             .store
-            .list(&project, kind, &selector)
+            .list(project, kind, selector)
             .await?
             .into_iter()
             .map(|record| with_version(plain_view(kind, record.document), record.version))
             .collect(),
     };
-    Ok(reply(StatusCode::OK, list_of(kind, items)))
+    let version = crate::watch::list_version_of(&items);
+    let mut answer = list_of(kind, items);
+    answer["metadata"] = json!({"resourceVersion": version});
+    Ok(answer)
 }
 
-/// `GET …/{plural}/{name}`
+/// `GET …/{plural}/{name}`; with `watch=true`, a long poll (see [`crate::watch`]): the object
+/// once its `metadata.resourceVersion` differs from the client's (`NotFound` once deleted).
 pub async fn get(
     State(state): State<Arc<AppState>>,
     Path((project, plural, name)): Path<(String, String, String)>,
+    Query(watch): Query<WatchQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_read(&project)?;
     let kind = kind_of(&plural)?;
-    let value = read(&state, &project, kind, &name).await?;
+    let Some(poll) = watch.long_poll(Target::Object)? else {
+        let value = read(&state, &project, kind, &name).await?;
+        return Ok(reply(StatusCode::OK, value));
+    };
+    let key = ObjectKey::new(&project, kind, &name);
+    let (state, project, name) = (&*state, project.as_str(), name.as_str());
+    let value = state
+        .watches
+        .answer_when_changed(
+            state.store.as_ref(),
+            &poll,
+            |changed| *changed == key,
+            || async move {
+                let value = read(state, project, kind, name).await?;
+                Ok(value["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string())
+            },
+            || read(state, project, kind, name),
+        )
+        .await?;
     Ok(reply(StatusCode::OK, value))
 }
 
@@ -170,8 +245,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     let mut document = json_body(&body)?;
     check_project(&mut document, &project)?;
     let created = match kind {
@@ -389,8 +463,7 @@ pub async fn replace(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     let mut document = json_body(&body)?;
     check_project(&mut document, &project)?;
     let value = put(&state, &project, kind, &name, document).await?;
@@ -485,8 +558,7 @@ pub async fn patch(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     let patch = json_body(&body)?;
     if !patch.is_object() {
         return Err(ApiError::malformed("a merge patch is a JSON object"));
@@ -539,8 +611,7 @@ pub async fn delete(
     Path((project, plural, name)): Path<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_write(&project)?;
-    let kind = kind_of(&plural)?;
+    let kind = check_change(&state, &headers, &project, &plural).await?;
     match kind {
         Kind::Agent => state.engine.delete::<AgentSpec>(&project, &name).await?,
         Kind::FileSet => state.engine.delete::<FileSetSpec>(&project, &name).await?,

@@ -6,14 +6,17 @@ use nodus_core::store::Selector;
 use nodus_core::validate::Invalid;
 use serde::Deserialize;
 
-/// Fields a field selector may name.
-pub const SELECTABLE_FIELDS: [&str; 6] = [
+/// Fields a field selector may name. An agent's runs are listed by `spec.agent` (the agent
+/// as the run names it) or by `status.snapshot.agentRef` (the `project/name` it resolved to
+/// when it was created).
+pub const SELECTABLE_FIELDS: [&str; 7] = [
     "metadata.name",
     "spec.agent",
     "spec.group",
     "spec.taskKey",
     "status.phase",
     "status.reason",
+    "status.snapshot.agentRef",
 ];
 
 /// The query of a list request.
@@ -85,6 +88,13 @@ mod tests {
         let selector = query.selector().expect("valid");
         assert_eq!(selector.labels["tier"], "gold");
         assert_eq!(selector.fields["spec.group"], "parallel-agents");
+        let agents = ListQuery {
+            field_selector: Some("status.snapshot.agentRef=team/helper,spec.agent=helper".into()),
+            ..Default::default()
+        };
+        let selector = agents.selector().expect("an agent's runs");
+        assert_eq!(selector.fields["status.snapshot.agentRef"], "team/helper");
+        assert_eq!(selector.fields["spec.agent"], "helper");
         let bad = ListQuery {
             field_selector: Some("spec.input=x".into()),
             ..Default::default()

@@ -277,6 +277,15 @@ class NodusServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def requests(self) -> int:
+        """The server's count of answered requests (``nodus_http_requests_total``)."""
+        import httpx
+
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith("nodus_http_requests_total "):
+                return int(line.split()[1])
+        raise AssertionError("/metrics has no request count")
+
     def stop(self) -> None:
         self.process.terminate()
         try:

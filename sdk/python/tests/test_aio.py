@@ -4,6 +4,7 @@ client, as coroutines, and the same errors."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from decimal import Decimal
 from typing import Any, Awaitable, Callable, TypeVar
@@ -191,3 +192,29 @@ def test_aio_without_a_token_is_a_config_error(monkeypatch: pytest.MonkeyPatch) 
         aio.AsyncClient()
     with pytest.raises(nodus.ConfigError):
         aio.AgentRun("x")
+
+
+def test_aio_wait_is_a_long_poll_that_answers_a_change_at_once(server: NodusServer) -> None:
+    async def test(client: aio.AsyncClient) -> None:
+        agent = aio.ClaudeAgent(unique("awatched"), system="x", client=client)
+        group = await aio.AgentGroup.create(unique("awatched"), agent=agent, max_active=1)
+        before = server.requests()
+        started = time.monotonic()
+        with pytest.raises(nodus.WaitTimeout):
+            await group.wait(timeout=3)
+        assert 3 <= time.monotonic() - started < 4.5
+        assert server.requests() - before - 1 <= 4
+
+        async def seal_later() -> float:
+            await asyncio.sleep(3.3)
+            sealed_at = time.monotonic()
+            await aio.AgentGroup.from_name(group.name, client=client).seal()
+            return sealed_at
+
+        sealing = asyncio.ensure_future(seal_later())
+        status = await group.wait(timeout=30)
+        answered = time.monotonic()
+        assert status.phase == "Succeeded"
+        assert answered - await sealing < 0.5
+
+    run_async(test)

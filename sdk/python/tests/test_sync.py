@@ -8,12 +8,13 @@ import re
 import runpy
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, List
 
 import pytest
 
@@ -466,3 +467,31 @@ def test_unit_errors_by_reason_and_status() -> None:
     assert nodus.types.parse_time("2026-12-01T15:23:47+02:00").utcoffset().total_seconds() == 7200  # type: ignore[union-attr]
     with pytest.raises(TypeError):
         nodus.types.parse_money(0.1)
+
+
+def test_wait_is_a_long_poll_that_answers_a_change_at_once(server: NodusServer) -> None:
+    agent = nodus.ClaudeAgent(unique("watched"), system="You are careful.")
+    group = nodus.AgentGroup.create(unique("watched"), agent=agent, max_active=1)
+    # Nothing changes for 3 s: a read and a long poll or two, not a read every pause.
+    before = server.requests()
+    started = time.monotonic()
+    with pytest.raises(nodus.WaitTimeout):
+        group.wait(timeout=3)
+    took = time.monotonic() - started
+    assert 3 <= took < 4.5, took
+    assert server.requests() - before - 1 <= 4
+    # A change answers the wait at once, however long it has waited.
+    sealed_at: List[float] = []
+
+    def seal_later() -> None:
+        time.sleep(3.3)
+        sealed_at.append(time.monotonic())
+        nodus.AgentGroup.from_name(group.name).seal()
+
+    sealer = threading.Thread(target=seal_later)
+    sealer.start()
+    status = group.wait(timeout=30)
+    answered = time.monotonic()
+    sealer.join()
+    assert status.phase == "Succeeded"
+    assert answered - sealed_at[0] < 0.5, answered - sealed_at[0]

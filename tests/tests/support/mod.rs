@@ -286,16 +286,48 @@ impl World {
     }
 
     pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        self.engine_with_ledger(store, Arc::new(nodus_core::ledger::Unmetered))
+    }
+
+    /// An engine over `store` that reserves and settles credits in it (`StoreLedger`).
+    pub fn metered_engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
+        self.engine_with_ledger(store, Arc::new(ledger))
+    }
+
+    pub fn engine_with_ledger(
+        &self,
+        store: Arc<dyn Store>,
+        ledger: Arc<dyn nodus_core::ledger::Ledger>,
+    ) -> Engine {
+        self.engine_with(store, self.sandbox.clone(), ledger)
+    }
+
+    /// An engine over this world's store with another sandbox.
+    pub fn engine_with_sandbox(&self, sandbox: Arc<dyn nodus_core::sandbox::Sandbox>) -> Engine {
+        self.engine_with(
+            Arc::new(self.memory.clone()),
+            sandbox,
+            Arc::new(nodus_core::ledger::Unmetered),
+        )
+    }
+
+    pub fn engine_with(
+        &self,
+        store: Arc<dyn Store>,
+        sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
+        ledger: Arc<dyn nodus_core::ledger::Ledger>,
+    ) -> Engine {
         Engine::new(
             Deps {
                 store,
-                sandbox: self.sandbox.clone(),
+                sandbox,
                 model: self.model.clone(),
                 router: Arc::new(FixedRouter(Family::Haiku)),
                 clock: self.clock.clone(),
                 catalog: Arc::new(catalog()),
                 secrets: Arc::new(self.secrets.clone()),
-                ledger: Arc::new(nodus_core::ledger::Unmetered),
+                ledger,
             },
             Config::default(),
         )
@@ -317,6 +349,43 @@ pub fn run(
     let mut spec = AgentRunSpec::new(agent, input);
     configure(&mut spec);
     AgentRun::new(name, spec)
+}
+
+/// Apply the agent `helper` and create its run `name` with `input`.
+pub async fn helper_run(
+    engine: &Engine,
+    name: &str,
+    input: &str,
+    configure: impl FnOnce(&mut AgentRunSpec),
+) {
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    engine
+        .create_run(PROJECT, run(name, "helper", input, configure))
+        .await
+        .expect("run");
+}
+
+/// The keepAlive conversation `chat` of the agent `helper`, driven until it waits for a
+/// message.
+pub async fn waiting_chat(engine: &Engine) {
+    helper_run(engine, "chat", "Summarize the logs", |s| {
+        s.keep_alive = true
+    })
+    .await;
+    let driven = engine.drive(PROJECT, "chat").await.expect("drive");
+    assert!(
+        matches!(
+            driven,
+            nodus_core::engine::Driven::Waiting {
+                reason: nodus_core::lifecycle::WaitReason::AwaitingMessage,
+                ..
+            }
+        ),
+        "{driven:?}"
+    );
 }
 
 /// The journal as JSON, for exact comparison.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const TOKEN: &str = "nodus_e2e_admin_token";
+pub const TOKEN: &str = "nodus_e2e_admin_token_0123456789abcdef";
 
 /// The `nodus` binary cargo built next to this test.
 pub fn nodus_binary() -> PathBuf {
@@ -93,7 +93,24 @@ impl ServerProcess {
 
     /// The same, with more `nodus server` flags.
     pub fn start_with(store: &str, data_dir: &Path, sandbox: &str, extra: &[&str]) -> Self {
+        Self::start_in_env(store, data_dir, sandbox, extra, &[])
+    }
+
+    /// The same, with variables set in the server's environment.
+    pub fn start_in_env(
+        store: &str,
+        data_dir: &Path,
+        sandbox: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
+        // The server refuses a data directory that other users can read.
+        std::fs::set_permissions(
+            data_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .expect("an owner-only data directory");
         let log = data_dir.join(format!("server-{port}.log"));
         let child = Command::new(nodus_binary())
             .args([
@@ -110,6 +127,8 @@ impl ServerProcess {
             .args(["--bootstrap-token", TOKEN])
             .args(extra)
             .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("log"))
             .stderr(

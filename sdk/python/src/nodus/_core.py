@@ -1,6 +1,11 @@
 """What the synchronous and the asyncio clients share: the requests they send, how answers
 and failures become values and exceptions, the documents they create, and the back-off of
 their waits. Nothing here does input or output.
+
+A wait reads the object once, then asks the server for its next version with a long poll
+(``GET …?watch=true&resourceVersion=RV&timeoutSeconds=N``), which answers as soon as the
+object changes; an answer that did not change (the poll timed out, or a server that does not
+wait) is followed by a pause of :func:`backoff` before the next one.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Request:
     body: Any = None
     headers: Dict[str, str] = field(default_factory=dict)
     params: Dict[str, str] = field(default_factory=dict)
+    #: Seconds this request may take, when not the client's ``timeout`` (a long poll).
+    timeout: Optional[float] = None
 
 
 def resource_path(
@@ -128,6 +135,43 @@ def backoff(first: float = 0.1, factor: float = 1.5, most: float = 2.0) -> Itera
     while True:
         yield delay
         delay = min(most, delay * factor)
+
+
+#: The longest wait asked of the server in one long poll, in seconds.
+LONG_POLL = 30
+#: How much longer than its wait a long poll may take to be answered.
+LONG_POLL_MARGIN = 15.0
+
+
+def watch_request(path: str, resource_version: str, seconds: int) -> Request:
+    """The long poll of the object at ``path``: answered with the object as soon as its
+    ``metadata.resourceVersion`` differs from ``resource_version``, or as it is after
+    ``seconds`` (1 to 300)."""
+    return Request(
+        "GET",
+        path,
+        params={
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(seconds),
+        },
+        timeout=seconds + LONG_POLL_MARGIN,
+    )
+
+
+def version_of(document: Mapping[str, Any]) -> Optional[str]:
+    """An object's ``metadata.resourceVersion``."""
+    version = (document.get("metadata") or {}).get("resourceVersion")
+    return version if isinstance(version, str) else None
+
+
+def watch_seconds(left: Optional[float]) -> int:
+    """How long the next long poll of a wait with ``left`` seconds to go asks the server to
+    wait: whole seconds, at most :data:`LONG_POLL`; 0 when less than a second is left (the
+    wait then reads once more at its deadline)."""
+    if left is None:
+        return LONG_POLL
+    return max(0, min(LONG_POLL, int(left)))
 
 
 def run_target(agent_project: str, client_project: str, agent: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ updates its agent on first use and starts runs, :class:`AgentRun` is a handle on
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _core
 from .client import Client, default_client
@@ -29,6 +29,38 @@ def _pause(delay: float, deadline: Optional[float]) -> bool:
         delay = min(delay, left)
     time.sleep(delay)
     return True
+
+
+def _follow(
+    client: Client, plural: str, name: str, project: str, deadline: Optional[float]
+) -> Iterator[Dict[str, Any]]:
+    """The object now, then each newer version as the server's long poll answers it, until
+    ``deadline``. A long poll that answers the same version (it timed out, or the server
+    does not wait) is followed by a growing pause; less than a second before the deadline
+    the object is read once more at the deadline, so the wait ends on time."""
+    document = client.get(plural, name, project=project)
+    yield document
+    pauses = _core.backoff()
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        seconds = _core.watch_seconds(left)
+        version = _core.version_of(document)
+        if seconds == 0 or version is None:
+            # Less than a second left: read once more at the deadline.
+            if not _pause(next(pauses) if left is None else left, deadline):
+                return
+            document = client.get(plural, name, project=project)
+            yield document
+            continue
+        answer = client.watch(plural, name, version, timeout_seconds=seconds, project=project)
+        if _core.version_of(answer) == version:
+            _pause(next(pauses), deadline)
+            continue
+        pauses = _core.backoff()
+        document = answer
+        yield document
 
 
 class ClaudeAgent:
@@ -176,16 +208,18 @@ class AgentRun:
     def wait(self, timeout: Optional[float] = None) -> RunStatus:
         """Waits until the run has finished (Succeeded, Failed, Cancelled), needs a
         resolution, or — for a keep-alive run — has answered its input and every message sent
-        through this handle and awaits the next one. Reads the status with a growing pause
-        (0.1 s up to 2 s); raises :class:`~nodus.WaitTimeout` after ``timeout`` seconds."""
-        deadline = _deadline(timeout)
-        for delay in _core.backoff():
-            status = self.status
+        through this handle and awaits the next one. Waits on the server's long poll, which
+        answers each change of the run as it happens; raises :class:`~nodus.WaitTimeout`
+        after ``timeout`` seconds."""
+        status: Optional[RunStatus] = None
+        for document in _follow(
+            self._client, "agentruns", self.name, self.project, _deadline(timeout)
+        ):
+            status = RunStatus.from_json(document)
             if self._settled(status):
                 return status
-            if not _pause(delay, deadline):
-                raise _core.run_timeout(self.name, status, timeout)
-        raise AssertionError("unreachable")
+        assert status is not None
+        raise _core.run_timeout(self.name, status, timeout)
 
     def answer(self, timeout: Optional[float] = None) -> str:
         """The whole answer of the run's last answered turn, once it is there: waits as
@@ -340,16 +374,19 @@ class AgentGroup:
 
     def wait(self, timeout: Optional[float] = None) -> GroupStatus:
         """Waits until the group has finished (Succeeded, Failed, Cancelled) and returns its
-        status, reading it with a growing pause (0.1 s up to 2 s). A group finishes only once
-        it is sealed. Raises :class:`~nodus.WaitTimeout` after ``timeout`` seconds."""
-        deadline = _deadline(timeout)
-        for delay in _core.backoff():
-            status = self.status
+        status, waiting on the server's long poll for each change of it. A group finishes
+        only once it is sealed. Raises :class:`~nodus.WaitTimeout` after ``timeout``
+        seconds."""
+        status: Optional[GroupStatus] = None
+        for document in _follow(
+            self._client, "agentgroups", self.name, self.project, _deadline(timeout)
+        ):
+            self._document = document
+            status = GroupStatus.from_json(document)
             if status.finished:
                 return status
-            if not _pause(delay, deadline):
-                raise _core.group_timeout(self.name, status, timeout)
-        raise AssertionError("unreachable")
+        assert status is not None
+        raise _core.group_timeout(self.name, status, timeout)
 
     def results(self) -> List[Result]:
         """One result per run of the group, in the order the server lists them."""

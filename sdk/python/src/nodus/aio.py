@@ -20,7 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+)
 
 import httpx
 
@@ -131,6 +142,7 @@ class AsyncClient:
                 content=None if request.body is None else _core.encode(request.body),
                 headers=request.headers,
                 params=request.params or None,
+                timeout=httpx.USE_CLIENT_DEFAULT if request.timeout is None else request.timeout,
             )
         except httpx.TransportError as error:
             raise _core.connection_error(self.server, error) from None
@@ -145,6 +157,23 @@ class AsyncClient:
         """``GET …/{plural}/{name}``: one object."""
         answer: Dict[str, Any] = await self.send(
             _core.Request("GET", self._path(plural, name, None, project))
+        )
+        return answer
+
+    async def watch(
+        self,
+        plural: str,
+        name: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int = _core.LONG_POLL,
+        project: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """A long poll of one object; see :meth:`nodus.Client.watch`."""
+        answer: Dict[str, Any] = await self.send(
+            _core.watch_request(
+                self._path(plural, name, None, project), resource_version, timeout_seconds
+            )
         )
         return answer
 
@@ -239,6 +268,36 @@ async def _pause(delay: float, deadline: Optional[float]) -> bool:
         delay = min(delay, left)
     await asyncio.sleep(delay)
     return True
+
+
+async def _follow(
+    client: AsyncClient, plural: str, name: str, project: str, deadline: Optional[float]
+) -> AsyncIterator[Dict[str, Any]]:
+    """The object now, then each newer version as the server's long poll answers it, until
+    ``deadline``; see the sync ``_follow`` in :mod:`nodus.agents`."""
+    document = await client.get(plural, name, project=project)
+    yield document
+    pauses = _core.backoff()
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        seconds = _core.watch_seconds(left)
+        version = _core.version_of(document)
+        if seconds == 0 or version is None:
+            # Less than a second left: read once more at the deadline.
+            if not await _pause(next(pauses) if left is None else left, deadline):
+                return
+            document = await client.get(plural, name, project=project)
+            yield document
+            continue
+        answer = await client.watch(plural, name, version, timeout_seconds=seconds, project=project)
+        if _core.version_of(answer) == version:
+            await _pause(next(pauses), deadline)
+            continue
+        pauses = _core.backoff()
+        document = answer
+        yield document
 
 
 class ClaudeAgent:
@@ -375,14 +434,14 @@ class AgentRun:
 
     async def wait(self, timeout: Optional[float] = None) -> RunStatus:
         """Waits as :meth:`nodus.AgentRun.wait` does."""
-        deadline = _deadline(timeout)
-        for delay in _core.backoff():
-            status = await self._status()
+        status: Optional[RunStatus] = None
+        follow = _follow(self._client, "agentruns", self.name, self.project, _deadline(timeout))
+        async for document in follow:
+            status = RunStatus.from_json(document)
             if await self._settled(status):
                 return status
-            if not await _pause(delay, deadline):
-                raise _core.run_timeout(self.name, status, timeout)
-        raise AssertionError("unreachable")
+        assert status is not None
+        raise _core.run_timeout(self.name, status, timeout)
 
     async def answer(self, timeout: Optional[float] = None) -> str:
         """The answer of the last answered turn; see :meth:`nodus.AgentRun.answer`."""
@@ -523,14 +582,15 @@ class AgentGroup:
 
     async def wait(self, timeout: Optional[float] = None) -> GroupStatus:
         """Waits until the group has finished; see :meth:`nodus.AgentGroup.wait`."""
-        deadline = _deadline(timeout)
-        for delay in _core.backoff():
-            status = await self._status()
+        status: Optional[GroupStatus] = None
+        follow = _follow(self._client, "agentgroups", self.name, self.project, _deadline(timeout))
+        async for document in follow:
+            self._document = document
+            status = GroupStatus.from_json(document)
             if status.finished:
                 return status
-            if not await _pause(delay, deadline):
-                raise _core.group_timeout(self.name, status, timeout)
-        raise AssertionError("unreachable")
+        assert status is not None
+        raise _core.group_timeout(self.name, status, timeout)
 
     async def results(self) -> List[Result]:
         """One result per run of the group."""

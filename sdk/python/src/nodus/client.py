@@ -75,6 +75,7 @@ class Client:
                 content=None if request.body is None else _core.encode(request.body),
                 headers=request.headers,
                 params=request.params or None,
+                timeout=httpx.USE_CLIENT_DEFAULT if request.timeout is None else request.timeout,
             )
         except httpx.TransportError as error:
             raise _core.connection_error(self.server, error) from None
@@ -90,6 +91,26 @@ class Client:
         ``agentgroups``, ``secrets``, ``budgets`` or ``filesets``)."""
         answer: Dict[str, Any] = self.send(
             _core.Request("GET", self._path(plural, name, None, project))
+        )
+        return answer
+
+    def watch(
+        self,
+        plural: str,
+        name: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int = _core.LONG_POLL,
+        project: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """A long poll of one object: ``GET …/{plural}/{name}?watch=true``. Answers the object
+        as soon as its ``metadata.resourceVersion`` differs from ``resource_version`` (at once
+        if it already does), or as it is after ``timeout_seconds`` (1 to 300); raises
+        :class:`~nodus.NotFound` once it is deleted."""
+        answer: Dict[str, Any] = self.send(
+            _core.watch_request(
+                self._path(plural, name, None, project), resource_version, timeout_seconds
+            )
         )
         return answer
 

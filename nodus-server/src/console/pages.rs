@@ -1,0 +1,757 @@
+//! The console's pages, rendered from the values the REST API answers (the same engine and
+//! store calls, serialized the same way), every piece of data through [`Html::text`].
+
+use std::collections::BTreeMap;
+
+use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, Kind};
+use nodus_core::store::Selector;
+use serde_json::Value;
+
+use super::html::{Html, percent_encode};
+use crate::app::AppState;
+use crate::auth::TEMPLATE_PROJECT;
+use crate::error::ApiError;
+
+/// Which part of the console a page belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Tab {
+    /// Agents and their runs.
+    Agents,
+    /// Groups.
+    Groups,
+    /// Credits, budget and spend.
+    Credits,
+}
+
+/// What the layout around a page needs.
+pub struct Layout {
+    /// The project shown.
+    pub project: String,
+    /// The projects of the caller's token, for the switcher.
+    pub projects: Vec<String>,
+    /// The session's CSRF token, for the sign-out form.
+    pub csrf: String,
+    /// The part of the console.
+    pub tab: Tab,
+    /// The page's title.
+    pub title: String,
+}
+
+/// A rendered page: its live part (fetched again on a change, when `live`) and the rest.
+pub struct Page {
+    /// The part that a change re-renders.
+    pub live: Html,
+    /// Below it, kept while the live part is replaced (forms being typed in).
+    pub after: Html,
+    /// Whether the page listens for changes.
+    pub is_live: bool,
+}
+
+impl Page {
+    fn live(live: Html) -> Self {
+        Page {
+            live,
+            after: Html::new(),
+            is_live: true,
+        }
+    }
+}
+
+fn head(html: &mut Html, title: &str) {
+    html.raw(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>",
+    )
+    .text(title)
+    .raw(
+        " · Nodus</title><link rel=\"stylesheet\" href=\"/console/assets/console.css\">\
+         <script src=\"/console/assets/console.js\" defer></script></head><body>",
+    );
+}
+
+/// The page in the console's layout: header with the pages, the project switcher and
+/// sign-out; then the live part and the rest.
+pub fn layout(layout: &Layout, page: Page) -> Html {
+    let mut html = Html::new();
+    head(&mut html, &layout.title);
+    let project = percent_encode(&layout.project);
+    html.raw("<header><span class=\"brand\">Nodus console</span><nav aria-label=\"Pages\"><ul>");
+    for (tab, path, label) in [
+        (Tab::Agents, "agents", "Agents"),
+        (Tab::Groups, "groups", "Groups"),
+        (Tab::Credits, "credits", "Credits"),
+    ] {
+        html.raw("<li><a href=\"/console/p/")
+            .text(&project)
+            .raw("/")
+            .raw(path)
+            .raw("\"");
+        if tab == layout.tab {
+            html.raw(" aria-current=\"page\"");
+        }
+        html.raw(">").raw(label).raw("</a></li>");
+    }
+    html.raw("</ul></nav><nav aria-label=\"Projects\" id=\"projects\"><ul><li class=\"muted\">Project:</li>");
+    for other in &layout.projects {
+        html.raw("<li><a href=\"/console/p/")
+            .segment(other)
+            .raw("/agents\"");
+        if *other == layout.project {
+            html.raw(" aria-current=\"page\"");
+        }
+        html.raw(">").text(other).raw("</a></li>");
+    }
+    html.raw(
+        "</ul></nav><form method=\"post\" action=\"/console/signout\" class=\"inline\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"",
+    )
+    .text(&layout.csrf)
+    .raw("\"><button type=\"submit\" id=\"signout\">Sign out</button></form></header><main>");
+    if page.is_live {
+        html.raw("<div id=\"live\" data-events=\"/console/p/")
+            .text(&project)
+            .raw("/events\">");
+    } else {
+        html.raw("<div>");
+    }
+    html.append(page.live)
+        .raw("</div>")
+        .append(page.after)
+        .raw("</main></body></html>");
+    html
+}
+
+/// The sign-in page, with what was wrong with the last try.
+pub fn signin(problem: Option<&str>) -> Html {
+    let mut html = Html::new();
+    head(&mut html, "Sign in");
+    html.raw("<main class=\"signin\"><h1>Nodus console</h1>");
+    if let Some(problem) = problem {
+        html.raw("<p class=\"error\" role=\"alert\" id=\"problem\">")
+            .text(problem)
+            .raw("</p>");
+    }
+    html.raw(
+        "<form method=\"post\" action=\"/console/signin\"><p><label for=\"token\">API token</label></p>\
+         <p><input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"off\" required autofocus></p>\
+         <p><button type=\"submit\" id=\"signin\">Sign in</button></p></form>\
+         <p class=\"muted\">The token stays on the server; the browser keeps a session cookie.</p>\
+         </main></body></html>",
+    );
+    html
+}
+
+/// An error: status, reason and sentence, and a link back.
+pub fn error(error: &ApiError, back: Option<&str>) -> Html {
+    let mut html = Html::new();
+    head(&mut html, error.reason);
+    html.raw("<main><h1>")
+        .text(error.status().as_u16())
+        .raw(" ")
+        .text(error.reason)
+        .raw("</h1><p class=\"error\" role=\"alert\" id=\"problem\">")
+        .text(&error.message)
+        .raw("</p><p>");
+    if let Some(back) = back {
+        html.raw("<a href=\"").text(back).raw("\">Back</a> · ");
+    }
+    html.raw("<a href=\"/console\">Console</a></p></main></body></html>");
+    html
+}
+
+/// A JSON value as text: a string as it is, nothing as a dash.
+fn show(value: &Value) -> String {
+    match value {
+        Value::Null => "—".to_string(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
+    items
+        .iter()
+        .map(|item| serde_json::to_value(item).unwrap_or(Value::Null))
+        .collect()
+}
+
+/// A phase as a class name: its letters and digits only.
+fn phase_class(phase: &Value) -> String {
+    show(phase)
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect()
+}
+
+fn phase_cell(html: &mut Html, phase: &Value) {
+    let text = show(phase);
+    html.raw("<td class=\"phase phase-")
+        .text(phase_class(phase))
+        .raw("\">")
+        .text(text)
+        .raw("</td>");
+}
+
+fn run_link(html: &mut Html, project: &str, name: &str) {
+    html.raw("<a href=\"/console/p/")
+        .segment(project)
+        .raw("/runs/")
+        .segment(name)
+        .raw("\">")
+        .text(name)
+        .raw("</a>");
+}
+
+const FINISHED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
+
+fn is_finished(run: &Value) -> bool {
+    run["status"]["phase"]
+        .as_str()
+        .is_some_and(|phase| FINISHED.contains(&phase))
+}
+
+/// The runs of a project, newest first.
+async fn runs_of(
+    state: &AppState,
+    project: &str,
+    selector: &Selector,
+) -> Result<Vec<Value>, ApiError> {
+    let runs = state.engine.list::<AgentRunSpec>(project, selector).await?;
+    let mut runs = to_values(&runs);
+    runs.reverse();
+    Ok(runs)
+}
+
+/// A table of runs: name, phase, the model of the latest turn, cost.
+fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
+    html.raw("<div class=\"table\"><table><thead><tr><th>Run</th><th>Phase</th>");
+    if extra {
+        html.raw("<th>Task</th><th>Depends on</th>");
+    }
+    html.raw(
+        "<th>Model (latest turn)</th><th class=\"num\">Cost (USD)</th>\
+         <th class=\"hide-narrow\">Created</th></tr></thead><tbody>",
+    );
+    for run in runs {
+        let name = run["metadata"]["name"].as_str().unwrap_or_default();
+        html.raw("<tr data-run=\"").text(name).raw("\"><td>");
+        run_link(html, project, name);
+        html.raw("</td>");
+        phase_cell(html, &run["status"]["phase"]);
+        if extra {
+            html.raw("<td>")
+                .text(show(&run["spec"]["taskKey"]))
+                .raw("</td><td>");
+            let depends: Vec<&str> = run["spec"]["dependsOn"]
+                .as_array()
+                .map(|items| items.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if depends.is_empty() {
+                html.raw("—");
+            }
+            for (i, task) in depends.iter().enumerate() {
+                if i > 0 {
+                    html.raw(", ");
+                }
+                html.text(task);
+            }
+            html.raw("</td>");
+        }
+        let model = run["status"]["turns"]
+            .as_array()
+            .and_then(|turns| turns.last())
+            .map(|turn| show(&turn["model"]))
+            .unwrap_or_else(|| "—".to_string());
+        html.raw("<td class=\"model\">")
+            .text(model)
+            .raw("</td><td class=\"num cost\">")
+            .text(show(&run["status"]["cost"]["totalUSD"]))
+            .raw("</td><td class=\"hide-narrow muted\">")
+            .text(show(&run["metadata"]["creationTimestamp"]))
+            .raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div>");
+}
+
+/// Agents: each agent of the project (and each other agent its runs name), with its runs.
+pub async fn agents(state: &AppState, project: &str) -> Result<Page, ApiError> {
+    let agents = state
+        .engine
+        .list::<AgentSpec>(project, &Selector::default())
+        .await?;
+    let runs = runs_of(state, project, &Selector::default()).await?;
+    let mut by_agent: BTreeMap<String, Vec<&Value>> = agents
+        .iter()
+        .filter_map(|agent| agent.metadata.name.clone())
+        .map(|name| (name, Vec::new()))
+        .collect();
+    for run in &runs {
+        by_agent
+            .entry(show(&run["spec"]["agent"]))
+            .or_default()
+            .push(run);
+    }
+    let mut html = Html::new();
+    html.raw("<h1>Agents</h1>");
+    if by_agent.is_empty() {
+        html.raw("<p class=\"muted\">No agents and no runs in this project yet.</p>");
+    }
+    for (agent, runs) in &by_agent {
+        html.raw("<section class=\"agent\" data-agent=\"")
+            .text(agent)
+            .raw("\"><h2>")
+            .text(agent)
+            .raw(" <span class=\"muted\">(")
+            .text(runs.len())
+            .raw(if runs.len() == 1 { " run)" } else { " runs)" })
+            .raw("</span></h2>");
+        if !runs.is_empty() {
+            runs_table(&mut html, project, runs, false);
+        }
+        html.raw("</section>");
+    }
+    Ok(Page::live(html))
+}
+
+fn csrf_field(html: &mut Html, csrf: &str) {
+    html.raw("<input type=\"hidden\" name=\"csrf\" value=\"")
+        .text(csrf)
+        .raw("\">");
+}
+
+fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
+    html.raw("<form method=\"post\" class=\"inline\" action=\"")
+        .text(base)
+        .raw("/")
+        .raw(action)
+        .raw("\">");
+    csrf_field(html, csrf);
+}
+
+fn duration(step: &Value) -> String {
+    let parse = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    match (parse(&step["startedAt"]), parse(&step["finishedAt"])) {
+        (Some(start), Some(end)) => {
+            let millis = end.duration_since(start).as_millis();
+            if millis < 1000 {
+                format!("{millis} ms")
+            } else {
+                format!("{}.{:01} s", millis / 1000, (millis % 1000) / 100)
+            }
+        }
+        _ => "—".to_string(),
+    }
+}
+
+/// A run: facts, actions, every turn (model, chosen by, cost), the answer, the steps and
+/// the messages; the message form below the live part.
+pub async fn run(
+    state: &AppState,
+    project: &str,
+    name: &str,
+    csrf: &str,
+) -> Result<Page, ApiError> {
+    let object = state.engine.get::<AgentRunSpec>(project, name).await?;
+    let answer = state.engine.answer(project, name).await?;
+    let steps = to_values(&state.engine.steps(project, name).await?);
+    let inbox = match object.metadata.uid.as_deref() {
+        Some(uid) => state.store.inbox(uid).await?,
+        None => Vec::new(),
+    };
+    let run = serde_json::to_value(&object).unwrap_or(Value::Null);
+    let base = format!(
+        "/console/p/{}/runs/{}",
+        percent_encode(project),
+        percent_encode(name)
+    );
+    let status = &run["status"];
+    let mut html = Html::new();
+    html.raw("<h1>Run ")
+        .text(name)
+        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
+        .text(phase_class(&status["phase"]))
+        .raw("\">")
+        .text(show(&status["phase"]))
+        .raw("</dd>");
+    for (label, value) in [
+        ("Reason", &status["reason"]),
+        ("Message", &status["message"]),
+        ("Agent", &run["spec"]["agent"]),
+        ("Group", &run["spec"]["group"]),
+        ("Keep alive", &run["spec"]["keepAlive"]),
+        ("Started", &status["startTime"]),
+        ("Completed", &status["completionTime"]),
+    ] {
+        if value.is_null() {
+            continue;
+        }
+        html.raw("<dt>")
+            .raw(label)
+            .raw("</dt><dd>")
+            .text(show(value))
+            .raw("</dd>");
+    }
+    html.raw("<dt>Cost (USD)</dt><dd id=\"cost\">")
+        .text(show(&status["cost"]["totalUSD"]));
+    if !status["cost"]["limitUSD"].is_null() {
+        html.raw(" of ").text(show(&status["cost"]["limitUSD"]));
+    }
+    html.raw("</dd></dl><div class=\"actions\">");
+    if !is_finished(&run) {
+        action_form(&mut html, &base, "cancel", csrf);
+        html.raw(
+            "<button type=\"submit\" class=\"danger\" id=\"cancel\">Cancel run</button></form>",
+        );
+        if run["spec"]["keepAlive"] == Value::Bool(true) {
+            action_form(&mut html, &base, "close", csrf);
+            html.raw("<button type=\"submit\" id=\"close\">Close conversation</button></form>");
+        }
+    }
+    if status["phase"] == "NeedsResolution" {
+        for (action, label) in [
+            ("retry", "Resolve: retry the step"),
+            ("recordFailed", "Resolve: record it failed"),
+            ("cancel", "Resolve: cancel the run"),
+        ] {
+            action_form(&mut html, &base, "resolve", csrf);
+            html.raw("<input type=\"hidden\" name=\"action\" value=\"")
+                .raw(action)
+                .raw("\"><button type=\"submit\" id=\"resolve-")
+                .raw(action)
+                .raw("\">")
+                .raw(label)
+                .raw("</button></form>");
+        }
+    }
+    html.raw("</div><h2>Turns</h2><div class=\"table\"><table id=\"turns\"><thead><tr><th>#</th>\
+              <th>Model</th><th>Chosen by</th><th class=\"num\">Cost (USD)</th>\
+              <th class=\"num hide-narrow\">Tokens in / out</th><th class=\"num hide-narrow\">Commands</th>\
+              </tr></thead><tbody>");
+    for (i, turn) in status["turns"].as_array().into_iter().flatten().enumerate() {
+        html.raw("<tr><td>")
+            .text(i + 1)
+            .raw("</td><td class=\"model\">")
+            .text(show(&turn["model"]))
+            .raw("</td><td class=\"chosen-by\">")
+            .text(show(&turn["chosenBy"]))
+            .raw("</td><td class=\"num cost\">")
+            .text(show(&turn["costUSD"]))
+            .raw("</td><td class=\"num hide-narrow\">")
+            .text(show(&turn["inputTokens"]))
+            .raw(" / ")
+            .text(show(&turn["outputTokens"]))
+            .raw("</td><td class=\"num hide-narrow\">")
+            .text(show(&turn["commands"]))
+            .raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div><h2>Answer</h2>");
+    match &answer {
+        Some(answer) => {
+            html.raw("<pre id=\"answer\">").text(answer).raw("</pre>");
+        }
+        None => {
+            html.raw("<p class=\"muted\" id=\"answer-none\">No answer yet.</p>");
+        }
+    }
+    if let Some(input) = run["spec"]["input"].as_str() {
+        html.raw("<h2>Input</h2><pre id=\"input\">")
+            .text(input)
+            .raw("</pre>");
+    }
+    html.raw("<h2>Steps</h2><div class=\"table\"><table id=\"steps\"><thead><tr><th>#</th><th>Kind</th>\
+              <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th></tr></thead><tbody>");
+    for step in &steps {
+        let seq = show(&step["seq"]);
+        html.raw("<tr><td>")
+            .text(&seq)
+            .raw("</td><td>")
+            .text(show(&step["kind"]))
+            .raw("</td><td class=\"state\">")
+            .text(show(&step["state"]))
+            .raw("</td><td class=\"num\">")
+            .text(duration(step))
+            .raw("</td><td class=\"summary\">")
+            .text(show(&step["summary"]))
+            .raw("</td><td><a href=\"")
+            .text(&base)
+            .raw("/steps/")
+            .segment(&seq)
+            .raw("\">payload</a></td></tr>");
+    }
+    html.raw("</tbody></table></div><h2>Messages</h2>");
+    if inbox.is_empty() {
+        html.raw("<p class=\"muted\">No messages.</p>");
+    } else {
+        html.raw(
+            "<div class=\"table\"><table id=\"messages\"><thead><tr><th>#</th><th>Received</th>\
+                  <th>Message</th></tr></thead><tbody>",
+        );
+        for message in &inbox {
+            html.raw("<tr><td>")
+                .text(message.seq)
+                .raw("</td><td class=\"muted\">")
+                .text(message.received_at)
+                .raw("</td><td><pre class=\"message\">")
+                .text(&message.payload)
+                .raw("</pre></td></tr>");
+        }
+        html.raw("</tbody></table></div>");
+    }
+    let mut after = Html::new();
+    if !is_finished(&run) {
+        after.raw("<h2>Send a message</h2>");
+        action_form(&mut after, &base, "message", csrf);
+        after.raw(
+            "<p><label for=\"payload\">Message</label></p>\
+             <p><textarea id=\"payload\" name=\"payload\" required></textarea></p>\
+             <p><button type=\"submit\" id=\"send\">Send</button></p></form>",
+        );
+    }
+    Ok(Page {
+        live: html,
+        after,
+        is_live: true,
+    })
+}
+
+/// One step's recorded intent and outcome (a step's payload, on demand).
+pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Result<Page, ApiError> {
+    let views = state.engine.steps(project, name).await?;
+    let journal = state.engine.journal(project, name).await?;
+    let Some((view, step)) = views
+        .into_iter()
+        .zip(journal)
+        .find(|(view, _)| view.seq == seq)
+    else {
+        return Err(ApiError::not_found(format!(
+            "run {name:?} has no step {seq}"
+        )));
+    };
+    let pretty = |value: Value| serde_json::to_string_pretty(&value).unwrap_or_default();
+    let intent = pretty(serde_json::to_value(&step.intent).unwrap_or(Value::Null));
+    let outcome = pretty(serde_json::to_value(step.outcome()).unwrap_or(Value::Null));
+    let view = serde_json::to_value(&view).unwrap_or(Value::Null);
+    let mut html = Html::new();
+    html.raw("<p><a href=\"/console/p/")
+        .segment(project)
+        .raw("/runs/")
+        .segment(name)
+        .raw("\">← Run ")
+        .text(name)
+        .raw("</a></p><h1>Step ")
+        .text(seq)
+        .raw(": ")
+        .text(show(&view["kind"]))
+        .raw("</h1><dl class=\"facts\"><dt>State</dt><dd>")
+        .text(show(&view["state"]))
+        .raw("</dd><dt>Duration</dt><dd>")
+        .text(duration(&view))
+        .raw("</dd><dt>Summary</dt><dd>")
+        .text(show(&view["summary"]))
+        .raw("</dd></dl><h2>Intent</h2><pre id=\"intent\">")
+        .text(intent)
+        .raw("</pre><h2>Outcome</h2><pre id=\"outcome\">")
+        .text(outcome)
+        .raw("</pre>");
+    Ok(Page {
+        live: html,
+        after: Html::new(),
+        is_live: false,
+    })
+}
+
+/// The fields of a group's `status.counts`, in the order the group page shows them; every run
+/// of the group is in exactly one.
+const COUNT_FIELDS: [&str; 7] = [
+    "queued",
+    "active",
+    "waiting",
+    "parked",
+    "succeeded",
+    "failed",
+    "cancelled",
+];
+
+fn group_total(counts: &Value) -> u64 {
+    COUNT_FIELDS
+        .iter()
+        .filter_map(|field| counts[*field].as_u64())
+        .sum()
+}
+
+fn cost_against_cap(html: &mut Html, group: &Value) {
+    html.text(show(&group["status"]["cost"]["totalUSD"]));
+    let cap = if group["spec"]["maxCostUSD"].is_null() {
+        &group["status"]["cost"]["limitUSD"]
+    } else {
+        &group["spec"]["maxCostUSD"]
+    };
+    if cap.is_null() {
+        html.raw(" <span class=\"muted\">(no cap)</span>");
+    } else {
+        html.raw(" of ").text(show(cap));
+    }
+}
+
+/// Groups: phase, RUNS succeeded/total, active, cost against the cap.
+pub async fn groups(state: &AppState, project: &str) -> Result<Page, ApiError> {
+    let groups = to_values(
+        &state
+            .engine
+            .list::<AgentGroupSpec>(project, &Selector::default())
+            .await?,
+    );
+    let mut html = Html::new();
+    html.raw("<h1>Groups</h1>");
+    if groups.is_empty() {
+        html.raw("<p class=\"muted\">No groups in this project yet.</p>");
+        return Ok(Page::live(html));
+    }
+    html.raw(
+        "<div class=\"table\"><table id=\"groups\"><thead><tr><th>Group</th><th>Phase</th>\
+              <th class=\"num\">Runs succeeded/total</th><th class=\"num\">Active</th>\
+              <th class=\"num\">Cost (USD) against the cap</th></tr></thead><tbody>",
+    );
+    for group in groups.iter().rev() {
+        let name = group["metadata"]["name"].as_str().unwrap_or_default();
+        let counts = &group["status"]["counts"];
+        html.raw("<tr><td><a href=\"/console/p/")
+            .segment(project)
+            .raw("/groups/")
+            .segment(name)
+            .raw("\">")
+            .text(name)
+            .raw("</a></td>");
+        phase_cell(&mut html, &group["status"]["phase"]);
+        html.raw("<td class=\"num\">")
+            .text(counts["succeeded"].as_u64().unwrap_or(0))
+            .raw("/")
+            .text(group_total(counts))
+            .raw("</td><td class=\"num\">")
+            .text(counts["active"].as_u64().unwrap_or(0))
+            .raw("</td><td class=\"num\">");
+        cost_against_cap(&mut html, group);
+        html.raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div>");
+    Ok(Page::live(html))
+}
+
+/// A group: phase, counts, blocked reasons with counts, cost against the cap, and its runs
+/// with what each depends on.
+pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, ApiError> {
+    let group = serde_json::to_value(state.engine.get::<AgentGroupSpec>(project, name).await?)
+        .unwrap_or(Value::Null);
+    let mut selector = Selector::default();
+    selector
+        .fields
+        .insert("spec.group".to_string(), name.to_string());
+    let runs = runs_of(state, project, &selector).await?;
+    let status = &group["status"];
+    let counts = &status["counts"];
+    let mut html = Html::new();
+    html.raw("<h1>Group ")
+        .text(name)
+        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
+        .text(phase_class(&status["phase"]))
+        .raw("\">")
+        .text(show(&status["phase"]))
+        .raw("</dd><dt>Agent</dt><dd>")
+        .text(show(&group["spec"]["agent"]))
+        .raw("</dd><dt>Runs succeeded/total</dt><dd id=\"runs\">")
+        .text(counts["succeeded"].as_u64().unwrap_or(0))
+        .raw("/")
+        .text(group_total(counts))
+        .raw("</dd><dt>Active</dt><dd>")
+        .text(counts["active"].as_u64().unwrap_or(0))
+        .raw("</dd><dt>Cost (USD)</dt><dd id=\"cost\">");
+    cost_against_cap(&mut html, &group);
+    html.raw("</dd></dl><h2>Counts</h2><div class=\"table\"><table id=\"counts\"><thead><tr>");
+    let fields = COUNT_FIELDS;
+    for field in fields {
+        html.raw("<th class=\"num\">").raw(field).raw("</th>");
+    }
+    html.raw("</tr></thead><tbody><tr>");
+    for field in fields {
+        html.raw("<td class=\"num\">")
+            .text(counts[field].as_u64().unwrap_or(0))
+            .raw("</td>");
+    }
+    html.raw("</tr></tbody></table></div><h2>Blocked</h2>");
+    match status["blockedReasons"]
+        .as_object()
+        .filter(|r| !r.is_empty())
+    {
+        None => {
+            html.raw("<p class=\"muted\">Nothing is blocked.</p>");
+        }
+        Some(reasons) => {
+            html.raw(
+                "<div class=\"table\"><table id=\"blocked\"><thead><tr><th>Reason</th>\
+                      <th class=\"num\">Runs</th></tr></thead><tbody>",
+            );
+            for (reason, count) in reasons {
+                html.raw("<tr><td>")
+                    .text(reason)
+                    .raw("</td><td class=\"num\">")
+                    .text(show(count))
+                    .raw("</td></tr>");
+            }
+            html.raw("</tbody></table></div>");
+        }
+    }
+    html.raw("<h2>Runs</h2>");
+    let runs: Vec<&Value> = runs.iter().collect();
+    runs_table(&mut html, project, &runs, true);
+    Ok(Page::live(html))
+}
+
+/// Credits, budget and spend of each project of the token.
+pub async fn credits(state: &AppState, projects: &[String]) -> Result<Page, ApiError> {
+    let mut html = Html::new();
+    html.raw(
+        "<h1>Credits</h1><div class=\"table\"><table id=\"credits\"><thead><tr><th>Project</th>\
+              <th class=\"num\">Credits left (USD)</th><th class=\"num\">Spent (USD)</th>\
+              <th class=\"num\">Reserved (USD)</th><th>Budget (USD)</th></tr></thead><tbody>",
+    );
+    // The template project holds no credits of anyone's.
+    for project in projects.iter().filter(|p| *p != TEMPLATE_PROJECT) {
+        let typed = state.ledger.account(project).await?;
+        let account = serde_json::to_value(&typed).unwrap_or(Value::Null);
+        let reserved: nodus_core::Usd = typed
+            .reserved
+            .values()
+            .fold(nodus_core::Usd::ZERO, |sum, amount| {
+                sum.saturating_add(*amount)
+            });
+        let budgets = state
+            .store
+            .list(project, Kind::Budget, &Selector::default())
+            .await?;
+        html.raw("<tr data-project=\"")
+            .text(project)
+            .raw("\"><td>")
+            .text(project)
+            .raw("</td><td class=\"num balance\">")
+            .text(show(&account["balanceUSD"]))
+            .raw("</td><td class=\"num spent\">")
+            .text(show(&account["spentUSD"]))
+            .raw("</td><td class=\"num\">")
+            .text(reserved)
+            .raw("</td><td class=\"budget\">");
+        if budgets.is_empty() {
+            html.raw("<span class=\"muted\">none</span>");
+        }
+        for (i, budget) in budgets.iter().enumerate() {
+            if i > 0 {
+                html.raw("; ");
+            }
+            html.text(show(&budget.document["metadata"]["name"]))
+                .raw(": at most ")
+                .text(show(&budget.document["spec"]["maxSpendUSD"]));
+        }
+        html.raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div>");
+    Ok(Page::live(html))
+}
