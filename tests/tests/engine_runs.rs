@@ -1142,6 +1142,11 @@ async fn a_group_member_the_controller_cannot_read_is_an_error_not_a_zero_cap() 
         r.metadata.name = None;
         engine.create_run(PROJECT, r).await.expect("task");
     }
+    // What the runner does when runs of the group are created.
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
     let phase = |name: &'static str| {
         let engine = &engine;
         async move {
@@ -1211,6 +1216,11 @@ async fn a_run_parked_by_a_crash_frees_its_groups_slot() {
         r.metadata.name = None;
         engine.create_run(PROJECT, r).await.expect("task");
     }
+    // What the runner does when runs of the group are created.
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
     // Killed after a's command ran and before its outcome was written (write 8: sandbox,
     // routing, model call, then the command's result); the restart parks it.
     let crashing = Arc::new(CrashingStore::new(
