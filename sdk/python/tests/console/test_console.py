@@ -1,11 +1,15 @@
 """The console in a real browser: headless Chromium driven over WebDriver (selenium), against
 the real ``nodus server`` and the fake model of ``tests/conftest.py``. Each page is checked
-against the API's values, and photographed into ``docs/console/``."""
+against the API's values, and photographed: into ``$NODUS_CONSOLE_SCREENSHOTS`` when it is set
+(``NODUS_CONSOLE_SCREENSHOTS=docs/console`` refreshes the repository's pictures), else into a
+temporary directory, so that a test run leaves the working tree as it was."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List
@@ -24,8 +28,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 import nodus
 from conftest import TOKEN, NodusServer
 
-ROOT = Path(__file__).resolve().parents[4]
-SHOTS = ROOT / "docs" / "console"
+SHOTS = Path(
+    os.environ.get("NODUS_CONSOLE_SCREENSHOTS") or tempfile.mkdtemp(prefix="nodus-console-shots-")
+).resolve()
 API = "/apis/nodus.dev/v1/projects/default"
 # What a model or a user might write to take over the page: shown as text, never run.
 XSS = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
