@@ -285,15 +285,24 @@ async fn many_mounts_of_a_big_fileset_are_refused_at_creation_by_size() {
         .iter()
         .map(|(r, p)| (r.as_str(), p.as_str()))
         .collect();
-    match engine
+    // The refusal comes from stored sizes, before any content is read or copied: the
+    // process's peak memory (reset just before) stays far below one staged copy per mount.
+    let resident_before = memory_kib("VmRSS");
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak resident size");
+    let refused = engine
         .create_run(
             PROJECT,
             run("hoarder", "helper", "q", |s| {
                 s.workdir = Some(workdir(Some("source"), &mounts))
             }),
         )
-        .await
-    {
+        .await;
+    let peak_growth_kib = memory_kib("VmHWM").saturating_sub(resident_before);
+    assert!(
+        peak_growth_kib < 256 * 1024,
+        "creating the refused run grew the peak resident size by {peak_growth_kib} KiB"
+    );
+    match refused {
         Err(Error::Invalid(invalid)) => {
             // Three copies fit into 64 MiB, the fourth does not.
             assert_eq!(invalid.field, "spec.workdir.artifactMounts[3]");
@@ -330,4 +339,15 @@ async fn many_mounts_of_a_big_fileset_are_refused_at_creation_by_size() {
     let uid = created.metadata.uid.expect("a uid");
     let tar = world.sandbox.archive(&uid).expect("an archive was put");
     assert_eq!(entries(&tar).len(), 3);
+}
+
+/// A line of `/proc/self/status` in KiB (`VmRSS`: resident now, `VmHWM`: the peak since the
+/// last reset through `/proc/self/clear_refs`).
+fn memory_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
 }
