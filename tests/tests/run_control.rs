@@ -740,3 +740,48 @@ async fn a_message_sent_while_the_run_deletes_its_sandbox_is_refused_not_lost() 
         .len();
     assert_eq!(inbox, 1, "one turn: the message was never taken in");
 }
+
+/// A run that writes until its disk limit (the default, 1 GiB) is stopped there through the
+/// real server: its command step says so and is completed (not uncertain), the run goes on
+/// and succeeds, nothing of it is left on disk, and the server still takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_fills_its_disk_is_stopped_at_the_limit_and_the_server_still_writes() {
+    let served = Served::start().await;
+    let engine = &served.engine;
+    let filler = AgentRun::new(
+        "filler",
+        AgentRunSpec::new(
+            "sleeper",
+            "Run `dd if=/dev/zero of=fill bs=1M count=1300 2>&1; ls -l fill`",
+        ),
+    );
+    engine.create_run(PROJECT, filler).await.expect("run");
+    let uid = served.uid("filler").await;
+    let phase = served.until("filler", RunPhase::is_finished).await;
+    assert_eq!(phase, RunPhase::Succeeded, "the run goes on after the stop");
+    let steps = engine.steps(PROJECT, "filler").await.expect("steps");
+    let command = steps
+        .iter()
+        .find(|s| s.kind == StepKind::Command)
+        .expect("a command step");
+    assert_eq!(command.state, StepState::Completed, "{steps:?}");
+    assert!(
+        command.summary.contains("stopped") && command.summary.contains("disk limit"),
+        "{}",
+        command.summary
+    );
+    assert!(
+        !served.sandbox_dir(&uid).exists(),
+        "the filled working directory is deleted with the sandbox"
+    );
+    // The store still takes writes: another run is created and finishes.
+    engine
+        .create_run(PROJECT, sleeping("after", "0"))
+        .await
+        .expect("the server still writes");
+    assert_eq!(
+        served.until("after", RunPhase::is_finished).await,
+        RunPhase::Succeeded
+    );
+    served.stop().await;
+}
