@@ -21,6 +21,7 @@ pub mod money;
 pub mod output;
 pub mod replay;
 pub mod resource;
+pub mod retention;
 pub mod router;
 pub mod runner;
 pub mod sandbox;

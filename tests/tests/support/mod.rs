@@ -18,8 +18,8 @@ use nodus_core::router::FixedRouter;
 use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::{
-    self, Change, Claimed, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
-    Store, Swept,
+    self, Change, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite, Selector,
+    Store,
 };
 use nodus_core::testing::{ManualClock, RecordingSandbox};
 use nodus_llm::{Reply, ScriptedModel};
@@ -115,6 +115,10 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.list(project, kind, selector).await
     }
+    async fn projects(&self) -> Result<Vec<String>, store::Error> {
+        self.check_alive()?;
+        self.inner.projects().await
+    }
     async fn update(
         &self,
         key: &ObjectKey,
@@ -131,14 +135,6 @@ impl Store for CrashingStore {
     async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
         self.check_alive()?;
         self.inner.claim(run, lease).await
-    }
-    async fn claim_runnable(
-        &self,
-        phases: &[&str],
-        lease: &Lease,
-    ) -> Result<Option<Claimed>, store::Error> {
-        self.check_alive()?;
-        self.inner.claim_runnable(phases, lease).await
     }
     async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
         self.check_alive()?;
@@ -193,13 +189,9 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.inbox(run).await
     }
-    async fn sweep_payloads(
-        &self,
-        ended_before: Timestamp,
-        now: Timestamp,
-    ) -> Result<Swept, store::Error> {
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, store::Error> {
         self.check_alive()?;
-        self.inner.sweep_payloads(ended_before, now).await
+        self.inner.rewrite_run(rewrite).await
     }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.inner.subscribe()
