@@ -4,7 +4,7 @@
 //! it reached the disk and survives a power cut. All writes go through one connection (SQLite
 //! allows one writer at a time), reads through a small pool that WAL lets run beside it.
 //! Every write but creates and deletes (journal writes, document updates and edits, leases)
-//! is group-committed (see [`crate::group`]). Leases and fences are kept in
+//! is group-committed (see [`crate::commit`]). Leases and fences are kept in
 //! the file like everywhere else, but change notification is an in-process channel: a second
 //! process on the same file would not see this one's changes, so run one process per file
 //! and use Postgres for several replicas.
@@ -34,7 +34,7 @@ use sqlx::sqlite::{
 use sqlx::{Connection, QueryBuilder, Row, Sqlite};
 use tokio::sync::broadcast;
 
-use crate::group::{Committer, GroupCommit, JournalWrite};
+use crate::commit::{Committer, GroupCommit, JournalWrite};
 use crate::sql::{self, map_err};
 
 /// Nodus's SQLite `application_id` ("Nodu"), written into every file it creates.
