@@ -4,10 +4,10 @@
 //! it reached the disk and survives a power cut. All writes go through one connection (SQLite
 //! allows one writer at a time), reads through a small pool that WAL lets run beside it.
 //! Every write but creates, batches, deletes, messages and rewrites (journal writes, document
-//! updates and edits, leases) is group-committed (see [`crate::commit`]). Leases and fences are kept in
-//! the file like everywhere else, but change notification is an in-process channel: a second
-//! process on the same file would not see this one's changes, so run one process per file
-//! and use Postgres for several replicas.
+//! updates and edits, leases) is group-committed (see [`crate::commit`]). Leases and fences
+//! are kept in the file like everywhere else, but change notification is an in-process
+//! channel: a second process on the same file would not see this one's changes, so run one
+//! process per file and use Postgres for several replicas.
 //!
 //! Opening refuses a file that is not a SQLite database, and a SQLite database of another
 //! application (one without Nodus's `application_id` that already has tables), with a clear
