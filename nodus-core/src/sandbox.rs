@@ -212,6 +212,7 @@ impl Error {
 
 /// A place where a run's commands execute. See the [module docs](self) for what every
 /// backend guarantees.
+#[cfg_attr(test, mockall::automock)]
 #[async_trait]
 pub trait Sandbox: Send + Sync {
     /// Create (or re-attach to) the sandbox for `spec.key`. After a restart of the server,

@@ -791,3 +791,7 @@ fn phase_of(run: &AgentRun) -> RunPhase {
         .phase
         .unwrap_or(RunPhase::Pending(PendingReason::Queued))
 }
+
+#[cfg(test)]
+#[path = "execute_tests.rs"]
+mod tests;
