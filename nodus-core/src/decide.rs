@@ -25,7 +25,6 @@ use crate::store::InboxMessage;
 /// Tokens a tool-using request may add beyond its visible content (the provider's own tool
 /// instructions), and tokens of framing per message; both generous.
 const TOOL_OVERHEAD_TOKENS: u64 = 2048;
-const MESSAGE_OVERHEAD_TOKENS: u64 = 32;
 
 /// Everything the decider looks at.
 #[derive(Debug, Clone, Copy)]
@@ -433,11 +432,7 @@ fn reservation(input: &RunInput<'_>, model: &str, tools: bool, byok: bool) -> Op
         return Some(Usd::ZERO);
     }
     let prices = input.catalog.prices_of(model)?;
-    let (messages, last_reply) =
-        input
-            .replay
-            .conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls);
-    let bound = prompt_token_bound(input, &messages, last_reply, tools);
+    let bound = prompt_token_bound(input, tools);
     Some(cost::worst_case(prices, bound, input.agent.max_tokens))
 }
 
@@ -650,48 +645,41 @@ pub fn phase_of(
 ///
 /// A token is at least one byte of text, so the bytes of everything sent, plus generous
 /// framing, bound it. When an earlier call reported its usage, its prompt and output plus the
-/// bytes added since bound it too; the smaller of the two bounds is used.
-pub fn prompt_token_bound(
-    input: &RunInput<'_>,
-    messages: &[ChatMessage],
-    last_reply: Option<usize>,
-    tools: bool,
-) -> u64 {
+/// bytes added since bound it too; the smaller of the two bounds is used. The bytes of the
+/// replies and results are kept by the fold ([`crate::replay::Sizes`]), so the bound costs
+/// no rendering of the conversation.
+pub fn prompt_token_bound(input: &RunInput<'_>, tools: bool) -> u64 {
     let tool_bytes = if tools {
         serde_json::to_string(&shell_tool()).map_or(0, |s| s.len() as u64) + TOOL_OVERHEAD_TOKENS
     } else {
         TOOL_OVERHEAD_TOKENS
     };
-    let message_bytes = |slice: &[ChatMessage]| -> u64 {
-        slice
+    let replay = input.replay;
+    let prompt = |turn| replay.prompt_bytes(turn, input.first_prompt, input.inbox);
+    let from_bytes = input.system.len() as u64
+        + tool_bytes
+        + replay
+            .turns
             .iter()
-            .map(|m| {
-                m.content
-                    .iter()
-                    .map(|block| {
-                        serde_json::to_string(block).map_or(0, |s| s.len() as u64)
-                            + MESSAGE_OVERHEAD_TOKENS
-                    })
-                    .sum::<u64>()
-                    + MESSAGE_OVERHEAD_TOKENS
-            })
-            .sum()
-    };
-    let from_bytes = input.system.len() as u64 + tool_bytes + message_bytes(messages);
-    let last_usage = input
-        .replay
+            .map(|turn| prompt(turn) + turn.sizes().messages)
+            .sum::<u64>();
+    let last = replay
         .turns
         .iter()
-        .rev()
-        .find_map(|turn| turn.last_reply())
-        .map(|reply| reply.usage);
-    match (last_usage, last_reply) {
-        (Some(usage), Some(index)) => {
-            let after = messages.get(index + 1..).map_or(0, message_bytes);
+        .rposition(|turn| turn.last_reply().is_some());
+    match last {
+        Some(index) => {
+            let turn = &replay.turns[index];
+            let usage = turn
+                .last_reply()
+                .map(|reply| reply.usage)
+                .unwrap_or_default();
+            let after = turn.sizes().after_last_reply
+                + replay.turns[index + 1..].iter().map(prompt).sum::<u64>();
             let from_usage = usage.prompt_tokens() + usage.output_tokens + after + tool_bytes;
             from_bytes.min(from_usage)
         }
-        _ => from_bytes,
+        None => from_bytes,
     }
 }
 
@@ -1895,5 +1883,160 @@ mod tests {
             Some((at(2), FailReason::DeadlineExceeded)),
             "whichever comes first"
         );
+    }
+
+    /// One reply the model at the bound gives: text, or shell calls (command lengths).
+    #[derive(Debug, Clone)]
+    enum Said {
+        Text(usize),
+        Commands(Vec<usize>),
+    }
+
+    fn said() -> impl proptest::strategy::Strategy<Value = Said> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0usize..400).prop_map(Said::Text),
+            proptest::collection::vec(1usize..300, 1..4).prop_map(Said::Commands),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// The worst-case bound: a model at the bound (every byte of the request it is sent a
+        /// prompt token, at whichever input rate — uncached, cache write, cache read — the
+        /// split says; `maxTokens` of output) never costs more than its step reserved, and
+        /// the run's spend never passes its cap, whatever the conversation, the outputs, the
+        /// cap, `maxTokens` and `maxToolCalls`; prices have a long-prompt band, so calls
+        /// cross it.
+        #[test]
+        fn a_model_at_the_bound_never_costs_more_than_its_step_reserved(
+            cap_cents in 1u64..40,
+            max_tokens in 400u32..3000,
+            max_tool_calls in 1u32..4,
+            replies in proptest::collection::vec(said(), 1..12),
+            outputs in proptest::collection::vec(0usize..30_000, 1..6),
+            split in (0u64..=4, 0u64..=4),
+        ) {
+            let mut world = World::platform();
+            world.agent.per_run_max_cost_usd = Usd::from_cents(cap_cents);
+            world.agent.max_tokens = max_tokens;
+            world.agent.max_tool_calls = max_tool_calls;
+            for entry in world.catalog.families.values_mut() {
+                entry.prices.long_prompt = Some(crate::cost::LongPromptBand {
+                    above_prompt_tokens: 6_000,
+                    rates: Rates {
+                        input: Usd::from_cents(200),
+                        output: Usd::from_cents(750),
+                        cache_write: Usd::from_cents(250),
+                        cache_read: Usd::from_cents(20),
+                    },
+                });
+            }
+            let prices = *world.catalog.prices_of("m-haiku").expect("priced");
+            let cap = world.agent.per_run_max_cost_usd;
+            let mut journal = Journal::default();
+            let mut replies = replies.into_iter();
+            let mut outputs = outputs.iter().cycle();
+            let mut calls = 0u32;
+            let mut ended = false;
+            for _ in 0..400 {
+                let replay = Replay::of(&journal.0);
+                proptest::prop_assert!(replay.spent <= cap, "spent {} over the cap {cap}", replay.spent);
+                let input = world.input(&replay);
+                match decide(&input) {
+                    Decision::Act(Intent::CreateSandbox { .. }) => {
+                        journal = journal.created();
+                    }
+                    Decision::Act(Intent::Route { turn }) => {
+                        journal = journal.routed(turn);
+                    }
+                    Decision::Act(intent @ Intent::CallModel { .. }) => {
+                        let Intent::CallModel { model, reserved_usd, tools, .. } = &intent else {
+                            unreachable!()
+                        };
+                        let request = model_request(&input, model, *tools, Credentials::Platform);
+                        let bytes = |value: &dyn erased::Json| value.json_len();
+                        let prompt = bytes(&request.system)
+                            + bytes(&request.tools)
+                            + bytes(&request.messages);
+                        // The prompt's tokens split over the input rates.
+                        let (a, b) = split;
+                        let cache_write = prompt * a / 8;
+                        let cache_read = prompt * b / 8;
+                        let usage = Usage {
+                            input_tokens: prompt - cache_write - cache_read,
+                            output_tokens: u64::from(max_tokens),
+                            cache_write_tokens: cache_write,
+                            cache_read_tokens: cache_read,
+                        };
+                        let cost = cost::bill(&prices, &usage);
+                        proptest::prop_assert!(
+                            cost <= *reserved_usd,
+                            "call {calls}: {usage:?} costs {cost}, reserved {reserved_usd}"
+                        );
+                        // What it says: at most maxTokens bytes (a token per byte).
+                        let content = match replies.next() {
+                            Some(Said::Commands(lengths)) if *tools => lengths
+                                .iter()
+                                .enumerate()
+                                .map(|(i, length)| shell(&format!("t{calls}-{i}"), &"x".repeat(*length)))
+                                .collect(),
+                            Some(Said::Text(length)) => text(&"y".repeat(length)),
+                            _ => text("done"),
+                        };
+                        let fits = serde_json::to_vec(&content).expect("json").len()
+                            <= max_tokens as usize;
+                        let mut outcome = replied(if fits { content } else { text("done") });
+                        if let Outcome::ModelReplied { response, cost_usd } = &mut outcome {
+                            response.usage = usage;
+                            *cost_usd = cost;
+                        }
+                        journal = journal.done(intent.clone(), outcome);
+                        calls += 1;
+                    }
+                    Decision::Act(intent @ Intent::Command { .. }) => {
+                        let length = *outputs.next().expect("an output");
+                        let mut output = ExecOutput {
+                            exit_code: Some(0),
+                            stdout: Output::default(),
+                            stderr: Output::default(),
+                            timed_out: false,
+                            stopped: None,
+                        };
+                        output.stdout.bytes = vec![b'o'; length];
+                        journal = journal.done(intent, Outcome::CommandFinished { output });
+                    }
+                    Decision::Act(intent @ Intent::Answer { .. }) => {
+                        journal = journal.done(intent, Outcome::Answered);
+                    }
+                    Decision::Act(intent @ Intent::DestroySandbox { .. }) => {
+                        journal = journal.done(intent, Outcome::SandboxDestroyed);
+                    }
+                    Decision::Finish(_)
+                    | Decision::Wait {
+                        reason: WaitReason::MaxCostReached,
+                        ..
+                    } => {
+                        ended = true;
+                        break;
+                    }
+                    other => proptest::prop_assert!(false, "unexpected decision {other:?}"),
+                }
+            }
+            proptest::prop_assert!(ended, "the run ended or reached its cap");
+        }
+    }
+
+    /// The length of a value's JSON.
+    mod erased {
+        pub trait Json {
+            fn json_len(&self) -> u64;
+        }
+        impl<T: serde::Serialize> Json for T {
+            fn json_len(&self) -> u64 {
+                serde_json::to_vec(self).map_or(0, |json| json.len() as u64)
+            }
+        }
     }
 }

@@ -18,6 +18,8 @@ use crate::store::InboxMessage;
 
 /// The name of the one tool a run offers: a shell in its sandbox.
 pub const SHELL_TOOL: &str = "shell";
+/// Bytes of framing the prompt-token bound counts per message and per content block.
+pub const MESSAGE_OVERHEAD_BYTES: u64 = 32;
 /// Bytes of each output stream a command result shows the model.
 pub const MODEL_OUTPUT_CAP: usize = 16 * 1024;
 
@@ -119,6 +121,55 @@ pub struct Turn {
     finished: usize,
     /// How many commands ran (a result that is not a failure).
     ran: u32,
+    /// The sizes of the turn's messages, for the bound of a prompt's tokens.
+    sizes: Sizes,
+}
+
+/// Bytes ([`block_bytes`], and [`MESSAGE_OVERHEAD_BYTES`] per message) of a turn's model
+/// replies and tool results as the conversation gives them to the model, kept as the journal
+/// is folded so that bounding a prompt does not render the whole conversation again. A tool
+/// call's result counts its largest placeholder until its command's result is folded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sizes {
+    /// The turn's replies and their results.
+    pub messages: u64,
+    /// The results message after the turn's last reply (0 when it asked for no tool).
+    pub after_last_reply: u64,
+    /// The counted size of each result not folded yet, with the number of its reply.
+    pending: HashMap<String, (u64, u32)>,
+    /// Replies so far.
+    replies: u32,
+}
+
+impl Sizes {
+    fn reply(&mut self, response: &ModelResponse) {
+        self.replies = self.replies.saturating_add(1);
+        let assistant =
+            response.content.iter().map(block_bytes).sum::<u64>() + MESSAGE_OVERHEAD_BYTES;
+        let mut results = 0;
+        for tool_use in tool_uses_of(response) {
+            let pending = pending_result_bytes(tool_use.id);
+            results += pending;
+            self.pending
+                .insert(tool_use.id.to_string(), (pending, self.replies));
+        }
+        if results > 0 {
+            results += MESSAGE_OVERHEAD_BYTES;
+        }
+        self.messages += assistant + results;
+        self.after_last_reply = results;
+    }
+
+    fn result(&mut self, id: &str, result: &CommandResult) {
+        let Some((pending, reply)) = self.pending.remove(id) else {
+            return;
+        };
+        let actual = result_bytes(id, result_content(Some(result)));
+        self.messages = self.messages.saturating_sub(pending) + actual;
+        if reply == self.replies {
+            self.after_last_reply = self.after_last_reply.saturating_sub(pending) + actual;
+        }
+    }
 }
 
 impl Turn {
@@ -136,7 +187,13 @@ impl Turn {
             commands: Vec::new(),
             finished: 0,
             ran: 0,
+            sizes: Sizes::default(),
         }
+    }
+
+    /// The sizes of the turn's replies and results.
+    pub fn sizes(&self) -> &Sizes {
+        &self.sizes
     }
 
     /// The last reply of the turn.
@@ -352,6 +409,7 @@ impl Replay {
                                 command: tool_use.command()?.to_string(),
                             })
                         }));
+                    turn.sizes.reply(response);
                     turn.calls.push(Call::Replied {
                         model: model.clone(),
                         response: response.clone(),
@@ -390,6 +448,7 @@ impl Replay {
                 };
                 if let Some(turn) = self.turn_mut(*turn) {
                     let ran = matches!(result, CommandResult::Ran(_));
+                    turn.sizes.result(tool_use_id, &result);
                     let before = turn.results.insert(tool_use_id.clone(), result);
                     let ran_before = matches!(before, Some(CommandResult::Ran(_)));
                     match (ran_before, ran) {
@@ -440,6 +499,13 @@ impl Replay {
             .get(usize::try_from(turn).unwrap_or(usize::MAX))
             .map_or(Prompt::Input, |t| t.prompt);
         prompt_text(prompt, first_prompt, inbox)
+    }
+
+    /// [`block_bytes`] of a turn's prompt message, with its framing.
+    pub fn prompt_bytes(&self, turn: &Turn, first_prompt: &str, inbox: &[InboxMessage]) -> u64 {
+        block_bytes(&ContentBlock::Text {
+            text: prompt_text(turn.prompt, first_prompt, inbox),
+        }) + MESSAGE_OVERHEAD_BYTES
     }
 
     /// The conversation so far, as the model sees it, and the index of its last assistant
@@ -548,31 +614,66 @@ fn tool_result(
     max_tool_calls: u32,
 ) -> ContentBlock {
     let (content, is_error) = if tool_use.command().is_none() {
-        (
-            format!(
-                "not run: the only tool is `{SHELL_TOOL}`, and it takes {{\"command\": \"<shell command line>\"}}"
-            ),
-            true,
-        )
+        (not_a_shell_call(), true)
     } else if !granted {
-        (
-            format!(
-                "not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"
-            ),
-            true,
-        )
+        (over_max_tool_calls(max_tool_calls), true)
     } else {
-        match turn.results.get(tool_use.id) {
-            Some(CommandResult::Ran(output)) => (render_output(output), false),
-            Some(CommandResult::Failed(error)) => (format!("the command failed: {error}"), true),
-            None => ("the command has not run yet".to_string(), true),
-        }
+        result_content(turn.results.get(tool_use.id))
     };
     ContentBlock::ToolResult {
         tool_use_id: tool_use.id.to_string(),
         content,
         is_error,
     }
+}
+
+fn not_a_shell_call() -> String {
+    format!(
+        "not run: the only tool is `{SHELL_TOOL}`, and it takes {{\"command\": \"<shell command line>\"}}"
+    )
+}
+
+fn over_max_tool_calls(max_tool_calls: u32) -> String {
+    format!(
+        "not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"
+    )
+}
+
+/// What the model sees of a granted tool call: its result, or that it has not run.
+fn result_content(result: Option<&CommandResult>) -> (String, bool) {
+    match result {
+        Some(CommandResult::Ran(output)) => (render_output(output), false),
+        Some(CommandResult::Failed(error)) => (format!("the command failed: {error}"), true),
+        None => ("the command has not run yet".to_string(), true),
+    }
+}
+
+/// Bytes the prompt-token bound counts for a content block: its JSON and its framing.
+pub fn block_bytes(block: &ContentBlock) -> u64 {
+    serde_json::to_string(block).map_or(0, |json| json.len() as u64) + MESSAGE_OVERHEAD_BYTES
+}
+
+/// [`block_bytes`] of a tool call's result block, when it is given.
+fn result_bytes(id: &str, content: (String, bool)) -> u64 {
+    block_bytes(&ContentBlock::ToolResult {
+        tool_use_id: id.to_string(),
+        content: content.0,
+        is_error: content.1,
+    })
+}
+
+/// The most [`block_bytes`] a tool call's result block can have before its command ran:
+/// any of the texts saying it did not run (or has not yet).
+fn pending_result_bytes(id: &str) -> u64 {
+    [
+        (not_a_shell_call(), true),
+        (over_max_tool_calls(u32::MAX), true),
+        result_content(None),
+    ]
+    .into_iter()
+    .map(|content| result_bytes(id, content))
+    .max()
+    .unwrap_or(0)
 }
 
 /// A command's output as text for the model.

@@ -36,6 +36,12 @@ use crate::testing::ManualClock;
 #[async_trait::async_trait]
 trait StoreCalls: Send + Sync {
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error>;
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, Error>;
     async fn update(
         &self,
         key: &ObjectKey,
@@ -79,9 +85,13 @@ impl Store for MockedStore {
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
         self.0.get(key).await
     }
-    async fn list(&self, _: &str, _: Kind, _: &Selector) -> Result<Vec<Record>, Error> {
-        self.0.unexpected("list");
-        Err(Error::Unavailable("list".to_string()))
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, Error> {
+        self.0.list(project, kind, selector).await
     }
     async fn update(
         &self,
@@ -283,6 +293,43 @@ fn store(
     store
         .expect_subscribe()
         .returning(move || changes.subscribe());
+    (MockedStore(store), held)
+}
+
+/// The store of [`store`], which also lists the run as the one unfinished run of project
+/// `p` (and no project with credits, no group), for a runner starting over it.
+fn listing_store(
+    agent: AgentSpec,
+    journal: Vec<Step>,
+    appends: usize,
+    completions: usize,
+) -> (MockedStore, Arc<Mutex<Held>>) {
+    let (MockedStore(mut store), held) = store(agent, journal, appends, completions);
+    store
+        .expect_list()
+        .withf(|project, kind, _| {
+            project == crate::ledger::SYSTEM_PROJECT && *kind == Kind::Project
+        })
+        .times(1)
+        .returning(|_, _, _| Ok(Vec::new()));
+    let listed = held.clone();
+    store
+        .expect_list()
+        .withf(|project, kind, _| project == PROJECT && *kind == Kind::AgentRun)
+        .times(1)
+        .returning(move |_, _, _| {
+            let held = listed.lock().expect("held");
+            Ok(vec![Record {
+                key: key(),
+                version: held.version,
+                document: held.document.clone(),
+            }])
+        });
+    store
+        .expect_list()
+        .withf(|project, kind, _| project == PROJECT && *kind == Kind::AgentGroup)
+        .times(1)
+        .returning(|_, _, _| Ok(Vec::new()));
     (MockedStore(store), held)
 }
 
@@ -625,4 +672,42 @@ async fn a_platform_call_whose_reply_was_lost_is_made_again_within_its_attempts(
     let driven = engine.drive(PROJECT, NAME).await.expect("drive");
 
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+}
+
+/// The runner, started over a store holding a run that crashed after its command finished,
+/// resumes it once: one claim, no command executed again, one model call, one deletion.
+#[tokio::test]
+async fn the_runner_resumes_an_unfinished_run_once_without_repeating_its_command() {
+    let mut journal = asked_ls();
+    journal.push(step(
+        3,
+        ls_command(),
+        Some(Outcome::CommandFinished {
+            output: output("a.txt\n"),
+        }),
+    ));
+    let (store, held) = listing_store(platform_agent(), journal, 3, 3);
+    let mut sandbox = sandbox_deleted_once();
+    sandbox.expect_exec().times(0);
+    let engine = engine(store, sandbox, model_answering_once());
+
+    let runner = crate::runner::Runner::start(
+        engine,
+        crate::runner::RunnerConfig {
+            projects: vec![PROJECT.to_string()],
+            ..crate::runner::RunnerConfig::default()
+        },
+    );
+    // The runner works on this thread between the test's yields.
+    for _ in 0..100_000 {
+        if held.lock().expect("held").document["status"]["phase"] == "Succeeded" {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let run = runner.settled(PROJECT, NAME).await.expect("settled");
+    runner.shutdown().await;
+
+    assert_eq!(run.status.phase, Some(RunPhase::Succeeded));
+    assert_eq!(held.lock().expect("held").appended.len(), 3);
 }
