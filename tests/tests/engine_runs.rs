@@ -571,7 +571,6 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
 
 #[tokio::test]
 async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
-    use nodus_core::store::Store as _;
     let (world, engine) = with_worker().await;
     let applied = run("kept", "worker", "private question", |_| {});
     engine
@@ -583,9 +582,7 @@ async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
         Driven::Finished(RunPhase::Succeeded)
     );
     let later = a_minute_from_now(&world);
-    world
-        .memory
-        .sweep_payloads(later, later)
+    nodus_core::retention::sweep(&world.memory, &[PROJECT.to_string()], later, later)
         .await
         .expect("sweep");
     // The manifest applied again, as a GitOps loop does: no change, and no input comes back.
