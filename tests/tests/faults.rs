@@ -14,7 +14,8 @@
 mod server;
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nodus_core::cost::Usage;
@@ -118,6 +119,31 @@ struct Harness {
 }
 
 impl Harness {
+    /// A harness and the runtime its fake provider runs on (keep it for as long).
+    fn new(backend: Backend) -> (tokio::runtime::Runtime, Harness) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let fake = runtime
+            .block_on(FakeServer::start())
+            .expect("fake provider");
+        fake.respond_with(respond);
+        (runtime, Harness { backend, fake })
+    }
+
+    /// A trial's record before anything happened.
+    fn record(kill_ms: u64) -> Trial {
+        Trial {
+            kill_ms,
+            phases: Vec::new(),
+            interrupted: 0,
+            completed: 0,
+            defects: Vec::new(),
+        }
+    }
+
     fn start_server(&self, store: &str, dir: &Path) -> ServerProcess {
         let base_url = self.fake.base_url();
         ServerProcess::start_in_env(
@@ -275,13 +301,7 @@ impl Harness {
         let before = self.set_up(&first);
         std::thread::sleep(Duration::from_millis(kill_ms));
         first.kill();
-        let mut trial = Trial {
-            kill_ms,
-            phases: Vec::new(),
-            interrupted: 0,
-            completed: 0,
-            defects: Vec::new(),
-        };
+        let mut trial = Self::record(kill_ms);
         let second = self.start_server(&store, dir.path());
         self.check(&second, before, &mut trial);
         drop(second);
@@ -513,16 +533,7 @@ fn trials(backend: Backend, label: &str) {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(1)
         });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let fake = runtime
-        .block_on(FakeServer::start())
-        .expect("fake provider");
-    fake.respond_with(respond);
-    let harness = Harness { backend, fake };
+    let (_runtime, harness) = Harness::new(backend);
     let window = harness.calibrate();
     let window_ms = window.as_millis() as u64;
     eprintln!("{label}: an uninterrupted group takes {window_ms} ms; seed {seed}");
@@ -593,4 +604,324 @@ fn kill_trials_on_sqlite() {
 #[test]
 fn kill_trials_on_postgres() {
     trials(Backend::Postgres, "Postgres");
+}
+
+/// The replica names that hold leases on runs now (from the store's own table).
+fn lease_owners(store: &str) -> Vec<String> {
+    let output = Command::new("psql")
+        .arg(store)
+        .args([
+            "-tAc",
+            "SELECT owner FROM nodus.leases WHERE owner IS NOT NULL",
+        ])
+        .output()
+        .expect("psql");
+    assert!(output.status.success(), "psql: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn two_replicas_on_postgres_one_killed_the_other_finishes_its_runs() {
+    let (_runtime, harness) = Harness::new(Backend::Postgres);
+    let store = server::postgres_url();
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let mut a = harness.start_server(&store, dir_a.path());
+    let before = harness.set_up(&a);
+    // Replicas share the key that seals Secrets and keys tokens.
+    std::fs::copy(
+        dir_a.path().join("secret.key"),
+        dir_b.path().join("secret.key"),
+    )
+    .expect("the key");
+    std::fs::set_permissions(
+        dir_b.path().join("secret.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("owner-only");
+    let replica_a = std::fs::read_to_string(dir_a.path().join("replica-name"))
+        .expect("replica A's name")
+        .trim()
+        .to_string();
+    let b = harness.start_server(&store, dir_b.path());
+    // Kill A while it holds runs, with B up beside it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let held = loop {
+        let held = lease_owners(&store)
+            .iter()
+            .filter(|owner| **owner == replica_a)
+            .count();
+        if held > 0 {
+            break held;
+        }
+        assert!(Instant::now() < deadline, "replica A never held a run");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    a.kill();
+    let killed = Instant::now();
+    let mut trial = Harness::record(0);
+    harness.check(&b, before, &mut trial);
+    let took = killed.elapsed();
+    eprintln!(
+        "replica A held {held} runs when killed; B finished the group {} ms later; phases {:?}, {} commands completed, {} interrupted",
+        took.as_millis(),
+        trial.phases,
+        trial.completed,
+        trial.interrupted
+    );
+    assert!(trial.defects.is_empty(), "{:#?}", trial.defects);
+    // A's runs waited for their leases to run out (renewed every 10 s, for 30 s).
+    assert!(
+        took >= Duration::from_secs(15),
+        "B took A's runs over after {took:?}, before their leases ran out"
+    );
+    drop(b);
+    drop_database(&store);
+}
+
+/// A PostgreSQL server of the test's own (as the unprivileged user of scripts/test-env when
+/// run as root), to be stopped and started again; stopped and removed when dropped.
+struct OwnPostgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    root: bool,
+}
+
+impl OwnPostgres {
+    const USER: &str = "nodus-pg";
+
+    fn start() -> OwnPostgres {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL installed (scripts/test-env installs it)")
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| {
+                let version: u32 = entry.file_name().to_str()?.parse().ok()?;
+                Some((version, entry.path().join("bin")))
+            })
+            .max()
+            .map(|(_, bin)| bin)
+            .expect("a PostgreSQL version");
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|out| out.stdout.trim_ascii() == b"0");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pg = OwnPostgres {
+            dir,
+            bin,
+            port: server::free_port(),
+            root,
+        };
+        if root {
+            let chown = Command::new("chown")
+                .arg(Self::USER)
+                .arg(pg.dir.path())
+                .status()
+                .expect("chown");
+            assert!(
+                chown.success(),
+                "the user {} (scripts/test-env makes it)",
+                Self::USER
+            );
+        }
+        pg.run("initdb", &["-U", "postgres", "--auth=trust", "-E", "UTF8"]);
+        pg.up();
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let program = self.bin.join(tool);
+        let mut command = if self.root {
+            let mut command = Command::new("runuser");
+            command.args(["-u", Self::USER, "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        };
+        let output = command
+            .arg("-D")
+            .arg(self.data())
+            .args(args)
+            .output()
+            .expect("a PostgreSQL tool");
+        assert!(output.status.success(), "{tool} {args:?}: {output:?}");
+    }
+
+    fn up(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.data().display()
+        );
+        let log = self.dir.path().join("server.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-w",
+                "-l",
+                &log.display().to_string(),
+                "-o",
+                &options,
+                "start",
+            ],
+        );
+    }
+
+    fn down(&self) {
+        self.run("pg_ctl", &["-w", "-m", "fast", "stop"]);
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = Command::new(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "stop"])
+            .output();
+        if self.root {
+            let _ = Command::new("runuser")
+                .args(["-u", Self::USER, "--"])
+                .arg(self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "immediate", "stop"])
+                .output();
+        }
+    }
+}
+
+/// An HTTP call that keeps the answer's headers: (status, headers in lower case, body).
+fn call_with_headers(
+    url: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, Vec<(String, String)>, String) {
+    let mut command = Command::new("curl");
+    command.args(["-s", "-i", "--max-time", "30", "-X", method]);
+    command.arg(format!("{url}{path}"));
+    command.args(["-H", &format!("Authorization: Bearer {}", server::TOKEN)]);
+    command.args(["-H", "Content-Type: application/json"]);
+    if let Some(body) = body {
+        command.args(["--data-binary", body]);
+    }
+    let output = command.output().expect("curl");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
+#[test]
+fn a_ten_second_postgres_outage_refuses_writes_with_retry_after_and_loses_nothing() {
+    let pg = OwnPostgres::start();
+    let (_runtime, harness) = Harness::new(Backend::Postgres);
+    let store = pg.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = harness.start_server(&store, dir.path());
+    let before = harness.set_up(&server);
+    std::thread::sleep(Duration::from_millis(1500));
+    pg.down();
+    let stopped = Instant::now();
+    let url = server.url.clone();
+    // A write and a read while the store is down, at once: each may wait for a connection
+    // as long as the pool waits (10 s); the store stays down until both are answered.
+    let agent = json!({"apiVersion": "nodus.dev/v1", "kind": "Agent",
+        "metadata": {"name": "during-outage"}, "spec": {"system": "s"}});
+    let (write, read) = std::thread::scope(|scope| {
+        let write = scope.spawn(|| {
+            call_with_headers(
+                &url,
+                "POST",
+                &format!("{PROJECT}/agents"),
+                Some(&agent.to_string()),
+            )
+        });
+        let read = scope.spawn(|| {
+            call_with_headers(&url, "GET", &format!("{PROJECT}/agentruns/trial-t0"), None)
+        });
+        // Meanwhile the server stays up and says it is alive.
+        while stopped.elapsed() < Duration::from_secs(10)
+            || !(write.is_finished() && read.is_finished())
+        {
+            assert!(server.alive(), "the server exited during the outage");
+            let (status, _, body) = call_with_headers(&url, "GET", "/healthz", None);
+            assert_eq!(status, 200, "healthz during the outage: {body}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        (write.join().expect("write"), read.join().expect("read"))
+    });
+    let outage = stopped.elapsed();
+    pg.up();
+    eprintln!(
+        "outage of {} ms: the write answered {} {:?}, the read {} {:?}",
+        outage.as_millis(),
+        write.0,
+        write.1.iter().find(|(name, _)| name == "retry-after"),
+        read.0,
+        read.1.iter().find(|(name, _)| name == "retry-after"),
+    );
+    let retry_after = |headers: &[(String, String)]| {
+        headers
+            .iter()
+            .find(|(name, _)| name == "retry-after")
+            .and_then(|(_, value)| value.parse::<u64>().ok())
+            .is_some_and(|seconds| seconds > 0)
+    };
+    // The write is refused, retryably, saying when to try again.
+    assert_eq!(write.0, 503, "a write during the outage: {}", write.2);
+    assert!(
+        write.2.contains("\"reason\":\"Unavailable\""),
+        "{}",
+        write.2
+    );
+    assert!(
+        retry_after(&write.1),
+        "a refused write says when to try again: {write:?}"
+    );
+    // The read is answered, or refused the same way.
+    assert!(
+        read.0 == 200 || (read.0 == 503 && retry_after(&read.1)),
+        "a read during the outage: {read:?}"
+    );
+    assert!(server.alive(), "the server exited");
+    let mut trial = Harness::record(0);
+    harness.check(&server, before, &mut trial);
+    eprintln!(
+        "after the outage: phases {:?}, {} commands completed, {} interrupted",
+        trial.phases, trial.completed, trial.interrupted
+    );
+    assert!(trial.defects.is_empty(), "{:#?}", trial.defects);
+    let (status, _, _) = call_with_headers(
+        &server.url,
+        "GET",
+        &format!("{PROJECT}/agents/during-outage"),
+        None,
+    );
+    assert_eq!(status, 404, "the refused write wrote nothing");
+    assert!(server.alive(), "the server exited");
 }
