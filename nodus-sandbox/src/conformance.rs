@@ -5,8 +5,9 @@
 //! - [`COMMON`]: commands, exit codes, output, timeouts, files, archives, lifecycle. Every
 //!   backend passes these, [`UnisolatedSandbox`](crate::UnisolatedSandbox) included.
 //! - [`ISOLATION`]: no network, no host secrets, no other sandbox's files, no writes outside
-//!   the working directory, fork bombs and memory hogs contained. Only isolating backends
-//!   pass these.
+//!   the working directory, no privileges (mount, new namespaces, device nodes, setuid, `/proc`
+//!   and `/sys` writes, the host's processes), fork bombs, memory hogs and a gigabyte of output
+//!   contained. Only isolating backends pass these.
 //!
 //! [`run_common`], [`run_isolation`] and [`run_all`] run a group one case after another;
 //! [`conformance_tests!`](crate::conformance_tests) makes one `#[tokio::test]` per case, so that
@@ -77,6 +78,8 @@ pub const ISOLATION: &[(&str, Case)] = cases![
     no_writes_outside_workdir,
     fork_bomb_contained,
     memory_hog_contained,
+    privileges_refused,
+    gigabyte_of_output_contained,
 ];
 
 /// The cases of a backend that limits the working directory's size, by name: bubblewrap, and
@@ -122,7 +125,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(common, $make);
         $crate::conformance_tests!(@cases $make,
             no_network, host_secrets_unreadable, other_sandbox_unreachable,
-            no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained);
+            no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained,
+            privileges_refused, gigabyte_of_output_contained);
     };
     (disk, $make:ident) => {
         $crate::conformance_tests!(@cases $make, disk_limit_stops_writers);
@@ -1059,4 +1063,107 @@ pub async fn memory_hog_contained(b: &Backend) {
     assert_eq!(exec(b, &bystander, "echo ok").await.stdout.bytes, b"ok\n");
     destroy(b, &hog).await;
     destroy(b, &bystander).await;
+}
+
+/// Nothing inside gains or uses a privilege: no capabilities and `no_new_privs` (so a setuid
+/// binary gains nothing), no mount, no new namespaces, no device nodes and none of the host's
+/// block devices, no writes to `/proc/sys` or `/sys`, and no host process visible (so none
+/// can be traced or signalled).
+pub async fn privileges_refused(b: &Backend) {
+    let id = fresh(b, "privileges").await;
+    // A host process with a mark in its command line, looked for from inside (the script
+    // spells the mark in two halves, so that its own command line does not hold it).
+    let tail = unique_nanos();
+    let mark = format!("30.{tail}");
+    let mut host = std::process::Command::new("sleep")
+        .arg(&mark)
+        .spawn()
+        .expect("a host process");
+    let script = format!(
+        "grep -E '^(CapEff|CapPrm|CapAmb|NoNewPrivs):' /proc/self/status; \
+         mkdir -p m; mount -t tmpfs none m 2>/dev/null && echo ESCAPE mount; \
+         unshare -r true 2>/dev/null && echo ESCAPE unshare-user; \
+         unshare -m true 2>/dev/null && echo ESCAPE unshare-mount; \
+         unshare -n true 2>/dev/null && echo ESCAPE unshare-net; \
+         mknod null2 c 1 3 2>/dev/null && echo ESCAPE mknod; \
+         find /dev -type b 2>/dev/null | sed 's/^/ESCAPE block device /'; \
+         cat /proc/sys/kernel/printk_ratelimit > /proc/sys/kernel/printk_ratelimit 2>/dev/null \
+           && echo ESCAPE proc-write; \
+         cat /sys/kernel/mm/ksm/run > /sys/kernel/mm/ksm/run 2>/dev/null && echo ESCAPE sys-write; \
+         head=30.; tail={tail}; for f in /proc/[0-9]*/cmdline; do \
+           case \"$(tr '\\0' ' ' < $f 2>/dev/null)\" in \
+             *\"$head$tail\"*) echo ESCAPE host process $f ;; esac; done; \
+         echo done"
+    );
+    let out = exec(b, &id, &script).await;
+    let _ = host.kill();
+    let _ = host.wait();
+    let text = text_of(&out);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_string()
+    };
+    for set in ["CapEff:", "CapPrm:", "CapAmb:"] {
+        assert_eq!(field(set), "0000000000000000", "{set} {text}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1", "{text}");
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(text.ends_with("done\n"), "{out:?}");
+    destroy(b, &id).await;
+}
+
+/// A command that writes a gigabyte of output at once is cut at the output cap and finishes;
+/// another sandbox works meanwhile, and the memory the backend holds stays bounded.
+pub async fn gigabyte_of_output_contained(b: &Backend) {
+    let loud = fresh(b, "gigabyte").await;
+    let bystander = fresh(b, "bystander").await;
+    let flood = request("head -c 1073741824 /dev/zero; echo done >&2");
+    let before = resident_bytes();
+    let started = Instant::now();
+    let (out, other) = tokio::join!(b.sandbox.exec(&loud, &flood), async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.sandbox.exec(&bystander, &request("echo alive")).await
+    });
+    let out = out.expect("exec");
+    let took = started.elapsed();
+    // It finishes, or is stopped at its timeout (a backend that moves output slowly).
+    let summary = format!(
+        "exit {:?}, timed out {}, {} bytes of stdout kept, stderr {:?}, {took:?}",
+        out.exit_code,
+        out.timed_out,
+        out.stdout.bytes.len(),
+        String::from_utf8_lossy(&out.stderr.bytes)
+    );
+    assert!(
+        out.exit_code == Some(0) && out.stderr.bytes == b"done\n" || out.timed_out,
+        "{summary}"
+    );
+    assert!(took < flood.timeout + Duration::from_secs(30), "{summary}");
+    assert_eq!(out.stdout.bytes.len() as u64, flood.output_cap, "{summary}");
+    assert!(out.stdout.truncated, "{summary}");
+    assert_eq!(other.expect("bystander").stdout.bytes, b"alive\n");
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "the backend held {grown} more bytes after a gigabyte of output"
+    );
+    assert_eq!(exec(b, &loud, "echo ok").await.stdout.bytes, b"ok\n");
+    destroy(b, &loud).await;
+    destroy(b, &bystander).await;
+}
+
+/// This process's resident size (`VmRSS`), in bytes.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }

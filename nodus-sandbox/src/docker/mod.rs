@@ -17,6 +17,8 @@
 //! - a read-only root file system, a private `/tmp` (a tmpfs no larger than the memory limit)
 //!   and the working-directory volume as the only writable places;
 //! - all capabilities dropped and `no-new-privileges`;
+//! - no log kept by the engine (log driver `none`): output reaches the backend through the
+//!   attachment only, and cannot fill the host's disk;
 //! - as its first process a shell that reads commands from its stdin, which stays open
 //!   between commands (the image needs `/bin/sh`; `kill` and `printf` are built into every
 //!   shell).
@@ -50,7 +52,8 @@ use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    ResourcesUlimits,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
@@ -361,6 +364,12 @@ impl DockerSandbox {
                 }]),
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                // Output reaches the backend through the attachment only; a log kept by the
+                // engine would fill the host's disk with whatever a command prints.
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("none".to_owned()),
+                    config: None,
+                }),
                 ..Default::default()
             }),
             ..Default::default()
