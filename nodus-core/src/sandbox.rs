@@ -238,6 +238,15 @@ pub trait Sandbox: Send + Sync {
     ) -> Result<Vec<u8>, Error>;
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
+    /// The run will not use its sandbox for a while (it waits for a message): a backend that
+    /// keeps processes for a sandbox between commands ends them now. The working directory
+    /// and what the sandbox was created with stay; the next [`Sandbox::exec`] starts what it
+    /// needs again. Suspending a sandbox that is gone, or has nothing running, is fine. The
+    /// default does nothing.
+    async fn suspend(&self, id: &SandboxId) -> Result<(), Error> {
+        let _ = id;
+        Ok(())
+    }
     /// Whether this backend runs a sandbox in the image its spec names
     /// ([`SandboxSpec::image`]). Backends that cannot (they run commands on the host's file
     /// system) answer `false`, the default, and a run naming `spec.image` is refused when it

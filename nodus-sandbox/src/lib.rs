@@ -21,6 +21,7 @@ mod archive;
 pub mod bwrap;
 mod capped;
 mod cgroup;
+mod channel;
 #[cfg(feature = "test-util")]
 pub mod conformance;
 mod disk;

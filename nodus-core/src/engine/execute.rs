@@ -284,6 +284,9 @@ impl Engine {
                         .await?
                         .is_some()
                     {
+                        if reason == WaitReason::AwaitingMessage {
+                            self.suspend_sandbox(fixed, journal).await;
+                        }
                         return Ok(Driven::Waiting { reason, until });
                     }
                     continue;
@@ -401,6 +404,17 @@ impl Engine {
         };
         // Nothing to reserve (a local router): no ledger write at all.
         (!amount.is_zero()).then_some(amount)
+    }
+
+    /// A run that waits for a message holds no process: its live sandbox is suspended (its
+    /// working directory stays; the next command starts it again). A failure only costs the
+    /// process it leaves running.
+    async fn suspend_sandbox(&self, fixed: &Fixed, journal: &[Step]) {
+        if let SandboxState::Live(info) = Replay::of(journal).sandbox
+            && let Err(e) = self.deps.sandbox.suspend(&info.id).await
+        {
+            tracing::warn!(run = %fixed.key, error = %e, "cannot suspend the sandbox of a waiting run");
+        }
     }
 
     /// The decision, or waiting for funds when the step it acts on cannot be reserved
