@@ -20,7 +20,11 @@
 //!
 //! Host user: a server running as root runs every sandbox as an unprivileged host user and
 //! group ([`BwrapConfig::run_as`], by default [`DEFAULT_SANDBOX_USER`], 65534 `nobody` /
-//! `nogroup`), dropping to it with util-linux `setpriv` as the last step before bubblewrap. So
+//! `nogroup`, no supplementary groups). On cgroup v1 (or without cgroups) the spawned process
+//! drops to it before it runs anything, and the cgroup gate joins the sandbox's cgroups through
+//! their `tasks` files, which are given to that user (only the sandbox's own: it cannot change
+//! their limits); on v2, where joining needs root, the gate joins as root and util-linux
+//! `setpriv` drops to the user as the last step before bubblewrap. So
 //! file permissions keep host secrets out: what that user may not read on the host (`/etc/shadow`,
 //! a 0600 root file anywhere under the bound directories, whenever it was made) it cannot read
 //! in a sandbox either. Bubblewrap resolves the working directory's host path as that user, so
@@ -171,8 +175,9 @@ pub struct BwrapConfig {
     /// More host directories to bind read-only at the same path (toolchains under `/opt`).
     /// The sandboxes read in them what [`BwrapConfig::run_as`] may read.
     pub extra_ro_binds: Vec<PathBuf>,
-    /// The host user and group that commands run as (through `setpriv`, which must be
-    /// installed), or `None` for the server's own user. The server must be root to use it.
+    /// The host user and group that commands run as (on cgroup v2 through `setpriv`, which
+    /// must then be installed), or `None` for the server's own user. The server must be root
+    /// to use it.
     pub run_as: Option<HostUser>,
     /// The free bytes the file system of [`BwrapConfig::root`] keeps: a command that lets it
     /// drop below is stopped, so that the store, when it shares that file system, can still
@@ -326,9 +331,12 @@ impl Live {
 #[derive(Debug)]
 struct Prepared {
     bwrap: PathBuf,
-    /// The program and its arguments up to and including `bwrap`: `setpriv … bwrap` when
-    /// commands run as another user, `bwrap` alone otherwise.
-    launcher: Vec<OsString>,
+    /// `setpriv …` when sandboxes run as another user and the spawn cannot drop to it (the
+    /// cgroup gate must be root to join v2 cgroups), empty otherwise.
+    setpriv: Vec<OsString>,
+    /// The user the spawned process (the gate, or bubblewrap) becomes before it starts, when
+    /// no `setpriv` does: one exec fewer.
+    spawn_as: Option<HostUser>,
     base_args: Vec<OsString>,
 }
 
@@ -493,7 +501,10 @@ impl BwrapSandbox {
             .get_or_try_init(|| async {
                 let config = self.config.clone();
                 let memory = Limits::default().memory_bytes;
-                let prepared = blocking(move || prepare(&config)).await?;
+                // On cgroup v1 the gate joins as the sandboxes' user (its `tasks` files are
+                // given to it), so the spawn drops to that user and no `setpriv` runs.
+                let drop_at_spawn = self.cgroups.all_v1();
+                let prepared = blocking(move || prepare(&config, drop_at_spawn)).await?;
                 probe(&prepared, memory).await?;
                 Ok(prepared)
             })
@@ -522,6 +533,7 @@ impl Sandbox for BwrapSandbox {
         let dir = self.config.root.join("sandboxes").join(&spec.key);
         let cgroups = self.cgroups.clone();
         let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
+        let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
         let id = SandboxId(spec.key.clone());
         let owned_id = id.clone();
         let home = blocking(move || {
@@ -533,7 +545,7 @@ impl Sandbox for BwrapSandbox {
                 std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(failed)?;
                 fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
             }
-            cgroups.create(&key, &limits)?;
+            cgroups.create(&key, &limits, entrant)?;
             canonical_dir(&dir, &owned_id)
         })
         .await?;
@@ -725,7 +737,7 @@ impl Sandbox for BwrapSandbox {
 
 /// Finds `bwrap` (and `setpriv`), makes the directory of the working directories, checks that
 /// the sandboxes' user can reach it, and lays out the file system arguments.
-fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
+fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<Prepared, Error> {
     let bwrap = match &config.bwrap {
         Some(path) if path.is_file() => path.clone(),
         Some(path) => {
@@ -756,10 +768,12 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
         .map_err(|e| failed(&format!("creating {shown}"), e))?;
     fs::set_permissions(&sandboxes, fs::Permissions::from_mode(mode))
         .map_err(|e| failed(&format!("setting the mode of {shown}"), e))?;
-    let mut launcher = Vec::new();
     if let Some(user) = config.run_as {
         check_reachable(&sandboxes, user)?;
-        let setpriv = find_in_path("setpriv").ok_or_else(|| {
+    }
+    let mut setpriv = Vec::new();
+    if let Some(user) = config.run_as.filter(|_| !drop_at_spawn) {
+        let program = find_in_path("setpriv").ok_or_else(|| {
             Error::Refused(format!(
                 "`setpriv` (util-linux) is not installed, and a server running as root needs it \
                  to run sandboxes as the user {}:{}: `apt-get install util-linux` (Debian, \
@@ -767,8 +781,8 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
                 user.uid, user.gid
             ))
         })?;
-        launcher.extend([
-            setpriv.into_os_string(),
+        setpriv.extend([
+            program.into_os_string(),
             "--reuid".into(),
             user.uid.to_string().into(),
             "--regid".into(),
@@ -776,7 +790,6 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
             "--clear-groups".into(),
         ]);
     }
-    launcher.push(bwrap.clone().into_os_string());
 
     let mut args: Vec<OsString> = [
         "--unshare-all",
@@ -813,7 +826,8 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
     );
     Ok(Prepared {
         bwrap,
-        launcher,
+        setpriv,
+        spawn_as: config.run_as.filter(|_| drop_at_spawn),
         base_args: args,
     })
 }
@@ -897,8 +911,9 @@ fn launch(
     file.write_all(&data)
         .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
         .map_err(|e| Error::Failed(format!("writing bubblewrap's arguments: {e}")))?;
-    let (first, rest) = prepared
-        .launcher
+    let mut launcher = prepared.setpriv.clone();
+    launcher.push(prepared.bwrap.clone().into_os_string());
+    let (first, rest) = launcher
         .split_first()
         .ok_or_else(|| Error::Failed("no bubblewrap to start".to_owned()))?;
     let mut command = if entry_files.is_empty() {
@@ -919,6 +934,10 @@ fn launch(
             .args(rest);
         command
     };
+    if let Some(user) = prepared.spawn_as {
+        // Set in the child before it runs anything; supplementary groups are cleared too.
+        command.uid(user.uid).gid(user.gid);
+    }
     command
         .args(["--args", "0", "--"])
         .args(program)

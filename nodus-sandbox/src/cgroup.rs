@@ -216,8 +216,22 @@ impl Cgroups {
             .fold(Controllers::default(), |all, h| all.or(h.controllers))
     }
 
-    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits.
-    pub(crate) fn create(&self, key: &str, limits: &Limits) -> Result<(), Error> {
+    /// Whether every hierarchy is cgroup v1 (or there is none): there a process may move
+    /// itself into a cgroup whose `tasks` file it may write, whatever its user.
+    pub(crate) fn all_v1(&self) -> bool {
+        self.hierarchies.iter().all(|h| !h.v2)
+    }
+
+    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits. With an
+    /// `entrant` (user id, group id), a v1 cgroup's `tasks` file is given to that user, so
+    /// that a process of the sandbox's user can join it without root: only the sandbox's
+    /// cgroup, whose limits it cannot change, and none of the host's.
+    pub(crate) fn create(
+        &self,
+        key: &str,
+        limits: &Limits,
+        entrant: Option<(u32, u32)>,
+    ) -> Result<(), Error> {
         for hierarchy in &self.hierarchies {
             let dir = hierarchy.parent.join(key);
             // The cgroup's host path goes to the log only, never into a run's status.
@@ -232,6 +246,10 @@ impl Cgroups {
             }
             write_limits(&dir, hierarchy, limits)
                 .map_err(|e| failed("setting the limits of", e))?;
+            if let (Some((uid, gid)), false) = (entrant, hierarchy.v2) {
+                std::os::unix::fs::lchown(dir.join("tasks"), Some(uid), Some(gid))
+                    .map_err(|e| failed("opening", e))?;
+            }
         }
         Ok(())
     }
@@ -515,7 +533,7 @@ mod tests {
             }],
         };
         let limits = Limits::default();
-        let message = match cgroups.create("sandbox-key", &limits) {
+        let message = match cgroups.create("sandbox-key", &limits, None) {
             Err(Error::Failed(message)) => message,
             other => panic!("created: {other:?}"),
         };

@@ -325,7 +325,8 @@ async fn root_only_host_files_stay_unreadable_under_a_root_server() {
         &sandbox,
         &id,
         &format!(
-            "cat {} 2>&1; echo rc=$?; cat {} 2>&1; echo rc=$?; id -u",
+            "cat {} 2>&1; echo rc=$?; cat {} 2>&1; echo rc=$?; grep ^Groups: /proc/self/status; \
+             id -u",
             early.0.display(),
             late.0.display()
         ),
@@ -336,6 +337,13 @@ async fn root_only_host_files_stay_unreadable_under_a_root_server() {
     assert_eq!(seen.matches("Permission denied").count(), 2, "{seen}");
     assert_eq!(seen.matches("rc=1").count(), 2, "{seen}");
     assert!(seen.ends_with("65534\n"), "runs as nobody: {seen}");
+    // No supplementary group is left from the server's (root's would show as 65534, the
+    // user namespace's overflow group).
+    let groups = seen
+        .lines()
+        .find(|l| l.starts_with("Groups:"))
+        .expect("groups");
+    assert_eq!(groups.trim_end(), "Groups:", "{seen}");
 
     // Files staged by the server belong to the sandbox's user, which may change them.
     sandbox
