@@ -420,7 +420,11 @@ fn own_v2_cgroup() -> Option<String> {
 /// Makes a cgroup under `dir`, moves a short-lived child process into it, and removes it: the
 /// proof that sandboxes' cgroups can be made there and their commands moved in.
 fn probe(dir: &Path, v2: bool) -> io::Result<()> {
-    let probe = dir.join(format!("nodus-probe-{}", std::process::id()));
+    // One name per probe: backends made at the same time in one process (tests) must not
+    // remove each other's probe while it is used.
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!("nodus-probe-{}-{n}", std::process::id()));
     fs::create_dir(&probe)
         .map_err(|e| io::Error::new(e.kind(), format!("creating a cgroup: {e}")))?;
     let entry = probe.join(if v2 { "cgroup.procs" } else { "tasks" });
