@@ -97,8 +97,8 @@ use tokio::sync::OnceCell;
 use tracing::{debug, info};
 
 use crate::cgroup::Cgroups;
-use crate::channel::{self, Reading, Status};
-use crate::disk::{WATCH_INTERVAL, Watch};
+use crate::channel::{self, Reading};
+use crate::disk::Watch;
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
 use crate::{archive, capped, paths};
@@ -273,16 +273,7 @@ impl Live {
             out_open = false;
         }
         let deadline = tokio::time::Instant::now() + timeout;
-        let watchdog = async {
-            let mut pause = WATCH_INTERVAL;
-            loop {
-                tokio::time::sleep(pause).await;
-                match watch.check(start).await {
-                    (Some(reason), _) => return reason,
-                    (None, next) => pause = next,
-                }
-            }
-        };
+        let watchdog = watch.until_stopped(start);
         tokio::pin!(watchdog);
         loop {
             if grace.is_none() && (!out_open || stopped.is_some() || timed_out) {
@@ -655,31 +646,11 @@ impl Sandbox for BwrapSandbox {
                 )));
             }
         };
-        let exit_code = match status {
-            None => None,
-            Some(Status::Exited(code)) => Some(code),
-            Some(Status::MissingDir) => {
-                return Err(Error::Refused(format!(
-                    "working directory {shown_cwd:?} does not exist"
-                )));
-            }
-            Some(Status::OutsideDir) => {
-                return Err(Error::Refused(format!(
-                    "working directory {shown_cwd:?} leads outside the working directory"
-                )));
-            }
-        };
+        let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
         if let (None, Some(_)) = (&stopped, exit_code) {
             stopped = watch.reached(start).await;
         }
-        let (stdout, stderr) = reading.into_outputs();
-        Ok(ExecOutput {
-            exit_code,
-            stdout,
-            stderr,
-            timed_out: exit_code.is_none() && stopped.is_none(),
-            stopped,
-        })
+        Ok(reading.into_exec_output(exit_code, stopped))
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {

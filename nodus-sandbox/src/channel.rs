@@ -28,7 +28,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nodus_core::output::Output;
-use nodus_core::sandbox::Error;
+use nodus_core::sandbox::{Error, ExecOutput};
 
 use crate::capped;
 
@@ -109,6 +109,22 @@ pub(crate) enum Status {
     OutsideDir,
 }
 
+impl Status {
+    /// The exit code this status reports, or the refusal of the working directory, shown as
+    /// the request named it (`cwd`).
+    pub(crate) fn exit_code(self, cwd: &str) -> Result<i32, Error> {
+        match self {
+            Status::Exited(code) => Ok(code),
+            Status::MissingDir => Err(Error::Refused(format!(
+                "working directory {cwd:?} does not exist"
+            ))),
+            Status::OutsideDir => Err(Error::Refused(format!(
+                "working directory {cwd:?} leads outside the working directory"
+            ))),
+        }
+    }
+}
+
 /// The output of one command as it arrives, on both streams.
 #[derive(Debug)]
 pub(crate) struct Reading {
@@ -161,6 +177,23 @@ impl Reading {
                     "the container's first process reported the status {code:?}"
                 ))
             }),
+        }
+    }
+
+    /// The command's result: `exit_code` when it ended by itself, `stopped` when the disk
+    /// watch stopped it, timed out when neither.
+    pub(crate) fn into_exec_output(
+        self,
+        exit_code: Option<i32>,
+        stopped: Option<String>,
+    ) -> ExecOutput {
+        let (stdout, stderr) = self.into_outputs();
+        ExecOutput {
+            exit_code,
+            stdout,
+            stderr,
+            timed_out: exit_code.is_none() && stopped.is_none(),
+            stopped,
         }
     }
 

@@ -14,7 +14,7 @@ use tokio::process::Command;
 use tracing::{debug, warn};
 
 use crate::capped;
-use crate::disk::{WATCH_INTERVAL, Watch};
+use crate::disk::Watch;
 
 /// How long output is still read after the shell has exited and its group was killed. Only
 /// a process that left the group can hold a pipe open that long.
@@ -74,16 +74,9 @@ pub(crate) async fn run(
 
     let (status, drained, mut stopped) = {
         let watchdog = async {
-            let Some(watch) = &watch else {
-                return std::future::pending().await;
-            };
-            let mut pause = WATCH_INTERVAL;
-            loop {
-                tokio::time::sleep(pause).await;
-                match watch.check(start).await {
-                    (Some(reason), _) => return reason,
-                    (None, next) => pause = next,
-                }
+            match &watch {
+                Some(watch) => watch.until_stopped(start).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(watchdog);

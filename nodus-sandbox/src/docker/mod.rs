@@ -70,7 +70,7 @@ use nodus_core::sandbox::{
 use tracing::{debug, info, warn};
 
 use crate::archive::{self, OnDisk};
-use crate::disk::{WATCH_INTERVAL, Watch};
+use crate::disk::Watch;
 use crate::workdir::check_env;
 use crate::{capped, paths};
 
@@ -483,16 +483,9 @@ impl DockerSandbox {
         guard.sandbox = Some(self.clone());
         let deadline = tokio::time::Instant::now() + timeout;
         let watchdog = async {
-            let Some((watch, start)) = watch else {
-                return std::future::pending().await;
-            };
-            let mut pause = WATCH_INTERVAL;
-            loop {
-                tokio::time::sleep(pause).await;
-                match watch.check(start).await {
-                    (Some(reason), _) => return reason,
-                    (None, next) => pause = next,
-                }
+            match watch {
+                Some((watch, start)) => watch.until_stopped(start).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(watchdog);
@@ -860,31 +853,11 @@ impl Sandbox for DockerSandbox {
                 )));
             }
         };
-        let exit_code = match exit_code {
-            None => None,
-            Some(Status::Exited(code)) => Some(code),
-            Some(Status::MissingDir) => {
-                return Err(Error::Refused(format!(
-                    "working directory {shown_cwd:?} does not exist"
-                )));
-            }
-            Some(Status::OutsideDir) => {
-                return Err(Error::Refused(format!(
-                    "working directory {shown_cwd:?} leads outside the working directory"
-                )));
-            }
-        };
+        let exit_code = exit_code.map(|s| s.exit_code(&shown_cwd)).transpose()?;
         if let (Some(watch), None, Some(_)) = (&watch, &stopped, exit_code) {
             stopped = watch.reached(start).await;
         }
-        let (stdout, stderr) = reading.into_outputs();
-        Ok(ExecOutput {
-            exit_code,
-            stdout,
-            stderr,
-            timed_out: exit_code.is_none() && stopped.is_none(),
-            stopped,
-        })
+        Ok(reading.into_exec_output(exit_code, stopped))
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
