@@ -66,7 +66,9 @@
 //! anything else that ends the sandbox's process (the OOM killer, an operator). The next
 //! command then starts the sandbox again over the same working directory (a fresh `/tmp`);
 //! a command is sent again only when the sandbox ended before it began, so none runs twice.
-//! [`Sandbox::suspend`] ends it too, for a run that waits for a message. A command ended by a signal reports
+//! [`Sandbox::suspend`] ends it too, for a run that waits for a message. `--die-with-parent`
+//! ties a sandbox to the server thread that started it (a runtime's worker): when that thread
+//! ends, so does the sandbox, and its next command starts it again. A command ended by a signal reports
 //! exit code 128 + the signal's number.
 //!
 //! Requires bubblewrap 0.8 or later and user namespaces. When `bwrap` is missing, `create`
