@@ -19,6 +19,10 @@
 //!   one as soon as it would grow past the caller's cap (never more than
 //!   [`MAX_ARCHIVE_BYTES`]). An archive that comes out has no set-uid, set-gid or sticky
 //!   bits and no symbolic link that leads outside the working directory.
+//! - **Only the working directory lasts.** A backend may keep processes for a sandbox
+//!   between commands (a container, a bubblewrap sandbox) and end them at any time: when the
+//!   run waits ([`Sandbox::suspend`]), when one died, after a timeout. The next command finds
+//!   the working directory as it was and the sandbox started again; `/tmp` may be fresh.
 //! - **Bounded disk.** A command that makes the working directory larger than
 //!   [`Limits::disk_bytes`], or leaves the file system of the working directories less free
 //!   space than the backend's reserve, is stopped, and [`ExecOutput::stopped`] says why.
