@@ -55,7 +55,7 @@
 pub mod catalog;
 pub mod clock;
 pub mod cost;
-pub mod decide;
+pub(crate) mod decide;
 pub mod digest;
 pub mod engine;
 pub mod group;
@@ -66,7 +66,7 @@ pub mod model;
 pub mod money;
 pub mod output;
 pub mod patch;
-pub mod replay;
+pub(crate) mod replay;
 pub mod resource;
 pub mod router;
 pub mod runner;

@@ -26,8 +26,8 @@ use jiff::Timestamp;
 
 pub use error::{Error, Reason, Result};
 pub use execute::Driven;
-pub use kinds::{SpecRules, WRITABLE_KINDS, Writable, expected_version};
-pub use typed::Versioned;
+pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
+use typed::Versioned;
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
