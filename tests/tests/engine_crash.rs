@@ -14,7 +14,10 @@ use nodus_core::journal::{Intent, Outcome, StepState};
 use nodus_core::lifecycle::{CancelReason, Resolution, RunPhase};
 use nodus_core::store::Store;
 use nodus_llm::Reply;
-use support::{CrashMode, CrashingStore, PROJECT, World, agent, journal_json, run};
+use support::{
+    CrashMode, CrashingStore, PROJECT, World, agent, assert_costs_within_reservations,
+    journal_json, run,
+};
 
 const COMMANDS: [&str; 4] = ["echo one", "echo two", "echo three", "echo four"];
 
@@ -116,6 +119,7 @@ async fn uncrashed_run_has_two_turns_and_four_commands() {
     );
     let journal = engine.journal(PROJECT, "job").await.expect("journal");
     assert_eq!(journal.len(), 16);
+    assert_costs_within_reservations(&journal, "the uncrashed run");
     assert!(
         journal
             .iter()
@@ -197,6 +201,7 @@ async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
                 );
             }
             let journal = engine.journal(PROJECT, "job").await.expect("journal");
+            assert_costs_within_reservations(&journal, &context);
             if !parked {
                 assert_eq!(
                     journal_json(&journal),
@@ -565,13 +570,14 @@ async fn crash_once(
         "{context}"
     );
     assert_eq!(account.spent_usd, run.status.cost.total_usd, "{context}");
+    let journal = engine.journal(PROJECT, "job").await.expect("journal");
+    assert_costs_within_reservations(&journal, &context);
     assert_eq!(
         account.balance_usd,
         credits.saturating_sub(account.spent_usd),
         "{context}"
     );
 
-    let journal = engine.journal(PROJECT, "job").await.expect("journal");
     let replies = journal
         .iter()
         .filter(|step| matches!(step.outcome(), Some(Outcome::ModelReplied { .. })))

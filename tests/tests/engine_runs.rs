@@ -43,6 +43,11 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         1,
         "the waiting run keeps its sandbox"
     );
+    assert_eq!(
+        world.sandbox.suspended(),
+        world.sandbox.live(),
+        "but no process of it while it waits"
+    );
     let calls = world.model.calls();
 
     let first = engine
@@ -68,6 +73,11 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         Some("second")
     );
     assert_eq!(world.sandbox.count("echo staging"), 1);
+    assert_eq!(
+        world.sandbox.suspended(),
+        world.sandbox.live(),
+        "the command ran in the sandbox, which is suspended again as the run waits"
+    );
     let steps = engine.steps(PROJECT, "chat").await.expect("steps");
     assert_eq!(
         steps.iter().filter(|s| s.kind == StepKind::Message).count(),

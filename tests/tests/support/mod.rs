@@ -484,6 +484,28 @@ pub async fn waiting_chat(engine: &Engine) {
     );
 }
 
+/// Every model call of the journal cost at most what its step reserved (the worst case the
+/// decider computed before the call), and at least one call was made; says which step if not.
+pub fn assert_costs_within_reservations(journal: &[Step], context: &str) {
+    use nodus_core::journal::{Intent, Outcome};
+    let mut calls = 0;
+    for step in journal {
+        if let (
+            Intent::CallModel { reserved_usd, .. },
+            Some(Outcome::ModelReplied { cost_usd, .. }),
+        ) = (&step.intent, step.outcome())
+        {
+            calls += 1;
+            assert!(
+                cost_usd <= reserved_usd,
+                "{context}: step {} cost {cost_usd}, more than the {reserved_usd} it reserved",
+                step.seq
+            );
+        }
+    }
+    assert!(calls > 0, "{context}: no model call was made");
+}
+
 /// The journal as JSON, for exact comparison.
 pub fn journal_json(journal: &[Step]) -> Value {
     serde_json::to_value(journal).expect("journal serializes")
