@@ -9,6 +9,9 @@
 //!   and `/sys` writes, the host's processes), fork bombs, memory hogs and a gigabyte of output
 //!   contained. Only isolating backends pass these.
 //!
+//! - [`LIVE`]: a sandbox that keeps a process between commands (bubblewrap, Docker) starts it
+//!   again when it was killed from outside.
+//!
 //! [`run_common`], [`run_isolation`] and [`run_all`] run a group one case after another;
 //! [`conformance_tests!`](crate::conformance_tests) makes one `#[tokio::test]` per case, so that
 //! cases run side by side and fail one by one.
@@ -86,6 +89,10 @@ pub const ISOLATION: &[(&str, Case)] = cases![
 /// Docker where the server can see the volumes (a local engine, as root).
 pub const DISK: &[(&str, Case)] = cases![disk_limit_stops_writers];
 
+/// The cases of a backend that keeps a process per sandbox between commands, by name:
+/// bubblewrap and Docker.
+pub const LIVE: &[(&str, Case)] = cases![killed_between_commands, suspended_holds_no_process];
+
 /// Runs [`COMMON`].
 pub async fn run_common(backend: &Backend) {
     for (name, case) in COMMON {
@@ -110,7 +117,8 @@ pub async fn run_all(backend: &Backend) {
 
 /// One `#[tokio::test]` per case: `conformance_tests!(common, make)` for [`COMMON`],
 /// `conformance_tests!(all, make)` for [`COMMON`] and [`ISOLATION`],
-/// `conformance_tests!(disk, make)` for [`DISK`], where `make` is an `async fn() -> Backend`
+/// `conformance_tests!(disk, make)` for [`DISK`], `conformance_tests!(live, make)` for
+/// [`LIVE`], where `make` is an `async fn() -> Backend`
 /// in scope.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -130,6 +138,9 @@ macro_rules! conformance_tests {
     };
     (disk, $make:ident) => {
         $crate::conformance_tests!(@cases $make, disk_limit_stops_writers);
+    };
+    (live, $make:ident) => {
+        $crate::conformance_tests!(@cases $make, killed_between_commands, suspended_holds_no_process);
     };
     (@cases $make:ident, $($case:ident),* $(,)?) => {
         $(
@@ -786,6 +797,121 @@ pub async fn recreate_keeps_files(b: &Backend) {
     destroy(b, &id).await;
 }
 
+/// Kills every host process whose environment holds `entry` exactly; how many it killed.
+fn kill_by_environment(entry: &str) -> usize {
+    let mut killed = 0;
+    for pid in processes_with_environment(entry) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid)
+            && rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// The host processes whose environment holds `entry` exactly.
+fn processes_with_environment(entry: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
+/// A sandbox whose process was killed from outside between commands (the OOM killer, an
+/// operator) is started again by the next command, over the same working directory and with
+/// the same environment; the command runs once.
+pub async fn killed_between_commands(b: &Backend) {
+    let mark = format!("{}{}", std::process::id(), unique_nanos());
+    let entry = format!("NODUS_CONFORMANCE_MARK={mark}");
+    let mut marked = spec(b, &unique_key("killed"));
+    marked
+        .env
+        .insert("NODUS_CONFORMANCE_MARK".to_owned(), mark.clone());
+    let id = create(b, &marked).await.id;
+    let first = exec(b, &id, "echo kept > state; echo one >> runs; echo first").await;
+    assert_eq!(text(&first.stdout.bytes), "first\n", "{first:?}");
+    for round in 0..2 {
+        // Between commands the sandbox's process (and only it) carries the mark.
+        let killed = kill_by_environment(&entry);
+        assert!(
+            killed >= 1,
+            "round {round}: no process of the sandbox was found"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_with_environment(&entry).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the killed process is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = exec(
+            b,
+            &id,
+            "cat state; echo one >> runs; echo \"$NODUS_CONFORMANCE_MARK\"",
+        )
+        .await;
+        assert_eq!(
+            (after.exit_code, text(&after.stdout.bytes)),
+            (Some(0), format!("kept\n{mark}\n")),
+            "round {round}: {after:?}"
+        );
+    }
+    let runs = exec(b, &id, "cat runs").await;
+    assert_eq!(
+        text(&runs.stdout.bytes),
+        "one\none\none\n",
+        "each command ran once"
+    );
+    destroy(b, &id).await;
+}
+
+/// A suspended sandbox (its run waits for a message) holds no process; its next command
+/// starts it again over the same working directory, with the same environment.
+pub async fn suspended_holds_no_process(b: &Backend) {
+    let mark = format!("{}{}", std::process::id(), unique_nanos());
+    let entry = format!("NODUS_CONFORMANCE_MARK={mark}");
+    let mut marked = spec(b, &unique_key("suspend"));
+    marked
+        .env
+        .insert("NODUS_CONFORMANCE_MARK".to_owned(), mark.clone());
+    let id = create(b, &marked).await.id;
+    exec(b, &id, "echo kept > state").await;
+    assert!(
+        !processes_with_environment(&entry).is_empty(),
+        "a live sandbox keeps its process"
+    );
+    for round in 0..2 {
+        b.sandbox.suspend(&id).await.expect("suspend");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_with_environment(&entry).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: a process is left"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = exec(b, &id, "cat state; echo \"$NODUS_CONFORMANCE_MARK\"").await;
+        assert_eq!(
+            (after.exit_code, text(&after.stdout.bytes)),
+            (Some(0), format!("kept\n{mark}\n")),
+            "round {round}: {after:?}"
+        );
+    }
+    destroy(b, &id).await;
+    b.sandbox
+        .suspend(&id)
+        .await
+        .expect("suspending a destroyed sandbox is fine");
+}
+
 /// Destroying twice is fine; a destroyed sandbox runs nothing, and a new one with the same key
 /// starts empty.
 pub async fn destroy_twice(b: &Backend) {
@@ -1012,8 +1138,10 @@ pub async fn fork_bomb_contained(b: &Backend) {
     let bombed = fresh(b, "bomb").await;
     let bystander = fresh(b, "bystander").await;
     // `exec`: the sandbox's shell needs no fork of its own once the bomb has filled the
-    // process limit (a `sleep` it had to fork could fail and end the shell early).
-    let mut bomb = request("bomb() { bomb | bomb & }; bomb; exec sleep 30");
+    // process limit (a `sleep` it had to fork could fail and end the shell early). The bomb
+    // starts in a subshell, which is the one to end when its second fork fails (the first
+    // child can fill the limit before it), not the command's shell.
+    let mut bomb = request("bomb() { bomb | bomb & }; (bomb); exec sleep 30");
     bomb.timeout = Duration::from_secs(6);
     let started = Instant::now();
     let (out, during) = tokio::join!(b.sandbox.exec(&bombed, &bomb), async {
