@@ -11,6 +11,8 @@
 //!
 //! `cargo bench -p nodus-core --bench long_run`
 
+#![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};

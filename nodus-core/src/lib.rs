@@ -55,7 +55,11 @@
 pub mod catalog;
 pub mod clock;
 pub mod cost;
-pub(crate) mod decide;
+// The decider and the journal's fold are the engine's internals: not part of the documented
+// API, public only so that the crate's own benchmarks (benches/long_run.rs), which are crates
+// of their own, can drive them step by step.
+#[doc(hidden)]
+pub mod decide;
 pub mod digest;
 pub mod engine;
 pub mod group;
@@ -66,7 +70,8 @@ pub mod model;
 pub mod money;
 pub mod output;
 pub mod patch;
-pub(crate) mod replay;
+#[doc(hidden)]
+pub mod replay;
 pub mod resource;
 pub mod retention;
 pub mod router;
