@@ -291,7 +291,12 @@ impl Engine {
                 let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
                 return Ok(match decision {
                     Decision::Park(seq) => Driven::Parked { seq, until },
-                    Decision::Wait { reason, until } => Driven::Waiting { reason, until },
+                    Decision::Wait { reason, until } => {
+                        if reason == WaitReason::AwaitingMessage {
+                            self.suspend_sandbox(fixed, replay).await;
+                        }
+                        Driven::Waiting { reason, until }
+                    }
                     _ => Driven::Finished(target),
                 });
             }
@@ -447,6 +452,17 @@ impl Engine {
     /// What a step reserves against the project's credits ([`decide::charge_of`]).
     fn charge_of(&self, fixed: &Fixed, intent: &Intent) -> Option<Usd> {
         decide::charge_of(&fixed.snapshot.agent, self.deps.router.max_cost(), intent)
+    }
+
+    /// A run that waits for a message holds no process: its live sandbox is suspended (its
+    /// working directory stays; the next command starts it again). A failure only costs the
+    /// process it leaves running.
+    async fn suspend_sandbox(&self, fixed: &Fixed, replay: &Replay) {
+        if let SandboxState::Live(info) = &replay.sandbox
+            && let Err(e) = self.deps.sandbox.suspend(&info.id).await
+        {
+            tracing::warn!(run = %fixed.key, error = %e, "cannot suspend the sandbox of a waiting run");
+        }
     }
 
     /// Write the status projected from the journal with `phase`: the run as stored now, or
