@@ -9,7 +9,7 @@
 //! baseline, in the same run, is the same run folding the whole journal again at every step
 //! (as the executor did before), which grows with the run.
 //!
-//! `cargo bench -p nodus-core --bench long_run` (`NODUS_BENCH_NO_REQUEST=1`: without building
+//! `cargo bench -p nodus-core --features test-util --bench long_run` (`NODUS_BENCH_NO_REQUEST=1`: without building
 //! the model calls' requests; `NODUS_BENCH_INCREMENTAL_ONLY=1`: without the baseline, for a
 //! profiler).
 
