@@ -55,11 +55,11 @@
 pub mod catalog;
 pub mod clock;
 pub mod cost;
-// The decider and the journal's fold are the engine's internals: not part of the documented
-// API, public only so that the crate's own benchmarks (benches/long_run.rs), which are crates
-// of their own, can drive them step by step.
-#[doc(hidden)]
+/// Public with `test-util`, for the engine's benchmarks; internal otherwise.
+#[cfg(feature = "test-util")]
 pub mod decide;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod decide;
 pub mod digest;
 pub mod engine;
 pub mod group;
@@ -70,8 +70,11 @@ pub mod model;
 pub mod money;
 pub mod output;
 pub mod patch;
-#[doc(hidden)]
+/// Public with `test-util`, for the engine's benchmarks; internal otherwise.
+#[cfg(feature = "test-util")]
 pub mod replay;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod replay;
 pub mod resource;
 pub mod retention;
 pub mod router;
