@@ -26,7 +26,7 @@ fn with_body(mut operation: Value, description: &str) -> Value {
 pub fn document() -> Value {
     let project =
         json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
-    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets", "filesets"]}});
+    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets", "filesets", "agentenvironments"]}});
     let name =
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let base = "/apis/nodus.dev/v1/projects/{project}";
@@ -104,6 +104,12 @@ pub fn document() -> Value {
             "200",
         ),
         (
+            "results",
+            "get",
+            "The results of a finished run, each with its name, fileName, contentType and bytes: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord and, unless it succeeded, error (JSON); none before it finishes",
+            "200",
+        ),
+        (
             "cancel",
             "post",
             "Cancel the run (its sandbox is deleted)",
@@ -132,6 +138,11 @@ pub fn document() -> Value {
             json!({"parameters": [project, name], method: op}),
         );
     }
+    let result = json!({"name": "result", "in": "path", "required": true, "schema": {"type": "string", "enum": nodus_core::engine::RESULT_NAMES}});
+    paths.insert(
+        format!("{base}/agentruns/{{name}}/results/{{result}}"),
+        json!({"parameters": [project, name, result], "get": operation("One result of a finished run: a directory as application/gzip (a .tar.gz), a record as application/json", "200")}),
+    );
     paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation("Cancel every unfinished run of the group", "200")}));
     paths.insert(format!("{base}/credits"), json!({
         "parameters": [project],

@@ -874,23 +874,16 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .await
         .expect("agent");
     type SetSpec = Box<dyn Fn(&mut AgentRunSpec)>;
-    let cases: Vec<(&str, &str, SetSpec)> = vec![
-        (
-            "plain",
-            "spec.environment",
-            Box::new(|s| s.environment = Some("staging".to_string())),
-        ),
-        (
-            "plain",
-            "spec.postRunAction",
-            Box::new(|s| {
-                s.post_run_action = Some(PostRunAction {
-                    kind: "agents.noop".to_string(),
-                    config: None,
-                })
-            }),
-        ),
-    ];
+    let cases: Vec<(&str, &str, SetSpec)> = vec![(
+        "plain",
+        "spec.postRunAction",
+        Box::new(|s| {
+            s.post_run_action = Some(PostRunAction {
+                kind: "agents.noop".to_string(),
+                config: None,
+            })
+        }),
+    )];
     for (index, (agent_name, field, set)) in cases.into_iter().enumerate() {
         let name = format!("refused-{index}");
         let refused = engine

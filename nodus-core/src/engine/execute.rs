@@ -166,8 +166,11 @@ impl Engine {
                 .image
                 .clone()
                 .or_else(|| self.config.default_image.clone()),
-            env: Default::default(),
-            limits: self.config.limits,
+            env: super::environment::plain_env(snapshot.environment.as_ref()),
+            limits: super::environment::limits_of(
+                self.config.limits,
+                snapshot.environment.as_ref(),
+            ),
             network: false,
         };
         Ok(Fixed {
@@ -514,8 +517,13 @@ impl Engine {
         let replay = Replay::of(journal);
         match intent {
             Intent::CreateSandbox { spec } => {
+                let environment = fixed.snapshot.environment.as_ref();
+                let spec = match self.with_secrets(&fixed.project, environment, spec).await {
+                    Ok(spec) => spec,
+                    Err(error) => return Performed::Done(failed(error)),
+                };
                 match self
-                    .sandbox_retrying(|| self.deps.sandbox.create(spec))
+                    .sandbox_retrying(|| self.deps.sandbox.create(&spec))
                     .await
                 {
                     Ok(info) => match self.stage_workdir(fixed, run, &info).await {
@@ -557,9 +565,16 @@ impl Engine {
                             // A sandbox created before a restart: re-create it over its working
                             // directory (creation is idempotent by key) and run the command
                             // there.
-                            executed = match self.deps.sandbox.create(&fixed.sandbox).await {
-                                Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
-                                Err(e) => Err(e),
+                            let environment = fixed.snapshot.environment.as_ref();
+                            executed = match self
+                                .with_secrets(&fixed.project, environment, &fixed.sandbox)
+                                .await
+                            {
+                                Err(error) => Err(sandbox::Error::Refused(error)),
+                                Ok(spec) => match self.deps.sandbox.create(&spec).await {
+                                    Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                                    Err(e) => Err(e),
+                                },
                             };
                         }
                         match executed {
@@ -604,9 +619,8 @@ impl Engine {
             Intent::ReadMessage { .. } => Performed::Done(Outcome::MessageRead),
             Intent::Answer { .. } => Performed::Done(Outcome::Answered),
             Intent::DestroySandbox { id, .. } => {
-                if run.spec.workdir.is_some() {
-                    self.keep_workdir(&fixed.key, id).await;
-                }
+                // Every run keeps its final working directory, among its results.
+                self.keep_workdir(&fixed.key, id).await;
                 match self
                     .sandbox_retrying(|| self.deps.sandbox.destroy(id))
                     .await
@@ -706,10 +720,13 @@ impl Engine {
         let Some(workdir) = &run.spec.workdir else {
             return Ok(());
         };
-        let tar = self
-            .workdir_archive(&fixed.project, workdir)
-            .await
-            .map_err(|e| format!("staging the working directory: {e}"))?;
+        // What was resolved when the run was created; a run created before snapshots were
+        // kept reads its FileSets now.
+        let tar = match &fixed.snapshot.workdir {
+            Some(snapshot) => self.kept_input(&fixed.key, snapshot).await,
+            None => self.workdir_archive(&fixed.project, workdir).await,
+        }
+        .map_err(|e| format!("staging the working directory: {e}"))?;
         self.sandbox_retrying(|| self.deps.sandbox.put_files(&info.id, tar.clone()))
             .await
             .map_err(|e| format!("staging the working directory: {e}"))

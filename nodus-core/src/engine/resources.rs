@@ -257,6 +257,13 @@ impl Replaceable for crate::resource::FileSetSpec {
     }
 }
 
+impl Replaceable for crate::resource::AgentEnvironmentSpec {
+    /// Runs keep their snapshot, so an environment may change freely.
+    fn replaced(_: &Object<Self>, new: Self) -> Result<Self> {
+        Ok(new)
+    }
+}
+
 impl Replaceable for AgentGroupSpec {
     fn replaced(current: &Object<Self>, new: Self) -> Result<Self> {
         super::refuse_unsupported_group(&new)?;

@@ -53,6 +53,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agentruns/{name}/steps", get(runs::steps))
         .route("/agentruns/{name}/answer", get(runs::answer))
         .route("/agentruns/{name}/workdir", get(runs::workdir))
+        .route("/agentruns/{name}/results", get(runs::results))
+        .route("/agentruns/{name}/results/{result}", get(runs::result))
         .route("/agentruns/{name}/cancel", post(runs::cancel))
         .route("/agentruns/{name}/close", post(runs::close))
         .route("/agentruns/{name}/resolve", post(runs::resolve))

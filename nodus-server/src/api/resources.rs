@@ -9,7 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use nodus_core::engine::{Engine, Replaceable};
 use nodus_core::resource::{
-    API_VERSION, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, FileSetSpec, Kind, Object,
+    API_VERSION, AgentEnvironmentSpec, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec,
+    FileSetSpec, Kind, Object,
 };
 use nodus_core::store::{ObjectKey, Selector};
 use nodus_core::validate::{self, Invalid, Validate};
@@ -29,11 +30,12 @@ fn kind_of(plural: &str) -> ApiResult<Kind> {
             | Kind::AgentGroup
             | Kind::Secret
             | Kind::Budget
-            | Kind::FileSet),
+            | Kind::FileSet
+            | Kind::AgentEnvironment),
         ) => Ok(kind),
         _ => Err(ApiError::not_found(format!(
             "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets, \
-             budgets and filesets"
+             budgets, filesets and agentenvironments"
         ))),
     }
 }
@@ -122,6 +124,9 @@ async fn list_answer(
     let items = match kind {
         Kind::Agent => list_typed::<AgentSpec>(&state.engine, project, selector).await?,
         Kind::FileSet => list_typed::<FileSetSpec>(&state.engine, project, selector).await?,
+        Kind::AgentEnvironment => {
+            list_typed::<AgentEnvironmentSpec>(&state.engine, project, selector).await?
+        }
         Kind::AgentRun => list_typed::<AgentRunSpec>(&state.engine, project, selector).await?,
         Kind::AgentGroup => list_typed::<AgentGroupSpec>(&state.engine, project, selector).await?,
         _ => state
@@ -177,6 +182,12 @@ async fn read(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiRes
     match kind {
         Kind::Agent => to_value(&state.engine.get::<AgentSpec>(project, name).await?),
         Kind::FileSet => to_value(&state.engine.get::<FileSetSpec>(project, name).await?),
+        Kind::AgentEnvironment => to_value(
+            &state
+                .engine
+                .get::<AgentEnvironmentSpec>(project, name)
+                .await?,
+        ),
         Kind::AgentRun => to_value(&state.engine.get::<AgentRunSpec>(project, name).await?),
         Kind::AgentGroup => to_value(&state.engine.get::<AgentGroupSpec>(project, name).await?),
         _ => {
@@ -274,6 +285,12 @@ pub async fn create(
             &state
                 .engine
                 .create::<FileSetSpec>(&project, validate::parse(document)?)
+                .await?,
+        )?,
+        Kind::AgentEnvironment => to_value(
+            &state
+                .engine
+                .create::<AgentEnvironmentSpec>(&project, validate::parse(document)?)
                 .await?,
         )?,
         Kind::AgentRun => to_value(
@@ -510,6 +527,10 @@ async fn put(
         Kind::FileSet => {
             replace_typed::<FileSetSpec>(&state.engine, project, name, document, expected).await
         }
+        Kind::AgentEnvironment => {
+            replace_typed::<AgentEnvironmentSpec>(&state.engine, project, name, document, expected)
+                .await
+        }
         Kind::AgentRun => {
             replace_typed::<AgentRunSpec>(&state.engine, project, name, document, expected).await
         }
@@ -615,6 +636,12 @@ pub async fn delete(
     match kind {
         Kind::Agent => state.engine.delete::<AgentSpec>(&project, &name).await?,
         Kind::FileSet => state.engine.delete::<FileSetSpec>(&project, &name).await?,
+        Kind::AgentEnvironment => {
+            state
+                .engine
+                .delete::<AgentEnvironmentSpec>(&project, &name)
+                .await?
+        }
         Kind::AgentRun => state.engine.delete_run(&project, &name).await?,
         Kind::AgentGroup => state.engine.delete_group(&project, &name).await?,
         _ => {
