@@ -89,6 +89,7 @@ impl Offered {
                 .iter()
                 .flat_map(|&kind| [Some(kind.plural()), crate::kinds::short_name(kind)])
                 .flatten()
+                .chain(["postrunactions"])
                 .collect()
         })
     }

@@ -9,7 +9,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::catalog::Catalog;
 use crate::cost::{self, CostGuard};
-use crate::journal::{Intent, Step};
+use crate::journal::{Intent, Outcome, Step};
 use crate::lifecycle::{CancelReason, FailReason, RunPhase, WaitReason};
 use crate::model::{ChatMessage, ContentBlock, ToolSpec};
 use crate::money::Usd;
@@ -51,6 +51,8 @@ pub struct RunInput<'a> {
     pub catalog: &'a Catalog,
     /// The most one routing call can cost.
     pub router_max_cost: Usd,
+    /// The post-run action chosen when the run was created (`None` for `agents.noop`).
+    pub post_run_action: Option<&'a crate::resource::PostRunAction>,
 }
 
 /// What the run does next.
@@ -293,6 +295,28 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
             reason: WaitReason::AwaitingMessage,
             until: limit.map(|(at, _)| at),
         };
+    }
+    // The agent is done: its post-run action, once, then the end.
+    if let Some(action) = input.post_run_action {
+        let done = input.journal.iter().find_map(|step| match &step.intent {
+            Intent::PostRunAction { .. } => Some(step.outcome()),
+            _ => None,
+        });
+        match done {
+            None => {
+                return Decision::Act(Intent::PostRunAction {
+                    action: action.kind.clone(),
+                    config: action
+                        .config
+                        .clone()
+                        .unwrap_or_else(|| serde_json::json!({})),
+                });
+            }
+            Some(Some(Outcome::Failed { .. })) => {
+                return terminate(&replay, RunPhase::Failed(FailReason::PostRunActionFailed));
+            }
+            Some(_) => {}
+        }
     }
     terminate(&replay, RunPhase::Succeeded)
 }

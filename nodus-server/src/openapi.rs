@@ -50,6 +50,9 @@ pub fn document() -> Value {
         json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}),
     );
     paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics: without a token the server's own counters only; with one, the runs of the projects it holds too (every project for the operator token)", "security": [{}, {"bearer": []}], "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert("/apis/nodus.dev/v1/postrunactions".into(), json!({
+        "get": operation("The post-run actions installed: kind, title, description, configSchema (any valid token)", "200"),
+    }));
     paths.insert("/apis/nodus.dev/v1/projects".into(), json!({
         "get": operation("The projects the token holds (every project for the operator token)", "200"),
         "post": with_body(operation("Create a project {metadata: {name}} (the operator token)", "201"), "{\"metadata\": {\"name\": \"NAME\"}}"),

@@ -61,10 +61,10 @@ enum Performed {
 }
 
 /// What a run needs that does not change while it is driven.
-struct Fixed {
+pub(super) struct Fixed {
     key: ObjectKey,
-    uid: String,
-    project: String,
+    pub(super) uid: String,
+    pub(super) project: String,
     snapshot: RunSnapshot,
     system: String,
     first_prompt: String,
@@ -222,6 +222,7 @@ impl Engine {
                 close: run.object.status.close_requested,
                 catalog: &self.deps.catalog,
                 router_max_cost: self.deps.router.max_cost(),
+                post_run_action: fixed.snapshot.post_run_action.as_ref(),
             });
             let decision = self
                 .funded(fixed, journal, decision, &run.object.spec)
@@ -615,6 +616,20 @@ impl Engine {
                         Performed::Uncertain
                     }
                 }
+            }
+            Intent::PostRunAction {
+                action: kind,
+                config,
+            } => {
+                // What the run produced is saved before the action starts.
+                if let SandboxState::Live(info) = replay.sandbox {
+                    self.keep_workdir(&fixed.key, &info.id).await;
+                }
+                let seq = journal.last().map_or(0, |step| step.seq);
+                Performed::Done(
+                    self.post_run_action(fixed, run, journal, seq, kind, config)
+                        .await,
+                )
             }
             Intent::ReadMessage { .. } => Performed::Done(Outcome::MessageRead),
             Intent::Answer { .. } => Performed::Done(Outcome::Answered),

@@ -37,8 +37,7 @@ use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
 use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
-    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentState, CostStatus, Kind, NameOrInline,
-    RunSnapshot,
+    Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, NameOrInline, RunSnapshot,
 };
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
@@ -97,6 +96,8 @@ pub struct Config {
     /// How long deleting a started run waits for the [`Runner`](crate::runner::Runner) to
     /// end it (stop its command, delete its sandbox) before it refuses with `RunBusy`.
     pub delete_wait: Duration,
+    /// The post-run actions installed (`agents.noop` by default).
+    pub actions: crate::postrun::Registry,
 }
 
 impl Default for Config {
@@ -109,6 +110,7 @@ impl Default for Config {
             retry_pause: Duration::from_millis(200),
             replica: None,
             delete_wait: Duration::from_secs(30),
+            actions: crate::postrun::Registry::new(),
         }
     }
 }
@@ -196,6 +198,7 @@ impl Engine {
     /// Create an agent, or replace the spec of an existing one (its runs keep their snapshot).
     pub async fn apply_agent(&self, project: &str, mut agent: Agent) -> Result<Agent> {
         validate::validate(&agent)?;
+        self.check_agent(&agent.spec)?;
         let key = ObjectKey::new(project, Kind::Agent, agent.name());
         match self.deps.store.get(&key).await {
             Ok(record) => {
@@ -228,6 +231,20 @@ impl Engine {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The checks of an agent beyond its own rules: every post-run action it declares is
+    /// installed.
+    pub fn check_agent(&self, agent: &crate::resource::AgentSpec) -> Result<()> {
+        Ok(self
+            .config
+            .actions
+            .check_declared(agent.post_run_actions.as_deref())?)
+    }
+
+    /// The post-run actions installed.
+    pub fn post_run_actions(&self) -> Vec<crate::postrun::ActionInfo> {
+        self.config.actions.list()
     }
 
     /// Read a run.
@@ -469,7 +486,11 @@ impl Engine {
             }
             NameOrInline::Inline(spec) => (None, None, (**spec).clone()),
         };
-        refuse_unsupported(&run.spec)?;
+        let action = self.config.actions.choose(
+            agent.post_run_actions.as_deref(),
+            matches!(run.spec.agent, NameOrInline::Inline(_)),
+            run.spec.post_run_action.as_ref(),
+        )?;
         if let Some(image) = &run.spec.image
             && !self.deps.sandbox.supports_image()
         {
@@ -544,6 +565,13 @@ impl Engine {
             agent,
             workdir: input.as_ref().map(|input| input.snapshot.clone()),
             environment,
+            // agents.noop does nothing: no step is journaled for it.
+            post_run_action: (action.kind != crate::postrun::NOOP).then_some(
+                crate::resource::PostRunAction {
+                    kind: action.kind,
+                    config: Some(action.config),
+                },
+            ),
         });
         let key = ObjectKey::new(project, Kind::AgentRun, run.name());
         let document = typed::encode(&key, &run)?;
@@ -979,17 +1007,4 @@ fn not_supported_yet(field: &str, what: &str, value: String) -> Error {
         value,
     )
     .into()
-}
-
-/// Fields of a run that this engine does not carry out yet are refused when the run is
-/// created, rather than accepted and silently ignored: a post-run action.
-fn refuse_unsupported(spec: &AgentRunSpec) -> Result<()> {
-    if let Some(action) = &spec.post_run_action {
-        return Err(not_supported_yet(
-            "spec.postRunAction",
-            "no post-run action plugins are installed",
-            format!("{:?}", action.kind),
-        ));
-    }
-    Ok(())
 }

@@ -107,11 +107,69 @@ impl Engine {
             file("artifacts", gzip(&artifacts(&journal)?)?),
             file("runRecord", json(&run_record(&run, phase, &journal))?),
         ];
-        if let Some(error) = error_record(&run, phase) {
+        if let Some(error) = error_record(&run, phase, &journal) {
             results.push(file("error", json(&error)?));
+        }
+        // What the post-run action saved.
+        for (name, content) in action_results(&journal) {
+            results.push(file(&name, content));
         }
         Ok(results)
     }
+
+    /// Carry out the run's post-run action (step `seq` of its journal): the outcome to
+    /// journal.
+    pub(super) async fn post_run_action(
+        &self,
+        fixed: &super::execute::Fixed,
+        run: &AgentRun,
+        journal: &[Step],
+        seq: u32,
+        kind: &str,
+        config: &serde_json::Value,
+    ) -> Outcome {
+        let failed = |error: String| Outcome::Failed {
+            error,
+            by_resolution: false,
+        };
+        let Some(action) = self.config.actions.get(kind) else {
+            return failed(format!(
+                "the post-run action {kind} is not installed on this server"
+            ));
+        };
+        let context = crate::postrun::ActionContext {
+            run: format!("{}/{}", fixed.project, run.name()),
+            idempotency_key: format!("{}-{seq}", fixed.uid),
+            config: config.clone(),
+            run_record: run_record(run, RunPhase::Succeeded, journal),
+        };
+        match action.run(&context).await {
+            Ok(saved) => Outcome::ActionFinished {
+                results: saved
+                    .into_iter()
+                    .map(|(name, bytes)| (name, BASE64.encode(bytes)))
+                    .collect(),
+            },
+            Err(error) => failed(error),
+        }
+    }
+}
+
+/// The results a post-run action saved, by name.
+fn action_results(journal: &[Step]) -> Vec<(String, Vec<u8>)> {
+    journal
+        .iter()
+        .filter_map(|step| match step.outcome() {
+            Some(Outcome::ActionFinished { results }) => Some(results),
+            _ => None,
+        })
+        .flat_map(|results| {
+            results
+                .iter()
+                .filter(|(name, _)| !RESULT_NAMES.contains(&name.as_str()))
+                .map(|(name, encoded)| (name.clone(), BASE64.decode(encoded).unwrap_or_default()))
+        })
+        .collect()
 }
 
 /// A result named `name`: a `.tar.gz` or a `.json` by its name.
@@ -235,9 +293,25 @@ fn run_record(run: &AgentRun, phase: RunPhase, journal: &[Step]) -> serde_json::
 
 /// The error record of a run that did not succeed: `type` (its reason), `message`, and
 /// whether a time limit ended it.
-fn error_record(run: &AgentRun, phase: RunPhase) -> Option<serde_json::Value> {
+fn error_record(run: &AgentRun, phase: RunPhase, journal: &[Step]) -> Option<serde_json::Value> {
     if phase == RunPhase::Succeeded {
         return None;
+    }
+    if phase == RunPhase::Failed(FailReason::PostRunActionFailed) {
+        let error = journal
+            .iter()
+            .rev()
+            .find_map(|step| match (&step.intent, step.outcome()) {
+                (Intent::PostRunAction { .. }, Some(Outcome::Failed { error, .. })) => {
+                    Some(error.clone())
+                }
+                _ => None,
+            });
+        return Some(serde_json::json!({
+            "type": "PostRunActionFailed",
+            "message": error.unwrap_or_else(|| "the post-run action failed".to_string()),
+            "timeout": false,
+        }));
     }
     let timeout = matches!(
         phase,

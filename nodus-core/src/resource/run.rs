@@ -256,6 +256,9 @@ pub struct RunSnapshot {
     /// The environment at creation: Secrets by name and version, never their values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<EnvironmentSnapshot>,
+    /// The post-run action chosen at creation, with its config (absent for `agents.noop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_run_action: Option<PostRunAction>,
 }
 
 /// The working directory a run resolved when it was created; the archive itself is kept

@@ -63,6 +63,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route("/apis/nodus.dev/v1/postrunactions", get(post_run_actions))
         .route(
             PROJECTS,
             get(tokens::list_projects).post(tokens::create_project),
@@ -76,6 +77,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// `GET /apis/nodus.dev/v1/postrunactions`: the post-run actions this server installs (any
+/// valid token).
+async fn post_run_actions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?;
+    Ok(reply(
+        StatusCode::OK,
+        serde_json::json!({"kind": "PostRunActionList", "items": state.engine.post_run_actions()}),
+    ))
 }
 
 async fn count_requests(

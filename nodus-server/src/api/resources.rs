@@ -275,12 +275,11 @@ pub async fn create(
                 created.iter().map(to_value).collect::<ApiResult<_>>()?,
             )
         }
-        Kind::Agent => to_value(
-            &state
-                .engine
-                .create::<AgentSpec>(&project, validate::parse(document)?)
-                .await?,
-        )?,
+        Kind::Agent => {
+            let agent: Object<AgentSpec> = validate::parse(document)?;
+            state.engine.check_agent(&agent.spec)?;
+            to_value(&state.engine.create::<AgentSpec>(&project, agent).await?)?
+        }
         Kind::FileSet => to_value(
             &state
                 .engine
