@@ -19,6 +19,7 @@ pub mod lifecycle;
 pub mod model;
 pub mod money;
 pub mod output;
+pub mod patch;
 pub mod postrun;
 pub mod replay;
 pub mod resource;

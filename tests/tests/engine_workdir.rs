@@ -263,7 +263,7 @@ async fn filesets_changed_or_deleted_after_creation_do_not_change_the_run() {
         .await
         .expect("replace the FileSet");
     engine
-        .delete::<FileSetSpec>(PROJECT, "notes")
+        .delete::<Object<FileSetSpec>>(PROJECT, "notes")
         .await
         .expect("delete the FileSet");
     assert_eq!(

@@ -4,14 +4,17 @@
 //! Field names are spelled exactly as in the spec's YAML (camelCase).
 
 mod agent;
+mod budget;
 mod duration;
 mod environment;
 mod fileset;
 mod group;
 mod meta;
 mod run;
+mod secret;
 
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
+pub use budget::{BudgetSpec, BudgetStatus};
 pub use duration::{DurationSpec, ParseDurationError};
 pub use environment::{
     AgentEnvironmentSpec, AgentEnvironmentStatus, Compute, EnvVar, EnvVarSource, NameOrInline,
@@ -27,16 +30,28 @@ pub use run::{
     EnvironmentSnapshot, FileSetVersion, PostRunAction, RunSnapshot, SandboxStatus, SecretVersion,
     TurnStatus, WorkdirSnapshot, WorkdirSpec,
 };
+pub use secret::Secret;
+pub(crate) use secret::SecretDocument;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// What ties a spec type to its kind and status type.
-pub trait Spec: Serialize + DeserializeOwned + Clone + std::fmt::Debug {
+pub trait Spec:
+    Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static
+{
     /// The `kind` written in documents of this spec.
     const KIND: Kind;
     /// The status that Nodus writes for this kind.
-    type Status: Serialize + DeserializeOwned + Clone + std::fmt::Debug + Default + PartialEq;
+    type Status: Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Default
+        + PartialEq
+        + Send
+        + Sync
+        + 'static;
 }
 
 /// One resource document: `apiVersion`, `kind`, `metadata`, `spec`, `status`.
@@ -87,6 +102,15 @@ pub type AgentRun = Object<AgentRunSpec>;
 pub type AgentEnvironment = Object<AgentEnvironmentSpec>;
 /// An AgentGroup: many runs of one agent under concurrency, dependency and cost limits.
 pub type AgentGroup = Object<AgentGroupSpec>;
+/// A FileSet: stored files that working directories are staged from.
+pub type FileSet = Object<FileSetSpec>;
+/// A Budget: a cap on a project's total spend.
+pub type Budget = Object<BudgetSpec>;
+
+impl Spec for BudgetSpec {
+    const KIND: Kind = Kind::Budget;
+    type Status = BudgetStatus;
+}
 
 impl Spec for AgentSpec {
     const KIND: Kind = Kind::Agent;
