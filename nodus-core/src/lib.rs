@@ -23,6 +23,7 @@ pub mod patch;
 pub mod postrun;
 pub mod replay;
 pub mod resource;
+pub mod retention;
 pub mod router;
 pub mod runner;
 pub mod sandbox;

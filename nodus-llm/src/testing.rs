@@ -205,10 +205,15 @@ impl RecordedRequest {
     }
 }
 
+/// What answers a request when the script is empty: a function of the request alone, so that
+/// a client that repeats a request (after a crash, say) gets the same answer again.
+pub type Responder = Arc<dyn Fn(&RecordedRequest) -> Fake + Send + Sync>;
+
 #[derive(Default)]
 struct Shared {
     script: Mutex<VecDeque<Fake>>,
     requests: Mutex<Vec<RecordedRequest>>,
+    responder: Mutex<Option<Responder>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -271,6 +276,15 @@ impl FakeServer {
         lock(&self.shared.script).push_back(fake);
     }
 
+    /// Answer every request the script does not answer with `responder` (instead of
+    /// `FakeMessage::text("ok")`).
+    pub fn respond_with(
+        &self,
+        responder: impl Fn(&RecordedRequest) -> Fake + Send + Sync + 'static,
+    ) {
+        *lock(&self.shared.responder) = Some(Arc::new(responder));
+    }
+
     /// Queue several.
     pub fn push_all(&self, fakes: impl IntoIterator<Item = Fake>) {
         lock(&self.shared.script).extend(fakes);
@@ -311,8 +325,13 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     } else {
         Dialect::Anthropic
     };
-    let fake = lock(&shared.script)
-        .pop_front()
+    let scripted = lock(&shared.script).pop_front();
+    let responder = lock(&shared.responder).clone();
+    let fake = scripted
+        .or_else(|| match (dialect, responder) {
+            (Dialect::AnthropicCount, _) | (_, None) => None,
+            (_, Some(responder)) => Some(responder(&request)),
+        })
         .unwrap_or_else(|| match dialect {
             Dialect::AnthropicCount => {
                 let bytes = request.body.to_string().len() as u64;

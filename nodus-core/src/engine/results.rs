@@ -105,7 +105,14 @@ impl Engine {
             file("inputWorkdir", gzip(&archive(&kept["input"])?)?),
             file("outputWorkdir", gzip(&archive(&kept)?)?),
             file("artifacts", gzip(&artifacts(&journal)?)?),
-            file("runRecord", json(&run_record(&run, phase, &journal))?),
+            file(
+                "runRecord",
+                json(&run_record(
+                    &run,
+                    phase,
+                    crate::replay::Replay::of(&journal).answer(),
+                ))?,
+            ),
         ];
         if let Some(error) = error_record(&run, phase, &journal) {
             results.push(file("error", json(&error)?));
@@ -123,7 +130,7 @@ impl Engine {
         &self,
         fixed: &super::execute::Fixed,
         run: &AgentRun,
-        journal: &[Step],
+        replay: &crate::replay::Replay,
         seq: u32,
         kind: &str,
         config: &serde_json::Value,
@@ -141,7 +148,7 @@ impl Engine {
             run: format!("{}/{}", fixed.project, run.name()),
             idempotency_key: format!("{}-{seq}", fixed.uid),
             config: config.clone(),
-            run_record: run_record(run, RunPhase::Succeeded, journal),
+            run_record: run_record(run, RunPhase::Succeeded, replay.answer()),
         };
         match action.run(&context).await {
             Ok(saved) => Outcome::ActionFinished {
@@ -272,7 +279,7 @@ fn artifacts(journal: &[Step]) -> Result<Vec<u8>> {
 }
 
 /// The run record: what the run was and how it ended.
-fn run_record(run: &AgentRun, phase: RunPhase, journal: &[Step]) -> serde_json::Value {
+fn run_record(run: &AgentRun, phase: RunPhase, answer: Option<String>) -> serde_json::Value {
     let snapshot = run.status.snapshot.as_ref();
     serde_json::json!({
         "name": run.name(),
@@ -282,7 +289,7 @@ fn run_record(run: &AgentRun, phase: RunPhase, journal: &[Step]) -> serde_json::
         "phase": phase.name(),
         "reason": phase.reason(),
         "message": run.status.message,
-        "answer": crate::replay::Replay::of(journal).answer(),
+        "answer": answer,
         "turns": run.status.turns,
         "cost": run.status.cost,
         "creationTimestamp": run.metadata.creation_timestamp,
