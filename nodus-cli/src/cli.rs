@@ -89,6 +89,7 @@ impl Offered {
                 .iter()
                 .flat_map(|&kind| [Some(kind.plural()), crate::kinds::short_name(kind)])
                 .flatten()
+                .chain(["postrunactions"])
                 .collect()
         })
     }
@@ -422,6 +423,9 @@ pub struct CreateRunArgs {
     /// Task keys this run waits for (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub depends_on: Vec<String>,
+    /// The AgentEnvironment (`name` or `project/name`): env vars, Secrets, compute.
+    #[arg(long)]
+    pub environment: Option<String>,
     /// Labels: key=value (repeatable).
     #[arg(short = 'l', long = "label")]
     pub labels: Vec<String>,
@@ -499,6 +503,27 @@ pub enum AgentRunCommand {
         name: String,
         /// The file to write (`-` writes to standard output).
         file: std::path::PathBuf,
+    },
+    /// List a finished run's results with their sizes, or save one (`-o FILE`).
+    Results {
+        /// The run.
+        name: String,
+        /// The result to save: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord,
+        /// error (JSON).
+        result: Option<String>,
+        /// The file to write the result to (`-` writes to standard output; default: its
+        /// file name, such as outputWorkdir.tar.gz).
+        #[arg(short = 'o', long = "output-file")]
+        file: Option<std::path::PathBuf>,
+    },
+    /// Print each step of the run and each command's output; with -f, as they happen, until
+    /// the run ends.
+    Logs {
+        /// The run.
+        name: String,
+        /// Follow the run until it ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
     },
     /// List what the run did, in order.
     Steps {

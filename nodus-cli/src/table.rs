@@ -86,6 +86,7 @@ fn headers(kind: ResourceKind, wide: bool) -> Vec<&'static str> {
         ResourceKind::Secret => (&["NAME", "KEYS", "AGE"], &[]),
         ResourceKind::Budget => (&["NAME", "MAX SPEND", "AGE"], &[]),
         ResourceKind::FileSet => (&["NAME", "FILES", "AGE"], &[]),
+        ResourceKind::AgentEnvironment => (&["NAME", "ENV", "CPU", "MEMORY", "AGE"], &[]),
     };
     let mut headers = base.to_vec();
     if wide {
@@ -222,6 +223,15 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
                 .and_then(Value::as_array)
                 .map_or(0, Vec::len);
             vec![name, files.to_string(), age]
+        }
+        ResourceKind::AgentEnvironment => {
+            let env = item
+                .pointer("/spec/env")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            let cpu = text(item, "/spec/compute/cpu");
+            let memory = text(item, "/spec/compute/memory");
+            vec![name, env.to_string(), cpu, memory, age]
         }
     }
 }

@@ -29,6 +29,8 @@ fn apply_of_the_examples_directory_works_on_an_empty_server_and_delete_goes_on_p
         lines(&applied),
         [
             "secret.nodus.dev/anthropic-key created",
+            "secret.nodus.dev/github created",
+            "agentenvironment.nodus.dev/research created",
             "fileset.nodus.dev/project-source created",
             "agent.nodus.dev/hello-agent created",
             "agent.nodus.dev/my-key-agent created",
@@ -209,7 +211,7 @@ fn apply_of_the_examples_directory_works_on_an_empty_server_and_delete_goes_on_p
     assert_eq!(said.lines().count(), 1, "only hello-agent was gone: {said}");
     assert!(said.contains("Agent \"hello-agent\" not found"), "{said}");
     let deleted = text(&output.stdout);
-    assert_eq!(deleted.lines().count(), 10, "{deleted}");
+    assert_eq!(deleted.lines().count(), 12, "{deleted}");
     assert!(
         deleted.find("agentrun.nodus.dev/parallel-agents-c deleted")
             < deleted.find("agentgroup.nodus.dev/parallel-agents deleted"),

@@ -54,6 +54,8 @@ pub struct RunInput<'a> {
     pub catalog: &'a Catalog,
     /// The most one routing call can cost.
     pub router_max_cost: Usd,
+    /// The post-run action chosen when the run was created (`None` for `agents.noop`).
+    pub post_run_action: Option<&'a crate::resource::PostRunAction>,
     /// What the executor learned of the world for this decision.
     pub facts: Facts,
 }
@@ -393,6 +395,24 @@ fn decide_unfunded(input: &RunInput<'_>) -> Decision {
             reason: WaitReason::AwaitingMessage,
             until: limit.map(|(at, _)| at),
         };
+    }
+    // The agent is done: its post-run action, once, then the end.
+    if let Some(action) = input.post_run_action {
+        match replay.post_run_action {
+            None => {
+                return Decision::Act(Intent::PostRunAction {
+                    action: action.kind.clone(),
+                    config: action
+                        .config
+                        .clone()
+                        .unwrap_or_else(|| serde_json::json!({})),
+                });
+            }
+            Some(false) => {
+                return terminate(replay, RunPhase::Failed(FailReason::PostRunActionFailed));
+            }
+            Some(true) => {}
+        }
     }
     terminate(replay, RunPhase::Succeeded)
 }
@@ -743,6 +763,7 @@ mod tests {
         close: bool,
         router_max_cost: Usd,
         facts: Facts,
+        post_run_action: Option<crate::resource::PostRunAction>,
     }
 
     impl World {
@@ -764,6 +785,7 @@ mod tests {
                 close: false,
                 router_max_cost: Usd::ZERO,
                 facts: Facts::default(),
+                post_run_action: None,
             }
         }
 
@@ -798,6 +820,7 @@ mod tests {
                 catalog: &self.catalog,
                 router_max_cost: self.router_max_cost,
                 facts: self.facts,
+                post_run_action: self.post_run_action.as_ref(),
             }
         }
     }
@@ -981,6 +1004,7 @@ mod tests {
                 }
                 Intent::Answer { turn } => format!("answer {turn}"),
                 Intent::DestroySandbox { id, then } => format!("destroy {id}, then {then:?}"),
+                Intent::PostRunAction { action, .. } => format!("post-run action {action}"),
             }
         }
         match decision {
@@ -996,6 +1020,41 @@ mod tests {
 
     /// The table: a journal prefix and the world, and what the run does next. Every step
     /// kind is decided, every outcome is in some prefix, every terminal phase is reached.
+    /// A run with a post-run action carries it out once after its answer, then ends: as it
+    /// succeeded, or failed when the action failed; one without ends at once.
+    #[test]
+    fn the_post_run_action_comes_once_after_the_answer() {
+        let mut world = World::platform();
+        let action = Intent::PostRunAction {
+            action: "agents.webhook".to_string(),
+            config: serde_json::json!({"url": "http://x"}),
+        };
+        assert_eq!(
+            shape(&world.decide(&answered().0)),
+            "destroy sb-1, then Succeeded"
+        );
+        world.post_run_action = Some(crate::resource::PostRunAction {
+            kind: "agents.webhook".to_string(),
+            config: Some(serde_json::json!({"url": "http://x"})),
+        });
+        assert_eq!(world.decide(&answered().0), Decision::Act(action.clone()));
+        let done = answered().done(
+            action.clone(),
+            Outcome::ActionFinished {
+                results: Default::default(),
+            },
+        );
+        assert_eq!(
+            shape(&world.decide(&done.0)),
+            "destroy sb-1, then Succeeded"
+        );
+        let failed = answered().done(action, failure("the receiver answered 400"));
+        assert_eq!(
+            shape(&world.decide(&failed.0)),
+            "destroy sb-1, then Failed(PostRunActionFailed)"
+        );
+    }
+
     #[test]
     fn the_decision_for_each_journal_prefix() {
         let platform = World::platform;

@@ -70,6 +70,14 @@ pub enum Intent {
         /// How the run ends once the sandbox is gone.
         then: RunPhase,
     },
+    /// Carry out the run's post-run action (after its agent answered, before its sandbox
+    /// goes).
+    PostRunAction {
+        /// The action's kind (`agents.webhook`).
+        action: String,
+        /// Its config.
+        config: serde_json::Value,
+    },
 }
 
 /// The kind of a step, for listings.
@@ -89,6 +97,8 @@ pub enum StepKind {
     Answer,
     /// Deleting the sandbox.
     SandboxDeletion,
+    /// The run's post-run action.
+    PostRunAction,
 }
 
 impl Intent {
@@ -102,6 +112,7 @@ impl Intent {
             Intent::ReadMessage { .. } => StepKind::Message,
             Intent::Answer { .. } => StepKind::Answer,
             Intent::DestroySandbox { .. } => StepKind::SandboxDeletion,
+            Intent::PostRunAction { .. } => StepKind::PostRunAction,
         }
     }
 
@@ -117,6 +128,9 @@ impl Intent {
             | Intent::ReadMessage { .. }
             | Intent::Answer { .. }
             | Intent::DestroySandbox { .. } => true,
+            // Carried out again with the same idempotency key: a receiver that keeps the keys
+            // it has seen takes it once, and one whose outcome was journaled is never repeated.
+            Intent::PostRunAction { .. } => true,
         }
     }
 }
@@ -172,6 +186,12 @@ pub enum Outcome {
     Answered,
     /// The sandbox is gone.
     SandboxDestroyed,
+    /// The post-run action finished.
+    ActionFinished {
+        /// What it saved among the run's results: name → standard base64.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        results: std::collections::BTreeMap<String, String>,
+    },
     /// The effect failed, or a person recorded an uncertain step as failed.
     Failed {
         /// What happened.
@@ -262,6 +282,7 @@ impl Step {
             Intent::ReadMessage { message_seq, .. } => format!("read message {message_seq}"),
             Intent::Answer { turn } => format!("answer turn {turn}"),
             Intent::DestroySandbox { id, then } => format!("delete sandbox {id}, then {then}"),
+            Intent::PostRunAction { action, .. } => format!("post-run action {action}"),
         };
         let outcome = match self.outcome() {
             None => return intent,
@@ -289,6 +310,10 @@ impl Step {
             Some(Outcome::MessageRead) => "read".to_string(),
             Some(Outcome::Answered) => "answered".to_string(),
             Some(Outcome::SandboxDestroyed) => "deleted".to_string(),
+            Some(Outcome::ActionFinished { results }) => match results.len() {
+                0 => "done".to_string(),
+                n => format!("done, {n} result(s) saved"),
+            },
             Some(Outcome::Failed { error, .. }) => format!("failed: {}", preview(error, 200)),
             Some(Outcome::Superseded) => "outcome unknown; retried as a new step".to_string(),
             Some(Outcome::Stopped { reason }) => format!("stopped: {}", preview(reason, 200)),

@@ -70,6 +70,7 @@ pub mod model;
 pub mod money;
 pub mod output;
 pub mod patch;
+pub mod postrun;
 /// Public with `test-util`, for the engine's benchmarks; internal otherwise.
 #[cfg(feature = "test-util")]
 pub mod replay;

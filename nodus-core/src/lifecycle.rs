@@ -42,6 +42,8 @@ pub enum FailReason {
     ModelCallFailed,
     /// The sandbox could not be created.
     SandboxFailed,
+    /// The agent answered, and the run's post-run action failed.
+    PostRunActionFailed,
 }
 
 /// Why a run was cancelled.
@@ -160,7 +162,9 @@ impl RunPhase {
                 // Only time ends a run that has not started; errors need a started run.
                 let started_only = matches!(
                     reason,
-                    FailReason::ModelCallFailed | FailReason::SandboxFailed
+                    FailReason::ModelCallFailed
+                        | FailReason::SandboxFailed
+                        | FailReason::PostRunActionFailed
                 );
                 if started_only && !matches!(phase, P::Running) {
                     return Err(refused);
@@ -243,6 +247,7 @@ impl RunPhase {
             RunPhase::Failed(FailReason::TimeoutExceeded) => "TimeoutExceeded",
             RunPhase::Failed(FailReason::ModelCallFailed) => "ModelCallFailed",
             RunPhase::Failed(FailReason::SandboxFailed) => "SandboxFailed",
+            RunPhase::Failed(FailReason::PostRunActionFailed) => "PostRunActionFailed",
             RunPhase::Cancelled(CancelReason::CancelRequested) => "CancelRequested",
             RunPhase::Cancelled(CancelReason::GroupCancelled) => "GroupCancelled",
             RunPhase::Cancelled(CancelReason::DependencyFailed) => "DependencyFailed",
@@ -274,6 +279,7 @@ impl RunPhase {
             FailReason::TimeoutExceeded,
             FailReason::ModelCallFailed,
             FailReason::SandboxFailed,
+            FailReason::PostRunActionFailed,
         ] {
             all.push(P::Failed(reason));
         }

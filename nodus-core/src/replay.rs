@@ -286,6 +286,8 @@ pub struct Replay {
     pub started_at: Option<Timestamp>,
     /// How many steps the journal holds (the next step's sequence number).
     pub steps: u32,
+    /// The post-run action's outcome, once recorded: whether it succeeded.
+    pub post_run_action: Option<bool>,
 }
 
 impl Default for Replay {
@@ -299,6 +301,7 @@ impl Default for Replay {
             ended: None,
             started_at: None,
             steps: 0,
+            post_run_action: None,
         }
     }
 }
@@ -461,6 +464,10 @@ impl Replay {
                 self.sandbox = SandboxState::Gone;
                 self.ended = Some(*then);
             }
+            (Intent::PostRunAction { .. }, Outcome::Failed { .. }) => {
+                self.post_run_action = Some(false);
+            }
+            (Intent::PostRunAction { .. }, _) => self.post_run_action = Some(true),
             _ => {}
         }
     }

@@ -168,6 +168,8 @@ pub fn strip_step(step: &mut Step) {
             }
         }
         Outcome::Failed { error, .. } => *error = REMOVED.to_string(),
+        // What a post-run action saved is a payload of the run.
+        Outcome::ActionFinished { results } => results.clear(),
         Outcome::Routed {
             fallback_reason, ..
         } => *fallback_reason = None,

@@ -259,6 +259,12 @@ pub trait Sandbox: Send + Sync {
     fn supports_image(&self) -> bool {
         false
     }
+    /// Whether this backend can give a sandbox GPUs (an AgentEnvironment's
+    /// `compute.nvidia.com/gpu`). Backends that cannot answer `false`, the default, and a run
+    /// asking for one is refused when it is created.
+    fn supports_gpu(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

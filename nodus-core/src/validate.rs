@@ -13,9 +13,9 @@ use std::ops::RangeInclusive;
 use serde_json::Value;
 
 use crate::resource::{
-    API_VERSION, Access, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, DurationSpec,
-    EvaluationSpec, FileSetSpec, GroupLimits, ModelAccess, Object, ObjectMeta, Secret, Spec,
-    WorkdirSpec,
+    API_VERSION, Access, AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec,
+    DurationSpec, EvaluationSpec, FileSetSpec, GroupLimits, ModelAccess, NameOrInline, Object,
+    ObjectMeta, Secret, Spec, WorkdirSpec,
 };
 
 /// A document breaks a rule: `field: rule (got value)`.
@@ -75,6 +75,19 @@ pub const MAX_LABEL_VALUE_CHARS: usize = 63;
 pub const MAX_MESSAGE_KEY_CHARS: usize = 253;
 /// The longest component of a path in a working directory, in bytes (what file systems take).
 pub const MAX_PATH_COMPONENT_BYTES: usize = 255;
+/// Environment variables that the sandboxes set themselves, which an AgentEnvironment may
+/// not set (nor any name starting with [`RESERVED_ENV_PREFIX`]).
+pub const RESERVED_ENV_NAMES: [&str; 3] = ["PATH", "HOME", "LANG"];
+/// The prefix of environment variable names that Nodus keeps for itself.
+pub const RESERVED_ENV_PREFIX: &str = "NODUS_";
+/// The most environment variables an AgentEnvironment sets.
+pub const MAX_ENV_VARS: usize = 256;
+/// The longest plain `value` of an environment variable, in bytes.
+pub const MAX_ENV_VALUE_BYTES: usize = 32 * 1024;
+/// Allowed `compute.cpu`, in thousandths of a CPU: 0.01 to 64 CPUs.
+pub const CPU_MILLIS_RANGE: RangeInclusive<u64> = 10..=64_000;
+/// Allowed `compute.memory`, in bytes: 16 MiB to 256 GiB.
+pub const MEMORY_BYTES_RANGE: RangeInclusive<u64> = (16 << 20)..=(256 << 30);
 /// The key of a run's `spec.context` that Nodus keeps for itself.
 pub const RESERVED_CONTEXT_KEY: &str = "nodus";
 
@@ -215,13 +228,168 @@ impl Validate for AgentSpec {
                 check_not_blank(&format!("spec.postRunActions[{index}]"), action)?;
             }
         }
+        if let Some(environment) = &self.environment {
+            check_environment_ref("spec.environment", environment)?;
+        }
         Ok(())
     }
 }
 
+impl Validate for AgentEnvironmentSpec {
+    fn check_spec(&self) -> Result<()> {
+        check_environment("spec", self)
+    }
+}
+
+/// A run's or an agent's `environment`: a reference, or an environment written inline.
+fn check_environment_ref(
+    field: &str,
+    environment: &NameOrInline<AgentEnvironmentSpec>,
+) -> Result<()> {
+    match environment {
+        NameOrInline::Name(name) => check_reference(field, name),
+        NameOrInline::Inline(spec) => check_environment(field, spec),
+    }
+}
+
+/// The rules of an AgentEnvironment's spec, whose fields are under `prefix` (`spec`, or
+/// `spec.environment` when it is written inline).
+pub fn check_environment(prefix: &str, spec: &AgentEnvironmentSpec) -> Result<()> {
+    if spec.env.len() > MAX_ENV_VARS {
+        return Err(Invalid::new(
+            format!("{prefix}.env"),
+            format!("must set at most {MAX_ENV_VARS} variables"),
+            spec.env.len().to_string(),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    for (index, var) in spec.env.iter().enumerate() {
+        let field = format!("{prefix}.env[{index}]");
+        let name = &var.name;
+        let identifier = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && name.len() <= 255;
+        if !identifier {
+            return Err(Invalid::new(
+                format!("{field}.name"),
+                "must be an environment variable name: 1 to 255 letters, digits and '_', not \
+                 starting with a digit",
+                shown(name),
+            ));
+        }
+        if RESERVED_ENV_NAMES.contains(&name.as_str()) || name.starts_with(RESERVED_ENV_PREFIX) {
+            return Err(Invalid::new(
+                format!("{field}.name"),
+                format!(
+                    "is reserved: the sandbox sets {} and Nodus keeps every name starting with \
+                     {RESERVED_ENV_PREFIX}",
+                    RESERVED_ENV_NAMES.join(", ")
+                ),
+                shown(name),
+            ));
+        }
+        if !names.insert(name.as_str()) {
+            return Err(Invalid::new(
+                format!("{field}.name"),
+                "must be unique in env",
+                shown(name),
+            ));
+        }
+        match (&var.value, &var.value_from) {
+            (Some(value), None) => {
+                if value.len() > MAX_ENV_VALUE_BYTES || value.contains('\0') {
+                    return Err(Invalid::new(
+                        format!("{field}.value"),
+                        format!("must be at most {MAX_ENV_VALUE_BYTES} bytes without NUL bytes"),
+                        format!("{} bytes", value.len()),
+                    ));
+                }
+            }
+            (None, Some(from)) => {
+                let secret = &from.secret_key_ref;
+                check_dns_label(
+                    &format!("{field}.valueFrom.secretKeyRef.name"),
+                    &secret.name,
+                )?;
+                check_not_blank(&format!("{field}.valueFrom.secretKeyRef.key"), &secret.key)?;
+            }
+            (Some(_), Some(_)) => {
+                return Err(Invalid::new(
+                    field,
+                    "must have one of value and valueFrom, not both",
+                    "both",
+                ));
+            }
+            (None, None) => {
+                return Err(Invalid::new(
+                    field,
+                    "must have value or valueFrom.secretKeyRef",
+                    NOTHING,
+                ));
+            }
+        }
+    }
+    if let Some(compute) = &spec.compute {
+        if let Some(cpu) = &compute.cpu {
+            let field = format!("{prefix}.compute.cpu");
+            let Some(millis) = cpu.cpu_millis() else {
+                return Err(Invalid::new(
+                    field,
+                    "must be a CPU quantity such as \"2\", \"0.5\" or \"500m\"",
+                    shown(&cpu.0),
+                ));
+            };
+            if !CPU_MILLIS_RANGE.contains(&millis) {
+                return Err(Invalid::new(
+                    field,
+                    "must be between 10m and 64 CPUs",
+                    shown(&cpu.0),
+                ));
+            }
+        }
+        if let Some(memory) = &compute.memory {
+            let field = format!("{prefix}.compute.memory");
+            let Some(bytes) = memory.bytes() else {
+                return Err(Invalid::new(
+                    field,
+                    "must be a memory quantity such as \"512Mi\", \"2Gi\" or a number of bytes",
+                    shown(&memory.0),
+                ));
+            };
+            if !MEMORY_BYTES_RANGE.contains(&bytes) {
+                return Err(Invalid::new(
+                    field,
+                    "must be between 16Mi and 256Gi",
+                    shown(&memory.0),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Validate for AgentRunSpec {
     fn check_spec(&self) -> Result<()> {
-        check_reference("spec.agent", &self.agent)?;
+        match &self.agent {
+            NameOrInline::Name(name) => check_reference("spec.agent", name)?,
+            NameOrInline::Inline(agent) => {
+                // The agent's own rules, its fields under spec.agent.
+                agent.check_spec().map_err(|e| Invalid {
+                    field: e.field.replacen("spec.", "spec.agent.", 1),
+                    ..e
+                })?;
+                if self.group.is_some() {
+                    return Err(Invalid::new(
+                        "spec.agent",
+                        "must name the group's agent for a run of a group, not be written inline",
+                        "an inline agent",
+                    ));
+                }
+            }
+        }
         if let Some(input) = &self.input {
             check_message("spec.input", input)?;
         }
@@ -239,7 +407,7 @@ impl Validate for AgentRunSpec {
             check_workdir(workdir)?;
         }
         if let Some(environment) = &self.environment {
-            check_reference("spec.environment", environment)?;
+            check_environment_ref("spec.environment", environment)?;
         }
         if let Some(timeout) = self.timeout {
             check_duration("spec.timeout", timeout, RUN_TIMEOUT_RANGE)?;
@@ -1316,7 +1484,10 @@ mod tests {
     #[test]
     fn the_specs_runs_pass() {
         let hello: AgentRun = accept(run());
-        assert_eq!(hello.spec.agent, "hello-agent");
+        assert_eq!(
+            hello.spec.agent,
+            NameOrInline::Name("hello-agent".to_string())
+        );
         accept::<AgentRunSpec>(task("a", json!([])));
         accept::<AgentRunSpec>(task("b", json!([])));
         let c: AgentRun = accept(task("c", json!(["a", "b"])));
@@ -2421,5 +2592,189 @@ mod tests {
                 }
             }
         }
+    }
+
+    // ---- AgentEnvironment ----
+
+    fn environment() -> Value {
+        json!({
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentEnvironment",
+            "metadata": { "name": "research" },
+            "spec": {
+                "env": [
+                    { "name": "LOG_LEVEL", "value": "debug" },
+                    { "name": "GITHUB_TOKEN",
+                      "valueFrom": { "secretKeyRef": { "name": "github", "key": "token" } } }
+                ],
+                "compute": { "cpu": "2", "memory": "2Gi", "nvidia.com/gpu": 0 }
+            }
+        })
+    }
+
+    #[test]
+    fn an_environment_in_designs_shape_is_accepted() {
+        let accepted = accept::<AgentEnvironmentSpec>(environment());
+        let compute = accepted.spec.compute.expect("compute");
+        assert_eq!(compute.cpu.and_then(|c| c.cpu_millis()), Some(2000));
+        assert_eq!(compute.memory.and_then(|m| m.bytes()), Some(2 << 30));
+        assert_eq!(compute.gpu, Some(0));
+        accept::<AgentEnvironmentSpec>(with(environment(), "/spec/compute/cpu", json!(0.5)));
+        let inline = accept::<AgentRunSpec>(with(
+            run(),
+            "/spec/environment",
+            environment()["spec"].clone(),
+        ));
+        assert!(matches!(
+            inline.spec.environment,
+            Some(NameOrInline::Inline(_))
+        ));
+        let named = accept::<AgentRunSpec>(with(run(), "/spec/environment", json!("team/x")));
+        assert_eq!(
+            named.spec.environment,
+            Some(NameOrInline::Name("team/x".to_string()))
+        );
+        accept::<AgentSpec>(with(agent(), "/spec/environment", json!("research")));
+    }
+
+    #[test]
+    fn environment_rules_name_the_field() {
+        let var = |value: Value| with(environment(), "/spec/env", json!([value]));
+        check::<AgentEnvironmentSpec>(vec![
+            (
+                with(environment(), "/spec/compute/tpu", json!(1)),
+                "spec.compute.tpu",
+                "unknown field",
+            ),
+            (
+                with(environment(), "/spec/compute/cpu", json!("lots")),
+                "spec.compute.cpu",
+                "\"lots\"",
+            ),
+            (
+                with(environment(), "/spec/compute/cpu", json!("128")),
+                "spec.compute.cpu",
+                "64 CPUs",
+            ),
+            (
+                with(environment(), "/spec/compute/memory", json!("2GB")),
+                "spec.compute.memory",
+                "\"2GB\"",
+            ),
+            (
+                with(environment(), "/spec/compute/memory", json!("1Mi")),
+                "spec.compute.memory",
+                "16Mi",
+            ),
+            (
+                var(json!({ "name": "PATH", "value": "/x" })),
+                "spec.env[0].name",
+                "reserved",
+            ),
+            (
+                var(json!({ "name": "NODUS_RUN", "value": "x" })),
+                "spec.env[0].name",
+                "reserved",
+            ),
+            (
+                var(json!({ "name": "1ABC", "value": "x" })),
+                "spec.env[0].name",
+                "\"1ABC\"",
+            ),
+            (
+                var(json!({ "name": "A" })),
+                "spec.env[0]",
+                "value or valueFrom",
+            ),
+            (
+                var(json!({ "name": "A", "value": "x",
+                            "valueFrom": { "secretKeyRef": { "name": "s", "key": "k" } } })),
+                "spec.env[0]",
+                "not both",
+            ),
+            (
+                var(json!({ "name": "A",
+                            "valueFrom": { "secretKeyRef": { "name": "Bad_Name", "key": "k" } } })),
+                "spec.env[0].valueFrom.secretKeyRef.name",
+                "DNS label",
+            ),
+            (
+                with(
+                    environment(),
+                    "/spec/env",
+                    json!([{ "name": "A", "value": "1" }, { "name": "A", "value": "2" }]),
+                ),
+                "spec.env[1].name",
+                "unique",
+            ),
+        ]);
+        check::<AgentRunSpec>(vec![
+            (
+                with(
+                    run(),
+                    "/spec/environment",
+                    json!({ "env": [{ "name": "HOME", "value": "/" }] }),
+                ),
+                "spec.environment.env[0].name",
+                "reserved",
+            ),
+            (
+                with(
+                    run(),
+                    "/spec/environment",
+                    json!({ "compute": { "gpus": 1 } }),
+                ),
+                "spec.environment.compute.gpus",
+                "unknown field",
+            ),
+        ]);
+        check::<AgentSpec>(vec![(
+            with(
+                agent(),
+                "/spec/environment",
+                json!({ "env": [{ "name": "LANG", "value": "C" }] }),
+            ),
+            "spec.environment.env[0].name",
+            "reserved",
+        )]);
+    }
+
+    #[test]
+    fn an_inline_agent_is_checked_by_the_agents_rules() {
+        let inline = accept::<AgentRunSpec>(with(
+            run(),
+            "/spec/agent",
+            json!({ "system": "You are terse.", "perRunMaxCostUSD": "0.10" }),
+        ));
+        let NameOrInline::Inline(agent) = &inline.spec.agent else {
+            panic!("an inline agent")
+        };
+        assert_eq!(agent.system, "You are terse.");
+        check::<AgentRunSpec>(vec![
+            (
+                with(run(), "/spec/agent", json!({ "system": "" })),
+                "spec.agent.system",
+                "must not be empty",
+            ),
+            (
+                with(
+                    run(),
+                    "/spec/agent",
+                    json!({ "system": "x", "maxTokens": 0 }),
+                ),
+                "spec.agent.maxTokens",
+                "between",
+            ),
+            (
+                with(run(), "/spec/agent", json!({ "system": "x", "bogus": 1 })),
+                "spec.agent.bogus",
+                "unknown field",
+            ),
+            (
+                with(run(), "/spec/agent", json!(7)),
+                "spec.agent",
+                "expected",
+            ),
+        ]);
     }
 }

@@ -126,8 +126,8 @@ const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// The most of an error body kept for its message.
 const MAX_ERROR_BODY_BYTES: usize = 16 * 1024;
 
-/// A reqwest client set up for model providers.
-pub(crate) fn build_client(config: &HttpConfig) -> Result<reqwest::Client> {
+/// A reqwest client set up for model providers (the server's webhook action uses it too).
+pub fn build_client(config: &HttpConfig) -> Result<reqwest::Client> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
         .map_err(|e| Error::Config(format!("TLS certificate verifier: {e}")))?;

@@ -2,6 +2,7 @@
 //! project credits, on top of nodus-core, whose `Runner` (started by the server) drives the
 //! runs and groups. `nodus server` (in nodus-cli) starts it.
 
+pub mod actions;
 mod api;
 pub mod app;
 pub mod auth;

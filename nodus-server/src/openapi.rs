@@ -54,6 +54,9 @@ pub fn document() -> Value {
         json!({"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}}),
     );
     paths.insert("/metrics".into(), json!({"get": {"summary": "Prometheus metrics: without a token the server's own counters only; with one, the runs of the projects it holds too (every project for the operator token)", "security": [{}, {"bearer": []}], "responses": {"200": {"description": "text exposition format"}}}}));
+    paths.insert("/apis/nodus.dev/v1/postrunactions".into(), json!({
+        "get": operation("The post-run actions installed: kind, title, description, configSchema (any valid token)", "200"),
+    }));
     paths.insert("/apis/nodus.dev/v1/projects".into(), json!({
         "get": operation("The projects the token holds (every project for the operator token)", "200"),
         "post": with_body(operation("Create a project {metadata: {name}} (the operator token)", "201"), "{\"metadata\": {\"name\": \"NAME\"}}"),
@@ -108,6 +111,12 @@ pub fn document() -> Value {
             "200",
         ),
         (
+            "results",
+            "get",
+            "The results of a finished run, each with its name, fileName, contentType and bytes: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord and, unless it succeeded, error (JSON); none before it finishes",
+            "200",
+        ),
+        (
             "cancel",
             "post",
             "Cancel the run (its sandbox is deleted)",
@@ -136,6 +145,11 @@ pub fn document() -> Value {
             json!({"parameters": [project, name], method: op}),
         );
     }
+    let result = json!({"name": "result", "in": "path", "required": true, "schema": {"type": "string", "enum": nodus_core::engine::RESULT_NAMES}});
+    paths.insert(
+        format!("{base}/agentruns/{{name}}/results/{{result}}"),
+        json!({"parameters": [project, name, result], "get": operation("One result of a finished run: a directory as application/gzip (a .tar.gz), a record as application/json", "200")}),
+    );
     paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation("Cancel every unfinished run of the group", "200")}));
     paths.insert(format!("{base}/credits"), json!({
         "parameters": [project],

@@ -1274,8 +1274,18 @@ fn kind_cases() -> Vec<KindCase> {
             plural: "agentruns",
             kind: Kind::AgentRun,
             valid: run("it", "Say hello."),
-            breaking: json!({"spec": {"postRunAction": {"kind": "agents.noop"}}}),
-            field: "spec.postRunAction",
+            breaking: json!({"spec": {"postRunAction": {"kind": ""}}}),
+            field: "spec.postRunAction.kind",
+        },
+        KindCase {
+            plural: "agentenvironments",
+            kind: Kind::AgentEnvironment,
+            valid: doc(
+                "AgentEnvironment",
+                json!({"spec": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}}),
+            ),
+            breaking: json!({"spec": {"env": [{"name": "PATH", "value": "/x"}]}}),
+            field: "spec.env[0].name",
         },
         KindCase {
             plural: "filesets",

@@ -24,6 +24,7 @@ fn name_of(plural: &str) -> &'static str {
         "secrets" => "aardvark-secret",
         "budgets" => "aardvark-budget",
         "filesets" => "aardvark-files",
+        "agentenvironments" => "aardvark-env",
         "tokens" => "aardvark-boss",
         other => panic!("the test does not know the collection {other}"),
     }
@@ -38,6 +39,7 @@ const DISTINCTIVE: &[&str] = &[
     "aardvark-secret",
     "aardvark-budget",
     "aardvark-files",
+    "aardvark-env",
     "aardvark-boss",
     "aardvark-secret-value-9931",
     "aardvark-file-content-5521",
@@ -63,6 +65,8 @@ fn object(plural: &str, name: &str) -> Value {
                             "spec": {"maxSpendUSD": "3.00"}}),
         "filesets" => json!({"apiVersion": "nodus.dev/v1", "kind": "FileSet", "metadata": meta,
                              "spec": {"files": [{"path": "other.txt", "content": "other"}]}}),
+        "agentenvironments" => json!({"apiVersion": "nodus.dev/v1", "kind": "AgentEnvironment",
+                                      "metadata": meta, "spec": {"env": [{"name": "OTHER", "value": "x"}]}}),
         other => panic!("the test does not know the collection {other}"),
     }
 }
@@ -171,6 +175,10 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
             json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "aardvark-budget"},
                    "spec": {"maxSpendUSD": "7.77"}}),
         ),
+        (
+            "agentenvironments",
+            object("agentenvironments", "aardvark-env"),
+        ),
         ("agentgroups", object("agentgroups", "aardvark-group")),
         (
             "agentruns",
@@ -257,7 +265,8 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
             if let Some(plural) = plural {
                 path = path
                     .replace("{plural}", plural)
-                    .replace("{name}", name_of(plural));
+                    .replace("{name}", name_of(plural))
+                    .replace("{result}", "runRecord");
             }
             assert!(!path.contains('{'), "{template}: unfilled parameter");
             // A method the router takes on this path but the document does not list would
@@ -318,6 +327,10 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
                         }
                         (_, "no token" | "a wrong token") => {
                             assert_eq!(status, StatusCode::UNAUTHORIZED, "{label}: {text}");
+                        }
+                        ("/apis/nodus.dev/v1/postrunactions", "B's admin") => {
+                            // What the server installs: the same for every token.
+                            assert_eq!(status, StatusCode::OK, "{label}: {text}");
                         }
                         (ROOT, _) if *method == Method::GET => {
                             // B's own projects: B, never A.

@@ -872,7 +872,6 @@ async fn batches_are_all_or_nothing_in_list_order_and_idempotent() {
 #[tokio::test]
 async fn fields_not_carried_out_yet_are_refused_at_creation() {
     use nodus_core::engine::Error;
-    use nodus_core::resource::PostRunAction;
 
     let world = World::new(vec![]);
     let engine = world.engine();
@@ -880,47 +879,7 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .apply_agent(PROJECT, agent("plain", |_| {}))
         .await
         .expect("agent");
-    type SetSpec = Box<dyn Fn(&mut AgentRunSpec)>;
-    let cases: Vec<(&str, &str, SetSpec)> = vec![
-        (
-            "plain",
-            "spec.environment",
-            Box::new(|s| s.environment = Some("staging".to_string())),
-        ),
-        (
-            "plain",
-            "spec.postRunAction",
-            Box::new(|s| {
-                s.post_run_action = Some(PostRunAction {
-                    kind: "agents.noop".to_string(),
-                    config: None,
-                })
-            }),
-        ),
-    ];
-    for (index, (agent_name, field, set)) in cases.into_iter().enumerate() {
-        let name = format!("refused-{index}");
-        let refused = engine
-            .create_run(PROJECT, run(&name, agent_name, "q", |s| set(s)))
-            .await;
-        match refused {
-            Err(Error::Invalid(invalid)) => {
-                assert_eq!(invalid.field, field);
-                assert!(
-                    invalid
-                        .rule
-                        .starts_with("is not supported by this server yet"),
-                    "{invalid:?}"
-                );
-            }
-            other => panic!("{field}: expected a refusal, got {other:?}"),
-        }
-        assert!(
-            engine.get_run(PROJECT, &name).await.is_err(),
-            "{field}: nothing is written"
-        );
-    }
-    // An evaluation group likewise.
+    // An evaluation group is refused.
     let evaluation: nodus_core::resource::EvaluationSpec =
         serde_json::from_value(serde_json::json!({"environment": "nodus/swe-tasks@3", "tasks": 2}))
             .expect("an evaluation");

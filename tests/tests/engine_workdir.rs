@@ -165,11 +165,11 @@ async fn the_final_working_directory_is_kept_until_the_run_is_deleted() {
         ),
         other => panic!("expected the archive, got {other:?}"),
     }
-    assert_eq!(
-        engine.output_workdir(PROJECT, "plain").await.expect("read"),
-        None,
-        "a run without spec.workdir keeps none"
-    );
+    // Every run keeps its final working directory, among its results.
+    match engine.output_workdir(PROJECT, "plain").await.expect("read") {
+        Some(OutputWorkdir::Archive(tar)) => assert_eq!(entries(&tar), vec![]),
+        other => panic!("expected an empty archive, got {other:?}"),
+    }
     engine.delete_run(PROJECT, "kept").await.expect("delete");
     let key = workdir_archive_key(&ObjectKey::new(
         PROJECT,
@@ -230,7 +230,91 @@ async fn references_that_name_nothing_are_refused_at_creation() {
 }
 
 #[tokio::test]
-async fn a_fileset_deleted_before_the_sandbox_is_made_fails_the_run_and_leaves_no_sandbox() {
+async fn filesets_changed_or_deleted_after_creation_do_not_change_the_run() {
+    let (world, engine) = world_with_filesets().await;
+    let created = engine
+        .create_run(
+            PROJECT,
+            run("resolved", "helper", "q", |s| {
+                s.workdir = Some(workdir(
+                    Some("source#app/"),
+                    &[("notes#notes.txt", "n.txt")],
+                ))
+            }),
+        )
+        .await
+        .expect("created while the FileSets exist");
+    let snapshot = created
+        .status
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.workdir.clone())
+        .expect("the working directory is in the snapshot");
+    let names: Vec<&str> = snapshot.file_sets.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["source", "notes"]);
+    // After creation, one FileSet changes and the other goes.
+    let mut changed = engine
+        .get::<FileSetSpec>(PROJECT, "source")
+        .await
+        .expect("the FileSet");
+    changed.spec.files = vec![file("app/main.py", "print('changed')\n", false)];
+    engine
+        .replace(PROJECT, "source", changed, None)
+        .await
+        .expect("replace the FileSet");
+    engine
+        .delete::<Object<FileSetSpec>>(PROJECT, "notes")
+        .await
+        .expect("delete the FileSet");
+    assert_eq!(
+        engine.drive(PROJECT, "resolved").await.expect("drive"),
+        Driven::Finished(RunPhase::Succeeded)
+    );
+    let uid = created.metadata.uid.expect("a uid");
+    let tar = world.sandbox.archive(&uid).expect("an archive was put");
+    // `source#app/` stages app/'s files relative to app/; the contents are those at creation.
+    assert_eq!(
+        entries(&tar),
+        vec![
+            ("main.py".to_string(), 0o644, b"print('hi')\n".to_vec()),
+            ("n.txt".to_string(), 0o644, b"remember\n".to_vec()),
+        ]
+    );
+    assert_eq!(
+        nodus_core::digest::sha256_hex(&tar),
+        snapshot.sha256,
+        "the archive staged is the one recorded"
+    );
+}
+
+#[tokio::test]
+async fn a_base_directory_that_holds_no_files_is_refused_at_creation() {
+    let (_world, engine) = world_with_filesets().await;
+    for (base, rule) in [
+        ("source#nothing/", "that holds files"),
+        ("source#app", "ending in '/'"),
+    ] {
+        let refused = engine
+            .create_run(
+                PROJECT,
+                run("empty-base", "helper", "q", |s| {
+                    s.workdir = Some(workdir(Some(base), &[]))
+                }),
+            )
+            .await;
+        match refused {
+            Err(Error::Invalid(invalid)) => {
+                assert_eq!(invalid.field, "spec.workdir.baseWorkdir");
+                assert!(invalid.rule.contains(rule), "{invalid:?}");
+            }
+            other => panic!("{base}: expected a refusal, got {other:?}"),
+        }
+        assert!(engine.get_run(PROJECT, "empty-base").await.is_err());
+    }
+}
+
+#[tokio::test]
+async fn a_staged_archive_gone_before_the_sandbox_is_made_fails_the_run_and_leaves_no_sandbox() {
     let (world, engine) = world_with_filesets().await;
     engine
         .create_run(
@@ -242,9 +326,16 @@ async fn a_fileset_deleted_before_the_sandbox_is_made_fails_the_run_and_leaves_n
         .await
         .expect("created while the FileSet exists");
     engine
-        .delete::<Object<FileSetSpec>>(PROJECT, "source")
+        .store()
+        .delete(&nodus_core::engine::workdir_archive_key(
+            &nodus_core::store::ObjectKey::new(
+                PROJECT,
+                nodus_core::resource::Kind::AgentRun,
+                "orphaned",
+            ),
+        ))
         .await
-        .expect("delete the FileSet");
+        .expect("remove what the run kept");
     assert_eq!(
         engine.drive(PROJECT, "orphaned").await.expect("drive"),
         Driven::Finished(RunPhase::Failed(

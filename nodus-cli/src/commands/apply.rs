@@ -7,7 +7,9 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec};
+use nodus_core::resource::{
+    AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec,
+};
 use nodus_core::validate::{self, Validate};
 
 use super::{outln, read_documents};
@@ -174,6 +176,7 @@ pub fn unchanged(kind: ResourceKind, desired: &Value, live: &Value) -> bool {
         ResourceKind::AgentGroup => same_typed::<AgentGroupSpec>(desired, live),
         ResourceKind::Budget => same_typed::<BudgetSpec>(desired, live),
         ResourceKind::FileSet => same_typed::<FileSetSpec>(desired, live),
+        ResourceKind::AgentEnvironment => same_typed::<AgentEnvironmentSpec>(desired, live),
         ResourceKind::Secret => false,
     }
 }

@@ -104,6 +104,9 @@ fn run_document(args: &CreateRunArgs, prompt: Option<String>, now: Timestamp) ->
     if !args.depends_on.is_empty() {
         spec.insert("dependsOn".into(), json!(args.depends_on));
     }
+    if let Some(environment) = &args.environment {
+        spec.insert("environment".into(), json!(environment));
+    }
     Ok(json!({
         "apiVersion": "nodus.dev/v1",
         "kind": "AgentRun",

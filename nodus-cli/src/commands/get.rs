@@ -12,7 +12,51 @@ use crate::kinds::{ResourceKind, parse_targets};
 use crate::table;
 use crate::yaml;
 
+/// `nodus get postrunactions`: the post-run actions the server installs (KIND, TITLE,
+/// DESCRIPTION), or the list as yaml or json.
+async fn post_run_actions(client: &Client, output: Option<Output>) -> Result<()> {
+    let list = client
+        .send(
+            Method::GET,
+            &["apis", "nodus.dev", "v1", "postrunactions"],
+            &[],
+            None,
+            &[],
+        )
+        .await?;
+    match output {
+        None | Some(Output::Table | Output::Wide) => {
+            let mut table = table::Table::new(&["KIND", "TITLE", "DESCRIPTION"]);
+            for item in list["items"].as_array().cloned().unwrap_or_default() {
+                table.rows.push(
+                    ["kind", "title", "description"]
+                        .iter()
+                        .map(|field| crate::jsonpath::scalar_text(&item[*field]))
+                        .collect(),
+                );
+            }
+            out(&table.render());
+        }
+        Some(Output::Yaml) => out(&yaml::to_yaml(&list)?),
+        Some(Output::Json) => outln(&serde_json::to_string_pretty(&list).unwrap_or_default()),
+        Some(_) => {
+            return Err(Error::usage(
+                "get postrunactions prints a table, yaml or json",
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
+    if let [only] = args.targets.as_slice()
+        && matches!(
+            only.to_ascii_lowercase().as_str(),
+            "postrunactions" | "postrunaction"
+        )
+    {
+        return post_run_actions(client, args.output).await;
+    }
     if let Some((kind, names)) = super::access::AccessKind::parse(&args.targets) {
         return super::access::get(client, kind, names, args).await;
     }

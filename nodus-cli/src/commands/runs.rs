@@ -15,6 +15,30 @@ use crate::yaml;
 
 const RUNS: &str = "agentruns";
 
+/// Write `bytes` (`what` of run `name`) to `file`, or to standard output for `-`.
+fn save(name: &str, what: &str, file: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    if file.as_os_str() == "-" {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+            // A reader that stopped reading (`| head -c`) ends the command quietly.
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                return Err(Error::input(format!("writing the {what}: {e}")));
+            }
+            _ => {}
+        }
+    } else {
+        std::fs::write(file, bytes)
+            .map_err(|e| Error::input(format!("writing {}: {e}", file.display())))?;
+        eprintln!(
+            "agentrun/{name}: {what} saved to {} ({} bytes)",
+            file.display(),
+            bytes.len()
+        );
+    }
+    Ok(())
+}
+
 pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
     match command {
         AgentRunCommand::Answer { name } => {
@@ -37,26 +61,46 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
         }
         AgentRunCommand::Workdir { name, file } => {
             let tar = client.get_bytes(&[RUNS, &name, "workdir"]).await?;
-            if file.as_os_str() == "-" {
-                use std::io::Write;
-                let mut stdout = std::io::stdout().lock();
-                match stdout.write_all(&tar).and_then(|()| stdout.flush()) {
-                    // A reader that stopped reading (`| head -c`) ends the command quietly.
-                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                        return Err(Error::input(format!("writing the archive: {e}")));
-                    }
-                    _ => {}
+            save(&name, "final working directory", &file, &tar)
+        }
+        AgentRunCommand::Logs { name, follow } => logs(client, &name, follow).await,
+        AgentRunCommand::Results { name, result, file } => {
+            let Some(result) = result else {
+                let reply = client.get(&[RUNS, &name, "results"]).await?;
+                let items = reply
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                if items.is_empty() {
+                    let phase = reply
+                        .get("phase")
+                        .and_then(Value::as_str)
+                        .unwrap_or("Pending");
+                    eprintln!("agentrun/{name} has no results yet: it is {phase}.");
+                    return Ok(());
                 }
-            } else {
-                std::fs::write(&file, &tar)
-                    .map_err(|e| Error::input(format!("writing {}: {e}", file.display())))?;
-                eprintln!(
-                    "agentrun/{name}: final working directory saved to {} ({} bytes)",
-                    file.display(),
-                    tar.len()
-                );
-            }
-            Ok(())
+                let mut table = Table::new(&["RESULT", "FILE", "BYTES"]);
+                for item in &items {
+                    table.rows.push(vec![
+                        scalar_text(&item["name"]),
+                        scalar_text(&item["fileName"]),
+                        scalar_text(&item["bytes"]),
+                    ]);
+                }
+                out(&table.render());
+                return Ok(());
+            };
+            let bytes = client.get_bytes(&[RUNS, &name, "results", &result]).await?;
+            let file = file.unwrap_or_else(|| {
+                let extension = if result.ends_with("Workdir") || result == "artifacts" {
+                    "tar.gz"
+                } else {
+                    "json"
+                };
+                std::path::PathBuf::from(format!("{result}.{extension}"))
+            });
+            save(&name, &result, &file, &bytes)
         }
         AgentRunCommand::Steps {
             name,
@@ -139,6 +183,130 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// How long one wait for a change of the run lasts in `logs -f` before it reads again.
+const LOGS_POLL_SECONDS: &str = "30";
+
+/// `agentrun logs NAME [-f]`: each step once it is seen (its number, kind, state and summary),
+/// and each command's output once it has finished; with `follow`, waiting for the run to
+/// change (the long poll of `GET …/agentruns/NAME?watch=true`) until it has finished and
+/// everything it did is printed.
+async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
+    // Per step: whether its line and whether its end were printed.
+    let mut shown: Vec<(bool, bool)> = Vec::new();
+    loop {
+        let run = client.get(&[RUNS, name]).await?;
+        let steps = client
+            .call(
+                Method::GET,
+                &[RUNS, name, "steps"],
+                &[("payload", "true")],
+                None,
+            )
+            .await?;
+        let items = steps
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut text = String::new();
+        for (index, step) in items.iter().enumerate() {
+            if shown.len() <= index {
+                shown.push((false, false));
+            }
+            let finished = step.get("finishedAt").is_some_and(|at| !at.is_null());
+            let (line, end) = &mut shown[index];
+            if !*line {
+                *line = true;
+                text.push_str(&step_line(step));
+                if let Some(command) = step.pointer("/intent/command").and_then(Value::as_str) {
+                    text.push_str(&format!("$ {command}\n"));
+                }
+                if finished {
+                    *end = true;
+                    text.push_str(&step_output(step));
+                }
+            } else if finished && !*end {
+                *end = true;
+                text.push_str(&format!("{} (finished)\n", step_line(step).trim_end()));
+                text.push_str(&step_output(step));
+            }
+        }
+        out(&terminal::shown(&text, terminal::stdout_is_terminal()));
+        let phase = run
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending");
+        let ended = matches!(phase, "Succeeded" | "Failed" | "Cancelled");
+        let all_shown = shown.iter().all(|(line, end)| *line && *end);
+        if !follow || (ended && all_shown) {
+            if follow {
+                outln(&format!("agentrun/{name} {phase}"));
+            }
+            return Ok(());
+        }
+        if ended {
+            // Its last steps were written after the document: read once more.
+            continue;
+        }
+        let version = run
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        client
+            .call(
+                Method::GET,
+                &[RUNS, name],
+                &[
+                    ("watch", "true"),
+                    ("resourceVersion", &version),
+                    ("timeoutSeconds", LOGS_POLL_SECONDS),
+                ],
+                None,
+            )
+            .await?;
+    }
+}
+
+/// `[seq] Kind State: summary` of a step.
+fn step_line(step: &Value) -> String {
+    format!(
+        "[{}] {} {}: {}\n",
+        scalar_text(&step["seq"]),
+        scalar_text(&step["kind"]),
+        scalar_text(&step["state"]),
+        scalar_text(&step["summary"]),
+    )
+}
+
+/// A finished command's standard output and error, as recorded.
+fn step_output(step: &Value) -> String {
+    let mut text = String::new();
+    for stream in ["stdout", "stderr"] {
+        let Some(output) = step.pointer(&format!("/outcome/output/{stream}/bytes")) else {
+            continue;
+        };
+        let bytes = match output {
+            Value::String(text) => text.clone(),
+            other => format!(
+                "({} bytes that are not text)",
+                other.as_array().map_or(0, Vec::len)
+            ),
+        };
+        if bytes.is_empty() {
+            continue;
+        }
+        if stream == "stderr" {
+            text.push_str("stderr:\n");
+        }
+        text.push_str(&bytes);
+        if !bytes.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    text
 }
 
 /// What `agentrun answer` prints: the answer with a final newline, its control characters

@@ -50,10 +50,10 @@ pub enum Driven {
 }
 
 /// What a run needs that does not change while it is driven.
-struct Fixed {
+pub(super) struct Fixed {
     key: ObjectKey,
-    uid: String,
-    project: String,
+    pub(super) uid: String,
+    pub(super) project: String,
     snapshot: RunSnapshot,
     system: String,
     first_prompt: String,
@@ -158,8 +158,11 @@ impl Engine {
                 .image
                 .clone()
                 .or_else(|| self.config.default_image.clone()),
-            env: Default::default(),
-            limits: self.config.limits,
+            env: super::environment::plain_env(snapshot.environment.as_ref()),
+            limits: super::environment::limits_of(
+                self.config.limits,
+                snapshot.environment.as_ref(),
+            ),
             network: false,
         };
         Ok(Fixed {
@@ -196,6 +199,7 @@ impl Engine {
             catalog: &self.deps.catalog,
             router_max_cost: self.deps.router.max_cost(),
             facts: Facts::default(),
+            post_run_action: fixed.snapshot.post_run_action.as_ref(),
         }
     }
 
@@ -540,8 +544,13 @@ impl Engine {
         let replay = input.replay;
         match intent {
             Intent::CreateSandbox { spec } => {
+                let environment = fixed.snapshot.environment.as_ref();
+                let spec = match self.with_secrets(&fixed.project, environment, spec).await {
+                    Ok(spec) => spec,
+                    Err(error) => return Effect::Done(decide::failed(error)),
+                };
                 match self
-                    .sandbox_retrying(|| self.deps.sandbox.create(spec))
+                    .sandbox_retrying(|| self.deps.sandbox.create(&spec))
                     .await
                 {
                     Ok(info) => match self.stage_workdir(fixed, run, &info).await {
@@ -581,9 +590,16 @@ impl Engine {
                             // A sandbox created before a restart: re-create it over its working
                             // directory (creation is idempotent by key) and run the command
                             // there.
-                            executed = match self.deps.sandbox.create(&fixed.sandbox).await {
-                                Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
-                                Err(e) => Err(e),
+                            let environment = fixed.snapshot.environment.as_ref();
+                            executed = match self
+                                .with_secrets(&fixed.project, environment, &fixed.sandbox)
+                                .await
+                            {
+                                Err(error) => Err(sandbox::Error::Refused(error)),
+                                Ok(spec) => match self.deps.sandbox.create(&spec).await {
+                                    Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                                    Err(e) => Err(e),
+                                },
                             };
                         }
                         match executed {
@@ -616,12 +632,28 @@ impl Engine {
                 }
                 decide::command_effect(executed)
             }
+            Intent::PostRunAction {
+                action: kind,
+                config,
+            } => {
+                // What the run produced is saved before the action starts.
+                if let SandboxState::Live(info) = &replay.sandbox {
+                    self.keep_workdir(&fixed.key, &info.id).await;
+                }
+                let seq = replay
+                    .open_step
+                    .as_ref()
+                    .map_or(replay.steps.saturating_sub(1), |step| step.seq);
+                Effect::Done(
+                    self.post_run_action(fixed, run, replay, seq, kind, config)
+                        .await,
+                )
+            }
             Intent::ReadMessage { .. } => Effect::Done(Outcome::MessageRead),
             Intent::Answer { .. } => Effect::Done(Outcome::Answered),
             Intent::DestroySandbox { id, .. } => {
-                if run.spec.workdir.is_some() {
-                    self.keep_workdir(&fixed.key, id).await;
-                }
+                // Every run keeps its final working directory, among its results.
+                self.keep_workdir(&fixed.key, id).await;
                 match self
                     .sandbox_retrying(|| self.deps.sandbox.destroy(id))
                     .await
@@ -721,10 +753,13 @@ impl Engine {
         let Some(workdir) = &run.spec.workdir else {
             return Ok(());
         };
-        let tar = self
-            .workdir_archive(&fixed.project, workdir)
-            .await
-            .map_err(|e| format!("staging the working directory: {e}"))?;
+        // What was resolved when the run was created; a run created before snapshots were
+        // kept reads its FileSets now.
+        let tar = match &fixed.snapshot.workdir {
+            Some(snapshot) => self.kept_input(&fixed.key, snapshot).await,
+            None => self.workdir_archive(&fixed.project, workdir).await,
+        }
+        .map_err(|e| format!("staging the working directory: {e}"))?;
         self.sandbox_retrying(|| self.deps.sandbox.put_files(&info.id, tar.clone()))
             .await
             .map_err(|e| format!("staging the working directory: {e}"))

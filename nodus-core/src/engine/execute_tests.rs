@@ -190,9 +190,12 @@ fn run_document(agent: AgentSpec) -> serde_json::Value {
     run.metadata.uid = Some(UID.to_string());
     run.status.phase = Some(RunPhase::Running);
     run.status.snapshot = Some(RunSnapshot {
-        agent_ref: "p/a".to_string(),
-        agent_revision: "1".to_string(),
+        agent_ref: Some("p/a".to_string()),
+        agent_revision: Some("1".to_string()),
         agent,
+        workdir: None,
+        environment: None,
+        post_run_action: None,
     });
     typed::encode(&key(), &run).expect("document")
 }

@@ -88,7 +88,7 @@ impl Engine {
             &admission.spec,
             admission.phase,
             &admission.members,
-            &run.spec.agent,
+            run.spec.agent.name().unwrap_or_default(),
             run.spec.task_key.as_deref().unwrap_or_default(),
             &run.spec.depends_on,
         )?;

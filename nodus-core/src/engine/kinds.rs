@@ -1,5 +1,5 @@
 //! The kind registry: the kinds users write (Agents, AgentRuns, AgentGroups, FileSets,
-//! Secrets, Budgets) and the one path through which each is created, replaced, merge-patched,
+//! AgentEnvironments, Secrets, Budgets) and the one path through which each is created, replaced, merge-patched,
 //! applied and deleted, so that a rule a kind states here holds for every verb.
 //!
 //! A kind is a [`Writable`]: how its documents read ([`Writable::parse`]), the rules every
@@ -15,18 +15,19 @@ use serde_json::Value;
 
 use super::{Engine, Error, Result, typed};
 use crate::resource::{
-    AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec, Kind, Object, ObjectMeta,
-    Secret, SecretDocument, Spec,
+    AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec, Kind,
+    Object, ObjectMeta, Secret, SecretDocument, Spec,
 };
 use crate::store::{ObjectKey, Record, Selector};
 use crate::validate::{self, Invalid, Validate};
 
 /// The kinds users write, in the order an `apply` of several documents writes them (what a
 /// document refers to first).
-pub const WRITABLE_KINDS: [Kind; 6] = [
+pub const WRITABLE_KINDS: [Kind; 7] = [
     Kind::Secret,
     Kind::Budget,
     Kind::FileSet,
+    Kind::AgentEnvironment,
     Kind::Agent,
     Kind::AgentGroup,
     Kind::AgentRun,
@@ -214,7 +215,15 @@ impl<S: SpecRules> Writable for Object<S> {
     }
 }
 
-impl SpecRules for AgentSpec {}
+impl SpecRules for AgentSpec {
+    /// Every post-run action the agent declares must be installed.
+    fn refuse(object: &Object<Self>, engine: &Engine) -> Result<()> {
+        engine.check_agent(&object.spec)
+    }
+}
+
+/// Runs keep their snapshot of an environment, so it may change freely.
+impl SpecRules for AgentEnvironmentSpec {}
 
 impl SpecRules for FileSetSpec {}
 
@@ -259,10 +268,6 @@ impl SpecRules for AgentRunSpec {
         {
             run.metadata.name = Some(validate::task_run_name(group, task));
         }
-    }
-
-    fn refuse(run: &Object<Self>, _: &Engine) -> Result<()> {
-        super::refuse_unsupported(&run.spec)
     }
 
     /// A run's spec never changes. A run whose payloads the retention sweep removed lacks its
@@ -398,6 +403,10 @@ macro_rules! per_kind {
                 type $K = crate::resource::Budget;
                 $body
             }
+            Kind::AgentEnvironment => {
+                type $K = crate::resource::AgentEnvironment;
+                $body
+            }
             Kind::Secret => {
                 type $K = Secret;
                 $body
@@ -410,7 +419,8 @@ macro_rules! per_kind {
 fn not_writable(kind: Kind) -> Error {
     Invalid::new(
         "kind",
-        "must be a kind users write (Agent, AgentRun, AgentGroup, FileSet, Secret, Budget)",
+        "must be a kind users write (Agent, AgentRun, AgentGroup, FileSet, AgentEnvironment, \
+         Secret, Budget)",
         kind.to_string(),
     )
     .into()

@@ -5,11 +5,13 @@
 //! the group controller, the lifecycle) what to do, carry that out through the traits, and
 //! write the result with the version that was read, so a concurrent change is never lost.
 
+mod environment;
 mod error;
 mod execute;
 mod group;
 mod kinds;
 mod resources;
+mod results;
 mod status;
 mod typed;
 mod workdir;
@@ -27,6 +29,7 @@ use jiff::Timestamp;
 pub use error::{Error, Reason, Result};
 pub use execute::Driven;
 pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
+pub use results::{RESULT_NAMES, RunResult, RunResultInfo};
 use typed::Versioned;
 
 use crate::catalog::Catalog;
@@ -35,7 +38,7 @@ use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
 use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
-    Access, Agent, AgentGroup, AgentRun, AgentRunSpec, AgentState, CostStatus, Kind, RunSnapshot,
+    Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, NameOrInline, RunSnapshot,
 };
 use crate::router::Router;
 use crate::sandbox::{Limits, Sandbox};
@@ -163,6 +166,8 @@ pub struct Config {
     /// How long deleting a started run waits for the [`Runner`](crate::runner::Runner) to
     /// end it (stop its command, delete its sandbox) before it refuses with `RunBusy`.
     pub delete_wait: Duration,
+    /// The post-run actions installed (`agents.noop` by default).
+    pub actions: crate::postrun::Registry,
 }
 
 impl Default for Config {
@@ -175,6 +180,7 @@ impl Default for Config {
             retry_pause: Duration::from_millis(200),
             replica: None,
             delete_wait: Duration::from_secs(30),
+            actions: crate::postrun::Registry::new(),
         }
     }
 }
@@ -265,6 +271,20 @@ impl Engine {
         self.apply(project, agent).await
     }
 
+    /// The checks of an agent beyond its own rules: every post-run action it declares is
+    /// installed.
+    pub fn check_agent(&self, agent: &crate::resource::AgentSpec) -> Result<()> {
+        Ok(self
+            .config
+            .actions
+            .check_declared(agent.post_run_actions.as_deref())?)
+    }
+
+    /// The post-run actions installed.
+    pub fn post_run_actions(&self) -> Vec<crate::postrun::ActionInfo> {
+        self.config.actions.list()
+    }
+
     /// Read a run.
     pub async fn get_run(&self, project: &str, name: &str) -> Result<AgentRun> {
         Ok(self.read_run(project, name).await?.object)
@@ -329,10 +349,26 @@ impl Engine {
 
     /// Store a new run that its kind's rules passed: [`Writable::insert`] of an AgentRun.
     async fn insert_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
-        let (key, document) = self
+        let (key, document, input) = self
             .prepare_run(project, run, &[], &mut Default::default())
             .await?;
-        let record = self.deps.store.create(&key, document).await?;
+        let Some(input) = input else {
+            let record = self.deps.store.create(&key, document).await?;
+            return Ok(typed::decode(record)?.object);
+        };
+        // The staged working directory is written with the run, all or nothing.
+        let records = self
+            .deps
+            .store
+            .create_batch(vec![(key, document), input], None)
+            .await?;
+        let record = records
+            .into_iter()
+            .find(|record| record.key.kind == Kind::AgentRun)
+            .ok_or_else(|| Error::Corrupt {
+                key: "the batch".to_string(),
+                message: "the store did not answer with the run".to_string(),
+            })?;
         Ok(typed::decode(record)?.object)
     }
 
@@ -374,7 +410,8 @@ impl Engine {
                 Err(error) => Err(error),
             };
             match prepared {
-                Ok((key, document)) => {
+                Ok((key, document, input)) => {
+                    items.extend(input);
                     earlier.push(
                         typed::decode(Record {
                             key: key.clone(),
@@ -466,7 +503,11 @@ impl Engine {
         mut run: AgentRun,
         earlier: &[AgentRun],
         admissions: &mut group::Admissions,
-    ) -> Result<(ObjectKey, serde_json::Value)> {
+    ) -> Result<(
+        ObjectKey,
+        serde_json::Value,
+        Option<(ObjectKey, serde_json::Value)>,
+    )> {
         if earlier.iter().any(|e| e.name() == run.name()) {
             return Err(Invalid::new(
                 "metadata.name",
@@ -475,7 +516,24 @@ impl Engine {
             )
             .into());
         }
-        let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
+        // A stored agent (its reference and version are kept), or one written inline (only
+        // its spec is kept: it is never stored as an Agent).
+        let (agent_ref, agent_revision, agent) = match &run.spec.agent {
+            NameOrInline::Name(reference) => {
+                let (agent_ref, agent) = self.resolve_agent(project, reference).await?;
+                (
+                    Some(agent_ref),
+                    Some(agent.version.to_string()),
+                    agent.object.spec,
+                )
+            }
+            NameOrInline::Inline(spec) => (None, None, (**spec).clone()),
+        };
+        let action = self.config.actions.choose(
+            agent.post_run_actions.as_deref(),
+            matches!(run.spec.agent, NameOrInline::Inline(_)),
+            run.spec.post_run_action.as_ref(),
+        )?;
         if let Some(image) = &run.spec.image
             && !self.deps.sandbox.supports_image()
         {
@@ -488,22 +546,24 @@ impl Engine {
             )
             .into());
         }
-        if let Some(schema) = &agent.object.spec.context_schema {
+        let environment = self.resolve_environment(project, &run.spec, &agent).await?;
+        if let Some(schema) = &agent.context_schema {
             validate::check_context(schema, run.spec.context.as_ref())?;
         }
-        if let Some(workdir) = &run.spec.workdir {
-            self.check_workdir(project, workdir).await?;
-        }
-        if agent.object.spec.state == AgentState::Stopped {
+        let input = match &run.spec.workdir {
+            Some(workdir) => Some(self.snapshot_workdir(project, workdir).await?),
+            None => None,
+        };
+        if agent.state == AgentState::Stopped {
             return Err(Error::AgentStopped {
-                agent: run.spec.agent.clone(),
+                agent: run.spec.agent.name().unwrap_or("inline").to_string(),
             });
         }
         let prompt = run
             .spec
             .input
             .clone()
-            .or_else(|| agent.object.spec.default_input.clone());
+            .or_else(|| agent.default_input.clone());
         let Some(prompt) = prompt else {
             return Err(Invalid::new(
                 "spec.input",
@@ -513,15 +573,9 @@ impl Engine {
             .into());
         };
         validate::check_message("spec.input", &prompt)?;
-        let byok = agent.object.spec.model.access == Access::Byok;
+        let byok = agent.model.access == Access::Byok;
         if byok {
-            let secret = agent
-                .object
-                .spec
-                .model
-                .api_key_secret
-                .clone()
-                .unwrap_or_default();
+            let secret = agent.model.api_key_secret.clone().unwrap_or_default();
             if self
                 .deps
                 .secrets
@@ -546,16 +600,26 @@ impl Engine {
         run.status.phase = Some(RunPhase::Pending(PendingReason::Queued));
         run.status.cost = CostStatus {
             total_usd: crate::money::Usd::ZERO,
-            limit_usd: (!byok).then_some(agent.object.spec.per_run_max_cost_usd),
+            limit_usd: (!byok).then_some(agent.per_run_max_cost_usd),
         };
         run.status.snapshot = Some(RunSnapshot {
             agent_ref,
-            agent_revision: agent.version.to_string(),
-            agent: agent.object.spec,
+            agent_revision,
+            agent,
+            workdir: input.as_ref().map(|input| input.snapshot.clone()),
+            environment,
+            // agents.noop does nothing: no step is journaled for it.
+            post_run_action: (action.kind != crate::postrun::NOOP).then_some(
+                crate::resource::PostRunAction {
+                    kind: action.kind,
+                    config: Some(action.config),
+                },
+            ),
         });
         let key = ObjectKey::new(project, Kind::AgentRun, run.name());
         let document = typed::encode(&key, &run)?;
-        Ok((key, document))
+        let input = input.map(|input| (workdir_archive_key(&key), Self::input_document(&input)));
+        Ok((key, document, input))
     }
 
     /// The full answer of the run's last answered turn.
@@ -949,28 +1013,4 @@ fn not_supported_yet(field: &str, what: &str, value: String) -> Error {
         value,
     )
     .into()
-}
-
-/// Fields of a run that this engine does not carry out yet are refused when the run is
-/// created, rather than accepted and silently ignored: an AgentEnvironment and a post-run
-/// action.
-fn refuse_unsupported(spec: &AgentRunSpec) -> Result<()> {
-    let unsupported = |field: &str, what: &str, value: String| -> Result<()> {
-        Err(not_supported_yet(field, what, value))
-    };
-    if let Some(environment) = &spec.environment {
-        return unsupported(
-            "spec.environment",
-            "AgentEnvironments are not applied yet",
-            format!("{environment:?}"),
-        );
-    }
-    if let Some(action) = &spec.post_run_action {
-        return unsupported(
-            "spec.postRunAction",
-            "no post-run action plugins are installed",
-            format!("{:?}", action.kind),
-        );
-    }
-    Ok(())
 }

@@ -75,6 +75,11 @@ fn message(phase: RunPhase, replay: &Replay) -> Option<String> {
              resolve with retry, record-failed or cancel"
                 .to_string()
         }
+        RunPhase::Failed(crate::lifecycle::FailReason::PostRunActionFailed) => {
+            "the agent answered, and the run's post-run action failed: its error result says \
+             why"
+            .to_string()
+        }
         RunPhase::Failed(_) => match &replay.sandbox {
             SandboxState::Failed(error) => format!("the sandbox could not be created: {error}"),
             _ => replay

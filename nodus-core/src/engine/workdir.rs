@@ -1,8 +1,12 @@
-//! A run's working directory staged from FileSets: the references are checked when the run is
-//! created (a missing FileSet or file fails the request, not the run), and the files are
-//! read and put into the sandbox, as one tar archive, when its sandbox is created. When the
-//! run ends, before its sandbox is deleted, the final working directory is kept as a tar
-//! archive ([`Kind::WorkdirArchive`], named after the run) for [`Engine::output_workdir`].
+//! A run's working directory staged from FileSets: the references are resolved when the run
+//! is created (a missing FileSet or file fails the request, not the run) and the files they
+//! name are packed then, as one tar archive kept beside the run (in its
+//! [`Kind::WorkdirArchive`] document, as `input`) and recorded in its snapshot by SHA-256
+//! and the FileSets' versions, so that changing or deleting a FileSet afterwards does not
+//! change the run. That archive is put into the sandbox when it is created. When the run
+//! ends, before its sandbox is deleted, the final working directory is kept in the same
+//! document for [`Engine::output_workdir`]. A base may be a whole FileSet or a directory of
+//! one (`fileset#path/`), whose files are staged relative to it.
 //!
 //! Memory stays bounded: each FileSet is read once however many mounts name it, the bytes a
 //! working directory stages are counted from the files' stored sizes before anything is
@@ -16,7 +20,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::{Engine, Error, Result, typed};
-use crate::resource::{FileEntry, FileSetSpec, Kind, WorkdirSpec};
+use crate::resource::{FileEntry, FileSetSpec, FileSetVersion, Kind, WorkdirSnapshot, WorkdirSpec};
 use crate::sandbox::SandboxId;
 use crate::store::{self, ObjectKey};
 use crate::validate::Invalid;
@@ -47,6 +51,15 @@ pub enum OutputWorkdir {
     Omitted(String),
 }
 
+/// What a run keeps of its working directory when it is created: the staged archive, and
+/// its snapshot.
+pub(super) struct InputWorkdir {
+    /// The tar archive the sandbox starts from.
+    pub tar: Vec<u8>,
+    /// Its digest and the FileSets' versions.
+    pub snapshot: WorkdirSnapshot,
+}
+
 /// A file of the working directory: where it goes, its bytes and whether it may be run.
 struct Staged<'a> {
     path: &'a str,
@@ -69,9 +82,61 @@ impl<'a> Staged<'a> {
 }
 
 impl Engine {
-    /// Check that every FileSet and file that `workdir` names exists in `project`.
-    pub(super) async fn check_workdir(&self, project: &str, workdir: &WorkdirSpec) -> Result<()> {
-        self.workdir_files(project, workdir).await.map(drop)
+    /// Resolve `workdir` in `project` now: the archive the run will start from, its SHA-256
+    /// and the versions of the FileSets it was read from.
+    pub(super) async fn snapshot_workdir(
+        &self,
+        project: &str,
+        workdir: &WorkdirSpec,
+    ) -> Result<InputWorkdir> {
+        let (tar, file_sets) = self.workdir_archive_with_versions(project, workdir).await?;
+        Ok(InputWorkdir {
+            snapshot: WorkdirSnapshot {
+                sha256: crate::digest::sha256_hex(&tar),
+                bytes: tar.len() as u64,
+                file_sets,
+            },
+            tar,
+        })
+    }
+
+    /// The document that keeps a run's staged working directory beside it.
+    pub(super) fn input_document(input: &InputWorkdir) -> serde_json::Value {
+        serde_json::json!({
+            "input": {
+                "sha256": input.snapshot.sha256,
+                "bytes": input.snapshot.bytes,
+                "archiveBase64": BASE64.encode(&input.tar),
+            }
+        })
+    }
+
+    /// The staged archive of `run` as kept when it was created, checked against `snapshot`.
+    pub(super) async fn kept_input(
+        &self,
+        run: &ObjectKey,
+        snapshot: &WorkdirSnapshot,
+    ) -> Result<Vec<u8>> {
+        let key = workdir_archive_key(run);
+        let corrupt = |message: String| Error::Corrupt {
+            key: key.to_string(),
+            message,
+        };
+        let record = self.deps.store.get(&key).await?;
+        let encoded = record.document["input"]["archiveBase64"]
+            .as_str()
+            .ok_or_else(|| corrupt("the staged working directory is not kept".to_string()))?;
+        let tar = BASE64
+            .decode(encoded)
+            .map_err(|e| corrupt(format!("the staged working directory is not base64: {e}")))?;
+        let digest = crate::digest::sha256_hex(&tar);
+        if digest != snapshot.sha256 {
+            return Err(corrupt(format!(
+                "the staged working directory's SHA-256 is {digest}, and the run recorded {}",
+                snapshot.sha256
+            )));
+        }
+        Ok(tar)
     }
 
     /// The working directory that `workdir` describes, as a tar archive.
@@ -80,11 +145,24 @@ impl Engine {
         project: &str,
         workdir: &WorkdirSpec,
     ) -> Result<Vec<u8>> {
+        Ok(self
+            .workdir_archive_with_versions(project, workdir)
+            .await?
+            .0)
+    }
+
+    async fn workdir_archive_with_versions(
+        &self,
+        project: &str,
+        workdir: &WorkdirSpec,
+    ) -> Result<(Vec<u8>, Vec<FileSetVersion>)> {
         let sets = self.workdir_files(project, workdir).await?;
         let mut staged: Vec<Staged<'_>> = Vec::new();
-        if let Some(base) = &sets.base {
+        if let Some((base, prefix)) = &sets.base {
             for file in &base.files {
-                staged.push(Staged::new(&file.path, file)?);
+                if let Some(path) = under(&file.path, prefix) {
+                    staged.push(Staged::new(path, file)?);
+                }
             }
         }
         for mount in &workdir.artifact_mounts {
@@ -93,22 +171,31 @@ impl Engine {
                 staged.push(Staged::new(&mount.mount_path, file)?);
             }
         }
-        archive(&staged).map_err(|e| {
+        let tar = archive(&staged).map_err(|e| -> Error {
             Invalid::new("spec.workdir", "must make a tar archive", e.to_string()).into()
-        })
+        })?;
+        Ok((tar, sets.versions))
     }
 
     /// Keep the final working directory of `run` (whose sandbox is `sandbox`), once: a repeat
     /// after a crash finds it kept. Best effort: a failure is kept as the reason.
     pub(super) async fn keep_workdir(&self, run: &ObjectKey, sandbox: &SandboxId) {
         let key = workdir_archive_key(run);
-        match self.deps.store.get(&key).await {
-            Ok(_) => return,
-            Err(store::Error::NotFound(_)) => {}
-            Err(e) => {
-                tracing::warn!(run = %run, error = %e, "cannot look for a kept working directory")
+        // The document may hold the staged input already (kept when the run was created).
+        let existing = match self.deps.store.get(&key).await {
+            Ok(record)
+                if record.document.get("archiveBase64").is_some()
+                    || record.document.get("omitted").is_some() =>
+            {
+                return;
             }
-        }
+            Ok(record) => Some(record),
+            Err(store::Error::NotFound(_)) => None,
+            Err(e) => {
+                tracing::warn!(run = %run, error = %e, "cannot look for a kept working directory");
+                None
+            }
+        };
         // The sandbox stops packing at the cap: no more than it is ever held.
         let packed = self
             .deps
@@ -127,8 +214,20 @@ impl Engine {
                 serde_json::json!({ "omitted": format!("the sandbox could not give it: {e}") })
             }
         };
-        match self.deps.store.create(&key, document).await {
-            Ok(_) | Err(store::Error::AlreadyExists(_)) => {}
+        let written = match existing {
+            Some(record) => {
+                let mut merged = record.document;
+                if let (Some(merged), serde_json::Value::Object(output)) =
+                    (merged.as_object_mut(), document)
+                {
+                    merged.extend(output);
+                }
+                self.deps.store.update(&key, record.version, merged).await
+            }
+            None => self.deps.store.create(&key, document).await,
+        };
+        match written {
+            Ok(_) | Err(store::Error::AlreadyExists(_) | store::Error::Conflict { .. }) => {}
             Err(e) => {
                 tracing::warn!(run = %run, error = %e, "cannot keep the final working directory")
             }
@@ -136,7 +235,7 @@ impl Engine {
     }
 
     /// The final working directory of a run with `spec.workdir`, kept when it ended; `None`
-    /// when there is none (the run has no `spec.workdir`, has not ended, or it was removed
+    /// when there is none (the run has not ended, or it was removed
     /// by retention).
     pub async fn output_workdir(&self, project: &str, name: &str) -> Result<Option<OutputWorkdir>> {
         self.read_run(project, name).await?;
@@ -153,22 +252,57 @@ impl Engine {
             })?;
             return Ok(Some(OutputWorkdir::Archive(tar)));
         }
-        let reason = record.document["omitted"].as_str().unwrap_or("not kept");
-        Ok(Some(OutputWorkdir::Omitted(reason.to_string())))
+        match record.document["omitted"].as_str() {
+            Some(reason) => Ok(Some(OutputWorkdir::Omitted(reason.to_string()))),
+            // Only the staged input so far: the run has not ended.
+            None => Ok(None),
+        }
     }
 
     /// The FileSets `workdir` names, read and checked: each once, however many mounts name
     /// it, and the bytes they stage counted from stored sizes before any is decoded.
     async fn workdir_files(&self, project: &str, workdir: &WorkdirSpec) -> Result<Sets> {
         let mut staged = StagedBytes::default();
+        let mut versions: Vec<FileSetVersion> = Vec::new();
         let base = match &workdir.base_workdir {
             Some(reference) => {
                 let field = "spec.workdir.baseWorkdir";
-                let set = self.fileset(project, field, reference).await?;
+                // `fileset#dir/`: the files under dir/, staged relative to it.
+                let (name, prefix) = match reference.split_once('#') {
+                    Some((name, prefix)) if !name.is_empty() && prefix.ends_with('/') => {
+                        (name, prefix.to_string())
+                    }
+                    Some(_) => {
+                        return Err(Invalid::new(
+                            field,
+                            "must be `fileset` or `fileset#dir/` (a directory of it, ending in '/')",
+                            format!("{reference:?}"),
+                        )
+                        .into());
+                    }
+                    None => (reference.as_str(), String::new()),
+                };
+                let (set, version) = self.fileset(project, field, name).await?;
+                versions.push(FileSetVersion {
+                    name: name.to_string(),
+                    resource_version: version,
+                });
+                let mut any = false;
                 for file in &set.files {
-                    staged.add(field, &file.path, file.size())?;
+                    if let Some(path) = under(&file.path, &prefix) {
+                        staged.add(field, path, file.size())?;
+                        any = true;
+                    }
                 }
-                Some(set)
+                if !any && !prefix.is_empty() {
+                    return Err(Invalid::new(
+                        field,
+                        format!("must name a directory of the FileSet {name:?} that holds files"),
+                        format!("{reference:?}"),
+                    )
+                    .into());
+                }
+                Some((set, prefix))
             }
             None => None,
         };
@@ -184,7 +318,11 @@ impl Engine {
                 .into());
             };
             if !mounted.contains_key(set) {
-                let spec = self.fileset(project, &field, set).await?;
+                let (spec, version) = self.fileset(project, &field, set).await?;
+                versions.push(FileSetVersion {
+                    name: set.to_string(),
+                    resource_version: version,
+                });
                 mounted.insert(set.to_string(), spec);
             }
             let Some(file) = mounted.get(set).and_then(|spec| spec.file(path)) else {
@@ -201,11 +339,21 @@ impl Engine {
                 file.size(),
             )?;
         }
-        Ok(Sets { base, mounted })
+        Ok(Sets {
+            base,
+            mounted,
+            versions,
+        })
     }
 
-    /// The FileSet `reference` (`name`, or `project/name` of this project) names.
-    async fn fileset(&self, project: &str, field: &str, reference: &str) -> Result<FileSetSpec> {
+    /// The FileSet `reference` (`name`, or `project/name` of this project) names, with its
+    /// version.
+    async fn fileset(
+        &self,
+        project: &str,
+        field: &str,
+        reference: &str,
+    ) -> Result<(FileSetSpec, String)> {
         let (owner, name) = reference.split_once('/').unwrap_or((project, reference));
         if owner != project {
             return Err(Invalid::new(
@@ -217,7 +365,10 @@ impl Engine {
         }
         let key = ObjectKey::new(project, Kind::FileSet, name);
         match self.deps.store.get(&key).await {
-            Ok(record) => Ok(typed::decode::<FileSetSpec>(record)?.object.spec),
+            Ok(record) => {
+                let version = record.version.to_string();
+                Ok((typed::decode::<FileSetSpec>(record)?.object.spec, version))
+            }
             Err(store::Error::NotFound(_)) => Err(Invalid::new(
                 field,
                 "must name an existing FileSet",
@@ -231,9 +382,23 @@ impl Engine {
 
 /// What a working directory is made of.
 struct Sets {
-    base: Option<FileSetSpec>,
+    /// The base FileSet and the directory of it that is staged (`""` for all of it).
+    base: Option<(FileSetSpec, String)>,
     /// The FileSets the artifact mounts name, each once, by the name the mount gives.
     mounted: BTreeMap<String, FileSetSpec>,
+    /// Each FileSet read, with its version.
+    versions: Vec<FileSetVersion>,
+}
+
+/// `path` relative to the directory `prefix` (ending in '/'), when it is under it; every path
+/// when `prefix` is empty.
+fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    let path = path.trim_start_matches("./");
+    if prefix.is_empty() {
+        return Some(path);
+    }
+    path.strip_prefix(prefix.trim_start_matches("./"))
+        .filter(|rest| !rest.is_empty())
 }
 
 /// The bytes a working directory stages so far, against [`MAX_STAGED_WORKDIR_BYTES`].

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{AgentEnvironmentSpec, NameOrInline};
 use crate::catalog::Family;
 use crate::money::Usd;
 
@@ -38,6 +39,9 @@ pub struct AgentSpec {
     /// Post-run action kinds a run may choose (default: only `agents.noop`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_run_actions: Option<Vec<String>>,
+    /// The AgentEnvironment of runs that name none (a stored one's name, or inline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<NameOrInline<AgentEnvironmentSpec>>,
 }
 
 impl AgentSpec {
@@ -70,6 +74,7 @@ impl AgentSpec {
             context_schema: None,
             default_input: None,
             post_run_actions: None,
+            environment: None,
         }
     }
 }

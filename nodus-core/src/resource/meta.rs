@@ -33,6 +33,8 @@ pub enum Kind {
     /// A run's final working directory, as a tar archive (kept by the engine, named after
     /// the run).
     WorkdirArchive,
+    /// Environment variables (plain or from Secrets) and compute for runs' sandboxes.
+    AgentEnvironment,
 }
 
 impl Kind {
@@ -49,6 +51,7 @@ impl Kind {
             Kind::Token => "tokens",
             Kind::BatchRecord => "batchrecords",
             Kind::WorkdirArchive => "workdirarchives",
+            Kind::AgentEnvironment => "agentenvironments",
         }
     }
 
@@ -66,6 +69,7 @@ impl Kind {
             "tokens" => Kind::Token,
             "batchrecords" => Kind::BatchRecord,
             "workdirarchives" => Kind::WorkdirArchive,
+            "agentenvironments" | "agentenvironment" | "ae" => Kind::AgentEnvironment,
             _ => return None,
         })
     }
@@ -84,6 +88,7 @@ impl fmt::Display for Kind {
             Kind::Token => "Token",
             Kind::BatchRecord => "BatchRecord",
             Kind::WorkdirArchive => "WorkdirArchive",
+            Kind::AgentEnvironment => "AgentEnvironment",
         })
     }
 }
@@ -132,6 +137,7 @@ mod tests {
             Kind::Token,
             Kind::BatchRecord,
             Kind::WorkdirArchive,
+            Kind::AgentEnvironment,
         ] {
             assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
         }

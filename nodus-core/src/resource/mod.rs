@@ -6,6 +6,7 @@
 mod agent;
 mod budget;
 mod duration;
+mod environment;
 mod fileset;
 mod group;
 mod meta;
@@ -15,14 +16,19 @@ mod secret;
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
 pub use budget::{BudgetSpec, BudgetStatus};
 pub use duration::{DurationSpec, ParseDurationError};
+pub use environment::{
+    AgentEnvironmentSpec, AgentEnvironmentStatus, Compute, EnvVar, EnvVarSource, NameOrInline,
+    Quantity, SecretKeyRef,
+};
 pub use fileset::{FileEntry, FileSetSpec, FileSetStatus};
 pub use group::{
     AgentGroupSpec, AgentGroupStatus, BlockedReason, EvaluationSpec, GroupCounts, GroupLimits,
 };
 pub use meta::{API_VERSION, Kind, ObjectMeta};
 pub use run::{
-    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus, PostRunAction,
-    RunSnapshot, SandboxStatus, TurnStatus, WorkdirSpec,
+    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus,
+    EnvironmentSnapshot, FileSetVersion, PostRunAction, RunSnapshot, SandboxStatus, SecretVersion,
+    TurnStatus, WorkdirSnapshot, WorkdirSpec,
 };
 pub use secret::Secret;
 pub(crate) use secret::SecretDocument;
@@ -92,6 +98,8 @@ impl<S: Spec> Object<S> {
 pub type Agent = Object<AgentSpec>;
 /// An AgentRun: one conversation with an agent in its own sandbox.
 pub type AgentRun = Object<AgentRunSpec>;
+/// An AgentEnvironment: environment variables, Secrets bound to them, and compute.
+pub type AgentEnvironment = Object<AgentEnvironmentSpec>;
 /// An AgentGroup: many runs of one agent under concurrency, dependency and cost limits.
 pub type AgentGroup = Object<AgentGroupSpec>;
 /// A FileSet: stored files that working directories are staged from.
@@ -117,6 +125,11 @@ impl Spec for AgentRunSpec {
 impl Spec for FileSetSpec {
     const KIND: Kind = Kind::FileSet;
     type Status = FileSetStatus;
+}
+
+impl Spec for AgentEnvironmentSpec {
+    const KIND: Kind = Kind::AgentEnvironment;
+    type Status = AgentEnvironmentStatus;
 }
 
 impl Spec for AgentGroupSpec {

@@ -3,7 +3,7 @@
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::{AgentSpec, DurationSpec};
+use super::{AgentEnvironmentSpec, AgentSpec, DurationSpec, NameOrInline};
 use crate::catalog::Family;
 use crate::lifecycle::{CancelReason, RunPhase};
 use crate::money::Usd;
@@ -12,8 +12,10 @@ use crate::money::Usd;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentRunSpec {
-    /// The agent's name, or `project/name` for a shared template such as `nodus/claude-assistant`.
-    pub agent: String,
+    /// The agent's name, or `project/name` for a shared template such as
+    /// `nodus/claude-assistant`, or a whole agent spec written inline (validated and
+    /// snapshotted onto the run, never stored as an Agent).
+    pub agent: NameOrInline<AgentSpec>,
     /// The first prompt; the agent's `defaultInput` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<String>,
@@ -38,9 +40,10 @@ pub struct AgentRunSpec {
     /// The working directory the run starts from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<WorkdirSpec>,
-    /// A stored AgentEnvironment (`name` or `project/name`): secrets, env vars, compute.
+    /// The AgentEnvironment (secrets, env vars, compute): a stored one's `name` or
+    /// `project/name`, or one written inline; the agent's `environment` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub environment: Option<String>,
+    pub environment: Option<NameOrInline<AgentEnvironmentSpec>>,
     /// Bounds the whole run from its first step (default 3600 s, which applies only to a run
     /// without a deadline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,7 +63,7 @@ impl AgentRunSpec {
     /// A run of `agent` with `input` and every default.
     pub fn new(agent: impl Into<String>, input: impl Into<String>) -> Self {
         AgentRunSpec {
-            agent: agent.into(),
+            agent: NameOrInline::Name(agent.into()),
             input: Some(input.into()),
             group: None,
             task_key: None,
@@ -239,10 +242,72 @@ pub struct SandboxStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunSnapshot {
-    /// The agent's `project/name`.
-    pub agent_ref: String,
-    /// The agent's resourceVersion at creation.
-    pub agent_revision: String,
+    /// The agent's `project/name`; absent for an agent written inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_ref: Option<String>,
+    /// The agent's resourceVersion at creation; absent for an agent written inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_revision: Option<String>,
     /// The agent's spec at creation (its cost cap included).
     pub agent: AgentSpec,
+    /// The working directory at creation: its staged archive's digest and the FileSets' versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<WorkdirSnapshot>,
+    /// The environment at creation: Secrets by name and version, never their values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvironmentSnapshot>,
+    /// The post-run action chosen at creation, with its config (absent for `agents.noop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_run_action: Option<PostRunAction>,
+}
+
+/// The working directory a run resolved when it was created; the archive itself is kept
+/// beside the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkdirSnapshot {
+    /// SHA-256 (hex) of the staged tar archive.
+    pub sha256: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Each FileSet it was read from, with its version then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub file_sets: Vec<FileSetVersion>,
+}
+
+/// A FileSet a run's working directory was read from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileSetVersion {
+    /// The FileSet's name.
+    pub name: String,
+    /// Its resourceVersion when the run was created.
+    pub resource_version: String,
+}
+
+/// The AgentEnvironment a run resolved when it was created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvironmentSnapshot {
+    /// The stored environment's `project/name`; absent when it was written inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_ref: Option<String>,
+    /// The stored environment's resourceVersion at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_revision: Option<String>,
+    /// Its spec at creation (a Secret's key by reference, not its value).
+    pub spec: AgentEnvironmentSpec,
+    /// The resourceVersion of each Secret it reads, at creation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretVersion>,
+}
+
+/// A Secret a run reads, by name and version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretVersion {
+    /// The Secret's name in the run's project.
+    pub name: String,
+    /// Its resourceVersion when the run was created.
+    pub resource_version: String,
 }

@@ -54,6 +54,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agentruns/{name}/steps", get(runs::steps))
         .route("/agentruns/{name}/answer", get(runs::answer))
         .route("/agentruns/{name}/workdir", get(runs::workdir))
+        .route("/agentruns/{name}/results", get(runs::results))
+        .route("/agentruns/{name}/results/{result}", get(runs::result))
         .route("/agentruns/{name}/cancel", post(runs::cancel))
         .route("/agentruns/{name}/close", post(runs::close))
         .route("/agentruns/{name}/resolve", post(runs::resolve))
@@ -62,6 +64,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route("/apis/nodus.dev/v1/postrunactions", get(post_run_actions))
         .route(
             PROJECTS,
             get(tokens::list_projects).post(tokens::create_project),
@@ -75,6 +78,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// `GET /apis/nodus.dev/v1/postrunactions`: the post-run actions this server installs (any
+/// valid token).
+async fn post_run_actions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?;
+    Ok(reply(
+        StatusCode::OK,
+        serde_json::json!({"kind": "PostRunActionList", "items": state.engine.post_run_actions()}),
+    ))
 }
 
 async fn count_requests(

@@ -147,6 +147,52 @@ pub async fn workdir(
     }
 }
 
+/// `GET …/agentruns/{name}/results`: the results of a finished run, with their sizes (none
+/// before it finishes).
+pub async fn results(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    let run = state.engine.get_run(&project, &name).await?;
+    let items = state.engine.results(&project, &name).await?;
+    Ok(reply(
+        StatusCode::OK,
+        json!({
+            "kind": "RunResultList",
+            "phase": run.status.phase.map(|p| p.name()),
+            "items": items,
+        }),
+    ))
+}
+
+/// `GET …/agentruns/{name}/results/{result}`: one result's bytes (`application/gzip` for a
+/// directory, `application/json` for a record).
+pub async fn result(
+    State(state): State<Arc<AppState>>,
+    Path((project, name, result)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    let found = state.engine.result(&project, &name, &result).await?;
+    Ok((
+        StatusCode::OK,
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                found.info.content_type.clone(),
+            ),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{}\"", found.info.file_name),
+            ),
+        ],
+        found.content,
+    )
+        .into_response())
+}
+
 /// How long a cancel waits for the run to end before it answers with the run as it is.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 

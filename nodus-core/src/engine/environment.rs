@@ -1,0 +1,246 @@
+//! A run's AgentEnvironment: resolved when the run is created (a missing environment, Secret
+//! or key, a reserved name, a GPU the sandbox cannot give fail the request) and snapshotted
+//! with its Secrets by name and version; turned into its sandbox's environment and limits
+//! when the sandbox is created. A Secret's value is read only then, handed to the sandbox
+//! and kept nowhere: the journaled sandbox spec holds the plain variables only.
+
+use std::collections::BTreeMap;
+
+use super::{Engine, Error, Result, typed};
+use crate::resource::{
+    AgentEnvironmentSpec, AgentRunSpec, AgentSpec, EnvironmentSnapshot, Kind, NameOrInline,
+    SecretVersion,
+};
+use crate::sandbox::{Limits, SandboxSpec};
+use crate::store::{self, ObjectKey};
+use crate::validate::Invalid;
+
+const FIELD: &str = "spec.environment";
+
+impl Engine {
+    /// Resolve the run's `spec.environment`, or its agent's `environment` when it names
+    /// none, into what the run keeps: the spec and the version of every Secret it reads.
+    pub(super) async fn resolve_environment(
+        &self,
+        project: &str,
+        run: &AgentRunSpec,
+        agent: &AgentSpec,
+    ) -> Result<Option<EnvironmentSnapshot>> {
+        let (chosen, whose) = match (&run.environment, &agent.environment) {
+            (Some(chosen), _) => (chosen, "the run's"),
+            (None, Some(chosen)) => (chosen, "the agent's default"),
+            (None, None) => return Ok(None),
+        };
+        let (environment_ref, environment_revision, spec) = match chosen {
+            NameOrInline::Inline(spec) => (None, None, (**spec).clone()),
+            NameOrInline::Name(reference) => {
+                let (env_project, name) = reference.split_once('/').unwrap_or((project, reference));
+                let missing = || -> Error {
+                    Invalid::new(
+                        FIELD,
+                        format!("must name an existing AgentEnvironment of this project ({whose})"),
+                        format!("{reference:?}"),
+                    )
+                    .into()
+                };
+                // Another project's environment is answered as missing: a run learns nothing
+                // of it.
+                if env_project != project {
+                    return Err(missing());
+                }
+                let key = ObjectKey::new(project, Kind::AgentEnvironment, name);
+                let record = match self.deps.store.get(&key).await {
+                    Ok(record) => record,
+                    Err(store::Error::NotFound(_)) => return Err(missing()),
+                    Err(e) => return Err(e.into()),
+                };
+                let stored = typed::decode::<AgentEnvironmentSpec>(record)?;
+                (
+                    Some(format!("{project}/{name}")),
+                    Some(stored.version.to_string()),
+                    stored.object.spec,
+                )
+            }
+        };
+        let mut secrets: Vec<SecretVersion> = Vec::new();
+        for (index, var) in spec.env.iter().enumerate() {
+            let Some(from) = &var.value_from else {
+                continue;
+            };
+            let secret = &from.secret_key_ref;
+            let absent = || -> Error {
+                Invalid::new(
+                    format!("{FIELD}.env[{index}].valueFrom.secretKeyRef"),
+                    format!("must name a Secret of this project that holds the key ({whose})"),
+                    format!("Secret {:?} key {:?}", secret.name, secret.key),
+                )
+                .into()
+            };
+            let key = ObjectKey::new(project, Kind::Secret, &secret.name);
+            let version = match self.deps.store.get(&key).await {
+                Ok(record) => record.version.to_string(),
+                Err(store::Error::NotFound(_)) => return Err(absent()),
+                Err(e) => return Err(e.into()),
+            };
+            if self
+                .deps
+                .secrets
+                .lookup(project, &secret.name, &secret.key)
+                .await
+                .is_none()
+            {
+                return Err(absent());
+            }
+            if !secrets.iter().any(|s| s.name == secret.name) {
+                secrets.push(SecretVersion {
+                    name: secret.name.clone(),
+                    resource_version: version,
+                });
+            }
+        }
+        if let Some(gpus) = spec.compute.as_ref().and_then(|c| c.gpu)
+            && gpus > 0
+            && !self.deps.sandbox.supports_gpu()
+        {
+            return Err(Invalid::new(
+                format!("{FIELD}.compute.nvidia.com/gpu"),
+                format!(
+                    "cannot be given by this server's sandbox backend, which has no GPUs to \
+                     hand out ({whose}): ask for 0 or leave it out"
+                ),
+                gpus.to_string(),
+            )
+            .into());
+        }
+        Ok(Some(EnvironmentSnapshot {
+            environment_ref,
+            environment_revision,
+            spec,
+            secrets,
+        }))
+    }
+
+    /// `spec` with the values of the environment's Secrets added to its variables, read now
+    /// for the sandbox and kept nowhere else; an error (without any value) when a Secret or
+    /// its key is gone.
+    pub(super) async fn with_secrets(
+        &self,
+        project: &str,
+        environment: Option<&EnvironmentSnapshot>,
+        spec: &SandboxSpec,
+    ) -> std::result::Result<SandboxSpec, String> {
+        let mut spec = spec.clone();
+        let Some(environment) = environment else {
+            return Ok(spec);
+        };
+        for var in &environment.spec.env {
+            let Some(from) = &var.value_from else {
+                continue;
+            };
+            let secret = &from.secret_key_ref;
+            match self
+                .deps
+                .secrets
+                .lookup(project, &secret.name, &secret.key)
+                .await
+            {
+                Some(value) => {
+                    spec.env
+                        .insert(var.name.clone(), value.expose().to_string());
+                }
+                None => {
+                    return Err(format!(
+                        "the environment variable {} reads key {:?} of Secret {:?}, which is \
+                         gone since the run was created",
+                        var.name, secret.key, secret.name
+                    ));
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// The plain variables of an environment (its Secrets are added only when the sandbox is
+/// created, see [`Engine::with_secrets`]).
+pub(super) fn plain_env(environment: Option<&EnvironmentSnapshot>) -> BTreeMap<String, String> {
+    environment
+        .into_iter()
+        .flat_map(|e| &e.spec.env)
+        .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
+        .collect()
+}
+
+/// The server's limits with the environment's compute in place of its CPU and memory.
+pub(super) fn limits_of(base: Limits, environment: Option<&EnvironmentSnapshot>) -> Limits {
+    let mut limits = base;
+    let Some(compute) = environment.and_then(|e| e.spec.compute.as_ref()) else {
+        return limits;
+    };
+    if let Some(millis) = compute.cpu.as_ref().and_then(|cpu| cpu.cpu_millis()) {
+        limits.cpu_millis = u32::try_from(millis).unwrap_or(u32::MAX);
+    }
+    if let Some(bytes) = compute.memory.as_ref().and_then(|memory| memory.bytes()) {
+        limits.memory_bytes = bytes;
+    }
+    limits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::{Compute, EnvVar, EnvVarSource, Quantity, SecretKeyRef};
+
+    fn snapshot() -> EnvironmentSnapshot {
+        EnvironmentSnapshot {
+            environment_ref: None,
+            environment_revision: None,
+            spec: AgentEnvironmentSpec {
+                env: vec![
+                    EnvVar {
+                        name: "LOG_LEVEL".into(),
+                        value: Some("debug".into()),
+                        value_from: None,
+                    },
+                    EnvVar {
+                        name: "TOKEN".into(),
+                        value: None,
+                        value_from: Some(EnvVarSource {
+                            secret_key_ref: SecretKeyRef {
+                                name: "github".into(),
+                                key: "token".into(),
+                            },
+                        }),
+                    },
+                ],
+                compute: Some(Compute {
+                    cpu: Some(Quantity("500m".into())),
+                    memory: Some(Quantity("256Mi".into())),
+                    gpu: None,
+                }),
+            },
+            secrets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn compute_replaces_cpu_and_memory_and_keeps_the_rest() {
+        let base = Limits::default();
+        let limits = limits_of(base, Some(&snapshot()));
+        assert_eq!(limits.cpu_millis, 500);
+        assert_eq!(limits.memory_bytes, 256 << 20);
+        assert_eq!(limits.processes, base.processes);
+        assert_eq!(limits.command_timeout_secs, base.command_timeout_secs);
+        assert_eq!(limits_of(base, None), base);
+    }
+
+    #[test]
+    fn only_plain_values_are_in_the_journaled_environment() {
+        let env = plain_env(Some(&snapshot()));
+        assert_eq!(
+            env,
+            BTreeMap::from([("LOG_LEVEL".to_string(), "debug".to_string())])
+        );
+        assert!(plain_env(None).is_empty());
+    }
+}

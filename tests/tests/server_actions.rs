@@ -1,0 +1,363 @@
+//! Post-run actions through a real `nodus server` and the CLI, with the offline model: the
+//! `agents.webhook` action delivers the run record to a test receiver once across a SIGKILL
+//! of the server in the middle of the delivery (it is carried out again with the same
+//! `Idempotency-Key`, and a delivery whose outcome was journaled is never repeated, not even
+//! by another restart); what it saves is among the run's results; a receiver that refuses
+//! fails the run after its other results were saved; the rules of which action a run may or
+//! must choose are checked at creation, row by row as far as the built-in actions reach (the
+//! row of an agent declaring several actions without agents.noop needs two installed actions
+//! besides it: nodus-core's postrun unit test covers it); `nodus get postrunactions` lists
+//! what is installed.
+
+#[path = "support/server.rs"]
+mod server;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use server::{Backend, ServerProcess};
+
+/// One request the receiver got: its path, Idempotency-Key and body.
+#[derive(Debug, Clone)]
+struct Received {
+    path: String,
+    key: String,
+    body: String,
+}
+
+/// A webhook receiver: answers 200 to `/hook` (holding the first request unanswered when
+/// `hold_first`), 400 to `/reject`.
+#[derive(Clone, Default)]
+struct Receiver {
+    received: Arc<Mutex<Vec<Received>>>,
+    hold_first: Arc<Mutex<bool>>,
+}
+
+impl Receiver {
+    fn start(hold_first: bool) -> (Receiver, u16) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
+        let port = listener.local_addr().expect("address").port();
+        let receiver = Receiver {
+            received: Arc::default(),
+            hold_first: Arc::new(Mutex::new(hold_first)),
+        };
+        let shared = receiver.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let shared = shared.clone();
+                std::thread::spawn(move || shared.serve(stream));
+            }
+        });
+        (receiver, port)
+    }
+
+    fn serve(&self, stream: TcpStream) {
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).is_err() {
+            return;
+        }
+        let path = request_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        let (mut length, mut key) = (0usize, String::new());
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                break;
+            }
+            let lower = line.to_ascii_lowercase();
+            if let Some(value) = lower.strip_prefix("content-length:") {
+                length = value.trim().parse().unwrap_or(0);
+            }
+            if lower.starts_with("idempotency-key:") {
+                key = line["idempotency-key:".len()..].trim().to_string();
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        self.received.lock().expect("lock").push(Received {
+            path: path.clone(),
+            key,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        });
+        let hold = std::mem::take(&mut *self.hold_first.lock().expect("lock"));
+        if hold {
+            // Never answered: the server is killed meanwhile.
+            std::thread::sleep(Duration::from_secs(600));
+            return;
+        }
+        let status = if path == "/reject" {
+            "400 Bad Request"
+        } else {
+            "200 OK"
+        };
+        let mut stream = stream;
+        let _ = stream.write_all(
+            format!("HTTP/1.1 {status}\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .as_bytes(),
+        );
+    }
+
+    fn at(&self, path: &str) -> Vec<Received> {
+        self.received
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
+    }
+
+    fn wait_for(&self, path: &str, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.at(path).len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "{count} requests to {path} expected"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+const AGENTS: &str = "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: hooked\nspec:\n  system: You are a careful assistant.\n  postRunActions: [agents.noop, agents.webhook]\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: plain\nspec:\n  system: You are a careful assistant.\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: only-webhook\nspec:\n  system: You are a careful assistant.\n  postRunActions: [agents.webhook]\n";
+
+/// A row of the rules: the run, its agent, its spec.postRunAction, the field a refusal names
+/// (`None`: accepted), the action carried out.
+type Row<'a> = (
+    &'a str,
+    &'a str,
+    Option<String>,
+    Option<&'a str>,
+    Option<&'a str>,
+);
+
+fn run_document(name: &str, agent: &str, action: Option<&str>) -> String {
+    let mut document = format!(
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: {name}\nspec:\n  agent: {agent}\n  input: Run `echo payload-$((2+3))` and tell me.\n"
+    );
+    if let Some(action) = action {
+        document.push_str(&format!("  postRunAction: {action}\n"));
+    }
+    document
+}
+
+fn apply(server: &ServerProcess, document: &str) -> std::process::Output {
+    server.cli_in(&["apply", "-f", "-"], Some(document))
+}
+
+fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
+    server.ok(&[
+        "wait",
+        &format!("agentrun/{run}"),
+        &format!("--for=jsonpath={{.status.phase}}={phase}"),
+        "--timeout=2m",
+    ]);
+}
+
+fn actions(backend: Backend) {
+    let (receiver, port) = Receiver::start(true);
+    let hook =
+        format!("{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/hook\"}}}}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = backend.store_url(dir.path());
+    let mut server = ServerProcess::start(&store, dir.path(), "process");
+    let output = apply(&server, AGENTS);
+    assert!(output.status.success(), "{output:?}");
+
+    let listed = server.ok(&["get", "postrunactions"]);
+    assert!(listed.contains("agents.noop"), "{listed}");
+    assert!(listed.contains("agents.webhook"), "{listed}");
+
+    // The webhook delivers once across a SIGKILL in the middle of its delivery.
+    let output = apply(&server, &run_document("delivered", "hooked", Some(&hook)));
+    assert!(output.status.success(), "{output:?}");
+    receiver.wait_for("/hook", 1);
+    server.kill();
+    server = ServerProcess::start(&store, dir.path(), "process");
+    wait_for(&server, "delivered", "Succeeded");
+    let hooks = receiver.at("/hook");
+    assert_eq!(
+        hooks.len(),
+        2,
+        "the interrupted delivery was made again: {hooks:?}"
+    );
+    assert_eq!(hooks[0].key, hooks[1].key, "with the same Idempotency-Key");
+    assert!(!hooks[0].key.is_empty());
+    let record: serde_json::Value = serde_json::from_str(&hooks[1].body).expect("JSON");
+    assert_eq!(record["name"], "delivered");
+    assert!(
+        record["answer"]
+            .as_str()
+            .is_some_and(|a| a.contains("payload-5")),
+        "{record}"
+    );
+    let results = server.ok(&["agentrun", "results", "delivered"]);
+    assert!(results.contains("webhookDelivery"), "{results}");
+    let saved = server.ok(&[
+        "agentrun",
+        "results",
+        "delivered",
+        "webhookDelivery",
+        "-o",
+        "-",
+    ]);
+    let saved: serde_json::Value = serde_json::from_str(&saved).expect("JSON");
+    assert_eq!(saved["status"], 200, "{saved}");
+    // A delivered one is not repeated by another restart.
+    server.kill();
+    server = ServerProcess::start(&store, dir.path(), "process");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(receiver.at("/hook").len(), 2);
+
+    // A receiver that refuses fails the run, after its results were saved.
+    let reject =
+        format!("{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/reject\"}}}}");
+    let output = apply(&server, &run_document("rejected", "hooked", Some(&reject)));
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "rejected", "Failed");
+    let run: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "agentrun/rejected", "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(run["status"]["reason"], "PostRunActionFailed", "{run}");
+    let results = server.ok(&["agentrun", "results", "rejected"]);
+    for name in ["outputWorkdir", "artifacts", "runRecord", "error"] {
+        assert!(results.contains(name), "{results}");
+    }
+    let error = server.ok(&["agentrun", "results", "rejected", "error", "-o", "-"]);
+    let error: serde_json::Value = serde_json::from_str(&error).expect("JSON");
+    assert_eq!(error["type"], "PostRunActionFailed", "{error}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| m.contains("400")),
+        "{error}"
+    );
+
+    // The rules, row by row: (run, agent, its spec.postRunAction, the field a refusal
+    // names or None when accepted, the action carried out).
+    let inline_agent = "{system: You are a careful assistant.}";
+    let rows: Vec<Row<'_>> = vec![
+        // Declared includes agents.noop.
+        ("noop-omitted", "hooked", None, None, None),
+        (
+            "noop-declared",
+            "hooked",
+            Some(hook.clone()),
+            None,
+            Some("agents.webhook"),
+        ),
+        // Exactly one kind: omitted runs it with an empty config (webhook's needs a url).
+        (
+            "one-omitted",
+            "only-webhook",
+            None,
+            Some("spec.postRunAction.config.url"),
+            None,
+        ),
+        (
+            "one-other",
+            "only-webhook",
+            Some("{kind: agents.noop}".to_string()),
+            Some("spec.postRunAction.kind"),
+            None,
+        ),
+        (
+            "one-named",
+            "only-webhook",
+            Some(hook.clone()),
+            None,
+            Some("agents.webhook"),
+        ),
+        // An agent that declares none allows only agents.noop.
+        (
+            "none-webhook",
+            "plain",
+            Some(hook.clone()),
+            Some("spec.postRunAction.kind"),
+            None,
+        ),
+        (
+            "none-noop",
+            "plain",
+            Some("{kind: agents.noop}".to_string()),
+            None,
+            None,
+        ),
+        // An inline agent: agents.noop, or any installed kind.
+        ("inline-omitted", inline_agent, None, None, None),
+        (
+            "inline-named",
+            inline_agent,
+            Some(hook.clone()),
+            None,
+            Some("agents.webhook"),
+        ),
+        (
+            "inline-unknown",
+            inline_agent,
+            Some("{kind: agents.nothing}".to_string()),
+            Some("spec.postRunAction.kind"),
+            None,
+        ),
+    ];
+    for (name, agent, action, refused, carried) in rows {
+        let output = apply(&server, &run_document(name, agent, action.as_deref()));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        match refused {
+            Some(field) => {
+                assert!(!output.status.success(), "{name} was accepted");
+                assert!(
+                    stderr.contains(field),
+                    "{name}: {field} not named: {stderr}"
+                );
+                assert!(
+                    !server
+                        .cli(&["get", &format!("agentrun/{name}")])
+                        .status
+                        .success()
+                );
+            }
+            None => {
+                assert!(output.status.success(), "{name}: {stderr}");
+                let run: serde_json::Value = serde_json::from_str(&server.ok(&[
+                    "get",
+                    &format!("agentrun/{name}"),
+                    "-o",
+                    "json",
+                ]))
+                .expect("JSON");
+                assert_eq!(
+                    run["status"]["snapshot"]["postRunAction"]["kind"].as_str(),
+                    carried,
+                    "{name}: {run}"
+                );
+            }
+        }
+    }
+    // An agent declaring an action that is not installed is refused when written.
+    let output = apply(
+        &server,
+        "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: wishful\nspec:\n  system: x\n  postRunActions: [agents.nothing]\n",
+    );
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("spec.postRunActions[0]"),
+        "{output:?}"
+    );
+}
+
+#[test]
+fn actions_on_sqlite() {
+    actions(Backend::Sqlite);
+}
+
+#[test]
+fn actions_on_postgres() {
+    actions(Backend::Postgres);
+}

@@ -1,0 +1,213 @@
+//! AgentEnvironments through a real `nodus server` and the CLI, on SQLite and on Postgres,
+//! with the offline model (it runs the commands a prompt quotes in backticks): a Secret bound
+//! to a variable reaches the command's environment and shows nowhere else (the run, its steps
+//! with payloads, its answer, the environment as read back, the server's log); a plain
+//! variable arrives; compute becomes the sandbox's limits (a command over its memory is
+//! killed, one within it is not; on Docker the container's CPU quota is the environment's);
+//! a reserved name, an unknown compute key and a GPU on the process sandbox are refused
+//! naming the field, with nothing written.
+
+#[path = "support/server.rs"]
+mod server;
+
+use server::{Backend, ServerProcess};
+
+const PLANTED: &str = "ghp-planted-value-5d1c9e7a33";
+
+const RESOURCES: &str = "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: github\nstringData:\n  token: \"ghp-planted-value-5d1c9e7a33\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: research\nspec:\n  env:\n  - {name: LOG_LEVEL, value: debug}\n  - name: GITHUB_TOKEN\n    valueFrom: {secretKeyRef: {name: github, key: token}}\n  compute: {cpu: \"1\", memory: 64Mi, nvidia.com/gpu: 0}\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: env-agent\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
+
+/// Create run `name` of `env-agent` with `prompt` (and `--environment` when given), wait
+/// until it ends, and return its answer.
+fn run(server: &ServerProcess, name: &str, prompt: &str, environment: Option<&str>) -> String {
+    let mut create = vec![
+        "create",
+        "agentrun",
+        name,
+        "--agent",
+        "env-agent",
+        "--prompt",
+        prompt,
+    ];
+    if let Some(environment) = environment {
+        create.extend(["--environment", environment]);
+    }
+    server.ok(&create);
+    server.ok(&[
+        "wait",
+        &format!("agentrun/{name}"),
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    server.ok(&["agentrun", "answer", name])
+}
+
+fn environments(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = backend.store_url(dir.path());
+    let server = ServerProcess::start_in_env(
+        &store,
+        dir.path(),
+        "process",
+        &[],
+        &[("NODUS_LOG", "debug")],
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(RESOURCES));
+    assert!(output.status.success(), "{output:?}");
+
+    // The Secret and the plain variable reach the command; the value is compared inside the
+    // sandbox, so the run's output does not hold it.
+    let answer = run(
+        &server,
+        "secret-run",
+        "Run `printf 'reversed=%s\\n' \"$(printf %s \"$GITHUB_TOKEN\" | rev)\"; echo level=$LOG_LEVEL` \
+         and tell me.",
+        Some("research"),
+    );
+    let reversed: String = PLANTED.chars().rev().collect();
+    assert!(answer.contains(&format!("reversed={reversed}")), "{answer}");
+    assert!(answer.contains("level=debug"), "{answer}");
+    let created: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "agentrun/secret-run", "-o", "json"]))
+            .expect("JSON");
+    let snapshot = &created["status"]["snapshot"]["environment"];
+    assert_eq!(snapshot["environmentRef"], "default/research", "{created}");
+    assert_eq!(snapshot["secrets"][0]["name"], "github", "{created}");
+    assert!(
+        snapshot["secrets"][0]["resourceVersion"].is_string(),
+        "{created}"
+    );
+
+    // Within its memory a command runs; past it, it is killed (the environment's 64 MiB, not
+    // the server's 1 GiB).
+    let answer = run(
+        &server,
+        "small-enough",
+        "Run `head -c 16000000 /dev/zero | tail -c 16000000 | wc -c | sed s/^/bytes=/` and tell me.",
+        Some("research"),
+    );
+    assert!(answer.contains("bytes=16000000"), "{answer}");
+    let answer = run(
+        &server,
+        "memory-hog",
+        "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/` and tell me.",
+        Some("research"),
+    );
+    assert!(answer.contains("bytes="), "{answer}");
+    assert!(!answer.contains("bytes=200000000"), "{answer}");
+    let roomy = run(
+        &server,
+        "roomy",
+        "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/` and tell me.",
+        None,
+    );
+    assert!(roomy.contains("bytes=200000000"), "{roomy}");
+
+    // The value shows nowhere but in the sandbox.
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for name in ["secret-run", "small-enough", "memory-hog"] {
+        seen.push((
+            format!("{name}'s resource"),
+            server.ok(&["get", &format!("agentrun/{name}"), "-o", "json"]),
+        ));
+        seen.push((
+            format!("{name}'s steps"),
+            server.ok(&["agentrun", "steps", name]),
+        ));
+        let (status, steps) = server.http_with(
+            "GET",
+            &format!("/apis/nodus.dev/v1/projects/default/agentruns/{name}/steps?payload=true"),
+            &[],
+            None,
+        );
+        assert_eq!(status, 200, "{steps}");
+        seen.push((format!("{name}'s steps with payloads"), steps.to_string()));
+        seen.push((
+            format!("{name}'s answer"),
+            server.ok(&["agentrun", "answer", name]),
+        ));
+    }
+    seen.push((
+        "the environment".to_string(),
+        server.ok(&["get", "agentenvironment/research", "-o", "yaml"]),
+    ));
+    seen.push((
+        "the server's log".to_string(),
+        std::fs::read_to_string(&server.log).expect("log"),
+    ));
+    for (place, text) in &seen {
+        assert!(
+            !text.contains(PLANTED),
+            "the Secret shows in {place}:\n{text}"
+        );
+    }
+
+    // Refused at creation, naming the field, with nothing written.
+    let refusals = [
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: reserved\nspec:\n  env:\n  - {name: PATH, value: /tmp}\n",
+            "spec.env[0].name",
+            "agentenvironment/reserved",
+        ),
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: tpu\nspec:\n  compute: {tpu: 1}\n",
+            "spec.compute.tpu",
+            "agentenvironment/tpu",
+        ),
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: gpu-run\nspec:\n  agent: env-agent\n  input: hello\n  environment:\n    compute: {nvidia.com/gpu: 1}\n",
+            "spec.environment.compute.nvidia.com/gpu",
+            "agentrun/gpu-run",
+        ),
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: no-secret\nspec:\n  agent: env-agent\n  input: hello\n  environment:\n    env:\n    - name: TOKEN\n      valueFrom: {secretKeyRef: {name: github, key: missing}}\n",
+            "spec.environment.env[0].valueFrom.secretKeyRef",
+            "agentrun/no-secret",
+        ),
+    ];
+    for (document, field, object) in refusals {
+        let output = server.cli_in(&["apply", "-f", "-"], Some(document));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{document} was accepted");
+        assert!(stderr.contains(field), "{field} not named: {stderr}");
+        let missing = server.cli(&["get", object]);
+        assert!(!missing.status.success(), "{object} was written");
+    }
+}
+
+#[test]
+fn environments_on_sqlite() {
+    environments(Backend::Sqlite);
+}
+
+#[test]
+fn environments_on_postgres() {
+    environments(Backend::Postgres);
+}
+
+/// On Docker the container gets the environment's CPU quota and memory.
+#[test]
+fn compute_is_the_containers_limits_on_docker() {
+    let image = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+        panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Backend::Sqlite.store_url(dir.path());
+    let server =
+        ServerProcess::start_with(&store, dir.path(), "docker", &["--default-image", &image]);
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: half\nspec:\n  compute: {cpu: 500m, memory: 96Mi}\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: env-agent\nspec:\n  system: You are a careful assistant.\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let answer = run(
+        &server,
+        "cpu-run",
+        "Run `cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/memory.max` and tell me.",
+        Some("half"),
+    );
+    // The command names neither figure, so they come from its output.
+    assert!(answer.contains("50000"), "{answer}");
+    assert!(answer.contains(&(96u64 << 20).to_string()), "{answer}");
+}

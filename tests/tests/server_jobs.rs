@@ -1,0 +1,356 @@
+//! Runs as jobs through a real `nodus server` and the CLI, on SQLite and on Postgres, with the
+//! offline model (it runs the commands a prompt quotes in backticks): an inline agent runs
+//! and is never stored; every finished run's results (a successful, a failed, a timed-out and
+//! a cancelled one) are listed and downloaded, and the tarballs unpack; a FileSet changed
+//! after a run was created does not change what the run starts from; `agentrun logs -f`
+//! prints a command's output while the run is still going, and ends when the run does.
+
+#[path = "support/server.rs"]
+mod server;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use server::{Backend, ServerProcess, TOKEN};
+
+const AGENT: &str = "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: worker\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
+
+fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
+    server.ok(&[
+        "wait",
+        &format!("agentrun/{run}"),
+        &format!("--for=jsonpath={{.status.phase}}={phase}"),
+        "--timeout=2m",
+    ]);
+}
+
+fn get(server: &ServerProcess, object: &str) -> serde_json::Value {
+    serde_json::from_str(&server.ok(&["get", object, "-o", "json"])).expect("JSON")
+}
+
+/// Download `result` of `run` into `dir` with the CLI; its path.
+fn download(server: &ServerProcess, run: &str, result: &str, dir: &Path) -> std::path::PathBuf {
+    let file = dir.join(format!("{run}-{result}"));
+    server.ok(&[
+        "agentrun",
+        "results",
+        run,
+        result,
+        "-o",
+        file.to_str().expect("a path"),
+    ]);
+    file
+}
+
+/// Unpack a downloaded `.tar.gz` with the system's tar; the directory.
+fn unpack(file: &Path) -> std::path::PathBuf {
+    let into = file.with_extension("d");
+    std::fs::create_dir_all(&into).expect("a directory");
+    let status = Command::new("tar")
+        .arg("xzf")
+        .arg(file)
+        .arg("-C")
+        .arg(&into)
+        .status()
+        .expect("tar runs");
+    assert!(status.success(), "{} unpacks", file.display());
+    into
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The results `run` lists, by name.
+fn listed(server: &ServerProcess, run: &str) -> Vec<String> {
+    let (status, answer) = server.http_with(
+        "GET",
+        &format!("/apis/nodus.dev/v1/projects/default/agentruns/{run}/results"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200, "{answer}");
+    let table = server.ok(&["agentrun", "results", run]);
+    let names: Vec<String> = answer["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|item| item["name"].as_str().expect("a name").to_string())
+        .collect();
+    for name in &names {
+        assert!(table.contains(name.as_str()), "{table}");
+    }
+    names
+}
+
+fn jobs(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let downloads = tempfile::tempdir().expect("tempdir");
+    let store = backend.store_url(dir.path());
+    let server = ServerProcess::start(&store, dir.path(), "process");
+    let output = server.cli_in(&["apply", "-f", "-"], Some(AGENT));
+    assert!(output.status.success(), "{output:?}");
+
+    // An inline agent: validated, snapshotted, never stored.
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: inline-run\nspec:\n  agent:\n    system: You are a one-off analyst.\n    perRunMaxCostUSD: \"0.20\"\n  input: Run `mkdir out && echo made-$((20+1)) > out/file.txt && echo wrote` and tell me.\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "inline-run", "Succeeded");
+    let run = get(&server, "agentrun/inline-run");
+    assert_eq!(
+        run["status"]["snapshot"]["agent"]["system"],
+        "You are a one-off analyst."
+    );
+    assert!(run["status"]["snapshot"].get("agentRef").is_none(), "{run}");
+    let agents = server.ok(&["get", "agents", "-o", "name"]);
+    assert!(!agents.contains("one-off"), "{agents}");
+    let refused = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: bad-inline\nspec:\n  agent:\n    system: \"\"\n  input: hi\n",
+        ),
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("spec.agent.system"),
+        "{refused:?}"
+    );
+
+    // A successful run's results.
+    assert_eq!(
+        listed(&server, "inline-run"),
+        ["inputWorkdir", "outputWorkdir", "artifacts", "runRecord"]
+    );
+    let workdir = unpack(&download(
+        &server,
+        "inline-run",
+        "outputWorkdir",
+        downloads.path(),
+    ));
+    assert_eq!(read(&workdir.join("out/file.txt")), "made-21\n");
+    let artifacts = unpack(&download(
+        &server,
+        "inline-run",
+        "artifacts",
+        downloads.path(),
+    ));
+    assert!(read(&artifacts.join("commands/001/command")).starts_with("mkdir out"));
+    assert_eq!(read(&artifacts.join("commands/001/stdout")), "wrote\n");
+    assert_eq!(read(&artifacts.join("commands/001/stderr")), "");
+    assert_eq!(read(&artifacts.join("commands/001/exit")), "0\n");
+    let input = unpack(&download(
+        &server,
+        "inline-run",
+        "inputWorkdir",
+        downloads.path(),
+    ));
+    assert_eq!(std::fs::read_dir(&input).expect("dir").count(), 0);
+    let record: serde_json::Value = serde_json::from_str(&read(&download(
+        &server,
+        "inline-run",
+        "runRecord",
+        downloads.path(),
+    )))
+    .expect("JSON");
+    assert_eq!(record["phase"], "Succeeded");
+    assert!(
+        record["answer"]
+            .as_str()
+            .is_some_and(|a| a.contains("wrote")),
+        "{record}"
+    );
+    let (status, missing) = server.http_with(
+        "GET",
+        "/apis/nodus.dev/v1/projects/default/agentruns/inline-run/results/error",
+        &[],
+        None,
+    );
+    assert_eq!(status, 404, "{missing}");
+
+    // A timed-out run: its commands' output so far and an error saying it was a timeout.
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: slow-run\nspec:\n  agent: worker\n  timeout: 3s\n  input: Run `echo started-$((1+1)) > begun.txt; sleep 60` and tell me.\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "slow-run", "Failed");
+    assert_eq!(
+        listed(&server, "slow-run"),
+        [
+            "inputWorkdir",
+            "outputWorkdir",
+            "artifacts",
+            "runRecord",
+            "error"
+        ]
+    );
+    let error: serde_json::Value = serde_json::from_str(&read(&download(
+        &server,
+        "slow-run",
+        "error",
+        downloads.path(),
+    )))
+    .expect("JSON");
+    assert_eq!(error["type"], "TimeoutExceeded", "{error}");
+    assert_eq!(error["timeout"], true, "{error}");
+    let workdir = unpack(&download(
+        &server,
+        "slow-run",
+        "outputWorkdir",
+        downloads.path(),
+    ));
+    assert_eq!(read(&workdir.join("begun.txt")), "started-2\n");
+    let artifacts = unpack(&download(
+        &server,
+        "slow-run",
+        "artifacts",
+        downloads.path(),
+    ));
+    assert!(read(&artifacts.join("commands/001/exit")).starts_with("stopped"));
+
+    // A failed run (not a timeout): the Secret its environment reads is gone when it starts.
+    // Runs of a group that depend on a conversation still waiting stay queued meanwhile.
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: doomed\nstringData:\n  key: value\n---\napiVersion: nodus.dev/v1\nkind: FileSet\nmetadata:\n  name: notes\nspec:\n  files:\n  - {path: docs/notes.txt, content: \"as submitted\\n\"}\n---\napiVersion: nodus.dev/v1\nkind: AgentGroup\nmetadata:\n  name: queue\nspec:\n  agent: worker\n  maxCostUSD: \"5.00\"\n---\napiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: queue-holder\nspec:\n  agent: worker\n  group: queue\n  taskKey: holder\n  keepAlive: true\n  input: Run `echo holding` and tell me.\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "queue-holder", "Waiting");
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: queue-files\nspec:\n  agent: worker\n  group: queue\n  taskKey: files\n  dependsOn: [holder]\n  workdir: {baseWorkdir: \"notes#docs/\"}\n  input: Run `cat notes.txt` and tell me.\n---\napiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: queue-secret\nspec:\n  agent: worker\n  group: queue\n  taskKey: secret\n  dependsOn: [holder]\n  environment:\n    env:\n    - name: KEY\n      valueFrom: {secretKeyRef: {name: doomed, key: key}}\n  input: Run `echo $KEY` and tell me.\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    // After submission: the FileSet changes and the Secret goes.
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: FileSet\nmetadata:\n  name: notes\nspec:\n  files:\n  - {path: docs/notes.txt, content: \"changed later\\n\"}\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    server.ok(&["delete", "secret/doomed"]);
+    server.ok(&["agentrun", "close", "queue-holder"]);
+    wait_for(&server, "queue-files", "Succeeded");
+    let answer = server.ok(&["agentrun", "answer", "queue-files"]);
+    assert!(answer.contains("as submitted"), "{answer}");
+    assert!(!answer.contains("changed later"), "{answer}");
+    let input = unpack(&download(
+        &server,
+        "queue-files",
+        "inputWorkdir",
+        downloads.path(),
+    ));
+    assert_eq!(read(&input.join("notes.txt")), "as submitted\n");
+    wait_for(&server, "queue-secret", "Failed");
+    let error: serde_json::Value = serde_json::from_str(&read(&download(
+        &server,
+        "queue-secret",
+        "error",
+        downloads.path(),
+    )))
+    .expect("JSON");
+    assert_eq!(error["type"], "SandboxFailed", "{error}");
+    assert_eq!(error["timeout"], false, "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("doomed")),
+        "{error}"
+    );
+
+    // A cancelled run.
+    server.ok(&[
+        "create",
+        "agentrun",
+        "cancelled-run",
+        "--agent",
+        "worker",
+        "--keep-alive",
+        "--prompt",
+        "Run `echo kept > kept.txt` and tell me.",
+    ]);
+    wait_for(&server, "cancelled-run", "Waiting");
+    server.ok(&["cancel", "agentrun/cancelled-run"]);
+    wait_for(&server, "cancelled-run", "Cancelled");
+    let error: serde_json::Value = serde_json::from_str(&read(&download(
+        &server,
+        "cancelled-run",
+        "error",
+        downloads.path(),
+    )))
+    .expect("JSON");
+    assert_eq!(error["type"], "CancelRequested", "{error}");
+    let workdir = unpack(&download(
+        &server,
+        "cancelled-run",
+        "outputWorkdir",
+        downloads.path(),
+    ));
+    assert_eq!(read(&workdir.join("kept.txt")), "kept\n");
+
+    // logs -f: the first command's output shows while the second still runs.
+    server.ok(&[
+        "create",
+        "agentrun",
+        "followed",
+        "--agent",
+        "worker",
+        "--prompt",
+        "Run `echo first-$((40+2))` and `sleep 5; echo second-$((1+1))` and tell me.",
+    ]);
+    let mut logs = Command::new(server::nodus_binary())
+        .args(["agentrun", "logs", "followed", "-f"])
+        .env("NODUS_SERVER", &server.url)
+        .env("NODUS_TOKEN", TOKEN)
+        .env("XDG_CONFIG_HOME", server.data_dir.join("config"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nodus runs");
+    let mut lines = BufReader::new(logs.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    loop {
+        let line = lines
+            .next()
+            .expect("logs ended before the first output")
+            .expect("a line");
+        seen.push(line.clone());
+        if line == "first-42" {
+            break;
+        }
+    }
+    let phase = get(&server, "agentrun/followed")["status"]["phase"].clone();
+    assert_eq!(
+        phase, "Running",
+        "the output showed while the run went on: {seen:?}"
+    );
+    let rest: Vec<String> = lines.map(|line| line.expect("a line")).collect();
+    assert!(logs.wait().expect("logs ends").success());
+    assert!(rest.iter().any(|l| l == "second-2"), "{rest:?}");
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("agentrun/followed Succeeded")
+    );
+}
+
+#[test]
+fn jobs_on_sqlite() {
+    jobs(Backend::Sqlite);
+}
+
+#[test]
+fn jobs_on_postgres() {
+    jobs(Backend::Postgres);
+}
