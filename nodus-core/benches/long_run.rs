@@ -15,8 +15,6 @@
 
 #![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
 
-#![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
-
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -133,6 +131,9 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
         Intent::ReadMessage { .. } => Outcome::MessageRead,
         Intent::Answer { .. } => Outcome::Answered,
         Intent::DestroySandbox { .. } => Outcome::SandboxDestroyed,
+        Intent::PostRunAction { .. } => Outcome::ActionFinished {
+            results: BTreeMap::new(),
+        },
     }
 }
 
@@ -183,6 +184,7 @@ fn run(fold: Fold) -> Timings {
             close: false,
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
+            post_run_action: None,
             facts: Facts::default(),
         };
         let decision = decide::decide(&input);
