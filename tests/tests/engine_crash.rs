@@ -467,7 +467,10 @@ async fn crash_at_every_store_write(backend: Backend) {
         ),
         (
             "the kept working directory",
-            writes.iter().any(|w| *w == format!("create {archive}")),
+            // Created, or added to the document that keeps the run's staged input.
+            writes
+                .iter()
+                .any(|w| *w == format!("create {archive}") || *w == format!("update {archive}")),
         ),
     ] {
         assert!(found, "{backend:?}: the drive writes {kind}: {writes:#?}");
