@@ -12,6 +12,7 @@ pub mod cost;
 pub mod decide;
 pub mod digest;
 pub mod engine;
+pub mod evaluation;
 pub mod group;
 pub mod journal;
 pub mod ledger;

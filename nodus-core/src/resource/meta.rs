@@ -33,6 +33,11 @@ pub enum Kind {
     /// A run's final working directory, as a tar archive (kept by the engine, named after
     /// the run).
     WorkdirArchive,
+    /// A versioned set of evaluation tasks and their grader (stored as `name@version`).
+    Environment,
+    /// One case of an evaluation group and its one terminal state (kept by the engine, named
+    /// after the case's run).
+    EvaluationCase,
 }
 
 impl Kind {
@@ -49,6 +54,8 @@ impl Kind {
             Kind::Token => "tokens",
             Kind::BatchRecord => "batchrecords",
             Kind::WorkdirArchive => "workdirarchives",
+            Kind::Environment => "environments",
+            Kind::EvaluationCase => "evaluationcases",
         }
     }
 
@@ -66,6 +73,8 @@ impl Kind {
             "tokens" => Kind::Token,
             "batchrecords" => Kind::BatchRecord,
             "workdirarchives" => Kind::WorkdirArchive,
+            "environments" | "environment" | "env" => Kind::Environment,
+            "evaluationcases" => Kind::EvaluationCase,
             _ => return None,
         })
     }
@@ -84,6 +93,8 @@ impl fmt::Display for Kind {
             Kind::Token => "Token",
             Kind::BatchRecord => "BatchRecord",
             Kind::WorkdirArchive => "WorkdirArchive",
+            Kind::Environment => "Environment",
+            Kind::EvaluationCase => "EvaluationCase",
         })
     }
 }
@@ -132,6 +143,8 @@ mod tests {
             Kind::Token,
             Kind::BatchRecord,
             Kind::WorkdirArchive,
+            Kind::Environment,
+            Kind::EvaluationCase,
         ] {
             assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
         }

@@ -5,6 +5,7 @@
 
 mod agent;
 mod duration;
+mod environment;
 mod fileset;
 mod group;
 mod meta;
@@ -12,6 +13,10 @@ mod run;
 
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
 pub use duration::{DurationSpec, ParseDurationError};
+pub use environment::{
+    EnvironmentSpec, EnvironmentStatus, FilesRef, GeneratorSpec, GraderKind, GraderSpec, SplitSpec,
+    TaskSpec,
+};
 pub use fileset::{FileEntry, FileSetSpec, FileSetStatus};
 pub use group::{
     AgentGroupSpec, AgentGroupStatus, BlockedReason, EvaluationSpec, GroupCounts, GroupLimits,
@@ -79,6 +84,8 @@ pub type Agent = Object<AgentSpec>;
 pub type AgentRun = Object<AgentRunSpec>;
 /// An AgentGroup: many runs of one agent under concurrency, dependency and cost limits.
 pub type AgentGroup = Object<AgentGroupSpec>;
+/// An Environment: a versioned set of evaluation tasks and their grader.
+pub type Environment = Object<EnvironmentSpec>;
 
 impl Spec for AgentSpec {
     const KIND: Kind = Kind::Agent;
@@ -98,4 +105,9 @@ impl Spec for FileSetSpec {
 impl Spec for AgentGroupSpec {
     const KIND: Kind = Kind::AgentGroup;
     type Status = AgentGroupStatus;
+}
+
+impl Spec for EnvironmentSpec {
+    const KIND: Kind = Kind::Environment;
+    type Status = EnvironmentStatus;
 }
