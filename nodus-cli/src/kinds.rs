@@ -20,16 +20,19 @@ pub enum ResourceKind {
     Budget,
     /// Stored files that working directories are staged from.
     FileSet,
+    /// A versioned set of evaluation tasks and their grader (`NAME@VERSION`).
+    Environment,
 }
 
 /// Every kind, in the order help texts list them.
-pub const ALL: [ResourceKind; 6] = [
+pub const ALL: [ResourceKind; 7] = [
     ResourceKind::Agent,
     ResourceKind::AgentRun,
     ResourceKind::AgentGroup,
     ResourceKind::Secret,
     ResourceKind::Budget,
     ResourceKind::FileSet,
+    ResourceKind::Environment,
 ];
 
 /// The API group in qualified names (`agentrun.nodus.dev/NAME`).
@@ -60,6 +63,7 @@ impl ResourceKind {
             ResourceKind::Secret => "Secret",
             ResourceKind::Budget => "Budget",
             ResourceKind::FileSet => "FileSet",
+            ResourceKind::Environment => "Environment",
         }
     }
 
@@ -72,6 +76,7 @@ impl ResourceKind {
             ResourceKind::Secret => "secrets",
             ResourceKind::Budget => "budgets",
             ResourceKind::FileSet => "filesets",
+            ResourceKind::Environment => "environments",
         }
     }
 
@@ -91,7 +96,7 @@ impl ResourceKind {
         match self {
             ResourceKind::Secret | ResourceKind::Budget => 0,
             ResourceKind::FileSet => 1,
-            ResourceKind::Agent => 2,
+            ResourceKind::Agent | ResourceKind::Environment => 2,
             ResourceKind::AgentGroup => 3,
             ResourceKind::AgentRun => 4,
         }
@@ -115,6 +120,7 @@ pub fn short_name(kind: ResourceKind) -> Option<&'static str> {
         ResourceKind::AgentRun => Some("ar"),
         ResourceKind::AgentGroup => Some("ag"),
         ResourceKind::FileSet => Some("fs"),
+        ResourceKind::Environment => Some("env"),
         _ => None,
     }
 }

@@ -264,7 +264,25 @@ impl Runner {
                             tracing::warn!(group = %key, error = %error, "reconcile failed");
                         }
                     }
-                    Done::nothing(key, None)
+                    // An evaluation group grades the cases whose runs ended, and is looked at
+                    // again when a case's deadline or retry comes.
+                    let wake_at = match engine.grade_evaluation(&key.project, &key.name).await {
+                        Ok(at) => at,
+                        Err(Error::NotFound { .. }) => None,
+                        Err(error) => {
+                            tracing::warn!(group = %key, error = %error, "grading failed");
+                            clock
+                                .now()
+                                .checked_add(
+                                    jiff::SignedDuration::try_from(retry_after).unwrap_or_default(),
+                                )
+                                .ok()
+                        }
+                    };
+                    Done {
+                        wake_at,
+                        ..Done::nothing(key, None)
+                    }
                 }
                 _ => {
                     let _permit = permits.acquire_owned().await;

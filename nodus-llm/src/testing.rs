@@ -205,10 +205,14 @@ impl RecordedRequest {
     }
 }
 
+/// Decides what a request gets from the request itself (see [`FakeServer::respond_with`]).
+pub type Responder = Box<dyn Fn(&RecordedRequest) -> Option<Fake> + Send + Sync>;
+
 #[derive(Default)]
 struct Shared {
     script: Mutex<VecDeque<Fake>>,
     requests: Mutex<Vec<RecordedRequest>>,
+    responder: Mutex<Option<Responder>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -271,6 +275,16 @@ impl FakeServer {
         lock(&self.shared.script).push_back(fake);
     }
 
+    /// Answer each request that the script leaves unanswered with what `responder` makes of
+    /// it (a model that answers by the prompt, whatever order concurrent runs call in); when
+    /// it answers `None`, the default reply.
+    pub fn respond_with(
+        &self,
+        responder: impl Fn(&RecordedRequest) -> Option<Fake> + Send + Sync + 'static,
+    ) {
+        *lock(&self.shared.responder) = Some(Box::new(responder));
+    }
+
     /// Queue several.
     pub fn push_all(&self, fakes: impl IntoIterator<Item = Fake>) {
         lock(&self.shared.script).extend(fakes);
@@ -311,8 +325,9 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     } else {
         Dialect::Anthropic
     };
-    let fake = lock(&shared.script)
-        .pop_front()
+    let scripted = lock(&shared.script).pop_front();
+    let fake = scripted
+        .or_else(|| lock(&shared.responder).as_ref().and_then(|f| f(&request)))
         .unwrap_or_else(|| match dialect {
             Dialect::AnthropicCount => {
                 let bytes = request.body.to_string().len() as u64;

@@ -26,7 +26,7 @@ fn with_body(mut operation: Value, description: &str) -> Value {
 pub fn document() -> Value {
     let project =
         json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
-    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets", "filesets"]}});
+    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets", "filesets", "environments"]}});
     let name =
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let base = "/apis/nodus.dev/v1/projects/{project}";
@@ -133,6 +133,10 @@ pub fn document() -> Value {
         );
     }
     paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation("Cancel every unfinished run of the group", "200")}));
+    paths.insert(format!("{base}/agentgroups/{{name}}/results"), json!({"parameters": [project, name], "get": with_query(
+        operation("An evaluation group's per-case results in batch order ({items: [{taskId, repetition, state, reason, reward, verdict, evidence, run, environment, split, seed, imageDigest, gradings}]}); JSON Lines with Accept: application/x-ndjson or format=jsonl", "200"),
+        json!([{"name": "format", "in": "query", "required": false, "schema": {"type": "string", "enum": ["json", "jsonl"]}}]),
+    )}));
     paths.insert(format!("{base}/credits"), json!({
         "parameters": [project],
         "get": operation("The project's credits", "200"),

@@ -6,6 +6,7 @@
 //! write the result with the version that was read, so a concurrent change is never lost.
 
 mod error;
+mod evaluation;
 mod execute;
 mod group;
 mod resources;
@@ -24,6 +25,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 pub use error::{Error, Result};
+pub use evaluation::{
+    DEFAULT_EVALUATION_TIMEOUT, DEFAULT_GRADER_TIMEOUT, MAX_EVALUATION_GROUP_NAME,
+};
 pub use execute::Driven;
 pub use resources::Replaceable;
 pub use typed::Versioned;
@@ -819,13 +823,13 @@ impl Engine {
     /// sealing it), then reconcile it.
     pub async fn apply_group(&self, project: &str, mut group: AgentGroup) -> Result<AgentGroup> {
         validate::validate(&group)?;
-        refuse_unsupported_group(&group.spec)?;
         let name = group.name().to_string();
         let key = ObjectKey::new(project, Kind::AgentGroup, &name);
         loop {
             match self.deps.store.get(&key).await {
                 Ok(record) => {
                     let current = typed::decode::<crate::resource::AgentGroupSpec>(record)?;
+                    evaluation::check_unchanged(&current.object.spec, &group.spec)?;
                     crate::group::check_update(&current.object.spec, &group.spec)?;
                     let mut updated = current.object;
                     updated.spec = group.spec.clone();
@@ -842,6 +846,9 @@ impl Engine {
                             other?;
                         }
                     }
+                }
+                Err(crate::store::Error::NotFound(_)) if group.spec.evaluation.is_some() => {
+                    return self.create_evaluation_group(project, group).await;
                 }
                 Err(crate::store::Error::NotFound(_)) => {
                     self.resolve_agent(project, &group.spec.agent).await?;
@@ -920,19 +927,6 @@ fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &s
 /// under the same idempotency key can be told from another batch.
 fn batch_digest(runs: &[AgentRun]) -> String {
     crate::digest::sha256_hex(&serde_json::to_vec(runs).unwrap_or_default())
-}
-
-/// A group asking for what this engine does not carry out yet (an evaluation) is refused
-/// however it is written (created, applied, replaced), rather than accepted and ignored.
-pub(super) fn refuse_unsupported_group(spec: &crate::resource::AgentGroupSpec) -> Result<()> {
-    match &spec.evaluation {
-        Some(evaluation) => Err(not_supported_yet(
-            "spec.evaluation",
-            "evaluation groups are not carried out yet",
-            format!("{:?}", evaluation.environment),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// The refusal of a field this engine does not carry out yet, naming what is missing.

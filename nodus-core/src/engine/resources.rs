@@ -72,7 +72,9 @@ impl Engine {
         mut group: Object<AgentGroupSpec>,
     ) -> Result<Object<AgentGroupSpec>> {
         validate::validate(&group)?;
-        super::refuse_unsupported_group(&group.spec)?;
+        if group.spec.evaluation.is_some() {
+            return self.create_evaluation_group(project, group).await;
+        }
         self.resolve_agent(project, &group.spec.agent).await?;
         let name = group.name().to_string();
         let key = ObjectKey::new(project, Kind::AgentGroup, &name);
@@ -202,7 +204,8 @@ impl Engine {
         self.delete_members(project, name).await?;
         let key = ObjectKey::new(project, Kind::AgentGroup, name);
         self.deps.store.delete(&key).await?;
-        self.delete_members(project, name).await
+        self.delete_members(project, name).await?;
+        self.delete_cases(project, name).await
     }
 
     /// Delete every run of a group.
@@ -259,7 +262,7 @@ impl Replaceable for crate::resource::FileSetSpec {
 
 impl Replaceable for AgentGroupSpec {
     fn replaced(current: &Object<Self>, new: Self) -> Result<Self> {
-        super::refuse_unsupported_group(&new)?;
+        super::evaluation::check_unchanged(&current.spec, &new)?;
         crate::group::check_update(&current.spec, &new)?;
         Ok(new)
     }

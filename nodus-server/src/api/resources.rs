@@ -9,7 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use nodus_core::engine::{Engine, Replaceable};
 use nodus_core::resource::{
-    API_VERSION, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, FileSetSpec, Kind, Object,
+    API_VERSION, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, EnvironmentSpec, FileSetSpec,
+    Kind, Object,
 };
 use nodus_core::store::{ObjectKey, Selector};
 use nodus_core::validate::{self, Invalid, Validate};
@@ -29,11 +30,12 @@ fn kind_of(plural: &str) -> ApiResult<Kind> {
             | Kind::AgentGroup
             | Kind::Secret
             | Kind::Budget
-            | Kind::FileSet),
+            | Kind::FileSet
+            | Kind::Environment),
         ) => Ok(kind),
         _ => Err(ApiError::not_found(format!(
             "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets, \
-             budgets and filesets"
+             budgets, filesets and environments"
         ))),
     }
 }
@@ -124,6 +126,9 @@ async fn list_answer(
         Kind::FileSet => list_typed::<FileSetSpec>(&state.engine, project, selector).await?,
         Kind::AgentRun => list_typed::<AgentRunSpec>(&state.engine, project, selector).await?,
         Kind::AgentGroup => list_typed::<AgentGroupSpec>(&state.engine, project, selector).await?,
+        Kind::Environment => {
+            list_typed::<EnvironmentSpec>(&state.engine, project, selector).await?
+        }
         _ => state
             .store
             .list(project, kind, selector)
@@ -179,6 +184,7 @@ async fn read(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiRes
         Kind::FileSet => to_value(&state.engine.get::<FileSetSpec>(project, name).await?),
         Kind::AgentRun => to_value(&state.engine.get::<AgentRunSpec>(project, name).await?),
         Kind::AgentGroup => to_value(&state.engine.get::<AgentGroupSpec>(project, name).await?),
+        Kind::Environment => to_value(&state.engine.get::<EnvironmentSpec>(project, name).await?),
         _ => {
             let record = state
                 .store
@@ -288,6 +294,19 @@ pub async fn create(
                 .create_group(&project, validate::parse(document)?)
                 .await?,
         )?,
+        Kind::Environment => {
+            // A version is written once: the same spec again is answered as it is (200).
+            let (environment, created) = state
+                .engine
+                .apply_environment(&project, validate::parse(document)?)
+                .await?;
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            return Ok(reply(status, to_value(&environment)?));
+        }
         Kind::Secret | Kind::Budget => {
             let (name, stored) = plain_document(&state, &project, kind, document)?;
             let record = state
@@ -516,6 +535,26 @@ async fn put(
         Kind::AgentGroup => {
             replace_typed::<AgentGroupSpec>(&state.engine, project, name, document, expected).await
         }
+        Kind::Environment => {
+            let environment: Object<EnvironmentSpec> = validate::parse(document)?;
+            let stored = format!("{}@{}", environment.name(), environment.spec.version);
+            if stored != name {
+                return Err(Invalid::new(
+                    "metadata.name",
+                    format!("with spec.version must make the name in the path, {name:?}"),
+                    format!("{stored:?}"),
+                )
+                .into());
+            }
+            state.engine.get::<EnvironmentSpec>(project, name).await?;
+            to_value(
+                &state
+                    .engine
+                    .apply_environment(project, environment)
+                    .await?
+                    .0,
+            )
+        }
         _ => {
             let key = ObjectKey::new(project, kind, name);
             let current = state.store.get(&key).await?;
@@ -617,6 +656,16 @@ pub async fn delete(
         Kind::FileSet => state.engine.delete::<FileSetSpec>(&project, &name).await?,
         Kind::AgentRun => state.engine.delete_run(&project, &name).await?,
         Kind::AgentGroup => state.engine.delete_group(&project, &name).await?,
+        Kind::Environment => {
+            state.engine.get::<EnvironmentSpec>(&project, &name).await?;
+            return Err(Invalid::new(
+                "metadata.name",
+                "names an Environment version, which is never changed or deleted (results \
+                 name it): write a new version instead",
+                format!("{name:?}"),
+            )
+            .into());
+        }
         _ => {
             state
                 .store
