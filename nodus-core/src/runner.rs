@@ -463,7 +463,22 @@ async fn sweep_payloads(
         let now = clock.now();
         let before = now.checked_sub(retention).unwrap_or(Timestamp::MIN);
         match store.sweep_payloads(before, now).await {
-            Ok(swept) => tracing::info!(runs = swept.runs.len(), "retention sweep"),
+            Ok(swept) => {
+                tracing::info!(runs = swept.runs.len(), "retention sweep");
+                // An evaluation case shares its run's retention.
+                for run in &swept.runs {
+                    let case = ObjectKey::new(&run.project, Kind::EvaluationCase, &run.name);
+                    let edit: crate::store::Edit = Box::new(move |document| {
+                        crate::evaluation::without_payloads(document, now)
+                    });
+                    match store.modify(&case, edit).await {
+                        Ok(_) | Err(crate::store::Error::NotFound(_)) => {}
+                        Err(error) => {
+                            tracing::warn!(case = %case, error = %error, "cannot sweep a case");
+                        }
+                    }
+                }
+            }
             Err(error) => {
                 tracing::warn!(error = %error, "retention sweep failed; retrying at the next one");
             }

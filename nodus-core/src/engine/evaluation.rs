@@ -350,6 +350,7 @@ impl Engine {
                     evidence: None,
                     gradings: Vec::new(),
                     completion_time: None,
+                    payloads_removed_at: None,
                 };
                 case_items.push((
                     ObjectKey::new(project, Kind::EvaluationCase, &run_name),
@@ -523,7 +524,7 @@ impl Engine {
         let now = self.deps.clock.now();
         if cancelled {
             self.remove_grading_sandboxes(&case).await;
-            let ended = case.unscored(
+            let ended = case.attempts_interrupted(now).unscored(
                 UnscoredReason::Cancelled,
                 "the evaluation group was cancelled".to_string(),
                 now,
@@ -532,7 +533,7 @@ impl Engine {
         }
         if now >= case.deadline {
             self.remove_grading_sandboxes(&case).await;
-            let ended = case.unscored(
+            let ended = case.attempts_interrupted(now).unscored(
                 UnscoredReason::EvaluationTimeout,
                 "the evaluation's deadline passed before the case was graded".to_string(),
                 now,
@@ -621,6 +622,7 @@ impl Engine {
                                 sandbox: None,
                                 started_at: now,
                                 finished_at: Some(now),
+                                interrupted: false,
                             });
                             match grade::grade_answer(&spec.grader, &graded.hidden, &answer) {
                                 Ok(grade) => graded.scored(grade, now),
@@ -668,7 +670,7 @@ impl Engine {
         &self,
         project: &str,
         record: Record,
-        mut case: CaseRecord,
+        case: CaseRecord,
         run: &AgentRun,
         answer: &str,
         env_project: &str,
@@ -676,11 +678,7 @@ impl Engine {
     ) -> Result<Graded> {
         // An attempt a crash interrupted: remove its sandbox; the grade is made again.
         self.remove_grading_sandboxes(&case).await;
-        for attempt in &mut case.gradings {
-            if attempt.finished_at.is_none() {
-                attempt.finished_at = Some(self.deps.clock.now());
-            }
-        }
+        let mut case = case.attempts_interrupted(self.deps.clock.now());
         let attempt = next_attempt(&case);
         let sandbox_key = format!(
             "grade-{}-{attempt}",
@@ -691,6 +689,7 @@ impl Engine {
             sandbox: Some(sandbox_key.clone()),
             started_at: self.deps.clock.now(),
             finished_at: None,
+            interrupted: false,
         });
         // The intent, before the effect.
         let record = match self.write_case(&record, &case).await? {

@@ -93,9 +93,12 @@ pub struct GradingAttempt {
     pub sandbox: Option<String>,
     /// When it started.
     pub started_at: Timestamp,
-    /// When it finished.
+    /// When it finished (or was found interrupted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Timestamp>,
+    /// A crash interrupted it before it recorded a grade; the next attempt graded instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 /// A case as stored: what it is, its hidden data (for the grader only), and its state.
@@ -146,12 +149,26 @@ pub struct CaseRecord {
     /// When it reached its terminal state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Timestamp>,
+    /// When the retention sweep removed its evidence and hidden data (with its run's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payloads_removed_at: Option<Timestamp>,
 }
 
 impl CaseRecord {
     /// Whether the case has its one terminal state.
     pub fn is_terminal(&self) -> bool {
         self.state != CaseState::Pending
+    }
+
+    /// The case with its unfinished grading attempts marked interrupted at `now`.
+    pub fn attempts_interrupted(mut self, now: Timestamp) -> Self {
+        for attempt in &mut self.gradings {
+            if attempt.finished_at.is_none() {
+                attempt.finished_at = Some(now);
+                attempt.interrupted = true;
+            }
+        }
+        self
     }
 
     /// The case with its score.
@@ -191,7 +208,8 @@ impl CaseRecord {
             split: self.split.clone(),
             seed: self.seed,
             image_digest: self.image_digest.clone(),
-            gradings: u32::try_from(self.gradings.len()).unwrap_or(u32::MAX),
+            gradings: count(self.gradings.iter().filter(|g| !g.interrupted)),
+            interrupted_gradings: count(self.gradings.iter().filter(|g| g.interrupted)),
         }
     }
 }
@@ -228,6 +246,49 @@ pub struct CaseResult {
     pub seed: u64,
     /// The resolved image (empty: the server's default).
     pub image_digest: String,
-    /// Grading attempts made (1 for a graded case; more only after an interrupted one).
+    /// Gradings carried out to the end: 1 for a graded case, 0 for one unscored before it
+    /// was graded (a grade is recorded once).
     pub gradings: u32,
+    /// Grading attempts a crash interrupted before they recorded anything (each repeated).
+    #[serde(default)]
+    pub interrupted_gradings: u32,
+}
+
+fn count<T>(items: impl Iterator<Item = T>) -> u32 {
+    u32::try_from(items.count()).unwrap_or(u32::MAX)
+}
+
+/// The retention sweep's edit of a case whose run's payloads were removed: its evidence and
+/// hidden data go with them (its state, reason, verdict and reward stay, as a run keeps what
+/// accounts for it), marked `spec.payloadsRemovedAt`; `None` when already swept.
+pub fn without_payloads(document: &serde_json::Value, now: Timestamp) -> Option<serde_json::Value> {
+    let spec = document.get("spec")?.as_object()?;
+    if spec.contains_key("payloadsRemovedAt") {
+        return None;
+    }
+    let mut document = document.clone();
+    let spec = document.get_mut("spec")?.as_object_mut()?;
+    spec.remove("evidence");
+    spec.insert("hidden".into(), serde_json::Value::Null);
+    spec.insert("payloadsRemovedAt".into(), now.to_string().into());
+    Some(document)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_removes_evidence_and_hidden_data_once() {
+        let document = serde_json::json!({"spec": {"state": "Scored", "reward": 1.0, "verdict": "pass",
+            "evidence": "the answer is 59", "hidden": {"expected": 59}}});
+        let now = Timestamp::UNIX_EPOCH;
+        let swept = without_payloads(&document, now).expect("swept");
+        assert_eq!(
+            swept,
+            serde_json::json!({"spec": {"state": "Scored", "reward": 1.0, "verdict": "pass",
+                "hidden": null, "payloadsRemovedAt": "1970-01-01T00:00:00Z"}})
+        );
+        assert_eq!(without_payloads(&swept, now), None);
+    }
 }

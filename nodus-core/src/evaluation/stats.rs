@@ -148,6 +148,7 @@ mod tests {
             evidence: None,
             gradings: Vec::new(),
             completion_time: None,
+            payloads_removed_at: None,
         }
     }
 
