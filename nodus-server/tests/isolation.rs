@@ -24,6 +24,7 @@ fn name_of(plural: &str) -> &'static str {
         "secrets" => "aardvark-secret",
         "budgets" => "aardvark-budget",
         "filesets" => "aardvark-files",
+        "environments" => "aardvark-env@1.0.0",
         "tokens" => "aardvark-boss",
         other => panic!("the test does not know the collection {other}"),
     }
@@ -38,6 +39,8 @@ const DISTINCTIVE: &[&str] = &[
     "aardvark-secret",
     "aardvark-budget",
     "aardvark-files",
+    "aardvark-env",
+    "aardvark-hidden-6464",
     "aardvark-boss",
     "aardvark-secret-value-9931",
     "aardvark-file-content-5521",
@@ -63,8 +66,18 @@ fn object(plural: &str, name: &str) -> Value {
                             "spec": {"maxSpendUSD": "3.00"}}),
         "filesets" => json!({"apiVersion": "nodus.dev/v1", "kind": "FileSet", "metadata": meta,
                              "spec": {"files": [{"path": "other.txt", "content": "other"}]}}),
+        // An Environment is addressed as NAME@VERSION.
+        "environments" => environment(name.split('@').next().unwrap_or(name), "other"),
         other => panic!("the test does not know the collection {other}"),
     }
+}
+
+/// An Environment version 1.0.0 named `name` whose one task hides `hidden`.
+fn environment(name: &str, hidden: &str) -> Value {
+    json!({"apiVersion": "nodus.dev/v1", "kind": "Environment", "metadata": {"name": name},
+           "spec": {"version": "1.0.0", "grader": {"kind": "exact"},
+                    "splits": {"test": {"tasks": [{"id": "t", "prompt": "Say it.",
+                                                   "hidden": {"expected": hidden}}]}}}})
 }
 
 /// The body a route would accept from a caller it admits, so a refusal is due to the token.
@@ -172,6 +185,10 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
                    "spec": {"maxSpendUSD": "7.77"}}),
         ),
         ("agentgroups", object("agentgroups", "aardvark-group")),
+        (
+            "environments",
+            environment("aardvark-env", "aardvark-hidden-6464"),
+        ),
         (
             "agentruns",
             json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": "aardvark-run"},
