@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod model;
 pub mod money;
 pub mod output;
+pub mod patch;
 pub mod replay;
 pub mod resource;
 pub mod router;
