@@ -23,6 +23,7 @@ pub mod output;
 pub mod patch;
 pub mod replay;
 pub mod resource;
+pub mod retention;
 pub mod router;
 pub mod runner;
 pub mod sandbox;

@@ -132,6 +132,10 @@ struct Body<'a> {
     error: &'a ApiError,
 }
 
+/// What a 503 tells the client to wait before it tries again, in seconds: the store is
+/// restarting or out of connections, or the disk is full, and the request may pass later.
+pub const RETRY_AFTER_SECONDS: u32 = 5;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Body {
@@ -140,7 +144,14 @@ impl IntoResponse for ApiError {
             code: self.status,
             error: &self,
         };
-        (self.status(), Json(&body)).into_response()
+        let mut response = (self.status(), Json(&body)).into_response();
+        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 
