@@ -15,8 +15,6 @@
 
 #![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
 
-#![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
-
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -133,6 +131,7 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
         Intent::ReadMessage { .. } => Outcome::MessageRead,
         Intent::Answer { .. } => Outcome::Answered,
         Intent::DestroySandbox { .. } => Outcome::SandboxDestroyed,
+        Intent::PostRunAction { .. } => unreachable!("the bench's run names no post-run action"),
     }
 }
 
@@ -181,6 +180,7 @@ fn run(fold: Fold) -> Timings {
             now,
             cancel: None,
             close: false,
+            post_run_action: None,
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
             facts: Facts::default(),

@@ -227,7 +227,8 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
     );
     assert_eq!(api.runs().await, 0, "nothing was written");
 
-    // An evaluation group is refused when it is posted too (not only when applied).
+    // An evaluation group of an Environment that does not exist is refused when it is posted
+    // too (not only when applied).
     let evaluation = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup",
         "metadata": {"name": "eval"},
         "spec": {"agent": "hello-agent", "evaluation": {"environment": "nodus/tasks@1", "tasks": 2}}});
@@ -240,7 +241,10 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert_eq!(body["details"]["field"], "spec.evaluation", "{body}");
+    assert_eq!(
+        body["details"]["field"], "spec.evaluation.environment",
+        "{body}"
+    );
     let (status, _) = api
         .call(
             Method::GET,

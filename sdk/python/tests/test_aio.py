@@ -144,7 +144,7 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
                 agent=agent.name,
                 evaluation={"environment": "nodus/x@1.0.0", "tasks": 1},
             )
-        assert invalid.value.field == "spec.evaluation"
+        assert invalid.value.field == "spec.evaluation.environment"
         with pytest.raises(nodus.AlreadyExists):
             await client.create_secret(secret, {"A": "b"})
         with pytest.raises(nodus.Forbidden):
