@@ -4,7 +4,9 @@ platform key pointing at the fake. ``NODUS_BIN`` names the binary (scripts/test 
 ``$CARGO_TARGET_DIR/debug/nodus``).
 
 The fake model: a prompt that quotes commands in backticks gets a ``shell`` call of the
-first one; a prompt asking for the Python version gets ``python3 --version``; a tool result
+first one; an arithmetic question (``What is 17 + 42? …``, as ``nodus/arithmetic-v2`` asks)
+gets a ``shell`` call that works it out (``echo $((17 + 42))``); a prompt asking for the
+Python version gets ``python3 --version``; a tool result
 is answered with ``It is <output>.``; any other prompt with ``Noted: <prompt>``.
 """
 
@@ -64,8 +66,11 @@ def reply_for(request: Dict[str, Any]) -> List[Dict[str, Any]]:
     prompt = _text_of(last.get("content"))
     command = None
     quoted = re.findall(r"`([^`]+)`", prompt)
+    arithmetic = re.match(r"What is (-?\d+) ([-+*]) (-?\d+)\?", prompt)
     if quoted:
         command = quoted[0]
+    elif arithmetic:
+        command = "echo $(({} {} {}))".format(*arithmetic.groups())
     elif "python version" in prompt.lower():
         command = "python3 --version"
     if command is not None:
