@@ -9,6 +9,8 @@ use std::time::Duration;
 use reqwest::{Method, Url};
 use serde_json::Value;
 
+use nodus_core::engine::Reason;
+
 use crate::error::{Error, Result};
 
 /// The largest response body read.
@@ -225,18 +227,18 @@ pub fn server_error(code: u16, body: &[u8]) -> Error {
             .and_then(Value::as_str)
             .map(str::to_string)
     };
-    let reason = field("reason").unwrap_or_else(|| {
-        match code {
-            401 => "Unauthorized",
-            403 => "Forbidden",
-            404 => "NotFound",
-            409 => "Conflict",
-            400 | 422 => "Invalid",
-            503 => "Unavailable",
-            _ => "InternalError",
-        }
-        .to_string()
-    });
+    // A reason this client does not know (a newer server's) is read as its status says.
+    let reason = field("reason")
+        .and_then(|text| Reason::parse(&text))
+        .unwrap_or(match code {
+            401 => Reason::Unauthorized,
+            403 => Reason::Forbidden,
+            404 => Reason::NotFound,
+            409 => Reason::Conflict,
+            400 | 422 => Reason::Invalid,
+            503 => Reason::Unavailable,
+            _ => Reason::InternalError,
+        });
     let message = field("message").unwrap_or_else(|| {
         let text = String::from_utf8_lossy(body);
         let text = text.trim();

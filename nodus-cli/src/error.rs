@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use nodus_core::engine::Reason;
+
 /// Exit codes a script can rely on (also in `nodus --help` and docs/cli.md).
 pub mod exit {
     /// The command did what it was asked.
@@ -28,7 +30,7 @@ pub enum Error {
         /// The HTTP status.
         code: u16,
         /// The stable reason (`NotFound`, `Invalid`, `Conflict`, …).
-        reason: String,
+        reason: Reason,
         /// The server's sentence.
         message: String,
     },
@@ -83,7 +85,10 @@ impl Error {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Server { reason, .. } if reason == "Unauthorized" => exit::UNREACHABLE,
+            Error::Server {
+                reason: Reason::Unauthorized,
+                ..
+            } => exit::UNREACHABLE,
             Error::Server { .. } | Error::Input(_) | Error::Config { .. } | Error::Start(_) => {
                 exit::REFUSED
             }
@@ -97,7 +102,15 @@ impl Error {
 
     /// Whether the server said the object does not exist.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Error::Server { reason, .. } if reason == "NotFound")
+        self.reason() == Some(Reason::NotFound)
+    }
+
+    /// The reason the server gave, when it refused.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Error::Server { reason, .. } => Some(*reason),
+            _ => None,
+        }
     }
 
     /// An input error with a message.
@@ -129,7 +142,7 @@ mod tests {
     fn exit_codes_follow_the_documented_table() {
         let refused = Error::Server {
             code: 409,
-            reason: "AgentRunFinished".into(),
+            reason: Reason::AgentRunFinished,
             message: "the run has finished".into(),
         };
         assert_eq!(refused.exit_code(), exit::REFUSED);
@@ -139,7 +152,7 @@ mod tests {
         );
         let unauthorized = Error::Server {
             code: 401,
-            reason: "Unauthorized".into(),
+            reason: Reason::Unauthorized,
             message: "no".into(),
         };
         assert_eq!(unauthorized.exit_code(), exit::UNREACHABLE);

@@ -7,21 +7,24 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::catalog::Catalog;
-use crate::cost::{self, CostGuard};
-use crate::journal::{Intent, Step};
-use crate::lifecycle::{CancelReason, FailReason, RunPhase, WaitReason};
-use crate::model::{ChatMessage, ContentBlock, ToolSpec};
+use crate::catalog::{Catalog, Family};
+use crate::cost::{self, CostGuard, Usage};
+use crate::engine::API_KEY_SECRET_KEY;
+use crate::journal::{Intent, Outcome};
+use crate::lifecycle::{CancelReason, FailReason, RunPhase, TransitionRefused, WaitReason};
+use crate::model::{
+    ChatMessage, ContentBlock, Credentials, ErrorKind, ModelRequest, ToolChoice, ToolSpec,
+};
 use crate::money::Usd;
-use crate::replay::{Call, Replay, SandboxState, granted_tool_uses};
-use crate::resource::{Access, AgentRunSpec, AgentSpec};
-use crate::sandbox::SandboxSpec;
+use crate::replay::{Call, Replay, SandboxState};
+use crate::resource::{Access, AgentRunSpec, AgentSpec, ChosenBy};
+use crate::router::RouteChoice;
+use crate::sandbox::{self, ExecOutput, SandboxSpec};
 use crate::store::InboxMessage;
 
 /// Tokens a tool-using request may add beyond its visible content (the provider's own tool
 /// instructions), and tokens of framing per message; both generous.
 const TOOL_OVERHEAD_TOKENS: u64 = 2048;
-const MESSAGE_OVERHEAD_TOKENS: u64 = 32;
 
 /// Everything the decider looks at.
 #[derive(Debug, Clone, Copy)]
@@ -36,8 +39,8 @@ pub struct RunInput<'a> {
     pub system: &'a str,
     /// The first turn's prompt (the input, or the agent's default input).
     pub first_prompt: &'a str,
-    /// The journal so far.
-    pub journal: &'a [Step],
+    /// The journal so far, folded: the decider reads the journal through this only.
+    pub replay: &'a Replay,
     /// The inbox.
     pub inbox: &'a [InboxMessage],
     /// Now.
@@ -51,6 +54,32 @@ pub struct RunInput<'a> {
     pub catalog: &'a Catalog,
     /// The most one routing call can cost.
     pub router_max_cost: Usd,
+    /// What the executor learned of the world for this decision.
+    pub facts: Facts,
+}
+
+/// Facts of the world outside the journal that a decision depends on. The executor learns
+/// them when a decision asks for them ([`charge`], [`needs_key`]) and decides again with
+/// them; the decider itself never looks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// The project's credits did not cover what the decided step reserves (the ledger
+    /// refused the reservation).
+    pub funds_short: bool,
+    /// Whether the Secret of a BYOK agent still holds its key.
+    pub key: Key,
+}
+
+/// A BYOK agent's key, as its Secret holds it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Key {
+    /// Not looked up (a platform agent, or no call decided yet).
+    #[default]
+    Unknown,
+    /// The Secret holds it.
+    Present,
+    /// The Secret is gone or holds no key.
+    Missing,
 }
 
 /// What the run does next.
@@ -58,12 +87,21 @@ pub struct RunInput<'a> {
 pub enum Decision {
     /// Journal this intent, carry it out, journal its outcome.
     Act(Intent),
+    /// Journal this intent with a failed outcome without carrying it out: a check before
+    /// the effect refused it (a BYOK key that vanished).
+    Refuse {
+        /// The step.
+        intent: Intent,
+        /// Why.
+        error: String,
+    },
     /// Carry out again the interrupted step with this sequence number (it is safe to).
     Repeat(u32),
     /// Park on the interrupted step with this sequence number: its outcome is uncertain and
     /// repeating it may not be safe.
     Park(u32),
-    /// The run is ending while this step is interrupted: record it as failed.
+    /// The run is ending while this step is interrupted, or the step cannot be carried out
+    /// again: record it as failed.
     Abandon {
         /// The step.
         seq: u32,
@@ -99,18 +137,15 @@ pub fn shell_tool() -> ToolSpec {
 /// When the run must end: its deadline or the end of its timeout (from its first step),
 /// whichever is first. The default timeout bounds only a run without a deadline: a deadline
 /// the user set is the run's lifetime, even a longer one.
-pub fn time_limit(spec: &AgentRunSpec, journal: &[Step]) -> Option<(Timestamp, FailReason)> {
+pub fn time_limit(spec: &AgentRunSpec, replay: &Replay) -> Option<(Timestamp, FailReason)> {
     let timeout = match (spec.timeout, spec.deadline) {
         (Some(timeout), _) => timeout,
         (None, None) => AgentRunSpec::DEFAULT_TIMEOUT,
         (None, Some(deadline)) => return Some((deadline, FailReason::DeadlineExceeded)),
     };
-    let timeout_end = journal.first().and_then(|first| {
+    let timeout_end = replay.started_at.and_then(|first| {
         let seconds = i64::try_from(timeout.as_secs()).ok()?;
-        first
-            .started_at
-            .checked_add(SignedDuration::from_secs(seconds))
-            .ok()
+        first.checked_add(SignedDuration::from_secs(seconds)).ok()
     });
     match (spec.deadline, timeout_end) {
         (Some(deadline), Some(end)) if end < deadline => Some((end, FailReason::TimeoutExceeded)),
@@ -125,28 +160,92 @@ pub fn time_limit(spec: &AgentRunSpec, journal: &[Step]) -> Option<(Timestamp, F
 /// and stops the command when the answer is `Some`.
 pub fn ending(
     spec: &AgentRunSpec,
-    journal: &[Step],
+    replay: &Replay,
     cancel: Option<CancelReason>,
     now: Timestamp,
 ) -> Option<RunPhase> {
     cancel.map(RunPhase::Cancelled).or_else(|| {
-        time_limit(spec, journal)
+        time_limit(spec, replay)
             .filter(|(at, _)| now >= *at)
             .map(|(_, reason)| RunPhase::Failed(reason))
     })
 }
 
+/// What a run that is queued in its group (not admitted yet) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    /// Its deadline passed while it was queued: it fails.
+    Expired(FailReason),
+    /// It stays queued, and must be looked at again at its deadline, if it has one.
+    Until(Option<Timestamp>),
+}
+
+/// A queued run's fate at `now`: only its deadline bounds it (its timeout counts from its
+/// first step, which it has not taken).
+pub fn queued(spec: &AgentRunSpec, now: Timestamp) -> Queued {
+    match spec.deadline {
+        Some(deadline) if now >= deadline => Queued::Expired(FailReason::DeadlineExceeded),
+        until => Queued::Until(until),
+    }
+}
+
 /// Decide the run's next move.
 pub fn decide(input: &RunInput<'_>) -> Decision {
-    let replay = Replay::of(input.journal);
+    let decision = decide_unfunded(input);
+    // The ledger refused what this decision reserves: wait for credits instead.
+    if input.facts.funds_short && charge(input, &decision).is_some() {
+        return Decision::Wait {
+            reason: WaitReason::AwaitingFunds,
+            until: time_limit(input.spec, input.replay).map(|(at, _)| at),
+        };
+    }
+    decision
+}
+
+/// What carrying out the decision reserves against the project's credits, and under which
+/// step: platform model calls their worst case, routing the router's; nothing else, and
+/// nothing on the user's own key.
+pub fn charge(input: &RunInput<'_>, decision: &Decision) -> Option<(u32, Usd)> {
+    let (seq, intent) = match decision {
+        Decision::Act(intent) => (input.replay.steps, intent),
+        Decision::Repeat(seq) => (*seq, &input.replay.open(*seq)?.intent),
+        _ => return None,
+    };
+    Some((seq, charge_of(input.agent, input.router_max_cost, intent)?))
+}
+
+/// What a step reserves against the project's credits (see [`charge`]).
+pub fn charge_of(agent: &AgentSpec, router_max_cost: Usd, intent: &Intent) -> Option<Usd> {
+    if agent.model.access == Access::Byok {
+        return None;
+    }
+    let amount = match intent {
+        Intent::CallModel { reserved_usd, .. } => *reserved_usd,
+        Intent::Route { .. } => router_max_cost,
+        _ => return None,
+    };
+    // Nothing to reserve (a local router): no ledger write at all.
+    (!amount.is_zero()).then_some(amount)
+}
+
+/// Whether carrying out the decision needs the BYOK agent's key (the executor then looks
+/// it up and decides again with [`Facts::key`]).
+pub fn needs_key(input: &RunInput<'_>, decision: &Decision) -> bool {
+    input.agent.model.access == Access::Byok
+        && input.facts.key == Key::Unknown
+        && matches!(decision, Decision::Act(Intent::CallModel { .. }))
+}
+
+fn decide_unfunded(input: &RunInput<'_>) -> Decision {
+    let replay = input.replay;
     if let Some(then) = replay.ended {
         return Decision::Finish(then);
     }
-    let limit = time_limit(input.spec, input.journal);
-    let ending = ending(input.spec, input.journal, input.cancel, input.now);
+    let limit = time_limit(input.spec, replay);
+    let ending = ending(input.spec, replay, input.cancel, input.now);
     let byok = input.agent.model.access == Access::Byok;
 
-    if let Some(step) = replay.open_step {
+    if let Some(step) = &replay.open_step {
         return match ending {
             Some(end) if !matches!(step.intent, Intent::DestroySandbox { .. }) => {
                 Decision::Abandon {
@@ -154,12 +253,22 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
                     error: format!("interrupted, and the run is ending ({end})"),
                 }
             }
-            _ if step.intent.safe_to_repeat(byok) => Decision::Repeat(step.seq),
+            _ if step.intent.safe_to_repeat(byok) => match &step.intent {
+                Intent::CallModel { model, .. }
+                    if bill(input, model, &Usage::default()).is_err() =>
+                {
+                    Decision::Abandon {
+                        seq: step.seq,
+                        error: unpriced(model),
+                    }
+                }
+                _ => Decision::Repeat(step.seq),
+            },
             _ => Decision::Park(step.seq),
         };
     }
     if let Some(end) = ending {
-        return terminate(&replay, end);
+        return terminate(replay, end);
     }
 
     match replay.sandbox {
@@ -187,15 +296,16 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
         until: limit.map(|(at, _)| at),
     };
 
-    // Routing: platform access only; a BYOK agent names its model.
+    // Routing: platform access only; a BYOK agent names its model. A routing step that
+    // failed for good (no model for the family) fails the run.
     let model = if byok {
         input.agent.model.name.clone().unwrap_or_default()
     } else {
         if turn.route_failed.is_some() {
-            return terminate(&replay, RunPhase::Failed(FailReason::ModelCallFailed));
+            return terminate(replay, RunPhase::Failed(FailReason::ModelCallFailed));
         }
         match &turn.route {
-            Some(route) => route.model.to_string(),
+            Some(route) => route.model.clone(),
             None => {
                 if guard.reserve(input.router_max_cost).is_err() {
                     return wait_max_cost;
@@ -211,67 +321,57 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
         ..
     }) = turn.calls.last()
     {
-        return terminate(&replay, RunPhase::Failed(FailReason::ModelCallFailed));
+        return terminate(replay, RunPhase::Failed(FailReason::ModelCallFailed));
     }
     let max_tool_calls = input.agent.max_tool_calls;
-    let granted = granted_tool_uses(turn, max_tool_calls);
     let last_reply = turn.calls.last().and_then(|call| match call {
-        Call::Replied { response, .. } => Some(*response),
+        Call::Replied { response, .. } => Some(response),
         Call::Failed { .. } => None,
     });
-    let budget_used = turn.tool_uses().filter(|t| t.command().is_some()).count()
-        >= usize::try_from(max_tool_calls).unwrap_or(usize::MAX);
+    let budget_used =
+        turn.commands().len() >= usize::try_from(max_tool_calls).unwrap_or(usize::MAX);
     let needs_call = match last_reply {
         None => true,
         Some(reply) => {
-            let asked: Vec<_> = reply
-                .content
-                .iter()
-                .filter_map(|block| match block {
-                    ContentBlock::ToolUse { id, .. } => Some(id.as_str()),
-                    _ => None,
-                })
-                .collect();
-            if let Some(tool_use) = turn
-                .tool_uses()
-                .find(|t| granted.contains(&t.id) && !turn.results.contains_key(t.id))
-            {
+            if let Some(asked) = turn.next_command(max_tool_calls) {
                 return Decision::Act(Intent::Command {
                     turn: turn_index,
-                    tool_use_id: tool_use.id.to_string(),
-                    command: tool_use.command().unwrap_or_default().to_string(),
+                    tool_use_id: asked.id.clone(),
+                    command: asked.command.clone(),
                 });
             }
             // The model asked for tools: give it their results, unless it already had its
             // last call without tools (then its text is the answer).
-            let had_call_without_tools = matches!(
-                input
-                    .journal
-                    .iter()
-                    .rev()
-                    .find_map(|step| match &step.intent {
-                        Intent::CallModel { turn, tools, .. } if *turn == turn_index =>
-                            Some(*tools),
-                        _ => None,
-                    }),
-                Some(false)
-            );
-            !asked.is_empty() && !had_call_without_tools
+            let asked_tools = reply
+                .content
+                .iter()
+                .any(|block| matches!(block, ContentBlock::ToolUse { .. }));
+            asked_tools && turn.last_call_tools != Some(false)
         }
     };
     if needs_call {
-        let Some(reservation) = reservation(input, &replay, &model, !budget_used, byok) else {
-            return terminate(&replay, RunPhase::Failed(FailReason::ModelCallFailed));
+        let Some(reservation) = reservation(input, &model, !budget_used, byok) else {
+            return terminate(replay, RunPhase::Failed(FailReason::ModelCallFailed));
         };
         if guard.reserve(reservation).is_err() {
             return wait_max_cost;
         }
-        return Decision::Act(Intent::CallModel {
+        let intent = Intent::CallModel {
             turn: turn_index,
             model,
             reserved_usd: reservation,
             tools: !budget_used,
-        });
+        };
+        // The model-call checks: a BYOK call needs its key, which may have vanished since
+        // the run was created.
+        if byok && input.facts.key == Key::Missing {
+            let secret = input.agent.model.api_key_secret.clone().unwrap_or_default();
+            return Decision::Refuse {
+                intent,
+                error: format!("the Secret {secret:?} holds no {API_KEY_SECRET_KEY}"),
+            };
+        }
+        return Decision::Act(intent);
     }
     if !turn.answered {
         return Decision::Act(Intent::Answer { turn: turn_index });
@@ -294,12 +394,12 @@ pub fn decide(input: &RunInput<'_>) -> Decision {
             until: limit.map(|(at, _)| at),
         };
     }
-    terminate(&replay, RunPhase::Succeeded)
+    terminate(replay, RunPhase::Succeeded)
 }
 
 /// End the run: delete its sandbox first if it has one.
-fn terminate(replay: &Replay<'_>, end: RunPhase) -> Decision {
-    match replay.sandbox {
+fn terminate(replay: &Replay, end: RunPhase) -> Decision {
+    match &replay.sandbox {
         SandboxState::Live(info) => Decision::Act(Intent::DestroySandbox {
             id: info.id.clone(),
             then: end,
@@ -308,71 +408,278 @@ fn terminate(replay: &Replay<'_>, end: RunPhase) -> Decision {
     }
 }
 
+fn unpriced(model: &str) -> String {
+    format!("the model {model} has no known price; platform access refuses it")
+}
+
+/// What a model call with this usage costs the run: its price on platform access (a model
+/// with no known price is refused: fail closed), nothing on the user's own key.
+pub fn bill(input: &RunInput<'_>, model: &str, usage: &Usage) -> Result<Usd, String> {
+    if input.agent.model.access == Access::Byok {
+        return Ok(Usd::ZERO);
+    }
+    input
+        .catalog
+        .prices_of(model)
+        .map(|prices| cost::bill(prices, usage))
+        .ok_or_else(|| unpriced(model))
+}
+
 /// The worst case of the next model call, or `None` when the model has no known price on
 /// platform access (fail closed). BYOK calls reserve nothing.
-fn reservation(
-    input: &RunInput<'_>,
-    replay: &Replay<'_>,
-    model: &str,
-    tools: bool,
-    byok: bool,
-) -> Option<Usd> {
+fn reservation(input: &RunInput<'_>, model: &str, tools: bool, byok: bool) -> Option<Usd> {
     if byok {
         return Some(Usd::ZERO);
     }
     let prices = input.catalog.prices_of(model)?;
-    let (messages, last_reply) =
-        replay.conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls);
-    let bound = prompt_token_bound(input, replay, &messages, last_reply, tools);
+    let bound = prompt_token_bound(input, tools);
     Some(cost::worst_case(prices, bound, input.agent.max_tokens))
+}
+
+/// The request a model call sends: the system prompt, the conversation so far as the
+/// journal tells it, the shell tool (offered, or closed once `maxToolCalls` is reached).
+pub fn model_request(
+    input: &RunInput<'_>,
+    model: &str,
+    tools: bool,
+    credentials: Credentials,
+) -> ModelRequest {
+    let (messages, _) =
+        input
+            .replay
+            .conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls);
+    ModelRequest {
+        model: model.to_string(),
+        system: input.system.to_string(),
+        messages,
+        tools: vec![shell_tool()],
+        tool_choice: if tools {
+            ToolChoice::Auto
+        } else {
+            ToolChoice::None
+        },
+        max_tokens: input.agent.max_tokens,
+        credentials,
+    }
+}
+
+/// The families routing may choose: the agent's `families`, or every family.
+pub fn allowed_families(agent: &AgentSpec) -> Vec<Family> {
+    agent
+        .model
+        .families
+        .clone()
+        .unwrap_or_else(|| Family::ALL.to_vec())
+}
+
+/// What routing asks the router: the prompt of the turn, and the conversation before it.
+pub fn route_prompt(input: &RunInput<'_>, turn: u32) -> (String, Vec<ChatMessage>) {
+    let (mut conversation, _) =
+        input
+            .replay
+            .conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls);
+    conversation.truncate(conversation.len().saturating_sub(1));
+    let prompt = input
+        .replay
+        .prompt_of(turn, input.first_prompt, input.inbox);
+    (prompt, conversation)
+}
+
+/// The outcome of a routing step from the router's answer (`Err`: it failed or timed out):
+/// a family the agent allows, billed at the price of the router's own model call; the
+/// fallback family otherwise (a router whose model has no known price is not trusted
+/// either), saying why; a failure when the catalog has no model for the family.
+pub fn routed(input: &RunInput<'_>, answer: Result<RouteChoice, String>) -> Outcome {
+    let allowed = allowed_families(input.agent);
+    let fallback = |reason: String| {
+        (
+            fallback_family(&allowed),
+            ChosenBy::Fallback,
+            Usd::ZERO,
+            None,
+            Some(reason),
+        )
+    };
+    let (family, chosen_by, cost_usd, usage, fallback_reason) = match answer {
+        Ok(choice) if allowed.contains(&choice.family) => {
+            let billed = match &choice.call {
+                None => Some(Usd::ZERO),
+                Some(call) => input
+                    .catalog
+                    .prices_of(&call.model)
+                    .map(|prices| cost::bill(prices, &call.usage)),
+            };
+            match billed {
+                Some(cost_usd) => (
+                    choice.family,
+                    ChosenBy::Jev,
+                    cost_usd,
+                    choice.call.map(|c| c.usage),
+                    None,
+                ),
+                None => fallback("the router's model has no known price".to_string()),
+            }
+        }
+        Ok(choice) => fallback(format!(
+            "the router chose {}, which the agent does not allow",
+            choice.family
+        )),
+        Err(reason) => fallback(reason),
+    };
+    match input.catalog.family(family) {
+        Some(entry) => Outcome::Routed {
+            family: Some(family),
+            model: entry.model.clone(),
+            chosen_by,
+            cost_usd,
+            usage,
+            fallback_reason,
+        },
+        None => failed(format!(
+            "the model catalog has no model for the family {family}"
+        )),
+    }
+}
+
+/// Sonnet when the agent allows it, otherwise its first allowed family.
+pub fn fallback_family(allowed: &[Family]) -> Family {
+    if allowed.contains(&Family::FALLBACK) {
+        Family::FALLBACK
+    } else {
+        allowed.first().copied().unwrap_or(Family::FALLBACK)
+    }
+}
+
+/// What carrying out an effect gave, as the journal records it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// An outcome to journal.
+    Done(Outcome),
+    /// The effect may or may not have happened, and repeating it is not safe: the run parks.
+    Uncertain,
+}
+
+/// A failed outcome.
+pub fn failed(error: String) -> Outcome {
+    Outcome::Failed {
+        error,
+        by_resolution: false,
+    }
+}
+
+/// What a command's execution means for its step: its output; a failure when it certainly
+/// did not run (no sandbox, refused, not started); uncertain otherwise (it may have run).
+pub fn command_effect(executed: Result<ExecOutput, sandbox::Error>) -> Effect {
+    match executed {
+        Ok(output) => Effect::Done(Outcome::CommandFinished { output }),
+        Err(
+            e @ (sandbox::Error::NotFound(_)
+            | sandbox::Error::Refused(_)
+            | sandbox::Error::NotStarted(_)),
+        ) => Effect::Done(failed(e.to_string())),
+        Err(_) => Effect::Uncertain,
+    }
+}
+
+/// What a model call's answer means for its step, or `None` when the call is to be made
+/// again (an uncertain platform call is safe to repeat while attempts are left: the
+/// platform pays for a lost reply, and the reservation covers one call). An uncertain call
+/// on the user's own key may have been charged to them: the run parks.
+pub fn model_effect(
+    input: &RunInput<'_>,
+    model: &str,
+    answer: Result<crate::model::ModelResponse, crate::model::Error>,
+    attempts_left: bool,
+) -> Option<Effect> {
+    let byok = input.agent.model.access == Access::Byok;
+    match answer {
+        Ok(response) => Some(Effect::Done(match bill(input, model, &response.usage) {
+            Ok(cost_usd) => Outcome::ModelReplied { response, cost_usd },
+            Err(error) => failed(error),
+        })),
+        Err(e) if e.kind == ErrorKind::Uncertain && byok => Some(Effect::Uncertain),
+        Err(e) if e.kind == ErrorKind::Uncertain && attempts_left => None,
+        Err(e) => Some(Effect::Done(failed(e.message))),
+    }
+}
+
+/// The phase a run is in while it carries out a decided step: running (a run deleting its
+/// sandbox to end keeps its phase until the deletion is recorded).
+pub fn acting_phase(phase: RunPhase, intent: &Intent) -> Result<RunPhase, TransitionRefused> {
+    match intent {
+        Intent::DestroySandbox { .. } => Ok(phase),
+        _ => phase.toward(RunPhase::Running),
+    }
+}
+
+/// The phase an effect's result leads to from `phase`: an uncertain one parks the run; a
+/// recorded outcome keeps it.
+pub fn phase_after(phase: RunPhase, effect: &Effect) -> Result<RunPhase, TransitionRefused> {
+    match effect {
+        Effect::Done(_) => Ok(phase),
+        Effect::Uncertain => phase.toward(RunPhase::NeedsResolution),
+    }
+}
+
+/// The phase a decision that stops the run's work leads to from `phase`: parked, waiting,
+/// or its end. `None` for a decision the run acts on.
+pub fn phase_of(
+    phase: RunPhase,
+    decision: &Decision,
+) -> Option<Result<RunPhase, TransitionRefused>> {
+    let target = match decision {
+        Decision::Park(_) => RunPhase::NeedsResolution,
+        Decision::Wait { reason, .. } => RunPhase::Waiting(*reason),
+        Decision::Finish(end) => *end,
+        Decision::Act(_)
+        | Decision::Refuse { .. }
+        | Decision::Repeat(_)
+        | Decision::Abandon { .. } => {
+            return None;
+        }
+    };
+    Some(phase.toward(target))
 }
 
 /// An upper bound of the prompt tokens of the next call: never below the real count.
 ///
 /// A token is at least one byte of text, so the bytes of everything sent, plus generous
 /// framing, bound it. When an earlier call reported its usage, its prompt and output plus the
-/// bytes added since bound it too; the smaller of the two bounds is used.
-pub fn prompt_token_bound(
-    input: &RunInput<'_>,
-    replay: &Replay<'_>,
-    messages: &[ChatMessage],
-    last_reply: Option<usize>,
-    tools: bool,
-) -> u64 {
+/// bytes added since bound it too; the smaller of the two bounds is used. The bytes of the
+/// replies and results are kept by the fold ([`crate::replay::Sizes`]), so the bound costs
+/// no rendering of the conversation.
+pub fn prompt_token_bound(input: &RunInput<'_>, tools: bool) -> u64 {
     let tool_bytes = if tools {
         serde_json::to_string(&shell_tool()).map_or(0, |s| s.len() as u64) + TOOL_OVERHEAD_TOKENS
     } else {
         TOOL_OVERHEAD_TOKENS
     };
-    let message_bytes = |slice: &[ChatMessage]| -> u64 {
-        slice
+    let replay = input.replay;
+    let prompt = |turn| replay.prompt_bytes(turn, input.first_prompt, input.inbox);
+    let from_bytes = input.system.len() as u64
+        + tool_bytes
+        + replay
+            .turns
             .iter()
-            .map(|m| {
-                m.content
-                    .iter()
-                    .map(|block| {
-                        serde_json::to_string(block).map_or(0, |s| s.len() as u64)
-                            + MESSAGE_OVERHEAD_TOKENS
-                    })
-                    .sum::<u64>()
-                    + MESSAGE_OVERHEAD_TOKENS
-            })
-            .sum()
-    };
-    let from_bytes = input.system.len() as u64 + tool_bytes + message_bytes(messages);
-    let last_usage = replay
+            .map(|turn| prompt(turn) + turn.sizes().messages)
+            .sum::<u64>();
+    let last = replay
         .turns
         .iter()
-        .rev()
-        .find_map(|turn| turn.last_reply())
-        .map(|reply| reply.usage);
-    match (last_usage, last_reply) {
-        (Some(usage), Some(index)) => {
-            let after = messages.get(index + 1..).map_or(0, message_bytes);
+        .rposition(|turn| turn.last_reply().is_some());
+    match last {
+        Some(index) => {
+            let turn = &replay.turns[index];
+            let usage = turn
+                .last_reply()
+                .map(|reply| reply.usage)
+                .unwrap_or_default();
+            let after = turn.sizes().after_last_reply
+                + replay.turns[index + 1..].iter().map(prompt).sum::<u64>();
             let from_usage = usage.prompt_tokens() + usage.output_tokens + after + tool_bytes;
             from_bytes.min(from_usage)
         }
-        _ => from_bytes,
+        None => from_bytes,
     }
 }
 
@@ -381,13 +688,1145 @@ mod tests {
     use super::*;
     use crate::resource::DurationSpec;
 
-    fn started(at: Timestamp) -> Vec<Step> {
-        vec![Step {
+    use std::collections::BTreeMap;
+
+    use crate::catalog::CatalogModel;
+    use crate::cost::{Prices, Rates};
+    use crate::journal::{Completion, Step};
+    use crate::lifecycle::PendingReason;
+    use crate::model::StopReason;
+    use crate::output::Output;
+    use crate::resource::ModelAccess;
+    use crate::sandbox::{SandboxId, SandboxInfo};
+
+    fn t0() -> Timestamp {
+        "2026-12-01T10:00:00Z".parse().expect("time")
+    }
+
+    fn prices() -> Prices {
+        Prices {
+            base: Rates {
+                input: Usd::from_cents(100),
+                output: Usd::from_cents(500),
+                cache_write: Usd::from_cents(125),
+                cache_read: Usd::from_cents(10),
+            },
+            long_prompt: None,
+        }
+    }
+
+    fn catalog() -> Catalog {
+        let entry = |model: &str| CatalogModel {
+            model: model.to_string(),
+            prices: prices(),
+        };
+        Catalog {
+            date: "2026-12-01".to_string(),
+            notes: Vec::new(),
+            families: BTreeMap::from([
+                (Family::Haiku, entry("m-haiku")),
+                (Family::Sonnet, entry("m-sonnet")),
+            ]),
+            models: vec![entry("m-byok")],
+        }
+    }
+
+    /// The world a decision is taken in: the run, its agent, and the facts passed in.
+    struct World {
+        agent: AgentSpec,
+        spec: AgentRunSpec,
+        sandbox: SandboxSpec,
+        catalog: Catalog,
+        inbox: Vec<InboxMessage>,
+        now: Timestamp,
+        cancel: Option<CancelReason>,
+        close: bool,
+        router_max_cost: Usd,
+        facts: Facts,
+    }
+
+    impl World {
+        fn platform() -> Self {
+            World {
+                agent: AgentSpec::new("be brief"),
+                spec: AgentRunSpec::new("a", "list the files"),
+                sandbox: SandboxSpec {
+                    key: "run-1".to_string(),
+                    image: None,
+                    env: Default::default(),
+                    limits: Default::default(),
+                    network: false,
+                },
+                catalog: catalog(),
+                inbox: Vec::new(),
+                now: t0(),
+                cancel: None,
+                close: false,
+                router_max_cost: Usd::ZERO,
+                facts: Facts::default(),
+            }
+        }
+
+        fn byok() -> Self {
+            let mut world = World::platform();
+            world.agent.model = ModelAccess {
+                access: Access::Byok,
+                families: None,
+                name: Some("m-byok".to_string()),
+                api_key_secret: Some("my-key".to_string()),
+            };
+            world
+        }
+
+        fn decide(&self, journal: &[Step]) -> Decision {
+            let replay = Replay::of(journal);
+            decide(&self.input(&replay))
+        }
+
+        fn input<'a>(&'a self, replay: &'a Replay) -> RunInput<'a> {
+            RunInput {
+                agent: &self.agent,
+                spec: &self.spec,
+                sandbox: &self.sandbox,
+                system: "be brief",
+                first_prompt: "list the files",
+                replay,
+                inbox: &self.inbox,
+                now: self.now,
+                cancel: self.cancel,
+                close: self.close,
+                catalog: &self.catalog,
+                router_max_cost: self.router_max_cost,
+                facts: self.facts,
+            }
+        }
+    }
+
+    /// A journal written step by step.
+    #[derive(Default, Clone)]
+    struct Journal(Vec<Step>);
+
+    impl Journal {
+        fn push(mut self, intent: Intent, outcome: Option<Outcome>) -> Self {
+            let seq = u32::try_from(self.0.len()).expect("seq");
+            self.0.push(Step {
+                seq,
+                started_at: t0(),
+                intent,
+                completion: outcome.map(|outcome| Completion {
+                    finished_at: t0(),
+                    outcome,
+                }),
+            });
+            self
+        }
+        fn done(self, intent: Intent, outcome: Outcome) -> Self {
+            self.push(intent, Some(outcome))
+        }
+        fn open(self, intent: Intent) -> Self {
+            self.push(intent, None)
+        }
+        /// A live sandbox.
+        fn created(self) -> Self {
+            self.done(
+                Intent::CreateSandbox {
+                    spec: World::platform().sandbox,
+                },
+                Outcome::SandboxCreated {
+                    info: SandboxInfo {
+                        id: SandboxId("sb-1".to_string()),
+                        isolated: true,
+                    },
+                },
+            )
+        }
+        /// Turn `turn` routed to Haiku.
+        fn routed(self, turn: u32) -> Self {
+            self.done(Intent::Route { turn }, routed_to("m-haiku"))
+        }
+        fn replied(self, turn: u32, model: &str, tools: bool, content: Vec<ContentBlock>) -> Self {
+            self.done(call(turn, model, tools), replied(content))
+        }
+    }
+
+    fn routed_to(model: &str) -> Outcome {
+        Outcome::Routed {
+            family: Some(Family::Haiku),
+            model: model.to_string(),
+            chosen_by: ChosenBy::Jev,
+            cost_usd: Usd::ZERO,
+            usage: None,
+            fallback_reason: None,
+        }
+    }
+
+    fn call(turn: u32, model: &str, tools: bool) -> Intent {
+        Intent::CallModel {
+            turn,
+            model: model.to_string(),
+            reserved_usd: Usd::from_cents(1),
+            tools,
+        }
+    }
+
+    fn replied(content: Vec<ContentBlock>) -> Outcome {
+        Outcome::ModelReplied {
+            response: crate::model::ModelResponse {
+                model: "m".to_string(),
+                content,
+                stop_reason: StopReason::EndTurn,
+                usage: Usage {
+                    input_tokens: 100,
+                    output_tokens: 20,
+                    cache_write_tokens: 0,
+                    cache_read_tokens: 0,
+                },
+                request_id: None,
+            },
+            cost_usd: Usd::from_nanos(1_000),
+        }
+    }
+
+    fn text(text: &str) -> Vec<ContentBlock> {
+        vec![ContentBlock::Text {
+            text: text.to_string(),
+        }]
+    }
+
+    fn shell(id: &str, command: &str) -> ContentBlock {
+        ContentBlock::ToolUse {
+            id: id.to_string(),
+            name: "shell".to_string(),
+            input: serde_json::json!({ "command": command }),
+        }
+    }
+
+    fn command(turn: u32, id: &str, command: &str) -> Intent {
+        Intent::Command {
+            turn,
+            tool_use_id: id.to_string(),
+            command: command.to_string(),
+        }
+    }
+
+    fn finished(exit: i32) -> Outcome {
+        Outcome::CommandFinished {
+            output: ExecOutput {
+                exit_code: Some(exit),
+                stdout: Output {
+                    bytes: b"a.txt\n".to_vec(),
+                    truncated: false,
+                },
+                stderr: Output::default(),
+                timed_out: false,
+                stopped: None,
+            },
+        }
+    }
+
+    fn destroy(then: RunPhase) -> Intent {
+        Intent::DestroySandbox {
+            id: SandboxId("sb-1".to_string()),
+            then,
+        }
+    }
+
+    /// The first turn up to the model's request for `ls` (tool call `t1`).
+    fn asked_ls() -> Journal {
+        Journal::default()
+            .created()
+            .routed(0)
+            .replied(0, "m-haiku", true, vec![shell("t1", "ls")])
+    }
+
+    /// The first turn answered.
+    fn answered() -> Journal {
+        asked_ls()
+            .done(command(0, "t1", "ls"), finished(0))
+            .replied(0, "m-haiku", true, text("a.txt"))
+            .done(Intent::Answer { turn: 0 }, Outcome::Answered)
+    }
+
+    fn failure(error: &str) -> Outcome {
+        Outcome::Failed {
+            error: error.to_string(),
+            by_resolution: false,
+        }
+    }
+
+    /// A decision in a few words, so that tables read as the run's story. The amounts of
+    /// model calls are checked apart (`a_model_call_reserves_its_worst_case`).
+    fn shape(decision: &Decision) -> String {
+        fn intent(intent: &Intent) -> String {
+            match intent {
+                Intent::CreateSandbox { .. } => "create sandbox".to_string(),
+                Intent::Route { turn } => format!("route {turn}"),
+                Intent::CallModel {
+                    turn, model, tools, ..
+                } => format!(
+                    "call {turn} {model} {}",
+                    if *tools {
+                        "with tools"
+                    } else {
+                        "without tools"
+                    }
+                ),
+                Intent::Command {
+                    turn,
+                    tool_use_id,
+                    command,
+                } => format!("command {turn} {tool_use_id} `{command}`"),
+                Intent::ReadMessage { turn, message_seq } => {
+                    format!("read message {message_seq} as turn {turn}")
+                }
+                Intent::Answer { turn } => format!("answer {turn}"),
+                Intent::DestroySandbox { id, then } => format!("destroy {id}, then {then:?}"),
+            }
+        }
+        match decision {
+            Decision::Act(act) => intent(act),
+            Decision::Refuse { intent: act, error } => format!("refuse {}: {error}", intent(act)),
+            Decision::Repeat(seq) => format!("repeat {seq}"),
+            Decision::Park(seq) => format!("park {seq}"),
+            Decision::Abandon { seq, error } => format!("abandon {seq}: {error}"),
+            Decision::Wait { reason, .. } => format!("wait {reason:?}"),
+            Decision::Finish(phase) => format!("finish {phase:?}"),
+        }
+    }
+
+    /// The table: a journal prefix and the world, and what the run does next. Every step
+    /// kind is decided, every outcome is in some prefix, every terminal phase is reached.
+    #[test]
+    fn the_decision_for_each_journal_prefix() {
+        let platform = World::platform;
+        let with = |edit: &dyn Fn(&mut World)| {
+            let mut world = World::platform();
+            edit(&mut world);
+            world
+        };
+        let byok_with = |edit: &dyn Fn(&mut World)| {
+            let mut world = World::byok();
+            edit(&mut world);
+            world
+        };
+        let mut inbox_world = World::platform();
+        inbox_world.inbox.push(InboxMessage {
+            seq: 1,
+            key: None,
+            payload: "and now the sizes".to_string(),
+            received_at: t0(),
+        });
+        let later = |hours: i64| t0() + SignedDuration::from_hours(hours);
+        let cases: Vec<(&str, World, Journal, &str)> = vec![
+            // Creating the sandbox.
+            (
+                "a new run creates its sandbox",
+                platform(),
+                Journal::default(),
+                "create sandbox",
+            ),
+            (
+                "an interrupted creation is repeated",
+                platform(),
+                Journal::default().open(Intent::CreateSandbox {
+                    spec: platform().sandbox,
+                }),
+                "repeat 0",
+            ),
+            (
+                "a creation that failed fails the run",
+                platform(),
+                Journal::default().done(
+                    Intent::CreateSandbox {
+                        spec: platform().sandbox,
+                    },
+                    failure("no space"),
+                ),
+                "finish Failed(SandboxFailed)",
+            ),
+            // Routing.
+            (
+                "with a sandbox, the first turn is routed",
+                platform(),
+                Journal::default().created(),
+                "route 0",
+            ),
+            (
+                "an interrupted routing is repeated",
+                platform(),
+                Journal::default().created().open(Intent::Route { turn: 0 }),
+                "repeat 1",
+            ),
+            (
+                "a routing that failed for good fails the run, deleting the sandbox",
+                platform(),
+                Journal::default()
+                    .created()
+                    .done(Intent::Route { turn: 0 }, failure("no model for opus")),
+                "destroy sb-1, then Failed(ModelCallFailed)",
+            ),
+            (
+                "a BYOK agent is not routed: it calls its own model",
+                World::byok(),
+                Journal::default().created(),
+                "call 0 m-byok with tools",
+            ),
+            // Model calls.
+            (
+                "a routed turn calls its model",
+                platform(),
+                Journal::default().created().routed(0),
+                "call 0 m-haiku with tools",
+            ),
+            (
+                "an interrupted platform call is repeated (the platform pays a lost reply)",
+                platform(),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .open(call(0, "m-haiku", true)),
+                "repeat 2",
+            ),
+            (
+                "an interrupted BYOK call parks: it may have been charged to the user",
+                World::byok(),
+                Journal::default().created().open(call(0, "m-byok", true)),
+                "park 1",
+            ),
+            (
+                "a call that failed fails the run",
+                platform(),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .done(call(0, "m-haiku", true), failure("overloaded")),
+                "destroy sb-1, then Failed(ModelCallFailed)",
+            ),
+            (
+                "a call a person recorded as failed is made again",
+                platform(),
+                Journal::default().created().routed(0).done(
+                    call(0, "m-haiku", true),
+                    Outcome::Failed {
+                        error: "unknown".to_string(),
+                        by_resolution: true,
+                    },
+                ),
+                "call 0 m-haiku with tools",
+            ),
+            (
+                "a superseded call is made again as a new step",
+                platform(),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .done(call(0, "m-haiku", true), Outcome::Superseded),
+                "call 0 m-haiku with tools",
+            ),
+            // Commands.
+            (
+                "the command the model asked for runs",
+                platform(),
+                asked_ls(),
+                "command 0 t1 `ls`",
+            ),
+            (
+                "an interrupted command parks: it may have changed the sandbox",
+                platform(),
+                asked_ls().open(command(0, "t1", "ls")),
+                "park 3",
+            ),
+            (
+                "a finished command is not run again: the model gets its result",
+                platform(),
+                asked_ls().done(command(0, "t1", "ls"), finished(2)),
+                "call 0 m-haiku with tools",
+            ),
+            (
+                "a command that could not run is reported to the model",
+                platform(),
+                asked_ls().done(command(0, "t1", "ls"), failure("sandbox refused")),
+                "call 0 m-haiku with tools",
+            ),
+            (
+                "a superseded command runs again as a new step",
+                platform(),
+                asked_ls().done(command(0, "t1", "ls"), Outcome::Superseded),
+                "command 0 t1 `ls`",
+            ),
+            (
+                "commands run in the order asked, one step each",
+                platform(),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .replied(
+                        0,
+                        "m-haiku",
+                        true,
+                        vec![shell("t1", "ls"), shell("t2", "pwd")],
+                    )
+                    .done(command(0, "t1", "ls"), finished(0)),
+                "command 0 t2 `pwd`",
+            ),
+            (
+                "past maxToolCalls a call is made without tools",
+                with(&|w| w.agent.max_tool_calls = 1),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .replied(
+                        0,
+                        "m-haiku",
+                        true,
+                        vec![shell("t1", "ls"), shell("t2", "pwd")],
+                    )
+                    .done(command(0, "t1", "ls"), finished(0)),
+                "call 0 m-haiku without tools",
+            ),
+            (
+                "a reply to a call without tools is the answer, tool calls or not",
+                with(&|w| w.agent.max_tool_calls = 1),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .replied(
+                        0,
+                        "m-haiku",
+                        true,
+                        vec![shell("t1", "ls"), shell("t2", "pwd")],
+                    )
+                    .done(command(0, "t1", "ls"), finished(0))
+                    .replied(0, "m-haiku", false, vec![shell("t3", "cat a.txt")]),
+                "answer 0",
+            ),
+            (
+                "a call that is not the shell's is answered by the model's next call",
+                platform(),
+                Journal::default().created().routed(0).replied(
+                    0,
+                    "m-haiku",
+                    true,
+                    vec![ContentBlock::ToolUse {
+                        id: "t1".to_string(),
+                        name: "browser".to_string(),
+                        input: serde_json::json!({}),
+                    }],
+                ),
+                "call 0 m-haiku with tools",
+            ),
+            // Answers, messages, the end.
+            (
+                "a reply without tool calls is recorded as the answer",
+                platform(),
+                asked_ls()
+                    .done(command(0, "t1", "ls"), finished(0))
+                    .replied(0, "m-haiku", true, text("a.txt")),
+                "answer 0",
+            ),
+            (
+                "an answered run succeeds, deleting its sandbox",
+                platform(),
+                answered(),
+                "destroy sb-1, then Succeeded",
+            ),
+            (
+                "an answered keepAlive run waits for a message",
+                with(&|w| w.spec.keep_alive = true),
+                answered(),
+                "wait AwaitingMessage",
+            ),
+            (
+                "a closed keepAlive run succeeds after its turn",
+                with(&|w| {
+                    w.spec.keep_alive = true;
+                    w.close = true;
+                }),
+                answered(),
+                "destroy sb-1, then Succeeded",
+            ),
+            (
+                "a message that arrived is the next turn's prompt",
+                inbox_world,
+                answered(),
+                "read message 1 as turn 1",
+            ),
+            (
+                "a message read starts a turn that is routed",
+                platform(),
+                answered().done(
+                    Intent::ReadMessage {
+                        turn: 1,
+                        message_seq: 1,
+                    },
+                    Outcome::MessageRead,
+                ),
+                "route 1",
+            ),
+            (
+                "an interrupted deletion is repeated, even when the run is ending",
+                with(&|w| w.cancel = Some(CancelReason::CancelRequested)),
+                answered().open(destroy(RunPhase::Succeeded)),
+                "repeat 6",
+            ),
+            (
+                "a deleted sandbox ends the run as its step said",
+                platform(),
+                answered().done(destroy(RunPhase::Succeeded), Outcome::SandboxDestroyed),
+                "finish Succeeded",
+            ),
+            (
+                "a deletion that failed still ends the run",
+                platform(),
+                answered().done(
+                    destroy(RunPhase::Failed(FailReason::ModelCallFailed)),
+                    failure("busy"),
+                ),
+                "finish Failed(ModelCallFailed)",
+            ),
+            // Ending: cancellation and time.
+            (
+                "a cancelled run deletes its sandbox, then is cancelled",
+                with(&|w| w.cancel = Some(CancelReason::CancelRequested)),
+                asked_ls(),
+                "destroy sb-1, then Cancelled(CancelRequested)",
+            ),
+            (
+                "a run cancelled with its group, before its sandbox, ends at once",
+                with(&|w| w.cancel = Some(CancelReason::GroupCancelled)),
+                Journal::default(),
+                "finish Cancelled(GroupCancelled)",
+            ),
+            (
+                "a run whose dependency failed is cancelled",
+                with(&|w| w.cancel = Some(CancelReason::DependencyFailed)),
+                Journal::default(),
+                "finish Cancelled(DependencyFailed)",
+            ),
+            (
+                "a run whose dependency was cancelled is cancelled",
+                with(&|w| w.cancel = Some(CancelReason::DependencyCancelled)),
+                Journal::default().created(),
+                "destroy sb-1, then Cancelled(DependencyCancelled)",
+            ),
+            (
+                "a step interrupted while the run ends is recorded as failed",
+                with(&|w| w.cancel = Some(CancelReason::CancelRequested)),
+                asked_ls().open(command(0, "t1", "ls")),
+                "abandon 3: interrupted, and the run is ending (Cancelled (CancelRequested))",
+            ),
+            (
+                "a command stopped because the run is ending ends it",
+                with(&|w| w.cancel = Some(CancelReason::CancelRequested)),
+                asked_ls().done(
+                    command(0, "t1", "ls"),
+                    Outcome::Stopped {
+                        reason: "the run is ending".to_string(),
+                    },
+                ),
+                "destroy sb-1, then Cancelled(CancelRequested)",
+            ),
+            (
+                "past its deadline a run fails",
+                with(&|w| {
+                    w.spec.deadline = Some(later(2));
+                    w.now = later(2);
+                }),
+                asked_ls(),
+                "destroy sb-1, then Failed(DeadlineExceeded)",
+            ),
+            (
+                "past the default hour from its first step a run times out",
+                with(&|w| w.now = later(1)),
+                asked_ls(),
+                "destroy sb-1, then Failed(TimeoutExceeded)",
+            ),
+            // Facts passed in: funds, the key, the catalog, the cap.
+            (
+                "a routing the credits do not cover waits for funds",
+                with(&|w| {
+                    w.router_max_cost = Usd::from_cents(1);
+                    w.facts.funds_short = true;
+                }),
+                Journal::default().created(),
+                "wait AwaitingFunds",
+            ),
+            (
+                "a local router reserves nothing, so short credits do not stop routing",
+                with(&|w| w.facts.funds_short = true),
+                Journal::default().created(),
+                "route 0",
+            ),
+            (
+                "a call the credits do not cover waits for funds",
+                with(&|w| w.facts.funds_short = true),
+                Journal::default().created().routed(0),
+                "wait AwaitingFunds",
+            ),
+            (
+                "a repeated call the credits do not cover waits for funds",
+                with(&|w| w.facts.funds_short = true),
+                Journal::default()
+                    .created()
+                    .routed(0)
+                    .open(call(0, "m-haiku", true)),
+                "wait AwaitingFunds",
+            ),
+            (
+                "a command reserves nothing, so short credits do not stop it",
+                with(&|w| w.facts.funds_short = true),
+                asked_ls(),
+                "command 0 t1 `ls`",
+            ),
+            (
+                "a BYOK call whose key vanished is refused, naming the Secret",
+                byok_with(&|w| w.facts.key = Key::Missing),
+                Journal::default().created(),
+                "refuse call 0 m-byok with tools: the Secret \"my-key\" holds no ANTHROPIC_API_KEY",
+            ),
+            (
+                "a BYOK call whose key is there is made",
+                byok_with(&|w| w.facts.key = Key::Present),
+                Journal::default().created(),
+                "call 0 m-byok with tools",
+            ),
+            (
+                "a BYOK call reserves nothing, so short credits do not stop it",
+                byok_with(&|w| w.facts.funds_short = true),
+                Journal::default().created(),
+                "call 0 m-byok with tools",
+            ),
+            (
+                "a model missing from the catalog fails the run (no unknown price on credits)",
+                platform(),
+                Journal::default()
+                    .created()
+                    .done(Intent::Route { turn: 0 }, routed_to("m-gone")),
+                "destroy sb-1, then Failed(ModelCallFailed)",
+            ),
+            (
+                "an interrupted call to a model missing from the catalog is not repeated",
+                platform(),
+                Journal::default()
+                    .created()
+                    .done(Intent::Route { turn: 0 }, routed_to("m-gone"))
+                    .open(call(0, "m-gone", true)),
+                "abandon 2: the model m-gone has no known price; platform access refuses it",
+            ),
+            (
+                "a call whose worst case does not fit under the run's cap waits for good",
+                with(&|w| w.agent.per_run_max_cost_usd = Usd::from_nanos(1)),
+                Journal::default().created().routed(0),
+                "wait MaxCostReached",
+            ),
+        ];
+        let mut failures = Vec::new();
+        for (name, world, journal, expected) in &cases {
+            let got = shape(&world.decide(&journal.0));
+            if got != *expected {
+                failures.push(format!("{name}:\n  expected {expected}\n  got      {got}"));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// Replay records a completed command, so the decider never runs it again: with the
+    /// recording broken, the run would repeat its command forever.
+    #[test]
+    fn a_completed_command_is_never_decided_again() {
+        let world = World::platform();
+        let journal = asked_ls().done(command(0, "t1", "ls"), finished(0));
+        let replay = Replay::of(&journal.0);
+        assert!(
+            matches!(
+                replay.turns[0].results.get("t1"),
+                Some(crate::replay::CommandResult::Ran(output)) if output.stdout.bytes == b"a.txt\n"
+            ),
+            "replay records the command's output: {:?}",
+            replay.turns[0].results
+        );
+        assert_eq!(
+            shape(&world.decide(&journal.0)),
+            "call 0 m-haiku with tools"
+        );
+        // Folded a step at a time, as the executor does, the fold is the same.
+        let mut folded = Replay::default();
+        for step in &journal.0 {
+            let mut intent_only = step.clone();
+            intent_only.completion = None;
+            folded.apply(&intent_only);
+            folded.apply(step);
+        }
+        assert_eq!(folded, replay);
+    }
+
+    /// The wait for funds and the wait at the cap say when to look again: the time limit.
+    #[test]
+    fn waits_look_again_at_the_time_limit() {
+        let mut world = World::platform();
+        world.facts.funds_short = true;
+        let journal = Journal::default().created().routed(0);
+        assert_eq!(
+            world.decide(&journal.0),
+            Decision::Wait {
+                reason: WaitReason::AwaitingFunds,
+                until: Some(t0() + SignedDuration::from_hours(1)),
+            }
+        );
+    }
+
+    /// The worst case the call reserves: every prompt byte a token at the highest input
+    /// rate, plus `maxTokens` at the output rate, with the margin (÷ 0.875), rounded up.
+    #[test]
+    fn a_model_call_reserves_its_worst_case() {
+        let mut world = World::platform();
+        world.agent.max_tokens = 1000;
+        let journal = Journal::default().created().routed(0);
+        let Decision::Act(Intent::CallModel { reserved_usd, .. }) = world.decide(&journal.0) else {
+            panic!("a call was expected");
+        };
+        // The request: system "be brief" (8 bytes), the shell tool (its JSON plus 2048), one
+        // user message of one text block: {"type":"text","text":"list the files"} (39 bytes)
+        // + 32 per block + 32 per message.
+        let tool = serde_json::to_string(&shell_tool()).expect("json").len() as u64;
+        let prompt_tokens = 8 + tool + 2048 + 39 + 32 + 32;
+        // $1.25 per million at most on input (cache writes), $5 on output; × 8/7, up.
+        let nanos = (u128::from(prompt_tokens) * 1_250_000_000 + 1000 * 5_000_000_000) * 8;
+        let expected = nanos.div_ceil(7 * 1_000_000);
+        assert_eq!(u128::from(reserved_usd.nanos()), expected);
+    }
+
+    /// What a charge is, per step: platform calls their reservation, routing the router's
+    /// worst case, nothing else and nothing on the user's key.
+    #[test]
+    fn what_each_step_reserves() {
+        let platform = AgentSpec::new("x");
+        let byok = World::byok().agent;
+        let router = Usd::from_cents(3);
+        let cases = [
+            (&platform, call(0, "m", true), Some(Usd::from_cents(1))),
+            (&platform, Intent::Route { turn: 0 }, Some(router)),
+            (&platform, command(0, "t1", "ls"), None),
+            (&platform, Intent::Answer { turn: 0 }, None),
+            (&byok, call(0, "m", true), None),
+            (&byok, Intent::Route { turn: 0 }, None),
+        ];
+        for (agent, intent, expected) in cases {
+            assert_eq!(charge_of(agent, router, &intent), expected, "{intent:?}");
+        }
+        assert_eq!(
+            charge_of(&platform, Usd::ZERO, &Intent::Route { turn: 0 }),
+            None,
+            "a local router reserves nothing"
+        );
+    }
+
+    /// The routing policy: the family the router chose when the agent allows it, billed at
+    /// its model's price; the fallback otherwise, saying why; a failure without a model.
+    #[test]
+    fn the_routing_policy() {
+        let world = World::platform();
+        let replay = Replay::default();
+        let input = world.input(&replay);
+        let choice = |family: Family, call: Option<crate::router::RoutingCall>| {
+            Ok(RouteChoice { family, call })
+        };
+        assert_eq!(
+            routed(&input, choice(Family::Haiku, None)),
+            Outcome::Routed {
+                family: Some(Family::Haiku),
+                model: "m-haiku".to_string(),
+                chosen_by: ChosenBy::Jev,
+                cost_usd: Usd::ZERO,
+                usage: None,
+                fallback_reason: None,
+            }
+        );
+        // A router call of 7 000 input tokens on m-byok at $1/M: $0.007 ÷ 0.875 = $0.008.
+        let usage = Usage {
+            input_tokens: 7_000,
+            ..Usage::default()
+        };
+        let billed = routed(
+            &input,
+            choice(
+                Family::Haiku,
+                Some(crate::router::RoutingCall {
+                    model: "m-byok".to_string(),
+                    usage,
+                }),
+            ),
+        );
+        assert!(
+            matches!(&billed, Outcome::Routed { cost_usd, usage: Some(_), .. } if *cost_usd == Usd::from_nanos(8_000_000)),
+            "{billed:?}"
+        );
+        let fallback = |reason: &str| Outcome::Routed {
+            family: Some(Family::Sonnet),
+            model: "m-sonnet".to_string(),
+            chosen_by: ChosenBy::Fallback,
+            cost_usd: Usd::ZERO,
+            usage: None,
+            fallback_reason: Some(reason.to_string()),
+        };
+        assert_eq!(
+            routed(
+                &input,
+                choice(
+                    Family::Haiku,
+                    Some(crate::router::RoutingCall {
+                        model: "m-unpriced".to_string(),
+                        usage,
+                    })
+                )
+            ),
+            fallback("the router's model has no known price")
+        );
+        assert_eq!(
+            routed(&input, Err("the router timed out".to_string())),
+            fallback("the router timed out")
+        );
+        let mut only_opus = World::platform();
+        only_opus.agent.model.families = Some(vec![Family::Opus]);
+        let input = only_opus.input(&replay);
+        assert_eq!(
+            routed(&input, choice(Family::Haiku, None)),
+            failed("the model catalog has no model for the family opus".to_string()),
+            "not allowed: the fallback is the first allowed family, which has no model here"
+        );
+        assert_eq!(allowed_families(&only_opus.agent), vec![Family::Opus]);
+        assert_eq!(allowed_families(&world.agent), Family::ALL.to_vec());
+        assert_eq!(
+            fallback_family(&[Family::Opus, Family::Haiku]),
+            Family::Opus
+        );
+        assert_eq!(
+            fallback_family(&[Family::Opus, Family::Sonnet]),
+            Family::Sonnet
+        );
+    }
+
+    /// What raw results of effects mean for their steps.
+    #[test]
+    fn raw_results_become_outcomes() {
+        let output = ExecOutput {
+            exit_code: Some(1),
+            stdout: Output::default(),
+            stderr: Output::default(),
+            timed_out: false,
+            stopped: None,
+        };
+        assert_eq!(
+            command_effect(Ok(output.clone())),
+            Effect::Done(Outcome::CommandFinished { output })
+        );
+        for certain in [
+            sandbox::Error::NotFound(SandboxId("sb".to_string())),
+            sandbox::Error::Refused("too long".to_string()),
+            sandbox::Error::NotStarted("no fds".to_string()),
+        ] {
+            assert_eq!(
+                command_effect(Err(certain.clone())),
+                Effect::Done(failed(certain.to_string()))
+            );
+        }
+        assert_eq!(
+            command_effect(Err(sandbox::Error::Failed("lost".to_string()))),
+            Effect::Uncertain
+        );
+
+        let platform = World::platform();
+        let byok = World::byok();
+        let replay = Replay::default();
+        let uncertain = || {
+            Err(crate::model::Error {
+                kind: ErrorKind::Uncertain,
+                message: "cut".to_string(),
+            })
+        };
+        let input = platform.input(&replay);
+        assert_eq!(
+            model_effect(&input, "m-haiku", uncertain(), true),
+            None,
+            "asked again"
+        );
+        assert_eq!(
+            model_effect(&input, "m-haiku", uncertain(), false),
+            Some(Effect::Done(failed("cut".to_string())))
+        );
+        assert_eq!(
+            model_effect(&byok.input(&replay), "m-byok", uncertain(), true),
+            Some(Effect::Uncertain),
+            "a BYOK call is never made twice"
+        );
+        let Outcome::ModelReplied { response, .. } = replied(text("hi")) else {
+            unreachable!()
+        };
+        // 100 input tokens at $1/M and 20 output at $5/M: $0.0002 ÷ 0.875, rounded up.
+        assert_eq!(
+            model_effect(&input, "m-haiku", Ok(response.clone()), true),
+            Some(Effect::Done(Outcome::ModelReplied {
+                response: response.clone(),
+                cost_usd: Usd::from_nanos(228_572),
+            }))
+        );
+        assert_eq!(
+            model_effect(&byok.input(&replay), "m-byok", Ok(response.clone()), true),
+            Some(Effect::Done(Outcome::ModelReplied {
+                response,
+                cost_usd: Usd::ZERO,
+            }))
+        );
+    }
+
+    /// The phase each decision and effect leads to, from each phase a driven run can be in.
+    #[test]
+    fn the_phase_a_decision_or_an_outcome_leads_to() {
+        let queued = RunPhase::Pending(PendingReason::Queued);
+        let waiting = RunPhase::Waiting(WaitReason::AwaitingMessage);
+        let create = Intent::CreateSandbox {
+            spec: World::platform().sandbox,
+        };
+        assert_eq!(acting_phase(queued, &create), Ok(RunPhase::Running));
+        assert_eq!(
+            acting_phase(waiting, &Intent::Route { turn: 1 }),
+            Ok(RunPhase::Running)
+        );
+        assert_eq!(
+            acting_phase(waiting, &destroy(RunPhase::Succeeded)),
+            Ok(waiting),
+            "a run deleting its sandbox keeps its phase until the deletion is recorded"
+        );
+        assert!(
+            acting_phase(
+                RunPhase::Waiting(WaitReason::MaxCostReached),
+                &Intent::Route { turn: 1 }
+            )
+            .is_err(),
+            "a run at its cap is never resumed"
+        );
+        assert_eq!(
+            phase_after(RunPhase::Running, &Effect::Done(Outcome::Answered)),
+            Ok(RunPhase::Running)
+        );
+        assert_eq!(
+            phase_after(RunPhase::Running, &Effect::Uncertain),
+            Ok(RunPhase::NeedsResolution)
+        );
+        let cases = [
+            (
+                queued,
+                Decision::Finish(RunPhase::Cancelled(CancelReason::GroupCancelled)),
+                Some(RunPhase::Cancelled(CancelReason::GroupCancelled)),
+            ),
+            (
+                RunPhase::Running,
+                Decision::Finish(RunPhase::Succeeded),
+                Some(RunPhase::Succeeded),
+            ),
+            (
+                waiting,
+                Decision::Finish(RunPhase::Succeeded),
+                Some(RunPhase::Succeeded),
+            ),
+            (
+                RunPhase::Running,
+                Decision::Finish(RunPhase::Failed(FailReason::SandboxFailed)),
+                Some(RunPhase::Failed(FailReason::SandboxFailed)),
+            ),
+            (
+                queued,
+                Decision::Finish(RunPhase::Failed(FailReason::SandboxFailed)),
+                Some(RunPhase::Failed(FailReason::SandboxFailed)),
+            ),
+            (
+                RunPhase::Running,
+                Decision::Park(3),
+                Some(RunPhase::NeedsResolution),
+            ),
+            (
+                waiting,
+                Decision::Wait {
+                    reason: WaitReason::AwaitingFunds,
+                    until: None,
+                },
+                Some(RunPhase::Waiting(WaitReason::AwaitingFunds)),
+            ),
+            (RunPhase::Running, Decision::Repeat(1), None),
+            (
+                RunPhase::Running,
+                Decision::Act(Intent::Answer { turn: 0 }),
+                None,
+            ),
+        ];
+        for (from, decision, expected) in cases {
+            assert_eq!(
+                phase_of(from, &decision).map(|r| r.expect("allowed")),
+                expected,
+                "{from:?} + {decision:?}"
+            );
+        }
+    }
+
+    /// A queued run fails once its deadline passes, and is looked at again then.
+    #[test]
+    fn a_queued_run_and_its_deadline() {
+        let mut spec = AgentRunSpec::new("a", "hi");
+        assert_eq!(queued(&spec, t0()), Queued::Until(None));
+        spec.deadline = Some(t0() + SignedDuration::from_secs(5));
+        assert_eq!(queued(&spec, t0()), Queued::Until(spec.deadline));
+        assert_eq!(
+            queued(&spec, t0() + SignedDuration::from_secs(5)),
+            Queued::Expired(FailReason::DeadlineExceeded)
+        );
+    }
+
+    /// The prompt a turn sends: routing gets the turn's prompt (the message read) and the
+    /// conversation before it; the model call the whole conversation, tool results included.
+    #[test]
+    fn the_prompt_a_turn_sends() {
+        let mut world = World::platform();
+        world.inbox.push(InboxMessage {
+            seq: 1,
+            key: None,
+            payload: "and now the sizes".to_string(),
+            received_at: t0(),
+        });
+        let journal = answered().done(
+            Intent::ReadMessage {
+                turn: 1,
+                message_seq: 1,
+            },
+            Outcome::MessageRead,
+        );
+        let replay = Replay::of(&journal.0);
+        let input = world.input(&replay);
+        let (prompt, before) = route_prompt(&input, 1);
+        assert_eq!(prompt, "and now the sizes");
+        let roles: Vec<_> = before.iter().map(|m| m.role).collect();
+        use crate::model::Role::{Assistant, User};
+        assert_eq!(roles, vec![User, Assistant, User, Assistant]);
+        let request = model_request(&input, "m-haiku", false, Credentials::Platform);
+        assert_eq!(request.messages.len(), 5);
+        assert_eq!(request.tool_choice, ToolChoice::None);
+        assert_eq!(request.system, "be brief");
+        assert_eq!(
+            request.messages[2].content,
+            vec![ContentBlock::ToolResult {
+                tool_use_id: "t1".to_string(),
+                content: "exit code 0\nstdout:\na.txt\n".to_string(),
+                is_error: false,
+            }]
+        );
+    }
+
+    fn started(at: Timestamp) -> Replay {
+        Replay::of(&[crate::journal::Step {
             seq: 0,
             started_at: at,
             intent: Intent::Route { turn: 0 },
             completion: None,
-        }]
+        }])
     }
 
     #[test]
@@ -418,7 +1857,11 @@ mod tests {
             Some((at(1), FailReason::TimeoutExceeded)),
             "no deadline: the default hour"
         );
-        assert_eq!(time_limit(&spec, &[]), None, "not started: no timeout yet");
+        assert_eq!(
+            time_limit(&spec, &Replay::default()),
+            None,
+            "not started: no timeout yet"
+        );
         spec.deadline = Some(at(2));
         assert_eq!(
             time_limit(&spec, &journal),
@@ -440,5 +1883,160 @@ mod tests {
             Some((at(2), FailReason::DeadlineExceeded)),
             "whichever comes first"
         );
+    }
+
+    /// One reply the model at the bound gives: text, or shell calls (command lengths).
+    #[derive(Debug, Clone)]
+    enum Said {
+        Text(usize),
+        Commands(Vec<usize>),
+    }
+
+    fn said() -> impl proptest::strategy::Strategy<Value = Said> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0usize..400).prop_map(Said::Text),
+            proptest::collection::vec(1usize..300, 1..4).prop_map(Said::Commands),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// The worst-case bound: a model at the bound (every byte of the request it is sent a
+        /// prompt token, at whichever input rate — uncached, cache write, cache read — the
+        /// split says; `maxTokens` of output) never costs more than its step reserved, and
+        /// the run's spend never passes its cap, whatever the conversation, the outputs, the
+        /// cap, `maxTokens` and `maxToolCalls`; prices have a long-prompt band, so calls
+        /// cross it.
+        #[test]
+        fn a_model_at_the_bound_never_costs_more_than_its_step_reserved(
+            cap_cents in 1u64..40,
+            max_tokens in 400u32..3000,
+            max_tool_calls in 1u32..4,
+            replies in proptest::collection::vec(said(), 1..12),
+            outputs in proptest::collection::vec(0usize..30_000, 1..6),
+            split in (0u64..=4, 0u64..=4),
+        ) {
+            let mut world = World::platform();
+            world.agent.per_run_max_cost_usd = Usd::from_cents(cap_cents);
+            world.agent.max_tokens = max_tokens;
+            world.agent.max_tool_calls = max_tool_calls;
+            for entry in world.catalog.families.values_mut() {
+                entry.prices.long_prompt = Some(crate::cost::LongPromptBand {
+                    above_prompt_tokens: 6_000,
+                    rates: Rates {
+                        input: Usd::from_cents(200),
+                        output: Usd::from_cents(750),
+                        cache_write: Usd::from_cents(250),
+                        cache_read: Usd::from_cents(20),
+                    },
+                });
+            }
+            let prices = *world.catalog.prices_of("m-haiku").expect("priced");
+            let cap = world.agent.per_run_max_cost_usd;
+            let mut journal = Journal::default();
+            let mut replies = replies.into_iter();
+            let mut outputs = outputs.iter().cycle();
+            let mut calls = 0u32;
+            let mut ended = false;
+            for _ in 0..400 {
+                let replay = Replay::of(&journal.0);
+                proptest::prop_assert!(replay.spent <= cap, "spent {} over the cap {cap}", replay.spent);
+                let input = world.input(&replay);
+                match decide(&input) {
+                    Decision::Act(Intent::CreateSandbox { .. }) => {
+                        journal = journal.created();
+                    }
+                    Decision::Act(Intent::Route { turn }) => {
+                        journal = journal.routed(turn);
+                    }
+                    Decision::Act(intent @ Intent::CallModel { .. }) => {
+                        let Intent::CallModel { model, reserved_usd, tools, .. } = &intent else {
+                            unreachable!()
+                        };
+                        let request = model_request(&input, model, *tools, Credentials::Platform);
+                        let bytes = |value: &dyn erased::Json| value.json_len();
+                        let prompt = bytes(&request.system)
+                            + bytes(&request.tools)
+                            + bytes(&request.messages);
+                        // The prompt's tokens split over the input rates.
+                        let (a, b) = split;
+                        let cache_write = prompt * a / 8;
+                        let cache_read = prompt * b / 8;
+                        let usage = Usage {
+                            input_tokens: prompt - cache_write - cache_read,
+                            output_tokens: u64::from(max_tokens),
+                            cache_write_tokens: cache_write,
+                            cache_read_tokens: cache_read,
+                        };
+                        let cost = cost::bill(&prices, &usage);
+                        proptest::prop_assert!(
+                            cost <= *reserved_usd,
+                            "call {calls}: {usage:?} costs {cost}, reserved {reserved_usd}"
+                        );
+                        // What it says: at most maxTokens bytes (a token per byte).
+                        let content = match replies.next() {
+                            Some(Said::Commands(lengths)) if *tools => lengths
+                                .iter()
+                                .enumerate()
+                                .map(|(i, length)| shell(&format!("t{calls}-{i}"), &"x".repeat(*length)))
+                                .collect(),
+                            Some(Said::Text(length)) => text(&"y".repeat(length)),
+                            _ => text("done"),
+                        };
+                        let fits = serde_json::to_vec(&content).expect("json").len()
+                            <= max_tokens as usize;
+                        let mut outcome = replied(if fits { content } else { text("done") });
+                        if let Outcome::ModelReplied { response, cost_usd } = &mut outcome {
+                            response.usage = usage;
+                            *cost_usd = cost;
+                        }
+                        journal = journal.done(intent.clone(), outcome);
+                        calls += 1;
+                    }
+                    Decision::Act(intent @ Intent::Command { .. }) => {
+                        let length = *outputs.next().expect("an output");
+                        let mut output = ExecOutput {
+                            exit_code: Some(0),
+                            stdout: Output::default(),
+                            stderr: Output::default(),
+                            timed_out: false,
+                            stopped: None,
+                        };
+                        output.stdout.bytes = vec![b'o'; length];
+                        journal = journal.done(intent, Outcome::CommandFinished { output });
+                    }
+                    Decision::Act(intent @ Intent::Answer { .. }) => {
+                        journal = journal.done(intent, Outcome::Answered);
+                    }
+                    Decision::Act(intent @ Intent::DestroySandbox { .. }) => {
+                        journal = journal.done(intent, Outcome::SandboxDestroyed);
+                    }
+                    Decision::Finish(_)
+                    | Decision::Wait {
+                        reason: WaitReason::MaxCostReached,
+                        ..
+                    } => {
+                        ended = true;
+                        break;
+                    }
+                    other => proptest::prop_assert!(false, "unexpected decision {other:?}"),
+                }
+            }
+            proptest::prop_assert!(ended, "the run ended or reached its cap");
+        }
+    }
+
+    /// The length of a value's JSON.
+    mod erased {
+        pub trait Json {
+            fn json_len(&self) -> u64;
+        }
+        impl<T: serde::Serialize> Json for T {
+            fn json_len(&self) -> u64 {
+                serde_json::to_vec(self).map_or(0, |json| json.len() as u64)
+            }
+        }
     }
 }

@@ -177,6 +177,46 @@ impl RunPhase {
         Ok(next)
     }
 
+    /// Move to `target` through the lifecycle: directly when it allows, otherwise by
+    /// starting or resuming first. A move the lifecycle refuses is an error, never forced.
+    pub fn toward(self, target: RunPhase) -> Result<RunPhase, TransitionRefused> {
+        if self == target {
+            return Ok(self);
+        }
+        let direct = target.event_toward().map(|event| self.apply(event));
+        if let Some(Ok(next)) = direct {
+            return Ok(next);
+        }
+        let running = match self {
+            RunPhase::Pending(_) => self.apply(RunEvent::Start)?,
+            RunPhase::Waiting(_) => self.apply(RunEvent::Resume)?,
+            RunPhase::Running => self,
+            _ => {
+                return Err(TransitionRefused {
+                    from: self,
+                    event: target.event_toward().unwrap_or(RunEvent::Start),
+                });
+            }
+        };
+        match target.event_toward() {
+            Some(event) => running.apply(event),
+            None => Ok(running),
+        }
+    }
+
+    /// The event that leads to this phase, if one does.
+    fn event_toward(self) -> Option<RunEvent> {
+        Some(match self {
+            RunPhase::Pending(reason) => RunEvent::Queue(reason),
+            RunPhase::Running => return None,
+            RunPhase::Waiting(reason) => RunEvent::Wait(reason),
+            RunPhase::NeedsResolution => RunEvent::Park,
+            RunPhase::Succeeded => RunEvent::Succeed,
+            RunPhase::Failed(reason) => RunEvent::Fail(reason),
+            RunPhase::Cancelled(reason) => RunEvent::Cancel(reason),
+        })
+    }
+
     /// The `phase` string.
     pub fn name(self) -> &'static str {
         match self {

@@ -184,6 +184,7 @@ pub struct Error {
 }
 
 /// A client of a model provider.
+#[cfg_attr(test, mockall::automock)]
 #[async_trait]
 pub trait ModelClient: Send + Sync {
     /// Make one call. Retries of transient failures that cannot charge twice happen inside;

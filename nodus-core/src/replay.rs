@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use jiff::Timestamp;
+
 use crate::catalog::Family;
 use crate::cost::Usage;
 use crate::journal::{Intent, Outcome, Step};
@@ -16,18 +18,20 @@ use crate::store::InboxMessage;
 
 /// The name of the one tool a run offers: a shell in its sandbox.
 pub const SHELL_TOOL: &str = "shell";
+/// Bytes of framing the prompt-token bound counts per message and per content block.
+pub const MESSAGE_OVERHEAD_BYTES: u64 = 32;
 /// Bytes of each output stream a command result shows the model.
 pub const MODEL_OUTPUT_CAP: usize = 16 * 1024;
 
 /// The run's sandbox, as the journal tells it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SandboxState<'a> {
+#[derive(Debug, Clone, PartialEq)]
+pub enum SandboxState {
     /// Not created yet.
     NotCreated,
     /// Creation failed for good.
-    Failed(&'a str),
+    Failed(String),
     /// Created and not deleted.
-    Live(&'a SandboxInfo),
+    Live(SandboxInfo),
     /// Deleted.
     Gone,
 }
@@ -43,9 +47,9 @@ pub enum Prompt {
 
 /// The model chosen for a turn.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Route<'a> {
+pub struct Route {
     /// The model id.
-    pub model: &'a str,
+    pub model: String,
     /// Its family.
     pub family: Option<Family>,
     /// How it was chosen.
@@ -54,18 +58,18 @@ pub struct Route<'a> {
 
 /// A finished model call.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Call<'a> {
+pub enum Call {
     /// The model replied.
     Replied {
         /// The model.
-        model: &'a str,
+        model: String,
         /// The reply.
-        response: &'a ModelResponse,
+        response: ModelResponse,
     },
     /// The call failed.
     Failed {
         /// What happened.
-        error: &'a str,
+        error: String,
         /// A person recorded an uncertain call as failed; the run goes on.
         by_resolution: bool,
     },
@@ -73,35 +77,102 @@ pub enum Call<'a> {
 
 /// A finished command.
 #[derive(Debug, Clone, PartialEq)]
-pub enum CommandResult<'a> {
+pub enum CommandResult {
     /// It ran.
-    Ran(&'a ExecOutput),
+    Ran(ExecOutput),
     /// It could not run, or a person recorded an uncertain one as failed.
-    Failed(&'a str),
+    Failed(String),
+}
+
+/// A well-formed shell call the model asked for in a turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AskedCommand {
+    /// The tool-call id.
+    pub id: String,
+    /// The shell command line.
+    pub command: String,
 }
 
 /// One turn: a prompt and the work that answers it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Turn<'a> {
+pub struct Turn {
     /// Where the prompt came from.
     pub prompt: Prompt,
     /// The model chosen by routing.
-    pub route: Option<Route<'a>>,
+    pub route: Option<Route>,
     /// Routing failed for good (no model for the family).
-    pub route_failed: Option<&'a str>,
+    pub route_failed: Option<String>,
     /// Finished model calls, in order.
-    pub calls: Vec<Call<'a>>,
+    pub calls: Vec<Call>,
     /// Finished commands, by tool-call id.
-    pub results: HashMap<&'a str, CommandResult<'a>>,
+    pub results: HashMap<String, CommandResult>,
     /// Whether the answer is recorded.
     pub answered: bool,
     /// What the turn cost.
     pub cost: Usd,
     /// Tokens over the turn's calls (routing included).
     pub usage: Usage,
+    /// Whether the turn's last journaled model call offered the shell tool (`None`: no call
+    /// yet). A call whose outcome was superseded counts: it was made.
+    pub last_call_tools: Option<bool>,
+    /// The well-formed shell calls the model asked for in this turn, in order.
+    commands: Vec<AskedCommand>,
+    /// How many of `commands`, from the first, have a result.
+    finished: usize,
+    /// How many commands ran (a result that is not a failure).
+    ran: u32,
+    /// The sizes of the turn's messages, for the bound of a prompt's tokens.
+    sizes: Sizes,
 }
 
-impl<'a> Turn<'a> {
+/// Bytes ([`block_bytes`], and [`MESSAGE_OVERHEAD_BYTES`] per message) of a turn's model
+/// replies and tool results as the conversation gives them to the model, kept as the journal
+/// is folded so that bounding a prompt does not render the whole conversation again. A tool
+/// call's result counts its largest placeholder until its command's result is folded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sizes {
+    /// The turn's replies and their results.
+    pub messages: u64,
+    /// The results message after the turn's last reply (0 when it asked for no tool).
+    pub after_last_reply: u64,
+    /// The counted size of each result not folded yet, with the number of its reply.
+    pending: HashMap<String, (u64, u32)>,
+    /// Replies so far.
+    replies: u32,
+}
+
+impl Sizes {
+    fn reply(&mut self, response: &ModelResponse) {
+        self.replies = self.replies.saturating_add(1);
+        let assistant =
+            response.content.iter().map(block_bytes).sum::<u64>() + MESSAGE_OVERHEAD_BYTES;
+        let mut results = 0;
+        for tool_use in tool_uses_of(response) {
+            let pending = pending_result_bytes(tool_use.id);
+            results += pending;
+            self.pending
+                .insert(tool_use.id.to_string(), (pending, self.replies));
+        }
+        if results > 0 {
+            results += MESSAGE_OVERHEAD_BYTES;
+        }
+        self.messages += assistant + results;
+        self.after_last_reply = results;
+    }
+
+    fn result(&mut self, id: &str, result: &CommandResult) {
+        let Some((pending, reply)) = self.pending.remove(id) else {
+            return;
+        };
+        let actual = result_bytes(id, result_content(Some(result)));
+        self.messages = self.messages.saturating_sub(pending) + actual;
+        if reply == self.replies {
+            self.after_last_reply = self.after_last_reply.saturating_sub(pending) + actual;
+        }
+    }
+}
+
+impl Turn {
     fn new(prompt: Prompt) -> Self {
         Turn {
             prompt,
@@ -112,35 +183,74 @@ impl<'a> Turn<'a> {
             answered: false,
             cost: Usd::ZERO,
             usage: Usage::default(),
+            last_call_tools: None,
+            commands: Vec::new(),
+            finished: 0,
+            ran: 0,
+            sizes: Sizes::default(),
         }
     }
 
+    /// The sizes of the turn's replies and results.
+    pub fn sizes(&self) -> &Sizes {
+        &self.sizes
+    }
+
     /// The last reply of the turn.
-    pub fn last_reply(&self) -> Option<&'a ModelResponse> {
+    pub fn last_reply(&self) -> Option<&ModelResponse> {
         self.calls.iter().rev().find_map(|call| match call {
-            Call::Replied { response, .. } => Some(*response),
+            Call::Replied { response, .. } => Some(response),
             Call::Failed { .. } => None,
         })
     }
 
     /// Every tool call the model asked for in this turn, in order.
-    pub fn tool_uses(&self) -> impl Iterator<Item = ToolUse<'a>> + '_ {
+    pub fn tool_uses(&self) -> impl Iterator<Item = ToolUse<'_>> + '_ {
         self.calls
             .iter()
             .filter_map(|call| match call {
-                Call::Replied { response, .. } => Some(*response),
+                Call::Replied { response, .. } => Some(response),
                 Call::Failed { .. } => None,
             })
-            .flat_map(|response| response.content.iter())
-            .filter_map(|block| match block {
-                ContentBlock::ToolUse { id, name, input } => Some(ToolUse {
-                    id: id.as_str(),
-                    name: name.as_str(),
-                    input,
-                }),
-                _ => None,
-            })
+            .flat_map(tool_uses_of)
     }
+
+    /// The well-formed shell calls the model asked for in this turn, in order.
+    pub fn commands(&self) -> &[AskedCommand] {
+        &self.commands
+    }
+
+    /// The first command that may run (one of the first `max_tool_calls`) and has no result
+    /// yet. Commands are carried out in order, so this is found without a scan.
+    pub fn next_command(&self, max_tool_calls: u32) -> Option<&AskedCommand> {
+        let granted = usize::try_from(max_tool_calls).unwrap_or(usize::MAX);
+        self.commands[..self.commands.len().min(granted)]
+            .iter()
+            .skip(self.finished)
+            .find(|asked| !self.results.contains_key(&asked.id))
+    }
+
+    fn advance_finished(&mut self) {
+        while self
+            .commands
+            .get(self.finished)
+            .is_some_and(|asked| self.results.contains_key(&asked.id))
+        {
+            self.finished += 1;
+        }
+    }
+}
+
+/// The tool calls of one reply, in order.
+fn tool_uses_of(response: &ModelResponse) -> impl Iterator<Item = ToolUse<'_>> + '_ {
+    response.content.iter().filter_map(|block| match block {
+        ContentBlock::ToolUse { id, name, input } => Some(ToolUse {
+            id: id.as_str(),
+            name: name.as_str(),
+            input,
+        }),
+        _ => None,
+    })
 }
 
 /// A tool call the model asked for.
@@ -166,56 +276,98 @@ impl<'a> ToolUse<'a> {
     }
 }
 
-/// What the journal says, folded.
+/// What the journal says, folded. It folds one step at a time ([`Replay::apply`]), so a
+/// live run keeps its fold and adds each new step or outcome to it instead of folding the
+/// whole journal again: a run's work per step does not grow with its length.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Replay<'a> {
+pub struct Replay {
     /// The sandbox.
-    pub sandbox: SandboxState<'a>,
+    pub sandbox: SandboxState,
     /// The turns, the input's first.
-    pub turns: Vec<Turn<'a>>,
+    pub turns: Vec<Turn>,
     /// Model and routing spend.
     pub spent: Usd,
     /// The last inbox message taken as a prompt (0: none).
     pub last_message_read: u64,
     /// A step with an intent and no outcome.
-    pub open_step: Option<&'a Step>,
+    pub open_step: Option<Step>,
     /// How the run ends, once its sandbox deletion is recorded.
     pub ended: Option<RunPhase>,
+    /// When the run's first step started (its timeout counts from then).
+    pub started_at: Option<Timestamp>,
+    /// How many steps the journal holds (the next step's sequence number).
+    pub steps: u32,
 }
 
-impl<'a> Replay<'a> {
-    /// Fold a journal.
-    pub fn of(journal: &'a [Step]) -> Self {
-        let mut replay = Replay {
+impl Default for Replay {
+    fn default() -> Self {
+        Replay {
             sandbox: SandboxState::NotCreated,
             turns: vec![Turn::new(Prompt::Input)],
             spent: Usd::ZERO,
             last_message_read: 0,
             open_step: None,
             ended: None,
-        };
+            started_at: None,
+            steps: 0,
+        }
+    }
+}
+
+impl Replay {
+    /// Fold a journal.
+    pub fn of(journal: &[Step]) -> Self {
+        let mut replay = Replay::default();
         for step in journal {
-            let Some(outcome) = step.outcome() else {
-                replay.open_step = Some(step);
-                continue;
-            };
-            replay.apply(&step.intent, outcome);
+            replay.apply(step);
         }
         replay
     }
 
-    fn turn_mut(&mut self, turn: u32) -> Option<&mut Turn<'a>> {
+    /// Fold one step more: a new step (its sequence number is [`steps`](Replay::steps)),
+    /// with or without its outcome, or the outcome of the open step.
+    pub fn apply(&mut self, step: &Step) {
+        if step.seq >= self.steps {
+            self.steps = step.seq.saturating_add(1);
+            if self.started_at.is_none() {
+                self.started_at = Some(step.started_at);
+            }
+        } else if self
+            .open_step
+            .as_ref()
+            .is_some_and(|open| open.seq == step.seq)
+        {
+            self.open_step = None;
+        }
+        let Some(outcome) = step.outcome() else {
+            self.open_step = Some(step.clone());
+            return;
+        };
+        self.record(&step.intent, outcome);
+    }
+
+    /// The step with this sequence number, when it is the open one.
+    pub fn open(&self, seq: u32) -> Option<&Step> {
+        self.open_step.as_ref().filter(|step| step.seq == seq)
+    }
+
+    fn turn_mut(&mut self, turn: u32) -> Option<&mut Turn> {
         self.turns.get_mut(usize::try_from(turn).ok()?)
     }
 
-    fn apply(&mut self, intent: &'a Intent, outcome: &'a Outcome) {
+    fn record(&mut self, intent: &Intent, outcome: &Outcome) {
+        if let Intent::CallModel { turn, tools, .. } = intent
+            && let Some(turn) = self.turn_mut(*turn)
+        {
+            turn.last_call_tools = Some(*tools);
+        }
         match (intent, outcome) {
             (_, Outcome::Superseded) => {}
             (Intent::CreateSandbox { .. }, Outcome::SandboxCreated { info }) => {
-                self.sandbox = SandboxState::Live(info);
+                self.sandbox = SandboxState::Live(info.clone());
             }
             (Intent::CreateSandbox { .. }, Outcome::Failed { error, .. }) => {
-                self.sandbox = SandboxState::Failed(error);
+                self.sandbox = SandboxState::Failed(error.clone());
             }
             (
                 Intent::Route { turn },
@@ -231,7 +383,7 @@ impl<'a> Replay<'a> {
                 self.spent = self.spent.saturating_add(*cost_usd);
                 if let Some(turn) = self.turn_mut(*turn) {
                     turn.route = Some(Route {
-                        model,
+                        model: model.clone(),
                         family: *family,
                         chosen_by: *chosen_by,
                     });
@@ -241,7 +393,7 @@ impl<'a> Replay<'a> {
             }
             (Intent::Route { turn }, Outcome::Failed { error, .. }) => {
                 if let Some(turn) = self.turn_mut(*turn) {
-                    turn.route_failed = Some(error);
+                    turn.route_failed = Some(error.clone());
                 }
             }
             (
@@ -250,9 +402,21 @@ impl<'a> Replay<'a> {
             ) => {
                 self.spent = self.spent.saturating_add(*cost_usd);
                 if let Some(turn) = self.turn_mut(*turn) {
-                    turn.calls.push(Call::Replied { model, response });
+                    turn.commands
+                        .extend(tool_uses_of(response).filter_map(|tool_use| {
+                            Some(AskedCommand {
+                                id: tool_use.id.to_string(),
+                                command: tool_use.command()?.to_string(),
+                            })
+                        }));
+                    turn.sizes.reply(response);
+                    turn.calls.push(Call::Replied {
+                        model: model.clone(),
+                        response: response.clone(),
+                    });
                     turn.cost = turn.cost.saturating_add(*cost_usd);
                     turn.usage = turn.usage.plus(response.usage);
+                    turn.advance_finished();
                 }
             }
             (
@@ -264,7 +428,7 @@ impl<'a> Replay<'a> {
             ) => {
                 if let Some(turn) = self.turn_mut(*turn) {
                     turn.calls.push(Call::Failed {
-                        error,
+                        error: error.clone(),
                         by_resolution: *by_resolution,
                     });
                 }
@@ -276,14 +440,23 @@ impl<'a> Replay<'a> {
                 outcome,
             ) => {
                 let result = match outcome {
-                    Outcome::CommandFinished { output } => CommandResult::Ran(output),
+                    Outcome::CommandFinished { output } => CommandResult::Ran(output.clone()),
                     Outcome::Failed { error, .. } | Outcome::Stopped { reason: error } => {
-                        CommandResult::Failed(error)
+                        CommandResult::Failed(error.clone())
                     }
                     _ => return,
                 };
                 if let Some(turn) = self.turn_mut(*turn) {
-                    turn.results.insert(tool_use_id, result);
+                    let ran = matches!(result, CommandResult::Ran(_));
+                    turn.sizes.result(tool_use_id, &result);
+                    let before = turn.results.insert(tool_use_id.clone(), result);
+                    let ran_before = matches!(before, Some(CommandResult::Ran(_)));
+                    match (ran_before, ran) {
+                        (false, true) => turn.ran = turn.ran.saturating_add(1),
+                        (true, false) => turn.ran = turn.ran.saturating_sub(1),
+                        _ => {}
+                    }
+                    turn.advance_finished();
                 }
             }
             (Intent::ReadMessage { message_seq, .. }, Outcome::MessageRead) => {
@@ -318,6 +491,23 @@ impl<'a> Replay<'a> {
             .map(ModelResponse::text)
     }
 
+    /// The prompt of a turn: the run's first prompt, or the message it read (a message the
+    /// retention sweep removed says so).
+    pub fn prompt_of(&self, turn: u32, first_prompt: &str, inbox: &[InboxMessage]) -> String {
+        let prompt = self
+            .turns
+            .get(usize::try_from(turn).unwrap_or(usize::MAX))
+            .map_or(Prompt::Input, |t| t.prompt);
+        prompt_text(prompt, first_prompt, inbox)
+    }
+
+    /// [`block_bytes`] of a turn's prompt message, with its framing.
+    pub fn prompt_bytes(&self, turn: &Turn, first_prompt: &str, inbox: &[InboxMessage]) -> u64 {
+        block_bytes(&ContentBlock::Text {
+            text: prompt_text(turn.prompt, first_prompt, inbox),
+        }) + MESSAGE_OVERHEAD_BYTES
+    }
+
     /// The conversation so far, as the model sees it, and the index of its last assistant
     /// message (the reply of the last model call).
     pub fn conversation(
@@ -328,19 +518,16 @@ impl<'a> Replay<'a> {
     ) -> (Vec<ChatMessage>, Option<usize>) {
         let mut messages = Vec::new();
         let mut last_reply = None;
+        let granted = usize::try_from(max_tool_calls).unwrap_or(usize::MAX);
         for turn in &self.turns {
-            let prompt = match turn.prompt {
-                Prompt::Input => first_prompt.to_string(),
-                Prompt::Message(seq) => inbox.iter().find(|m| m.seq == seq).map_or_else(
-                    || "[message no longer stored]".to_string(),
-                    |m| m.payload.clone(),
-                ),
-            };
             messages.push(ChatMessage {
                 role: Role::User,
-                content: vec![ContentBlock::Text { text: prompt }],
+                content: vec![ContentBlock::Text {
+                    text: prompt_text(turn.prompt, first_prompt, inbox),
+                }],
             });
-            let granted = granted_tool_uses(turn, max_tool_calls);
+            // The well-formed shell calls seen so far in the turn: the first `granted` run.
+            let mut commands = 0usize;
             for call in &turn.calls {
                 let Call::Replied { response, .. } = call else {
                     continue;
@@ -350,16 +537,14 @@ impl<'a> Replay<'a> {
                     role: Role::Assistant,
                     content: response.content.clone(),
                 });
-                let results: Vec<ContentBlock> = response
-                    .content
-                    .iter()
-                    .filter_map(|block| match block {
-                        ContentBlock::ToolUse { id, name, input } => {
-                            Some(ToolUse { id, name, input })
-                        }
-                        _ => None,
+                let results: Vec<ContentBlock> = tool_uses_of(response)
+                    .map(|tool_use| {
+                        let is_granted = tool_use.command().is_some() && {
+                            commands += 1;
+                            commands <= granted
+                        };
+                        tool_result(turn, is_granted, tool_use, max_tool_calls)
                     })
-                    .map(|tool_use| tool_result(turn, &granted, tool_use, max_tool_calls))
                     .collect();
                 if !results.is_empty() {
                     messages.push(ChatMessage {
@@ -378,15 +563,12 @@ impl<'a> Replay<'a> {
             .iter()
             .filter_map(|turn| {
                 let (model, family, chosen_by) = match (&turn.route, turn.calls.first()) {
-                    (Some(route), _) => (route.model, route.family, route.chosen_by),
-                    (None, Some(Call::Replied { model, .. })) => (*model, None, ChosenBy::Agent),
+                    (Some(route), _) => (route.model.as_str(), route.family, route.chosen_by),
+                    (None, Some(Call::Replied { model, .. })) => {
+                        (model.as_str(), None, ChosenBy::Agent)
+                    }
                     _ => return None,
                 };
-                let commands = turn
-                    .results
-                    .values()
-                    .filter(|r| matches!(r, CommandResult::Ran(_)))
-                    .count();
                 Some(TurnStatus {
                     model: model.to_string(),
                     family,
@@ -396,56 +578,102 @@ impl<'a> Replay<'a> {
                     output_tokens: turn.usage.output_tokens,
                     cache_write_tokens: turn.usage.cache_write_tokens,
                     cache_read_tokens: turn.usage.cache_read_tokens,
-                    commands: u32::try_from(commands).unwrap_or(u32::MAX),
+                    commands: turn.ran,
                 })
             })
             .collect()
     }
 }
 
+/// The text of a prompt.
+fn prompt_text(prompt: Prompt, first_prompt: &str, inbox: &[InboxMessage]) -> String {
+    match prompt {
+        Prompt::Input => first_prompt.to_string(),
+        Prompt::Message(seq) => inbox.iter().find(|m| m.seq == seq).map_or_else(
+            || "[message no longer stored]".to_string(),
+            |m| m.payload.clone(),
+        ),
+    }
+}
+
 /// Ids of the tool calls of a turn that may run: the first `maxToolCalls` well-formed shell
 /// calls, in order.
-pub fn granted_tool_uses<'a>(turn: &Turn<'a>, max_tool_calls: u32) -> Vec<&'a str> {
-    turn.tool_uses()
-        .filter(|tool_use| tool_use.command().is_some())
+pub fn granted_tool_uses(turn: &Turn, max_tool_calls: u32) -> Vec<&str> {
+    turn.commands
+        .iter()
         .take(usize::try_from(max_tool_calls).unwrap_or(usize::MAX))
-        .map(|tool_use| tool_use.id)
+        .map(|asked| asked.id.as_str())
         .collect()
 }
 
 /// The result block the model sees for one tool call.
 fn tool_result(
-    turn: &Turn<'_>,
-    granted: &[&str],
+    turn: &Turn,
+    granted: bool,
     tool_use: ToolUse<'_>,
     max_tool_calls: u32,
 ) -> ContentBlock {
     let (content, is_error) = if tool_use.command().is_none() {
-        (
-            format!(
-                "not run: the only tool is `{SHELL_TOOL}`, and it takes {{\"command\": \"<shell command line>\"}}"
-            ),
-            true,
-        )
-    } else if !granted.contains(&tool_use.id) {
-        (
-            format!(
-                "not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"
-            ),
-            true,
-        )
+        (not_a_shell_call(), true)
+    } else if !granted {
+        (over_max_tool_calls(max_tool_calls), true)
     } else {
-        match turn.results.get(tool_use.id) {
-            Some(CommandResult::Ran(output)) => (render_output(output), false),
-            Some(CommandResult::Failed(error)) => (format!("the command failed: {error}"), true),
-            None => ("the command has not run yet".to_string(), true),
-        }
+        result_content(turn.results.get(tool_use.id))
     };
     ContentBlock::ToolResult {
         tool_use_id: tool_use.id.to_string(),
         content,
         is_error,
     }
+}
+
+fn not_a_shell_call() -> String {
+    format!(
+        "not run: the only tool is `{SHELL_TOOL}`, and it takes {{\"command\": \"<shell command line>\"}}"
+    )
+}
+
+fn over_max_tool_calls(max_tool_calls: u32) -> String {
+    format!(
+        "not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"
+    )
+}
+
+/// What the model sees of a granted tool call: its result, or that it has not run.
+fn result_content(result: Option<&CommandResult>) -> (String, bool) {
+    match result {
+        Some(CommandResult::Ran(output)) => (render_output(output), false),
+        Some(CommandResult::Failed(error)) => (format!("the command failed: {error}"), true),
+        None => ("the command has not run yet".to_string(), true),
+    }
+}
+
+/// Bytes the prompt-token bound counts for a content block: its JSON and its framing.
+pub fn block_bytes(block: &ContentBlock) -> u64 {
+    serde_json::to_string(block).map_or(0, |json| json.len() as u64) + MESSAGE_OVERHEAD_BYTES
+}
+
+/// [`block_bytes`] of a tool call's result block, when it is given.
+fn result_bytes(id: &str, content: (String, bool)) -> u64 {
+    block_bytes(&ContentBlock::ToolResult {
+        tool_use_id: id.to_string(),
+        content: content.0,
+        is_error: content.1,
+    })
+}
+
+/// The most [`block_bytes`] a tool call's result block can have before its command ran:
+/// any of the texts saying it did not run (or has not yet).
+fn pending_result_bytes(id: &str) -> u64 {
+    [
+        (not_a_shell_call(), true),
+        (over_max_tool_calls(u32::MAX), true),
+        result_content(None),
+    ]
+    .into_iter()
+    .map(|content| result_bytes(id, content))
+    .max()
+    .unwrap_or(0)
 }
 
 /// A command's output as text for the model.

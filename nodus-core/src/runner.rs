@@ -27,6 +27,7 @@ use crate::engine::{Driven, Engine, Error, Result};
 use crate::ledger::SYSTEM_PROJECT;
 use crate::lifecycle::{RunPhase, WaitReason};
 use crate::resource::{AgentGroupSpec, AgentRun, AgentRunSpec, Kind};
+use crate::retention;
 use crate::store::{Change, ObjectKey, Selector, Store};
 
 /// How a runner works.
@@ -294,20 +295,7 @@ impl Runner {
 
     /// Every unfinished run and every group of every project.
     async fn everything(&self) -> Vec<ObjectKey> {
-        let mut projects: Vec<String> = match self
-            .store
-            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
-            .await
-        {
-            Ok(projects) => projects.into_iter().map(|p| p.key.name).collect(),
-            Err(error) => {
-                tracing::error!(error = %error, "cannot list projects");
-                Vec::new()
-            }
-        };
-        projects.extend(self.config.projects.iter().cloned());
-        projects.sort_unstable();
-        projects.dedup();
+        let projects = projects(self.store.as_ref(), &self.config.projects).await;
         let mut keys = Vec::new();
         for name in projects {
             keys.extend(self.runs_of(&name).await);
@@ -448,21 +436,43 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
     }
 }
 
-/// The retention sweep: at start and then every `every`, remove the recorded payloads of runs
-/// that ended more than `retention` ago (the store removes their kept final working
-/// directories in the same write); their records say so.
+/// The projects a runner looks after: those with a credit account, and `extra`.
+async fn projects(store: &dyn Store, extra: &[String]) -> Vec<String> {
+    let mut projects: Vec<String> = match store
+        .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+        .await
+    {
+        Ok(projects) => projects.into_iter().map(|p| p.key.name).collect(),
+        Err(error) => {
+            tracing::error!(error = %error, "cannot list projects");
+            Vec::new()
+        }
+    };
+    projects.extend(extra.iter().cloned());
+    projects.sort_unstable();
+    projects.dedup();
+    projects
+}
+
+/// The retention sweep ([`retention::sweep`]): at start and then every `every`, remove the
+/// recorded payloads of the runs (of every project in the store) that ended more than
+/// `keep_for` ago, with their kept final working directories; their records say so.
 async fn sweep_payloads(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    retention: Duration,
+    keep_for: Duration,
     every: Duration,
 ) {
-    let retention = jiff::SignedDuration::try_from(retention).unwrap_or(jiff::SignedDuration::MAX);
+    let keep_for = jiff::SignedDuration::try_from(keep_for).unwrap_or(jiff::SignedDuration::MAX);
     let every = jiff::SignedDuration::try_from(every).unwrap_or(jiff::SignedDuration::MAX);
     loop {
         let now = clock.now();
-        let before = now.checked_sub(retention).unwrap_or(Timestamp::MIN);
-        match store.sweep_payloads(before, now).await {
+        let before = now.checked_sub(keep_for).unwrap_or(Timestamp::MIN);
+        let swept = match store.projects().await {
+            Ok(projects) => retention::sweep(store.as_ref(), &projects, before, now).await,
+            Err(error) => Err(error),
+        };
+        match swept {
             Ok(swept) => {
                 tracing::info!(runs = swept.runs.len(), "retention sweep");
                 // An evaluation case shares its run's retention.

@@ -19,6 +19,10 @@
 //!   one as soon as it would grow past the caller's cap (never more than
 //!   [`MAX_ARCHIVE_BYTES`]). An archive that comes out has no set-uid, set-gid or sticky
 //!   bits and no symbolic link that leads outside the working directory.
+//! - **Only the working directory lasts.** A backend may keep processes for a sandbox
+//!   between commands (a container, a bubblewrap sandbox) and end them at any time: when the
+//!   run waits ([`Sandbox::suspend`]), when one died, after a timeout. The next command finds
+//!   the working directory as it was and the sandbox started again; `/tmp` may be fresh.
 //! - **Bounded disk.** A command that makes the working directory larger than
 //!   [`Limits::disk_bytes`], or leaves the file system of the working directories less free
 //!   space than the backend's reserve, is stopped, and [`ExecOutput::stopped`] says why.
@@ -212,6 +216,7 @@ impl Error {
 
 /// A place where a run's commands execute. See the [module docs](self) for what every
 /// backend guarantees.
+#[cfg_attr(test, mockall::automock)]
 #[async_trait]
 pub trait Sandbox: Send + Sync {
     /// Create (or re-attach to) the sandbox for `spec.key`. After a restart of the server,
@@ -238,6 +243,15 @@ pub trait Sandbox: Send + Sync {
     ) -> Result<Vec<u8>, Error>;
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
+    /// The run will not use its sandbox for a while (it waits for a message): a backend that
+    /// keeps processes for a sandbox between commands ends them now. The working directory
+    /// and what the sandbox was created with stay; the next [`Sandbox::exec`] starts what it
+    /// needs again. Suspending a sandbox that is gone, or has nothing running, is fine. The
+    /// default does nothing.
+    async fn suspend(&self, id: &SandboxId) -> Result<(), Error> {
+        let _ = id;
+        Ok(())
+    }
     /// Whether this backend runs a sandbox in the image its spec names
     /// ([`SandboxSpec::image`]). Backends that cannot (they run commands on the host's file
     /// system) answer `false`, the default, and a run naming `spec.image` is refused when it

@@ -1,6 +1,6 @@
 //! Secret values that never print: `Debug` and `Display` show a placeholder.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use async_trait::async_trait;
@@ -33,11 +33,34 @@ impl fmt::Display for SecretString {
     }
 }
 
-/// Where BYOK runs find their keys: the Secret resources of a project.
+/// Why a Secret's values could not be sealed or opened. It never holds a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SealError(pub String);
+
+/// Where BYOK runs find their keys: the Secret resources of a project. A source that also
+/// seals lets the engine store Secret resources (their values sealed, never in clear).
 #[async_trait]
 pub trait Secrets: Send + Sync {
     /// The value under `key` of the Secret `name` in `project`, if both exist.
     async fn lookup(&self, project: &str, name: &str, key: &str) -> Option<SecretString>;
+
+    /// A Secret's values, sealed for the store (the `sealedData` of its document). By
+    /// default a source keeps no Secret resources and refuses.
+    fn seal(&self, values: &BTreeMap<String, SecretString>) -> Result<String, SealError> {
+        let _ = values;
+        Err(SealError(
+            "this engine's secret source stores no Secret resources".to_string(),
+        ))
+    }
+
+    /// What [`Secrets::seal`] made, opened again.
+    fn open(&self, sealed: &str) -> Result<BTreeMap<String, SecretString>, SealError> {
+        let _ = sealed;
+        Err(SealError(
+            "this engine's secret source stores no Secret resources".to_string(),
+        ))
+    }
 }
 
 /// Secrets held in memory, as `(project, name, key) → value`; also the "no secrets" source

@@ -1,5 +1,6 @@
 //! The `Store` trait: resources with optimistic concurrency, the run journal, the message
-//! inbox, run leases for several replicas, payload retention and change notification.
+//! inbox, run leases for several replicas, rewriting a run's recorded contents in one write and change
+//! notification.
 //! Backends (in-memory, SQLite, Postgres) live in nodus-store.
 
 use std::collections::BTreeMap;
@@ -187,22 +188,33 @@ pub fn process_owner() -> &'static str {
     })
 }
 
-/// A run that [`Store::claim_runnable`] claimed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claimed {
+/// A rewrite of one run's recorded contents, applied by [`Store::rewrite_run`] in one write.
+/// The store applies the edits it is given and decides nothing: what changes, and which runs,
+/// is the caller's (the retention sweep in [`crate::retention`]).
+pub struct RunRewrite {
     /// The run document.
-    pub key: ObjectKey,
-    /// Its `metadata.uid`.
-    pub uid: String,
-    /// The fence its journal writes carry.
-    pub fence: Fence,
+    pub run: ObjectKey,
+    /// The version the run document must still have.
+    pub expected_version: u64,
+    /// Applied to the run document and to the copies of it kept for idempotent batches.
+    pub document: Box<dyn Fn(&mut Value) + Send + Sync>,
+    /// Applied to every step of the run's journal.
+    pub step: Box<dyn Fn(&mut Step) + Send + Sync>,
+    /// Applied to every message of the run's inbox.
+    pub message: Box<dyn Fn(&mut InboxMessage) + Send + Sync>,
+    /// Documents deleted in the same write (not runs: delete a run by itself); one that does
+    /// not exist is no error.
+    pub delete: Vec<ObjectKey>,
 }
 
-/// What a retention sweep did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Swept {
-    /// The runs whose payloads were removed, each now marked `status.payloadsRemovedAt`.
-    pub runs: Vec<ObjectKey>,
+impl fmt::Debug for RunRewrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunRewrite")
+            .field("run", &self.run)
+            .field("expected_version", &self.expected_version)
+            .field("delete", &self.delete)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Something changed in the store.
@@ -363,6 +375,9 @@ pub trait Store: Send + Sync {
         Ok(cut_down(self.list(project, kind, selector).await?, &wanted))
     }
 
+    /// Every project that holds a document, in name order, each once.
+    async fn projects(&self) -> Result<Vec<String>, Error>;
+
     /// Replace a document if it is still at `expected_version`.
     async fn update(
         &self,
@@ -399,17 +414,6 @@ pub trait Store: Send + Sync {
     /// after a restart under the same name or to resolve a run); refused with `Leased`
     /// otherwise. Each grant makes a new fence, and every earlier fence stale.
     async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error>;
-
-    /// Claim the oldest AgentRun (in creation order, across projects) whose `status.phase` is
-    /// one of `phases`, that has a `metadata.uid`, and that no replica holds an unexpired
-    /// lease on (`lease.owner`'s own leases included: it is already working on those). Several
-    /// replicas calling at once get different runs (Postgres: `FOR UPDATE SKIP LOCKED`).
-    /// `None` when no run qualifies.
-    async fn claim_runnable(
-        &self,
-        phases: &[&str],
-        lease: &Lease,
-    ) -> Result<Option<Claimed>, Error>;
 
     /// Extend the lease that `fence` holds to `lease.now + lease.duration`. Refused with
     /// `Fenced` once another claim took the run over (an expired lease nobody took over is
@@ -450,16 +454,12 @@ pub trait Store: Send + Sync {
     /// The run's inbox, in order.
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error>;
 
-    /// Retention: remove the recorded payloads of every AgentRun that ended
-    /// (`status.completionTime`) before `ended_before` and was not swept yet: its input
-    /// (`spec.input`), the answer preview, its inbox messages' text, and its steps' contents
-    /// (commands, their output, model replies' content, error texts), keeping what accounts
-    /// for the run (kinds, times, models, tokens, costs, exit codes). Each swept run's
-    /// document gets `status.payloadsRemovedAt: now` (a write: its version is bumped), and
-    /// its kept final working directory (the `WorkdirArchive` of its name) is deleted in the
-    /// same write, as are the copies of it kept for an idempotent batch.
-    async fn sweep_payloads(&self, ended_before: Timestamp, now: Timestamp)
-    -> Result<Swept, Error>;
+    /// Rewrite a run's recorded contents in one write, if its document is still at
+    /// `rewrite.expected_version` (refused with `Conflict` otherwise, and nothing is written):
+    /// the document (its version is bumped) and its copies kept for idempotent batches, every
+    /// step of its journal (the journal of its `metadata.uid`), every message of its inbox,
+    /// and the deletion of `rewrite.delete`. Returns the document as stored afterwards.
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error>;
 
     /// Changes from now on.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change>;

@@ -68,6 +68,7 @@ struct RecordingState {
     created: u32,
     destroyed: u32,
     executions: Vec<String>,
+    suspended: BTreeSet<String>,
     files: BTreeMap<String, Vec<u8>>,
     failures: Vec<sandbox::Error>,
 }
@@ -112,6 +113,11 @@ impl RecordingSandbox {
     /// Sandboxes that exist now.
     pub fn live(&self) -> Vec<String> {
         self.state().live.iter().cloned().collect()
+    }
+
+    /// Sandboxes suspended since their last command.
+    pub fn suspended(&self) -> Vec<String> {
+        self.state().suspended.iter().cloned().collect()
     }
 
     /// (created, destroyed) counts.
@@ -177,6 +183,7 @@ impl Sandbox for RecordingSandbox {
             return Err(error);
         }
         state.executions.push(request.command.clone());
+        state.suspended.remove(&id.0);
         Ok(Self::run(&request.command))
     }
 
@@ -201,8 +208,17 @@ impl Sandbox for RecordingSandbox {
         Ok(self.state().files.get(&id.0).cloned().unwrap_or_default())
     }
 
+    async fn suspend(&self, id: &SandboxId) -> Result<(), sandbox::Error> {
+        let mut state = self.state();
+        if state.live.contains(&id.0) {
+            state.suspended.insert(id.0.clone());
+        }
+        Ok(())
+    }
+
     async fn destroy(&self, id: &SandboxId) -> Result<(), sandbox::Error> {
         let mut state = self.state();
+        state.suspended.remove(&id.0);
         if state.live.remove(&id.0) {
             state.destroyed += 1;
         }

@@ -205,8 +205,9 @@ impl RecordedRequest {
     }
 }
 
-/// Decides what a request gets from the request itself (see [`FakeServer::respond_with`]).
-pub type Responder = Box<dyn Fn(&RecordedRequest) -> Option<Fake> + Send + Sync>;
+/// What answers a request when the script is empty: a function of the request alone, so that
+/// a client that repeats a request (after a crash, say) gets the same answer again.
+pub type Responder = Arc<dyn Fn(&RecordedRequest) -> Fake + Send + Sync>;
 
 #[derive(Default)]
 struct Shared {
@@ -275,14 +276,13 @@ impl FakeServer {
         lock(&self.shared.script).push_back(fake);
     }
 
-    /// Answer each request that the script leaves unanswered with what `responder` makes of
-    /// it (a model that answers by the prompt, whatever order concurrent runs call in); when
-    /// it answers `None`, the default reply.
+    /// Answer every request the script does not answer with `responder` (instead of
+    /// `FakeMessage::text("ok")`).
     pub fn respond_with(
         &self,
-        responder: impl Fn(&RecordedRequest) -> Option<Fake> + Send + Sync + 'static,
+        responder: impl Fn(&RecordedRequest) -> Fake + Send + Sync + 'static,
     ) {
-        *lock(&self.shared.responder) = Some(Box::new(responder));
+        *lock(&self.shared.responder) = Some(Arc::new(responder));
     }
 
     /// Queue several.
@@ -326,8 +326,12 @@ async fn serve(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         Dialect::Anthropic
     };
     let scripted = lock(&shared.script).pop_front();
+    let responder = lock(&shared.responder).clone();
     let fake = scripted
-        .or_else(|| lock(&shared.responder).as_ref().and_then(|f| f(&request)))
+        .or_else(|| match (dialect, responder) {
+            (Dialect::AnthropicCount, _) | (_, None) => None,
+            (_, Some(responder)) => Some(responder(&request)),
+        })
         .unwrap_or_else(|| match dialect {
             Dialect::AnthropicCount => {
                 let bytes = request.body.to_string().len() as u64;

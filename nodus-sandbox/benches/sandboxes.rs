@@ -115,19 +115,6 @@ fn bare_once(argv: &[&str]) -> Duration {
     took
 }
 
-async fn timed<F: Future<Output = ()>>(
-    n: usize,
-    mut once: impl FnMut(usize) -> F,
-) -> Vec<Duration> {
-    let mut all = Vec::with_capacity(n);
-    for i in 0..n {
-        let started = Instant::now();
-        once(i).await;
-        all.push(started.elapsed());
-    }
-    all
-}
-
 /// Create + first exec (`true`) + destroy, `n` times, with phases; before each, each bare
 /// command of `bare` once. Returns the bare samples first, in the order of `bare`.
 async fn lifecycle(
@@ -180,27 +167,33 @@ async fn lifecycle(
     )
 }
 
-/// `n` execs of `true` in one live sandbox.
+/// `n` execs of `true` in one live sandbox; before each, a bare `sh -c true` started the same
+/// way (the baseline: a process start), whose samples come second.
 async fn live_exec(
     name: &str,
     n: usize,
     sandbox: Arc<dyn Sandbox>,
     image: Option<&str>,
-) -> Samples {
+) -> (Samples, Samples) {
     let key = format!("bench-{}-live", std::process::id());
     let id: SandboxId = sandbox.create(&spec(&key, image)).await.expect("create").id;
     sandbox.exec(&id, &request("true")).await.expect("warm-up");
-    let all = timed(n, |_| {
-        let sandbox = sandbox.clone();
-        let id = id.clone();
-        async move {
-            let out = sandbox.exec(&id, &request("true")).await.expect("exec");
-            assert_eq!(out.exit_code, Some(0));
-        }
-    })
-    .await;
+    let mut bare = Vec::with_capacity(n);
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        bare_async(&["sh", "-c", "true"]).await;
+        bare.push(started.elapsed());
+        let started = Instant::now();
+        let out = sandbox.exec(&id, &request("true")).await.expect("exec");
+        all.push(started.elapsed());
+        assert_eq!(out.exit_code, Some(0));
+    }
     sandbox.destroy(&id).await.expect("destroy");
-    Samples::new(&format!("{name}: exec `true` in a live sandbox"), all)
+    (
+        Samples::new(&format!("{name}: exec `true` in a live sandbox"), all),
+        Samples::new("  bare `sh -c true` (baseline, same iterations)", bare),
+    )
 }
 
 fn main() {
@@ -265,12 +258,12 @@ async fn processes(n: usize, root: &std::path::Path) {
             )],
         )
         .await;
-        let bwrap_live = live_exec("bwrap backend", n, bwrap, None).await;
+        let (bwrap_live, bwrap_bare_sh) = live_exec("bwrap backend", n, bwrap, None).await;
         let unisolated: Arc<dyn Sandbox> =
             Arc::new(UnisolatedSandbox::new(root.join("unisolated")));
         let (_, uni_cycle, _) =
             lifecycle("unisolated backend", n, unisolated.clone(), None, &[]).await;
-        let uni_live = live_exec("unisolated backend", n, unisolated, None).await;
+        let (uni_live, uni_bare_sh) = live_exec("unisolated backend", n, unisolated, None).await;
         for bare in &bare_bwrap {
             bare.print();
         }
@@ -279,11 +272,15 @@ async fn processes(n: usize, root: &std::path::Path) {
             phase.print();
         }
         bwrap_live.print();
+        bwrap_bare_sh.print();
         uni_cycle.print();
         uni_live.print();
+        uni_bare_sh.print();
         for bare in &bare_bwrap {
             ratio(&bwrap_cycle, bare);
         }
+        ratio(&bwrap_live, &bwrap_bare_sh);
+        ratio(&uni_live, &uni_bare_sh);
     }
 }
 
@@ -313,7 +310,7 @@ async fn docker(n: usize, image: &str) {
             ],
         )
         .await;
-        let docker_live = live_exec("docker backend", n, docker, Some(image)).await;
+        let (docker_live, _) = live_exec("docker backend", n, docker, Some(image)).await;
         for bare in &bare_docker {
             bare.print();
         }
@@ -345,8 +342,8 @@ fn cpu_ticks() -> (u64, u64) {
 }
 
 /// `n` starts, `in_flight` at a time, each the future `one(i)` makes; prints starts per
-/// second and how busy the machine's CPUs were.
-async fn at_a_time<F>(label: &str, n: usize, in_flight: usize, one: impl Fn(usize) -> F)
+/// second and how busy the machine's CPUs were, and answers the wall time per start.
+async fn at_a_time<F>(label: &str, n: usize, in_flight: usize, one: impl Fn(usize) -> F) -> f64
 where
     F: Future<Output = ()> + Send + 'static,
 {
@@ -373,6 +370,7 @@ where
         n as f64 / took.as_secs_f64(),
         ms(took) / n as f64,
     );
+    ms(took) / n as f64
 }
 
 /// A bare command, started and awaited without its output.
@@ -387,7 +385,24 @@ async fn bare_async(argv: &'static [&'static str]) {
     assert!(status.success(), "{argv:?}: {status}");
 }
 
-/// Starts at a time: the bubblewrap backend's cycle and bare `bwrap` against `sh -c true`.
+/// The same namespaces as a sandbox's (user, pid, ipc, uts, cgroup, network, mount) with a
+/// fresh `/proc`, and nothing else: the floor of an isolated start.
+const BARE_UNSHARE: &[&str] = &[
+    "unshare",
+    "--user",
+    "--pid",
+    "--ipc",
+    "--uts",
+    "--cgroup",
+    "--net",
+    "--mount",
+    "--fork",
+    "--mount-proc",
+    "true",
+];
+
+/// Starts at a time: the bubblewrap backend's cycle, bare `bwrap` and bare `unshare` against
+/// `sh -c true`.
 async fn parallel(n: usize, root: &std::path::Path) {
     println!("== starts at a time ({n} each)");
     let bwrap: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(BwrapConfig::new(root.join("par"))));
@@ -402,11 +417,18 @@ async fn parallel(n: usize, root: &std::path::Path) {
             bare_async(&["sh", "-c", "true"])
         })
         .await;
-        at_a_time("bare `bwrap --unshare-all … true`", n, in_flight, |_| {
+        let unshare = at_a_time(
+            "bare `unshare -Upiuc -n -m -f --mount-proc true`",
+            n,
+            in_flight,
+            |_| bare_async(BARE_UNSHARE),
+        )
+        .await;
+        let bare = at_a_time("bare `bwrap --unshare-all … true`", n, in_flight, |_| {
             bare_async(BARE_BWRAP)
         })
         .await;
-        at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
+        let cycle = at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
             let sandbox = bwrap.clone();
             let key = format!("bench-par-{tag}-{in_flight}-{i}");
             async move {
@@ -417,5 +439,10 @@ async fn parallel(n: usize, root: &std::path::Path) {
             }
         })
         .await;
+        println!(
+            "  ratios at {in_flight} in flight: backend cycle / unshare {:.2}x, bare bwrap / unshare {:.2}x",
+            cycle / unshare,
+            bare / unshare
+        );
     }
 }

@@ -1,21 +1,30 @@
-//! The process backend: each command runs in a fresh [bubblewrap] sandbox over the run's
-//! working directory.
+//! The process backend: each sandbox is one [bubblewrap] process over the run's working
+//! directory, started when the sandbox is created and kept between its commands.
 //!
-//! A command gets new user, pid, ipc, uts, cgroup and network namespaces (the network only when
-//! the spec allows it), all capabilities dropped, no further user namespaces, a new session,
-//! and `--die-with-parent`. Its file system is a read-only tmpfs root with:
+//! Inside it, a shell reads commands over the [command channel](crate::channel) that the
+//! Docker backend uses too (frames in over a socket that is also its stdout, output back
+//! between per-command markers) and runs each as `/bin/sh -c` (a process start, not a sandbox
+//! start), then kills whatever the command left running. The sandbox gets new user, pid, ipc,
+//! uts, cgroup and network namespaces (the network only when the spec allows it), all
+//! capabilities dropped, no further user namespaces, a new session, and `--die-with-parent`.
+//! Its file system is a read-only tmpfs root with:
 //! - the host's system directories read-only (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc`, and
 //!   what [`BwrapConfig::extra_ro_binds`] adds);
-//! - fresh `/proc` and `/dev`, a private `/tmp` (a tmpfs no larger than the memory limit);
+//! - fresh `/proc` and `/dev`, a private `/tmp` (a tmpfs no larger than the memory limit,
+//!   kept between commands while the sandbox's process lives);
 //! - the sandbox's working directory at [`WORKDIR`], the only writable place that outlives
-//!   the command.
+//!   the sandbox's process.
 //!
 //! Nothing else of the host is there: not the other sandboxes' directories, not the server's
 //! files, not `/home`, `/root` or `/var`.
 //!
 //! Host user: a server running as root runs every sandbox as an unprivileged host user and
 //! group ([`BwrapConfig::run_as`], by default [`DEFAULT_SANDBOX_USER`], 65534 `nobody` /
-//! `nogroup`), dropping to it with util-linux `setpriv` as the last step before bubblewrap. So
+//! `nogroup`, no supplementary groups). On cgroup v1 (or without cgroups) the spawned process
+//! drops to it before it runs anything, and the cgroup gate joins the sandbox's cgroups through
+//! their `tasks` files, which are given to that user (only the sandbox's own: it cannot change
+//! their limits); on v2, where joining needs root, the gate joins as root and util-linux
+//! `setpriv` drops to the user as the last step before bubblewrap. So
 //! file permissions keep host secrets out: what that user may not read on the host (`/etc/shadow`,
 //! a 0600 root file anywhere under the bound directories, whenever it was made) it cannot read
 //! in a sandbox either. Bubblewrap resolves the working directory's host path as that user, so
@@ -26,10 +35,10 @@
 //! namespace); its own files are then the ones to keep out of the bound directories.
 //!
 //! What a command can see of how it was started holds no host path: bubblewrap reads its
-//! arguments from the command's standard input (`--args 0`, so `/proc/1/cmdline` is
-//! `bwrap --args 0`), starts in `/` with an empty environment, and the working directory's
-//! host path, which `/proc/self/mountinfo` shows, is `<root>/sandboxes/<key>`. Commands then
-//! get `/dev/null` as standard input.
+//! arguments from its standard input (`--args 0`, so `/proc/1/cmdline` is `bwrap --args 0`
+//! and the channel's shell), starts in `/` with an empty environment, and the working
+//! directory's host path, which `/proc/self/mountinfo` shows, is `<root>/sandboxes/<key>`.
+//! Commands get `/dev/null` as standard input.
 //!
 //! Disk: a command's single files are limited to [`Limits::disk_bytes`] (`ulimit -f`), and a
 //! watchdog measures the working directory while the command runs: when it grew past
@@ -51,10 +60,16 @@
 //! files. As with the unisolated backend, the environment and limits of a sandbox live in
 //! memory: after a restart, `create` comes before `exec`.
 //!
-//! When the command's shell exits the sandbox's pid namespace ends, which kills whatever it
-//! left running; a timeout, or dropping the `exec` future, kills bubblewrap and with it the
-//! whole namespace. Bubblewrap reports a command ended by a signal as exit code 128 + the
-//! signal's number.
+//! When a command's shell exits, the channel's shell kills whatever it left running
+//! (`kill -9 -1` spares only itself and the namespace's init). A timeout, the disk watchdog,
+//! or dropping the `exec` future kills bubblewrap and with it the whole namespace; so does
+//! anything else that ends the sandbox's process (the OOM killer, an operator). The next
+//! command then starts the sandbox again over the same working directory (a fresh `/tmp`);
+//! a command is sent again only when the sandbox ended before it began, so none runs twice.
+//! [`Sandbox::suspend`] ends it too, for a run that waits for a message. `--die-with-parent`
+//! ties a sandbox to the server thread that started it (a runtime's worker): when that thread
+//! ends, so does the sandbox, and its next command starts it again. A command ended by a signal reports
+//! exit code 128 + the signal's number.
 //!
 //! Requires bubblewrap 0.8 or later and user namespaces. When `bwrap` is missing, `create`
 //! refuses with a message that says how to install it.
@@ -66,10 +81,11 @@ use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::io::{Seek, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -77,14 +93,17 @@ use nodus_core::Sandbox;
 use nodus_core::sandbox::{
     Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
 };
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio::sync::OnceCell;
 use tracing::{debug, info};
 
 use crate::cgroup::Cgroups;
+use crate::channel::{self, Reading};
 use crate::disk::Watch;
+use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
-use crate::{archive, paths, process};
+use crate::{archive, capped, paths};
 
 /// Where the working directory appears inside the sandbox.
 pub const WORKDIR: &str = "/work";
@@ -99,14 +118,11 @@ const SYSTEM_DIRS: &[&str] = &[
 ];
 
 /// The cgroup gate: `$1` files to write `0` into (moving the shell itself into the sandbox's
-/// cgroups), then the program to become. A file it cannot write ends it with [`GATE_FAILED`]
+/// cgroups), then the program to become. A file it cannot write ends it with status 125
 /// and a line that starts with [`GATE_MESSAGE`].
 const GATE: &str = "n=$1; shift; while [ \"$n\" -gt 0 ]; do \
     echo 0 2>/dev/null > \"$1\" || { echo \"nodus-sandbox: cannot join the cgroup $1\" >&2; exit 125; }; \
     shift; n=$((n - 1)); done; exec \"$@\"";
-
-/// The exit status of a gate that could not join a cgroup.
-const GATE_FAILED: i32 = 125;
 
 /// How the gate's own failure message starts.
 const GATE_MESSAGE: &[u8] = b"nodus-sandbox: cannot join the cgroup ";
@@ -161,8 +177,9 @@ pub struct BwrapConfig {
     /// More host directories to bind read-only at the same path (toolchains under `/opt`).
     /// The sandboxes read in them what [`BwrapConfig::run_as`] may read.
     pub extra_ro_binds: Vec<PathBuf>,
-    /// The host user and group that commands run as (through `setpriv`, which must be
-    /// installed), or `None` for the server's own user. The server must be root to use it.
+    /// The host user and group that commands run as (on cgroup v2 through `setpriv`, which
+    /// must then be installed), or `None` for the server's own user. The server must be root
+    /// to use it.
     pub run_as: Option<HostUser>,
     /// The free bytes the file system of [`BwrapConfig::root`] keeps: a command that lets it
     /// drop below is stopped, so that the store, when it shares that file system, can still
@@ -189,26 +206,134 @@ impl BwrapConfig {
     }
 }
 
-/// What a sandbox was created with.
+/// What a sandbox was created with, and its live process.
 #[derive(Debug, Clone)]
 struct Created {
     env: BTreeMap<String, String>,
     limits: Limits,
     network: bool,
+    /// The sandbox's process while it runs (`None` before it starts again): the holder of
+    /// this lock runs the sandbox's one command at a time.
+    live: Arc<tokio::sync::Mutex<Option<Live>>>,
 }
 
-/// What every command needs, found once: how to start bubblewrap and the arguments that lay
+/// The most bytes of what a sandbox said on stderr before its first command began that an
+/// error keeps (bubblewrap's or the cgroup gate's complaint when it could not start).
+const EARLY_STDERR: usize = 4096;
+
+/// A running sandbox: bubblewrap, and in it the shell that reads commands over the shared
+/// [command channel](crate::channel). Its stdout is one end of a socket pair, which also
+/// carries the frames in (the shell reads them from it); stderr is a pipe. Dropping it kills
+/// the sandbox: its process group, and with bubblewrap (`--die-with-parent`) its whole pid
+/// namespace.
+#[derive(Debug)]
+struct Live {
+    child: tokio::process::Child,
+    group: ProcessGroup,
+    input: tokio::net::unix::OwnedWriteHalf,
+    output: tokio::net::unix::OwnedReadHalf,
+    errors: tokio::process::ChildStderr,
+}
+
+/// How a command sent to a live sandbox came out.
+enum Ran {
+    /// Both end markers came.
+    Ended(Reading),
+    /// The timeout hit and the sandbox was stopped; what the command printed until then.
+    TimedOut(Reading),
+    /// The disk watch stopped it (and the sandbox), for this reason.
+    Stopped(Reading, String),
+    /// The sandbox's streams ended before the command did; what its stderr said before any
+    /// command began.
+    Closed(Reading, Vec<u8>),
+}
+
+impl Live {
+    /// Whether the sandbox's process still runs.
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends one command's frame and reads its output until both end markers, the timeout or
+    /// the disk `watch` (from the size `start`); on the last two, and when the sandbox's
+    /// streams end first, kills the sandbox and reads what is left for a moment.
+    async fn run(
+        &mut self,
+        frame: &[u8],
+        mut reading: Reading,
+        timeout: Duration,
+        watch: &Watch,
+        start: u64,
+    ) -> Result<Ran, Error> {
+        let mut early = Vec::new();
+        let (mut out_buf, mut err_buf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+        let (mut out_open, mut err_open) = (true, true);
+        let (mut stopped, mut timed_out) = (None, false);
+        // Once set, the sandbox was killed and its last output is read until then.
+        let mut grace = None;
+        if self.input.write_all(frame).await.is_err() {
+            out_open = false;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let watchdog = watch.until_stopped(start);
+        tokio::pin!(watchdog);
+        loop {
+            if grace.is_none() && (!out_open || stopped.is_some() || timed_out) {
+                // Timed out, stopped, or gone: whatever is left of the sandbox goes.
+                self.group.kill();
+                grace = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+            }
+            if (grace.is_none() && reading.done()) || (!out_open && !err_open) {
+                break;
+            }
+            // Reads are cancel-safe: what was not taken stays in the socket or pipe.
+            tokio::select! {
+                n = self.output.read(&mut out_buf), if out_open => match n {
+                    Ok(n @ 1..) => reading.stdout.feed(&out_buf[..n])?,
+                    _ => out_open = false,
+                },
+                n = self.errors.read(&mut err_buf), if err_open => match n {
+                    Ok(n @ 1..) => {
+                        if !reading.begun() {
+                            let room = EARLY_STDERR.saturating_sub(early.len());
+                            early.extend_from_slice(&err_buf[..n.min(room)]);
+                        }
+                        reading.stderr.feed(&err_buf[..n])?;
+                    }
+                    _ => err_open = false,
+                },
+                () = tokio::time::sleep_until(deadline), if grace.is_none() => timed_out = true,
+                reason = &mut watchdog, if grace.is_none() => stopped = Some(reason),
+                () = tokio::time::sleep_until(grace.unwrap_or(deadline)), if grace.is_some() => break,
+            }
+        }
+        if grace.is_none() {
+            return Ok(Ran::Ended(reading));
+        }
+        reading.finish();
+        Ok(match (stopped, timed_out) {
+            (Some(reason), _) => Ran::Stopped(reading, reason),
+            (None, true) => Ran::TimedOut(reading),
+            (None, false) => Ran::Closed(reading, early),
+        })
+    }
+}
+
+/// What every sandbox start needs, found once: how to start bubblewrap and the arguments that lay
 /// out the sandbox's file system.
 #[derive(Debug)]
 struct Prepared {
     bwrap: PathBuf,
-    /// The program and its arguments up to and including `bwrap`: `setpriv … bwrap` when
-    /// commands run as another user, `bwrap` alone otherwise.
-    launcher: Vec<OsString>,
+    /// `setpriv …` when sandboxes run as another user and the spawn cannot drop to it (the
+    /// cgroup gate must be root to join v2 cgroups), empty otherwise.
+    setpriv: Vec<OsString>,
+    /// The user the spawned process (the gate, or bubblewrap) becomes before it starts, when
+    /// no `setpriv` does: one exec fewer.
+    spawn_as: Option<HostUser>,
     base_args: Vec<OsString>,
 }
 
-/// Sandboxes that run each command under bubblewrap. See the [module docs](self).
+/// Sandboxes that are each one bubblewrap process. See the [module docs](self).
 #[derive(Debug)]
 pub struct BwrapSandbox {
     config: BwrapConfig,
@@ -265,93 +390,16 @@ impl BwrapSandbox {
         self.created.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn prepared(&self) -> Result<&Prepared, Error> {
-        self.prepared
-            .get_or_try_init(|| async {
-                let config = self.config.clone();
-                let memory = Limits::default().memory_bytes;
-                let prepared = blocking(move || prepare(&config)).await?;
-                probe(&prepared, memory).await?;
-                Ok(prepared)
-            })
-            .await
-    }
-}
-
-#[async_trait]
-impl Sandbox for BwrapSandbox {
-    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
-        paths::check_key(&spec.key).map_err(Error::Refused)?;
-        check_env(&spec.env)?;
-        if !self.cgroups.enforced().pids && rustix::process::getuid().is_root() {
-            // RLIMIT_NPROC counts every process of the user, and root runs the whole host:
-            // the fallback would leave the sandbox unable to start anything at all, or, unset,
-            // leave a fork bomb uncontained. Refuse instead of pretending.
-            return Err(Error::Refused(
-                "no pids cgroup is available to limit this sandbox's processes, and the server \
-                 runs as root, where an rlimit cannot do it: give the server a pids cgroup \
-                 (cgroup v1 `pids` or v2 with the pids controller) or run it as an \
-                 unprivileged user"
-                    .to_string(),
-            ));
-        }
-        self.prepared().await?;
-        let dir = self.config.root.join("sandboxes").join(&spec.key);
-        let cgroups = self.cgroups.clone();
-        let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
-        blocking(move || {
-            let failed = |e: io::Error| {
-                Error::Failed(format!("creating the sandbox's working directory: {e}"))
-            };
-            fs::create_dir_all(&dir).map_err(failed)?;
-            if let Some(user) = user {
-                std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(failed)?;
-                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
-            }
-            cgroups.create(&key, &limits)
-        })
-        .await?;
-        self.created().insert(
-            spec.key.clone(),
-            Created {
-                env: spec.env.clone(),
-                limits: spec.limits,
-                network: spec.network,
-            },
-        );
-        debug!(key = %spec.key, "bubblewrap sandbox ready");
-        Ok(SandboxInfo {
-            id: SandboxId(spec.key.clone()),
-            isolated: true,
-        })
-    }
-
-    async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let dir = self.dir_of(id)?;
-        let created = self
-            .created()
-            .get(&id.0)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(id.clone()))?;
-        let prepared = self.prepared().await?;
-        let request = request.within(&created.limits)?;
-        let shown_cwd = request.cwd.clone().unwrap_or_default();
-        let rel = paths::relative(Path::new(&shown_cwd))
-            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let owned_id = id.clone();
-        let (home, cwd) = blocking(move || {
-            let home = canonical_dir(&dir, &owned_id)?;
-            let cwd = inside_dir(&home, &rel, &shown_cwd)?;
-            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
-            let inside = if inner.as_os_str().is_empty() {
-                PathBuf::from(WORKDIR)
-            } else {
-                Path::new(WORKDIR).join(inner)
-            };
-            Ok((home, inside))
-        })
-        .await?;
-
+    /// Starts the sandbox `key` over its working directory `home`: bubblewrap, joined to the
+    /// sandbox's cgroups, as the sandboxes' user, running the shell that reads commands with
+    /// the sandbox's rlimits set.
+    fn start(
+        &self,
+        prepared: &Prepared,
+        key: &str,
+        created: &Created,
+        home: &Path,
+    ) -> Result<Live, Error> {
         let mut args = prepared.base_args.clone();
         let mut push = |items: &[&std::ffi::OsStr]| args.extend(items.iter().map(OsString::from));
         if created.network {
@@ -382,11 +430,12 @@ impl Sandbox for BwrapSandbox {
         for (name, value) in &created.env {
             push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
         }
-        push(&["--chdir".as_ref(), cwd.as_os_str()]);
-        // Bubblewrap read its arguments from standard input and closed it: the command gets
-        // /dev/null instead. Then the limits, then the command exactly as given.
+        push(&["--chdir".as_ref(), WORKDIR.as_ref()]);
+        // Bubblewrap read its arguments from standard input: the shell reads its commands from
+        // its stdout, the socket (commands get /dev/null as their stdin). Then the limits,
+        // which every command inherits, then the channel's loop.
         let enforced = self.cgroups.enforced();
-        let mut prelude = vec!["exec </dev/null".to_owned()];
+        let mut prelude = vec!["exec <&1".to_owned()];
         if !enforced.pids {
             // `-u` in bash and busybox, `-p` in dash.
             let n = created.limits.processes;
@@ -397,34 +446,213 @@ impl Sandbox for BwrapSandbox {
         }
         // In blocks of 512 bytes, as `sh` counts them.
         prelude.push(format!("ulimit -f {}", created.limits.disk_bytes / 512));
-        let script = format!("{} && exec /bin/sh -c \"$1\"", prelude.join(" && "));
+        let script = format!(
+            "{} || exit 1\n{}",
+            prelude.join(" && "),
+            channel::FIRST_PROCESS
+        );
         let shell: [OsString; 5] = [
             "/bin/sh".into(),
             "-c".into(),
             script.into(),
-            "sh".into(),
-            request.command.clone().into(),
+            "nodus".into(),
+            WORKDIR.into(),
         ];
-
-        let entry_files = self.cgroups.entry_files(&id.0);
+        let entry_files = self.cgroups.entry_files(key);
         let mut command = launch(prepared, &entry_files, &args, &shell)?;
+        let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
         command
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(OwnedFd::from(theirs)))
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        let mut child = command.spawn().map_err(process::spawn_error)?;
+        // The command holds the sandbox's end of the socket: without it, the socket ends
+        // when the sandbox does.
+        drop(command);
+        let group = ProcessGroup::of(child.id());
+        let errors = child
+            .stderr
+            .take()
+            .ok_or_else(|| Error::Failed("the sandbox's stderr pipe is missing".to_owned()))?;
+        ours.set_nonblocking(true).map_err(failed)?;
+        let (output, input) = tokio::net::UnixStream::from_std(ours)
+            .map_err(failed)?
+            .into_split();
+        Ok(Live {
+            child,
+            group,
+            input,
+            output,
+            errors,
+        })
+    }
+
+    async fn prepared(&self) -> Result<&Prepared, Error> {
+        self.prepared
+            .get_or_try_init(|| async {
+                let config = self.config.clone();
+                let memory = Limits::default().memory_bytes;
+                // On cgroup v1 the gate joins as the sandboxes' user (its `tasks` files are
+                // given to it), so the spawn drops to that user and no `setpriv` runs.
+                let drop_at_spawn = self.cgroups.all_v1();
+                let prepared = blocking(move || prepare(&config, drop_at_spawn)).await?;
+                probe(&prepared, memory).await?;
+                Ok(prepared)
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl Sandbox for BwrapSandbox {
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
+        paths::check_key(&spec.key).map_err(Error::Refused)?;
+        check_env(&spec.env)?;
+        if !self.cgroups.enforced().pids && rustix::process::getuid().is_root() {
+            // RLIMIT_NPROC counts every process of the user, and root runs the whole host:
+            // the fallback would leave the sandbox unable to start anything at all, or, unset,
+            // leave a fork bomb uncontained. Refuse instead of pretending.
+            return Err(Error::Refused(
+                "no pids cgroup is available to limit this sandbox's processes, and the server \
+                 runs as root, where an rlimit cannot do it: give the server a pids cgroup \
+                 (cgroup v1 `pids` or v2 with the pids controller) or run it as an \
+                 unprivileged user"
+                    .to_string(),
+            ));
+        }
+        let prepared = self.prepared().await?;
+        let dir = self.config.root.join("sandboxes").join(&spec.key);
+        let cgroups = self.cgroups.clone();
+        let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
+        let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+        let id = SandboxId(spec.key.clone());
+        let owned_id = id.clone();
+        let home = blocking(move || {
+            let failed = |e: io::Error| {
+                Error::Failed(format!("creating the sandbox's working directory: {e}"))
+            };
+            fs::create_dir_all(&dir).map_err(failed)?;
+            if let Some(user) = user {
+                std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(failed)?;
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
+            }
+            cgroups.create(&key, &limits, entrant)?;
+            canonical_dir(&dir, &owned_id)
+        })
+        .await?;
+        let created = Created {
+            env: spec.env.clone(),
+            limits: spec.limits,
+            network: spec.network,
+            live: Arc::default(),
+        };
+        let live = self.start(prepared, &spec.key, &created, &home)?;
+        *created.live.lock().await = Some(live);
+        // A sandbox created again (after a restart, or a retried step) starts afresh: the
+        // process of the one it replaces, if any, is killed when its last holder lets go.
+        self.created().insert(spec.key.clone(), created);
+        debug!(key = %spec.key, "bubblewrap sandbox started");
+        Ok(SandboxInfo {
+            id: SandboxId(spec.key.clone()),
+            isolated: true,
+        })
+    }
+
+    async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
+        let dir = self.dir_of(id)?;
+        let created = self
+            .created()
+            .get(&id.0)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(id.clone()))?;
+        let prepared = self.prepared().await?;
+        let request = request.within(&created.limits)?;
+        let shown_cwd = request.cwd.clone().unwrap_or_default();
+        let rel = paths::relative(Path::new(&shown_cwd))
+            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        let owned_id = id.clone();
+        let shown = shown_cwd.clone();
+        let (home, cwd) = blocking(move || {
+            let home = canonical_dir(&dir, &owned_id)?;
+            let cwd = inside_dir(&home, &rel, &shown)?;
+            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
+            let inside = if inner.as_os_str().is_empty() {
+                PathBuf::from(WORKDIR)
+            } else {
+                Path::new(WORKDIR).join(inner)
+            };
+            Ok((home, inside))
+        })
+        .await?;
+
+        let inner = cwd.to_string_lossy().into_owned();
+        let nonce = channel::nonce();
+        let frame = channel::frame(&nonce, &inner, &request.command)?;
         let watch = Watch {
-            dir: home,
+            dir: home.clone(),
             limit: created.limits.disk_bytes,
             reserve: self.config.disk_reserve_bytes,
         };
-        let out = process::run(command, request.timeout, request.output_cap, Some(watch)).await?;
-        if out.exit_code == Some(GATE_FAILED) && out.stderr.bytes.starts_with(GATE_MESSAGE) {
-            return Err(Error::Failed(
-                String::from_utf8_lossy(&out.stderr.bytes).trim().to_owned(),
-            ));
+        let start = watch.start().await;
+        let cap = capped::cap_len(request.output_cap);
+        let mut held = created.live.lock().await;
+        let mut fresh = false;
+        let ran = loop {
+            // A sandbox whose process died (killed from outside, or stopped with its last
+            // command) starts again over the same working directory.
+            let running = held
+                .take()
+                .and_then(|mut live| live.running().then_some(live));
+            let mut live = match running {
+                Some(live) => live,
+                None => {
+                    fresh = true;
+                    self.start(prepared, &id.0, &created, &home)?
+                }
+            };
+            let reading = Reading::new(&nonce, cap);
+            // While the command runs the sandbox is out of the slot: dropping this future
+            // drops it, which kills it, and the next command starts it again.
+            match live
+                .run(&frame, reading, request.timeout, &watch, start)
+                .await?
+            {
+                Ran::Ended(reading) => {
+                    *held = Some(live);
+                    break Ran::Ended(reading);
+                }
+                // It ended before this command began, so the command did not run: once more
+                // in a fresh sandbox.
+                Ran::Closed(reading, _) if !reading.begun() && !fresh => {}
+                ran => break ran,
+            }
+        };
+        let (status, reading, mut stopped) = match ran {
+            Ran::Ended(reading) => (Some(reading.status()?), reading, None),
+            Ran::TimedOut(reading) => (None, reading, None),
+            Ran::Stopped(reading, reason) => (None, reading, Some(reason)),
+            Ran::Closed(reading, early) if !reading.begun() => {
+                let said = String::from_utf8_lossy(&early).trim().to_owned();
+                if early.starts_with(GATE_MESSAGE) {
+                    return Err(Error::Failed(said));
+                }
+                return Err(Error::Failed(format!(
+                    "the sandbox {id} did not start: {said}"
+                )));
+            }
+            Ran::Closed(..) => {
+                return Err(Error::Unavailable(format!(
+                    "the sandbox {id} ended while a command ran"
+                )));
+            }
+        };
+        let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
+        if let (None, Some(_)) = (&stopped, exit_code) {
+            stopped = watch.reached(start).await;
         }
-        Ok(out)
+        Ok(reading.into_exec_output(exit_code, stopped))
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
@@ -453,11 +681,21 @@ impl Sandbox for BwrapSandbox {
         blocking(move || archive::pack(&dir, &rel, &shown, max_bytes)).await
     }
 
+    async fn suspend(&self, id: &SandboxId) -> Result<(), Error> {
+        let created = self.created().get(&id.0).cloned();
+        if let Some(created) = created {
+            // After its running command, if one runs.
+            drop(created.live.lock().await.take());
+        }
+        Ok(())
+    }
+
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
         // An id this backend cannot have issued names no sandbox: nothing to remove.
         let Ok(dir) = self.dir_of(id) else {
             return Ok(());
         };
+        self.suspend(id).await?;
         self.created().remove(&id.0);
         let cgroups = self.cgroups.clone();
         let key = id.0.clone();
@@ -472,7 +710,7 @@ impl Sandbox for BwrapSandbox {
 
 /// Finds `bwrap` (and `setpriv`), makes the directory of the working directories, checks that
 /// the sandboxes' user can reach it, and lays out the file system arguments.
-fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
+fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<Prepared, Error> {
     let bwrap = match &config.bwrap {
         Some(path) if path.is_file() => path.clone(),
         Some(path) => {
@@ -503,10 +741,12 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
         .map_err(|e| failed(&format!("creating {shown}"), e))?;
     fs::set_permissions(&sandboxes, fs::Permissions::from_mode(mode))
         .map_err(|e| failed(&format!("setting the mode of {shown}"), e))?;
-    let mut launcher = Vec::new();
     if let Some(user) = config.run_as {
         check_reachable(&sandboxes, user)?;
-        let setpriv = find_in_path("setpriv").ok_or_else(|| {
+    }
+    let mut setpriv = Vec::new();
+    if let Some(user) = config.run_as.filter(|_| !drop_at_spawn) {
+        let program = find_in_path("setpriv").ok_or_else(|| {
             Error::Refused(format!(
                 "`setpriv` (util-linux) is not installed, and a server running as root needs it \
                  to run sandboxes as the user {}:{}: `apt-get install util-linux` (Debian, \
@@ -514,8 +754,8 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
                 user.uid, user.gid
             ))
         })?;
-        launcher.extend([
-            setpriv.into_os_string(),
+        setpriv.extend([
+            program.into_os_string(),
             "--reuid".into(),
             user.uid.to_string().into(),
             "--regid".into(),
@@ -523,7 +763,6 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
             "--clear-groups".into(),
         ]);
     }
-    launcher.push(bwrap.clone().into_os_string());
 
     let mut args: Vec<OsString> = [
         "--unshare-all",
@@ -560,7 +799,8 @@ fn prepare(config: &BwrapConfig) -> Result<Prepared, Error> {
     );
     Ok(Prepared {
         bwrap,
-        launcher,
+        setpriv,
+        spawn_as: config.run_as.filter(|_| drop_at_spawn),
         base_args: args,
     })
 }
@@ -644,8 +884,9 @@ fn launch(
     file.write_all(&data)
         .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
         .map_err(|e| Error::Failed(format!("writing bubblewrap's arguments: {e}")))?;
-    let (first, rest) = prepared
-        .launcher
+    let mut launcher = prepared.setpriv.clone();
+    launcher.push(prepared.bwrap.clone().into_os_string());
+    let (first, rest) = launcher
         .split_first()
         .ok_or_else(|| Error::Failed("no bubblewrap to start".to_owned()))?;
     let mut command = if entry_files.is_empty() {
@@ -666,6 +907,10 @@ fn launch(
             .args(rest);
         command
     };
+    if let Some(user) = prepared.spawn_as {
+        // Set in the child before it runs anything; supplementary groups are cleared too.
+        command.uid(user.uid).gid(user.gid);
+    }
     command
         .args(["--args", "0", "--"])
         .args(program)

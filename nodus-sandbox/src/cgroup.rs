@@ -216,8 +216,22 @@ impl Cgroups {
             .fold(Controllers::default(), |all, h| all.or(h.controllers))
     }
 
-    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits.
-    pub(crate) fn create(&self, key: &str, limits: &Limits) -> Result<(), Error> {
+    /// Whether every hierarchy is cgroup v1 (or there is none): there a process may move
+    /// itself into a cgroup whose `tasks` file it may write, whatever its user.
+    pub(crate) fn all_v1(&self) -> bool {
+        self.hierarchies.iter().all(|h| !h.v2)
+    }
+
+    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits. With an
+    /// `entrant` (user id, group id), a v1 cgroup's `tasks` file is given to that user, so
+    /// that a process of the sandbox's user can join it without root: only the sandbox's
+    /// cgroup, whose limits it cannot change, and none of the host's.
+    pub(crate) fn create(
+        &self,
+        key: &str,
+        limits: &Limits,
+        entrant: Option<(u32, u32)>,
+    ) -> Result<(), Error> {
         for hierarchy in &self.hierarchies {
             let dir = hierarchy.parent.join(key);
             // The cgroup's host path goes to the log only, never into a run's status.
@@ -232,6 +246,10 @@ impl Cgroups {
             }
             write_limits(&dir, hierarchy, limits)
                 .map_err(|e| failed("setting the limits of", e))?;
+            if let (Some((uid, gid)), false) = (entrant, hierarchy.v2) {
+                std::os::unix::fs::lchown(dir.join("tasks"), Some(uid), Some(gid))
+                    .map_err(|e| failed("opening", e))?;
+            }
         }
         Ok(())
     }
@@ -402,7 +420,11 @@ fn own_v2_cgroup() -> Option<String> {
 /// Makes a cgroup under `dir`, moves a short-lived child process into it, and removes it: the
 /// proof that sandboxes' cgroups can be made there and their commands moved in.
 fn probe(dir: &Path, v2: bool) -> io::Result<()> {
-    let probe = dir.join(format!("nodus-probe-{}", std::process::id()));
+    // One name per probe: backends made at the same time in one process (tests) must not
+    // remove each other's probe while it is used.
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!("nodus-probe-{}-{n}", std::process::id()));
     fs::create_dir(&probe)
         .map_err(|e| io::Error::new(e.kind(), format!("creating a cgroup: {e}")))?;
     let entry = probe.join(if v2 { "cgroup.procs" } else { "tasks" });
@@ -515,7 +537,7 @@ mod tests {
             }],
         };
         let limits = Limits::default();
-        let message = match cgroups.create("sandbox-key", &limits) {
+        let message = match cgroups.create("sandbox-key", &limits, None) {
             Err(Error::Failed(message)) => message,
             other => panic!("created: {other:?}"),
         };

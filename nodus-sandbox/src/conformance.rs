@@ -5,8 +5,12 @@
 //! - [`COMMON`]: commands, exit codes, output, timeouts, files, archives, lifecycle. Every
 //!   backend passes these, [`UnisolatedSandbox`](crate::UnisolatedSandbox) included.
 //! - [`ISOLATION`]: no network, no host secrets, no other sandbox's files, no writes outside
-//!   the working directory, fork bombs and memory hogs contained. Only isolating backends
-//!   pass these.
+//!   the working directory, no privileges (mount, new namespaces, device nodes, setuid, `/proc`
+//!   and `/sys` writes, the host's processes), fork bombs, memory hogs and a gigabyte of output
+//!   contained. Only isolating backends pass these.
+//!
+//! - [`LIVE`]: a sandbox that keeps a process between commands (bubblewrap, Docker) starts it
+//!   again when it was killed from outside.
 //!
 //! [`run_common`], [`run_isolation`] and [`run_all`] run a group one case after another;
 //! [`conformance_tests!`](crate::conformance_tests) makes one `#[tokio::test]` per case, so that
@@ -77,11 +81,17 @@ pub const ISOLATION: &[(&str, Case)] = cases![
     no_writes_outside_workdir,
     fork_bomb_contained,
     memory_hog_contained,
+    privileges_refused,
+    gigabyte_of_output_contained,
 ];
 
 /// The cases of a backend that limits the working directory's size, by name: bubblewrap, and
 /// Docker where the server can see the volumes (a local engine, as root).
 pub const DISK: &[(&str, Case)] = cases![disk_limit_stops_writers];
+
+/// The cases of a backend that keeps a process per sandbox between commands, by name:
+/// bubblewrap and Docker.
+pub const LIVE: &[(&str, Case)] = cases![killed_between_commands, suspended_holds_no_process];
 
 /// Runs [`COMMON`].
 pub async fn run_common(backend: &Backend) {
@@ -107,7 +117,8 @@ pub async fn run_all(backend: &Backend) {
 
 /// One `#[tokio::test]` per case: `conformance_tests!(common, make)` for [`COMMON`],
 /// `conformance_tests!(all, make)` for [`COMMON`] and [`ISOLATION`],
-/// `conformance_tests!(disk, make)` for [`DISK`], where `make` is an `async fn() -> Backend`
+/// `conformance_tests!(disk, make)` for [`DISK`], `conformance_tests!(live, make)` for
+/// [`LIVE`], where `make` is an `async fn() -> Backend`
 /// in scope.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -122,10 +133,14 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(common, $make);
         $crate::conformance_tests!(@cases $make,
             no_network, host_secrets_unreadable, other_sandbox_unreachable,
-            no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained);
+            no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained,
+            privileges_refused, gigabyte_of_output_contained);
     };
     (disk, $make:ident) => {
         $crate::conformance_tests!(@cases $make, disk_limit_stops_writers);
+    };
+    (live, $make:ident) => {
+        $crate::conformance_tests!(@cases $make, killed_between_commands, suspended_holds_no_process);
     };
     (@cases $make:ident, $($case:ident),* $(,)?) => {
         $(
@@ -782,6 +797,121 @@ pub async fn recreate_keeps_files(b: &Backend) {
     destroy(b, &id).await;
 }
 
+/// Kills every host process whose environment holds `entry` exactly; how many it killed.
+fn kill_by_environment(entry: &str) -> usize {
+    let mut killed = 0;
+    for pid in processes_with_environment(entry) {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid)
+            && rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// The host processes whose environment holds `entry` exactly.
+fn processes_with_environment(entry: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
+/// A sandbox whose process was killed from outside between commands (the OOM killer, an
+/// operator) is started again by the next command, over the same working directory and with
+/// the same environment; the command runs once.
+pub async fn killed_between_commands(b: &Backend) {
+    let mark = format!("{}{}", std::process::id(), unique_nanos());
+    let entry = format!("NODUS_CONFORMANCE_MARK={mark}");
+    let mut marked = spec(b, &unique_key("killed"));
+    marked
+        .env
+        .insert("NODUS_CONFORMANCE_MARK".to_owned(), mark.clone());
+    let id = create(b, &marked).await.id;
+    let first = exec(b, &id, "echo kept > state; echo one >> runs; echo first").await;
+    assert_eq!(text(&first.stdout.bytes), "first\n", "{first:?}");
+    for round in 0..2 {
+        // Between commands the sandbox's process (and only it) carries the mark.
+        let killed = kill_by_environment(&entry);
+        assert!(
+            killed >= 1,
+            "round {round}: no process of the sandbox was found"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_with_environment(&entry).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the killed process is still there"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = exec(
+            b,
+            &id,
+            "cat state; echo one >> runs; echo \"$NODUS_CONFORMANCE_MARK\"",
+        )
+        .await;
+        assert_eq!(
+            (after.exit_code, text(&after.stdout.bytes)),
+            (Some(0), format!("kept\n{mark}\n")),
+            "round {round}: {after:?}"
+        );
+    }
+    let runs = exec(b, &id, "cat runs").await;
+    assert_eq!(
+        text(&runs.stdout.bytes),
+        "one\none\none\n",
+        "each command ran once"
+    );
+    destroy(b, &id).await;
+}
+
+/// A suspended sandbox (its run waits for a message) holds no process; its next command
+/// starts it again over the same working directory, with the same environment.
+pub async fn suspended_holds_no_process(b: &Backend) {
+    let mark = format!("{}{}", std::process::id(), unique_nanos());
+    let entry = format!("NODUS_CONFORMANCE_MARK={mark}");
+    let mut marked = spec(b, &unique_key("suspend"));
+    marked
+        .env
+        .insert("NODUS_CONFORMANCE_MARK".to_owned(), mark.clone());
+    let id = create(b, &marked).await.id;
+    exec(b, &id, "echo kept > state").await;
+    assert!(
+        !processes_with_environment(&entry).is_empty(),
+        "a live sandbox keeps its process"
+    );
+    for round in 0..2 {
+        b.sandbox.suspend(&id).await.expect("suspend");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_with_environment(&entry).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: a process is left"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = exec(b, &id, "cat state; echo \"$NODUS_CONFORMANCE_MARK\"").await;
+        assert_eq!(
+            (after.exit_code, text(&after.stdout.bytes)),
+            (Some(0), format!("kept\n{mark}\n")),
+            "round {round}: {after:?}"
+        );
+    }
+    destroy(b, &id).await;
+    b.sandbox
+        .suspend(&id)
+        .await
+        .expect("suspending a destroyed sandbox is fine");
+}
+
 /// Destroying twice is fine; a destroyed sandbox runs nothing, and a new one with the same key
 /// starts empty.
 pub async fn destroy_twice(b: &Backend) {
@@ -1008,8 +1138,10 @@ pub async fn fork_bomb_contained(b: &Backend) {
     let bombed = fresh(b, "bomb").await;
     let bystander = fresh(b, "bystander").await;
     // `exec`: the sandbox's shell needs no fork of its own once the bomb has filled the
-    // process limit (a `sleep` it had to fork could fail and end the shell early).
-    let mut bomb = request("bomb() { bomb | bomb & }; bomb; exec sleep 30");
+    // process limit (a `sleep` it had to fork could fail and end the shell early). The bomb
+    // starts in a subshell, which is the one to end when its second fork fails (the first
+    // child can fill the limit before it), not the command's shell.
+    let mut bomb = request("bomb() { bomb | bomb & }; (bomb); exec sleep 30");
     bomb.timeout = Duration::from_secs(6);
     let started = Instant::now();
     let (out, during) = tokio::join!(b.sandbox.exec(&bombed, &bomb), async {
@@ -1059,4 +1191,107 @@ pub async fn memory_hog_contained(b: &Backend) {
     assert_eq!(exec(b, &bystander, "echo ok").await.stdout.bytes, b"ok\n");
     destroy(b, &hog).await;
     destroy(b, &bystander).await;
+}
+
+/// Nothing inside gains or uses a privilege: no capabilities and `no_new_privs` (so a setuid
+/// binary gains nothing), no mount, no new namespaces, no device nodes and none of the host's
+/// block devices, no writes to `/proc/sys` or `/sys`, and no host process visible (so none
+/// can be traced or signalled).
+pub async fn privileges_refused(b: &Backend) {
+    let id = fresh(b, "privileges").await;
+    // A host process with a mark in its command line, looked for from inside (the script
+    // spells the mark in two halves, so that its own command line does not hold it).
+    let tail = unique_nanos();
+    let mark = format!("30.{tail}");
+    let mut host = std::process::Command::new("sleep")
+        .arg(&mark)
+        .spawn()
+        .expect("a host process");
+    let script = format!(
+        "grep -E '^(CapEff|CapPrm|CapAmb|NoNewPrivs):' /proc/self/status; \
+         mkdir -p m; mount -t tmpfs none m 2>/dev/null && echo ESCAPE mount; \
+         unshare -r true 2>/dev/null && echo ESCAPE unshare-user; \
+         unshare -m true 2>/dev/null && echo ESCAPE unshare-mount; \
+         unshare -n true 2>/dev/null && echo ESCAPE unshare-net; \
+         mknod null2 c 1 3 2>/dev/null && echo ESCAPE mknod; \
+         find /dev -type b 2>/dev/null | sed 's/^/ESCAPE block device /'; \
+         cat /proc/sys/kernel/printk_ratelimit > /proc/sys/kernel/printk_ratelimit 2>/dev/null \
+           && echo ESCAPE proc-write; \
+         cat /sys/kernel/mm/ksm/run > /sys/kernel/mm/ksm/run 2>/dev/null && echo ESCAPE sys-write; \
+         head=30.; tail={tail}; for f in /proc/[0-9]*/cmdline; do \
+           case \"$(tr '\\0' ' ' < $f 2>/dev/null)\" in \
+             *\"$head$tail\"*) echo ESCAPE host process $f ;; esac; done; \
+         echo done"
+    );
+    let out = exec(b, &id, &script).await;
+    let _ = host.kill();
+    let _ = host.wait();
+    let text = text_of(&out);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_string()
+    };
+    for set in ["CapEff:", "CapPrm:", "CapAmb:"] {
+        assert_eq!(field(set), "0000000000000000", "{set} {text}");
+    }
+    assert_eq!(field("NoNewPrivs:"), "1", "{text}");
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(text.ends_with("done\n"), "{out:?}");
+    destroy(b, &id).await;
+}
+
+/// A command that writes a gigabyte of output at once is cut at the output cap and finishes;
+/// another sandbox works meanwhile, and the memory the backend holds stays bounded.
+pub async fn gigabyte_of_output_contained(b: &Backend) {
+    let loud = fresh(b, "gigabyte").await;
+    let bystander = fresh(b, "bystander").await;
+    let flood = request("head -c 1073741824 /dev/zero; echo done >&2");
+    let before = resident_bytes();
+    let started = Instant::now();
+    let (out, other) = tokio::join!(b.sandbox.exec(&loud, &flood), async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.sandbox.exec(&bystander, &request("echo alive")).await
+    });
+    let out = out.expect("exec");
+    let took = started.elapsed();
+    // It finishes, or is stopped at its timeout (a backend that moves output slowly).
+    let summary = format!(
+        "exit {:?}, timed out {}, {} bytes of stdout kept, stderr {:?}, {took:?}",
+        out.exit_code,
+        out.timed_out,
+        out.stdout.bytes.len(),
+        String::from_utf8_lossy(&out.stderr.bytes)
+    );
+    assert!(
+        out.exit_code == Some(0) && out.stderr.bytes == b"done\n" || out.timed_out,
+        "{summary}"
+    );
+    assert!(took < flood.timeout + Duration::from_secs(30), "{summary}");
+    assert_eq!(out.stdout.bytes.len() as u64, flood.output_cap, "{summary}");
+    assert!(out.stdout.truncated, "{summary}");
+    assert_eq!(other.expect("bystander").stdout.bytes, b"alive\n");
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "the backend held {grown} more bytes after a gigabyte of output"
+    );
+    assert_eq!(exec(b, &loud, "echo ok").await.stdout.bytes, b"ok\n");
+    destroy(b, &loud).await;
+    destroy(b, &bystander).await;
+}
+
+/// This process's resident size (`VmRSS`), in bytes.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }

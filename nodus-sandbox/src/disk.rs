@@ -21,7 +21,7 @@ use crate::workdir::blocking;
 
 /// How often a running command's working directory is measured, at most: a directory that
 /// takes long to measure is measured less often (see [`Watch::pause`]).
-pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(200);
+const WATCH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// How far past the limit the watchdog lets a working directory grow before it stops the
 /// command: room for its directories, so that a single file, which `ulimit -f` ends exactly
@@ -48,6 +48,19 @@ impl Watch {
     pub(crate) async fn start(&self) -> u64 {
         let dir = self.dir.clone();
         blocking(move || Ok(usage(&dir))).await.unwrap_or(0)
+    }
+
+    /// Watches from `start` every [`WATCH_INTERVAL`] or more (see [`Watch::check`]) and answers,
+    /// when the command must stop, why; never while it may go on.
+    pub(crate) async fn until_stopped(&self, start: u64) -> String {
+        let mut pause = WATCH_INTERVAL;
+        loop {
+            tokio::time::sleep(pause).await;
+            match self.check(start).await {
+                (Some(reason), _) => return reason,
+                (None, next) => pause = next,
+            }
+        }
     }
 
     /// Why the command must stop, if it must: the working directory grew past `start` and

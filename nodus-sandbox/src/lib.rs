@@ -1,10 +1,10 @@
 //! Sandbox backends for Nodus: implementations of [`nodus_core::Sandbox`], the place where a
 //! run's shell commands execute.
 //!
-//! - [`BwrapSandbox`]: the process backend. Each command runs under bubblewrap in new
-//!   namespaces, without network, with a read-only view of the host's system directories and
-//!   only its working directory writable; cgroup limits where the host allows, rlimits
-//!   otherwise.
+//! - [`BwrapSandbox`]: the process backend. Each sandbox is one bubblewrap process, kept
+//!   between its commands, in new namespaces, without network, with a read-only view of the
+//!   host's system directories and only its working directory writable; cgroup limits where
+//!   the host allows, rlimits otherwise.
 //! - [`DockerSandbox`] (feature `docker`): one container per run, kept alive between
 //!   commands, without network by default, with memory, CPU and process limits, labelled so
 //!   that a restarted server reattaches to its containers and removes orphans.
@@ -21,6 +21,7 @@ mod archive;
 pub mod bwrap;
 mod capped;
 mod cgroup;
+mod channel;
 #[cfg(feature = "test-util")]
 pub mod conformance;
 mod disk;

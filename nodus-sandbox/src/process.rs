@@ -14,7 +14,7 @@ use tokio::process::Command;
 use tracing::{debug, warn};
 
 use crate::capped;
-use crate::disk::{WATCH_INTERVAL, Watch};
+use crate::disk::Watch;
 
 /// How long output is still read after the shell has exited and its group was killed. Only
 /// a process that left the group can hold a pipe open that long.
@@ -25,7 +25,7 @@ const READ_CHUNK: usize = 64 * 1024;
 
 /// Why a command could not be spawned. Spawning fails before the command runs, so no
 /// failure here is uncertain: a lack of descriptors, processes or memory is worth a retry.
-fn spawn_error(e: io::Error) -> Error {
+pub(crate) fn spawn_error(e: io::Error) -> Error {
     use rustix::io::Errno;
     let short_of = [Errno::MFILE, Errno::NFILE, Errno::AGAIN, Errno::NOMEM];
     if short_of
@@ -74,16 +74,9 @@ pub(crate) async fn run(
 
     let (status, drained, mut stopped) = {
         let watchdog = async {
-            let Some(watch) = &watch else {
-                return std::future::pending().await;
-            };
-            let mut pause = WATCH_INTERVAL;
-            loop {
-                tokio::time::sleep(pause).await;
-                match watch.check(start).await {
-                    (Some(reason), _) => return reason,
-                    (None, next) => pause = next,
-                }
+            match &watch {
+                Some(watch) => watch.until_stopped(start).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(watchdog);
@@ -173,10 +166,12 @@ async fn read_capped<R: AsyncRead + Unpin>(
 }
 
 /// A process group that is killed when this value is dropped, unless killed before.
-struct ProcessGroup(Option<Pid>);
+#[derive(Debug)]
+pub(crate) struct ProcessGroup(Option<Pid>);
 
 impl ProcessGroup {
-    fn of(leader: Option<u32>) -> Self {
+    /// The group led by `leader` (a process spawned with `process_group(0)`).
+    pub(crate) fn of(leader: Option<u32>) -> Self {
         // Never group 0 or 1: `kill(-1)` would signal every process the server may signal.
         let pid = leader
             .and_then(|pid| i32::try_from(pid).ok())
@@ -185,7 +180,8 @@ impl ProcessGroup {
         ProcessGroup(pid)
     }
 
-    fn kill(&mut self) {
+    /// Kills every process of the group (once).
+    pub(crate) fn kill(&mut self) {
         if let Some(pid) = self.0.take() {
             match rustix::process::kill_process_group(pid, Signal::KILL) {
                 Ok(()) | Err(rustix::io::Errno::SRCH) => {}

@@ -129,8 +129,11 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
     assert!(seen.lines().count() >= 4, "bwrap and the command: {seen:?}");
 
     // A cgroup gone from under the sandbox: the command does not run outside it, and the
-    // failure is the sandbox's, not the command's.
-    // The last processes of the command leave the cgroup a moment after it answered.
+    // failure is the sandbox's, not the command's. The sandbox's process lives in its cgroups
+    // between commands: suspended (as for a run that waits), it leaves them, and the next
+    // command starts it again, which has to join them first.
+    sandbox.suspend(&id).await.expect("suspend");
+    // The last processes of the sandbox leave the cgroup a moment after they were killed.
     let patience = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         match std::fs::remove_dir(&pids) {
@@ -255,7 +258,8 @@ async fn the_sandbox_sees_little_of_the_host() {
     assert_eq!(rest[0], "/work");
     assert_eq!(rest[2], "CapEff:\t0000000000000000", "no capabilities");
     let processes: u32 = rest[3].parse().expect("count");
-    assert!(processes <= 4, "only the sandbox's processes: {processes}");
+    // Bubblewrap's init, the channel's shell, the command's shell, `ls` and `grep`.
+    assert!(processes <= 5, "only the sandbox's processes: {processes}");
     assert_eq!(rest[4], "nodus");
 
     // The backend's root (other sandboxes) is not there; /etc/shadow cannot be read.
@@ -321,7 +325,8 @@ async fn root_only_host_files_stay_unreadable_under_a_root_server() {
         &sandbox,
         &id,
         &format!(
-            "cat {} 2>&1; echo rc=$?; cat {} 2>&1; echo rc=$?; id -u",
+            "cat {} 2>&1; echo rc=$?; cat {} 2>&1; echo rc=$?; grep ^Groups: /proc/self/status; \
+             id -u",
             early.0.display(),
             late.0.display()
         ),
@@ -332,6 +337,13 @@ async fn root_only_host_files_stay_unreadable_under_a_root_server() {
     assert_eq!(seen.matches("Permission denied").count(), 2, "{seen}");
     assert_eq!(seen.matches("rc=1").count(), 2, "{seen}");
     assert!(seen.ends_with("65534\n"), "runs as nobody: {seen}");
+    // No supplementary group is left from the server's (root's would show as 65534, the
+    // user namespace's overflow group).
+    let groups = seen
+        .lines()
+        .find(|l| l.starts_with("Groups:"))
+        .expect("groups");
+    assert_eq!(groups.trim_end(), "Groups:", "{seen}");
 
     // Files staged by the server belong to the sandbox's user, which may change them.
     sandbox

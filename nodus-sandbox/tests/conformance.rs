@@ -42,6 +42,7 @@ mod bwrap {
 
     nodus_sandbox::conformance_tests!(all, backend);
     nodus_sandbox::conformance_tests!(disk, backend);
+    nodus_sandbox::conformance_tests!(live, backend);
 }
 
 mod docker {
@@ -67,6 +68,7 @@ mod docker {
 
     nodus_sandbox::conformance_tests!(all, backend);
     nodus_sandbox::conformance_tests!(disk, backend);
+    nodus_sandbox::conformance_tests!(live, backend);
 }
 
 mod unisolated {

@@ -286,3 +286,30 @@ async fn an_unreachable_engine_is_reported() {
         other => panic!("{:?}", other.map(|_| "connected")),
     }
 }
+
+/// What a command prints reaches the backend only: the engine keeps no log of the container on
+/// the host's disk, where a command printing without end would fill it past the sandbox's
+/// disk limit (the engine's default `json-file` log grew by 6 bytes per byte printed).
+#[tokio::test]
+async fn output_leaves_no_log_on_the_host() {
+    let sandbox = backend("nodus-").await;
+    let id = sandbox
+        .create(&spec(&unique_key("nolog")))
+        .await
+        .expect("create")
+        .id;
+    let out = sandbox
+        .exec(&id, &request("head -c 33554432 /dev/zero; echo done >&2"))
+        .await
+        .expect("exec");
+    assert_eq!(out.exit_code, Some(0), "{:?}", out.stderr);
+    assert_eq!(out.stderr.bytes, b"done\n");
+    let log = inspect("container", "{{.LogPath}}", &id.0).expect("the container");
+    let logged = std::fs::metadata(&log).map_or(0, |m| m.len());
+    assert!(logged < 1 << 20, "{log} holds {logged} bytes of output");
+    assert_eq!(
+        inspect("container", "{{.HostConfig.LogConfig.Type}}", &id.0).as_deref(),
+        Some("none")
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+}

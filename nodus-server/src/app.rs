@@ -13,7 +13,6 @@ use nodus_core::runner::{Runner, RunnerConfig};
 use nodus_core::sandbox::Sandbox;
 use nodus_core::store::Store;
 use nodus_core::{Clock, Usd};
-use serde::{Deserialize, Serialize};
 
 use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
 use crate::metrics::Metrics;
@@ -25,15 +24,6 @@ const SQLITE_FILE: &str = "nodus.db";
 
 /// Credits the `default` project gets on first start, so that the quickstart runs at once.
 pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);
-
-/// `spec` of a Budget: a cap on a project's total spend.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetSpec {
-    /// The most the project may spend in all.
-    #[serde(rename = "maxSpendUSD")]
-    pub max_spend_usd: Usd,
-}
 
 /// What every handler shares.
 pub struct AppState {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use jiff::{SignedDuration, Timestamp};
 use nodus_core::clock::Clock;
+use nodus_core::engine::Reason;
 use nodus_core::resource::Kind;
 use nodus_core::store::{self, ObjectKey, Selector, Store};
 use nodus_core::validate::{Invalid, is_dns_label};
@@ -453,7 +454,7 @@ impl Auth {
         {
             return Err(ApiError::new(
                 axum::http::StatusCode::UNAUTHORIZED,
-                "Unauthorized",
+                Reason::Unauthorized,
                 format!("this token expired at {expires_at}; ask an admin for a new one"),
             ));
         }
@@ -624,7 +625,7 @@ impl Auth {
         if self.project_exists(&name).await? {
             return Err(ApiError::new(
                 axum::http::StatusCode::CONFLICT,
-                "AlreadyExists",
+                Reason::AlreadyExists,
                 format!("project {name:?} already exists"),
             ));
         }

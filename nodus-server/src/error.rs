@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use nodus_core::engine;
+use nodus_core::engine::{self, Reason};
 use nodus_core::store;
 use nodus_core::validate::Invalid;
 use serde::Serialize;
@@ -16,7 +16,7 @@ pub struct ApiError {
     #[serde(skip)]
     status: u16,
     /// The stable reason scripts can rely on.
-    pub reason: &'static str,
+    pub reason: Reason,
     /// A sentence a person understands.
     pub message: String,
     /// For `Invalid`: the field, the rule and the value.
@@ -26,7 +26,7 @@ pub struct ApiError {
 
 impl ApiError {
     /// An error with this status and reason.
-    pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, reason: Reason, message: impl Into<String>) -> Self {
         ApiError {
             status: status.as_u16(),
             reason,
@@ -37,31 +37,35 @@ impl ApiError {
 
     /// A failure of the server itself (sealing or opening a Secret).
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Reason::InternalError,
+            message,
+        )
     }
 
     /// The request body is not JSON, or not of the expected shape.
     pub fn malformed(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "Invalid", message)
+        Self::new(StatusCode::BAD_REQUEST, Reason::Invalid, message)
     }
 
     /// No such thing.
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "NotFound", message)
+        Self::new(StatusCode::NOT_FOUND, Reason::NotFound, message)
     }
 
     /// The caller is not authenticated.
     pub fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
-            "Unauthorized",
+            Reason::Unauthorized,
             "a valid bearer token is required (Authorization: Bearer <token>)",
         )
     }
 
     /// The caller may not do this; says nothing about whether the target exists.
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "Forbidden", message)
+        Self::new(StatusCode::FORBIDDEN, Reason::Forbidden, message)
     }
 
     /// The status code.
@@ -74,7 +78,7 @@ impl From<Invalid> for ApiError {
     fn from(invalid: Invalid) -> Self {
         ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(),
-            reason: "Invalid",
+            reason: Reason::Invalid,
             message: invalid.to_string(),
             details: Some(invalid),
         }
@@ -87,19 +91,29 @@ impl From<engine::Error> for ApiError {
             return invalid.into();
         }
         let reason = error.reason();
-        let status = match reason {
-            "NotFound" => StatusCode::NOT_FOUND,
-            "AlreadyExists" | "Conflict" | "AgentRunFinished" | "AgentStopped" => {
-                StatusCode::CONFLICT
-            }
-            "Invalid" => StatusCode::UNPROCESSABLE_ENTITY,
-            "Unavailable" => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
+        let status = status_of(reason);
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(error = %error, "internal error");
         }
         ApiError::new(status, reason, error.to_string())
+    }
+}
+
+/// The HTTP status of a reason.
+fn status_of(reason: Reason) -> StatusCode {
+    match reason {
+        Reason::NotFound => StatusCode::NOT_FOUND,
+        Reason::AlreadyExists
+        | Reason::Conflict
+        | Reason::AgentRunFinished
+        | Reason::AgentStopped => StatusCode::CONFLICT,
+        Reason::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+        Reason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::Unauthorized => StatusCode::UNAUTHORIZED,
+        Reason::Forbidden => StatusCode::FORBIDDEN,
+        Reason::WorkdirNotKept => StatusCode::NOT_FOUND,
+        Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Reason::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -118,6 +132,10 @@ struct Body<'a> {
     error: &'a ApiError,
 }
 
+/// What a 503 tells the client to wait before it tries again, in seconds: the store is
+/// restarting or out of connections, or the disk is full, and the request may pass later.
+pub const RETRY_AFTER_SECONDS: u32 = 5;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Body {
@@ -126,7 +144,14 @@ impl IntoResponse for ApiError {
             code: self.status,
             error: &self,
         };
-        (self.status(), Json(&body)).into_response()
+        let mut response = (self.status(), Json(&body)).into_response();
+        if self.status() == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 

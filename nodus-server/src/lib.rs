@@ -12,7 +12,6 @@ pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;
-pub mod patch;
 pub mod reserve;
 pub mod secrets;
 pub mod watch;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use nodus_core::resource::Kind;
-use nodus_core::secret::{SecretString, Secrets};
+use nodus_core::secret::{SealError, SecretString, Secrets};
 use nodus_core::store::{ObjectKey, Store};
 
 use crate::auth::TokenKey;
@@ -181,6 +181,27 @@ impl Secrets for StoreSecrets {
                 None
             }
         }
+    }
+
+    fn seal(&self, values: &BTreeMap<String, SecretString>) -> Result<String, SealError> {
+        let plain: BTreeMap<String, String> = values
+            .iter()
+            .map(|(key, value)| (key.clone(), value.expose().to_string()))
+            .collect();
+        self.cipher
+            .seal(&plain)
+            .map_err(|e| SealError(e.to_string()))
+    }
+
+    fn open(&self, sealed: &str) -> Result<BTreeMap<String, SecretString>, SealError> {
+        let values = self
+            .cipher
+            .open(sealed)
+            .map_err(|e| SealError(e.to_string()))?;
+        Ok(values
+            .into_iter()
+            .map(|(key, value)| (key, SecretString::new(value)))
+            .collect())
     }
 }
 

@@ -1232,3 +1232,188 @@ async fn an_agents_runs_are_listed_by_its_reference_or_its_name() {
         "{body}"
     );
 }
+
+/// One kind's row of the write-path table: a valid object, and a change that breaks a rule
+/// the kind states once (the field the refusal names).
+struct KindCase {
+    plural: &'static str,
+    kind: nodus_core::resource::Kind,
+    valid: Value,
+    /// A merge patch that breaks the rule.
+    breaking: Value,
+    field: &'static str,
+}
+
+fn kind_cases() -> Vec<KindCase> {
+    use nodus_core::resource::Kind;
+    let doc = |kind: &str, rest: Value| {
+        let mut document = json!({"apiVersion": "nodus.dev/v1", "kind": kind,
+                                  "metadata": {"name": "it"}});
+        nodus_core::patch::merge(&mut document, &rest);
+        document
+    };
+    vec![
+        KindCase {
+            plural: "agents",
+            kind: Kind::Agent,
+            valid: agent("it"),
+            breaking: json!({"spec": {"maxTokens": 0}}),
+            field: "spec.maxTokens",
+        },
+        KindCase {
+            plural: "agentgroups",
+            kind: Kind::AgentGroup,
+            valid: doc(
+                "AgentGroup",
+                json!({"spec": {"agent": "hello-agent", "limits": {"maxActive": 2},
+                                "maxCostUSD": "0.60"}}),
+            ),
+            breaking: json!({"spec": {"evaluation": {"environment": "shell-tasks@1.0.0",
+                                                     "split": "test", "tasks": 2,
+                                                     "repetitions": 1, "seed": 42,
+                                                     "timeout": "10m"}}}),
+            field: "spec.evaluation",
+        },
+        KindCase {
+            plural: "agentruns",
+            kind: Kind::AgentRun,
+            valid: run("it", "Say hello."),
+            breaking: json!({"spec": {"postRunAction": {"kind": "agents.noop"}}}),
+            field: "spec.postRunAction",
+        },
+        KindCase {
+            plural: "filesets",
+            kind: Kind::FileSet,
+            valid: doc(
+                "FileSet",
+                json!({"spec": {"files": [{"path": "a.txt", "content": "a"}]}}),
+            ),
+            breaking: json!({"spec": {"files": [{"path": "../escape", "content": "a"}]}}),
+            field: "spec.files[0].path",
+        },
+        KindCase {
+            plural: "secrets",
+            kind: Kind::Secret,
+            valid: doc("Secret", json!({"stringData": {"KEY": "value-1"}})),
+            breaking: json!({"stringData": {"": "value-2"}}),
+            field: "stringData",
+        },
+        KindCase {
+            plural: "budgets",
+            kind: Kind::Budget,
+            valid: doc("Budget", json!({"spec": {"maxSpendUSD": "10.00"}})),
+            breaking: json!({"spec": {"maxSpendUSD": "-1"}}),
+            field: "spec.maxSpendUSD",
+        },
+    ]
+}
+
+/// One write path per kind: for every kind users write, a rule the kind states once is
+/// enforced on create, replace, merge patch and apply alike — each answers `Invalid` naming
+/// the field, and nothing is written (the existing object reads back the same, at the same
+/// version; no new object appears).
+#[tokio::test]
+async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() {
+    let api = api().await;
+    api.ok(
+        Method::POST,
+        &format!("{BASE}/default/agents"),
+        TOKEN,
+        Some(agent("hello-agent")),
+    )
+    .await;
+    let cases = kind_cases();
+    assert_eq!(
+        cases
+            .iter()
+            .map(|c| c.kind)
+            .collect::<std::collections::BTreeSet<_>>(),
+        nodus_core::engine::WRITABLE_KINDS.into_iter().collect(),
+        "the table covers every kind users write"
+    );
+    for case in cases {
+        let collection = format!("{BASE}/default/{}", case.plural);
+        let path = format!("{collection}/it");
+        let created = api
+            .ok(Method::POST, &collection, TOKEN, Some(case.valid.clone()))
+            .await;
+        let before = api.ok(Method::GET, &path, TOKEN, None).await;
+        let mut broken = case.valid.clone();
+        nodus_core::patch::merge(&mut broken, &case.breaking);
+        let mut broken_new = broken.clone();
+        broken_new["metadata"]["name"] = json!("new");
+        let engine = &api.state.engine;
+        let apply = |document: Value| async move {
+            let error = engine
+                .apply_document("default", case.kind, document)
+                .await
+                .expect_err("apply refuses");
+            let error = nodus_server::error::ApiError::from(error);
+            (
+                error.status(),
+                serde_json::to_value(&error).expect("serializes"),
+            )
+        };
+        let answers = [
+            (
+                "create",
+                api.call(
+                    Method::POST,
+                    &collection,
+                    Some(TOKEN),
+                    Some(broken_new.clone()),
+                )
+                .await,
+            ),
+            (
+                "replace",
+                api.call(Method::PUT, &path, Some(TOKEN), Some(broken.clone()))
+                    .await,
+            ),
+            (
+                "merge patch",
+                api.call(
+                    Method::PATCH,
+                    &path,
+                    Some(TOKEN),
+                    Some(case.breaking.clone()),
+                )
+                .await,
+            ),
+            ("apply over the object", apply(broken.clone()).await),
+            ("apply of a new object", apply(broken_new.clone()).await),
+        ];
+        for (verb, (status, body)) in answers {
+            assert_eq!(
+                (
+                    status,
+                    body["reason"].as_str(),
+                    body["details"]["field"].as_str()
+                ),
+                (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Some("Invalid"),
+                    Some(case.field)
+                ),
+                "{} {verb}: {body}",
+                case.plural
+            );
+        }
+        let after = api.ok(Method::GET, &path, TOKEN, None).await;
+        assert_eq!(after, before, "{}: nothing was written", case.plural);
+        assert_eq!(
+            after["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"],
+            "{}",
+            case.plural
+        );
+        let (status, _) = api
+            .call(Method::GET, &format!("{collection}/new"), Some(TOKEN), None)
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "{}: no new object",
+            case.plural
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! A server whose disk is full starts, serves reads and answers writes with a retryable 503
-//! that says the disk is full; once space is freed, writes work again. The data directory is
-//! on a small tmpfs mounted for the test (the test runs as root, as CI does).
+//! that says the disk is full and when to try again; once space is freed, writes work again,
+//! and the database file passes SQLite's integrity check. The data directory is on a small
+//! tmpfs mounted for the test (the test runs as root, as CI does).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,16 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
+    let (status, body, _) = call_with_headers(router, method, path, body).await;
+    (status, body)
+}
+
+async fn call_with_headers(
+    router: &axum::Router,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value, axum::http::HeaderMap) {
     let request = Request::builder()
         .method(method)
         .uri(path)
@@ -89,12 +100,14 @@ async fn call(
         .expect("request");
     let response = router.clone().oneshot(request).await.expect("response");
     let status = response.status();
+    let headers = response.headers().clone();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .expect("body");
     (
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        headers,
     )
 }
 
@@ -150,9 +163,18 @@ async fn a_server_starts_on_a_full_disk_and_writes_again_once_space_is_freed() {
 
     // Whatever room the start made is taken too: a write is refused, retryably, saying why.
     fill(&disk.dir, "more-filler");
-    let (status, body) = call(&router, Method::POST, AGENTS, Some(agent("blocked"))).await;
+    let (status, body, headers) =
+        call_with_headers(&router, Method::POST, AGENTS, Some(agent("blocked"))).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["reason"], "Unavailable", "{body}");
+    let retry = headers
+        .get(header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    assert!(
+        retry.is_some_and(|seconds| seconds > 0),
+        "a refused write says when to try again: {headers:?}"
+    );
     let message = body["message"].as_str().unwrap_or_default();
     assert!(message.contains("the disk is full"), "{message}");
     assert!(!message.contains(&data.display().to_string()), "{message}");
@@ -168,5 +190,16 @@ async fn a_server_starts_on_a_full_disk_and_writes_again_once_space_is_freed() {
     let _ = stop.send(());
     serving.await.expect("served").expect("stopped");
     drop(router);
+    // The file that a write was refused on is whole.
+    let check = Command::new("sqlite3")
+        .arg(data.join("nodus.db"))
+        .arg("PRAGMA integrity_check;")
+        .output()
+        .expect("sqlite3 (scripts/test-env installs it)");
+    assert_eq!(
+        String::from_utf8_lossy(&check.stdout).trim(),
+        "ok",
+        "integrity check: {check:?}"
+    );
     drop(disk);
 }

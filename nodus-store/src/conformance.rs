@@ -24,7 +24,7 @@ use nodus_core::Store;
 use nodus_core::journal::{Completion, Intent, Outcome, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Selector,
+    Change, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, RunRewrite, Selector,
 };
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -49,13 +49,14 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     delete_removes_journal_and_inbox(make()).await;
     money_exact(make()).await;
     leases(make()).await;
-    claim_runnable(make()).await;
     replicas_racing(make()).await;
     retention(make()).await;
+    rewrite_run(make()).await;
 }
 
 /// Create, get, list, update and delete one document; missing keys are `NotFound`, an
-/// existing key cannot be created again, and a deleted name can be created afresh.
+/// existing key cannot be created again, and a deleted name can be created afresh; `projects`
+/// names the projects that hold a document, in order.
 pub async fn create_get_list_update_delete<S: Store + Clone + 'static>(store: S) {
     let project = unique("crud");
     let key = ObjectKey::new(&project, Kind::AgentRun, "first");
@@ -74,11 +75,22 @@ pub async fn create_get_list_update_delete<S: Store + Clone + 'static>(store: S)
         Ok(vec![])
     );
 
+    let in_projects = |store: S, project: String| async move {
+        let projects = store.projects().await.expect("projects");
+        let mut sorted = projects.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(projects, sorted, "projects in name order, each once");
+        projects.contains(&project)
+    };
+    assert!(!in_projects(store.clone(), project.clone()).await);
+
     let document = run_document("first", &uid);
     let created = store
         .create(&key, document.clone())
         .await
         .expect("create a new document");
+    assert!(in_projects(store.clone(), project.clone()).await);
     assert_eq!(created.key, key);
     assert_eq!(created.version, 1, "a new document is at version 1");
     assert_eq!(created.document, document);
@@ -146,6 +158,12 @@ pub async fn create_get_list_update_delete<S: Store + Clone + 'static>(store: S)
         store.get(&agent).await.map(|r| r.version),
         Ok(1),
         "deleting a run leaves the agent of the same name"
+    );
+    assert!(in_projects(store.clone(), project.clone()).await);
+    store.delete(&agent).await.expect("delete the agent");
+    assert!(
+        !in_projects(store.clone(), project.clone()).await,
+        "a project without documents is not listed"
     );
 
     let again = store
@@ -1489,174 +1507,50 @@ pub async fn leases<S: Store + Clone + 'static>(store: S) {
     );
 }
 
-/// `claim_runnable` picks the oldest run in one of the phases that nobody holds, skips runs
-/// held (by anyone, the asker included), other phases and runs without a uid, and takes a run
-/// over once its lease expired.
-pub async fn claim_runnable<S: Store + Clone + 'static>(store: S) {
-    let project = unique("runnable");
-    // Phases only this case uses, so that runs of other cases and earlier runs of the suite
-    // in a shared database never qualify.
-    let ready = unique("Ready");
-    let other = unique("Other");
-    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
-    let mut uids = BTreeMap::new();
-    for (name, phase) in [
-        ("first", &ready),
-        ("elsewhere", &other),
-        ("second", &ready),
-        ("third", &ready),
-        ("fourth", &ready),
-    ] {
-        let uid = unique("uid");
-        let document = shaped_run(name, &uid, &[], None, phase);
-        store.create(&key(name), document).await.expect("create");
-        uids.insert(name, uid);
-    }
-    let mut no_uid = shaped_run("no-uid", "x", &[], None, &ready);
-    if let Some(metadata) = no_uid["metadata"].as_object_mut() {
-        metadata.remove("uid");
-    }
-    store.create(&key("no-uid"), no_uid).await.expect("create");
-    // "third" is claimed directly by B.
-    store
-        .claim(&uids["third"], &lease(OWNER_B, 0))
-        .await
-        .expect("b claims third");
-
-    let phases = [ready.as_str(), "NoSuchPhase"];
-    let claimed = |name: &str, fence: Fence| Claimed {
-        key: key(name),
-        uid: uids[name].clone(),
-        fence,
-    };
-    let got = store
-        .claim_runnable(&phases, &lease(OWNER_A, 0))
-        .await
-        .expect("a claims a run")
-        .expect("a run to claim");
-    assert_eq!(got, claimed("first", got.fence), "the oldest first");
-    let a_first = got.fence;
-    let got = store
-        .claim_runnable(&phases, &lease(OWNER_A, 1))
-        .await
-        .expect("a claims again")
-        .expect("a run to claim");
-    assert_eq!(
-        got,
-        claimed("second", got.fence),
-        "not a run A already holds"
-    );
-    let got = store
-        .claim_runnable(&phases, &lease(OWNER_B, 2))
-        .await
-        .expect("b claims")
-        .expect("a run to claim");
-    assert_eq!(got, claimed("fourth", got.fence), "third is held by B");
-    assert_eq!(
-        store.claim_runnable(&phases, &lease(OWNER_B, 3)).await,
-        Ok(None),
-        "everything is held"
-    );
-    assert_eq!(
-        store
-            .claim_runnable(&[other.as_str()], &lease(OWNER_B, 3))
-            .await
-            .map(|c| c.map(|c| c.key)),
-        Ok(Some(key("elsewhere")))
-    );
-    assert_eq!(
-        store.claim_runnable(&[], &lease(OWNER_B, 3)).await,
-        Ok(None)
-    );
-
-    // A's lease on "first" (from 0) expired at 30; nobody renewed it: B takes it over.
-    let got = store
-        .claim_runnable(&phases, &lease(OWNER_B, 30))
-        .await
-        .expect("b claims after expiry")
-        .expect("an expired run to take over");
-    assert_eq!(got, claimed("first", got.fence));
-    assert_eq!(
-        store
-            .append_step(&uids["first"], a_first, &step(0, Intent::Route { turn: 0 }))
-            .await,
-        Err(Error::Fenced {
-            run: uids["first"].clone()
-        }),
-        "the replica whose lease was taken over is fenced"
-    );
-    store
-        .append_step(
-            &uids["first"],
-            got.fence,
-            &step(0, Intent::Route { turn: 0 }),
-        )
-        .await
-        .expect("the new holder writes");
-
-    // A finished phase is not runnable: change the document and nothing qualifies.
-    let record = store.get(&key("fourth")).await.expect("get");
-    let mut document = record.document;
-    document["status"]["phase"] = json!("Succeeded");
-    store
-        .update(&key("fourth"), record.version, document)
-        .await
-        .expect("update");
-    assert_eq!(
-        store
-            .claim_runnable(&phases, &lease(OWNER_C, 31))
-            .await
-            .map(|c| c.map(|c| c.key)),
-        Ok(Some(key("second"))),
-        "second's lease (from 1) expired at 31; fourth is no longer in the phase"
-    );
-}
-
-/// Several replicas race to claim runs: every run is claimed by exactly one replica, and
-/// each replica's fence writes its runs' journals.
+/// Several replicas race to claim the same runs at the same time: every run is claimed by
+/// exactly one replica (the others are refused with `Leased`), and each replica's fence
+/// writes its runs' journals.
 pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
     const RUNS: usize = 40;
     const REPLICAS: usize = 4;
     let project = unique("racing");
-    let ready = unique("Ready");
-    let mut expected = BTreeMap::new();
+    let mut runs = Vec::with_capacity(RUNS);
     for i in 0..RUNS {
         let name = format!("run-{i:02}");
         let uid = unique("uid");
         store
             .create(
                 &ObjectKey::new(&project, Kind::AgentRun, &name),
-                shaped_run(&name, &uid, &[], None, &ready),
+                run_document(&name, &uid),
             )
             .await
             .expect("create");
-        expected.insert(uid, name);
+        runs.push(uid);
     }
+    let runs = Arc::new(runs);
     let barrier = Arc::new(tokio::sync::Barrier::new(REPLICAS));
     let mut tasks = Vec::with_capacity(REPLICAS);
     for replica in 0..REPLICAS {
         let store = store.clone();
-        let ready = ready.clone();
+        let runs = Arc::clone(&runs);
         let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
             let owner = format!("replica-{replica}");
             barrier.wait().await;
             let mut mine = Vec::new();
-            loop {
-                let claimed = store
-                    .claim_runnable(&[ready.as_str()], &lease(&owner, 0))
-                    .await
-                    .expect("claim_runnable");
-                let Some(claimed) = claimed else { break };
+            // Each replica starts at another run, so that claims of one run collide.
+            for i in 0..RUNS {
+                let uid = &runs[(i + replica * 7) % RUNS];
+                let fence = match store.claim(uid, &lease(&owner, 0)).await {
+                    Ok(fence) => fence,
+                    Err(Error::Leased { .. }) => continue,
+                    Err(other) => panic!("claiming {uid}: {other}"),
+                };
                 store
-                    .append_step(
-                        &claimed.uid,
-                        claimed.fence,
-                        &step(0, Intent::Route { turn: 0 }),
-                    )
+                    .append_step(uid, fence, &step(0, Intent::Route { turn: 0 }))
                     .await
                     .expect("the claimer writes its run's journal");
-                mine.push(claimed);
+                mine.push(uid.clone());
                 tokio::task::yield_now().await;
             }
             mine
@@ -1664,23 +1558,14 @@ pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
     }
     let mut claimed_by = BTreeMap::new();
     for (replica, mine) in join_all(tasks).await.into_iter().enumerate() {
-        for claimed in mine {
-            assert_eq!(claimed.key.project, project);
-            assert_eq!(
-                expected.get(&claimed.uid),
-                Some(&claimed.key.name),
-                "a run of this case"
-            );
-            if let Some(earlier) = claimed_by.insert(claimed.uid.clone(), replica) {
-                panic!(
-                    "{} was claimed by replica {earlier} and replica {replica}",
-                    claimed.key
-                );
+        for uid in mine {
+            if let Some(earlier) = claimed_by.insert(uid.clone(), replica) {
+                panic!("{uid} was claimed by replica {earlier} and replica {replica}");
             }
         }
     }
     assert_eq!(claimed_by.len(), RUNS, "every run is claimed");
-    for uid in expected.keys() {
+    for uid in runs.iter() {
         assert_eq!(
             store.journal(uid).await.map(|j| j.len()),
             Ok(1),
@@ -1689,10 +1574,11 @@ pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
     }
 }
 
-/// Retention: the payloads of runs that ended before the cut-off are removed (input, answer
-/// preview, messages' text, steps' contents) and the run says so in
-/// `status.payloadsRemovedAt`; costs, tokens and the journal's shape stay; runs that ended
-/// later or have not ended keep everything; a second sweep does nothing.
+/// Retention ([`nodus_core::retention::sweep`] over this store's `rewrite_run`): the payloads
+/// of runs that ended before the cut-off are removed (input, answer preview, messages' text,
+/// steps' contents) and the run says so in `status.payloadsRemovedAt`; costs, tokens and the
+/// journal's shape stay; runs that ended later or have not ended keep everything; a second
+/// sweep does nothing.
 pub async fn retention<S: Store + Clone + 'static>(store: S) {
     use nodus_core::Usd;
     use nodus_core::cost::Usage;
@@ -1815,7 +1701,10 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         .await
         .expect("batch");
 
-    let swept = store.sweep_payloads(cutoff, now).await.expect("sweep");
+    let projects = [project.clone()];
+    let swept = nodus_core::retention::sweep(&store, &projects, cutoff, now)
+        .await
+        .expect("sweep");
     let ours: Vec<_> = swept
         .runs
         .iter()
@@ -1920,8 +1809,7 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         );
     }
 
-    let again = store
-        .sweep_payloads(cutoff, time(41 * day))
+    let again = nodus_core::retention::sweep(&store, &projects, cutoff, time(41 * day))
         .await
         .expect("sweep again");
     assert!(
@@ -1931,12 +1819,181 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
     assert_eq!(store.get(&key("old")).await, Ok(old));
 }
 
+/// `rewrite_run` applies its edits to the run document (one version up), the copies of it
+/// kept for an idempotent batch, every step and every message of that run only, and deletes
+/// the documents it names, in one write announced as such; a stale version, a run among the
+/// deletions or a missing run is refused and changes nothing.
+pub async fn rewrite_run<S: Store + Clone + 'static>(store: S) {
+    let project = unique("rewrite");
+    let key = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let archive = ObjectKey::new(&project, Kind::WorkdirArchive, "target");
+    let (uid, other_uid) = (unique("uid"), unique("uid"));
+    let batch = vec![
+        (key("target"), run_document("target", &uid)),
+        (key("bystander"), run_document("bystander", &other_uid)),
+    ];
+    let batch_key = unique("batch");
+    store
+        .create_batch(batch.clone(), Some(&batch_key))
+        .await
+        .expect("batch");
+    store
+        .create(&archive, json!({ "bytes": 3, "archiveBase64": "AAAA" }))
+        .await
+        .expect("archive");
+    for run in [&uid, &other_uid] {
+        let fence = store.claim(run, &lease(OWNER_A, 0)).await.expect("claim");
+        for seq in 0..2 {
+            let command = Intent::Command {
+                turn: 0,
+                tool_use_id: format!("t{seq}"),
+                command: format!("echo {seq}"),
+            };
+            store
+                .append_step(run, fence, &step(seq, command))
+                .await
+                .expect("append");
+        }
+    }
+    for (i, text) in ["first", "second"].into_iter().enumerate() {
+        let version = store.get(&key("target")).await.expect("get").version;
+        store
+            .post_message(
+                &key("target"),
+                version,
+                None,
+                text,
+                time(i64::try_from(i).expect("small")),
+            )
+            .await
+            .expect("post");
+    }
+    let edit = |run: ObjectKey, expected_version: u64, delete: Vec<ObjectKey>| RunRewrite {
+        run,
+        expected_version,
+        document: Box::new(|document| document["spec"]["input"] = json!("edited")),
+        step: Box::new(|step| {
+            if let Intent::Command { command, .. } = &mut step.intent {
+                command.push_str(" (edited)");
+            }
+        }),
+        message: Box::new(|message| message.payload.push_str(" (edited)")),
+        delete,
+    };
+    let before = store.get(&key("target")).await.expect("get");
+    let journal_before = store.journal(&uid).await.expect("journal");
+    let inbox_before = store.inbox(&uid).await.expect("inbox");
+    let unchanged = || async {
+        assert_eq!(store.get(&key("target")).await.as_ref(), Ok(&before));
+        assert_eq!(store.journal(&uid).await.as_ref(), Ok(&journal_before));
+        assert_eq!(store.inbox(&uid).await.as_ref(), Ok(&inbox_before));
+        assert!(
+            store.get(&archive).await.is_ok(),
+            "the archive is still there"
+        );
+    };
+
+    let stale = store
+        .rewrite_run(edit(
+            key("target"),
+            before.version - 1,
+            vec![archive.clone()],
+        ))
+        .await;
+    assert!(
+        matches!(stale, Err(Error::Conflict { expected, actual, .. })
+            if expected == before.version - 1 && actual == before.version),
+        "{stale:?}"
+    );
+    unchanged().await;
+    let deleting_a_run = store
+        .rewrite_run(edit(key("target"), before.version, vec![key("bystander")]))
+        .await;
+    assert!(
+        matches!(deleting_a_run, Err(Error::Invalid(_))),
+        "{deleting_a_run:?}"
+    );
+    unchanged().await;
+    assert!(store.get(&key("bystander")).await.is_ok());
+    assert!(matches!(
+        store.rewrite_run(edit(key("missing"), 1, Vec::new())).await,
+        Err(Error::NotFound(_))
+    ));
+
+    let mut changes = store.subscribe();
+    let missing = ObjectKey::new(&project, Kind::WorkdirArchive, "never-made");
+    let written = store
+        .rewrite_run(edit(
+            key("target"),
+            before.version,
+            vec![archive.clone(), missing],
+        ))
+        .await
+        .expect("rewrite");
+    assert_eq!(written.version, before.version + 1, "one write");
+    assert_eq!(written.document["spec"]["input"], json!("edited"));
+    assert_eq!(written.document["metadata"], before.document["metadata"]);
+    assert_eq!(store.get(&key("target")).await, Ok(written.clone()));
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Written(key("target"), written.version)
+    );
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Deleted(archive.clone())
+    );
+    assert!(matches!(store.get(&archive).await, Err(Error::NotFound(_))));
+    let commands = |journal: Vec<Step>| -> Vec<String> {
+        journal
+            .into_iter()
+            .map(|step| match step.intent {
+                Intent::Command { command, .. } => command,
+                other => panic!("a command step, not {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(
+        commands(store.journal(&uid).await.expect("journal")),
+        ["echo 0 (edited)", "echo 1 (edited)"]
+    );
+    assert_eq!(
+        commands(store.journal(&other_uid).await.expect("journal")),
+        ["echo 0", "echo 1"],
+        "another run's journal is untouched"
+    );
+    let inbox = store.inbox(&uid).await.expect("inbox");
+    assert_eq!(
+        inbox,
+        vec![
+            message(1, None, "first (edited)", time(0)),
+            message(2, None, "second (edited)", time(1)),
+        ]
+    );
+    let repeat = store
+        .create_batch(batch, Some(&batch_key))
+        .await
+        .expect("the batch, repeated");
+    assert_eq!(
+        repeat[0].document["spec"]["input"],
+        json!("edited"),
+        "the kept copy"
+    );
+    assert_eq!(
+        repeat[0].version, 1,
+        "the copy is the first call's record, edited"
+    );
+    assert_eq!(
+        repeat[1].document["spec"]["input"],
+        json!("say hello to bystander"),
+        "another run's copy is untouched"
+    );
+}
+
 // --- helpers ---
 
 /// Lease owners: replicas of a test.
 const OWNER_A: &str = "replica-a";
 const OWNER_B: &str = "replica-b";
-const OWNER_C: &str = "replica-c";
 
 /// A fixed instant plus `second`s: leases use the caller's clock, so cases control it.
 fn time(second: i64) -> Timestamp {

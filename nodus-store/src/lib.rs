@@ -7,14 +7,13 @@
 //!   with leases (`FOR UPDATE SKIP LOCKED`), changes over `LISTEN/NOTIFY`.
 //! - `conformance` (with the `test-util` feature): the one test suite every backend passes,
 //!   so that all backends agree on versions, batches, journals, leases and fencing, inboxes,
-//!   retention and change notification.
+//!   run rewrites (retention's primitive) and change notification.
 //!
 //! The SQL backends migrate their schema on open, bind every value (selector paths too), keep
 //! documents as exact JSON text (money is never a float), group-commit writes, and
 //! map database failures to `Error::Unavailable` (retryable) or `Error::Corrupt`.
 
 pub mod memory;
-pub mod retention;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod group;
@@ -33,6 +32,22 @@ pub use memory::MemoryStore;
 pub use postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+
+/// Refuse a [`RunRewrite`](nodus_core::store::RunRewrite) that would delete a run: a rewrite
+/// deletes documents only, and a run's journal and inbox go with the run.
+pub(crate) fn check_rewrite_deletes(
+    delete: &[nodus_core::store::ObjectKey],
+) -> Result<(), nodus_core::store::Error> {
+    match delete
+        .iter()
+        .find(|key| key.kind == nodus_core::resource::Kind::AgentRun)
+    {
+        Some(run) => Err(nodus_core::store::Error::Invalid(format!(
+            "a run rewrite cannot delete the run {run}: delete it by itself"
+        ))),
+        None => Ok(()),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -121,11 +136,6 @@ mod tests {
         conformance::leases(MemoryStore::new()).await;
     }
 
-    #[tokio::test]
-    async fn claim_runnable() {
-        conformance::claim_runnable(MemoryStore::new()).await;
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn replicas_racing() {
         conformance::replicas_racing(MemoryStore::new()).await;
@@ -134,5 +144,10 @@ mod tests {
     #[tokio::test]
     async fn retention() {
         conformance::retention(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn rewrite_run() {
+        conformance::rewrite_run(MemoryStore::new()).await;
     }
 }

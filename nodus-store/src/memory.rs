@@ -13,13 +13,11 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record,
-    Selector, Store, Swept,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
+    Selector, Store,
 };
 use serde_json::Value;
 use tokio::sync::broadcast;
-
-use crate::retention;
 
 /// How many changes a slow subscriber may fall behind before it sees `Lagged`.
 const CHANGE_CAPACITY: usize = 1024;
@@ -93,11 +91,6 @@ impl LeaseState {
             }
             _ => Ok(()),
         }
-    }
-
-    /// Whether another claim by `owner` at `now` would be refused, or `owner` holds it.
-    fn held_against(&self, owner: &str, now: Timestamp) -> bool {
-        self.owner.is_some() && (self.expires_at > now || self.owner.as_deref() == Some(owner))
     }
 }
 
@@ -326,6 +319,18 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    async fn projects(&self) -> Result<Vec<String>, Error> {
+        let state = self.lock();
+        let mut projects: Vec<String> = state
+            .projects
+            .iter()
+            .filter(|(_, kinds)| kinds.values().any(|c| !c.by_name.is_empty()))
+            .map(|(project, _)| project.clone())
+            .collect();
+        projects.sort_unstable();
+        Ok(projects)
+    }
+
     async fn update(
         &self,
         key: &ObjectKey,
@@ -393,46 +398,6 @@ impl Store for MemoryStore {
 
     async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
         self.lock().grant(run_uid, lease)
-    }
-
-    async fn claim_runnable(
-        &self,
-        phases: &[&str],
-        lease: &Lease,
-    ) -> Result<Option<Claimed>, Error> {
-        let mut state = self.lock();
-        let mut candidates: Vec<(u64, ObjectKey, String)> = Vec::new();
-        for (project, kinds) in &state.projects {
-            let Some(runs) = kinds.get(&Kind::AgentRun) else {
-                continue;
-            };
-            for (order, entry) in &runs.by_order {
-                let phase = entry.document["status"]["phase"].as_str();
-                let Some(uid) = run_uid(&entry.document) else {
-                    continue;
-                };
-                if !phase.is_some_and(|phase| phases.contains(&phase)) {
-                    continue;
-                }
-                if state
-                    .fences
-                    .get(uid)
-                    .is_some_and(|l| l.held_against(&lease.owner, lease.now))
-                {
-                    continue;
-                }
-                candidates.push((
-                    *order,
-                    ObjectKey::new(project.clone(), Kind::AgentRun, entry.name.clone()),
-                    uid.to_string(),
-                ));
-            }
-        }
-        let Some((_, key, uid)) = candidates.into_iter().min_by_key(|(order, ..)| *order) else {
-            return Ok(None);
-        };
-        let fence = state.grant(&uid, lease)?;
-        Ok(Some(Claimed { key, uid, fence }))
     }
 
     async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
@@ -572,58 +537,56 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
-    async fn sweep_payloads(
-        &self,
-        ended_before: Timestamp,
-        now: Timestamp,
-    ) -> Result<Swept, Error> {
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
+        let RunRewrite {
+            run,
+            expected_version,
+            document: edit_document,
+            step: edit_step,
+            message: edit_message,
+            delete,
+        } = rewrite;
+        crate::check_rewrite_deletes(&delete)?;
         let mut state = self.lock();
-        let mut due: Vec<(u64, ObjectKey)> = Vec::new();
-        for (project, kinds) in &state.projects {
-            let Some(runs) = kinds.get(&Kind::AgentRun) else {
-                continue;
-            };
-            for (order, entry) in &runs.by_order {
-                if retention::due(&entry.document, ended_before) {
-                    due.push((
-                        *order,
-                        ObjectKey::new(project.clone(), Kind::AgentRun, entry.name.clone()),
-                    ));
-                }
-            }
+        let entry = state
+            .entry_mut(&run)
+            .ok_or_else(|| Error::NotFound(run.clone()))?;
+        if entry.version != expected_version {
+            return Err(Error::Conflict {
+                key: run,
+                expected: expected_version,
+                actual: entry.version,
+            });
         }
-        due.sort_by_key(|(order, _)| *order);
-        let mut swept = Swept::default();
-        for (_, key) in due {
-            let Some(entry) = state.entry_mut(&key) else {
-                continue;
-            };
-            let version = next_version(&key, entry.version)?;
-            retention::strip_run(&mut entry.document, now);
-            entry.version = version;
-            let uid = run_uid(&entry.document).map(str::to_string);
-            if let Some(uid) = uid {
-                if let Some(journal) = state.journals.get_mut(&uid) {
-                    journal.iter_mut().for_each(retention::strip_step);
-                }
-                if let Some(inbox) = state.inboxes.get_mut(&uid) {
-                    for message in &mut inbox.messages {
-                        message.payload = retention::REMOVED.to_string();
-                    }
-                }
+        let version = next_version(&run, entry.version)?;
+        let uid = run_uid(&entry.document).map(str::to_string);
+        edit_document(&mut entry.document);
+        entry.version = version;
+        let record = Record {
+            key: run.clone(),
+            version,
+            document: entry.document.clone(),
+        };
+        if let Some(uid) = uid {
+            if let Some(journal) = state.journals.get_mut(&uid) {
+                journal.iter_mut().for_each(&edit_step);
             }
-            self.notify(Change::Written(key.clone(), version));
-            // Its kept final working directory is a payload too: it goes with it.
-            let archive = nodus_core::engine::workdir_archive_key(&key);
-            if state.remove(&archive).is_some() {
-                self.notify(Change::Deleted(archive));
+            if let Some(inbox) = state.inboxes.get_mut(&uid) {
+                inbox.messages.iter_mut().for_each(&edit_message);
             }
-            swept.runs.push(key);
         }
         for records in state.batches.values_mut() {
-            retention::strip_batch(records, &swept.runs, now);
+            for copy in records.iter_mut().filter(|r| r.key == run) {
+                edit_document(&mut copy.document);
+            }
         }
-        Ok(swept)
+        self.notify(Change::Written(run, version));
+        for key in delete {
+            if state.remove(&key).is_some() {
+                self.notify(Change::Deleted(key));
+            }
+        }
+        Ok(record)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

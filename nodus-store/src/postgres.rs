@@ -1,8 +1,7 @@
 //! The Postgres [`Store`]: several server replicas on one database.
 //!
-//! Runs are claimed with leases: `claim_runnable` picks a run with `FOR UPDATE SKIP LOCKED`,
-//! and every lease change is one conditional statement on the run's lease row, so two replicas
-//! never both hold a run; journal writes lock that row (`FOR SHARE`) and check the fence, so a
+//! Runs are claimed with leases: every lease change is one conditional statement on the run's
+//! lease row, so two replicas never both hold a run; journal writes lock that row (`FOR SHARE`) and check the fence, so a
 //! replica whose lease was taken over cannot write. Journal writes are group-committed (see
 //! [`crate::group`]): many runs' steps share one transaction, each acknowledged after commit.
 //! Changes are announced with `pg_notify` inside the writing transaction (delivered on
@@ -23,8 +22,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record,
-    Selector, Store, Swept,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
+    Selector, Store,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
@@ -32,7 +31,6 @@ use sqlx::{Connection, Postgres, QueryBuilder, Row};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::group::{self, Committer, GroupCommit, JournalWrite};
-use crate::retention;
 use crate::sql::{self, map_err};
 
 /// How many changes a slow subscriber may fall behind before it sees `Lagged`.
@@ -826,6 +824,22 @@ impl Committer<EditWrite> for EditCommitter {
     }
 }
 
+/// A run's inbox, in order, read through `executor`.
+async fn inbox_of<'e>(
+    executor: impl sqlx::Executor<'e, Database = Postgres>,
+    run_uid: &str,
+) -> Result<Vec<InboxMessage>, Error> {
+    let rows = sqlx::query(
+        "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = $1 \
+         ORDER BY seq",
+    )
+    .bind(run_uid)
+    .fetch_all(executor)
+    .await
+    .map_err(map_err)?;
+    rows.iter().map(sql::message_of).collect()
+}
+
 /// Read a document through `executor`; `lock` is appended to the query (`" FOR UPDATE"`
 /// inside a transaction that writes it next).
 async fn read_record<'e>(
@@ -1007,6 +1021,13 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn projects(&self) -> Result<Vec<String>, Error> {
+        sqlx::query_scalar("SELECT DISTINCT project FROM resources ORDER BY project")
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(map_err)
+    }
+
     async fn update(
         &self,
         key: &ObjectKey,
@@ -1139,71 +1160,6 @@ impl Store for PostgresStore {
         Err(Error::Unavailable(format!(
             "run {run_uid}: the lease kept changing while claiming it"
         )))
-    }
-
-    async fn claim_runnable(
-        &self,
-        phases: &[&str],
-        lease: &Lease,
-    ) -> Result<Option<Claimed>, Error> {
-        let expires_at = sql::nanos(lease.expires_at()?)?;
-        let now = sql::nanos(lease.now)?;
-        let phases: Vec<String> = phases.iter().map(|p| p.to_string()).collect();
-        for _ in 0..CLAIM_ATTEMPTS {
-            let mut tx = self.begin().await?;
-            let row = sqlx::query(
-                "SELECT r.project, r.name, r.uid FROM resources r \
-                 LEFT JOIN leases l ON l.run_uid = r.uid \
-                 WHERE r.kind = $1 AND r.uid IS NOT NULL \
-                 AND r.phase = ANY($2) \
-                 AND (l.run_uid IS NULL OR l.owner IS NULL \
-                      OR (l.expires_at <= $3 AND l.owner <> $4)) \
-                 ORDER BY r.ord LIMIT 1 \
-                 FOR UPDATE OF r SKIP LOCKED",
-            )
-            .bind(sql::kind_name(Kind::AgentRun))
-            .bind(&phases)
-            .bind(now)
-            .bind(&lease.owner)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            let Some(row) = row else {
-                return Ok(None);
-            };
-            let project: String = row.try_get(0).map_err(map_err)?;
-            let name: String = row.try_get(1).map_err(map_err)?;
-            let uid: String = row.try_get(2).map_err(map_err)?;
-            // The lease row decides: another replica may have claimed the run after this
-            // statement's snapshot.
-            let fence: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO leases (run_uid, fence, owner, expires_at) VALUES ($1, 1, $2, $3) \
-                 ON CONFLICT (run_uid) DO UPDATE SET fence = leases.fence + 1, \
-                 owner = excluded.owner, expires_at = excluded.expires_at \
-                 WHERE leases.owner IS NULL \
-                 OR (leases.expires_at <= $4 AND leases.owner <> excluded.owner) \
-                 RETURNING fence",
-            )
-            .bind(&uid)
-            .bind(&lease.owner)
-            .bind(expires_at)
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            let Some(fence) = fence else {
-                continue;
-            };
-            tx.commit().await.map_err(map_err)?;
-            return Ok(Some(Claimed {
-                key: ObjectKey::new(project, Kind::AgentRun, name),
-                uid,
-                fence: Fence(sql::to_u64(fence, "a fence")?),
-            }));
-        }
-        Err(Error::Unavailable(
-            "runs kept being claimed by others while choosing one".to_string(),
-        ))
     }
 
     async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
@@ -1342,159 +1298,134 @@ impl Store for PostgresStore {
     }
 
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-        let rows = sqlx::query(
-            "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = $1 \
-             ORDER BY seq",
-        )
-        .bind(run_uid)
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.try_get(0).map_err(map_err)?;
-                let received_at: String = row.try_get(3).map_err(map_err)?;
-                Ok(InboxMessage {
-                    seq: sql::to_u64(seq, "a message number")?,
-                    key: row.try_get(1).map_err(map_err)?,
-                    payload: row.try_get(2).map_err(map_err)?,
-                    received_at: sql::parse_time(&received_at)?,
-                })
-            })
-            .collect()
+        inbox_of(&self.inner.pool, run_uid).await
     }
 
-    async fn sweep_payloads(
-        &self,
-        ended_before: Timestamp,
-        now: Timestamp,
-    ) -> Result<Swept, Error> {
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
+        crate::check_rewrite_deletes(&rewrite.delete)?;
+        let run = &rewrite.run;
         let mut tx = self.begin().await?;
         let mut hearings = Vec::new();
-        // Locked, so that two replicas sweeping at once do not both sweep a run (the second
-        // waits, then sees `payloadsRemovedAt`).
-        let rows = sqlx::query(
-            "SELECT project, name, version, document::text FROM resources WHERE kind = $1 \
-             AND document #> '{status,completionTime}' IS NOT NULL \
-             AND document #> '{status,payloadsRemovedAt}' IS NULL ORDER BY ord FOR UPDATE",
+        // Locked: writers of the run (a message, an update) wait for this write.
+        let mut record = read_record(&mut *tx, run, " FOR UPDATE").await?;
+        if record.version != rewrite.expected_version {
+            return Err(Error::Conflict {
+                key: run.clone(),
+                expected: rewrite.expected_version,
+                actual: record.version,
+            });
+        }
+        let uid = sql::uid_of(&record.document).map(str::to_string);
+        (rewrite.document)(&mut record.document);
+        let stored = sql::to_i64(record.version).ok_or_else(|| {
+            Error::Corrupt(format!("{run}: version {} too large", record.version))
+        })?;
+        let version = sql::bump(run, stored)?;
+        let columns = sql::Columns::of(&record.document);
+        sqlx::query(
+            "UPDATE resources SET version = $1, uid = $2, group_name = $3, phase = $4, \
+             document = $5::json WHERE project = $6 AND kind = $7 AND name = $8",
         )
-        .bind(sql::kind_name(Kind::AgentRun))
-        .fetch_all(&mut *tx)
+        .bind(version)
+        .bind(columns.uid)
+        .bind(columns.group)
+        .bind(columns.phase)
+        .bind(sql::document_text(&record.document))
+        .bind(&run.project)
+        .bind(sql::kind_name(run.kind))
+        .bind(&run.name)
+        .execute(&mut *tx)
         .await
         .map_err(map_err)?;
-        let mut runs = Vec::new();
-        for row in rows {
-            let project: String = row.try_get(0).map_err(map_err)?;
-            let name: String = row.try_get(1).map_err(map_err)?;
-            let version: i64 = row.try_get(2).map_err(map_err)?;
-            let document: String = row.try_get(3).map_err(map_err)?;
-            let mut document = sql::parse_document(&document)?;
-            if !retention::due(&document, ended_before) {
-                continue;
-            }
-            let key = ObjectKey::new(project, Kind::AgentRun, name);
-            retention::strip_run(&mut document, now);
-            let version = sql::bump(&key, version)?;
-            sqlx::query(
-                "UPDATE resources SET version = $1, document = $2::json \
-                 WHERE project = $3 AND kind = $4 AND name = $5",
+        record.version = sql::to_u64(version, "a version")?;
+        hearings.push(
+            self.notify(&mut tx, &Change::Written(run.clone(), record.version))
+                .await?,
+        );
+        if let Some(uid) = &uid {
+            let steps = sqlx::query(
+                "SELECT step::text, completion::text FROM steps WHERE run_uid = $1 ORDER BY seq",
             )
-            .bind(version)
-            .bind(sql::document_text(&document))
-            .bind(&key.project)
-            .bind(sql::kind_name(key.kind))
-            .bind(&key.name)
-            .execute(&mut *tx)
+            .bind(uid)
+            .fetch_all(&mut *tx)
             .await
             .map_err(map_err)?;
-            if let Some(uid) = sql::uid_of(&document) {
-                sqlx::query("UPDATE inbox SET payload = $1 WHERE run_uid = $2")
-                    .bind(retention::REMOVED)
-                    .bind(uid)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                let steps = sqlx::query(
-                    "SELECT seq, step::text, completion::text FROM steps WHERE run_uid = $1 \
-                     ORDER BY seq",
+            for row in steps {
+                let step: String = row.try_get(0).map_err(map_err)?;
+                let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+                let mut step = sql::read_step(uid, &step, completion.as_deref())?;
+                (rewrite.step)(&mut step);
+                let completion = step
+                    .completion
+                    .as_ref()
+                    .map(sql::completion_text)
+                    .transpose()?;
+                sqlx::query(
+                    "UPDATE steps SET step = $1::json, completion = $2::json \
+                     WHERE run_uid = $3 AND seq = $4",
                 )
+                .bind(sql::step_text(&step)?)
+                .bind(completion)
                 .bind(uid)
+                .bind(i64::from(step.seq))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+            for mut message in inbox_of(&mut *tx, uid).await? {
+                (rewrite.message)(&mut message);
+                sqlx::query(
+                    "UPDATE inbox SET message_key = $1, payload = $2, received_at = $3 \
+                     WHERE run_uid = $4 AND seq = $5",
+                )
+                .bind(message.key)
+                .bind(message.payload)
+                .bind(message.received_at.to_string())
+                .bind(uid)
+                .bind(sql::to_i64(message.seq).unwrap_or(-1))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+        }
+        let batches: Vec<(String, String)> =
+            sqlx::query_as("SELECT idempotency_key, records::text FROM batches WHERE project = $1")
+                .bind(&run.project)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(map_err)?;
-                for row in steps {
-                    let seq: i64 = row.try_get(0).map_err(map_err)?;
-                    let step: String = row.try_get(1).map_err(map_err)?;
-                    let completion: Option<String> = row.try_get(2).map_err(map_err)?;
-                    let mut step = sql::read_step(uid, &step, completion.as_deref())?;
-                    retention::strip_step(&mut step);
-                    let completion = step
-                        .completion
-                        .as_ref()
-                        .map(sql::completion_text)
-                        .transpose()?;
-                    sqlx::query(
-                        "UPDATE steps SET step = $1::json, completion = $2::json \
-                         WHERE run_uid = $3 AND seq = $4",
-                    )
-                    .bind(sql::step_text(&step)?)
-                    .bind(completion)
-                    .bind(uid)
-                    .bind(seq)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                }
+        for (idempotency_key, text) in batches {
+            if let Some(text) = sql::edited_batch(&text, run, rewrite.document.as_ref())? {
+                sqlx::query(
+                    "UPDATE batches SET records = $1::json \
+                     WHERE project = $2 AND idempotency_key = $3",
+                )
+                .bind(text)
+                .bind(&run.project)
+                .bind(&idempotency_key)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
             }
-            let version = sql::to_u64(version, "a version")?;
-            hearings.push(
-                self.notify(&mut tx, &Change::Written(key.clone(), version))
-                    .await?,
-            );
-            // Its kept final working directory is a payload too: it goes in the same write.
-            let archive = nodus_core::engine::workdir_archive_key(&key);
+        }
+        for key in &rewrite.delete {
             let removed =
                 sqlx::query("DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3")
-                    .bind(&archive.project)
-                    .bind(sql::kind_name(archive.kind))
-                    .bind(&archive.name)
+                    .bind(&key.project)
+                    .bind(sql::kind_name(key.kind))
+                    .bind(&key.name)
                     .execute(&mut *tx)
                     .await
                     .map_err(map_err)?;
             if removed.rows_affected() > 0 {
-                hearings.push(self.notify(&mut tx, &Change::Deleted(archive)).await?);
-            }
-            runs.push(key);
-        }
-        // The copies of those runs kept for idempotent batches go the same way.
-        for project in sql::projects_of(&runs) {
-            let batches: Vec<(String, String)> = sqlx::query_as(
-                "SELECT idempotency_key, records::text FROM batches WHERE project = $1",
-            )
-            .bind(project)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            for (idempotency_key, text) in batches {
-                if let Some(text) = sql::stripped_batch(&text, &runs, now)? {
-                    sqlx::query(
-                        "UPDATE batches SET records = $1::json \
-                         WHERE project = $2 AND idempotency_key = $3",
-                    )
-                    .bind(text)
-                    .bind(project)
-                    .bind(&idempotency_key)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                }
+                hearings.push(self.notify(&mut tx, &Change::Deleted(key.clone())).await?);
             }
         }
         tx.commit().await.map_err(map_err)?;
         for hearing in hearings {
             hearing.wait().await;
         }
-        Ok(Swept { runs })
+        Ok(record)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

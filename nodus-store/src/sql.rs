@@ -275,6 +275,24 @@ pub(crate) fn read_step(run: &str, step: &str, completion: Option<&str>) -> Resu
     Ok(parsed)
 }
 
+/// An inbox message from a row of `seq, message_key, payload, received_at`.
+pub(crate) fn message_of<R: sqlx::Row>(row: &R) -> Result<nodus_core::store::InboxMessage, Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let seq: i64 = row.try_get(0).map_err(map_err)?;
+    let received_at: String = row.try_get(3).map_err(map_err)?;
+    Ok(nodus_core::store::InboxMessage {
+        seq: to_u64(seq, "a message number")?,
+        key: row.try_get(1).map_err(map_err)?,
+        payload: row.try_get(2).map_err(map_err)?,
+        received_at: parse_time(&received_at)?,
+    })
+}
+
 /// The records of an idempotent batch, as stored with its key.
 pub(crate) fn batch_text(records: &[Record]) -> String {
     Value::Array(
@@ -286,23 +304,19 @@ pub(crate) fn batch_text(records: &[Record]) -> String {
     .to_string()
 }
 
-/// A stored batch with the copies of the runs in `swept` stripped ([`retention::strip_batch`]),
-/// when it holds any of them.
-pub(crate) fn stripped_batch(
+/// A stored batch with `edit` applied to its copy of `run`, when it holds one.
+pub(crate) fn edited_batch(
     text: &str,
-    swept: &[ObjectKey],
-    now: jiff::Timestamp,
+    run: &ObjectKey,
+    edit: &dyn Fn(&mut Value),
 ) -> Result<Option<String>, Error> {
     let mut records = parse_batch(text)?;
-    Ok(crate::retention::strip_batch(&mut records, swept, now).then(|| batch_text(&records)))
-}
-
-/// The projects of some keys, each once.
-pub(crate) fn projects_of(keys: &[ObjectKey]) -> Vec<&str> {
-    let mut projects: Vec<&str> = keys.iter().map(|k| k.project.as_str()).collect();
-    projects.sort_unstable();
-    projects.dedup();
-    projects
+    let mut changed = false;
+    for record in records.iter_mut().filter(|r| r.key == *run) {
+        edit(&mut record.document);
+        changed = true;
+    }
+    Ok(changed.then(|| batch_text(&records)))
 }
 
 /// The records of an idempotent batch, read back.

@@ -23,8 +23,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Claimed, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record,
-    Selector, Store, Swept,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
+    Selector, Store,
 };
 use serde_json::Value;
 use sqlx::sqlite::{
@@ -35,7 +35,6 @@ use sqlx::{Connection, QueryBuilder, Row, Sqlite};
 use tokio::sync::broadcast;
 
 use crate::group::{Committer, GroupCommit, JournalWrite};
-use crate::retention;
 use crate::sql::{self, map_err};
 
 /// Nodus's SQLite `application_id` ("Nodu"), written into every file it creates.
@@ -448,6 +447,22 @@ async fn read_record<'e>(
     sql::record_of(key.clone(), &row, 0)
 }
 
+/// A run's inbox, in order, read through `executor`.
+async fn inbox_of<'e>(
+    executor: impl sqlx::Executor<'e, Database = Sqlite>,
+    run_uid: &str,
+) -> Result<Vec<InboxMessage>, Error> {
+    let rows = sqlx::query(
+        "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = ? \
+         ORDER BY seq",
+    )
+    .bind(run_uid)
+    .fetch_all(executor)
+    .await
+    .map_err(map_err)?;
+    rows.iter().map(sql::message_of).collect()
+}
+
 /// A document update, checked against the version its writer read.
 #[derive(Debug)]
 struct DocumentUpdate {
@@ -629,16 +644,6 @@ fn push_selection<'a>(
     }
     query.push(" ORDER BY ord");
 }
-
-/// The first runnable run of any project in one of the phases `?2` (a JSON array) that no
-/// live lease holds (`?3` now, `?4` the claimant), in creation order; `?1` is the run kind.
-/// The `phase` column (indexed) holds `status.phase`.
-const CLAIM_SQL: &str = "SELECT r.project, r.name, r.uid FROM resources r \
-     LEFT JOIN leases l ON l.run_uid = r.uid \
-     WHERE r.kind = ? AND r.uid IS NOT NULL \
-     AND r.phase IN (SELECT value FROM json_each(?)) \
-     AND (l.run_uid IS NULL OR l.owner IS NULL OR (l.expires_at <= ? AND l.owner <> ?)) \
-     ORDER BY r.ord LIMIT 1";
 
 /// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
 fn json_path(parts: &[&str]) -> String {
@@ -874,6 +879,13 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn projects(&self) -> Result<Vec<String>, Error> {
+        sqlx::query_scalar("SELECT DISTINCT project FROM resources ORDER BY project")
+            .fetch_all(&self.inner.readers)
+            .await
+            .map_err(map_err)
+    }
+
     async fn update(
         &self,
         key: &ObjectKey,
@@ -953,38 +965,6 @@ impl Store for SqliteStore {
             })
             .await?
             .document()
-    }
-
-    async fn claim_runnable(
-        &self,
-        phases: &[&str],
-        lease: &Lease,
-    ) -> Result<Option<Claimed>, Error> {
-        let phases = Value::from(phases.to_vec()).to_string();
-        let now = sql::nanos(lease.now)?;
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await.map_err(map_err)?;
-        let row = sqlx::query(CLAIM_SQL)
-            .bind(sql::kind_name(Kind::AgentRun))
-            .bind(phases)
-            .bind(now)
-            .bind(&lease.owner)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let project: String = row.try_get(0).map_err(map_err)?;
-        let name: String = row.try_get(1).map_err(map_err)?;
-        let uid: String = row.try_get(2).map_err(map_err)?;
-        let fence = grant(&mut tx, &uid, lease).await?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(Some(Claimed {
-            key: ObjectKey::new(project, Kind::AgentRun, name),
-            uid,
-            fence,
-        }))
     }
 
     async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
@@ -1138,159 +1118,129 @@ impl Store for SqliteStore {
     }
 
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-        let rows = sqlx::query(
-            "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = ? \
-             ORDER BY seq",
-        )
-        .bind(run_uid)
-        .fetch_all(&self.inner.readers)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.try_get(0).map_err(map_err)?;
-                let received_at: String = row.try_get(3).map_err(map_err)?;
-                Ok(InboxMessage {
-                    seq: sql::to_u64(seq, "a message number")?,
-                    key: row.try_get(1).map_err(map_err)?,
-                    payload: row.try_get(2).map_err(map_err)?,
-                    received_at: sql::parse_time(&received_at)?,
-                })
-            })
-            .collect()
+        inbox_of(&self.inner.readers, run_uid).await
     }
 
-    async fn sweep_payloads(
-        &self,
-        ended_before: Timestamp,
-        now: Timestamp,
-    ) -> Result<Swept, Error> {
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
+        crate::check_rewrite_deletes(&rewrite.delete)?;
+        let run = &rewrite.run;
         let mut conn = self.write_connection().await?;
         let mut tx = conn.begin().await.map_err(map_err)?;
-        let rows = sqlx::query(
-            "SELECT project, name, version, document FROM resources WHERE kind = ? \
-             AND json_extract(document, '$.status.completionTime') IS NOT NULL \
-             AND json_extract(document, '$.status.payloadsRemovedAt') IS NULL ORDER BY ord",
+        let mut record = read_record(&mut *tx, run).await?;
+        if record.version != rewrite.expected_version {
+            return Err(Error::Conflict {
+                key: run.clone(),
+                expected: rewrite.expected_version,
+                actual: record.version,
+            });
+        }
+        let uid = sql::uid_of(&record.document).map(str::to_string);
+        (rewrite.document)(&mut record.document);
+        let stored = sql::to_i64(record.version).ok_or_else(|| {
+            Error::Corrupt(format!("{run}: version {} too large", record.version))
+        })?;
+        let version = sql::bump(run, stored)?;
+        let columns = sql::Columns::of(&record.document);
+        sqlx::query(
+            "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
+             WHERE project = ? AND kind = ? AND name = ?",
         )
-        .bind(sql::kind_name(Kind::AgentRun))
-        .fetch_all(&mut *tx)
+        .bind(version)
+        .bind(columns.uid)
+        .bind(columns.group)
+        .bind(columns.phase)
+        .bind(sql::document_text(&record.document))
+        .bind(&run.project)
+        .bind(sql::kind_name(run.kind))
+        .bind(&run.name)
+        .execute(&mut *tx)
         .await
         .map_err(map_err)?;
-        let mut swept = Vec::new();
-        let mut archives = Vec::new();
-        for row in rows {
-            let project: String = row.try_get(0).map_err(map_err)?;
-            let name: String = row.try_get(1).map_err(map_err)?;
-            let version: i64 = row.try_get(2).map_err(map_err)?;
-            let document: String = row.try_get(3).map_err(map_err)?;
-            let mut document = sql::parse_document(&document)?;
-            if !retention::due(&document, ended_before) {
-                continue;
-            }
-            let key = ObjectKey::new(project, Kind::AgentRun, name);
-            retention::strip_run(&mut document, now);
-            let version = sql::bump(&key, version)?;
-            sqlx::query(
-                "UPDATE resources SET version = ?, document = ? \
-                 WHERE project = ? AND kind = ? AND name = ?",
-            )
-            .bind(version)
-            .bind(sql::document_text(&document))
-            .bind(&key.project)
-            .bind(sql::kind_name(key.kind))
-            .bind(&key.name)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            if let Some(uid) = sql::uid_of(&document) {
-                sqlx::query("UPDATE inbox SET payload = ? WHERE run_uid = ?")
-                    .bind(retention::REMOVED)
+        record.version = sql::to_u64(version, "a version")?;
+        if let Some(uid) = &uid {
+            let steps =
+                sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
                     .bind(uid)
-                    .execute(&mut *tx)
+                    .fetch_all(&mut *tx)
                     .await
                     .map_err(map_err)?;
-                let steps = sqlx::query(
-                    "SELECT seq, step, completion FROM steps WHERE run_uid = ? ORDER BY seq",
+            for row in steps {
+                let step: String = row.try_get(0).map_err(map_err)?;
+                let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+                let mut step = sql::read_step(uid, &step, completion.as_deref())?;
+                (rewrite.step)(&mut step);
+                let completion = step
+                    .completion
+                    .as_ref()
+                    .map(sql::completion_text)
+                    .transpose()?;
+                sqlx::query(
+                    "UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?",
                 )
+                .bind(sql::step_text(&step)?)
+                .bind(completion)
                 .bind(uid)
+                .bind(i64::from(step.seq))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+            for mut message in inbox_of(&mut *tx, uid).await? {
+                (rewrite.message)(&mut message);
+                sqlx::query(
+                    "UPDATE inbox SET message_key = ?, payload = ?, received_at = ? \
+                     WHERE run_uid = ? AND seq = ?",
+                )
+                .bind(message.key)
+                .bind(message.payload)
+                .bind(message.received_at.to_string())
+                .bind(uid)
+                .bind(sql::to_i64(message.seq).unwrap_or(-1))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+        }
+        let batches: Vec<(String, String)> =
+            sqlx::query_as("SELECT idempotency_key, records FROM batches WHERE project = ?")
+                .bind(&run.project)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(map_err)?;
-                for row in steps {
-                    let seq: i64 = row.try_get(0).map_err(map_err)?;
-                    let step: String = row.try_get(1).map_err(map_err)?;
-                    let completion: Option<String> = row.try_get(2).map_err(map_err)?;
-                    let mut step = sql::read_step(uid, &step, completion.as_deref())?;
-                    retention::strip_step(&mut step);
-                    let completion = step
-                        .completion
-                        .as_ref()
-                        .map(sql::completion_text)
-                        .transpose()?;
-                    sqlx::query(
-                        "UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?",
-                    )
-                    .bind(sql::step_text(&step)?)
-                    .bind(completion)
-                    .bind(uid)
-                    .bind(seq)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                }
+        for (idempotency_key, text) in batches {
+            if let Some(text) = sql::edited_batch(&text, run, rewrite.document.as_ref())? {
+                sqlx::query(
+                    "UPDATE batches SET records = ? WHERE project = ? AND idempotency_key = ?",
+                )
+                .bind(text)
+                .bind(&run.project)
+                .bind(&idempotency_key)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
             }
-            // Its kept final working directory is a payload too: it goes in the same write.
-            let archive = nodus_core::engine::workdir_archive_key(&key);
+        }
+        let mut deleted = Vec::new();
+        for key in &rewrite.delete {
             let removed =
                 sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
-                    .bind(&archive.project)
-                    .bind(sql::kind_name(archive.kind))
-                    .bind(&archive.name)
+                    .bind(&key.project)
+                    .bind(sql::kind_name(key.kind))
+                    .bind(&key.name)
                     .execute(&mut *tx)
                     .await
                     .map_err(map_err)?;
             if removed.rows_affected() > 0 {
-                archives.push(archive);
-            }
-            swept.push((key, version));
-        }
-        // The copies of those runs kept for idempotent batches go the same way.
-        let keys: Vec<ObjectKey> = swept.iter().map(|(key, _)| key.clone()).collect();
-        for project in sql::projects_of(&keys) {
-            let batches: Vec<(String, String)> =
-                sqlx::query_as("SELECT idempotency_key, records FROM batches WHERE project = ?")
-                    .bind(project)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-            for (idempotency_key, text) in batches {
-                if let Some(text) = sql::stripped_batch(&text, &keys, now)? {
-                    sqlx::query(
-                        "UPDATE batches SET records = ? WHERE project = ? AND idempotency_key = ?",
-                    )
-                    .bind(text)
-                    .bind(project)
-                    .bind(&idempotency_key)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                }
+                deleted.push(key.clone());
             }
         }
         tx.commit().await.map_err(map_err)?;
-        let mut runs = Vec::with_capacity(swept.len());
-        for (key, version) in swept {
-            self.notify(Change::Written(
-                key.clone(),
-                sql::to_u64(version, "a version")?,
-            ));
-            runs.push(key);
-        }
-        for archive in archives {
-            self.notify(Change::Deleted(archive));
+        self.notify(Change::Written(run.clone(), record.version));
+        for key in deleted {
+            self.notify(Change::Deleted(key));
         }
         drop(conn);
-        Ok(Swept { runs })
+        Ok(record)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

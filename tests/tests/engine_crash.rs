@@ -1,16 +1,23 @@
-//! The deterministic crash test: a run with several turns and commands, crashed at every
+//! The deterministic crash tests: a run with several turns and commands, crashed at every
 //! journal boundary and restarted on the same store, ends as the uncrashed run did, and no
-//! completed command runs twice.
+//! completed command runs twice; and the same run with the real ledger, crashed at every
+//! store write on the in-memory, SQLite and Postgres stores, holds no reservation, calls the
+//! model as often as its journal says and runs each command at most once.
 
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nodus_core::engine::Driven;
 use nodus_core::journal::{Intent, Outcome, StepState};
 use nodus_core::lifecycle::{CancelReason, Resolution, RunPhase};
+use nodus_core::store::Store;
 use nodus_llm::Reply;
-use support::{CrashMode, CrashingStore, PROJECT, World, agent, journal_json, run};
+use support::{
+    CrashMode, CrashingStore, PROJECT, World, agent, assert_costs_within_reservations,
+    journal_json, run,
+};
 
 const COMMANDS: [&str; 4] = ["echo one", "echo two", "echo three", "echo four"];
 
@@ -26,13 +33,18 @@ fn script() -> Vec<Reply> {
 
 /// Set up the agent and the run, with a message waiting so that the run has two turns.
 async fn setup(world: &World) {
+    setup_run(world, |_| {}).await;
+}
+
+/// [`setup`], the run's spec changed by `configure`.
+async fn setup_run(world: &World, configure: impl FnOnce(&mut nodus_core::resource::AgentRunSpec)) {
     let engine = world.engine();
     engine
         .apply_agent(PROJECT, agent("worker", |_| {}))
         .await
         .expect("agent");
     engine
-        .create_run(PROJECT, run("job", "worker", "Run the checks.", |_| {}))
+        .create_run(PROJECT, run("job", "worker", "Run the checks.", configure))
         .await
         .expect("run");
     engine
@@ -107,6 +119,7 @@ async fn uncrashed_run_has_two_turns_and_four_commands() {
     );
     let journal = engine.journal(PROJECT, "job").await.expect("journal");
     assert_eq!(journal.len(), 16);
+    assert_costs_within_reservations(&journal, "the uncrashed run");
     assert!(
         journal
             .iter()
@@ -188,6 +201,7 @@ async fn crash_at_every_journal_boundary_ends_like_the_uncrashed_run() {
                 );
             }
             let journal = engine.journal(PROJECT, "job").await.expect("journal");
+            assert_costs_within_reservations(&journal, &context);
             if !parked {
                 assert_eq!(
                     journal_json(&journal),
@@ -317,34 +331,183 @@ async fn resolve_cancel_deletes_the_sandbox_and_calls_no_model() {
     assert_eq!(error.reason(), "Conflict");
 }
 
-/// With the real ledger: a crash at any journal write, before or after it, leaves no
-/// reservation held once the run has finished, and the credits spent are the run's cost. A
-/// crash after a model call's outcome is journaled and before its reservation is settled is
-/// the case that needs the restart to settle.
-#[tokio::test]
-async fn no_reservation_is_held_after_a_crash_at_any_journal_write() {
-    use nodus_core::ledger::StoreLedger;
-    let credits = nodus_core::Usd::from_cents(500);
-    for mode in [CrashMode::AfterWrite, CrashMode::BeforeWrite] {
-        for crash_at in 1..=32 {
-            let world = World::new(script());
-            StoreLedger::new(Arc::new(world.memory.clone()))
-                .open(PROJECT, credits)
+/// The stores the crash test runs on.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Memory,
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh, empty store of `backend`, and what keeps it alive (its directory, its pool).
+async fn fresh_store(backend: Backend) -> (Arc<dyn Store>, Keep) {
+    match backend {
+        Backend::Memory => (Arc::new(nodus_store::MemoryStore::new()), Keep::Nothing),
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let store = nodus_store::SqliteStore::open(dir.path().join("nodus.db"))
                 .await
-                .expect("credits");
-            setup(&world).await;
-            let crashing = Arc::new(CrashingStore::new(world.memory.clone(), crash_at, mode));
-            let crashed = world
-                .metered_engine_over(crashing)
+                .expect("open a SQLite store");
+            (Arc::new(store), Keep::Dir(dir))
+        }
+        Backend::Postgres => {
+            static SCHEMAS: AtomicU64 = AtomicU64::new(0);
+            let url = match std::env::var("NODUS_TEST_POSTGRES_URL") {
+                Ok(url) if !url.is_empty() => url,
+                _ => panic!(
+                    "NODUS_TEST_POSTGRES_URL is not set: the crash test on Postgres needs a real \
+                     PostgreSQL. Run `eval \"$(scripts/test-env start)\"` first (scripts/test does)."
+                ),
+            };
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+            let schema = format!(
+                "crash_{}_{nanos}_{}",
+                std::process::id(),
+                SCHEMAS.fetch_add(1, Ordering::Relaxed)
+            );
+            let mut options = nodus_store::PostgresOptions::new(url).schema(schema);
+            options.max_connections = 4;
+            let store = nodus_store::PostgresStore::connect(options)
+                .await
+                .expect("connect to the test database");
+            (Arc::new(store.clone()), Keep::Pool(store))
+        }
+    }
+}
+
+/// What keeps a fresh store alive; [`Keep::close`] lets it go.
+enum Keep {
+    Nothing,
+    Dir(tempfile::TempDir),
+    Pool(nodus_store::PostgresStore),
+}
+
+impl Keep {
+    fn close(self) {
+        match self {
+            Keep::Nothing => {}
+            Keep::Dir(dir) => dir.close().expect("remove the store's directory"),
+            // Dropped: its writer tasks end and give their connections back.
+            Keep::Pool(store) => drop(store),
+        }
+    }
+}
+
+/// A world over a fresh store of `backend` with the project's credits and the run set up; the
+/// run has a working directory, so that its end keeps it.
+async fn metered_world(backend: Backend, credits: nodus_core::Usd) -> (World, Keep) {
+    let (store, keep) = fresh_store(backend).await;
+    let world = World::over_store(script(), store.clone());
+    nodus_core::ledger::StoreLedger::new(store)
+        .open(PROJECT, credits)
+        .await
+        .expect("credits");
+    setup_run(&world, |spec| {
+        spec.workdir = Some(nodus_core::resource::WorkdirSpec {
+            base_workdir: None,
+            artifact_mounts: Vec::new(),
+        });
+    })
+    .await;
+    (world, keep)
+}
+
+/// The crash test on one store, with the real ledger: the run is crashed at every store write
+/// its drive makes (journal, run status, ledger reserve and settle, the kept working
+/// directory, leases), before and after the write is durable, and restarted on the same store
+/// by a new engine; a run parked on an interrupted command is resolved as an operator who
+/// looked would (recorded as failed when it ran, retried when it did not). Each time the run
+/// succeeds with the uncrashed run's answer, and then: no reservation is held and the credits
+/// spent are the run's cost; the model was called exactly once per reply the journal records,
+/// plus the one reply a crash lost when it came between the reply and its journal write;
+/// every command ran at most once (exactly once: each is needed for the answer); no sandbox
+/// is left.
+async fn crash_at_every_store_write(backend: Backend) {
+    let credits = nodus_core::Usd::from_cents(500);
+    // The reference: the same run without a crash, counting its writes.
+    let (reference, keep) = metered_world(backend, credits).await;
+    let counting = Arc::new(CrashingStore::at_any_write(
+        reference.store.clone(),
+        usize::MAX,
+        CrashMode::AfterWrite,
+    ));
+    let driven = reference
+        .metered_engine_over(counting.clone())
+        .drive(PROJECT, "job")
+        .await
+        .expect("the uncrashed drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let writes: Vec<String> = counting.writes().into_iter().map(|w| w.what).collect();
+    keep.close();
+    let run_key = format!("{PROJECT}/agentruns/job");
+    let account = format!("_system/projects/{PROJECT}");
+    let archive = format!("{PROJECT}/workdirarchives/job");
+    for (kind, found) in [
+        (
+            "a journal append",
+            writes.iter().any(|w| w.starts_with("append step")),
+        ),
+        (
+            "a journal outcome",
+            writes.iter().any(|w| w.starts_with("complete step")),
+        ),
+        (
+            "a status write",
+            writes.iter().any(|w| *w == format!("update {run_key}")),
+        ),
+        (
+            "a reservation and a settlement",
+            writes
+                .iter()
+                .filter(|w| **w == format!("modify {account}"))
+                .count()
+                >= 2,
+        ),
+        (
+            "the kept working directory",
+            writes.iter().any(|w| *w == format!("create {archive}")),
+        ),
+    ] {
+        assert!(found, "{backend:?}: the drive writes {kind}: {writes:#?}");
+    }
+
+    for mode in [CrashMode::AfterWrite, CrashMode::BeforeWrite] {
+        for crash_at in 1..=writes.len() {
+            let context = format!(
+                "{backend:?}, {mode:?} at write {crash_at} ({})",
+                writes[crash_at - 1]
+            );
+            let (world, keep) = metered_world(backend, credits).await;
+            let crashing = Arc::new(CrashingStore::at_any_write(
+                world.store.clone(),
+                crash_at,
+                mode,
+            ));
+            // Some failed writes are only logged (giving up a lease): the process dies anyway.
+            let _ = world
+                .metered_engine_over(crashing.clone())
                 .drive(PROJECT, "job")
                 .await;
-            assert!(crashed.is_err(), "{mode:?} at write {crash_at} must crash");
+            let seen = crashing.writes();
+            assert_eq!(seen.len(), crash_at, "{context}: the crash came");
+            assert_eq!(
+                seen.last().map(|w| &w.what),
+                Some(&writes[crash_at - 1]),
+                "{context}: the writes come in the same order"
+            );
+            let lost_reply = mode == CrashMode::BeforeWrite && seen[crash_at - 1].model_reply;
 
-            let context = format!("{mode:?} at write {crash_at}");
-            let engine = world.metered_engine_over(Arc::new(world.memory.clone()));
+            // Restart: a new engine (a new process) on the same store.
+            let engine = world.metered_engine_over(world.store.clone());
             let mut driven = engine.drive(PROJECT, "job").await.expect("restart");
-            if let Driven::Parked { .. } = driven {
-                let resolution = if mode == CrashMode::BeforeWrite {
+            if let Driven::Parked { seq, .. } = driven {
+                let journal = engine.journal(PROJECT, "job").await.expect("journal");
+                let Intent::Command { command, .. } = &journal[seq as usize].intent else {
+                    panic!("{context}: parked on {:?}", journal[seq as usize].intent);
+                };
+                let resolution = if world.sandbox.count(command) > 0 {
                     Resolution::RecordFailed
                 } else {
                     Resolution::Retry
@@ -357,7 +520,17 @@ async fn no_reservation_is_held_after_a_crash_at_any_journal_write() {
                 driven = settle(&world, &engine).await;
             }
             assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{context}");
-            let account = StoreLedger::new(Arc::new(world.memory.clone()))
+            assert_eq!(
+                engine
+                    .answer(PROJECT, "job")
+                    .await
+                    .expect("answer")
+                    .as_deref(),
+                Some("second answer"),
+                "{context}"
+            );
+
+            let account = nodus_core::ledger::StoreLedger::new(world.store.clone())
                 .account(PROJECT)
                 .await
                 .expect("account");
@@ -372,11 +545,52 @@ async fn no_reservation_is_held_after_a_crash_at_any_journal_write() {
                 "{context}"
             );
             assert_eq!(account.spent_usd, run.status.cost.total_usd, "{context}");
+            let journal = engine.journal(PROJECT, "job").await.expect("journal");
+            assert_costs_within_reservations(&journal, &context);
             assert_eq!(
                 account.balance_usd,
                 credits.saturating_sub(account.spent_usd),
                 "{context}"
             );
+
+            let journal = engine.journal(PROJECT, "job").await.expect("journal");
+            let replies = journal
+                .iter()
+                .filter(|step| matches!(step.outcome(), Some(Outcome::ModelReplied { .. })))
+                .count();
+            assert_eq!(
+                world.model.calls(),
+                replies + usize::from(lost_reply),
+                "{context}: model calls against the journal's replies"
+            );
+            for command in COMMANDS {
+                assert_eq!(
+                    world.sandbox.count(command),
+                    1,
+                    "{context}: `{command}` ran once"
+                );
+            }
+            assert_eq!(
+                world.sandbox.live(),
+                Vec::<String>::new(),
+                "{context}: sandbox deleted"
+            );
+            keep.close();
         }
     }
+}
+
+#[tokio::test]
+async fn crash_at_every_store_write_on_the_memory_store() {
+    crash_at_every_store_write(Backend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_at_every_store_write_on_sqlite() {
+    crash_at_every_store_write(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_at_every_store_write_on_postgres() {
+    crash_at_every_store_write(Backend::Postgres).await;
 }

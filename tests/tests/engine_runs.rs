@@ -43,6 +43,11 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         1,
         "the waiting run keeps its sandbox"
     );
+    assert_eq!(
+        world.sandbox.suspended(),
+        world.sandbox.live(),
+        "but no process of it while it waits"
+    );
     let calls = world.model.calls();
 
     let first = engine
@@ -68,6 +73,11 @@ async fn keep_alive_run_reads_messages_once_and_refuses_them_when_finished() {
         Some("second")
     );
     assert_eq!(world.sandbox.count("echo staging"), 1);
+    assert_eq!(
+        world.sandbox.suspended(),
+        world.sandbox.live(),
+        "the command ran in the sandbox, which is suspended again as the run waits"
+    );
     let steps = engine.steps(PROJECT, "chat").await.expect("steps");
     assert_eq!(
         steps.iter().filter(|s| s.kind == StepKind::Message).count(),
@@ -571,7 +581,6 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
 
 #[tokio::test]
 async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
-    use nodus_core::store::Store as _;
     let (world, engine) = with_worker().await;
     let applied = run("kept", "worker", "private question", |_| {});
     engine
@@ -583,9 +592,7 @@ async fn a_swept_run_takes_its_own_spec_again_and_keeps_its_input_removed() {
         Driven::Finished(RunPhase::Succeeded)
     );
     let later = a_minute_from_now(&world);
-    world
-        .memory
-        .sweep_payloads(later, later)
+    nodus_core::retention::sweep(&world.memory, &[PROJECT.to_string()], later, later)
         .await
         .expect("sweep");
     // The manifest applied again, as a GitOps loop does: no change, and no input comes back.

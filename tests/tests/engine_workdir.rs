@@ -242,7 +242,7 @@ async fn a_fileset_deleted_before_the_sandbox_is_made_fails_the_run_and_leaves_n
         .await
         .expect("created while the FileSet exists");
     engine
-        .delete::<FileSetSpec>(PROJECT, "source")
+        .delete::<Object<FileSetSpec>>(PROJECT, "source")
         .await
         .expect("delete the FileSet");
     assert_eq!(

@@ -136,7 +136,7 @@ pub async fn get(
             {
                 let error = Error::Server {
                     code: 404,
-                    reason: "NotFound".to_string(),
+                    reason: nodus_core::engine::Reason::NotFound,
                     message: format!("{} {name:?} not found", kind.singular()),
                 };
                 eprintln!("{}", error.render());

@@ -7,7 +7,9 @@
 use reqwest::Method;
 use serde_json::Value;
 
-use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, EnvironmentSpec, FileSetSpec};
+use nodus_core::resource::{
+    AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, EnvironmentSpec, FileSetSpec,
+};
 use nodus_core::validate::{self, Validate};
 
 use super::{outln, read_documents};
@@ -168,7 +170,7 @@ fn patched(live: &Value, document: &Value) -> Value {
     if let Some(map) = object.as_object_mut() {
         map.remove("status");
     }
-    nodus_server::patch::merge(&mut object, document);
+    nodus_core::patch::merge(&mut object, document);
     object
 }
 
@@ -180,7 +182,7 @@ pub fn unchanged(kind: ResourceKind, desired: &Value, live: &Value) -> bool {
         ResourceKind::Agent => same_typed::<AgentSpec>(desired, live),
         ResourceKind::AgentRun => same_typed::<AgentRunSpec>(desired, live),
         ResourceKind::AgentGroup => same_typed::<AgentGroupSpec>(desired, live),
-        ResourceKind::Budget => same_budget(desired, live),
+        ResourceKind::Budget => same_typed::<BudgetSpec>(desired, live),
         ResourceKind::FileSet => same_typed::<FileSetSpec>(desired, live),
         ResourceKind::Environment => same_typed::<EnvironmentSpec>(desired, live),
         ResourceKind::Secret => false,
@@ -208,18 +210,6 @@ fn same_typed<S: Validate>(desired: &Value, live: &Value) -> bool {
     normal.get("spec") == live.get("spec")
         && metadata_map(&normal, "labels") == metadata_map(live, "labels")
         && metadata_map(&normal, "annotations") == metadata_map(live, "annotations")
-}
-
-fn same_budget(desired: &Value, live: &Value) -> bool {
-    let spec = |document: &Value| {
-        serde_json::from_value::<nodus_server::app::BudgetSpec>(document.get("spec")?.clone()).ok()
-    };
-    match (spec(desired), spec(live)) {
-        (Some(a), Some(b)) => {
-            a == b && metadata_map(desired, "labels") == metadata_map(live, "labels")
-        }
-        _ => false,
-    }
 }
 
 #[cfg(test)]
@@ -268,12 +258,10 @@ mod tests {
     fn secrets_are_always_written_and_budgets_compare_amounts() {
         let secret = json!({"kind": "Secret", "metadata": {"name": "k"}, "stringData": {"A": "b"}});
         assert!(!unchanged(ResourceKind::Secret, &secret, &secret));
-        let budget =
-            json!({"kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20"}});
-        let stored = json!({"kind": "Budget", "metadata": {"name": "b", "labels": {}, "resourceVersion": "2"}, "spec": {"maxSpendUSD": "20.00"}});
+        let budget = json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20"}});
+        let stored = json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "b", "labels": {}, "resourceVersion": "2"}, "spec": {"maxSpendUSD": "20.00"}});
         assert!(unchanged(ResourceKind::Budget, &budget, &stored));
-        let more =
-            json!({"kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "25"}});
+        let more = json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "25"}});
         assert!(!unchanged(ResourceKind::Budget, &more, &stored));
     }
 
@@ -335,7 +323,7 @@ mod tests {
             "examples/group.yaml: document 1",
             Error::Server {
                 code: 404,
-                reason: "NotFound".into(),
+                reason: nodus_core::engine::Reason::NotFound,
                 message: "agent \"w\" not found".into(),
             },
         );

@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use nodus_core::engine::Reason;
+
 use super::{outln, text_or_stdin};
 use crate::cli::{ConfigCommand, Global, LoginArgs};
 use crate::client::Client;
@@ -68,7 +70,10 @@ pub async fn login(global: &Global, args: LoginArgs) -> Result<()> {
     // A read the token must be allowed: the project's agents. A token that does not hold the
     // project is no usable login for it.
     client.get(&["agents"]).await.map_err(|error| match &error {
-        Error::Server { reason, .. } if reason == "Forbidden" => Error::NotLoggedIn(format!(
+        Error::Server {
+            reason: Reason::Forbidden,
+            ..
+        } => Error::NotLoggedIn(format!(
             "the token is not bound to the project {project:?} on {server}: log in with a token \
              for it, or name one of the token's projects with --project"
         )),

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use nodus_core::engine::Reason;
 use nodus_server::{Options, Server};
 use serde_json::{Value, json};
 
@@ -64,7 +65,7 @@ async fn walk(client: &Client) -> Result<()> {
     match client.post(&["agents"], agent).await {
         Ok(_) => eprintln!("quickstart: agent.nodus.dev/hello-agent created"),
         // Someone's own hello-agent is theirs: the quickstart runs it as it is.
-        Err(Error::Server { reason, .. }) if reason == "AlreadyExists" => eprintln!(
+        Err(error) if error.reason() == Some(Reason::AlreadyExists) => eprintln!(
             "quickstart: agent.nodus.dev/hello-agent exists already; it is used as it is, not \
              changed"
         ),
@@ -77,7 +78,7 @@ async fn walk(client: &Client) -> Result<()> {
             "spec": {"agent": "hello-agent", "input": PROMPT}
         });
         match client.post(&["agentruns"], run).await {
-            Err(Error::Server { reason, .. }) if reason == "AlreadyExists" && attempt < 100 => {
+            Err(error) if error.reason() == Some(Reason::AlreadyExists) && attempt < 100 => {
                 name = format!("{}-{attempt}", run_name(jiff::Timestamp::now()));
             }
             Err(e) => return Err(e),

@@ -69,34 +69,134 @@ pub enum Error {
         /// Why.
         message: String,
     },
+    /// A Secret's values could not be sealed or opened.
+    #[error("{0}")]
+    Sealing(#[from] crate::secret::SealError),
     /// A bug: the engine tried a move the run lifecycle forbids.
     #[error("internal error: {0}")]
     Lifecycle(#[from] TransitionRefused),
 }
 
 impl Error {
-    /// The stable reason an API shows (`Invalid`, `NotFound`, `AgentStopped`,
-    /// `AgentRunFinished`, `Conflict`, …).
-    pub fn reason(&self) -> &'static str {
+    /// The stable reason an API shows ([`Reason::Invalid`], [`Reason::NotFound`],
+    /// [`Reason::AgentStopped`], [`Reason::Conflict`], …).
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::Invalid(_) => "Invalid",
-            Error::NotFound { .. } | Error::Store(store::Error::NotFound(_)) => "NotFound",
-            Error::AgentStopped { .. } => "AgentStopped",
-            Error::AgentRunFinished { .. } => "AgentRunFinished",
-            Error::NotParked { .. } | Error::RunBusy { .. } => "Conflict",
+            Error::Invalid(_) => Reason::Invalid,
+            Error::NotFound { .. } | Error::Store(store::Error::NotFound(_)) => Reason::NotFound,
+            Error::AgentStopped { .. } => Reason::AgentStopped,
+            Error::AgentRunFinished { .. } => Reason::AgentRunFinished,
+            Error::NotParked { .. } | Error::RunBusy { .. } => Reason::Conflict,
             Error::Admission(AdmissionRefused::UnknownDependency(_))
-            | Error::Admission(AdmissionRefused::AgentMismatch { .. }) => "Invalid",
-            Error::Admission(_) | Error::GroupUpdate(_) => "Conflict",
-            Error::Store(store::Error::AlreadyExists(_)) => "AlreadyExists",
-            Error::Store(store::Error::Conflict { .. }) => "Conflict",
-            Error::Store(store::Error::Unavailable(_)) => "Unavailable",
-            Error::Store(_) | Error::Corrupt { .. } | Error::Lifecycle(_) => "InternalError",
+            | Error::Admission(AdmissionRefused::AgentMismatch { .. }) => Reason::Invalid,
+            Error::Admission(_) | Error::GroupUpdate(_) => Reason::Conflict,
+            Error::Store(store::Error::AlreadyExists(_)) => Reason::AlreadyExists,
+            Error::Store(store::Error::Conflict { .. }) => Reason::Conflict,
+            Error::Store(store::Error::Unavailable(_)) => Reason::Unavailable,
+            Error::Store(_) | Error::Corrupt { .. } | Error::Lifecycle(_) | Error::Sealing(_) => {
+                Reason::InternalError
+            }
         }
     }
 
     /// Whether trying again may help.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Store(e) if e.is_retryable())
+    }
+
+    /// Whether the write was refused only because the object changed since it was read (a
+    /// stale `resourceVersion`): the same change applied to the object as it is now may pass.
+    pub fn is_stale_version(&self) -> bool {
+        matches!(self, Error::Store(store::Error::Conflict { .. }))
+    }
+}
+
+/// The stable, machine-readable reason of a refusal, as the API writes it (`"reason":
+/// "Conflict"`) and clients read it back. Decisions are made on it, never on a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Reason {
+    /// The request breaks a rule; nothing was written.
+    Invalid,
+    /// No such object (or path).
+    NotFound,
+    /// An object of that name exists.
+    AlreadyExists,
+    /// The object changed meanwhile, or is in a state that refuses this change.
+    Conflict,
+    /// The agent takes no new runs.
+    AgentStopped,
+    /// The run has finished.
+    AgentRunFinished,
+    /// A run's final working directory was not kept.
+    WorkdirNotKept,
+    /// The path does not take that method.
+    MethodNotAllowed,
+    /// No valid credentials.
+    Unauthorized,
+    /// The credentials do not allow this.
+    Forbidden,
+    /// A backend is unavailable for now (a retry may help).
+    Unavailable,
+    /// A failure of the server itself.
+    InternalError,
+}
+
+impl Reason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Reason; 12] = [
+        Reason::Invalid,
+        Reason::NotFound,
+        Reason::AlreadyExists,
+        Reason::Conflict,
+        Reason::AgentStopped,
+        Reason::AgentRunFinished,
+        Reason::WorkdirNotKept,
+        Reason::MethodNotAllowed,
+        Reason::Unauthorized,
+        Reason::Forbidden,
+        Reason::Unavailable,
+        Reason::InternalError,
+    ];
+
+    /// The reason as written on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Invalid => "Invalid",
+            Reason::NotFound => "NotFound",
+            Reason::AlreadyExists => "AlreadyExists",
+            Reason::Conflict => "Conflict",
+            Reason::AgentStopped => "AgentStopped",
+            Reason::AgentRunFinished => "AgentRunFinished",
+            Reason::WorkdirNotKept => "WorkdirNotKept",
+            Reason::MethodNotAllowed => "MethodNotAllowed",
+            Reason::Unauthorized => "Unauthorized",
+            Reason::Forbidden => "Forbidden",
+            Reason::Unavailable => "Unavailable",
+            Reason::InternalError => "InternalError",
+        }
+    }
+
+    /// The reason written as `text`, if it is one.
+    pub fn parse(text: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for Reason {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Reason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
     }
 }
 

@@ -31,7 +31,7 @@ use crate::resource::{
 };
 use crate::sandbox::{ExecRequest, SandboxId, SandboxSpec};
 use crate::store::{self, ObjectKey, Record, Selector};
-use crate::validate::{self, Invalid};
+use crate::validate::Invalid;
 
 /// Default `spec.evaluation.timeout`: 30 minutes.
 pub const DEFAULT_EVALUATION_TIMEOUT: DurationSpec = DurationSpec::from_secs(30 * 60);
@@ -48,16 +48,25 @@ const GRADER_OUTPUT_CAP: u64 = 64 * 1024;
 const GRADING_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
 
 impl Engine {
-    /// Write an Environment version. A new version is created (`true`); the same spec again
-    /// changes nothing (`false`); another spec for a version already written is refused,
-    /// naming `spec.version`. A generator is for the built-ins of project `nodus` only, and
-    /// the FileSets the Environment names must exist in its project.
+    /// Write an Environment version ([`Engine::apply`]): a new version is created; the same
+    /// spec again changes nothing; another spec for a version already written is refused,
+    /// naming `spec.version`.
     pub async fn apply_environment(
         &self,
         project: &str,
+        environment: Environment,
+    ) -> Result<Environment> {
+        self.apply(project, environment).await
+    }
+
+    /// Store a new Environment version under `NAME@VERSION`, once its project-bound rules
+    /// hold: a generator is for the built-ins of project `nodus` only, and the FileSets it
+    /// names must exist in its project.
+    async fn insert_environment(
+        &self,
+        project: &str,
         mut environment: Environment,
-    ) -> Result<(Environment, bool)> {
-        validate::validate(&environment)?;
+    ) -> Result<Environment> {
         for (name, split) in &environment.spec.splits {
             if split.generator.is_some() && project != builtin::PROJECT {
                 return Err(Invalid::new(
@@ -79,43 +88,19 @@ impl Engine {
             self.environment_fileset(project, "spec.grader.files.fileSet", &files.file_set)
                 .await?;
         }
-        let stored = key_name(environment.name(), &environment.spec.version);
-        let key = ObjectKey::new(project, Kind::Environment, &stored);
-        loop {
-            match self.deps.store.get(&key).await {
-                Ok(record) => {
-                    let current = typed::decode::<EnvironmentSpec>(record)?.object;
-                    if current.spec != environment.spec {
-                        return Err(Invalid::new(
-                            "spec.version",
-                            format!(
-                                "was already written for {:?} with another spec, and a version \
-                                 never changes: write the change as a new version",
-                                environment.name()
-                            ),
-                            format!("{:?}", environment.spec.version),
-                        )
-                        .into());
-                    }
-                    return Ok((current, false));
-                }
-                Err(store::Error::NotFound(_)) => {
-                    self.stamp(project, &mut environment);
-                    match self
-                        .deps
-                        .store
-                        .create(&key, typed::encode(&key, &environment)?)
-                        .await
-                    {
-                        Ok(record) => return Ok((typed::decode(record)?.object, true)),
-                        // Written meanwhile: compare with that.
-                        Err(store::Error::AlreadyExists(_)) => continue,
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let key = ObjectKey::new(
+            project,
+            Kind::Environment,
+            key_name(environment.name(), &environment.spec.version),
+        );
+        self.stamp(project, &mut environment);
+        environment.status = Default::default();
+        let record = self
+            .deps
+            .store
+            .create(&key, typed::encode(&key, &environment)?)
+            .await?;
+        Ok(typed::decode(record)?.object)
     }
 
     /// Write the built-in Environments (and the FileSets they name) into project `nodus`
@@ -143,8 +128,7 @@ impl Engine {
             }
         }
         for environment in environments {
-            self.apply_environment(builtin::PROJECT, environment)
-                .await?;
+            self.apply(builtin::PROJECT, environment).await?;
         }
         Ok(())
     }
@@ -1016,4 +1000,45 @@ pub(super) fn check_unchanged(current: &AgentGroupSpec, new: &AgentGroupSpec) ->
         ),
     )
     .into())
+}
+
+/// An Environment is stored and addressed as `NAME@VERSION`, written once: the same spec again
+/// changes nothing, another spec is refused naming `spec.version`, and it is never deleted
+/// (results name it).
+#[async_trait::async_trait]
+impl super::kinds::SpecRules for EnvironmentSpec {
+    fn key_name(object: &Environment) -> String {
+        key_name(object.name(), &object.spec.version)
+    }
+
+    fn replaced(current: &Environment, new: Self) -> Result<Self> {
+        if current.spec != new {
+            return Err(Invalid::new(
+                "spec.version",
+                format!(
+                    "was already written for {:?} with another spec, and a version never \
+                     changes: write the change as a new version",
+                    current.name()
+                ),
+                format!("{:?}", new.version),
+            )
+            .into());
+        }
+        Ok(new)
+    }
+
+    async fn insert(engine: &Engine, project: &str, object: Environment) -> Result<Environment> {
+        engine.insert_environment(project, object).await
+    }
+
+    async fn remove(engine: &Engine, project: &str, name: &str) -> Result<()> {
+        engine.read::<EnvironmentSpec>(project, name).await?;
+        Err(Invalid::new(
+            "metadata.name",
+            "names an Environment version, which is never changed or deleted (results name \
+             it): write a new version instead",
+            format!("{name:?}"),
+        )
+        .into())
+    }
 }

@@ -5,19 +5,16 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::{API_KEY_SECRET_KEY, Engine, Error, Result, run_uid, status, typed};
-use crate::catalog::Family;
-use crate::cost;
-use crate::decide::{self, Decision, RunInput};
+use crate::decide::{self, Decision, Effect, Facts, Key, Queued, RunInput};
 use crate::journal::{Completion, Intent, Outcome, Step};
-use crate::lifecycle::{
-    FailReason, PendingReason, RunEvent, RunPhase, TransitionRefused, WaitReason,
-};
-use crate::model::{Credentials, ErrorKind, ModelRequest, ToolChoice};
+use crate::lifecycle::{PendingReason, RunPhase, WaitReason};
+use crate::model::Credentials;
 use crate::money::Usd;
-use crate::replay::{Prompt, Replay, SandboxState};
-use crate::resource::{Access, AgentRun, AgentSpec, ChosenBy, Kind, RunSnapshot};
+use crate::replay::{Replay, SandboxState};
+use crate::resource::{Access, AgentRun, Kind, RunSnapshot};
 use crate::router::RouteRequest;
 use crate::sandbox::{self, ExecRequest, SandboxSpec};
+use crate::secret::SecretString;
 use crate::store::{self as store_api, Fence, InboxMessage, ObjectKey};
 
 /// A run as read from (or written to) the store.
@@ -52,14 +49,6 @@ pub enum Driven {
     TakenOver,
 }
 
-/// What carrying out an intent gave.
-enum Performed {
-    /// An outcome to journal.
-    Done(Outcome),
-    /// The effect may or may not have happened, and repeating it is not safe.
-    Uncertain,
-}
-
 /// What a run needs that does not change while it is driven.
 struct Fixed {
     key: ObjectKey,
@@ -82,21 +71,24 @@ impl Engine {
             return Ok(Driven::Finished(phase));
         }
         if run.object.spec.group.is_some() && matches!(phase, RunPhase::Pending(_)) {
-            let deadline = run.object.spec.deadline;
-            if deadline.is_some_and(|at| self.deps.clock.now() >= at) {
-                let key = ObjectKey::new(project, Kind::AgentRun, name);
-                self.end_queued(&key, phase, FailReason::DeadlineExceeded)
-                    .await?;
-                // Failed now, or admitted meanwhile (its own loop then sees the deadline).
-                return Box::pin(self.drive(project, name)).await;
-            }
-            return Ok(Driven::NotAdmitted { until: deadline });
+            return match decide::queued(&run.object.spec, self.deps.clock.now()) {
+                Queued::Expired(reason) => {
+                    let key = ObjectKey::new(project, Kind::AgentRun, name);
+                    self.end_queued(&key, phase, reason).await?;
+                    // Failed now, or admitted meanwhile (its own loop then sees the deadline).
+                    Box::pin(self.drive(project, name)).await
+                }
+                Queued::Until(until) => Ok(Driven::NotAdmitted { until }),
+            };
         }
         let fixed = self.fixed(project, &run.object)?;
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
-        let mut journal = self.deps.store.journal(&fixed.uid).await?;
+        let journal = self.deps.store.journal(&fixed.uid).await?;
         self.settle_last_charge(&fixed, &journal).await?;
+        // The journal is folded once; the loop adds each new step to the fold.
+        let mut replay = Replay::of(&journal);
+        drop(journal);
         // Renew the lease while the run is driven (a command may outlast it), and give it up
         // when the drive ends, so another replica can take the run at once.
         let renewing = async {
@@ -121,7 +113,7 @@ impl Engine {
         };
         let driven = tokio::select! {
             biased;
-            driven = self.drive_loop(&fixed, fence, &mut journal) => driven,
+            driven = self.drive_loop(&fixed, fence, &mut replay) => driven,
             () = renewing => unreachable_renewal(),
         };
         if !matches!(
@@ -181,12 +173,89 @@ impl Engine {
         })
     }
 
-    async fn drive_loop(
+    /// What the decider looks at, from the run as read and the fold of its journal.
+    fn input<'a>(
+        &'a self,
+        fixed: &'a Fixed,
+        run: &'a AgentRun,
+        inbox: &'a [InboxMessage],
+        replay: &'a Replay,
+        now: jiff::Timestamp,
+    ) -> RunInput<'a> {
+        RunInput {
+            agent: &fixed.snapshot.agent,
+            spec: &run.spec,
+            sandbox: &fixed.sandbox,
+            system: &fixed.system,
+            first_prompt: &fixed.first_prompt,
+            replay,
+            inbox,
+            now,
+            cancel: run.status.cancel_requested,
+            close: run.status.close_requested,
+            catalog: &self.deps.catalog,
+            router_max_cost: self.deps.router.max_cost(),
+            facts: Facts::default(),
+        }
+    }
+
+    /// Ask the decider, and learn the facts its decision asks for: the BYOK key of a model
+    /// call (looked up), and the project's credits for what the step reserves (reserved, so
+    /// the reservation is held when the step is carried out). The decider decides again
+    /// with each fact; the key, when looked up, is returned for the call.
+    async fn decide(
         &self,
         fixed: &Fixed,
-        fence: Fence,
-        journal: &mut Vec<Step>,
-    ) -> Result<Driven> {
+        mut input: RunInput<'_>,
+    ) -> Result<(Decision, Option<SecretString>)> {
+        let mut key = None;
+        loop {
+            let decision = decide::decide(&input);
+            if decide::needs_key(&input, &decision) {
+                key = self.byok_key(fixed).await;
+                input.facts.key = if key.is_some() {
+                    Key::Present
+                } else {
+                    Key::Missing
+                };
+                continue;
+            }
+            if !input.facts.funds_short
+                && let Some((seq, amount)) = decide::charge(&input, &decision)
+            {
+                let ledger_key = format!("{}/{seq}", fixed.uid);
+                let covered = self
+                    .retrying(|| {
+                        self.deps
+                            .ledger
+                            .reserve(&fixed.project, &ledger_key, amount)
+                    })
+                    .await?;
+                if !covered {
+                    input.facts.funds_short = true;
+                    continue;
+                }
+            }
+            return Ok((decision, key));
+        }
+    }
+
+    /// The key of a BYOK agent, as its Secret holds it now.
+    async fn byok_key(&self, fixed: &Fixed) -> Option<SecretString> {
+        let secret = fixed
+            .snapshot
+            .agent
+            .model
+            .api_key_secret
+            .clone()
+            .unwrap_or_default();
+        self.deps
+            .secrets
+            .lookup(&fixed.project, &secret, API_KEY_SECRET_KEY)
+            .await
+    }
+
+    async fn drive_loop(&self, fixed: &Fixed, fence: Fence, replay: &mut Replay) -> Result<Driven> {
         // The run as this loop last wrote it, with its inbox: while nobody else writes the run
         // (a message or a cancel request bumps its version, so the next status write is
         // refused and the loop reads again), there is nothing new to read.
@@ -206,30 +275,35 @@ impl Engine {
                 return Ok(Driven::Finished(phase));
             }
             let now = self.deps.clock.now();
-            let decision = decide::decide(&RunInput {
-                agent: &fixed.snapshot.agent,
-                spec: &run.object.spec,
-                sandbox: &fixed.sandbox,
-                system: &fixed.system,
-                first_prompt: &fixed.first_prompt,
-                journal,
-                inbox: &inbox,
-                now,
-                cancel: run.object.status.cancel_requested,
-                close: run.object.status.close_requested,
-                catalog: &self.deps.catalog,
-                router_max_cost: self.deps.router.max_cost(),
-            });
-            let decision = self
-                .funded(fixed, journal, decision, &run.object.spec)
+            let (decision, key) = self
+                .decide(fixed, self.input(fixed, &run.object, &inbox, replay, now))
                 .await?;
+            // A decision that stops the run's work: the phase it leads to, written.
+            if let Some(target) = decide::phase_of(phase, &decision) {
+                let target = target?;
+                if self
+                    .write_status(fixed, &run, replay, target)
+                    .await?
+                    .is_none()
+                {
+                    continue;
+                }
+                let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
+                return Ok(match decision {
+                    Decision::Park(seq) => Driven::Parked { seq, until },
+                    Decision::Wait { reason, until } => {
+                        if reason == WaitReason::AwaitingMessage {
+                            self.suspend_sandbox(fixed, replay).await;
+                        }
+                        Driven::Waiting { reason, until }
+                    }
+                    _ => Driven::Finished(target),
+                });
+            }
             let (seq, target) = match decision {
                 Decision::Act(intent) => {
-                    let target = match intent {
-                        Intent::DestroySandbox { .. } => phase,
-                        _ => advance(phase, RunPhase::Running)?,
-                    };
-                    let seq = u32::try_from(journal.len()).unwrap_or(u32::MAX);
+                    let target = decide::acting_phase(phase, &intent)?;
+                    let seq = replay.steps;
                     let step = Step {
                         seq,
                         started_at: now,
@@ -242,8 +316,8 @@ impl Engine {
                         // after that read bumped the version, so the write is refused and the
                         // run decides again with the message; one that comes after the write
                         // is refused by send_message, which sees the journaled ending.
-                        let mut ending = journal.clone();
-                        ending.push(step.clone());
+                        let mut ending = replay.clone();
+                        ending.apply(&step);
                         match self.write_status(fixed, &run, &ending, phase).await? {
                             Some(written) => run = written,
                             None => continue,
@@ -251,85 +325,64 @@ impl Engine {
                     }
                     self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
                         .await?;
-                    journal.push(step);
+                    replay.apply(&step);
                     (seq, target)
                 }
-                Decision::Repeat(seq) => (seq, advance(phase, RunPhase::Running)?),
-                Decision::Abandon { seq, error } => {
-                    let outcome = Outcome::Failed {
-                        error,
-                        by_resolution: false,
+                Decision::Refuse { intent, error } => {
+                    let step = Step {
+                        seq: replay.steps,
+                        started_at: now,
+                        intent,
+                        completion: None,
                     };
-                    self.complete(fixed, fence, journal, seq, outcome).await?;
+                    self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
+                        .await?;
+                    replay.apply(&step);
+                    self.complete(fixed, fence, replay, step.seq, decide::failed(error))
+                        .await?;
                     continue;
                 }
-                Decision::Park(seq) => {
-                    let target = advance(phase, RunPhase::NeedsResolution)?;
-                    if self
-                        .write_status(fixed, &run, journal, target)
-                        .await?
-                        .is_some()
-                    {
-                        return Ok(Driven::Parked {
-                            seq,
-                            until: decide::time_limit(&run.object.spec, journal).map(|(at, _)| at),
-                        });
-                    }
+                Decision::Repeat(seq) => {
+                    let Some(step) = replay.open(seq) else {
+                        return Err(self.missing_step(fixed, seq));
+                    };
+                    (seq, decide::acting_phase(phase, &step.intent)?)
+                }
+                Decision::Abandon { seq, error } => {
+                    self.complete(fixed, fence, replay, seq, decide::failed(error))
+                        .await?;
                     continue;
                 }
-                Decision::Wait { reason, until } => {
-                    let target = advance(phase, RunPhase::Waiting(reason))?;
-                    if self
-                        .write_status(fixed, &run, journal, target)
-                        .await?
-                        .is_some()
-                    {
-                        return Ok(Driven::Waiting { reason, until });
-                    }
-                    continue;
-                }
-                Decision::Finish(end) => {
-                    let target = advance(phase, end)?;
-                    if self
-                        .write_status(fixed, &run, journal, target)
-                        .await?
-                        .is_some()
-                    {
-                        return Ok(Driven::Finished(end));
-                    }
+                Decision::Park(_) | Decision::Wait { .. } | Decision::Finish(_) => {
+                    // Handled above: each leads to a phase.
                     continue;
                 }
             };
-            let index = usize::try_from(seq).unwrap_or(usize::MAX);
-            let Some(intent) = journal.get(index).map(|s| s.intent.clone()) else {
-                return Err(Error::Corrupt {
-                    key: fixed.key.to_string(),
-                    message: format!("the decider named step {seq}, which the journal lacks"),
-                });
+            let Some(intent) = replay.open(seq).map(|s| s.intent.clone()) else {
+                return Err(self.missing_step(fixed, seq));
             };
-            match self
-                .perform(fixed, journal, &run.object, &inbox, &intent)
-                .await
-            {
-                Performed::Done(outcome) => {
-                    self.complete(fixed, fence, journal, seq, outcome).await?;
+            let input = self.input(fixed, &run.object, &inbox, replay, now);
+            let effect = self.perform(fixed, &input, &run.object, &intent, key).await;
+            let target = decide::phase_after(target, &effect)?;
+            match effect {
+                Effect::Done(outcome) => {
+                    self.complete(fixed, fence, replay, seq, outcome).await?;
                     // A conflict here only means the document moved on; the next pass
                     // re-reads it and writes the status again.
                     known = self
-                        .write_status(fixed, &run, journal, target)
+                        .write_status(fixed, &run, replay, target)
                         .await?
                         .map(|written| (written, inbox));
                 }
-                Performed::Uncertain => {
-                    let target = advance(target, RunPhase::NeedsResolution)?;
+                Effect::Uncertain => {
                     if self
-                        .write_status(fixed, &run, journal, target)
+                        .write_status(fixed, &run, replay, target)
                         .await?
                         .is_some()
                     {
                         return Ok(Driven::Parked {
                             seq,
-                            until: decide::time_limit(&run.object.spec, journal).map(|(at, _)| at),
+                            until: decide::time_limit(&run.object.spec, replay).map(|(at, _)| at),
                         });
                     }
                 }
@@ -337,17 +390,26 @@ impl Engine {
         }
     }
 
+    fn missing_step(&self, fixed: &Fixed, seq: u32) -> Error {
+        Error::Corrupt {
+            key: fixed.key.to_string(),
+            message: format!("the decider named step {seq}, which is not the open step"),
+        }
+    }
+
+    /// Journal the outcome of the open step `seq`, fold it, and settle what it reserved.
     async fn complete(
         &self,
         fixed: &Fixed,
         fence: Fence,
-        journal: &mut [Step],
+        replay: &mut Replay,
         seq: u32,
         outcome: Outcome,
     ) -> Result<()> {
-        let charged = journal
-            .get(usize::try_from(seq).unwrap_or(usize::MAX))
-            .is_some_and(|step| self.charge_of(fixed, &step.intent).is_some());
+        let Some(mut step) = replay.open(seq).cloned() else {
+            return Err(self.missing_step(fixed, seq));
+        };
+        let charged = self.charge_of(fixed, &step.intent).is_some();
         let actual = cost_of(&outcome);
         let completion = Completion {
             finished_at: self.deps.clock.now(),
@@ -359,9 +421,8 @@ impl Engine {
                 .complete_step(&fixed.uid, fence, seq, &completion)
         })
         .await?;
-        if let Some(step) = journal.get_mut(usize::try_from(seq).unwrap_or(usize::MAX)) {
-            step.completion = Some(completion);
-        }
+        step.completion = Some(completion);
+        replay.apply(&step);
         if charged {
             let key = format!("{}/{seq}", fixed.uid);
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
@@ -388,57 +449,20 @@ impl Engine {
         Ok(())
     }
 
-    /// What a step reserves against the project's credits: platform model calls their
-    /// worst case, routing the router's; nothing else, and nothing on the user's own key.
+    /// What a step reserves against the project's credits ([`decide::charge_of`]).
     fn charge_of(&self, fixed: &Fixed, intent: &Intent) -> Option<Usd> {
-        if fixed.snapshot.agent.model.access == Access::Byok {
-            return None;
-        }
-        let amount = match intent {
-            Intent::CallModel { reserved_usd, .. } => *reserved_usd,
-            Intent::Route { .. } => self.deps.router.max_cost(),
-            _ => return None,
-        };
-        // Nothing to reserve (a local router): no ledger write at all.
-        (!amount.is_zero()).then_some(amount)
+        decide::charge_of(&fixed.snapshot.agent, self.deps.router.max_cost(), intent)
     }
 
-    /// The decision, or waiting for funds when the step it acts on cannot be reserved
-    /// against the project's credits.
-    async fn funded(
-        &self,
-        fixed: &Fixed,
-        journal: &[Step],
-        decision: Decision,
-        spec: &crate::resource::AgentRunSpec,
-    ) -> Result<Decision> {
-        let (seq, intent) = match &decision {
-            Decision::Act(intent) => (u32::try_from(journal.len()).unwrap_or(u32::MAX), intent),
-            Decision::Repeat(seq) => match journal.get(usize::try_from(*seq).unwrap_or(usize::MAX))
-            {
-                Some(step) => (*seq, &step.intent),
-                None => return Ok(decision),
-            },
-            _ => return Ok(decision),
-        };
-        if self.reserve_funds(fixed, seq, intent).await? {
-            return Ok(decision);
+    /// A run that waits for a message holds no process: its live sandbox is suspended (its
+    /// working directory stays; the next command starts it again). A failure only costs the
+    /// process it leaves running.
+    async fn suspend_sandbox(&self, fixed: &Fixed, replay: &Replay) {
+        if let SandboxState::Live(info) = &replay.sandbox
+            && let Err(e) = self.deps.sandbox.suspend(&info.id).await
+        {
+            tracing::warn!(run = %fixed.key, error = %e, "cannot suspend the sandbox of a waiting run");
         }
-        Ok(Decision::Wait {
-            reason: WaitReason::AwaitingFunds,
-            until: decide::time_limit(spec, journal).map(|(at, _)| at),
-        })
-    }
-
-    /// Reserve a step's charge; false when the project cannot cover it.
-    async fn reserve_funds(&self, fixed: &Fixed, seq: u32, intent: &Intent) -> Result<bool> {
-        let Some(amount) = self.charge_of(fixed, intent) else {
-            return Ok(true);
-        };
-        let key = format!("{}/{seq}", fixed.uid);
-        Ok(self
-            .retrying(|| self.deps.ledger.reserve(&fixed.project, &key, amount))
-            .await?)
     }
 
     /// Write the status projected from the journal with `phase`: the run as stored now, or
@@ -447,15 +471,14 @@ impl Engine {
         &self,
         fixed: &Fixed,
         run: &Run,
-        journal: &[Step],
+        replay: &Replay,
         phase: RunPhase,
     ) -> Result<Option<Run>> {
-        let replay = Replay::of(journal);
         let status = status::project(
             &run.object.status,
-            &replay,
+            replay,
             phase,
-            journal.first().map(|s| s.started_at),
+            replay.started_at,
             self.deps.clock.now(),
         );
         if status == run.object.status {
@@ -503,15 +526,18 @@ impl Engine {
         }
     }
 
+    /// Carry out a step's intent and report what happened, as the decider's pure functions
+    /// read the raw result (a command's output or error, the router's or the model's
+    /// answer).
     async fn perform(
         &self,
         fixed: &Fixed,
-        journal: &[Step],
+        input: &RunInput<'_>,
         run: &AgentRun,
-        inbox: &[InboxMessage],
         intent: &Intent,
-    ) -> Performed {
-        let replay = Replay::of(journal);
+        key: Option<SecretString>,
+    ) -> Effect {
+        let replay = input.replay;
         match intent {
             Intent::CreateSandbox { spec } => {
                 match self
@@ -519,27 +545,25 @@ impl Engine {
                     .await
                 {
                     Ok(info) => match self.stage_workdir(fixed, run, &info).await {
-                        Ok(()) => Performed::Done(Outcome::SandboxCreated { info }),
+                        Ok(()) => Effect::Done(Outcome::SandboxCreated { info }),
                         Err(error) => {
                             // The step fails, so the run holds no sandbox: remove this one.
                             if let Err(e) = self.deps.sandbox.destroy(&info.id).await {
                                 tracing::warn!(sandbox = %info.id, error = %e, "cannot remove a sandbox whose staging failed");
                             }
-                            Performed::Done(failed(error))
+                            Effect::Done(decide::failed(error))
                         }
                     },
-                    Err(e) => Performed::Done(failed(e.to_string())),
+                    Err(e) => Effect::Done(decide::failed(e.to_string())),
                 }
             }
-            Intent::Route { turn } => {
-                Performed::Done(self.route(fixed, &replay, inbox, *turn).await)
-            }
+            Intent::Route { turn } => Effect::Done(self.route(input, *turn).await),
             Intent::CallModel { model, tools, .. } => {
-                self.call_model(fixed, &replay, inbox, model, *tools).await
+                self.call_model(fixed, input, model, *tools, key).await
             }
             Intent::Command { command, .. } => {
-                let SandboxState::Live(info) = replay.sandbox else {
-                    return Performed::Done(failed("the run has no sandbox".to_string()));
+                let SandboxState::Live(info) = &replay.sandbox else {
+                    return Effect::Done(decide::failed("the run has no sandbox".to_string()));
                 };
                 let request = ExecRequest {
                     command: command.clone(),
@@ -580,29 +604,20 @@ impl Engine {
                 let executed = tokio::select! {
                     biased;
                     executed = exec => executed,
-                    end = self.ending(fixed, &run.spec, journal, changes) => {
+                    end = self.ending(fixed, &run.spec, replay, changes) => {
                         tracing::info!(run = %fixed.key, ending = %end, "stopped a command: the run is ending");
-                        return Performed::Done(Outcome::Stopped {
+                        return Effect::Done(Outcome::Stopped {
                             reason: format!("the run is ending ({end}); its processes were killed"),
                         });
                     }
                 };
-                match executed {
-                    Ok(output) => Performed::Done(Outcome::CommandFinished { output }),
-                    // It certainly did not run.
-                    Err(
-                        e @ (sandbox::Error::NotFound(_)
-                        | sandbox::Error::Refused(_)
-                        | sandbox::Error::NotStarted(_)),
-                    ) => Performed::Done(failed(e.to_string())),
-                    Err(e) => {
-                        tracing::warn!(run = %fixed.key, error = %e, "command outcome uncertain");
-                        Performed::Uncertain
-                    }
+                if let Err(e) = &executed {
+                    tracing::warn!(run = %fixed.key, error = %e, "command failed");
                 }
+                decide::command_effect(executed)
             }
-            Intent::ReadMessage { .. } => Performed::Done(Outcome::MessageRead),
-            Intent::Answer { .. } => Performed::Done(Outcome::Answered),
+            Intent::ReadMessage { .. } => Effect::Done(Outcome::MessageRead),
+            Intent::Answer { .. } => Effect::Done(Outcome::Answered),
             Intent::DestroySandbox { id, .. } => {
                 if run.spec.workdir.is_some() {
                     self.keep_workdir(&fixed.key, id).await;
@@ -611,8 +626,8 @@ impl Engine {
                     .sandbox_retrying(|| self.deps.sandbox.destroy(id))
                     .await
                 {
-                    Ok(()) => Performed::Done(Outcome::SandboxDestroyed),
-                    Err(e) => Performed::Done(failed(e.to_string())),
+                    Ok(()) => Effect::Done(Outcome::SandboxDestroyed),
+                    Err(e) => Effect::Done(decide::failed(e.to_string())),
                 }
             }
         }
@@ -627,7 +642,7 @@ impl Engine {
         &self,
         fixed: &Fixed,
         spec: &crate::resource::AgentRunSpec,
-        journal: &[Step],
+        replay: &Replay,
         mut changes: tokio::sync::broadcast::Receiver<store_api::Change>,
     ) -> RunPhase {
         use tokio::sync::broadcast::error::RecvError;
@@ -647,7 +662,7 @@ impl Engine {
                         // looks again.
                         Err(_) => None,
                     };
-                    if let Some(end) = decide::ending(spec, journal, cancel, clock.now()) {
+                    if let Some(end) = decide::ending(spec, replay, cancel, clock.now()) {
                         return end;
                     }
                 }
@@ -660,7 +675,7 @@ impl Engine {
                 };
             }
         };
-        let limit = decide::time_limit(spec, journal);
+        let limit = decide::time_limit(spec, replay);
         let timer = async {
             let Some((at, reason)) = limit else {
                 return std::future::pending().await;
@@ -715,175 +730,60 @@ impl Engine {
             .map_err(|e| format!("staging the working directory: {e}"))
     }
 
-    async fn route(
-        &self,
-        fixed: &Fixed,
-        replay: &Replay<'_>,
-        inbox: &[InboxMessage],
-        turn: u32,
-    ) -> Outcome {
-        let agent = &fixed.snapshot.agent;
-        let allowed: Vec<Family> = agent
-            .model
-            .families
-            .clone()
-            .unwrap_or_else(|| Family::ALL.to_vec());
-        let (conversation, _) =
-            replay.conversation(&fixed.first_prompt, inbox, agent.max_tool_calls);
-        let prompt = match replay
-            .turns
-            .get(usize::try_from(turn).unwrap_or(usize::MAX))
-            .map(|t| t.prompt)
-        {
-            Some(Prompt::Message(seq)) => inbox
-                .iter()
-                .find(|m| m.seq == seq)
-                .map(|m| m.payload.clone())
-                .unwrap_or_default(),
-            _ => fixed.first_prompt.clone(),
-        };
-        let before = conversation.len().saturating_sub(1);
+    /// Ask the router for the turn's family, within the router's time; what its answer
+    /// means is [`decide::routed`]'s.
+    async fn route(&self, input: &RunInput<'_>, turn: u32) -> Outcome {
+        let allowed = decide::allowed_families(input.agent);
+        let (prompt, conversation) = decide::route_prompt(input, turn);
         let request = RouteRequest {
             prompt: &prompt,
-            conversation: &conversation[..before],
+            conversation: &conversation,
             allowed: &allowed,
         };
         let clock = self.deps.clock.clone();
-        let routed = tokio::select! {
+        let answer = tokio::select! {
             biased;
             routed = self.deps.router.route(&request) => routed.map_err(|e| e.to_string()),
             () = clock.sleep(self.config.router_timeout) => Err("the router timed out".to_string()),
         };
-        let (family, chosen_by, cost_usd, usage, fallback_reason) = match routed {
-            Ok(choice) if allowed.contains(&choice.family) => {
-                let billed = match &choice.call {
-                    None => Some(Usd::ZERO),
-                    Some(call) => self
-                        .deps
-                        .catalog
-                        .prices_of(&call.model)
-                        .map(|prices| cost::bill(prices, &call.usage)),
-                };
-                match billed {
-                    Some(cost_usd) => (
-                        choice.family,
-                        ChosenBy::Jev,
-                        cost_usd,
-                        choice.call.map(|c| c.usage),
-                        None,
-                    ),
-                    None => (
-                        fallback_family(&allowed),
-                        ChosenBy::Fallback,
-                        Usd::ZERO,
-                        None,
-                        Some("the router's model has no known price".to_string()),
-                    ),
-                }
-            }
-            Ok(choice) => (
-                fallback_family(&allowed),
-                ChosenBy::Fallback,
-                Usd::ZERO,
-                None,
-                Some(format!(
-                    "the router chose {}, which the agent does not allow",
-                    choice.family
-                )),
-            ),
-            Err(reason) => (
-                fallback_family(&allowed),
-                ChosenBy::Fallback,
-                Usd::ZERO,
-                None,
-                Some(reason),
-            ),
-        };
-        match self.deps.catalog.family(family) {
-            Some(entry) => Outcome::Routed {
-                family: Some(family),
-                model: entry.model.clone(),
-                chosen_by,
-                cost_usd,
-                usage,
-                fallback_reason,
-            },
-            None => failed(format!(
-                "the model catalog has no model for the family {family}"
-            )),
-        }
+        decide::routed(input, answer)
     }
 
+    /// Call the model with the request the decider builds, again while a lost reply may be
+    /// asked for again; what the answer means is [`decide::model_effect`]'s.
     async fn call_model(
         &self,
         fixed: &Fixed,
-        replay: &Replay<'_>,
-        inbox: &[InboxMessage],
+        input: &RunInput<'_>,
         model: &str,
         tools: bool,
-    ) -> Performed {
-        let agent: &AgentSpec = &fixed.snapshot.agent;
-        let byok = agent.model.access == Access::Byok;
-        let credentials = if byok {
-            let secret = agent.model.api_key_secret.clone().unwrap_or_default();
-            match self
-                .deps
-                .secrets
-                .lookup(&fixed.project, &secret, API_KEY_SECRET_KEY)
-                .await
-            {
-                Some(key) => Credentials::Byok(key),
-                None => {
-                    return Performed::Done(failed(format!(
-                        "the Secret {secret:?} holds no {API_KEY_SECRET_KEY}"
-                    )));
-                }
+        key: Option<SecretString>,
+    ) -> Effect {
+        let credentials = match (input.agent.model.access, key) {
+            (Access::Byok, Some(key)) => Credentials::Byok(key),
+            (Access::Byok, None) => {
+                // The decider asks for the key before every BYOK call it decides.
+                return Effect::Done(decide::failed(
+                    "the agent's key was not looked up before the call".to_string(),
+                ));
             }
-        } else {
-            Credentials::Platform
+            (Access::Nodus, _) => Credentials::Platform,
         };
-        let prices = if byok {
-            None
-        } else {
-            match self.deps.catalog.prices_of(model) {
-                Some(prices) => Some(*prices),
-                None => {
-                    return Performed::Done(failed(format!(
-                        "the model {model} has no known price; platform access refuses it"
-                    )));
-                }
-            }
-        };
-        let (messages, _) = replay.conversation(&fixed.first_prompt, inbox, agent.max_tool_calls);
-        let request = ModelRequest {
-            model: model.to_string(),
-            system: fixed.system.clone(),
-            messages,
-            tools: vec![decide::shell_tool()],
-            tool_choice: if tools {
-                ToolChoice::Auto
-            } else {
-                ToolChoice::None
-            },
-            max_tokens: agent.max_tokens,
-            credentials,
-        };
+        let request = decide::model_request(input, model, tools, credentials);
         let mut attempt = 1;
         loop {
-            match self.deps.model.complete(&request).await {
-                Ok(response) => {
-                    let cost_usd = prices.map_or(Usd::ZERO, |p| cost::bill(&p, &response.usage));
-                    return Performed::Done(Outcome::ModelReplied { response, cost_usd });
+            let answer = self.deps.model.complete(&request).await;
+            let failure = answer.as_ref().err().map(ToString::to_string);
+            match decide::model_effect(input, model, answer, attempt < self.config.attempts) {
+                Some(Effect::Uncertain) => {
+                    tracing::warn!(run = %fixed.key, error = failure.unwrap_or_default(), "BYOK model call outcome uncertain");
+                    return Effect::Uncertain;
                 }
-                Err(e) if e.kind == ErrorKind::Uncertain && byok => {
-                    tracing::warn!(run = %fixed.key, error = %e, "BYOK model call outcome uncertain");
-                    return Performed::Uncertain;
-                }
-                Err(e) if e.kind == ErrorKind::Uncertain && attempt < self.config.attempts => {
+                Some(effect) => return effect,
+                None => {
                     attempt += 1;
                     self.deps.clock.sleep(self.config.retry_pause).await;
                 }
-                Err(e) => return Performed::Done(failed(e.message)),
             }
         }
     }
@@ -902,64 +802,12 @@ fn cost_of(outcome: &Outcome) -> Usd {
     }
 }
 
-fn failed(error: String) -> Outcome {
-    Outcome::Failed {
-        error,
-        by_resolution: false,
-    }
-}
-
-/// Sonnet when the agent allows it, otherwise its first allowed family.
-fn fallback_family(allowed: &[Family]) -> Family {
-    if allowed.contains(&Family::FALLBACK) {
-        Family::FALLBACK
-    } else {
-        allowed.first().copied().unwrap_or(Family::FALLBACK)
-    }
-}
-
 fn phase_of(run: &AgentRun) -> RunPhase {
     run.status
         .phase
         .unwrap_or(RunPhase::Pending(PendingReason::Queued))
 }
 
-/// The event that leads to `target`, if one does.
-fn event_toward(target: RunPhase) -> Option<RunEvent> {
-    Some(match target {
-        RunPhase::Pending(reason) => RunEvent::Queue(reason),
-        RunPhase::Running => return None,
-        RunPhase::Waiting(reason) => RunEvent::Wait(reason),
-        RunPhase::NeedsResolution => RunEvent::Park,
-        RunPhase::Succeeded => RunEvent::Succeed,
-        RunPhase::Failed(reason) => RunEvent::Fail(reason),
-        RunPhase::Cancelled(reason) => RunEvent::Cancel(reason),
-    })
-}
-
-/// Move `phase` to `target` through the lifecycle: directly when it allows, otherwise by
-/// starting or resuming first. A move the lifecycle refuses is an error, never forced.
-fn advance(phase: RunPhase, target: RunPhase) -> std::result::Result<RunPhase, TransitionRefused> {
-    if phase == target {
-        return Ok(phase);
-    }
-    let direct = event_toward(target).map(|event| phase.apply(event));
-    if let Some(Ok(next)) = direct {
-        return Ok(next);
-    }
-    let running = match phase {
-        RunPhase::Pending(_) => phase.apply(RunEvent::Start)?,
-        RunPhase::Waiting(_) => phase.apply(RunEvent::Resume)?,
-        RunPhase::Running => phase,
-        _ => {
-            return Err(TransitionRefused {
-                from: phase,
-                event: event_toward(target).unwrap_or(RunEvent::Start),
-            });
-        }
-    };
-    match event_toward(target) {
-        Some(event) => running.apply(event),
-        None => Ok(running),
-    }
-}
+#[cfg(test)]
+#[path = "execute_tests.rs"]
+mod tests;

@@ -9,6 +9,7 @@ mod error;
 mod evaluation;
 mod execute;
 mod group;
+mod kinds;
 mod resources;
 mod status;
 mod typed;
@@ -24,12 +25,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-pub use error::{Error, Result};
+pub use error::{Error, Reason, Result};
 pub use evaluation::{
     DEFAULT_EVALUATION_TIMEOUT, DEFAULT_GRADER_TIMEOUT, MAX_EVALUATION_GROUP_NAME,
 };
 pub use execute::Driven;
-pub use resources::Replaceable;
+pub use kinds::{SpecRules, WRITABLE_KINDS, Writable, expected_version};
 pub use typed::Versioned;
 
 use crate::catalog::Catalog;
@@ -193,41 +194,10 @@ impl Engine {
         object.metadata.resource_version = None;
     }
 
-    /// Create an agent, or replace the spec of an existing one (its runs keep their snapshot).
-    pub async fn apply_agent(&self, project: &str, mut agent: Agent) -> Result<Agent> {
-        validate::validate(&agent)?;
-        let key = ObjectKey::new(project, Kind::Agent, agent.name());
-        match self.deps.store.get(&key).await {
-            Ok(record) => {
-                let current = typed::decode::<crate::resource::AgentSpec>(record)?;
-                let unchanged = typed::encode(&key, &current.object)?;
-                let mut updated = current.object;
-                updated.spec = agent.spec;
-                updated.metadata.labels = agent.metadata.labels;
-                let document = typed::encode(&key, &updated)?;
-                if document == unchanged {
-                    // The same agent again: nothing to write (a server starting on a full
-                    // disk re-applies its template).
-                    return Ok(updated);
-                }
-                let record = self
-                    .deps
-                    .store
-                    .update(&key, current.version, document)
-                    .await?;
-                Ok(typed::decode(record)?.object)
-            }
-            Err(crate::store::Error::NotFound(_)) => {
-                self.stamp(project, &mut agent);
-                let record = self
-                    .deps
-                    .store
-                    .create(&key, typed::encode(&key, &agent)?)
-                    .await?;
-                Ok(typed::decode(record)?.object)
-            }
-            Err(e) => Err(e.into()),
-        }
+    /// Create an agent, or replace the spec of an existing one (its runs keep their
+    /// snapshot): [`Engine::apply`].
+    pub async fn apply_agent(&self, project: &str, agent: Agent) -> Result<Agent> {
+        self.apply(project, agent).await
     }
 
     /// Read a run.
@@ -289,6 +259,11 @@ impl Engine {
     /// A bad reference fails this request, not the run; nothing is written on error. The
     /// [`Runner`](crate::runner::Runner) starts it (a run of a group once its group admits it).
     pub async fn create_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
+        self.create(project, run).await
+    }
+
+    /// Store a new run that its kind's rules passed: [`Writable::insert`] of an AgentRun.
+    async fn insert_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
         let (key, document) = self
             .prepare_run(project, run, &[], &mut Default::default())
             .await?;
@@ -324,11 +299,16 @@ impl Engine {
         let mut items = Vec::with_capacity(runs.len() + 1);
         let mut earlier: Vec<AgentRun> = Vec::new();
         let mut admissions = group::Admissions::new();
-        for (index, run) in runs.into_iter().enumerate() {
-            match self
-                .prepare_run(project, run, &earlier, &mut admissions)
-                .await
-            {
+        for (index, mut run) in runs.into_iter().enumerate() {
+            run.prepare();
+            let prepared = match run.check(self) {
+                Ok(()) => {
+                    self.prepare_run(project, run, &earlier, &mut admissions)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            match prepared {
                 Ok((key, document)) => {
                     earlier.push(
                         typed::decode(Record {
@@ -413,7 +393,8 @@ impl Engine {
         Ok(Some(runs))
     }
 
-    /// Check a run and build the document to store; `earlier` are runs of the same batch.
+    /// Check what a run refers to (its kind's own rules passed) and build the document to
+    /// store; `earlier` are runs of the same batch.
     async fn prepare_run(
         &self,
         project: &str,
@@ -421,12 +402,6 @@ impl Engine {
         earlier: &[AgentRun],
         admissions: &mut group::Admissions,
     ) -> Result<(ObjectKey, serde_json::Value)> {
-        if let (Some(group), Some(task)) = (&run.spec.group, &run.spec.task_key)
-            && run.metadata.name.is_none()
-        {
-            run.metadata.name = Some(format!("{group}-{task}"));
-        }
-        validate::validate(&run)?;
         if earlier.iter().any(|e| e.name() == run.name()) {
             return Err(Invalid::new(
                 "metadata.name",
@@ -436,7 +411,6 @@ impl Engine {
             .into());
         }
         let (agent_ref, agent) = self.resolve_agent(project, &run.spec.agent).await?;
-        refuse_unsupported(&run.spec)?;
         if let Some(image) = &run.spec.image
             && !self.deps.sandbox.supports_image()
         {
@@ -820,49 +794,9 @@ impl Engine {
     }
 
     /// Create a group, or update a live one's spec (raising its cap, changing `maxActive`,
-    /// sealing it), then reconcile it.
-    pub async fn apply_group(&self, project: &str, mut group: AgentGroup) -> Result<AgentGroup> {
-        validate::validate(&group)?;
-        let name = group.name().to_string();
-        let key = ObjectKey::new(project, Kind::AgentGroup, &name);
-        loop {
-            match self.deps.store.get(&key).await {
-                Ok(record) => {
-                    let current = typed::decode::<crate::resource::AgentGroupSpec>(record)?;
-                    evaluation::check_unchanged(&current.object.spec, &group.spec)?;
-                    crate::group::check_update(&current.object.spec, &group.spec)?;
-                    let mut updated = current.object;
-                    updated.spec = group.spec.clone();
-                    updated.metadata.labels = group.metadata.labels.clone();
-                    match self
-                        .deps
-                        .store
-                        .update(&key, current.version, typed::encode(&key, &updated)?)
-                        .await
-                    {
-                        // The runner wrote the group's status meanwhile: apply to that.
-                        Err(crate::store::Error::Conflict { .. }) => continue,
-                        other => {
-                            other?;
-                        }
-                    }
-                }
-                Err(crate::store::Error::NotFound(_)) if group.spec.evaluation.is_some() => {
-                    return self.create_evaluation_group(project, group).await;
-                }
-                Err(crate::store::Error::NotFound(_)) => {
-                    self.resolve_agent(project, &group.spec.agent).await?;
-                    self.stamp(project, &mut group);
-                    group.status = Default::default();
-                    self.deps
-                        .store
-                        .create(&key, typed::encode(&key, &group)?)
-                        .await?;
-                }
-                Err(e) => return Err(e.into()),
-            }
-            return self.reconcile_group(project, &name).await;
-        }
+    /// sealing it), then reconcile it: [`Engine::apply`].
+    pub async fn apply_group(&self, project: &str, group: AgentGroup) -> Result<AgentGroup> {
+        self.apply(project, group).await
     }
 }
 

@@ -12,7 +12,7 @@ pub const ANSWER_PREVIEW_BYTES: usize = 4096;
 /// The status after a step: derived fields from the journal, the phase given, the rest kept.
 pub fn project(
     old: &AgentRunStatus,
-    replay: &Replay<'_>,
+    replay: &Replay,
     phase: RunPhase,
     started_at: Option<Timestamp>,
     now: Timestamp,
@@ -27,7 +27,7 @@ pub fn project(
             bytes: answer.len() as u64,
         });
     }
-    if let SandboxState::Live(info) = replay.sandbox {
+    if let SandboxState::Live(info) = &replay.sandbox {
         status.sandbox = Some(SandboxStatus {
             id: info.id.0.clone(),
             isolated: info.isolated,
@@ -44,11 +44,11 @@ pub fn project(
     status
 }
 
-fn message(phase: RunPhase, replay: &Replay<'_>) -> Option<String> {
+fn message(phase: RunPhase, replay: &Replay) -> Option<String> {
     if !phase.is_finished() {
         let ending = replay
             .ended
-            .or(match replay.open_step.map(|step| &step.intent) {
+            .or(match replay.open_step.as_ref().map(|step| &step.intent) {
                 Some(crate::journal::Intent::DestroySandbox { then, .. }) => Some(*then),
                 _ => None,
             });
@@ -75,16 +75,16 @@ fn message(phase: RunPhase, replay: &Replay<'_>) -> Option<String> {
              resolve with retry, record-failed or cancel"
                 .to_string()
         }
-        RunPhase::Failed(_) => match replay.sandbox {
+        RunPhase::Failed(_) => match &replay.sandbox {
             SandboxState::Failed(error) => format!("the sandbox could not be created: {error}"),
             _ => replay
                 .turns
                 .iter()
                 .rev()
                 .find_map(|t| {
-                    t.route_failed.or_else(|| {
+                    t.route_failed.as_deref().or_else(|| {
                         t.calls.iter().rev().find_map(|c| match c {
-                            crate::replay::Call::Failed { error, .. } => Some(*error),
+                            crate::replay::Call::Failed { error, .. } => Some(error.as_str()),
                             crate::replay::Call::Replied { .. } => None,
                         })
                     })

@@ -4,14 +4,17 @@
 //! Field names are spelled exactly as in the spec's YAML (camelCase).
 
 mod agent;
+mod budget;
 mod duration;
 mod environment;
 mod fileset;
 mod group;
 mod meta;
 mod run;
+mod secret;
 
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
+pub use budget::{BudgetSpec, BudgetStatus};
 pub use duration::{DurationSpec, ParseDurationError};
 pub use environment::{
     EnvironmentSpec, EnvironmentStatus, FilesRef, GeneratorSpec, GraderKind, GraderSpec, SplitSpec,
@@ -26,16 +29,28 @@ pub use run::{
     AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus, PostRunAction,
     RunSnapshot, SandboxStatus, TurnStatus, WorkdirSpec,
 };
+pub use secret::Secret;
+pub(crate) use secret::SecretDocument;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// What ties a spec type to its kind and status type.
-pub trait Spec: Serialize + DeserializeOwned + Clone + std::fmt::Debug {
+pub trait Spec:
+    Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static
+{
     /// The `kind` written in documents of this spec.
     const KIND: Kind;
     /// The status that Nodus writes for this kind.
-    type Status: Serialize + DeserializeOwned + Clone + std::fmt::Debug + Default + PartialEq;
+    type Status: Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Default
+        + PartialEq
+        + Send
+        + Sync
+        + 'static;
 }
 
 /// One resource document: `apiVersion`, `kind`, `metadata`, `spec`, `status`.
@@ -86,6 +101,15 @@ pub type AgentRun = Object<AgentRunSpec>;
 pub type AgentGroup = Object<AgentGroupSpec>;
 /// An Environment: a versioned set of evaluation tasks and their grader.
 pub type Environment = Object<EnvironmentSpec>;
+/// A FileSet: stored files that working directories are staged from.
+pub type FileSet = Object<FileSetSpec>;
+/// A Budget: a cap on a project's total spend.
+pub type Budget = Object<BudgetSpec>;
+
+impl Spec for BudgetSpec {
+    const KIND: Kind = Kind::Budget;
+    type Status = BudgetStatus;
+}
 
 impl Spec for AgentSpec {
     const KIND: Kind = Kind::Agent;

@@ -17,11 +17,16 @@
 //! - a read-only root file system, a private `/tmp` (a tmpfs no larger than the memory limit)
 //!   and the working-directory volume as the only writable places;
 //! - all capabilities dropped and `no-new-privileges`;
+//! - no log kept by the engine (log driver `none`): output reaches the backend through the
+//!   attachment only, and cannot fill the host's disk;
 //! - as its first process a shell that reads commands from its stdin, which stays open
 //!   between commands (the image needs `/bin/sh`; `kill` and `printf` are built into every
 //!   shell).
 //!
-//! Commands go through the [command channel](channel): the backend attaches to the first
+//! A run that waits for a message has its container stopped ([`Sandbox::suspend`]): its
+//! volume stays, and the next command starts it again.
+//!
+//! Commands go through the [command channel](crate::channel): the backend attaches to the first
 //! process when it creates the container (again after a restart, on the next command) and
 //! sends each command as one line; the command runs as `/bin/sh -c` in the working directory
 //! (or a directory below it), with stdout and stderr read apart and capped. When the command
@@ -50,12 +55,14 @@ use bollard::Docker;
 use bollard::errors::Error as DockerError;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{
-    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    ResourcesUlimits,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
     ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
-    RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+    RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder, StopContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use nodus_core::Sandbox;
@@ -66,13 +73,14 @@ use nodus_core::sandbox::{
 use tracing::{debug, info, warn};
 
 use crate::archive::{self, OnDisk};
-use crate::disk::{WATCH_INTERVAL, Watch};
+use crate::disk::Watch;
 use crate::workdir::check_env;
 use crate::{capped, paths};
 
 mod channel;
 
-use channel::{Channel, Next, Reading, Status};
+use crate::channel::{self as framing, Reading, Status};
+use channel::{Channel, Next};
 
 /// A container's turn to run something.
 type Slot = Arc<tokio::sync::Mutex<Turn>>;
@@ -318,7 +326,7 @@ impl DockerSandbox {
             entrypoint: Some(vec![
                 "/bin/sh".to_owned(),
                 "-c".to_owned(),
-                channel::FIRST_PROCESS.to_owned(),
+                framing::FIRST_PROCESS.to_owned(),
                 "nodus".to_owned(),
                 self.config.workdir.clone(),
             ]),
@@ -361,6 +369,12 @@ impl DockerSandbox {
                 }]),
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
+                // Output reaches the backend through the attachment only; a log kept by the
+                // engine would fill the host's disk with whatever a command prints.
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("none".to_owned()),
+                    config: None,
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -419,8 +433,8 @@ impl DockerSandbox {
         command: &str,
         bounds: Bounds<'_>,
     ) -> Result<Ran, Error> {
-        let nonce = channel::nonce();
-        let frame = channel::frame(&nonce, dir, command)?;
+        let nonce = framing::nonce();
+        let frame = framing::frame(&nonce, dir, command)?;
         if let Some(killing) = held.killing.take() {
             // Whatever it answers, the kill is over: nothing of the dropped command is left.
             let _ = killing.await;
@@ -469,24 +483,18 @@ impl DockerSandbox {
             watch,
         } = bounds;
         let name = guard.name.clone();
-        guard.sandbox = Some(self.clone());
-        channel
-            .send(frame)
-            .await
-            .map_err(|e| Error::Unavailable(format!("sending a command to {name}: {e}")))?;
         let mut reading = Reading::new(nonce, cap);
+        if let Err(e) = channel.send(frame).await {
+            // The attachment is gone (the container stopped): the command did not begin.
+            debug!(container = %name, error = %e, "cannot send a command");
+            return Ok((Ran::Closed(reading), None));
+        }
+        guard.sandbox = Some(self.clone());
         let deadline = tokio::time::Instant::now() + timeout;
         let watchdog = async {
-            let Some((watch, start)) = watch else {
-                return std::future::pending().await;
-            };
-            let mut pause = WATCH_INTERVAL;
-            loop {
-                tokio::time::sleep(pause).await;
-                match watch.check(start).await {
-                    (Some(reason), _) => return reason,
-                    (None, next) => pause = next,
-                }
+            match watch {
+                Some((watch, start)) => watch.until_stopped(start).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(watchdog);
@@ -501,7 +509,7 @@ impl DockerSandbox {
                 }
             };
             match next {
-                Ok(Ok(Next::Chunk(chunk))) => reading.feed(&chunk)?,
+                Ok(Ok(Next::Chunk(chunk))) => channel::feed(&mut reading, &chunk)?,
                 Ok(Ok(Next::Closed)) => {
                     guard.sandbox = None;
                     return Ok((Ran::Closed(reading), None));
@@ -519,7 +527,7 @@ impl DockerSandbox {
         let mut usable = false;
         while let Ok(Ok(Next::Chunk(chunk))) = tokio::time::timeout_at(grace, channel.next()).await
         {
-            if reading.feed(&chunk).is_err() {
+            if channel::feed(&mut reading, &chunk).is_err() {
                 break;
             }
             if reading.done() {
@@ -576,7 +584,7 @@ impl DockerSandbox {
         let mut command = String::from("set --");
         for arg in args {
             command.push(' ');
-            command.push_str(&channel::quote(arg));
+            command.push_str(&framing::quote(arg));
         }
         command.push('\n');
         command.push_str(script);
@@ -718,7 +726,7 @@ impl DockerSandbox {
                 })?;
                 let arg = format!("./{text}");
                 // The script travels as one argument of `/bin/sh -c`, which Linux caps.
-                let quoted = channel::quote(&arg).len() + 1;
+                let quoted = framing::quote(&arg).len() + 1;
                 if !args.is_empty() && bytes + quoted > LOOKUP_BATCH_BYTES {
                     break;
                 }
@@ -854,31 +862,11 @@ impl Sandbox for DockerSandbox {
                 )));
             }
         };
-        let exit_code = match exit_code {
-            None => None,
-            Some(Status::Exited(code)) => Some(code),
-            Some(Status::MissingDir) => {
-                return Err(Error::Refused(format!(
-                    "working directory {shown_cwd:?} does not exist"
-                )));
-            }
-            Some(Status::OutsideDir) => {
-                return Err(Error::Refused(format!(
-                    "working directory {shown_cwd:?} leads outside the working directory"
-                )));
-            }
-        };
+        let exit_code = exit_code.map(|s| s.exit_code(&shown_cwd)).transpose()?;
         if let (Some(watch), None, Some(_)) = (&watch, &stopped, exit_code) {
             stopped = watch.reached(start).await;
         }
-        let (stdout, stderr) = reading.into_outputs();
-        Ok(ExecOutput {
-            exit_code,
-            stdout,
-            stderr,
-            timed_out: exit_code.is_none() && stopped.is_none(),
-            stopped,
-        })
+        Ok(reading.into_exec_output(exit_code, stopped))
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
@@ -972,6 +960,31 @@ impl Sandbox for DockerSandbox {
             )));
         }
         Ok(tar)
+    }
+
+    async fn suspend(&self, id: &SandboxId) -> Result<(), Error> {
+        let made_here = self
+            .created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&id.0);
+        if !made_here {
+            return Ok(());
+        }
+        let slot = self.slot_of(id);
+        let mut held = slot.lock().await;
+        if let Some(killing) = held.killing.take() {
+            let _ = killing.await;
+        }
+        // The next command attaches again, which starts the container.
+        held.channel = None;
+        let options = StopContainerOptionsBuilder::new().t(0).build();
+        match self.docker.stop_container(&id.0, Some(options)).await {
+            Ok(()) => Ok(()),
+            // Stopped already, or gone.
+            Err(e) if matches!(status(&e), Some(304 | 404)) => Ok(()),
+            Err(e) => Err(api_error("stopping the container", e)),
+        }
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {

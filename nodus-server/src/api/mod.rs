@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use nodus_core::engine::Reason;
 use serde_json::Value;
 
 use crate::app::AppState;
@@ -105,17 +106,17 @@ async fn json_errors(request: Request, next: Next) -> Response {
         .unwrap_or_default();
     let (reason, message) = match status {
         StatusCode::PAYLOAD_TOO_LARGE => (
-            "Invalid",
+            Reason::Invalid,
             format!(
                 "the request body is larger than {} MiB",
                 MAX_BODY_BYTES / (1024 * 1024)
             ),
         ),
         StatusCode::METHOD_NOT_ALLOWED => (
-            "MethodNotAllowed",
+            Reason::MethodNotAllowed,
             "this path does not take that method".to_string(),
         ),
-        _ => ("Invalid", text),
+        _ => (Reason::Invalid, text),
     };
     ApiError::new(status, reason, message).into_response()
 }

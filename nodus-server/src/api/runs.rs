@@ -133,12 +133,12 @@ pub async fn workdir(
             .into_response()),
         Some(OutputWorkdir::Omitted(reason)) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "WorkdirNotKept",
+            nodus_core::engine::Reason::WorkdirNotKept,
             format!("the final working directory of {name:?} was not kept: {reason}"),
         )),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "NotFound",
+            nodus_core::engine::Reason::NotFound,
             format!(
                 "{name:?} has no final working directory: only a run with spec.workdir keeps \
                  one, when it ends, for the payload retention period"

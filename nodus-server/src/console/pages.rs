@@ -144,11 +144,11 @@ pub fn signin(problem: Option<&str>) -> Html {
 /// An error: status, reason and sentence, and a link back.
 pub fn error(error: &ApiError, back: Option<&str>) -> Html {
     let mut html = Html::new();
-    head(&mut html, error.reason);
+    head(&mut html, error.reason.as_str());
     html.raw("<main><h1>")
         .text(error.status().as_u16())
         .raw(" ")
-        .text(error.reason)
+        .text(error.reason.as_str())
         .raw("</h1><p class=\"error\" role=\"alert\" id=\"problem\">")
         .text(&error.message)
         .raw("</p><p>");

@@ -72,9 +72,9 @@ cases!(
     delete_removes_journal_and_inbox,
     money_exact,
     leases,
-    claim_runnable,
     replicas_racing,
     retention,
+    rewrite_run,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -137,27 +137,29 @@ async fn two_replicas_on_one_database() {
     );
 
     let at = Timestamp::from_second(1_700_000_000).expect("time");
-    let race = |store: PostgresStore, owner: &'static str| async move {
+    let race = |store: PostgresStore, owner: &'static str, uids: Vec<String>| async move {
         let lease = Lease::new(owner, at, Duration::from_secs(30));
         let mut mine = Vec::new();
-        while let Some(claimed) = store
-            .claim_runnable(&["Running"], &lease)
-            .await
-            .expect("claim_runnable")
-        {
-            mine.push(claimed);
+        for uid in uids {
+            match store.claim(&uid, &lease).await {
+                Ok(fence) => mine.push((uid, fence)),
+                Err(Error::Leased { .. }) => {}
+                Err(other) => panic!("claim {uid}: {other}"),
+            }
         }
         mine
     };
+    // A claims from the first run on, B from the last: they meet.
+    let backwards: Vec<String> = uids.iter().rev().cloned().collect();
     let (from_a, from_b) = tokio::join!(
-        tokio::spawn(race(a.clone(), "a")),
-        tokio::spawn(race(b.clone(), "b"))
+        tokio::spawn(race(a.clone(), "a", uids.clone())),
+        tokio::spawn(race(b.clone(), "b", backwards))
     );
     let (from_a, from_b) = (from_a.expect("a's task"), from_b.expect("b's task"));
     let mut all: Vec<String> = from_a
         .iter()
         .chain(&from_b)
-        .map(|c| c.uid.clone())
+        .map(|(uid, _)| uid.clone())
         .collect();
     all.sort();
     let mut expected = uids.clone();
@@ -165,10 +167,10 @@ async fn two_replicas_on_one_database() {
     assert_eq!(all, expected, "every run claimed exactly once");
 
     // B takes one of A's runs over after expiry; A's fence is refused.
-    let taken = from_a.first().or(from_b.first()).expect("a claim").clone();
+    let (taken, taken_fence) = from_a.first().or(from_b.first()).expect("a claim").clone();
     let later = Timestamp::from_second(1_700_000_031).expect("time");
     let fence = b
-        .claim(&taken.uid, &Lease::new("c", later, Duration::from_secs(30)))
+        .claim(&taken, &Lease::new("c", later, Duration::from_secs(30)))
         .await
         .expect("takeover after expiry");
     let step = Step {
@@ -178,12 +180,10 @@ async fn two_replicas_on_one_database() {
         completion: None,
     };
     assert_eq!(
-        a.append_step(&taken.uid, taken.fence, &step).await,
-        Err(Error::Fenced {
-            run: taken.uid.clone()
-        })
+        a.append_step(&taken, taken_fence, &step).await,
+        Err(Error::Fenced { run: taken.clone() })
     );
-    a.append_step(&taken.uid, fence, &step)
+    a.append_step(&taken, fence, &step)
         .await
         .expect("the new fence writes through either replica");
 }

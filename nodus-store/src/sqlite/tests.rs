@@ -46,9 +46,9 @@ cases!(
     delete_removes_journal_and_inbox,
     money_exact,
     leases,
-    claim_runnable,
     replicas_racing,
     retention,
+    rewrite_run,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -373,7 +373,7 @@ async fn plan(store: &SqliteStore, sql: &str) -> String {
 }
 
 #[tokio::test]
-async fn group_members_and_claims_are_found_through_indexes() {
+async fn group_members_are_found_through_an_index() {
     let (store, _dir) = fresh().await;
     let selector = nodus_core::store::Selector {
         fields: [("spec.group".to_string(), "g".to_string())].into(),
@@ -386,7 +386,4 @@ async fn group_members_and_claims_are_found_through_indexes() {
     let sql = query.sql().to_string();
     let members = plan(&store, &sql).await;
     assert!(members.contains("resources_group"), "{members}");
-
-    let claims = plan(&store, super::CLAIM_SQL).await;
-    assert!(claims.contains("resources_phase"), "{claims}");
 }

@@ -1,6 +1,6 @@
-//! Shared harness of the engine tests: an engine over the in-memory store, the recording
-//! sandbox, the scripted model and a manual clock, and a store wrapper that crashes at a
-//! chosen journal write.
+//! Shared harness of the engine tests: an engine over the in-memory store (or another), the
+//! recording sandbox, the scripted model and a manual clock, and a store wrapper that crashes
+//! at a chosen write.
 
 #![allow(dead_code)]
 
@@ -18,8 +18,8 @@ use nodus_core::router::FixedRouter;
 use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::{
-    self, Change, Claimed, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
-    Store, Swept,
+    self, Change, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite, Selector,
+    Store,
 };
 use nodus_core::testing::{ManualClock, RecordingSandbox};
 use nodus_llm::{Reply, ScriptedModel};
@@ -37,21 +37,51 @@ pub enum CrashMode {
     BeforeWrite,
 }
 
-/// A store that dies at its n-th journal write (counting from 1), like a process killed at
+/// Which writes a [`CrashingStore`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Journal writes only (appending a step, recording its outcome).
+    Journal,
+    /// Every write: documents (run status, ledger reserve and settle, the kept working
+    /// directory, ...), journal, leases, messages, rewrites.
+    Every,
+}
+
+/// A write a [`CrashingStore`] saw: what it was, and whether it recorded a model call's reply
+/// (a crash before that write loses a call the model answered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub what: String,
+    pub model_reply: bool,
+}
+
+/// A store that dies at its n-th counted write (counting from 1), like a process killed at
 /// that boundary: every later call fails too, until a new "process" opens the inner store.
 pub struct CrashingStore {
-    inner: MemoryStore,
-    writes: AtomicUsize,
+    inner: Arc<dyn Store>,
+    counted: Counted,
+    writes: Mutex<Vec<Seen>>,
     crash_at: usize,
     mode: CrashMode,
     dead: Mutex<bool>,
 }
 
 impl CrashingStore {
-    pub fn new(inner: MemoryStore, crash_at: usize, mode: CrashMode) -> Self {
+    /// Dies at the `crash_at`-th journal write.
+    pub fn new(inner: impl Store + 'static, crash_at: usize, mode: CrashMode) -> Self {
+        Self::counting(Arc::new(inner), Counted::Journal, crash_at, mode)
+    }
+
+    /// Dies at the `crash_at`-th write of any kind (`usize::MAX`: never, to count them).
+    pub fn at_any_write(inner: Arc<dyn Store>, crash_at: usize, mode: CrashMode) -> Self {
+        Self::counting(inner, Counted::Every, crash_at, mode)
+    }
+
+    fn counting(inner: Arc<dyn Store>, counted: Counted, crash_at: usize, mode: CrashMode) -> Self {
         CrashingStore {
             inner,
-            writes: AtomicUsize::new(0),
+            counted,
+            writes: Mutex::new(Vec::new()),
             crash_at,
             mode,
             dead: Mutex::new(false),
@@ -69,10 +99,18 @@ impl CrashingStore {
         Ok(())
     }
 
-    /// Count a journal write; says whether to write and whether to die afterwards.
-    fn journal_write(&self) -> Result<bool, store::Error> {
+    /// Count a write (a journal write when `journal`); says whether to die after writing, or
+    /// fails when the process dies before it.
+    fn write(&self, journal: bool, seen: impl FnOnce() -> Seen) -> Result<bool, store::Error> {
         self.check_alive()?;
-        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if !journal && self.counted == Counted::Journal {
+            return Ok(false);
+        }
+        let n = {
+            let mut writes = self.writes.lock().expect("lock");
+            writes.push(seen());
+            writes.len()
+        };
         if n != self.crash_at {
             return Ok(false);
         }
@@ -83,24 +121,54 @@ impl CrashingStore {
         }
     }
 
+    /// Runs `write` on the inner store unless the process died before it, and dies after it
+    /// when this is the chosen write.
+    async fn writing<T>(
+        &self,
+        journal: bool,
+        seen: impl FnOnce() -> Seen,
+        write: impl std::future::Future<Output = Result<T, store::Error>>,
+    ) -> Result<T, store::Error> {
+        let die_after = self.write(journal, seen)?;
+        let written = write.await?;
+        if die_after {
+            return Err(Self::crashed());
+        }
+        Ok(written)
+    }
+
     pub fn journal_writes(&self) -> usize {
-        self.writes.load(Ordering::SeqCst)
+        self.writes.lock().expect("lock").len()
+    }
+
+    /// The counted writes so far, in order.
+    pub fn writes(&self) -> Vec<Seen> {
+        self.writes.lock().expect("lock").clone()
+    }
+}
+
+fn seen(what: String) -> Seen {
+    Seen {
+        what,
+        model_reply: false,
     }
 }
 
 #[async_trait]
 impl Store for CrashingStore {
     async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, store::Error> {
-        self.check_alive()?;
-        self.inner.create(key, document).await
+        let what = || seen(format!("create {key}"));
+        self.writing(false, what, self.inner.create(key, document))
+            .await
     }
     async fn create_batch(
         &self,
         items: Vec<(ObjectKey, Value)>,
         key: Option<&str>,
     ) -> Result<Vec<Record>, store::Error> {
-        self.check_alive()?;
-        self.inner.create_batch(items, key).await
+        let what = || seen(format!("create a batch of {}", items.len()));
+        self.writing(false, what, self.inner.create_batch(items.clone(), key))
+            .await
     }
     async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
         self.check_alive()?;
@@ -115,46 +183,54 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.list(project, kind, selector).await
     }
+    async fn projects(&self) -> Result<Vec<String>, store::Error> {
+        self.check_alive()?;
+        self.inner.projects().await
+    }
     async fn update(
         &self,
         key: &ObjectKey,
         version: u64,
         document: Value,
     ) -> Result<Record, store::Error> {
-        self.check_alive()?;
-        self.inner.update(key, version, document).await
+        let what = || seen(format!("update {key}"));
+        self.writing(false, what, self.inner.update(key, version, document))
+            .await
+    }
+    async fn modify(&self, key: &ObjectKey, edit: store::Edit) -> Result<Record, store::Error> {
+        let what = || seen(format!("modify {key}"));
+        self.writing(false, what, self.inner.modify(key, edit))
+            .await
     }
     async fn delete(&self, key: &ObjectKey) -> Result<(), store::Error> {
-        self.check_alive()?;
-        self.inner.delete(key).await
+        let what = || seen(format!("delete {key}"));
+        self.writing(false, what, self.inner.delete(key)).await
     }
     async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
-        self.check_alive()?;
-        self.inner.claim(run, lease).await
-    }
-    async fn claim_runnable(
-        &self,
-        phases: &[&str],
-        lease: &Lease,
-    ) -> Result<Option<Claimed>, store::Error> {
-        self.check_alive()?;
-        self.inner.claim_runnable(phases, lease).await
+        let what = || seen(format!("claim {run}"));
+        self.writing(false, what, self.inner.claim(run, lease))
+            .await
     }
     async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
-        self.check_alive()?;
-        self.inner.renew(run, fence, lease).await
+        let what = || seen(format!("renew {run}"));
+        self.writing(false, what, self.inner.renew(run, fence, lease))
+            .await
     }
     async fn release(&self, run: &str, fence: Fence) -> Result<(), store::Error> {
-        self.check_alive()?;
-        self.inner.release(run, fence).await
+        let what = || seen(format!("release {run}"));
+        self.writing(false, what, self.inner.release(run, fence))
+            .await
     }
     async fn append_step(&self, run: &str, fence: Fence, step: &Step) -> Result<(), store::Error> {
-        let die_after = self.journal_write()?;
-        self.inner.append_step(run, fence, step).await?;
-        if die_after {
-            return Err(Self::crashed());
-        }
-        Ok(())
+        let what = || {
+            seen(format!(
+                "append step {} ({:?})",
+                step.seq,
+                step.intent.kind()
+            ))
+        };
+        self.writing(true, what, self.inner.append_step(run, fence, step))
+            .await
     }
     async fn complete_step(
         &self,
@@ -163,14 +239,19 @@ impl Store for CrashingStore {
         seq: u32,
         completion: &Completion,
     ) -> Result<(), store::Error> {
-        let die_after = self.journal_write()?;
-        self.inner
-            .complete_step(run, fence, seq, completion)
-            .await?;
-        if die_after {
-            return Err(Self::crashed());
-        }
-        Ok(())
+        let what = || Seen {
+            what: format!("complete step {seq}"),
+            model_reply: matches!(
+                completion.outcome,
+                nodus_core::journal::Outcome::ModelReplied { .. }
+            ),
+        };
+        self.writing(
+            true,
+            what,
+            self.inner.complete_step(run, fence, seq, completion),
+        )
+        .await
     }
     async fn journal(&self, run: &str) -> Result<Vec<Step>, store::Error> {
         self.check_alive()?;
@@ -184,22 +265,23 @@ impl Store for CrashingStore {
         payload: &str,
         at: Timestamp,
     ) -> Result<Delivery, store::Error> {
-        self.check_alive()?;
-        self.inner
-            .post_message(run, version, key, payload, at)
-            .await
+        let what = || seen(format!("post a message to {run}"));
+        self.writing(
+            false,
+            what,
+            self.inner.post_message(run, version, key, payload, at),
+        )
+        .await
     }
     async fn inbox(&self, run: &str) -> Result<Vec<InboxMessage>, store::Error> {
         self.check_alive()?;
         self.inner.inbox(run).await
     }
-    async fn sweep_payloads(
-        &self,
-        ended_before: Timestamp,
-        now: Timestamp,
-    ) -> Result<Swept, store::Error> {
-        self.check_alive()?;
-        self.inner.sweep_payloads(ended_before, now).await
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, store::Error> {
+        let what = || seen(format!("rewrite {}", rewrite.run));
+        let what = what();
+        self.writing(false, || what, self.inner.rewrite_run(rewrite))
+            .await
     }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.inner.subscribe()
@@ -249,7 +331,10 @@ pub fn catalog() -> Catalog {
 }
 
 pub struct World {
+    /// The in-memory store of [`World::new`] (empty in a world [`World::over_store`] another).
     pub memory: MemoryStore,
+    /// The store every engine of this world uses.
+    pub store: Arc<dyn Store>,
     pub sandbox: Arc<RecordingSandbox>,
     pub model: Arc<CountingModel>,
     pub clock: Arc<ManualClock>,
@@ -258,8 +343,19 @@ pub struct World {
 
 impl World {
     pub fn new(script: Vec<Reply>) -> Self {
+        let memory = MemoryStore::new();
+        Self::over(script, Arc::new(memory.clone()), memory)
+    }
+
+    /// A world whose engines use `store`.
+    pub fn over_store(script: Vec<Reply>, store: Arc<dyn Store>) -> Self {
+        Self::over(script, store, MemoryStore::new())
+    }
+
+    fn over(script: Vec<Reply>, store: Arc<dyn Store>, memory: MemoryStore) -> Self {
         World {
-            memory: MemoryStore::new(),
+            memory,
+            store,
             sandbox: Arc::new(RecordingSandbox::new()),
             model: Arc::new(CountingModel::new(script)),
             clock: Arc::new(ManualClock::default()),
@@ -269,7 +365,7 @@ impl World {
 
     /// An engine (a "process") over this world's store.
     pub fn engine(&self) -> Engine {
-        self.engine_over(Arc::new(self.memory.clone()))
+        self.engine_over(self.store.clone())
     }
 
     /// The runner of `engine`, as a server or an embedder starts it: groups reconcile at
@@ -306,7 +402,7 @@ impl World {
     /// An engine over this world's store with another sandbox.
     pub fn engine_with_sandbox(&self, sandbox: Arc<dyn nodus_core::sandbox::Sandbox>) -> Engine {
         self.engine_with(
-            Arc::new(self.memory.clone()),
+            self.store.clone(),
             sandbox,
             Arc::new(nodus_core::ledger::Unmetered),
         )
@@ -386,6 +482,28 @@ pub async fn waiting_chat(engine: &Engine) {
         ),
         "{driven:?}"
     );
+}
+
+/// Every model call of the journal cost at most what its step reserved (the worst case the
+/// decider computed before the call), and at least one call was made; says which step if not.
+pub fn assert_costs_within_reservations(journal: &[Step], context: &str) {
+    use nodus_core::journal::{Intent, Outcome};
+    let mut calls = 0;
+    for step in journal {
+        if let (
+            Intent::CallModel { reserved_usd, .. },
+            Some(Outcome::ModelReplied { cost_usd, .. }),
+        ) = (&step.intent, step.outcome())
+        {
+            calls += 1;
+            assert!(
+                cost_usd <= reserved_usd,
+                "{context}: step {} cost {cost_usd}, more than the {reserved_usd} it reserved",
+                step.seq
+            );
+        }
+    }
+    assert!(calls > 0, "{context}: no model call was made");
 }
 
 /// The journal as JSON, for exact comparison.

@@ -174,6 +174,11 @@ impl ServerProcess {
         let _ = self.child.wait();
     }
 
+    /// Whether the process is still running (it has not exited or crashed).
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Run the CLI against this server; returns its output.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.cli_in(args, None)

@@ -1,0 +1,432 @@
+//! The command channel of the sandboxes that keep one process alive per run (a Docker
+//! container's first process, a bubblewrap sandbox's shell): commands go to that process over
+//! its stdin, and their output comes back on its stdout and stderr, between markers.
+//!
+//! Starting a process for a command in a live sandbox costs a process start; starting the
+//! sandbox for it (a `docker exec`'s runc, a bubblewrap's namespaces and mounts) costs many
+//! times that. The first process ([`FIRST_PROCESS`]) reads one frame per line:
+//! `NONCE LENGTH DIR PAYLOAD`, where the directory and the command are written as `printf %b`
+//! text (every byte but visible ASCII, and every backslash, as an octal escape; spaces too in
+//! the directory, which is a field), so a frame is one line of plain text (no detach keys, no
+//! quotes to balance). A payload or directory without an escape is taken as it is, without
+//! the `printf` (a fork of the shell) that decodes the others. A frame whose payload does not
+//! have the announced length (a writer that stopped half-way) is skipped, and every frame is
+//! preceded by a newline, so such a fragment can never run nor swallow the next command.
+//!
+//! For each frame the first process checks the directory (it must exist and, links resolved,
+//! stay inside the working directory), prints `NONCE B` on both streams, runs the command as
+//! `/bin/sh -c` with stdin from `/dev/null`, kills whatever the command left running
+//! (`kill -9 -1` from the first process spares only itself and the namespace's init), and
+//! prints `\nNONCE E STATUS` on stdout and `\nNONCE E` on stderr. The reader ([`Reading`])
+//! drops everything before the begin markers (output of an earlier command whose reader went
+//! away), keeps what lies between the markers exactly (capped), and takes the status from the
+//! stdout trailer. The nonce is fresh for every command and unguessable by it beforehand, so a
+//! command's output is not mistaken for a marker by accident.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nodus_core::output::Output;
+use nodus_core::sandbox::{Error, ExecOutput};
+
+use crate::capped;
+
+/// The first process (`$1` is the working directory). See the [module docs](self).
+pub(crate) const FIRST_PROCESS: &str = r#"W=$1; cd -- "$W" || exit 1
+while IFS= read -r f; do
+  n=${f%% *}; f=${f#* }; l=${f%% *}; f=${f#* }; d=${f%% *}; p=${f#* }
+  [ "${#p}" = "$l" ] || continue
+  case $p in *\\*) c=$(printf '%bx' "$p"); c=${c%x} ;; *) c=$p ;; esac
+  case $d in *\\*) d=$(printf '%bx' "$d"); d=${d%x} ;; esac
+  r=
+  if cd -P -- "$d" 2>/dev/null; then
+    case "$PWD/" in "$W"/*) ;; *) r=outside ;; esac
+  else r=missing; fi
+  printf '%s B\n' "$n"; printf '%s B\n' "$n" >&2
+  if [ -z "$r" ]; then
+    (exec /bin/sh -c "$c") </dev/null; r=$?; kill -9 -1 2>/dev/null
+  fi
+  cd -- "$W"
+  printf '\n%s E %s\n' "$n" "$r"; printf '\n%s E\n' "$n" >&2
+done"#;
+
+/// The longest trailer after an end marker (` STATUS`) that is accepted.
+const MAX_TRAILER: usize = 16;
+
+/// A fresh marker for one command: 128 bits from the standard library's randomly keyed
+/// hasher, over a process-wide counter.
+pub(crate) fn nonce() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let (a, b) = (
+        RandomState::new().hash_one(n),
+        RandomState::new().hash_one(!n),
+    );
+    format!("nodus{a:016x}{b:016x}")
+}
+
+/// The line that asks the first process to run `command` in the container directory `dir`.
+/// Refuses a command with a NUL byte, which no shell can hold.
+pub(crate) fn frame(nonce: &str, dir: &str, command: &str) -> Result<Vec<u8>, Error> {
+    if command.contains('\0') {
+        return Err(Error::Refused(
+            "the command contains a NUL byte, which a shell command cannot hold".to_owned(),
+        ));
+    }
+    let payload = escape(command.as_bytes(), true);
+    let dir = escape(dir.as_bytes(), false);
+    Ok(format!("\n{nonce} {} {dir} {payload}\n", payload.len()).into_bytes())
+}
+
+/// `text` as one shell word: single-quoted, each `'` written `'\''`.
+pub(crate) fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// `bytes` as `printf %b` text: printable ASCII but backslash (and space, unless `spaces`)
+/// as is, every other byte as `\0` and three octal digits.
+fn escape(bytes: &[u8], spaces: bool) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if (b.is_ascii_graphic() && b != b'\\') || (spaces && b == b' ') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\0{b:03o}"));
+        }
+    }
+    out
+}
+
+/// How a command in the channel ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// The command ran and exited with this status (128 + n for signal n).
+    Exited(i32),
+    /// The directory does not exist (or is not a directory).
+    MissingDir,
+    /// The directory resolves outside the working directory.
+    OutsideDir,
+}
+
+impl Status {
+    /// The exit code this status reports, or the refusal of the working directory, shown as
+    /// the request named it (`cwd`).
+    pub(crate) fn exit_code(self, cwd: &str) -> Result<i32, Error> {
+        match self {
+            Status::Exited(code) => Ok(code),
+            Status::MissingDir => Err(Error::Refused(format!(
+                "working directory {cwd:?} does not exist"
+            ))),
+            Status::OutsideDir => Err(Error::Refused(format!(
+                "working directory {cwd:?} leads outside the working directory"
+            ))),
+        }
+    }
+}
+
+/// The output of one command as it arrives, on both streams.
+#[derive(Debug)]
+pub(crate) struct Reading {
+    pub(crate) stdout: Cut,
+    pub(crate) stderr: Cut,
+}
+
+impl Reading {
+    /// Reading the command with this nonce, keeping at most `cap` bytes of each stream.
+    pub(crate) fn new(nonce: &str, cap: usize) -> Self {
+        Reading {
+            stdout: Cut::new(nonce, cap),
+            stderr: Cut::new(nonce, cap),
+        }
+    }
+
+    /// Both streams ended before their end markers (the process that wrote them was killed):
+    /// what was held back in case it began a marker is output too.
+    pub(crate) fn finish(&mut self) {
+        self.stdout.finish();
+        self.stderr.finish();
+    }
+
+    /// Whether the command's stdout was cut at the cap.
+    pub(crate) fn stdout_truncated(&self) -> bool {
+        self.stdout.out.truncated
+    }
+
+    /// Whether the command began (its begin marker came on stdout).
+    pub(crate) fn begun(&self) -> bool {
+        !matches!(self.stdout.phase, Phase::Before)
+    }
+
+    /// Whether both streams have reached their end markers.
+    pub(crate) fn done(&self) -> bool {
+        self.stdout.done() && self.stderr.done()
+    }
+
+    /// The command's status, once [`Reading::done`].
+    pub(crate) fn status(&self) -> Result<Status, Error> {
+        let Phase::Done(trailer) = &self.stdout.phase else {
+            return Err(Error::Failed("the command has not ended".to_owned()));
+        };
+        let text = String::from_utf8_lossy(trailer);
+        match text.trim() {
+            "missing" => Ok(Status::MissingDir),
+            "outside" => Ok(Status::OutsideDir),
+            code => code.parse().map(Status::Exited).map_err(|_| {
+                Error::Failed(format!(
+                    "the container's first process reported the status {code:?}"
+                ))
+            }),
+        }
+    }
+
+    /// The command's result: `exit_code` when it ended by itself, `stopped` when the disk
+    /// watch stopped it, timed out when neither.
+    pub(crate) fn into_exec_output(
+        self,
+        exit_code: Option<i32>,
+        stopped: Option<String>,
+    ) -> ExecOutput {
+        let (stdout, stderr) = self.into_outputs();
+        ExecOutput {
+            exit_code,
+            stdout,
+            stderr,
+            timed_out: exit_code.is_none() && stopped.is_none(),
+            stopped,
+        }
+    }
+
+    /// What was kept of both streams.
+    pub(crate) fn into_outputs(self) -> (Output, Output) {
+        (self.stdout.out, self.stderr.out)
+    }
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Before the begin marker: everything is dropped.
+    Before,
+    /// Between the markers: this is the command's output.
+    Inside,
+    /// After the end marker, until the end of its line.
+    Trailer,
+    /// The trailer of the end marker.
+    Done(Vec<u8>),
+}
+
+/// One stream of a command, cut out of the channel by its markers.
+#[derive(Debug)]
+pub(crate) struct Cut {
+    begin: Vec<u8>,
+    end: Vec<u8>,
+    phase: Phase,
+    /// Bytes not yet placed: a marker may start in them.
+    window: Vec<u8>,
+    out: Output,
+    cap: usize,
+}
+
+impl Cut {
+    fn new(nonce: &str, cap: usize) -> Self {
+        Cut {
+            begin: format!("{nonce} B\n").into_bytes(),
+            end: format!("\n{nonce} E").into_bytes(),
+            phase: Phase::Before,
+            window: Vec::new(),
+            out: Output::default(),
+            cap,
+        }
+    }
+
+    fn done(&self) -> bool {
+        matches!(self.phase, Phase::Done(_))
+    }
+
+    fn finish(&mut self) {
+        if matches!(self.phase, Phase::Inside) {
+            let held = std::mem::take(&mut self.window);
+            capped::push(&mut self.out, self.cap, &held);
+        }
+    }
+
+    /// Takes the next bytes of the stream.
+    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Result<(), Error> {
+        if self.done() {
+            return Ok(());
+        }
+        self.window.extend_from_slice(chunk);
+        loop {
+            match self.phase {
+                Phase::Before => match find(&self.window, &self.begin) {
+                    Some(at) => {
+                        self.window.drain(..at + self.begin.len());
+                        self.phase = Phase::Inside;
+                    }
+                    None => {
+                        keep_tail(&mut self.window, self.begin.len() - 1);
+                        return Ok(());
+                    }
+                },
+                Phase::Inside => match find(&self.window, &self.end) {
+                    Some(at) => {
+                        capped::push(&mut self.out, self.cap, &self.window[..at]);
+                        self.window.drain(..at + self.end.len());
+                        self.phase = Phase::Trailer;
+                    }
+                    None => {
+                        let settled = self.window.len().saturating_sub(self.end.len() - 1);
+                        capped::push(&mut self.out, self.cap, &self.window[..settled]);
+                        self.window.drain(..settled);
+                        return Ok(());
+                    }
+                },
+                Phase::Trailer => match self.window.iter().position(|&b| b == b'\n') {
+                    Some(at) => {
+                        let trailer = self.window[..at].to_vec();
+                        self.window = Vec::new();
+                        self.phase = Phase::Done(trailer);
+                        return Ok(());
+                    }
+                    None if self.window.len() > MAX_TRAILER => {
+                        return Err(Error::Failed(
+                            "the container's first process wrote a malformed end marker".to_owned(),
+                        ));
+                    }
+                    None => return Ok(()),
+                },
+                Phase::Done(_) => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Keeps the last `n` bytes of `bytes`.
+fn keep_tail(bytes: &mut Vec<u8>, n: usize) {
+    let cut = bytes.len().saturating_sub(n);
+    bytes.drain(..cut);
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `stream` to a fresh cut in chunks of `size` bytes.
+    fn cut(nonce: &str, cap: usize, stream: &[u8], size: usize) -> Cut {
+        let mut cut = Cut::new(nonce, cap);
+        for chunk in stream.chunks(size) {
+            cut.feed(chunk).expect("well-formed");
+        }
+        cut
+    }
+
+    #[test]
+    fn output_between_the_markers_is_kept_exactly_in_any_chunking() {
+        let stream = b"old output\nN E 0\nN B\nhello\n\nworld\xff\0no newline\nN E 3\nlater";
+        for size in 1..stream.len() {
+            let mut reading = Reading::new("N", 1 << 20);
+            for chunk in stream.chunks(size) {
+                reading.stdout.feed(chunk).expect("well-formed");
+            }
+            reading.stderr.feed(b"N B\n\nN E\n").expect("well-formed");
+            assert!(reading.done(), "chunks of {size}");
+            assert_eq!(reading.status().expect("status"), Status::Exited(3));
+            let (out, err) = reading.into_outputs();
+            assert_eq!(
+                out.bytes, b"hello\n\nworld\xff\0no newline",
+                "chunks of {size}"
+            );
+            assert!(!out.truncated && err.bytes.is_empty());
+        }
+    }
+
+    #[test]
+    fn an_earlier_commands_markers_are_not_this_ones() {
+        let stream = b"M B\nother\nM E 0\nN B\nmine\nN E 0\n";
+        let c = cut("N", 100, stream, 3);
+        assert_eq!(c.out.bytes, b"mine");
+        assert!(c.done());
+    }
+
+    #[test]
+    fn output_beyond_the_cap_is_cut_and_the_end_still_found() {
+        let mut stream = b"N B\n".to_vec();
+        stream.extend(std::iter::repeat_n(b'x', 10_000));
+        stream.extend_from_slice(b"\nN E 0\n");
+        let c = cut("N", 100, &stream, 7);
+        assert_eq!(c.out.bytes.len(), 100);
+        assert!(c.out.truncated && c.done());
+    }
+
+    #[test]
+    fn statuses_for_directories_and_garbage() {
+        for (trailer, status) in [
+            (" missing", Some(Status::MissingDir)),
+            (" outside", Some(Status::OutsideDir)),
+            (" 137", Some(Status::Exited(137))),
+            (" nope", None),
+        ] {
+            let mut reading = Reading::new("N", 10);
+            let stdout = format!("N B\n\nN E{trailer}\n");
+            reading.stdout.feed(stdout.as_bytes()).expect("feed");
+            reading.stderr.feed(b"N B\n\nN E\n").expect("feed");
+            assert_eq!(reading.status().ok(), status, "{trailer}");
+        }
+        let mut long = Cut::new("N", 10);
+        assert!(long.feed(b"N B\n\nN E 00000000000000000000000000").is_err());
+    }
+
+    #[test]
+    fn frames_are_one_printable_line_with_the_payload_length() {
+        let line = frame("N", "/work/a b", "echo 'hi'\n\\ \t\u{e9}").expect("frame");
+        let text = String::from_utf8(line).expect("ascii");
+        assert!(text.starts_with('\n') && text.ends_with('\n'));
+        let line = text.trim_matches('\n');
+        assert!(!line.contains('\n') && line.bytes().all(|b| (0x20..0x7f).contains(&b)));
+        let fields: Vec<&str> = line.splitn(4, ' ').collect();
+        assert_eq!(fields[0], "N");
+        assert_eq!(fields[2], "/work/a\\0040b");
+        assert_eq!(fields[3], "echo 'hi'\\0012\\0134 \\0011\\0303\\0251");
+        assert_eq!(fields[1], fields[3].len().to_string());
+        assert!(frame("N", "/work", "a\0b").is_err());
+    }
+
+    #[test]
+    fn a_stream_cut_off_before_its_end_marker_keeps_everything_it_said() {
+        let mut reading = Reading::new("N", 100);
+        reading.stdout.feed(b"N B\nstarted\n").expect("feed");
+        reading.stderr.feed(b"N B\nwarn").expect("feed");
+        reading.finish();
+        assert!(!reading.done());
+        let (out, err) = reading.into_outputs();
+        assert_eq!(
+            (out.bytes.as_slice(), err.bytes.as_slice()),
+            (&b"started\n"[..], &b"warn"[..])
+        );
+        let mut before = Reading::new("N", 100);
+        before.stdout.feed(b"older output").expect("feed");
+        before.finish();
+        assert!(
+            before.into_outputs().0.bytes.is_empty(),
+            "nothing before the begin marker"
+        );
+    }
+
+    #[test]
+    fn quoted_words_hold_any_text() {
+        assert_eq!(quote("plain"), "'plain'");
+        assert_eq!(quote("it's $HOME"), "'it'\\''s $HOME'");
+        assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn nonces_differ() {
+        let a = nonce();
+        assert_ne!(a, nonce());
+        assert_eq!(a.len(), 5 + 32);
+    }
+}
