@@ -113,7 +113,9 @@ fn close(value: &Value, expected: f64) -> bool {
 async fn eval_compare_pairs_two_groups_and_refuses_others() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = FakeServer::start().await.expect("fake provider");
-    fake.respond_with(model);
+    fake.respond_with(|request| {
+        model(request).unwrap_or_else(|| Fake::Message(FakeMessage::text("ok")))
+    });
     let base_url = fake.base_url();
     let server = ServerProcess::start_in_env(
         &Backend::Sqlite.store_url(dir.path()),
