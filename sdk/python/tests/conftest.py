@@ -253,10 +253,16 @@ def nodus_bin() -> str:
 
 
 class NodusServer:
-    """A ``nodus server`` child: in-memory store, unisolated sandbox, the fake model."""
+    """A ``nodus server`` child with the fake model: by default an in-memory store and the
+    unisolated sandbox."""
 
     def __init__(
-        self, model_url: str, *, store: str = "memory:", directory: Optional[str] = None
+        self,
+        model_url: str,
+        *,
+        store: str = "memory:",
+        directory: Optional[str] = None,
+        sandbox: str = "unisolated",
     ) -> None:
         self.dir = directory or tempfile.mkdtemp(prefix="nodus-sdk-test-")
         self.port = free_port()
@@ -271,7 +277,7 @@ class NodusServer:
                 "--store",
                 store,
                 "--sandbox",
-                "unisolated",
+                sandbox,
                 "--data-dir",
                 str(Path(self.dir) / "data"),
                 "--listen",
