@@ -5,11 +5,57 @@
 //! touches the world ([`Store`], [`Sandbox`], [`ModelClient`], [`Router`], [`Clock`]), the
 //! durable run engine built on them, and the [`Runner`] that schedules its runs and groups
 //! (the server only starts it). It does no I/O of its own.
+//!
+//! # Embedding
+//!
+//! An [`Engine`](engine::Engine) is built from its [`Deps`](engine::Deps) — a store, a
+//! sandbox, a model client and its catalog; [`Deps::builder`](engine::Deps::builder) fills in
+//! the rest (the system clock, no metering) — and a [`Config`](engine::Config). Its
+//! operations write what people ask for (agents, runs, groups; messages, cancellations); the
+//! [`Runner`] drives the runs. Here with the in-memory store, the unisolated sandbox (a
+//! directory per run, no isolation: for trusted commands only) and the offline model, which
+//! answers without calling anyone and is free:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use nodus_core::engine::{Config, Deps, Engine};
+//! use nodus_core::lifecycle::RunPhase;
+//! use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
+//! use nodus_core::{Runner, RunnerConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let workdirs = tempfile::tempdir()?;
+//! let deps = Deps::builder(
+//!     Arc::new(nodus_store::MemoryStore::new()),
+//!     Arc::new(nodus_sandbox::UnisolatedSandbox::new(workdirs.path().to_path_buf())),
+//!     Arc::new(nodus_llm::ScriptedModel::offline()),
+//!     nodus_llm::offline_catalog(&nodus_llm::default_catalog()?),
+//! )
+//! .build();
+//! let engine = Engine::new(deps, Config::default());
+//! let runner = Runner::start(engine.clone(), RunnerConfig::default());
+//!
+//! engine
+//!     .apply_agent("default", Agent::new("helper", AgentSpec::new("You are careful.")))
+//!     .await?;
+//! let run = AgentRun::new("first", AgentRunSpec::new("helper", "Say hello."));
+//! engine.create_run("default", run).await?;
+//!
+//! let run = runner.settled("default", "first").await?;
+//! assert_eq!(run.status.phase, Some(RunPhase::Succeeded));
+//! let answer = engine.answer("default", "first").await?;
+//! assert!(answer.is_some_and(|text| !text.is_empty()));
+//! runner.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod catalog;
 pub mod clock;
 pub mod cost;
-pub mod decide;
+pub(crate) mod decide;
 pub mod digest;
 pub mod engine;
 pub mod evaluation;
@@ -21,7 +67,7 @@ pub mod model;
 pub mod money;
 pub mod output;
 pub mod patch;
-pub mod replay;
+pub(crate) mod replay;
 pub mod resource;
 pub mod retention;
 pub mod router;

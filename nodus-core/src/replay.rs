@@ -204,17 +204,6 @@ impl Turn {
         })
     }
 
-    /// Every tool call the model asked for in this turn, in order.
-    pub fn tool_uses(&self) -> impl Iterator<Item = ToolUse<'_>> + '_ {
-        self.calls
-            .iter()
-            .filter_map(|call| match call {
-                Call::Replied { response, .. } => Some(response),
-                Call::Failed { .. } => None,
-            })
-            .flat_map(tool_uses_of)
-    }
-
     /// The well-formed shell calls the model asked for in this turn, in order.
     pub fn commands(&self) -> &[AskedCommand] {
         &self.commands
@@ -594,16 +583,6 @@ fn prompt_text(prompt: Prompt, first_prompt: &str, inbox: &[InboxMessage]) -> St
             |m| m.payload.clone(),
         ),
     }
-}
-
-/// Ids of the tool calls of a turn that may run: the first `maxToolCalls` well-formed shell
-/// calls, in order.
-pub fn granted_tool_uses(turn: &Turn, max_tool_calls: u32) -> Vec<&str> {
-    turn.commands
-        .iter()
-        .take(usize::try_from(max_tool_calls).unwrap_or(usize::MAX))
-        .map(|asked| asked.id.as_str())
-        .collect()
 }
 
 /// The result block the model sees for one tool call.

@@ -360,7 +360,7 @@ pub const MAX_SECRET_KEY_CHARS: usize = 253;
 
 /// Reads a user's Secret (`apiVersion`, `kind`, `metadata`, `type`, `stringData`) and checks
 /// it. A value never appears in an error.
-pub fn parse_secret(document: Value) -> Result<Secret> {
+pub(crate) fn parse_secret(document: Value) -> Result<Secret> {
     let Value::Object(mut fields) = document else {
         return Err(Invalid::new(
             "",
@@ -452,7 +452,7 @@ pub fn parse_secret(document: Value) -> Result<Secret> {
 
 /// Checks a Secret: its metadata (a name is required) and its keys (1 to
 /// [`MAX_SECRET_KEY_CHARS`] characters).
-pub fn check_secret(secret: &Secret) -> Result<()> {
+pub(crate) fn check_secret(secret: &Secret) -> Result<()> {
     check_common_metadata(&secret.metadata)?;
     require_name(&secret.metadata)?;
     if let Some(key) = secret

@@ -80,6 +80,7 @@ pub(crate) fn frame(nonce: &str, dir: &str, command: &str) -> Result<Vec<u8>, Er
 }
 
 /// `text` as one shell word: single-quoted, each `'` written `'\''`.
+#[cfg_attr(not(feature = "docker"), allow(dead_code))]
 pub(crate) fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "'\\''"))
 }
@@ -149,6 +150,7 @@ impl Reading {
     }
 
     /// Whether the command's stdout was cut at the cap.
+    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
     pub(crate) fn stdout_truncated(&self) -> bool {
         self.stdout.out.truncated
     }

@@ -175,7 +175,7 @@ fn wait_phase(server: &ServerProcess, group: &str, phase: &str) -> Value {
         "wait",
         &format!("agentgroup/{group}"),
         &format!("--for=jsonpath={{.status.phase}}={phase}"),
-        "--timeout=1m",
+        "--timeout=4m",
     ]);
     json(&server.ok(&["get", &format!("agentgroup/{group}"), "-o", "json"]))
 }
@@ -663,7 +663,7 @@ async fn a_sigkill_while_grading_leaves_every_case_graded_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = Backend::Sqlite;
     let (fake, mut server) = start(&backend, dir.path()).await;
-    let grade_sh = "sleep 5\necho '{\"reward\": 1, \"passed\": true, \"evidence\": \"slept\"}'\n";
+    let grade_sh = "sleep 15\necho '{\"reward\": 1, \"passed\": true, \"evidence\": \"slept\"}'\n";
     apply(
         &server,
         &format!(
@@ -685,7 +685,7 @@ async fn a_sigkill_while_grading_leaves_every_case_graded_once() {
         &group_yaml("crashy", "sleepy@1.0.0", "test", 6, 3, "10m"),
     );
     // Kill it while a grading is under way: a case still pending with a grading attempt
-    // written (its grader sleeps 5 s before it prints).
+    // written (its grader sleeps 15 s before it prints, longer than the runs take to end).
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         assert!(std::time::Instant::now() < deadline, "no grading started");

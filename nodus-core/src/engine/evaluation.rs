@@ -3,7 +3,8 @@
 //!
 //! A case is a `Pending` [`CaseRecord`] document created with the group and its run, in the
 //! same all-or-nothing batch. When the run has ended, [`Engine::grade_evaluation`] (the
-//! [`Runner`](crate::runner::Runner) calls it after each reconcile of the group) writes the
+//! [`Runner`](crate::runner::Runner) queues it after each reconcile of the group, under a key
+//! of its own so that a slow grader never holds up the group) writes the
 //! case's one terminal state, with the version it read: a second writer is refused and finds
 //! it terminal, so a grade is recorded once. A `command` grader is journaled in the case
 //! itself: the attempt (its sandbox's key) is written before the grader starts and finished

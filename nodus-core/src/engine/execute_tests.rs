@@ -23,8 +23,8 @@ use crate::router::FixedRouter;
 use crate::sandbox::{ExecOutput, MockSandbox, SandboxId, SandboxInfo, SandboxSpec};
 use crate::secret::StaticSecrets;
 use crate::store::{
-    Change, Claimed, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, Selector,
-    Store, Swept,
+    Change, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite, Selector,
+    Store,
 };
 use crate::testing::ManualClock;
 
@@ -93,6 +93,10 @@ impl Store for MockedStore {
     ) -> Result<Vec<Record>, Error> {
         self.0.list(project, kind, selector).await
     }
+    async fn projects(&self) -> Result<Vec<String>, Error> {
+        self.0.unexpected("projects");
+        Err(Error::Unavailable("projects".to_string()))
+    }
     async fn update(
         &self,
         key: &ObjectKey,
@@ -107,10 +111,6 @@ impl Store for MockedStore {
     }
     async fn claim(&self, run_uid: &str, lease: &Lease) -> Result<Fence, Error> {
         self.0.claim(run_uid, lease).await
-    }
-    async fn claim_runnable(&self, _: &[&str], _: &Lease) -> Result<Option<Claimed>, Error> {
-        self.0.unexpected("claim_runnable");
-        Err(Error::Unavailable("claim_runnable".to_string()))
     }
     async fn renew(&self, run_uid: &str, fence: Fence, lease: &Lease) -> Result<(), Error> {
         self.0.renew(run_uid, fence, lease).await
@@ -147,9 +147,9 @@ impl Store for MockedStore {
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
         self.0.inbox(run_uid).await
     }
-    async fn sweep_payloads(&self, _: Timestamp, _: Timestamp) -> Result<Swept, Error> {
-        self.0.unexpected("sweep_payloads");
-        Err(Error::Unavailable("sweep_payloads".to_string()))
+    async fn rewrite_run(&self, _: RunRewrite) -> Result<Record, Error> {
+        self.0.unexpected("rewrite_run");
+        Err(Error::Unavailable("rewrite_run".to_string()))
     }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.0.subscribe()

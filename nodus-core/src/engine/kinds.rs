@@ -439,7 +439,7 @@ fn not_writable(kind: Kind) -> Error {
 }
 
 /// `metadata.resourceVersion` of a document: the version a write expects, if it names one.
-pub fn expected_version(document: &Value) -> Result<Option<u64>, Invalid> {
+fn expected_version(document: &Value) -> Result<Option<u64>, Invalid> {
     match document.pointer("/metadata/resourceVersion") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) => text.parse().map(Some).map_err(|_| {

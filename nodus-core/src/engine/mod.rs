@@ -30,8 +30,8 @@ pub use evaluation::{
     DEFAULT_EVALUATION_TIMEOUT, DEFAULT_GRADER_TIMEOUT, MAX_EVALUATION_GROUP_NAME,
 };
 pub use execute::Driven;
-pub use kinds::{SpecRules, WRITABLE_KINDS, Writable, expected_version};
-pub use typed::Versioned;
+pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
+use typed::Versioned;
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
@@ -76,6 +76,75 @@ pub struct Deps {
     pub secrets: Arc<dyn Secrets>,
     /// Project credits that platform calls reserve against.
     pub ledger: Arc<dyn crate::ledger::Ledger>,
+}
+
+impl Deps {
+    /// Dependencies over these backends — durable state, where commands run, the model and
+    /// its catalog (what each family's model is and costs) — with the defaults for the rest:
+    /// the system clock, routing every prompt to the fallback family ([`Family::FALLBACK`],
+    /// within what an agent allows), no Secrets, and no metering of credits (for embedders
+    /// who bill elsewhere; runs' own caps still hold). Change any with [`DepsBuilder`]'s
+    /// methods, then [`DepsBuilder::build`].
+    ///
+    /// [`Family::FALLBACK`]: crate::catalog::Family::FALLBACK
+    pub fn builder(
+        store: Arc<dyn Store>,
+        sandbox: Arc<dyn Sandbox>,
+        model: Arc<dyn ModelClient>,
+        catalog: Catalog,
+    ) -> DepsBuilder {
+        DepsBuilder {
+            deps: Deps {
+                store,
+                sandbox,
+                model,
+                router: Arc::new(crate::router::FixedRouter(crate::catalog::Family::FALLBACK)),
+                clock: Arc::new(crate::clock::SystemClock),
+                catalog: Arc::new(catalog),
+                secrets: Arc::new(crate::secret::StaticSecrets::new()),
+                ledger: Arc::new(crate::ledger::Unmetered),
+            },
+        }
+    }
+}
+
+/// [`Deps`] being put together: [`Deps::builder`] with the backends, these methods for the
+/// rest.
+#[must_use]
+pub struct DepsBuilder {
+    deps: Deps,
+}
+
+impl DepsBuilder {
+    /// Picks a family per prompt.
+    pub fn router(mut self, router: Arc<dyn Router>) -> Self {
+        self.deps.router = router;
+        self
+    }
+
+    /// Time (in tests, the `ManualClock` of the `test-util` feature).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.deps.clock = clock;
+        self
+    }
+
+    /// Keys of BYOK agents, and the sealing of Secret resources.
+    pub fn secrets(mut self, secrets: Arc<dyn Secrets>) -> Self {
+        self.deps.secrets = secrets;
+        self
+    }
+
+    /// Project credits that platform calls reserve against
+    /// ([`StoreLedger`](crate::ledger::StoreLedger) keeps them in the store).
+    pub fn ledger(mut self, ledger: Arc<dyn crate::ledger::Ledger>) -> Self {
+        self.deps.ledger = ledger;
+        self
+    }
+
+    /// The dependencies.
+    pub fn build(self) -> Deps {
+        self.deps
+    }
 }
 
 /// Settings an operator can change.
