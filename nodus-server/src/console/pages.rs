@@ -678,28 +678,13 @@ pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, 
             .raw("</td>");
     }
     html.raw("</tr></tbody></table></div><h2>Blocked</h2>");
-    match status["blockedReasons"]
-        .as_object()
-        .filter(|r| !r.is_empty())
-    {
-        None => {
-            html.raw("<p class=\"muted\">Nothing is blocked.</p>");
-        }
-        Some(reasons) => {
-            html.raw(
-                "<div class=\"table\"><table id=\"blocked\"><thead><tr><th>Reason</th>\
-                      <th class=\"num\">Runs</th></tr></thead><tbody>",
-            );
-            for (reason, count) in reasons {
-                html.raw("<tr><td>")
-                    .text(reason)
-                    .raw("</td><td class=\"num\">")
-                    .text(show(count))
-                    .raw("</td></tr>");
-            }
-            html.raw("</tbody></table></div>");
-        }
-    }
+    reason_counts(
+        &mut html,
+        &status["blockedReasons"],
+        "blocked",
+        "Runs",
+        "Nothing is blocked.",
+    );
     if !group["spec"]["evaluation"].is_null() {
         evaluation_summary(&mut html, project, name, &group);
     }
@@ -707,6 +692,40 @@ pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, 
     let runs: Vec<&Value> = runs.iter().collect();
     runs_table(&mut html, project, &runs, true);
     Ok(Page::live(html))
+}
+
+/// A table of counts by reason (`{REASON: count}`) with the id `id`, the counts headed
+/// `unit`; `none` when there are none.
+fn reason_counts(
+    html: &mut Html,
+    counts: &Value,
+    id: &'static str,
+    unit: &'static str,
+    none: &'static str,
+) {
+    let Some(reasons) = counts.as_object().filter(|r| !r.is_empty()) else {
+        html.raw("<p class=\"muted\" id=\"")
+            .raw(id)
+            .raw("\">")
+            .raw(none)
+            .raw("</p>");
+        return;
+    };
+    html.raw("<div class=\"table\"><table id=\"")
+        .raw(id)
+        .raw("\"><thead><tr><th>Reason</th><th class=\"num\">")
+        .raw(unit)
+        .raw("</th></tr></thead><tbody>");
+    for (reason, count) in reasons {
+        html.raw("<tr data-reason=\"")
+            .text(reason)
+            .raw("\"><td>")
+            .text(reason)
+            .raw("</td><td class=\"num\">")
+            .text(show(count))
+            .raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div>");
 }
 
 /// A fraction (a pass rate, an end of an interval) as a percentage with one decimal. These
@@ -767,27 +786,13 @@ fn evaluation_summary(html: &mut Html, project: &str, name: &str, group: &Value)
             "/results\">Results: each case with its run and the grader's evidence</a></p>\
               <h3>Unscored</h3>",
         );
-    match summary["unscored"].as_object().filter(|u| !u.is_empty()) {
-        None => {
-            html.raw("<p class=\"muted\" id=\"unscored\">No case is unscored.</p>");
-        }
-        Some(reasons) => {
-            html.raw(
-                "<div class=\"table\"><table id=\"unscored\"><thead><tr><th>Reason</th>\
-                 <th class=\"num\">Cases</th></tr></thead><tbody>",
-            );
-            for (reason, count) in reasons {
-                html.raw("<tr data-reason=\"")
-                    .text(reason)
-                    .raw("\"><td>")
-                    .text(reason)
-                    .raw("</td><td class=\"num\">")
-                    .text(show(count))
-                    .raw("</td></tr>");
-            }
-            html.raw("</tbody></table></div>");
-        }
-    }
+    reason_counts(
+        html,
+        &summary["unscored"],
+        "unscored",
+        "Cases",
+        "No case is unscored.",
+    );
 }
 
 /// An evaluation group's results: each case in batch order with its state, verdict or reason,
