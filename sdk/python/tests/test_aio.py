@@ -159,6 +159,43 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
     run_async(test)
 
 
+def test_aio_evaluation_group_waits_reads_results_and_deletes() -> None:
+    async def test(client: aio.AsyncClient) -> None:
+        agent = aio.ClaudeAgent(
+            unique("aevalok"),
+            system="x",
+            families=["haiku"],
+            per_run_max_cost="0.05",
+            client=client,
+        )
+        group = await aio.AgentGroup.create(
+            unique("aevalok"),
+            agent=agent,
+            max_active=2,
+            max_cost="0.20",
+            evaluation={
+                "environment": "nodus/arithmetic-v2@2.0.0",
+                "split": "test",
+                "tasks": 2,
+                "repetitions": 1,
+                "seed": 3,
+                "timeout": "5m",
+            },
+        )
+        status = await group.wait(timeout=120)
+        assert status.phase == "Succeeded"
+        assert status.evaluation.pending == 0 and status.evaluation.get("passRate") == 1.0
+        assert (await group.status).evaluation.scored == 2
+        results = await group.results()
+        assert [(r.state, r.get("verdict")) for r in results] == [("Scored", "pass")] * 2
+        assert all(isinstance(r.cost.total, Decimal) and r.get("seed") == 3 for r in results)
+        await group.delete()
+        with pytest.raises(nodus.NotFound):
+            await aio.AgentGroup.from_name(group.name, client=client).status
+
+    run_async(test)
+
+
 def test_aio_wrong_token_and_a_server_that_is_down(server: NodusServer) -> None:
     async def wrong(client: aio.AsyncClient) -> None:
         with pytest.raises(nodus.Unauthorized):
