@@ -9,7 +9,13 @@
 //! baseline, in the same run, is the same run folding the whole journal again at every step
 //! (as the executor did before), which grows with the run.
 //!
-//! `cargo bench -p nodus-core --bench long_run`
+//! `cargo bench -p nodus-core --features test-util --bench long_run` (`NODUS_BENCH_NO_REQUEST=1`: without building
+//! the model calls' requests; `NODUS_BENCH_INCREMENTAL_ONLY=1`: without the baseline, for a
+//! profiler).
+
+#![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
+
+#![allow(clippy::float_arithmetic)] // microseconds and ratios for display only
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -130,8 +136,12 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
     }
 }
 
-/// One run; per step, the decider work and the time of building a model call's request.
-fn run(fold: Fold) -> (Vec<Duration>, Vec<Duration>) {
+/// Per step: the decider work, the time of building a model call's request, and the parts
+/// of the decider work (deciding, folding, projecting the status).
+type Timings = (Vec<Duration>, Vec<Duration>, [Vec<Duration>; 3]);
+
+/// One run, timed per step.
+fn run(fold: Fold) -> Timings {
     let mut agent = AgentSpec::new("bench");
     agent.max_tool_calls = 1_000;
     let spec = AgentRunSpec::new("a", "go");
@@ -148,6 +158,7 @@ fn run(fold: Fold) -> (Vec<Duration>, Vec<Duration>) {
     let mut replay = Replay::default();
     let mut decider = Vec::new();
     let mut requests = Vec::new();
+    let mut parts: [Vec<Duration>; 3] = Default::default();
     let mut calls = 0usize;
     loop {
         let started = Instant::now();
@@ -175,11 +186,14 @@ fn run(fold: Fold) -> (Vec<Duration>, Vec<Duration>) {
             facts: Facts::default(),
         };
         let decision = decide::decide(&input);
+        let decided = started.elapsed();
         let Decision::Act(intent) = decision else {
             break;
         };
         let mut request_time = Duration::ZERO;
-        if let Intent::CallModel { model, tools, .. } = &intent {
+        if let Intent::CallModel { model, tools, .. } = &intent
+            && std::env::var_os("NODUS_BENCH_NO_REQUEST").is_none()
+        {
             let request = Instant::now();
             black_box(decide::model_request(
                 &input,
@@ -190,6 +204,7 @@ fn run(fold: Fold) -> (Vec<Duration>, Vec<Duration>) {
             request_time = request.elapsed();
         }
         let outcome = outcome(&intent, calls);
+        let folding = Instant::now();
         if matches!(intent, Intent::CallModel { .. }) {
             calls += 1;
         }
@@ -211,6 +226,8 @@ fn run(fold: Fold) -> (Vec<Duration>, Vec<Duration>) {
             replay.apply(&step);
         }
         journal.push(step);
+        let folded_in = folding.elapsed();
+        let projecting = Instant::now();
         // The status written after the step: the turns' lines and the answer.
         let projected = match fold {
             Fold::Incremental => (replay.turn_statuses(), replay.answer()),
@@ -220,11 +237,14 @@ fn run(fold: Fold) -> (Vec<Duration>, Vec<Duration>) {
             }
         };
         black_box(projected);
+        parts[0].push(decided);
+        parts[1].push(folded_in);
+        parts[2].push(projecting.elapsed());
         decider.push(started.elapsed().saturating_sub(request_time));
         requests.push(request_time);
     }
     assert_eq!(calls, COMMANDS + 1, "every command and the answer");
-    (decider, requests)
+    (decider, requests, parts)
 }
 
 fn mean(window: &[Duration]) -> f64 {
@@ -254,19 +274,43 @@ fn main() {
             Vec::new(),
             Vec::new(),
         ),
+        ("of the first row: deciding", Vec::new(), Vec::new()),
+        (
+            "of the first row: folding the step in",
+            Vec::new(),
+            Vec::new(),
+        ),
+        (
+            "of the first row: projecting the status",
+            Vec::new(),
+            Vec::new(),
+        ),
     ];
     let mut steps = 0;
     for _ in 0..REPEATS {
         // Alternate the two ways in one process, so both see the same machine.
-        let (decider, requests) = run(Fold::Incremental);
-        let (whole, _) = run(Fold::Whole);
+        let (decider, requests, parts) = run(Fold::Incremental);
+        // NODUS_BENCH_INCREMENTAL_ONLY=1 skips the baseline (for a profiler).
+        let (whole, _, _) = if std::env::var_os("NODUS_BENCH_INCREMENTAL_ONLY").is_some() {
+            run(Fold::Incremental)
+        } else {
+            run(Fold::Whole)
+        };
         steps = decider.len();
         let with_request: Vec<Duration> = decider
             .iter()
             .zip(&requests)
             .map(|(d, r)| *d + *r)
             .collect();
-        for (row, series) in rows.iter_mut().zip([&decider, &with_request, &whole]) {
+        let series = [
+            &decider,
+            &with_request,
+            &whole,
+            &parts[0],
+            &parts[1],
+            &parts[2],
+        ];
+        for (row, series) in rows.iter_mut().zip(series) {
             row.1.push(mean(&series[..WINDOW]));
             row.2.push(mean(&series[series.len() - WINDOW..]));
         }

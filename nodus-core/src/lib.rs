@@ -55,6 +55,10 @@
 pub mod catalog;
 pub mod clock;
 pub mod cost;
+/// Public with `test-util`, for the engine's benchmarks; internal otherwise.
+#[cfg(feature = "test-util")]
+pub mod decide;
+#[cfg(not(feature = "test-util"))]
 pub(crate) mod decide;
 pub mod digest;
 pub mod engine;
@@ -67,6 +71,10 @@ pub mod money;
 pub mod output;
 pub mod patch;
 pub mod postrun;
+/// Public with `test-util`, for the engine's benchmarks; internal otherwise.
+#[cfg(feature = "test-util")]
+pub mod replay;
+#[cfg(not(feature = "test-util"))]
 pub(crate) mod replay;
 pub mod resource;
 pub mod retention;

@@ -66,7 +66,9 @@
 //! anything else that ends the sandbox's process (the OOM killer, an operator). The next
 //! command then starts the sandbox again over the same working directory (a fresh `/tmp`);
 //! a command is sent again only when the sandbox ended before it began, so none runs twice.
-//! [`Sandbox::suspend`] ends it too, for a run that waits for a message. `--die-with-parent`
+//! [`Sandbox::suspend`] ends it too, for a run that waits for a message, and removes its
+//! cgroups (made again at the next start), so that a waiting run holds no process and no
+//! cgroup. `--die-with-parent`
 //! ties a sandbox to the server thread that started it (a runtime's worker): when that thread
 //! ends, so does the sandbox, and its next command starts it again. A command ended by a signal reports
 //! exit code 128 + the signal's number.
@@ -609,6 +611,11 @@ impl Sandbox for BwrapSandbox {
                 Some(live) => live,
                 None => {
                     fresh = true;
+                    // Its cgroups are gone when it was suspended.
+                    let (cgroups, key, limits) =
+                        (self.cgroups.clone(), id.0.clone(), created.limits);
+                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+                    blocking(move || cgroups.create(&key, &limits, entrant)).await?;
                     self.start(prepared, &id.0, &created, &home)?
                 }
             };
@@ -684,8 +691,18 @@ impl Sandbox for BwrapSandbox {
     async fn suspend(&self, id: &SandboxId) -> Result<(), Error> {
         let created = self.created().get(&id.0).cloned();
         if let Some(created) = created {
-            // After its running command, if one runs.
-            drop(created.live.lock().await.take());
+            // After its running command, if one runs; holding the slot, so that no command
+            // starts the sandbox again meanwhile.
+            let mut held = created.live.lock().await;
+            drop(held.take());
+            // While it waits the sandbox holds no cgroup either: its next start makes them
+            // again.
+            let (cgroups, key) = (self.cgroups.clone(), id.0.clone());
+            blocking(move || {
+                cgroups.remove(&key);
+                Ok(())
+            })
+            .await?;
         }
         Ok(())
     }

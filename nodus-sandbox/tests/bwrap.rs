@@ -128,25 +128,50 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
     assert_eq!(text(&out), "done\n");
     assert!(seen.lines().count() >= 4, "bwrap and the command: {seen:?}");
 
-    // A cgroup gone from under the sandbox: the command does not run outside it, and the
-    // failure is the sandbox's, not the command's. The sandbox's process lives in its cgroups
-    // between commands: suspended (as for a run that waits), it leaves them, and the next
-    // command starts it again, which has to join them first.
+    // A suspended sandbox (its run waits for a message) holds no cgroup; its next command
+    // makes them again, with the same limits, and runs inside them.
     sandbox.suspend(&id).await.expect("suspend");
-    // The last processes of the sandbox leave the cgroup a moment after they were killed.
+    assert!(
+        cgroup_dir("pids", &key).is_none() && cgroup_dir("memory", &key).is_none(),
+        "a suspended sandbox holds no cgroup"
+    );
+    assert_eq!(text(&exec(&sandbox, &id, "echo back").await), "back\n");
+    let pids = cgroup_dir("pids", &key).expect("the pids cgroup, made again");
+    assert_eq!(
+        std::fs::read_to_string(pids.join("pids.max"))
+            .expect("pids")
+            .trim(),
+        "64"
+    );
+    let procs = std::fs::read_to_string(pids.join("cgroup.procs")).expect("procs");
+    assert!(
+        procs.lines().count() >= 2,
+        "the sandbox is in it: {procs:?}"
+    );
+
+    // A cgroup the sandbox cannot join: the command does not run outside it, and the failure
+    // is the sandbox's, not the command's. Its processes are killed from outside (they leave
+    // its cgroups, which stay), and its pids cgroup is closed to the sandbox's user: the next
+    // command starts it again, which has to join them first.
     let patience = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match std::fs::remove_dir(&pids) {
-            Ok(()) => break,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::ResourceBusy
-                    && std::time::Instant::now() < patience =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("remove the pids cgroup: {e}"),
+        let procs = std::fs::read_to_string(pids.join("cgroup.procs")).expect("procs");
+        if procs.trim().is_empty() {
+            break;
         }
+        assert!(
+            std::time::Instant::now() < patience,
+            "still there: {procs:?}"
+        );
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    std::fs::set_permissions(pids.join("tasks"), std::fs::Permissions::from_mode(0o000))
+        .expect("chmod");
     let refused = sandbox
         .exec(&id, &request("echo ran > ran"))
         .await

@@ -26,7 +26,11 @@ fn with_body(mut operation: Value, description: &str) -> Value {
 pub fn document() -> Value {
     let project =
         json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
-    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": ["agents", "agentruns", "agentgroups", "secrets", "budgets", "filesets", "agentenvironments"]}});
+    let plurals: Vec<&str> = nodus_core::engine::WRITABLE_KINDS
+        .iter()
+        .map(|kind| kind.plural())
+        .collect();
+    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": plurals}});
     let name =
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let base = "/apis/nodus.dev/v1/projects/{project}";

@@ -1360,7 +1360,9 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
                 serde_json::to_value(&error).expect("serializes"),
             )
         };
-        let answers = [
+        let batch = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRunList",
+                           "items": [broken_new.clone()]});
+        let mut answers = vec![
             (
                 "create",
                 api.call(
@@ -1389,6 +1391,16 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
             ("apply over the object", apply(broken.clone()).await),
             ("apply of a new object", apply(broken_new.clone()).await),
         ];
+        if case.kind == nodus_core::resource::Kind::AgentRun {
+            // One run of a batch obeys the same rules, named by its item.
+            let (status, mut body) = api
+                .call(Method::POST, &collection, Some(TOKEN), Some(batch))
+                .await;
+            let field = body["details"]["field"].as_str().map(str::to_string);
+            body["details"]["field"] =
+                json!(field.and_then(|f| f.strip_prefix("items[0].").map(str::to_string)));
+            answers.push(("create in a batch", (status, body)));
+        }
         for (verb, (status, body)) in answers {
             assert_eq!(
                 (

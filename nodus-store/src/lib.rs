@@ -16,7 +16,7 @@
 pub mod memory;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod group;
+mod commit;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -474,111 +474,133 @@ async fn crash_at_every_store_write(backend: Backend) {
         assert!(found, "{backend:?}: the drive writes {kind}: {writes:#?}");
     }
 
+    // The cases are independent (each its own store, sandbox, model and clock) and mostly
+    // wait for the disk or the database: a few run at once.
+    let parallel = Arc::new(tokio::sync::Semaphore::new(4));
+    let mut cases = tokio::task::JoinSet::new();
     for mode in [CrashMode::AfterWrite, CrashMode::BeforeWrite] {
-        for crash_at in 1..=writes.len() {
-            let context = format!(
-                "{backend:?}, {mode:?} at write {crash_at} ({})",
-                writes[crash_at - 1]
-            );
-            let (world, keep) = metered_world(backend, credits).await;
-            let crashing = Arc::new(CrashingStore::at_any_write(
-                world.store.clone(),
-                crash_at,
-                mode,
-            ));
-            // Some failed writes are only logged (giving up a lease): the process dies anyway.
-            let _ = world
-                .metered_engine_over(crashing.clone())
-                .drive(PROJECT, "job")
-                .await;
-            let seen = crashing.writes();
-            assert_eq!(seen.len(), crash_at, "{context}: the crash came");
-            assert_eq!(
-                seen.last().map(|w| &w.what),
-                Some(&writes[crash_at - 1]),
-                "{context}: the writes come in the same order"
-            );
-            let lost_reply = mode == CrashMode::BeforeWrite && seen[crash_at - 1].model_reply;
-
-            // Restart: a new engine (a new process) on the same store.
-            let engine = world.metered_engine_over(world.store.clone());
-            let mut driven = engine.drive(PROJECT, "job").await.expect("restart");
-            if let Driven::Parked { seq, .. } = driven {
-                let journal = engine.journal(PROJECT, "job").await.expect("journal");
-                let Intent::Command { command, .. } = &journal[seq as usize].intent else {
-                    panic!("{context}: parked on {:?}", journal[seq as usize].intent);
-                };
-                let resolution = if world.sandbox.count(command) > 0 {
-                    Resolution::RecordFailed
-                } else {
-                    Resolution::Retry
-                };
-                engine
-                    .resolve(PROJECT, "job", resolution)
-                    .await
-                    .expect("resolve");
-                // The runner drives it on from the resolution.
-                driven = settle(&world, &engine).await;
-            }
-            assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{context}");
-            assert_eq!(
-                engine
-                    .answer(PROJECT, "job")
-                    .await
-                    .expect("answer")
-                    .as_deref(),
-                Some("second answer"),
-                "{context}"
-            );
-
-            let account = nodus_core::ledger::StoreLedger::new(world.store.clone())
-                .account(PROJECT)
-                .await
-                .expect("account");
-            let run = engine.get_run(PROJECT, "job").await.expect("run");
-            assert!(
-                account.reserved.is_empty(),
-                "{context}: held {:?}",
-                account.reserved
-            );
-            assert!(
-                run.status.cost.total_usd > nodus_core::Usd::ZERO,
-                "{context}"
-            );
-            assert_eq!(account.spent_usd, run.status.cost.total_usd, "{context}");
-            let journal = engine.journal(PROJECT, "job").await.expect("journal");
-            assert_costs_within_reservations(&journal, &context);
-            assert_eq!(
-                account.balance_usd,
-                credits.saturating_sub(account.spent_usd),
-                "{context}"
-            );
-
-            let journal = engine.journal(PROJECT, "job").await.expect("journal");
-            let replies = journal
-                .iter()
-                .filter(|step| matches!(step.outcome(), Some(Outcome::ModelReplied { .. })))
-                .count();
-            assert_eq!(
-                world.model.calls(),
-                replies + usize::from(lost_reply),
-                "{context}: model calls against the journal's replies"
-            );
-            for command in COMMANDS {
-                assert_eq!(
-                    world.sandbox.count(command),
-                    1,
-                    "{context}: `{command}` ran once"
-                );
-            }
-            assert_eq!(
-                world.sandbox.live(),
-                Vec::<String>::new(),
-                "{context}: sandbox deleted"
-            );
-            keep.close();
+        for (index, expected) in writes.iter().enumerate() {
+            let parallel = Arc::clone(&parallel);
+            let expected = expected.clone();
+            cases.spawn(async move {
+                let _turn = parallel.acquire_owned().await.expect("the semaphore");
+                crash_once(backend, credits, mode, index + 1, expected).await;
+            });
         }
     }
+    while let Some(case) = cases.join_next().await {
+        if let Err(error) = case {
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
+}
+
+/// One case of [`crash_at_every_store_write`]: the run crashed at write `crash_at` (which the
+/// uncrashed drive made as `expected`) in `mode`, restarted, and checked.
+async fn crash_once(
+    backend: Backend,
+    credits: nodus_core::Usd,
+    mode: CrashMode,
+    crash_at: usize,
+    expected: String,
+) {
+    let context = format!("{backend:?}, {mode:?} at write {crash_at} ({expected})");
+    let (world, keep) = metered_world(backend, credits).await;
+    let crashing = Arc::new(CrashingStore::at_any_write(
+        world.store.clone(),
+        crash_at,
+        mode,
+    ));
+    // Some failed writes are only logged (giving up a lease): the process dies anyway.
+    let _ = world
+        .metered_engine_over(crashing.clone())
+        .drive(PROJECT, "job")
+        .await;
+    let seen = crashing.writes();
+    assert_eq!(seen.len(), crash_at, "{context}: the crash came");
+    assert_eq!(
+        seen.last().map(|w| &w.what),
+        Some(&expected),
+        "{context}: the writes come in the same order"
+    );
+    let lost_reply = mode == CrashMode::BeforeWrite && seen[crash_at - 1].model_reply;
+
+    // Restart: a new engine (a new process) on the same store.
+    let engine = world.metered_engine_over(world.store.clone());
+    let mut driven = engine.drive(PROJECT, "job").await.expect("restart");
+    if let Driven::Parked { seq, .. } = driven {
+        let journal = engine.journal(PROJECT, "job").await.expect("journal");
+        let Intent::Command { command, .. } = &journal[seq as usize].intent else {
+            panic!("{context}: parked on {:?}", journal[seq as usize].intent);
+        };
+        let resolution = if world.sandbox.count(command) > 0 {
+            Resolution::RecordFailed
+        } else {
+            Resolution::Retry
+        };
+        engine
+            .resolve(PROJECT, "job", resolution)
+            .await
+            .expect("resolve");
+        // The runner drives it on from the resolution.
+        driven = settle(&world, &engine).await;
+    }
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{context}");
+    assert_eq!(
+        engine
+            .answer(PROJECT, "job")
+            .await
+            .expect("answer")
+            .as_deref(),
+        Some("second answer"),
+        "{context}"
+    );
+
+    let account = nodus_core::ledger::StoreLedger::new(world.store.clone())
+        .account(PROJECT)
+        .await
+        .expect("account");
+    let run = engine.get_run(PROJECT, "job").await.expect("run");
+    assert!(
+        account.reserved.is_empty(),
+        "{context}: held {:?}",
+        account.reserved
+    );
+    assert!(
+        run.status.cost.total_usd > nodus_core::Usd::ZERO,
+        "{context}"
+    );
+    assert_eq!(account.spent_usd, run.status.cost.total_usd, "{context}");
+    let journal = engine.journal(PROJECT, "job").await.expect("journal");
+    assert_costs_within_reservations(&journal, &context);
+    assert_eq!(
+        account.balance_usd,
+        credits.saturating_sub(account.spent_usd),
+        "{context}"
+    );
+
+    let replies = journal
+        .iter()
+        .filter(|step| matches!(step.outcome(), Some(Outcome::ModelReplied { .. })))
+        .count();
+    assert_eq!(
+        world.model.calls(),
+        replies + usize::from(lost_reply),
+        "{context}: model calls against the journal's replies"
+    );
+    for command in COMMANDS {
+        assert_eq!(
+            world.sandbox.count(command),
+            1,
+            "{context}: `{command}` ran once"
+        );
+    }
+    assert_eq!(
+        world.sandbox.live(),
+        Vec::<String>::new(),
+        "{context}: sandbox deleted"
+    );
+    keep.close();
 }
 
 #[tokio::test]

@@ -202,3 +202,23 @@ impl PartialEq<&str> for Reason {
 
 /// The engine's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_reads_back_as_the_api_writes_it() {
+        for reason in Reason::ALL {
+            let wire = serde_json::to_value(reason).expect("serializes");
+            assert_eq!(wire, serde_json::Value::from(reason.as_str()), "{reason}");
+            assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+            assert_eq!(
+                serde_json::from_value::<Reason>(wire).expect("reads back"),
+                reason
+            );
+        }
+        assert_eq!(Reason::parse("conflict"), None, "exact, case included");
+        assert_eq!(Reason::Conflict, "Conflict");
+    }
+}

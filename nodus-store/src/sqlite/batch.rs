@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use nodus_core::store::Error;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
-use crate::group::JournalWrite;
+use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
 
 /// What is known of one run while its writes are checked.

@@ -212,7 +212,7 @@ async fn a_sqlite_file_of_another_application_is_refused() {
 /// statements: each write gets its own answer, exactly as if written one by one.
 #[tokio::test]
 async fn a_batch_of_journal_writes_answers_each_write_in_order() {
-    use crate::group::JournalWrite;
+    use crate::commit::JournalWrite;
     use nodus_core::journal::{Completion, Outcome};
     use nodus_core::store::Fence;
 
@@ -306,7 +306,7 @@ async fn a_batch_of_journal_writes_answers_each_write_in_order() {
 /// `VALUES`): as many appends and completions, each for its own run, in one segment.
 #[tokio::test]
 async fn a_full_batch_of_journal_writes_fits_in_one_segment() {
-    use crate::group::{JournalWrite, MAX_BATCH};
+    use crate::commit::{JournalWrite, MAX_BATCH};
     use nodus_core::journal::{Completion, Outcome};
 
     let (store, _dir) = fresh().await;
@@ -381,7 +381,7 @@ async fn group_members_are_found_through_an_index() {
     };
     let mut query: sqlx::QueryBuilder<sqlx::Sqlite> =
         sqlx::QueryBuilder::new("SELECT name FROM resources WHERE project = ");
-    super::push_selection(&mut query, "p", Kind::AgentRun, &selector);
+    super::documents::push_selection(&mut query, "p", Kind::AgentRun, &selector);
     // The bound values are not part of a plan: `?` stands for each.
     let sql = query.sql().to_string();
     let members = plan(&store, &sql).await;

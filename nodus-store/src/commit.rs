@@ -1,8 +1,8 @@
 //! Group commit: callers queue their write and wait; one writer task takes everything queued,
 //! writes it in one transaction and acknowledges each write only after that transaction is
 //! durable. Under load, many runs' steps share one commit (one fsync); alone, a write costs
-//! one transaction as before. Postgres group-commits journal writes; SQLite every write but
-//! creates and deletes.
+//! one transaction as before. Postgres group-commits journal writes and atomic edits; SQLite
+//! every write but creates, batches, deletes, messages and rewrites.
 
 use async_trait::async_trait;
 use nodus_core::journal::{Completion, Step};

@@ -1,0 +1,513 @@
+//! Documents: create (alone or in an idempotent batch), read, list (selectors pushed down
+//! through bound JSON paths), replace at a version and edit atomically (both through the
+//! writer), delete with a run's journal and inbox, and rewrite a run's recorded contents.
+
+use std::collections::HashSet;
+
+use nodus_core::resource::Kind;
+use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
+use serde_json::Value;
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, QueryBuilder, Row, Sqlite};
+
+use super::SqliteStore;
+use super::inbox::inbox_of;
+use super::writer::Write;
+use crate::sql::{self, map_err};
+
+/// Read a document through `executor` (the readers, or the writer inside its transaction).
+pub(super) async fn read_record<'e>(
+    executor: impl sqlx::Executor<'e, Database = Sqlite>,
+    key: &ObjectKey,
+) -> Result<Record, Error> {
+    let row = sqlx::query(
+        "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .fetch_optional(executor)
+    .await
+    .map_err(map_err)?
+    .ok_or_else(|| Error::NotFound(key.clone()))?;
+    sql::record_of(key.clone(), &row, 0)
+}
+
+/// A document update, checked against the version its writer read.
+#[derive(Debug)]
+pub(super) struct DocumentUpdate {
+    pub(super) key: ObjectKey,
+    pub(super) expected: u64,
+    pub(super) columns: sql::Columns,
+    pub(super) text: String,
+}
+
+/// One document update: `Err` for a database failure (the batch fails), `Ok(Err)` for a
+/// refused update (a missing document, or a stale version).
+pub(super) async fn update_one(
+    conn: &mut SqliteConnection,
+    write: &DocumentUpdate,
+) -> Result<Result<(), Error>, Error> {
+    let key = &write.key;
+    // A version that does not fit was never stored: refused below, like any stale one.
+    if let Some(expected) = sql::to_i64(write.expected) {
+        let version = sql::bump(key, expected)?;
+        let done = sqlx::query(
+            "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
+             WHERE project = ? AND kind = ? AND name = ? AND version = ?",
+        )
+        .bind(version)
+        .bind(write.columns.uid.as_deref())
+        .bind(write.columns.group.as_deref())
+        .bind(write.columns.phase.as_deref())
+        .bind(&write.text)
+        .bind(&key.project)
+        .bind(sql::kind_name(key.kind))
+        .bind(&key.name)
+        .bind(expected)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 1 {
+            return Ok(Ok(()));
+        }
+    }
+    let current: Option<i64> = sqlx::query_scalar(
+        "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_err)?;
+    Ok(Err(match current {
+        None => Error::NotFound(key.clone()),
+        Some(actual) => Error::Conflict {
+            key: key.clone(),
+            expected: write.expected,
+            actual: sql::to_u64(actual, "a version")?,
+        },
+    }))
+}
+
+/// The conditions of a listing after `WHERE project = `: the project, the kind and the
+/// selector, pushed down through bound JSON paths, in creation order. The exact match is
+/// `Selector::matches` afterwards (numbers and booleans match their text there).
+pub(super) fn push_selection<'a>(
+    query: &mut QueryBuilder<'a, Sqlite>,
+    project: &'a str,
+    kind: Kind,
+    selector: &'a Selector,
+) {
+    query.push_bind(project);
+    query.push(" AND kind = ");
+    query.push_bind(sql::kind_name(kind));
+    for (label, value) in &selector.labels {
+        if let Some(parts) = sql::path_parts(label) {
+            let mut path = vec!["metadata", "labels"];
+            if parts.len() == 1 {
+                path.extend(parts);
+                let path = json_path(&path);
+                query.push(" AND json_type(document, ");
+                query.push_bind(path.clone());
+                query.push(") = 'text' AND json_extract(document, ");
+                query.push_bind(path);
+                query.push(") = ");
+                query.push_bind(value.as_str());
+            }
+        }
+    }
+    for (field, value) in &selector.fields {
+        if sql::push_column_match(query, field, value) {
+            continue;
+        }
+        if let Some(parts) = sql::path_parts(field) {
+            let path = json_path(&parts);
+            query.push(" AND (json_type(document, ");
+            query.push_bind(path.clone());
+            query.push(") IN ('integer', 'real', 'true', 'false') OR (json_type(document, ");
+            query.push_bind(path.clone());
+            query.push(") = 'text' AND json_extract(document, ");
+            query.push_bind(path);
+            query.push(") = ");
+            query.push_bind(value.as_str());
+            query.push("))");
+        }
+    }
+    query.push(" ORDER BY ord");
+}
+
+/// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
+fn json_path(parts: &[&str]) -> String {
+    let mut path = String::from("$");
+    for part in parts {
+        path.push_str(".\"");
+        path.push_str(part);
+        path.push('"');
+    }
+    path
+}
+
+/// Insert a document known to be new, inside a transaction.
+async fn insert(
+    conn: &mut SqliteConnection,
+    key: &ObjectKey,
+    document: &Value,
+) -> Result<(), sqlx::Error> {
+    let columns = sql::Columns::of(document);
+    sqlx::query(
+        "INSERT INTO resources (project, kind, name, version, uid, group_name, phase, document) \
+         VALUES (?, ?, ?, 1, ?, ?, ?, ?)",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .bind(columns.uid)
+    .bind(columns.group)
+    .bind(columns.phase)
+    .bind(sql::document_text(document))
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+pub(super) async fn create(
+    store: &SqliteStore,
+    key: &ObjectKey,
+    document: Value,
+) -> Result<Record, Error> {
+    let mut conn = store.write_connection().await?;
+    match insert(&mut conn, key, &document).await {
+        Ok(()) => {}
+        Err(e) if sql::is_unique_violation(&e) => {
+            return Err(Error::AlreadyExists(key.clone()));
+        }
+        Err(e) => return Err(map_err(e)),
+    }
+    store.notify(Change::Written(key.clone(), 1));
+    drop(conn);
+    Ok(Record {
+        key: key.clone(),
+        version: 1,
+        document,
+    })
+}
+
+pub(super) async fn create_batch(
+    store: &SqliteStore,
+    items: Vec<(ObjectKey, Value)>,
+    idempotency_key: Option<&str>,
+) -> Result<Vec<Record>, Error> {
+    let scope = match (idempotency_key, items.first()) {
+        (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
+        _ => None,
+    };
+    let mut conn = store.write_connection().await?;
+    let mut tx = conn.begin().await.map_err(map_err)?;
+    if let Some((project, key)) = &scope {
+        let stored: Option<String> = sqlx::query_scalar(
+            "SELECT records FROM batches WHERE project = ? AND idempotency_key = ?",
+        )
+        .bind(project)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if let Some(stored) = stored {
+            return sql::parse_batch(&stored);
+        }
+    }
+    let mut seen = HashSet::with_capacity(items.len());
+    for (key, document) in &items {
+        if !seen.insert(key) {
+            return Err(Error::AlreadyExists(key.clone()));
+        }
+        match insert(&mut tx, key, document).await {
+            Ok(()) => {}
+            Err(e) if sql::is_unique_violation(&e) => {
+                return Err(Error::AlreadyExists(key.clone()));
+            }
+            Err(e) => return Err(map_err(e)),
+        }
+    }
+    let records: Vec<Record> = items
+        .into_iter()
+        .map(|(key, document)| Record {
+            key,
+            version: 1,
+            document,
+        })
+        .collect();
+    if let Some((project, key)) = &scope {
+        sqlx::query("INSERT INTO batches (project, idempotency_key, records) VALUES (?, ?, ?)")
+            .bind(project)
+            .bind(key)
+            .bind(sql::batch_text(&records))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    }
+    tx.commit().await.map_err(map_err)?;
+    for record in &records {
+        store.notify(Change::Written(record.key.clone(), 1));
+    }
+    drop(conn);
+    Ok(records)
+}
+
+pub(super) async fn get(store: &SqliteStore, key: &ObjectKey) -> Result<Record, Error> {
+    read_record(&store.inner.readers, key).await
+}
+
+pub(super) async fn modify(
+    store: &SqliteStore,
+    key: &ObjectKey,
+    edit: Edit,
+) -> Result<Record, Error> {
+    store
+        .inner
+        .writes
+        .write(Write::Edit {
+            key: key.clone(),
+            edit,
+        })
+        .await?
+        .document()
+}
+
+pub(super) async fn list(
+    store: &SqliteStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+) -> Result<Vec<Record>, Error> {
+    let mut query: QueryBuilder<Sqlite> =
+        QueryBuilder::new("SELECT name, version, document FROM resources WHERE project = ");
+    push_selection(&mut query, project, kind, selector);
+    let rows = query
+        .build()
+        .fetch_all(&store.inner.readers)
+        .await
+        .map_err(map_err)?;
+    sql::selected(project, kind, selector, &rows, sql::record_of)
+}
+
+pub(super) async fn list_sparse(
+    store: &SqliteStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    paths: &[&str],
+) -> Result<Vec<Record>, Error> {
+    let wanted = selector.paths_with(paths);
+    let Some(json_paths) = wanted
+        .iter()
+        .map(|path| sql::path_parts(path).map(|parts| json_path(&parts)))
+        .collect::<Option<Vec<_>>>()
+    else {
+        // A path no JSON path can spell: whole documents, cut down here.
+        let records = store.list(project, kind, selector).await?;
+        return Ok(nodus_core::store::cut_down(records, &wanted));
+    };
+    let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT name, version");
+    for path in json_paths {
+        // `->` answers JSON text (or NULL when the path is absent).
+        query.push(", document -> ");
+        query.push_bind(path);
+    }
+    query.push(" FROM resources WHERE project = ");
+    push_selection(&mut query, project, kind, selector);
+    let rows = query
+        .build()
+        .fetch_all(&store.inner.readers)
+        .await
+        .map_err(map_err)?;
+    sql::selected(project, kind, selector, &rows, |key, row, at| {
+        sql::sparse_record_of(key, row, at, &wanted)
+    })
+}
+
+pub(super) async fn projects(store: &SqliteStore) -> Result<Vec<String>, Error> {
+    sqlx::query_scalar("SELECT DISTINCT project FROM resources ORDER BY project")
+        .fetch_all(&store.inner.readers)
+        .await
+        .map_err(map_err)
+}
+
+pub(super) async fn update(
+    store: &SqliteStore,
+    key: &ObjectKey,
+    expected_version: u64,
+    document: Value,
+) -> Result<Record, Error> {
+    // Only used when the update succeeds, that is when `expected_version` is stored.
+    let version = expected_version.saturating_add(1);
+    store
+        .inner
+        .writes
+        .write(Write::Replace(DocumentUpdate {
+            key: key.clone(),
+            expected: expected_version,
+            columns: sql::Columns::of(&document),
+            text: sql::document_text(&document),
+        }))
+        .await?;
+    Ok(Record {
+        key: key.clone(),
+        version,
+        document,
+    })
+}
+
+pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), Error> {
+    let mut conn = store.write_connection().await?;
+    let mut tx = conn.begin().await.map_err(map_err)?;
+    let uid: Option<Option<String>> = sqlx::query_scalar(
+        "DELETE FROM resources WHERE project = ? AND kind = ? AND name = ? RETURNING uid",
+    )
+    .bind(&key.project)
+    .bind(sql::kind_name(key.kind))
+    .bind(&key.name)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    let Some(uid) = uid else {
+        return Err(Error::NotFound(key.clone()));
+    };
+    if let Some(uid) = uid {
+        for statement in [
+            "DELETE FROM steps WHERE run_uid = ?",
+            "DELETE FROM inbox WHERE run_uid = ?",
+            // Old fences stay stale: the counter moves on and nobody holds it.
+            "UPDATE leases SET fence = fence + 1, owner = NULL WHERE run_uid = ?",
+        ] {
+            sqlx::query(statement)
+                .bind(&uid)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+    }
+    tx.commit().await.map_err(map_err)?;
+    store.notify(Change::Deleted(key.clone()));
+    drop(conn);
+    Ok(())
+}
+
+pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Result<Record, Error> {
+    crate::check_rewrite_deletes(&rewrite.delete)?;
+    let run = &rewrite.run;
+    let mut conn = store.write_connection().await?;
+    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut record = read_record(&mut *tx, run).await?;
+    if record.version != rewrite.expected_version {
+        return Err(Error::Conflict {
+            key: run.clone(),
+            expected: rewrite.expected_version,
+            actual: record.version,
+        });
+    }
+    let uid = sql::uid_of(&record.document).map(str::to_string);
+    (rewrite.document)(&mut record.document);
+    let stored = sql::to_i64(record.version)
+        .ok_or_else(|| Error::Corrupt(format!("{run}: version {} too large", record.version)))?;
+    let version = sql::bump(run, stored)?;
+    let columns = sql::Columns::of(&record.document);
+    sqlx::query(
+        "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
+         WHERE project = ? AND kind = ? AND name = ?",
+    )
+    .bind(version)
+    .bind(columns.uid)
+    .bind(columns.group)
+    .bind(columns.phase)
+    .bind(sql::document_text(&record.document))
+    .bind(&run.project)
+    .bind(sql::kind_name(run.kind))
+    .bind(&run.name)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    record.version = sql::to_u64(version, "a version")?;
+    if let Some(uid) = &uid {
+        let steps =
+            sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
+                .bind(uid)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        for row in steps {
+            let step: String = row.try_get(0).map_err(map_err)?;
+            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+            let mut step = sql::read_step(uid, &step, completion.as_deref())?;
+            (rewrite.step)(&mut step);
+            let completion = step
+                .completion
+                .as_ref()
+                .map(sql::completion_text)
+                .transpose()?;
+            sqlx::query("UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?")
+                .bind(sql::step_text(&step)?)
+                .bind(completion)
+                .bind(uid)
+                .bind(i64::from(step.seq))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+        for mut message in inbox_of(&mut *tx, uid).await? {
+            (rewrite.message)(&mut message);
+            sqlx::query(
+                "UPDATE inbox SET message_key = ?, payload = ?, received_at = ? \
+                 WHERE run_uid = ? AND seq = ?",
+            )
+            .bind(message.key)
+            .bind(message.payload)
+            .bind(message.received_at.to_string())
+            .bind(uid)
+            .bind(sql::to_i64(message.seq).unwrap_or(-1))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+    }
+    let batches: Vec<(String, String)> =
+        sqlx::query_as("SELECT idempotency_key, records FROM batches WHERE project = ?")
+            .bind(&run.project)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    for (idempotency_key, text) in batches {
+        if let Some(text) = sql::edited_batch(&text, run, rewrite.document.as_ref())? {
+            sqlx::query("UPDATE batches SET records = ? WHERE project = ? AND idempotency_key = ?")
+                .bind(text)
+                .bind(&run.project)
+                .bind(&idempotency_key)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+    }
+    let mut deleted = Vec::new();
+    for key in &rewrite.delete {
+        let removed =
+            sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
+                .bind(&key.project)
+                .bind(sql::kind_name(key.kind))
+                .bind(&key.name)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        if removed.rows_affected() > 0 {
+            deleted.push(key.clone());
+        }
+    }
+    tx.commit().await.map_err(map_err)?;
+    store.notify(Change::Written(run.clone(), record.version));
+    for key in deleted {
+        store.notify(Change::Deleted(key));
+    }
+    drop(conn);
+    Ok(record)
+}

@@ -1,0 +1,143 @@
+//! Run journals: appends and outcomes go through the writer (a busy batch's journal writes in
+//! a few statements, see `batch`), each checked against the run's fence and the journal's
+//! order in the writer's transaction; and reading a journal.
+
+use nodus_core::journal::{Completion, Step};
+use nodus_core::store::{Error, Fence};
+use sqlx::Row;
+use sqlx::sqlite::SqliteConnection;
+
+use super::SqliteStore;
+use super::writer::Write;
+use crate::commit::JournalWrite;
+use crate::sql::{self, map_err};
+
+/// One journal write, checked and done in one statement: `Err` for a database failure (the
+/// batch fails), `Ok(Err)` for a refused write, whose reason is then read.
+pub(super) async fn journal_write(
+    conn: &mut SqliteConnection,
+    write: &JournalWrite,
+) -> Result<Result<(), Error>, Error> {
+    let run = write.run();
+    let (fence, seq) = match write {
+        JournalWrite::Append { fence, step, .. } => (*fence, step.seq),
+        JournalWrite::Complete { fence, seq, .. } => (*fence, *seq),
+    };
+    // A fence that does not fit matches no stored fence.
+    let fence_value = sql::to_i64(fence.0).unwrap_or(-1);
+    let done = match write {
+        JournalWrite::Append { step, .. } => {
+            let text = match sql::step_text(step) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            };
+            sqlx::query(
+                "INSERT INTO steps (run_uid, seq, step) SELECT ?1, ?2, ?3 \
+                 WHERE (SELECT fence FROM leases WHERE run_uid = ?1) = ?4 \
+                 AND (SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?1) = ?2",
+            )
+            .bind(run)
+            .bind(i64::from(seq))
+            .bind(text)
+            .bind(fence_value)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?
+        }
+        JournalWrite::Complete { completion, .. } => {
+            let text = match sql::completion_text(completion) {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(e)),
+            };
+            sqlx::query(
+                "UPDATE steps SET completion = ?1 WHERE run_uid = ?2 AND seq = ?3 \
+                 AND completion IS NULL \
+                 AND (SELECT fence FROM leases WHERE run_uid = ?2) = ?4",
+            )
+            .bind(text)
+            .bind(run)
+            .bind(i64::from(seq))
+            .bind(fence_value)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?
+        }
+    };
+    if done.rows_affected() == 1 {
+        return Ok(Ok(()));
+    }
+    // Refused: say why.
+    let latest: Option<i64> = sqlx::query_scalar("SELECT fence FROM leases WHERE run_uid = ?")
+        .bind(run)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    if latest.is_none() || latest != sql::to_i64(fence.0) {
+        return Ok(Err(Error::Fenced {
+            run: run.to_string(),
+        }));
+    }
+    let len: i64 =
+        sqlx::query_scalar("SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?")
+            .bind(run)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_err)?;
+    Ok(Err(match write {
+        JournalWrite::Append { .. } => sql::append_refused(run, seq, len),
+        JournalWrite::Complete { .. } => sql::complete_refused(run, seq, len, i64::from(seq) < len),
+    }))
+}
+
+pub(super) async fn append_step(
+    store: &SqliteStore,
+    run_uid: &str,
+    fence: Fence,
+    step: &Step,
+) -> Result<(), Error> {
+    store
+        .inner
+        .writes
+        .write(Write::Journal(JournalWrite::Append {
+            run: run_uid.to_string(),
+            fence,
+            step: step.clone(),
+        }))
+        .await
+        .map(drop)
+}
+
+pub(super) async fn complete_step(
+    store: &SqliteStore,
+    run_uid: &str,
+    fence: Fence,
+    seq: u32,
+    completion: &Completion,
+) -> Result<(), Error> {
+    store
+        .inner
+        .writes
+        .write(Write::Journal(JournalWrite::Complete {
+            run: run_uid.to_string(),
+            fence,
+            seq,
+            completion: completion.clone(),
+        }))
+        .await
+        .map(drop)
+}
+
+pub(super) async fn journal(store: &SqliteStore, run_uid: &str) -> Result<Vec<Step>, Error> {
+    let rows = sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
+        .bind(run_uid)
+        .fetch_all(&store.inner.readers)
+        .await
+        .map_err(map_err)?;
+    rows.iter()
+        .map(|row| {
+            let step: String = row.try_get(0).map_err(map_err)?;
+            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+            sql::read_step(run_uid, &step, completion.as_deref())
+        })
+        .collect()
+}

@@ -1,0 +1,232 @@
+//! The writer: SQLite has one writer at a time, so every write but creates, batches, deletes,
+//! messages and rewrites (which take the writer connection for their own transaction) is
+//! queued for one writer task that group-commits whatever is queued in one transaction (one
+//! fsync) and answers each write after the commit.
+
+use async_trait::async_trait;
+use nodus_core::store::{Change, Edit, Error, Fence, Lease, ObjectKey, Record};
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::{Connection, Sqlite};
+use tokio::sync::broadcast;
+
+use super::documents::{DocumentUpdate, read_record, update_one};
+use super::journal::journal_write;
+use super::leases::{check_fence, grant};
+use super::{SqliteStore, batch};
+use crate::commit::{Committer, JournalWrite};
+use crate::sql::{self, map_err};
+
+/// Every write but creates and deletes: queued for the one writer task, which group-commits
+/// whatever is queued in one transaction (one fsync) and answers each after the commit.
+pub(super) enum Write {
+    /// A journal write.
+    Journal(JournalWrite),
+    /// A document replaced if still at the version its writer read.
+    Replace(DocumentUpdate),
+    /// A document edited in place ([`Store::modify`]).
+    Edit {
+        /// The document.
+        key: ObjectKey,
+        /// The edit.
+        edit: Edit,
+    },
+    /// A lease granted ([`Store::claim`]).
+    Claim {
+        /// The run's uid.
+        run: String,
+        /// The lease.
+        lease: Lease,
+    },
+    /// A lease extended or given up ([`Store::renew`], [`Store::release`]).
+    Lease {
+        /// The run's uid.
+        run: String,
+        /// The holder's fence.
+        fence: Fence,
+        /// The new owner and expiry; `None` gives the lease up.
+        renewal: Option<Lease>,
+    },
+}
+
+/// What a write answers.
+#[derive(Debug)]
+pub(super) enum Written {
+    /// Done.
+    Done,
+    /// The edited document.
+    Document(Record),
+    /// The new fence.
+    Fence(Fence),
+}
+
+impl Written {
+    pub(super) fn fence(self) -> Result<Fence, Error> {
+        match self {
+            Written::Fence(fence) => Ok(fence),
+            _ => Err(Error::Corrupt(
+                "a claim answered without a fence".to_string(),
+            )),
+        }
+    }
+
+    pub(super) fn document(self) -> Result<Record, Error> {
+        match self {
+            Written::Document(record) => Ok(record),
+            _ => Err(Error::Corrupt(
+                "an edit answered without its document".to_string(),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for Write {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Write::Journal(write) => write.fmt(f),
+            Write::Replace(update) => update.fmt(f),
+            Write::Edit { key, .. } => write!(f, "Edit({key})"),
+            Write::Claim { run, .. } => write!(f, "Claim({run})"),
+            Write::Lease { run, .. } => write!(f, "Lease({run})"),
+        }
+    }
+}
+
+/// The writer task's side of group commit: one transaction per batch on the writer
+/// connection (none for a batch of one: its statements commit by themselves), and each
+/// document change announced after the commit, while the connection is still held, so that
+/// changes arrive in commit order.
+pub(super) struct Writer {
+    pub(super) pool: SqlitePool,
+    pub(super) changes: broadcast::Sender<Change>,
+}
+
+#[async_trait]
+impl Committer<Write> for Writer {
+    type Output = Written;
+
+    async fn commit(&mut self, writes: Vec<Write>) -> Result<Vec<Result<Written, Error>>, Error> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut results = Vec::with_capacity(writes.len());
+        let mut announced = Vec::new();
+        if writes.len() == 1 {
+            for write in writes {
+                results.push(write_one(&mut conn, write, &mut announced).await?);
+            }
+        } else {
+            // Dropped on an error: the transaction rolls back and nothing was written.
+            let mut tx = conn.begin().await.map_err(map_err)?;
+            let mut writes = writes.into_iter().peekable();
+            while let Some(write) = writes.next() {
+                let Write::Journal(first) = write else {
+                    results.push(write_one(&mut tx, write, &mut announced).await?);
+                    continue;
+                };
+                // Consecutive journal writes (most of a busy batch) in a few statements.
+                let mut segment = vec![first];
+                while let Some(Write::Journal(_)) = writes.peek() {
+                    if let Some(Write::Journal(write)) = writes.next() {
+                        segment.push(write);
+                    }
+                }
+                if let [write] = segment.as_slice() {
+                    results.push(journal_write(&mut tx, write).await?.map(|()| Written::Done));
+                } else {
+                    let written = batch::journal_writes(&mut tx, &segment).await?;
+                    results.extend(written.into_iter().map(|r| r.map(|()| Written::Done)));
+                }
+            }
+            tx.commit().await.map_err(map_err)?;
+        }
+        for change in announced {
+            let _ = self.changes.send(change);
+        }
+        Ok(results)
+    }
+}
+
+/// One write of a batch: `Err` for a database failure (the batch fails), `Ok(Err)` for a
+/// refused write (a stale version or fence, a lease held by another, a missing document).
+async fn write_one(
+    conn: &mut SqliteConnection,
+    write: Write,
+    announced: &mut Vec<Change>,
+) -> Result<Result<Written, Error>, Error> {
+    let refused = |e: Error| match e {
+        Error::Leased { .. } | Error::Fenced { .. } | Error::NotFound(_) => Ok(Err(e)),
+        failure => Err(failure),
+    };
+    match write {
+        Write::Journal(write) => Ok(journal_write(conn, &write).await?.map(|()| Written::Done)),
+        Write::Replace(update) => {
+            let result = update_one(conn, &update).await?;
+            if result.is_ok() {
+                announced.push(Change::Written(update.key, update.expected + 1));
+            }
+            Ok(result.map(|()| Written::Done))
+        }
+        Write::Edit { key, mut edit } => {
+            let record = match read_record(&mut *conn, &key).await {
+                Ok(record) => record,
+                Err(e) => return refused(e),
+            };
+            let Some(document) = edit(&record.document) else {
+                return Ok(Ok(Written::Document(record)));
+            };
+            let update = DocumentUpdate {
+                key: key.clone(),
+                expected: record.version,
+                columns: sql::Columns::of(&document),
+                text: sql::document_text(&document),
+            };
+            let result = update_one(conn, &update).await?;
+            if result.is_ok() {
+                announced.push(Change::Written(
+                    key.clone(),
+                    record.version.saturating_add(1),
+                ));
+            }
+            Ok(result.map(|()| {
+                Written::Document(Record {
+                    key,
+                    version: record.version.saturating_add(1),
+                    document,
+                })
+            }))
+        }
+        Write::Claim { run, lease } => match grant(conn, &run, &lease).await {
+            Ok(fence) => Ok(Ok(Written::Fence(fence))),
+            Err(e) => refused(e),
+        },
+        Write::Lease {
+            run,
+            fence,
+            renewal,
+        } => {
+            if let Err(e) = check_fence(conn, &run, fence).await {
+                return refused(e);
+            }
+            let (owner, expires_at) = match &renewal {
+                Some(lease) => (Some(lease.owner.as_str()), sql::nanos(lease.expires_at()?)?),
+                None => (None, i64::MIN),
+            };
+            sqlx::query("UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ?")
+                .bind(owner)
+                .bind(expires_at)
+                .bind(&run)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+            Ok(Ok(Written::Done))
+        }
+    }
+}
+
+impl SqliteStore {
+    /// The writer connection, for one transaction; notifications are sent while it is held,
+    /// so they arrive in commit order.
+    pub(super) async fn write_connection(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<Sqlite>, Error> {
+        self.inner.writer.acquire().await.map_err(map_err)
+    }
+}
