@@ -131,7 +131,9 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
         Intent::ReadMessage { .. } => Outcome::MessageRead,
         Intent::Answer { .. } => Outcome::Answered,
         Intent::DestroySandbox { .. } => Outcome::SandboxDestroyed,
-        Intent::PostRunAction { .. } => unreachable!("the bench's run names no post-run action"),
+        Intent::PostRunAction { .. } => Outcome::ActionFinished {
+            results: BTreeMap::new(),
+        },
     }
 }
 
@@ -184,6 +186,7 @@ fn run(fold: Fold) -> Timings {
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
             facts: Facts::default(),
+            post_run_action: None,
         };
         let decision = decide::decide(&input);
         let decided = started.elapsed();
