@@ -186,7 +186,6 @@ fn run(fold: Fold) -> Timings {
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
             facts: Facts::default(),
-            post_run_action: None,
         };
         let decision = decide::decide(&input);
         let decided = started.elapsed();
