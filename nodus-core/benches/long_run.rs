@@ -182,9 +182,9 @@ fn run(fold: Fold) -> Timings {
             now,
             cancel: None,
             close: false,
+            post_run_action: None,
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
-            post_run_action: None,
             facts: Facts::default(),
         };
         let decision = decide::decide(&input);

@@ -513,6 +513,7 @@ fn asked_ls() -> Vec<Step> {
 fn sandbox_deleted_once() -> MockSandbox {
     let mut sandbox = MockSandbox::new();
     sandbox.expect_create().times(0);
+    // Its final working directory is kept before it goes (empty here), once.
     sandbox
         .expect_get_files()
         .withf(|id, path, _| id == &SandboxId("sb-1".to_string()) && path.is_empty())
