@@ -311,6 +311,18 @@ async fn evaluation_end_to_end(backend: Backend) {
             .collect()
     };
     assert_eq!(ids("again"), ids("parallel-agents-eval"));
+    // The batch is fixed: spec.evaluation never changes, and no other run joins the group.
+    let stderr = server.fails(&[
+        "patch",
+        "agentgroup/again",
+        "-p",
+        r#"{"spec":{"evaluation":{"seed":1}}}"#,
+    ]);
+    assert!(stderr.contains("spec.evaluation"), "{stderr}");
+    let extra = r#"{"apiVersion":"nodus.dev/v1","kind":"AgentRun","metadata":{"name":"extra"},"spec":{"agent":"parallel-agents-worker","input":"What is 1 + 1?","group":"again","taskKey":"extra"}}"#;
+    let (status, body) = server.http_with("POST", &format!("{BASE}/agentruns"), &[], Some(extra));
+    assert!(status >= 400, "no run joins an evaluation group: {body}");
+    assert_eq!(results(&server, "again").len(), 2);
     assert_ne!(ids("other-seed"), ids("parallel-agents-eval"));
 
     // An Environment of the project's own: every way a case ends.
