@@ -190,6 +190,9 @@ pub enum Command {
     /// Work with one run: its answer, steps, messages and resolution.
     #[command(subcommand, visible_alias = "ar")]
     Agentrun(AgentRunCommand),
+    /// Work with evaluation groups: compare two of them.
+    #[command(subcommand)]
+    Eval(EvalCommand),
     /// Show the project's credits, or add to them (admin token).
     Credits(CreditsArgs),
     /// Print a shell completion script.
@@ -486,6 +489,23 @@ pub struct DeleteArgs {
     /// Succeed when an object does not exist.
     #[arg(long)]
     pub ignore_not_found: bool,
+}
+
+/// `nodus eval …`.
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Compare evaluation group B against A (the same Environment version, split and seed):
+    /// each task's outcome in both, and the paired difference in pass rate (B − A) with its
+    /// 95 % interval (Newcombe's method 10).
+    Compare {
+        /// The baseline evaluation group.
+        a: String,
+        /// The evaluation group compared against it.
+        b: String,
+        /// Output: yaml or json (default: a table and a summary).
+        #[arg(short, long, value_parser = OutputParser, hide_possible_values = true)]
+        output: Option<Output>,
+    },
 }
 
 /// `nodus agentrun …`.

@@ -22,10 +22,12 @@ pub enum ResourceKind {
     FileSet,
     /// Environment variables, Secrets bound to them, and compute for runs.
     AgentEnvironment,
+    /// A versioned set of evaluation tasks and their grader (`NAME@VERSION`).
+    Environment,
 }
 
 /// Every kind, in the order help texts list them.
-pub const ALL: [ResourceKind; 7] = [
+pub const ALL: [ResourceKind; 8] = [
     ResourceKind::Agent,
     ResourceKind::AgentRun,
     ResourceKind::AgentGroup,
@@ -33,6 +35,7 @@ pub const ALL: [ResourceKind; 7] = [
     ResourceKind::Budget,
     ResourceKind::FileSet,
     ResourceKind::AgentEnvironment,
+    ResourceKind::Environment,
 ];
 
 /// The API group in qualified names (`agentrun.nodus.dev/NAME`).
@@ -64,6 +67,7 @@ impl ResourceKind {
             ResourceKind::Budget => "Budget",
             ResourceKind::FileSet => "FileSet",
             ResourceKind::AgentEnvironment => "AgentEnvironment",
+            ResourceKind::Environment => "Environment",
         }
     }
 
@@ -77,6 +81,7 @@ impl ResourceKind {
             ResourceKind::Budget => "budgets",
             ResourceKind::FileSet => "filesets",
             ResourceKind::AgentEnvironment => "agentenvironments",
+            ResourceKind::Environment => "environments",
         }
     }
 
@@ -96,7 +101,7 @@ impl ResourceKind {
         match self {
             ResourceKind::Secret | ResourceKind::Budget => 0,
             ResourceKind::FileSet | ResourceKind::AgentEnvironment => 1,
-            ResourceKind::Agent => 2,
+            ResourceKind::Agent | ResourceKind::Environment => 2,
             ResourceKind::AgentGroup => 3,
             ResourceKind::AgentRun => 4,
         }
@@ -121,6 +126,7 @@ pub fn short_name(kind: ResourceKind) -> Option<&'static str> {
         ResourceKind::AgentGroup => Some("ag"),
         ResourceKind::FileSet => Some("fs"),
         ResourceKind::AgentEnvironment => Some("ae"),
+        ResourceKind::Environment => Some("env"),
         _ => None,
     }
 }

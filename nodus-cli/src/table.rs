@@ -87,6 +87,7 @@ fn headers(kind: ResourceKind, wide: bool) -> Vec<&'static str> {
         ResourceKind::Budget => (&["NAME", "MAX SPEND", "AGE"], &[]),
         ResourceKind::FileSet => (&["NAME", "FILES", "AGE"], &[]),
         ResourceKind::AgentEnvironment => (&["NAME", "ENV", "CPU", "MEMORY", "AGE"], &[]),
+        ResourceKind::Environment => (&["NAME", "VERSION", "SPLITS", "GRADER", "AGE"], &[]),
     };
     let mut headers = base.to_vec();
     if wide {
@@ -233,7 +234,60 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             let memory = text(item, "/spec/compute/memory");
             vec![name, env.to_string(), cpu, memory, age]
         }
+        ResourceKind::Environment => {
+            let splits = item
+                .pointer("/spec/splits")
+                .and_then(Value::as_object)
+                .map(|splits| splits.keys().cloned().collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            vec![
+                name,
+                text(item, "/spec/version"),
+                splits,
+                text(item, "/spec/grader/kind"),
+                age,
+            ]
+        }
     }
+}
+
+/// The table of an evaluation group's results (`nodus get results NAME`).
+pub fn results(items: &[Value]) -> Table {
+    let mut table = Table::new(&[
+        "TASK", "REP", "STATE", "VERDICT", "REWARD", "RUN", "EVIDENCE",
+    ]);
+    for item in items {
+        let state = text(item, "/state");
+        let verdict = match item.get("reason").and_then(Value::as_str) {
+            Some(reason) => reason.to_string(),
+            None => item
+                .get("verdict")
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+                .to_string(),
+        };
+        let reward = item
+            .get("reward")
+            .and_then(Value::as_f64)
+            .map_or_else(|| "-".to_string(), |r| format!("{r}"));
+        let evidence: String = item
+            .get("evidence")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .chars()
+            .take(60)
+            .collect();
+        table.rows.push(vec![
+            text(item, "/taskId"),
+            text(item, "/repetition"),
+            state,
+            verdict,
+            reward,
+            text(item, "/run"),
+            evidence,
+        ]);
+    }
+    table
 }
 
 fn phase(item: &Value) -> String {

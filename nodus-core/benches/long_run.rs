@@ -131,7 +131,6 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
         Intent::ReadMessage { .. } => Outcome::MessageRead,
         Intent::Answer { .. } => Outcome::Answered,
         Intent::DestroySandbox { .. } => Outcome::SandboxDestroyed,
-        // The run names no post-run action; were one decided, it would save nothing.
         Intent::PostRunAction { .. } => Outcome::ActionFinished {
             results: BTreeMap::new(),
         },
@@ -183,10 +182,10 @@ fn run(fold: Fold) -> Timings {
             now,
             cancel: None,
             close: false,
+            post_run_action: None,
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
             facts: Facts::default(),
-            post_run_action: None,
         };
         let decision = decide::decide(&input);
         let decided = started.elapsed();

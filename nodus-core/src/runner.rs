@@ -84,7 +84,8 @@ pub struct RunnerHandle {
 /// What a worker finished, and what it found should happen next.
 struct Done {
     key: ObjectKey,
-    /// A group to reconcile because one of its runs moved.
+    /// What to work next: a group to reconcile because one of its runs moved, or an
+    /// evaluation group's grading after its reconcile.
     group: Option<ObjectKey>,
     /// When to look at the run again by itself (its deadline, or a retry).
     wake_at: Option<Timestamp>,
@@ -259,13 +260,40 @@ impl Runner {
                     if !settle.is_zero() {
                         clock.sleep(settle).await;
                     }
-                    match engine.reconcile_group(&key.project, &key.name).await {
-                        Ok(_) | Err(Error::NotFound { .. }) => {}
+                    let evaluation = match engine.reconcile_group(&key.project, &key.name).await {
+                        Ok(group) => group.spec.evaluation.is_some(),
+                        Err(Error::NotFound { .. }) => false,
                         Err(error) => {
                             tracing::warn!(group = %key, error = %error, "reconcile failed");
+                            false
                         }
+                    };
+                    // An evaluation group's grading is worked apart, under a key of its own,
+                    // so that a slow grader never holds up the group's reconciles.
+                    let grading = evaluation
+                        .then(|| ObjectKey::new(&key.project, Kind::EvaluationCase, &key.name));
+                    Done::nothing(key, grading)
+                }
+                Kind::EvaluationCase => {
+                    // Grade the cases whose runs ended; look again when a case's deadline or
+                    // retry comes.
+                    let wake_at = match engine.grade_evaluation(&key.project, &key.name).await {
+                        Ok(at) => at,
+                        Err(Error::NotFound { .. }) => None,
+                        Err(error) => {
+                            tracing::warn!(group = %key.name, error = %error, "grading failed");
+                            clock
+                                .now()
+                                .checked_add(
+                                    jiff::SignedDuration::try_from(retry_after).unwrap_or_default(),
+                                )
+                                .ok()
+                        }
+                    };
+                    Done {
+                        wake_at,
+                        ..Done::nothing(key, None)
                     }
-                    Done::nothing(key, None)
                 }
                 _ => {
                     let _permit = permits.acquire_owned().await;
@@ -455,7 +483,22 @@ async fn sweep_payloads(
             Err(error) => Err(error),
         };
         match swept {
-            Ok(swept) => tracing::info!(runs = swept.runs.len(), "retention sweep"),
+            Ok(swept) => {
+                tracing::info!(runs = swept.runs.len(), "retention sweep");
+                // An evaluation case shares its run's retention.
+                for run in &swept.runs {
+                    let case = ObjectKey::new(&run.project, Kind::EvaluationCase, &run.name);
+                    let edit: crate::store::Edit = Box::new(move |document| {
+                        crate::evaluation::without_payloads(document, now)
+                    });
+                    match store.modify(&case, edit).await {
+                        Ok(_) | Err(crate::store::Error::NotFound(_)) => {}
+                        Err(error) => {
+                            tracing::warn!(case = %case, error = %error, "cannot sweep a case");
+                        }
+                    }
+                }
+            }
             Err(error) => {
                 tracing::warn!(error = %error, "retention sweep failed; retrying at the next one");
             }

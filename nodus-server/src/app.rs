@@ -549,6 +549,13 @@ async fn bootstrap(
         .map_err(|e| {
             StartError::Backend(format!("cannot install the claude-assistant template: {e}"))
         })?;
+    state
+        .engine
+        .install_builtin_environments()
+        .await
+        .map_err(|e| {
+            StartError::Backend(format!("cannot install the built-in Environments: {e}"))
+        })?;
 
     let token_file = options.data_dir.join(ADMIN_TOKEN_FILE);
     let token = match &options.bootstrap_token {

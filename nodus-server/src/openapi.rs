@@ -151,6 +151,10 @@ pub fn document() -> Value {
         json!({"parameters": [project, name, result], "get": operation("One result of a finished run: a directory as application/gzip (a .tar.gz), a record as application/json", "200")}),
     );
     paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation("Cancel every unfinished run of the group", "200")}));
+    paths.insert(format!("{base}/agentgroups/{{name}}/results"), json!({"parameters": [project, name], "get": with_query(
+        operation("An evaluation group's per-case results in batch order ({items: [{taskId, repetition, state, reason, reward, verdict, evidence, run, environment, split, seed, imageDigest, gradings}]}); JSON Lines with Accept: application/x-ndjson or format=jsonl", "200"),
+        json!([{"name": "format", "in": "query", "required": false, "schema": {"type": "string", "enum": ["json", "jsonl"]}}]),
+    )}));
     paths.insert(format!("{base}/credits"), json!({
         "parameters": [project],
         "get": operation("The project's credits", "200"),

@@ -227,7 +227,8 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
     );
     assert_eq!(api.runs().await, 0, "nothing was written");
 
-    // An evaluation group is refused when it is posted too (not only when applied).
+    // An evaluation group of an Environment that does not exist is refused when it is posted
+    // too (not only when applied).
     let evaluation = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup",
         "metadata": {"name": "eval"},
         "spec": {"agent": "hello-agent", "evaluation": {"environment": "nodus/tasks@1", "tasks": 2}}});
@@ -240,7 +241,10 @@ async fn bad_input_is_answered_clearly_and_nothing_is_written() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert_eq!(body["details"]["field"], "spec.evaluation", "{body}");
+    assert_eq!(
+        body["details"]["field"], "spec.evaluation.environment",
+        "{body}"
+    );
     let (status, _) = api
         .call(
             Method::GET,
@@ -1238,6 +1242,8 @@ struct KindCase {
     /// A merge patch that breaks the rule.
     breaking: Value,
     field: &'static str,
+    /// Where the object named `it` lives (an Environment's key is NAME@VERSION).
+    key: &'static str,
 }
 
 fn kind_cases() -> Vec<KindCase> {
@@ -1255,6 +1261,7 @@ fn kind_cases() -> Vec<KindCase> {
             valid: agent("it"),
             breaking: json!({"spec": {"maxTokens": 0}}),
             field: "spec.maxTokens",
+            key: "it",
         },
         KindCase {
             plural: "agentgroups",
@@ -1264,11 +1271,9 @@ fn kind_cases() -> Vec<KindCase> {
                 json!({"spec": {"agent": "hello-agent", "limits": {"maxActive": 2},
                                 "maxCostUSD": "0.60"}}),
             ),
-            breaking: json!({"spec": {"evaluation": {"environment": "shell-tasks@1.0.0",
-                                                     "split": "test", "tasks": 2,
-                                                     "repetitions": 1, "seed": 42,
-                                                     "timeout": "10m"}}}),
-            field: "spec.evaluation",
+            breaking: json!({"spec": {"limits": {"maxActive": 0}}}),
+            field: "spec.limits.maxActive",
+            key: "it",
         },
         KindCase {
             plural: "agentruns",
@@ -1276,6 +1281,7 @@ fn kind_cases() -> Vec<KindCase> {
             valid: run("it", "Say hello."),
             breaking: json!({"spec": {"postRunAction": {"kind": ""}}}),
             field: "spec.postRunAction.kind",
+            key: "it",
         },
         KindCase {
             plural: "agentenvironments",
@@ -1286,6 +1292,7 @@ fn kind_cases() -> Vec<KindCase> {
             ),
             breaking: json!({"spec": {"env": [{"name": "PATH", "value": "/x"}]}}),
             field: "spec.env[0].name",
+            key: "it",
         },
         KindCase {
             plural: "filesets",
@@ -1296,6 +1303,7 @@ fn kind_cases() -> Vec<KindCase> {
             ),
             breaking: json!({"spec": {"files": [{"path": "../escape", "content": "a"}]}}),
             field: "spec.files[0].path",
+            key: "it",
         },
         KindCase {
             plural: "secrets",
@@ -1303,6 +1311,7 @@ fn kind_cases() -> Vec<KindCase> {
             valid: doc("Secret", json!({"stringData": {"KEY": "value-1"}})),
             breaking: json!({"stringData": {"": "value-2"}}),
             field: "stringData",
+            key: "it",
         },
         KindCase {
             plural: "budgets",
@@ -1310,6 +1319,20 @@ fn kind_cases() -> Vec<KindCase> {
             valid: doc("Budget", json!({"spec": {"maxSpendUSD": "10.00"}})),
             breaking: json!({"spec": {"maxSpendUSD": "-1"}}),
             field: "spec.maxSpendUSD",
+            key: "it",
+        },
+        KindCase {
+            plural: "environments",
+            kind: Kind::Environment,
+            valid: doc(
+                "Environment",
+                json!({"spec": {"version": "1.0.0", "grader": {"kind": "exact"},
+                                "splits": {"test": {"tasks": [{"id": "t", "prompt": "Say a.",
+                                                               "hidden": {"expected": "a"}}]}}}}),
+            ),
+            breaking: json!({"spec": {"version": "1.0"}}),
+            field: "spec.version",
+            key: "it@1.0.0",
         },
     ]
 }
@@ -1339,7 +1362,7 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
     );
     for case in cases {
         let collection = format!("{BASE}/default/{}", case.plural);
-        let path = format!("{collection}/it");
+        let path = format!("{collection}/{}", case.key);
         let created = api
             .ok(Method::POST, &collection, TOKEN, Some(case.valid.clone()))
             .await;
@@ -1425,7 +1448,12 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
             case.plural
         );
         let (status, _) = api
-            .call(Method::GET, &format!("{collection}/new"), Some(TOKEN), None)
+            .call(
+                Method::GET,
+                &format!("{collection}/{}", case.key.replacen("it", "new", 1)),
+                Some(TOKEN),
+                None,
+            )
             .await;
         assert_eq!(
             status,

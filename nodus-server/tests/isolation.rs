@@ -24,7 +24,8 @@ fn name_of(plural: &str) -> &'static str {
         "secrets" => "aardvark-secret",
         "budgets" => "aardvark-budget",
         "filesets" => "aardvark-files",
-        "agentenvironments" => "aardvark-env",
+        "agentenvironments" => "aardvark-agentenv",
+        "environments" => "aardvark-env@1.0.0",
         "tokens" => "aardvark-boss",
         other => panic!("the test does not know the collection {other}"),
     }
@@ -40,6 +41,8 @@ const DISTINCTIVE: &[&str] = &[
     "aardvark-budget",
     "aardvark-files",
     "aardvark-env",
+    "aardvark-agentenv",
+    "aardvark-hidden-6464",
     "aardvark-boss",
     "aardvark-secret-value-9931",
     "aardvark-file-content-5521",
@@ -67,8 +70,18 @@ fn object(plural: &str, name: &str) -> Value {
                              "spec": {"files": [{"path": "other.txt", "content": "other"}]}}),
         "agentenvironments" => json!({"apiVersion": "nodus.dev/v1", "kind": "AgentEnvironment",
                                       "metadata": meta, "spec": {"env": [{"name": "OTHER", "value": "x"}]}}),
+        // An Environment is addressed as NAME@VERSION.
+        "environments" => environment(name.split('@').next().unwrap_or(name), "other"),
         other => panic!("the test does not know the collection {other}"),
     }
+}
+
+/// An Environment version 1.0.0 named `name` whose one task hides `hidden`.
+fn environment(name: &str, hidden: &str) -> Value {
+    json!({"apiVersion": "nodus.dev/v1", "kind": "Environment", "metadata": {"name": name},
+           "spec": {"version": "1.0.0", "grader": {"kind": "exact"},
+                    "splits": {"test": {"tasks": [{"id": "t", "prompt": "Say it.",
+                                                   "hidden": {"expected": hidden}}]}}}})
 }
 
 /// The body a route would accept from a caller it admits, so a refusal is due to the token.
@@ -177,9 +190,13 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
         ),
         (
             "agentenvironments",
-            object("agentenvironments", "aardvark-env"),
+            object("agentenvironments", "aardvark-agentenv"),
         ),
         ("agentgroups", object("agentgroups", "aardvark-group")),
+        (
+            "environments",
+            environment("aardvark-env", "aardvark-hidden-6464"),
+        ),
         (
             "agentruns",
             json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": "aardvark-run"},
@@ -231,9 +248,11 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
     let before = snapshot(&api, &plurals, &a, &b).await;
     for plural in plurals.iter().map(String::as_str).chain(["tokens"]) {
         let listed = before[format!("{A}/{plural}")].to_string();
+        // An Environment lists its name and version apart (NAME@VERSION is its key).
+        let name = name_of(plural).split('@').next().unwrap_or_default();
         assert!(
-            listed.contains(name_of(plural)) && listed.contains("resourceVersion")
-                || plural == "tokens" && listed.contains(name_of(plural)),
+            listed.contains(name) && listed.contains("resourceVersion")
+                || plural == "tokens" && listed.contains(name),
             "the snapshot holds A's {plural}: {listed}"
         );
     }

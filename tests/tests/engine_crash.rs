@@ -466,8 +466,9 @@ async fn crash_at_every_store_write(backend: Backend) {
                 >= 2,
         ),
         (
+            // Into the document that holds the working directory staged at creation.
             "the kept working directory",
-            writes.iter().any(|w| *w == format!("create {archive}")),
+            writes.iter().any(|w| *w == format!("update {archive}")),
         ),
     ] {
         assert!(found, "{backend:?}: the drive writes {kind}: {writes:#?}");

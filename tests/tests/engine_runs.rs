@@ -879,7 +879,7 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .apply_agent(PROJECT, agent("plain", |_| {}))
         .await
         .expect("agent");
-    // An evaluation group is refused.
+    // An evaluation group of an Environment that does not exist is refused, naming the field.
     let evaluation: nodus_core::resource::EvaluationSpec =
         serde_json::from_value(serde_json::json!({"environment": "nodus/swe-tasks@3", "tasks": 2}))
             .expect("an evaluation");
@@ -895,8 +895,8 @@ async fn fields_not_carried_out_yet_are_refused_at_creation() {
         .await
     {
         Err(Error::Invalid(invalid)) => {
-            assert_eq!(invalid.field, "spec.evaluation");
-            assert!(invalid.rule.contains("evaluation groups"), "{invalid:?}");
+            assert_eq!(invalid.field, "spec.evaluation.environment");
+            assert!(invalid.rule.contains("existing Environment"), "{invalid:?}");
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

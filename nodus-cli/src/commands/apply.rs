@@ -8,7 +8,8 @@ use reqwest::Method;
 use serde_json::Value;
 
 use nodus_core::resource::{
-    AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec,
+    AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, EnvironmentSpec,
+    FileSetSpec,
 };
 use nodus_core::validate::{self, Validate};
 
@@ -111,6 +112,14 @@ pub(super) fn target(at: &str, mut document: Value) -> Result<(ResourceKind, Str
         document["metadata"] = Value::Object(Default::default());
     }
     document["metadata"]["name"] = Value::String(name.clone());
+    if kind == ResourceKind::Environment {
+        // An Environment is stored, and read back, as NAME@VERSION.
+        let version = document
+            .pointer("/spec/version")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::input(format!("{}: spec.version is required", at())))?;
+        return Ok((kind, format!("{name}@{version}"), document));
+    }
     Ok((kind, name, document))
 }
 
@@ -177,6 +186,7 @@ pub fn unchanged(kind: ResourceKind, desired: &Value, live: &Value) -> bool {
         ResourceKind::Budget => same_typed::<BudgetSpec>(desired, live),
         ResourceKind::FileSet => same_typed::<FileSetSpec>(desired, live),
         ResourceKind::AgentEnvironment => same_typed::<AgentEnvironmentSpec>(desired, live),
+        ResourceKind::Environment => same_typed::<EnvironmentSpec>(desired, live),
         ResourceKind::Secret => false,
     }
 }

@@ -60,6 +60,9 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
     if let Some((kind, names)) = super::access::AccessKind::parse(&args.targets) {
         return super::access::get(client, kind, names, args).await;
     }
+    if args.targets.first().map(String::as_str) == Some("results") {
+        return results(client, args).await;
+    }
     let (kind, names) = parse_targets(&args.targets)?;
     let output = args.output.unwrap_or(Output::Table);
     let template = match &output {
@@ -158,6 +161,52 @@ fn print(
             if let Some(template) = template {
                 out(&template.render(document));
             }
+        }
+    }
+    Ok(())
+}
+
+/// `nodus get results GROUP`: an evaluation group's per-case results, as a table or in any
+/// format `get` prints.
+async fn results(client: &Client, args: GetArgs) -> Result<()> {
+    let [_, group] = args.targets.as_slice() else {
+        return Err(Error::usage(
+            "name one evaluation group: nodus get results GROUP",
+        ));
+    };
+    if args.selector.is_some() || args.field_selector.is_some() {
+        return Err(Error::usage("results take no selectors"));
+    }
+    let document = client
+        .call(Method::GET, &["agentgroups", group, "results"], &[], None)
+        .await?;
+    let items = document
+        .get("items")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let output = args.output.unwrap_or(Output::Table);
+    match &output {
+        Output::Table | Output::Wide => {
+            if items.is_empty() {
+                eprintln!("No results: {group} has no cases (it is not an evaluation group).");
+                return Ok(());
+            }
+            out(&table::results(&items).render());
+        }
+        Output::Yaml => out(&yaml::to_yaml(&document)?),
+        Output::Json => outln(&serde_json::to_string_pretty(&document).unwrap_or_default()),
+        Output::Name => {
+            for item in &items {
+                outln(
+                    &ResourceKind::AgentRun
+                        .qualified(item.get("run").and_then(Value::as_str).unwrap_or_default()),
+                );
+            }
+        }
+        Output::JsonPath(text) => {
+            let template = Template::parse(text).map_err(Error::usage)?;
+            out(&template.render(&document));
         }
     }
     Ok(())

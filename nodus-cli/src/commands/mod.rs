@@ -3,6 +3,7 @@
 mod access;
 mod apply;
 mod create;
+mod eval;
 mod get;
 mod login;
 mod misc;
@@ -39,6 +40,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Cancel(args) => misc::cancel(&connect(&global)?, args).await,
         Command::Delete(args) => misc::delete(&connect(&global)?, args).await,
         Command::Agentrun(command) => runs::run(&connect(&global)?, command).await,
+        Command::Eval(command) => eval::run(&connect(&global)?, command).await,
         Command::Credits(args) => misc::credits(&connect(&global)?, args).await,
     }
 }

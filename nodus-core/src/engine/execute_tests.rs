@@ -70,7 +70,15 @@ struct MockedStore(MockStoreCalls);
 
 #[async_trait::async_trait]
 impl Store for MockedStore {
-    async fn create(&self, _: &ObjectKey, _: serde_json::Value) -> Result<Record, Error> {
+    async fn create(&self, key: &ObjectKey, document: serde_json::Value) -> Result<Record, Error> {
+        // Every run keeps its final working directory when it ends: taken, not checked here.
+        if key.kind == Kind::WorkdirArchive {
+            return Ok(Record {
+                key: key.clone(),
+                version: 1,
+                document,
+            });
+        }
         self.0.unexpected("create");
         Err(Error::Unavailable("create".to_string()))
     }
@@ -83,6 +91,9 @@ impl Store for MockedStore {
         Err(Error::Unavailable("create_batch".to_string()))
     }
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
+        if key.kind == Kind::WorkdirArchive {
+            return Err(Error::NotFound(key.clone()));
+        }
         self.0.get(key).await
     }
     async fn list(
@@ -492,6 +503,10 @@ fn asked_ls() -> Vec<Step> {
 fn sandbox_deleted_once() -> MockSandbox {
     let mut sandbox = MockSandbox::new();
     sandbox.expect_create().times(0);
+    // Its final working directory is kept before it goes (empty here).
+    sandbox
+        .expect_get_files()
+        .returning(|_, _, _| Ok(Vec::new()));
     sandbox
         .expect_destroy()
         .with(eq(SandboxId("sb-1".to_string())))

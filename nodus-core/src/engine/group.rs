@@ -75,7 +75,8 @@ impl Engine {
             admissions.insert(
                 group.to_string(),
                 Admission {
-                    spec: read.object.spec,
+                    // An evaluation group's batch is fixed: it takes no run.
+                    spec: super::evaluation::controlled(&read.object.spec).into_owned(),
                     phase: read.object.status.phase,
                     members,
                 },
@@ -106,7 +107,11 @@ impl Engine {
             let group = self.read_group(project, name).await?;
             let members = self.members(project, name).await?;
             let view: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
-            let plan = group::reconcile(&group.object.spec, group.object.status.phase, &view);
+            let spec = super::evaluation::controlled(&group.object.spec);
+            let mut plan = group::reconcile(&spec, group.object.status.phase, &view);
+            if spec.evaluation.is_some() {
+                self.hold_for_cases(project, name, &mut plan.status).await?;
+            }
             let now = self.deps.clock.now();
             let changes = plan
                 .start

@@ -1,5 +1,6 @@
 //! The kind registry: the kinds users write (Agents, AgentRuns, AgentGroups, FileSets,
-//! AgentEnvironments, Secrets, Budgets) and the one path through which each is created, replaced, merge-patched,
+//! AgentEnvironments, Secrets, Budgets, Environments) and the one path through which each is
+//! created, replaced, merge-patched,
 //! applied and deleted, so that a rule a kind states here holds for every verb.
 //!
 //! A kind is a [`Writable`]: how its documents read ([`Writable::parse`]), the rules every
@@ -23,11 +24,12 @@ use crate::validate::{self, Invalid, Validate};
 
 /// The kinds users write, in the order an `apply` of several documents writes them (what a
 /// document refers to first).
-pub const WRITABLE_KINDS: [Kind; 7] = [
+pub const WRITABLE_KINDS: [Kind; 8] = [
     Kind::Secret,
     Kind::Budget,
     Kind::FileSet,
     Kind::AgentEnvironment,
+    Kind::Environment,
     Kind::Agent,
     Kind::AgentGroup,
     Kind::AgentRun,
@@ -48,6 +50,12 @@ pub trait Writable: Clone + std::fmt::Debug + Send + Sync + Sized + 'static {
 
     /// Its metadata, to change.
     fn metadata_mut(&mut self) -> &mut ObjectMeta;
+
+    /// The name it is stored and addressed under: its `metadata.name` (an Environment's is
+    /// `NAME@VERSION`).
+    fn key_name(&self) -> String {
+        name_of(self.metadata()).to_string()
+    }
 
     /// Reads a document as a user writes it (unknown fields refused) and checks the rules
     /// that need nothing but the document.
@@ -84,7 +92,7 @@ pub trait Writable: Clone + std::fmt::Debug + Send + Sync + Sized + 'static {
     /// does what its creation does besides.
     async fn insert(engine: &Engine, project: &str, object: Self) -> Result<Self> {
         let mut object = object;
-        let key = ObjectKey::new(project, Self::KIND, name_of(object.metadata()));
+        let key = ObjectKey::new(project, Self::KIND, object.key_name());
         engine.stamp_meta(project, object.metadata_mut());
         let record = engine
             .deps
@@ -122,6 +130,11 @@ fn name_of(metadata: &ObjectMeta) -> &str {
 /// `status`), beyond its [`Validate`] rules.
 #[async_trait]
 pub trait SpecRules: Validate {
+    /// The name an object is stored and addressed under (its `metadata.name`).
+    fn key_name(object: &Object<Self>) -> String {
+        object.name().to_string()
+    }
+
     /// Fills in what a document may leave out.
     fn prepare(object: &mut Object<Self>) {
         let _ = object;
@@ -166,6 +179,10 @@ impl<S: SpecRules> Writable for Object<S> {
 
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+
+    fn key_name(&self) -> String {
+        S::key_name(self)
     }
 
     fn parse(document: Value) -> Result<Self, Invalid> {
@@ -231,19 +248,20 @@ impl SpecRules for BudgetSpec {}
 
 #[async_trait]
 impl SpecRules for AgentGroupSpec {
-    fn refuse(object: &Object<Self>, _: &Engine) -> Result<()> {
-        super::refuse_unsupported_group(&object.spec)
-    }
-
     /// A live group takes a raised cap, another `maxActive` and sealing (see
-    /// [`crate::group::check_update`]).
+    /// [`crate::group::check_update`]); an evaluation group's `spec.evaluation` never changes.
     fn replaced(current: &Object<Self>, new: Self) -> Result<Self> {
+        super::evaluation::check_unchanged(&current.spec, &new)?;
         crate::group::check_update(&current.spec, &new)?;
         Ok(new)
     }
 
-    /// A group's agent must exist when it is created.
+    /// A group's agent must exist when it is created; an evaluation group is created with its
+    /// runs and cases.
     async fn insert(engine: &Engine, project: &str, object: Object<Self>) -> Result<Object<Self>> {
+        if object.spec.evaluation.is_some() {
+            return engine.create_evaluation_group(project, object).await;
+        }
         engine.resolve_agent(project, &object.spec.agent).await?;
         engine.insert_object(project, object).await
     }
@@ -399,6 +417,10 @@ macro_rules! per_kind {
                 type $K = crate::resource::FileSet;
                 $body
             }
+            Kind::Environment => {
+                type $K = crate::resource::Environment;
+                $body
+            }
             Kind::Budget => {
                 type $K = crate::resource::Budget;
                 $body
@@ -420,7 +442,7 @@ fn not_writable(kind: Kind) -> Error {
     Invalid::new(
         "kind",
         "must be a kind users write (Agent, AgentRun, AgentGroup, FileSet, AgentEnvironment, \
-         Secret, Budget)",
+         Secret, Budget, Environment)",
         kind.to_string(),
     )
     .into()
@@ -538,7 +560,7 @@ impl Engine {
     ) -> Result<K> {
         new.prepare();
         new.check(self)?;
-        let given = name_of(new.metadata());
+        let given = new.key_name();
         if given != name {
             return Err(Invalid::new(
                 "metadata.name",
@@ -622,7 +644,7 @@ impl Engine {
     /// Create an object, or replace the existing one's spec and labels.
     pub async fn apply<K: Writable>(&self, project: &str, mut object: K) -> Result<K> {
         object.prepare();
-        let name = name_of(object.metadata()).to_string();
+        let name = object.key_name();
         loop {
             match self.read_writable::<K>(project, &name).await {
                 Ok(_) => match self.replace(project, &name, object.clone(), None).await {

@@ -7,6 +7,7 @@
 
 mod environment;
 mod error;
+mod evaluation;
 mod execute;
 mod group;
 mod kinds;
@@ -27,6 +28,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 pub use error::{Error, Reason, Result};
+pub use evaluation::{
+    DEFAULT_EVALUATION_TIMEOUT, DEFAULT_GRADER_TIMEOUT, MAX_EVALUATION_GROUP_NAME,
+};
 pub use execute::Driven;
 pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
 pub use results::{RESULT_NAMES, RunResult, RunResultInfo};
@@ -990,27 +994,4 @@ fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &s
 /// under the same idempotency key can be told from another batch.
 fn batch_digest(runs: &[AgentRun]) -> String {
     crate::digest::sha256_hex(&serde_json::to_vec(runs).unwrap_or_default())
-}
-
-/// A group asking for what this engine does not carry out yet (an evaluation) is refused
-/// however it is written (created, applied, replaced), rather than accepted and ignored.
-pub(super) fn refuse_unsupported_group(spec: &crate::resource::AgentGroupSpec) -> Result<()> {
-    match &spec.evaluation {
-        Some(evaluation) => Err(not_supported_yet(
-            "spec.evaluation",
-            "evaluation groups are not carried out yet",
-            format!("{:?}", evaluation.environment),
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The refusal of a field this engine does not carry out yet, naming what is missing.
-fn not_supported_yet(field: &str, what: &str, value: String) -> Error {
-    Invalid::new(
-        field,
-        format!("is not supported by this server yet ({what})"),
-        value,
-    )
-    .into()
 }

@@ -105,7 +105,8 @@ impl Engine {
         self.delete_members(project, name).await?;
         let key = ObjectKey::new(project, Kind::AgentGroup, name);
         self.deps.store.delete(&key).await?;
-        self.delete_members(project, name).await
+        self.delete_members(project, name).await?;
+        self.delete_cases(project, name).await
     }
 
     /// Delete every run of a group.

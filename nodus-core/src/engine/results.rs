@@ -3,7 +3,8 @@
 //! `commands/NNN/{command,stdout,stderr,exit}` for each command, its output as the sandbox
 //! kept it, at most [`Limits::output_cap_bytes`](crate::sandbox::Limits) of each stream),
 //! `runRecord` (JSON: phase, answer, turns, cost, times) and, for a run that did not succeed,
-//! `error` (JSON: `type`, `message`, `timeout`). They are read from what the run keeps — its
+//! `error` (JSON: `type`, `message`, `timeout`), and what its post-run action saved (by its
+//! own names). They are read from what the run keeps — its
 //! document, its journal and its [`Kind::WorkdirArchive`] — so they are there however the
 //! run ended (success, failure, timeout, cancellation), and go when the retention sweep or
 //! deleting the run removes those.

@@ -61,10 +61,10 @@ pub(super) struct InputWorkdir {
 }
 
 /// A file of the working directory: where it goes, its bytes and whether it may be run.
-struct Staged<'a> {
-    path: &'a str,
-    bytes: Vec<u8>,
-    executable: bool,
+pub(super) struct Staged<'a> {
+    pub(super) path: &'a str,
+    pub(super) bytes: Vec<u8>,
+    pub(super) executable: bool,
 }
 
 impl<'a> Staged<'a> {
@@ -438,7 +438,7 @@ fn split_ref(reference: &str) -> Option<(&str, &str)> {
 }
 
 /// A tar archive of `files` (later ones replace earlier ones at the same path when unpacked).
-fn archive(files: &[Staged<'_>]) -> std::io::Result<Vec<u8>> {
+pub(super) fn archive(files: &[Staged<'_>]) -> std::io::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
     for staged in files {
         let mut header = tar::Header::new_gnu();

@@ -113,6 +113,9 @@ pub struct AgentGroupStatus {
     /// Spend so far and the cap.
     #[serde(default)]
     pub cost: super::CostStatus,
+    /// An evaluation group's cases and scores, computed from its cases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<crate::evaluation::stats::EvaluationStatus>,
 }
 
 /// `status.counts`.

@@ -35,6 +35,11 @@ pub enum Kind {
     WorkdirArchive,
     /// Environment variables (plain or from Secrets) and compute for runs' sandboxes.
     AgentEnvironment,
+    /// A versioned set of evaluation tasks and their grader (stored as `name@version`).
+    Environment,
+    /// One case of an evaluation group and its one terminal state (kept by the engine, named
+    /// after the case's run).
+    EvaluationCase,
 }
 
 impl Kind {
@@ -52,6 +57,8 @@ impl Kind {
             Kind::BatchRecord => "batchrecords",
             Kind::WorkdirArchive => "workdirarchives",
             Kind::AgentEnvironment => "agentenvironments",
+            Kind::Environment => "environments",
+            Kind::EvaluationCase => "evaluationcases",
         }
     }
 
@@ -70,6 +77,8 @@ impl Kind {
             "batchrecords" => Kind::BatchRecord,
             "workdirarchives" => Kind::WorkdirArchive,
             "agentenvironments" | "agentenvironment" | "ae" => Kind::AgentEnvironment,
+            "environments" | "environment" | "env" => Kind::Environment,
+            "evaluationcases" => Kind::EvaluationCase,
             _ => return None,
         })
     }
@@ -89,6 +98,8 @@ impl fmt::Display for Kind {
             Kind::BatchRecord => "BatchRecord",
             Kind::WorkdirArchive => "WorkdirArchive",
             Kind::AgentEnvironment => "AgentEnvironment",
+            Kind::Environment => "Environment",
+            Kind::EvaluationCase => "EvaluationCase",
         })
     }
 }
@@ -138,6 +149,8 @@ mod tests {
             Kind::BatchRecord,
             Kind::WorkdirArchive,
             Kind::AgentEnvironment,
+            Kind::Environment,
+            Kind::EvaluationCase,
         ] {
             assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
         }

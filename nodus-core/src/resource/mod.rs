@@ -4,6 +4,7 @@
 //! Field names are spelled exactly as in the spec's YAML (camelCase).
 
 mod agent;
+mod agent_environment;
 mod budget;
 mod duration;
 mod environment;
@@ -14,11 +15,15 @@ mod run;
 mod secret;
 
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
+pub use agent_environment::{
+    AgentEnvironmentSpec, AgentEnvironmentStatus, Compute, EnvVar, EnvVarSource, NameOrInline,
+    Quantity, SecretKeyRef,
+};
 pub use budget::{BudgetSpec, BudgetStatus};
 pub use duration::{DurationSpec, ParseDurationError};
 pub use environment::{
-    AgentEnvironmentSpec, AgentEnvironmentStatus, Compute, EnvVar, EnvVarSource, NameOrInline,
-    Quantity, SecretKeyRef,
+    EnvironmentSpec, EnvironmentStatus, FilesRef, GeneratorSpec, GraderKind, GraderSpec, SplitSpec,
+    TaskSpec,
 };
 pub use fileset::{FileEntry, FileSetSpec, FileSetStatus};
 pub use group::{
@@ -102,6 +107,8 @@ pub type AgentRun = Object<AgentRunSpec>;
 pub type AgentEnvironment = Object<AgentEnvironmentSpec>;
 /// An AgentGroup: many runs of one agent under concurrency, dependency and cost limits.
 pub type AgentGroup = Object<AgentGroupSpec>;
+/// An Environment: a versioned set of evaluation tasks and their grader.
+pub type Environment = Object<EnvironmentSpec>;
 /// A FileSet: stored files that working directories are staged from.
 pub type FileSet = Object<FileSetSpec>;
 /// A Budget: a cap on a project's total spend.
@@ -135,4 +142,9 @@ impl Spec for AgentEnvironmentSpec {
 impl Spec for AgentGroupSpec {
     const KIND: Kind = Kind::AgentGroup;
     type Status = AgentGroupStatus;
+}
+
+impl Spec for EnvironmentSpec {
+    const KIND: Kind = Kind::Environment;
+    type Status = EnvironmentStatus;
 }

@@ -59,7 +59,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agentruns/{name}/cancel", post(runs::cancel))
         .route("/agentruns/{name}/close", post(runs::close))
         .route("/agentruns/{name}/resolve", post(runs::resolve))
-        .route("/agentgroups/{name}/cancel", post(runs::cancel_group));
+        .route("/agentgroups/{name}/cancel", post(runs::cancel_group))
+        .route("/agentgroups/{name}/results", get(runs::group_results));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))

@@ -23,7 +23,7 @@ fn kind_of(plural: &str) -> ApiResult<Kind> {
         Some(kind) if WRITABLE_KINDS.contains(&kind) => Ok(kind),
         _ => Err(ApiError::not_found(format!(
             "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets, \
-             budgets, filesets and agentenvironments"
+             budgets, filesets, agentenvironments and environments"
         ))),
     }
 }

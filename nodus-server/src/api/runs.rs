@@ -268,3 +268,59 @@ pub async fn cancel_group(
         state.engine.cancel_group(&project, &name).await?,
     ))
 }
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+/// The query of `results`.
+pub struct ResultsQuery {
+    #[serde(default)]
+    format: Option<String>,
+}
+
+/// `GET …/agentgroups/{name}/results`: an evaluation group's per-case records, in batch order:
+/// a JSON list, or JSON Lines (one record a line) with `Accept: application/x-ndjson` or
+/// `?format=jsonl`.
+pub async fn group_results(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    Query(query): Query<ResultsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    let lines = match query.format.as_deref() {
+        None | Some("json") => headers
+            .get(axum::http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("application/x-ndjson") || v.contains("application/jsonl")),
+        Some("jsonl") => true,
+        Some(other) => {
+            return Err(
+                Invalid::new("format", "must be json or jsonl", format!("{other:?}")).into(),
+            );
+        }
+    };
+    let results = state.engine.evaluation_results(&project, &name).await?;
+    if lines {
+        let mut body = String::new();
+        for result in &results {
+            body.push_str(
+                &serde_json::to_string(result).map_err(|e| ApiError::internal(e.to_string()))?,
+            );
+            body.push('\n');
+        }
+        return Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+            body,
+        )
+            .into_response());
+    }
+    Ok(reply(
+        StatusCode::OK,
+        json!({
+            "apiVersion": nodus_core::resource::API_VERSION,
+            "kind": "EvaluationResultList",
+            "group": name,
+            "items": results,
+        }),
+    ))
+}

@@ -105,6 +105,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         )
         .route("/console/p/{project}/groups", get(groups))
         .route("/console/p/{project}/groups/{name}", get(group))
+        .route("/console/p/{project}/groups/{name}/results", get(results))
         .route("/console/p/{project}/credits", get(credits))
         .route("/console/p/{project}/events", get(events))
         .layer(middleware::map_response(secure_headers))
@@ -606,6 +607,25 @@ async fn group(
         pages::Tab::Groups,
         format!("Group {name}"),
         |app, _| async move { pages::group(&app, &p, &n).await },
+    )
+    .await
+}
+
+async fn results(
+    State(console): State<Arc<Console>>,
+    Path((project, name)): Path<(String, String)>,
+    Query(query): Query<PageQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let (p, n) = (project.clone(), name.clone());
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Groups,
+        format!("Results of {name}"),
+        |app, _| async move { pages::results(&app, &p, &n).await },
     )
     .await
 }

@@ -678,31 +678,191 @@ pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, 
             .raw("</td>");
     }
     html.raw("</tr></tbody></table></div><h2>Blocked</h2>");
-    match status["blockedReasons"]
-        .as_object()
-        .filter(|r| !r.is_empty())
-    {
-        None => {
-            html.raw("<p class=\"muted\">Nothing is blocked.</p>");
-        }
-        Some(reasons) => {
-            html.raw(
-                "<div class=\"table\"><table id=\"blocked\"><thead><tr><th>Reason</th>\
-                      <th class=\"num\">Runs</th></tr></thead><tbody>",
-            );
-            for (reason, count) in reasons {
-                html.raw("<tr><td>")
-                    .text(reason)
-                    .raw("</td><td class=\"num\">")
-                    .text(show(count))
-                    .raw("</td></tr>");
-            }
-            html.raw("</tbody></table></div>");
-        }
+    reason_counts(
+        &mut html,
+        &status["blockedReasons"],
+        "blocked",
+        "Runs",
+        "Nothing is blocked.",
+    );
+    if !group["spec"]["evaluation"].is_null() {
+        evaluation_summary(&mut html, project, name, &group);
     }
     html.raw("<h2>Runs</h2>");
     let runs: Vec<&Value> = runs.iter().collect();
     runs_table(&mut html, project, &runs, true);
+    Ok(Page::live(html))
+}
+
+/// A table of counts by reason (`{REASON: count}`) with the id `id`, the counts headed
+/// `unit`; `none` when there are none.
+fn reason_counts(
+    html: &mut Html,
+    counts: &Value,
+    id: &'static str,
+    unit: &'static str,
+    none: &'static str,
+) {
+    let Some(reasons) = counts.as_object().filter(|r| !r.is_empty()) else {
+        html.raw("<p class=\"muted\" id=\"")
+            .raw(id)
+            .raw("\">")
+            .raw(none)
+            .raw("</p>");
+        return;
+    };
+    html.raw("<div class=\"table\"><table id=\"")
+        .raw(id)
+        .raw("\"><thead><tr><th>Reason</th><th class=\"num\">")
+        .raw(unit)
+        .raw("</th></tr></thead><tbody>");
+    for (reason, count) in reasons {
+        html.raw("<tr data-reason=\"")
+            .text(reason)
+            .raw("\"><td>")
+            .text(reason)
+            .raw("</td><td class=\"num\">")
+            .text(show(count))
+            .raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div>");
+}
+
+/// A fraction (a pass rate, an end of an interval) as a percentage with one decimal. These
+/// are fractions, not money: floating point is fine here.
+#[allow(clippy::float_arithmetic)]
+fn percent(value: &Value) -> String {
+    value
+        .as_f64()
+        .map_or_else(|| "—".to_string(), |v| format!("{:.1} %", v * 100.0))
+}
+
+/// A `{"low", "high"}` range as `low – high` in percent.
+fn percent_range(range: &Value) -> String {
+    if range.is_null() {
+        return "—".to_string();
+    }
+    format!("{} – {}", percent(&range["low"]), percent(&range["high"]))
+}
+
+/// A reward (0 to 1) with three decimals.
+fn reward(value: &Value) -> String {
+    value
+        .as_f64()
+        .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
+}
+
+/// An evaluation group's summary: what it evaluates, scored and pending cases, pass rate with
+/// its bracket and interval, mean reward, the unscored cases by reason, and the link to the
+/// results.
+fn evaluation_summary(html: &mut Html, project: &str, name: &str, group: &Value) {
+    let spec = &group["spec"]["evaluation"];
+    let summary = &group["status"]["evaluation"];
+    html.raw("<h2>Evaluation</h2><dl class=\"facts\" id=\"evaluation\"><dt>Environment</dt><dd>")
+        .text(show(&spec["environment"]))
+        .raw("</dd><dt>Split, seed</dt><dd>")
+        .text(show(&spec["split"]))
+        .raw(", seed ")
+        .text(show(&spec["seed"]))
+        .raw("</dd><dt>Cases</dt><dd id=\"eval-cases\">")
+        .text(show(&summary["cases"]))
+        .raw("</dd><dt>Scored</dt><dd id=\"eval-scored\">")
+        .text(show(&summary["scored"]))
+        .raw("</dd><dt>Pending</dt><dd id=\"eval-pending\">")
+        .text(show(&summary["pending"]))
+        .raw("</dd><dt>Pass rate (of scored)</dt><dd id=\"eval-pass-rate\">")
+        .text(percent(&summary["passRate"]))
+        .raw("</dd><dt>95 % interval</dt><dd id=\"eval-interval\">")
+        .text(percent_range(&summary["interval"]))
+        .raw("</dd><dt>Bracket (unscored as fail – as pass)</dt><dd id=\"eval-bracket\">")
+        .text(percent_range(&summary["bracket"]))
+        .raw("</dd><dt>Mean reward (of scored)</dt><dd id=\"eval-mean-reward\">")
+        .text(reward(&summary["meanReward"]))
+        .raw("</dd></dl><p><a id=\"results-link\" href=\"/console/p/")
+        .segment(project)
+        .raw("/groups/")
+        .segment(name)
+        .raw(
+            "/results\">Results: each case with its run and the grader's evidence</a></p>\
+              <h3>Unscored</h3>",
+        );
+    reason_counts(
+        html,
+        &summary["unscored"],
+        "unscored",
+        "Cases",
+        "No case is unscored.",
+    );
+}
+
+/// An evaluation group's results: each case in batch order with its state, verdict or reason,
+/// reward, the grader's evidence (as text) and a link to its AgentRun with the run's phase.
+pub async fn results(state: &AppState, project: &str, name: &str) -> Result<Page, ApiError> {
+    let cases = to_values(&state.engine.evaluation_results(project, name).await?);
+    let mut selector = Selector::default();
+    selector
+        .fields
+        .insert("spec.group".to_string(), name.to_string());
+    let runs = runs_of(state, project, &selector).await?;
+    let phases: BTreeMap<&str, &Value> = runs
+        .iter()
+        .map(|run| {
+            (
+                run["metadata"]["name"].as_str().unwrap_or_default(),
+                &run["status"]["phase"],
+            )
+        })
+        .collect();
+    let mut html = Html::new();
+    html.raw("<h1>Results of <a href=\"/console/p/")
+        .segment(project)
+        .raw("/groups/")
+        .segment(name)
+        .raw("\">")
+        .text(name)
+        .raw("</a></h1>");
+    if cases.is_empty() {
+        html.raw("<p class=\"muted\">No cases: this group is not an evaluation group.</p>");
+        return Ok(Page::live(html));
+    }
+    html.raw(
+        "<div class=\"table\"><table id=\"results\"><thead><tr><th>Task</th>\
+         <th class=\"num\">Rep.</th><th>State</th><th>Verdict or reason</th>\
+         <th class=\"num\">Reward</th><th>Evidence</th><th>Run</th><th>Run phase</th>\
+         </tr></thead><tbody>",
+    );
+    for case in &cases {
+        let run = case["run"].as_str().unwrap_or_default();
+        let outcome = if case["verdict"].is_null() {
+            &case["reason"]
+        } else {
+            &case["verdict"]
+        };
+        html.raw("<tr data-task=\"")
+            .text(show(&case["taskId"]))
+            .raw("\" data-repetition=\"")
+            .text(show(&case["repetition"]))
+            .raw("\"><td>")
+            .text(show(&case["taskId"]))
+            .raw("</td><td class=\"num\">")
+            .text(show(&case["repetition"]))
+            .raw("</td><td class=\"case-state state-")
+            .text(phase_class(&case["state"]))
+            .raw("\">")
+            .text(show(&case["state"]))
+            .raw("</td><td class=\"outcome\">")
+            .text(show(outcome))
+            .raw("</td><td class=\"num reward\">")
+            .text(reward(&case["reward"]))
+            .raw("</td><td class=\"evidence\">")
+            .text(show(&case["evidence"]))
+            .raw("</td><td>");
+        run_link(&mut html, project, run);
+        html.raw("</td>");
+        phase_cell(&mut html, phases.get(run).copied().unwrap_or(&Value::Null));
+        html.raw("</tr>");
+    }
+    html.raw("</tbody></table></div>");
     Ok(Page::live(html))
 }
 

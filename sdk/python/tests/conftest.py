@@ -4,8 +4,11 @@ platform key pointing at the fake. ``NODUS_BIN`` names the binary (scripts/test 
 ``$CARGO_TARGET_DIR/debug/nodus``).
 
 The fake model: a prompt that quotes commands in backticks gets a ``shell`` call of the
-first one; a prompt asking for the Python version gets ``python3 --version``; a tool result
-is answered with ``It is <output>.``; any other prompt with ``Noted: <prompt>``.
+first one; an arithmetic question (``What is 17 + 42? …``, as ``nodus/arithmetic-v2`` asks)
+gets a ``shell`` call that works it out (``echo $((17 + 42))``); a prompt asking for the
+Python version gets ``python3 --version``; a tool result
+is answered with ``It is <output>.``; any other prompt with ``Noted: <prompt>``. A run whose
+first prompt holds ``[refuse]`` is refused (HTTP 400), so the run fails.
 """
 
 from __future__ import annotations
@@ -64,8 +67,11 @@ def reply_for(request: Dict[str, Any]) -> List[Dict[str, Any]]:
     prompt = _text_of(last.get("content"))
     command = None
     quoted = re.findall(r"`([^`]+)`", prompt)
+    arithmetic = re.match(r"What is (-?\d+) ([-+*]) (-?\d+)\?", prompt)
     if quoted:
         command = quoted[0]
+    elif arithmetic:
+        command = "echo $(({} {} {}))".format(*arithmetic.groups())
     elif "python version" in prompt.lower():
         command = "python3 --version"
     if command is not None:
@@ -101,6 +107,18 @@ class FakeAnthropic:
                 )
                 if self.path.endswith("/count_tokens"):
                     return self._json({"input_tokens": 20})
+                first = (body.get("messages") or [{}])[0].get("content")
+                if "[refuse]" in _text_of(first):
+                    return self._json(
+                        {
+                            "type": "error",
+                            "error": {
+                                "type": "invalid_request_error",
+                                "message": "this request is refused",
+                            },
+                        },
+                        400,
+                    )
                 content = reply_for(body)
                 stop = "tool_use" if content[0]["type"] == "tool_use" else "end_turn"
                 model = body.get("model", "claude-haiku-4-5")
@@ -208,9 +226,9 @@ class FakeAnthropic:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def _json(self, value: Any) -> None:
+            def _json(self, value: Any, status: int = 200) -> None:
                 data = json.dumps(value).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
@@ -235,13 +253,21 @@ def nodus_bin() -> str:
 
 
 class NodusServer:
-    """A ``nodus server`` child: in-memory store, unisolated sandbox, the fake model."""
+    """A ``nodus server`` child with the fake model: by default an in-memory store and the
+    unisolated sandbox."""
 
-    def __init__(self, model_url: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="nodus-sdk-test-")
+    def __init__(
+        self,
+        model_url: str,
+        *,
+        store: str = "memory:",
+        directory: Optional[str] = None,
+        sandbox: str = "unisolated",
+    ) -> None:
+        self.dir = directory or tempfile.mkdtemp(prefix="nodus-sdk-test-")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(self.dir) / "server.log"
+        self.log_path = Path(self.dir) / f"server-{self.port}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NODUS_")}
         env.update({"ANTHROPIC_API_KEY": PLATFORM_KEY, "ANTHROPIC_BASE_URL": model_url})
         self.process = subprocess.Popen(
@@ -249,9 +275,9 @@ class NodusServer:
                 nodus_bin(),
                 "server",
                 "--store",
-                "memory:",
+                store,
                 "--sandbox",
-                "unisolated",
+                sandbox,
                 "--data-dir",
                 str(Path(self.dir) / "data"),
                 "--listen",
@@ -285,6 +311,11 @@ class NodusServer:
             if line.startswith("nodus_http_requests_total "):
                 return int(line.split()[1])
         raise AssertionError("/metrics has no request count")
+
+    def kill(self) -> None:
+        """SIGKILL: the server stops at once, as in a crash."""
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         self.process.terminate()

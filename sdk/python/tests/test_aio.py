@@ -144,7 +144,7 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
                 agent=agent.name,
                 evaluation={"environment": "nodus/x@1.0.0", "tasks": 1},
             )
-        assert invalid.value.field == "spec.evaluation"
+        assert invalid.value.field == "spec.evaluation.environment"
         with pytest.raises(nodus.AlreadyExists):
             await client.create_secret(secret, {"A": "b"})
         with pytest.raises(nodus.Forbidden):
@@ -155,6 +155,43 @@ def test_aio_group_byok_and_errors(fake_model: FakeAnthropic) -> None:
         with pytest.raises(nodus.AgentStopped):
             await aio.ClaudeAgent.from_name(name, client=client).submit("hi")
         assert len(await client.list("agentruns", field_selector=f"spec.agent={name}")) == 0
+
+    run_async(test)
+
+
+def test_aio_evaluation_group_waits_reads_results_and_deletes() -> None:
+    async def test(client: aio.AsyncClient) -> None:
+        agent = aio.ClaudeAgent(
+            unique("aevalok"),
+            system="x",
+            families=["haiku"],
+            per_run_max_cost="0.05",
+            client=client,
+        )
+        group = await aio.AgentGroup.create(
+            unique("aevalok"),
+            agent=agent,
+            max_active=2,
+            max_cost="0.20",
+            evaluation={
+                "environment": "nodus/arithmetic-v2@2.0.0",
+                "split": "test",
+                "tasks": 2,
+                "repetitions": 1,
+                "seed": 3,
+                "timeout": "5m",
+            },
+        )
+        status = await group.wait(timeout=120)
+        assert status.phase == "Succeeded"
+        assert status.evaluation.pending == 0 and status.evaluation.get("passRate") == 1.0
+        assert (await group.status).evaluation.scored == 2
+        results = await group.results()
+        assert [(r.state, r.get("verdict")) for r in results] == [("Scored", "pass")] * 2
+        assert all(isinstance(r.cost.total, Decimal) and r.get("seed") == 3 for r in results)
+        await group.delete()
+        with pytest.raises(nodus.NotFound):
+            await aio.AgentGroup.from_name(group.name, client=client).status
 
     run_async(test)
 

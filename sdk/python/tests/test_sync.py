@@ -74,9 +74,34 @@ def test_the_spec_snippet_prints_the_answer(server: NodusServer, tmp_path: Path)
     assert run.wait(timeout=60).phase == "Cancelled"
 
 
-def test_the_spec_evaluation_example_raises_the_servers_refusal() -> None:
-    """evaluation.py as written: evaluation groups are not built, so the server refuses
-    spec.evaluation and the SDK raises that as Invalid, naming the field."""
+def arithmetic_questions(fake_model: FakeAnthropic, since: int) -> List[str]:
+    """The arithmetic questions the fake model was first asked after request ``since``."""
+    questions = []
+    for request in fake_model.requests[since:]:
+        messages = request["body"].get("messages") or []
+        if len(messages) == 1:
+            first = messages[0]["content"]
+            text = first if isinstance(first, str) else " ".join(b.get("text", "") for b in first)
+            if text.startswith("What is "):
+                questions.append(text)
+    return questions
+
+
+def answer_of(question: str) -> int:
+    """The question's answer, worked out here (not by the server or the fake model)."""
+    match = re.match(r"What is (-?\d+) ([-+*]) (-?\d+)\?", question)
+    assert match, question
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def test_the_spec_evaluation_example_as_written(
+    fake_model: FakeAnthropic, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """evaluation.py as written against the real server: the group of two arithmetic cases
+    (seed 42) runs, the fake model works each question out with one command, both cases are
+    graded pass, and the example prints the phase, the counts, the pass rate, the mean reward
+    and one line per case, then deletes the group with its runs."""
     nodus.Client().create(
         "agents",
         {
@@ -91,13 +116,83 @@ def test_the_spec_evaluation_example_raises_the_servers_refusal() -> None:
             },
         },
     )
+    since = len(fake_model.requests)
     example = Path(__file__).resolve().parents[1] / "examples" / "evaluation.py"
-    with pytest.raises(nodus.Invalid) as refused:
-        runpy.run_path(str(example), run_name="__main__")
-    assert refused.value.field == "spec.evaluation"
-    assert refused.value.status_code == 422
+    runpy.run_path(str(example), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [
+        "Succeeded: cases=2, pending=0",
+        "pass rate: 1.0",
+        "mean reward: 1.0",
+    ], lines
+    cases = [line.split(" ") for line in lines[3:]]
+    assert len(cases) == 2 and all(rest == ["Scored", "pass"] for _, *rest in cases), lines
+    assert len({task for task, *_ in cases}) == 2, lines
+    # The two questions reached the model, each once; its commands answered them.
+    questions = arithmetic_questions(fake_model, since)
+    assert len(questions) == 2, questions
+    worked = {}
+    for request in fake_model.requests[since:]:
+        messages = request["body"].get("messages") or []
+        if len(messages) == 3:
+            question = messages[0]["content"]
+            question = question if isinstance(question, str) else question[0]["text"]
+            output = re.search(r"stdout:\n(-?\d+)\n", messages[2]["content"][0]["content"])
+            assert output, messages[2]
+            worked[question] = int(output.group(1))
+    assert worked == {question: answer_of(question) for question in questions}
+    # The example deleted the group, and its runs with it.
     with pytest.raises(nodus.NotFound):
         nodus.AgentGroup.from_name("parallel-agents-eval").status
+    runs = nodus.Client().list("agentruns", field_selector="spec.group=parallel-agents-eval")
+    assert runs == []
+
+
+def test_an_evaluation_group_reads_as_typed_values(fake_model: FakeAnthropic) -> None:
+    """An evaluation group's summary and cases as typed values: counts, rates, the bracket and
+    the interval, and each case with its run (whose cost is a Decimal) and its evidence."""
+    agent = nodus.ClaudeAgent(
+        unique("evaltyped"), system="x", families=["haiku"], per_run_max_cost="0.05"
+    )
+    group = nodus.AgentGroup.create(
+        unique("evaltyped"),
+        agent=agent,
+        max_active=3,
+        max_cost=Decimal("0.50"),
+        evaluation={
+            "environment": "nodus/arithmetic-v2@2.0.0",
+            "split": "train",
+            "tasks": 3,
+            "repetitions": 2,
+            "seed": 7,
+            "timeout": "5m",
+        },
+    )
+    status = group.wait(timeout=120)
+    assert status.phase == "Succeeded" and status.cost.limit == Decimal("0.50")
+    evaluation = status.evaluation
+    assert evaluation and evaluation.cases == 6 and evaluation.pending == 0
+    assert evaluation.scored == 6 and evaluation.n == 6 and evaluation.unscored == {}
+    assert evaluation.pass_rate == 1.0 and evaluation.mean_reward == 1.0
+    assert evaluation.get("passRate") == 1.0
+    assert evaluation.bracket == (1.0, 1.0)
+    # Wilson at 95 % for 6 of 6: the lower end is n / (n + z²) = 6 / (6 + 1.95996²).
+    assert evaluation.interval is not None and evaluation.interval[1] == 1.0
+    assert abs(evaluation.interval[0] - 6 / (6 + 1.959964**2)) < 1e-6
+    results = group.results()
+    assert [(r.state, r.verdict, r.reward) for r in results] == [("Scored", "pass", 1.0)] * 6
+    assert sorted(r.repetition for r in results) == [1, 1, 1, 2, 2, 2]
+    assert len({r.task_id for r in results}) == 3
+    for result in results:
+        assert result.get("verdict") == "pass" and result.get("seed") == 7
+        assert result.get("environment") == "nodus/arithmetic-v2@2.0.0"
+        assert isinstance(result.cost.total, Decimal) and result.cost.total > 0
+        assert result.preview is not None and result.preview.startswith("It is ")
+        assert result.evidence and result.preview[6:-1] in result.evidence
+        assert nodus.AgentRun(result.run).status.phase == "Succeeded"
+    group.delete()
+    with pytest.raises(nodus.NotFound):
+        group.status
 
 
 def test_remote_status_steps_and_money() -> None:

@@ -11,7 +11,17 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from . import _core
 from .client import Client, default_client
 from .errors import AlreadyExists, ServerUnavailable
-from .types import Delivery, GroupStatus, Result, RunStatus, Step, Task, as_tasks
+from .types import (
+    Delivery,
+    GroupStatus,
+    Result,
+    RunStatus,
+    Step,
+    Task,
+    as_tasks,
+    evaluation_results,
+    is_evaluation,
+)
 
 __all__ = ["ClaudeAgent", "AgentRun", "AgentGroup"]
 
@@ -389,10 +399,18 @@ class AgentGroup:
         raise _core.group_timeout(self.name, status, timeout)
 
     def results(self) -> List[Result]:
-        """One result per run of the group, in the order the server lists them."""
+        """One result per run of the group, in the order the server lists them; for an
+        evaluation group one per case, in batch order, with its state (``Pending``,
+        ``Scored``, ``Unscored``), verdict, reward and evidence, beside its run's cost."""
+        document = self._document or self._read()
         runs = self._client.list(
             "agentruns", field_selector=f"spec.group={self.name}", project=self.project
         )
+        if is_evaluation(document):
+            cases = self._client.sub(
+                "GET", "agentgroups", self.name, "results", project=self.project
+            )
+            return evaluation_results(cases, runs)
         return [Result.from_json(run) for run in runs]
 
     def runs(self) -> List[AgentRun]:

@@ -55,7 +55,18 @@ from .errors import (
     WaitTimeout,
     WorkdirNotKept,
 )
-from .types import Delivery, Evaluation, GroupStatus, Result, RunStatus, Step, Task, as_tasks
+from .types import (
+    Delivery,
+    Evaluation,
+    GroupStatus,
+    Result,
+    RunStatus,
+    Step,
+    Task,
+    as_tasks,
+    evaluation_results,
+    is_evaluation,
+)
 
 __all__ = [
     "AsyncClient",
@@ -593,10 +604,17 @@ class AgentGroup:
         raise _core.group_timeout(self.name, status, timeout)
 
     async def results(self) -> List[Result]:
-        """One result per run of the group."""
+        """One result per run, or per case of an evaluation group; see
+        :meth:`nodus.AgentGroup.results`."""
+        document = self._document or await self._read()
         runs = await self._client.list(
             "agentruns", field_selector=f"spec.group={self.name}", project=self.project
         )
+        if is_evaluation(document):
+            cases = await self._client.sub(
+                "GET", "agentgroups", self.name, "results", project=self.project
+            )
+            return evaluation_results(cases, runs)
         return [Result.from_json(run) for run in runs]
 
     async def runs(self) -> List[AgentRun]:

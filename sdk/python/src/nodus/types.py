@@ -250,22 +250,84 @@ class Delivery:
 
 
 class Evaluation:
-    """A group's evaluation summary (``status.evaluation``): ``pending`` cases and, with
-    :meth:`get`, any other field such as ``passRate`` or ``meanReward``. Empty for a group
-    without ``spec.evaluation``."""
+    """A group's evaluation summary (``status.evaluation``), computed by the server from the
+    cases: ``cases``, ``pending``, ``scored``, ``unscored`` by reason, and over the ``n``
+    scored cases only the ``pass_rate``, ``mean_reward``, their 95 % ``interval`` and the
+    ``bracket`` (the pass rate if every case without a score had failed, or passed). Rates are
+    fractions (floats), not money. :meth:`get` reads any field by its JSON name, such as
+    ``passRate``. Empty (every field ``None``) for a group without ``spec.evaluation``."""
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         self._data: Dict[str, Any] = dict(data)
 
+    def _int(self, key: str) -> Optional[int]:
+        value = self._data.get(key)
+        return int(value) if value is not None else None
+
+    def _float(self, key: str) -> Optional[float]:
+        value = self._data.get(key)
+        return float(value) if value is not None else None
+
+    def _range(self, key: str) -> Optional[Tuple[float, float]]:
+        value = _dict(self._data.get(key))
+        if "low" not in value or "high" not in value:
+            return None
+        return (float(value["low"]), float(value["high"]))
+
+    @property
+    def cases(self) -> Optional[int]:
+        """Cases in the batch (tasks × repetitions); ``None`` when not evaluated."""
+        return self._int("cases")
+
     @property
     def pending(self) -> Optional[int]:
         """How many cases are not finished yet (``None`` when not evaluated)."""
-        value = self._data.get("pending")
-        return int(value) if value is not None else None
+        return self._int("pending")
+
+    @property
+    def scored(self) -> Optional[int]:
+        """How many cases were graded (a wrong or invalid answer is scored)."""
+        return self._int("scored")
+
+    @property
+    def unscored(self) -> Dict[str, int]:
+        """Cases ended without a score, by reason (``RunFailed``, ``NoAnswer``,
+        ``LimitReached``, ``GraderFailed``, ``EvaluationTimeout``, ``Cancelled``)."""
+        return {str(k): int(v) for k, v in _dict(self._data.get("unscored")).items()}
+
+    @property
+    def n(self) -> Optional[int]:
+        """The number of scored cases the rates are over."""
+        return self._int("n")
+
+    @property
+    def pass_rate(self) -> Optional[float]:
+        """Passed ÷ scored; ``None`` while nothing is scored."""
+        return self._float("passRate")
+
+    @property
+    def mean_reward(self) -> Optional[float]:
+        """The mean reward of the scored cases; ``None`` while nothing is scored."""
+        return self._float("meanReward")
+
+    @property
+    def bracket(self) -> Optional[Tuple[float, float]]:
+        """``(low, high)``: the pass rate over all cases if every case without a score had
+        failed, or had passed."""
+        return self._range("bracket")
+
+    @property
+    def interval(self) -> Optional[Tuple[float, float]]:
+        """``(low, high)``: the 95 % Wilson interval of the pass rate over the scored cases."""
+        return self._range("interval")
 
     def get(self, key: str, default: Any = None) -> Any:
-        """A field of the summary (``passRate``, ``meanReward``, …), or ``default``."""
+        """A field of the summary by its JSON name (``passRate``, ``meanReward``, …), or
+        ``default``."""
         return self._data.get(key, default)
+
+    def __bool__(self) -> bool:
+        return bool(self._data)
 
     def __repr__(self) -> str:
         return f"Evaluation({self._data!r})"
@@ -318,9 +380,15 @@ class GroupStatus:
 
 @dataclass(frozen=True)
 class Result:
-    """One task of a group: its ``task_id`` (the run's ``spec.taskKey``), the ``run`` name,
-    its ``state`` (the run's phase), ``reason``, ``cost`` and the answer ``preview``. Use
-    :meth:`get` for the fields of an evaluation record, such as ``verdict``."""
+    """One task of a group: its ``task_id``, the ``run`` name, its ``state``, ``reason``,
+    ``cost`` and the answer ``preview``.
+
+    In a group without evaluation ``task_id`` is the run's ``spec.taskKey`` and ``state`` the
+    run's phase. In an evaluation group a result is one case (task × ``repetition``):
+    ``state`` is ``Pending``, ``Scored`` or ``Unscored``, ``reason`` says why it is unscored,
+    and a scored case has its ``reward`` (0 to 1) and ``verdict`` (``pass``, ``fail``,
+    ``invalid``); ``evidence`` is what the grader saw. :meth:`get` reads any field of the
+    case's record (``verdict``, ``environment``, ``seed``, …) by its JSON name."""
 
     task_id: str
     run: str
@@ -329,6 +397,11 @@ class Result:
     cost: Cost
     preview: Optional[str]
     raw: Dict[str, Any] = field(repr=False, compare=False)
+    repetition: Optional[int] = None
+    reward: Optional[float] = None
+    verdict: Optional[str] = None
+    evidence: Optional[str] = field(default=None, repr=False)
+    record: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, document: Any) -> "Result":
@@ -345,14 +418,36 @@ class Result:
             raw=status.raw,
         )
 
+    @classmethod
+    def from_case(cls, case: Any, run: Any = None) -> "Result":
+        """From one item of an ``EvaluationResultList`` and, when given, its AgentRun (for
+        the run's cost and answer preview)."""
+        record = _dict(case)
+        status = RunStatus.from_json(run) if run is not None else None
+        reward = record.get("reward")
+        repetition = record.get("repetition")
+        return cls(
+            task_id=str(record.get("taskId", "")),
+            run=str(record.get("run", "")),
+            state=record.get("state"),
+            reason=record.get("reason"),
+            cost=status.cost if status is not None else Cost(Decimal("0"), None),
+            preview=status.answer_preview if status is not None else None,
+            raw=status.raw if status is not None else {},
+            repetition=int(repetition) if repetition is not None else None,
+            reward=float(reward) if reward is not None else None,
+            verdict=record.get("verdict"),
+            evidence=record.get("evidence"),
+            record=record,
+        )
+
     def get(self, key: str, default: Any = None) -> Any:
-        """A field of the task's evaluation record (``verdict``, ``reward``, …), else of the
-        run's status; ``default`` when neither has it (as for a group without evaluation)."""
-        status = _dict(self.raw.get("status"))
-        record = _dict(status.get("evaluation"))
-        if key in record:
-            return record[key]
-        return status.get(key, default)
+        """A field of the case's evaluation record (``verdict``, ``reward``, ``seed``, …),
+        else of the run's status; ``default`` when neither has it (as for ``verdict`` in a
+        group without evaluation)."""
+        if key in self.record:
+            return self.record[key]
+        return _dict(self.raw.get("status")).get(key, default)
 
 
 @dataclass(frozen=True)
@@ -380,6 +475,18 @@ class Task:
             "metadata": {"name": f"{group}-{self.key}"},
             "spec": spec,
         }
+
+
+def evaluation_results(body: Any, runs: List[Dict[str, Any]]) -> List[Result]:
+    """The cases of an ``EvaluationResultList`` in batch order, each with its run."""
+    by_name = {str(_dict(run.get("metadata")).get("name", "")): run for run in runs}
+    items = _dict(body).get("items") or []
+    return [Result.from_case(item, by_name.get(str(_dict(item).get("run", "")))) for item in items]
+
+
+def is_evaluation(document: Mapping[str, Any]) -> bool:
+    """Whether the AgentGroup ``document`` is an evaluation group."""
+    return _dict(document.get("spec")).get("evaluation") is not None
 
 
 def as_tasks(tasks: Any) -> List[Task]:

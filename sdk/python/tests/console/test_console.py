@@ -447,3 +447,193 @@ def test_every_answer_has_the_policy_and_actions_need_the_csrf_token(
         assert done.status_code == 303
     run.wait(timeout=30)
     assert run.status.phase == "Cancelled"
+
+
+def percent(value: float) -> str:
+    """A fraction as the console writes it: a percentage with one decimal."""
+    return f"{value * 100:.1f} %"
+
+
+def test_an_evaluation_group_its_results_and_a_case_followed_to_its_run(
+    browser: WebDriver, server: NodusServer
+) -> None:
+    """An evaluation group of four cases graded `exact`: one passes, one fails, one fails with
+    an answer that holds markup (shown as text in the evidence), and one is unscored because
+    its run failed. The group page shows scored, pending, pass rate with its interval and
+    bracket, mean reward and the unscored cases by reason; the Results view lists each case
+    with the grader's evidence and links it to its AgentRun."""
+    environment = unique("console-env")
+    post(
+        server,
+        "/default/environments",
+        {
+            "apiVersion": "nodus.dev/v1",
+            "kind": "Environment",
+            "metadata": {"name": environment},
+            "spec": {
+                "version": "1.0.0",
+                "splits": {
+                    "test": {
+                        "tasks": [
+                            {
+                                "id": "hello",
+                                "prompt": "Run `echo hello`",
+                                "hidden": {"expected": "It is hello."},
+                            },
+                            {
+                                "id": "goodbye",
+                                "prompt": "Run `echo goodbye`",
+                                "hidden": {"expected": "It is hello."},
+                            },
+                            {
+                                "id": "markup",
+                                "prompt": f"Run `echo '{XSS}'`",
+                                "hidden": {"expected": "It is hello."},
+                            },
+                            {
+                                "id": "refused",
+                                "prompt": "Say hello [refuse]",
+                                "hidden": {"expected": "It is hello."},
+                            },
+                        ]
+                    }
+                },
+                "grader": {"kind": "exact"},
+            },
+        },
+    )
+    worker = nodus.ClaudeAgent(
+        unique("evaluee"), system="Answer briefly.", families=["haiku"], per_run_max_cost="0.05"
+    )
+    group = nodus.AgentGroup.create(
+        unique("eval"),
+        agent=worker,
+        max_active=4,
+        max_cost="0.40",
+        evaluation={
+            "environment": f"{environment}@1.0.0",
+            "split": "test",
+            "tasks": 4,
+            "repetitions": 1,
+            "seed": 1,
+            "timeout": "5m",
+        },
+    )
+    # One of its runs failed, so the group did.
+    assert group.wait(timeout=120).phase == "Failed"
+    summary = api(server, f"/agentgroups/{group.name}")["status"]["evaluation"]
+    # By hand: 3 scored (1 pass, 2 fail), 1 unscored (RunFailed), none pending.
+    assert (summary["scored"], summary["pending"], summary["unscored"]) == (3, 0, {"RunFailed": 1})
+    results = api(server, f"/agentgroups/{group.name}/results")["items"]
+
+    sign_in(browser, server)
+    wait_for(browser, lambda d: d.current_url.endswith("/agents"))
+    browser.get(f"{server.url}/console/p/default/groups/{group.name}")
+    wait_for(browser, lambda d: d.find_elements(By.ID, "evaluation"))
+
+    def text(element_id: str) -> str:
+        return str(browser.find_element(By.ID, element_id).text)
+
+    assert text("eval-cases") == "4"
+    assert text("eval-scored") == "3"
+    assert text("eval-pending") == "0"
+    assert text("eval-pass-rate") == "33.3 %"
+    assert text("eval-mean-reward") == "0.333"
+    # 1 of 4 passed if the unscored case had failed, 2 of 4 if it had passed.
+    assert text("eval-bracket") == "25.0 % – 50.0 %"
+    interval = summary["interval"]
+    assert text("eval-interval") == f"{percent(interval['low'])} – {percent(interval['high'])}"
+    reasons = {
+        tr.get_attribute("data-reason"): tr.find_elements(By.TAG_NAME, "td")[1].text
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#unscored tr[data-reason]")
+    }
+    assert reasons == {"RunFailed": "1"}
+    shot(browser, "evaluation")
+
+    browser.find_element(By.ID, "results-link").click()
+    wait_for(browser, lambda d: d.find_elements(By.ID, "results"))
+    assert browser.current_url.endswith(f"/groups/{group.name}/results")
+    rows = {}
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#results tr[data-task]"):
+        cells = [c.text for c in tr.find_elements(By.TAG_NAME, "td")]
+        rows[tr.get_attribute("data-task")] = cells
+    assert set(rows) == {"hello", "goodbye", "markup", "refused"}
+    for case in results:
+        cells = rows[case["taskId"]]
+        assert cells[2] == case["state"]
+        assert cells[3] == case.get("verdict", case.get("reason"))
+        assert cells[5] == (case.get("evidence") or "—")
+        assert cells[6] == case["run"]
+    assert rows["hello"][2:5] == ["Scored", "pass", "1.000"]
+    assert rows["goodbye"][2:5] == ["Scored", "fail", "0.000"]
+    assert rows["refused"][2:5] == ["Unscored", "RunFailed", "—"]
+    assert rows["refused"][7] == "Failed"
+    # The answer's markup is in the evidence as text; nothing of it ran.
+    assert 'got "It is <script>window.__pwned=1</script><img src=x onerror=' in rows["markup"][5]
+    assert browser.execute_script("return window.__pwned === undefined;") is True
+    assert not browser.find_elements(By.CSS_SELECTOR, "#results script, #results img")
+    shot(browser, "evaluation-results")
+
+    wrong = next(c for c in results if c["taskId"] == "goodbye")
+    browser.find_element(
+        By.CSS_SELECTOR, f'#results tr[data-task="goodbye"] a[href$="/runs/{wrong["run"]}"]'
+    ).click()
+    wait_for(browser, lambda d: d.current_url.endswith(f"/runs/{wrong['run']}"))
+    wait_for(browser, lambda d: d.find_element(By.ID, "phase").text == "Succeeded")
+    assert wrong["run"] in browser.find_element(By.TAG_NAME, "h1").text
+    assert "It is goodbye." in browser.page_source
+
+
+def steps_of(server: NodusServer, run: str) -> List[Dict[str, Any]]:
+    items: List[Dict[str, Any]] = api(server, f"/agentruns/{run}/steps")["items"]
+    return items
+
+
+def test_resolve_a_parked_run_in_the_console(browser: WebDriver, fake_model: Any) -> None:
+    """A run whose server is killed (SIGKILL) while its command runs parks in NeedsResolution
+    on the next server (the command's outcome is unknown); in the console its page offers the
+    three resolutions, and `retry` runs the command again: the run succeeds with its answer."""
+    directory = tempfile.mkdtemp(prefix="nodus-console-park-")
+    store = f"sqlite://{directory}/nodus.db"
+    first = NodusServer(fake_model.url, store=store, directory=directory)
+    try:
+        client = nodus.Client(server=first.url, token=TOKEN, project="default")
+        agent = nodus.ClaudeAgent(unique("parks"), system="x", families=["haiku"], client=client)
+        run = agent.submit("Run `sleep 4; echo resumed`")
+        wait_for(
+            browser,
+            lambda _: any(
+                s["kind"] == "Command" and s["state"] == "Started"
+                for s in steps_of(first, run.name)
+            ),
+        )
+    finally:
+        first.kill()
+    second = NodusServer(fake_model.url, store=store, directory=directory)
+    try:
+        wait_for(
+            browser,
+            lambda _: api(second, f"/agentruns/{run.name}")["status"]["phase"] == "NeedsResolution",
+        )
+        sign_in(browser, second)
+        wait_for(browser, lambda d: d.current_url.endswith("/agents"))
+        browser.get(f"{second.url}/console/p/default/runs/{run.name}")
+        wait_for(browser, lambda d: d.find_element(By.ID, "phase").text == "NeedsResolution")
+        for action in ("retry", "recordFailed", "cancel"):
+            assert browser.find_element(By.ID, f"resolve-{action}").is_displayed()
+        shot(browser, "parked")
+        browser.find_element(By.ID, "resolve-retry").click()
+        wait_for(browser, lambda d: d.find_element(By.ID, "phase").text == "Succeeded")
+        assert not browser.find_elements(By.ID, "resolve-retry")
+        assert "It is resumed." in browser.page_source
+        document = api(second, f"/agentruns/{run.name}")
+        assert document["status"]["phase"] == "Succeeded"
+        answer = httpx.get(
+            f"{second.url}{API}/agentruns/{run.name}/answer",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).json()
+        assert answer["answer"] == "It is resumed."
+        commands = [s for s in steps_of(second, run.name) if s["kind"] == "Command"]
+        assert len(commands) >= 1 and commands[-1]["state"] == "Completed", commands
+    finally:
+        second.stop()

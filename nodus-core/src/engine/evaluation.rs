@@ -1,0 +1,1047 @@
+//! Evaluation groups in the engine: Environment versions written once, a group created with
+//! its fixed batch of cases and their runs, grading as durable work, and the results.
+//!
+//! A case is a `Pending` [`CaseRecord`] document created with the group and its run, in the
+//! same all-or-nothing batch. When the run has ended, [`Engine::grade_evaluation`] (the
+//! [`Runner`](crate::runner::Runner) queues it after each reconcile of the group, under a key
+//! of its own so that a slow grader never holds up the group) writes the
+//! case's one terminal state, with the version it read: a second writer is refused and finds
+//! it terminal, so a grade is recorded once. A `command` grader is journaled in the case
+//! itself: the attempt (its sandbox's key) is written before the grader starts and finished
+//! with the grade; an attempt interrupted by a crash is repeated from its inputs (the answer,
+//! the hidden data, the kept final working directory) in a new sandbox, after the old one is
+//! removed. Whoever grades holds the run's lease, so two replicas never grade one case at once.
+
+use std::collections::BTreeMap;
+
+use futures_util::StreamExt;
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::{Engine, Error, Result, typed};
+use crate::evaluation::check::{EnvironmentRef, key_name};
+use crate::evaluation::{
+    CaseRecord, CaseResult, CaseState, Grade, GradingAttempt, UnscoredReason, builtin, cases,
+    grade, stats,
+};
+use crate::group::GroupPhase;
+use crate::lifecycle::{CancelReason, FailReason, RunPhase, WaitReason};
+use crate::resource::{
+    API_VERSION, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, DurationSpec, Environment,
+    EnvironmentSpec, FileSetSpec, GraderKind, Kind, WorkdirSpec,
+};
+use crate::sandbox::{ExecRequest, SandboxId, SandboxSpec};
+use crate::store::{self, ObjectKey, Record, Selector};
+use crate::validate::Invalid;
+
+/// Default `spec.evaluation.timeout`: 30 minutes.
+pub const DEFAULT_EVALUATION_TIMEOUT: DurationSpec = DurationSpec::from_secs(30 * 60);
+/// Default `spec.grader.timeout` of a command grader: 5 minutes.
+pub const DEFAULT_GRADER_TIMEOUT: DurationSpec = DurationSpec::from_secs(5 * 60);
+/// The longest evaluation group name: its runs are `<group>-cNNN`, DNS labels.
+pub const MAX_EVALUATION_GROUP_NAME: usize = 58;
+/// Cases graded at once in one group.
+const GRADING_CONCURRENCY: usize = 8;
+/// Bytes of a command grader's output kept.
+const GRADER_OUTPUT_CAP: u64 = 64 * 1024;
+/// How soon a case whose grading could not proceed (its run leased elsewhere, the sandbox
+/// backend restarting) is looked at again.
+const GRADING_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
+impl Engine {
+    /// Write an Environment version ([`Engine::apply`]): a new version is created; the same
+    /// spec again changes nothing; another spec for a version already written is refused,
+    /// naming `spec.version`.
+    pub async fn apply_environment(
+        &self,
+        project: &str,
+        environment: Environment,
+    ) -> Result<Environment> {
+        self.apply(project, environment).await
+    }
+
+    /// Store a new Environment version under `NAME@VERSION`, once its project-bound rules
+    /// hold: a generator is for the built-ins of project `nodus` only, and the FileSets it
+    /// names must exist in its project.
+    async fn insert_environment(
+        &self,
+        project: &str,
+        mut environment: Environment,
+    ) -> Result<Environment> {
+        for (name, split) in &environment.spec.splits {
+            if split.generator.is_some() && project != builtin::PROJECT {
+                return Err(Invalid::new(
+                    format!("spec.splits.{name}.generator"),
+                    "is for the built-in Environments of project nodus only: list the tasks",
+                    format!("{:?}", split.generator.as_ref().map(|g| g.kind.as_str())),
+                )
+                .into());
+            }
+            for (index, task) in split.tasks.iter().enumerate() {
+                if let Some(files) = &task.files {
+                    let field = format!("spec.splits.{name}.tasks[{index}].files.fileSet");
+                    self.environment_fileset(project, &field, &files.file_set)
+                        .await?;
+                }
+            }
+        }
+        if let Some(files) = &environment.spec.grader.files {
+            self.environment_fileset(project, "spec.grader.files.fileSet", &files.file_set)
+                .await?;
+        }
+        let key = ObjectKey::new(
+            project,
+            Kind::Environment,
+            key_name(environment.name(), &environment.spec.version),
+        );
+        self.stamp(project, &mut environment);
+        environment.status = Default::default();
+        let record = self
+            .deps
+            .store
+            .create(&key, typed::encode(&key, &environment)?)
+            .await?;
+        Ok(typed::decode(record)?.object)
+    }
+
+    /// Write the built-in Environments (and the FileSets they name) into project `nodus`
+    /// where they are missing; what is there already is left as it is.
+    pub async fn install_builtin_environments(&self) -> Result<()> {
+        let (filesets, environments) = builtin::environments();
+        for fileset in filesets {
+            let key = ObjectKey::new(builtin::PROJECT, Kind::FileSet, fileset.name());
+            match self.deps.store.get(&key).await {
+                Ok(record) => {
+                    let current = typed::decode::<FileSetSpec>(record)?;
+                    if current.object.spec != fileset.spec {
+                        let mut updated = current.object;
+                        updated.spec = fileset.spec;
+                        self.deps
+                            .store
+                            .update(&key, current.version, typed::encode(&key, &updated)?)
+                            .await?;
+                    }
+                }
+                Err(store::Error::NotFound(_)) => {
+                    self.create(builtin::PROJECT, fileset).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for environment in environments {
+            self.apply(builtin::PROJECT, environment).await?;
+        }
+        Ok(())
+    }
+
+    /// A FileSet an Environment of `project` names, which must exist.
+    async fn environment_fileset(
+        &self,
+        project: &str,
+        field: &str,
+        name: &str,
+    ) -> Result<FileSetSpec> {
+        match self.read::<FileSetSpec>(project, name).await {
+            Ok(found) => Ok(found.object.spec),
+            Err(Error::NotFound { .. }) => Err(Invalid::new(
+                field,
+                format!("must name an existing FileSet of project {project}"),
+                format!("{name:?}"),
+            )
+            .into()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The Environment an evaluation names, as seen from `project`: its own, or a built-in
+    /// of project `nodus`; another project's is answered as missing.
+    async fn evaluation_environment(
+        &self,
+        project: &str,
+        text: &str,
+    ) -> Result<(EnvironmentRef, Environment)> {
+        let missing = || -> Error {
+            Invalid::new(
+                "spec.evaluation.environment",
+                "must name an existing Environment version (`name@version` of this project or \
+                 `nodus/name@version`)",
+                format!("{text:?}"),
+            )
+            .into()
+        };
+        let reference = EnvironmentRef::parse(project, text).ok_or_else(missing)?;
+        if reference.project != project && reference.project != builtin::PROJECT {
+            return Err(missing());
+        }
+        match self
+            .read::<EnvironmentSpec>(&reference.project, &reference.key_name())
+            .await
+        {
+            Ok(found) => Ok((reference, found.object)),
+            Err(Error::NotFound { .. }) => Err(missing()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Create an evaluation group: resolve its Environment, draw its batch, and write the
+    /// group, one AgentRun per case (all pinning the same agent revision, each with the task's
+    /// prompt as its only input and the evaluation's absolute deadline) and the cases, all or
+    /// nothing. Then reconcile it. Errors name the field; nothing is written on error.
+    pub(super) async fn create_evaluation_group(
+        &self,
+        project: &str,
+        mut group: AgentGroup,
+    ) -> Result<AgentGroup> {
+        let Some(evaluation) = group.spec.evaluation.clone() else {
+            return Err(Invalid::new("spec.evaluation", "is required", "nothing").into());
+        };
+        let name = group.name().to_string();
+        if name.len() > MAX_EVALUATION_GROUP_NAME {
+            return Err(Invalid::new(
+                "metadata.name",
+                format!(
+                    "must be at most {MAX_EVALUATION_GROUP_NAME} characters for an evaluation \
+                     group (its runs are named <group>-cNNN)"
+                ),
+                format!("{name:?}"),
+            )
+            .into());
+        }
+        self.resolve_agent(project, &group.spec.agent).await?;
+        let (reference, environment) = self
+            .evaluation_environment(project, &evaluation.environment)
+            .await?;
+        let split = match &evaluation.split {
+            Some(split) => split.clone(),
+            None if environment.spec.splits.len() == 1 => environment
+                .spec
+                .splits
+                .keys()
+                .next()
+                .cloned()
+                .unwrap_or_default(),
+            None => {
+                let known: Vec<&str> = environment.spec.splits.keys().map(String::as_str).collect();
+                return Err(Invalid::new(
+                    "spec.evaluation.split",
+                    format!(
+                        "is required: the Environment has the splits {}",
+                        known.join(", ")
+                    ),
+                    "nothing",
+                )
+                .into());
+            }
+        };
+        let batch = cases::batch(
+            &environment.spec,
+            &split,
+            evaluation.tasks,
+            evaluation.repetitions,
+            evaluation.seed,
+        )?;
+        let image = (!environment.spec.image.is_empty()).then(|| environment.spec.image.clone());
+        if image.is_some() && !self.deps.sandbox.supports_image() {
+            return Err(Invalid::new(
+                "spec.evaluation.environment",
+                "names an Environment with an image, which this server's sandbox backend cannot \
+                 run (only the docker sandbox runs images)",
+                format!("{:?}", evaluation.environment),
+            )
+            .into());
+        }
+        let image_used = image
+            .clone()
+            .or_else(|| self.config.default_image.clone())
+            .unwrap_or_default();
+        let timeout = evaluation.timeout.unwrap_or(DEFAULT_EVALUATION_TIMEOUT);
+        let now = self.deps.clock.now();
+        let deadline = now
+            .checked_add(jiff::SignedDuration::try_from(timeout.to_std()).unwrap_or_default())
+            .map_err(|e| {
+                Invalid::new(
+                    "spec.evaluation.timeout",
+                    e.to_string(),
+                    timeout.to_string(),
+                )
+            })?;
+        // A command grader reads the agent's final working directory: the run keeps it.
+        let keeps_workdir = environment.spec.grader.kind == GraderKind::Command;
+        for attempt in 0..3 {
+            let mut items = Vec::with_capacity(batch.len() * 2 + 1);
+            let mut earlier: Vec<AgentRun> = Vec::with_capacity(batch.len());
+            let mut revisions = std::collections::BTreeSet::new();
+            let mut case_items = Vec::with_capacity(batch.len());
+            for case in &batch {
+                let run_name = format!("{name}-{}", cases::task_key(case.index));
+                let mut spec =
+                    AgentRunSpec::new(group.spec.agent.clone(), case.task.prompt.clone());
+                spec.deadline = Some(deadline);
+                spec.image = image.clone();
+                if keeps_workdir || case.task.files.is_some() {
+                    spec.workdir = Some(WorkdirSpec {
+                        base_workdir: case.task.files.as_ref().map(|f| f.file_set.clone()),
+                        artifact_mounts: Vec::new(),
+                    });
+                }
+                let run = AgentRun::new(run_name.clone(), spec);
+                let (key, mut document, input) = self
+                    .prepare_run(project, run, &earlier, &mut Default::default())
+                    .await
+                    .map_err(|e| match e {
+                        Error::Invalid(invalid) => Error::Invalid(Invalid::new(
+                            format!(
+                                "spec.evaluation (the run of case {}): {}",
+                                case.index, invalid.field
+                            ),
+                            invalid.rule,
+                            invalid.value,
+                        )),
+                        other => other,
+                    })?;
+                document["spec"]["group"] = json!(name);
+                document["spec"]["taskKey"] = json!(cases::task_key(case.index));
+                revisions.insert(
+                    document["status"]["snapshot"]["agentRevision"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+                earlier.push(
+                    typed::decode(Record {
+                        key: key.clone(),
+                        version: 0,
+                        document: document.clone(),
+                    })?
+                    .object,
+                );
+                items.push((key, document));
+                // The task's staged working directory, written with its run.
+                items.extend(input);
+                let record = CaseRecord {
+                    group: name.clone(),
+                    index: case.index,
+                    task_id: case.task.id.clone(),
+                    repetition: case.repetition,
+                    run: run_name.clone(),
+                    environment: reference.to_string(),
+                    split: split.clone(),
+                    seed: evaluation.seed,
+                    image_digest: image_used.clone(),
+                    hidden: case.task.hidden.clone(),
+                    deadline,
+                    state: CaseState::Pending,
+                    reason: None,
+                    reward: None,
+                    verdict: None,
+                    evidence: None,
+                    gradings: Vec::new(),
+                    completion_time: None,
+                    payloads_removed_at: None,
+                };
+                case_items.push((
+                    ObjectKey::new(project, Kind::EvaluationCase, &run_name),
+                    case_document(project, &record)?,
+                ));
+            }
+            // Every member pins the same revision: the agent changed while the runs were
+            // prepared, so prepare them again.
+            if revisions.len() > 1 && attempt < 2 {
+                continue;
+            }
+            let mut object = group.clone();
+            self.stamp(project, &mut object);
+            object.status = Default::default();
+            let group_key = ObjectKey::new(project, Kind::AgentGroup, &name);
+            let mut all = vec![(group_key.clone(), typed::encode(&group_key, &object)?)];
+            all.extend(items);
+            all.extend(case_items);
+            self.deps.store.create_batch(all, None).await?;
+            group = object;
+            break;
+        }
+        self.reconcile_group(project, group.name()).await
+    }
+
+    /// The cases of an evaluation group, in batch order.
+    pub(super) async fn evaluation_cases(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<(Record, CaseRecord)>> {
+        let selector = Selector {
+            fields: [("spec.group".to_string(), group.to_string())].into(),
+            ..Selector::default()
+        };
+        let mut cases = self
+            .deps
+            .store
+            .list(project, Kind::EvaluationCase, &selector)
+            .await?
+            .into_iter()
+            .map(|record| {
+                let case = case_of(&record)?;
+                Ok((record, case))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        cases.sort_by_key(|(_, case)| case.index);
+        Ok(cases)
+    }
+
+    /// `status.evaluation` of a group, from its cases.
+    pub(super) async fn evaluation_status(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<stats::EvaluationStatus> {
+        let cases: Vec<CaseRecord> = self
+            .evaluation_cases(project, group)
+            .await?
+            .into_iter()
+            .map(|(_, case)| case)
+            .collect();
+        Ok(stats::summarize(&cases))
+    }
+
+    /// An evaluation group's `status.evaluation`, from its cases; the group finishes only
+    /// once every case has its terminal state (until then a finished phase waits as
+    /// `Running`, or `Cancelling`).
+    pub(super) async fn hold_for_cases(
+        &self,
+        project: &str,
+        group: &str,
+        status: &mut crate::resource::AgentGroupStatus,
+    ) -> Result<()> {
+        let evaluation = self.evaluation_status(project, group).await?;
+        if evaluation.pending > 0 {
+            status.phase = match status.phase {
+                Some(GroupPhase::Cancelled | GroupPhase::Cancelling) => {
+                    Some(GroupPhase::Cancelling)
+                }
+                Some(phase) if phase.is_finished() => Some(GroupPhase::Running),
+                other => other,
+            };
+        }
+        status.evaluation = Some(evaluation);
+        Ok(())
+    }
+
+    /// The per-case results of an evaluation group, in batch order (an ordinary group has
+    /// none).
+    pub async fn evaluation_results(&self, project: &str, group: &str) -> Result<Vec<CaseResult>> {
+        self.read::<AgentGroupSpec>(project, group).await?;
+        Ok(self
+            .evaluation_cases(project, group)
+            .await?
+            .iter()
+            .map(|(_, case)| case.result())
+            .collect())
+    }
+
+    /// Delete the cases of a group (with the group).
+    pub(super) async fn delete_cases(&self, project: &str, group: &str) -> Result<()> {
+        for (record, case) in self.evaluation_cases(project, group).await? {
+            self.remove_grading_sandboxes(&case).await;
+            match self.deps.store.delete(&record.key).await {
+                Ok(()) | Err(store::Error::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Grade what can be graded in an evaluation group: every pending case whose run has
+    /// ended gets its one terminal state (a cancelled group's, and those past the deadline,
+    /// too). Answers when to look again (the earliest deadline or retry of a case still
+    /// pending), or `None`. An ordinary group has nothing to grade.
+    pub async fn grade_evaluation(&self, project: &str, name: &str) -> Result<Option<Timestamp>> {
+        let group = self.read::<AgentGroupSpec>(project, name).await?.object;
+        let Some(evaluation) = &group.spec.evaluation else {
+            return Ok(None);
+        };
+        let cancelled = group
+            .status
+            .phase
+            .is_some_and(|p| matches!(p, GroupPhase::Cancelling | GroupPhase::Cancelled));
+        let pending: Vec<(Record, CaseRecord)> = self
+            .evaluation_cases(project, name)
+            .await?
+            .into_iter()
+            .filter(|(_, case)| !case.is_terminal())
+            .collect();
+        if pending.is_empty() {
+            return Ok(None);
+        }
+        let environment = self
+            .evaluation_environment(project, &evaluation.environment)
+            .await
+            .ok()
+            .map(|(reference, environment)| (reference.project, environment.spec));
+        let graded: Vec<Result<Graded>> = futures_util::stream::iter(pending)
+            .map(|(record, case)| {
+                self.grade_case(project, record, case, cancelled, environment.as_ref())
+            })
+            .buffer_unordered(GRADING_CONCURRENCY)
+            .collect()
+            .await;
+        let mut wake: Option<Timestamp> = None;
+        let mut changed = false;
+        for graded in graded {
+            match graded? {
+                Graded::Recorded => changed = true,
+                Graded::Later(at) => wake = Some(wake.map_or(at, |w| w.min(at))),
+            }
+        }
+        if changed {
+            self.reconcile_group(project, name).await?;
+        }
+        Ok(wake)
+    }
+
+    /// Grade one pending case, if its run has ended (or the group was cancelled, or the
+    /// deadline passed).
+    async fn grade_case(
+        &self,
+        project: &str,
+        record: Record,
+        case: CaseRecord,
+        cancelled: bool,
+        environment: Option<&(String, EnvironmentSpec)>,
+    ) -> Result<Graded> {
+        let now = self.deps.clock.now();
+        if cancelled {
+            self.remove_grading_sandboxes(&case).await;
+            let ended = case.attempts_interrupted(now).unscored(
+                UnscoredReason::Cancelled,
+                "the evaluation group was cancelled".to_string(),
+                now,
+            );
+            return self.record_case(record, ended).await;
+        }
+        if now >= case.deadline {
+            self.remove_grading_sandboxes(&case).await;
+            let ended = case.attempts_interrupted(now).unscored(
+                UnscoredReason::EvaluationTimeout,
+                "the evaluation's deadline passed before the case was graded".to_string(),
+                now,
+            );
+            return self.record_case(record, ended).await;
+        }
+        let run = match self.read::<AgentRunSpec>(project, &case.run).await {
+            Ok(run) => run.object,
+            Err(Error::NotFound { .. }) => {
+                let ended = case.unscored(
+                    UnscoredReason::RunFailed,
+                    "the case's run was deleted".to_string(),
+                    now,
+                );
+                return self.record_case(record, ended).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let phase = run
+            .status
+            .phase
+            .unwrap_or(RunPhase::Pending(crate::lifecycle::PendingReason::Queued));
+        let message = run.status.message.clone().unwrap_or_default();
+        let unscored = |reason: UnscoredReason, evidence: String| -> CaseRecord {
+            case.clone().unscored(reason, evidence, now)
+        };
+        let ended = match phase {
+            RunPhase::Waiting(WaitReason::MaxCostReached) => {
+                // The run can go no further on its cap: the case ends here, and the run too.
+                let _ = self
+                    .request_cancel(project, &case.run, CancelReason::CancelRequested)
+                    .await;
+                unscored(
+                    UnscoredReason::LimitReached,
+                    "the run reached its cost cap (perRunMaxCostUSD)".to_string(),
+                )
+            }
+            phase if !phase.is_finished() => return Ok(Graded::Later(case.deadline)),
+            RunPhase::Failed(FailReason::DeadlineExceeded) => unscored(
+                UnscoredReason::EvaluationTimeout,
+                "the run was cut off at the evaluation's deadline".to_string(),
+            ),
+            RunPhase::Failed(FailReason::TimeoutExceeded) => unscored(
+                UnscoredReason::LimitReached,
+                "the run reached its timeout".to_string(),
+            ),
+            RunPhase::Failed(reason) => unscored(
+                UnscoredReason::RunFailed,
+                format!("the run failed ({reason:?}) {message}")
+                    .trim()
+                    .to_string(),
+            ),
+            RunPhase::Cancelled(reason) => unscored(
+                UnscoredReason::Cancelled,
+                format!("the run was cancelled ({reason:?})"),
+            ),
+            _ => {
+                let answer = self.answer(project, &case.run).await?;
+                match answer.filter(|a| !a.trim().is_empty()) {
+                    None => unscored(
+                        UnscoredReason::NoAnswer,
+                        "the run ended without an answer".to_string(),
+                    ),
+                    Some(answer) => match environment {
+                        None => unscored(
+                            UnscoredReason::GraderFailed,
+                            format!("the Environment {} cannot be read", case.environment),
+                        ),
+                        Some((env_project, spec)) if spec.grader.kind == GraderKind::Command => {
+                            return self
+                                .grade_with_command(
+                                    project,
+                                    record,
+                                    case,
+                                    &run,
+                                    &answer,
+                                    env_project,
+                                    spec,
+                                )
+                                .await;
+                        }
+                        Some((_, spec)) => {
+                            let mut graded = case.clone();
+                            graded.gradings.push(GradingAttempt {
+                                attempt: next_attempt(&case),
+                                sandbox: None,
+                                started_at: now,
+                                finished_at: Some(now),
+                                interrupted: false,
+                            });
+                            match grade::grade_answer(&spec.grader, &graded.hidden, &answer) {
+                                Ok(grade) => graded.scored(grade, now),
+                                Err(error) => {
+                                    graded.unscored(UnscoredReason::GraderFailed, error, now)
+                                }
+                            }
+                        }
+                    },
+                }
+            }
+        };
+        self.record_case(record, ended).await
+    }
+
+    /// Grade with a `command` grader in a fresh sandbox of its own, holding the run's lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn grade_with_command(
+        &self,
+        project: &str,
+        record: Record,
+        case: CaseRecord,
+        run: &AgentRun,
+        answer: &str,
+        env_project: &str,
+        environment: &EnvironmentSpec,
+    ) -> Result<Graded> {
+        let uid = run.metadata.uid.clone().unwrap_or_default();
+        let lease = self.lease();
+        let fence = match self.deps.store.claim(&uid, &lease).await {
+            Ok(fence) => fence,
+            // Another replica grades it (or has not released the run yet).
+            Err(store::Error::Leased { .. }) => return Ok(Graded::Later(self.retry_at())),
+            Err(e) => return Err(e.into()),
+        };
+        let outcome = self
+            .grade_with_command_leased(project, record, case, run, answer, env_project, environment)
+            .await;
+        let _ = self.deps.store.release(&uid, fence).await;
+        outcome
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn grade_with_command_leased(
+        &self,
+        project: &str,
+        record: Record,
+        case: CaseRecord,
+        run: &AgentRun,
+        answer: &str,
+        env_project: &str,
+        environment: &EnvironmentSpec,
+    ) -> Result<Graded> {
+        // An attempt a crash interrupted: remove its sandbox; the grade is made again.
+        self.remove_grading_sandboxes(&case).await;
+        let mut case = case.attempts_interrupted(self.deps.clock.now());
+        let attempt = next_attempt(&case);
+        let sandbox_key = format!(
+            "grade-{}-{attempt}",
+            run.metadata.uid.as_deref().unwrap_or(&case.run)
+        );
+        case.gradings.push(GradingAttempt {
+            attempt,
+            sandbox: Some(sandbox_key.clone()),
+            started_at: self.deps.clock.now(),
+            finished_at: None,
+            interrupted: false,
+        });
+        // The intent, before the effect.
+        let record = match self.write_case(&record, &case).await? {
+            Some(record) => record,
+            None => return Ok(Graded::Recorded),
+        };
+        let outcome = self
+            .run_grader(
+                project,
+                &case,
+                answer,
+                env_project,
+                environment,
+                &sandbox_key,
+            )
+            .await;
+        let now = self.deps.clock.now();
+        if let Some(last) = case.gradings.last_mut() {
+            last.finished_at = Some(now);
+        }
+        let ended = match outcome {
+            GraderOutcome::Graded(grade) => case.scored(grade, now),
+            GraderOutcome::Failed(error) if now >= case.deadline => case.unscored(
+                UnscoredReason::EvaluationTimeout,
+                format!("the evaluation's deadline passed while grading ({error})"),
+                now,
+            ),
+            GraderOutcome::Failed(error) => case.unscored(UnscoredReason::GraderFailed, error, now),
+            // The backend is restarting: the attempt stays open, the next one repeats it.
+            GraderOutcome::Retry => return Ok(Graded::Later(self.retry_at())),
+        };
+        self.record_case(record, ended).await
+    }
+
+    /// Runs the grader: stage its inputs in a new sandbox, run the command, read the verdict,
+    /// remove the sandbox.
+    async fn run_grader(
+        &self,
+        project: &str,
+        case: &CaseRecord,
+        answer: &str,
+        env_project: &str,
+        environment: &EnvironmentSpec,
+        sandbox_key: &str,
+    ) -> GraderOutcome {
+        let inputs = match self
+            .grader_inputs(project, case, answer, env_project, environment)
+            .await
+        {
+            Ok(inputs) => inputs,
+            Err(error) => return GraderOutcome::Failed(error),
+        };
+        let spec = SandboxSpec {
+            key: sandbox_key.to_string(),
+            image: (!environment.image.is_empty())
+                .then(|| environment.image.clone())
+                .or_else(|| self.config.default_image.clone()),
+            env: BTreeMap::new(),
+            limits: self.config.limits,
+            network: false,
+        };
+        let id = match self.deps.sandbox.create(&spec).await {
+            Ok(info) => info.id,
+            Err(e) if e.is_retryable() => return GraderOutcome::Retry,
+            Err(e) => return GraderOutcome::Failed(format!("the grader's sandbox: {e}")),
+        };
+        let outcome = self.grade_in(&id, case, inputs, environment).await;
+        let _ = self.deps.sandbox.destroy(&id).await;
+        outcome
+    }
+
+    async fn grade_in(
+        &self,
+        id: &SandboxId,
+        case: &CaseRecord,
+        inputs: Vec<u8>,
+        environment: &EnvironmentSpec,
+    ) -> GraderOutcome {
+        if let Err(e) = self.deps.sandbox.put_files(id, inputs).await {
+            return GraderOutcome::Failed(format!("staging the grader's inputs: {e}"));
+        }
+        let left = case
+            .deadline
+            .duration_since(self.deps.clock.now())
+            .try_into()
+            .unwrap_or(std::time::Duration::ZERO);
+        let timeout = environment
+            .grader
+            .timeout
+            .unwrap_or(DEFAULT_GRADER_TIMEOUT)
+            .to_std()
+            .min(left);
+        let request = ExecRequest {
+            command: environment.grader.command.clone().unwrap_or_default(),
+            timeout,
+            cwd: None,
+            output_cap: GRADER_OUTPUT_CAP,
+        };
+        let output = match self.deps.sandbox.exec(id, &request).await {
+            Ok(output) => output,
+            Err(e) if e.is_retryable() => return GraderOutcome::Retry,
+            Err(e) => return GraderOutcome::Failed(format!("the grader could not run: {e}")),
+        };
+        let stderr = grade::shorten(output.stderr.lossy().trim());
+        if output.timed_out {
+            return GraderOutcome::Failed(format!(
+                "the grader timed out after {} s",
+                timeout.as_secs()
+            ));
+        }
+        if let Some(why) = output.stopped {
+            return GraderOutcome::Failed(format!("the grader was stopped: {why}"));
+        }
+        if output.exit_code != Some(0) {
+            return GraderOutcome::Failed(
+                format!(
+                    "the grader exited with {} {stderr}",
+                    output
+                        .exit_code
+                        .map_or_else(|| "a signal".to_string(), |c| format!("code {c}"))
+                )
+                .trim()
+                .to_string(),
+            );
+        }
+        match grade::parse_verdict(&output.stdout.lossy()) {
+            Ok(grade) => GraderOutcome::Graded(grade),
+            Err(error) => GraderOutcome::Failed(error),
+        }
+    }
+
+    /// The grader's inputs as one tar archive: `grading/answer.txt`, `grading/hidden.json`,
+    /// `grading/workdir/` (the agent's final working directory, as kept when its run ended)
+    /// and `grader/` (the grader's FileSet).
+    async fn grader_inputs(
+        &self,
+        project: &str,
+        case: &CaseRecord,
+        answer: &str,
+        env_project: &str,
+        environment: &EnvironmentSpec,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let hidden = serde_json::to_vec(&case.hidden).map_err(|e| e.to_string())?;
+        let mut files: Vec<(String, Vec<u8>, bool)> = vec![
+            (
+                "grading/answer.txt".into(),
+                answer.as_bytes().to_vec(),
+                false,
+            ),
+            ("grading/hidden.json".into(), hidden, false),
+        ];
+        let kept = match self
+            .output_workdir(project, &case.run)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Some(super::OutputWorkdir::Archive(tar)) => tar,
+            Some(super::OutputWorkdir::Omitted(why)) => {
+                return Err(format!(
+                    "the agent's final working directory was not kept: {why}"
+                ));
+            }
+            None => return Err("the agent's final working directory was not kept".to_string()),
+        };
+        let mut archive = tar::Archive::new(kept.as_slice());
+        let entries = archive.entries().map_err(|e| e.to_string())?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| e.to_string())?;
+            if entry.header().entry_type() != tar::EntryType::Regular {
+                continue;
+            }
+            let path = entry
+                .path()
+                .map_err(|e| e.to_string())?
+                .to_string_lossy()
+                .into_owned();
+            let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut bytes).map_err(|e| e.to_string())?;
+            let path = path.trim_start_matches("./").to_string();
+            files.push((format!("grading/workdir/{path}"), bytes, executable));
+        }
+        if let Some(fileset) = &environment.grader.files {
+            let set = self
+                .read::<FileSetSpec>(env_project, &fileset.file_set)
+                .await
+                .map_err(|e| format!("the grader's FileSet: {e}"))?
+                .object
+                .spec;
+            for file in &set.files {
+                let bytes = file.bytes().map_err(|e| e.to_string())?;
+                files.push((format!("grader/{}", file.path), bytes, file.executable));
+            }
+        }
+        let staged: Vec<super::workdir::Staged<'_>> = files
+            .iter()
+            .map(|(path, bytes, executable)| super::workdir::Staged {
+                path,
+                bytes: bytes.clone(),
+                executable: *executable,
+            })
+            .collect();
+        super::workdir::archive(&staged).map_err(|e| e.to_string())
+    }
+
+    /// Removes the sandboxes of a case's unfinished grading attempts (created again by key,
+    /// which re-attaches, then destroyed). Best effort.
+    async fn remove_grading_sandboxes(&self, case: &CaseRecord) {
+        for attempt in &case.gradings {
+            let (Some(key), None) = (&attempt.sandbox, attempt.finished_at) else {
+                continue;
+            };
+            let spec = SandboxSpec {
+                key: key.clone(),
+                image: self.config.default_image.clone(),
+                env: BTreeMap::new(),
+                limits: self.config.limits,
+                network: false,
+            };
+            if let Ok(info) = self.deps.sandbox.create(&spec).await
+                && let Err(e) = self.deps.sandbox.destroy(&info.id).await
+            {
+                tracing::warn!(sandbox = %key, error = %e, "cannot remove a grading sandbox");
+            }
+        }
+    }
+
+    /// Write `case`'s terminal state over `record`: once. When someone else wrote the case
+    /// meanwhile and it is terminal, theirs stands.
+    async fn record_case(&self, record: Record, case: CaseRecord) -> Result<Graded> {
+        self.write_case(&record, &case).await?;
+        Ok(Graded::Recorded)
+    }
+
+    /// Write `case` over `record` if it is still at the version read: the new record, or
+    /// `None` when the case changed meanwhile.
+    async fn write_case(&self, record: &Record, case: &CaseRecord) -> Result<Option<Record>> {
+        let project = record.key.project.clone();
+        match self
+            .deps
+            .store
+            .update(&record.key, record.version, case_document(&project, case)?)
+            .await
+        {
+            Ok(written) => Ok(Some(written)),
+            Err(store::Error::Conflict { .. } | store::Error::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn retry_at(&self) -> Timestamp {
+        let now = self.deps.clock.now();
+        now.checked_add(GRADING_RETRY).unwrap_or(now)
+    }
+}
+
+/// What grading a case came to.
+enum Graded {
+    /// A state was written (or found written).
+    Recorded,
+    /// Nothing yet: look again at this time.
+    Later(Timestamp),
+}
+
+/// What a command grader came to.
+enum GraderOutcome {
+    Graded(Grade),
+    Failed(String),
+    Retry,
+}
+
+fn next_attempt(case: &CaseRecord) -> u32 {
+    u32::try_from(case.gradings.len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(1)
+}
+
+/// A case as stored: `spec` holds the record (so `spec.group` selects a group's cases).
+fn case_document(project: &str, case: &CaseRecord) -> Result<Value> {
+    let spec = serde_json::to_value(case).map_err(|e| Error::Corrupt {
+        key: case.run.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(json!({
+        "apiVersion": API_VERSION,
+        "kind": Kind::EvaluationCase.to_string(),
+        "metadata": {"name": case.run, "project": project},
+        "spec": spec,
+    }))
+}
+
+fn case_of(record: &Record) -> Result<CaseRecord> {
+    serde_json::from_value(record.document["spec"].clone()).map_err(|e| Error::Corrupt {
+        key: record.key.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// The spec the group controller works with: an evaluation group's batch is fixed when it is
+/// created, so it is sealed (no run joins it, and it ends when its runs and cases have).
+pub(super) fn controlled(spec: &AgentGroupSpec) -> std::borrow::Cow<'_, AgentGroupSpec> {
+    if spec.evaluation.is_some() && !spec.sealed {
+        let mut sealed = spec.clone();
+        sealed.sealed = true;
+        std::borrow::Cow::Owned(sealed)
+    } else {
+        std::borrow::Cow::Borrowed(spec)
+    }
+}
+
+/// A group's `spec.evaluation` cannot change once the group exists (its batch is fixed when
+/// it is created): neither added, removed nor changed.
+pub(super) fn check_unchanged(current: &AgentGroupSpec, new: &AgentGroupSpec) -> Result<()> {
+    if current.evaluation == new.evaluation {
+        return Ok(());
+    }
+    Err(Invalid::new(
+        "spec.evaluation",
+        "cannot change once the group exists (its batch was drawn when it was created): \
+         create another group",
+        format!(
+            "{:?}",
+            new.evaluation.as_ref().map(|e| e.environment.as_str())
+        ),
+    )
+    .into())
+}
+
+/// An Environment is stored and addressed as `NAME@VERSION`, written once: the same spec again
+/// changes nothing, another spec is refused naming `spec.version`, and it is never deleted
+/// (results name it).
+#[async_trait::async_trait]
+impl super::kinds::SpecRules for EnvironmentSpec {
+    fn key_name(object: &Environment) -> String {
+        key_name(object.name(), &object.spec.version)
+    }
+
+    fn replaced(current: &Environment, new: Self) -> Result<Self> {
+        if current.spec != new {
+            return Err(Invalid::new(
+                "spec.version",
+                format!(
+                    "was already written for {:?} with another spec, and a version never \
+                     changes: write the change as a new version",
+                    current.name()
+                ),
+                format!("{:?}", new.version),
+            )
+            .into());
+        }
+        Ok(new)
+    }
+
+    async fn insert(engine: &Engine, project: &str, object: Environment) -> Result<Environment> {
+        engine.insert_environment(project, object).await
+    }
+
+    async fn remove(engine: &Engine, project: &str, name: &str) -> Result<()> {
+        engine.read::<EnvironmentSpec>(project, name).await?;
+        Err(Invalid::new(
+            "metadata.name",
+            "names an Environment version, which is never changed or deleted (results name \
+             it): write a new version instead",
+            format!("{name:?}"),
+        )
+        .into())
+    }
+}
