@@ -143,8 +143,23 @@ fn walk_the_spec(backend: Backend) {
         ],
         "the final working directory, directories included"
     );
-    let none = server.fails(&["agentrun", "workdir", "triage", "-"]);
-    assert!(none.contains("only a run with spec.workdir"), "{none}");
+    // A run without spec.workdir keeps its final working directory too: `echo triaged` wrote
+    // no file into it.
+    let kept = dir.path().join("triage.tar");
+    server.ok(&[
+        "agentrun",
+        "workdir",
+        "triage",
+        kept.to_str().expect("utf-8 path"),
+    ]);
+    let tar = std::fs::read(&kept).expect("the saved archive");
+    let files = tar::Archive::new(tar.as_slice())
+        .entries()
+        .expect("a tar archive")
+        .map(|entry| entry.expect("an entry"))
+        .filter(|entry| entry.header().entry_type().is_file())
+        .count();
+    assert_eq!(files, 0, "the triage run wrote no file");
     let missing = "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: no-files\n\
                    spec:\n  agent: hello-agent\n  input: hi\n  workdir:\n    baseWorkdir: nothing-here\n";
     let refused = server.cli_in(&["apply", "-f", "-"], Some(missing));

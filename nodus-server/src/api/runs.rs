@@ -117,7 +117,7 @@ pub async fn answer(
 }
 
 /// `GET …/agentruns/{name}/workdir`: the run's final working directory as a tar archive
-/// (`application/x-tar`), kept when a run with `spec.workdir` ended.
+/// (`application/x-tar`), kept when the run ended.
 pub async fn workdir(
     State(state): State<Arc<AppState>>,
     Path((project, name)): Path<(String, String)>,
@@ -140,8 +140,8 @@ pub async fn workdir(
             StatusCode::NOT_FOUND,
             nodus_core::engine::Reason::NotFound,
             format!(
-                "{name:?} has no final working directory: only a run with spec.workdir keeps \
-                 one, when it ends, for the payload retention period"
+                "{name:?} has no final working directory: a run keeps one when it ends, for \
+                 the payload retention period"
             ),
         )),
     }
