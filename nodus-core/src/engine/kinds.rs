@@ -1,7 +1,7 @@
 //! The kind registry: the kinds users write (Agents, AgentRuns, AgentGroups, FileSets,
 //! AgentEnvironments, Secrets, Budgets, Environments) and the one path through which each is
-//! created, replaced, merge-patched,
-//! applied and deleted, so that a rule a kind states here holds for every verb.
+//! created, replaced, merge-patched, applied and deleted, so that a rule a kind states here
+//! holds for every verb.
 //!
 //! A kind is a [`Writable`]: how its documents read ([`Writable::parse`]), the rules every
 //! write obeys ([`Writable::check`]), which changes a live object takes
