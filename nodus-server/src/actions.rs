@@ -76,11 +76,20 @@ impl PostRunAction for Webhook {
             .as_str()
             .and_then(|text| reqwest::Url::parse(text).ok())
             .filter(|u| matches!(u.scheme(), "http" | "https"));
-        if parsed.is_none() {
+        let Some(parsed) = parsed else {
             return Err(Invalid::new(
                 ".url",
                 "must be an absolute http or https URL",
                 url.to_string(),
+            ));
+        };
+        // The URL is stored in the run's spec and journaled with its step: a password there
+        // would show in both. The value is not echoed back.
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(Invalid::new(
+                ".url",
+                "must not carry a user name or password (send credentials in headers)",
+                "a URL with credentials",
             ));
         }
         if let Some(headers) = fields.get("headers") {
@@ -155,5 +164,26 @@ impl PostRunAction for Webhook {
             }
         }
         Err(format!("agents.webhook: {last}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_with_credentials_is_refused_without_echoing_them() {
+        let refused = Webhook
+            .check_config(&json!({"url": "https://alice:s3cret-pw@hooks.example/run"}))
+            .expect_err("credentials in the URL");
+        assert_eq!(refused.field, ".url");
+        assert!(!format!("{refused:?}").contains("s3cret-pw"), "{refused:?}");
+        Webhook
+            .check_config(&json!({"url": "https://hooks.example/run"}))
+            .expect("a plain URL");
+        let refused = Webhook
+            .check_config(&json!({"url": "ftp://hooks.example/run"}))
+            .expect_err("not http");
+        assert_eq!(refused.rule, "must be an absolute http or https URL");
     }
 }
