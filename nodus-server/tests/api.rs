@@ -1463,3 +1463,38 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
         );
     }
 }
+
+/// The OpenAPI document and the router agree on methods: each documented operation is routed
+/// (answered without a token: 401, or the public answer), and every other method of a
+/// documented path is answered 405. With the unit test that the document's paths are the
+/// router's, the two describe the same operations.
+#[tokio::test]
+async fn the_openapi_document_lists_exactly_the_methods_each_path_takes() {
+    let api = api().await;
+    let (status, document) = api.call(Method::GET, "/openapi.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let paths = document["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 20, "{}", paths.len());
+    for (template, item) in paths {
+        let path = template
+            .replace("{project}", "p")
+            .replace("{plural}", "agents")
+            .replace("{name}", "n")
+            .replace("{result}", "runRecord");
+        for method in [
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+        ] {
+            let documented = item.get(method.as_str().to_lowercase()).is_some();
+            let (status, body) = api.call(method.clone(), &path, None, None).await;
+            assert_eq!(
+                status == StatusCode::METHOD_NOT_ALLOWED,
+                !documented,
+                "{method} {template}: {status} {body}"
+            );
+        }
+    }
+}
