@@ -464,7 +464,7 @@ pub fn model_request(
     tools: bool,
     credentials: Credentials,
 ) -> ModelRequest {
-    let (messages, _) =
+    let messages =
         input
             .replay
             .conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls);
@@ -494,10 +494,10 @@ pub fn allowed_families(agent: &AgentSpec) -> Vec<Family> {
 
 /// What routing asks the router: the prompt of the turn, and the conversation before it.
 pub fn route_prompt(input: &RunInput<'_>, turn: u32) -> (String, Vec<ChatMessage>) {
-    let (mut conversation, _) =
-        input
-            .replay
-            .conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls);
+    let mut conversation = input
+        .replay
+        .conversation(input.first_prompt, input.inbox, input.agent.max_tool_calls)
+        .to_vec();
     conversation.truncate(conversation.len().saturating_sub(1));
     let prompt = input
         .replay
@@ -1870,12 +1870,146 @@ mod tests {
         assert_eq!(request.tool_choice, ToolChoice::None);
         assert_eq!(request.system, "be brief");
         assert_eq!(
-            request.messages[2].content,
-            vec![ContentBlock::ToolResult {
+            request.messages.get(2).map(|m| m.content.clone()),
+            Some(vec![ContentBlock::ToolResult {
                 tool_use_id: "t1".to_string(),
                 content: "exit code 0\nstdout:\na.txt\n".to_string(),
                 is_error: false,
-            }]
+            }])
+        );
+    }
+
+    /// A model call's request shares the messages the fold keeps instead of rendering the
+    /// whole conversation again; what it sends is exactly the conversation rendered from the
+    /// turns alone (the reference kept for this test), after every step of a journal with
+    /// several turns, prompts read from the inbox (and one the retention sweep removed),
+    /// failed and pending commands, a tool that is not the shell, shell calls beyond
+    /// `maxToolCalls` (even with results), and a command whose result is recorded again. The incremental fold
+    /// and the fold of the whole journal give the same request.
+    #[test]
+    fn a_request_sends_the_conversation_as_rendered_from_the_turns() {
+        let python = ContentBlock::ToolUse {
+            id: "p1".to_string(),
+            name: "python".to_string(),
+            input: serde_json::json!({ "code": "1" }),
+        };
+        let read = |turn: u32, message_seq: u64| Intent::ReadMessage { turn, message_seq };
+        let steps = Journal::default()
+            .created()
+            .routed(0)
+            .replied(0, "m-haiku", true, vec![shell("t1", "ls"), python.clone()])
+            .open(command(0, "t1", "ls"))
+            .done(command(0, "t1", "ls"), finished(0))
+            .replied(
+                0,
+                "m-haiku",
+                true,
+                vec![shell("t2", "cat a.txt"), shell("t3", "wc")],
+            )
+            .done(command(0, "t2", "cat a.txt"), failure("no such file"))
+            .done(command(0, "t3", "wc"), finished(1))
+            // Two shell calls beyond `maxToolCalls` (3): never run, denied.
+            .replied(
+                0,
+                "m-haiku",
+                true,
+                vec![shell("t4", "pwd"), shell("t5", "id")],
+            )
+            // A journal that says they ran anyway: the model is still told they did not.
+            .done(command(0, "t4", "pwd"), finished(0))
+            .done(command(0, "t5", "id"), finished(0))
+            .replied(0, "m-haiku", false, text("a.txt"))
+            .done(Intent::Answer { turn: 0 }, Outcome::Answered)
+            .done(read(1, 1), Outcome::MessageRead)
+            .routed(1)
+            .replied(1, "m-haiku", true, vec![shell("u1", "ls -l")])
+            .done(command(1, "u1", "ls -l"), finished(0))
+            // The same command's result recorded again, different.
+            .done(command(1, "u1", "ls -l"), failure("recorded as failed"))
+            .replied(1, "m-haiku", true, vec![shell("u2", "date")])
+            .done(call(1, "m-haiku", true), failure("overloaded"))
+            .replied(1, "m-haiku", true, text("done"))
+            .done(Intent::Answer { turn: 1 }, Outcome::Answered)
+            .done(read(2, 2), Outcome::MessageRead)
+            .routed(2)
+            .replied(2, "m-haiku", true, vec![shell("v1", "echo hi")])
+            .open(command(2, "v1", "echo hi"))
+            .0;
+        let message = |seq: u64, payload: &str| InboxMessage {
+            seq,
+            key: None,
+            payload: payload.to_string(),
+            received_at: t0(),
+        };
+        let mut world = World::platform();
+        world.agent.max_tool_calls = 3;
+        let both = vec![message(1, "and now?"), message(2, "once more")];
+        // The retention sweep removed the first message.
+        let swept = vec![message(2, "once more")];
+        let mut replay = Replay::default();
+        for (at, step) in steps.iter().enumerate() {
+            replay.apply(step);
+            for inbox in [&both, &swept] {
+                world.inbox = inbox.clone();
+                let request = model_request(
+                    &world.input(&replay),
+                    "m-haiku",
+                    true,
+                    Credentials::Platform,
+                );
+                let expected = Replay::of(&steps[..=at]).conversation_rebuilt(
+                    "list the files",
+                    inbox,
+                    world.agent.max_tool_calls,
+                );
+                assert_eq!(request.messages.to_vec(), expected, "after step {at}");
+                assert_eq!(
+                    serde_json::to_string(&request.messages).expect("json"),
+                    serde_json::to_string(&expected).expect("json"),
+                    "after step {at}"
+                );
+                let whole = Replay::of(&steps[..=at]);
+                let again =
+                    model_request(&world.input(&whole), "m-haiku", true, Credentials::Platform);
+                assert_eq!(again.messages, request.messages, "after step {at}");
+            }
+        }
+        // The whole story, spelled out where it matters.
+        world.inbox = swept.clone();
+        let request = model_request(
+            &world.input(&replay),
+            "m-haiku",
+            true,
+            Credentials::Platform,
+        );
+        let texts: Vec<String> = request
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter_map(|block| match block {
+                ContentBlock::Text { text } => Some(text.clone()),
+                ContentBlock::ToolResult { content, .. } => Some(content.clone()),
+                ContentBlock::ToolUse { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            texts,
+            vec![
+                "list the files".to_string(),
+                "exit code 0\nstdout:\na.txt\n".to_string(),
+                "not run: the only tool is `shell`, and it takes {\"command\": \"<shell command line>\"}".to_string(),
+                "the command failed: no such file".to_string(),
+                "exit code 1\nstdout:\na.txt\n".to_string(),
+                "not run: this turn already ran 3 commands (maxToolCalls); answer with what you have".to_string(),
+                "not run: this turn already ran 3 commands (maxToolCalls); answer with what you have".to_string(),
+                "a.txt".to_string(),
+                "[message no longer stored]".to_string(),
+                "the command failed: recorded as failed".to_string(),
+                "the command has not run yet".to_string(),
+                "done".to_string(),
+                "once more".to_string(),
+                "the command has not run yet".to_string(),
+            ]
         );
     }
 
@@ -2015,6 +2149,11 @@ mod tests {
                             unreachable!()
                         };
                         let request = model_request(&input, model, *tools, Credentials::Platform);
+                        // What it sends is the conversation rendered from the turns alone.
+                        proptest::prop_assert_eq!(
+                            request.messages.to_vec(),
+                            replay.conversation_rebuilt("list the files", &[], max_tool_calls)
+                        );
                         let bytes = |value: &dyn erased::Json| value.json_len();
                         let prompt = bytes(&request.system)
                             + bytes(&request.tools)

@@ -1,8 +1,10 @@
 //! The `ModelClient` trait and the conversation types it speaks. Backends (Anthropic
 //! Messages, OpenAI-compatible, scripted) live in nodus-llm.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::cost::Usage;
 use crate::secret::SecretString;
@@ -56,6 +58,188 @@ pub struct ChatMessage {
     pub content: Vec<ContentBlock>,
 }
 
+/// A conversation's messages, shared rather than copied: a run's replay keeps the messages
+/// that can no longer change and each model call's request holds them by reference, so a
+/// request costs the messages that are new since the last one, not the whole conversation.
+///
+/// The messages sit in chunks of shared messages. [`push`](Messages::push) keeps the chunks
+/// few (sizes halving, as the bits of the count; a push copies on average a logarithmic
+/// number of references); [`append`](Messages::append) adds another list's chunks as they
+/// are, and [`extend`](Extend::extend) new messages as one chunk of their own, so building
+/// a request from shared parts costs their number of chunks and the new messages, not the
+/// whole conversation.
+#[derive(Debug, Clone, Default)]
+pub struct Messages {
+    chunks: Vec<Arc<[Arc<ChatMessage>]>>,
+    len: usize,
+}
+
+impl Messages {
+    /// No messages.
+    pub fn new() -> Self {
+        Messages::default()
+    }
+
+    /// How many messages.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The messages, in order.
+    pub fn iter(&self) -> MessagesIter<'_> {
+        MessagesIter {
+            chunks: self.chunks.iter(),
+            front: [].iter(),
+            back: [].iter(),
+        }
+    }
+
+    /// The message at `index`.
+    pub fn get(&self, index: usize) -> Option<&ChatMessage> {
+        let mut index = index;
+        for chunk in &self.chunks {
+            if let Some(message) = chunk.get(index) {
+                return Some(&**message);
+            }
+            index -= chunk.len();
+        }
+        None
+    }
+
+    /// The last message.
+    pub fn last(&self) -> Option<&ChatMessage> {
+        self.chunks
+            .last()
+            .and_then(|chunk| chunk.last())
+            .map(|message| &**message)
+    }
+
+    /// The messages, copied.
+    pub fn to_vec(&self) -> Vec<ChatMessage> {
+        self.iter().cloned().collect()
+    }
+
+    /// Add a message at the end, merging the last chunks while the last is as long as the
+    /// one before it.
+    pub fn push(&mut self, message: impl Into<Arc<ChatMessage>>) {
+        let mut chunk: Vec<Arc<ChatMessage>> = vec![message.into()];
+        while self
+            .chunks
+            .last()
+            .is_some_and(|last| last.len() <= chunk.len())
+        {
+            if let Some(last) = self.chunks.pop() {
+                let mut merged = Vec::with_capacity(last.len() + chunk.len());
+                merged.extend(last.iter().cloned());
+                merged.append(&mut chunk);
+                chunk = merged;
+            }
+        }
+        self.chunks.push(chunk.into());
+        self.len += 1;
+    }
+
+    /// Add another list's messages at the end, sharing its chunks.
+    pub fn append(&mut self, other: &Messages) {
+        self.chunks.extend(other.chunks.iter().cloned());
+        self.len += other.len;
+    }
+}
+
+/// The messages of a [`Messages`], in order.
+#[derive(Debug, Clone)]
+pub struct MessagesIter<'a> {
+    chunks: std::slice::Iter<'a, Arc<[Arc<ChatMessage>]>>,
+    front: std::slice::Iter<'a, Arc<ChatMessage>>,
+    back: std::slice::Iter<'a, Arc<ChatMessage>>,
+}
+
+impl<'a> Iterator for MessagesIter<'a> {
+    type Item = &'a ChatMessage;
+
+    fn next(&mut self) -> Option<&'a ChatMessage> {
+        loop {
+            if let Some(message) = self.front.next() {
+                return Some(&**message);
+            }
+            match self.chunks.next() {
+                Some(chunk) => self.front = chunk.iter(),
+                None => return self.back.next().map(|message| &**message),
+            }
+        }
+    }
+}
+
+impl DoubleEndedIterator for MessagesIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(message) = self.back.next_back() {
+                return Some(&**message);
+            }
+            match self.chunks.next_back() {
+                Some(chunk) => self.back = chunk.iter(),
+                None => return self.front.next_back().map(|message| &**message),
+            }
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Messages {
+    type Item = &'a ChatMessage;
+    type IntoIter = MessagesIter<'a>;
+
+    fn into_iter(self) -> MessagesIter<'a> {
+        self.iter()
+    }
+}
+
+impl PartialEq for Messages {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl From<Vec<ChatMessage>> for Messages {
+    fn from(messages: Vec<ChatMessage>) -> Self {
+        let len = messages.len();
+        if len == 0 {
+            return Messages::default();
+        }
+        let chunk: Arc<[Arc<ChatMessage>]> = messages.into_iter().map(Arc::new).collect();
+        Messages {
+            chunks: vec![chunk],
+            len,
+        }
+    }
+}
+
+impl Extend<ChatMessage> for Messages {
+    fn extend<I: IntoIterator<Item = ChatMessage>>(&mut self, iter: I) {
+        let chunk: Arc<[Arc<ChatMessage>]> = iter.into_iter().map(Arc::new).collect();
+        if !chunk.is_empty() {
+            self.len += chunk.len();
+            self.chunks.push(chunk);
+        }
+    }
+}
+
+impl FromIterator<ChatMessage> for Messages {
+    fn from_iter<I: IntoIterator<Item = ChatMessage>>(iter: I) -> Self {
+        Messages::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl Serialize for Messages {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
@@ -94,7 +278,7 @@ pub struct ModelRequest {
     /// The system prompt.
     pub system: String,
     /// The conversation so far.
-    pub messages: Vec<ChatMessage>,
+    pub messages: Messages,
     /// Tools the conversation uses.
     pub tools: Vec<ToolSpec>,
     /// Whether the model may call them in this reply.

@@ -10,7 +10,7 @@ use crate::catalog::Family;
 use crate::cost::Usage;
 use crate::journal::{Intent, Outcome, Step};
 use crate::lifecycle::RunPhase;
-use crate::model::{ChatMessage, ContentBlock, ModelResponse, Role};
+use crate::model::{ChatMessage, ContentBlock, Messages, ModelResponse, Role};
 use crate::money::Usd;
 use crate::resource::{ChosenBy, TurnStatus};
 use crate::sandbox::{ExecOutput, SandboxInfo};
@@ -123,6 +123,15 @@ pub struct Turn {
     ran: u32,
     /// The sizes of the turn's messages, for the bound of a prompt's tokens.
     sizes: Sizes,
+    /// The turn's messages that can no longer change, as the model sees them (its prompt
+    /// aside): the replies of `calls[..done_calls]` and their results, every command of which
+    /// has its result. A request shares them instead of rendering them again.
+    done: Messages,
+    /// How many of `calls`, from the first, `done` holds.
+    done_calls: usize,
+    /// The well-formed shell calls in `done` (all of them ran when this is at most the
+    /// turn's `maxToolCalls`; a request renders the turn anew otherwise).
+    done_commands: usize,
 }
 
 /// Bytes ([`block_bytes`], and [`MESSAGE_OVERHEAD_BYTES`] per message) of a turn's model
@@ -188,7 +197,49 @@ impl Turn {
             finished: 0,
             ran: 0,
             sizes: Sizes::default(),
+            done: Messages::new(),
+            done_calls: 0,
+            done_commands: 0,
         }
+    }
+
+    /// Move the replies whose tool calls all have their result (or are not shell calls) into
+    /// `done`, in order, rendered as a request shows them.
+    fn advance_done(&mut self) {
+        let Turn {
+            calls,
+            results,
+            done,
+            done_calls,
+            done_commands,
+            ..
+        } = self;
+        while let Some(call) = calls.get(*done_calls) {
+            if let Call::Replied { response, .. } = call {
+                let finished = tool_uses_of(response).all(|tool_use| {
+                    tool_use.command().is_none() || results.contains_key(tool_use.id)
+                });
+                if !finished {
+                    break;
+                }
+                let (reply, answers) = reply_messages(response, results, |_| true, 0);
+                *done_commands += tool_uses_of(response)
+                    .filter(|tool_use| tool_use.command().is_some())
+                    .count();
+                done.push(reply);
+                if let Some(answers) = answers {
+                    done.push(answers);
+                }
+            }
+            *done_calls += 1;
+        }
+    }
+
+    /// Forget `done` (a command's result changed): it is rendered again from the start.
+    fn reset_done(&mut self) {
+        self.done = Messages::new();
+        self.done_calls = 0;
+        self.done_commands = 0;
     }
 
     /// The sizes of the turn's replies and results.
@@ -409,6 +460,7 @@ impl Replay {
                     turn.cost = turn.cost.saturating_add(*cost_usd);
                     turn.usage = turn.usage.plus(response.usage);
                     turn.advance_finished();
+                    turn.advance_done();
                 }
             }
             (
@@ -441,6 +493,10 @@ impl Replay {
                 if let Some(turn) = self.turn_mut(*turn) {
                     let ran = matches!(result, CommandResult::Ran(_));
                     turn.sizes.result(tool_use_id, &result);
+                    let changed = turn
+                        .results
+                        .get(tool_use_id)
+                        .is_some_and(|before| *before != result);
                     let before = turn.results.insert(tool_use_id.clone(), result);
                     let ran_before = matches!(before, Some(CommandResult::Ran(_)));
                     match (ran_before, ran) {
@@ -448,7 +504,11 @@ impl Replay {
                         (true, false) => turn.ran = turn.ran.saturating_sub(1),
                         _ => {}
                     }
+                    if changed {
+                        turn.reset_done();
+                    }
                     turn.advance_finished();
+                    turn.advance_done();
                 }
             }
             (Intent::ReadMessage { message_seq, .. }, Outcome::MessageRead) => {
@@ -504,16 +564,56 @@ impl Replay {
         }) + MESSAGE_OVERHEAD_BYTES
     }
 
-    /// The conversation so far, as the model sees it, and the index of its last assistant
-    /// message (the reply of the last model call).
+    /// The conversation so far, as the model sees it. Each turn's messages that can no
+    /// longer change are shared from the fold; its prompt (read from `inbox` now, as a
+    /// message the retention sweep removed says so) and the replies whose commands have not
+    /// all run yet are rendered here.
     pub fn conversation(
         &self,
         first_prompt: &str,
         inbox: &[InboxMessage],
         max_tool_calls: u32,
-    ) -> (Vec<ChatMessage>, Option<usize>) {
+    ) -> Messages {
+        let mut messages = Messages::new();
+        let granted = usize::try_from(max_tool_calls).unwrap_or(usize::MAX);
+        for turn in &self.turns {
+            let mut fresh = vec![prompt_message(turn.prompt, first_prompt, inbox)];
+            // The well-formed shell calls seen so far in the turn: the first `granted` run.
+            let (from, mut commands) = if turn.done_commands <= granted {
+                messages.extend(fresh.drain(..));
+                messages.append(&turn.done);
+                (turn.done_calls, turn.done_commands)
+            } else {
+                (0, 0)
+            };
+            for call in &turn.calls[from..] {
+                let Call::Replied { response, .. } = call else {
+                    continue;
+                };
+                let is_granted = |_: ToolUse<'_>| {
+                    commands += 1;
+                    commands <= granted
+                };
+                let (reply, results) =
+                    reply_messages(response, &turn.results, is_granted, max_tool_calls);
+                fresh.push(reply);
+                fresh.extend(results);
+            }
+            messages.extend(fresh);
+        }
+        messages
+    }
+
+    /// The conversation rendered from the turns alone, as [`conversation`](Replay::conversation)
+    /// was before it shared the fold's messages: the reference it is tested against.
+    #[cfg(test)]
+    pub(crate) fn conversation_rebuilt(
+        &self,
+        first_prompt: &str,
+        inbox: &[InboxMessage],
+        max_tool_calls: u32,
+    ) -> Vec<ChatMessage> {
         let mut messages = Vec::new();
-        let mut last_reply = None;
         let granted = usize::try_from(max_tool_calls).unwrap_or(usize::MAX);
         for turn in &self.turns {
             messages.push(ChatMessage {
@@ -522,13 +622,11 @@ impl Replay {
                     text: prompt_text(turn.prompt, first_prompt, inbox),
                 }],
             });
-            // The well-formed shell calls seen so far in the turn: the first `granted` run.
             let mut commands = 0usize;
             for call in &turn.calls {
                 let Call::Replied { response, .. } = call else {
                     continue;
                 };
-                last_reply = Some(messages.len());
                 messages.push(ChatMessage {
                     role: Role::Assistant,
                     content: response.content.clone(),
@@ -539,7 +637,18 @@ impl Replay {
                             commands += 1;
                             commands <= granted
                         };
-                        tool_result(turn, is_granted, tool_use, max_tool_calls)
+                        let (content, is_error) = if tool_use.command().is_none() {
+                            (not_a_shell_call(), true)
+                        } else if !is_granted {
+                            (over_max_tool_calls(max_tool_calls), true)
+                        } else {
+                            result_content(turn.results.get(tool_use.id))
+                        };
+                        ContentBlock::ToolResult {
+                            tool_use_id: tool_use.id.to_string(),
+                            content,
+                            is_error,
+                        }
                     })
                     .collect();
                 if !results.is_empty() {
@@ -550,7 +659,7 @@ impl Replay {
                 }
             }
         }
-        (messages, last_reply)
+        messages
     }
 
     /// The status lines of the turns that used a model.
@@ -592,25 +701,50 @@ fn prompt_text(prompt: Prompt, first_prompt: &str, inbox: &[InboxMessage]) -> St
     }
 }
 
-/// The result block the model sees for one tool call.
-fn tool_result(
-    turn: &Turn,
-    granted: bool,
-    tool_use: ToolUse<'_>,
-    max_tool_calls: u32,
-) -> ContentBlock {
-    let (content, is_error) = if tool_use.command().is_none() {
-        (not_a_shell_call(), true)
-    } else if !granted {
-        (over_max_tool_calls(max_tool_calls), true)
-    } else {
-        result_content(turn.results.get(tool_use.id))
-    };
-    ContentBlock::ToolResult {
-        tool_use_id: tool_use.id.to_string(),
-        content,
-        is_error,
+/// The prompt message of a turn.
+fn prompt_message(prompt: Prompt, first_prompt: &str, inbox: &[InboxMessage]) -> ChatMessage {
+    ChatMessage {
+        role: Role::User,
+        content: vec![ContentBlock::Text {
+            text: prompt_text(prompt, first_prompt, inbox),
+        }],
     }
+}
+
+/// The messages of one reply as the model sees them: the reply, and the results of its tool
+/// calls when it made any. `granted` is asked, in order, about each well-formed shell call:
+/// whether it is one of the turn's first `max_tool_calls`.
+fn reply_messages(
+    response: &ModelResponse,
+    results: &HashMap<String, CommandResult>,
+    mut granted: impl FnMut(ToolUse<'_>) -> bool,
+    max_tool_calls: u32,
+) -> (ChatMessage, Option<ChatMessage>) {
+    let reply = ChatMessage {
+        role: Role::Assistant,
+        content: response.content.clone(),
+    };
+    let blocks: Vec<ContentBlock> = tool_uses_of(response)
+        .map(|tool_use| {
+            let (content, is_error) = if tool_use.command().is_none() {
+                (not_a_shell_call(), true)
+            } else if !granted(tool_use) {
+                (over_max_tool_calls(max_tool_calls), true)
+            } else {
+                result_content(results.get(tool_use.id))
+            };
+            ContentBlock::ToolResult {
+                tool_use_id: tool_use.id.to_string(),
+                content,
+                is_error,
+            }
+        })
+        .collect();
+    let answers = (!blocks.is_empty()).then_some(ChatMessage {
+        role: Role::User,
+        content: blocks,
+    });
+    (reply, answers)
 }
 
 fn not_a_shell_call() -> String {

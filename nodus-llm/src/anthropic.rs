@@ -702,7 +702,8 @@ mod tests {
                         is_error: false,
                     }],
                 },
-            ],
+            ]
+            .into(),
             tools: vec![ToolSpec {
                 name: "shell".into(),
                 description: "run".into(),

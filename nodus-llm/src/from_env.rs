@@ -133,7 +133,8 @@ mod tests {
             messages: vec![ChatMessage {
                 role: Role::User,
                 content: vec![ContentBlock::Text { text: "hi".into() }],
-            }],
+            }]
+            .into(),
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             max_tokens: 16,

@@ -114,7 +114,8 @@ impl ModelRouter {
             messages: vec![ChatMessage {
                 role: Role::User,
                 content: vec![ContentBlock::Text { text }],
-            }],
+            }]
+            .into(),
             tools: Vec::new(),
             tool_choice: ToolChoice::None,
             max_tokens: self.max_tokens,

@@ -546,7 +546,8 @@ mod tests {
                         is_error: true,
                     }],
                 },
-            ],
+            ]
+            .into(),
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             max_tokens: 10,

@@ -10,7 +10,7 @@
 use async_trait::async_trait;
 use nodus_core::cost::Usage;
 use nodus_core::model::{
-    self, ChatMessage, ContentBlock, ErrorKind, ModelClient, ModelRequest, ModelResponse, Role,
+    self, ContentBlock, ErrorKind, Messages, ModelClient, ModelRequest, ModelResponse, Role,
     StopReason, ToolChoice,
 };
 
@@ -71,7 +71,7 @@ impl ScriptedModel {
 }
 
 /// What the offline model says next.
-fn offline_reply(messages: &[ChatMessage]) -> Reply {
+fn offline_reply(messages: &Messages) -> Reply {
     let Some(last) = messages.last() else {
         return Reply::Text("[offline model] There is nothing to answer.".to_string());
     };
@@ -205,13 +205,13 @@ impl ModelClient for ScriptedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodus_core::model::Credentials;
+    use nodus_core::model::{ChatMessage, Credentials};
 
     fn request(messages: Vec<ChatMessage>) -> ModelRequest {
         ModelRequest {
             model: "claude-haiku-4-5".to_string(),
             system: "be brief".to_string(),
-            messages,
+            messages: messages.into(),
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             max_tokens: 1024,

@@ -170,7 +170,7 @@ proptest! {
         let request = |messages: Vec<ChatMessage>| ModelRequest {
             model: "claude-haiku-4-5".into(),
             system: "s".into(),
-            messages,
+            messages: messages.into(),
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             max_tokens: 512,

@@ -54,7 +54,7 @@ pub fn request(model: &str, messages: Vec<ChatMessage>) -> ModelRequest {
     ModelRequest {
         model: model.to_string(),
         system: "You are careful.".to_string(),
-        messages,
+        messages: messages.into(),
         tools: vec![shell_tool()],
         tool_choice: ToolChoice::Auto,
         max_tokens: 1024,
