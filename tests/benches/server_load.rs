@@ -198,15 +198,26 @@ impl ServerProcess {
     /// Wait until the process has used no more than 20 ms of CPU in 500 ms (its work is done);
     /// when the quiet half second began.
     async fn quiet(&self) -> Instant {
-        let mut last = (Instant::now(), cpu_ticks(self.pid()));
-        loop {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = (Instant::now(), cpu_ticks(self.pid()));
-            if now.1.saturating_sub(last.1) <= 2 {
-                return last.0;
-            }
-            last = now;
+        quiet(self.pid()).await
+    }
+}
+
+/// Wait until process `pid` has used no more than 20 ms of CPU in 500 ms (looked at every
+/// 100 ms); when the quiet half second began.
+async fn quiet(pid: u32) -> Instant {
+    let mut samples = std::collections::VecDeque::new();
+    loop {
+        samples.push_back((Instant::now(), cpu_ticks(pid)));
+        if samples.len() > 6 {
+            samples.pop_front();
         }
+        if let (Some(first), Some(last)) = (samples.front(), samples.back())
+            && samples.len() == 6
+            && last.1.saturating_sub(first.1) <= 2
+        {
+            return first.0;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -715,6 +726,8 @@ async fn waiting() {
     }
     let all_waiting = started.elapsed();
     server.quiet().await;
+    let held_at_quiet = server.usage();
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let held = server.usage();
     let bwrap_before_kill = running_named("bwrap");
 
@@ -722,6 +735,7 @@ async fn waiting() {
     drop(connection);
     let (server, healthy) = ServerProcess::start(scratch.path(), false).await;
     let restarted = server.started;
+    let quiet_after_restart = tokio::spawn(quiet(server.pid()));
     // A message at once to the last run created: answered once the runner reaches it.
     let mut connection = Connection::open(server.address).await;
     let last = format!("w{}-t{}", (runs - 1) / 100, runs - 1);
@@ -749,12 +763,21 @@ async fn waiting() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let quiet = server.quiet().await.duration_since(restarted);
+    let quiet = quiet_after_restart
+        .await
+        .expect("quiet")
+        .duration_since(restarted);
+    let after_quiet = server.usage();
+    // Idle threads of tokio's blocking pool end after 10 s.
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let after = server.usage();
     let (waiting, failed) = group_counts(&mut connection, "waiting").await;
     assert_eq!((waiting, failed), (runs, 0), "every run waits again");
 
-    println!("waiting: {runs} keepAlive runs (100 groups of 100), each after one command");
+    println!(
+        "waiting: {runs} keepAlive runs ({} groups of up to 100), each after one command",
+        runs.div_ceil(100)
+    );
     println!("  first start to healthy: {} ms", millis(first_start));
     println!(
         "  created in {} ms, all waiting {} ms after the first batch",
@@ -762,7 +785,8 @@ async fn waiting() {
         millis(all_waiting)
     );
     println!("  server idle, no runs (baseline): {idle}");
-    println!("  server with {runs} runs waiting: {held}");
+    println!("  server with {runs} runs waiting, once idle: {held_at_quiet}");
+    println!("  … and 12 s later (idle blocking threads gone): {held}");
     println!("  bubblewrap processes on the machine then: {bwrap_before_kill}");
     println!(
         "  RSS ratio to the idle server: {}.{:02}",
@@ -782,7 +806,8 @@ async fn waiting() {
          every run): {} ms",
         millis(quiet)
     );
-    println!("  server after the restart, idle: {after}");
+    println!("  server after the restart, once idle: {after_quiet}");
+    println!("  … and 12 s later: {after}");
 }
 
 /// How many processes run the program `name`.
