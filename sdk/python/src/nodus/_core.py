@@ -15,7 +15,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 import httpx
@@ -28,7 +28,7 @@ from .errors import (
     WaitTimeout,
     error_from_response,
 )
-from .types import GroupStatus, RunStatus, Task, money_text
+from .types import GroupStatus, LogLine, RunStatus, SecretRef, Step, Task, money_text
 
 API_VERSION = "nodus.dev/v1"
 #: Runs per batch request: the server takes at most 100.
@@ -56,6 +56,8 @@ class Request:
     params: Dict[str, str] = field(default_factory=dict)
     #: Seconds this request may take, when not the client's ``timeout`` (a long poll).
     timeout: Optional[float] = None
+    #: Answer the body's bytes as they are (a result's file), not its JSON.
+    raw: bool = False
 
 
 def resource_path(
@@ -91,8 +93,16 @@ def decode(response: httpx.Response) -> Any:
         return None
 
 
-def result(response: httpx.Response) -> Any:
-    """The JSON of a successful answer, or the exception for a failed one."""
+def decode_bytes(content: bytes) -> Any:
+    """JSON bytes (a result's file) as values, numbers with a fraction as Decimal."""
+    return json.loads(content, parse_float=Decimal)
+
+
+def result(response: httpx.Response, raw: bool = False) -> Any:
+    """The JSON of a successful answer (its bytes when ``raw``), or the exception for a
+    failed one."""
+    if raw and response.is_success:
+        return response.content
     body = decode(response)
     if response.is_success:
         return body
@@ -270,23 +280,170 @@ def agent_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> Option
 
 def run_document(
     name: str,
-    agent: str,
-    prompt: str,
+    agent: Union[str, Mapping[str, Any]],
+    prompt: Optional[str],
     keep_alive: bool,
     deadline: Optional[str] = None,
     context: Optional[Mapping[str, Any]] = None,
+    *,
+    environment: Union[None, str, Mapping[str, Any]] = None,
+    post_run_action: Optional[Mapping[str, Any]] = None,
+    timeout: Optional[str] = None,
+    image: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """A new AgentRun of ``agent`` with ``prompt`` as its input."""
-    if not isinstance(prompt, str):
+    """A new AgentRun of ``agent`` (a name, or a whole agent spec written inline) with
+    ``prompt`` as its input (the agent's ``defaultInput`` when ``None``); ``environment`` is
+    an AgentEnvironment's name or a spec written inline, ``post_run_action`` is ``{"kind":
+    …, "config": {…}}``."""
+    if prompt is not None and not isinstance(prompt, str):
         raise TypeError(f"prompt is text, not {prompt!r}")
-    spec: Dict[str, Any] = {"agent": agent, "input": prompt}
+    if not isinstance(agent, (str, Mapping)):
+        raise TypeError(f"agent is an agent's name or an inline agent spec, not {agent!r}")
+    spec: Dict[str, Any] = {"agent": agent if isinstance(agent, str) else dict(agent)}
+    if prompt is not None:
+        spec["input"] = prompt
     if keep_alive:
         spec["keepAlive"] = True
     if deadline is not None:
         spec["deadline"] = deadline
     if context is not None:
+        if not isinstance(context, Mapping):
+            raise TypeError(f"context is a mapping of the run's parameters, not {context!r}")
         spec["context"] = dict(context)
+    if environment is not None:
+        if not isinstance(environment, (str, Mapping)):
+            raise TypeError(
+                f"environment is an AgentEnvironment's name or an inline spec, not {environment!r}"
+            )
+        spec["environment"] = environment if isinstance(environment, str) else dict(environment)
+    if post_run_action is not None:
+        if not isinstance(post_run_action, Mapping) or "kind" not in post_run_action:
+            raise TypeError(
+                f'post_run_action is {{"kind": …, "config": {{…}}}}, not {post_run_action!r}'
+            )
+        spec["postRunAction"] = dict(post_run_action)
+    if timeout is not None:
+        spec["timeout"] = timeout
+    if image is not None:
+        spec["image"] = image
     return {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
+
+
+def environment_spec(
+    env: Optional[Mapping[str, str]],
+    secrets: Optional[Mapping[str, Union[SecretRef, Tuple[str, str]]]],
+    compute: Optional[Mapping[str, Any]],
+) -> Dict[str, Any]:
+    """An AgentEnvironment's ``spec``: ``env`` (name → plain value), ``secrets`` (name →
+    :class:`~nodus.SecretRef` or ``(secret, key)``), ``compute`` (``cpu``, ``memory``,
+    ``nvidia.com/gpu``) as the server takes them."""
+    variables: List[Dict[str, Any]] = []
+    for name, value in (env or {}).items():
+        if not isinstance(value, str):
+            raise TypeError(f"env[{name!r}] is text, not {value!r}")
+        variables.append({"name": name, "value": value})
+    for name, ref in (secrets or {}).items():
+        if isinstance(ref, SecretRef):
+            secret, key = ref.name, ref.key
+        elif isinstance(ref, tuple) and len(ref) == 2:
+            secret, key = str(ref[0]), str(ref[1])
+        else:
+            raise TypeError(
+                f"secrets[{name!r}] is a SecretRef or a (secret, key) tuple, not {ref!r}"
+            )
+        variables.append(
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        )
+    spec: Dict[str, Any] = {}
+    if variables:
+        spec["env"] = variables
+    if compute is not None:
+        spec["compute"] = dict(compute)
+    return spec
+
+
+def environment_document(name: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
+    """A new AgentEnvironment with ``spec``."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentEnvironment",
+        "metadata": {"name": name},
+        "spec": dict(spec),
+    }
+
+
+#: Where the server lists the post-run actions it installs (not under a project).
+POST_RUN_ACTIONS_PATH = "/apis/nodus.dev/v1/postrunactions"
+
+
+def result_path(project: str, run: str, result: Optional[str] = None) -> str:
+    """``…/agentruns/{run}/results[/{result}]``."""
+    path = resource_path(project, "agentruns", run, "results")
+    if result is not None:
+        path += f"/{quote(result, safe='')}"
+    return path
+
+
+def steps_request(project: str, run: str) -> Request:
+    """The steps of a run with each step's recorded intent and outcome (its command and
+    output)."""
+    return Request(
+        "GET", resource_path(project, "agentruns", run, "steps"), params={"payload": "true"}
+    )
+
+
+def _output_text(value: Any) -> Optional[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return f"({len(value)} bytes that are not text)"
+    return None
+
+
+class LogState:
+    """What a log has shown of a run's steps so far: for each step, whether its line and
+    whether its end were shown; :meth:`lines` answers what is new, as ``nodus agentrun logs``
+    prints it."""
+
+    def __init__(self) -> None:
+        self._shown: List[List[bool]] = []
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step seen has been shown whole."""
+        return all(line and end for line, end in self._shown)
+
+    def lines(self, steps: Any) -> List[LogLine]:
+        """The new lines for the StepList ``steps`` (read with ``payload=true``)."""
+        items = steps.get("items", []) if isinstance(steps, dict) else []
+        out: List[LogLine] = []
+        for index, item in enumerate(items):
+            if len(self._shown) <= index:
+                self._shown.append([False, False])
+            shown = self._shown[index]
+            step = Step.from_json(item)
+            finished = item.get("finishedAt") is not None
+            head = f"[{step.seq}] {step.kind} {step.state}: {step.summary}"
+            if not shown[0]:
+                shown[0] = True
+                out.append(LogLine(step.seq, "step", head, step))
+                command = (item.get("intent") or {}).get("command")
+                if isinstance(command, str):
+                    out.append(LogLine(step.seq, "command", f"$ {command}", step))
+            elif finished and not shown[1]:
+                out.append(LogLine(step.seq, "finished", f"{head} (finished)", step))
+            else:
+                continue
+            if finished and not shown[1]:
+                shown[1] = True
+                output = ((item.get("outcome") or {}).get("output")) or {}
+                for stream in ("stdout", "stderr"):
+                    text = _output_text((output.get(stream) or {}).get("bytes"))
+                    if text:
+                        out.extend(
+                            LogLine(step.seq, stream, line, step) for line in text.splitlines()
+                        )
+        return out
 
 
 def group_document(
