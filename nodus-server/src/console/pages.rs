@@ -21,6 +21,8 @@ pub enum Tab {
     Groups,
     /// Credits, budget and spend.
     Credits,
+    /// AgentEnvironments.
+    Environments,
 }
 
 /// What the layout around a page needs.
@@ -48,7 +50,7 @@ pub struct Page {
 }
 
 impl Page {
-    fn live(live: Html) -> Self {
+    pub(super) fn live(live: Html) -> Self {
         Page {
             live,
             after: Html::new(),
@@ -79,6 +81,7 @@ pub fn layout(layout: &Layout, page: Page) -> Html {
     for (tab, path, label) in [
         (Tab::Agents, "agents", "Agents"),
         (Tab::Groups, "groups", "Groups"),
+        (Tab::Environments, "environments", "Environments"),
         (Tab::Credits, "credits", "Credits"),
     ] {
         html.raw("<li><a href=\"/console/p/")
@@ -205,7 +208,12 @@ fn run_link(html: &mut Html, project: &str, name: &str) {
 const FINISHED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
 
 fn is_finished(run: &Value) -> bool {
-    run["status"]["phase"]
+    phase_finished(&run["status"]["phase"])
+}
+
+/// Whether `phase` is one a run ends in.
+pub(super) fn phase_finished(phase: &Value) -> bool {
+    phase
         .as_str()
         .is_some_and(|phase| FINISHED.contains(&phase))
 }
@@ -458,6 +466,16 @@ pub async fn run(
             .text(input)
             .raw("</pre>");
     }
+    super::jobs::run_sections(
+        &mut html,
+        state,
+        project,
+        name,
+        &run,
+        &steps,
+        is_finished(&run),
+    )
+    .await?;
     html.raw("<h2>Steps</h2><div class=\"table\"><table id=\"steps\"><thead><tr><th>#</th><th>Kind</th>\
               <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th></tr></thead><tbody>");
     for step in &steps {
