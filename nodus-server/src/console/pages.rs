@@ -525,10 +525,17 @@ pub async fn run(
              <p><button type=\"submit\" id=\"send\">Send</button></p></form>",
         );
     }
+    // A finished run changes no more: its page does not listen, and a page that watched it
+    // finish stops listening (`data-final`), so that its results are not read again on
+    // every change of the project.
+    let finished = is_finished(&run);
+    if finished {
+        html.raw("<p hidden data-final></p>");
+    }
     Ok(Page {
         live: html,
         after,
-        is_live: true,
+        is_live: !finished,
     })
 }
 

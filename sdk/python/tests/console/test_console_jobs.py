@@ -12,6 +12,7 @@ import io
 import json
 import tarfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -214,3 +215,14 @@ def test_a_running_runs_page_follows_it_without_reload(
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#results tbody tr"))
     assert browser.find_element(By.ID, "answer").text == f"It is {marker}."
     assert browser.execute_script("return window.__notReloaded;") is True
+    # Finished, the page stops listening: another change of the project fetches nothing.
+    fetches = "return performance.getEntriesByType('resource').filter((e) => e.name.includes('fragment=1')).length;"
+    before = browser.execute_script(fetches)
+    other = nodus.AgentRun.create(inline_agent(), "Say hello")
+    assert other.wait(timeout=60).phase == "Succeeded"
+    time.sleep(1)
+    assert browser.execute_script(fetches) == before
+    # A finished run's page does not listen at all.
+    browser.refresh()
+    wait_for(browser, lambda d: d.find_element(By.ID, "phase").text == "Succeeded")
+    assert not browser.find_elements(By.ID, "live")
