@@ -178,6 +178,19 @@ fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
         .collect()
 }
 
+/// A run's `spec.agent` as the console names it: the agent's name, or [`INLINE_AGENT`] for
+/// an agent written into the run (its spec is in the run's snapshot, not a name).
+fn agent_label(agent: &Value) -> String {
+    if agent.is_object() {
+        INLINE_AGENT.to_string()
+    } else {
+        show(agent)
+    }
+}
+
+/// How the console names an agent written inline in a run.
+const INLINE_AGENT: &str = "(inline agent)";
+
 /// A phase as a class name: its letters and digits only.
 fn phase_class(phase: &Value) -> String {
     show(phase)
@@ -295,7 +308,7 @@ pub async fn agents(state: &AppState, project: &str) -> Result<Page, ApiError> {
         .collect();
     for run in &runs {
         by_agent
-            .entry(show(&run["spec"]["agent"]))
+            .entry(agent_label(&run["spec"]["agent"]))
             .or_default()
             .push(run);
     }
@@ -381,10 +394,11 @@ pub async fn run(
         .raw("\">")
         .text(show(&status["phase"]))
         .raw("</dd>");
+    let agent = Value::String(agent_label(&run["spec"]["agent"]));
     for (label, value) in [
         ("Reason", &status["reason"]),
         ("Message", &status["message"]),
-        ("Agent", &run["spec"]["agent"]),
+        ("Agent", &agent),
         ("Group", &run["spec"]["group"]),
         ("Keep alive", &run["spec"]["keepAlive"]),
         ("Started", &status["startTime"]),

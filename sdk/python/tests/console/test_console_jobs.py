@@ -65,6 +65,9 @@ def test_a_runs_results_are_listed_and_one_downloaded(
     )
     assert run.wait(timeout=60).phase == "Succeeded"
     open_run(browser, server, run.name)
+    # An agent written inline is named as such, not shown as its JSON.
+    facts = browser.find_element(By.CSS_SELECTOR, "dl.facts").text
+    assert "Agent\n(inline agent)" in facts and "maxTokens" not in facts
     listed = api(server, f"/agentruns/{run.name}/results")["items"]
     rows = browser.find_elements(By.CSS_SELECTOR, "#results tbody tr")
     assert [
