@@ -78,6 +78,23 @@ def test_an_environment_variable_reaches_the_command_and_a_secret_stays_a_refere
     assert after is not None and after.env == {"LOG_LEVEL": level}
 
 
+def test_an_agents_environment_is_the_default_of_its_runs() -> None:
+    value = unique("default")
+    environment = nodus.AgentEnvironment.create(unique("agent-env"), env={"STAGE": value})
+    agent = nodus.ClaudeAgent(
+        unique("with-env"), system="You are careful.", families=["haiku"], environment=environment
+    )
+    assert agent.ensure()["spec"]["environment"] == environment.name
+    run = agent.submit('Run `printf "stage=%s\\n" "$STAGE"`')
+    assert run.answer(timeout=60) == f"It is stage={value}."
+    # A run's own environment wins over the agent's.
+    other = agent.submit(
+        'Run `printf "stage=%s\\n" "$STAGE"`',
+        environment=nodus.AgentEnvironment.inline(env={"STAGE": "own"}),
+    )
+    assert other.answer(timeout=60) == "It is stage=own."
+
+
 def test_an_inline_agent_with_an_inline_environment() -> None:
     value = unique("inline")
     run = nodus.AgentRun.create(
@@ -248,6 +265,21 @@ def test_post_run_actions_are_listed_and_a_webhook_delivers_the_record(
     assert [(r["path"], r["body"]["name"]) for r in received] == [("/hook", run.name)]
     assert "webhookDelivery" in [r.name for r in run.results()]
     assert run.document()["status"]["snapshot"]["postRunAction"]["kind"] == "agents.webhook"
+    # An agent that declares the webhook as its only kind: its runs take it, and may not
+    # choose another.
+    agent = nodus.ClaudeAgent(
+        unique("hooked"),
+        system="You are careful.",
+        families=["haiku"],
+        post_run_actions=["agents.webhook"],
+    )
+    assert agent.ensure()["spec"]["postRunActions"] == ["agents.webhook"]
+    with pytest.raises(nodus.Invalid) as refused:
+        agent.submit("Hi", post_run_action={"kind": "agents.noop"})
+    assert refused.value.field is not None and "postRunAction" in refused.value.field
+    hooked = agent.submit("Hi", post_run_action={"kind": "agents.webhook", "config": {"url": url}})
+    assert hooked.wait(timeout=60).phase == "Succeeded"
+    assert [r["body"]["name"] for r in received] == [run.name, hooked.name]
     # A kind the server does not install is refused when the run is created.
     with pytest.raises(nodus.Invalid) as refused:
         nodus.AgentRun.create(inline_agent(), "Hi", post_run_action={"kind": "agents.nosuch"})
