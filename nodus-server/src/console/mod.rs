@@ -579,6 +579,15 @@ async fn step(
     .await
 }
 
+/// The console's page of the run `name`.
+fn run_path(project: &str, name: &str) -> String {
+    format!(
+        "/console/p/{}/runs/{}",
+        html::percent_encode(project),
+        html::percent_encode(name)
+    )
+}
+
 /// `GET /console/p/{project}/runs/{name}/results/{result}`: one result's file, downloaded
 /// with the session (the API's route takes a bearer token, which a browser has not).
 async fn run_result(
@@ -590,11 +599,7 @@ async fn run_result(
         Ok(signed) => signed,
         Err(response) => return response,
     };
-    let back = format!(
-        "/console/p/{}/runs/{}",
-        html::percent_encode(&project),
-        html::percent_encode(&name)
-    );
+    let back = run_path(&project, &name);
     let found = async {
         signed.principal.check_read(&project)?;
         Ok::<_, ApiError>(console.app.engine.result(&project, &name, &result).await?)
@@ -733,11 +738,7 @@ async fn run_action(
     if !csrf_ok(&signed, &form) {
         return csrf_refused();
     }
-    let back = format!(
-        "/console/p/{}/runs/{}",
-        html::percent_encode(&project),
-        html::percent_encode(&name)
-    );
+    let back = run_path(&project, &name);
     let engine = &console.app.engine;
     let done: Result<(), ApiError> = async {
         signed.principal.check_write(&project)?;

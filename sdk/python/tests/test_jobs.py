@@ -8,16 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 import tarfile
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, List
 
 import pytest
 
 import nodus
 import nodus.aio as aio
+from conftest import WebhookReceiver
 
 
 def unique(prefix: str) -> str:
@@ -220,37 +219,10 @@ def test_a_context_that_fails_the_agents_schema_is_refused_naming_the_path() -> 
     assert run.wait(timeout=60).phase == "Succeeded"
 
 
-@pytest.fixture
-def receiver() -> Iterator[Tuple[str, List[Dict[str, Any]]]]:
-    """A webhook receiver: its URL and the requests it took."""
-    received: List[Dict[str, Any]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length", "0"))
-            received.append(
-                {"path": self.path, "body": json.loads(self.rfile.read(length) or b"{}")}
-            )
-            self.send_response(204)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
-    server.shutdown()
-    server.server_close()
-
-
 def test_post_run_actions_are_listed_and_a_webhook_delivers_the_record(
-    receiver: Tuple[str, List[Dict[str, Any]]],
+    receiver: WebhookReceiver,
 ) -> None:
-    url, received = receiver
+    url, received = receiver.url, receiver.received
     actions = {a.kind: a for a in nodus.default_client().post_run_actions()}
     assert {"agents.noop", "agents.webhook"} <= set(actions)
     webhook = actions["agents.webhook"]

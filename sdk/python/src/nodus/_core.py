@@ -15,6 +15,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
@@ -382,6 +383,11 @@ def result_path(project: str, run: str, result: Optional[str] = None) -> str:
     if result is not None:
         path += f"/{quote(result, safe='')}"
     return path
+
+
+def partial_path(target: Path) -> Path:
+    """Where a download to ``target`` is written until it is whole (beside it, hidden)."""
+    return target.with_name(f".{target.name}.part")
 
 
 def steps_request(project: str, run: str) -> Request:

@@ -308,13 +308,7 @@ class AgentRun:
     def environment(self) -> Optional[EnvironmentSpec]:
         """The environment the run took when it was created (its snapshot: Secrets by name,
         key and version, never a value), or ``None`` when it has none."""
-        snapshot = ((self.document().get("status") or {}).get("snapshot") or {}).get("environment")
-        if not snapshot:
-            return None
-        versions = {
-            str(s.get("name")): str(s.get("resourceVersion")) for s in snapshot.get("secrets") or []
-        }
-        return EnvironmentSpec.from_json(snapshot.get("spec"), versions)
+        return EnvironmentSpec.from_run(self.document())
 
     def results(self) -> List[RunResult]:
         """The results of the finished run, with their sizes (none before it finishes):

@@ -180,7 +180,7 @@ class AsyncClient:
     async def download(self, path: str, file: Union[str, "os.PathLike[str]"]) -> int:
         """``GET path`` into ``file``, streamed; see :meth:`nodus.Client.download`."""
         target = Path(file)
-        partial = target.with_name(f".{target.name}.part")
+        partial = _core.partial_path(target)
         written = 0
         try:
             async with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
@@ -556,15 +556,7 @@ class AgentRun:
     async def environment(self) -> Optional[EnvironmentSpec]:
         """The environment the run took when it was created; see
         :meth:`nodus.AgentRun.environment`."""
-        snapshot = (((await self.document()).get("status") or {}).get("snapshot") or {}).get(
-            "environment"
-        )
-        if not snapshot:
-            return None
-        versions = {
-            str(s.get("name")): str(s.get("resourceVersion")) for s in snapshot.get("secrets") or []
-        }
-        return EnvironmentSpec.from_json(snapshot.get("spec"), versions)
+        return EnvironmentSpec.from_run(await self.document())
 
     async def results(self) -> List[RunResult]:
         """The results of the finished run with their sizes; see

@@ -89,7 +89,7 @@ class Client:
         and renamed once whole, so ``file`` is never left half-written. Returns the number of
         bytes; raises the server's failure as :meth:`send` does, leaving ``file`` as it was."""
         target = Path(file)
-        partial = target.with_name(f".{target.name}.part")
+        partial = _core.partial_path(target)
         written = 0
         try:
             with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:

@@ -562,6 +562,21 @@ class EnvironmentSpec:
                 env[name] = str(var.get("value", ""))
         return cls(env, secrets, _dict(data.get("compute")), data)
 
+    @classmethod
+    def from_run(cls, document: Any) -> Optional["EnvironmentSpec"]:
+        """The environment an AgentRun took when it was created (``status.snapshot.
+        environment``, each Secret with the version it had then), or ``None``."""
+        snapshot = _dict(
+            _dict(_dict(_dict(document).get("status")).get("snapshot")).get("environment")
+        )
+        if not snapshot:
+            return None
+        versions = {
+            str(_dict(s).get("name")): str(_dict(s).get("resourceVersion"))
+            for s in snapshot.get("secrets") or []
+        }
+        return cls.from_json(snapshot.get("spec"), versions)
+
 
 @dataclass(frozen=True)
 class RunResult:

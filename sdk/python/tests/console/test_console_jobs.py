@@ -11,19 +11,16 @@ import gzip
 import io
 import json
 import tarfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Tuple
 
 import httpx
-import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from test_console import api, browser, shot, sign_in, unique, wait_for
 
 import nodus
-from conftest import NodusServer
+from conftest import NodusServer, WebhookReceiver
 
 __all__ = ["browser"]
 
@@ -99,35 +96,10 @@ def test_a_runs_results_are_listed_and_one_downloaded(
     assert outside.headers["location"] == "/console/signin"
 
 
-@pytest.fixture
-def receiver() -> Iterator[Tuple[str, List[str]]]:
-    """A webhook receiver: its URL and the paths it was posted to."""
-    received: List[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", "0")))
-            received.append(self.path)
-            self.send_response(204)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
-    server.shutdown()
-    server.server_close()
-
-
 def test_the_environment_and_post_run_action_are_shown_without_secret_values(
-    browser: WebDriver, server: NodusServer, receiver: Tuple[str, List[str]]
+    browser: WebDriver, server: NodusServer, receiver: WebhookReceiver
 ) -> None:
-    url, received = receiver
+    url = receiver.url
     planted = unique("planted-secret-value")
     secret = unique("db")
     client = nodus.default_client()
@@ -149,7 +121,7 @@ def test_the_environment_and_post_run_action_are_shown_without_secret_values(
         },
     )
     assert run.wait(timeout=60).phase == "Succeeded"
-    assert received == ["/hook"]
+    assert [hook["path"] for hook in receiver.received] == ["/hook"]
     open_run(browser, server, run.name)
     source = browser.page_source
     assert planted not in source
