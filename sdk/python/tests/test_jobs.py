@@ -298,3 +298,43 @@ def test_jobs_with_asyncio(tmp_path: Path) -> None:
                 await aio.AgentEnvironment.get(name, client=client)
 
     asyncio.run(main())
+
+
+def test_a_log_shows_each_step_once_and_its_output_once_it_has_finished() -> None:
+    from nodus import _core
+
+    started = {"seq": 3, "kind": "Command", "state": "Started", "summary": "run `x`"}
+    command = {**started, "intent": {"command": "x"}}
+    state = _core.LogState()
+    lines = state.lines({"items": [command]})
+    assert [(line.stream, line.text) for line in lines] == [
+        ("step", "[3] Command Started: run `x`"),
+        ("command", "$ x"),
+    ]
+    assert not state.complete
+    # Nothing new: nothing shown again.
+    assert state.lines({"items": [command]}) == []
+    done = {
+        **command,
+        "state": "Completed",
+        "summary": "run `x`: exit 0",
+        "finishedAt": "2026-12-01T10:00:00Z",
+        "outcome": {"output": {"stdout": {"bytes": "one\ntwo\n"}, "stderr": {"bytes": [255, 254]}}},
+    }
+    lines = state.lines({"items": [done]})
+    assert [(line.stream, line.text) for line in lines] == [
+        ("finished", "[3] Command Completed: run `x`: exit 0 (finished)"),
+        ("stdout", "one"),
+        ("stdout", "two"),
+        ("stderr", "(2 bytes that are not text)"),
+    ]
+    assert state.complete and state.lines({"items": [done]}) == []
+    # A step seen first when it has finished: its line and its output at once.
+    fresh = _core.LogState()
+    assert [line.stream for line in fresh.lines({"items": [done]})] == [
+        "step",
+        "command",
+        "stdout",
+        "stdout",
+        "stderr",
+    ]
