@@ -131,7 +131,9 @@ class ClaudeAgent:
         if environment is not None:
             if isinstance(environment, AgentEnvironment):
                 environment = environment.reference(project or environment.project)
-            self._spec["environment"] = _environment_value(environment, project or "")
+            self._spec["environment"] = (
+                environment if isinstance(environment, str) else dict(environment)
+            )
         if context_schema is not None:
             self._spec["contextSchema"] = dict(context_schema)
         if post_run_actions is not None:
