@@ -189,7 +189,22 @@ fn environment(html: &mut Html, snapshot: &Value) {
     html.raw("<dl class=\"facts\" id=\"environment\"><dt>From</dt><dd>");
     match snapshot["environmentRef"].as_str() {
         Some(reference) => {
-            html.text(reference);
+            // `project/name`: a link to it on the Environments page (it may have changed
+            // since, or be gone; the run keeps what it took).
+            match reference.split_once('/') {
+                Some((project, name)) => {
+                    html.raw("<a id=\"environment-link\" href=\"/console/p/")
+                        .segment(project)
+                        .raw("/environments#environment-")
+                        .segment(name)
+                        .raw("\">")
+                        .text(reference)
+                        .raw("</a>");
+                }
+                None => {
+                    html.text(reference);
+                }
+            }
             if let Some(revision) = snapshot["environmentRevision"].as_str() {
                 html.raw(" <span class=\"muted\">(version ")
                     .text(revision)

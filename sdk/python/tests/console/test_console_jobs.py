@@ -147,8 +147,10 @@ def test_the_environment_and_post_run_action_are_shown_without_secret_values(
         for r in browser.find_elements(By.CSS_SELECTOR, "#results tbody tr")
     ]
     shot(browser, "run-environment")
-    # The AgentEnvironments page: the same, and still no value.
-    browser.find_element(By.LINK_TEXT, "Environments").click()
+    # The AgentEnvironments page, from the run's link to its environment: the same, and still
+    # no value.
+    browser.find_element(By.ID, "environment-link").click()
+    wait_for(browser, lambda d: d.current_url.endswith(f"#environment-{environment.name}"))
     section = wait_for(
         browser,
         lambda d: d.find_elements(
