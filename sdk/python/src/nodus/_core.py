@@ -398,57 +398,147 @@ def steps_request(project: str, run: str) -> Request:
     )
 
 
-def _output_text(value: Any) -> Optional[str]:
+#: The most bytes of a line of live output held back while it is not complete: a longer one
+#: is shown from the command's step when it finishes.
+MAX_PENDING_LINE = 1 << 20
+
+
+def _piece_bytes(value: Any) -> Optional[bytes]:
+    """A piece's or a step's output as bytes: a string is UTF-8, an array its bytes."""
     if isinstance(value, str):
-        return value
+        return value.encode("utf-8")
     if isinstance(value, list):
-        return f"({len(value)} bytes that are not text)"
+        return bytes(b if isinstance(b, int) and 0 <= b < 256 else 63 for b in value)
     return None
 
 
-class LogState:
-    """What a log has shown of a run's steps so far: for each step, whether its line and
-    whether its end were shown; :meth:`lines` answers what is new, as ``nodus agentrun logs``
-    prints it."""
+def live_piece(line: Any) -> Optional[Dict[str, Any]]:
+    """One line of ``GET …/logs?follow=true`` as a piece of output (``{"seq", "stream",
+    "offset", "bytes"}``), or ``None`` for any other line (the ``{"following": …}`` head)."""
+    try:
+        piece = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(piece, dict) or not isinstance(piece.get("seq"), int):
+        return None
+    return piece
+
+
+class _Streamed:
+    """One stream of one command as followed live: bytes shown from its start, bytes after
+    those not shown yet (the start of a line), and whether a piece was missed (the rest is
+    then shown from the finished step)."""
 
     def __init__(self) -> None:
-        self._shown: List[List[bool]] = []
+        self.shown = 0
+        self.pending = bytearray()
+        self.broken = False
+
+
+class LogState:
+    """What a log has shown of a run so far, as ``nodus agentrun logs -f`` prints it: each
+    step once it is seen, a running command's output line by line as the live stream brings
+    it (:meth:`piece`), and the rest of a command's output from its step once it has finished
+    (:meth:`lines`), so that nothing shows twice."""
+
+    def __init__(self) -> None:
+        # Per step seq: whether its end was shown.
+        self._shown: Dict[int, bool] = {}
+        self._steps: Dict[int, Step] = {}
+        self._live: Dict[Tuple[int, str], _Streamed] = {}
+        # Live pieces of steps not listed yet.
+        self._early: List[Dict[str, Any]] = []
+        self._listed = 0
 
     @property
     def complete(self) -> bool:
         """Whether every step seen has been shown whole."""
-        return all(line and end for line, end in self._shown)
+        return len(self._shown) == self._listed and all(self._shown.values())
 
     def lines(self, steps: Any) -> List[LogLine]:
         """The new lines for the StepList ``steps`` (read with ``payload=true``)."""
         items = steps.get("items", []) if isinstance(steps, dict) else []
+        self._listed = len(items)
         out: List[LogLine] = []
-        for index, item in enumerate(items):
-            if len(self._shown) <= index:
-                self._shown.append([False, False])
-            shown = self._shown[index]
+        for item in items:
             step = Step.from_json(item)
             finished = item.get("finishedAt") is not None
             head = f"[{step.seq}] {step.kind} {step.state}: {step.summary}"
-            if not shown[0]:
-                shown[0] = True
+            self._steps[step.seq] = step
+            shown = self._shown.get(step.seq)
+            if shown is None:
+                self._shown[step.seq] = finished
                 out.append(LogLine(step.seq, "step", head, step))
                 command = (item.get("intent") or {}).get("command")
                 if isinstance(command, str):
                     out.append(LogLine(step.seq, "command", f"$ {command}", step))
-            elif finished and not shown[1]:
+                if finished:
+                    out.extend(self._rest(step, item))
+            elif not shown and finished:
+                self._shown[step.seq] = True
                 out.append(LogLine(step.seq, "finished", f"{head} (finished)", step))
-            else:
+                out.extend(self._rest(step, item))
+            if self._shown.get(step.seq) is False:
+                for piece in [p for p in self._early if p["seq"] == step.seq]:
+                    out.extend(self._take(piece))
+        self._early = [p for p in self._early if p["seq"] not in self._shown]
+        return out
+
+    def piece(self, piece: Mapping[str, Any]) -> Optional[List[LogLine]]:
+        """The lines a live piece of output completes, to show now; ``None`` when its step is
+        not listed yet (read the steps, then it is shown after its step's line)."""
+        seq = piece.get("seq")
+        if not isinstance(seq, int):
+            return []
+        shown = self._shown.get(seq)
+        if shown is None:
+            self._early.append(dict(piece))
+            return None
+        return [] if shown else self._take(piece)
+
+    def _take(self, piece: Mapping[str, Any]) -> List[LogLine]:
+        seq, stream, offset = piece.get("seq"), piece.get("stream"), piece.get("offset")
+        data = _piece_bytes(piece.get("bytes"))
+        if not isinstance(seq, int) or not isinstance(stream, str) or not isinstance(offset, int):
+            return []
+        if data is None:
+            return []
+        live = self._live.setdefault((seq, stream), _Streamed())
+        if live.broken:
+            return []
+        if offset != live.shown + len(live.pending):
+            live.broken = True
+            live.pending.clear()
+            return []
+        live.pending.extend(data)
+        end = live.pending.rfind(b"\n")
+        if end < 0:
+            if len(live.pending) > MAX_PENDING_LINE:
+                live.broken = True
+                live.pending.clear()
+            return []
+        complete = bytes(live.pending[: end + 1])
+        del live.pending[: end + 1]
+        live.shown += len(complete)
+        step = self._steps[seq]
+        text = complete.decode("utf-8", "replace")
+        return [LogLine(seq, stream, line, step) for line in text.splitlines()]
+
+    def _rest(self, step: Step, item: Mapping[str, Any]) -> List[LogLine]:
+        """A finished command's output that was not shown live."""
+        output = ((item.get("outcome") or {}).get("output")) or {}
+        out: List[LogLine] = []
+        for stream in ("stdout", "stderr"):
+            value = (output.get(stream) or {}).get("bytes")
+            data = _piece_bytes(value)
+            if not data:
                 continue
-            if finished and not shown[1]:
-                shown[1] = True
-                output = ((item.get("outcome") or {}).get("output")) or {}
-                for stream in ("stdout", "stderr"):
-                    text = _output_text((output.get(stream) or {}).get("bytes"))
-                    if text:
-                        out.extend(
-                            LogLine(step.seq, stream, line, step) for line in text.splitlines()
-                        )
+            shown = self._live[(step.seq, stream)].shown if (step.seq, stream) in self._live else 0
+            if isinstance(value, list) and shown == 0:
+                text = f"({len(data)} bytes that are not text)"
+            else:
+                text = data[shown:].decode("utf-8", "replace")
+            out.extend(LogLine(step.seq, stream, line, step) for line in text.splitlines())
         return out
 
 

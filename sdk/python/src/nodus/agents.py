@@ -7,8 +7,12 @@ variables, Secrets and compute a run's commands get.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import httpx
 
 from . import _core
 from .client import Client, default_client
@@ -91,6 +95,89 @@ def _follow(
         pauses = _core.backoff()
         document = answer
         yield document
+
+
+def _follow_logs(
+    client: Client, name: str, project: str, state: _core.LogState, timeout: Optional[float]
+) -> Iterator[LogLine]:
+    """``logs(follow=True)``: two threads feed one queue — the live output of the run's
+    commands (``GET …/logs?follow=true``, opened before the first read so that a command
+    that starts after it shows live) and each new version of the run (its long poll) — and
+    each is turned into lines here. A server without live output, or a stream that ends,
+    leaves the finished steps to show all of it."""
+    events: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
+    stop = threading.Event()
+    opened = threading.Event()
+    streams: List[httpx.Response] = []
+
+    def live() -> None:
+        path = _core.resource_path(project, "agentruns", name, "logs")
+        try:
+            with client._http.stream(
+                "GET",
+                path,
+                params={"follow": "true"},
+                headers={"Accept": "application/x-ndjson"},
+                timeout=httpx.Timeout(_core.LONG_POLL_MARGIN, read=None),
+            ) as response:
+                if not response.is_success:
+                    return
+                streams.append(response)
+                lines = response.iter_lines()
+                # The head line: the server follows the run from here on.
+                next(lines, None)
+                opened.set()
+                for line in lines:
+                    if stop.is_set():
+                        return
+                    piece = _core.live_piece(line)
+                    if piece is not None:
+                        events.put(("piece", piece))
+        except (httpx.HTTPError, OSError, ValueError):
+            # No live output: the finished steps hold all of it.
+            pass
+        finally:
+            opened.set()
+
+    def watch() -> None:
+        try:
+            for document in _follow(client, "agentruns", name, project, _deadline(timeout)):
+                if stop.is_set():
+                    return
+                events.put(("run", document))
+            events.put(("timeout", None))
+        except BaseException as error:  # noqa: B036 - handed to the reader, raised there
+            events.put(("error", error))
+
+    def steps() -> Any:
+        return client.send(_core.steps_request(project, name))
+
+    threading.Thread(target=live, daemon=True).start()
+    opened.wait(_core.LONG_POLL_MARGIN)
+    threading.Thread(target=watch, daemon=True).start()
+    status: Optional[RunStatus] = None
+    try:
+        while True:
+            kind, value = events.get()
+            if kind == "run":
+                status = RunStatus.from_json(value)
+                yield from state.lines(steps())
+                if status.finished:
+                    # Its last steps may be written after the document: read them once more.
+                    yield from state.lines(steps())
+                    return
+            elif kind == "piece":
+                lines = state.piece(value)
+                yield from state.lines(steps()) if lines is None else lines
+            elif kind == "error":
+                raise value
+            elif kind == "timeout":
+                assert status is not None
+                raise _core.run_timeout(name, status, timeout)
+    finally:
+        stop.set()
+        for response in streams:
+            response.close()
 
 
 class ClaudeAgent:
@@ -345,26 +432,18 @@ class AgentRun:
 
     def logs(self, follow: bool = False, *, timeout: Optional[float] = None) -> Iterator[LogLine]:
         """The run's log as ``nodus agentrun logs`` prints it, line by line: each step, each
-        command, and each line of a finished command's output. With ``follow=True`` it goes
-        on as the run does (waiting on the server's long poll for each change, not polling)
-        and ends when the run has ended and everything is shown; raises
+        command, and each line of a command's output. Without ``follow``, what there is now
+        (a command's output once it has finished). With ``follow=True`` it goes on as the run
+        does and ends when the run has ended and everything is shown: a running command's
+        output line by line as the server runs it (``GET …/logs?follow=true``), the steps as
+        the server's long poll answers each change of the run (never polling), and what the
+        live stream missed from the finished step, nothing twice. Raises
         :class:`~nodus.WaitTimeout` after ``timeout`` seconds."""
         state = _core.LogState()
-        deadline = _deadline(timeout)
-        status: Optional[RunStatus] = None
-        for document in _follow(self._client, "agentruns", self.name, self.project, deadline):
-            status = RunStatus.from_json(document)
+        if not follow:
             yield from state.lines(self._client.send(_core.steps_request(self.project, self.name)))
-            if not follow:
-                return
-            if status.finished:
-                # Its last steps may be written after the document: read them once more.
-                yield from state.lines(
-                    self._client.send(_core.steps_request(self.project, self.name))
-                )
-                return
-        assert status is not None
-        raise _core.run_timeout(self.name, status, timeout)
+            return
+        yield from _follow_logs(self._client, self.name, self.project, state, timeout)
 
     @property
     def status(self) -> RunStatus:

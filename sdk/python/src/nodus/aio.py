@@ -358,6 +358,91 @@ async def _follow(
         yield document
 
 
+async def _follow_logs(
+    client: AsyncClient,
+    name: str,
+    project: str,
+    state: _core.LogState,
+    timeout: Optional[float],
+) -> AsyncIterator[LogLine]:
+    """``logs(follow=True)``: two tasks feed one queue — the live output of the run's
+    commands and each new version of the run — as the sync ``_follow_logs`` in
+    :mod:`nodus.agents` does with threads."""
+    events: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
+    opened = asyncio.Event()
+
+    async def live() -> None:
+        path = _core.resource_path(project, "agentruns", name, "logs")
+        try:
+            async with client._http.stream(
+                "GET",
+                path,
+                params={"follow": "true"},
+                headers={"Accept": "application/x-ndjson"},
+                timeout=httpx.Timeout(_core.LONG_POLL_MARGIN, read=None),
+            ) as response:
+                if not response.is_success:
+                    return
+                first = True
+                async for line in response.aiter_lines():
+                    if first:
+                        # The head line: the server follows the run from here on.
+                        first = False
+                        opened.set()
+                        continue
+                    piece = _core.live_piece(line)
+                    if piece is not None:
+                        await events.put(("piece", piece))
+        except (httpx.HTTPError, OSError, ValueError):
+            # No live output: the finished steps hold all of it.
+            pass
+        finally:
+            opened.set()
+
+    async def watch() -> None:
+        try:
+            async for document in _follow(client, "agentruns", name, project, _deadline(timeout)):
+                await events.put(("run", document))
+            await events.put(("timeout", None))
+        except Exception as error:
+            await events.put(("error", error))
+
+    async def steps() -> Any:
+        return await client.send(_core.steps_request(project, name))
+
+    live_task = asyncio.ensure_future(live())
+    try:
+        await asyncio.wait_for(opened.wait(), _core.LONG_POLL_MARGIN)
+    except asyncio.TimeoutError:
+        pass
+    watch_task = asyncio.ensure_future(watch())
+    status: Optional[RunStatus] = None
+    try:
+        while True:
+            kind, value = await events.get()
+            if kind == "run":
+                status = RunStatus.from_json(value)
+                for line in state.lines(await steps()):
+                    yield line
+                if status.finished:
+                    # Its last steps may be written after the document: read them once more.
+                    for line in state.lines(await steps()):
+                        yield line
+                    return
+            elif kind == "piece":
+                lines = state.piece(value)
+                for line in state.lines(await steps()) if lines is None else lines:
+                    yield line
+            elif kind == "error":
+                raise value
+            elif kind == "timeout":
+                assert status is not None
+                raise _core.run_timeout(name, status, timeout)
+    finally:
+        for task in (live_task, watch_task):
+            task.cancel()
+
+
 #: What ``environment=`` takes; see :class:`nodus.AgentRun.create`.
 EnvironmentArg = Union[str, "AgentEnvironment", Mapping[str, Any]]
 
@@ -591,25 +676,18 @@ class AgentRun:
     async def logs(
         self, follow: bool = False, *, timeout: Optional[float] = None
     ) -> AsyncIterator[LogLine]:
-        """The run's log line by line, following it with ``follow=True`` until it ends; see
-        :meth:`nodus.AgentRun.logs`. Use ``async for line in run.logs(follow=True)``."""
+        """The run's log line by line, following it with ``follow=True`` until it ends (a
+        running command's output as it comes); see :meth:`nodus.AgentRun.logs`. Use ``async
+        for line in run.logs(follow=True)``."""
         state = _core.LogState()
-        status: Optional[RunStatus] = None
-        follow_run = _follow(self._client, "agentruns", self.name, self.project, _deadline(timeout))
-        async for document in follow_run:
-            status = RunStatus.from_json(document)
-            steps = await self._client.send(_core.steps_request(self.project, self.name))
-            for line in state.lines(steps):
+        if not follow:
+            for line in state.lines(
+                await self._client.send(_core.steps_request(self.project, self.name))
+            ):
                 yield line
-            if not follow:
-                return
-            if status.finished:
-                steps = await self._client.send(_core.steps_request(self.project, self.name))
-                for line in state.lines(steps):
-                    yield line
-                return
-        assert status is not None
-        raise _core.run_timeout(self.name, status, timeout)
+            return
+        async for line in _follow_logs(self._client, self.name, self.project, state, timeout):
+            yield line
 
     async def _status(self) -> RunStatus:
         return RunStatus.from_json(
