@@ -270,6 +270,9 @@ class NodusServer:
         self.log_path = Path(self.dir) / f"server-{self.port}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NODUS_")}
         env.update({"ANTHROPIC_API_KEY": PLATFORM_KEY, "ANTHROPIC_BASE_URL": model_url})
+        # The tests' webhook receivers listen on loopback, which a server refuses unless
+        # allowed (a server without the option ignores it).
+        env["NODUS_WEBHOOK_ALLOW"] = "127.0.0.1"
         self.process = subprocess.Popen(
             [
                 nodus_bin(),
