@@ -441,4 +441,91 @@ mod tests {
             .expect_err("not http");
         assert_eq!(refused.rule, "must be an absolute http or https URL");
     }
+
+    #[test]
+    fn credential_headers_must_come_from_secrets() {
+        let webhook = Webhook::default();
+        for name in [
+            "Authorization",
+            "Cookie",
+            "X-Api-Key",
+            "X-Auth-Token",
+            "X-Hub-Signature",
+        ] {
+            let refused = webhook
+                .check_config(&json!({"url": "https://hooks.example/run",
+                                      "headers": {name: "plain-credential-9921"}}))
+                .expect_err(name);
+            assert_eq!(refused.field, format!(".headers.{name}"));
+            assert!(refused.rule.contains("secretKeyRef"), "{refused:?}");
+            assert!(!format!("{refused:?}").contains("plain-credential-9921"));
+        }
+        let config = json!({"url": "https://hooks.example/run", "headers": {
+            "Authorization": {"secretKeyRef": {"name": "hooks", "key": "token"}},
+            "X-Trace": "plain"}});
+        webhook
+            .check_config(&config)
+            .expect("a reference and a plain header");
+        assert_eq!(
+            webhook.secret_refs(&config),
+            vec![(
+                ".headers.Authorization.secretKeyRef".to_string(),
+                SecretKeyRef {
+                    name: "hooks".into(),
+                    key: "token".into()
+                }
+            )]
+        );
+        let refused = webhook
+            .check_config(&json!({"url": "https://hooks.example/run",
+                                  "headers": {"X-Key": {"secretKeyRef": {"name": "hooks"}}}}))
+            .expect_err("no key");
+        assert_eq!(refused.field, ".headers.X-Key");
+    }
+
+    #[test]
+    fn an_internal_address_in_the_url_is_refused_unless_allowed() {
+        for url in [
+            "http://127.0.0.1:8080/hook",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[::1]/hook",
+            "http://10.0.0.7/hook",
+        ] {
+            let refused = Webhook::default()
+                .check_config(&json!({"url": url}))
+                .expect_err(url);
+            assert_eq!(refused.field, ".url");
+            assert!(refused.rule.contains("--webhook-allow"), "{refused:?}");
+        }
+        let allowed = Webhook::new("127.0.0.1,::1".parse().expect("a list"));
+        allowed
+            .check_config(&json!({"url": "http://127.0.0.1:8080/hook"}))
+            .expect("allowed");
+        allowed
+            .check_config(&json!({"url": "http://[::1]/hook"}))
+            .expect("allowed");
+        // A name is checked at delivery, on what it resolves to.
+        Webhook::default()
+            .check_config(&json!({"url": "http://localhost/hook"}))
+            .expect("a name");
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_at_delivery_without_retries() {
+        let context = ActionContext {
+            run: "default/r".into(),
+            idempotency_key: "uid-3".into(),
+            config: json!({"url": "http://localhost:9/hook"}),
+            run_record: json!({}),
+            secrets: Default::default(),
+        };
+        let started = std::time::Instant::now();
+        let error = Webhook::default().run(&context).await.expect_err("refused");
+        assert!(error.contains("loopback"), "{error}");
+        // Retries would pause 0.5 + 1 + 2 s between the attempts.
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "retried: {error}"
+        );
+    }
 }
