@@ -7,7 +7,8 @@
 //! a reserved name, an unknown compute key and a GPU on the process sandbox are refused
 //! naming the field, with nothing written; a Secret changed and then deleted after a run was
 //! created (the run held back by its group) does not change the run, which sees the value it
-//! was created with, and neither value shows anywhere either.
+//! was created with, and neither value shows anywhere either (the store keeps it sealed in the
+//! run's private document, deleted with the run).
 
 #[path = "support/server.rs"]
 mod server;
@@ -24,6 +25,23 @@ const ORIGINAL_SHA256: &str = "77d91ae4db08e5bb60caef9b05343d40b1cbfcd41008638b9
 const CHANGED_SHA256: &str = "1aaa1def30429847c50bf6bb480a4eff7733664f327eaa9ed51086f09519b9d1";
 
 const RESOURCES: &str = "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: github\nstringData:\n  token: \"ghp-planted-value-5d1c9e7a33\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: research\nspec:\n  env:\n  - {name: LOG_LEVEL, value: debug}\n  - name: GITHUB_TOKEN\n    valueFrom: {secretKeyRef: {name: github, key: token}}\n  compute: {cpu: \"1\", memory: 64Mi, nvidia.com/gpu: 0}\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: env-agent\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
+
+/// The rows `sql` selects from the server's store, one a line (sqlite3 or psql on it).
+fn query(store: &str, sql: &str) -> String {
+    let output = match store.strip_prefix("sqlite://") {
+        Some(path) => std::process::Command::new("sqlite3")
+            .args([path, sql])
+            .output(),
+        // The server keeps its tables in the schema `nodus`.
+        None => std::process::Command::new("psql")
+            .args([store, "-At", "-c", sql])
+            .env("PGOPTIONS", "-c search_path=nodus")
+            .output(),
+    }
+    .expect("the database client runs");
+    assert!(output.status.success(), "{sql}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
 
 /// Create run `name` of `env-agent` with `prompt` (and `--environment` when given), wait
 /// until it ends, and return its answer.
@@ -227,6 +245,19 @@ fn environments(backend: Backend) {
             );
         }
     }
+
+    // In the store the values are only sealed, in the run's private document, which goes
+    // with the run.
+    let private = "SELECT count(*) FROM resources WHERE kind = 'workdirarchives' AND name = \
+                   'hold-pinned' AND CAST(document AS TEXT) LIKE '%pinnedSecrets%'";
+    assert_eq!(query(&store, private).trim(), "1");
+    for value in [PLANTED, ORIGINAL, CHANGED] {
+        let anywhere =
+            format!("SELECT count(*) FROM resources WHERE CAST(document AS TEXT) LIKE '%{value}%'");
+        assert_eq!(query(&store, &anywhere).trim(), "0", "{value} in the store");
+    }
+    server.ok(&["delete", "agentrun/hold-pinned"]);
+    assert_eq!(query(&store, private).trim(), "0", "kept after the run");
 
     // Refused at creation, naming the field, with nothing written.
     let refusals = [
