@@ -528,4 +528,53 @@ mod tests {
             "retried: {error}"
         );
     }
+
+    #[tokio::test]
+    async fn a_name_the_list_holds_is_delivered_to_with_its_headers() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let port = listener.local_addr().expect("address").port();
+        let received = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("a connection");
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let read = stream.read(&mut buffer).await.expect("read");
+                assert!(read > 0, "the request ended early");
+                request.extend_from_slice(&buffer[..read]);
+            }
+            stream
+                .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
+                .await
+                .expect("answer");
+            String::from_utf8_lossy(&request).to_ascii_lowercase()
+        });
+        let mut secrets = nodus_core::secret::PinnedSecrets::new();
+        secrets.insert(
+            "hooks",
+            "token",
+            nodus_core::secret::SecretString::new("Bearer pinned-4d2a"),
+        );
+        let context = ActionContext {
+            run: "default/r".into(),
+            idempotency_key: "uid-3".into(),
+            // Resolved to 127.0.0.1 only: the list names the host.
+            config: json!({"url": format!("http://localhost:{port}/hook"), "headers": {
+                "Authorization": {"secretKeyRef": {"name": "hooks", "key": "token"}}}}),
+            run_record: json!({"name": "r"}),
+            secrets,
+        };
+        let webhook = Webhook::new("localhost".parse().expect("a list"));
+        let saved = webhook.run(&context).await.expect("delivered");
+        assert!(saved.contains_key("webhookDelivery"));
+        let request = received.await.expect("the receiver");
+        assert!(request.starts_with("post /hook "), "{request}");
+        assert!(
+            request.contains("authorization: bearer pinned-4d2a"),
+            "{request}"
+        );
+        assert!(request.contains("idempotency-key: uid-3"), "{request}");
+    }
 }
