@@ -13,10 +13,22 @@ pub fn parse_documents(text: &str, source: &str) -> Result<Vec<Value>> {
     Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
 }
 
-/// A value as a YAML document (ending with a newline).
+/// A value as a YAML document (ending with a newline). When the YAML writer's text would not
+/// read back as the same value (it writes the string "\n" as a block that reads as ""), the
+/// value is written as JSON, which is YAML too, so that what `-o yaml` prints applies back
+/// unchanged.
 pub fn to_yaml(value: &Value) -> Result<String> {
     let mut text = serde_saphyr::to_string(value)
         .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+    let reads_back = serde_saphyr::from_multiple::<Value>(&text).is_ok_and(|back| {
+        back.into_iter()
+            .filter(|d| !d.is_null())
+            .eq(Some(value.clone()).filter(|v| !v.is_null()))
+    });
+    if !reads_back {
+        text = serde_json::to_string_pretty(value)
+            .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+    }
     if !text.ends_with('\n') {
         text.push('\n');
     }
@@ -67,6 +79,17 @@ spec:
             documents[0]["spec"],
             json!({"system": "You are careful.\nAnswer briefly.\n", "perRunMaxCostUSD": "0.50", "maxTokens": 1024, "model": {"families": ["haiku"]}})
         );
+    }
+
+    #[test]
+    fn a_lone_newline_is_written_so_that_it_reads_back() {
+        // Found by fuzz_values_written_as_yaml_read_back_the_same: ["\n"] was written as a
+        // literal block that reads back as [""].
+        for value in [json!(["\n"]), json!({"system": "\n"}), json!("\n")] {
+            let text = to_yaml(&value).expect("written");
+            let back = parse_documents(&text, "out.yaml").expect("read back");
+            assert_eq!(back, vec![value.clone()], "{text}");
+        }
     }
 
     #[test]

@@ -534,6 +534,9 @@ fn mutate(document: &mut Value, mutation: &Mutation) {
                 .iter()
                 .filter(|p| document.pointer(p).is_some_and(Value::is_object))
                 .collect();
+            if objects.is_empty() {
+                return;
+            }
             let pointer = at.get(&objects).to_string();
             if let Some(Value::Object(map)) = document.pointer_mut(&pointer) {
                 map.insert(key.clone(), value.clone());
