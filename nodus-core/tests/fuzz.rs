@@ -7,7 +7,7 @@
 //! nothing; an accepted object reads back as a document that is accepted again.
 //!
 //! Every test's name starts with `fuzz_`. The test command runs proptest's default 256 cases
-//! each; a long budget is `PROPTEST_CASES=20000 cargo test -p nodus-core --test fuzz`
+//! each; a long budget is `PROPTEST_CASES=1000 cargo test -p nodus-core --test fuzz`
 //! (RELIABILITY.md, "Fuzzing").
 
 use std::collections::BTreeMap;

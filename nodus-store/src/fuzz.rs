@@ -6,7 +6,7 @@
 //! it down into their queries, the memory store matches in process), without an error.
 //!
 //! Every test's name starts with `fuzz_`; a long budget is
-//! `PROPTEST_CASES=20000 cargo test -p nodus-store --lib fuzz_` (RELIABILITY.md, "Fuzzing").
+//! `PROPTEST_CASES=1000 cargo test -p nodus-store --lib fuzz_` (RELIABILITY.md, "Fuzzing").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
