@@ -93,7 +93,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use nodus_core::Sandbox;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, LiveOutput, SandboxId, SandboxInfo, SandboxSpec,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -345,6 +345,112 @@ pub struct BwrapSandbox {
 }
 
 impl BwrapSandbox {
+    /// [`Sandbox::exec`], reporting the command's output to `followers` when given.
+    async fn exec_reporting(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        followers: Option<Arc<dyn LiveOutput>>,
+    ) -> Result<ExecOutput, Error> {
+        let dir = self.dir_of(id)?;
+        let created = self
+            .created()
+            .get(&id.0)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(id.clone()))?;
+        let prepared = self.prepared().await?;
+        let request = request.within(&created.limits)?;
+        let shown_cwd = request.cwd.clone().unwrap_or_default();
+        let rel = paths::relative(Path::new(&shown_cwd))
+            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        let owned_id = id.clone();
+        let shown = shown_cwd.clone();
+        let (home, cwd) = blocking(move || {
+            let home = canonical_dir(&dir, &owned_id)?;
+            let cwd = inside_dir(&home, &rel, &shown)?;
+            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
+            let inside = if inner.as_os_str().is_empty() {
+                PathBuf::from(WORKDIR)
+            } else {
+                Path::new(WORKDIR).join(inner)
+            };
+            Ok((home, inside))
+        })
+        .await?;
+
+        let inner = cwd.to_string_lossy().into_owned();
+        let nonce = channel::nonce();
+        let frame = channel::frame(&nonce, &inner, &request.command)?;
+        let watch = Watch {
+            dir: home.clone(),
+            limit: created.limits.disk_bytes,
+            reserve: self.config.disk_reserve_bytes,
+        };
+        let start = watch.start().await;
+        let cap = capped::cap_len(request.output_cap);
+        let mut held = created.live.lock().await;
+        let mut fresh = false;
+        let ran = loop {
+            // A sandbox whose process died (killed from outside, or stopped with its last
+            // command) starts again over the same working directory.
+            let running = held
+                .take()
+                .and_then(|mut live| live.running().then_some(live));
+            let mut live = match running {
+                Some(live) => live,
+                None => {
+                    fresh = true;
+                    // Its cgroups are gone when it was suspended.
+                    let (cgroups, key, limits) =
+                        (self.cgroups.clone(), id.0.clone(), created.limits);
+                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+                    blocking(move || cgroups.create(&key, &limits, entrant)).await?;
+                    self.start(prepared, &id.0, &created, &home)?
+                }
+            };
+            let reading = Reading::live(&nonce, cap, followers.clone());
+            // While the command runs the sandbox is out of the slot: dropping this future
+            // drops it, which kills it, and the next command starts it again.
+            match live
+                .run(&frame, reading, request.timeout, &watch, start)
+                .await?
+            {
+                Ran::Ended(reading) => {
+                    *held = Some(live);
+                    break Ran::Ended(reading);
+                }
+                // It ended before this command began, so the command did not run: once more
+                // in a fresh sandbox.
+                Ran::Closed(reading, _) if !reading.begun() && !fresh => {}
+                ran => break ran,
+            }
+        };
+        let (status, reading, mut stopped) = match ran {
+            Ran::Ended(reading) => (Some(reading.status()?), reading, None),
+            Ran::TimedOut(reading) => (None, reading, None),
+            Ran::Stopped(reading, reason) => (None, reading, Some(reason)),
+            Ran::Closed(reading, early) if !reading.begun() => {
+                let said = String::from_utf8_lossy(&early).trim().to_owned();
+                if early.starts_with(GATE_MESSAGE) {
+                    return Err(Error::Failed(said));
+                }
+                return Err(Error::Failed(format!(
+                    "the sandbox {id} did not start: {said}"
+                )));
+            }
+            Ran::Closed(..) => {
+                return Err(Error::Unavailable(format!(
+                    "the sandbox {id} ended while a command ran"
+                )));
+            }
+        };
+        let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
+        if let (None, Some(_)) = (&stopped, exit_code) {
+            stopped = watch.reached(start).await;
+        }
+        Ok(reading.into_exec_output(exit_code, stopped))
+    }
+
     /// A backend with this configuration. Finds the host's cgroup controllers now (and
     /// creates the parent cgroups); `bwrap` itself is looked for and tried on the first
     /// [`Sandbox::create`].
@@ -563,103 +669,16 @@ impl Sandbox for BwrapSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let dir = self.dir_of(id)?;
-        let created = self
-            .created()
-            .get(&id.0)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(id.clone()))?;
-        let prepared = self.prepared().await?;
-        let request = request.within(&created.limits)?;
-        let shown_cwd = request.cwd.clone().unwrap_or_default();
-        let rel = paths::relative(Path::new(&shown_cwd))
-            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let owned_id = id.clone();
-        let shown = shown_cwd.clone();
-        let (home, cwd) = blocking(move || {
-            let home = canonical_dir(&dir, &owned_id)?;
-            let cwd = inside_dir(&home, &rel, &shown)?;
-            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
-            let inside = if inner.as_os_str().is_empty() {
-                PathBuf::from(WORKDIR)
-            } else {
-                Path::new(WORKDIR).join(inner)
-            };
-            Ok((home, inside))
-        })
-        .await?;
+        self.exec_reporting(id, request, None).await
+    }
 
-        let inner = cwd.to_string_lossy().into_owned();
-        let nonce = channel::nonce();
-        let frame = channel::frame(&nonce, &inner, &request.command)?;
-        let watch = Watch {
-            dir: home.clone(),
-            limit: created.limits.disk_bytes,
-            reserve: self.config.disk_reserve_bytes,
-        };
-        let start = watch.start().await;
-        let cap = capped::cap_len(request.output_cap);
-        let mut held = created.live.lock().await;
-        let mut fresh = false;
-        let ran = loop {
-            // A sandbox whose process died (killed from outside, or stopped with its last
-            // command) starts again over the same working directory.
-            let running = held
-                .take()
-                .and_then(|mut live| live.running().then_some(live));
-            let mut live = match running {
-                Some(live) => live,
-                None => {
-                    fresh = true;
-                    // Its cgroups are gone when it was suspended.
-                    let (cgroups, key, limits) =
-                        (self.cgroups.clone(), id.0.clone(), created.limits);
-                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
-                    blocking(move || cgroups.create(&key, &limits, entrant)).await?;
-                    self.start(prepared, &id.0, &created, &home)?
-                }
-            };
-            let reading = Reading::new(&nonce, cap);
-            // While the command runs the sandbox is out of the slot: dropping this future
-            // drops it, which kills it, and the next command starts it again.
-            match live
-                .run(&frame, reading, request.timeout, &watch, start)
-                .await?
-            {
-                Ran::Ended(reading) => {
-                    *held = Some(live);
-                    break Ran::Ended(reading);
-                }
-                // It ended before this command began, so the command did not run: once more
-                // in a fresh sandbox.
-                Ran::Closed(reading, _) if !reading.begun() && !fresh => {}
-                ran => break ran,
-            }
-        };
-        let (status, reading, mut stopped) = match ran {
-            Ran::Ended(reading) => (Some(reading.status()?), reading, None),
-            Ran::TimedOut(reading) => (None, reading, None),
-            Ran::Stopped(reading, reason) => (None, reading, Some(reason)),
-            Ran::Closed(reading, early) if !reading.begun() => {
-                let said = String::from_utf8_lossy(&early).trim().to_owned();
-                if early.starts_with(GATE_MESSAGE) {
-                    return Err(Error::Failed(said));
-                }
-                return Err(Error::Failed(format!(
-                    "the sandbox {id} did not start: {said}"
-                )));
-            }
-            Ran::Closed(..) => {
-                return Err(Error::Unavailable(format!(
-                    "the sandbox {id} ended while a command ran"
-                )));
-            }
-        };
-        let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
-        if let (None, Some(_)) = (&stopped, exit_code) {
-            stopped = watch.reached(start).await;
-        }
-        Ok(reading.into_exec_output(exit_code, stopped))
+    async fn exec_live(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        live: Arc<dyn LiveOutput>,
+    ) -> Result<ExecOutput, Error> {
+        self.exec_reporting(id, request, Some(live)).await
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {

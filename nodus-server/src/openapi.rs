@@ -103,6 +103,12 @@ pub fn document() -> Value {
             "201",
         ),
         ("steps", "get", "The run's steps in order", "200"),
+        (
+            "logs",
+            "get",
+            "With follow=true: the output of the run's commands as this server runs them, as newline-delimited JSON {seq, stream, offset, bytes}, until the run ends",
+            "200",
+        ),
         ("answer", "get", "The whole answer", "200"),
         (
             "workdir",

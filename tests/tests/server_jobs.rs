@@ -3,7 +3,8 @@
 //! and is never stored; every finished run's results (a successful, a failed, a timed-out and
 //! a cancelled one) are listed and downloaded, and the tarballs unpack; a FileSet changed
 //! after a run was created does not change what the run starts from; `agentrun logs -f`
-//! prints a command's output while the run is still going, and ends when the run does.
+//! prints a command's output line by line while the command is still running (once only),
+//! and ends when the run does.
 
 #[path = "support/server.rs"]
 mod server;
@@ -300,7 +301,8 @@ fn jobs(backend: Backend) {
     ));
     assert_eq!(read(&workdir.join("kept.txt")), "kept\n");
 
-    // logs -f: the first command's output shows while the second still runs.
+    // logs -f: a command's output shows line by line while the command still runs, and once
+    // only.
     server.ok(&[
         "create",
         "agentrun",
@@ -308,7 +310,7 @@ fn jobs(backend: Backend) {
         "--agent",
         "worker",
         "--prompt",
-        "Run `echo first-$((40+2))` and `sleep 5; echo second-$((1+1))` and tell me.",
+        "Run `sleep 2; for i in 1 2 3; do echo line-$i; echo warn-$i >&2; sleep 1; done` and tell me.",
     ]);
     let mut logs = Command::new(server::nodus_binary())
         .args(["agentrun", "logs", "followed", "-f"])
@@ -324,21 +326,52 @@ fn jobs(backend: Backend) {
     loop {
         let line = lines
             .next()
-            .expect("logs ended before the first output")
+            .expect("logs ended before the first line")
             .expect("a line");
         seen.push(line.clone());
-        if line == "first-42" {
+        if line == "line-1" {
             break;
         }
     }
-    let phase = get(&server, "agentrun/followed")["status"]["phase"].clone();
-    assert_eq!(
-        phase, "Running",
-        "the output showed while the run went on: {seen:?}"
+    // The command has printed its first line and is still running: its step is open.
+    let (status, steps) = server.http_with(
+        "GET",
+        "/apis/nodus.dev/v1/projects/default/agentruns/followed/steps?payload=true",
+        &[],
+        None,
     );
+    assert_eq!(status, 200, "{steps}");
+    let command = steps["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|step| {
+            step["intent"]["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("line-$i"))
+        })
+        .unwrap_or_else(|| panic!("the command's step: {steps}"));
+    assert!(
+        command["finishedAt"].is_null(),
+        "line-1 showed only once the command had finished: {seen:?} {command}"
+    );
+    assert!(!seen.iter().any(|l| l.contains("line-2")), "{seen:?}");
     let rest: Vec<String> = lines.map(|line| line.expect("a line")).collect();
     assert!(logs.wait().expect("logs ends").success());
-    assert!(rest.iter().any(|l| l == "second-2"), "{rest:?}");
+    let all: Vec<&String> = seen.iter().chain(&rest).collect();
+    for line in [
+        "line-1",
+        "line-2",
+        "line-3",
+        "stderr: warn-1",
+        "stderr: warn-3",
+    ] {
+        assert_eq!(
+            all.iter().filter(|l| l.as_str() == line).count(),
+            1,
+            "{line} shows once: {all:?}"
+        );
+    }
     assert_eq!(
         rest.last().map(String::as_str),
         Some("agentrun/followed Succeeded")

@@ -11,6 +11,7 @@ mod evaluation;
 mod execute;
 mod group;
 mod kinds;
+mod live;
 mod resources;
 mod results;
 mod status;
@@ -33,6 +34,7 @@ pub use evaluation::{
 };
 pub use execute::Driven;
 pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
+pub use live::{FOLLOW_CAPACITY, MAX_CHUNK_BYTES, OutputChunk};
 pub use results::{RESULT_NAMES, RunResult, RunResultInfo};
 use typed::Versioned;
 
@@ -214,6 +216,8 @@ pub struct Engine {
     deps: Deps,
     config: Arc<Config>,
     uid_counter: Arc<AtomicU64>,
+    /// The runs someone follows on this process, for their commands' output.
+    followed: Arc<live::Followed>,
 }
 
 impl Engine {
@@ -223,6 +227,7 @@ impl Engine {
             deps,
             config: Arc::new(config),
             uid_counter: Arc::new(AtomicU64::new(0)),
+            followed: Arc::default(),
         }
     }
 

@@ -52,6 +52,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/agentruns/{name}/messages", post(runs::send_message))
         .route("/agentruns/{name}/steps", get(runs::steps))
+        .route("/agentruns/{name}/logs", get(runs::logs))
         .route("/agentruns/{name}/answer", get(runs::answer))
         .route("/agentruns/{name}/workdir", get(runs::workdir))
         .route("/agentruns/{name}/results", get(runs::results))
