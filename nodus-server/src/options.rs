@@ -98,6 +98,9 @@ pub struct Options {
     /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
     /// process's limit of open files.
     pub max_connections: usize,
+    /// The post-run actions installed: `agents.noop` and `agents.webhook` by default; an
+    /// embedder adds its own with [`Registry::with`](nodus_core::postrun::Registry::with).
+    pub actions: nodus_core::postrun::Registry,
 }
 
 impl Options {
@@ -115,6 +118,7 @@ impl Options {
             sandbox_dir: None,
             header_timeout: Duration::from_secs(10),
             max_connections: 512,
+            actions: crate::actions::registry(),
         }
     }
 
