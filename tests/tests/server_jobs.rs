@@ -4,7 +4,9 @@
 //! a cancelled one) are listed and downloaded, and the tarballs unpack; a FileSet changed
 //! after a run was created does not change what the run starts from; `agentrun logs -f`
 //! prints a command's output line by line while the command is still running (once only),
-//! and ends when the run does.
+//! and ends when the run does; an invalid context schema is refused when the agent is
+//! written, and a context that fails it (or is missing) when the run is created, each naming
+//! the path.
 
 #[path = "support/server.rs"]
 mod server;
@@ -386,4 +388,86 @@ fn jobs_on_sqlite() {
 #[test]
 fn jobs_on_postgres() {
     jobs(Backend::Postgres);
+}
+
+/// A context checked against the agent's schema, on a real store: an invalid schema (and one
+/// with `$ref`) is refused when the agent is written, naming the path in the schema; a run
+/// whose context fails the schema, or that lacks a required context, is refused naming the
+/// path, with nothing written; a run whose context fits runs.
+fn context(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = backend.store_url(dir.path());
+    let server = ServerProcess::start(&store, dir.path(), "process");
+    let agent = |schema: &str| {
+        format!(
+            "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: typed\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.10\"\n  contextSchema: {schema}\n"
+        )
+    };
+    for (schema, field) in [
+        (
+            "{type: object, properties: {ticket: {type: objekt}}}",
+            "spec.contextSchema.properties.ticket.type",
+        ),
+        (
+            "{type: object, properties: {ticket: {$ref: \"#/$defs/t\"}}}",
+            "spec.contextSchema.properties.ticket.$ref",
+        ),
+    ] {
+        let output = server.cli_in(&["apply", "-f", "-"], Some(&agent(schema)));
+        assert!(!output.status.success(), "{schema} was accepted");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(said.contains(field), "{field} not named: {said}");
+        assert!(!server.cli(&["get", "agent/typed"]).status.success());
+    }
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(&agent(
+            "{type: object, properties: {ticket: {type: object, properties: {id: {type: integer}}}}, required: [ticket]}",
+        )),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let run = |name: &str, context: Option<&str>| {
+        let mut document = format!(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: {name}\nspec:\n  agent: typed\n  input: Run `echo checked` and tell me.\n"
+        );
+        if let Some(context) = context {
+            document.push_str(&format!("  context: {context}\n"));
+        }
+        server.cli_in(&["apply", "-f", "-"], Some(&document))
+    };
+    for (name, context, parts) in [
+        (
+            "wrong-type",
+            Some("{ticket: {id: seven}}"),
+            &["spec.context.ticket.id", "\"seven\""][..],
+        ),
+        ("no-context", None, &["spec.context", "ticket"][..]),
+    ] {
+        let output = run(name, context);
+        assert!(!output.status.success(), "{name} was accepted");
+        let said = String::from_utf8_lossy(&output.stderr);
+        for part in parts {
+            assert!(said.contains(part), "{name}: {part} not named: {said}");
+        }
+        assert!(
+            !server
+                .cli(&["get", &format!("agentrun/{name}")])
+                .status
+                .success(),
+            "{name} was written"
+        );
+    }
+    let output = run("fits", Some("{ticket: {id: 7}}"));
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "fits", "Succeeded");
+}
+
+#[test]
+fn context_on_sqlite() {
+    context(Backend::Sqlite);
+}
+
+#[test]
+fn context_on_postgres() {
+    context(Backend::Postgres);
 }
