@@ -105,7 +105,8 @@ fn environments(backend: Backend) {
         "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/` and tell me.",
         Some("research"),
     );
-    assert!(answer.contains("bytes="), "{answer}");
+    // wc's output line (the quoted command names `bytes=` too).
+    assert!(answer.lines().any(|l| l.starts_with("bytes=")), "{answer}");
     assert!(!answer.contains("bytes=200000000"), "{answer}");
     let roomy = run(
         &server,

@@ -164,7 +164,7 @@ fn jobs(backend: Backend) {
     assert!(
         record["answer"]
             .as_str()
-            .is_some_and(|a| a.contains("wrote")),
+            .is_some_and(|a| a.lines().any(|l| l == "wrote")),
         "{record}"
     );
     let (status, missing) = server.http_with(
