@@ -130,7 +130,8 @@ impl Server {
             Config {
                 default_image: options.default_image.clone(),
                 replica: Some(replica_name(&options.data_dir)?),
-                actions: options.actions.clone(),
+                actions: crate::actions::registry(options.webhook_allow.clone())
+                    .merged(&options.actions),
                 ..Config::default()
             },
         );

@@ -98,8 +98,11 @@ pub struct Options {
     /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
     /// process's limit of open files.
     pub max_connections: usize,
-    /// The post-run actions installed: `agents.noop` and `agents.webhook` by default; an
-    /// embedder adds its own with [`Registry::with`](nodus_core::postrun::Registry::with).
+    /// The internal hosts, addresses and CIDRs webhooks may reach (by default none: loopback,
+    /// private, link-local and metadata addresses are refused).
+    pub webhook_allow: crate::egress::WebhookAllow,
+    /// Post-run actions an embedder installs besides the built-in `agents.noop` and
+    /// `agents.webhook` (none by default), with [`Registry::with`](nodus_core::postrun::Registry::with).
     pub actions: nodus_core::postrun::Registry,
 }
 
@@ -118,7 +121,8 @@ impl Options {
             sandbox_dir: None,
             header_timeout: Duration::from_secs(10),
             max_connections: 512,
-            actions: crate::actions::registry(),
+            webhook_allow: crate::egress::WebhookAllow::default(),
+            actions: nodus_core::postrun::Registry::default(),
         }
     }
 

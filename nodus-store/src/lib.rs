@@ -26,6 +26,8 @@ pub mod sqlite;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+mod fuzz;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
