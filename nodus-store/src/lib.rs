@@ -150,4 +150,9 @@ mod tests {
     async fn rewrite_run() {
         conformance::rewrite_run(MemoryStore::new()).await;
     }
+
+    #[tokio::test]
+    async fn extension_kinds() {
+        conformance::extension_kinds(MemoryStore::new()).await;
+    }
 }

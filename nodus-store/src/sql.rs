@@ -72,11 +72,6 @@ pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
-/// A kind as stored in the `kind` column.
-pub(crate) fn kind_name(kind: Kind) -> &'static str {
-    kind.plural()
-}
-
 /// A version or fence for an `INTEGER`/`bigint` column; `None` when it cannot be stored
 /// (and so cannot match a stored one).
 pub(crate) fn to_i64(value: u64) -> Option<i64> {

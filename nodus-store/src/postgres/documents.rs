@@ -31,7 +31,7 @@ pub(super) fn push_selection<'a>(
 ) {
     query.push_bind(project);
     query.push(" AND kind = ");
-    query.push_bind(sql::kind_name(kind));
+    query.push_bind(kind.plural().to_string());
     for (label, value) in &selector.labels {
         let path = vec![
             "metadata".to_string(),
@@ -75,7 +75,7 @@ async fn insert(
          VALUES ($1, $2, $3, 1, $4, $5, $6, $7::json)",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .bind(columns.uid)
     .bind(columns.group)
@@ -152,7 +152,7 @@ impl Committer<EditWrite> for EditCommitter {
             .bind(columns.phase)
             .bind(sql::document_text(&document))
             .bind(&key.project)
-            .bind(sql::kind_name(key.kind))
+            .bind(key.kind.plural())
             .bind(&key.name)
             .execute(&mut *tx)
             .await
@@ -181,7 +181,7 @@ async fn read_record<'e>(
     );
     let row = sqlx::query(&query)
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .fetch_optional(executor)
         .await
@@ -368,7 +368,7 @@ pub(super) async fn update(
         .bind(columns.phase)
         .bind(sql::document_text(&document))
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .bind(expected)
         .fetch_optional(&mut *tx)
@@ -381,7 +381,7 @@ pub(super) async fn update(
             "SELECT version FROM resources WHERE project = $1 AND kind = $2 AND name = $3",
         )
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .fetch_optional(&mut *tx)
         .await
@@ -411,7 +411,7 @@ pub(super) async fn delete(store: &PostgresStore, key: &ObjectKey) -> Result<(),
         "DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3 RETURNING uid",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(&mut *tx)
     .await
@@ -470,7 +470,7 @@ pub(super) async fn rewrite_run(
     .bind(columns.phase)
     .bind(sql::document_text(&record.document))
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .execute(&mut *tx)
     .await
@@ -548,7 +548,7 @@ pub(super) async fn rewrite_run(
         let removed =
             sqlx::query("DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3")
                 .bind(&key.project)
-                .bind(sql::kind_name(key.kind))
+                .bind(key.kind.plural())
                 .bind(&key.name)
                 .execute(&mut *tx)
                 .await

@@ -39,7 +39,7 @@ pub(super) async fn post_message(
          FOR UPDATE",
     )
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .fetch_optional(&mut *tx)
     .await
@@ -85,7 +85,7 @@ pub(super) async fn post_message(
     sqlx::query("UPDATE resources SET version = $1 WHERE project = $2 AND kind = $3 AND name = $4")
         .bind(version)
         .bind(&run.project)
-        .bind(sql::kind_name(run.kind))
+        .bind(run.kind.plural())
         .bind(&run.name)
         .execute(&mut *tx)
         .await

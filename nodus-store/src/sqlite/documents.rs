@@ -24,7 +24,7 @@ pub(super) async fn read_record<'e>(
         "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(executor)
     .await
@@ -62,7 +62,7 @@ pub(super) async fn update_one(
         .bind(write.columns.phase.as_deref())
         .bind(&write.text)
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .bind(expected)
         .execute(&mut *conn)
@@ -76,7 +76,7 @@ pub(super) async fn update_one(
         "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(&mut *conn)
     .await
@@ -102,7 +102,7 @@ pub(super) fn push_selection<'a>(
 ) {
     query.push_bind(project);
     query.push(" AND kind = ");
-    query.push_bind(sql::kind_name(kind));
+    query.push_bind(kind.plural().to_string());
     for (label, value) in &selector.labels {
         if let Some(parts) = sql::path_parts(label) {
             let mut path = vec!["metadata", "labels"];
@@ -161,7 +161,7 @@ async fn insert(
          VALUES (?, ?, ?, 1, ?, ?, ?, ?)",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .bind(columns.uid)
     .bind(columns.group)
@@ -367,7 +367,7 @@ pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), E
         "DELETE FROM resources WHERE project = ? AND kind = ? AND name = ? RETURNING uid",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(&mut *tx)
     .await
@@ -424,7 +424,7 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
     .bind(columns.phase)
     .bind(sql::document_text(&record.document))
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .execute(&mut *tx)
     .await
@@ -494,7 +494,7 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
         let removed =
             sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
                 .bind(&key.project)
-                .bind(sql::kind_name(key.kind))
+                .bind(key.kind.plural())
                 .bind(&key.name)
                 .execute(&mut *tx)
                 .await

@@ -38,7 +38,7 @@ pub(super) async fn post_message(
         "SELECT version, uid FROM resources WHERE project = ? AND kind = ? AND name = ?",
     )
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .fetch_optional(&mut *tx)
     .await
@@ -90,7 +90,7 @@ pub(super) async fn post_message(
     sqlx::query("UPDATE resources SET version = ? WHERE project = ? AND kind = ? AND name = ?")
         .bind(version)
         .bind(&run.project)
-        .bind(sql::kind_name(run.kind))
+        .bind(run.kind.plural())
         .bind(&run.name)
         .execute(&mut *tx)
         .await
