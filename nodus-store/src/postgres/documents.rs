@@ -442,7 +442,7 @@ pub(super) async fn rewrite_run(
     store: &PostgresStore,
     rewrite: RunRewrite,
 ) -> Result<Record, Error> {
-    crate::check_rewrite_deletes(&rewrite.delete)?;
+    nodus_core::store::check_rewrite_deletes(&rewrite.delete)?;
     let run = &rewrite.run;
     let mut tx = store.write().await?;
     // Locked: writers of the run (a message, an update) wait for this write.

@@ -396,7 +396,7 @@ pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), E
 }
 
 pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Result<Record, Error> {
-    crate::check_rewrite_deletes(&rewrite.delete)?;
+    nodus_core::store::check_rewrite_deletes(&rewrite.delete)?;
     let run = &rewrite.run;
     let mut conn = store.write_connection().await?;
     let mut tx = conn.begin().await.map_err(map_err)?;
