@@ -447,18 +447,7 @@ pub(super) async fn rewrite_run(
     let mut tx = store.write().await?;
     // Locked: writers of the run (a message, an update) wait for this write.
     let mut record = read_record(&mut *tx, run, " FOR UPDATE").await?;
-    if record.version != rewrite.expected_version {
-        return Err(Error::Conflict {
-            key: run.clone(),
-            expected: rewrite.expected_version,
-            actual: record.version,
-        });
-    }
-    let uid = sql::uid_of(&record.document).map(str::to_string);
-    (rewrite.document)(&mut record.document);
-    let stored = sql::to_i64(record.version)
-        .ok_or_else(|| Error::Corrupt(format!("{run}: version {} too large", record.version)))?;
-    let version = sql::bump(run, stored)?;
+    let (uid, version) = sql::rewrite_document(&rewrite, &mut record)?;
     let columns = sql::Columns::of(&record.document);
     sqlx::query(
         "UPDATE resources SET version = $1, uid = $2, group_name = $3, phase = $4, \
@@ -475,7 +464,6 @@ pub(super) async fn rewrite_run(
     .execute(&mut *tx)
     .await
     .map_err(map_err)?;
-    record.version = sql::to_u64(version, "a version")?;
     tx.announce(&Change::Written(run.clone(), record.version))
         .await?;
     if let Some(uid) = &uid {
@@ -489,21 +477,16 @@ pub(super) async fn rewrite_run(
         for row in steps {
             let step: String = row.try_get(0).map_err(map_err)?;
             let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            let mut step = sql::read_step(uid, &step, completion.as_deref())?;
-            (rewrite.step)(&mut step);
-            let completion = step
-                .completion
-                .as_ref()
-                .map(sql::completion_text)
-                .transpose()?;
+            let (seq, step, completion) =
+                sql::rewrite_step(&rewrite, uid, &step, completion.as_deref())?;
             sqlx::query(
                 "UPDATE steps SET step = $1::json, completion = $2::json \
                  WHERE run_uid = $3 AND seq = $4",
             )
-            .bind(sql::step_text(&step)?)
+            .bind(step)
             .bind(completion)
             .bind(uid)
-            .bind(i64::from(step.seq))
+            .bind(seq)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;

@@ -8,7 +8,7 @@ use nodus_core::resource::Kind;
 use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::SqliteStore;
 use super::inbox::inbox_of;
@@ -204,7 +204,7 @@ pub(super) async fn create_batch(
         _ => None,
     };
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     if let Some((project, key)) = &scope {
         let stored: Option<String> = sqlx::query_scalar(
             "SELECT records FROM batches WHERE project = ? AND idempotency_key = ?",
@@ -248,10 +248,10 @@ pub(super) async fn create_batch(
             .await
             .map_err(map_err)?;
     }
-    tx.commit().await.map_err(map_err)?;
     for record in &records {
-        store.notify(Change::Written(record.key.clone(), 1));
+        tx.announce(Change::Written(record.key.clone(), 1));
     }
+    tx.commit().await?;
     drop(conn);
     Ok(records)
 }
@@ -362,7 +362,7 @@ pub(super) async fn update(
 
 pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), Error> {
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     let uid: Option<Option<String>> = sqlx::query_scalar(
         "DELETE FROM resources WHERE project = ? AND kind = ? AND name = ? RETURNING uid",
     )
@@ -389,8 +389,8 @@ pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), E
                 .map_err(map_err)?;
         }
     }
-    tx.commit().await.map_err(map_err)?;
-    store.notify(Change::Deleted(key.clone()));
+    tx.announce(Change::Deleted(key.clone()));
+    tx.commit().await?;
     drop(conn);
     Ok(())
 }
@@ -399,20 +399,9 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
     nodus_core::store::check_rewrite_deletes(&rewrite.delete)?;
     let run = &rewrite.run;
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     let mut record = read_record(&mut *tx, run).await?;
-    if record.version != rewrite.expected_version {
-        return Err(Error::Conflict {
-            key: run.clone(),
-            expected: rewrite.expected_version,
-            actual: record.version,
-        });
-    }
-    let uid = sql::uid_of(&record.document).map(str::to_string);
-    (rewrite.document)(&mut record.document);
-    let stored = sql::to_i64(record.version)
-        .ok_or_else(|| Error::Corrupt(format!("{run}: version {} too large", record.version)))?;
-    let version = sql::bump(run, stored)?;
+    let (uid, version) = sql::rewrite_document(&rewrite, &mut record)?;
     let columns = sql::Columns::of(&record.document);
     sqlx::query(
         "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
@@ -429,7 +418,7 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
     .execute(&mut *tx)
     .await
     .map_err(map_err)?;
-    record.version = sql::to_u64(version, "a version")?;
+    tx.announce(Change::Written(run.clone(), record.version));
     if let Some(uid) = &uid {
         let steps =
             sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
@@ -440,18 +429,13 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
         for row in steps {
             let step: String = row.try_get(0).map_err(map_err)?;
             let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            let mut step = sql::read_step(uid, &step, completion.as_deref())?;
-            (rewrite.step)(&mut step);
-            let completion = step
-                .completion
-                .as_ref()
-                .map(sql::completion_text)
-                .transpose()?;
+            let (seq, step, completion) =
+                sql::rewrite_step(&rewrite, uid, &step, completion.as_deref())?;
             sqlx::query("UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?")
-                .bind(sql::step_text(&step)?)
+                .bind(step)
                 .bind(completion)
                 .bind(uid)
-                .bind(i64::from(step.seq))
+                .bind(seq)
                 .execute(&mut *tx)
                 .await
                 .map_err(map_err)?;
@@ -489,7 +473,6 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
                 .map_err(map_err)?;
         }
     }
-    let mut deleted = Vec::new();
     for key in &rewrite.delete {
         let removed =
             sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
@@ -500,14 +483,10 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
                 .await
                 .map_err(map_err)?;
         if removed.rows_affected() > 0 {
-            deleted.push(key.clone());
+            tx.announce(Change::Deleted(key.clone()));
         }
     }
-    tx.commit().await.map_err(map_err)?;
-    store.notify(Change::Written(run.clone(), record.version));
-    for key in deleted {
-        store.notify(Change::Deleted(key));
-    }
+    tx.commit().await?;
     drop(conn);
     Ok(record)
 }

@@ -209,6 +209,36 @@ async fn a_sqlite_file_of_another_application_is_refused() {
     );
 }
 
+/// A write transaction announces its changes only when it commits: a batch refused halfway
+/// (its first document inserted, its second a duplicate) announces nothing, and the next
+/// change heard is the next write's.
+#[tokio::test]
+async fn a_refused_transaction_announces_nothing() {
+    let (store, _dir) = fresh().await;
+    let mut changes = store.subscribe();
+    let first = ObjectKey::new("p", Kind::Agent, "a");
+    let document = json!({"metadata": {"name": "a"}});
+    assert_eq!(
+        store
+            .create_batch(
+                vec![
+                    (first.clone(), document.clone()),
+                    (first.clone(), document.clone())
+                ],
+                None
+            )
+            .await,
+        Err(Error::AlreadyExists(first.clone()))
+    );
+    let next = ObjectKey::new("p", Kind::Agent, "b");
+    store.create(&next, document).await.expect("create");
+    assert_eq!(
+        changes.try_recv(),
+        Ok(nodus_core::store::Change::Written(next, 1))
+    );
+    assert_eq!(store.get(&first).await, Err(Error::NotFound(first)));
+}
+
 /// Migration 0003: a credit account written under the kind `projects` (before accounts had
 /// a kind of their own) reads back as the project's account; other `projects` rows stay.
 #[tokio::test]
