@@ -11,6 +11,7 @@ use crate::cost::Prices;
 
 /// A model family the router chooses between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
     /// The smallest and cheapest.

@@ -68,7 +68,7 @@ impl GroupPhase {
         }
     }
 
-    const ALL: [GroupPhase; 5] = [
+    pub(crate) const ALL: [GroupPhase; 5] = [
         GroupPhase::Running,
         GroupPhase::Cancelling,
         GroupPhase::Succeeded,

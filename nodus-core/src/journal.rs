@@ -82,6 +82,7 @@ pub enum Intent {
 
 /// The kind of a step, for listings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum StepKind {
     /// Creating the sandbox.
     SandboxCreation,
@@ -240,6 +241,7 @@ pub struct Step {
 
 /// A step's state, as listings show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum StepState {
     /// Under way.
     Started,

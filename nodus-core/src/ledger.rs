@@ -23,6 +23,7 @@ pub const SYSTEM_PROJECT: &str = "_system";
 
 /// A project's credits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Account {
     /// Credits left (reservations not yet taken off).

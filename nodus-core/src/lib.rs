@@ -81,6 +81,8 @@ pub mod retention;
 pub mod router;
 pub mod runner;
 pub mod sandbox;
+#[cfg(feature = "openapi")]
+pub mod schema;
 pub mod secret;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]

@@ -48,6 +48,7 @@ pub enum FailReason {
 
 /// Why a run was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum CancelReason {
     /// A person cancelled it.
     CancelRequested,
@@ -80,6 +81,7 @@ pub enum RunPhase {
 
 /// How a person resolves a run parked on an uncertain step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum Resolution {
     /// Carry the step out again.

@@ -55,6 +55,7 @@ pub trait PostRunAction: Send + Sync {
 
 /// An action as listed (`GET /apis/nodus.dev/v1/postrunactions`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ActionInfo {
     /// Its kind.

@@ -20,6 +20,7 @@ use crate::resource::{
 
 /// A document breaks a rule: `field: rule (got value)`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, thiserror::Error)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[error("{field}: {rule} (got {value})")]
 pub struct Invalid {
     /// The field's path as written in the document, such as `spec.limits.maxActive`.

@@ -1463,3 +1463,290 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
         );
     }
 }
+
+/// The OpenAPI document and the router agree on methods: each documented operation is routed
+/// (answered without a token: 401, or the public answer), and every other method of a
+/// documented path is answered 405. With the unit test that the document's paths are the
+/// router's, the two describe the same operations.
+#[tokio::test]
+async fn the_openapi_document_lists_exactly_the_methods_each_path_takes() {
+    let api = api().await;
+    let (status, document) = api.call(Method::GET, "/openapi.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let paths = document["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 20, "{}", paths.len());
+    for (template, item) in paths {
+        let path = template
+            .replace("{project}", "p")
+            .replace("{plural}", "agents")
+            .replace("{name}", "n")
+            .replace("{result}", "runRecord");
+        for method in [
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+        ] {
+            let documented = item.get(method.as_str().to_lowercase()).is_some();
+            let (status, body) = api.call(method.clone(), &path, None, None).await;
+            assert_eq!(
+                status == StatusCode::METHOD_NOT_ALLOWED,
+                !documented,
+                "{method} {template}: {status} {body}"
+            );
+        }
+    }
+}
+
+/// Every answer matches the OpenAPI document's schema for it: one object of each kind created,
+/// read and listed, a run's steps, answer and results, credits, projects, tokens, post-run
+/// actions, a deletion and the errors (401, 404, 422 with details), each validated (JSON
+/// Schema 2020-12) against the schema the document gives that operation.
+#[tokio::test]
+async fn every_answer_matches_the_openapi_document() {
+    let api = api().await;
+    let (_, document) = api.call(Method::GET, "/openapi.json", None, None).await;
+    let check = |schema: &str, answer: &Value| {
+        let mut root = document.clone();
+        root["$ref"] = json!(format!("#/components/schemas/{schema}"));
+        let validator = jsonschema::draft202012::new(&root).expect("the document is a schema");
+        let errors: Vec<String> = validator
+            .iter_errors(answer)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{schema}: {errors:?}\n{answer}");
+    };
+    let created = api
+        .ok(
+            Method::POST,
+            BASE,
+            TOKEN,
+            Some(json!({"metadata": {"name": "conform"}})),
+        )
+        .await;
+    check("Project", &created);
+    let p = format!("{BASE}/conform");
+    check(
+        "Account",
+        &api.ok(
+            Method::POST,
+            &format!("{p}/credits"),
+            TOKEN,
+            Some(json!({"addUSD": "5.00"})),
+        )
+        .await,
+    );
+    let head =
+        json!({"apiVersion": "nodus.dev/v1", "metadata": {"name": "c", "labels": {"a": "b"}}});
+    let with = |kind: &str, fields: Value| {
+        let mut document = head.clone();
+        document["kind"] = json!(kind);
+        if let (Some(all), Value::Object(more)) = (document.as_object_mut(), fields) {
+            all.extend(more);
+        }
+        document
+    };
+    for (plural, document) in [
+        (
+            "secrets",
+            with("Secret", json!({"stringData": {"KEY": "value"}})),
+        ),
+        (
+            "budgets",
+            with("Budget", json!({"spec": {"maxSpendUSD": "5.00"}})),
+        ),
+        (
+            "filesets",
+            with(
+                "FileSet",
+                json!({"spec": {"files": [{"path": "a.txt", "content": "a"}, {"path": "b", "contentBase64": "Yg==", "executable": true}]}}),
+            ),
+        ),
+        (
+            "agentenvironments",
+            with(
+                "AgentEnvironment",
+                json!({"spec": {"env": [{"name": "A", "value": "b"}, {"name": "K", "valueFrom": {"secretKeyRef": {"name": "c", "key": "KEY"}}}], "compute": {"cpu": "500m", "memory": "1Gi"}}}),
+            ),
+        ),
+        (
+            "environments",
+            with(
+                "Environment",
+                json!({"spec": {"version": "1.0.0", "splits": {"test": {"tasks": [{"id": "t1", "prompt": "2+2?", "hidden": {"expected": "4"}}]}}, "grader": {"kind": "exact"}}}),
+            ),
+        ),
+        (
+            "agents",
+            with(
+                "Agent",
+                json!({"spec": {"system": "Be brief.", "contextSchema": {"type": "object"}, "environment": "c"}}),
+            ),
+        ),
+        (
+            "agentgroups",
+            with(
+                "AgentGroup",
+                json!({"spec": {"agent": "c", "maxCostUSD": "1.00"}}),
+            ),
+        ),
+        (
+            "agentruns",
+            with(
+                "AgentRun",
+                json!({"spec": {"agent": "c", "input": "hi", "keepAlive": true, "timeout": "10m", "workdir": {"baseWorkdir": "c"}}}),
+            ),
+        ),
+    ] {
+        let created = api
+            .ok(
+                Method::POST,
+                &format!("{p}/{plural}"),
+                TOKEN,
+                Some(document),
+            )
+            .await;
+        check("Resource", &created);
+        let name = created["metadata"]["name"]
+            .as_str()
+            .expect("a name")
+            .to_string();
+        let name = if plural == "environments" {
+            format!("{name}@1.0.0")
+        } else {
+            name
+        };
+        check(
+            "Resource",
+            &api.ok(Method::GET, &format!("{p}/{plural}/{name}"), TOKEN, None)
+                .await,
+        );
+        check(
+            "ResourceList",
+            &api.ok(Method::GET, &format!("{p}/{plural}"), TOKEN, None)
+                .await,
+        );
+    }
+    let batch = json!({"kind": "AgentRunList", "items": [with("AgentRun", json!({"metadata": {"name": "b1"}, "spec": {"agent": "c", "input": "hi"}}))]});
+    check(
+        "ResourceList",
+        &api.ok(Method::POST, &format!("{p}/agentruns"), TOKEN, Some(batch))
+            .await,
+    );
+    let run = format!("{p}/agentruns/c");
+    check(
+        "StepList",
+        &api.ok(
+            Method::GET,
+            &format!("{run}/steps?payload=true"),
+            TOKEN,
+            None,
+        )
+        .await,
+    );
+    check(
+        "Answer",
+        &api.ok(Method::GET, &format!("{run}/answer"), TOKEN, None)
+            .await,
+    );
+    check(
+        "RunResultList",
+        &api.ok(Method::GET, &format!("{run}/results"), TOKEN, None)
+            .await,
+    );
+    check(
+        "AgentRun",
+        &api.ok(Method::POST, &format!("{run}/cancel"), TOKEN, None)
+            .await,
+    );
+    check(
+        "RunResultList",
+        &api.ok(Method::GET, &format!("{run}/results"), TOKEN, None)
+            .await,
+    );
+    check(
+        "StepList",
+        &api.ok(
+            Method::GET,
+            &format!("{run}/steps?payload=true"),
+            TOKEN,
+            None,
+        )
+        .await,
+    );
+    check(
+        "AgentGroup",
+        &api.ok(
+            Method::POST,
+            &format!("{p}/agentgroups/c/cancel"),
+            TOKEN,
+            None,
+        )
+        .await,
+    );
+    check(
+        "Account",
+        &api.ok(Method::GET, &format!("{p}/credits"), TOKEN, None)
+            .await,
+    );
+    let token = api
+        .ok(
+            Method::POST,
+            &format!("{p}/tokens"),
+            TOKEN,
+            Some(
+                json!({"metadata": {"name": "reader"}, "spec": {"role": "read", "expires": "30d"}}),
+            ),
+        )
+        .await;
+    check("Token", &token);
+    check(
+        "TokenList",
+        &api.ok(Method::GET, &format!("{p}/tokens"), TOKEN, None)
+            .await,
+    );
+    check("ProjectList", &api.ok(Method::GET, BASE, TOKEN, None).await);
+    check(
+        "PostRunActionList",
+        &api.ok(
+            Method::GET,
+            "/apis/nodus.dev/v1/postrunactions",
+            TOKEN,
+            None,
+        )
+        .await,
+    );
+    check(
+        "Deleted",
+        &api.ok(Method::DELETE, &format!("{p}/budgets/c"), TOKEN, None)
+            .await,
+    );
+    for (path, body, expected) in [
+        (format!("{p}/agents/none"), None, StatusCode::NOT_FOUND),
+        (
+            format!("{p}/agents"),
+            Some(json!({"kind": "Agent"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            format!("{p}/credits"),
+            Some(json!({"addUSD": "x"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ] {
+        let method = if body.is_some() {
+            Method::POST
+        } else {
+            Method::GET
+        };
+        let (status, answer) = api.call(method, &path, Some(TOKEN), body).await;
+        assert_eq!(status, expected, "{path}: {answer}");
+        check("Status", &answer);
+    }
+    let (status, answer) = api
+        .call(Method::GET, &format!("{p}/agents"), None, None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    check("Status", &answer);
+}

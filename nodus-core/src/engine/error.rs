@@ -114,6 +114,7 @@ impl Error {
 /// The stable, machine-readable reason of a refusal, as the API writes it (`"reason":
 /// "Conflict"`) and clients read it back. Decisions are made on it, never on a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum Reason {
     /// The request breaks a rule; nothing was written.
     Invalid,

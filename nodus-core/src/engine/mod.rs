@@ -197,6 +197,7 @@ impl Default for Config {
 
 /// A step as listings show it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct StepView {
     /// Position in the journal.
@@ -206,9 +207,14 @@ pub struct StepView {
     /// Its state.
     pub state: StepState,
     /// When it started.
+    #[cfg_attr(feature = "openapi", schemars(with = "crate::schema::DateTime"))]
     pub started_at: Timestamp,
     /// When it finished.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schemars(with = "Option<crate::schema::DateTime>")
+    )]
     pub finished_at: Option<Timestamp>,
     /// One line about it.
     pub summary: String,

@@ -32,6 +32,7 @@ pub const RESULT_NAMES: [&str; 5] = [
 
 /// One result of a run, as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunResultInfo {
     /// Its name (`outputWorkdir`).

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 /// Where a case stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum CaseState {
     /// Its run has not finished, or its grading has not.
     Pending,
@@ -30,6 +31,7 @@ pub enum CaseState {
 
 /// Why a case ended without a score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum UnscoredReason {
     /// The run failed.
     RunFailed,
@@ -59,6 +61,7 @@ impl UnscoredReason {
 
 /// A scored case's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum Verdict {
     /// Passed.
@@ -216,6 +219,7 @@ impl CaseRecord {
 
 /// One case's result as the API and the CLI show it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CaseResult {
     /// The task's id.

@@ -28,6 +28,7 @@ pub const Z95: f64 = 1.959_963_984_540_054;
 
 /// `status.evaluation` of an evaluation group.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EvaluationStatus {
     /// Cases in the batch (tasks × repetitions).
@@ -57,6 +58,7 @@ pub struct EvaluationStatus {
 
 /// A range of fractions.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct Range {
     /// The lower end.
     pub low: f64,

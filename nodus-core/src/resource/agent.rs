@@ -8,6 +8,7 @@ use crate::money::Usd;
 
 /// `spec` of an Agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentSpec {
     /// The system prompt.
@@ -81,6 +82,7 @@ impl AgentSpec {
 
 /// `spec.model`: whose Claude the agent uses.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelAccess {
     /// `Nodus` (billed from credits, routed) or `BYOK` (the user's own key).
@@ -99,6 +101,7 @@ pub struct ModelAccess {
 
 /// Whose account pays for the model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum Access {
     /// Nodus's Claude: routed per prompt, billed from the project's credits.
     #[default]
@@ -110,6 +113,7 @@ pub enum Access {
 
 /// Whether an agent accepts new runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum AgentState {
     /// Accepts runs.
     #[default]
@@ -120,5 +124,6 @@ pub enum AgentState {
 
 /// `status` of an Agent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {}

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 /// `spec` of an AgentEnvironment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentEnvironmentSpec {
     /// Environment variables of every command of the run.
@@ -20,6 +21,7 @@ pub struct AgentEnvironmentSpec {
 
 /// One environment variable: a plain `value`, or `valueFrom` a Secret's key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvVar {
     /// The variable's name (letters, digits and `_`, not starting with a digit).
@@ -34,6 +36,7 @@ pub struct EnvVar {
 
 /// `valueFrom` of an environment variable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvVarSource {
     /// A key of a Secret of the run's project.
@@ -42,6 +45,7 @@ pub struct EnvVarSource {
 
 /// A key of a Secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretKeyRef {
     /// The Secret's name.
@@ -52,6 +56,7 @@ pub struct SecretKeyRef {
 
 /// `spec.compute`: the keys Kubernetes uses; any other key is refused.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Compute {
     /// CPUs: `"2"`, `"0.5"` or `"500m"` (thousandths).
@@ -71,6 +76,7 @@ pub struct Compute {
 
 /// A Kubernetes quantity as written (a string, or a number written without quotes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(transparent)]
 pub struct Quantity(pub String);
 
@@ -152,6 +158,7 @@ fn digits(text: &str) -> Option<&str> {
 
 /// `status` of an AgentEnvironment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentEnvironmentStatus {}
 

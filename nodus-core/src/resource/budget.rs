@@ -6,6 +6,7 @@ use crate::money::Usd;
 
 /// `spec` of a Budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BudgetSpec {
     /// The most the project may spend in all.
@@ -15,4 +16,5 @@ pub struct BudgetSpec {
 
 /// A Budget has no status of its own.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct BudgetStatus {}

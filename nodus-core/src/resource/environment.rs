@@ -9,6 +9,7 @@ use super::DurationSpec;
 
 /// `spec` of an Environment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvironmentSpec {
     /// Semantic version (`1.0.0`); with the name, the key of the Environment.
@@ -25,6 +26,7 @@ pub struct EnvironmentSpec {
 
 /// One split: a list of tasks, or (built-in Environments only) a seeded generator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SplitSpec {
     /// The tasks.
@@ -37,6 +39,7 @@ pub struct SplitSpec {
 
 /// One task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TaskSpec {
     /// Unique in its split.
@@ -53,6 +56,7 @@ pub struct TaskSpec {
 
 /// A FileSet of the Environment's project.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FilesRef {
     /// The FileSet's name.
@@ -61,6 +65,7 @@ pub struct FilesRef {
 
 /// A seeded generator of tasks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GeneratorSpec {
     /// Which generator: `arithmetic`.
@@ -69,6 +74,7 @@ pub struct GeneratorSpec {
 
 /// The kinds of grader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum GraderKind {
     /// The trimmed answer equals `hidden.expected`.
@@ -83,6 +89,7 @@ pub enum GraderKind {
 
 /// `spec.grader`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GraderSpec {
     /// Which grader.
@@ -103,5 +110,6 @@ pub struct GraderSpec {
 
 /// `status` of an Environment (none yet: it is data).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EnvironmentStatus {}

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// `spec` of a FileSet: its files, each at a relative path.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileSetSpec {
     /// The files, in the order they are staged.
@@ -15,6 +16,7 @@ pub struct FileSetSpec {
 
 /// One stored file: UTF-8 text in `content`, or any bytes in `contentBase64`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileEntry {
     /// Where it goes, relative to the working directory (`app/main.py`).
@@ -74,4 +76,5 @@ fn components(path: &str) -> Vec<&str> {
 
 /// A FileSet has no status of its own.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct FileSetStatus {}

@@ -10,6 +10,7 @@ use crate::money::Usd;
 
 /// `spec` of an AgentGroup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentGroupSpec {
     /// The agent every run of the group uses.
@@ -34,6 +35,7 @@ pub struct AgentGroupSpec {
 
 /// `spec.limits`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GroupLimits {
     /// Runs that may be started and unfinished at once (1–1000).
@@ -71,6 +73,7 @@ impl Default for GroupLimits {
 
 /// `spec.evaluation`: a versioned task set the group runs and grades.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EvaluationSpec {
     /// `project/name@version` of the Environment.
@@ -99,6 +102,7 @@ impl EvaluationSpec {
 
 /// `status` of an AgentGroup.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentGroupStatus {
     /// `phase` and `reason`.
@@ -120,6 +124,7 @@ pub struct AgentGroupStatus {
 
 /// `status.counts`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GroupCounts {
     /// Not started yet.
@@ -141,6 +146,7 @@ pub struct GroupCounts {
 
 /// Why a queued run has not started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum BlockedReason {
     /// A dependency has not succeeded yet.
     DependencyWait,

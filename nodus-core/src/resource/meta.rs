@@ -11,6 +11,7 @@ pub const API_VERSION: &str = "nodus.dev/v1";
 
 /// The kinds of resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub enum Kind {
     /// A definition: system prompt, model access, cost cap.
     Agent,
@@ -214,6 +215,7 @@ impl fmt::Display for Kind {
 
 /// `metadata`: the user's name and labels, and the fields the store assigns.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ObjectMeta {
     /// A DNS-1123 label; optional only for group tasks, whose name is `<group>-<taskKey>`.
@@ -236,6 +238,10 @@ pub struct ObjectMeta {
     pub resource_version: Option<String>,
     /// When the object was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schemars(with = "Option<crate::schema::DateTime>")
+    )]
     pub creation_timestamp: Option<Timestamp>,
 }
 

@@ -10,6 +10,7 @@ use crate::money::Usd;
 
 /// `spec` of an AgentRun.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentRunSpec {
     /// The agent's name, or `project/name` for a shared template such as
@@ -33,6 +34,10 @@ pub struct AgentRunSpec {
     pub keep_alive: bool,
     /// When the run fails with `DeadlineExceeded`, waiting included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schemars(with = "Option<crate::schema::DateTime>")
+    )]
     pub deadline: Option<Timestamp>,
     /// Per-run parameters; must match the agent's `contextSchema`. The key `nodus` is reserved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +87,7 @@ impl AgentRunSpec {
 
 /// `spec.workdir`: files staged before the first command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkdirSpec {
     /// A FileSet reference copied in as the starting tree.
@@ -94,6 +100,7 @@ pub struct WorkdirSpec {
 
 /// One file mounted into the working directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ArtifactMount {
     /// `fileset#path` of the file.
@@ -105,6 +112,7 @@ pub struct ArtifactMount {
 
 /// `spec.postRunAction`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PostRunAction {
     /// The action's kind, such as `agents.noop`.
@@ -116,6 +124,7 @@ pub struct PostRunAction {
 
 /// `status` of an AgentRun.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentRunStatus {
     /// `phase` and `reason`.
@@ -148,18 +157,31 @@ pub struct AgentRunStatus {
     pub close_requested: bool,
     /// When the run started working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schemars(with = "Option<crate::schema::DateTime>")
+    )]
     pub start_time: Option<Timestamp>,
     /// When the run finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schemars(with = "Option<crate::schema::DateTime>")
+    )]
     pub completion_time: Option<Timestamp>,
     /// When the retention sweep removed the run's recorded payloads (input, messages, step
     /// results), 30 days after it finished; set by the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schemars(with = "Option<crate::schema::DateTime>")
+    )]
     pub payloads_removed_at: Option<Timestamp>,
 }
 
 /// One prompt of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TurnStatus {
     /// The model that answered the whole turn.
@@ -186,6 +208,7 @@ pub struct TurnStatus {
 
 /// How a turn's model was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ChosenBy {
     /// The router picked it.
@@ -209,6 +232,7 @@ impl ChosenBy {
 
 /// `status.answer`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AnswerStatus {
     /// The first 4 KiB (cut at a character boundary).
@@ -219,6 +243,7 @@ pub struct AnswerStatus {
 
 /// `status.cost`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct CostStatus {
     /// Model and routing spend so far.
     #[serde(rename = "totalUSD")]
@@ -230,6 +255,7 @@ pub struct CostStatus {
 
 /// `status.sandbox`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxStatus {
     /// The backend's id for the sandbox.
@@ -240,6 +266,7 @@ pub struct SandboxStatus {
 
 /// What a run copied when it was created; later edits change only new runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunSnapshot {
     /// The agent's `project/name`; absent for an agent written inline.
@@ -264,6 +291,7 @@ pub struct RunSnapshot {
 /// The working directory a run resolved when it was created; the archive itself is kept
 /// beside the run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkdirSnapshot {
     /// SHA-256 (hex) of the staged tar archive.
@@ -277,6 +305,7 @@ pub struct WorkdirSnapshot {
 
 /// A FileSet a run's working directory was read from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FileSetVersion {
     /// The FileSet's name.
@@ -287,6 +316,7 @@ pub struct FileSetVersion {
 
 /// The AgentEnvironment a run resolved when it was created.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EnvironmentSnapshot {
     /// The stored environment's `project/name`; absent when it was written inline.
@@ -304,6 +334,7 @@ pub struct EnvironmentSnapshot {
 
 /// A Secret a run reads, by name and version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SecretVersion {
     /// The Secret's name in the run's project.

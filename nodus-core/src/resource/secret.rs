@@ -48,6 +48,7 @@ impl Secret {
 /// The document of a Secret: what the store holds (with `sealedData`) and what reading shows
 /// (without).
 #[derive(Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct SecretDocument {
     pub api_version: String,

@@ -24,9 +24,11 @@ pub async fn get(
     Ok(reply(StatusCode::OK, state.ledger.account(&project).await?))
 }
 
-#[derive(Deserialize)]
+/// Credits to add.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct AddCredits {
+pub(crate) struct AddCredits {
+    /// The amount to add to the balance.
     #[serde(rename = "addUSD")]
     add_usd: Usd,
 }

@@ -2,9 +2,9 @@
 //! `/openapi.json`. Handlers authenticate, parse, call the engine, and answer JSON; every
 //! error goes through [`ApiError`](crate::error::ApiError).
 
-mod credits;
+pub(crate) mod credits;
 mod resources;
-mod runs;
+pub(crate) mod runs;
 mod selectors;
 mod tokens;
 
@@ -15,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use nodus_core::engine::Reason;
 use serde_json::Value;
 
@@ -30,47 +30,64 @@ pub const PROJECTS: &str = "/apis/nodus.dev/v1/projects";
 /// The largest request body: a batch of 100 runs with large inputs.
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
-/// The whole API.
-pub fn router(state: Arc<AppState>) -> Router {
-    let resources = Router::new()
-        .route("/credits", get(credits::get).post(credits::add))
-        .route(
-            "/tokens",
+/// Every route of the API: its path and the handler of each method it takes. The OpenAPI
+/// document ([`crate::openapi::document`]) describes exactly these paths and methods (a test
+/// holds the two together).
+pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
+    let at = |path: &str| format!("{PREFIX}{path}");
+    vec![
+        ("/healthz".into(), get(healthz)),
+        ("/metrics".into(), get(metrics)),
+        ("/openapi.json".into(), get(openapi)),
+        (
+            "/apis/nodus.dev/v1/postrunactions".into(),
+            get(post_run_actions),
+        ),
+        (
+            PROJECTS.into(),
+            get(tokens::list_projects).post(tokens::create_project),
+        ),
+        (at("/credits"), get(credits::get).post(credits::add)),
+        (
+            at("/tokens"),
             get(tokens::list_tokens).post(tokens::create_token),
-        )
-        .route(
-            "/tokens/{name}",
+        ),
+        (
+            at("/tokens/{name}"),
             get(tokens::get_token).delete(tokens::delete_token),
-        )
-        .route("/{plural}", get(resources::list).post(resources::create))
-        .route(
-            "/{plural}/{name}",
+        ),
+        (
+            at("/{plural}"),
+            get(resources::list).post(resources::create),
+        ),
+        (
+            at("/{plural}/{name}"),
             get(resources::get)
                 .put(resources::replace)
                 .patch(resources::patch)
                 .delete(resources::delete),
-        )
-        .route("/agentruns/{name}/messages", post(runs::send_message))
-        .route("/agentruns/{name}/steps", get(runs::steps))
-        .route("/agentruns/{name}/answer", get(runs::answer))
-        .route("/agentruns/{name}/workdir", get(runs::workdir))
-        .route("/agentruns/{name}/results", get(runs::results))
-        .route("/agentruns/{name}/results/{result}", get(runs::result))
-        .route("/agentruns/{name}/cancel", post(runs::cancel))
-        .route("/agentruns/{name}/close", post(runs::close))
-        .route("/agentruns/{name}/resolve", post(runs::resolve))
-        .route("/agentgroups/{name}/cancel", post(runs::cancel_group))
-        .route("/agentgroups/{name}/results", get(runs::group_results));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .route("/apis/nodus.dev/v1/postrunactions", get(post_run_actions))
-        .route(
-            PROJECTS,
-            get(tokens::list_projects).post(tokens::create_project),
-        )
-        .nest(PREFIX, resources)
+        ),
+        (at("/agentruns/{name}/messages"), post(runs::send_message)),
+        (at("/agentruns/{name}/steps"), get(runs::steps)),
+        (at("/agentruns/{name}/answer"), get(runs::answer)),
+        (at("/agentruns/{name}/workdir"), get(runs::workdir)),
+        (at("/agentruns/{name}/results"), get(runs::results)),
+        (at("/agentruns/{name}/results/{result}"), get(runs::result)),
+        (at("/agentruns/{name}/cancel"), post(runs::cancel)),
+        (at("/agentruns/{name}/close"), post(runs::close)),
+        (at("/agentruns/{name}/resolve"), post(runs::resolve)),
+        (at("/agentgroups/{name}/cancel"), post(runs::cancel_group)),
+        (at("/agentgroups/{name}/results"), get(runs::group_results)),
+    ]
+}
+
+/// The whole API.
+pub fn router(state: Arc<AppState>) -> Router {
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, methods)| {
+            router.route(&path, methods)
+        })
         .fallback(not_found)
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(

@@ -17,10 +17,13 @@ use super::{caller, json_body, reply};
 use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
 
-#[derive(Deserialize)]
+/// A message to a keepAlive run.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct MessageBody {
+pub(crate) struct MessageBody {
+    /// The message.
     payload: String,
+    /// Delivers the message once: a second message with this key answers the first's `seq`.
     #[serde(default)]
     message_key: Option<String>,
 }
@@ -226,9 +229,11 @@ pub async fn close(
     Ok(reply(StatusCode::OK, run))
 }
 
-#[derive(Deserialize)]
+/// How to resolve a run's uncertain step.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ResolveBody {
+pub(crate) struct ResolveBody {
+    /// Run the step again, record it as failed, or cancel the run.
     action: Resolution,
 }
 
