@@ -226,6 +226,11 @@ pub struct ServerArgs {
     /// nobody, can reach).
     #[arg(long)]
     pub sandbox_dir: Option<PathBuf>,
+    /// Internal hosts, addresses and CIDRs the webhook post-run action may reach, separated
+    /// by commas (127.0.0.1,10.0.0.0/8,hooks.internal); by default it refuses loopback,
+    /// private, link-local and cloud metadata addresses.
+    #[arg(long, env = "NODUS_WEBHOOK_ALLOW")]
+    pub webhook_allow: Option<String>,
 }
 
 /// `nodus quickstart`.

@@ -110,6 +110,12 @@ pub fn scalar_text(value: &Value) -> String {
 
 /// The length of `{…}` at the start of `text` (the index of its `}`), skipping quoted parts.
 fn closing_brace(text: &str) -> Option<usize> {
+    closing(text, '}')
+}
+
+/// The index of the `close` that ends the group opened by the first character of `text`,
+/// skipping quoted parts (a `}` or `]` in a quoted key does not end it).
+fn closing(text: &str, close: char) -> Option<usize> {
     let mut quote: Option<char> = None;
     let mut escaped = false;
     for (index, c) in text.char_indices().skip(1) {
@@ -125,7 +131,7 @@ fn closing_brace(text: &str) -> Option<usize> {
             }
             None => match c {
                 '"' | '\'' => quote = Some(c),
-                '}' => return Some(index),
+                c if c == close => return Some(index),
                 _ => {}
             },
         }
@@ -196,10 +202,9 @@ impl Path {
                     steps.push(Step::Field(chars[start..i].iter().collect()));
                 }
                 '[' => {
-                    let close = chars[i..]
-                        .iter()
-                        .position(|&c| c == ']')
-                        .map(|p| p + i)
+                    let rest: String = chars[i..].iter().collect();
+                    let close = closing(&rest, ']')
+                        .map(|at| i + rest[..at].chars().count())
                         .ok_or_else(|| format!("unclosed [ in {text:?}"))?;
                     let inner: String = chars[i + 1..close].iter().collect();
                     steps.push(bracket(inner.trim(), text)?);
@@ -272,13 +277,21 @@ impl Path {
         self.0.first() == Some(&Step::Field("status".to_string()))
     }
 
-    /// The path as written in templates, `{.status.phase}`.
+    /// The path as written in templates, `{.status.phase}`; a name that would not read back
+    /// after a dot (empty, or with a dot, bracket, brace, quote, backslash, `*` or blank) is
+    /// quoted, `['app.kubernetes.io/name']`, so that the text parses back to this path.
     pub fn display(&self) -> String {
         let mut out = String::from("{");
         for step in &self.0 {
             match step {
-                Step::Field(name) if name.contains('.') => {
-                    let _ = write!(out, "['{name}']");
+                Step::Field(name)
+                    if name.is_empty()
+                        || name.chars().any(|c| {
+                            ".[]{}'\"\\*".contains(c) || c.is_whitespace() || c.is_control()
+                        }) =>
+                {
+                    let quoted = name.replace('\\', "\\\\").replace('\'', "\\'");
+                    let _ = write!(out, "['{quoted}']");
                 }
                 Step::Field(name) => {
                     let _ = write!(out, ".{name}");
@@ -389,6 +402,40 @@ mod tests {
     }
 
     #[test]
+    fn displayed_paths_with_any_key_parse_back() {
+        // Found by fuzz_a_displayed_path_parses_back_to_itself: a key with a quote, bracket
+        // or brace was shown in a form that did not parse (`{.'}`, `['a]b']` cut at the first
+        // `]`), in the messages of `wait --for`.
+        for name in [
+            "'",
+            "a]b",
+            "x}y",
+            "it's",
+            "back\\slash",
+            "",
+            " a",
+            "*",
+            "a.b",
+            "[0]",
+        ] {
+            let path = Path(vec![
+                Step::Field("metadata".into()),
+                Step::Field(name.into()),
+            ]);
+            let shown = path.display();
+            let inner = &shown[1..shown.len() - 1];
+            assert_eq!(Path::parse(inner).as_ref(), Ok(&path), "{shown}");
+            let value = json!({"metadata": {name: "found"}});
+            let template = Template::parse(&shown).unwrap_or_else(|e| panic!("{shown}: {e}"));
+            assert_eq!(template.render(&value), "found", "{shown}");
+        }
+        assert_eq!(
+            Path::parse("['a]b'].c").expect("a quoted ]"),
+            Path(vec![Step::Field("a]b".into()), Step::Field("c".into())])
+        );
+    }
+
+    #[test]
     fn paths_report_text_and_whether_they_read_status() {
         let path = Path::parse(".status.phase").expect("valid");
         assert!(path.reads_status());
@@ -399,5 +446,113 @@ mod tests {
         );
         assert_eq!(path.text(&json!({"status": {}})), None);
         assert!(!Path::parse(".metadata.name").expect("valid").reads_status());
+    }
+}
+
+/// Property-based fuzzing of `-o jsonpath=` templates: any text parses or says why, never
+/// panics; a parsed template renders any value; a path written as templates show it parses
+/// back to itself.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::*;
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "\\PC{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 40, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+                prop::collection::btree_map("[a-c.'\\]\\[ ]{0,3}|items|metadata|name", inner, 0..5)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Templates made of the pieces templates are made of, in any order.
+    fn template_text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("{".to_string()),
+            Just("}".to_string()),
+            Just("{.".to_string()),
+            Just("{range ".to_string()),
+            Just("{end}".to_string()),
+            Just("[*]".to_string()),
+            Just("[".to_string()),
+            Just("]".to_string()),
+            Just("'".to_string()),
+            Just("\"".to_string()),
+            Just("\\".to_string()),
+            Just("..".to_string()),
+            Just("$".to_string()),
+            Just("@".to_string()),
+            Just("?(".to_string()),
+            Just(":".to_string()),
+            Just(".items".to_string()),
+            Just(".metadata.name".to_string()),
+            any::<i64>().prop_map(|i| format!("[{i}]")),
+            "\\PC{0,6}",
+        ];
+        prop::collection::vec(piece, 0..16).prop_map(|pieces| pieces.concat())
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => prop_oneof!["[a-z]{1,6}", "\\PC{0,8}", "[a-c.'\"\\]\\[{}\\\\ *$@?:-]{0,6}"].prop_map(Step::Field),
+            1 => any::<i64>().prop_map(Step::Index),
+            1 => Just(Step::Wildcard),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn fuzz_any_template_parses_or_says_why(
+            text in prop_oneof![template_text(), "\\PC{0,40}", ".{0,40}"],
+            value in any_json(),
+        ) {
+            match Template::parse(&text) {
+                Ok(template) => {
+                    let _ = template.render(&value);
+                }
+                Err(error) => prop_assert!(!error.is_empty()),
+            }
+            if let Ok(path) = Path::parse(&text) {
+                let _ = path.text(&value);
+                let _ = path.eval_items(&value);
+            }
+        }
+
+        #[test]
+        fn fuzz_a_displayed_path_parses_back_to_itself(
+            steps in prop::collection::vec(step(), 0..6),
+            value in any_json(),
+        ) {
+            let path = Path(steps);
+            let shown = path.display();
+            let inner = shown
+                .strip_prefix('{')
+                .and_then(|s| s.strip_suffix('}'))
+                .expect("braces");
+            let parsed = Path::parse(inner)
+                .map_err(|e| TestCaseError::fail(format!("{shown} does not parse: {e}")))?;
+            prop_assert_eq!(&parsed, &path, "{}", shown);
+            let template = Template::parse(&shown)
+                .map_err(|e| TestCaseError::fail(format!("{shown} is not a template: {e}")))?;
+            prop_assert_eq!(
+                template.render(&value),
+                path.text(&value).unwrap_or_default(),
+                "{}",
+                shown
+            );
+        }
     }
 }

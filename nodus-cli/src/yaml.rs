@@ -13,10 +13,22 @@ pub fn parse_documents(text: &str, source: &str) -> Result<Vec<Value>> {
     Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
 }
 
-/// A value as a YAML document (ending with a newline).
+/// A value as a YAML document (ending with a newline). When the YAML writer's text would not
+/// read back as the same value (it writes the string "\n" as a block that reads as ""), the
+/// value is written as JSON, which is YAML too, so that what `-o yaml` prints applies back
+/// unchanged.
 pub fn to_yaml(value: &Value) -> Result<String> {
     let mut text = serde_saphyr::to_string(value)
         .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+    let reads_back = serde_saphyr::from_multiple::<Value>(&text).is_ok_and(|back| {
+        back.into_iter()
+            .filter(|d| !d.is_null())
+            .eq(Some(value.clone()).filter(|v| !v.is_null()))
+    });
+    if !reads_back {
+        text = serde_json::to_string_pretty(value)
+            .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+    }
     if !text.ends_with('\n') {
         text.push('\n');
     }
@@ -70,6 +82,17 @@ spec:
     }
 
     #[test]
+    fn a_lone_newline_is_written_so_that_it_reads_back() {
+        // Found by fuzz_values_written_as_yaml_read_back_the_same: ["\n"] was written as a
+        // literal block that reads back as [""].
+        for value in [json!(["\n"]), json!({"system": "\n"}), json!("\n")] {
+            let text = to_yaml(&value).expect("written");
+            let back = parse_documents(&text, "out.yaml").expect("read back");
+            assert_eq!(back, vec![value.clone()], "{text}");
+        }
+    }
+
+    #[test]
     fn json_files_read_as_yaml() {
         let documents = parse_documents(r#"{"kind": "Agent", "spec": {"n": [1, 2]}}"#, "a.json")
             .expect("JSON is YAML");
@@ -113,5 +136,133 @@ spec:
         );
         let back = parse_documents(&text, "out").expect("reads back");
         assert_eq!(back, vec![value]);
+    }
+}
+
+/// Property-based fuzzing of YAML at the edges: any text reads as documents or says why,
+/// never panics; any JSON value written with `-o yaml` reads back as the same value (what
+/// `get -o yaml` prints, `apply -f` takes back unchanged).
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Strings YAML could read as something else when written plainly.
+    fn scalar_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "",
+                " ",
+                "0.50",
+                "1e3",
+                "0x1f",
+                "0o17",
+                "+1",
+                "-0",
+                ".5",
+                "1_000",
+                "yes",
+                "no",
+                "on",
+                "off",
+                "y",
+                "n",
+                "true",
+                "False",
+                "null",
+                "Null",
+                "~",
+                ".inf",
+                "-.inf",
+                ".nan",
+                "2026-12-01",
+                "12:30",
+                "- a",
+                "a: b",
+                "#x",
+                "x #y",
+                "&a",
+                "*a",
+                "!t",
+                "|",
+                ">",
+                "'",
+                "\"",
+                "%",
+                "@",
+                "`",
+                "---",
+                "...",
+                "{a}",
+                "[a]",
+                "?",
+                ": ",
+                "\t",
+                "a\nb",
+                "a\n",
+                "\n",
+                " a ",
+                "\u{feff}x",
+                "\u{85}",
+                "\u{2028}",
+                "é",
+            ])
+            .prop_map(str::to_string),
+            "\\PC{0,12}",
+            ".{0,12}",
+        ]
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            scalar_text().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 40, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+                prop::collection::btree_map(scalar_text(), inner, 0..5)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn fuzz_any_text_reads_as_documents_or_says_why(
+            text in prop_oneof![
+                "\\PC{0,80}",
+                ".{0,80}",
+                prop::collection::vec(
+                    prop_oneof![
+                        Just("---\n".to_string()), Just("- ".to_string()), Just(": ".to_string()),
+                        Just("\n  ".to_string()), Just("&a ".to_string()), Just("*a".to_string()),
+                        Just("<<: *a\n".to_string()), Just("{".to_string()), Just("[".to_string()),
+                        Just("!!binary ".to_string()), Just("? ".to_string()), Just("|\n".to_string()),
+                        scalar_text(),
+                    ],
+                    0..20,
+                ).prop_map(|p| p.concat()),
+            ],
+        ) {
+            if let Err(error) = parse_documents(&text, "fuzz.yaml") {
+                prop_assert!(error.to_string().starts_with("fuzz.yaml:"), "{}", error);
+            }
+        }
+
+        #[test]
+        fn fuzz_values_written_as_yaml_read_back_the_same(value in any_json()) {
+            let text = to_yaml(&value)
+                .map_err(|e| TestCaseError::fail(format!("{value} cannot be written: {e}")))?;
+            let back = parse_documents(&text, "out.yaml")
+                .map_err(|e| TestCaseError::fail(format!("{value} as\n{text}does not read back: {e}")))?;
+            let expected: Vec<Value> = if value.is_null() { vec![] } else { vec![value.clone()] };
+            prop_assert_eq!(back, expected, "written as\n{}", text);
+        }
     }
 }

@@ -337,3 +337,28 @@ fn preview(text: &str, max: usize) -> String {
         line
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_in_a_step_read_back_bit_for_bit() {
+        // Found by nodus-store's fuzz_steps_read_back_from_their_stored_text: without
+        // serde_json's float_roundtrip, these came back one unit in the last place off.
+        for number in [2.489_259_630_156_781e-121, -7.782_073_234_162_849e187] {
+            let step = Step {
+                seq: 0,
+                started_at: Timestamp::UNIX_EPOCH,
+                intent: Intent::PostRunAction {
+                    action: "agents.noop".to_string(),
+                    config: serde_json::json!({ "x": number }),
+                },
+                completion: None,
+            };
+            let text = serde_json::to_string(&step).expect("encode");
+            let back: Step = serde_json::from_str(&text).expect("decode");
+            assert_eq!(back, step, "{text}");
+        }
+    }
+}

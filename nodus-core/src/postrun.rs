@@ -13,6 +13,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::resource::PostRunAction as PostRunActionSpec;
+use crate::resource::SecretKeyRef;
+use crate::secret::PinnedSecrets;
 use crate::validate::Invalid;
 
 /// The kind that does nothing: the default of an agent that declares no actions.
@@ -30,6 +32,9 @@ pub struct ActionContext {
     pub config: Value,
     /// The run record (the `runRecord` result).
     pub run_record: Value,
+    /// The values of the Secret keys its config refers to ([`PostRunAction::secret_refs`]),
+    /// as they were when the run was created.
+    pub secrets: PinnedSecrets,
 }
 
 /// What an action saves among the run's results, by name.
@@ -48,6 +53,14 @@ pub trait PostRunAction: Send + Sync {
     fn config_schema(&self) -> Value;
     /// Why `config` is not one this action takes, naming the field under `config`, or `Ok`.
     fn check_config(&self, config: &Value) -> Result<(), Invalid>;
+    /// The Secret keys a checked `config` refers to, each with the field under `config` that
+    /// names it: their values are read when the run is created (a missing one fails the
+    /// request), kept sealed beside the run and given to [`PostRunAction::run`] in
+    /// [`ActionContext::secrets`]. None by default.
+    fn secret_refs(&self, config: &Value) -> Vec<(String, SecretKeyRef)> {
+        let _ = config;
+        Vec::new()
+    }
     /// Carry it out; what it saves becomes results of the run. An error fails the run (its
     /// other results are saved first).
     async fn run(&self, context: &ActionContext) -> Result<ActionResults, String>;

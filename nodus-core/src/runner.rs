@@ -14,7 +14,9 @@
 //! Every time it reads or waits for is the engine's [`Clock`]: with a manual clock, a deadline
 //! comes when the test moves the clock past it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,8 +117,11 @@ struct Slot {
 struct Queue {
     slots: HashMap<ObjectKey, Slot>,
     workers: JoinSet<Done>,
-    /// Keys woken at a time of the clock.
-    timers: JoinSet<ObjectKey>,
+    /// Keys woken at a time of the clock, each at the earliest time asked for; one alarm
+    /// for them all, so that a waiting run holds no task.
+    wakes: HashMap<ObjectKey, Timestamp>,
+    /// The same, in the order they come.
+    by_time: BTreeSet<(Timestamp, ObjectKey)>,
     /// The runs this runner left waiting for funds, by project: a change of a project's
     /// credits wakes only those (every model call changes the account; looking for waiting
     /// runs in the store each time would read every run of the project).
@@ -168,7 +173,17 @@ impl Runner {
             let _ = stopped.wait_for(|stopped| *stopped).await;
         };
         tokio::pin!(stop);
+        // The one alarm, set at the earliest wake.
+        let mut alarm: Option<(Timestamp, Alarm)> = None;
         loop {
+            let earliest = queue.by_time.first().map(|(at, _)| *at);
+            if alarm.as_ref().map(|(at, _)| *at) != earliest {
+                alarm = earliest.map(|at| {
+                    let clock = self.clock.clone();
+                    let sleep: Alarm = Box::pin(async move { clock.sleep_until(at).await });
+                    (at, sleep)
+                });
+            }
             tokio::select! {
                 () = &mut stop => break,
                 change = changes.recv() => match change {
@@ -197,8 +212,16 @@ impl Runner {
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 },
-                Some(Ok(key)) = queue.timers.join_next(), if !queue.timers.is_empty() => {
-                    self.queue(key, &mut queue);
+                () = ring(&mut alarm), if alarm.is_some() => {
+                    alarm = None;
+                    let now = self.clock.now();
+                    while let Some((at, key)) = queue.by_time.first().cloned()
+                        && at <= now
+                    {
+                        queue.by_time.remove(&(at, key.clone()));
+                        queue.wakes.remove(&key);
+                        self.queue(key, &mut queue);
+                    }
                 }
                 Some(done) = queue.workers.join_next(), if !queue.workers.is_empty() => {
                     let Ok(done) = done else { continue };
@@ -206,7 +229,6 @@ impl Runner {
                 }
             }
         }
-        queue.timers.shutdown().await;
         queue.workers.shutdown().await;
     }
 
@@ -223,12 +245,17 @@ impl Runner {
             self.queue(group, queue);
         }
         if let Some(at) = done.wake_at {
-            let clock = self.clock.clone();
-            let key = done.key.clone();
-            queue.timers.spawn(async move {
-                clock.sleep_until(at).await;
-                key
-            });
+            // The earliest wake stands: the run is driven then, and its drive says when next.
+            match queue.wakes.get(&done.key) {
+                Some(known) if *known <= at => {}
+                known => {
+                    if let Some(known) = known {
+                        queue.by_time.remove(&(*known, done.key.clone()));
+                    }
+                    queue.wakes.insert(done.key.clone(), at);
+                    queue.by_time.insert((at, done.key.clone()));
+                }
+            }
         }
         let again = queue.slots.get_mut(&done.key).is_some_and(|slot| {
             slot.busy = false;
@@ -392,6 +419,17 @@ impl RunnerHandle {
                 }
             }
         }
+    }
+}
+
+/// The runner's alarm: a sleep until a time of its clock.
+type Alarm = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Resolves when the alarm rings (never without one).
+async fn ring(alarm: &mut Option<(Timestamp, Alarm)>) {
+    match alarm {
+        Some((_, sleep)) => sleep.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 

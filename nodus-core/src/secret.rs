@@ -63,6 +63,60 @@ pub trait Secrets: Send + Sync {
     }
 }
 
+/// The Secret values a run was created with, by Secret name and key: read when the run is
+/// created, sealed beside it (never in a status, step or result) and opened for its sandbox
+/// and its post-run action, so that changing or deleting a Secret afterwards does not change
+/// the run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PinnedSecrets(BTreeMap<(String, String), SecretString>);
+
+impl PinnedSecrets {
+    /// None.
+    pub fn new() -> Self {
+        PinnedSecrets::default()
+    }
+
+    /// Keep `value` as key `key` of Secret `name`.
+    pub fn insert(&mut self, name: &str, key: &str, value: SecretString) {
+        self.0.insert((name.to_string(), key.to_string()), value);
+    }
+
+    /// The value of key `key` of Secret `name`, if it was pinned.
+    pub fn get(&self, name: &str, key: &str) -> Option<&SecretString> {
+        self.0.get(&(name.to_string(), key.to_string()))
+    }
+
+    /// Whether none was pinned.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Sealed by `secrets` for the store. (A Secret's name is a DNS label, without `/`, so
+    /// `name/key` reads back.)
+    pub fn seal(&self, secrets: &dyn Secrets) -> Result<String, SealError> {
+        let values = self
+            .0
+            .iter()
+            .map(|((name, key), value)| (format!("{name}/{key}"), value.clone()))
+            .collect();
+        secrets.seal(&values)
+    }
+
+    /// What [`PinnedSecrets::seal`] made, opened again by `secrets`.
+    pub fn open(sealed: &str, secrets: &dyn Secrets) -> Result<Self, SealError> {
+        let mut pinned = PinnedSecrets::new();
+        for (joined, value) in secrets.open(sealed)? {
+            let Some((name, key)) = joined.split_once('/') else {
+                return Err(SealError(
+                    "a pinned Secret value is not filed under name/key".to_string(),
+                ));
+            };
+            pinned.insert(name, key, value);
+        }
+        Ok(pinned)
+    }
+}
+
 /// Secrets held in memory, as `(project, name, key) → value`; also the "no secrets" source
 /// when empty.
 #[derive(Debug, Clone, Default)]

@@ -1265,7 +1265,7 @@ fn push_key(path: &mut String, key: &str) {
 
 /// A string as shown in an error: quoted, and cut after [`SHOWN_CHARS`] characters with its
 /// length in bytes.
-fn shown(text: &str) -> String {
+pub fn shown(text: &str) -> String {
     match text.char_indices().nth(SHOWN_CHARS) {
         None => format!("{text:?}"),
         Some((cut, _)) => format!(

@@ -126,8 +126,16 @@ const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// The most of an error body kept for its message.
 const MAX_ERROR_BODY_BYTES: usize = 16 * 1024;
 
-/// A reqwest client set up for model providers (the server's webhook action uses it too).
+/// A reqwest client set up for model providers.
 pub fn build_client(config: &HttpConfig) -> Result<reqwest::Client> {
+    client_builder(config)?
+        .build()
+        .map_err(|e| Error::Config(format!("HTTP client: {e}")))
+}
+
+/// The builder of [`build_client`], for a caller that sets more (the server's webhook action
+/// pins the addresses it checked and follows no redirect).
+pub fn client_builder(config: &HttpConfig) -> Result<reqwest::ClientBuilder> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = rustls_platform_verifier::Verifier::new(provider.clone())
         .map_err(|e| Error::Config(format!("TLS certificate verifier: {e}")))?;
@@ -138,13 +146,11 @@ pub fn build_client(config: &HttpConfig) -> Result<reqwest::Client> {
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    reqwest::Client::builder()
+    Ok(reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .connect_timeout(config.connect_timeout)
         .read_timeout(config.idle_timeout)
-        .retry(reqwest::retry::never())
-        .build()
-        .map_err(|e| Error::Config(format!("HTTP client: {e}")))
+        .retry(reqwest::retry::never()))
 }
 
 /// Check that a base URL is an absolute http(s) URL, and drop a trailing slash.

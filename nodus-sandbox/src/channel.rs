@@ -283,19 +283,21 @@ impl Cut {
                         return Ok(());
                     }
                 },
+                // A trailer longer than the longest accepted is refused whether its line's
+                // end came in the same chunk or not.
                 Phase::Trailer => match self.window.iter().position(|&b| b == b'\n') {
-                    Some(at) => {
+                    Some(at) if at <= MAX_TRAILER => {
                         let trailer = self.window[..at].to_vec();
                         self.window = Vec::new();
                         self.phase = Phase::Done(trailer);
                         return Ok(());
                     }
-                    None if self.window.len() > MAX_TRAILER => {
+                    None if self.window.len() <= MAX_TRAILER => return Ok(()),
+                    _ => {
                         return Err(Error::Failed(
                             "the container's first process wrote a malformed end marker".to_owned(),
                         ));
                     }
-                    None => return Ok(()),
                 },
                 Phase::Done(_) => return Ok(()),
             }
@@ -383,6 +385,27 @@ mod tests {
     }
 
     #[test]
+    fn a_long_trailer_is_refused_in_one_chunk_as_byte_by_byte() {
+        // Found by fuzz_any_stream_gives_one_result_in_any_chunking: a trailer longer than
+        // MAX_TRAILER was refused when it came byte by byte but taken (as status 0) when its
+        // newline came in the same chunk.
+        let stream = format!("N B\n\nN E {}0\n", " ".repeat(MAX_TRAILER));
+        let mut whole = Cut::new("N", 10);
+        assert!(whole.feed(stream.as_bytes()).is_err(), "in one chunk");
+        let mut bytes = Cut::new("N", 10);
+        let refused = stream.as_bytes().chunks(1).any(|b| bytes.feed(b).is_err());
+        assert!(refused, "byte by byte");
+        let longest = format!("N B\n\nN E {}7\n", " ".repeat(MAX_TRAILER - 2));
+        let mut reading = Reading::new("N", 10);
+        reading
+            .stdout
+            .feed(longest.as_bytes())
+            .expect("the longest trailer");
+        reading.stderr.feed(b"N B\n\nN E\n").expect("feed");
+        assert_eq!(reading.status().expect("status"), Status::Exited(7));
+    }
+
+    #[test]
     fn frames_are_one_printable_line_with_the_payload_length() {
         let line = frame("N", "/work/a b", "echo 'hi'\n\\ \t\u{e9}").expect("frame");
         let text = String::from_utf8(line).expect("ascii");
@@ -430,5 +453,203 @@ mod tests {
         let a = nonce();
         assert_ne!(a, nonce());
         assert_eq!(a.len(), 5 + 32);
+    }
+}
+
+/// Property-based fuzzing of the channel's framing: frames decode, as the first process reads
+/// them, to exactly the directory and command sent; any stream, cut into chunks anyhow, gives
+/// the same result, never panics and holds a bounded number of bytes.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    use super::*;
+
+    /// The bytes `printf %b` makes of `text` (only the escapes [`escape`] writes: `\0` and
+    /// three octal digits), or `None` for another backslash.
+    fn unescape(text: &str) -> Option<Vec<u8>> {
+        let bytes = text.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'\\' {
+                let digits = bytes.get(i + 1..i + 5)?;
+                if digits[0] != b'0' || !digits[1..].iter().all(|d| (b'0'..=b'7').contains(d)) {
+                    return None;
+                }
+                let value = digits[1..]
+                    .iter()
+                    .fold(0u32, |n, d| n * 8 + u32::from(d - b'0'));
+                out.push(u8::try_from(value).ok()?);
+                i += 5;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        Some(out)
+    }
+
+    /// The fields of a frame as the first process splits them: `NONCE LENGTH DIR PAYLOAD`.
+    fn fields(line: &str) -> (&str, &str, &str, &str) {
+        let (n, rest) = line.split_once(' ').expect("a nonce");
+        let (l, rest) = rest.split_once(' ').expect("a length");
+        let (d, p) = rest.split_once(' ').expect("a directory");
+        (n, l, d, p)
+    }
+
+    fn cut_in_chunks(nonce: &str, cap: usize, stream: &[u8], sizes: &[usize]) -> (Cut, bool) {
+        let mut cut = Cut::new(nonce, cap);
+        let bound = cut.begin.len().max(cut.end.len()).max(MAX_TRAILER + 1);
+        let mut rest = stream;
+        let mut sizes = sizes.iter().cycle();
+        while !rest.is_empty() {
+            let size = sizes.next().copied().unwrap_or(1).clamp(1, rest.len());
+            let (chunk, tail) = rest.split_at(size);
+            rest = tail;
+            if cut.feed(chunk).is_err() {
+                return (cut, false);
+            }
+            assert!(
+                cut.window.len() < bound,
+                "{} bytes held back",
+                cut.window.len()
+            );
+            assert!(cut.out.bytes.len() <= cap);
+        }
+        (cut, true)
+    }
+
+    /// What a cut came to: whether the stream was accepted, the output kept, whether it was
+    /// cut, and the trailer once done.
+    fn result(cut: &Cut, ok: bool) -> (bool, Vec<u8>, bool, Option<Vec<u8>>) {
+        let trailer = match &cut.phase {
+            Phase::Done(trailer) => Some(trailer.clone()),
+            _ => None,
+        };
+        if !ok {
+            return (false, Vec::new(), false, None);
+        }
+        (true, cut.out.bytes.clone(), cut.out.truncated, trailer)
+    }
+
+    /// Streams made of pieces of markers, statuses and arbitrary bytes.
+    fn stream(nonce: &'static str) -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..40),
+            Just(format!("{nonce} B\n").into_bytes()),
+            Just(format!("\n{nonce} E").into_bytes()),
+            Just(format!("\n{nonce} E 0\n").into_bytes()),
+            (0usize..40).prop_map(move |n| format!("\n{nonce} E {}", " ".repeat(n)).into_bytes()),
+            Just(b"\n".to_vec()),
+            Just(nonce.as_bytes().to_vec()),
+            (any::<Index>(), prop::bool::ANY).prop_map(move |(at, begin)| {
+                let marker = if begin {
+                    format!("{nonce} B\n")
+                } else {
+                    format!("\n{nonce} E")
+                };
+                let cut = at.index(marker.len());
+                marker.as_bytes()[..cut].to_vec()
+            }),
+        ];
+        prop::collection::vec(piece, 0..12).prop_map(|pieces| pieces.concat())
+    }
+
+    proptest! {
+        /// Any directory and command (without NUL) make one line of visible ASCII whose
+        /// fields, split and decoded as the first process does, are the nonce, the
+        /// payload's length, the directory and the command.
+        #[test]
+        fn fuzz_frames_decode_to_the_directory_and_command(
+            dir in "\\PC{0,30}|[ -~]{0,30}",
+            command in prop_oneof!["\\PC{0,200}", "[ -~\\n\\t]{0,200}", ".{0,50}"],
+        ) {
+            let nonce = nonce();
+            prop_assert!(nonce.bytes().all(|b| b.is_ascii_alphanumeric()));
+            match frame(&nonce, &dir, &command) {
+                Err(_) => prop_assert!(command.contains('\0')),
+                Ok(line) => {
+                    let text = String::from_utf8(line).expect("ascii");
+                    let line = text
+                        .strip_prefix('\n')
+                        .and_then(|t| t.strip_suffix('\n'))
+                        .expect("a frame is one line between newlines");
+                    prop_assert!(line.bytes().all(|b| (0x20..0x7f).contains(&b)), "{}", line);
+                    let (n, l, d, p) = fields(line);
+                    prop_assert_eq!(n, nonce.as_str());
+                    prop_assert_eq!(l, p.len().to_string());
+                    prop_assert_eq!(unescape(d).expect("escapes"), dir.as_bytes());
+                    prop_assert_eq!(unescape(p).expect("escapes"), command.as_bytes());
+                }
+            }
+        }
+
+        /// A real shell's `printf %b`, as the first process calls it, turns the payload back
+        /// into the command, byte for byte.
+        #[test]
+        fn fuzz_the_shell_decodes_payloads_exactly(
+            command in prop_oneof!["\\PC{0,80}", "[ -~\\n\\t\\\\]{0,80}", "[^\\x00]{0,40}"],
+        ) {
+            let line = frame("N", "/", &command).expect("no NUL");
+            let text = String::from_utf8(line).expect("ascii");
+            let (_, _, _, payload) = fields(text.trim_matches('\n'));
+            // The first process's own line that decodes the payload into `$c`.
+            let decode = FIRST_PROCESS
+                .lines()
+                .find(|l| l.contains("case $p in"))
+                .expect("the decoding line");
+            let decoded = std::process::Command::new("/bin/sh")
+                .args(["-c", &format!("p=$1\n{decode}\nprintf '%s' \"$c\""), "sh", payload])
+                .output()
+                .expect("sh");
+            prop_assert!(decoded.status.success());
+            prop_assert_eq!(decoded.stdout, command.as_bytes());
+        }
+
+        /// A command's output, after arbitrary earlier output and between its own markers,
+        /// is kept exactly (up to the cap) whatever the chunks, with its status.
+        #[test]
+        fn fuzz_output_between_markers_is_kept_in_any_chunking(
+            before in prop::collection::vec(any::<u8>(), 0..200),
+            output in prop::collection::vec(any::<u8>(), 0..400),
+            code in any::<i32>(),
+            cap in 0usize..500,
+            sizes in prop::collection::vec(1usize..64, 1..8),
+        ) {
+            let nonce = nonce();
+            let mut stream = before;
+            stream.extend_from_slice(format!("{nonce} B\n").as_bytes());
+            stream.extend_from_slice(&output);
+            stream.extend_from_slice(format!("\n{nonce} E {code}\nlater").as_bytes());
+            let (cut, ok) = cut_in_chunks(&nonce, cap, &stream, &sizes);
+            prop_assert!(ok);
+            prop_assert!(cut.done());
+            prop_assert_eq!(&cut.out.bytes[..], &output[..output.len().min(cap)]);
+            prop_assert_eq!(cut.out.truncated, output.len() > cap);
+            let reading = Reading { stdout: cut, stderr: Cut::new(&nonce, cap) };
+            prop_assert_eq!(reading.status().expect("a status"), Status::Exited(code));
+        }
+
+        /// Any stream: no panic, at most a marker's worth of bytes held back, at most the cap
+        /// kept, and the same result however it is cut into chunks.
+        #[test]
+        fn fuzz_any_stream_gives_one_result_in_any_chunking(
+            stream in stream("nodusfuzz"),
+            cap in 0usize..300,
+            sizes in prop::collection::vec(1usize..50, 1..8),
+        ) {
+            let (whole, whole_ok) = cut_in_chunks("nodusfuzz", cap, &stream, &[usize::MAX]);
+            let (bytes, bytes_ok) = cut_in_chunks("nodusfuzz", cap, &stream, &[1]);
+            let (chunked, chunked_ok) = cut_in_chunks("nodusfuzz", cap, &stream, &sizes);
+            let expected = result(&whole, whole_ok);
+            prop_assert_eq!(&result(&bytes, bytes_ok), &expected, "byte by byte");
+            prop_assert_eq!(&result(&chunked, chunked_ok), &expected, "in chunks of {:?}", sizes);
+            if whole_ok && whole.done() {
+                let reading = Reading { stdout: whole, stderr: Cut::new("nodusfuzz", cap) };
+                let _ = reading.status();
+            }
+        }
     }
 }

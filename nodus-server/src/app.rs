@@ -130,7 +130,7 @@ impl Server {
             Config {
                 default_image: options.default_image.clone(),
                 replica: Some(replica_name(&options.data_dir)?),
-                actions: crate::actions::registry(),
+                actions: crate::actions::registry(options.webhook_allow.clone()),
                 ..Config::default()
             },
         );

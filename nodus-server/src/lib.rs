@@ -7,6 +7,7 @@ mod api;
 pub mod app;
 pub mod auth;
 pub mod console;
+pub mod egress;
 pub mod error;
 mod listen;
 pub mod lock;

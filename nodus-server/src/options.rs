@@ -98,6 +98,9 @@ pub struct Options {
     /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
     /// process's limit of open files.
     pub max_connections: usize,
+    /// The internal hosts, addresses and CIDRs webhooks may reach (by default none: loopback,
+    /// private, link-local and metadata addresses are refused).
+    pub webhook_allow: crate::egress::WebhookAllow,
 }
 
 impl Options {
@@ -115,6 +118,7 @@ impl Options {
             sandbox_dir: None,
             header_timeout: Duration::from_secs(10),
             max_connections: 512,
+            webhook_allow: crate::egress::WebhookAllow::default(),
         }
     }
 

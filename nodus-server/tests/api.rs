@@ -347,10 +347,11 @@ async fn a_run_goes_from_create_to_answer_and_steps() {
         )
         .await;
     assert_eq!(got["status"]["phase"], "Succeeded");
+    // The command's output line, not the quoted command (`echo hello` →) around it.
     assert!(
         got["status"]["answer"]["preview"]
             .as_str()
-            .is_some_and(|a| a.contains("hello")),
+            .is_some_and(|a| a.lines().any(|l| l == "hello")),
         "{got}"
     );
     assert_eq!(
@@ -368,7 +369,8 @@ async fn a_run_goes_from_create_to_answer_and_steps() {
     assert!(
         answer["answer"]
             .as_str()
-            .is_some_and(|a| a.contains("hello"))
+            .is_some_and(|a| a.lines().any(|l| l == "hello")),
+        "{answer}"
     );
     let (_, steps) = api
         .call(

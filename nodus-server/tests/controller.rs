@@ -228,19 +228,18 @@ async fn messages_wake_waiting_runs_and_deadlines_end_them() {
             .await
             .expect("answer")
             .unwrap_or_default();
-        if run.status.turns.len() == 2 && answered.contains("second") {
+        if run.status.turns.len() == 2 && answered.lines().any(|l| l == "second") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert!(
-        engine
-            .answer("default", "chat")
-            .await
-            .expect("answer")
-            .unwrap_or_default()
-            .contains("second")
-    );
+    // The output line of `echo second`, not the command the answer quotes.
+    let answered = engine
+        .answer("default", "chat")
+        .await
+        .expect("answer")
+        .unwrap_or_default();
+    assert!(answered.lines().any(|l| l == "second"), "{answered}");
     let ended = until(engine, "chat", RunPhase::is_finished).await;
     assert_eq!(ended, RunPhase::Failed(FailReason::DeadlineExceeded));
     server.stop().await;
@@ -432,7 +431,7 @@ async fn a_restarted_server_resumes_its_runs() {
             .await
             .expect("answer")
             .unwrap_or_default();
-        if answer.contains("after") {
+        if answer.lines().any(|l| l == "after") {
             let run = second.engine.get_run("default", "long").await.expect("run");
             assert_eq!(run.status.turns.len(), 2);
             second.stop().await;

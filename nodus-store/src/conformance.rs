@@ -407,6 +407,24 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
         .await,
         Vec::<String>::new()
     );
+
+    // A NUL in a selector (a query parameter `labelSelector=a%00b=c` carries one) matches no
+    // stored document, and is no store error: found by nodus-store's
+    // fuzz_selectors_list_alike_in_* (SQLite refused the JSON path it cut, Postgres the text).
+    for (labels, fields) in [
+        (&[("te\0am", "red")][..], &[][..]),
+        (&[("team", "r\0ed")][..], &[][..]),
+        (&[][..], &[("spec.agent", "\0")][..]),
+        (&[][..], &[("status.phase", "Running\0")][..]),
+        (&[][..], &[("spec.group", "g1\0")][..]),
+        (&[][..], &[("spec.a\0gent", "x")][..]),
+    ] {
+        let listed = store
+            .list(&project, Kind::AgentRun, &selector(labels, fields))
+            .await
+            .unwrap_or_else(|e| panic!("{labels:?} {fields:?}: {e}"));
+        assert!(listed.is_empty(), "{labels:?} {fields:?}");
+    }
 }
 
 /// A write naming a stale version is refused with `Conflict` and changes nothing; the write

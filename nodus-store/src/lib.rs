@@ -25,6 +25,8 @@ pub mod sqlite;
 
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+mod fuzz;
 
 /// The in-memory store lives in nodus-core (the default store of its `Deps::builder`); it is
 /// here too, beside the other backends, and runs the same conformance suite.

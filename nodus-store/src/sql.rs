@@ -365,6 +365,18 @@ pub(crate) fn complete_refused(run: &str, seq: u32, len: i64, completed: bool) -
     }
 }
 
+/// A selector's conditions that a query can carry: those without a NUL character, which no
+/// query can bind (Postgres refuses such text, SQLite cuts a JSON path at it). The others are
+/// left to the in-process filter, [`Selector::matches`](nodus_core::store::Selector::matches),
+/// which every listing applies afterwards.
+pub(crate) fn bindable(
+    conditions: &std::collections::BTreeMap<String, String>,
+) -> impl Iterator<Item = (&String, &String)> {
+    conditions
+        .iter()
+        .filter(|(key, value)| !key.contains('\0') && !value.contains('\0'))
+}
+
 /// The path parts of a dotted selector field, or `None` when a part cannot be written as a
 /// quoted JSON-path label (empty, or holding a double quote); such conditions are left to
 /// the in-process filter.

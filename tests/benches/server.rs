@@ -15,67 +15,18 @@
 //! `NODUS_BENCH_RATES_ONLY` the groups; `NODUS_BENCH_SYSTEM_BYTES` sizes the agent's system
 //! prompt (1 byte by default), which every run's document carries in its snapshot.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{Connection, P, TOKEN};
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
-const TOKEN: &str = "nodus_bench_token_0123456789abcdef";
 const CONNECTIONS: usize = 16;
 const SECONDS: u64 = 5;
-const P: &str = "/apis/nodus.dev/v1/projects/default";
-
-/// One keep-alive connection: send a request, read the status and the body.
-struct Connection {
-    stream: BufReader<TcpStream>,
-}
-
-impl Connection {
-    async fn open(address: SocketAddr) -> Connection {
-        Connection {
-            stream: BufReader::new(TcpStream::connect(address).await.expect("connect")),
-        }
-    }
-
-    async fn request(&mut self, method: &str, path: &str, body: Option<&str>) -> (u16, Vec<u8>) {
-        let body = body.unwrap_or("");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        let stream = self.stream.get_mut();
-        stream.write_all(head.as_bytes()).await.expect("write");
-        stream.write_all(body.as_bytes()).await.expect("write");
-        let mut line = String::new();
-        self.stream.read_line(&mut line).await.expect("status line");
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("status");
-        let mut length = 0usize;
-        loop {
-            line.clear();
-            self.stream.read_line(&mut line).await.expect("header");
-            if line == "\r\n" {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().expect("length");
-            }
-        }
-        let mut body = vec![0; length];
-        self.stream.read_exact(&mut body).await.expect("body");
-        (status, body)
-    }
-}
 
 type MakeRequest = Arc<dyn Fn(u64) -> (String, Option<String>) + Send + Sync>;
 

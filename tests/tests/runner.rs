@@ -1,7 +1,7 @@
 //! The Runner of nodus-core on the in-memory store and a manual clock, with no server: a
-//! deadline wakes a waiting run when the clock passes it, no more runs are driven at once than
-//! its bound, a group with dependencies runs under maxActive and its cost cap, and the
-//! retention sweep runs by the clock.
+//! deadline wakes a waiting run when the clock passes it, waiting runs hold no task, no more
+//! runs are driven at once than its bound, a group with dependencies runs under maxActive and
+//! its cost cap, and the retention sweep runs by the clock.
 
 mod support;
 
@@ -178,6 +178,98 @@ async fn a_deadline_wakes_a_waiting_run_when_the_clock_passes_it() {
         ended.status.phase,
         Some(RunPhase::Failed(FailReason::DeadlineExceeded))
     );
+    runner.shutdown().await;
+}
+
+#[tokio::test]
+async fn waiting_runs_hold_no_task_and_each_is_woken_at_its_own_deadline() {
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine(Arc::new(RecordingSandbox::new()), clock.clone());
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let runner = start(&engine, 4);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let idle = tasks();
+    // Twenty conversations whose deadlines are two seconds apart, from a minute on.
+    let names: Vec<String> = (0..20).map(|i| format!("chat{i}")).collect();
+    for (i, name) in (0i64..).zip(&names) {
+        let deadline = clock
+            .now()
+            .checked_add(jiff::SignedDuration::from_secs(60 + 2 * i))
+            .expect("time");
+        engine
+            .create_run(
+                PROJECT,
+                run(name, "helper", "Run `echo hello`.", |s| {
+                    s.keep_alive = true;
+                    s.deadline = Some(deadline);
+                }),
+            )
+            .await
+            .expect("run");
+    }
+    for name in &names {
+        let waiting = runner.settled(PROJECT, name).await.expect("settled");
+        assert_eq!(
+            waiting.status.phase,
+            Some(RunPhase::Waiting(WaitReason::AwaitingMessage))
+        );
+    }
+    // The drives end after their runs' last writes.
+    until(
+        "the waiting runs hold no task (as many alive as before them)",
+        || tasks() <= idle + 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        tasks() <= idle + 1,
+        "{} tasks with 20 runs waiting, {idle} without: a waiting run holds a task",
+        tasks()
+    );
+    // The first deadline comes: that run ends, the next one still waits.
+    clock.advance(Duration::from_secs(61));
+    let first = tokio::time::timeout(
+        SOON,
+        engine.finished_run(PROJECT, "chat0", Duration::from_secs(3600)),
+    )
+    .await
+    .expect("woken at its deadline")
+    .expect("run");
+    assert_eq!(
+        first.status.phase,
+        Some(RunPhase::Failed(FailReason::DeadlineExceeded))
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = engine.get_run(PROJECT, "chat1").await.expect("run");
+    assert_eq!(
+        second.status.phase,
+        Some(RunPhase::Waiting(WaitReason::AwaitingMessage)),
+        "one second before its deadline"
+    );
+    // Every other deadline passes: each run ends.
+    clock.advance(Duration::from_secs(60));
+    for name in &names {
+        let ended = tokio::time::timeout(
+            SOON,
+            engine.finished_run(PROJECT, name, Duration::from_secs(3600)),
+        )
+        .await
+        .expect("woken at its deadline")
+        .expect("run");
+        assert_eq!(
+            ended.status.phase,
+            Some(RunPhase::Failed(FailReason::DeadlineExceeded)),
+            "{name}"
+        );
+    }
     runner.shutdown().await;
 }
 

@@ -2,7 +2,12 @@
 //! `agents.webhook` action delivers the run record to a test receiver once across a SIGKILL
 //! of the server in the middle of the delivery (it is carried out again with the same
 //! `Idempotency-Key`, and a delivery whose outcome was journaled is never repeated, not even
-//! by another restart); what it saves is among the run's results; a receiver that refuses
+//! by another restart: the receiver sees one distinct key); a header taken from a Secret is
+//! sent with the value the Secret had when the run was created (changed and deleted before
+//! the delivery) and shows nowhere else, and a credential-like header in plain text is
+//! refused at creation; a URL naming an internal address is refused at creation (the
+//! server lists only 127.0.0.1 in --webhook-allow); what it saves is among the run's
+//! results; a receiver that refuses
 //! fails the run after its other results were saved; the rules of which action a run may or
 //! must choose are checked at creation, row by row as far as the built-in actions reach (the
 //! row of an agent declaring several actions without agents.noop needs two installed actions
@@ -19,12 +24,23 @@ use std::time::{Duration, Instant};
 
 use server::{Backend, ServerProcess};
 
-/// One request the receiver got: its path, Idempotency-Key and body.
+/// One request the receiver got: its path, Idempotency-Key, body and headers (names in
+/// lower case).
 #[derive(Debug, Clone)]
 struct Received {
     path: String,
     key: String,
     body: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Received {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// A webhook receiver: answers 200 to `/hook` (holding the first request unanswered when
@@ -65,10 +81,14 @@ impl Receiver {
             .unwrap_or_default()
             .to_string();
         let (mut length, mut key) = (0usize, String::new());
+        let mut headers = Vec::new();
         loop {
             let mut line = String::new();
             if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
                 break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
             }
             let lower = line.to_ascii_lowercase();
             if let Some(value) = lower.strip_prefix("content-length:") {
@@ -86,6 +106,7 @@ impl Receiver {
             path: path.clone(),
             key,
             body: String::from_utf8_lossy(&body).into_owned(),
+            headers,
         });
         let hold = std::mem::take(&mut *self.hold_first.lock().expect("lock"));
         if hold {
@@ -162,13 +183,24 @@ fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
     ]);
 }
 
+/// A server whose webhooks may reach the receiver on 127.0.0.1 (and no other internal
+/// address).
+fn start(store: &str, dir: &std::path::Path) -> ServerProcess {
+    ServerProcess::start_with(store, dir, "process", &["--webhook-allow", "127.0.0.1"])
+}
+
+/// The value of the Secret a webhook header reads when its run is created, and what it is
+/// changed to before the delivery.
+const HOOK_TOKEN: &str = "hook-token-0c4e9d21b7";
+const HOOK_CHANGED: &str = "hook-changed-5a83f0e6";
+
 fn actions(backend: Backend) {
     let (receiver, port) = Receiver::start(true);
     let hook =
         format!("{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/hook\"}}}}");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = backend.store_url(dir.path());
-    let mut server = ServerProcess::start(&store, dir.path(), "process");
+    let mut server = start(&store, dir.path());
     let output = apply(&server, AGENTS);
     assert!(output.status.success(), "{output:?}");
 
@@ -181,7 +213,7 @@ fn actions(backend: Backend) {
     assert!(output.status.success(), "{output:?}");
     receiver.wait_for("/hook", 1);
     server.kill();
-    server = ServerProcess::start(&store, dir.path(), "process");
+    server = start(&store, dir.path());
     wait_for(&server, "delivered", "Succeeded");
     let hooks = receiver.at("/hook");
     assert_eq!(
@@ -191,6 +223,10 @@ fn actions(backend: Backend) {
     );
     assert_eq!(hooks[0].key, hooks[1].key, "with the same Idempotency-Key");
     assert!(!hooks[0].key.is_empty());
+    // Delivery is at least once: the receiver counts one distinct Idempotency-Key, so one
+    // that keeps the keys it has seen takes the run record once.
+    let distinct: std::collections::BTreeSet<&str> = hooks.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(distinct.len(), 1, "one delivery, by its key: {hooks:?}");
     let record: serde_json::Value = serde_json::from_str(&hooks[1].body).expect("JSON");
     assert_eq!(record["name"], "delivered");
     assert!(
@@ -213,7 +249,7 @@ fn actions(backend: Backend) {
     assert_eq!(saved["status"], 200, "{saved}");
     // A delivered one is not repeated by another restart.
     server.kill();
-    server = ServerProcess::start(&store, dir.path(), "process");
+    server = start(&store, dir.path());
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(receiver.at("/hook").len(), 2);
 
@@ -238,6 +274,123 @@ fn actions(backend: Backend) {
         error["message"].as_str().is_some_and(|m| m.contains("400")),
         "{error}"
     );
+
+    // A header from a Secret: its value is pinned when the run is created (the Secret is
+    // changed, then deleted, before the delivery), sent, and shown nowhere else.
+    let output = apply(
+        &server,
+        &format!(
+            "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: hook-auth\nstringData:\n  token: \"Bearer {HOOK_TOKEN}\"\n"
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let authed = format!(
+        "{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/authed\", headers: {{Authorization: {{secretKeyRef: {{name: hook-auth, key: token}}}}, X-Trace: plain-trace}}}}}}"
+    );
+    let document = format!(
+        "{}  keepAlive: true\n",
+        run_document("authed", "hooked", Some(&authed))
+    );
+    let output = apply(&server, &document);
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "authed", "Waiting");
+    let output = apply(
+        &server,
+        &format!(
+            "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: hook-auth\nstringData:\n  token: \"Bearer {HOOK_CHANGED}\"\n"
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    server.ok(&["delete", "secret/hook-auth"]);
+    server.ok(&["agentrun", "close", "authed"]);
+    wait_for(&server, "authed", "Succeeded");
+    let hooks = receiver.at("/authed");
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(
+        hooks[0].header("authorization"),
+        Some(format!("Bearer {HOOK_TOKEN}").as_str()),
+        "the value pinned at creation"
+    );
+    assert_eq!(hooks[0].header("x-trace"), Some("plain-trace"));
+    let (status, steps) = server.http_with(
+        "GET",
+        "/apis/nodus.dev/v1/projects/default/agentruns/authed/steps?payload=true",
+        &[],
+        None,
+    );
+    assert_eq!(status, 200, "{steps}");
+    let seen = [
+        (
+            "the run",
+            server.ok(&["get", "agentrun/authed", "-o", "json"]),
+        ),
+        ("its steps", server.ok(&["agentrun", "steps", "authed"])),
+        ("its steps with payloads", steps.to_string()),
+        ("its logs", server.ok(&["agentrun", "logs", "authed"])),
+        (
+            "its run record",
+            server.ok(&["agentrun", "results", "authed", "runRecord", "-o", "-"]),
+        ),
+        (
+            "the server's log",
+            std::fs::read_to_string(&server.log).expect("log"),
+        ),
+    ];
+    for (place, text) in &seen {
+        for value in [HOOK_TOKEN, HOOK_CHANGED] {
+            assert!(!text.contains(value), "{value} shows in {place}:\n{text}");
+        }
+    }
+    // A credential in plain text, a Secret that does not exist and an internal address are
+    // refused at creation, naming the field (and not echoing the credential).
+    let refusals = [
+        (
+            "plain-credential",
+            format!(
+                "{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/hook\", headers: {{Authorization: \"Bearer plain-credential-4411\"}}}}}}"
+            ),
+            "spec.postRunAction.config.headers.Authorization",
+            "secretKeyRef",
+        ),
+        (
+            "missing-secret",
+            format!(
+                "{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/hook\", headers: {{X-Api-Key: {{secretKeyRef: {{name: nowhere, key: token}}}}}}}}}}"
+            ),
+            "spec.postRunAction.config.headers.X-Api-Key.secretKeyRef",
+            "must name a Secret",
+        ),
+        (
+            "metadata-address",
+            "{kind: agents.webhook, config: {url: \"http://169.254.169.254/latest/meta-data/\"}}"
+                .to_string(),
+            "spec.postRunAction.config.url",
+            "--webhook-allow",
+        ),
+        (
+            "other-loopback",
+            "{kind: agents.webhook, config: {url: \"http://127.0.0.2:9/hook\"}}".to_string(),
+            "spec.postRunAction.config.url",
+            "loopback",
+        ),
+    ];
+    for (name, action, field, rule) in refusals {
+        let output = apply(&server, &run_document(name, "hooked", Some(&action)));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{name} was accepted");
+        assert!(
+            stderr.contains(field),
+            "{name}: {field} not named: {stderr}"
+        );
+        assert!(stderr.contains(rule), "{name}: {stderr}");
+        assert!(!stderr.contains("plain-credential-4411"), "{stderr}");
+        assert!(
+            !server
+                .cli(&["get", &format!("agentrun/{name}")])
+                .status
+                .success()
+        );
+    }
 
     // The rules, row by row: (run, agent, its spec.postRunAction, the field a refusal
     // names or None when accepted, the action carried out).

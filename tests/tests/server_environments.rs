@@ -5,7 +5,10 @@
 //! variable arrives; compute becomes the sandbox's limits (a command over its memory is
 //! killed, one within it is not; on Docker the container's CPU quota is the environment's);
 //! a reserved name, an unknown compute key and a GPU on the process sandbox are refused
-//! naming the field, with nothing written.
+//! naming the field, with nothing written; a Secret changed and then deleted after a run was
+//! created (the run held back by its group) does not change the run, which sees the value it
+//! was created with, and neither value shows anywhere either (the store keeps it sealed in the
+//! run's private document, deleted with the run).
 
 #[path = "support/server.rs"]
 mod server;
@@ -14,7 +17,31 @@ use server::{Backend, ServerProcess};
 
 const PLANTED: &str = "ghp-planted-value-5d1c9e7a33";
 
+/// The value a held run's Secret has when the run is created, what it is changed to after,
+/// and the SHA-256 of each (from `printf %s VALUE | sha256sum`).
+const ORIGINAL: &str = "pinned-original-3f9a61c2";
+const CHANGED: &str = "pinned-changed-77d0b4e8";
+const ORIGINAL_SHA256: &str = "77d91ae4db08e5bb60caef9b05343d40b1cbfcd41008638b9c2ab0f7474715a1";
+const CHANGED_SHA256: &str = "1aaa1def30429847c50bf6bb480a4eff7733664f327eaa9ed51086f09519b9d1";
+
 const RESOURCES: &str = "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: github\nstringData:\n  token: \"ghp-planted-value-5d1c9e7a33\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: research\nspec:\n  env:\n  - {name: LOG_LEVEL, value: debug}\n  - name: GITHUB_TOKEN\n    valueFrom: {secretKeyRef: {name: github, key: token}}\n  compute: {cpu: \"1\", memory: 64Mi, nvidia.com/gpu: 0}\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: env-agent\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
+
+/// The rows `sql` selects from the server's store, one a line (sqlite3 or psql on it).
+fn query(store: &str, sql: &str) -> String {
+    let output = match store.strip_prefix("sqlite://") {
+        Some(path) => std::process::Command::new("sqlite3")
+            .args([path, sql])
+            .output(),
+        // The server keeps its tables in the schema `nodus`.
+        None => std::process::Command::new("psql")
+            .args([store, "-At", "-c", sql])
+            .env("PGOPTIONS", "-c search_path=nodus")
+            .output(),
+    }
+    .expect("the database client runs");
+    assert!(output.status.success(), "{sql}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
 
 /// Create run `name` of `env-agent` with `prompt` (and `--environment` when given), wait
 /// until it ends, and return its answer.
@@ -92,7 +119,8 @@ fn environments(backend: Backend) {
         "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/` and tell me.",
         Some("research"),
     );
-    assert!(answer.contains("bytes="), "{answer}");
+    // wc's output line (the quoted command names `bytes=` too).
+    assert!(answer.lines().any(|l| l.starts_with("bytes=")), "{answer}");
     assert!(!answer.contains("bytes=200000000"), "{answer}");
     let roomy = run(
         &server,
@@ -102,9 +130,58 @@ fn environments(backend: Backend) {
     );
     assert!(roomy.contains("bytes=200000000"), "{roomy}");
 
-    // The value shows nowhere but in the sandbox.
+    // A Secret changed and then deleted after a run was created (held back by its group
+    // until a dependency ends) does not change the run: it sees the value it was created
+    // with. The command prints only a hash of it.
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: pinned\nstringData:\n  token: \"{ORIGINAL}\"\n---\napiVersion: nodus.dev/v1\nkind: AgentGroup\nmetadata:\n  name: hold\nspec:\n  agent: env-agent\n  maxCostUSD: \"5.00\"\n---\napiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: hold-holder\nspec:\n  agent: env-agent\n  group: hold\n  taskKey: holder\n  keepAlive: true\n  input: Run `echo holding` and tell me.\n"
+        )),
+    );
+    assert!(output.status.success(), "{output:?}");
+    server.ok(&[
+        "wait",
+        "agentrun/hold-holder",
+        "--for=jsonpath={.status.phase}=Waiting",
+        "--timeout=2m",
+    ]);
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: hold-pinned\nspec:\n  agent: env-agent\n  group: hold\n  taskKey: pinned\n  dependsOn: [holder]\n  environment:\n    env:\n    - name: TOKEN\n      valueFrom: {secretKeyRef: {name: pinned, key: token}}\n  input: Run `printf %s \"$TOKEN\" | sha256sum | sed s/^/hash=/` and tell me.\n",
+        ),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: pinned\nstringData:\n  token: \"{CHANGED}\"\n"
+        )),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let held: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "agentrun/hold-pinned", "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(held["status"]["phase"], "Pending", "still held: {held}");
+    server.ok(&["delete", "secret/pinned"]);
+    server.ok(&["agentrun", "close", "hold-holder"]);
+    server.ok(&[
+        "wait",
+        "agentrun/hold-pinned",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let answer = server.ok(&["agentrun", "answer", "hold-pinned"]);
+    assert!(
+        answer.contains(&format!("hash={ORIGINAL_SHA256}")),
+        "{answer}"
+    );
+    assert!(!answer.contains(CHANGED_SHA256), "{answer}");
+
+    // The values show nowhere but in the sandbox.
     let mut seen: Vec<(String, String)> = Vec::new();
-    for name in ["secret-run", "small-enough", "memory-hog"] {
+    for name in ["secret-run", "small-enough", "memory-hog", "hold-pinned"] {
         seen.push((
             format!("{name}'s resource"),
             server.ok(&["get", &format!("agentrun/{name}"), "-o", "json"]),
@@ -125,6 +202,33 @@ fn environments(backend: Backend) {
             format!("{name}'s answer"),
             server.ok(&["agentrun", "answer", name]),
         ));
+        seen.push((
+            format!("{name}'s logs"),
+            server.ok(&["agentrun", "logs", name]),
+        ));
+        for result in ["runRecord", "artifacts"] {
+            let file = dir.path().join(format!("{name}-{result}"));
+            server.ok(&[
+                "agentrun",
+                "results",
+                name,
+                result,
+                "-o",
+                file.to_str().expect("a path"),
+            ]);
+            let text = if result == "artifacts" {
+                let unpacked = std::process::Command::new("tar")
+                    .arg("xzOf")
+                    .arg(&file)
+                    .output()
+                    .expect("tar runs");
+                assert!(unpacked.status.success(), "{unpacked:?}");
+                String::from_utf8_lossy(&unpacked.stdout).into_owned()
+            } else {
+                std::fs::read_to_string(&file).expect("a result")
+            };
+            seen.push((format!("{name}'s result {result}"), text));
+        }
     }
     seen.push((
         "the environment".to_string(),
@@ -135,11 +239,26 @@ fn environments(backend: Backend) {
         std::fs::read_to_string(&server.log).expect("log"),
     ));
     for (place, text) in &seen {
-        assert!(
-            !text.contains(PLANTED),
-            "the Secret shows in {place}:\n{text}"
-        );
+        for value in [PLANTED, ORIGINAL, CHANGED] {
+            assert!(
+                !text.contains(value),
+                "the Secret's {value} shows in {place}:\n{text}"
+            );
+        }
     }
+
+    // In the store the values are only sealed, in the run's private document, which goes
+    // with the run.
+    let private = "SELECT count(*) FROM resources WHERE kind = 'workdirarchives' AND name = \
+                   'hold-pinned' AND CAST(document AS TEXT) LIKE '%pinnedSecrets%'";
+    assert_eq!(query(&store, private).trim(), "1");
+    for value in [PLANTED, ORIGINAL, CHANGED] {
+        let anywhere =
+            format!("SELECT count(*) FROM resources WHERE CAST(document AS TEXT) LIKE '%{value}%'");
+        assert_eq!(query(&store, &anywhere).trim(), "0", "{value} in the store");
+    }
+    server.ok(&["delete", "agentrun/hold-pinned"]);
+    assert_eq!(query(&store, private).trim(), "0", "kept after the run");
 
     // Refused at creation, naming the field, with nothing written.
     let refusals = [

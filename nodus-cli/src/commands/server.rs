@@ -21,6 +21,9 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     options.bootstrap_token = args.bootstrap_token.filter(|t| !t.is_empty());
     options.default_image = args.default_image;
     options.sandbox_dir = args.sandbox_dir;
+    if let Some(allow) = &args.webhook_allow {
+        options.webhook_allow = allow.parse().map_err(Error::Input)?;
+    }
     Ok(options)
 }
 

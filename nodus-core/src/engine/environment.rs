@@ -1,17 +1,22 @@
 //! A run's AgentEnvironment: resolved when the run is created (a missing environment, Secret
 //! or key, a reserved name, a GPU the sandbox cannot give fail the request) and snapshotted
 //! with its Secrets by name and version; turned into its sandbox's environment and limits
-//! when the sandbox is created. A Secret's value is read only then, handed to the sandbox
-//! and kept nowhere: the journaled sandbox spec holds the plain variables only.
+//! when the sandbox is created. The Secrets' values are read when the run is created too and
+//! pinned: sealed into the run's private document (its [`Kind::WorkdirArchive`], as
+//! `pinnedSecrets`, deleted with the run and by retention), so that changing or deleting a
+//! Secret afterwards does not change the run. They are opened only to be handed to the
+//! sandbox (and to the post-run action that reads one): the journaled sandbox spec holds the
+//! plain variables only.
 
 use std::collections::BTreeMap;
 
 use super::{Engine, Error, Result, typed};
 use crate::resource::{
     AgentEnvironmentSpec, AgentRunSpec, AgentSpec, EnvironmentSnapshot, Kind, NameOrInline,
-    SecretVersion,
+    SecretKeyRef, SecretVersion,
 };
 use crate::sandbox::{Limits, SandboxSpec};
+use crate::secret::PinnedSecrets;
 use crate::store::{self, ObjectKey};
 use crate::validate::Invalid;
 
@@ -19,12 +24,14 @@ const FIELD: &str = "spec.environment";
 
 impl Engine {
     /// Resolve the run's `spec.environment`, or its agent's `environment` when it names
-    /// none, into what the run keeps: the spec and the version of every Secret it reads.
+    /// none, into what the run keeps: the spec and the version of every Secret it reads,
+    /// whose values are added to `pinned`.
     pub(super) async fn resolve_environment(
         &self,
         project: &str,
         run: &AgentRunSpec,
         agent: &AgentSpec,
+        pinned: &mut PinnedSecrets,
     ) -> Result<Option<EnvironmentSnapshot>> {
         let (chosen, whose) = match (&run.environment, &agent.environment) {
             (Some(chosen), _) => (chosen, "the run's"),
@@ -68,29 +75,10 @@ impl Engine {
                 continue;
             };
             let secret = &from.secret_key_ref;
-            let absent = || -> Error {
-                Invalid::new(
-                    format!("{FIELD}.env[{index}].valueFrom.secretKeyRef"),
-                    format!("must name a Secret of this project that holds the key ({whose})"),
-                    format!("Secret {:?} key {:?}", secret.name, secret.key),
-                )
-                .into()
-            };
-            let key = ObjectKey::new(project, Kind::Secret, &secret.name);
-            let version = match self.deps.store.get(&key).await {
-                Ok(record) => record.version.to_string(),
-                Err(store::Error::NotFound(_)) => return Err(absent()),
-                Err(e) => return Err(e.into()),
-            };
-            if self
-                .deps
-                .secrets
-                .lookup(project, &secret.name, &secret.key)
-                .await
-                .is_none()
-            {
-                return Err(absent());
-            }
+            let field = format!("{FIELD}.env[{index}].valueFrom.secretKeyRef");
+            let version = self
+                .pin_secret(project, &field, secret, whose, pinned)
+                .await?;
             if !secrets.iter().any(|s| s.name == secret.name) {
                 secrets.push(SecretVersion {
                     name: secret.name.clone(),
@@ -120,12 +108,91 @@ impl Engine {
         }))
     }
 
-    /// `spec` with the values of the environment's Secrets added to its variables, read now
-    /// for the sandbox and kept nowhere else; an error (without any value) when a Secret or
-    /// its key is gone.
-    pub(super) async fn with_secrets(
+    /// Read key `secret.key` of Secret `secret.name` into `pinned`; the Secret's version. A
+    /// missing Secret or key fails the request, naming `field` (`whose` reference it is).
+    async fn pin_secret(
         &self,
         project: &str,
+        field: &str,
+        secret: &SecretKeyRef,
+        whose: &str,
+        pinned: &mut PinnedSecrets,
+    ) -> Result<String> {
+        let absent = || -> Error {
+            Invalid::new(
+                field,
+                format!("must name a Secret of this project that holds the key ({whose})"),
+                format!("Secret {:?} key {:?}", secret.name, secret.key),
+            )
+            .into()
+        };
+        let key = ObjectKey::new(project, Kind::Secret, &secret.name);
+        let version = match self.deps.store.get(&key).await {
+            Ok(record) => record.version.to_string(),
+            Err(store::Error::NotFound(_)) => return Err(absent()),
+            Err(e) => return Err(e.into()),
+        };
+        match self
+            .deps
+            .secrets
+            .lookup(project, &secret.name, &secret.key)
+            .await
+        {
+            Some(value) => pinned.insert(&secret.name, &secret.key, value),
+            None => return Err(absent()),
+        }
+        Ok(version)
+    }
+
+    /// Pin the Secret values the run's post-run action reads (its config's references, as
+    /// the action names them), failing the request naming the field of one that is missing.
+    pub(super) async fn pin_action_secrets(
+        &self,
+        project: &str,
+        action: &crate::postrun::Chosen,
+        pinned: &mut PinnedSecrets,
+    ) -> Result<()> {
+        let Some(installed) = self.config.actions.get(&action.kind) else {
+            return Ok(());
+        };
+        for (field, secret) in installed.secret_refs(&action.config) {
+            let field = format!("spec.postRunAction.config{field}");
+            self.pin_secret(project, &field, &secret, "the post-run action's", pinned)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The Secret values pinned when the run `run` was created (none for a run created
+    /// before values were pinned, or whose private document retention removed). An error
+    /// (without any value) when they cannot be opened.
+    pub(super) async fn pinned_secrets(
+        &self,
+        run: &ObjectKey,
+    ) -> std::result::Result<PinnedSecrets, String> {
+        let record = match self.deps.store.get(&super::workdir_archive_key(run)).await {
+            Ok(record) => record,
+            Err(store::Error::NotFound(_)) => return Ok(PinnedSecrets::new()),
+            Err(e) => return Err(format!("cannot read the run's pinned Secret values: {e}")),
+        };
+        match record
+            .document
+            .get("pinnedSecrets")
+            .and_then(|v| v.as_str())
+        {
+            Some(sealed) => PinnedSecrets::open(sealed, self.deps.secrets.as_ref())
+                .map_err(|e| format!("cannot open the run's pinned Secret values: {e}")),
+            None => Ok(PinnedSecrets::new()),
+        }
+    }
+
+    /// `spec` with the values of the environment's Secrets added to its variables: those
+    /// pinned when the run `run` was created (a run created before values were pinned reads
+    /// the Secret now). They are kept nowhere else; an error (without any value) when one
+    /// cannot be had.
+    pub(super) async fn with_secrets(
+        &self,
+        run: &ObjectKey,
         environment: Option<&EnvironmentSnapshot>,
         spec: &SandboxSpec,
     ) -> std::result::Result<SandboxSpec, String> {
@@ -133,25 +200,38 @@ impl Engine {
         let Some(environment) = environment else {
             return Ok(spec);
         };
+        if !environment
+            .spec
+            .env
+            .iter()
+            .any(|var| var.value_from.is_some())
+        {
+            return Ok(spec);
+        }
+        let pinned = self.pinned_secrets(run).await?;
         for var in &environment.spec.env {
             let Some(from) = &var.value_from else {
                 continue;
             };
             let secret = &from.secret_key_ref;
-            match self
-                .deps
-                .secrets
-                .lookup(project, &secret.name, &secret.key)
-                .await
-            {
+            let value = match pinned.get(&secret.name, &secret.key) {
+                Some(value) => Some(value.clone()),
+                None => {
+                    self.deps
+                        .secrets
+                        .lookup(&run.project, &secret.name, &secret.key)
+                        .await
+                }
+            };
+            match value {
                 Some(value) => {
                     spec.env
                         .insert(var.name.clone(), value.expose().to_string());
                 }
                 None => {
                     return Err(format!(
-                        "the environment variable {} reads key {:?} of Secret {:?}, which is \
-                         gone since the run was created",
+                        "the environment variable {} reads key {:?} of Secret {:?}, which was \
+                         not pinned when the run was created and is gone now",
                         var.name, secret.key, secret.name
                     ));
                 }

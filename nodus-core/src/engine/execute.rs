@@ -51,7 +51,7 @@ pub enum Driven {
 
 /// What a run needs that does not change while it is driven.
 pub(super) struct Fixed {
-    key: ObjectKey,
+    pub(super) key: ObjectKey,
     pub(super) uid: String,
     pub(super) project: String,
     snapshot: RunSnapshot,
@@ -545,7 +545,7 @@ impl Engine {
         match intent {
             Intent::CreateSandbox { spec } => {
                 let environment = fixed.snapshot.environment.as_ref();
-                let spec = match self.with_secrets(&fixed.project, environment, spec).await {
+                let spec = match self.with_secrets(&fixed.key, environment, spec).await {
                     Ok(spec) => spec,
                     Err(error) => return Effect::Done(decide::failed(error)),
                 };
@@ -592,7 +592,7 @@ impl Engine {
                             // there.
                             let environment = fixed.snapshot.environment.as_ref();
                             executed = match self
-                                .with_secrets(&fixed.project, environment, &fixed.sandbox)
+                                .with_secrets(&fixed.key, environment, &fixed.sandbox)
                                 .await
                             {
                                 Err(error) => Err(sandbox::Error::Refused(error)),

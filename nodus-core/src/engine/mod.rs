@@ -562,7 +562,13 @@ impl Engine {
             )
             .into());
         }
-        let environment = self.resolve_environment(project, &run.spec, &agent).await?;
+        // The Secret values the run reads (its environment's, its action's), pinned now.
+        let mut pinned = crate::secret::PinnedSecrets::new();
+        let environment = self
+            .resolve_environment(project, &run.spec, &agent, &mut pinned)
+            .await?;
+        self.pin_action_secrets(project, &action, &mut pinned)
+            .await?;
         if let Some(schema) = &agent.context_schema {
             validate::check_context(schema, run.spec.context.as_ref())?;
         }
@@ -634,8 +640,10 @@ impl Engine {
         });
         let key = ObjectKey::new(project, Kind::AgentRun, run.name());
         let document = typed::encode(&key, &run)?;
-        let input = input.map(|input| (workdir_archive_key(&key), Self::input_document(&input)));
-        Ok((key, document, input))
+        let private = self
+            .private_document(input.as_ref(), &pinned)?
+            .map(|private| (workdir_archive_key(&key), private));
+        Ok((key, document, private))
     }
 
     /// The full answer of the run's last answered turn.

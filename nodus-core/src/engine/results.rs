@@ -146,11 +146,20 @@ impl Engine {
                 "the post-run action {kind} is not installed on this server"
             ));
         };
+        let secrets = if action.secret_refs(config).is_empty() {
+            crate::secret::PinnedSecrets::new()
+        } else {
+            match self.pinned_secrets(&fixed.key).await {
+                Ok(secrets) => secrets,
+                Err(error) => return failed(error),
+            }
+        };
         let context = crate::postrun::ActionContext {
             run: format!("{}/{}", fixed.project, run.name()),
             idempotency_key: format!("{}-{seq}", fixed.uid),
             config: config.clone(),
             run_record: run_record(run, RunPhase::Succeeded, replay.answer()),
+            secrets,
         };
         match action.run(&context).await {
             Ok(saved) => Outcome::ActionFinished {

@@ -22,6 +22,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use super::{Engine, Error, Result, typed};
 use crate::resource::{FileEntry, FileSetSpec, FileSetVersion, Kind, WorkdirSnapshot, WorkdirSpec};
 use crate::sandbox::SandboxId;
+use crate::secret::PinnedSecrets;
 use crate::store::{self, ObjectKey};
 use crate::validate::Invalid;
 
@@ -100,15 +101,30 @@ impl Engine {
         })
     }
 
-    /// The document that keeps a run's staged working directory beside it.
-    pub(super) fn input_document(input: &InputWorkdir) -> serde_json::Value {
-        serde_json::json!({
-            "input": {
-                "sha256": input.snapshot.sha256,
-                "bytes": input.snapshot.bytes,
-                "archiveBase64": BASE64.encode(&input.tar),
-            }
-        })
+    /// The document that keeps what is private to a run beside it, written with the run:
+    /// its staged working directory (`input`) and the Secret values it reads, sealed
+    /// (`pinnedSecrets`); `None` when it has neither.
+    pub(super) fn private_document(
+        &self,
+        input: Option<&InputWorkdir>,
+        pinned: &PinnedSecrets,
+    ) -> Result<Option<serde_json::Value>> {
+        let mut document = serde_json::Map::new();
+        if let Some(input) = input {
+            document.insert(
+                "input".to_string(),
+                serde_json::json!({
+                    "sha256": input.snapshot.sha256,
+                    "bytes": input.snapshot.bytes,
+                    "archiveBase64": BASE64.encode(&input.tar),
+                }),
+            );
+        }
+        if !pinned.is_empty() {
+            let sealed = pinned.seal(self.deps.secrets.as_ref())?;
+            document.insert("pinnedSecrets".to_string(), sealed.into());
+        }
+        Ok((!document.is_empty()).then_some(serde_json::Value::Object(document)))
     }
 
     /// The staged archive of `run` as kept when it was created, checked against `snapshot`.

@@ -30,8 +30,9 @@ pub enum Kind {
     Account,
     /// The runs a batch created under an idempotency key (kept by the engine).
     BatchRecord,
-    /// A run's final working directory, as a tar archive (kept by the engine, named after
-    /// the run).
+    /// A run's private document (kept by the engine, named after the run): its staged and
+    /// final working directories, as tar archives, and the Secret values it was created with,
+    /// sealed.
     WorkdirArchive,
     /// Environment variables (plain or from Secrets) and compute for runs' sandboxes.
     AgentEnvironment,

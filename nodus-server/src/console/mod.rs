@@ -13,6 +13,7 @@
 //! Content-Security-Policy, and the pages have no inline script or event handler.
 
 mod html;
+mod jobs;
 mod pages;
 
 use std::collections::{BTreeMap, HashMap};
@@ -99,6 +100,11 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/console/p/{project}/agents", get(agents))
         .route("/console/p/{project}/runs/{name}", get(run))
         .route("/console/p/{project}/runs/{name}/steps/{seq}", get(step))
+        .route(
+            "/console/p/{project}/runs/{name}/results/{result}",
+            get(run_result),
+        )
+        .route("/console/p/{project}/environments", get(environments))
         .route(
             "/console/p/{project}/runs/{name}/{action}",
             post(run_action),
@@ -573,6 +579,71 @@ async fn step(
     .await
 }
 
+/// The console's page of the run `name`.
+fn run_path(project: &str, name: &str) -> String {
+    format!(
+        "/console/p/{}/runs/{}",
+        html::percent_encode(project),
+        html::percent_encode(name)
+    )
+}
+
+/// `GET /console/p/{project}/runs/{name}/results/{result}`: one result's file, downloaded
+/// with the session (the API's route takes a bearer token, which a browser has not).
+async fn run_result(
+    State(console): State<Arc<Console>>,
+    Path((project, name, result)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let signed = match console.signed_in(&headers, true).await {
+        Ok(signed) => signed,
+        Err(response) => return response,
+    };
+    let back = run_path(&project, &name);
+    let found = async {
+        signed.principal.check_read(&project)?;
+        Ok::<_, ApiError>(console.app.engine.result(&project, &name, &result).await?)
+    }
+    .await;
+    match found {
+        Ok(found) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, found.info.content_type),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!(
+                        "attachment; filename=\"{}\"",
+                        html::percent_encode(&found.info.file_name)
+                    ),
+                ),
+            ],
+            found.content,
+        )
+            .into_response(),
+        Err(error) => error_page(&error, Some(back)),
+    }
+}
+
+async fn environments(
+    State(console): State<Arc<Console>>,
+    Path(project): Path<String>,
+    Query(query): Query<PageQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let p = project.clone();
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Environments,
+        "Environments".to_string(),
+        |app, _| async move { jobs::environments(&app, &p).await },
+    )
+    .await
+}
+
 async fn groups(
     State(console): State<Arc<Console>>,
     Path(project): Path<String>,
@@ -667,11 +738,7 @@ async fn run_action(
     if !csrf_ok(&signed, &form) {
         return csrf_refused();
     }
-    let back = format!(
-        "/console/p/{}/runs/{}",
-        html::percent_encode(&project),
-        html::percent_encode(&name)
-    );
+    let back = run_path(&project, &name);
     let engine = &console.app.engine;
     let done: Result<(), ApiError> = async {
         signed.principal.check_write(&project)?;

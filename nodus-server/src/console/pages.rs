@@ -21,6 +21,8 @@ pub enum Tab {
     Groups,
     /// Credits, budget and spend.
     Credits,
+    /// AgentEnvironments.
+    Environments,
 }
 
 /// What the layout around a page needs.
@@ -48,7 +50,7 @@ pub struct Page {
 }
 
 impl Page {
-    fn live(live: Html) -> Self {
+    pub(super) fn live(live: Html) -> Self {
         Page {
             live,
             after: Html::new(),
@@ -79,6 +81,7 @@ pub fn layout(layout: &Layout, page: Page) -> Html {
     for (tab, path, label) in [
         (Tab::Agents, "agents", "Agents"),
         (Tab::Groups, "groups", "Groups"),
+        (Tab::Environments, "environments", "Environments"),
         (Tab::Credits, "credits", "Credits"),
     ] {
         html.raw("<li><a href=\"/console/p/")
@@ -175,6 +178,19 @@ fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
         .collect()
 }
 
+/// A run's `spec.agent` as the console names it: the agent's name, or [`INLINE_AGENT`] for
+/// an agent written into the run (its spec is in the run's snapshot, not a name).
+fn agent_label(agent: &Value) -> String {
+    if agent.is_object() {
+        INLINE_AGENT.to_string()
+    } else {
+        show(agent)
+    }
+}
+
+/// How the console names an agent written inline in a run.
+const INLINE_AGENT: &str = "(inline agent)";
+
 /// A phase as a class name: its letters and digits only.
 fn phase_class(phase: &Value) -> String {
     show(phase)
@@ -205,7 +221,12 @@ fn run_link(html: &mut Html, project: &str, name: &str) {
 const FINISHED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
 
 fn is_finished(run: &Value) -> bool {
-    run["status"]["phase"]
+    phase_finished(&run["status"]["phase"])
+}
+
+/// Whether `phase` is one a run ends in.
+pub(super) fn phase_finished(phase: &Value) -> bool {
+    phase
         .as_str()
         .is_some_and(|phase| FINISHED.contains(&phase))
 }
@@ -287,7 +308,7 @@ pub async fn agents(state: &AppState, project: &str) -> Result<Page, ApiError> {
         .collect();
     for run in &runs {
         by_agent
-            .entry(show(&run["spec"]["agent"]))
+            .entry(agent_label(&run["spec"]["agent"]))
             .or_default()
             .push(run);
     }
@@ -373,10 +394,11 @@ pub async fn run(
         .raw("\">")
         .text(show(&status["phase"]))
         .raw("</dd>");
+    let agent = Value::String(agent_label(&run["spec"]["agent"]));
     for (label, value) in [
         ("Reason", &status["reason"]),
         ("Message", &status["message"]),
-        ("Agent", &run["spec"]["agent"]),
+        ("Agent", &agent),
         ("Group", &run["spec"]["group"]),
         ("Keep alive", &run["spec"]["keepAlive"]),
         ("Started", &status["startTime"]),
@@ -458,6 +480,16 @@ pub async fn run(
             .text(input)
             .raw("</pre>");
     }
+    super::jobs::run_sections(
+        &mut html,
+        state,
+        project,
+        name,
+        &run,
+        &steps,
+        is_finished(&run),
+    )
+    .await?;
     html.raw("<h2>Steps</h2><div class=\"table\"><table id=\"steps\"><thead><tr><th>#</th><th>Kind</th>\
               <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th></tr></thead><tbody>");
     for step in &steps {
@@ -507,10 +539,17 @@ pub async fn run(
              <p><button type=\"submit\" id=\"send\">Send</button></p></form>",
         );
     }
+    // A finished run changes no more: its page does not listen, and a page that watched it
+    // finish stops listening (`data-final`), so that its results are not read again on
+    // every change of the project.
+    let finished = is_finished(&run);
+    if finished {
+        html.raw("<p hidden data-final></p>");
+    }
     Ok(Page {
         live: html,
         after,
-        is_live: true,
+        is_live: !finished,
     })
 }
 

@@ -32,7 +32,7 @@ pub(super) fn push_selection<'a>(
     query.push_bind(project);
     query.push(" AND kind = ");
     query.push_bind(kind.plural().to_string());
-    for (label, value) in &selector.labels {
+    for (label, value) in sql::bindable(&selector.labels) {
         let path = vec![
             "metadata".to_string(),
             "labels".to_string(),
@@ -45,7 +45,7 @@ pub(super) fn push_selection<'a>(
         query.push(" = ");
         query.push_bind(value.as_str());
     }
-    for (field, value) in &selector.fields {
+    for (field, value) in sql::bindable(&selector.fields) {
         if sql::push_column_match(query, field, value) {
             continue;
         }

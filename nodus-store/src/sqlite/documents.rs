@@ -103,7 +103,7 @@ pub(super) fn push_selection<'a>(
     query.push_bind(project);
     query.push(" AND kind = ");
     query.push_bind(kind.plural().to_string());
-    for (label, value) in &selector.labels {
+    for (label, value) in sql::bindable(&selector.labels) {
         if let Some(parts) = sql::path_parts(label) {
             let mut path = vec!["metadata", "labels"];
             if parts.len() == 1 {
@@ -118,7 +118,7 @@ pub(super) fn push_selection<'a>(
             }
         }
     }
-    for (field, value) in &selector.fields {
+    for (field, value) in sql::bindable(&selector.fields) {
         if sql::push_column_match(query, field, value) {
             continue;
         }

@@ -270,6 +270,9 @@ class NodusServer:
         self.log_path = Path(self.dir) / f"server-{self.port}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NODUS_")}
         env.update({"ANTHROPIC_API_KEY": PLATFORM_KEY, "ANTHROPIC_BASE_URL": model_url})
+        # The tests' webhook receivers listen on loopback, which a server refuses unless
+        # allowed (a server without the option ignores it).
+        env["NODUS_WEBHOOK_ALLOW"] = "127.0.0.1"
         self.process = subprocess.Popen(
             [
                 nodus_bin(),
@@ -409,3 +412,42 @@ class LosingProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class WebhookReceiver:
+    """A receiver of webhook deliveries on a free loopback port: ``url`` (path ``/hook``) and
+    ``received``, each request's path and JSON body in order; it answers 204."""
+
+    def __init__(self) -> None:
+        self.received: List[Dict[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                receiver.received.append(
+                    {"path": self.path, "body": json.loads(self.rfile.read(length) or b"{}")}
+                )
+                self.send_response(204)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[WebhookReceiver]:
+    hooks = WebhookReceiver()
+    yield hooks
+    hooks.close()

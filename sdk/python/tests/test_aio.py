@@ -35,14 +35,20 @@ def test_aio_exports_the_same_names_and_errors() -> None:
         "ClaudeAgent",
         "AgentRun",
         "AgentGroup",
+        "AgentEnvironment",
         "Task",
+        "SecretRef",
+        "RunResult",
+        "RunRecord",
+        "LogLine",
         "NodusError",
         "AgentRunFinished",
         "Invalid",
     ]:
         assert hasattr(aio, name)
     assert aio.NotFound is nodus.NotFound and aio.Task is nodus.Task
-    for cls in (aio.ClaudeAgent, aio.AgentRun, aio.AgentGroup):
+    assert aio.SecretRef is nodus.SecretRef and aio.RunRecord is nodus.RunRecord
+    for cls in (aio.ClaudeAgent, aio.AgentRun, aio.AgentGroup, aio.AgentEnvironment):
         sync = getattr(nodus, cls.__name__)
         public = {n for n in dir(sync) if not n.startswith("_")}
         assert public <= {n for n in dir(cls) if not n.startswith("_")}, cls

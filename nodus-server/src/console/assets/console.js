@@ -1,6 +1,6 @@
 // The console's only script: a page of running work re-fetches its live part when the
-// server says something in the project changed (server-sent events). No data is evaluated:
-// the fragment is HTML the server escaped.
+// server says something in the project changed (server-sent events), until the part says
+// it is final. No data is evaluated: the fragment is HTML the server escaped.
 (function () {
   "use strict";
   var live = document.getElementById("live");
@@ -35,6 +35,10 @@
         parsed.innerHTML = html;
         if (parsed.innerHTML !== live.innerHTML) {
           live.replaceChildren(parsed.content);
+        }
+        // What the page shows has ended (a finished run): nothing more to listen for.
+        if (live.querySelector("[data-final]")) {
+          events.close();
         }
       })
       .catch(function () {})

@@ -14,7 +14,7 @@ client with the same surface is :mod:`nodus.aio`.
 
 from __future__ import annotations
 
-from .agents import AgentGroup, AgentRun, ClaudeAgent
+from .agents import AgentEnvironment, AgentGroup, AgentRun, ClaudeAgent
 from .client import Client, default_client
 from .config import Connection, resolve
 from .errors import (
@@ -35,7 +35,24 @@ from .errors import (
     WaitTimeout,
     WorkdirNotKept,
 )
-from .types import Cost, Delivery, Evaluation, GroupStatus, Result, RunStatus, Step, Task, Turn
+from .types import (
+    Cost,
+    Delivery,
+    EnvironmentSpec,
+    Evaluation,
+    GroupStatus,
+    LogLine,
+    PostRunActionInfo,
+    Result,
+    RunError,
+    RunRecord,
+    RunResult,
+    RunStatus,
+    SecretRef,
+    Step,
+    Task,
+    Turn,
+)
 
 __version__ = "0.1.0"
 
@@ -43,6 +60,7 @@ __all__ = [
     "ClaudeAgent",
     "AgentRun",
     "AgentGroup",
+    "AgentEnvironment",
     "Task",
     "Client",
     "default_client",
@@ -56,6 +74,13 @@ __all__ = [
     "Delivery",
     "Cost",
     "Turn",
+    "EnvironmentSpec",
+    "SecretRef",
+    "RunResult",
+    "RunRecord",
+    "RunError",
+    "LogLine",
+    "PostRunActionInfo",
     "NodusError",
     "ConfigError",
     "Unauthorized",

@@ -15,7 +15,8 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 import httpx
@@ -28,7 +29,7 @@ from .errors import (
     WaitTimeout,
     error_from_response,
 )
-from .types import GroupStatus, RunStatus, Task, money_text
+from .types import GroupStatus, LogLine, RunStatus, SecretRef, Step, Task, money_text
 
 API_VERSION = "nodus.dev/v1"
 #: Runs per batch request: the server takes at most 100.
@@ -56,6 +57,8 @@ class Request:
     params: Dict[str, str] = field(default_factory=dict)
     #: Seconds this request may take, when not the client's ``timeout`` (a long poll).
     timeout: Optional[float] = None
+    #: Answer the body's bytes as they are (a result's file), not its JSON.
+    raw: bool = False
 
 
 def resource_path(
@@ -91,8 +94,16 @@ def decode(response: httpx.Response) -> Any:
         return None
 
 
-def result(response: httpx.Response) -> Any:
-    """The JSON of a successful answer, or the exception for a failed one."""
+def decode_bytes(content: bytes) -> Any:
+    """JSON bytes (a result's file) as values, numbers with a fraction as Decimal."""
+    return json.loads(content, parse_float=Decimal)
+
+
+def result(response: httpx.Response, raw: bool = False) -> Any:
+    """The JSON of a successful answer (its bytes when ``raw``), or the exception for a
+    failed one."""
+    if raw and response.is_success:
+        return response.content
     body = decode(response)
     if response.is_success:
         return body
@@ -270,23 +281,265 @@ def agent_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> Option
 
 def run_document(
     name: str,
-    agent: str,
-    prompt: str,
+    agent: Union[str, Mapping[str, Any]],
+    prompt: Optional[str],
     keep_alive: bool,
     deadline: Optional[str] = None,
     context: Optional[Mapping[str, Any]] = None,
+    *,
+    environment: Union[None, str, Mapping[str, Any]] = None,
+    post_run_action: Optional[Mapping[str, Any]] = None,
+    timeout: Optional[str] = None,
+    image: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """A new AgentRun of ``agent`` with ``prompt`` as its input."""
-    if not isinstance(prompt, str):
+    """A new AgentRun of ``agent`` (a name, or a whole agent spec written inline) with
+    ``prompt`` as its input (the agent's ``defaultInput`` when ``None``); ``environment`` is
+    an AgentEnvironment's name or a spec written inline, ``post_run_action`` is ``{"kind":
+    …, "config": {…}}``."""
+    if prompt is not None and not isinstance(prompt, str):
         raise TypeError(f"prompt is text, not {prompt!r}")
-    spec: Dict[str, Any] = {"agent": agent, "input": prompt}
+    if not isinstance(agent, (str, Mapping)):
+        raise TypeError(f"agent is an agent's name or an inline agent spec, not {agent!r}")
+    spec: Dict[str, Any] = {"agent": agent if isinstance(agent, str) else dict(agent)}
+    if prompt is not None:
+        spec["input"] = prompt
     if keep_alive:
         spec["keepAlive"] = True
     if deadline is not None:
         spec["deadline"] = deadline
     if context is not None:
+        if not isinstance(context, Mapping):
+            raise TypeError(f"context is a mapping of the run's parameters, not {context!r}")
         spec["context"] = dict(context)
+    if environment is not None:
+        if not isinstance(environment, (str, Mapping)):
+            raise TypeError(
+                f"environment is an AgentEnvironment's name or an inline spec, not {environment!r}"
+            )
+        spec["environment"] = environment if isinstance(environment, str) else dict(environment)
+    if post_run_action is not None:
+        if not isinstance(post_run_action, Mapping) or "kind" not in post_run_action:
+            raise TypeError(
+                f'post_run_action is {{"kind": …, "config": {{…}}}}, not {post_run_action!r}'
+            )
+        spec["postRunAction"] = dict(post_run_action)
+    if timeout is not None:
+        spec["timeout"] = timeout
+    if image is not None:
+        spec["image"] = image
     return {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
+
+
+def environment_spec(
+    env: Optional[Mapping[str, str]],
+    secrets: Optional[Mapping[str, Union[SecretRef, Tuple[str, str]]]],
+    compute: Optional[Mapping[str, Any]],
+) -> Dict[str, Any]:
+    """An AgentEnvironment's ``spec``: ``env`` (name → plain value), ``secrets`` (name →
+    :class:`~nodus.SecretRef` or ``(secret, key)``), ``compute`` (``cpu``, ``memory``,
+    ``nvidia.com/gpu``) as the server takes them."""
+    variables: List[Dict[str, Any]] = []
+    for name, value in (env or {}).items():
+        if not isinstance(value, str):
+            raise TypeError(f"env[{name!r}] is text, not {value!r}")
+        variables.append({"name": name, "value": value})
+    for name, ref in (secrets or {}).items():
+        if isinstance(ref, SecretRef):
+            secret, key = ref.name, ref.key
+        elif isinstance(ref, tuple) and len(ref) == 2:
+            secret, key = str(ref[0]), str(ref[1])
+        else:
+            raise TypeError(
+                f"secrets[{name!r}] is a SecretRef or a (secret, key) tuple, not {ref!r}"
+            )
+        variables.append(
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        )
+    spec: Dict[str, Any] = {}
+    if variables:
+        spec["env"] = variables
+    if compute is not None:
+        spec["compute"] = dict(compute)
+    return spec
+
+
+def environment_document(name: str, spec: Mapping[str, Any]) -> Dict[str, Any]:
+    """A new AgentEnvironment with ``spec``."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentEnvironment",
+        "metadata": {"name": name},
+        "spec": dict(spec),
+    }
+
+
+#: Where the server lists the post-run actions it installs (not under a project).
+POST_RUN_ACTIONS_PATH = "/apis/nodus.dev/v1/postrunactions"
+
+
+def result_path(project: str, run: str, result: Optional[str] = None) -> str:
+    """``…/agentruns/{run}/results[/{result}]``."""
+    path = resource_path(project, "agentruns", run, "results")
+    if result is not None:
+        path += f"/{quote(result, safe='')}"
+    return path
+
+
+def partial_path(target: Path) -> Path:
+    """Where a download to ``target`` is written until it is whole (beside it, hidden)."""
+    return target.with_name(f".{target.name}.part")
+
+
+def steps_request(project: str, run: str) -> Request:
+    """The steps of a run with each step's recorded intent and outcome (its command and
+    output)."""
+    return Request(
+        "GET", resource_path(project, "agentruns", run, "steps"), params={"payload": "true"}
+    )
+
+
+#: The most bytes of a line of live output held back while it is not complete: a longer one
+#: is shown from the command's step when it finishes.
+MAX_PENDING_LINE = 1 << 20
+
+
+def _piece_bytes(value: Any) -> Optional[bytes]:
+    """A piece's or a step's output as bytes: a string is UTF-8, an array its bytes."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, list):
+        return bytes(b if isinstance(b, int) and 0 <= b < 256 else 63 for b in value)
+    return None
+
+
+def live_piece(line: Any) -> Optional[Dict[str, Any]]:
+    """One line of ``GET …/logs?follow=true`` as a piece of output (``{"seq", "stream",
+    "offset", "bytes"}``), or ``None`` for any other line (the ``{"following": …}`` head)."""
+    try:
+        piece = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(piece, dict) or not isinstance(piece.get("seq"), int):
+        return None
+    return piece
+
+
+class _Streamed:
+    """One stream of one command as followed live: bytes shown from its start, bytes after
+    those not shown yet (the start of a line), and whether a piece was missed (the rest is
+    then shown from the finished step)."""
+
+    def __init__(self) -> None:
+        self.shown = 0
+        self.pending = bytearray()
+        self.broken = False
+
+
+class LogState:
+    """What a log has shown of a run so far, as ``nodus agentrun logs -f`` prints it: each
+    step once it is seen, a running command's output line by line as the live stream brings
+    it (:meth:`piece`), and the rest of a command's output from its step once it has finished
+    (:meth:`lines`), so that nothing shows twice."""
+
+    def __init__(self) -> None:
+        # Per step seq: whether its end was shown.
+        self._shown: Dict[int, bool] = {}
+        self._steps: Dict[int, Step] = {}
+        self._live: Dict[Tuple[int, str], _Streamed] = {}
+        # Live pieces of steps not listed yet.
+        self._early: List[Dict[str, Any]] = []
+        self._listed = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step seen has been shown whole."""
+        return len(self._shown) == self._listed and all(self._shown.values())
+
+    def lines(self, steps: Any) -> List[LogLine]:
+        """The new lines for the StepList ``steps`` (read with ``payload=true``)."""
+        items = steps.get("items", []) if isinstance(steps, dict) else []
+        self._listed = len(items)
+        out: List[LogLine] = []
+        for item in items:
+            step = Step.from_json(item)
+            finished = item.get("finishedAt") is not None
+            head = f"[{step.seq}] {step.kind} {step.state}: {step.summary}"
+            self._steps[step.seq] = step
+            shown = self._shown.get(step.seq)
+            if shown is None:
+                self._shown[step.seq] = finished
+                out.append(LogLine(step.seq, "step", head, step))
+                command = (item.get("intent") or {}).get("command")
+                if isinstance(command, str):
+                    out.append(LogLine(step.seq, "command", f"$ {command}", step))
+                if finished:
+                    out.extend(self._rest(step, item))
+            elif not shown and finished:
+                self._shown[step.seq] = True
+                out.append(LogLine(step.seq, "finished", f"{head} (finished)", step))
+                out.extend(self._rest(step, item))
+            if self._shown.get(step.seq) is False:
+                for piece in [p for p in self._early if p["seq"] == step.seq]:
+                    out.extend(self._take(piece))
+        self._early = [p for p in self._early if p["seq"] not in self._shown]
+        return out
+
+    def piece(self, piece: Mapping[str, Any]) -> Optional[List[LogLine]]:
+        """The lines a live piece of output completes, to show now; ``None`` when its step is
+        not listed yet (read the steps, then it is shown after its step's line)."""
+        seq = piece.get("seq")
+        if not isinstance(seq, int):
+            return []
+        shown = self._shown.get(seq)
+        if shown is None:
+            self._early.append(dict(piece))
+            return None
+        return [] if shown else self._take(piece)
+
+    def _take(self, piece: Mapping[str, Any]) -> List[LogLine]:
+        seq, stream, offset = piece.get("seq"), piece.get("stream"), piece.get("offset")
+        data = _piece_bytes(piece.get("bytes"))
+        if not isinstance(seq, int) or not isinstance(stream, str) or not isinstance(offset, int):
+            return []
+        if data is None:
+            return []
+        live = self._live.setdefault((seq, stream), _Streamed())
+        if live.broken:
+            return []
+        if offset != live.shown + len(live.pending):
+            live.broken = True
+            live.pending.clear()
+            return []
+        live.pending.extend(data)
+        end = live.pending.rfind(b"\n")
+        if end < 0:
+            if len(live.pending) > MAX_PENDING_LINE:
+                live.broken = True
+                live.pending.clear()
+            return []
+        complete = bytes(live.pending[: end + 1])
+        del live.pending[: end + 1]
+        live.shown += len(complete)
+        step = self._steps[seq]
+        text = complete.decode("utf-8", "replace")
+        return [LogLine(seq, stream, line, step) for line in text.splitlines()]
+
+    def _rest(self, step: Step, item: Mapping[str, Any]) -> List[LogLine]:
+        """A finished command's output that was not shown live."""
+        output = ((item.get("outcome") or {}).get("output")) or {}
+        out: List[LogLine] = []
+        for stream in ("stdout", "stderr"):
+            value = (output.get(stream) or {}).get("bytes")
+            data = _piece_bytes(value)
+            if not data:
+                continue
+            shown = self._live[(step.seq, stream)].shown if (step.seq, stream) in self._live else 0
+            if isinstance(value, list) and shown == 0:
+                text = f"({len(data)} bytes that are not text)"
+            else:
+                text = data[shown:].decode("utf-8", "replace")
+            out.extend(LogLine(step.seq, stream, line, step) for line in text.splitlines())
+        return out
 
 
 def group_document(

@@ -1,21 +1,33 @@
 """Agents, runs and groups as Python objects (synchronous): :class:`ClaudeAgent` creates or
 updates its agent on first use and starts runs, :class:`AgentRun` is a handle on one run,
-:class:`AgentGroup` a handle on a group of runs.
+:class:`AgentGroup` a handle on a group of runs, :class:`AgentEnvironment` a handle on the
+variables, Secrets and compute a run's commands get.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import httpx
 
 from . import _core
 from .client import Client, default_client
 from .errors import AlreadyExists, ServerUnavailable
 from .types import (
     Delivery,
+    EnvironmentSpec,
     GroupStatus,
+    LogLine,
     Result,
+    RunError,
+    RunRecord,
+    RunResult,
     RunStatus,
+    SecretRef,
     Step,
     Task,
     as_tasks,
@@ -23,7 +35,19 @@ from .types import (
     is_evaluation,
 )
 
-__all__ = ["ClaudeAgent", "AgentRun", "AgentGroup"]
+__all__ = ["ClaudeAgent", "AgentRun", "AgentGroup", "AgentEnvironment"]
+
+#: What ``environment=`` takes: an AgentEnvironment's name (or ``project/name``), a handle,
+#: or a spec written inline (``AgentEnvironment.inline(...)``).
+EnvironmentArg = Union[str, "AgentEnvironment", Mapping[str, Any]]
+
+
+def _environment_value(
+    environment: Optional[EnvironmentArg], project: str
+) -> Union[None, str, Mapping[str, Any]]:
+    if isinstance(environment, AgentEnvironment):
+        return environment.reference(project)
+    return environment
 
 
 def _deadline(timeout: Optional[float]) -> Optional[float]:
@@ -73,6 +97,89 @@ def _follow(
         yield document
 
 
+def _follow_logs(
+    client: Client, name: str, project: str, state: _core.LogState, timeout: Optional[float]
+) -> Iterator[LogLine]:
+    """``logs(follow=True)``: two threads feed one queue — the live output of the run's
+    commands (``GET …/logs?follow=true``, opened before the first read so that a command
+    that starts after it shows live) and each new version of the run (its long poll) — and
+    each is turned into lines here. A server without live output, or a stream that ends,
+    leaves the finished steps to show all of it."""
+    events: "queue.Queue[Tuple[str, Any]]" = queue.Queue()
+    stop = threading.Event()
+    opened = threading.Event()
+    streams: List[httpx.Response] = []
+
+    def live() -> None:
+        path = _core.resource_path(project, "agentruns", name, "logs")
+        try:
+            with client._http.stream(
+                "GET",
+                path,
+                params={"follow": "true"},
+                headers={"Accept": "application/x-ndjson"},
+                timeout=httpx.Timeout(_core.LONG_POLL_MARGIN, read=None),
+            ) as response:
+                if not response.is_success:
+                    return
+                streams.append(response)
+                lines = response.iter_lines()
+                # The head line: the server follows the run from here on.
+                next(lines, None)
+                opened.set()
+                for line in lines:
+                    if stop.is_set():
+                        return
+                    piece = _core.live_piece(line)
+                    if piece is not None:
+                        events.put(("piece", piece))
+        except (httpx.HTTPError, OSError, ValueError):
+            # No live output: the finished steps hold all of it.
+            pass
+        finally:
+            opened.set()
+
+    def watch() -> None:
+        try:
+            for document in _follow(client, "agentruns", name, project, _deadline(timeout)):
+                if stop.is_set():
+                    return
+                events.put(("run", document))
+            events.put(("timeout", None))
+        except BaseException as error:  # noqa: B036 - handed to the reader, raised there
+            events.put(("error", error))
+
+    def steps() -> Any:
+        return client.send(_core.steps_request(project, name))
+
+    threading.Thread(target=live, daemon=True).start()
+    opened.wait(_core.LONG_POLL_MARGIN)
+    threading.Thread(target=watch, daemon=True).start()
+    status: Optional[RunStatus] = None
+    try:
+        while True:
+            kind, value = events.get()
+            if kind == "run":
+                status = RunStatus.from_json(value)
+                yield from state.lines(steps())
+                if status.finished:
+                    # Its last steps may be written after the document: read them once more.
+                    yield from state.lines(steps())
+                    return
+            elif kind == "piece":
+                lines = state.piece(value)
+                yield from state.lines(steps()) if lines is None else lines
+            elif kind == "error":
+                raise value
+            elif kind == "timeout":
+                assert status is not None
+                raise _core.run_timeout(name, status, timeout)
+    finally:
+        stop.set()
+        for response in streams:
+            response.close()
+
+
 class ClaudeAgent:
     """An Agent on Claude. On first use (:meth:`remote`, :meth:`submit`, :meth:`ensure`) it
     creates the agent ``name`` with the fields given, or updates the stored agent to them;
@@ -81,8 +188,11 @@ class ClaudeAgent:
     ``system`` is the system prompt; ``families`` limits Nodus's routing (``["haiku",
     "sonnet"]``); ``api_key_secret`` names a Secret holding ``ANTHROPIC_API_KEY`` to run on
     your own key (BYOK, with ``model``, default ``claude-sonnet-4-5``); ``per_run_max_cost`` is
-    a Decimal or decimal string of dollars. ``project`` and ``client`` choose where it lives
-    (default: the shared :func:`~nodus.client.default_client`).
+    a Decimal or decimal string of dollars. ``environment`` is the default AgentEnvironment of
+    its runs, ``context_schema`` the JSON Schema its runs' ``context`` must match, and
+    ``post_run_actions`` the post-run action kinds its runs may choose. ``project`` and
+    ``client`` choose where it lives (default: the shared
+    :func:`~nodus.client.default_client`).
     """
 
     def __init__(
@@ -95,6 +205,9 @@ class ClaudeAgent:
         model: Optional[str] = None,
         max_tokens: Optional[int] = None,
         per_run_max_cost: Any = None,
+        environment: Optional[EnvironmentArg] = None,
+        context_schema: Optional[Mapping[str, Any]] = None,
+        post_run_actions: Optional[Sequence[str]] = None,
         project: Optional[str] = None,
         client: Optional[Client] = None,
     ) -> None:
@@ -102,6 +215,16 @@ class ClaudeAgent:
         self._spec: Optional[Dict[str, Any]] = _core.agent_spec(
             system, families, api_key_secret, model, max_tokens, per_run_max_cost
         )
+        if environment is not None:
+            if isinstance(environment, AgentEnvironment):
+                environment = environment.reference(project or environment.project)
+            self._spec["environment"] = (
+                environment if isinstance(environment, str) else dict(environment)
+            )
+        if context_schema is not None:
+            self._spec["contextSchema"] = dict(context_schema)
+        if post_run_actions is not None:
+            self._spec["postRunActions"] = list(post_run_actions)
         self._project = project
         self._client = client
         self._ensured = False
@@ -159,18 +282,24 @@ class ClaudeAgent:
         name: Optional[str] = None,
         deadline: Optional[str] = None,
         context: Optional[Mapping[str, Any]] = None,
+        environment: Optional[EnvironmentArg] = None,
+        post_run_action: Optional[Mapping[str, Any]] = None,
     ) -> "AgentRun":
         """Starts a run with ``prompt`` and returns its handle at once. With
         ``keep_alive=True`` the run waits for messages after each turn (see
         :meth:`AgentRun.send`) until it is cancelled or its ``deadline`` (RFC 3339) passes.
-        ``name`` defaults to ``<agent>-<random>``."""
-        if not self._ensured:
-            self.ensure()
-        project, agent = _core.run_target(self.project, self.client.project, self.name)
-        run_name = name or _core.new_run_name(self.name)
-        document = _core.run_document(run_name, agent, prompt, keep_alive, deadline, context)
-        created = self.client.create("agentruns", document, project=project)
-        return AgentRun(run_name, project=project, client=self.client, _document=created)
+        ``name`` defaults to ``<agent>-<random>``; ``context``, ``environment`` and
+        ``post_run_action`` are as for :meth:`AgentRun.create`."""
+        return AgentRun.create(
+            self,
+            prompt,
+            name=name,
+            keep_alive=keep_alive,
+            deadline=deadline,
+            context=context,
+            environment=environment,
+            post_run_action=post_run_action,
+        )
 
     def remote(self, prompt: str, *, timeout: Optional[float] = None) -> str:
         """Runs ``prompt`` to the end and returns the answer. Raises
@@ -201,8 +330,120 @@ class AgentRun:
     def __repr__(self) -> str:
         return f"AgentRun({self.name!r}, project={self.project!r})"
 
+    @classmethod
+    def create(
+        cls,
+        agent: Union[str, ClaudeAgent, Mapping[str, Any]],
+        input: Optional[str] = None,
+        *,
+        name: Optional[str] = None,
+        environment: Optional[EnvironmentArg] = None,
+        context: Optional[Mapping[str, Any]] = None,
+        post_run_action: Optional[Mapping[str, Any]] = None,
+        keep_alive: bool = False,
+        deadline: Optional[str] = None,
+        timeout: Optional[str] = None,
+        image: Optional[str] = None,
+        project: Optional[str] = None,
+        client: Optional[Client] = None,
+    ) -> "AgentRun":
+        """Creates a run and returns its handle at once. ``agent`` is an agent's name, a
+        :class:`ClaudeAgent` (created or updated first), or a whole agent spec written inline
+        (``{"system": …, "model": {"access": "Nodus"}}``: checked and kept with the run, never
+        stored as an Agent). ``input`` is the first prompt (the agent's ``defaultInput`` when
+        ``None``). ``environment`` is an :class:`AgentEnvironment`, its name, or a spec written
+        inline (:meth:`AgentEnvironment.inline`); ``context`` the run's parameters, checked
+        against the agent's ``contextSchema`` (a context that fails it raises
+        :class:`~nodus.Invalid` naming the path); ``post_run_action`` is ``{"kind":
+        "agents.webhook", "config": {…}}``; ``timeout`` bounds the run (``"10m"``); ``image``
+        is the container image of a Docker sandbox. ``name`` defaults to
+        ``<agent>-<random>``."""
+        if isinstance(agent, ClaudeAgent):
+            if not agent._ensured:
+                agent.ensure()
+            client = client or agent.client
+            target, reference = _core.run_target(agent.project, client.project, agent.name)
+            project = project or target
+            stem = agent.name
+            spec_agent: Union[str, Mapping[str, Any]] = reference
+        else:
+            stem = agent.rsplit("/", 1)[-1] if isinstance(agent, str) else "run"
+            spec_agent = agent
+        client = client or default_client()
+        project = project or client.project
+        run_name = name or _core.new_run_name(stem)
+        document = _core.run_document(
+            run_name,
+            spec_agent,
+            input,
+            keep_alive,
+            deadline,
+            context,
+            environment=_environment_value(environment, project),
+            post_run_action=post_run_action,
+            timeout=timeout,
+            image=image,
+        )
+        created = client.create("agentruns", document, project=project)
+        return cls(run_name, project=project, client=client, _document=created)
+
     def _sub(self, method: str, sub: str, body: Any = None) -> Any:
         return self._client.sub(method, "agentruns", self.name, sub, body, project=self.project)
+
+    def document(self) -> Dict[str, Any]:
+        """The run as the server has it now (``spec``, ``status`` with its snapshot)."""
+        return self._client.get("agentruns", self.name, project=self.project)
+
+    def environment(self) -> Optional[EnvironmentSpec]:
+        """The environment the run took when it was created (its snapshot: Secrets by name,
+        key and version, never a value), or ``None`` when it has none."""
+        return EnvironmentSpec.from_run(self.document())
+
+    def results(self) -> List[RunResult]:
+        """The results of the finished run, with their sizes (none before it finishes):
+        ``inputWorkdir``, ``outputWorkdir``, ``artifacts`` (gzipped tarballs), ``runRecord``,
+        ``error`` when it did not succeed, and what its post-run action saved."""
+        body = self._client.send(_core.Request("GET", _core.result_path(self.project, self.name)))
+        return [RunResult.from_json(item) for item in body.get("items", [])]
+
+    def download_result(self, result: str, path: Union[str, "os.PathLike[str]"]) -> int:
+        """Saves the result ``result`` (such as ``outputWorkdir``) to ``path``, streamed and
+        renamed into place once whole; returns its size in bytes. Raises
+        :class:`~nodus.NotFound` naming it when the run has no such result."""
+        return self._client.download(_core.result_path(self.project, self.name, result), path)
+
+    def _result_json(self, result: str) -> Any:
+        raw = self._client.send(
+            _core.Request("GET", _core.result_path(self.project, self.name, result), raw=True)
+        )
+        return _core.decode_bytes(raw)
+
+    def record(self) -> RunRecord:
+        """The finished run's record (its ``runRecord`` result): phase, reason, the whole
+        answer, turns, cost and times."""
+        return RunRecord.from_json(self._result_json("runRecord"))
+
+    def error(self) -> Optional[RunError]:
+        """Why the finished run did not succeed (its ``error`` result), or ``None`` when it
+        succeeded."""
+        if not any(r.name == "error" for r in self.results()):
+            return None
+        return RunError.from_json(self._result_json("error"))
+
+    def logs(self, follow: bool = False, *, timeout: Optional[float] = None) -> Iterator[LogLine]:
+        """The run's log as ``nodus agentrun logs`` prints it, line by line: each step, each
+        command, and each line of a command's output. Without ``follow``, what there is now
+        (a command's output once it has finished). With ``follow=True`` it goes on as the run
+        does and ends when the run has ended and everything is shown: a running command's
+        output line by line as the server runs it (``GET …/logs?follow=true``), the steps as
+        the server's long poll answers each change of the run (never polling), and what the
+        live stream missed from the finished step, nothing twice. Raises
+        :class:`~nodus.WaitTimeout` after ``timeout`` seconds."""
+        state = _core.LogState()
+        if not follow:
+            yield from state.lines(self._client.send(_core.steps_request(self.project, self.name)))
+            return
+        yield from _follow_logs(self._client, self.name, self.project, state, timeout)
 
     @property
     def status(self) -> RunStatus:
@@ -432,3 +673,106 @@ class AgentGroup:
     def delete(self) -> None:
         """Deletes the group with all of its runs."""
         self._client.delete("agentgroups", self.name, project=self.project)
+
+
+class AgentEnvironment:
+    """A handle on the AgentEnvironment ``name``: what a run's commands get besides their
+    working directory — plain variables, variables from Secrets (the values reach the
+    sandbox's environment and nothing else) and compute. :meth:`create`, :meth:`get`,
+    :meth:`list` and :meth:`delete` it; name it with ``environment=`` when creating a run, or
+    pass :meth:`inline` to write one into the run."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: Optional[str] = None,
+        client: Optional[Client] = None,
+        _document: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.name: str = name
+        self._client = client or default_client()
+        self.project: str = project or self._client.project
+        self._document: Optional[Dict[str, Any]] = dict(_document) if _document else None
+
+    def __repr__(self) -> str:
+        return f"AgentEnvironment({self.name!r}, project={self.project!r})"
+
+    @staticmethod
+    def inline(
+        env: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, Union[SecretRef, Tuple[str, str]]]] = None,
+        compute: Optional[Mapping[str, Any]] = None,
+    ) -> Dict[str, Any]:
+        """An environment's spec to write inline into a run (``environment=``): ``env`` maps
+        a variable to its plain value, ``secrets`` a variable to a :class:`~nodus.SecretRef`
+        or ``(secret, key)``, ``compute`` takes ``cpu`` (``"2"``, ``"500m"``), ``memory``
+        (``"2Gi"``) and ``nvidia.com/gpu``."""
+        return _core.environment_spec(env, secrets, compute)
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        env: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, Union[SecretRef, Tuple[str, str]]]] = None,
+        compute: Optional[Mapping[str, Any]] = None,
+        *,
+        project: Optional[str] = None,
+        client: Optional[Client] = None,
+    ) -> "AgentEnvironment":
+        """Creates the AgentEnvironment ``name`` (see :meth:`inline` for the arguments). A
+        reserved variable name (``PATH``, ``NODUS_…``) or an unknown compute key is refused
+        with :class:`~nodus.Invalid` naming the field."""
+        handle = cls(name, project=project, client=client)
+        document = _core.environment_document(name, cls.inline(env, secrets, compute))
+        handle._document = handle._client.create(
+            "agentenvironments", document, project=handle.project
+        )
+        return handle
+
+    @classmethod
+    def get(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> "AgentEnvironment":
+        """The AgentEnvironment ``name`` as stored (:class:`~nodus.NotFound` if there is none)."""
+        handle = cls(name, project=project, client=client)
+        handle.refresh()
+        return handle
+
+    @classmethod
+    def list(
+        cls, *, project: Optional[str] = None, client: Optional[Client] = None
+    ) -> List["AgentEnvironment"]:
+        """Every AgentEnvironment of the project."""
+        client = client or default_client()
+        items = client.list("agentenvironments", project=project)
+        return [
+            cls(
+                str(item["metadata"]["name"]),
+                project=project or client.project,
+                client=client,
+                _document=item,
+            )
+            for item in items
+        ]
+
+    def refresh(self) -> Dict[str, Any]:
+        """Reads the environment again; returns it as stored."""
+        self._document = self._client.get("agentenvironments", self.name, project=self.project)
+        return self._document
+
+    @property
+    def spec(self) -> EnvironmentSpec:
+        """Its variables, Secret references and compute, as last read."""
+        document = self._document if self._document is not None else self.refresh()
+        return EnvironmentSpec.from_json(document.get("spec"))
+
+    def reference(self, project: str) -> str:
+        """How a run in ``project`` names it: its name, or ``project/name`` from another
+        project."""
+        return self.name if project == self.project else f"{self.project}/{self.name}"
+
+    def delete(self) -> None:
+        """Deletes it; runs created before keep the snapshot they took."""
+        self._client.delete("agentenvironments", self.name, project=self.project)

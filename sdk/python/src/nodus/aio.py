@@ -19,7 +19,9 @@ the event loop that first uses it: a program that runs several loops (several
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 from typing import (
     Any,
     AsyncIterator,
@@ -30,6 +32,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -57,10 +60,17 @@ from .errors import (
 )
 from .types import (
     Delivery,
+    EnvironmentSpec,
     Evaluation,
     GroupStatus,
+    LogLine,
+    PostRunActionInfo,
     Result,
+    RunError,
+    RunRecord,
+    RunResult,
     RunStatus,
+    SecretRef,
     Step,
     Task,
     as_tasks,
@@ -73,6 +83,7 @@ __all__ = [
     "ClaudeAgent",
     "AgentRun",
     "AgentGroup",
+    "AgentEnvironment",
     "Task",
     "RunStatus",
     "GroupStatus",
@@ -80,6 +91,13 @@ __all__ = [
     "Result",
     "Step",
     "Delivery",
+    "EnvironmentSpec",
+    "SecretRef",
+    "RunResult",
+    "RunRecord",
+    "RunError",
+    "LogLine",
+    "PostRunActionInfo",
     "default_client",
     "NodusError",
     "ConfigError",
@@ -157,7 +175,36 @@ class AsyncClient:
             )
         except httpx.TransportError as error:
             raise _core.connection_error(self.server, error) from None
-        return _core.result(response)
+        return _core.result(response, request.raw)
+
+    async def download(self, path: str, file: Union[str, "os.PathLike[str]"]) -> int:
+        """``GET path`` into ``file``, streamed; see :meth:`nodus.Client.download`."""
+        target = Path(file)
+        partial = _core.partial_path(target)
+        written = 0
+        try:
+            async with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
+                if not response.is_success:
+                    await response.aread()
+                    _core.result(response)
+                with partial.open("wb") as out:
+                    async for chunk in response.aiter_bytes():
+                        out.write(chunk)
+                        written += len(chunk)
+        except httpx.TransportError as error:
+            partial.unlink(missing_ok=True)
+            raise _core.connection_error(self.server, error) from None
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, target)
+        return written
+
+    async def post_run_actions(self) -> List[PostRunActionInfo]:
+        """The post-run actions this server installs; see
+        :meth:`nodus.Client.post_run_actions`."""
+        body = await self.send(_core.Request("GET", _core.POST_RUN_ACTIONS_PATH))
+        return [PostRunActionInfo.from_json(item) for item in body.get("items", [])]
 
     def _path(
         self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
@@ -311,6 +358,103 @@ async def _follow(
         yield document
 
 
+async def _follow_logs(
+    client: AsyncClient,
+    name: str,
+    project: str,
+    state: _core.LogState,
+    timeout: Optional[float],
+) -> AsyncIterator[LogLine]:
+    """``logs(follow=True)``: two tasks feed one queue — the live output of the run's
+    commands and each new version of the run — as the sync ``_follow_logs`` in
+    :mod:`nodus.agents` does with threads."""
+    events: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
+    opened = asyncio.Event()
+
+    async def live() -> None:
+        path = _core.resource_path(project, "agentruns", name, "logs")
+        try:
+            async with client._http.stream(
+                "GET",
+                path,
+                params={"follow": "true"},
+                headers={"Accept": "application/x-ndjson"},
+                timeout=httpx.Timeout(_core.LONG_POLL_MARGIN, read=None),
+            ) as response:
+                if not response.is_success:
+                    return
+                first = True
+                async for line in response.aiter_lines():
+                    if first:
+                        # The head line: the server follows the run from here on.
+                        first = False
+                        opened.set()
+                        continue
+                    piece = _core.live_piece(line)
+                    if piece is not None:
+                        await events.put(("piece", piece))
+        except (httpx.HTTPError, OSError, ValueError):
+            # No live output: the finished steps hold all of it.
+            pass
+        finally:
+            opened.set()
+
+    async def watch() -> None:
+        try:
+            async for document in _follow(client, "agentruns", name, project, _deadline(timeout)):
+                await events.put(("run", document))
+            await events.put(("timeout", None))
+        except Exception as error:
+            await events.put(("error", error))
+
+    async def steps() -> Any:
+        return await client.send(_core.steps_request(project, name))
+
+    live_task = asyncio.ensure_future(live())
+    try:
+        await asyncio.wait_for(opened.wait(), _core.LONG_POLL_MARGIN)
+    except asyncio.TimeoutError:
+        pass
+    watch_task = asyncio.ensure_future(watch())
+    status: Optional[RunStatus] = None
+    try:
+        while True:
+            kind, value = await events.get()
+            if kind == "run":
+                status = RunStatus.from_json(value)
+                for line in state.lines(await steps()):
+                    yield line
+                if status.finished:
+                    # Its last steps may be written after the document: read them once more.
+                    for line in state.lines(await steps()):
+                        yield line
+                    return
+            elif kind == "piece":
+                lines = state.piece(value)
+                for line in state.lines(await steps()) if lines is None else lines:
+                    yield line
+            elif kind == "error":
+                raise value
+            elif kind == "timeout":
+                assert status is not None
+                raise _core.run_timeout(name, status, timeout)
+    finally:
+        for task in (live_task, watch_task):
+            task.cancel()
+
+
+#: What ``environment=`` takes; see :class:`nodus.AgentRun.create`.
+EnvironmentArg = Union[str, "AgentEnvironment", Mapping[str, Any]]
+
+
+def _environment_value(
+    environment: Optional[EnvironmentArg], project: str
+) -> Union[None, str, Mapping[str, Any]]:
+    if isinstance(environment, AgentEnvironment):
+        return environment.reference(project)
+    return environment
+
+
 class ClaudeAgent:
     """An Agent on Claude; see :class:`nodus.ClaudeAgent`. Its methods are coroutines."""
 
@@ -324,6 +468,9 @@ class ClaudeAgent:
         model: Optional[str] = None,
         max_tokens: Optional[int] = None,
         per_run_max_cost: Any = None,
+        environment: Optional[EnvironmentArg] = None,
+        context_schema: Optional[Mapping[str, Any]] = None,
+        post_run_actions: Optional[Sequence[str]] = None,
         project: Optional[str] = None,
         client: Optional[AsyncClient] = None,
     ) -> None:
@@ -331,6 +478,16 @@ class ClaudeAgent:
         self._spec: Optional[Dict[str, Any]] = _core.agent_spec(
             system, families, api_key_secret, model, max_tokens, per_run_max_cost
         )
+        if environment is not None:
+            if isinstance(environment, AgentEnvironment):
+                environment = environment.reference(project or environment.project)
+            self._spec["environment"] = (
+                environment if isinstance(environment, str) else dict(environment)
+            )
+        if context_schema is not None:
+            self._spec["contextSchema"] = dict(context_schema)
+        if post_run_actions is not None:
+            self._spec["postRunActions"] = list(post_run_actions)
         self._project = project
         self._client = client
         self._ensured = False
@@ -385,15 +542,20 @@ class ClaudeAgent:
         name: Optional[str] = None,
         deadline: Optional[str] = None,
         context: Optional[Mapping[str, Any]] = None,
+        environment: Optional[EnvironmentArg] = None,
+        post_run_action: Optional[Mapping[str, Any]] = None,
     ) -> "AgentRun":
         """Starts a run with ``prompt``; see :meth:`nodus.ClaudeAgent.submit`."""
-        if not self._ensured:
-            await self.ensure()
-        project, agent = _core.run_target(self.project, self.client.project, self.name)
-        run_name = name or _core.new_run_name(self.name)
-        document = _core.run_document(run_name, agent, prompt, keep_alive, deadline, context)
-        created = await self.client.create("agentruns", document, project=project)
-        return AgentRun(run_name, project=project, client=self.client, _document=created)
+        return await AgentRun.create(
+            self,
+            prompt,
+            name=name,
+            keep_alive=keep_alive,
+            deadline=deadline,
+            context=context,
+            environment=environment,
+            post_run_action=post_run_action,
+        )
 
     async def remote(self, prompt: str, *, timeout: Optional[float] = None) -> str:
         """Runs ``prompt`` to the end and returns the answer; see
@@ -422,10 +584,110 @@ class AgentRun:
     def __repr__(self) -> str:
         return f"AgentRun({self.name!r}, project={self.project!r})"
 
+    @classmethod
+    async def create(
+        cls,
+        agent: Union[str, ClaudeAgent, Mapping[str, Any]],
+        input: Optional[str] = None,
+        *,
+        name: Optional[str] = None,
+        environment: Optional[EnvironmentArg] = None,
+        context: Optional[Mapping[str, Any]] = None,
+        post_run_action: Optional[Mapping[str, Any]] = None,
+        keep_alive: bool = False,
+        deadline: Optional[str] = None,
+        timeout: Optional[str] = None,
+        image: Optional[str] = None,
+        project: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> "AgentRun":
+        """Creates a run and returns its handle; see :meth:`nodus.AgentRun.create`."""
+        if isinstance(agent, ClaudeAgent):
+            if not agent._ensured:
+                await agent.ensure()
+            client = client or agent.client
+            target, reference = _core.run_target(agent.project, client.project, agent.name)
+            project = project or target
+            stem = agent.name
+            spec_agent: Union[str, Mapping[str, Any]] = reference
+        else:
+            stem = agent.rsplit("/", 1)[-1] if isinstance(agent, str) else "run"
+            spec_agent = agent
+        client = client or default_client()
+        project = project or client.project
+        run_name = name or _core.new_run_name(stem)
+        document = _core.run_document(
+            run_name,
+            spec_agent,
+            input,
+            keep_alive,
+            deadline,
+            context,
+            environment=_environment_value(environment, project),
+            post_run_action=post_run_action,
+            timeout=timeout,
+            image=image,
+        )
+        created = await client.create("agentruns", document, project=project)
+        return cls(run_name, project=project, client=client, _document=created)
+
     async def _sub(self, method: str, sub: str, body: Any = None) -> Any:
         return await self._client.sub(
             method, "agentruns", self.name, sub, body, project=self.project
         )
+
+    async def document(self) -> Dict[str, Any]:
+        """The run as the server has it now."""
+        return await self._client.get("agentruns", self.name, project=self.project)
+
+    async def environment(self) -> Optional[EnvironmentSpec]:
+        """The environment the run took when it was created; see
+        :meth:`nodus.AgentRun.environment`."""
+        return EnvironmentSpec.from_run(await self.document())
+
+    async def results(self) -> List[RunResult]:
+        """The results of the finished run with their sizes; see
+        :meth:`nodus.AgentRun.results`."""
+        body = await self._client.send(
+            _core.Request("GET", _core.result_path(self.project, self.name))
+        )
+        return [RunResult.from_json(item) for item in body.get("items", [])]
+
+    async def download_result(self, result: str, path: Union[str, "os.PathLike[str]"]) -> int:
+        """Saves the result ``result`` to ``path``; see :meth:`nodus.AgentRun.download_result`."""
+        return await self._client.download(_core.result_path(self.project, self.name, result), path)
+
+    async def _result_json(self, result: str) -> Any:
+        raw = await self._client.send(
+            _core.Request("GET", _core.result_path(self.project, self.name, result), raw=True)
+        )
+        return _core.decode_bytes(raw)
+
+    async def record(self) -> RunRecord:
+        """The finished run's record; see :meth:`nodus.AgentRun.record`."""
+        return RunRecord.from_json(await self._result_json("runRecord"))
+
+    async def error(self) -> Optional[RunError]:
+        """Why the finished run did not succeed, or ``None``; see :meth:`nodus.AgentRun.error`."""
+        if not any(r.name == "error" for r in await self.results()):
+            return None
+        return RunError.from_json(await self._result_json("error"))
+
+    async def logs(
+        self, follow: bool = False, *, timeout: Optional[float] = None
+    ) -> AsyncIterator[LogLine]:
+        """The run's log line by line, following it with ``follow=True`` until it ends (a
+        running command's output as it comes); see :meth:`nodus.AgentRun.logs`. Use ``async
+        for line in run.logs(follow=True)``."""
+        state = _core.LogState()
+        if not follow:
+            for line in state.lines(
+                await self._client.send(_core.steps_request(self.project, self.name))
+            ):
+                yield line
+            return
+        async for line in _follow_logs(self._client, self.name, self.project, state, timeout):
+            yield line
 
     async def _status(self) -> RunStatus:
         return RunStatus.from_json(
@@ -636,3 +898,101 @@ class AgentGroup:
     async def delete(self) -> None:
         """Deletes the group with all of its runs."""
         await self._client.delete("agentgroups", self.name, project=self.project)
+
+
+class AgentEnvironment:
+    """A handle on the AgentEnvironment ``name``; see :class:`nodus.AgentEnvironment`.
+    :meth:`create`, :meth:`get`, :meth:`list`, :meth:`refresh` and :meth:`delete` are
+    coroutines; :attr:`spec` is what was last read."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+        _document: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.name: str = name
+        self._client = client or default_client()
+        self.project: str = project or self._client.project
+        self._document: Dict[str, Any] = dict(_document or {})
+
+    def __repr__(self) -> str:
+        return f"AgentEnvironment({self.name!r}, project={self.project!r})"
+
+    @staticmethod
+    def inline(
+        env: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, Union[SecretRef, Tuple[str, str]]]] = None,
+        compute: Optional[Mapping[str, Any]] = None,
+    ) -> Dict[str, Any]:
+        """An environment's spec to write inline into a run; see
+        :meth:`nodus.AgentEnvironment.inline`."""
+        return _core.environment_spec(env, secrets, compute)
+
+    @classmethod
+    async def create(
+        cls,
+        name: str,
+        env: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, Union[SecretRef, Tuple[str, str]]]] = None,
+        compute: Optional[Mapping[str, Any]] = None,
+        *,
+        project: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> "AgentEnvironment":
+        """Creates the AgentEnvironment ``name``; see :meth:`nodus.AgentEnvironment.create`."""
+        handle = cls(name, project=project, client=client)
+        document = _core.environment_document(name, cls.inline(env, secrets, compute))
+        handle._document = await handle._client.create(
+            "agentenvironments", document, project=handle.project
+        )
+        return handle
+
+    @classmethod
+    async def get(
+        cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> "AgentEnvironment":
+        """The AgentEnvironment ``name`` as stored."""
+        handle = cls(name, project=project, client=client)
+        await handle.refresh()
+        return handle
+
+    @classmethod
+    async def list(
+        cls, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
+    ) -> List["AgentEnvironment"]:
+        """Every AgentEnvironment of the project."""
+        client = client or default_client()
+        items = await client.list("agentenvironments", project=project)
+        return [
+            cls(
+                str(item["metadata"]["name"]),
+                project=project or client.project,
+                client=client,
+                _document=item,
+            )
+            for item in items
+        ]
+
+    async def refresh(self) -> Dict[str, Any]:
+        """Reads the environment again; returns it as stored."""
+        self._document = await self._client.get(
+            "agentenvironments", self.name, project=self.project
+        )
+        return self._document
+
+    @property
+    def spec(self) -> EnvironmentSpec:
+        """Its variables, Secret references and compute, as last read (by :meth:`create`,
+        :meth:`get`, :meth:`list` or :meth:`refresh`)."""
+        return EnvironmentSpec.from_json(self._document.get("spec"))
+
+    def reference(self, project: str) -> str:
+        """How a run in ``project`` names it."""
+        return self.name if project == self.project else f"{self.project}/{self.name}"
+
+    async def delete(self) -> None:
+        """Deletes it; runs created before keep the snapshot they took."""
+        await self._client.delete("agentenvironments", self.name, project=self.project)

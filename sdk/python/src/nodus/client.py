@@ -4,13 +4,16 @@ with the server's failures raised as :mod:`nodus.errors` exceptions.
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any, Dict, List, Mapping, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import httpx
 
 from . import _core
 from .config import Connection, resolve
+from .types import PostRunActionInfo
 
 __all__ = ["Client", "default_client"]
 
@@ -79,7 +82,39 @@ class Client:
             )
         except httpx.TransportError as error:
             raise _core.connection_error(self.server, error) from None
-        return _core.result(response)
+        return _core.result(response, request.raw)
+
+    def download(self, path: str, file: Union[str, "os.PathLike[str]"]) -> int:
+        """``GET path`` (relative to the server) into ``file``, streamed: written beside it
+        and renamed once whole, so ``file`` is never left half-written. Returns the number of
+        bytes; raises the server's failure as :meth:`send` does, leaving ``file`` as it was."""
+        target = Path(file)
+        partial = _core.partial_path(target)
+        written = 0
+        try:
+            with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
+                if not response.is_success:
+                    response.read()
+                    _core.result(response)
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+                        written += len(chunk)
+        except httpx.TransportError as error:
+            partial.unlink(missing_ok=True)
+            raise _core.connection_error(self.server, error) from None
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, target)
+        return written
+
+    def post_run_actions(self) -> List[PostRunActionInfo]:
+        """The post-run actions this server installs (``GET /apis/nodus.dev/v1/postrunactions``,
+        as ``nodus get postrunactions``): each one's kind, title, description and the JSON
+        Schema of its config."""
+        body = self.send(_core.Request("GET", _core.POST_RUN_ACTIONS_PATH))
+        return [PostRunActionInfo.from_json(item) for item in body.get("items", [])]
 
     def _path(
         self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
@@ -88,7 +123,7 @@ class Client:
 
     def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
         """``GET …/{plural}/{name}``: one object (``plural`` is ``agents``, ``agentruns``,
-        ``agentgroups``, ``secrets``, ``budgets`` or ``filesets``)."""
+        ``agentgroups``, ``agentenvironments``, ``secrets``, ``budgets`` or ``filesets``)."""
         answer: Dict[str, Any] = self.send(
             _core.Request("GET", self._path(plural, name, None, project))
         )

@@ -21,6 +21,13 @@ __all__ = [
     "Evaluation",
     "Result",
     "Task",
+    "SecretRef",
+    "EnvironmentSpec",
+    "RunResult",
+    "RunRecord",
+    "RunError",
+    "LogLine",
+    "PostRunActionInfo",
     "parse_time",
     "parse_money",
     "RUN_FINISHED",
@@ -508,3 +515,188 @@ def as_tasks(tasks: Any) -> List[Task]:
                 f"with key and input, not {item!r}"
             )
     return result
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """An environment variable's value taken from a key of a Secret (``valueFrom:
+    {secretKeyRef: {name, key}}``): the Secret's ``name`` and the ``key`` in it, never the
+    value. In a run's snapshot ``version`` is the Secret's resourceVersion when the run was
+    created."""
+
+    name: str
+    key: str
+    version: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """What an AgentEnvironment gives a run's commands: plain variables (``env``, name →
+    value), variables from Secrets (``secrets``, name → :class:`SecretRef`) and ``compute``
+    (``cpu``, ``memory``, ``nvidia.com/gpu``, as the server has them)."""
+
+    env: Dict[str, str]
+    secrets: Dict[str, SecretRef]
+    compute: Dict[str, Any]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(
+        cls, spec: Any, versions: Optional[Mapping[str, str]] = None
+    ) -> "EnvironmentSpec":
+        """From an AgentEnvironment's ``spec`` (``versions``: a Secret's name → the version a
+        run's snapshot recorded)."""
+        data = _dict(spec)
+        env: Dict[str, str] = {}
+        secrets: Dict[str, SecretRef] = {}
+        for item in data.get("env") or []:
+            var = _dict(item)
+            name = str(var.get("name", ""))
+            ref = _dict(_dict(var.get("valueFrom")).get("secretKeyRef"))
+            if ref:
+                secret = str(ref.get("name", ""))
+                secrets[name] = SecretRef(
+                    secret, str(ref.get("key", "")), (versions or {}).get(secret)
+                )
+            else:
+                env[name] = str(var.get("value", ""))
+        return cls(env, secrets, _dict(data.get("compute")), data)
+
+    @classmethod
+    def from_run(cls, document: Any) -> Optional["EnvironmentSpec"]:
+        """The environment an AgentRun took when it was created (``status.snapshot.
+        environment``, each Secret with the version it had then), or ``None``."""
+        snapshot = _dict(
+            _dict(_dict(_dict(document).get("status")).get("snapshot")).get("environment")
+        )
+        if not snapshot:
+            return None
+        versions = {
+            str(_dict(s).get("name")): str(_dict(s).get("resourceVersion"))
+            for s in snapshot.get("secrets") or []
+        }
+        return cls.from_json(snapshot.get("spec"), versions)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One result of a finished run, as listed: its ``name`` (``inputWorkdir``,
+    ``outputWorkdir``, ``artifacts``, ``runRecord``, ``error``, or what a post-run action
+    saved), the ``file_name`` it downloads as, its ``content_type`` and its ``size`` in
+    bytes."""
+
+    name: str
+    file_name: str
+    content_type: str
+    size: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> "RunResult":
+        """From one item of the server's ``RunResultList``."""
+        data = _dict(value)
+        return cls(
+            name=str(data.get("name", "")),
+            file_name=str(data.get("fileName", "")),
+            content_type=str(data.get("contentType", "")),
+            size=int(data.get("bytes", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class RunError:
+    """Why a run did not succeed (its ``error`` result): ``type`` (the reason, such as
+    ``TimeoutExceeded``), the ``message``, and whether a time limit ended it."""
+
+    type: str
+    message: str
+    timeout: bool
+
+    @classmethod
+    def from_json(cls, value: Any) -> "RunError":
+        """From the ``error`` result's JSON."""
+        data = _dict(value)
+        return cls(
+            str(data.get("type", "")), str(data.get("message", "")), bool(data.get("timeout"))
+        )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run's record (its ``runRecord`` result): what it was and how it ended —
+    ``phase``, ``reason``, ``message``, the whole ``answer``, the ``turns``, the ``cost`` and
+    the times."""
+
+    name: str
+    project: Optional[str]
+    uid: Optional[str]
+    agent_ref: Optional[str]
+    phase: Optional[str]
+    reason: Optional[str]
+    message: Optional[str]
+    answer: Optional[str]
+    turns: Tuple[Turn, ...]
+    cost: Cost
+    created: Optional[datetime]
+    started: Optional[datetime]
+    completed: Optional[datetime]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, value: Any) -> "RunRecord":
+        """From the ``runRecord`` result's JSON."""
+        data = _dict(value)
+        return cls(
+            name=str(data.get("name", "")),
+            project=data.get("project"),
+            uid=data.get("uid"),
+            agent_ref=data.get("agentRef"),
+            phase=data.get("phase"),
+            reason=data.get("reason"),
+            message=data.get("message"),
+            answer=data.get("answer"),
+            turns=tuple(Turn.from_json(t) for t in data.get("turns") or []),
+            cost=Cost.from_json(data.get("cost")),
+            created=parse_time(data.get("creationTimestamp")),
+            started=parse_time(data.get("startTime")),
+            completed=parse_time(data.get("completionTime")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of a run's log, as ``nodus agentrun logs`` prints it: ``stream`` is
+    ``"step"`` (a step began: ``[seq] Kind State: summary``), ``"finished"`` (a step that was
+    shown started has finished), ``"command"`` (``$ command`` of a command step),
+    ``"stdout"`` or ``"stderr"`` (one line of a finished command's output, without its
+    newline); ``step`` is the step it belongs to. ``str(line)`` is its ``text``."""
+
+    seq: int
+    stream: str
+    text: str
+    step: Step = field(repr=False, compare=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class PostRunActionInfo:
+    """A post-run action the server installs: its ``kind`` (``agents.webhook``), ``title``,
+    ``description`` and the JSON Schema of its config."""
+
+    kind: str
+    title: str
+    description: str
+    config_schema: Dict[str, Any]
+
+    @classmethod
+    def from_json(cls, value: Any) -> "PostRunActionInfo":
+        """From one item of ``GET /apis/nodus.dev/v1/postrunactions``."""
+        data = _dict(value)
+        return cls(
+            kind=str(data.get("kind", "")),
+            title=str(data.get("title", "")),
+            description=str(data.get("description", "")),
+            config_schema=_dict(data.get("configSchema")),
+        )
