@@ -436,7 +436,7 @@ async fn live_run_uids(
     let projects = store
         .list(
             nodus_core::ledger::SYSTEM_PROJECT,
-            nodus_core::resource::Kind::Project,
+            nodus_core::resource::Kind::Account,
             &selector,
         )
         .await?;

@@ -332,7 +332,7 @@ fn listing_store(
     store
         .expect_list()
         .withf(|project, kind, _| {
-            project == crate::ledger::SYSTEM_PROJECT && *kind == Kind::Project
+            project == crate::ledger::SYSTEM_PROJECT && *kind == Kind::Account
         })
         .times(1)
         .returning(|_, _, _| Ok(Vec::new()));

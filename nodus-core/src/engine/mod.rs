@@ -84,23 +84,23 @@ pub struct Deps {
 }
 
 impl Deps {
-    /// Dependencies over these backends — durable state, where commands run, the model and
-    /// its catalog (what each family's model is and costs) — with the defaults for the rest:
-    /// the system clock, routing every prompt to the fallback family ([`Family::FALLBACK`],
-    /// within what an agent allows), no Secrets, and no metering of credits (for embedders
-    /// who bill elsewhere; runs' own caps still hold). Change any with [`DepsBuilder`]'s
-    /// methods, then [`DepsBuilder::build`].
+    /// Dependencies over these backends — where commands run, the model and its catalog
+    /// (what each family's model is and costs) — with the defaults for the rest: a new
+    /// in-memory store ([`MemoryStore`](crate::store::MemoryStore): nothing survives the
+    /// process), the system clock, routing every prompt to the fallback family
+    /// ([`Family::FALLBACK`], within what an agent allows), no Secrets, and no metering of
+    /// credits (for embedders who bill elsewhere; runs' own caps still hold). Change any with
+    /// [`DepsBuilder`]'s methods, then [`DepsBuilder::build`].
     ///
     /// [`Family::FALLBACK`]: crate::catalog::Family::FALLBACK
     pub fn builder(
-        store: Arc<dyn Store>,
         sandbox: Arc<dyn Sandbox>,
         model: Arc<dyn ModelClient>,
         catalog: Catalog,
     ) -> DepsBuilder {
         DepsBuilder {
             deps: Deps {
-                store,
+                store: Arc::new(crate::store::MemoryStore::new()),
                 sandbox,
                 model,
                 router: Arc::new(crate::router::FixedRouter(crate::catalog::Family::FALLBACK)),
@@ -121,6 +121,12 @@ pub struct DepsBuilder {
 }
 
 impl DepsBuilder {
+    /// Durable state (a SQLite or Postgres store of nodus-store, or a [`Store`] of your own).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.deps.store = store;
+        self
+    }
+
     /// Picks a family per prompt.
     pub fn router(mut self, router: Arc<dyn Router>) -> Self {
         self.deps.router = router;
