@@ -8,33 +8,26 @@
 
 use std::sync::Arc;
 
-use nodus_core::clock::SystemClock;
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
 use nodus_core::runner::{Runner, RunnerConfig};
-use nodus_core::secret::StaticSecrets;
 use nodus_llm::{Jev, ScriptedModel};
 use nodus_sandbox::UnisolatedSandbox;
-use nodus_store::MemoryStore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let workdirs = std::env::temp_dir().join(format!("nodus-embedding-{}", std::process::id()));
-    let engine = Engine::new(
-        Deps {
-            store: Arc::new(MemoryStore::new()),
-            sandbox: Arc::new(UnisolatedSandbox::new(workdirs.clone())),
-            model: Arc::new(ScriptedModel::offline()),
-            router: Arc::new(Jev::new()),
-            clock: Arc::new(SystemClock),
-            // The offline model is free: every family is answered by it, at no price.
-            catalog: Arc::new(nodus_llm::offline_catalog(&nodus_llm::default_catalog()?)),
-            secrets: Arc::new(StaticSecrets::new()),
-            ledger: Arc::new(nodus_core::ledger::Unmetered),
-        },
-        Config::default(),
-    );
+    // The builder's defaults: the in-memory store, the system clock, no Secrets, no metering.
+    let deps = Deps::builder(
+        Arc::new(UnisolatedSandbox::new(workdirs.clone())),
+        Arc::new(ScriptedModel::offline()),
+        // The offline model is free: every family is answered by it, at no price.
+        nodus_llm::offline_catalog(&nodus_llm::default_catalog()?),
+    )
+    .router(Arc::new(Jev::new()))
+    .build();
+    let engine = Engine::new(deps, Config::default());
     // The runner drives every run of the engine until it is shut down.
     let runner = Runner::start(engine.clone(), RunnerConfig::default());
 

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nodus_core::Usd;
-use nodus_core::clock::SystemClock;
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::group::GroupPhase;
 use nodus_core::lifecycle::RunPhase;
@@ -18,29 +17,23 @@ use nodus_core::resource::{
     Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, GroupLimits,
 };
 use nodus_core::runner::{Runner, RunnerConfig};
-use nodus_core::secret::StaticSecrets;
 use nodus_llm::{Jev, ScriptedModel};
 use nodus_sandbox::UnisolatedSandbox;
-use nodus_store::MemoryStore;
 
 const PROJECT: &str = "default";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let workdirs = std::env::temp_dir().join(format!("nodus-group-{}", std::process::id()));
-    let engine = Engine::new(
-        Deps {
-            store: Arc::new(MemoryStore::new()),
-            sandbox: Arc::new(UnisolatedSandbox::new(workdirs.clone())),
-            model: Arc::new(ScriptedModel::offline()),
-            router: Arc::new(Jev::new()),
-            clock: Arc::new(SystemClock),
-            catalog: Arc::new(nodus_llm::default_catalog()?),
-            secrets: Arc::new(StaticSecrets::new()),
-            ledger: Arc::new(nodus_core::ledger::Unmetered),
-        },
-        Config::default(),
-    );
+    // The builder's defaults: the in-memory store, the system clock, no Secrets, no metering.
+    let deps = Deps::builder(
+        Arc::new(UnisolatedSandbox::new(workdirs.clone())),
+        Arc::new(ScriptedModel::offline()),
+        nodus_llm::default_catalog()?,
+    )
+    .router(Arc::new(Jev::new()))
+    .build();
+    let engine = Engine::new(deps, Config::default());
     let runner = Runner::start(engine.clone(), RunnerConfig::default());
     let result = run_group(&engine).await;
     runner.shutdown().await;

@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 /// The largest response body read.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
+/// The longest a streamed answer ([`Client::get_stream`]) is read.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A connection to one server, for one project.
 #[derive(Clone)]
 pub struct Client {
@@ -207,6 +210,30 @@ impl Client {
         } else {
             Err(server_error(status.as_u16(), &bytes))
         }
+    }
+
+    /// `GET` of a streamed answer under the project (read as it comes, with
+    /// [`reqwest::Response::chunk`]), with no time limit but the server's; an error status
+    /// is read whole and returned as [`Error::Server`].
+    pub async fn get_stream(
+        &self,
+        rest: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<reqwest::Response> {
+        let response = self
+            .http
+            .get(self.url(&self.project_segments(rest), query))
+            .bearer_auth(&self.token)
+            .timeout(STREAM_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        Err(server_error(status.as_u16(), &bytes))
     }
 
     /// `POST` of JSON to a path under the project.

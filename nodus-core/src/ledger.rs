@@ -17,8 +17,8 @@ use crate::money::Usd;
 use crate::resource::Kind;
 use crate::store::{self, ObjectKey, Selector, Store};
 
-/// The project that holds what Nodus keeps for itself (projects, tokens). It is not a DNS
-/// label, so no user project can have its name.
+/// The project that holds what Nodus keeps for itself (the projects' accounts; the server
+/// keeps its tokens there too). It is not a DNS label, so no user project can have its name.
 pub const SYSTEM_PROJECT: &str = "_system";
 
 /// A project's credits.
@@ -124,8 +124,24 @@ impl Ledger for Unmetered {
     }
 }
 
-/// One account per project, kept in the store as a `Project` document of
-/// [`SYSTEM_PROJECT`]; the project's Budget resources cap its total spend.
+/// Where the account of `project` is kept: an [`Kind::Account`] document of
+/// [`SYSTEM_PROJECT`] named after the project. A project exists for Nodus when it has one.
+pub fn account_key(project: &str) -> ObjectKey {
+    ObjectKey::new(SYSTEM_PROJECT, Kind::Account, project)
+}
+
+/// The projects with an account, in the order their accounts were made.
+pub async fn projects(store: &dyn Store) -> Result<Vec<String>, store::Error> {
+    Ok(store
+        .list(SYSTEM_PROJECT, Kind::Account, &Selector::default())
+        .await?
+        .into_iter()
+        .map(|record| record.key.name)
+        .collect())
+}
+
+/// One account per project, kept in the store at [`account_key`]; the project's Budget
+/// resources cap its total spend.
 #[derive(Clone)]
 pub struct StoreLedger {
     store: Arc<dyn Store>,
@@ -135,10 +151,6 @@ impl StoreLedger {
     /// Accounts in this store.
     pub fn new(store: Arc<dyn Store>) -> Self {
         StoreLedger { store }
-    }
-
-    fn key(project: &str) -> ObjectKey {
-        ObjectKey::new(SYSTEM_PROJECT, Kind::Project, project)
     }
 
     /// Make the project's account if it has none, with `credits`.
@@ -152,7 +164,7 @@ impl StoreLedger {
                 };
                 match self
                     .store
-                    .create(&Self::key(project), document(project, &account))
+                    .create(&account_key(project), document(project, &account))
                     .await
                 {
                     Ok(_) => Ok(account),
@@ -165,7 +177,7 @@ impl StoreLedger {
     }
 
     async fn read(&self, project: &str) -> Result<(Account, u64), store::Error> {
-        let record = self.store.get(&Self::key(project)).await?;
+        let record = self.store.get(&account_key(project)).await?;
         let account = account_of(&record.document)
             .map_err(|e| store::Error::Corrupt(format!("account of project {project}: {e}")))?;
         Ok((account, record.version))
@@ -220,7 +232,7 @@ impl StoreLedger {
             change(&mut account).ok()?;
             Some(document(&owner, &account))
         });
-        let record = self.store.modify(&Self::key(project), edit).await?;
+        let record = self.store.modify(&account_key(project), edit).await?;
         account_of(&record.document)
             .map_err(|e| store::Error::Corrupt(format!("account of project {project}: {e}")))
     }
@@ -233,7 +245,7 @@ fn account_of(document: &serde_json::Value) -> Result<Account, serde_json::Error
 fn document(project: &str, account: &Account) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": crate::resource::API_VERSION,
-        "kind": "Project",
+        "kind": "Account",
         "metadata": {"name": project},
         "status": {"account": account},
     })
@@ -268,7 +280,7 @@ impl Ledger for StoreLedger {
                 document(&owner, &account)
             })
         });
-        match self.store.modify(&Self::key(project), edit).await {
+        match self.store.modify(&account_key(project), edit).await {
             Ok(_) | Err(store::Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }

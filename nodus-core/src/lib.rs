@@ -8,11 +8,11 @@
 //!
 //! # Embedding
 //!
-//! An [`Engine`](engine::Engine) is built from its [`Deps`](engine::Deps) — a store, a
-//! sandbox, a model client and its catalog; [`Deps::builder`](engine::Deps::builder) fills in
-//! the rest (the system clock, no metering) — and a [`Config`](engine::Config). Its
-//! operations write what people ask for (agents, runs, groups; messages, cancellations); the
-//! [`Runner`] drives the runs. Here with the in-memory store, the unisolated sandbox (a
+//! An [`Engine`](engine::Engine) is built from its [`Deps`](engine::Deps) — a sandbox, a model
+//! client and its catalog; [`Deps::builder`](engine::Deps::builder) fills in the rest (the
+//! in-memory store, the system clock, no metering; `.store(…)` for a durable one) — and a
+//! [`Config`](engine::Config). Its operations write what people ask for (agents, runs,
+//! groups; messages, cancellations); the [`Runner`] drives the runs. Here with the in-memory store, the unisolated sandbox (a
 //! directory per run, no isolation: for trusted commands only) and the offline model, which
 //! answers without calling anyone and is free:
 //!
@@ -28,7 +28,6 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let workdirs = tempfile::tempdir()?;
 //! let deps = Deps::builder(
-//!     Arc::new(nodus_store::MemoryStore::new()),
 //!     Arc::new(nodus_sandbox::UnisolatedSandbox::new(workdirs.path().to_path_buf())),
 //!     Arc::new(nodus_llm::ScriptedModel::offline()),
 //!     nodus_llm::offline_catalog(&nodus_llm::default_catalog()?),

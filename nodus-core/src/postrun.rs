@@ -114,6 +114,14 @@ impl Registry {
         self
     }
 
+    /// With every action of `other` too (replacing those of the same kinds).
+    pub fn merged(mut self, other: &Registry) -> Self {
+        for (kind, action) in &other.actions {
+            self.actions.insert(kind, action.clone());
+        }
+        self
+    }
+
     /// The action of `kind`, if installed.
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn PostRunAction>> {
         self.actions.get(kind)

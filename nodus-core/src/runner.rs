@@ -190,7 +190,7 @@ impl Runner {
                     Ok(Change::Written(key, _)) if matches!(key.kind, Kind::AgentRun | Kind::AgentGroup) => {
                         self.queue(key, &mut queue);
                     }
-                    Ok(Change::Written(key, _)) if key.kind == Kind::Project && key.project == SYSTEM_PROJECT => {
+                    Ok(Change::Written(key, _)) if key.kind == Kind::Account && key.project == SYSTEM_PROJECT => {
                         // Credits changed: the runs waiting for funds look again (only
                         // those: every model call changes its project's account).
                         for run in queue.awaiting_funds.remove(&key.name).unwrap_or_default() {
@@ -486,11 +486,8 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
 
 /// The projects a runner looks after: those with a credit account, and `extra`.
 async fn projects(store: &dyn Store, extra: &[String]) -> Vec<String> {
-    let mut projects: Vec<String> = match store
-        .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
-        .await
-    {
-        Ok(projects) => projects.into_iter().map(|p| p.key.name).collect(),
+    let mut projects: Vec<String> = match crate::ledger::projects(store).await {
+        Ok(projects) => projects,
         Err(error) => {
             tracing::error!(error = %error, "cannot list projects");
             Vec::new()

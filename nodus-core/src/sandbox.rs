@@ -29,6 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -186,6 +187,27 @@ pub struct ExecOutput {
     pub stopped: Option<String>,
 }
 
+/// One of a command's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// Where [`Sandbox::exec_live`] reports a running command's output as it arrives, for people
+/// following the run. What it reports is what the command printed, within the request's
+/// output cap, with one exception: a newline that ends what has come so far is reported at
+/// once, although it may turn out to be the start of the backend's end marker (a command
+/// whose output does not end with a newline). The [`ExecOutput`] stays the record.
+pub trait LiveOutput: Send + Sync {
+    /// `bytes` of `stream`, starting at byte `offset` of what the command printed on it.
+    /// Called from the task that reads the command: it must not block.
+    fn output(&self, stream: Stream, offset: u64, bytes: &[u8]);
+}
+
 /// What can go wrong with a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -225,6 +247,18 @@ pub trait Sandbox: Send + Sync {
     /// Run one command, bounded by the sandbox's limits ([`ExecRequest::within`]). Dropping
     /// the returned future kills the command.
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error>;
+    /// [`Sandbox::exec`], reporting the command's output to `live` while it runs. The
+    /// default reports nothing: a backend that cannot stream leaves followers to the
+    /// completed step.
+    async fn exec_live(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        live: Arc<dyn LiveOutput>,
+    ) -> Result<ExecOutput, Error> {
+        let _ = live;
+        self.exec(id, request).await
+    }
     /// Unpack a tar archive of at most [`MAX_ARCHIVE_BYTES`] into the working directory
     /// (paths checked: relative, no `..`, no links pointing outside; nothing is written when
     /// an entry is refused). Used to stage a run's files before its first command.

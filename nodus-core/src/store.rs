@@ -1,7 +1,10 @@
 //! The `Store` trait: resources with optimistic concurrency, the run journal, the message
 //! inbox, run leases for several replicas, rewriting a run's recorded contents in one write and change
 //! notification.
-//! Backends (in-memory, SQLite, Postgres) live in nodus-store.
+//! The in-memory backend is here ([`MemoryStore`], the default of
+//! [`Deps::builder`](crate::engine::Deps::builder)); SQLite and Postgres live in nodus-store.
+
+pub mod memory;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +19,8 @@ use serde_json::Value;
 
 use crate::journal::{Completion, Step};
 use crate::resource::Kind;
+
+pub use memory::MemoryStore;
 
 /// Where a resource lives.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -205,6 +210,18 @@ pub struct RunRewrite {
     /// Documents deleted in the same write (not runs: delete a run by itself); one that does
     /// not exist is no error.
     pub delete: Vec<ObjectKey>,
+}
+
+/// Refuse the deletions of a [`RunRewrite`] that would delete a run: a rewrite deletes
+/// documents only, and a run's journal and inbox go with the run. Every store checks this
+/// before it writes.
+pub fn check_rewrite_deletes(delete: &[ObjectKey]) -> Result<(), Error> {
+    match delete.iter().find(|key| key.kind == Kind::AgentRun) {
+        Some(run) => Err(Error::Invalid(format!(
+            "a run rewrite cannot delete the run {run}: delete it by itself"
+        ))),
+        None => Ok(()),
+    }
 }
 
 impl fmt::Debug for RunRewrite {

@@ -17,11 +17,10 @@ use nodus_core::engine::{Config, Deps, Engine, Error, WRITABLE_KINDS};
 use nodus_core::patch::merge;
 use nodus_core::resource::Kind;
 use nodus_core::secret::{SealError, SecretString, Secrets};
-use nodus_core::store::{ObjectKey, Selector, Store};
+use nodus_core::store::{MemoryStore, ObjectKey, Selector, Store};
 use nodus_core::validate::Invalid;
 use nodus_llm::ScriptedModel;
 use nodus_sandbox::UnisolatedSandbox;
-use nodus_store::MemoryStore;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Map, Value, json};
@@ -71,13 +70,13 @@ fn engine() -> Engine {
     let catalog = nodus_llm::offline_catalog(&nodus_llm::default_catalog().expect("catalog"));
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let deps = Deps::builder(
-        store.clone(),
         Arc::new(UnisolatedSandbox::new(
             std::env::temp_dir().join(format!("nodus-fuzz-{}", std::process::id())),
         )),
         Arc::new(ScriptedModel::offline()),
         catalog,
     )
+    .store(store.clone())
     .secrets(Arc::new(PlainSealing(store)))
     .build();
     Engine::new(deps, Config::default())

@@ -87,13 +87,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use nodus_core::Sandbox;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, LiveOutput, SandboxId, SandboxInfo, SandboxSpec,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -321,6 +322,44 @@ impl Live {
     }
 }
 
+/// The CPUs a sandbox with `cpu_millis` runs on: as many whole CPUs as its limit rounds up
+/// to, of those this thread may use, taken in turn (so that sandboxes spread over the host),
+/// or `None` when the limit is as many as it may use (then nothing is pinned).
+fn sandbox_cpus(
+    allowed: &rustix::thread::CpuSet,
+    cpu_millis: u32,
+) -> Option<rustix::thread::CpuSet> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&cpu| allowed.is_set(cpu))
+        .collect();
+    let wanted = usize::try_from(cpu_millis.div_ceil(1000).max(1)).unwrap_or(usize::MAX);
+    if wanted >= cpus.len() {
+        return None;
+    }
+    let first = NEXT.fetch_add(wanted, Ordering::Relaxed);
+    let mut pinned = rustix::thread::CpuSet::new();
+    for k in 0..wanted {
+        pinned.set(cpus[(first + k) % cpus.len()]);
+    }
+    Some(pinned)
+}
+
+/// Pins this thread to the CPUs of a sandbox with `cpu_millis` ([`sandbox_cpus`]) for the
+/// spawn of its process, which inherits them; the CPUs it had, to restore after the spawn,
+/// or `None` when nothing was pinned.
+fn pin_thread(cpu_millis: u32) -> Option<rustix::thread::CpuSet> {
+    let allowed = rustix::thread::sched_getaffinity(None).ok()?;
+    let pinned = sandbox_cpus(&allowed, cpu_millis)?;
+    match rustix::thread::sched_setaffinity(None, &pinned) {
+        Ok(()) => Some(allowed),
+        Err(e) => {
+            debug!(error = %e, "cannot pin a sandbox to its CPUs");
+            None
+        }
+    }
+}
+
 /// What every sandbox start needs, found once: how to start bubblewrap and the arguments that lay
 /// out the sandbox's file system.
 #[derive(Debug)]
@@ -345,6 +384,112 @@ pub struct BwrapSandbox {
 }
 
 impl BwrapSandbox {
+    /// [`Sandbox::exec`], reporting the command's output to `followers` when given.
+    async fn exec_reporting(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        followers: Option<Arc<dyn LiveOutput>>,
+    ) -> Result<ExecOutput, Error> {
+        let dir = self.dir_of(id)?;
+        let created = self
+            .created()
+            .get(&id.0)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(id.clone()))?;
+        let prepared = self.prepared().await?;
+        let request = request.within(&created.limits)?;
+        let shown_cwd = request.cwd.clone().unwrap_or_default();
+        let rel = paths::relative(Path::new(&shown_cwd))
+            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        let owned_id = id.clone();
+        let shown = shown_cwd.clone();
+        let (home, cwd) = blocking(move || {
+            let home = canonical_dir(&dir, &owned_id)?;
+            let cwd = inside_dir(&home, &rel, &shown)?;
+            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
+            let inside = if inner.as_os_str().is_empty() {
+                PathBuf::from(WORKDIR)
+            } else {
+                Path::new(WORKDIR).join(inner)
+            };
+            Ok((home, inside))
+        })
+        .await?;
+
+        let inner = cwd.to_string_lossy().into_owned();
+        let nonce = channel::nonce();
+        let frame = channel::frame(&nonce, &inner, &request.command)?;
+        let watch = Watch {
+            dir: home.clone(),
+            limit: created.limits.disk_bytes,
+            reserve: self.config.disk_reserve_bytes,
+        };
+        let start = watch.start().await;
+        let cap = capped::cap_len(request.output_cap);
+        let mut held = created.live.lock().await;
+        let mut fresh = false;
+        let ran = loop {
+            // A sandbox whose process died (killed from outside, or stopped with its last
+            // command) starts again over the same working directory.
+            let running = held
+                .take()
+                .and_then(|mut live| live.running().then_some(live));
+            let mut live = match running {
+                Some(live) => live,
+                None => {
+                    fresh = true;
+                    // Its cgroups are gone when it was suspended.
+                    let (cgroups, key, limits) =
+                        (self.cgroups.clone(), id.0.clone(), created.limits);
+                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+                    blocking(move || cgroups.create(&key, &limits, entrant)).await?;
+                    self.start(prepared, &id.0, &created, &home)?
+                }
+            };
+            let reading = Reading::live(&nonce, cap, followers.clone());
+            // While the command runs the sandbox is out of the slot: dropping this future
+            // drops it, which kills it, and the next command starts it again.
+            match live
+                .run(&frame, reading, request.timeout, &watch, start)
+                .await?
+            {
+                Ran::Ended(reading) => {
+                    *held = Some(live);
+                    break Ran::Ended(reading);
+                }
+                // It ended before this command began, so the command did not run: once more
+                // in a fresh sandbox.
+                Ran::Closed(reading, _) if !reading.begun() && !fresh => {}
+                ran => break ran,
+            }
+        };
+        let (status, reading, mut stopped) = match ran {
+            Ran::Ended(reading) => (Some(reading.status()?), reading, None),
+            Ran::TimedOut(reading) => (None, reading, None),
+            Ran::Stopped(reading, reason) => (None, reading, Some(reason)),
+            Ran::Closed(reading, early) if !reading.begun() => {
+                let said = String::from_utf8_lossy(&early).trim().to_owned();
+                if early.starts_with(GATE_MESSAGE) {
+                    return Err(Error::Failed(said));
+                }
+                return Err(Error::Failed(format!(
+                    "the sandbox {id} did not start: {said}"
+                )));
+            }
+            Ran::Closed(..) => {
+                return Err(Error::Unavailable(format!(
+                    "the sandbox {id} ended while a command ran"
+                )));
+            }
+        };
+        let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
+        if let (None, Some(_)) = (&stopped, exit_code) {
+            stopped = watch.reached(start).await;
+        }
+        Ok(reading.into_exec_output(exit_code, stopped))
+    }
+
     /// A backend with this configuration. Finds the host's cgroup controllers now (and
     /// creates the parent cgroups); `bwrap` itself is looked for and tried on the first
     /// [`Sandbox::create`].
@@ -469,7 +614,16 @@ impl BwrapSandbox {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(process::spawn_error)?;
+        // The sandbox inherits the CPUs of the thread that starts it: pinned for the spawn
+        // only, so that `nproc` inside shows its CPU limit.
+        let restore = pin_thread(created.limits.cpu_millis);
+        let spawned = command.spawn();
+        if let Some(previous) = restore
+            && let Err(e) = rustix::thread::sched_setaffinity(None, &previous)
+        {
+            tracing::warn!(error = %e, "cannot give this thread its CPUs back");
+        }
+        let mut child = spawned.map_err(process::spawn_error)?;
         // The command holds the sandbox's end of the socket: without it, the socket ends
         // when the sandbox does.
         drop(command);
@@ -563,103 +717,16 @@ impl Sandbox for BwrapSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let dir = self.dir_of(id)?;
-        let created = self
-            .created()
-            .get(&id.0)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(id.clone()))?;
-        let prepared = self.prepared().await?;
-        let request = request.within(&created.limits)?;
-        let shown_cwd = request.cwd.clone().unwrap_or_default();
-        let rel = paths::relative(Path::new(&shown_cwd))
-            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let owned_id = id.clone();
-        let shown = shown_cwd.clone();
-        let (home, cwd) = blocking(move || {
-            let home = canonical_dir(&dir, &owned_id)?;
-            let cwd = inside_dir(&home, &rel, &shown)?;
-            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
-            let inside = if inner.as_os_str().is_empty() {
-                PathBuf::from(WORKDIR)
-            } else {
-                Path::new(WORKDIR).join(inner)
-            };
-            Ok((home, inside))
-        })
-        .await?;
+        self.exec_reporting(id, request, None).await
+    }
 
-        let inner = cwd.to_string_lossy().into_owned();
-        let nonce = channel::nonce();
-        let frame = channel::frame(&nonce, &inner, &request.command)?;
-        let watch = Watch {
-            dir: home.clone(),
-            limit: created.limits.disk_bytes,
-            reserve: self.config.disk_reserve_bytes,
-        };
-        let start = watch.start().await;
-        let cap = capped::cap_len(request.output_cap);
-        let mut held = created.live.lock().await;
-        let mut fresh = false;
-        let ran = loop {
-            // A sandbox whose process died (killed from outside, or stopped with its last
-            // command) starts again over the same working directory.
-            let running = held
-                .take()
-                .and_then(|mut live| live.running().then_some(live));
-            let mut live = match running {
-                Some(live) => live,
-                None => {
-                    fresh = true;
-                    // Its cgroups are gone when it was suspended.
-                    let (cgroups, key, limits) =
-                        (self.cgroups.clone(), id.0.clone(), created.limits);
-                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
-                    blocking(move || cgroups.create(&key, &limits, entrant)).await?;
-                    self.start(prepared, &id.0, &created, &home)?
-                }
-            };
-            let reading = Reading::new(&nonce, cap);
-            // While the command runs the sandbox is out of the slot: dropping this future
-            // drops it, which kills it, and the next command starts it again.
-            match live
-                .run(&frame, reading, request.timeout, &watch, start)
-                .await?
-            {
-                Ran::Ended(reading) => {
-                    *held = Some(live);
-                    break Ran::Ended(reading);
-                }
-                // It ended before this command began, so the command did not run: once more
-                // in a fresh sandbox.
-                Ran::Closed(reading, _) if !reading.begun() && !fresh => {}
-                ran => break ran,
-            }
-        };
-        let (status, reading, mut stopped) = match ran {
-            Ran::Ended(reading) => (Some(reading.status()?), reading, None),
-            Ran::TimedOut(reading) => (None, reading, None),
-            Ran::Stopped(reading, reason) => (None, reading, Some(reason)),
-            Ran::Closed(reading, early) if !reading.begun() => {
-                let said = String::from_utf8_lossy(&early).trim().to_owned();
-                if early.starts_with(GATE_MESSAGE) {
-                    return Err(Error::Failed(said));
-                }
-                return Err(Error::Failed(format!(
-                    "the sandbox {id} did not start: {said}"
-                )));
-            }
-            Ran::Closed(..) => {
-                return Err(Error::Unavailable(format!(
-                    "the sandbox {id} ended while a command ran"
-                )));
-            }
-        };
-        let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
-        if let (None, Some(_)) = (&stopped, exit_code) {
-            stopped = watch.reached(start).await;
-        }
-        Ok(reading.into_exec_output(exit_code, stopped))
+    async fn exec_live(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        live: Arc<dyn LiveOutput>,
+    ) -> Result<ExecOutput, Error> {
+        self.exec_reporting(id, request, Some(live)).await
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
@@ -982,4 +1049,34 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_gets_the_whole_cpus_its_limit_rounds_up_to_in_turn() {
+        let mut allowed = rustix::thread::CpuSet::new();
+        for cpu in [0, 2, 3, 5] {
+            allowed.set(cpu);
+        }
+        let pinned = |millis| sandbox_cpus(&allowed, millis).map(|set| set.count());
+        assert_eq!(pinned(10), Some(1));
+        assert_eq!(pinned(1000), Some(1));
+        assert_eq!(pinned(1001), Some(2));
+        assert_eq!(pinned(2500), Some(3));
+        assert_eq!(pinned(4000), None, "as many as allowed: not pinned");
+        assert_eq!(pinned(64_000), None);
+        // Only allowed CPUs, and one sandbox after another on different ones.
+        let firsts: Vec<usize> = (0..4)
+            .map(|_| {
+                let set = sandbox_cpus(&allowed, 1000).expect("pinned");
+                (0..8).find(|&cpu| set.is_set(cpu)).expect("one CPU")
+            })
+            .collect();
+        let mut sorted = firsts.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [0, 2, 3, 5], "{firsts:?}");
+    }
 }

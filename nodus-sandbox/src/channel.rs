@@ -25,10 +25,11 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nodus_core::output::Output;
-use nodus_core::sandbox::{Error, ExecOutput};
+use nodus_core::sandbox::{Error, ExecOutput, LiveOutput, Stream};
 
 use crate::capped;
 
@@ -135,11 +136,22 @@ pub(crate) struct Reading {
 
 impl Reading {
     /// Reading the command with this nonce, keeping at most `cap` bytes of each stream.
+    #[cfg(test)]
     pub(crate) fn new(nonce: &str, cap: usize) -> Self {
-        Reading {
-            stdout: Cut::new(nonce, cap),
-            stderr: Cut::new(nonce, cap),
+        Reading::live(nonce, cap, None)
+    }
+
+    /// [`Reading::new`], reporting what is kept of each stream to `live` as soon as it is
+    /// known not to begin an end marker (a lone newline is reported at once: see
+    /// [`LiveOutput`]).
+    pub(crate) fn live(nonce: &str, cap: usize, live: Option<Arc<dyn LiveOutput>>) -> Self {
+        let mut stdout = Cut::new(nonce, cap);
+        let mut stderr = Cut::new(nonce, cap);
+        if let Some(live) = live {
+            stdout.live = Some(Live(live.clone(), Stream::Stdout));
+            stderr.live = Some(Live(live, Stream::Stderr));
         }
+        Reading { stdout, stderr }
     }
 
     /// Both streams ended before their end markers (the process that wrote them was killed):
@@ -217,6 +229,15 @@ enum Phase {
     Done(Vec<u8>),
 }
 
+/// Where one stream's output is reported as it arrives.
+struct Live(Arc<dyn LiveOutput>, Stream);
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Live").field(&self.1).finish()
+    }
+}
+
 /// One stream of a command, cut out of the channel by its markers.
 #[derive(Debug)]
 pub(crate) struct Cut {
@@ -227,6 +248,12 @@ pub(crate) struct Cut {
     window: Vec<u8>,
     out: Output,
     cap: usize,
+    /// Where the output is reported as it arrives, if anywhere.
+    live: Option<Live>,
+    /// The position in the command's output of the window's first byte (once inside).
+    placed: u64,
+    /// The position up to which the output was reported.
+    told: u64,
 }
 
 impl Cut {
@@ -238,7 +265,44 @@ impl Cut {
             window: Vec::new(),
             out: Output::default(),
             cap,
+            live: None,
+            placed: 0,
+            told: 0,
         }
+    }
+
+    /// Reports the output up to position `upto` (within the cap) that was not reported yet;
+    /// the window still holds it.
+    fn tell(&mut self, upto: u64) {
+        let Some(Live(live, stream)) = &self.live else {
+            return;
+        };
+        let upto = upto.min(self.cap as u64);
+        if upto > self.told {
+            let from = usize::try_from(self.told - self.placed).unwrap_or(usize::MAX);
+            let to = usize::try_from(upto - self.placed).unwrap_or(usize::MAX);
+            if let Some(bytes) = self.window.get(from..to) {
+                live.output(*stream, self.told, bytes);
+            }
+            self.told = upto;
+        }
+    }
+
+    /// Takes the first `n` bytes of the window into the output.
+    fn place(&mut self, n: usize) {
+        capped::push(&mut self.out, self.cap, &self.window[..n]);
+        self.window.drain(..n);
+        self.placed += n as u64;
+    }
+
+    /// How many of the window's last bytes may begin the end marker and are held back from
+    /// followers: a lone newline is not (it ends a line far more often than it begins the
+    /// marker).
+    fn held(&self) -> usize {
+        (2..self.end.len())
+            .rev()
+            .find(|&k| self.window.ends_with(&self.end[..k]))
+            .unwrap_or(0)
     }
 
     fn done(&self) -> bool {
@@ -247,8 +311,8 @@ impl Cut {
 
     fn finish(&mut self) {
         if matches!(self.phase, Phase::Inside) {
-            let held = std::mem::take(&mut self.window);
-            capped::push(&mut self.out, self.cap, &held);
+            self.tell(self.placed + self.window.len() as u64);
+            self.place(self.window.len());
         }
     }
 
@@ -272,14 +336,16 @@ impl Cut {
                 },
                 Phase::Inside => match find(&self.window, &self.end) {
                     Some(at) => {
-                        capped::push(&mut self.out, self.cap, &self.window[..at]);
-                        self.window.drain(..at + self.end.len());
+                        self.tell(self.placed + at as u64);
+                        self.place(at);
+                        self.window.drain(..self.end.len());
                         self.phase = Phase::Trailer;
                     }
                     None => {
+                        let told = self.window.len() - self.held();
+                        self.tell(self.placed + told as u64);
                         let settled = self.window.len().saturating_sub(self.end.len() - 1);
-                        capped::push(&mut self.out, self.cap, &self.window[..settled]);
-                        self.window.drain(..settled);
+                        self.place(settled);
                         return Ok(());
                     }
                 },
@@ -346,6 +412,83 @@ mod tests {
             );
             assert!(!out.truncated && err.bytes.is_empty());
         }
+    }
+
+    /// What a follower was told, in order: (stream, offset, bytes).
+    #[derive(Default)]
+    struct Told(std::sync::Mutex<Vec<(Stream, u64, Vec<u8>)>>);
+
+    impl LiveOutput for Told {
+        fn output(&self, stream: Stream, offset: u64, bytes: &[u8]) {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .push((stream, offset, bytes.to_vec()));
+        }
+    }
+
+    impl Told {
+        /// The bytes told of `stream`, checked to follow each other without gap or overlap.
+        fn of(&self, stream: Stream) -> Vec<u8> {
+            let mut all = Vec::new();
+            for (s, offset, bytes) in self.0.lock().expect("not poisoned").iter() {
+                if *s == stream {
+                    assert_eq!(*offset, all.len() as u64, "contiguous");
+                    assert!(!bytes.is_empty());
+                    all.extend_from_slice(bytes);
+                }
+            }
+            all
+        }
+    }
+
+    #[test]
+    fn followers_are_told_each_line_as_it_comes_and_the_same_bytes_as_the_record() {
+        let told = Arc::new(Told::default());
+        let mut reading = Reading::live("N", 1 << 20, Some(told.clone()));
+        reading.stdout.feed(b"junk\nN B\nline-1\n").expect("feed");
+        // The newline that ends the line is told at once, before anything follows it.
+        assert_eq!(told.of(Stream::Stdout), b"line-1\n");
+        reading.stdout.feed(b"line-2\n\nN").expect("feed");
+        assert_eq!(
+            told.of(Stream::Stdout),
+            b"line-1\nline-2\n",
+            "\\nN is held back"
+        );
+        reading.stdout.feed(b" E 0\n").expect("feed");
+        reading.stderr.feed(b"N B\nwarn\n\nN E\n").expect("feed");
+        assert!(reading.done());
+        assert_eq!(told.of(Stream::Stderr), b"warn\n");
+        let (out, _) = reading.into_outputs();
+        assert_eq!(told.of(Stream::Stdout), out.bytes);
+
+        // In any chunking, what is told is the record (here with no final newline, plus at
+        // most the marker's newline) and never more than the cap.
+        let stream = b"N B\nhello\n\nworld\xff\0no newline\nN E 3\n";
+        for cap in [5, 1 << 20] {
+            for size in 1..stream.len() {
+                let told = Arc::new(Told::default());
+                let mut reading = Reading::live("N", cap, Some(told.clone()));
+                for chunk in stream.chunks(size) {
+                    reading.stdout.feed(chunk).expect("well-formed");
+                }
+                let (out, _) = reading.into_outputs();
+                let seen = told.of(Stream::Stdout);
+                assert!(seen.starts_with(&out.bytes), "chunks of {size}");
+                assert!(seen.len() <= cap, "chunks of {size}");
+                assert!(
+                    seen.len() == out.bytes.len() || seen == [out.bytes.as_slice(), b"\n"].concat(),
+                    "chunks of {size}: {seen:?}"
+                );
+            }
+        }
+
+        // Cut off before the end marker: everything is told.
+        let told = Arc::new(Told::default());
+        let mut reading = Reading::live("N", 100, Some(told.clone()));
+        reading.stdout.feed(b"N B\nstarted\n\nN").expect("feed");
+        reading.finish();
+        assert_eq!(told.of(Stream::Stdout), b"started\n\nN");
     }
 
     #[test]

@@ -130,7 +130,8 @@ impl Server {
             Config {
                 default_image: options.default_image.clone(),
                 replica: Some(replica_name(&options.data_dir)?),
-                actions: crate::actions::registry(options.webhook_allow.clone()),
+                actions: crate::actions::registry(options.webhook_allow.clone())
+                    .merged(&options.actions),
                 ..Config::default()
             },
         );
@@ -435,7 +436,7 @@ async fn live_run_uids(
     let projects = store
         .list(
             nodus_core::ledger::SYSTEM_PROJECT,
-            nodus_core::resource::Kind::Project,
+            nodus_core::resource::Kind::Account,
             &selector,
         )
         .await?;

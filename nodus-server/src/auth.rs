@@ -33,6 +33,10 @@ pub const DEFAULT_PROJECT: &str = "default";
 pub const ADMIN_TOKEN_FILE: &str = "admin-token";
 /// The name of the bootstrap token in the project `default`.
 pub const OPERATOR_TOKEN_NAME: &str = "admin";
+/// The server's own kind of stored document, which nodus-core does not know: a token, stored
+/// as `tokens` (under [`SYSTEM_PROJECT`] by keyed hash, in its project by name). A project is
+/// a project for the server when it has a credit account ([`nodus_core::ledger::projects`]).
+pub const TOKEN: Kind = Kind::extension("tokens");
 /// The longest expiry a token may have, in days.
 pub const MAX_EXPIRY_DAYS: i64 = 3650;
 
@@ -316,25 +320,25 @@ impl Auth {
     }
 
     fn key(&self, token: &str) -> ObjectKey {
-        ObjectKey::new(SYSTEM_PROJECT, Kind::Token, self.key.hash(token))
+        ObjectKey::new(SYSTEM_PROJECT, TOKEN, self.key.hash(token))
     }
 
     fn hash_key(hash: &str) -> ObjectKey {
-        ObjectKey::new(SYSTEM_PROJECT, Kind::Token, hash)
+        ObjectKey::new(SYSTEM_PROJECT, TOKEN, hash)
     }
 
     fn name_key(project: &str, name: &str) -> ObjectKey {
-        ObjectKey::new(project, Kind::Token, name)
+        ObjectKey::new(project, TOKEN, name)
     }
 
     fn project_key(project: &str) -> ObjectKey {
-        ObjectKey::new(SYSTEM_PROJECT, Kind::Project, project)
+        nodus_core::ledger::account_key(project)
     }
 
     /// Where a token made before tokens were keyed is stored: its plain SHA-256.
     fn legacy_key(token: &str) -> ObjectKey {
         let hash = nodus_core::digest::sha256_hex(token.as_bytes());
-        ObjectKey::new(SYSTEM_PROJECT, Kind::Token, hash)
+        ObjectKey::new(SYSTEM_PROJECT, TOKEN, hash)
     }
 
     /// Write `document` at `key` unless it is there as it is (so that a server starts on a
@@ -434,12 +438,9 @@ impl Auth {
 
     /// The names of every project (not the system's own).
     async fn project_names(&self) -> Result<Vec<String>, store::Error> {
-        let mut names: Vec<String> = self
-            .store
-            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+        let mut names: Vec<String> = nodus_core::ledger::projects(self.store.as_ref())
             .await?
             .into_iter()
-            .map(|record| record.key.name)
             .filter(|name| name != SYSTEM_PROJECT)
             .collect();
         names.sort();
@@ -566,7 +567,7 @@ impl Auth {
     pub async fn list_tokens(&self, project: &str) -> ApiResult<Vec<Value>> {
         Ok(self
             .store
-            .list(project, Kind::Token, &Selector::default())
+            .list(project, TOKEN, &Selector::default())
             .await?
             .into_iter()
             .map(|record| public_view(record.document))

@@ -56,7 +56,7 @@ impl Metrics {
         let mut steps = 0u64;
         let mut step_millis = 0u64;
         let projects = store
-            .list(SYSTEM_PROJECT, Kind::Project, &Selector::default())
+            .list(SYSTEM_PROJECT, Kind::Account, &Selector::default())
             .await
             .unwrap_or_default();
         for project in projects {

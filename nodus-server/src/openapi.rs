@@ -492,6 +492,14 @@ pub fn document() -> Value {
         operation("The run's steps in order", responses(&[json_ok("200", "The steps", "StepList")], read), None),
         json!([{"name": "payload", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "true: each step with its intent and outcome"}]),
     )}));
+    paths.insert(sub("logs"), json!({"parameters": [project, name], "get": with_parameters(
+        operation(
+            "The output of the run's commands as this server runs them, from the request until the run ends: newline-delimited JSON, {following} first, then {seq, stream, offset, bytes} per piece",
+            responses(&[("200", "The output as it comes", json!({"application/x-ndjson": {"schema": {"type": "string"}}}))], read),
+            None,
+        ),
+        json!([{"name": "follow", "in": "query", "required": true, "schema": {"type": "boolean", "enum": [true]}, "description": "true: the only value served"}]),
+    )}));
     paths.insert(
         sub("answer"),
         json!({"parameters": [project, name], "get": operation(

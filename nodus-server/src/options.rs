@@ -101,6 +101,9 @@ pub struct Options {
     /// The internal hosts, addresses and CIDRs webhooks may reach (by default none: loopback,
     /// private, link-local and metadata addresses are refused).
     pub webhook_allow: crate::egress::WebhookAllow,
+    /// Post-run actions an embedder installs besides the built-in `agents.noop` and
+    /// `agents.webhook` (none by default), with [`Registry::with`](nodus_core::postrun::Registry::with).
+    pub actions: nodus_core::postrun::Registry,
 }
 
 impl Options {
@@ -119,6 +122,7 @@ impl Options {
             header_timeout: Duration::from_secs(10),
             max_connections: 512,
             webhook_allow: crate::egress::WebhookAllow::default(),
+            actions: nodus_core::postrun::Registry::default(),
         }
     }
 

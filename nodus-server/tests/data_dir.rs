@@ -180,7 +180,11 @@ async fn a_short_bootstrap_token_is_refused() {
 
 async fn token_names(store: &dyn Store) -> Vec<String> {
     store
-        .list(SYSTEM_PROJECT, Kind::Token, &Selector::default())
+        .list(
+            SYSTEM_PROJECT,
+            nodus_server::auth::TOKEN,
+            &Selector::default(),
+        )
         .await
         .expect("tokens")
         .into_iter()
@@ -234,7 +238,7 @@ async fn tokens_are_stored_under_a_keyed_hash_and_old_ones_still_work() {
     let old = "nodus_0123456789abcdef0123456789abcdef0123456789abcdef";
     let legacy = ObjectKey::new(
         SYSTEM_PROJECT,
-        Kind::Token,
+        nodus_server::auth::TOKEN,
         nodus_core::digest::sha256_hex(old.as_bytes()),
     );
     store
@@ -270,10 +274,10 @@ async fn tokens_are_stored_under_a_keyed_hash_and_old_ones_still_work() {
 async fn bootstrapped_versions(store: &dyn Store) -> Vec<(String, u64)> {
     let mut versions = Vec::new();
     for (project, kind) in [
-        (SYSTEM_PROJECT, Kind::Token),
-        ("default", Kind::Token),
+        (SYSTEM_PROJECT, nodus_server::auth::TOKEN),
+        ("default", nodus_server::auth::TOKEN),
         ("nodus", Kind::Agent),
-        (SYSTEM_PROJECT, Kind::Project),
+        (SYSTEM_PROJECT, Kind::Account),
     ] {
         for record in store
             .list(project, kind, &Selector::default())

@@ -7,7 +7,6 @@
 mod support;
 
 use axum::http::{Method, StatusCode};
-use nodus_core::resource::Kind;
 use nodus_core::store::ObjectKey;
 use nodus_server::StoreUrl;
 use serde_json::{Value, json};
@@ -515,7 +514,11 @@ async fn deleted_and_expired_tokens_are_refused_on_the_next_request() {
     // An hour later: its expiry is moved into the past in the store.
     let store = api.state.store.clone();
     let named = store
-        .get(&ObjectKey::new("team-a", Kind::Token, "brief"))
+        .get(&ObjectKey::new(
+            "team-a",
+            nodus_server::auth::TOKEN,
+            "brief",
+        ))
         .await
         .expect("the token's name");
     let hash = named.document["tokenHash"]
@@ -526,7 +529,11 @@ async fn deleted_and_expired_tokens_are_refused_on_the_next_request() {
         !named.document.to_string().contains(&brief),
         "stored as a hash only"
     );
-    let key = ObjectKey::new(nodus_server::auth::SYSTEM_PROJECT, Kind::Token, hash);
+    let key = ObjectKey::new(
+        nodus_server::auth::SYSTEM_PROJECT,
+        nodus_server::auth::TOKEN,
+        hash,
+    );
     let record = store.get(&key).await.expect("the token");
     assert!(
         !record.document.to_string().contains(&brief),

@@ -52,6 +52,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     replicas_racing(make()).await;
     retention(make()).await;
     rewrite_run(make()).await;
+    extension_kinds(make()).await;
 }
 
 /// Create, get, list, update and delete one document; missing keys are `NotFound`, an
@@ -584,6 +585,70 @@ pub async fn concurrent_writers<S: Store + Clone + 'static>(store: S) {
     assert_eq!(record.version, ROUNDS + 1 + total);
 }
 
+/// A kind nodus-core does not know ([`Kind::Extension`], such as the server's tokens) is
+/// stored, read, listed, changed, announced and deleted like any other, apart from every
+/// other kind.
+pub async fn extension_kinds<S: Store + Clone + 'static>(store: S) {
+    const WIDGETS: Kind = Kind::extension("widgets");
+    const GADGETS: Kind = Kind::extension("gadgets");
+    let project = unique("extension");
+    let key = ObjectKey::new(&project, WIDGETS, "w");
+    let document =
+        json!({"apiVersion": "nodus.dev/v1", "kind": "Widget", "metadata": {"name": "w"}});
+    let mut changes = store.subscribe();
+    let created = store.create(&key, document.clone()).await.expect("create");
+    assert_eq!(created.key, key);
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Written(key.clone(), 1),
+        "the change names the extension kind"
+    );
+    assert_eq!(store.get(&key).await, Ok(created.clone()));
+    assert_eq!(
+        names(&store, &project, WIDGETS, &Selector::default()).await,
+        vec!["w".to_string()]
+    );
+    for other in [GADGETS, Kind::Agent, Kind::AgentRun] {
+        assert!(
+            names(&store, &project, other, &Selector::default())
+                .await
+                .is_empty(),
+            "{other} lists no widget"
+        );
+    }
+    let gadget = ObjectKey::new(&project, GADGETS, "w");
+    store
+        .create(&gadget, document.clone())
+        .await
+        .expect("the same name under another extension kind");
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Written(gadget.clone(), 1)
+    );
+    let mut changed = document.clone();
+    changed["spec"] = json!({"size": 2});
+    let updated = store
+        .update(&key, 1, changed.clone())
+        .await
+        .expect("update");
+    assert_eq!((updated.version, updated.document), (2, changed));
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Written(key.clone(), 2)
+    );
+    store.delete(&key).await.expect("delete");
+    assert_eq!(
+        next_change(&mut changes, &project).await,
+        Change::Deleted(key.clone())
+    );
+    assert_eq!(store.get(&key).await, Err(Error::NotFound(key.clone())));
+    assert_eq!(
+        store.get(&gadget).await.map(|r| r.version),
+        Ok(1),
+        "deleting a widget leaves the gadget of the same name"
+    );
+}
+
 /// `modify` edits a document atomically: concurrent edits are all applied, none lost and none
 /// refused; an edit that returns `None` writes nothing; the answer is the stored document; a
 /// missing document is `NotFound`; every applied edit is announced as a change.
@@ -592,8 +657,8 @@ pub async fn atomic_edits<S: Store + Clone + 'static>(store: S) {
     const EDITS: u64 = 10;
 
     let project = unique("edits");
-    let key = ObjectKey::new(&project, Kind::Project, "account");
-    let missing = ObjectKey::new(&project, Kind::Project, "missing");
+    let key = ObjectKey::new(&project, Kind::Account, "account");
+    let missing = ObjectKey::new(&project, Kind::Account, "missing");
     let counting = || -> nodus_core::store::Edit {
         Box::new(|document: &Value| {
             let mut document = document.clone();
@@ -607,7 +672,7 @@ pub async fn atomic_edits<S: Store + Clone + 'static>(store: S) {
         Err(Error::NotFound(missing.clone()))
     );
     let document = json!({
-        "apiVersion": "nodus.dev/v1", "kind": "Project",
+        "apiVersion": "nodus.dev/v1", "kind": "Account",
         "metadata": {"name": "account"}, "status": {"counter": 0},
     });
     store.create(&key, document).await.expect("create");

@@ -1,6 +1,7 @@
 //! Store backends for Nodus, behind the [`nodus_core::Store`] trait.
 //!
-//! - [`MemoryStore`]: everything in memory, for tests, examples and single-process use.
+//! - [`MemoryStore`]: everything in memory, for tests, examples and single-process use (kept
+//!   in nodus-core, re-exported here).
 //! - [`SqliteStore`] (feature `sqlite`): the embedded default, one file in WAL mode with
 //!   `synchronous = FULL`, for one process.
 //! - [`PostgresStore`] (feature `postgres`): several replicas on one database, runs claimed
@@ -12,8 +13,6 @@
 //! The SQL backends migrate their schema on open, bind every value (selector paths too), keep
 //! documents as exact JSON text (money is never a float), group-commit writes, and
 //! map database failures to `Error::Unavailable` (retryable) or `Error::Corrupt`.
-
-pub mod memory;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod commit;
@@ -29,34 +28,20 @@ pub mod conformance;
 #[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod fuzz;
 
-pub use memory::MemoryStore;
+/// The in-memory store lives in nodus-core (the default store of its `Deps::builder`); it is
+/// here too, beside the other backends, and runs the same conformance suite.
+pub use nodus_core::store::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
-/// Refuse a [`RunRewrite`](nodus_core::store::RunRewrite) that would delete a run: a rewrite
-/// deletes documents only, and a run's journal and inbox go with the run.
-pub(crate) fn check_rewrite_deletes(
-    delete: &[nodus_core::store::ObjectKey],
-) -> Result<(), nodus_core::store::Error> {
-    match delete
-        .iter()
-        .find(|key| key.kind == nodus_core::resource::Kind::AgentRun)
-    {
-        Some(run) => Err(nodus_core::store::Error::Invalid(format!(
-            "a run rewrite cannot delete the run {run}: delete it by itself"
-        ))),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! The conformance suite, run against [`MemoryStore`].
 
-    use crate::MemoryStore;
     use crate::conformance;
+    use nodus_core::store::MemoryStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn run_all() {
@@ -151,5 +136,10 @@ mod tests {
     #[tokio::test]
     async fn rewrite_run() {
         conformance::rewrite_run(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn extension_kinds() {
+        conformance::extension_kinds(MemoryStore::new()).await;
     }
 }

@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Error, ObjectKey, Record};
+use nodus_core::store::{Error, ObjectKey, Record, RunRewrite};
 use serde_json::{Value, json};
 
 /// The one place where sqlx errors become store errors. Connection trouble, a database that
@@ -70,11 +70,6 @@ fn disk_full(message: &str) -> Error {
 /// Whether an error is a unique-key violation (a create of something that exists).
 pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
-}
-
-/// A kind as stored in the `kind` column.
-pub(crate) fn kind_name(kind: Kind) -> &'static str {
-    kind.plural()
 }
 
 /// A version or fence for an `INTEGER`/`bigint` column; `None` when it cannot be stored
@@ -391,4 +386,61 @@ pub(crate) fn path_parts(path: &str) -> Option<Vec<&str>> {
         .iter()
         .all(|p| !p.is_empty() && !p.contains('"'))
         .then_some(parts)
+}
+
+/// The uid of a run a message is posted to (its inbox is keyed by it); a run without one is
+/// refused.
+pub(crate) fn message_run_uid(run: &ObjectKey, uid: Option<String>) -> Result<String, Error> {
+    uid.ok_or_else(|| journal_error(&run.to_string(), "the run has no metadata.uid".to_string()))
+}
+
+/// The version a message posts with, to a run stored at `current` by a sender who read
+/// `expected`: the next one, or `Conflict` when the run moved on.
+pub(crate) fn message_version(run: &ObjectKey, expected: u64, current: i64) -> Result<i64, Error> {
+    if to_i64(expected) != Some(current) {
+        return Err(Error::Conflict {
+            key: run.clone(),
+            expected,
+            actual: to_u64(current, "a version")?,
+        });
+    }
+    bump(run, current)
+}
+
+/// The run document of a rewrite, read inside its write: refused with `Conflict` unless still
+/// at the rewrite's version, then edited and given its next version. Answers the run's uid
+/// as it was (whose journal and inbox the rewrite edits too) and the version to store.
+pub(crate) fn rewrite_document(
+    rewrite: &RunRewrite,
+    record: &mut Record,
+) -> Result<(Option<String>, i64), Error> {
+    let run = &rewrite.run;
+    if record.version != rewrite.expected_version {
+        return Err(Error::Conflict {
+            key: run.clone(),
+            expected: rewrite.expected_version,
+            actual: record.version,
+        });
+    }
+    let uid = uid_of(&record.document).map(str::to_string);
+    (rewrite.document)(&mut record.document);
+    let stored = to_i64(record.version)
+        .ok_or_else(|| Error::Corrupt(format!("{run}: version {} too large", record.version)))?;
+    let version = bump(run, stored)?;
+    record.version = to_u64(version, "a version")?;
+    Ok((uid, version))
+}
+
+/// A stored step of run `uid` as a rewrite leaves it: its number, its text and its
+/// completion's text.
+pub(crate) fn rewrite_step(
+    rewrite: &RunRewrite,
+    uid: &str,
+    step: &str,
+    completion: Option<&str>,
+) -> Result<(i64, String, Option<String>), Error> {
+    let mut step = read_step(uid, step, completion)?;
+    (rewrite.step)(&mut step);
+    let completion = step.completion.as_ref().map(completion_text).transpose()?;
+    Ok((i64::from(step.seq), step_text(&step)?, completion))
 }

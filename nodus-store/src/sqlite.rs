@@ -14,8 +14,9 @@
 //! message, before writing anything to it.
 //!
 //! Its modules mirror the Postgres store's: `open` (the file, pragmas, migrations), `writer`
-//! (the one writer task and its group commit), `journal` (with `batch`), `documents`,
-//! `leases`, `inbox` and `notifications`.
+//! (the one writer task and its group commit), `transaction` (`WriteTx`, for the writes that
+//! take the writer connection for their own transaction), `journal` (with `batch`),
+//! `documents`, `leases`, `inbox` and `notifications`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ mod journal;
 mod leases;
 mod notifications;
 mod open;
+mod transaction;
 mod writer;
 
 pub use open::APPLICATION_ID;

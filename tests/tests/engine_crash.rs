@@ -442,7 +442,7 @@ async fn crash_at_every_store_write(backend: Backend) {
     let writes: Vec<String> = counting.writes().into_iter().map(|w| w.what).collect();
     keep.close();
     let run_key = format!("{PROJECT}/agentruns/job");
-    let account = format!("_system/projects/{PROJECT}");
+    let account = format!("_system/accounts/{PROJECT}");
     let archive = format!("{PROJECT}/workdirarchives/job");
     for (kind, found) in [
         (

@@ -9,10 +9,10 @@
 //! server lists only 127.0.0.1 in --webhook-allow); what it saves is among the run's
 //! results; a receiver that refuses
 //! fails the run after its other results were saved; the rules of which action a run may or
-//! must choose are checked at creation, row by row as far as the built-in actions reach (the
-//! row of an agent declaring several actions without agents.noop needs two installed actions
-//! besides it: nodus-core's postrun unit test covers it); `nodus get postrunactions` lists
-//! what is installed.
+//! must choose are checked at creation, row by row (the row of an agent declaring several
+//! actions and not agents.noop on a server embedded in this test, which installs one action
+//! more, `test.stamp`, through `Options::actions`); `nodus get postrunactions` lists what is
+//! installed.
 
 #[path = "support/server.rs"]
 mod server;
@@ -22,6 +22,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use nodus_core::postrun::{ActionContext, ActionResults, PostRunAction};
+use nodus_core::validate::Invalid;
 use server::{Backend, ServerProcess};
 
 /// One request the receiver got: its path, Idempotency-Key, body and headers (names in
@@ -513,4 +516,183 @@ fn actions_on_sqlite() {
 #[test]
 fn actions_on_postgres() {
     actions(Backend::Postgres);
+}
+
+/// `test.stamp`: saves the run's `project/name` as its result `stamp`.
+struct Stamp;
+
+#[async_trait]
+impl PostRunAction for Stamp {
+    fn kind(&self) -> &'static str {
+        "test.stamp"
+    }
+    fn title(&self) -> &'static str {
+        "Stamp"
+    }
+    fn description(&self) -> &'static str {
+        "Saves the run's name among its results."
+    }
+    fn config_schema(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
+    fn check_config(&self, _: &serde_json::Value) -> Result<(), Invalid> {
+        Ok(())
+    }
+    async fn run(&self, context: &ActionContext) -> Result<ActionResults, String> {
+        Ok(ActionResults::from([(
+            "stamp".to_string(),
+            context.run.clone().into_bytes(),
+        )]))
+    }
+}
+
+/// A server built in this process with [`Stamp`] installed besides the built-in actions,
+/// serving on a free port until dropped.
+struct Embedded {
+    url: String,
+    data_dir: std::path::PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Embedded {
+    fn start(store: &str, data_dir: &std::path::Path) -> Embedded {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))
+            .expect("an owner-only data directory");
+        let mut options = nodus_server::Options::new(data_dir.to_path_buf());
+        options.store = Some(store.parse().expect("a store URL"));
+        options.bootstrap_token = Some(server::TOKEN.to_string());
+        options.listen = "127.0.0.1:0".parse().expect("an address");
+        options.actions = nodus_core::postrun::Registry::default().with(Arc::new(Stamp));
+        let (address_tx, address_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let server = nodus_server::Server::build(options)
+                    .await
+                    .expect("the server builds");
+                let bound = server.bind().await.expect("it binds");
+                address_tx.send(bound.local_addr()).expect("the test waits");
+                bound
+                    .serve(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                    .expect("it serves");
+            });
+        });
+        let address = address_rx.recv().expect("the server starts");
+        Embedded {
+            url: format!("http://{address}"),
+            data_dir: data_dir.to_path_buf(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn cli(&self, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+        server::cli_against(&self.url, &self.data_dir, args, stdin)
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The row of an agent that declares several actions and not agents.noop: a run that names
+/// none is refused (it must choose), one that names a declared kind carries it out (what it
+/// saves is among the results), one that names another installed kind is refused; nothing is
+/// written for a refused run.
+fn several_actions(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Embedded::start(&backend.store_url(dir.path()), dir.path());
+    let ok = |args: &[&str], stdin: Option<&str>| {
+        let output = server.cli(args, stdin);
+        assert!(output.status.success(), "nodus {args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let installed = ok(&["get", "postrunactions"], None);
+    for kind in ["agents.noop", "agents.webhook", "test.stamp"] {
+        assert!(installed.contains(kind), "{installed}");
+    }
+    ok(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: pair\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n  postRunActions: [agents.webhook, test.stamp]\n",
+        ),
+    );
+    let rows = [
+        ("must-choose", None, Some("spec.postRunAction")),
+        ("chose-stamp", Some("{kind: test.stamp}"), None),
+        (
+            "chose-undeclared",
+            Some("{kind: agents.noop}"),
+            Some("spec.postRunAction.kind"),
+        ),
+    ];
+    for (name, action, refused) in rows {
+        let output = server.cli(
+            &["apply", "-f", "-"],
+            Some(&run_document(name, "pair", action)),
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        match refused {
+            Some(field) => {
+                assert!(!output.status.success(), "{name} was accepted");
+                assert!(
+                    stderr.contains(field),
+                    "{name}: {field} not named: {stderr}"
+                );
+                if action.is_none() {
+                    assert!(stderr.contains("must choose"), "{name}: {stderr}");
+                }
+                let missing = server.cli(&["get", &format!("agentrun/{name}")], None);
+                assert!(!missing.status.success(), "{name} was written");
+            }
+            None => assert!(output.status.success(), "{name}: {stderr}"),
+        }
+    }
+    ok(
+        &[
+            "wait",
+            "agentrun/chose-stamp",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=2m",
+        ],
+        None,
+    );
+    let run: serde_json::Value =
+        serde_json::from_str(&ok(&["get", "agentrun/chose-stamp", "-o", "json"], None))
+            .expect("JSON");
+    assert_eq!(
+        run["status"]["snapshot"]["postRunAction"]["kind"], "test.stamp",
+        "{run}"
+    );
+    let stamp = ok(
+        &["agentrun", "results", "chose-stamp", "stamp", "-o", "-"],
+        None,
+    );
+    assert_eq!(stamp, "default/chose-stamp");
+}
+
+#[test]
+fn several_actions_without_noop_on_sqlite() {
+    several_actions(Backend::Sqlite);
+}
+
+#[test]
+fn several_actions_without_noop_on_postgres() {
+    several_actions(Backend::Postgres);
 }

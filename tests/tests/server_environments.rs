@@ -3,7 +3,9 @@
 //! to a variable reaches the command's environment and shows nowhere else (the run, its steps
 //! with payloads, its answer, the environment as read back, the server's log); a plain
 //! variable arrives; compute becomes the sandbox's limits (a command over its memory is
-//! killed, one within it is not; on Docker the container's CPU quota is the environment's);
+//! killed, one within it is not; `nproc` shows the environment's CPUs; on Docker the
+//! container's CPU quota and memory are the environment's, and a command over its memory is
+//! killed);
 //! a reserved name, an unknown compute key and a GPU on the process sandbox are refused
 //! naming the field, with nothing written; a Secret changed and then deleted after a run was
 //! created (the run held back by its group) does not change the run, which sees the value it
@@ -24,7 +26,7 @@ const CHANGED: &str = "pinned-changed-77d0b4e8";
 const ORIGINAL_SHA256: &str = "77d91ae4db08e5bb60caef9b05343d40b1cbfcd41008638b9c2ab0f7474715a1";
 const CHANGED_SHA256: &str = "1aaa1def30429847c50bf6bb480a4eff7733664f327eaa9ed51086f09519b9d1";
 
-const RESOURCES: &str = "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: github\nstringData:\n  token: \"ghp-planted-value-5d1c9e7a33\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: research\nspec:\n  env:\n  - {name: LOG_LEVEL, value: debug}\n  - name: GITHUB_TOKEN\n    valueFrom: {secretKeyRef: {name: github, key: token}}\n  compute: {cpu: \"1\", memory: 64Mi, nvidia.com/gpu: 0}\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: env-agent\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
+const RESOURCES: &str = "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: github\nstringData:\n  token: \"ghp-planted-value-5d1c9e7a33\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: research\nspec:\n  env:\n  - {name: LOG_LEVEL, value: debug}\n  - name: GITHUB_TOKEN\n    valueFrom: {secretKeyRef: {name: github, key: token}}\n  compute: {cpu: \"1\", memory: 64Mi, nvidia.com/gpu: 0}\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: two-cpus\nspec:\n  compute: {cpu: \"2\"}\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: env-agent\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
 
 /// The rows `sql` selects from the server's store, one a line (sqlite3 or psql on it).
 fn query(store: &str, sql: &str) -> String {
@@ -109,10 +111,21 @@ fn environments(backend: Backend) {
     let answer = run(
         &server,
         "small-enough",
-        "Run `head -c 16000000 /dev/zero | tail -c 16000000 | wc -c | sed s/^/bytes=/` and tell me.",
+        "Run `head -c 16000000 /dev/zero | tail -c 16000000 | wc -c | sed s/^/bytes=/; echo cpus=$(nproc)` and tell me.",
         Some("research"),
     );
     assert!(answer.contains("bytes=16000000"), "{answer}");
+    // `nproc` shows the environment's CPUs (the sandbox is pinned to that many of the host's).
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The figure `nproc` printed (on a line of its own, unlike the command's text).
+    let cpus = |text: &str| {
+        text.split("\ncpus=").nth(1).map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+    };
+    assert_eq!(cpus(&answer).as_deref(), Some("1"), "{answer}");
     let answer = run(
         &server,
         "memory-hog",
@@ -125,10 +138,11 @@ fn environments(backend: Backend) {
     let roomy = run(
         &server,
         "roomy",
-        "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/` and tell me.",
-        None,
+        "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/; echo cpus=$(nproc)` and tell me.",
+        Some("two-cpus"),
     );
     assert!(roomy.contains("bytes=200000000"), "{roomy}");
+    assert_eq!(cpus(&roomy), Some(host.min(2).to_string()), "{roomy}");
 
     // A Secret changed and then deleted after a run was created (held back by its group
     // until a dependency ends) does not change the run: it sees the value it was created
@@ -329,4 +343,13 @@ fn compute_is_the_containers_limits_on_docker() {
     // The command names neither figure, so they come from its output.
     assert!(answer.contains("50000"), "{answer}");
     assert!(answer.contains(&(96u64 << 20).to_string()), "{answer}");
+    // Over its memory a command is killed; within it, it runs.
+    let answer = run(
+        &server,
+        "docker-hog",
+        "Run `head -c 200000000 /dev/zero | tail -c 200000000 | wc -c | sed s/^/bytes=/; head -c 16000000 /dev/zero | tail -c 16000000 | wc -c | sed s/^/small=/` and tell me.",
+        Some("half"),
+    );
+    assert!(answer.contains("small=16000000"), "{answer}");
+    assert!(!answer.contains("bytes=200000000"), "{answer}");
 }

@@ -3,7 +3,10 @@
 //! and is never stored; every finished run's results (a successful, a failed, a timed-out and
 //! a cancelled one) are listed and downloaded, and the tarballs unpack; a FileSet changed
 //! after a run was created does not change what the run starts from; `agentrun logs -f`
-//! prints a command's output while the run is still going, and ends when the run does.
+//! prints a command's output line by line while the command is still running (once only),
+//! and ends when the run does; an invalid context schema is refused when the agent is
+//! written, and a context that fails it (or is missing) when the run is created, each naming
+//! the path.
 
 #[path = "support/server.rs"]
 mod server;
@@ -321,7 +324,8 @@ fn jobs(backend: Backend) {
     ));
     assert_eq!(read(&workdir.join("kept.txt")), "kept\n");
 
-    // logs -f: the first command's output shows while the second still runs.
+    // logs -f: a command's output shows line by line while the command still runs, and once
+    // only.
     server.ok(&[
         "create",
         "agentrun",
@@ -329,7 +333,7 @@ fn jobs(backend: Backend) {
         "--agent",
         "worker",
         "--prompt",
-        "Run `echo first-$((40+2))` and `sleep 5; echo second-$((1+1))` and tell me.",
+        "Run `sleep 2; for i in 1 2 3; do echo line-$i; echo warn-$i >&2; sleep 1; done` and tell me.",
     ]);
     let mut logs = Command::new(server::nodus_binary())
         .args(["agentrun", "logs", "followed", "-f"])
@@ -345,21 +349,52 @@ fn jobs(backend: Backend) {
     loop {
         let line = lines
             .next()
-            .expect("logs ended before the first output")
+            .expect("logs ended before the first line")
             .expect("a line");
         seen.push(line.clone());
-        if line == "first-42" {
+        if line == "line-1" {
             break;
         }
     }
-    let phase = get(&server, "agentrun/followed")["status"]["phase"].clone();
-    assert_eq!(
-        phase, "Running",
-        "the output showed while the run went on: {seen:?}"
+    // The command has printed its first line and is still running: its step is open.
+    let (status, steps) = server.http_with(
+        "GET",
+        "/apis/nodus.dev/v1/projects/default/agentruns/followed/steps?payload=true",
+        &[],
+        None,
     );
+    assert_eq!(status, 200, "{steps}");
+    let command = steps["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|step| {
+            step["intent"]["command"]
+                .as_str()
+                .is_some_and(|c| c.contains("line-$i"))
+        })
+        .unwrap_or_else(|| panic!("the command's step: {steps}"));
+    assert!(
+        command["finishedAt"].is_null(),
+        "line-1 showed only once the command had finished: {seen:?} {command}"
+    );
+    assert!(!seen.iter().any(|l| l.contains("line-2")), "{seen:?}");
     let rest: Vec<String> = lines.map(|line| line.expect("a line")).collect();
     assert!(logs.wait().expect("logs ends").success());
-    assert!(rest.iter().any(|l| l == "second-2"), "{rest:?}");
+    let all: Vec<&String> = seen.iter().chain(&rest).collect();
+    for line in [
+        "line-1",
+        "line-2",
+        "line-3",
+        "stderr: warn-1",
+        "stderr: warn-3",
+    ] {
+        assert_eq!(
+            all.iter().filter(|l| l.as_str() == line).count(),
+            1,
+            "{line} shows once: {all:?}"
+        );
+    }
     assert_eq!(
         rest.last().map(String::as_str),
         Some("agentrun/followed Succeeded")
@@ -374,4 +409,86 @@ fn jobs_on_sqlite() {
 #[test]
 fn jobs_on_postgres() {
     jobs(Backend::Postgres);
+}
+
+/// A context checked against the agent's schema, on a real store: an invalid schema (and one
+/// with `$ref`) is refused when the agent is written, naming the path in the schema; a run
+/// whose context fails the schema, or that lacks a required context, is refused naming the
+/// path, with nothing written; a run whose context fits runs.
+fn context(backend: Backend) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = backend.store_url(dir.path());
+    let server = ServerProcess::start(&store, dir.path(), "process");
+    let agent = |schema: &str| {
+        format!(
+            "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: typed\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.10\"\n  contextSchema: {schema}\n"
+        )
+    };
+    for (schema, field) in [
+        (
+            "{type: object, properties: {ticket: {type: objekt}}}",
+            "spec.contextSchema.properties.ticket.type",
+        ),
+        (
+            "{type: object, properties: {ticket: {$ref: \"#/$defs/t\"}}}",
+            "spec.contextSchema.properties.ticket.$ref",
+        ),
+    ] {
+        let output = server.cli_in(&["apply", "-f", "-"], Some(&agent(schema)));
+        assert!(!output.status.success(), "{schema} was accepted");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(said.contains(field), "{field} not named: {said}");
+        assert!(!server.cli(&["get", "agent/typed"]).status.success());
+    }
+    let output = server.cli_in(
+        &["apply", "-f", "-"],
+        Some(&agent(
+            "{type: object, properties: {ticket: {type: object, properties: {id: {type: integer}}}}, required: [ticket]}",
+        )),
+    );
+    assert!(output.status.success(), "{output:?}");
+    let run = |name: &str, context: Option<&str>| {
+        let mut document = format!(
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: {name}\nspec:\n  agent: typed\n  input: Run `echo checked` and tell me.\n"
+        );
+        if let Some(context) = context {
+            document.push_str(&format!("  context: {context}\n"));
+        }
+        server.cli_in(&["apply", "-f", "-"], Some(&document))
+    };
+    for (name, context, parts) in [
+        (
+            "wrong-type",
+            Some("{ticket: {id: seven}}"),
+            &["spec.context.ticket.id", "\"seven\""][..],
+        ),
+        ("no-context", None, &["spec.context", "ticket"][..]),
+    ] {
+        let output = run(name, context);
+        assert!(!output.status.success(), "{name} was accepted");
+        let said = String::from_utf8_lossy(&output.stderr);
+        for part in parts {
+            assert!(said.contains(part), "{name}: {part} not named: {said}");
+        }
+        assert!(
+            !server
+                .cli(&["get", &format!("agentrun/{name}")])
+                .status
+                .success(),
+            "{name} was written"
+        );
+    }
+    let output = run("fits", Some("{ticket: {id: 7}}"));
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "fits", "Succeeded");
+}
+
+#[test]
+fn context_on_sqlite() {
+    context(Backend::Sqlite);
+}
+
+#[test]
+fn context_on_postgres() {
+    context(Backend::Postgres);
 }

@@ -188,13 +188,127 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
 /// How long one wait for a change of the run lasts in `logs -f` before it reads again.
 const LOGS_POLL_SECONDS: &str = "30";
 
+/// The most bytes of a line of live output held back while it is not complete: a longer one
+/// is printed from the command's step when it finishes.
+const MAX_PENDING_LINE: usize = 1 << 20;
+
+/// One stream of one command as followed live in `logs -f`.
+#[derive(Debug, Default)]
+struct Streamed {
+    /// Bytes printed, from the start of the stream.
+    printed: u64,
+    /// Bytes received after those, not printed yet: the start of a line.
+    pending: Vec<u8>,
+    /// A piece was missed: the rest is printed from the finished step.
+    broken: bool,
+}
+
+/// The live output a follower of a run has seen, by step and stream.
+#[derive(Debug, Default)]
+struct LiveShown {
+    streams: std::collections::HashMap<(u64, String), Streamed>,
+}
+
+impl LiveShown {
+    /// The lines a piece of output (`{"seq", "stream", "offset", "bytes"}`) completes, to be
+    /// printed now; none when the piece does not follow what came before (it is then
+    /// printed from the finished step).
+    fn take(&mut self, piece: &Value) -> String {
+        let (Some(seq), Some(stream), Some(offset)) = (
+            piece.get("seq").and_then(Value::as_u64),
+            piece.get("stream").and_then(Value::as_str),
+            piece.get("offset").and_then(Value::as_u64),
+        ) else {
+            return String::new();
+        };
+        let bytes = match piece.get("bytes") {
+            Some(Value::String(text)) => text.as_bytes().to_vec(),
+            Some(Value::Array(numbers)) => numbers
+                .iter()
+                .map(|n| {
+                    n.as_u64()
+                        .and_then(|n| u8::try_from(n).ok())
+                        .unwrap_or(b'?')
+                })
+                .collect(),
+            _ => return String::new(),
+        };
+        let entry = self.streams.entry((seq, stream.to_string())).or_default();
+        if entry.broken {
+            return String::new();
+        }
+        if offset != entry.printed + entry.pending.len() as u64 {
+            entry.broken = true;
+            entry.pending.clear();
+            return String::new();
+        }
+        entry.pending.extend_from_slice(&bytes);
+        let Some(end) = entry.pending.iter().rposition(|&b| b == b'\n') else {
+            if entry.pending.len() > MAX_PENDING_LINE {
+                entry.broken = true;
+                entry.pending.clear();
+            }
+            return String::new();
+        };
+        let lines: Vec<u8> = entry.pending.drain(..=end).collect();
+        entry.printed += lines.len() as u64;
+        let text = String::from_utf8_lossy(&lines);
+        if stream == "stderr" {
+            text.lines()
+                .map(|line| format!("stderr: {line}\n"))
+                .collect()
+        } else {
+            text.into_owned()
+        }
+    }
+
+    /// How many bytes of `stream` of step `seq` were printed live.
+    fn printed(&self, seq: u64, stream: &str) -> u64 {
+        self.streams
+            .get(&(seq, stream.to_string()))
+            .map_or(0, |s| s.printed)
+    }
+}
+
+/// The next piece of a `…/logs?follow=true` stream; `None` once it has ended.
+async fn next_piece(response: &mut reqwest::Response, buffer: &mut Vec<u8>) -> Option<Value> {
+    loop {
+        if let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            match serde_json::from_slice::<Value>(&line) {
+                Ok(piece) if piece.get("seq").is_some() => return Some(piece),
+                _ => continue,
+            }
+        }
+        match response.chunk().await {
+            Ok(Some(chunk)) => buffer.extend_from_slice(&chunk),
+            _ => return None,
+        }
+    }
+}
+
 /// `agentrun logs NAME [-f]`: each step once it is seen (its number, kind, state and summary),
 /// and each command's output once it has finished; with `follow`, waiting for the run to
 /// change (the long poll of `GET …/agentruns/NAME?watch=true`) until it has finished and
-/// everything it did is printed.
+/// everything it did is printed, and printing a running command's output line by line as it
+/// comes (`GET …/agentruns/NAME/logs?follow=true`); what was printed live is not printed again.
 async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
-    // Per step: whether its line and whether its end were printed.
-    let mut shown: Vec<(bool, bool)> = Vec::new();
+    // Followed before the first read: a command that starts after it shows live. A server
+    // without live output (or a stream that ends) leaves the finished steps to show it.
+    let mut live = if follow {
+        client
+            .get_stream(&[RUNS, name, "logs"], &[("follow", "true")])
+            .await
+            .ok()
+    } else {
+        None
+    };
+    let mut buffer = Vec::new();
+    let mut live_shown = LiveShown::default();
+    // Live pieces of steps not listed yet.
+    let mut early: Vec<Value> = Vec::new();
+    // Per step seq: whether its end was printed.
+    let mut shown: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
     loop {
         let run = client.get(&[RUNS, name]).await?;
         let steps = client
@@ -211,35 +325,48 @@ async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
             .cloned()
             .unwrap_or_default();
         let mut text = String::new();
-        for (index, step) in items.iter().enumerate() {
-            if shown.len() <= index {
-                shown.push((false, false));
-            }
+        for step in &items {
+            let seq = step.get("seq").and_then(Value::as_u64).unwrap_or_default();
             let finished = step.get("finishedAt").is_some_and(|at| !at.is_null());
-            let (line, end) = &mut shown[index];
-            if !*line {
-                *line = true;
-                text.push_str(&step_line(step));
-                if let Some(command) = step.pointer("/intent/command").and_then(Value::as_str) {
-                    text.push_str(&format!("$ {command}\n"));
+            match shown.get(&seq).copied() {
+                None => {
+                    shown.insert(seq, finished);
+                    text.push_str(&step_line(step));
+                    if let Some(command) = step.pointer("/intent/command").and_then(Value::as_str) {
+                        text.push_str(&format!("$ {command}\n"));
+                    }
+                    if finished {
+                        text.push_str(&step_output(step, seq, &live_shown));
+                    }
                 }
-                if finished {
-                    *end = true;
-                    text.push_str(&step_output(step));
+                Some(false) if finished => {
+                    shown.insert(seq, true);
+                    text.push_str(&format!("{} (finished)\n", step_line(step).trim_end()));
+                    text.push_str(&step_output(step, seq, &live_shown));
                 }
-            } else if finished && !*end {
-                *end = true;
-                text.push_str(&format!("{} (finished)\n", step_line(step).trim_end()));
-                text.push_str(&step_output(step));
+                Some(_) => {}
+            }
+            // Pieces that came before their step was listed.
+            if shown.get(&seq) == Some(&false) {
+                for piece in early
+                    .iter()
+                    .filter(|p| p.get("seq").and_then(Value::as_u64) == Some(seq))
+                {
+                    text.push_str(&live_shown.take(piece));
+                }
             }
         }
+        early.retain(|p| {
+            let seq = p.get("seq").and_then(Value::as_u64).unwrap_or_default();
+            !shown.contains_key(&seq)
+        });
         out(&terminal::shown(&text, terminal::stdout_is_terminal()));
         let phase = run
             .pointer("/status/phase")
             .and_then(Value::as_str)
             .unwrap_or("Pending");
         let ended = matches!(phase, "Succeeded" | "Failed" | "Cancelled");
-        let all_shown = shown.iter().all(|(line, end)| *line && *end);
+        let all_shown = shown.len() == items.len() && shown.values().all(|end| *end);
         if !follow || (ended && all_shown) {
             if follow {
                 outln(&format!("agentrun/{name} {phase}"));
@@ -255,18 +382,45 @@ async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        client
-            .call(
-                Method::GET,
-                &[RUNS, name],
-                &[
-                    ("watch", "true"),
-                    ("resourceVersion", &version),
-                    ("timeoutSeconds", LOGS_POLL_SECONDS),
-                ],
-                None,
-            )
-            .await?;
+        let path = [RUNS, name];
+        let query = [
+            ("watch", "true"),
+            ("resourceVersion", version.as_str()),
+            ("timeoutSeconds", LOGS_POLL_SECONDS),
+        ];
+        let poll = client.call(Method::GET, &path, &query, None);
+        tokio::pin!(poll);
+        loop {
+            let piece = tokio::select! {
+                changed = &mut poll => {
+                    changed?;
+                    break;
+                }
+                piece = async {
+                    match live.as_mut() {
+                        Some(response) => next_piece(response, &mut buffer).await,
+                        None => std::future::pending().await,
+                    }
+                } => piece,
+            };
+            let Some(piece) = piece else {
+                live = None;
+                continue;
+            };
+            let seq = piece.get("seq").and_then(Value::as_u64).unwrap_or_default();
+            match shown.get(&seq) {
+                Some(false) => out(&terminal::shown(
+                    &live_shown.take(&piece),
+                    terminal::stdout_is_terminal(),
+                )),
+                Some(true) => {}
+                None => {
+                    // Its step is not listed yet: read the steps first.
+                    early.push(piece);
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -281,15 +435,19 @@ fn step_line(step: &Value) -> String {
     )
 }
 
-/// A finished command's standard output and error, as recorded.
-fn step_output(step: &Value) -> String {
+/// A finished command's standard output and error, as recorded, but for what `live` printed
+/// of them while it ran.
+fn step_output(step: &Value, seq: u64, live: &LiveShown) -> String {
     let mut text = String::new();
     for stream in ["stdout", "stderr"] {
         let Some(output) = step.pointer(&format!("/outcome/output/{stream}/bytes")) else {
             continue;
         };
+        let printed = usize::try_from(live.printed(seq, stream)).unwrap_or(usize::MAX);
         let bytes = match output {
-            Value::String(text) => text.clone(),
+            // Live output is printed in whole lines, so it ends on a character boundary.
+            Value::String(text) => text.get(printed..).unwrap_or_default().to_string(),
+            _ if printed > 0 => String::new(),
             other => format!(
                 "({} bytes that are not text)",
                 other.as_array().map_or(0, Vec::len)

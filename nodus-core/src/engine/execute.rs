@@ -2,6 +2,7 @@
 //! out through the traits, journals the outcome, and writes the run's status.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{API_KEY_SECRET_KEY, Engine, Error, Result, run_uid, status, typed};
@@ -13,7 +14,7 @@ use crate::money::Usd;
 use crate::replay::{Replay, SandboxState};
 use crate::resource::{Access, AgentRun, Kind, RunSnapshot};
 use crate::router::RouteRequest;
-use crate::sandbox::{self, ExecRequest, SandboxSpec};
+use crate::sandbox::{self, ExecRequest, LiveOutput, SandboxSpec};
 use crate::secret::SecretString;
 use crate::store::{self as store_api, Fence, InboxMessage, ObjectKey};
 
@@ -582,10 +583,22 @@ impl Engine {
                 };
                 // Watched from before the command starts, so no cancellation is missed.
                 let changes = self.deps.store.subscribe();
+                let live: Arc<dyn LiveOutput> = Arc::new(super::live::CommandOutput {
+                    followed: self.followed.clone(),
+                    uid: fixed.uid.clone(),
+                    seq: replay
+                        .open_step
+                        .as_ref()
+                        .map_or(replay.steps.saturating_sub(1), |step| step.seq),
+                });
                 let exec = async {
                     let mut attempt = 1;
                     loop {
-                        let mut executed = self.deps.sandbox.exec(&info.id, &request).await;
+                        let mut executed = self
+                            .deps
+                            .sandbox
+                            .exec_live(&info.id, &request, live.clone())
+                            .await;
                         if let Err(sandbox::Error::NotFound(_)) = executed {
                             // A sandbox created before a restart: re-create it over its working
                             // directory (creation is idempotent by key) and run the command
@@ -597,7 +610,12 @@ impl Engine {
                             {
                                 Err(error) => Err(sandbox::Error::Refused(error)),
                                 Ok(spec) => match self.deps.sandbox.create(&spec).await {
-                                    Ok(again) => self.deps.sandbox.exec(&again.id, &request).await,
+                                    Ok(again) => {
+                                        self.deps
+                                            .sandbox
+                                            .exec_live(&again.id, &request, live.clone())
+                                            .await
+                                    }
                                     Err(e) => Err(e),
                                 },
                             };

@@ -332,7 +332,7 @@ fn listing_store(
     store
         .expect_list()
         .withf(|project, kind, _| {
-            project == crate::ledger::SYSTEM_PROJECT && *kind == Kind::Project
+            project == crate::ledger::SYSTEM_PROJECT && *kind == Kind::Account
         })
         .times(1)
         .returning(|_, _, _| Ok(Vec::new()));
@@ -563,7 +563,7 @@ async fn replay_runs_no_completed_command_again() {
     // The model call, the answer, the deletion: intents and outcomes.
     let (store, held) = store(platform_agent(), journal, 3, 3);
     let mut sandbox = sandbox_deleted_once();
-    sandbox.expect_exec().times(0);
+    sandbox.expect_exec_live().times(0);
     let engine = engine(store, sandbox, model_answering_once());
 
     let driven = engine.drive(PROJECT, NAME).await.expect("drive");
@@ -587,10 +587,10 @@ async fn replay_runs_once_a_command_whose_intent_was_never_written() {
     let (store, held) = store(platform_agent(), asked_ls(), 4, 4);
     let mut sandbox = sandbox_deleted_once();
     sandbox
-        .expect_exec()
-        .withf(|id, request| id == &SandboxId("sb-1".to_string()) && request.command == "ls")
+        .expect_exec_live()
+        .withf(|id, request, _| id == &SandboxId("sb-1".to_string()) && request.command == "ls")
         .times(1)
-        .returning(|_, _| Ok(output("a.txt\n")));
+        .returning(|_, _, _| Ok(output("a.txt\n")));
     let engine = engine(store, sandbox, model_answering_once());
 
     let driven = engine.drive(PROJECT, NAME).await.expect("drive");
@@ -616,7 +616,7 @@ async fn replay_parks_on_a_command_that_was_under_way() {
     journal.push(step(3, ls_command(), None));
     let (store, held) = store(platform_agent(), journal, 0, 0);
     let mut sandbox = MockSandbox::new();
-    sandbox.expect_exec().times(0);
+    sandbox.expect_exec_live().times(0);
     sandbox.expect_create().times(0);
     sandbox.expect_destroy().times(0);
     let mut model = MockModelClient::new();
@@ -639,7 +639,7 @@ async fn a_byok_call_whose_key_vanished_is_never_made() {
     // The refused call, then the deletion: intents and outcomes.
     let (store, held) = store(byok_agent(), journal, 2, 2);
     let mut sandbox = sandbox_deleted_once();
-    sandbox.expect_exec().times(0);
+    sandbox.expect_exec_live().times(0);
     let mut model = MockModelClient::new();
     model.expect_complete().times(0);
     let engine = engine(store, sandbox, model);
@@ -679,7 +679,7 @@ async fn a_platform_call_whose_reply_was_lost_is_made_again_within_its_attempts(
     ));
     let (store, _held) = store(platform_agent(), journal, 3, 3);
     let mut sandbox = sandbox_deleted_once();
-    sandbox.expect_exec().times(0);
+    sandbox.expect_exec_live().times(0);
     let mut model = MockModelClient::new();
     let mut sequence = mockall::Sequence::new();
     model
@@ -718,7 +718,7 @@ async fn the_runner_resumes_an_unfinished_run_once_without_repeating_its_command
     ));
     let (store, held) = listing_store(platform_agent(), journal, 3, 3);
     let mut sandbox = sandbox_deleted_once();
-    sandbox.expect_exec().times(0);
+    sandbox.expect_exec_live().times(0);
     let engine = engine(store, sandbox, model_answering_once());
 
     let runner = crate::runner::Runner::start(

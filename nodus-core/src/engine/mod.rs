@@ -11,6 +11,7 @@ mod evaluation;
 mod execute;
 mod group;
 mod kinds;
+mod live;
 mod resources;
 mod results;
 mod status;
@@ -33,6 +34,7 @@ pub use evaluation::{
 };
 pub use execute::Driven;
 pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
+pub use live::{FOLLOW_CAPACITY, MAX_CHUNK_BYTES, OutputChunk};
 pub use results::{RESULT_NAMES, RunResult, RunResultInfo};
 use typed::Versioned;
 
@@ -82,23 +84,23 @@ pub struct Deps {
 }
 
 impl Deps {
-    /// Dependencies over these backends — durable state, where commands run, the model and
-    /// its catalog (what each family's model is and costs) — with the defaults for the rest:
-    /// the system clock, routing every prompt to the fallback family ([`Family::FALLBACK`],
-    /// within what an agent allows), no Secrets, and no metering of credits (for embedders
-    /// who bill elsewhere; runs' own caps still hold). Change any with [`DepsBuilder`]'s
-    /// methods, then [`DepsBuilder::build`].
+    /// Dependencies over these backends — where commands run, the model and its catalog
+    /// (what each family's model is and costs) — with the defaults for the rest: a new
+    /// in-memory store ([`MemoryStore`](crate::store::MemoryStore): nothing survives the
+    /// process), the system clock, routing every prompt to the fallback family
+    /// ([`Family::FALLBACK`], within what an agent allows), no Secrets, and no metering of
+    /// credits (for embedders who bill elsewhere; runs' own caps still hold). Change any with
+    /// [`DepsBuilder`]'s methods, then [`DepsBuilder::build`].
     ///
     /// [`Family::FALLBACK`]: crate::catalog::Family::FALLBACK
     pub fn builder(
-        store: Arc<dyn Store>,
         sandbox: Arc<dyn Sandbox>,
         model: Arc<dyn ModelClient>,
         catalog: Catalog,
     ) -> DepsBuilder {
         DepsBuilder {
             deps: Deps {
-                store,
+                store: Arc::new(crate::store::MemoryStore::new()),
                 sandbox,
                 model,
                 router: Arc::new(crate::router::FixedRouter(crate::catalog::Family::FALLBACK)),
@@ -119,6 +121,12 @@ pub struct DepsBuilder {
 }
 
 impl DepsBuilder {
+    /// Durable state (a SQLite or Postgres store of nodus-store, or a [`Store`] of your own).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.deps.store = store;
+        self
+    }
+
     /// Picks a family per prompt.
     pub fn router(mut self, router: Arc<dyn Router>) -> Self {
         self.deps.router = router;
@@ -220,6 +228,8 @@ pub struct Engine {
     deps: Deps,
     config: Arc<Config>,
     uid_counter: Arc<AtomicU64>,
+    /// The runs someone follows on this process, for their commands' output.
+    followed: Arc<live::Followed>,
 }
 
 impl Engine {
@@ -229,6 +239,7 @@ impl Engine {
             deps,
             config: Arc::new(config),
             uid_counter: Arc::new(AtomicU64::new(0)),
+            followed: Arc::default(),
         }
     }
 

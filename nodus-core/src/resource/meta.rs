@@ -25,10 +25,9 @@ pub enum Kind {
     Budget,
     /// Stored files that working directories are staged from.
     FileSet,
-    /// A project: its credits and what it has spent (kept by the server).
-    Project,
-    /// An API token and the projects it holds (kept by the server, by hash).
-    Token,
+    /// A project's credit account: its credits, what it has spent and what is reserved
+    /// (kept by the ledger in [`crate::ledger::SYSTEM_PROJECT`], named after the project).
+    Account,
     /// The runs a batch created under an idempotency key (kept by the engine).
     BatchRecord,
     /// A run's private document (kept by the engine, named after the run): its staged and
@@ -42,11 +41,121 @@ pub enum Kind {
     /// One case of an evaluation group and its one terminal state (kept by the engine, named
     /// after the case's run).
     EvaluationCase,
+    /// A kind nodus-core does not know, that an embedder keeps in the store for itself
+    /// (the server's tokens): stored and listed under its name like any kind, never written
+    /// through the engine nor served as a resource.
+    #[serde(skip)]
+    Extension(ExtensionKind),
+}
+
+/// The plurals of the built-in kinds, as stored.
+const BUILT_IN: [&str; 12] = [
+    "agents",
+    "agentruns",
+    "agentgroups",
+    "secrets",
+    "budgets",
+    "filesets",
+    "accounts",
+    "batchrecords",
+    "workdirarchives",
+    "agentenvironments",
+    "environments",
+    "evaluationcases",
+];
+
+/// The name of an [`Kind::Extension`] kind: its plural, 1 to [`ExtensionKind::MAX_LEN`]
+/// lower-case ASCII letters, not a built-in kind's plural. Kept inline, so a `Kind` stays
+/// `Copy` and needs no registry.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ExtensionKind {
+    len: u8,
+    bytes: [u8; ExtensionKind::MAX_LEN],
+}
+
+impl ExtensionKind {
+    /// The longest name.
+    pub const MAX_LEN: usize = 24;
+
+    /// The kind named `plural`, or `None` when it is not 1 to [`ExtensionKind::MAX_LEN`]
+    /// lower-case ASCII letters or is a built-in kind's plural.
+    pub const fn new(plural: &str) -> Option<ExtensionKind> {
+        let name = plural.as_bytes();
+        if name.is_empty() || name.len() > Self::MAX_LEN {
+            return None;
+        }
+        let mut bytes = [0u8; Self::MAX_LEN];
+        let mut i = 0;
+        while i < name.len() {
+            if !name[i].is_ascii_lowercase() {
+                return None;
+            }
+            bytes[i] = name[i];
+            i += 1;
+        }
+        let mut k = 0;
+        while k < BUILT_IN.len() {
+            if same(BUILT_IN[k].as_bytes(), name) {
+                return None;
+            }
+            k += 1;
+        }
+        // At most MAX_LEN (24): no truncation.
+        let len = name.len() as u8;
+        Some(ExtensionKind { len, bytes })
+    }
+
+    /// The name (the kind's plural).
+    pub fn plural(&self) -> &str {
+        // Only ASCII letters are ever stored.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+const fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+impl fmt::Debug for ExtensionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.plural())
+    }
 }
 
 impl Kind {
-    /// The lower-case plural used in REST paths (`agentruns`).
-    pub fn plural(self) -> &'static str {
+    /// An extension kind, for a constant: `const TOKEN: Kind = Kind::extension("tokens");`
+    /// (a name [`ExtensionKind::new`] refuses fails the build).
+    pub const fn extension(plural: &str) -> Kind {
+        match ExtensionKind::new(plural) {
+            Some(kind) => Kind::Extension(kind),
+            None => {
+                panic!("an extension kind is 1 to 24 lower-case letters, not a built-in plural")
+            }
+        }
+    }
+
+    /// The kind stored under `plural`: a built-in kind's plural (only the plural), or else
+    /// an extension kind's name; `None` when it is neither. Stores read kinds back with it.
+    pub fn stored(plural: &str) -> Option<Kind> {
+        match Kind::from_plural(plural) {
+            Some(kind) if kind.plural() == plural => Some(kind),
+            Some(_) => None,
+            None => ExtensionKind::new(plural).map(Kind::Extension),
+        }
+    }
+
+    /// The lower-case plural used in REST paths (`agentruns`) and in the stores.
+    pub fn plural(&self) -> &str {
         match self {
             Kind::Agent => "agents",
             Kind::AgentRun => "agentruns",
@@ -54,17 +163,17 @@ impl Kind {
             Kind::Secret => "secrets",
             Kind::Budget => "budgets",
             Kind::FileSet => "filesets",
-            Kind::Project => "projects",
-            Kind::Token => "tokens",
+            Kind::Account => "accounts",
             Kind::BatchRecord => "batchrecords",
             Kind::WorkdirArchive => "workdirarchives",
             Kind::AgentEnvironment => "agentenvironments",
             Kind::Environment => "environments",
             Kind::EvaluationCase => "evaluationcases",
+            Kind::Extension(kind) => kind.plural(),
         }
     }
 
-    /// The kind whose plural (or, for the kinds users write, kubectl-style singular or short
+    /// The built-in kind whose plural (or, for the kinds users write, kubectl-style singular or short
     /// name) this is. Every kind's [`Kind::plural`] reads back.
     pub fn from_plural(plural: &str) -> Option<Kind> {
         Some(match plural {
@@ -74,8 +183,7 @@ impl Kind {
             "secrets" | "secret" => Kind::Secret,
             "budgets" | "budget" => Kind::Budget,
             "filesets" | "fileset" | "fs" => Kind::FileSet,
-            "projects" => Kind::Project,
-            "tokens" => Kind::Token,
+            "accounts" => Kind::Account,
             "batchrecords" => Kind::BatchRecord,
             "workdirarchives" => Kind::WorkdirArchive,
             "agentenvironments" | "agentenvironment" | "ae" => Kind::AgentEnvironment,
@@ -89,14 +197,14 @@ impl Kind {
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Kind::Extension(kind) => kind.plural(),
             Kind::Agent => "Agent",
             Kind::AgentRun => "AgentRun",
             Kind::AgentGroup => "AgentGroup",
             Kind::Secret => "Secret",
             Kind::Budget => "Budget",
             Kind::FileSet => "FileSet",
-            Kind::Project => "Project",
-            Kind::Token => "Token",
+            Kind::Account => "Account",
             Kind::BatchRecord => "BatchRecord",
             Kind::WorkdirArchive => "WorkdirArchive",
             Kind::AgentEnvironment => "AgentEnvironment",
@@ -151,8 +259,7 @@ mod tests {
             Kind::Secret,
             Kind::Budget,
             Kind::FileSet,
-            Kind::Project,
-            Kind::Token,
+            Kind::Account,
             Kind::BatchRecord,
             Kind::WorkdirArchive,
             Kind::AgentEnvironment,
@@ -163,5 +270,38 @@ mod tests {
         }
         assert_eq!(Kind::from_plural("ar"), Some(Kind::AgentRun));
         assert_eq!(Kind::from_plural("nothing"), None);
+    }
+
+    #[test]
+    fn stored_names_read_back_and_extensions_stay_apart() {
+        let built_in: Vec<&str> = BUILT_IN.to_vec();
+        for plural in &built_in {
+            let kind = Kind::stored(plural).expect("a built-in plural");
+            assert_eq!(kind.plural(), *plural);
+            assert!(!matches!(kind, Kind::Extension(_)), "{plural}");
+            assert_eq!(ExtensionKind::new(plural), None, "{plural} is built in");
+        }
+        const TOKENS: Kind = Kind::extension("tokens");
+        assert_eq!(TOKENS.plural(), "tokens");
+        assert_eq!(TOKENS.to_string(), "tokens");
+        assert_eq!(Kind::stored("tokens"), Some(TOKENS));
+        assert_ne!(Kind::stored("projects"), Some(TOKENS));
+        // Only plurals are stored; a user's short name is not a stored name.
+        assert_eq!(Kind::stored("ar"), None);
+        assert_eq!(
+            Kind::from_plural("tokens"),
+            None,
+            "the API serves no extension kind"
+        );
+        for bad in [
+            "",
+            "Tokens",
+            "to-kens",
+            "tokens1",
+            "abcdefghijklmnopqrstuvwxy",
+        ] {
+            assert_eq!(ExtensionKind::new(bad), None, "{bad:?}");
+        }
+        assert!(ExtensionKind::new("abcdefghijklmnopqrstuvwx").is_some());
     }
 }

@@ -68,7 +68,8 @@ use futures_util::StreamExt;
 use nodus_core::Sandbox;
 use nodus_core::output::Output;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, MAX_ARCHIVE_BYTES, SandboxId, SandboxInfo, SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, LiveOutput, MAX_ARCHIVE_BYTES, SandboxId, SandboxInfo,
+    SandboxSpec,
 };
 use tracing::{debug, info, warn};
 
@@ -420,6 +421,65 @@ impl DockerSandbox {
         Ok(channel)
     }
 
+    /// [`Sandbox::exec`], reporting the command's output to `live` when given.
+    async fn exec_reporting(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        live: Option<&Arc<dyn LiveOutput>>,
+    ) -> Result<ExecOutput, Error> {
+        let limits = self.limits_of(id)?;
+        let request = request.within(&limits)?;
+        let shown_cwd = request.cwd.clone().unwrap_or_default();
+        let rel = paths::relative(Path::new(&shown_cwd))
+            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        let dir = self.inside(&rel)?;
+        let slot = self.slot_of(id);
+        let mut held = slot.lock().await;
+        let cap = capped::cap_len(request.output_cap);
+        let watch = self.disk_watch(id, &limits).await;
+        let start = match &watch {
+            Some(watch) => watch.start().await,
+            None => 0,
+        };
+        let ran = self
+            .run_command(
+                id,
+                &mut held,
+                &dir,
+                &request.command,
+                Bounds {
+                    timeout: request.timeout,
+                    cap,
+                    watch: watch.as_ref().map(|w| (w, start)),
+                    live,
+                },
+            )
+            .await?;
+        let mut stopped = None;
+        let (exit_code, reading) = match ran {
+            Ran::Ended(reading) => {
+                let status = reading.status()?;
+                (Some(status), reading)
+            }
+            Ran::TimedOut(reading) => (None, reading),
+            Ran::Stopped(reading, reason) => {
+                stopped = Some(reason);
+                (None, reading)
+            }
+            Ran::Closed(_) => {
+                return Err(Error::Unavailable(format!(
+                    "the first process of {id} ended while a command ran"
+                )));
+            }
+        };
+        let exit_code = exit_code.map(|s| s.exit_code(&shown_cwd)).transpose()?;
+        if let (Some(watch), None, Some(_)) = (&watch, &stopped, exit_code) {
+            stopped = watch.reached(start).await;
+        }
+        Ok(reading.into_exec_output(exit_code, stopped))
+    }
+
     /// Runs `command` in the container directory `dir` through the channel in `held` (the
     /// caller holds the sandbox's slot), attaching when there is none. The channel leaves the
     /// slot while the command runs and goes back only when it ended cleanly: a future dropped
@@ -481,9 +541,10 @@ impl DockerSandbox {
             timeout,
             cap,
             watch,
+            live,
         } = bounds;
         let name = guard.name.clone();
-        let mut reading = Reading::new(nonce, cap);
+        let mut reading = Reading::live(nonce, cap, live.cloned());
         if let Err(e) = channel.send(frame).await {
             // The attachment is gone (the container stopped): the command did not begin.
             debug!(container = %name, error = %e, "cannot send a command");
@@ -818,55 +879,16 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let limits = self.limits_of(id)?;
-        let request = request.within(&limits)?;
-        let shown_cwd = request.cwd.clone().unwrap_or_default();
-        let rel = paths::relative(Path::new(&shown_cwd))
-            .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let dir = self.inside(&rel)?;
-        let slot = self.slot_of(id);
-        let mut held = slot.lock().await;
-        let cap = capped::cap_len(request.output_cap);
-        let watch = self.disk_watch(id, &limits).await;
-        let start = match &watch {
-            Some(watch) => watch.start().await,
-            None => 0,
-        };
-        let ran = self
-            .run_command(
-                id,
-                &mut held,
-                &dir,
-                &request.command,
-                Bounds {
-                    timeout: request.timeout,
-                    cap,
-                    watch: watch.as_ref().map(|w| (w, start)),
-                },
-            )
-            .await?;
-        let mut stopped = None;
-        let (exit_code, reading) = match ran {
-            Ran::Ended(reading) => {
-                let status = reading.status()?;
-                (Some(status), reading)
-            }
-            Ran::TimedOut(reading) => (None, reading),
-            Ran::Stopped(reading, reason) => {
-                stopped = Some(reason);
-                (None, reading)
-            }
-            Ran::Closed(_) => {
-                return Err(Error::Unavailable(format!(
-                    "the first process of {id} ended while a command ran"
-                )));
-            }
-        };
-        let exit_code = exit_code.map(|s| s.exit_code(&shown_cwd)).transpose()?;
-        if let (Some(watch), None, Some(_)) = (&watch, &stopped, exit_code) {
-            stopped = watch.reached(start).await;
-        }
-        Ok(reading.into_exec_output(exit_code, stopped))
+        self.exec_reporting(id, request, None).await
+    }
+
+    async fn exec_live(
+        &self,
+        id: &SandboxId,
+        request: &ExecRequest,
+        live: Arc<dyn LiveOutput>,
+    ) -> Result<ExecOutput, Error> {
+        self.exec_reporting(id, request, Some(&live)).await
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
@@ -1053,6 +1075,8 @@ struct Bounds<'a> {
     timeout: Duration,
     cap: usize,
     watch: Option<(&'a Watch, u64)>,
+    /// Where the command's output is reported as it arrives.
+    live: Option<&'a Arc<dyn LiveOutput>>,
 }
 
 impl Bounds<'_> {
@@ -1062,6 +1086,7 @@ impl Bounds<'_> {
             timeout: HELPER_TIMEOUT,
             cap,
             watch: None,
+            live: None,
         }
     }
 }

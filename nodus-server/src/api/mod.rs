@@ -69,6 +69,7 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
         ),
         (at("/agentruns/{name}/messages"), post(runs::send_message)),
         (at("/agentruns/{name}/steps"), get(runs::steps)),
+        (at("/agentruns/{name}/logs"), get(runs::logs)),
         (at("/agentruns/{name}/answer"), get(runs::answer)),
         (at("/agentruns/{name}/workdir"), get(runs::workdir)),
         (at("/agentruns/{name}/results"), get(runs::results)),

@@ -329,3 +329,98 @@ pub async fn group_results(
         }),
     ))
 }
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LogsQuery {
+    /// `true`: stream the output while the run goes on.
+    follow: Option<String>,
+}
+
+/// How often a log stream with nothing to say looks whether its run has ended.
+const LOGS_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET …/agentruns/{name}/logs?follow=true`: the output of the run's commands as this server
+/// runs them, from the moment of the request, as newline-delimited JSON
+/// (`application/x-ndjson`): first `{"following": NAME}`, then per piece of output
+/// `{"seq", "stream", "offset", "bytes"}` (`bytes` a string when the piece is UTF-8, an array
+/// of numbers otherwise), until the run has ended or the server stops. A follower that reads
+/// too slowly misses pieces (the offsets show where); the completed steps hold everything.
+pub async fn logs(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    Query(query): Query<LogsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_read(&project)?;
+    match query.follow.as_deref() {
+        Some("true" | "1") => {}
+        other => {
+            return Err(Invalid::new(
+                "follow",
+                "is true: the output of finished commands is in the run's steps",
+                format!("{:?}", other.unwrap_or_default()),
+            )
+            .into());
+        }
+    }
+    // Both subscribed before the run is read: no output and no end is missed.
+    let changes = state.watches.subscribe(state.store.as_ref());
+    let output = state.engine.follow_output(&project, &name).await?;
+    let first = Bytes::from(format!("{}\n", json!({"following": name})));
+    let key = nodus_core::store::ObjectKey::new(
+        project.clone(),
+        nodus_core::resource::Kind::AgentRun,
+        name.clone(),
+    );
+    let start = (Some(first), output, changes, state, key);
+    let stream = futures_util::stream::unfold(
+        start,
+        |(first, mut output, mut changes, state, key)| async move {
+            if let Some(first) = first {
+                return Some((Ok(first), (None, output, changes, state, key)));
+            }
+            loop {
+                let deadline = tokio::time::Instant::now() + LOGS_CHECK;
+                let concerns = |changed: &nodus_core::store::ObjectKey| *changed == key;
+                tokio::select! {
+                    chunk = output.recv() => match chunk {
+                        Ok(chunk) => {
+                            let bytes = match std::str::from_utf8(&chunk.bytes) {
+                                Ok(text) => json!(text),
+                                Err(_) => json!(chunk.bytes),
+                            };
+                            let mut line = serde_json::to_value(&chunk).unwrap_or(Value::Null);
+                            line["bytes"] = bytes;
+                            let line = Bytes::from(format!("{line}\n"));
+                            return Some((Ok::<_, std::convert::Infallible>(line), (None, output, changes, state, key)));
+                        }
+                        // Too slow: the oldest pieces are gone; the offsets show it.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    },
+                    woken = changes.next(&concerns, deadline) => {
+                        if woken == crate::watch::Woken::Ended
+                            && tokio::time::Instant::now() < deadline
+                        {
+                            // The server is stopping.
+                            return None;
+                        }
+                        let ended = match state.engine.get_run(&key.project, &key.name).await {
+                            Ok(run) => run.status.phase.is_some_and(|phase| phase.is_finished()),
+                            Err(_) => true,
+                        };
+                        if ended {
+                            return None;
+                        }
+                    }
+                }
+            }
+        },
+    );
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/x-ndjson")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}

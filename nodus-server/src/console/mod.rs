@@ -821,7 +821,7 @@ async fn events(
         let concerns = |key: &ObjectKey| {
             key.project == project
                 || (key.project == SYSTEM_PROJECT
-                    && key.kind == Kind::Project
+                    && key.kind == Kind::Account
                     && key.name == project)
         };
         let event = match changes.next(&concerns, deadline).await {

@@ -31,7 +31,7 @@ pub(super) fn push_selection<'a>(
 ) {
     query.push_bind(project);
     query.push(" AND kind = ");
-    query.push_bind(sql::kind_name(kind));
+    query.push_bind(kind.plural().to_string());
     for (label, value) in sql::bindable(&selector.labels) {
         let path = vec![
             "metadata".to_string(),
@@ -75,7 +75,7 @@ async fn insert(
          VALUES ($1, $2, $3, 1, $4, $5, $6, $7::json)",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .bind(columns.uid)
     .bind(columns.group)
@@ -152,7 +152,7 @@ impl Committer<EditWrite> for EditCommitter {
             .bind(columns.phase)
             .bind(sql::document_text(&document))
             .bind(&key.project)
-            .bind(sql::kind_name(key.kind))
+            .bind(key.kind.plural())
             .bind(&key.name)
             .execute(&mut *tx)
             .await
@@ -181,7 +181,7 @@ async fn read_record<'e>(
     );
     let row = sqlx::query(&query)
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .fetch_optional(executor)
         .await
@@ -368,7 +368,7 @@ pub(super) async fn update(
         .bind(columns.phase)
         .bind(sql::document_text(&document))
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .bind(expected)
         .fetch_optional(&mut *tx)
@@ -381,7 +381,7 @@ pub(super) async fn update(
             "SELECT version FROM resources WHERE project = $1 AND kind = $2 AND name = $3",
         )
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .fetch_optional(&mut *tx)
         .await
@@ -411,7 +411,7 @@ pub(super) async fn delete(store: &PostgresStore, key: &ObjectKey) -> Result<(),
         "DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3 RETURNING uid",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(&mut *tx)
     .await
@@ -442,23 +442,12 @@ pub(super) async fn rewrite_run(
     store: &PostgresStore,
     rewrite: RunRewrite,
 ) -> Result<Record, Error> {
-    crate::check_rewrite_deletes(&rewrite.delete)?;
+    nodus_core::store::check_rewrite_deletes(&rewrite.delete)?;
     let run = &rewrite.run;
     let mut tx = store.write().await?;
     // Locked: writers of the run (a message, an update) wait for this write.
     let mut record = read_record(&mut *tx, run, " FOR UPDATE").await?;
-    if record.version != rewrite.expected_version {
-        return Err(Error::Conflict {
-            key: run.clone(),
-            expected: rewrite.expected_version,
-            actual: record.version,
-        });
-    }
-    let uid = sql::uid_of(&record.document).map(str::to_string);
-    (rewrite.document)(&mut record.document);
-    let stored = sql::to_i64(record.version)
-        .ok_or_else(|| Error::Corrupt(format!("{run}: version {} too large", record.version)))?;
-    let version = sql::bump(run, stored)?;
+    let (uid, version) = sql::rewrite_document(&rewrite, &mut record)?;
     let columns = sql::Columns::of(&record.document);
     sqlx::query(
         "UPDATE resources SET version = $1, uid = $2, group_name = $3, phase = $4, \
@@ -470,12 +459,11 @@ pub(super) async fn rewrite_run(
     .bind(columns.phase)
     .bind(sql::document_text(&record.document))
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .execute(&mut *tx)
     .await
     .map_err(map_err)?;
-    record.version = sql::to_u64(version, "a version")?;
     tx.announce(&Change::Written(run.clone(), record.version))
         .await?;
     if let Some(uid) = &uid {
@@ -489,21 +477,16 @@ pub(super) async fn rewrite_run(
         for row in steps {
             let step: String = row.try_get(0).map_err(map_err)?;
             let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            let mut step = sql::read_step(uid, &step, completion.as_deref())?;
-            (rewrite.step)(&mut step);
-            let completion = step
-                .completion
-                .as_ref()
-                .map(sql::completion_text)
-                .transpose()?;
+            let (seq, step, completion) =
+                sql::rewrite_step(&rewrite, uid, &step, completion.as_deref())?;
             sqlx::query(
                 "UPDATE steps SET step = $1::json, completion = $2::json \
                  WHERE run_uid = $3 AND seq = $4",
             )
-            .bind(sql::step_text(&step)?)
+            .bind(step)
             .bind(completion)
             .bind(uid)
-            .bind(i64::from(step.seq))
+            .bind(seq)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
@@ -548,7 +531,7 @@ pub(super) async fn rewrite_run(
         let removed =
             sqlx::query("DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3")
                 .bind(&key.project)
-                .bind(sql::kind_name(key.kind))
+                .bind(key.kind.plural())
                 .bind(&key.name)
                 .execute(&mut *tx)
                 .await

@@ -39,7 +39,7 @@ pub(super) async fn post_message(
          FOR UPDATE",
     )
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .fetch_optional(&mut *tx)
     .await
@@ -47,9 +47,7 @@ pub(super) async fn post_message(
     .ok_or_else(|| Error::NotFound(run.clone()))?;
     let current: i64 = row.try_get(0).map_err(map_err)?;
     let uid: Option<String> = row.try_get(1).map_err(map_err)?;
-    let uid = uid.ok_or_else(|| {
-        sql::journal_error(&run.to_string(), "the run has no metadata.uid".to_string())
-    })?;
+    let uid = sql::message_run_uid(run, uid)?;
     if let Some(key) = key {
         let seq: Option<i64> =
             sqlx::query_scalar("SELECT seq FROM inbox WHERE run_uid = $1 AND message_key = $2")
@@ -62,14 +60,7 @@ pub(super) async fn post_message(
             return Ok(Delivery::Duplicate(sql::to_u64(seq, "a message number")?));
         }
     }
-    if sql::to_i64(expected_version) != Some(current) {
-        return Err(Error::Conflict {
-            key: run.clone(),
-            expected: expected_version,
-            actual: sql::to_u64(current, "a version")?,
-        });
-    }
-    let version = sql::bump(run, current)?;
+    let version = sql::message_version(run, expected_version, current)?;
     let seq: i64 = sqlx::query_scalar(
         "INSERT INTO inbox (run_uid, seq, message_key, payload, received_at) \
          SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM inbox WHERE run_uid = $1 \
@@ -85,7 +76,7 @@ pub(super) async fn post_message(
     sqlx::query("UPDATE resources SET version = $1 WHERE project = $2 AND kind = $3 AND name = $4")
         .bind(version)
         .bind(&run.project)
-        .bind(sql::kind_name(run.kind))
+        .bind(run.kind.plural())
         .bind(&run.name)
         .execute(&mut *tx)
         .await

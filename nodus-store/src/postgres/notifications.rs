@@ -15,7 +15,7 @@ use sqlx::postgres::{PgConnection, PgListener};
 use tokio::sync::{broadcast, oneshot};
 
 use super::PostgresStore;
-use crate::sql::{self, map_err};
+use crate::sql::map_err;
 
 /// Where a store announces its changes, and who waits to hear them back.
 #[derive(Debug)]
@@ -157,7 +157,7 @@ pub(super) async fn listen(
 /// `[instance, token, "w", project, kind, name, version]` or
 /// `[instance, token, "d", project, kind, name]`.
 fn change_payload(change: &Change, instance: &str, token: u64) -> String {
-    let kind = |key: &ObjectKey| sql::kind_name(key.kind);
+    let kind = |key: &ObjectKey| key.kind.plural().to_string();
     match change {
         Change::Written(key, version) => {
             json!([
@@ -179,7 +179,7 @@ fn parse_change(payload: &str) -> Option<(Change, String, u64)> {
     let value: Value = serde_json::from_str(payload).ok()?;
     let key = ObjectKey::new(
         value.get(3)?.as_str()?,
-        Kind::from_plural(value.get(4)?.as_str()?)?,
+        Kind::stored(value.get(4)?.as_str()?)?,
         value.get(5)?.as_str()?,
     );
     let change = match value.get(2)?.as_str()? {

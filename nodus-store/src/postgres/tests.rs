@@ -75,6 +75,7 @@ cases!(
     replicas_racing,
     retention,
     rewrite_run,
+    extension_kinds,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

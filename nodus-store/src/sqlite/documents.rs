@@ -8,7 +8,7 @@ use nodus_core::resource::Kind;
 use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::SqliteStore;
 use super::inbox::inbox_of;
@@ -24,7 +24,7 @@ pub(super) async fn read_record<'e>(
         "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(executor)
     .await
@@ -62,7 +62,7 @@ pub(super) async fn update_one(
         .bind(write.columns.phase.as_deref())
         .bind(&write.text)
         .bind(&key.project)
-        .bind(sql::kind_name(key.kind))
+        .bind(key.kind.plural())
         .bind(&key.name)
         .bind(expected)
         .execute(&mut *conn)
@@ -76,7 +76,7 @@ pub(super) async fn update_one(
         "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(&mut *conn)
     .await
@@ -102,7 +102,7 @@ pub(super) fn push_selection<'a>(
 ) {
     query.push_bind(project);
     query.push(" AND kind = ");
-    query.push_bind(sql::kind_name(kind));
+    query.push_bind(kind.plural().to_string());
     for (label, value) in sql::bindable(&selector.labels) {
         if let Some(parts) = sql::path_parts(label) {
             let mut path = vec!["metadata", "labels"];
@@ -161,7 +161,7 @@ async fn insert(
          VALUES (?, ?, ?, 1, ?, ?, ?, ?)",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .bind(columns.uid)
     .bind(columns.group)
@@ -204,7 +204,7 @@ pub(super) async fn create_batch(
         _ => None,
     };
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     if let Some((project, key)) = &scope {
         let stored: Option<String> = sqlx::query_scalar(
             "SELECT records FROM batches WHERE project = ? AND idempotency_key = ?",
@@ -248,10 +248,10 @@ pub(super) async fn create_batch(
             .await
             .map_err(map_err)?;
     }
-    tx.commit().await.map_err(map_err)?;
     for record in &records {
-        store.notify(Change::Written(record.key.clone(), 1));
+        tx.announce(Change::Written(record.key.clone(), 1));
     }
+    tx.commit().await?;
     drop(conn);
     Ok(records)
 }
@@ -362,12 +362,12 @@ pub(super) async fn update(
 
 pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), Error> {
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     let uid: Option<Option<String>> = sqlx::query_scalar(
         "DELETE FROM resources WHERE project = ? AND kind = ? AND name = ? RETURNING uid",
     )
     .bind(&key.project)
-    .bind(sql::kind_name(key.kind))
+    .bind(key.kind.plural())
     .bind(&key.name)
     .fetch_optional(&mut *tx)
     .await
@@ -389,30 +389,19 @@ pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), E
                 .map_err(map_err)?;
         }
     }
-    tx.commit().await.map_err(map_err)?;
-    store.notify(Change::Deleted(key.clone()));
+    tx.announce(Change::Deleted(key.clone()));
+    tx.commit().await?;
     drop(conn);
     Ok(())
 }
 
 pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Result<Record, Error> {
-    crate::check_rewrite_deletes(&rewrite.delete)?;
+    nodus_core::store::check_rewrite_deletes(&rewrite.delete)?;
     let run = &rewrite.run;
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     let mut record = read_record(&mut *tx, run).await?;
-    if record.version != rewrite.expected_version {
-        return Err(Error::Conflict {
-            key: run.clone(),
-            expected: rewrite.expected_version,
-            actual: record.version,
-        });
-    }
-    let uid = sql::uid_of(&record.document).map(str::to_string);
-    (rewrite.document)(&mut record.document);
-    let stored = sql::to_i64(record.version)
-        .ok_or_else(|| Error::Corrupt(format!("{run}: version {} too large", record.version)))?;
-    let version = sql::bump(run, stored)?;
+    let (uid, version) = sql::rewrite_document(&rewrite, &mut record)?;
     let columns = sql::Columns::of(&record.document);
     sqlx::query(
         "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
@@ -424,12 +413,12 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
     .bind(columns.phase)
     .bind(sql::document_text(&record.document))
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .execute(&mut *tx)
     .await
     .map_err(map_err)?;
-    record.version = sql::to_u64(version, "a version")?;
+    tx.announce(Change::Written(run.clone(), record.version));
     if let Some(uid) = &uid {
         let steps =
             sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
@@ -440,18 +429,13 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
         for row in steps {
             let step: String = row.try_get(0).map_err(map_err)?;
             let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            let mut step = sql::read_step(uid, &step, completion.as_deref())?;
-            (rewrite.step)(&mut step);
-            let completion = step
-                .completion
-                .as_ref()
-                .map(sql::completion_text)
-                .transpose()?;
+            let (seq, step, completion) =
+                sql::rewrite_step(&rewrite, uid, &step, completion.as_deref())?;
             sqlx::query("UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?")
-                .bind(sql::step_text(&step)?)
+                .bind(step)
                 .bind(completion)
                 .bind(uid)
-                .bind(i64::from(step.seq))
+                .bind(seq)
                 .execute(&mut *tx)
                 .await
                 .map_err(map_err)?;
@@ -489,25 +473,20 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
                 .map_err(map_err)?;
         }
     }
-    let mut deleted = Vec::new();
     for key in &rewrite.delete {
         let removed =
             sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
                 .bind(&key.project)
-                .bind(sql::kind_name(key.kind))
+                .bind(key.kind.plural())
                 .bind(&key.name)
                 .execute(&mut *tx)
                 .await
                 .map_err(map_err)?;
         if removed.rows_affected() > 0 {
-            deleted.push(key.clone());
+            tx.announce(Change::Deleted(key.clone()));
         }
     }
-    tx.commit().await.map_err(map_err)?;
-    store.notify(Change::Written(run.clone(), record.version));
-    for key in deleted {
-        store.notify(Change::Deleted(key));
-    }
+    tx.commit().await?;
     drop(conn);
     Ok(record)
 }

@@ -3,7 +3,7 @@
 
 use jiff::Timestamp;
 use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
-use sqlx::{Connection, Row, Sqlite};
+use sqlx::{Row, Sqlite};
 
 use super::SqliteStore;
 use crate::sql::{self, map_err};
@@ -33,12 +33,12 @@ pub(super) async fn post_message(
     at: Timestamp,
 ) -> Result<Delivery, Error> {
     let mut conn = store.write_connection().await?;
-    let mut tx = conn.begin().await.map_err(map_err)?;
+    let mut tx = store.write(&mut conn).await?;
     let row = sqlx::query(
         "SELECT version, uid FROM resources WHERE project = ? AND kind = ? AND name = ?",
     )
     .bind(&run.project)
-    .bind(sql::kind_name(run.kind))
+    .bind(run.kind.plural())
     .bind(&run.name)
     .fetch_optional(&mut *tx)
     .await
@@ -46,9 +46,7 @@ pub(super) async fn post_message(
     .ok_or_else(|| Error::NotFound(run.clone()))?;
     let current: i64 = row.try_get(0).map_err(map_err)?;
     let uid: Option<String> = row.try_get(1).map_err(map_err)?;
-    let uid = uid.ok_or_else(|| {
-        sql::journal_error(&run.to_string(), "the run has no metadata.uid".to_string())
-    })?;
+    let uid = sql::message_run_uid(run, uid)?;
     if let Some(key) = key {
         let seq: Option<i64> =
             sqlx::query_scalar("SELECT seq FROM inbox WHERE run_uid = ? AND message_key = ?")
@@ -61,14 +59,7 @@ pub(super) async fn post_message(
             return Ok(Delivery::Duplicate(sql::to_u64(seq, "a message number")?));
         }
     }
-    if sql::to_i64(expected_version) != Some(current) {
-        return Err(Error::Conflict {
-            key: run.clone(),
-            expected: expected_version,
-            actual: sql::to_u64(current, "a version")?,
-        });
-    }
-    let version = sql::bump(run, current)?;
+    let version = sql::message_version(run, expected_version, current)?;
     let seq: i64 =
         sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE run_uid = ?")
             .bind(&uid)
@@ -90,16 +81,16 @@ pub(super) async fn post_message(
     sqlx::query("UPDATE resources SET version = ? WHERE project = ? AND kind = ? AND name = ?")
         .bind(version)
         .bind(&run.project)
-        .bind(sql::kind_name(run.kind))
+        .bind(run.kind.plural())
         .bind(&run.name)
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
-    tx.commit().await.map_err(map_err)?;
-    store.notify(Change::Written(
+    tx.announce(Change::Written(
         run.clone(),
         sql::to_u64(version, "a version")?,
     ));
+    tx.commit().await?;
     drop(conn);
     Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
 }

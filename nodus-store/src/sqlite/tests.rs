@@ -49,6 +49,7 @@ cases!(
     replicas_racing,
     retention,
     rewrite_run,
+    extension_kinds,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -206,6 +207,74 @@ async fn a_sqlite_file_of_another_application_is_refused() {
         matches!(&result, Err(Error::Corrupt(m)) if m.contains("0x2a")),
         "{result:?}"
     );
+}
+
+/// A write transaction announces its changes only when it commits: a batch refused halfway
+/// (its first document inserted, its second a duplicate) announces nothing, and the next
+/// change heard is the next write's.
+#[tokio::test]
+async fn a_refused_transaction_announces_nothing() {
+    let (store, _dir) = fresh().await;
+    let mut changes = store.subscribe();
+    let first = ObjectKey::new("p", Kind::Agent, "a");
+    let document = json!({"metadata": {"name": "a"}});
+    assert_eq!(
+        store
+            .create_batch(
+                vec![
+                    (first.clone(), document.clone()),
+                    (first.clone(), document.clone())
+                ],
+                None
+            )
+            .await,
+        Err(Error::AlreadyExists(first.clone()))
+    );
+    let next = ObjectKey::new("p", Kind::Agent, "b");
+    store.create(&next, document).await.expect("create");
+    assert_eq!(
+        changes.try_recv(),
+        Ok(nodus_core::store::Change::Written(next, 1))
+    );
+    assert_eq!(store.get(&first).await, Err(Error::NotFound(first)));
+}
+
+/// Migration 0003: a credit account written under the kind `projects` (before accounts had
+/// a kind of their own) reads back as the project's account; other `projects` rows stay.
+#[tokio::test]
+async fn accounts_written_as_projects_are_read_as_accounts() {
+    use sqlx::{Connection, SqliteConnection};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("nodus.db");
+    drop(SqliteStore::open(&path).await.expect("a new store"));
+    // The file as the release before left it: migration 3 not applied, an account under
+    // `projects`, and a document of a user project that happens to be of that kind name.
+    let url = format!("sqlite://{}", path.display());
+    let mut conn = SqliteConnection::connect(&url).await.expect("connect");
+    for sql in [
+        "DELETE FROM _sqlx_migrations WHERE version = 3",
+        "INSERT INTO resources (project, kind, name, version, uid, document) VALUES \
+         ('_system', 'projects', 'team', 4, NULL, \
+          '{\"kind\":\"Project\",\"metadata\":{\"name\":\"team\"},\
+            \"status\":{\"account\":{\"balanceUSD\":\"5\",\"spentUSD\":\"1.25\"}}}')",
+        "INSERT INTO resources (project, kind, name, version, uid, document) VALUES \
+         ('team', 'projects', 'other', 1, NULL, '{\"metadata\":{\"name\":\"other\"}}')",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+    }
+    conn.close().await.expect("close");
+
+    let store = std::sync::Arc::new(SqliteStore::open(&path).await.expect("reopen"));
+    let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
+    let account = ledger.account("team").await.expect("the account");
+    assert_eq!(account.balance_usd, "5".parse().expect("usd"));
+    assert_eq!(account.spent_usd, "1.25".parse().expect("usd"));
+    assert_eq!(
+        nodus_core::ledger::projects(store.as_ref()).await,
+        Ok(vec!["team".to_string()])
+    );
+    let left = ObjectKey::new("team", Kind::extension("projects"), "other");
+    assert_eq!(store.get(&left).await.map(|r| r.version), Ok(1));
 }
 
 /// One batch of journal writes, checked in order against each other and written in a few

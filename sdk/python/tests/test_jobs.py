@@ -10,13 +10,13 @@ import json
 import tarfile
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 import nodus
 import nodus.aio as aio
-from conftest import WebhookReceiver
+from conftest import TOKEN, FakeAnthropic, NodusServer, WebhookReceiver
 
 
 def unique(prefix: str) -> str:
@@ -338,3 +338,44 @@ def test_a_log_shows_each_step_once_and_its_output_once_it_has_finished() -> Non
         "stdout",
         "stderr",
     ]
+
+
+def test_logs_follow_a_running_commands_output_line_by_line(fake_model: FakeAnthropic) -> None:
+    # The bubblewrap sandbox reports a command's output as it comes (the unisolated one of
+    # the other tests does not, and its output shows from the finished step).
+    process = NodusServer(fake_model.url, sandbox="process")
+    try:
+        client = nodus.Client(process.url, TOKEN, "default")
+        run = nodus.AgentRun.create(
+            inline_agent(),
+            "Run `for i in 1 2 3; do echo line-$i; sleep 1; done`",
+            client=client,
+        )
+        seen = [
+            (line.text, line.step.state)
+            for line in run.logs(follow=True, timeout=60)
+            if line.stream == "stdout"
+        ]
+        # Each line once, the first while its command was still running.
+        assert [text for text, _ in seen] == ["line-1", "line-2", "line-3"]
+        assert seen[0][1] == "Started"
+        assert run.status.phase == "Succeeded"
+
+        async def followed() -> List[Tuple[str, str]]:
+            async with aio.AsyncClient(process.url, TOKEN, "default") as connection:
+                again = await aio.AgentRun.create(
+                    inline_agent(),
+                    "Run `for i in 1 2; do echo async-$i; sleep 1; done`",
+                    client=connection,
+                )
+                return [
+                    (line.text, line.step.state)
+                    async for line in again.logs(follow=True, timeout=60)
+                    if line.stream == "stdout"
+                ]
+
+        seen = asyncio.run(followed())
+        assert [text for text, _ in seen] == ["async-1", "async-2"]
+        assert seen[0][1] == "Started"
+    finally:
+        process.stop()

@@ -186,25 +186,7 @@ impl ServerProcess {
 
     /// Run the CLI with `stdin` as its input.
     pub fn cli_in(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        use std::io::Write as _;
-        let mut child = Command::new(nodus_binary())
-            .args(args)
-            .env("NODUS_SERVER", &self.url)
-            .env("NODUS_TOKEN", TOKEN)
-            .env("XDG_CONFIG_HOME", self.data_dir.join("config"))
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nodus runs");
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes()).expect("stdin");
-        }
-        child.wait_with_output().expect("nodus finishes")
+        cli_against(&self.url, &self.data_dir, args, stdin)
     }
 
     /// Run the CLI and insist that it succeeds; returns stdout.
@@ -304,4 +286,28 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Run the CLI against the server at `url` (the admin token; its config under `data_dir`) with
+/// `stdin` as its input.
+pub fn cli_against(url: &str, data_dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write as _;
+    let mut child = Command::new(nodus_binary())
+        .args(args)
+        .env("NODUS_SERVER", url)
+        .env("NODUS_TOKEN", TOKEN)
+        .env("XDG_CONFIG_HOME", data_dir.join("config"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nodus runs");
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes()).expect("stdin");
+    }
+    child.wait_with_output().expect("nodus finishes")
 }

@@ -1,4 +1,5 @@
-//! An in-memory [`Store`]: the whole state behind one mutex, for tests and single-process use.
+//! An in-memory [`Store`]: the whole state behind one mutex, for tests, examples and
+//! single-process embedding (the default store of [`Deps::builder`](crate::engine::Deps::builder)).
 //!
 //! Nothing survives the process. Every operation takes the lock once, does its checks and
 //! its writes under it, and sends its change notifications before releasing it, so the
@@ -8,14 +9,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::journal::{Completion, Step};
+use crate::resource::Kind;
+use crate::store::{
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
+    Selector, Store, check_rewrite_deletes,
+};
 use async_trait::async_trait;
 use jiff::Timestamp;
-use nodus_core::journal::{Completion, Step};
-use nodus_core::resource::Kind;
-use nodus_core::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
-    Selector, Store,
-};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -546,7 +547,7 @@ impl Store for MemoryStore {
             message: edit_message,
             delete,
         } = rewrite;
-        crate::check_rewrite_deletes(&delete)?;
+        check_rewrite_deletes(&delete)?;
         let mut state = self.lock();
         let entry = state
             .entry_mut(&run)
@@ -598,7 +599,7 @@ impl Store for MemoryStore {
 mod tests {
     //! Behaviour of the in-memory store beyond the conformance suite.
 
-    use nodus_core::journal::{Intent, Step};
+    use crate::journal::{Intent, Step};
     use serde_json::json;
 
     use super::*;
