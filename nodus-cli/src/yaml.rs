@@ -26,13 +26,35 @@ pub fn to_yaml(value: &Value) -> Result<String> {
             .eq(Some(value.clone()).filter(|v| !v.is_null()))
     });
     if !reads_back {
-        text = serde_json::to_string_pretty(value)
-            .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?;
+        text = json_as_yaml(
+            &serde_json::to_string_pretty(value)
+                .map_err(|e| Error::input(format!("cannot write YAML: {e}")))?,
+        );
     }
     if !text.ends_with('\n') {
         text.push('\n');
     }
     Ok(text)
+}
+
+/// JSON text that YAML reads as the same value: the characters JSON leaves raw in its strings
+/// but YAML does not allow there (DEL, the C1 controls, U+FFFE/U+FFFF) or reads as line breaks
+/// or marks (NEL, U+2028, U+2029, the byte-order mark) are written as `\u` escapes, which both
+/// read the same. JSON's own syntax is ASCII, so only string contents change.
+fn json_as_yaml(json: &str) -> String {
+    let mut text = String::with_capacity(json.len());
+    for c in json.chars() {
+        let escaped = matches!(
+            c,
+            '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
+        );
+        if escaped {
+            text.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            text.push(c);
+        }
+    }
+    text
 }
 
 #[cfg(test)]
@@ -89,6 +111,22 @@ spec:
             let text = to_yaml(&value).expect("written");
             let back = parse_documents(&text, "out.yaml").expect("read back");
             assert_eq!(back, vec![value.clone()], "{text}");
+        }
+    }
+
+    #[test]
+    fn characters_yaml_does_not_allow_raw_are_escaped_so_that_they_read_back() {
+        // Found by the fuzz test: a key of DEL alone, in a value written as JSON.
+        for value in [
+            json!({"": "\n", " ": {"\u{7f}": null}}),
+            json!(["\n", "a\u{85}b\u{2028}c\u{9f}\u{feff}\u{ffff}"]),
+        ] {
+            let text = to_yaml(&value).unwrap();
+            assert_eq!(
+                parse_documents(&text, "out.yaml").unwrap(),
+                vec![value],
+                "{text}"
+            );
         }
     }
 
