@@ -12,7 +12,7 @@
 //! session's CSRF token (compared in constant time); every answer carries a strict
 //! Content-Security-Policy, and the pages have no inline script or event handler.
 
-mod html;
+pub(crate) mod html;
 mod jobs;
 mod pages;
 
@@ -606,21 +606,7 @@ async fn run_result(
     }
     .await;
     match found {
-        Ok(found) => (
-            StatusCode::OK,
-            [
-                (header::CONTENT_TYPE, found.info.content_type),
-                (
-                    header::CONTENT_DISPOSITION,
-                    format!(
-                        "attachment; filename=\"{}\"",
-                        html::percent_encode(&found.info.file_name)
-                    ),
-                ),
-            ],
-            found.content,
-        )
-            .into_response(),
+        Ok(found) => crate::api::runs::result_download(found),
         Err(error) => error_page(&error, Some(back)),
     }
 }
