@@ -5,7 +5,9 @@
 //! queue. A change to a run queues the run; a change to a group, or a run of a group moving,
 //! queues the group. Each key is worked by at most one task at a time; a change that arrives
 //! while its key is being worked marks it to be worked again. At most
-//! [`RunnerConfig::max_concurrent`] runs are driven at once. A waiting or parked run, and a run
+//! [`RunnerConfig::max_concurrent`] runs are driven at once; the others queued wait in a list
+//! of keys, with no task (at a restart every unfinished run is queued at once, and a task
+//! each would be a peak of memory the allocator keeps). A waiting or parked run, and a run
 //! still queued in its group, is queued again at its deadline; a change of a project's credits
 //! or budget wakes the runs this runner left waiting for funds. At start every unfinished run
 //! and every group is queued, which is how runs resume after a restart. With
@@ -14,21 +16,21 @@
 //! Every time it reads or waits for is the engine's [`Clock`]: with a manual clock, a deadline
 //! comes when the test moves the clock past it.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::clock::Clock;
 use crate::engine::{Driven, Engine, Error, Result};
 use crate::ledger::SYSTEM_PROJECT;
 use crate::lifecycle::{RunPhase, WaitReason};
-use crate::resource::{AgentGroupSpec, AgentRun, AgentRunSpec, Kind};
+use crate::resource::{AgentGroupSpec, AgentRun, Kind};
 use crate::retention;
 use crate::store::{Change, ObjectKey, Selector, Store};
 
@@ -72,7 +74,6 @@ pub struct Runner {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     config: RunnerConfig,
-    permits: Arc<Semaphore>,
 }
 
 /// A started runner: stop it with [`shutdown`](RunnerHandle::shutdown).
@@ -108,8 +109,12 @@ impl Done {
 
 #[derive(Default)]
 struct Slot {
+    /// A worker has the key, or it waits in [`Queue::ready`] for one.
     busy: bool,
+    /// It changed while a worker had it: work it again after.
     dirty: bool,
+    /// It waits in [`Queue::ready`]: its drive has not begun, so a change needs nothing more.
+    ready: bool,
 }
 
 /// The runner's working state inside its loop.
@@ -117,6 +122,13 @@ struct Slot {
 struct Queue {
     slots: HashMap<ObjectKey, Slot>,
     workers: JoinSet<Done>,
+    /// The key of each worker, for one that panicked.
+    working: HashMap<tokio::task::Id, ObjectKey>,
+    /// Runs to drive, in the order they were queued, once fewer than
+    /// [`RunnerConfig::max_concurrent`] are driven: a key each, no task.
+    ready: VecDeque<ObjectKey>,
+    /// Runs being driven now.
+    driving: usize,
     /// Keys woken at a time of the clock, each at the earliest time asked for; one alarm
     /// for them all, so that a waiting run holds no task.
     wakes: HashMap<ObjectKey, Timestamp>,
@@ -145,7 +157,6 @@ impl Runner {
             ))
         });
         let runner = Runner {
-            permits: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
             engine: engine.clone(),
             store,
             clock,
@@ -223,8 +234,26 @@ impl Runner {
                         self.queue(key, &mut queue);
                     }
                 }
-                Some(done) = queue.workers.join_next(), if !queue.workers.is_empty() => {
-                    let Ok(done) = done else { continue };
+                Some(done) = queue.workers.join_next_with_id(), if !queue.workers.is_empty() => {
+                    let done = match done {
+                        Ok((id, done)) => {
+                            queue.working.remove(&id);
+                            done
+                        }
+                        Err(error) => {
+                            let Some(key) = queue.working.remove(&error.id()) else { continue };
+                            if error.is_cancelled() {
+                                Done::nothing(key, None)
+                            } else {
+                                // A worker that panicked: its key is looked at again later.
+                                tracing::error!(key = %key, error = %error, "a worker panicked; retrying later");
+                                Done {
+                                    wake_at: self.later(),
+                                    ..Done::nothing(key, None)
+                                }
+                            }
+                        }
+                    };
                     self.finished(done, &mut queue);
                 }
             }
@@ -232,8 +261,18 @@ impl Runner {
         queue.workers.shutdown().await;
     }
 
+    /// When a failed work is looked at again.
+    fn later(&self) -> Option<Timestamp> {
+        let retry = jiff::SignedDuration::try_from(self.config.retry_after)
+            .unwrap_or(jiff::SignedDuration::from_secs(2));
+        self.clock.now().checked_add(retry).ok()
+    }
+
     /// A worker is done: queue what follows from it.
     fn finished(&self, done: Done, queue: &mut Queue) {
+        if is_drive(done.key.kind) {
+            queue.driving = queue.driving.saturating_sub(1);
+        }
         if done.awaiting_funds {
             queue
                 .awaiting_funds
@@ -266,21 +305,49 @@ impl Runner {
         } else {
             queue.slots.remove(&done.key);
         }
+        // A drive ended: the next run ready takes its place.
+        while queue.driving < self.config.max_concurrent.max(1)
+            && let Some(key) = queue.ready.pop_front()
+        {
+            if let Some(slot) = queue.slots.get_mut(&key) {
+                slot.ready = false;
+            }
+            self.spawn(key, queue);
+        }
     }
 
     fn queue(&self, key: ObjectKey, queue: &mut Queue) {
         let slot = queue.slots.entry(key.clone()).or_default();
+        if slot.ready {
+            return;
+        }
         if slot.busy {
             slot.dirty = true;
             return;
         }
         slot.busy = true;
+        // In the order queued: behind the runs already waiting for a drive.
+        if is_drive(key.kind)
+            && (queue.driving >= self.config.max_concurrent.max(1) || !queue.ready.is_empty())
+        {
+            slot.ready = true;
+            queue.ready.push_back(key);
+            return;
+        }
+        self.spawn(key, queue);
+    }
+
+    /// Start the worker of `key` (its slot is busy).
+    fn spawn(&self, key: ObjectKey, queue: &mut Queue) {
+        if is_drive(key.kind) {
+            queue.driving += 1;
+        }
+        let worker_key = key.clone();
         let engine = self.engine.clone();
-        let permits = self.permits.clone();
         let clock = self.clock.clone();
         let settle = self.config.group_settle;
         let retry_after = self.config.retry_after;
-        queue.workers.spawn(async move {
+        let worker = queue.workers.spawn(async move {
             match key.kind {
                 Kind::AgentGroup => {
                     // Let the changes of a busy group gather.
@@ -322,12 +389,10 @@ impl Runner {
                         ..Done::nothing(key, None)
                     }
                 }
-                _ => {
-                    let _permit = permits.acquire_owned().await;
-                    drive(&engine, clock.as_ref(), retry_after, key).await
-                }
+                _ => drive(&engine, clock.as_ref(), retry_after, key).await,
             }
         });
+        queue.working.insert(worker.id(), worker_key);
     }
 
     /// Every unfinished run and every group of every project.
@@ -353,15 +418,10 @@ impl Runner {
 
     /// The unfinished runs of a project.
     async fn runs_of(&self, project: &str) -> Vec<ObjectKey> {
-        match self
-            .engine
-            .list::<AgentRunSpec>(project, &Selector::default())
-            .await
-        {
+        match self.engine.unfinished_runs(project).await {
             Ok(runs) => runs
-                .iter()
-                .filter(|run| !run.status.phase.is_some_and(|p| p.is_finished()))
-                .map(|run| ObjectKey::new(project, Kind::AgentRun, run.name()))
+                .into_iter()
+                .map(|name| ObjectKey::new(project, Kind::AgentRun, name))
                 .collect(),
             Err(error) => {
                 tracing::error!(project, error = %error, "cannot list runs");
@@ -431,6 +491,12 @@ async fn ring(alarm: &mut Option<(Timestamp, Alarm)>) {
         Some((_, sleep)) => sleep.as_mut().await,
         None => std::future::pending().await,
     }
+}
+
+/// Whether the work of a key of `kind` is a run's drive (bounded by
+/// [`RunnerConfig::max_concurrent`]); a group's reconcile and an evaluation's grading are not.
+fn is_drive(kind: Kind) -> bool {
+    !matches!(kind, Kind::AgentGroup | Kind::EvaluationCase)
 }
 
 /// Whether a run in `phase` stays so until something outside the runner happens.

@@ -1,7 +1,8 @@
 //! The Runner of nodus-core on the in-memory store and a manual clock, with no server: a
 //! deadline wakes a waiting run when the clock passes it, waiting runs hold no task, no more
-//! runs are driven at once than its bound, a group with dependencies runs under maxActive and
-//! its cost cap, and the retention sweep runs by the clock.
+//! runs are driven at once than its bound and those queued beyond it hold no task, a group
+//! with dependencies runs under maxActive and its cost cap, and the retention sweep runs by
+//! the clock.
 
 mod support;
 
@@ -309,6 +310,57 @@ async fn no_more_runs_are_driven_at_once_than_its_bound() {
     }
     assert_eq!(sandbox.most.load(Ordering::SeqCst), 2);
     assert_eq!(sandbox.inner.executions().len(), 5);
+    runner.shutdown().await;
+}
+
+#[tokio::test]
+async fn runs_queued_beyond_its_bound_wait_with_no_task() {
+    let clock = Arc::new(ManualClock::default());
+    let sandbox = Arc::new(GatedSandbox::closed());
+    let engine = engine(sandbox.clone(), clock);
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let runner = start(&engine, 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let idle = tasks();
+    // Thirty runs queued at once (as every unfinished run is at a restart), two driven.
+    let names: Vec<String> = (0..30).map(|i| format!("r{i}")).collect();
+    for name in &names {
+        engine
+            .create_run(
+                PROJECT,
+                run(name, "helper", &format!("Run `echo {name}`."), |_| {}),
+            )
+            .await
+            .expect("run");
+    }
+    until("two commands wait at the gate", || {
+        sandbox.in_flight.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tasks() <= idle + 2,
+        "{} tasks with two runs driven and 28 queued, {idle} without: a queued run holds a task",
+        tasks()
+    );
+    sandbox.open();
+    for name in &names {
+        let run = tokio::time::timeout(SOON, runner.settled(PROJECT, name))
+            .await
+            .expect("finished")
+            .expect("run");
+        assert_eq!(run.status.phase, Some(RunPhase::Succeeded), "{name}");
+    }
+    assert_eq!(sandbox.most.load(Ordering::SeqCst), 2);
+    assert_eq!(sandbox.inner.executions().len(), 30, "each run once");
     runner.shutdown().await;
 }
 

@@ -46,6 +46,28 @@ impl Engine {
             .collect()
     }
 
+    /// The names of a project's unfinished runs, read from the two fields that say so (the
+    /// runner resumes them at its start; reading every run whole would make that start the
+    /// server's peak of memory). A run whose phase cannot be read counts as unfinished: its
+    /// drive reports what is wrong with it.
+    pub(crate) async fn unfinished_runs(&self, project: &str) -> Result<Vec<String>> {
+        let records = self
+            .deps
+            .store
+            .list_sparse(
+                project,
+                Kind::AgentRun,
+                &Selector::default(),
+                &["status.phase", "status.reason"],
+            )
+            .await?;
+        Ok(records
+            .into_iter()
+            .filter(|record| member_phase(&record.document).map_or(true, |p| !p.is_finished()))
+            .map(|record| record.key.name)
+            .collect())
+    }
+
     /// Whether `run` may join `group`. `admissions` holds what earlier runs of the same
     /// batch learned of their groups (members included, the batch's own runs too), so a batch
     /// reads each group once.
