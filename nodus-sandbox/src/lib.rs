@@ -27,6 +27,7 @@ pub mod conformance;
 mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;
+mod launcher;
 mod paths;
 mod process;
 pub mod unisolated;
