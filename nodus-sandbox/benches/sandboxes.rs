@@ -5,10 +5,11 @@
 //! Each iteration runs the bare tool and then the backend's cycle, so that the load of the
 //! machine weighs on both alike.
 //!
-//! Then starts at a time: how many sandboxes per second the bubblewrap backend and bare
-//! `bwrap` go through with 1, 16 and 100 in flight, next to `sh -c true` (a process start,
-//! which scales with the cores), and how busy the machine's CPUs were meanwhile. A start
-//! that cannot use the idle cores waits on something other than the CPU.
+//! Then starts at a time: how many sandboxes per second the process backend (with bubblewrap
+//! and with Nodus's own launcher), bare `bwrap` and bare `unshare` go through with 1, 16 and
+//! 100 in flight, next to `sh -c true` (a process start, which scales with the cores), and
+//! how busy the machine's CPUs were meanwhile. A start that cannot use the idle cores waits
+//! on something other than the CPU.
 //!
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
@@ -401,16 +402,34 @@ const BARE_UNSHARE: &[&str] = &[
     "true",
 ];
 
-/// Starts at a time: the bubblewrap backend's cycle, bare `bwrap` and bare `unshare` against
-/// `sh -c true`.
+/// One backend's full cycle: create, a first command `true`, destroy.
+async fn cycle(sandbox: Arc<dyn Sandbox>, key: String) {
+    let id = sandbox.create(&spec(&key, None)).await.expect("create").id;
+    let out = sandbox.exec(&id, &request("true")).await.expect("exec");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+/// Starts at a time: the process backend's cycle with bubblewrap and with Nodus's own
+/// launcher, bare `bwrap` and bare `unshare` against `sh -c true`.
 async fn parallel(n: usize, root: &std::path::Path) {
     println!("== starts at a time ({n} each)");
     let bwrap: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(BwrapConfig::new(root.join("par"))));
-    let warm = bwrap
-        .create(&spec("bench-par-warm", None))
-        .await
-        .expect("create");
-    bwrap.destroy(&warm.id).await.expect("destroy");
+    let mut config = BwrapConfig::new(root.join("launch"));
+    config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+    let launched = Arc::new(BwrapSandbox::new(config));
+    assert!(
+        launched.uses_launcher().await.expect("prepared"),
+        "the launcher failed its self-check"
+    );
+    let launcher: Arc<dyn Sandbox> = launched;
+    for backend in [&bwrap, &launcher] {
+        let warm = backend
+            .create(&spec("bench-par-warm", None))
+            .await
+            .expect("create");
+        backend.destroy(&warm.id).await.expect("destroy");
+    }
     let tag = std::process::id();
     for in_flight in [1, 16, 100] {
         at_a_time("`sh -c true` (baseline)", n, in_flight, |_| {
@@ -428,20 +447,27 @@ async fn parallel(n: usize, root: &std::path::Path) {
             bare_async(BARE_BWRAP)
         })
         .await;
-        let cycle = at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
-            let sandbox = bwrap.clone();
-            let key = format!("bench-par-{tag}-{in_flight}-{i}");
-            async move {
-                let id = sandbox.create(&spec(&key, None)).await.expect("create").id;
-                let out = sandbox.exec(&id, &request("true")).await.expect("exec");
-                assert_eq!(out.exit_code, Some(0), "{out:?}");
-                sandbox.destroy(&id).await.expect("destroy");
-            }
+        let with_bwrap = at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
+            cycle(bwrap.clone(), format!("bench-par-{tag}-{in_flight}-{i}"))
         })
         .await;
+        let with_launcher = at_a_time("launcher backend: create+exec+destroy", n, in_flight, |i| {
+            cycle(
+                launcher.clone(),
+                format!("bench-launch-{tag}-{in_flight}-{i}"),
+            )
+        })
+        .await;
+        // The baseline once more, after the backends: the load may have moved meanwhile.
+        let unshare_after = at_a_time("bare `unshare …` again", n, in_flight, |_| {
+            bare_async(BARE_UNSHARE)
+        })
+        .await;
+        let unshare = (unshare + unshare_after) / 2.0;
         println!(
-            "  ratios at {in_flight} in flight: backend cycle / unshare {:.2}x, bare bwrap / unshare {:.2}x",
-            cycle / unshare,
+            "  ratios at {in_flight} in flight (unshare: mean of before and after): launcher cycle / unshare {:.2}x, bwrap cycle / unshare {:.2}x, bare bwrap / unshare {:.2}x",
+            with_launcher / unshare,
+            with_bwrap / unshare,
             bare / unshare
         );
     }

@@ -76,6 +76,12 @@
 //! Requires bubblewrap 0.8 or later and user namespaces. When `bwrap` is missing, `create`
 //! refuses with a message that says how to install it.
 //!
+//! With [`BwrapConfig::launcher`] set, sandboxes are started by Nodus's own launcher
+//! ([`nodus_launch`], the `launcher` module) instead: the same namespaces, file system, user
+//! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself).
+//! A launcher that fails its self-check on this host leaves the backend on bubblewrap, and the
+//! log says once which starts the sandboxes.
+//!
 //! [bubblewrap]: https://github.com/containers/bubblewrap
 
 use std::collections::{BTreeMap, HashMap};
