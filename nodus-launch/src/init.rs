@@ -49,6 +49,7 @@ pub(crate) fn init() -> Result<ExitCode, Error> {
     write_file("/proc/self/uid_map", &format!("{uid} 0 1"))?;
     write_file("/proc/self/gid_map", &format!("{gid} 0 1"))?;
 
+    drop_bounding_set()?;
     let (program, args) = plan
         .program
         .split_first()
@@ -83,6 +84,22 @@ pub(crate) fn init() -> Result<ExitCode, Error> {
             Err(e) => return Err(Error::errno("waiting for the sandbox's processes")(e)),
         }
     }
+}
+
+/// Empties the capability bounding set, so that no program started here gets a capability
+/// back, not even as user id 0 (the sandbox's user under a root server that runs sandboxes as
+/// itself).
+fn drop_bounding_set() -> Result<(), Error> {
+    for bit in 0..64 {
+        let capability = rustix::thread::CapabilitySet::from_bits_retain(1 << bit);
+        match rustix::thread::remove_capability_from_bounding_set(capability) {
+            Ok(()) => {}
+            // Past the kernel's last capability.
+            Err(rustix::io::Errno::INVAL) => break,
+            Err(e) => return Err(Error::errno("dropping the capability bounding set")(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Reads the length-prefixed plan from standard input, leaving the pipe open.
