@@ -701,9 +701,12 @@ impl BwrapSandbox {
                     })
                     .await;
                     let tried = match layout {
-                        Ok(layout) => crate::launcher::probe(&layout, spawn_as, memory)
-                            .await
-                            .map(|()| layout),
+                        Ok(layout) => {
+                            let sandboxes = config.root.join("sandboxes");
+                            crate::launcher::probe(&layout, &sandboxes, spawn_as, memory)
+                                .await
+                                .map(|()| layout)
+                        }
                         Err(e) => Err(e),
                     };
                     match tried {

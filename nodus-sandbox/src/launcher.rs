@@ -155,10 +155,11 @@ pub(crate) fn command(
 /// launcher cannot work says so here, and the backend uses bubblewrap.
 pub(crate) async fn probe(
     layout: &Layout,
+    sandboxes: &Path,
     spawn_as: Option<HostUser>,
     memory: u64,
 ) -> Result<(), Error> {
-    let home = tempdir_for(spawn_as)?;
+    let home = probe_dir(sandboxes, spawn_as)?;
     let plan = layout.plan(
         Vec::new(),
         None,
@@ -191,11 +192,12 @@ pub(crate) async fn probe(
     }
 }
 
-/// An empty directory the sandboxes' user can reach, for the probe's working directory.
-fn tempdir_for(user: Option<HostUser>) -> Result<ProbeDir, Error> {
+/// An empty directory for the probe's working directory, beside the working directories
+/// (which the sandboxes' user can reach); its name holds a `+`, which no sandbox key does.
+fn probe_dir(sandboxes: &Path, user: Option<HostUser>) -> Result<ProbeDir, Error> {
     let failed = |e: std::io::Error| Error::Failed(format!("making the probe's directory: {e}"));
-    let path = std::env::temp_dir().join(format!(
-        "nodus-launch-probe-{}-{}",
+    let path = sandboxes.join(format!(
+        "+launcher-probe-{}-{}",
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
