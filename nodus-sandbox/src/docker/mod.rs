@@ -10,7 +10,9 @@
 //! A container is made from the run's image or the operator's default one, with:
 //! - network `none` unless the spec allows the network (then the default bridge);
 //! - memory (without swap), CPU and process limits from the spec, and no file larger than
-//!   its disk limit (`ulimit -f`); where the server can read the working directory's volume
+//!   its disk limit (`ulimit -f`); besides its CPU quota, a container runs on as many of the
+//!   engine's CPUs as its limit rounds up to (`cpuset-cpus`, chosen in turn as the bubblewrap
+//!   backend chooses its sandboxes' CPUs), so that `nproc` inside agrees with the limit; where the server can read the working directory's volume
 //!   on this host (a local engine, the server root), the bubblewrap backend's watchdog also
 //!   stops a command that grows the volume past the limit or leaves the disk less free space
 //!   than [`DockerConfig::disk_reserve_bytes`];
@@ -71,9 +73,11 @@ use nodus_core::sandbox::{
     Error, ExecOutput, ExecRequest, Limits, LiveOutput, MAX_ARCHIVE_BYTES, SandboxId, SandboxInfo,
     SandboxSpec,
 };
+use rustix::thread::CpuSet;
 use tracing::{debug, info, warn};
 
 use crate::archive::{self, OnDisk};
+use crate::cpus::{cpu_list, first_cpus, sandbox_cpus};
 use crate::disk::Watch;
 use crate::workdir::check_env;
 use crate::{capped, paths};
@@ -151,6 +155,8 @@ pub struct DockerSandbox {
     /// One slot per container, holding its command channel once attached: its commands and
     /// transfers run one at a time.
     slots: Arc<Mutex<HashMap<String, Slot>>>,
+    /// The engine's CPUs, which containers are pinned to some of.
+    engine_cpus: CpuSet,
 }
 
 impl DockerSandbox {
@@ -177,12 +183,20 @@ impl DockerSandbox {
         .negotiate_version()
         .await
         .map_err(|e| unavailable(&config, e))?;
-        info!(socket, version = ?docker.client_version(), "Docker sandboxes");
+        let engine = docker.info().await.map_err(|e| unavailable(&config, e))?;
+        let engine_cpus = first_cpus(
+            engine
+                .ncpu
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(1),
+        );
+        info!(socket, version = ?docker.client_version(), cpus = engine_cpus.count(), "Docker sandboxes");
         Ok(DockerSandbox {
             docker,
             config: Arc::new(config),
             created: Arc::default(),
             slots: Arc::default(),
+            engine_cpus,
         })
     }
 
@@ -345,6 +359,9 @@ impl DockerSandbox {
                 memory: Some(memory),
                 memory_swap: Some(memory),
                 nano_cpus: Some(i64::from(limits.cpu_millis) * 1_000_000),
+                // As many whole CPUs as the quota rounds up to, so that `nproc` agrees.
+                cpuset_cpus: sandbox_cpus(&self.engine_cpus, limits.cpu_millis)
+                    .map(|cpus| cpu_list(&cpus)),
                 pids_limit: Some(i64::from(limits.processes)),
                 // No file larger than the disk limit (RLIMIT_FSIZE counts bytes).
                 ulimits: Some(vec![ResourcesUlimits {
