@@ -93,7 +93,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -109,6 +108,7 @@ use tracing::{debug, info};
 
 use crate::cgroup::Cgroups;
 use crate::channel::{self, Reading};
+use crate::cpus::sandbox_cpus;
 use crate::disk::Watch;
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
@@ -332,29 +332,6 @@ impl Live {
             (None, false) => Ran::Closed(reading, early),
         })
     }
-}
-
-/// The CPUs a sandbox with `cpu_millis` runs on: as many whole CPUs as its limit rounds up
-/// to, of those this thread may use, taken in turn (so that sandboxes spread over the host),
-/// or `None` when the limit is as many as it may use (then nothing is pinned).
-fn sandbox_cpus(
-    allowed: &rustix::thread::CpuSet,
-    cpu_millis: u32,
-) -> Option<rustix::thread::CpuSet> {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-        .filter(|&cpu| allowed.is_set(cpu))
-        .collect();
-    let wanted = usize::try_from(cpu_millis.div_ceil(1000).max(1)).unwrap_or(usize::MAX);
-    if wanted >= cpus.len() {
-        return None;
-    }
-    let first = NEXT.fetch_add(wanted, Ordering::Relaxed);
-    let mut pinned = rustix::thread::CpuSet::new();
-    for k in 0..wanted {
-        pinned.set(cpus[(first + k) % cpus.len()]);
-    }
-    Some(pinned)
 }
 
 /// Pins this thread to the CPUs of a sandbox with `cpu_millis` ([`sandbox_cpus`]) for the
@@ -1183,34 +1160,4 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sandbox_gets_the_whole_cpus_its_limit_rounds_up_to_in_turn() {
-        let mut allowed = rustix::thread::CpuSet::new();
-        for cpu in [0, 2, 3, 5] {
-            allowed.set(cpu);
-        }
-        let pinned = |millis| sandbox_cpus(&allowed, millis).map(|set| set.count());
-        assert_eq!(pinned(10), Some(1));
-        assert_eq!(pinned(1000), Some(1));
-        assert_eq!(pinned(1001), Some(2));
-        assert_eq!(pinned(2500), Some(3));
-        assert_eq!(pinned(4000), None, "as many as allowed: not pinned");
-        assert_eq!(pinned(64_000), None);
-        // Only allowed CPUs, and one sandbox after another on different ones.
-        let firsts: Vec<usize> = (0..4)
-            .map(|_| {
-                let set = sandbox_cpus(&allowed, 1000).expect("pinned");
-                (0..8).find(|&cpu| set.is_set(cpu)).expect("one CPU")
-            })
-            .collect();
-        let mut sorted = firsts.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, [0, 2, 3, 5], "{firsts:?}");
-    }
 }

@@ -24,6 +24,7 @@ mod cgroup;
 mod channel;
 #[cfg(feature = "test-util")]
 pub mod conformance;
+mod cpus;
 mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;
