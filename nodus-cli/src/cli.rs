@@ -226,6 +226,10 @@ pub struct ServerArgs {
     /// nobody, can reach).
     #[arg(long)]
     pub sandbox_dir: Option<PathBuf>,
+    /// What starts process sandboxes: launcher (this binary's own launcher; bubblewrap when
+    /// it fails its self-check on this host) or bubblewrap.
+    #[arg(long, default_value = "launcher")]
+    pub sandbox_starter: String,
     /// Internal hosts, addresses and CIDRs the webhook post-run action may reach, separated
     /// by commas (127.0.0.1,10.0.0.0/8,hooks.internal); by default it refuses loopback,
     /// private, link-local and cloud metadata addresses.

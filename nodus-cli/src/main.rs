@@ -19,6 +19,12 @@ use std::process::ExitCode;
 use crate::cli::Command;
 
 fn main() -> ExitCode {
+    // The sandbox launcher (`nodus --nodus-launch`, started by the process backend): before
+    // anything else, while this process has one thread.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(code) = nodus_launch::run_if_asked(&args) {
+        return code;
+    }
     // One TLS provider for the process (the client also names it explicitly).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = match cli::parse() {

@@ -97,7 +97,8 @@ pub struct SandboxSpec {
     /// A stable key (the run's uid): creating again with the same key re-attaches to the
     /// same sandbox and working directory, which makes creation safe to repeat after a crash.
     pub key: String,
-    /// Container image, for container backends.
+    /// Container image, for container backends: the engine passes the content digest
+    /// [`Sandbox::resolve_image`] answered when the run was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Environment variables of every command.
@@ -292,6 +293,17 @@ pub trait Sandbox: Send + Sync {
     /// is created rather than run somewhere else.
     fn supports_image(&self) -> bool {
         false
+    }
+    /// The content digest the image `reference` names now, for [`SandboxSpec::image`]: a
+    /// sandbox created with the answer runs that image whatever the reference's tag points to
+    /// later, so that runs created together run the same thing. A backend that runs images
+    /// answers with an immutable reference (the Docker backend: `name@sha256:…` for an image
+    /// that came from a registry, else the image's ID `sha256:…`), fetching an image it does
+    /// not have first, and [`Error::Refused`] for one it cannot get. A backend that runs no
+    /// images ([`Sandbox::supports_image`] is `false`) has nothing to pin and answers the
+    /// reference as it is, the default.
+    async fn resolve_image(&self, reference: &str) -> Result<String, Error> {
+        Ok(reference.to_owned())
     }
     /// Whether this backend can give a sandbox GPUs (an AgentEnvironment's
     /// `compute.nvidia.com/gpu`). Backends that cannot answer `false`, the default, and a run

@@ -5,10 +5,11 @@
 //! Each iteration runs the bare tool and then the backend's cycle, so that the load of the
 //! machine weighs on both alike.
 //!
-//! Then starts at a time: how many sandboxes per second the bubblewrap backend and bare
-//! `bwrap` go through with 1, 16 and 100 in flight, next to `sh -c true` (a process start,
-//! which scales with the cores), and how busy the machine's CPUs were meanwhile. A start
-//! that cannot use the idle cores waits on something other than the CPU.
+//! Then starts at a time: how many sandboxes per second the process backend (with bubblewrap
+//! and with Nodus's own launcher), bare `bwrap` and bare `unshare` go through with 1, 16 and
+//! 100 in flight, next to `sh -c true` (a process start, which scales with the cores), and
+//! how busy the machine's CPUs were meanwhile. A start that cannot use the idle cores waits
+//! on something other than the CPU.
 //!
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
@@ -401,17 +402,102 @@ const BARE_UNSHARE: &[&str] = &[
     "true",
 ];
 
-/// Starts at a time: the bubblewrap backend's cycle, bare `bwrap` and bare `unshare` against
-/// `sh -c true`.
+/// Wall time spent in each phase of the cycles of one measurement: create, first command,
+/// destroy.
+type Phases = Arc<std::sync::Mutex<[Duration; 3]>>;
+
+/// One backend's full cycle: create, a first command `true`, destroy; adds each phase's time
+/// to `phases`.
+async fn cycle(sandbox: Arc<dyn Sandbox>, key: String, phases: Phases) {
+    let started = Instant::now();
+    let id = sandbox.create(&spec(&key, None)).await.expect("create").id;
+    let created = Instant::now();
+    let out = sandbox.exec(&id, &request("true")).await.expect("exec");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let ran = Instant::now();
+    sandbox.destroy(&id).await.expect("destroy");
+    let mut sums = phases.lock().expect("phases");
+    sums[0] += created - started;
+    sums[1] += ran - created;
+    sums[2] += ran.elapsed();
+}
+
+/// Prints the mean wall time of each phase.
+fn print_phases(phases: &Phases, n: usize) {
+    let sums = *phases.lock().expect("phases");
+    let each = |d: Duration| ms(d) / n as f64;
+    println!(
+        "    phases, mean wall time with the others in flight: create {:.2} ms, first command {:.2} ms, destroy {:.2} ms",
+        each(sums[0]),
+        each(sums[1]),
+        each(sums[2])
+    );
+}
+
+/// The launcher alone, as root (as the bare `unshare`), starting `true` in a sandbox laid
+/// out as the backend's (read-only `/usr` and `/etc`, the links of `/bin` and the like, `/proc`,
+/// `/dev`, a sized `/tmp`, a working directory), without cgroups and without the backend.
+fn bare_launcher_plan(work: &std::path::Path) -> Vec<u8> {
+    let mut plan = nodus_launch::Plan {
+        hostname: "nodus".to_owned(),
+        tmp_size: 1 << 30,
+        work_host: work.to_path_buf(),
+        work_inside: "/work".into(),
+        program: vec!["/bin/true".into()],
+        ..nodus_launch::Plan::default()
+    };
+    for dir in [
+        "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+    ] {
+        match std::fs::read_link(dir) {
+            Ok(target) => plan.symlinks.push((target, dir.into())),
+            Err(_) if std::path::Path::new(dir).is_dir() => plan.ro_binds.push(dir.into()),
+            Err(_) => {}
+        }
+    }
+    plan.encode().expect("a plan")
+}
+
+/// Runs the bare launcher with `plan` on its standard input.
+async fn bare_launcher(plan: Arc<Vec<u8>>) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodus-sandbox-launch"))
+        .arg(nodus_launch::LAUNCH_ARG)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the launcher");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&plan).await.expect("the plan");
+    drop(stdin);
+    let status = child.wait().await.expect("the launcher");
+    assert!(status.success(), "the bare launcher: {status}");
+}
+
+/// Starts at a time: the process backend's cycle with bubblewrap and with Nodus's own
+/// launcher, bare `bwrap` and bare `unshare` against `sh -c true`.
 async fn parallel(n: usize, root: &std::path::Path) {
     println!("== starts at a time ({n} each)");
     let bwrap: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(BwrapConfig::new(root.join("par"))));
-    let warm = bwrap
-        .create(&spec("bench-par-warm", None))
-        .await
-        .expect("create");
-    bwrap.destroy(&warm.id).await.expect("destroy");
+    let mut config = BwrapConfig::new(root.join("launch"));
+    config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+    let launched = Arc::new(BwrapSandbox::new(config));
+    assert!(
+        launched.uses_launcher().await.expect("prepared"),
+        "the launcher failed its self-check"
+    );
+    let launcher: Arc<dyn Sandbox> = launched;
+    for backend in [&bwrap, &launcher] {
+        let warm = backend
+            .create(&spec("bench-par-warm", None))
+            .await
+            .expect("create");
+        backend.destroy(&warm.id).await.expect("destroy");
+    }
     let tag = std::process::id();
+    let work = root.join("bare-launcher-work");
+    std::fs::create_dir_all(&work).expect("a working directory");
+    let plan = Arc::new(bare_launcher_plan(&work));
     for in_flight in [1, 16, 100] {
         at_a_time("`sh -c true` (baseline)", n, in_flight, |_| {
             bare_async(&["sh", "-c", "true"])
@@ -428,20 +514,35 @@ async fn parallel(n: usize, root: &std::path::Path) {
             bare_async(BARE_BWRAP)
         })
         .await;
-        let cycle = at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
-            let sandbox = bwrap.clone();
-            let key = format!("bench-par-{tag}-{in_flight}-{i}");
-            async move {
-                let id = sandbox.create(&spec(&key, None)).await.expect("create").id;
-                let out = sandbox.exec(&id, &request("true")).await.expect("exec");
-                assert_eq!(out.exit_code, Some(0), "{out:?}");
-                sandbox.destroy(&id).await.expect("destroy");
-            }
+        let bare_launched = at_a_time("bare launcher, `true`", n, in_flight, |_| {
+            bare_launcher(plan.clone())
         })
         .await;
+        let phases = Phases::default();
+        let with_bwrap = at_a_time("bwrap backend: create+exec+destroy", n, in_flight, |i| {
+            let key = format!("bench-par-{tag}-{in_flight}-{i}");
+            cycle(bwrap.clone(), key, phases.clone())
+        })
+        .await;
+        print_phases(&phases, n);
+        let phases = Phases::default();
+        let with_launcher = at_a_time("launcher backend: create+exec+destroy", n, in_flight, |i| {
+            let key = format!("bench-launch-{tag}-{in_flight}-{i}");
+            cycle(launcher.clone(), key, phases.clone())
+        })
+        .await;
+        print_phases(&phases, n);
+        // The baseline once more, after the backends: the load may have moved meanwhile.
+        let unshare_after = at_a_time("bare `unshare …` again", n, in_flight, |_| {
+            bare_async(BARE_UNSHARE)
+        })
+        .await;
+        let unshare = (unshare + unshare_after) / 2.0;
         println!(
-            "  ratios at {in_flight} in flight: backend cycle / unshare {:.2}x, bare bwrap / unshare {:.2}x",
-            cycle / unshare,
+            "  ratios at {in_flight} in flight (unshare: mean of before and after): launcher cycle / unshare {:.2}x, bwrap cycle / unshare {:.2}x, bare launcher / unshare {:.2}x, bare bwrap / unshare {:.2}x",
+            with_launcher / unshare,
+            with_bwrap / unshare,
+            bare_launched / unshare,
             bare / unshare
         );
     }

@@ -76,6 +76,12 @@
 //! Requires bubblewrap 0.8 or later and user namespaces. When `bwrap` is missing, `create`
 //! refuses with a message that says how to install it.
 //!
+//! With [`BwrapConfig::launcher`] set, sandboxes are started by Nodus's own launcher
+//! ([`nodus_launch`], the `launcher` module) instead: the same namespaces, file system, user
+//! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself).
+//! A launcher that fails its self-check on this host leaves the backend on bubblewrap, and the
+//! log says once which starts the sandboxes.
+//!
 //! [bubblewrap]: https://github.com/containers/bubblewrap
 
 use std::collections::{BTreeMap, HashMap};
@@ -87,7 +93,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -103,6 +108,7 @@ use tracing::{debug, info};
 
 use crate::cgroup::Cgroups;
 use crate::channel::{self, Reading};
+use crate::cpus::sandbox_cpus;
 use crate::disk::Watch;
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
@@ -116,7 +122,7 @@ const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 
 /// The host's system directories that are bound read-only (or re-created as the same
 /// symbolic links) when they exist.
-const SYSTEM_DIRS: &[&str] = &[
+pub(crate) const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
 ];
 
@@ -173,6 +179,11 @@ pub struct BwrapConfig {
     pub root: PathBuf,
     /// The `bwrap` binary; searched in `PATH` when `None`.
     pub bwrap: Option<PathBuf>,
+    /// Nodus's own sandbox launcher (the `nodus` binary, or `nodus-sandbox-launch`; see
+    /// [`nodus_launch`]) to start sandboxes with instead of bubblewrap. When `None`, or when
+    /// it fails its self-check on this host at the first [`Sandbox::create`], sandboxes start
+    /// with bubblewrap; the log says once which.
+    pub launcher: Option<PathBuf>,
     /// Whether limits go through cgroups.
     pub cgroups: CgroupUse,
     /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
@@ -198,6 +209,7 @@ impl BwrapConfig {
         BwrapConfig {
             root,
             bwrap: None,
+            launcher: None,
             cgroups: CgroupUse::Auto,
             cgroup_parent: "nodus".to_owned(),
             extra_ro_binds: Vec::new(),
@@ -322,29 +334,6 @@ impl Live {
     }
 }
 
-/// The CPUs a sandbox with `cpu_millis` runs on: as many whole CPUs as its limit rounds up
-/// to, of those this thread may use, taken in turn (so that sandboxes spread over the host),
-/// or `None` when the limit is as many as it may use (then nothing is pinned).
-fn sandbox_cpus(
-    allowed: &rustix::thread::CpuSet,
-    cpu_millis: u32,
-) -> Option<rustix::thread::CpuSet> {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-        .filter(|&cpu| allowed.is_set(cpu))
-        .collect();
-    let wanted = usize::try_from(cpu_millis.div_ceil(1000).max(1)).unwrap_or(usize::MAX);
-    if wanted >= cpus.len() {
-        return None;
-    }
-    let first = NEXT.fetch_add(wanted, Ordering::Relaxed);
-    let mut pinned = rustix::thread::CpuSet::new();
-    for k in 0..wanted {
-        pinned.set(cpus[(first + k) % cpus.len()]);
-    }
-    Some(pinned)
-}
-
 /// Pins this thread to the CPUs of a sandbox with `cpu_millis` ([`sandbox_cpus`]) for the
 /// spawn of its process, which inherits them; the CPUs it had, to restore after the spawn,
 /// or `None` when nothing was pinned.
@@ -360,17 +349,32 @@ fn pin_thread(cpu_millis: u32) -> Option<rustix::thread::CpuSet> {
     }
 }
 
-/// What every sandbox start needs, found once: how to start bubblewrap and the arguments that lay
-/// out the sandbox's file system.
+/// What every sandbox start needs, found once: what starts sandboxes, and as whom.
 #[derive(Debug)]
 struct Prepared {
+    starter: Starter,
+    /// The user the spawned process (the gate, bubblewrap or the launcher) becomes before it
+    /// starts, when no `setpriv` (or the launcher itself, after joining the cgroups) does: one
+    /// exec fewer.
+    spawn_as: Option<HostUser>,
+}
+
+/// What starts a sandbox.
+#[derive(Debug)]
+enum Starter {
+    /// Bubblewrap (behind the cgroup gate).
+    Bwrap(BwrapStart),
+    /// Nodus's own launcher ([`nodus_launch`]).
+    Launcher(crate::launcher::Layout),
+}
+
+/// How to start bubblewrap and the arguments that lay out the sandbox's file system.
+#[derive(Debug)]
+struct BwrapStart {
     bwrap: PathBuf,
     /// `setpriv …` when sandboxes run as another user and the spawn cannot drop to it (the
     /// cgroup gate must be root to join v2 cgroups), empty otherwise.
     setpriv: Vec<OsString>,
-    /// The user the spawned process (the gate, or bubblewrap) becomes before it starts, when
-    /// no `setpriv` does: one exec fewer.
-    spawn_as: Option<HostUser>,
     base_args: Vec<OsString>,
 }
 
@@ -514,6 +518,15 @@ impl BwrapSandbox {
         }
     }
 
+    /// Whether sandboxes start with Nodus's own launcher (`false`: with bubblewrap); the
+    /// choice is made at the first use, or here.
+    pub async fn uses_launcher(&self) -> Result<bool, Error> {
+        Ok(matches!(
+            self.prepared().await?.starter,
+            Starter::Launcher(_)
+        ))
+    }
+
     /// Which limits hold: those cgroups enforce, and what stands in for the others (one
     /// sentence, for the server to say at start).
     pub fn limits(&self) -> String {
@@ -547,37 +560,38 @@ impl BwrapSandbox {
         created: &Created,
         home: &Path,
     ) -> Result<Live, Error> {
-        let mut args = prepared.base_args.clone();
-        let mut push = |items: &[&std::ffi::OsStr]| args.extend(items.iter().map(OsString::from));
-        if created.network {
-            push(&["--share-net".as_ref()]);
-        }
-        let tmp_size = created.limits.memory_bytes.to_string();
-        push(&[
-            "--size".as_ref(),
-            tmp_size.as_ref(),
-            "--tmpfs".as_ref(),
-            "/tmp".as_ref(),
-            "--bind".as_ref(),
-            home.as_os_str(),
-            WORKDIR.as_ref(),
-            "--remount-ro".as_ref(),
-            "/".as_ref(),
-            "--clearenv".as_ref(),
-            "--setenv".as_ref(),
-            "PATH".as_ref(),
-            SANDBOX_PATH.as_ref(),
-            "--setenv".as_ref(),
-            "HOME".as_ref(),
-            WORKDIR.as_ref(),
-            "--setenv".as_ref(),
-            "LANG".as_ref(),
-            "C.UTF-8".as_ref(),
-        ]);
-        for (name, value) in &created.env {
-            push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
-        }
-        push(&["--chdir".as_ref(), WORKDIR.as_ref()]);
+        let shell = self.shell(created);
+        let entry_files = self.cgroups.entry_files(key);
+        let mut command = match &prepared.starter {
+            Starter::Bwrap(bwrap) => {
+                let args = bwrap_args(bwrap, created, home);
+                launch(bwrap, prepared.spawn_as, &entry_files, &args, &shell)?
+            }
+            Starter::Launcher(layout) => {
+                let plan = layout.plan(
+                    entry_files,
+                    self.config.run_as.filter(|_| prepared.spawn_as.is_none()),
+                    created.network,
+                    created.limits.memory_bytes,
+                    home,
+                    sandbox_env(&created.env),
+                    shell.to_vec(),
+                );
+                crate::launcher::command(layout, prepared.spawn_as, &plan)?
+            }
+        };
+        let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
+        command
+            .stdout(Stdio::from(OwnedFd::from(theirs)))
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        self.spawn(command, created, ours)
+    }
+
+    /// The channel's shell, with the sandbox's rlimits set: what runs inside.
+    fn shell(&self, created: &Created) -> [OsString; 5] {
         // Bubblewrap read its arguments from standard input: the shell reads its commands from
         // its stdout, the socket (commands get /dev/null as their stdin). Then the limits,
         // which every command inherits, then the channel's loop.
@@ -598,22 +612,24 @@ impl BwrapSandbox {
             prelude.join(" && "),
             channel::FIRST_PROCESS
         );
-        let shell: [OsString; 5] = [
+        [
             "/bin/sh".into(),
             "-c".into(),
             script.into(),
             "nodus".into(),
             WORKDIR.into(),
-        ];
-        let entry_files = self.cgroups.entry_files(key);
-        let mut command = launch(prepared, &entry_files, &args, &shell)?;
+        ]
+    }
+
+    /// Spawns a sandbox's `command` (its stdout the other end of `ours`) on the CPUs of its
+    /// limit.
+    fn spawn(
+        &self,
+        mut command: Command,
+        created: &Created,
+        ours: std::os::unix::net::UnixStream,
+    ) -> Result<Live, Error> {
         let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
-        command
-            .stdout(Stdio::from(OwnedFd::from(theirs)))
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
         // The sandbox inherits the CPUs of the thread that starts it: pinned for the spawn
         // only, so that `nproc` inside shows its CPU limit.
         let restore = pin_thread(created.limits.cpu_millis);
@@ -653,9 +669,45 @@ impl BwrapSandbox {
                 // On cgroup v1 the gate joins as the sandboxes' user (its `tasks` files are
                 // given to it), so the spawn drops to that user and no `setpriv` runs.
                 let drop_at_spawn = self.cgroups.all_v1();
-                let prepared = blocking(move || prepare(&config, drop_at_spawn)).await?;
-                probe(&prepared, memory).await?;
-                Ok(prepared)
+                let spawn_as = config.run_as.filter(|_| drop_at_spawn);
+                if let Some(program) = config.launcher.clone() {
+                    let owned = config.clone();
+                    let layout = blocking(move || {
+                        prepare_root(&owned)?;
+                        crate::launcher::prepare(&owned, program)
+                    })
+                    .await;
+                    let tried = match layout {
+                        Ok(layout) => {
+                            let sandboxes = config.root.join("sandboxes");
+                            crate::launcher::probe(&layout, &sandboxes, spawn_as, memory)
+                                .await
+                                .map(|()| layout)
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match tried {
+                        Ok(layout) => {
+                            info!(launcher = %layout.program.display(), "sandboxes start with the nodus launcher");
+                            return Ok(Prepared {
+                                starter: Starter::Launcher(layout),
+                                spawn_as,
+                            });
+                        }
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "the sandbox launcher failed its self-check on this host: sandboxes \
+                             start with bubblewrap"
+                        ),
+                    }
+                }
+                let bwrap = blocking(move || prepare(&config, drop_at_spawn)).await?;
+                probe(&bwrap, spawn_as, memory).await?;
+                info!(bwrap = %bwrap.bwrap.display(), "sandboxes start with bubblewrap");
+                Ok(Prepared {
+                    starter: Starter::Bwrap(bwrap),
+                    spawn_as,
+                })
             })
             .await
     }
@@ -792,23 +844,9 @@ impl Sandbox for BwrapSandbox {
     }
 }
 
-/// Finds `bwrap` (and `setpriv`), makes the directory of the working directories, checks that
-/// the sandboxes' user can reach it, and lays out the file system arguments.
-fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<Prepared, Error> {
-    let bwrap = match &config.bwrap {
-        Some(path) if path.is_file() => path.clone(),
-        Some(path) => {
-            return Err(Error::Refused(format!(
-                "bubblewrap is not installed (no {}): {INSTALL_HINT}",
-                path.display()
-            )));
-        }
-        None => find_in_path("bwrap").ok_or_else(|| {
-            Error::Refused(format!(
-                "bubblewrap is not installed (no `bwrap` in PATH): {INSTALL_HINT}"
-            ))
-        })?,
-    };
+/// Makes the directory of the working directories and checks that the sandboxes' user can
+/// reach it.
+fn prepare_root(config: &BwrapConfig) -> Result<(), Error> {
     let failed = |what: &str, e: io::Error| Error::Failed(format!("{what}: {e}"));
     let sandboxes = config.root.join("sandboxes");
     let shown = sandboxes.display();
@@ -828,6 +866,27 @@ fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<Prepared, Error>
     if let Some(user) = config.run_as {
         check_reachable(&sandboxes, user)?;
     }
+    Ok(())
+}
+
+/// Finds `bwrap` (and `setpriv`), makes the directory of the working directories, checks that
+/// the sandboxes' user can reach it, and lays out the file system arguments.
+fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<BwrapStart, Error> {
+    let bwrap = match &config.bwrap {
+        Some(path) if path.is_file() => path.clone(),
+        Some(path) => {
+            return Err(Error::Refused(format!(
+                "bubblewrap is not installed (no {}): {INSTALL_HINT}",
+                path.display()
+            )));
+        }
+        None => find_in_path("bwrap").ok_or_else(|| {
+            Error::Refused(format!(
+                "bubblewrap is not installed (no `bwrap` in PATH): {INSTALL_HINT}"
+            ))
+        })?,
+    };
+    prepare_root(config)?;
     let mut setpriv = Vec::new();
     if let Some(user) = config.run_as.filter(|_| !drop_at_spawn) {
         let program = find_in_path("setpriv").ok_or_else(|| {
@@ -881,10 +940,9 @@ fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<Prepared, Error>
             .iter()
             .map(OsString::from),
     );
-    Ok(Prepared {
+    Ok(BwrapStart {
         bwrap,
         setpriv,
-        spawn_as: config.run_as.filter(|_| drop_at_spawn),
         base_args: args,
     })
 }
@@ -946,7 +1004,8 @@ fn give_to(dir: &Path, user: HostUser) -> Result<(), Error> {
 /// that none of them, host paths included, shows in the sandbox's `/proc/1/cmdline`; only
 /// `program` (the shell and the command) does.
 fn launch(
-    prepared: &Prepared,
+    prepared: &BwrapStart,
+    spawn_as: Option<HostUser>,
     entry_files: &[PathBuf],
     args: &[OsString],
     program: &[OsString],
@@ -962,12 +1021,7 @@ fn launch(
         data.extend_from_slice(bytes);
         data.push(0);
     }
-    let fd = rustix::fs::memfd_create("nodus-bwrap-args", rustix::fs::MemfdFlags::CLOEXEC)
-        .map_err(|e| Error::Failed(format!("making bubblewrap's arguments: {e}")))?;
-    let mut file = fs::File::from(fd);
-    file.write_all(&data)
-        .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
-        .map_err(|e| Error::Failed(format!("writing bubblewrap's arguments: {e}")))?;
+    let file = input_file(&data, "bubblewrap's arguments")?;
     let mut launcher = prepared.setpriv.clone();
     launcher.push(prepared.bwrap.clone().into_os_string());
     let (first, rest) = launcher
@@ -991,7 +1045,7 @@ fn launch(
             .args(rest);
         command
     };
-    if let Some(user) = prepared.spawn_as {
+    if let Some(user) = spawn_as {
         // Set in the child before it runs anything; supplementary groups are cleared too.
         command.uid(user.uid).gid(user.gid);
     }
@@ -1006,7 +1060,11 @@ fn launch(
 
 /// Runs `true` in a sandbox laid out as every command's, so that a host where bubblewrap
 /// cannot work says so at `create`, not as a command's failure.
-async fn probe(prepared: &Prepared, memory: u64) -> Result<(), Error> {
+async fn probe(
+    prepared: &BwrapStart,
+    spawn_as: Option<HostUser>,
+    memory: u64,
+) -> Result<(), Error> {
     let mut args = prepared.base_args.clone();
     args.extend(
         [
@@ -1021,7 +1079,7 @@ async fn probe(prepared: &Prepared, memory: u64) -> Result<(), Error> {
         .map(OsString::from),
     );
     let shell = ["/bin/sh", "-c", "true"].map(OsString::from);
-    let mut command = launch(prepared, &[], &args, &shell)?;
+    let mut command = launch(prepared, spawn_as, &[], &args, &shell)?;
     command.kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(30), command.output())
         .await
@@ -1044,39 +1102,62 @@ async fn probe(prepared: &Prepared, memory: u64) -> Result<(), Error> {
     }
 }
 
+/// A file that reads `data` from its start, for a child's standard input (a memfd: nothing
+/// on disk).
+pub(crate) fn input_file(data: &[u8], what: &str) -> Result<fs::File, Error> {
+    let fd = rustix::fs::memfd_create("nodus-sandbox-input", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| Error::Failed(format!("making {what}: {e}")))?;
+    let mut file = fs::File::from(fd);
+    file.write_all(data)
+        .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
+        .map_err(|e| Error::Failed(format!("writing {what}: {e}")))?;
+    Ok(file)
+}
+
+/// The environment of a sandbox's shell: `PATH`, `HOME` and `LANG`, then the sandbox's own
+/// (which may replace them).
+fn sandbox_env(env: &BTreeMap<String, String>) -> Vec<(OsString, OsString)> {
+    let mut all: BTreeMap<&str, &str> = [
+        ("PATH", SANDBOX_PATH),
+        ("HOME", WORKDIR),
+        ("LANG", "C.UTF-8"),
+    ]
+    .into_iter()
+    .collect();
+    all.extend(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    all.into_iter().map(|(k, v)| (k.into(), v.into())).collect()
+}
+
+/// Bubblewrap's options for one sandbox's start.
+fn bwrap_args(bwrap: &BwrapStart, created: &Created, home: &Path) -> Vec<OsString> {
+    let mut args = bwrap.base_args.clone();
+    let mut push = |items: &[&std::ffi::OsStr]| args.extend(items.iter().map(OsString::from));
+    if created.network {
+        push(&["--share-net".as_ref()]);
+    }
+    let tmp_size = created.limits.memory_bytes.to_string();
+    push(&[
+        "--size".as_ref(),
+        tmp_size.as_ref(),
+        "--tmpfs".as_ref(),
+        "/tmp".as_ref(),
+        "--bind".as_ref(),
+        home.as_os_str(),
+        WORKDIR.as_ref(),
+        "--remount-ro".as_ref(),
+        "/".as_ref(),
+        "--clearenv".as_ref(),
+    ]);
+    for (name, value) in sandbox_env(&created.env) {
+        push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
+    }
+    push(&["--chdir".as_ref(), WORKDIR.as_ref()]);
+    args
+}
+
 fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| SANDBOX_PATH.into());
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sandbox_gets_the_whole_cpus_its_limit_rounds_up_to_in_turn() {
-        let mut allowed = rustix::thread::CpuSet::new();
-        for cpu in [0, 2, 3, 5] {
-            allowed.set(cpu);
-        }
-        let pinned = |millis| sandbox_cpus(&allowed, millis).map(|set| set.count());
-        assert_eq!(pinned(10), Some(1));
-        assert_eq!(pinned(1000), Some(1));
-        assert_eq!(pinned(1001), Some(2));
-        assert_eq!(pinned(2500), Some(3));
-        assert_eq!(pinned(4000), None, "as many as allowed: not pinned");
-        assert_eq!(pinned(64_000), None);
-        // Only allowed CPUs, and one sandbox after another on different ones.
-        let firsts: Vec<usize> = (0..4)
-            .map(|_| {
-                let set = sandbox_cpus(&allowed, 1000).expect("pinned");
-                (0..8).find(|&cpu| set.is_set(cpu)).expect("one CPU")
-            })
-            .collect();
-        let mut sorted = firsts.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, [0, 2, 3, 5], "{firsts:?}");
-    }
 }

@@ -24,9 +24,11 @@ mod cgroup;
 mod channel;
 #[cfg(feature = "test-util")]
 pub mod conformance;
+mod cpus;
 mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;
+mod launcher;
 mod paths;
 mod process;
 pub mod unisolated;

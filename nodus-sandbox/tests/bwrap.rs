@@ -1,6 +1,8 @@
 //! What the conformance suite does not cover of the bubblewrap backend: the message when
 //! `bwrap` is missing, re-creating over the same directory after a restart, commands inside
 //! the sandbox's cgroups, rlimits where no cgroup is used, and what a sandbox sees of the host.
+//! The tests whose names end in `_with_the_launcher` run the same on sandboxes started by
+//! Nodus's own launcher, and a launcher that fails its self-check falls back to bubblewrap.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -18,6 +20,28 @@ fn reachable_tempdir() -> tempfile::TempDir {
     let root = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
     root
+}
+
+/// The backend's configuration over `root`, started by Nodus's own launcher when `launcher`
+/// (the tests below that run on both say so in their names).
+fn config(root: PathBuf, launcher: bool) -> BwrapConfig {
+    let mut config = BwrapConfig::new(root);
+    if launcher {
+        config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+    }
+    config
+}
+
+/// A backend with [`config`], checked to start sandboxes as asked (not by the fallback).
+async fn backend(config: BwrapConfig) -> BwrapSandbox {
+    let launcher = config.launcher.is_some();
+    let sandbox = BwrapSandbox::new(config);
+    assert_eq!(
+        sandbox.uses_launcher().await.expect("prepared"),
+        launcher,
+        "started by the launcher"
+    );
+    sandbox
 }
 
 fn spec(key: &str) -> SandboxSpec {
@@ -96,8 +120,17 @@ fn cgroup_dir(controller: &str, key: &str) -> Option<PathBuf> {
 
 #[tokio::test]
 async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
+    commands_run_inside_the_sandbox_cgroups_with_its_limits_on(false).await;
+}
+
+#[tokio::test]
+async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_with_the_launcher() {
+    commands_run_inside_the_sandbox_cgroups_with_its_limits_on(true).await;
+}
+
+async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bool) {
     let root = reachable_tempdir();
-    let sandbox = BwrapSandbox::new(BwrapConfig::new(root.path().to_path_buf()));
+    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
     let key = unique_key("cgroups");
     let id = sandbox.create(&spec(&key)).await.expect("create").id;
     // This machine kind mounts cgroup v1 and runs tests as root: the limits are cgroups here.
@@ -251,8 +284,17 @@ async fn without_cgroups_rlimits_contain_fork_bombs_or_root_is_refused() {
 
 #[tokio::test]
 async fn the_sandbox_sees_little_of_the_host() {
+    the_sandbox_sees_little_of_the_host_on(false).await;
+}
+
+#[tokio::test]
+async fn the_sandbox_sees_little_of_the_host_with_the_launcher() {
+    the_sandbox_sees_little_of_the_host_on(true).await;
+}
+
+async fn the_sandbox_sees_little_of_the_host_on(launcher: bool) {
     let root = reachable_tempdir();
-    let sandbox = BwrapSandbox::new(BwrapConfig::new(root.path().to_path_buf()));
+    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
     let id = sandbox
         .create(&spec(&unique_key("view")))
         .await
@@ -283,7 +325,8 @@ async fn the_sandbox_sees_little_of_the_host() {
     assert_eq!(rest[0], "/work");
     assert_eq!(rest[2], "CapEff:\t0000000000000000", "no capabilities");
     let processes: u32 = rest[3].parse().expect("count");
-    // Bubblewrap's init, the channel's shell, the command's shell, `ls` and `grep`.
+    // The sandbox's init (bubblewrap's or the launcher's), the channel's shell, the command's
+    // shell, `ls` and `grep`.
     assert!(processes <= 5, "only the sandbox's processes: {processes}");
     assert_eq!(rest[4], "nodus");
 
@@ -324,18 +367,27 @@ impl Drop for RootOnly {
 
 #[tokio::test]
 async fn root_only_host_files_stay_unreadable_under_a_root_server() {
+    root_only_host_files_stay_unreadable_under_a_root_server_on(false).await;
+}
+
+#[tokio::test]
+async fn root_only_host_files_stay_unreadable_under_a_root_server_with_the_launcher() {
+    root_only_host_files_stay_unreadable_under_a_root_server_on(true).await;
+}
+
+async fn root_only_host_files_stay_unreadable_under_a_root_server_on(launcher: bool) {
     assert!(
         rustix::process::getuid().is_root(),
         "this test plays a root server: run it as root"
     );
     let root = reachable_tempdir();
-    let config = BwrapConfig::new(root.path().join("area"));
+    let config = config(root.path().join("area"), launcher);
     assert_eq!(
         config.run_as,
         Some(nodus_sandbox::DEFAULT_SANDBOX_USER),
         "a root server runs sandboxes as nobody"
     );
-    let sandbox = BwrapSandbox::new(config);
+    let sandbox = backend(config).await;
     let tag = unique_key("rootonly");
     // A root-only file in a directory bound into every sandbox, made before the backend
     // was prepared ...
@@ -415,9 +467,18 @@ async fn a_sandbox_directory_its_user_cannot_reach_is_refused_by_name() {
 
 #[tokio::test]
 async fn proc_shows_no_host_path_of_the_server() {
+    proc_shows_no_host_path_of_the_server_on(false).await;
+}
+
+#[tokio::test]
+async fn proc_shows_no_host_path_of_the_server_with_the_launcher() {
+    proc_shows_no_host_path_of_the_server_on(true).await;
+}
+
+async fn proc_shows_no_host_path_of_the_server_on(launcher: bool) {
     let root = reachable_tempdir();
     let area = root.path().join("area");
-    let sandbox = BwrapSandbox::new(BwrapConfig::new(area.clone()));
+    let sandbox = backend(config(area.clone(), launcher)).await;
     let id = sandbox
         .create(&spec(&unique_key("proc")))
         .await
@@ -448,12 +509,21 @@ async fn proc_shows_no_host_path_of_the_server() {
             "{name} shows the server's cwd: {text}"
         );
     }
-    // bubblewrap's options, host paths among them, come from standard input: the command
-    // line is bubblewrap's name and the shell with the command.
-    assert!(
-        cmdline.starts_with("/usr/bin/bwrap --args 0 -- /bin/sh -c "),
-        "{cmdline}"
-    );
+    // bubblewrap's options (or the launcher's plan), host paths among them, come from
+    // standard input: the command line is bubblewrap's name and the shell with the command,
+    // or the launcher's second stage.
+    if launcher {
+        assert_eq!(
+            cmdline.trim_end(),
+            "nodus-launch --nodus-launch-init",
+            "{cmdline}"
+        );
+    } else {
+        assert!(
+            cmdline.starts_with("/usr/bin/bwrap --args 0 -- /bin/sh -c "),
+            "{cmdline}"
+        );
+    }
     assert!(!cmdline.contains(&area), "{cmdline}");
     assert!(!environ.contains(&area), "{environ}");
     // The gate shell's own `PWD`, at most, and that is `/`.
@@ -521,5 +591,22 @@ async fn a_command_is_stopped_before_the_disk_runs_short() {
     // Freeing space works; then writing does again.
     let out = exec(&sandbox, &id, "rm f*; echo ok > note; cat note").await;
     assert_eq!((text(&out).as_str(), out.stopped), ("ok\n", None));
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+#[tokio::test]
+async fn a_launcher_that_cannot_start_sandboxes_falls_back_to_bubblewrap() {
+    let root = reachable_tempdir();
+    // Not a launcher: `false` starts nothing and fails its self-check.
+    let mut config = BwrapConfig::new(root.path().to_path_buf());
+    config.launcher = Some(PathBuf::from("/bin/false"));
+    let sandbox = BwrapSandbox::new(config);
+    assert!(!sandbox.uses_launcher().await.expect("prepared"));
+    let id = sandbox
+        .create(&spec(&unique_key("fallback")))
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(text(&exec(&sandbox, &id, "echo ok").await), "ok\n");
     sandbox.destroy(&id).await.expect("destroy");
 }

@@ -1,5 +1,5 @@
-//! The conformance suite against every backend, for real: bubblewrap and Docker pass all of
-//! it, the unisolated backend the cases that need no isolation.
+//! The conformance suite against every backend, for real: bubblewrap, the process backend
+//! with Nodus's own launcher, and Docker pass all of it, the unisolated backend the cases that need no isolation.
 //!
 //! Docker needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine;
 //! bubblewrap needs `bwrap`. Neither is skipped when missing: the tests fail and say why.
@@ -33,6 +33,36 @@ mod bwrap {
         let sandbox = SANDBOX
             .get_or_init(|| Arc::new(BwrapSandbox::new(BwrapConfig::new(root("bwrap")))))
             .clone();
+        Backend {
+            sandbox,
+            image: None,
+            isolated: true,
+        }
+    }
+
+    nodus_sandbox::conformance_tests!(all, backend);
+    nodus_sandbox::conformance_tests!(disk, backend);
+    nodus_sandbox::conformance_tests!(live, backend);
+}
+
+mod launcher {
+    use super::*;
+    use nodus_sandbox::{BwrapConfig, BwrapSandbox};
+
+    async fn backend() -> Backend {
+        static SANDBOX: OnceLock<Arc<BwrapSandbox>> = OnceLock::new();
+        let sandbox = SANDBOX
+            .get_or_init(|| {
+                let mut config = BwrapConfig::new(root("launcher"));
+                config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+                Arc::new(BwrapSandbox::new(config))
+            })
+            .clone();
+        // Not bubblewrap by the fallback: the launcher itself.
+        assert!(
+            sandbox.uses_launcher().await.expect("prepared"),
+            "the launcher failed its self-check here (see the log)"
+        );
         Backend {
             sandbox,
             image: None,

@@ -1,6 +1,6 @@
 //! What the conformance suite does not cover of the Docker backend: re-attaching after a
 //! restart (to a running or a stopped container), the command channel's fidelity, removing orphans, the limits and labels a
-//! container gets, the image a spec names, and the error when the engine cannot be reached.
+//! container gets, the CPUs it runs on (`nproc`), the image a spec names, and the error when the engine cannot be reached.
 //!
 //! Needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine; fails
 //! and says so otherwise.
@@ -205,6 +205,57 @@ async fn containers_carry_limits_labels_and_no_network() {
         .expect("exec");
     assert_eq!(out.stdout.bytes, b"hi /work\n/work\n");
     sandbox.destroy(&id).await.expect("destroy");
+}
+
+/// A container runs on as many of the engine's CPUs as its CPU limit rounds up to, so that
+/// `nproc` inside agrees with the limit, and keeps its CPU quota: with 1 CPU (1000 millis)
+/// `nproc` prints 1 on a host of more; with as many as the host has, nothing is pinned.
+#[tokio::test]
+async fn nproc_shows_the_cpus_the_limit_rounds_up_to() {
+    let host_cpus: usize = Command::new("docker")
+        .args(["info", "-f", "{{.NCPU}}"])
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+        .expect("the engine's CPU count");
+    assert!(
+        host_cpus >= 2,
+        "this test needs an engine with at least 2 CPUs, not {host_cpus}"
+    );
+    let sandbox = backend("nodus-").await;
+    let nproc = |millis: u32| {
+        let sandbox = sandbox.clone();
+        async move {
+            let mut limited = spec(&unique_key("nproc"));
+            limited.limits.cpu_millis = millis;
+            let id = sandbox.create(&limited).await.expect("create").id;
+            let out = sandbox.exec(&id, &request("nproc")).await.expect("exec");
+            let seen = inspect(
+                "container",
+                "{{.HostConfig.NanoCpus}} {{.HostConfig.CpusetCpus}}",
+                &id.0,
+            )
+            .expect("inspect");
+            sandbox.destroy(&id).await.expect("destroy");
+            (
+                String::from_utf8_lossy(&out.stdout.bytes).into_owned(),
+                seen,
+            )
+        }
+    };
+    let (printed, seen) = nproc(1000).await;
+    assert_eq!(printed, "1\n", "{seen}");
+    let (quota, cpuset) = seen.split_once(' ').expect("two fields");
+    assert_eq!(quota, "1000000000", "the quota is kept");
+    let cpu: usize = cpuset.parse().expect("one CPU");
+    assert!(cpu < host_cpus, "{cpuset}");
+    let (printed, seen) = nproc(u32::try_from(host_cpus * 1000).expect("millis")).await;
+    assert_eq!(printed, format!("{host_cpus}\n"), "{seen}");
+    assert_eq!(
+        seen,
+        (host_cpus * 1_000_000_000).to_string(),
+        "as many CPUs as the host has: nothing is pinned"
+    );
 }
 
 /// A sandbox whose spec names an image runs in that image, not in the default one: the

@@ -391,10 +391,29 @@ async fn open_sandbox(
         SandboxKind::Process => {
             let root = options.sandbox_dir();
             announcements.push(format!(
-                "sandbox: bubblewrap processes, working directories in {}",
+                "sandbox: isolated processes, working directories in {}",
                 root.display()
             ));
-            let sandbox = nodus_sandbox::BwrapSandbox::new(nodus_sandbox::BwrapConfig::new(root));
+            let mut config = nodus_sandbox::BwrapConfig::new(root);
+            config.launcher = options.sandbox_launcher.clone();
+            let sandbox = nodus_sandbox::BwrapSandbox::new(config);
+            if let Some(launcher) = &options.sandbox_launcher {
+                // Decided now (a self-check), so that the operator reads which at start.
+                announcements.push(match sandbox.uses_launcher().await {
+                    Ok(true) => format!(
+                        "sandbox: started by the nodus launcher ({})",
+                        launcher.display()
+                    ),
+                    Ok(false) => "sandbox: started by bubblewrap (the nodus launcher failed \
+                                  its self-check on this host; the log says why)"
+                        .to_string(),
+                    Err(e) => format!(
+                        "sandbox: neither the nodus launcher nor bubblewrap works here yet: {e}"
+                    ),
+                });
+            } else {
+                announcements.push("sandbox: started by bubblewrap".to_string());
+            }
             announcements.push(sandbox.limits());
             Ok(Arc::new(sandbox))
         }

@@ -92,6 +92,10 @@ pub struct Options {
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
+    /// Nodus's own sandbox launcher for process sandboxes (an executable that runs
+    /// `nodus_launch::run_if_asked` first: the `nodus` binary); `None`, or a launcher that
+    /// fails its self-check on this host, means bubblewrap.
+    pub sandbox_launcher: Option<PathBuf>,
     /// How long a connection may take to send a request's headers, counted from when it
     /// opened or its last response was sent; this also closes idle keep-alive connections.
     pub header_timeout: Duration,
@@ -119,6 +123,7 @@ impl Options {
             max_concurrent_runs: 256,
             default_image: None,
             sandbox_dir: None,
+            sandbox_launcher: None,
             header_timeout: Duration::from_secs(10),
             max_connections: 512,
             webhook_allow: crate::egress::WebhookAllow::default(),

@@ -691,7 +691,8 @@ fn a_run_executes_in_a_docker_container() {
 }
 
 /// `spec.image` end to end: with the Docker sandbox a run executes in the image it names (one
-/// built here from the test image with a marker file, not the server's default image); the
+/// built here from the test image with a marker file, not the server's default image), whose
+/// content digest its `status.snapshot.imageDigest` and its run record record; the
 /// bubblewrap process sandbox refuses the same run at creation, naming spec.image.
 #[test]
 fn a_run_executes_in_the_image_it_names_and_the_process_sandbox_refuses_one() {
@@ -761,6 +762,24 @@ fn a_run_executes_in_the_image_it_names_and_the_process_sandbox_refuses_one() {
     ]);
     let answer = server.ok(&["agentrun", "answer", "imaged"]);
     assert!(answer.contains("in-the-named-image"), "{answer}");
+    // The run's snapshot pins the image's content digest (a locally built image: its ID).
+    let id = std::process::Command::new("docker")
+        .args(["image", "inspect", "-f", "{{.Id}}", &named])
+        .output()
+        .expect("docker image inspect");
+    let id = String::from_utf8_lossy(&id.stdout).trim().to_owned();
+    assert!(id.starts_with("sha256:"), "{id}");
+    let pinned = server.ok(&[
+        "get",
+        "agentrun",
+        "imaged",
+        "-o",
+        "jsonpath={.status.snapshot.imageDigest}",
+    ]);
+    assert_eq!(pinned.trim(), id);
+    let record = server.ok(&["agentrun", "results", "imaged", "runRecord", "-o", "-"]);
+    let record: serde_json::Value = serde_json::from_str(&record).expect("a JSON run record");
+    assert_eq!(record["imageDigest"], serde_json::json!(id), "{record}");
     drop(server);
 
     let process_dir = dir.path().join("process");

@@ -21,10 +21,22 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     options.bootstrap_token = args.bootstrap_token.filter(|t| !t.is_empty());
     options.default_image = args.default_image;
     options.sandbox_dir = args.sandbox_dir;
+    options.sandbox_launcher = sandbox_launcher(&args.sandbox_starter)?;
     if let Some(allow) = &args.webhook_allow {
         options.webhook_allow = allow.parse().map_err(Error::Input)?;
     }
     Ok(options)
+}
+
+/// `--sandbox-starter`: this binary as the launcher (`launcher`), or none (`bubblewrap`).
+pub fn sandbox_launcher(starter: &str) -> Result<Option<std::path::PathBuf>> {
+    match starter {
+        "launcher" => Ok(std::env::current_exe().ok()),
+        "bubblewrap" | "bwrap" => Ok(None),
+        other => Err(Error::usage(format!(
+            "--sandbox-starter {other:?}: must be launcher or bubblewrap"
+        ))),
+    }
 }
 
 /// `--listen`: HOST:PORT, where HOST is an address or a name (`localhost:7070`); a name

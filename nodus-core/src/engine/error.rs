@@ -72,6 +72,10 @@ pub enum Error {
     /// A Secret's values could not be sealed or opened.
     #[error("{0}")]
     Sealing(#[from] crate::secret::SealError),
+    /// The sandbox backend could not answer for now (a container engine restarting), so
+    /// nothing was written; a retry may help.
+    #[error("{0}")]
+    SandboxUnavailable(String),
     /// A bug: the engine tried a move the run lifecycle forbids.
     #[error("internal error: {0}")]
     Lifecycle(#[from] TransitionRefused),
@@ -92,7 +96,9 @@ impl Error {
             Error::Admission(_) | Error::GroupUpdate(_) => Reason::Conflict,
             Error::Store(store::Error::AlreadyExists(_)) => Reason::AlreadyExists,
             Error::Store(store::Error::Conflict { .. }) => Reason::Conflict,
-            Error::Store(store::Error::Unavailable(_)) => Reason::Unavailable,
+            Error::Store(store::Error::Unavailable(_)) | Error::SandboxUnavailable(_) => {
+                Reason::Unavailable
+            }
             Error::Store(_) | Error::Corrupt { .. } | Error::Lifecycle(_) | Error::Sealing(_) => {
                 Reason::InternalError
             }
@@ -102,6 +108,7 @@ impl Error {
     /// Whether trying again may help.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Store(e) if e.is_retryable())
+            || matches!(self, Error::SandboxUnavailable(_))
     }
 
     /// Whether the write was refused only because the object changed since it was read (a

@@ -250,10 +250,29 @@ impl Engine {
             )
             .into());
         }
-        let image_used = image
-            .clone()
-            .or_else(|| self.config.default_image.clone())
-            .unwrap_or_default();
+        // The image every member and grader runs, resolved once, now, to its content digest
+        // (empty where the backend runs no images): moving its tag later changes nothing.
+        let mut prepared = super::Batch::default();
+        let image_used = match image.as_deref().or(self.config.default_image.as_deref()) {
+            Some(reference) if self.deps.sandbox.supports_image() => {
+                let rule = match &image {
+                    Some(_) => format!(
+                        "names Environment {:?}, whose image this server's sandbox backend \
+                         cannot run",
+                        evaluation.environment
+                    ),
+                    None => "names an Environment without an image, and the server's default \
+                             image cannot be run"
+                        .to_owned(),
+                };
+                let digest = self
+                    .resolve_image(reference, "spec.evaluation.environment", &rule)
+                    .await?;
+                prepared.images.insert(reference.to_owned(), digest.clone());
+                digest
+            }
+            _ => String::new(),
+        };
         let timeout = evaluation.timeout.unwrap_or(DEFAULT_EVALUATION_TIMEOUT);
         let now = self.deps.clock.now();
         let deadline = now
@@ -286,7 +305,7 @@ impl Engine {
                 }
                 let run = AgentRun::new(run_name.clone(), spec);
                 let (key, mut document, input) = self
-                    .prepare_run(project, run, &earlier, &mut Default::default())
+                    .prepare_run(project, run, &earlier, &mut prepared)
                     .await
                     .map_err(|e| match e {
                         Error::Invalid(invalid) => Error::Invalid(Invalid::new(
@@ -731,8 +750,11 @@ impl Engine {
         };
         let spec = SandboxSpec {
             key: sandbox_key.to_string(),
-            image: (!environment.image.is_empty())
-                .then(|| environment.image.clone())
+            // The image pinned when the group was created (a case recorded before images
+            // were pinned holds the reference as written, run as it resolves now).
+            image: (!case.image_digest.is_empty())
+                .then(|| case.image_digest.clone())
+                .or_else(|| (!environment.image.is_empty()).then(|| environment.image.clone()))
                 .or_else(|| self.config.default_image.clone()),
             env: BTreeMap::new(),
             limits: self.config.limits,

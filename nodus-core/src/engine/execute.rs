@@ -154,10 +154,12 @@ impl Engine {
             .unwrap_or_default();
         let sandbox = SandboxSpec {
             key: uid.clone(),
-            image: run
-                .spec
-                .image
+            // The image pinned when the run was created; a run created before images were
+            // pinned runs its reference as it resolves now.
+            image: snapshot
+                .image_digest
                 .clone()
+                .or_else(|| run.spec.image.clone())
                 .or_else(|| self.config.default_image.clone()),
             env: super::environment::plain_env(snapshot.environment.as_ref()),
             limits: super::environment::limits_of(

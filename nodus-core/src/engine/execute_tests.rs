@@ -196,6 +196,7 @@ fn run_document(agent: AgentSpec) -> serde_json::Value {
         workdir: None,
         environment: None,
         post_run_action: None,
+        image_digest: None,
     });
     typed::encode(&key(), &run).expect("document")
 }

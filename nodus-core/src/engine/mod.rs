@@ -10,6 +10,7 @@ mod error;
 mod evaluation;
 mod execute;
 mod group;
+mod image;
 mod kinds;
 mod live;
 mod resources;
@@ -58,6 +59,14 @@ pub const TEMPLATE_PROJECT: &str = "nodus";
 
 /// The most runs one batch creates.
 pub const MAX_BATCH: usize = 100;
+
+/// What the runs one request creates share while they are prepared: their admissions to
+/// their groups so far, and the images they pinned (each reference resolved once).
+#[derive(Default)]
+struct Batch {
+    admissions: group::Admissions,
+    images: image::PinnedImages,
+}
 
 /// The Secret key a BYOK agent's key is read from.
 pub const API_KEY_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
@@ -371,7 +380,7 @@ impl Engine {
     /// Store a new run that its kind's rules passed: [`Writable::insert`] of an AgentRun.
     async fn insert_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
         let (key, document, input) = self
-            .prepare_run(project, run, &[], &mut Default::default())
+            .prepare_run(project, run, &[], &mut Batch::default())
             .await?;
         let Some(input) = input else {
             let record = self.deps.store.create(&key, document).await?;
@@ -420,14 +429,11 @@ impl Engine {
         }
         let mut items = Vec::with_capacity(runs.len() + 1);
         let mut earlier: Vec<AgentRun> = Vec::new();
-        let mut admissions = group::Admissions::new();
+        let mut batch = Batch::default();
         for (index, mut run) in runs.into_iter().enumerate() {
             run.prepare();
             let prepared = match run.check(self) {
-                Ok(()) => {
-                    self.prepare_run(project, run, &earlier, &mut admissions)
-                        .await
-                }
+                Ok(()) => self.prepare_run(project, run, &earlier, &mut batch).await,
                 Err(error) => Err(error),
             };
             match prepared {
@@ -517,13 +523,14 @@ impl Engine {
     }
 
     /// Check what a run refers to (its kind's own rules passed) and build the document to
-    /// store; `earlier` are runs of the same batch.
+    /// store; `earlier` are runs of the same batch, whose admissions and pinned images
+    /// `batch` holds.
     async fn prepare_run(
         &self,
         project: &str,
         mut run: AgentRun,
         earlier: &[AgentRun],
-        admissions: &mut group::Admissions,
+        batch: &mut Batch,
     ) -> Result<(
         ObjectKey,
         serde_json::Value,
@@ -618,8 +625,12 @@ impl Engine {
                 .into());
             }
         }
+        // Last, as it may pull an image: what the run's sandbox runs, pinned now.
+        let image_digest = self
+            .pin_image(run.spec.image.as_deref(), &mut batch.images)
+            .await?;
         if let Some(group) = run.spec.group.clone() {
-            self.admit_to_group(project, &group, &run, admissions)
+            self.admit_to_group(project, &group, &run, &mut batch.admissions)
                 .await?;
         }
         self.stamp(project, &mut run);
@@ -642,6 +653,7 @@ impl Engine {
                     config: Some(action.config),
                 },
             ),
+            image_digest,
         });
         let key = ObjectKey::new(project, Kind::AgentRun, run.name());
         let document = typed::encode(&key, &run)?;

@@ -2,7 +2,7 @@
 //! working directory as staged and as the run left it, `.tar.gz`), `artifacts` (`.tar.gz`:
 //! `commands/NNN/{command,stdout,stderr,exit}` for each command, its output as the sandbox
 //! kept it, at most [`Limits::output_cap_bytes`](crate::sandbox::Limits) of each stream),
-//! `runRecord` (JSON: phase, answer, turns, cost, times) and, for a run that did not succeed,
+//! `runRecord` (JSON: phase, answer, turns, cost, times, the image's digest it ran) and, for a run that did not succeed,
 //! `error` (JSON: `type`, `message`, `timeout`), and what its post-run action saved (by its
 //! own names). They are read from what the run keeps — its
 //! document, its journal and its [`Kind::WorkdirArchive`] — so they are there however the
@@ -297,6 +297,7 @@ fn run_record(run: &AgentRun, phase: RunPhase, answer: Option<String>) -> serde_
         "project": run.metadata.project,
         "uid": run.metadata.uid,
         "agentRef": snapshot.and_then(|s| s.agent_ref.clone()),
+        "imageDigest": snapshot.and_then(|s| s.image_digest.clone()),
         "phase": phase.name(),
         "reason": phase.reason(),
         "message": run.status.message,

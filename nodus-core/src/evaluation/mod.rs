@@ -124,7 +124,9 @@ pub struct CaseRecord {
     pub split: String,
     /// The evaluation's seed.
     pub seed: u64,
-    /// The image the sandboxes use, as resolved (empty: the server's default).
+    /// The content digest of the image the case's run and grader run (`name@sha256:…` or
+    /// `sha256:…`), resolved once when the group was created; empty where the sandbox
+    /// backend runs no images.
     #[serde(default)]
     pub image_digest: String,
     /// Data for the grader only; never served.
@@ -248,7 +250,8 @@ pub struct CaseResult {
     pub split: String,
     /// The seed.
     pub seed: u64,
-    /// The resolved image (empty: the server's default).
+    /// The content digest of the image the run and the grader ran, resolved when the group
+    /// was created (empty where the sandbox backend runs no images).
     pub image_digest: String,
     /// Gradings carried out to the end: 1 for a graded case, 0 for one unscored before it
     /// was graded (a grade is recorded once).

@@ -286,6 +286,13 @@ pub struct RunSnapshot {
     /// The post-run action chosen at creation, with its config (absent for `agents.noop`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_run_action: Option<PostRunAction>,
+    /// The image the run's sandbox runs, pinned at creation: its `spec.image`, or the
+    /// server's default image, resolved by the sandbox backend to its content digest
+    /// (`name@sha256:…` or `sha256:…`), so that moving the tag later does not change what the
+    /// run runs. Absent where the backend runs no images, and in runs created before images
+    /// were pinned (they run `spec.image` as it resolves when their sandbox is made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
 }
 
 /// The working directory a run resolved when it was created; the archive itself is kept

@@ -7,10 +7,14 @@
 //! restarted server re-attaches to them (`create` with the same key finds the container and
 //! starts it if it stopped) and removes the ones no run needs ([`DockerSandbox::remove_orphans`]).
 //!
-//! A container is made from the run's image or the operator's default one, with:
+//! A container is made from the run's image or the operator's default one (the engine names
+//! it by the content digest [`Sandbox::resolve_image`] answered when the run was created, so
+//! that a tag moved since changes nothing), with:
 //! - network `none` unless the spec allows the network (then the default bridge);
 //! - memory (without swap), CPU and process limits from the spec, and no file larger than
-//!   its disk limit (`ulimit -f`); where the server can read the working directory's volume
+//!   its disk limit (`ulimit -f`); besides its CPU quota, a container runs on as many of the
+//!   engine's CPUs as its limit rounds up to (`cpuset-cpus`, chosen in turn as the bubblewrap
+//!   backend chooses its sandboxes' CPUs), so that `nproc` inside agrees with the limit; where the server can read the working directory's volume
 //!   on this host (a local engine, the server root), the bubblewrap backend's watchdog also
 //!   stops a command that grows the volume past the limit or leaves the disk less free space
 //!   than [`DockerConfig::disk_reserve_bytes`];
@@ -71,9 +75,11 @@ use nodus_core::sandbox::{
     Error, ExecOutput, ExecRequest, Limits, LiveOutput, MAX_ARCHIVE_BYTES, SandboxId, SandboxInfo,
     SandboxSpec,
 };
+use rustix::thread::CpuSet;
 use tracing::{debug, info, warn};
 
 use crate::archive::{self, OnDisk};
+use crate::cpus::{cpu_list, first_cpus, sandbox_cpus};
 use crate::disk::Watch;
 use crate::workdir::check_env;
 use crate::{capped, paths};
@@ -151,6 +157,8 @@ pub struct DockerSandbox {
     /// One slot per container, holding its command channel once attached: its commands and
     /// transfers run one at a time.
     slots: Arc<Mutex<HashMap<String, Slot>>>,
+    /// The engine's CPUs, which containers are pinned to some of.
+    engine_cpus: CpuSet,
 }
 
 impl DockerSandbox {
@@ -177,12 +185,20 @@ impl DockerSandbox {
         .negotiate_version()
         .await
         .map_err(|e| unavailable(&config, e))?;
-        info!(socket, version = ?docker.client_version(), "Docker sandboxes");
+        let engine = docker.info().await.map_err(|e| unavailable(&config, e))?;
+        let engine_cpus = first_cpus(
+            engine
+                .ncpu
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(1),
+        );
+        info!(socket, version = ?docker.client_version(), cpus = engine_cpus.count(), "Docker sandboxes");
         Ok(DockerSandbox {
             docker,
             config: Arc::new(config),
             created: Arc::default(),
             slots: Arc::default(),
+            engine_cpus,
         })
     }
 
@@ -345,6 +361,9 @@ impl DockerSandbox {
                 memory: Some(memory),
                 memory_swap: Some(memory),
                 nano_cpus: Some(i64::from(limits.cpu_millis) * 1_000_000),
+                // As many whole CPUs as the quota rounds up to, so that `nproc` agrees.
+                cpuset_cpus: sandbox_cpus(&self.engine_cpus, limits.cpu_millis)
+                    .map(|cpus| cpu_list(&cpus)),
                 pids_limit: Some(i64::from(limits.processes)),
                 // No file larger than the disk limit (RLIMIT_FSIZE counts bytes).
                 ulimits: Some(vec![ResourcesUlimits {
@@ -828,6 +847,40 @@ impl Sandbox for DockerSandbox {
         true
     }
 
+    /// The image's content digest: the `RepoDigests` entry of the reference's repository
+    /// (`name@sha256:…`, or the first entry) for an image that came from a registry, else its
+    /// ID (`sha256:…`). An image the engine lacks is pulled first; one it cannot pull is
+    /// refused.
+    async fn resolve_image(&self, reference: &str) -> Result<String, Error> {
+        let found = match self.docker.inspect_image(reference).await {
+            Ok(found) => found,
+            Err(e) if status(&e) == Some(404) => {
+                self.pull(reference).await?;
+                self.docker
+                    .inspect_image(reference)
+                    .await
+                    .map_err(|e| match status(&e) {
+                        Some(404) => Error::Refused(format!(
+                            "image {reference:?} is not available here even after a pull: {e}"
+                        )),
+                        _ => api_error("inspecting the image", e),
+                    })?
+            }
+            Err(e) if status(&e) == Some(400) => {
+                return Err(Error::Refused(format!(
+                    "{reference:?} is not an image reference: {e}"
+                )));
+            }
+            Err(e) => return Err(api_error("inspecting the image", e)),
+        };
+        content_digest(
+            reference,
+            found.repo_digests.as_deref(),
+            found.id.as_deref(),
+        )
+        .ok_or_else(|| Error::Failed(format!("the engine reported no ID for image {reference:?}")))
+    }
+
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;
@@ -1119,6 +1172,35 @@ impl Drop for KillOnDrop<'_> {
 }
 
 /// The HTTP status of an engine's answer.
+/// The immutable reference of an image `reference` found: the `repo_digests` entry of the
+/// reference's repository (the first entry when none is), else the image's `id`.
+fn content_digest(
+    reference: &str,
+    repo_digests: Option<&[String]>,
+    id: Option<&str>,
+) -> Option<String> {
+    let digests = repo_digests.unwrap_or_default();
+    let repository = repository_of(reference);
+    digests
+        .iter()
+        .find(|entry| entry.split_once('@').map(|(name, _)| name) == Some(repository))
+        .or_else(|| digests.first())
+        .cloned()
+        .or_else(|| id.map(str::to_owned))
+}
+
+/// The repository of an image reference: without its `@digest` and its `:tag` (a colon
+/// before the last `/` is a registry's port, not a tag).
+fn repository_of(reference: &str) -> &str {
+    let named = reference
+        .split_once('@')
+        .map_or(reference, |(name, _)| name);
+    match named.rfind(':') {
+        Some(colon) if !named[colon..].contains('/') => &named[..colon],
+        _ => named,
+    }
+}
+
 fn status(e: &DockerError) -> Option<u16> {
     match e {
         DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
@@ -1155,4 +1237,46 @@ fn api_error(what: &str, e: DockerError) -> Error {
 /// Whether `dir` is a directory this process can list.
 async fn fs_readable(dir: &Path) -> bool {
     tokio::fs::read_dir(dir).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_is_pinned_to_its_repository_digest_or_else_its_id() {
+        let digests = [
+            "mirror.example:5000/tools/busybox@sha256:aaa".to_owned(),
+            "busybox@sha256:bbb".to_owned(),
+        ];
+        let pinned = |reference, digests: Option<&[String]>| {
+            content_digest(reference, digests, Some("sha256:id"))
+        };
+        assert_eq!(
+            pinned("busybox:latest", Some(&digests)).as_deref(),
+            Some("busybox@sha256:bbb")
+        );
+        assert_eq!(
+            pinned("mirror.example:5000/tools/busybox", Some(&digests)).as_deref(),
+            Some("mirror.example:5000/tools/busybox@sha256:aaa")
+        );
+        assert_eq!(
+            pinned("docker.io/library/busybox:1.36", Some(&digests)).as_deref(),
+            Some("mirror.example:5000/tools/busybox@sha256:aaa"),
+            "no entry of its own repository: the first"
+        );
+        assert_eq!(pinned("local:dev", Some(&[])).as_deref(), Some("sha256:id"));
+        assert_eq!(pinned("local:dev", None).as_deref(), Some("sha256:id"));
+        assert_eq!(content_digest("local:dev", None, None), None);
+    }
+
+    #[test]
+    fn a_reference_s_repository_has_no_tag_or_digest() {
+        assert_eq!(repository_of("busybox"), "busybox");
+        assert_eq!(repository_of("busybox:latest"), "busybox");
+        assert_eq!(repository_of("busybox@sha256:abc"), "busybox");
+        assert_eq!(repository_of("busybox:1.36@sha256:abc"), "busybox");
+        assert_eq!(repository_of("host:5000/team/app"), "host:5000/team/app");
+        assert_eq!(repository_of("host:5000/team/app:v2"), "host:5000/team/app");
+    }
 }

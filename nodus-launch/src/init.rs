@@ -1,0 +1,119 @@
+//! Stage two, PID 1 of the sandbox: lays out its root, enters the inner user namespace,
+//! starts the program and reaps every process of the namespace until the program exits.
+
+use std::io::Read;
+use std::process::{Command, ExitCode, Stdio};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::process::{Signal, WaitOptions};
+use rustix::thread::UnshareFlags;
+
+use crate::{Error, Plan, unshare, write_file};
+
+/// Runs stage two with the plan that stage one writes on standard input.
+pub(crate) fn init() -> Result<ExitCode, Error> {
+    // First, so that the sandbox ends with stage one (and through it with the server).
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(Error::errno("setting the parent-death signal"))?;
+    let plan = read_plan()?;
+    // Stage one keeps its end of the pipe while it lives: a hang-up here means it died
+    // before the parent-death signal was set, and nothing would end this sandbox with it.
+    let stdin = std::io::stdin();
+    let mut polled = [PollFd::new(&stdin, PollFlags::IN)];
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut polled, Some(&now)).map_err(Error::errno("polling stage one"))?;
+    if polled[0].revents().contains(PollFlags::HUP) {
+        return Err(Error::Plan(
+            "stage one ended before the sandbox started".to_owned(),
+        ));
+    }
+    // No controlling terminal of the server's session reaches the sandbox.
+    rustix::process::setsid().map_err(Error::errno("starting a new session"))?;
+    let (uid, gid) = plan
+        .outer
+        .ok_or_else(|| Error::Plan("stage one gave no outer user".to_owned()))?;
+    crate::root::build(&plan)?;
+    rustix::system::sethostname(plan.hostname.as_bytes())
+        .map_err(Error::errno("setting the host name"))?;
+    // This user namespace may hold one more (the inner one, next) and no further: the
+    // sandbox's processes cannot make user namespaces of their own.
+    write_file("/proc/sys/user/max_user_namespaces", "1")?;
+    unshare(UnshareFlags::NEWUSER)?;
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(Error::errno("setting the parent-death signal"))?;
+    // The sandbox's user is root of the outer namespace, seen inside as the host's id.
+    let _ = std::fs::write("/proc/self/setgroups", "deny");
+    write_file("/proc/self/uid_map", &format!("{uid} 0 1"))?;
+    write_file("/proc/self/gid_map", &format!("{gid} 0 1"))?;
+
+    drop_bounding_set()?;
+    let (program, args) = plan
+        .program
+        .split_first()
+        .ok_or_else(|| Error::Plan("no program".to_owned()))?;
+    // With a non-zero user id, `exec` leaves the program no capabilities.
+    let child = Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&plan.work_inside)
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(Error::step(format!(
+            "starting {}",
+            program.to_string_lossy()
+        )))?;
+    let main = child.id();
+    // PID 1 reaps every orphan of the namespace; the program's own end ends the sandbox.
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid.as_raw_nonzero().get().unsigned_abs() == main => {
+                let code = status
+                    .exit_status()
+                    .or_else(|| status.terminating_signal().map(|signal| 128 + signal))
+                    .unwrap_or(i32::from(crate::FAILED_EXIT));
+                return Ok(ExitCode::from(
+                    u8::try_from(code).unwrap_or(crate::FAILED_EXIT),
+                ));
+            }
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(Error::errno("waiting for the sandbox's processes")(e)),
+        }
+    }
+}
+
+/// Empties the capability bounding set, so that no program started here gets a capability
+/// back, not even as user id 0 (the sandbox's user under a root server that runs sandboxes as
+/// itself).
+fn drop_bounding_set() -> Result<(), Error> {
+    for bit in 0..64 {
+        let capability = rustix::thread::CapabilitySet::from_bits_retain(1 << bit);
+        match rustix::thread::remove_capability_from_bounding_set(capability) {
+            Ok(()) => {}
+            // Past the kernel's last capability.
+            Err(rustix::io::Errno::INVAL) => break,
+            Err(e) => return Err(Error::errno("dropping the capability bounding set")(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads the length-prefixed plan from standard input, leaving the pipe open.
+fn read_plan() -> Result<Plan, Error> {
+    let mut stdin = std::io::stdin().lock();
+    let mut length = [0u8; 8];
+    stdin
+        .read_exact(&mut length)
+        .map_err(Error::step("reading the plan's length"))?;
+    let length = usize::try_from(u64::from_le_bytes(length))
+        .map_err(|_| Error::Plan("its length is too large".to_owned()))?;
+    let mut bytes = vec![0u8; length];
+    stdin
+        .read_exact(&mut bytes)
+        .map_err(Error::step("reading the plan"))?;
+    Plan::decode(&bytes)
+}

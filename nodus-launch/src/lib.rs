@@ -1,0 +1,143 @@
+//! The sandbox launcher of Nodus: starts one sandbox's first process in new namespaces over a
+//! root file system of its own, as bubblewrap does for the process backend, with less work.
+//!
+//! It runs as its own short-lived executable (the `nodus` binary started with [`LAUNCH_ARG`]
+//! as its first argument, or nodus-sandbox's `nodus-sandbox-launch`), single-threaded, and
+//! reads its [`Plan`] from standard input. Two stages:
+//! - [`stage one`](enter) joins the sandbox's cgroups, drops to the sandbox's user, sets
+//!   `no_new_privs`, unshares the user, mount, pid, ipc, uts, cgroup (and, without network,
+//!   net) namespaces, maps its user to root of the new user namespace, and starts itself
+//!   again as stage two, which is PID 1 of the new pid namespace; it waits for it and exits
+//!   as it does;
+//! - [`stage two`](init) lays out the root (a tmpfs with the read-only binds, a fresh
+//!   `/proc`, a small `/dev`, a sized `/tmp`, the working directory), pivots into it, unshares
+//!   one more user namespace that maps the sandbox's user to the first one's root (so that
+//!   what it starts has a non-zero user id, no capabilities and cannot touch the mounts,
+//!   which belong to the outer namespace), caps nested user namespaces, then starts the
+//!   program and reaps every process of the namespace until the program exits.
+//!
+//! The only `unsafe` is the call to `unshare` (see [`unshare`]).
+
+mod init;
+mod plan;
+mod root;
+mod stage;
+
+pub use plan::Plan;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// The first argument that makes a `nodus` binary (or `nodus-sandbox-launch`) the launcher's
+/// first stage.
+pub const LAUNCH_ARG: &str = "--nodus-launch";
+
+/// The first argument of the launcher's second stage (PID 1 of the sandbox).
+pub(crate) const INIT_ARG: &str = "--nodus-launch-init";
+
+/// The exit status of a launcher that could not join the sandbox's cgroups (as the
+/// bubblewrap backend's gate).
+pub const CGROUP_EXIT: u8 = 125;
+
+/// The exit status of a launcher that could not set up the sandbox for any other reason.
+pub const FAILED_EXIT: u8 = 126;
+
+/// What can go wrong while starting a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plan read on standard input is not one the launcher understands.
+    #[error("nodus-launch: the plan is malformed: {0}")]
+    Plan(String),
+    /// A cgroup's `tasks` or `cgroup.procs` file could not be written (the message starts as
+    /// the bubblewrap backend's gate's does).
+    #[error("nodus-sandbox: cannot join the cgroup {path}: {source}")]
+    Cgroup {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A step of the set-up failed.
+    #[error("nodus-launch: {step}: {source}")]
+    Step {
+        /// What was being done.
+        step: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// A failed step, for `map_err`.
+    pub(crate) fn step(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let step = step.into();
+        move |source| Error::Step { step, source }
+    }
+
+    /// A failed system call, for `map_err`.
+    pub(crate) fn errno(step: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> Error {
+        let step = step.into();
+        move |errno| Error::Step {
+            step,
+            source: errno.into(),
+        }
+    }
+}
+
+/// Runs the launcher when `args` (the process's arguments after its name) start with
+/// [`LAUNCH_ARG`] or the second stage's argument; `None` when they do not, for a multi-call
+/// binary to go on with its own work. Call it first thing in `main`, before any thread starts:
+/// a process with more than one thread cannot enter a new user namespace.
+pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
+    let first = args.first()?;
+    let outcome = if first == LAUNCH_ARG {
+        stage::enter()
+    } else if first == INIT_ARG {
+        init::init()
+    } else {
+        return None;
+    };
+    Some(match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            let code = match e {
+                Error::Cgroup { .. } => CGROUP_EXIT,
+                _ => FAILED_EXIT,
+            };
+            let _ = writeln!(std::io::stderr(), "{e}");
+            ExitCode::from(code)
+        }
+    })
+}
+
+/// Moves this process into new namespaces: `unshare(2)`.
+#[allow(unsafe_code)]
+fn unshare(flags: rustix::thread::UnshareFlags) -> Result<(), Error> {
+    // `CLONE_FILES` would split the descriptor table between threads. The launcher never
+    // asks for it here.
+    debug_assert!(!flags.contains(rustix::thread::UnshareFlags::FILES));
+    let flags = flags.difference(rustix::thread::UnshareFlags::FILES);
+    // SAFETY: `unshare_unsafe` is unsafe only because `CLONE_FILES` lets threads of one
+    // process see different descriptor tables, so that one thread could use a descriptor
+    // another thread's table does not hold. `FILES` is removed from `flags` above, and the
+    // launcher is single-threaded besides (`run_if_asked` runs before any thread starts, and a
+    // new user namespace, which every call here asks for, is refused to a multi-threaded
+    // process anyway).
+    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Error::errno("unshare"))
+}
+
+/// Writes `text` into the file at `path` (a `/proc` control file: one write).
+pub(crate) fn write_file(path: &str, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(Error::step(format!("writing {text:?} to {path}")))
+}
+
+/// How a child's wait status reads as an exit code: its own, or 128 + the signal.
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(FAILED_EXIT.into());
+    ExitCode::from(u8::try_from(code).unwrap_or(FAILED_EXIT))
+}

@@ -1,0 +1,237 @@
+//! The launcher's plan for one sandbox, and how it travels on standard input: NUL-terminated
+//! fields, each item a tag and its values, the program last after `--`.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+use crate::Error;
+
+/// What a sandbox is made of.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Cgroup `tasks` (v1) or `cgroup.procs` (v2) files to write `0` into before anything
+    /// else: the launcher and all it starts then run inside those cgroups.
+    pub cgroup_files: Vec<PathBuf>,
+    /// The host user and group to become after joining the cgroups, when the launcher starts
+    /// as root (cgroup v2, where joining needs root); supplementary groups are cleared.
+    pub user: Option<(u32, u32)>,
+    /// Whether the sandbox keeps the host's network (otherwise it gets a network namespace
+    /// with only a loopback interface, down).
+    pub network: bool,
+    /// The sandbox's host name.
+    pub hostname: String,
+    /// Host directories bound read-only at the same path.
+    pub ro_binds: Vec<PathBuf>,
+    /// Mount points below [`Plan::ro_binds`] that are made read-only too (a recursive bind
+    /// keeps them, writable unless remounted).
+    pub ro_submounts: Vec<PathBuf>,
+    /// Symbolic links made in the root: (target, path).
+    pub symlinks: Vec<(PathBuf, PathBuf)>,
+    /// The size of the sandbox's `/tmp` in bytes.
+    pub tmp_size: u64,
+    /// The working directory: its host path.
+    pub work_host: PathBuf,
+    /// Where it appears inside, the program's current directory.
+    pub work_inside: PathBuf,
+    /// The program's whole environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// The program and its arguments.
+    pub program: Vec<OsString>,
+    /// The host user and group the sandbox's processes are (stage one fills it in for stage
+    /// two).
+    pub outer: Option<(u32, u32)>,
+}
+
+impl Plan {
+    /// The plan as bytes, for the launcher's standard input. Refuses a field with a NUL byte.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        let mut out = Fields::default();
+        for file in &self.cgroup_files {
+            out.tag("cgroup").os(file.as_os_str())?;
+        }
+        if let Some((uid, gid)) = self.user {
+            out.tag("user").num(uid).num(gid);
+        }
+        if let Some((uid, gid)) = self.outer {
+            out.tag("outer").num(uid).num(gid);
+        }
+        if self.network {
+            out.tag("net");
+        }
+        out.tag("hostname").os(self.hostname.as_ref())?;
+        for dir in &self.ro_binds {
+            out.tag("ro").os(dir.as_os_str())?;
+        }
+        for dir in &self.ro_submounts {
+            out.tag("ro-sub").os(dir.as_os_str())?;
+        }
+        for (target, path) in &self.symlinks {
+            out.tag("symlink")
+                .os(target.as_os_str())?
+                .os(path.as_os_str())?;
+        }
+        out.tag("tmp-size").num(self.tmp_size);
+        out.tag("work")
+            .os(self.work_host.as_os_str())?
+            .os(self.work_inside.as_os_str())?;
+        for (name, value) in &self.env {
+            if name.as_bytes().contains(&b'=') || name.is_empty() {
+                return Err(Error::Plan(format!(
+                    "environment variable name {name:?} is empty or holds `=`"
+                )));
+            }
+            out.tag("env").os(name)?.os(value)?;
+        }
+        out.tag("--");
+        for arg in &self.program {
+            out.os(arg)?;
+        }
+        Ok(out.0)
+    }
+
+    /// Reads a plan written by [`Plan::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Plan, Error> {
+        let mut fields = bytes
+            .strip_suffix(&[0])
+            .unwrap_or(bytes)
+            .split(|&b| b == 0)
+            .map(|f| OsString::from_vec(f.to_vec()));
+        if bytes.is_empty() {
+            return Err(Error::Plan("it is empty".to_owned()));
+        }
+        let mut plan = Plan::default();
+        let mut next = |what: &str| {
+            fields
+                .next()
+                .ok_or_else(|| Error::Plan(format!("{what} is missing at the end")))
+        };
+        loop {
+            let tag = next("a tag")?;
+            let tag = tag.to_string_lossy().into_owned();
+            match tag.as_str() {
+                "cgroup" => plan.cgroup_files.push(next("cgroup's file")?.into()),
+                "user" => {
+                    plan.user = Some((number(next("user's uid")?)?, number(next("user's gid")?)?))
+                }
+                "outer" => {
+                    plan.outer = Some((number(next("outer uid")?)?, number(next("outer gid")?)?))
+                }
+                "net" => plan.network = true,
+                "hostname" => {
+                    plan.hostname = next("hostname")?
+                        .into_string()
+                        .map_err(|name| Error::Plan(format!("hostname {name:?} is not UTF-8")))?
+                }
+                "ro" => plan.ro_binds.push(next("ro's directory")?.into()),
+                "ro-sub" => plan.ro_submounts.push(next("ro-sub's directory")?.into()),
+                "symlink" => {
+                    let target = next("symlink's target")?.into();
+                    plan.symlinks.push((target, next("symlink's path")?.into()));
+                }
+                "tmp-size" => plan.tmp_size = number(next("tmp-size")?)?,
+                "work" => {
+                    plan.work_host = next("work's host path")?.into();
+                    plan.work_inside = next("work's inside path")?.into();
+                }
+                "env" => {
+                    let name = next("env's name")?;
+                    plan.env.push((name, next("env's value")?));
+                }
+                "--" => break,
+                other => return Err(Error::Plan(format!("unknown item {other:?}"))),
+            }
+        }
+        plan.program = fields.collect();
+        if plan.program.first().is_none_or(|p| p.is_empty()) {
+            return Err(Error::Plan("no program after `--`".to_owned()));
+        }
+        if !plan.work_inside.is_absolute() {
+            return Err(Error::Plan(format!(
+                "the working directory inside, {:?}, is not absolute",
+                plan.work_inside
+            )));
+        }
+        Ok(plan)
+    }
+}
+
+/// A number field.
+fn number<T: std::str::FromStr>(field: OsString) -> Result<T, Error> {
+    field
+        .to_str()
+        .and_then(|text| text.parse().ok())
+        .ok_or_else(|| Error::Plan(format!("{field:?} is not a number")))
+}
+
+/// Fields being written.
+#[derive(Default)]
+struct Fields(Vec<u8>);
+
+impl Fields {
+    fn tag(&mut self, tag: &str) -> &mut Self {
+        self.0.extend_from_slice(tag.as_bytes());
+        self.0.push(0);
+        self
+    }
+
+    fn num(&mut self, n: impl std::fmt::Display) -> &mut Self {
+        self.tag(&n.to_string())
+    }
+
+    fn os(&mut self, field: &std::ffi::OsStr) -> Result<&mut Self, Error> {
+        if field.as_bytes().contains(&0) {
+            return Err(Error::Plan(format!("{field:?} holds a NUL byte")));
+        }
+        self.0.extend_from_slice(field.as_bytes());
+        self.0.push(0);
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_reads_back_as_written() {
+        let plan = Plan {
+            cgroup_files: vec!["/sys/fs/cgroup/pids/nodus/k/tasks".into()],
+            user: Some((65534, 65533)),
+            network: true,
+            hostname: "nodus".into(),
+            ro_binds: vec!["/usr".into(), "/etc".into()],
+            ro_submounts: vec!["/etc/hosts".into()],
+            symlinks: vec![("usr/bin".into(), "/bin".into())],
+            tmp_size: 1 << 28,
+            work_host: "/var/lib/nodus/sandboxes/k".into(),
+            work_inside: "/work".into(),
+            env: vec![("A".into(), "x=y".into()), ("EMPTY".into(), "".into())],
+            program: vec!["/bin/sh".into(), "-c".into(), "".into(), "end".into()],
+            outer: Some((1, 2)),
+        };
+        assert_eq!(
+            Plan::decode(&plan.encode().expect("encode")).expect("decode"),
+            plan
+        );
+    }
+
+    #[test]
+    fn bad_plans_are_refused_by_name() {
+        let no_program = Plan {
+            work_inside: "/work".into(),
+            ..Plan::default()
+        };
+        let e = Plan::decode(&no_program.encode().expect("encode")).expect_err("no program");
+        assert!(e.to_string().contains("no program"), "{e}");
+        let e = Plan::decode(b"bogus\0--\0/bin/sh\0").expect_err("unknown");
+        assert!(e.to_string().contains("unknown item \"bogus\""), "{e}");
+        let e = Plan::decode(b"tmp-size\0lots\0").expect_err("number");
+        assert!(e.to_string().contains("\"lots\" is not a number"), "{e}");
+        let nul = Plan {
+            program: vec!["a\0b".into()],
+            ..Plan::default()
+        };
+        assert!(nul.encode().expect_err("nul").to_string().contains("NUL"));
+    }
+}
