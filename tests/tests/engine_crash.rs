@@ -288,6 +288,48 @@ async fn resolve_retry_runs_the_command_again() {
     assert_eq!(steps[4].state, StepState::Completed);
 }
 
+/// A person's retry and a drive of the same parked run in one process (the runner looks at
+/// a run after each change, its own park included) claim the run's lease under the same name:
+/// they come one after the other, and neither is refused (the retry was answered "owned by
+/// another writer" when the drive took the lease over between its claim and its writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_while_the_parked_run_is_driven_in_the_same_process_is_not_refused() {
+    let world = World::new(script());
+    parked_after_command(&world).await;
+    let store = Arc::new(CrashingStore::at_any_write(
+        Arc::new(world.memory.clone()),
+        usize::MAX,
+        CrashMode::AfterWrite,
+    ));
+    let (claimed, go_on) = store.pause_after_next_claim();
+    let engine = world.engine_over(store);
+    let resolving = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.resolve(PROJECT, "job", Resolution::Retry).await })
+    };
+    // The retry holds the lease; now the drive starts.
+    claimed.notified().await;
+    let driving = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.drive(PROJECT, "job").await })
+    };
+    // Time for a drive that does not wait to claim the lease and park the run again (the
+    // test's outcome does not depend on it: a drive that waits passes either way).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    go_on.notify_one();
+    resolving
+        .await
+        .expect("no panic")
+        .expect("the retry is recorded");
+    let driven = driving.await.expect("no panic").expect("the drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    assert_eq!(
+        world.sandbox.count("echo one"),
+        2,
+        "the retry ran the command again"
+    );
+}
+
 #[tokio::test]
 async fn resolve_record_failed_continues_without_running_it() {
     let world = World::new(script());

@@ -83,6 +83,8 @@ impl Engine {
             };
         }
         let fixed = self.fixed(project, &run.object)?;
+        // No other task of this process writes the run meanwhile (a person's resolution).
+        let _writing = self.writers.lock(&fixed.uid).await;
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         let journal = self.deps.store.journal(&fixed.uid).await?;

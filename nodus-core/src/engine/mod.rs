@@ -18,6 +18,7 @@ mod results;
 mod status;
 mod typed;
 mod workdir;
+mod writers;
 pub use workdir::{
     MAX_KEPT_WORKDIR_BYTES, MAX_STAGED_WORKDIR_BYTES, OutputWorkdir, STAGED_ENTRY_OVERHEAD,
     workdir_archive_key,
@@ -239,6 +240,8 @@ pub struct Engine {
     uid_counter: Arc<AtomicU64>,
     /// The runs someone follows on this process, for their commands' output.
     followed: Arc<live::Followed>,
+    /// The runs a task of this process writes now (a drive or a resolution).
+    writers: Arc<writers::RunWriters>,
 }
 
 impl Engine {
@@ -249,6 +252,7 @@ impl Engine {
             config: Arc::new(config),
             uid_counter: Arc::new(AtomicU64::new(0)),
             followed: Arc::default(),
+            writers: Arc::default(),
         }
     }
 
@@ -908,19 +912,28 @@ impl Engine {
     /// failed and continue, or cancel the run. This records the resolution; the
     /// [`Runner`](crate::runner::Runner) drives the run on.
     pub async fn resolve(&self, project: &str, name: &str, resolution: Resolution) -> Result<()> {
+        let parked = |run: &Versioned<crate::resource::AgentRunSpec>| {
+            let phase = run
+                .object
+                .status
+                .phase
+                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            match phase {
+                RunPhase::NeedsResolution => Ok(phase),
+                _ => Err(Error::NotParked {
+                    run: name.to_string(),
+                    phase,
+                }),
+            }
+        };
+        let first = self.read_run(project, name).await?;
+        parked(&first)?;
+        // The runner may be looking at the parked run right now (it does after each change):
+        // wait for it, then read the run again, as it may have moved on meanwhile.
+        let uid = run_uid(&first.object).to_string();
+        let _writing = self.writers.lock(&uid).await;
         let mut run = self.read_run(project, name).await?;
-        let phase = run
-            .object
-            .status
-            .phase
-            .unwrap_or(RunPhase::Pending(PendingReason::Queued));
-        if phase != RunPhase::NeedsResolution {
-            return Err(Error::NotParked {
-                run: name.to_string(),
-                phase,
-            });
-        }
-        let uid = run_uid(&run.object).to_string();
+        let phase = parked(&run)?;
         let lease = self.lease();
         let fence = self.deps.store.claim(&uid, &lease).await?;
         let journal = self.deps.store.journal(&uid).await?;

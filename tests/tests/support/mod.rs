@@ -64,6 +64,8 @@ pub struct CrashingStore {
     crash_at: usize,
     mode: CrashMode,
     dead: Mutex<bool>,
+    /// When set, the next claim, once made, tells `.0` and waits for `.1`.
+    claim_pause: Mutex<Option<(Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>)>>,
 }
 
 impl CrashingStore {
@@ -85,7 +87,16 @@ impl CrashingStore {
             crash_at,
             mode,
             dead: Mutex::new(false),
+            claim_pause: Mutex::new(None),
         }
+    }
+
+    /// Pauses the next claim after it is made (holding the lease): the first `Notify` is told
+    /// when it is, and the claim returns once the second is.
+    pub fn pause_after_next_claim(&self) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let pause = (Arc::default(), Arc::default());
+        *self.claim_pause.lock().expect("lock") = Some(pause.clone());
+        pause
     }
 
     fn crashed() -> store::Error {
@@ -208,8 +219,15 @@ impl Store for CrashingStore {
     }
     async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
         let what = || seen(format!("claim {run}"));
-        self.writing(false, what, self.inner.claim(run, lease))
-            .await
+        let fence = self
+            .writing(false, what, self.inner.claim(run, lease))
+            .await?;
+        let pause = self.claim_pause.lock().expect("lock").take();
+        if let Some((made, go_on)) = pause {
+            made.notify_one();
+            go_on.notified().await;
+        }
+        Ok(fence)
     }
     async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
         let what = || seen(format!("renew {run}"));
