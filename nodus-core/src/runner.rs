@@ -263,9 +263,7 @@ impl Runner {
 
     /// When a failed work is looked at again.
     fn later(&self) -> Option<Timestamp> {
-        let retry = jiff::SignedDuration::try_from(self.config.retry_after)
-            .unwrap_or(jiff::SignedDuration::from_secs(2));
-        self.clock.now().checked_add(retry).ok()
+        retry_at(self.clock.as_ref(), self.config.retry_after)
     }
 
     /// A worker is done: queue what follows from it.
@@ -376,12 +374,7 @@ impl Runner {
                         Err(Error::NotFound { .. }) => None,
                         Err(error) => {
                             tracing::warn!(group = %key.name, error = %error, "grading failed");
-                            clock
-                                .now()
-                                .checked_add(
-                                    jiff::SignedDuration::try_from(retry_after).unwrap_or_default(),
-                                )
-                                .ok()
+                            retry_at(clock.as_ref(), retry_after)
                         }
                     };
                     Done {
@@ -509,6 +502,13 @@ fn is_settled(phase: RunPhase) -> bool {
         )
 }
 
+/// When work that failed is looked at again: `retry_after` from now.
+fn retry_at(clock: &dyn Clock, retry_after: Duration) -> Option<Timestamp> {
+    let retry =
+        jiff::SignedDuration::try_from(retry_after).unwrap_or(jiff::SignedDuration::from_secs(2));
+    clock.now().checked_add(retry).ok()
+}
+
 /// Drive one run and say what follows.
 async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: ObjectKey) -> Done {
     let group = match engine.get_run(&key.project, &key.name).await {
@@ -538,12 +538,10 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
         Err(error) => {
             // Another replica holds the run, or the store is restarting: look again soon.
             tracing::warn!(run = %key, error = %error, "driving the run failed; retrying soon");
-            let retry = jiff::SignedDuration::try_from(retry_after)
-                .unwrap_or(jiff::SignedDuration::from_secs(2));
             Done {
                 key,
                 group,
-                wake_at: clock.now().checked_add(retry).ok(),
+                wake_at: retry_at(clock, retry_after),
                 awaiting_funds: false,
             }
         }
