@@ -414,7 +414,7 @@ impl Validate for AgentRunSpec {
             check_duration("spec.timeout", timeout, RUN_TIMEOUT_RANGE)?;
         }
         if let Some(image) = &self.image {
-            check_not_blank("spec.image", image)?;
+            check_image_reference("spec.image", image)?;
         }
         if let Some(action) = &self.post_run_action {
             check_not_blank("spec.postRunAction.kind", &action.kind)?;
@@ -1093,6 +1093,31 @@ fn check_dns_label(field: &str, text: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Invalid::new(field, DNS_LABEL_RULE, shown(text)))
+    }
+}
+
+/// The longest image reference taken.
+pub const MAX_IMAGE_REFERENCE_BYTES: usize = 512;
+
+/// A container image reference, as `[registry[:port]/]name[:tag][@algorithm:digest]` spells
+/// one: ASCII letters, digits and `._-/:@`, starting with a letter or digit, no empty, `.` or
+/// `..` path segment. Anything else is refused, as the reference travels to the container
+/// engine inside a request path.
+pub fn check_image_reference(field: &str, text: &str) -> Result<()> {
+    let rule = "must be an image reference ([registry/]name[:tag][@digest]: ASCII letters, \
+                digits and ._-/:@, starting with a letter or digit, no empty, . or .. segment)";
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-/:@".contains(c);
+    let well_formed = !text.is_empty()
+        && text.len() <= MAX_IMAGE_REFERENCE_BYTES
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text.chars().all(allowed)
+        && text
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."));
+    if well_formed {
+        Ok(())
+    } else {
+        Err(Invalid::new(field, rule, shown(text)))
     }
 }
 
@@ -2270,6 +2295,16 @@ mod tests {
                 "\"a/b/c\"",
             ),
             (with(run(), "/spec/image", json!("")), "spec.image", "\"\""),
+            (
+                with(run(), "/spec/image", json!("x/../../containers/c1")),
+                "spec.image",
+                "\"x/../../containers/c1\"",
+            ),
+            (
+                with(run(), "/spec/image", json!("busybox?all=1")),
+                "spec.image",
+                "\"busybox?all=1\"",
+            ),
         ]);
         for timeout in ["1s", "24h", "3600"] {
             accept::<AgentRunSpec>(with(run(), "/spec/timeout", json!(timeout)));

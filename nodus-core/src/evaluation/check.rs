@@ -2,7 +2,9 @@
 //! the `[project/]name@version` references that evaluation groups use.
 
 use crate::resource::{EnvironmentSpec, GraderKind, TaskSpec};
-use crate::validate::{Invalid, MAX_INPUT_BYTES, Result, Validate, is_dns_label};
+use crate::validate::{
+    Invalid, MAX_INPUT_BYTES, Result, Validate, check_image_reference, is_dns_label,
+};
 
 /// The most tasks one split lists.
 pub const MAX_SPLIT_TASKS: usize = 10_000;
@@ -12,12 +14,8 @@ pub const GRADER_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=3600;
 impl Validate for EnvironmentSpec {
     fn check_spec(&self) -> Result<()> {
         check_version(&self.version)?;
-        if self.image.trim() != self.image || self.image.chars().any(char::is_control) {
-            return Err(Invalid::new(
-                "spec.image",
-                "must be an image reference without spaces",
-                shown(&self.image),
-            ));
+        if !self.image.is_empty() {
+            check_image_reference("spec.image", &self.image)?;
         }
         if self.splits.is_empty() {
             return Err(Invalid::new(

@@ -852,6 +852,9 @@ impl Sandbox for DockerSandbox {
     /// ID (`sha256:…`). An image the engine lacks is pulled first; one it cannot pull is
     /// refused.
     async fn resolve_image(&self, reference: &str) -> Result<String, Error> {
+        // The reference goes into the engine's request path: only a well-formed one.
+        nodus_core::validate::check_image_reference("image", reference)
+            .map_err(|invalid| Error::Refused(invalid.to_string()))?;
         let found = match self.docker.inspect_image(reference).await {
             Ok(found) => found,
             Err(e) if status(&e) == Some(404) => {
