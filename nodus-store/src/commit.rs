@@ -2,7 +2,7 @@
 //! writes it in one transaction and acknowledges each write only after that transaction is
 //! durable. Under load, many runs' steps share one commit (one fsync); alone, a write costs
 //! one transaction as before. Postgres group-commits journal writes and atomic edits; SQLite
-//! every write but creates, batches, deletes, messages and rewrites.
+//! every write but batches of creates, deletes, messages and rewrites.
 
 use async_trait::async_trait;
 use nodus_core::journal::{Completion, Step};

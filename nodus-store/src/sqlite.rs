@@ -3,9 +3,9 @@
 //! The file is in WAL mode with `synchronous = FULL`, so a write is acknowledged only after
 //! it reached the disk and survives a power cut. All writes go through one connection (SQLite
 //! allows one writer at a time), reads through a small pool that WAL lets run beside it.
-//! Every write but creates, batches, deletes, messages and rewrites (journal writes, document
-//! updates and edits, leases) is group-committed (see [`crate::commit`]). Leases and fences
-//! are kept in the file like everywhere else, but change notification is an in-process
+//! Every write but batches of creates, deletes, messages and rewrites (journal writes, single
+//! creates, document updates and edits, leases) is group-committed (see [`crate::commit`]).
+//! Leases and fences are kept in the file like everywhere else, but change notification is an in-process
 //! channel: a second process on the same file would not see this one's changes, so run one
 //! process per file and use Postgres for several replicas.
 //!
@@ -61,7 +61,7 @@ struct Inner {
     writer: SqlitePool,
     /// Connections that read.
     readers: SqlitePool,
-    /// Every write but creates, batches, deletes, messages and rewrites, group-committed: under load many runs' steps,
+    /// Every write but batches of creates, deletes, messages and rewrites, group-committed: under load many runs' steps,
     /// status writes, account edits and leases share one durable commit.
     writes: GroupCommit<writer::Write, writer::Written>,
     changes: broadcast::Sender<Change>,

@@ -8,10 +8,6 @@ use tokio::sync::broadcast;
 use super::SqliteStore;
 
 impl SqliteStore {
-    pub(super) fn notify(&self, change: Change) {
-        let _ = self.inner.changes.send(change);
-    }
-
     /// Changes from now on.
     pub(super) fn changes(&self) -> broadcast::Receiver<Change> {
         self.inner.changes.subscribe()

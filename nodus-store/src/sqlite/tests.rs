@@ -239,6 +239,70 @@ async fn a_refused_transaction_announces_nothing() {
     assert_eq!(store.get(&first).await, Err(Error::NotFound(first)));
 }
 
+/// A single create goes through the writer's group commit: in a batch with other writes, a
+/// create of a taken key (stored before, or earlier in the same batch) is refused alone, and
+/// the batch's other writes commit and are announced.
+#[tokio::test]
+async fn a_create_of_a_taken_key_in_a_batch_refuses_only_itself() {
+    use super::writer::{Write, Writer};
+    use crate::commit::Committer;
+
+    let (store, _dir) = fresh().await;
+    let key = |name: &str| ObjectKey::new("p", Kind::Agent, name);
+    let document = |name: &str, n: u32| json!({"metadata": {"name": name}, "n": n});
+    store
+        .create(&key("taken"), document("taken", 0))
+        .await
+        .expect("create");
+    let mut changes = store.subscribe();
+    let mut writer = Writer {
+        pool: store.inner.writer.clone(),
+        changes: store.inner.changes.clone(),
+    };
+    let create = |name: &str, n| Write::Create {
+        key: key(name),
+        document: document(name, n),
+    };
+    let results = writer
+        .commit(vec![
+            create("a", 1),
+            create("taken", 2),
+            create("a", 3),
+            create("b", 4),
+        ])
+        .await
+        .expect("the batch commits");
+    let answered: Vec<String> = results
+        .into_iter()
+        .map(
+            |result| match result.and_then(super::writer::Written::document) {
+                Ok(record) => format!(
+                    "{} v{} n{}",
+                    record.key.name, record.version, record.document["n"]
+                ),
+                Err(e) => format!("{e:?}"),
+            },
+        )
+        .collect();
+    assert_eq!(
+        answered,
+        vec![
+            "a v1 n1".to_string(),
+            format!("{:?}", Error::AlreadyExists(key("taken"))),
+            format!("{:?}", Error::AlreadyExists(key("a"))),
+            "b v1 n4".to_string(),
+        ]
+    );
+    for (name, n) in [("a", 1), ("taken", 0), ("b", 4)] {
+        let record = store.get(&key(name)).await.expect("stored");
+        assert_eq!((record.version, record.document), (1, document(name, n)));
+    }
+    use nodus_core::store::Change;
+    assert_eq!(changes.try_recv(), Ok(Change::Written(key("a"), 1)));
+    assert_eq!(changes.try_recv(), Ok(Change::Written(key("b"), 1)));
+    assert!(changes.try_recv().is_err(), "nothing else announced");
+}
+
 /// Migration 0003: a credit account written under the kind `projects` (before accounts had
 /// a kind of their own) reads back as the project's account; other `projects` rows stay.
 #[tokio::test]

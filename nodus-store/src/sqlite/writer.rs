@@ -1,4 +1,4 @@
-//! The writer: SQLite has one writer at a time, so every write but creates, batches, deletes,
+//! The writer: SQLite has one writer at a time, so every write but batches of creates, deletes,
 //! messages and rewrites (which take the writer connection for their own transaction) is
 //! queued for one writer task that group-commits whatever is queued in one transaction (one
 //! fsync) and answers each write after the commit.
@@ -9,16 +9,24 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{Connection, Sqlite};
 use tokio::sync::broadcast;
 
-use super::documents::{DocumentUpdate, read_record, update_one};
+use super::documents::{DocumentUpdate, insert, read_record, update_one};
 use super::journal::journal_write;
 use super::leases::{check_fence, grant};
 use super::{SqliteStore, batch};
 use crate::commit::{Committer, JournalWrite};
 use crate::sql::{self, map_err};
 
-/// Every write but creates and deletes: queued for the one writer task, which group-commits
-/// whatever is queued in one transaction (one fsync) and answers each after the commit.
+/// Every write but batches of creates, deletes, messages and rewrites: queued for the one
+/// writer task, which group-commits whatever is queued in one transaction (one fsync) and
+/// answers each after the commit.
 pub(super) enum Write {
+    /// A document created ([`Store::create`]): refused if the key is taken.
+    Create {
+        /// The document's key.
+        key: ObjectKey,
+        /// The document.
+        document: serde_json::Value,
+    },
     /// A journal write.
     Journal(JournalWrite),
     /// A document replaced if still at the version its writer read.
@@ -83,6 +91,7 @@ impl std::fmt::Debug for Write {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Write::Journal(write) => write.fmt(f),
+            Write::Create { key, .. } => write!(f, "Create({key})"),
             Write::Replace(update) => update.fmt(f),
             Write::Edit { key, .. } => write!(f, "Edit({key})"),
             Write::Claim { run, .. } => write!(f, "Claim({run})"),
@@ -157,6 +166,22 @@ async fn write_one(
     };
     match write {
         Write::Journal(write) => Ok(journal_write(conn, &write).await?.map(|()| Written::Done)),
+        Write::Create { key, document } => {
+            // A taken key fails this statement only (SQLite's ABORT): the batch goes on.
+            match insert(conn, &key, &document).await {
+                Ok(()) => {}
+                Err(e) if sql::is_unique_violation(&e) => {
+                    return Ok(Err(Error::AlreadyExists(key)));
+                }
+                Err(e) => return Err(map_err(e)),
+            }
+            announced.push(Change::Written(key.clone(), 1));
+            Ok(Ok(Written::Document(Record {
+                key,
+                version: 1,
+                document,
+            })))
+        }
         Write::Replace(update) => {
             let result = update_one(conn, &update).await?;
             if result.is_ok() {
