@@ -39,8 +39,10 @@ use crate::store::{Change, ObjectKey, Selector, Store};
 pub struct RunnerConfig {
     /// The most runs driven at once (at least one).
     pub max_concurrent: usize,
-    /// How long a group's changes gather before it is reconciled (one reconcile reads every
+    /// The longest a group's changes gather before it is reconciled (one reconcile reads every
     /// member, so one per burst of changes instead of one per change); zero reconciles at once.
+    /// Below it, a group waits [`SETTLE_FACTOR`] times what its last reconcile took: a large
+    /// group's reconciles are spaced out, a small one follows its runs closely.
     pub group_settle: Duration,
     /// When a drive failed in a way that may pass (another replica holds the run, the store is
     /// restarting), how long until the run is looked at again.
@@ -68,6 +70,11 @@ impl Default for RunnerConfig {
     }
 }
 
+/// A group's changes gather this many times as long as its last reconcile took (at most
+/// [`RunnerConfig::group_settle`]): a busy group's reconciles take at most about a fifth of
+/// the time.
+pub const SETTLE_FACTOR: u32 = 4;
+
 /// The scheduler of an engine's runs and groups. Built and started by [`Runner::start`].
 pub struct Runner {
     engine: Engine,
@@ -94,6 +101,8 @@ struct Done {
     wake_at: Option<Timestamp>,
     /// The run waits for its project's credits.
     awaiting_funds: bool,
+    /// How long the group's reconcile took (a group's work only; `None` when it is gone).
+    reconcile_took: Option<Duration>,
 }
 
 impl Done {
@@ -103,6 +112,7 @@ impl Done {
             group,
             wake_at: None,
             awaiting_funds: false,
+            reconcile_took: None,
         }
     }
 }
@@ -138,6 +148,8 @@ struct Queue {
     /// credits wakes only those (every model call changes the account; looking for waiting
     /// runs in the store each time would read every run of the project).
     awaiting_funds: HashMap<String, HashSet<ObjectKey>>,
+    /// How long each group's last reconcile took, which sets how long its changes gather.
+    reconcile_took: HashMap<ObjectKey, Duration>,
 }
 
 impl Runner {
@@ -278,6 +290,12 @@ impl Runner {
                 .or_default()
                 .insert(done.key.clone());
         }
+        if done.key.kind == Kind::AgentGroup {
+            match done.reconcile_took {
+                Some(took) => queue.reconcile_took.insert(done.key.clone(), took),
+                None => queue.reconcile_took.remove(&done.key),
+            };
+        }
         if let Some(group) = done.group {
             self.queue(group, queue);
         }
@@ -343,7 +361,10 @@ impl Runner {
         let worker_key = key.clone();
         let engine = self.engine.clone();
         let clock = self.clock.clone();
-        let settle = self.config.group_settle;
+        let settle = settle_time(
+            self.config.group_settle,
+            queue.reconcile_took.get(&key).copied(),
+        );
         let retry_after = self.config.retry_after;
         let worker = queue.workers.spawn(async move {
             match key.kind {
@@ -352,19 +373,27 @@ impl Runner {
                     if !settle.is_zero() {
                         clock.sleep(settle).await;
                     }
-                    let evaluation = match engine.reconcile_group(&key.project, &key.name).await {
-                        Ok(group) => group.spec.evaluation.is_some(),
-                        Err(Error::NotFound { .. }) => false,
+                    let begun = clock.now();
+                    let reconciled = engine.reconcile_group(&key.project, &key.name).await;
+                    let took = clock.now().duration_since(begun);
+                    // A group deleted meanwhile has no cost to remember.
+                    let took = Duration::try_from(took).unwrap_or_default();
+                    let (evaluation, took) = match reconciled {
+                        Ok(group) => (group.spec.evaluation.is_some(), Some(took)),
+                        Err(Error::NotFound { .. }) => (false, None),
                         Err(error) => {
                             tracing::warn!(group = %key, error = %error, "reconcile failed");
-                            false
+                            (false, Some(took))
                         }
                     };
                     // An evaluation group's grading is worked apart, under a key of its own,
                     // so that a slow grader never holds up the group's reconciles.
                     let grading = evaluation
                         .then(|| ObjectKey::new(&key.project, Kind::EvaluationCase, &key.name));
-                    Done::nothing(key, grading)
+                    Done {
+                        reconcile_took: took,
+                        ..Done::nothing(key, grading)
+                    }
                 }
                 Kind::EvaluationCase => {
                     // Grade the cases whose runs ended; look again when a case's deadline or
@@ -502,6 +531,14 @@ fn is_settled(phase: RunPhase) -> bool {
         )
 }
 
+/// How long a group's changes gather before its reconcile: [`SETTLE_FACTOR`] times what its
+/// last reconcile took (nothing before its first), at most `longest`.
+fn settle_time(longest: Duration, last_reconcile: Option<Duration>) -> Duration {
+    last_reconcile
+        .map_or(Duration::ZERO, |took| took.saturating_mul(SETTLE_FACTOR))
+        .min(longest)
+}
+
 /// When work that failed is looked at again: `retry_after` from now.
 fn retry_at(clock: &dyn Clock, retry_after: Duration) -> Option<Timestamp> {
     let retry =
@@ -524,25 +561,22 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
             group,
             wake_at: until,
             awaiting_funds: reason == WaitReason::AwaitingFunds,
+            reconcile_took: None,
         },
         // A run its group has not admitted yet: the group decides (a new run of an open
         // group is admitted by that reconcile; one that must wait leaves the group as it was,
         // which writes nothing). It, and a parked run, look again at their deadline.
         Ok(Driven::NotAdmitted { until } | Driven::Parked { until, .. }) => Done {
-            key,
-            group,
             wake_at: until,
-            awaiting_funds: false,
+            ..Done::nothing(key, group)
         },
         Ok(_) | Err(Error::NotFound { .. }) => Done::nothing(key, group),
         Err(error) => {
             // Another replica holds the run, or the store is restarting: look again soon.
             tracing::warn!(run = %key, error = %error, "driving the run failed; retrying soon");
             Done {
-                key,
-                group,
                 wake_at: retry_at(clock, retry_after),
-                awaiting_funds: false,
+                ..Done::nothing(key, group)
             }
         }
     }
@@ -605,5 +639,23 @@ async fn sweep_payloads(
         clock
             .sleep_until(now.checked_add(every).unwrap_or(Timestamp::MAX))
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_gathers_its_changes_for_a_few_times_its_last_reconcile_at_most_the_longest() {
+        let longest = Duration::from_millis(50);
+        let ms = Duration::from_millis;
+        // Its first reconcile comes at once; then four times what the last took, capped.
+        assert_eq!(settle_time(longest, None), Duration::ZERO);
+        assert_eq!(settle_time(longest, Some(ms(2))), ms(8));
+        assert_eq!(settle_time(longest, Some(ms(12))), ms(48));
+        assert_eq!(settle_time(longest, Some(ms(30))), longest);
+        assert_eq!(settle_time(Duration::ZERO, Some(ms(30))), Duration::ZERO);
+        assert_eq!(settle_time(longest, Some(Duration::MAX)), longest);
     }
 }
