@@ -78,7 +78,8 @@
 //!
 //! With [`BwrapConfig::launcher`] set, sandboxes are started by Nodus's own launcher
 //! ([`nodus_launch`], the `launcher` module) instead: the same namespaces, file system, user
-//! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself).
+//! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself);
+//! its PID 1 reads the channel and runs the commands itself, in place of the channel's shell.
 //! A launcher that fails its self-check on this host leaves the backend on bubblewrap, and the
 //! log says once which starts the sandboxes.
 //!
@@ -560,23 +561,32 @@ impl BwrapSandbox {
         created: &Created,
         home: &Path,
     ) -> Result<Live, Error> {
-        let shell = self.shell(created);
         let entry_files = self.cgroups.entry_files(key);
         let mut command = match &prepared.starter {
             Starter::Bwrap(bwrap) => {
                 let args = bwrap_args(bwrap, created, home);
-                launch(bwrap, prepared.spawn_as, &entry_files, &args, &shell)?
+                launch(
+                    bwrap,
+                    prepared.spawn_as,
+                    &entry_files,
+                    &args,
+                    &self.shell(created),
+                )?
             }
             Starter::Launcher(layout) => {
-                let plan = layout.plan(
+                // The launcher's PID 1 reads the channel itself (no shell): `/bin/sh -c` is
+                // what each command is appended to.
+                let mut plan = layout.plan(
                     entry_files,
                     self.config.run_as.filter(|_| prepared.spawn_as.is_none()),
                     created.network,
                     created.limits.memory_bytes,
                     home,
                     sandbox_env(&created.env),
-                    shell.to_vec(),
+                    vec!["/bin/sh".into(), "-c".into()],
                 );
+                plan.channel = true;
+                plan.rlimits = self.rlimits(created);
                 crate::launcher::command(layout, prepared.spawn_as, &plan)?
             }
         };
@@ -590,7 +600,32 @@ impl BwrapSandbox {
         self.spawn(command, created, ours)
     }
 
-    /// The channel's shell, with the sandbox's rlimits set: what runs inside.
+    /// The rlimits every command of a sandbox runs with: the file size always, processes and
+    /// memory where no cgroup limits them.
+    fn rlimits(&self, created: &Created) -> Vec<(nodus_launch::Limit, u64)> {
+        let enforced = self.cgroups.enforced();
+        let mut limits = Vec::new();
+        if !enforced.pids {
+            limits.push((
+                nodus_launch::Limit::Processes,
+                u64::from(created.limits.processes),
+            ));
+        }
+        if !enforced.memory {
+            limits.push((
+                nodus_launch::Limit::AddressSpace,
+                created.limits.memory_bytes / 1024 * 1024,
+            ));
+        }
+        // In whole blocks of 512 bytes, as `ulimit -f` sets it.
+        limits.push((
+            nodus_launch::Limit::FileSize,
+            created.limits.disk_bytes / 512 * 512,
+        ));
+        limits
+    }
+
+    /// The channel's shell, with the sandbox's rlimits set: what runs inside bubblewrap.
     fn shell(&self, created: &Created) -> [OsString; 5] {
         // Bubblewrap read its arguments from standard input: the shell reads its commands from
         // its stdout, the socket (commands get /dev/null as their stdin). Then the limits,

@@ -122,6 +122,8 @@ impl Layout {
             work_inside: WORKDIR.into(),
             env,
             program,
+            channel: false,
+            rlimits: Vec::new(),
             outer: None,
         }
     }
@@ -139,7 +141,10 @@ pub(crate) fn command(
         .map_err(|e| Error::Refused(format!("cannot run this command: {e}")))?;
     let input = input_file(&data, "the launcher's plan")?;
     let mut command = Command::new(&layout.program);
+    // Stage two, the sandbox's PID 1, is a fork of this process: its command line, which
+    // commands can read in `/proc/1/cmdline`, names no host path.
     command
+        .arg0("nodus-launch")
         .arg(nodus_launch::LAUNCH_ARG)
         .stdin(Stdio::from(input))
         .current_dir("/")

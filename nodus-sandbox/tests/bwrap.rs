@@ -511,11 +511,12 @@ async fn proc_shows_no_host_path_of_the_server_on(launcher: bool) {
     }
     // bubblewrap's options (or the launcher's plan), host paths among them, come from
     // standard input: the command line is bubblewrap's name and the shell with the command,
-    // or the launcher's second stage.
+    // or the launcher's second stage, a fork of the first, which the backend starts under the
+    // name `nodus-launch` (not its host path).
     if launcher {
         assert_eq!(
             cmdline.trim_end(),
-            "nodus-launch --nodus-launch-init",
+            "nodus-launch --nodus-launch",
             "{cmdline}"
         );
     } else {
@@ -608,5 +609,65 @@ async fn a_launcher_that_cannot_start_sandboxes_falls_back_to_bubblewrap() {
         .expect("create")
         .id;
     assert_eq!(text(&exec(&sandbox, &id, "echo ok").await), "ok\n");
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+#[tokio::test]
+async fn commands_run_alike_from_the_channels_shell_and_the_launchers_loop() {
+    commands_run_alike_on(false).await;
+}
+
+#[tokio::test]
+async fn commands_run_alike_from_the_channels_shell_and_the_launchers_loop_with_the_launcher() {
+    commands_run_alike_on(true).await;
+}
+
+/// What the launcher's PID 1 does in place of the channel's shell, checked against that shell
+/// on bubblewrap: a background child that outlives its command is ended before the next
+/// command (its late output never reaches that command), an orphan that exits while a command
+/// runs is reaped (no zombie), a command that closes its stdout early still reports its status
+/// and stderr, `PWD` and `OLDPWD` are what the shell's `cd` leaves, and commands get the
+/// sandbox's file-size limit.
+async fn commands_run_alike_on(launcher: bool) {
+    let root = reachable_tempdir();
+    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
+    let id = sandbox
+        .create(&spec(&unique_key("loop")))
+        .await
+        .expect("create")
+        .id;
+
+    let out = exec(&sandbox, &id, "(sleep 1; echo late) & echo now").await;
+    assert_eq!((out.exit_code, text(&out)), (Some(0), "now\n".to_owned()));
+    let out = exec(&sandbox, &id, "sleep 2; echo next").await;
+    assert_eq!(
+        (out.exit_code, text(&out)),
+        (Some(0), "next\n".to_owned()),
+        "the background child of the last command was ended: {out:?}"
+    );
+
+    // `true` is orphaned at once (its parent shell exits) and exits; then, a moment later,
+    // no process of the sandbox is a zombie.
+    let out = exec(
+        &sandbox,
+        &id,
+        "sh -c 'true &'; sleep 0.5; grep -l '^State:.*Z' /proc/[0-9]*/status; echo checked",
+    )
+    .await;
+    assert_eq!(text(&out), "checked\n", "{out:?}");
+
+    let out = exec(&sandbox, &id, "exec >&-; sleep 0.2; echo said >&2; exit 3").await;
+    assert_eq!(out.exit_code, Some(3), "{out:?}");
+    assert_eq!(out.stdout.bytes, b"");
+    assert_eq!(out.stderr.bytes, b"said\n");
+
+    exec(&sandbox, &id, "mkdir -p sub").await;
+    let mut in_sub = request("echo \"$PWD $OLDPWD\"; pwd");
+    in_sub.cwd = Some("sub".to_owned());
+    let out = sandbox.exec(&id, &in_sub).await.expect("exec in sub");
+    assert_eq!(text(&out), "/work/sub /work\n/work/sub\n");
+
+    let out = exec(&sandbox, &id, "ulimit -f").await;
+    assert_eq!(text(&out), format!("{}\n", test_limits().disk_bytes / 512));
     sandbox.destroy(&id).await.expect("destroy");
 }
