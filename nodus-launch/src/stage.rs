@@ -78,5 +78,11 @@ fn become_user(uid: u32, gid: u32) -> Result<(), Error> {
         .map_err(Error::errno("becoming the sandbox's group"))?;
     rustix::thread::set_thread_res_uid(uid, uid, uid)
         .map_err(Error::errno("becoming the sandbox's user"))?;
+    // Leaving root made this process non-dumpable, which gives its `/proc/self` files to
+    // root: the user namespace's maps could not be written. It holds nothing of root's (the
+    // plan only, which the backend wrote), and no process of that user sees it (the
+    // sandboxes' processes are in pid namespaces of their own).
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .map_err(Error::errno("making the launcher dumpable again"))?;
     Ok(())
 }

@@ -354,9 +354,9 @@ fn pin_thread(cpu_millis: u32) -> Option<rustix::thread::CpuSet> {
 #[derive(Debug)]
 struct Prepared {
     starter: Starter,
-    /// The user the spawned process (the gate, bubblewrap or the launcher) becomes before it
-    /// starts, when no `setpriv` (or the launcher itself, after joining the cgroups) does: one
-    /// exec fewer.
+    /// The user the spawned process (the gate or bubblewrap) becomes before it starts, when no
+    /// `setpriv` does: one exec fewer. Never with the launcher, which becomes the sandboxes'
+    /// user itself after joining their cgroups.
     spawn_as: Option<HostUser>,
 }
 
@@ -578,7 +578,7 @@ impl BwrapSandbox {
                 // what each command is appended to.
                 let mut plan = layout.plan(
                     entry_files,
-                    self.config.run_as.filter(|_| prepared.spawn_as.is_none()),
+                    self.config.run_as,
                     created.network,
                     created.limits.memory_bytes,
                     home,
@@ -587,7 +587,7 @@ impl BwrapSandbox {
                 );
                 plan.channel = true;
                 plan.rlimits = self.rlimits(created);
-                crate::launcher::command(layout, prepared.spawn_as, &plan)?
+                crate::launcher::command(layout, &plan)?
             }
         };
         let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
@@ -715,7 +715,7 @@ impl BwrapSandbox {
                     let tried = match layout {
                         Ok(layout) => {
                             let sandboxes = config.root.join("sandboxes");
-                            crate::launcher::probe(&layout, &sandboxes, spawn_as, memory)
+                            crate::launcher::probe(&layout, &sandboxes, config.run_as, memory)
                                 .await
                                 .map(|()| layout)
                         }
@@ -724,9 +724,11 @@ impl BwrapSandbox {
                     match tried {
                         Ok(layout) => {
                             info!(launcher = %layout.program.display(), "sandboxes start with the nodus launcher");
+                            // The launcher is spawned as this process's user and becomes the
+                            // sandboxes' user itself, after joining their cgroups.
                             return Ok(Prepared {
                                 starter: Starter::Launcher(layout),
-                                spawn_as,
+                                spawn_as: None,
                             });
                         }
                         Err(e) => tracing::warn!(

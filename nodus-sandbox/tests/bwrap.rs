@@ -184,8 +184,8 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
 
     // A cgroup the sandbox cannot join: the command does not run outside it, and the failure
     // is the sandbox's, not the command's. Its processes are killed from outside (they leave
-    // its cgroups, which stay), and its pids cgroup is closed to the sandbox's user: the next
-    // command starts it again, which has to join them first.
+    // its cgroups, which stay), and its pids cgroup is closed: the next command starts it
+    // again, which has to join them first.
     let patience = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let procs = std::fs::read_to_string(pids.join("cgroup.procs")).expect("procs");
@@ -203,8 +203,16 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    std::fs::set_permissions(pids.join("tasks"), std::fs::Permissions::from_mode(0o000))
-        .expect("chmod");
+    // The gate joins as the sandbox's user, to whom the backend gives the `tasks` file: taken
+    // back here. A root server's launcher joins as root (then becomes the sandbox's user):
+    // the file is covered by a read-only one.
+    let cover = if launcher {
+        Some(ReadOnlyCover::over(&pids.join("tasks")))
+    } else {
+        std::fs::set_permissions(pids.join("tasks"), std::fs::Permissions::from_mode(0o000))
+            .expect("chmod");
+        None
+    };
     let refused = sandbox
         .exec(&id, &request("echo ran > ran"))
         .await
@@ -222,11 +230,55 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
             .exists()
     );
 
+    drop(cover);
     sandbox.destroy(&id).await.expect("destroy");
     assert!(
         cgroup_dir("memory", &key).is_none(),
         "the cgroups are removed"
     );
+}
+
+/// A read-only file bound over a file (as root), unmounted when dropped (before the file it
+/// binds is removed).
+struct ReadOnlyCover {
+    target: PathBuf,
+    _file: tempfile::NamedTempFile,
+}
+
+impl ReadOnlyCover {
+    fn over(target: &Path) -> Self {
+        let file = tempfile::NamedTempFile::new().expect("a file");
+        let mount = |args: &[&std::ffi::OsStr]| {
+            let status = std::process::Command::new("mount")
+                .args(args)
+                .status()
+                .expect("mount");
+            assert!(status.success(), "mount {args:?}: {status}");
+        };
+        mount(&[
+            "--bind".as_ref(),
+            file.path().as_os_str(),
+            target.as_os_str(),
+        ]);
+        let cover = ReadOnlyCover {
+            target: target.to_path_buf(),
+            _file: file,
+        };
+        mount(&[
+            "-o".as_ref(),
+            "remount,bind,ro".as_ref(),
+            target.as_os_str(),
+        ]);
+        cover
+    }
+}
+
+impl Drop for ReadOnlyCover {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.target)
+            .status();
+    }
 }
 
 #[tokio::test]
