@@ -140,6 +140,21 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
         .or_else(|_| std::fs::read_to_string(memory.join("memory.max")))
         .expect("memory limit");
     assert_eq!(limit.trim(), (256u64 << 20).to_string());
+    // On v1, memory plus swap is pinned to the memory limit, and one CPU is a full period.
+    if let Ok(memsw) = std::fs::read_to_string(memory.join("memory.memsw.limit_in_bytes")) {
+        assert_eq!(memsw.trim(), (256u64 << 20).to_string());
+    }
+    if let Some(cpu) = cgroup_dir("cpu", &key).filter(|dir| dir.join("cpu.cfs_period_us").exists())
+    {
+        let read = |file: &str| std::fs::read_to_string(cpu.join(file)).expect("cpu");
+        assert_eq!(
+            (
+                read("cpu.cfs_period_us").trim(),
+                read("cpu.cfs_quota_us").trim()
+            ),
+            ("100000", "100000")
+        );
+    }
     assert_eq!(
         std::fs::read_to_string(pids.join("pids.max"))
             .expect("pids")
