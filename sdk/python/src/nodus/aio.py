@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 from typing import (
     Any,
     AsyncIterator,
@@ -37,7 +36,7 @@ from typing import (
 
 import httpx
 
-from . import _core, _ops
+from . import _core, _download, _ops
 from ._handles import AgentCore, EnvironmentCore, GroupCore, RunCore
 from ._ops import ClientCore
 from .errors import (
@@ -168,26 +167,14 @@ class AsyncClient(ClientCore):
 
     async def download(self, path: str, file: Union[str, "os.PathLike[str]"]) -> int:
         """``GET path`` into ``file``, streamed; see :meth:`nodus.Client.download`."""
-        target = Path(file)
-        partial = _core.partial_path(target)
-        written = 0
-        try:
+        with _download.download(file, self.server) as into:
             async with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
                 if not response.is_success:
                     await response.aread()
-                    _core.result(response)
-                with partial.open("wb") as out:
-                    async for chunk in response.aiter_bytes():
-                        out.write(chunk)
-                        written += len(chunk)
-        except httpx.TransportError as error:
-            partial.unlink(missing_ok=True)
-            raise _core.connection_error(self.server, error) from None
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, target)
-        return written
+                into.begin(response)
+                async for chunk in response.aiter_bytes():
+                    into.write(chunk)
+        return into.written
 
     async def post_run_actions(self) -> List[PostRunActionInfo]:
         """The post-run actions this server installs; see

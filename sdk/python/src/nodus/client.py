@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, TypeVar, Union
 
 import httpx
 
-from . import _core, _ops
+from . import _core, _download, _ops
 from ._ops import ClientCore
 from .types import PostRunActionInfo
 
@@ -80,26 +79,14 @@ class Client(ClientCore):
         """``GET path`` (relative to the server) into ``file``, streamed: written beside it
         and renamed once whole, so ``file`` is never left half-written. Returns the number of
         bytes; raises the server's failure as :meth:`send` does, leaving ``file`` as it was."""
-        target = Path(file)
-        partial = _core.partial_path(target)
-        written = 0
-        try:
+        with _download.download(file, self.server) as into:
             with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
                 if not response.is_success:
                     response.read()
-                    _core.result(response)
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes():
-                        out.write(chunk)
-                        written += len(chunk)
-        except httpx.TransportError as error:
-            partial.unlink(missing_ok=True)
-            raise _core.connection_error(self.server, error) from None
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, target)
-        return written
+                into.begin(response)
+                for chunk in response.iter_bytes():
+                    into.write(chunk)
+        return into.written
 
     def post_run_actions(self) -> List[PostRunActionInfo]:
         """The post-run actions this server installs (``GET /apis/nodus.dev/v1/postrunactions``,
