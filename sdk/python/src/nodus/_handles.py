@@ -83,6 +83,23 @@ class HandleCore(Generic[C]):
         return client or cls._default_client()
 
 
+class NamedHandle(HandleCore[C]):
+    """A handle on the object ``name`` of a project, through a client."""
+
+    #: The public class's name, as ``repr`` shows it.
+    _kind = ""
+
+    def __init__(
+        self, name: str, *, project: Optional[str] = None, client: Optional[C] = None
+    ) -> None:
+        self.name: str = name
+        self._client: C = client or self._default_client()
+        self.project: str = project or self._client.project
+
+    def __repr__(self) -> str:
+        return f"{self._kind}({self.name!r}, project={self.project!r})"
+
+
 class AgentCore(HandleCore[C]):
     """An Agent on Claude (see :class:`nodus.ClaudeAgent`)."""
 
@@ -158,8 +175,10 @@ class AgentCore(HandleCore[C]):
         return agent
 
 
-class RunCore(HandleCore[C]):
+class RunCore(NamedHandle[C]):
     """A handle on one run (see :class:`nodus.AgentRun`)."""
+
+    _kind = "AgentRun"
 
     def __init__(
         self,
@@ -169,15 +188,10 @@ class RunCore(HandleCore[C]):
         client: Optional[C] = None,
         _document: Optional[Mapping[str, Any]] = None,
     ) -> None:
-        self.name: str = name
-        self._client: C = client or self._default_client()
-        self.project: str = project or self._client.project
+        super().__init__(name, project=project, client=client)
         # The answered turns a wait for a keep-alive run waits for: the input's, then one
         # per message delivered through this handle.
         self._answers_expected = 1 if _document is not None else 0
-
-    def __repr__(self) -> str:
-        return f"AgentRun({self.name!r}, project={self.project!r})"
 
     @classmethod
     def _create(
@@ -307,8 +321,10 @@ class RunCore(HandleCore[C]):
         yield from self._client._delete("agentruns", self.name, self.project)
 
 
-class GroupCore(HandleCore[C], Generic[C, R]):
+class GroupCore(NamedHandle[C], Generic[C, R]):
     """A handle on one group (see :class:`nodus.AgentGroup`); ``R`` is its runs' handle."""
+
+    _kind = "AgentGroup"
 
     #: The handle of the group's runs.
     _run_class: Type[R]
@@ -316,13 +332,8 @@ class GroupCore(HandleCore[C], Generic[C, R]):
     def __init__(
         self, name: str, *, project: Optional[str] = None, client: Optional[C] = None
     ) -> None:
-        self.name: str = name
-        self._client: C = client or self._default_client()
-        self.project: str = project or self._client.project
+        super().__init__(name, project=project, client=client)
         self._document: Optional[Dict[str, Any]] = None
-
-    def __repr__(self) -> str:
-        return f"AgentGroup({self.name!r}, project={self.project!r})"
 
     @classmethod
     def _create(
@@ -445,8 +456,10 @@ class GroupCore(HandleCore[C], Generic[C, R]):
 SecretsArg = Mapping[str, Union[SecretRef, Tuple[str, str]]]
 
 
-class EnvironmentCore(HandleCore[C]):
+class EnvironmentCore(NamedHandle[C]):
     """A handle on one AgentEnvironment (see :class:`nodus.AgentEnvironment`)."""
+
+    _kind = "AgentEnvironment"
 
     def __init__(
         self,
@@ -456,13 +469,8 @@ class EnvironmentCore(HandleCore[C]):
         client: Optional[C] = None,
         _document: Optional[Mapping[str, Any]] = None,
     ) -> None:
-        self.name: str = name
-        self._client: C = client or self._default_client()
-        self.project: str = project or self._client.project
+        super().__init__(name, project=project, client=client)
         self._document: Optional[Dict[str, Any]] = dict(_document) if _document else None
-
-    def __repr__(self) -> str:
-        return f"AgentEnvironment({self.name!r}, project={self.project!r})"
 
     def _store(
         self: E,
