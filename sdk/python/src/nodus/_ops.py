@@ -135,7 +135,7 @@ class LogFollow:
         return self.state.lines(steps)
 
 
-def live_logs_arguments(project: str, name: str, margin: float) -> Dict[str, Any]:
+def live_logs_arguments(project: str, name: str) -> Dict[str, Any]:
     """The arguments of the HTTP client's ``stream`` for ``GET …/logs?follow=true``, the
     live output of a run's commands (one JSON line per piece after a head line)."""
     return {
@@ -143,7 +143,7 @@ def live_logs_arguments(project: str, name: str, margin: float) -> Dict[str, Any
         "url": _core.resource_path(project, "agentruns", name, "logs"),
         "params": {"follow": "true"},
         "headers": {"Accept": "application/x-ndjson"},
-        "timeout": httpx.Timeout(margin, read=None),
+        "timeout": httpx.Timeout(_core.LONG_POLL_MARGIN, read=None),
     }
 
 

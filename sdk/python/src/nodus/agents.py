@@ -71,7 +71,7 @@ def _follow_logs(run: "AgentRun", timeout: Optional[float]) -> Iterator[LogLine]
 
     def live() -> None:
         try:
-            arguments = _ops.live_logs_arguments(project, name, _core.LONG_POLL_MARGIN)
+            arguments = _ops.live_logs_arguments(project, name)
             with client._http.stream(**arguments) as response:
                 if not response.is_success:
                     return

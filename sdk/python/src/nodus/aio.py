@@ -290,7 +290,7 @@ async def _follow_logs(run: "AgentRun", timeout: Optional[float]) -> AsyncIterat
 
     async def live() -> None:
         try:
-            arguments = _ops.live_logs_arguments(project, name, _core.LONG_POLL_MARGIN)
+            arguments = _ops.live_logs_arguments(project, name)
             async with client._http.stream(**arguments) as response:
                 if not response.is_success:
                     return
