@@ -14,7 +14,8 @@ pub struct Plan {
     /// else: the launcher and all it starts then run inside those cgroups.
     pub cgroup_files: Vec<PathBuf>,
     /// The host user and group to become after joining the cgroups, when the launcher starts
-    /// as root (cgroup v2, where joining needs root); supplementary groups are cleared.
+    /// as root (a root server's sandboxes); supplementary groups are cleared, and the
+    /// launcher makes itself dumpable again to write its user namespace's maps.
     pub user: Option<(u32, u32)>,
     /// Whether the sandbox keeps the host's network (otherwise it gets a network namespace
     /// with only a loopback interface, down).

@@ -409,7 +409,8 @@ impl BwrapSandbox {
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
         let owned_id = id.clone();
         let shown = shown_cwd.clone();
-        let (home, cwd) = blocking(move || {
+        // One trip to the blocking pool: the directories, and the disk watch's starting point.
+        let (home, cwd, start) = blocking(move || {
             let home = canonical_dir(&dir, &owned_id)?;
             let cwd = inside_dir(&home, &rel, &shown)?;
             let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
@@ -418,7 +419,8 @@ impl BwrapSandbox {
             } else {
                 Path::new(WORKDIR).join(inner)
             };
-            Ok((home, inside))
+            let start = crate::disk::usage(&home);
+            Ok((home, inside, start))
         })
         .await?;
 
@@ -430,7 +432,6 @@ impl BwrapSandbox {
             limit: created.limits.disk_bytes,
             reserve: self.config.disk_reserve_bytes,
         };
-        let start = watch.start().await;
         let cap = capped::cap_len(request.output_cap);
         let mut held = created.live.lock().await;
         let mut fresh = false;
@@ -868,16 +869,26 @@ impl Sandbox for BwrapSandbox {
         let Ok(dir) = self.dir_of(id) else {
             return Ok(());
         };
-        self.suspend(id).await?;
-        self.created().remove(&id.0);
+        // As `suspend` (after its running command, if one runs, holding the slot), then the
+        // cgroups and the directory in one trip to the blocking pool.
+        let created = self.created().remove(&id.0);
+        let held = match &created {
+            Some(created) => {
+                let mut held = created.live.lock().await;
+                drop(held.take());
+                Some(held)
+            }
+            None => None,
+        };
         let cgroups = self.cgroups.clone();
         let key = id.0.clone();
-        blocking(move || {
-            remove_tree(&dir)?;
+        let removed = blocking(move || {
             cgroups.remove(&key);
-            Ok(())
+            remove_tree(&dir)
         })
-        .await
+        .await;
+        drop(held);
+        removed
     }
 }
 
