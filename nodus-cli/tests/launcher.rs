@@ -3,11 +3,13 @@
 //! input, it runs the plan's program in a sandbox. Run as root with no sandbox user, the
 //! program runs as user 0 of its own namespaces, and still has no capability.
 
+mod support;
+
 use std::io::Write as _;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 
-const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+use support::NODUS;
 
 #[test]
 fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
@@ -90,4 +92,17 @@ fn a_malformed_plan_is_refused_by_name() {
         said.contains("the plan is malformed: it is empty"),
         "{said}"
     );
+}
+
+#[test]
+fn a_server_started_from_nodus_starts_sandboxes_with_the_launcher_program_beside_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = support::start_server(dir.path(), Some("memory:"), "process");
+    let launcher = std::fs::canonicalize(env!("CARGO_BIN_EXE_nodus-launch")).expect("built");
+    let expected = format!(
+        "sandbox: started by the nodus launcher ({})",
+        launcher.display()
+    );
+    let log = server.log();
+    assert!(log.contains(&expected), "{expected:?} not in:\n{log}");
 }

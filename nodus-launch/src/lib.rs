@@ -108,6 +108,21 @@ pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
     })
 }
 
+/// The `main` of an executable that is only the launcher (`nodus-launch` beside `nodus`,
+/// nodus-sandbox's `nodus-sandbox-launch`): a small program starts faster than the `nodus`
+/// binary, whose tens of thousands of relocations every start pays. `name` is the program's
+/// name, for the message shown to someone who starts it by hand.
+pub fn executable_main(name: &str) -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    run_if_asked(&args).unwrap_or_else(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name} is started by the sandbox backend (first argument {LAUNCH_ARG}), not by hand"
+        );
+        ExitCode::from(2)
+    })
+}
+
 /// Moves this process into new namespaces: `unshare(2)`.
 #[allow(unsafe_code)]
 fn unshare(flags: rustix::thread::UnshareFlags) -> Result<(), Error> {
