@@ -3,10 +3,13 @@
 //! input, it runs the plan's program in a sandbox. Run as root with no sandbox user, the
 //! program runs as user 0 of its own namespaces, and still has no capability.
 
+mod support;
+
 use std::io::Write as _;
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 
-const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+use support::NODUS;
 
 #[test]
 fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
@@ -35,7 +38,9 @@ fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
             Err(_) => {}
         }
     }
+    // The sandbox's init is a fork of this process: it shows the name given here.
     let mut child = Command::new(NODUS)
+        .arg0("nodus-launch")
         .arg(nodus_launch::LAUNCH_ARG)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -59,7 +64,7 @@ fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
     let user = rustix::process::getuid().as_raw().to_string();
     let expected = format!(
         "from the host\nnodus\n{user}\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
-         CapBnd:\t0000000000000000\nnodus-launch --nodus-launch-init \n"
+         CapBnd:\t0000000000000000\nnodus-launch --nodus-launch \n"
     );
     assert!(stdout.starts_with(&expected), "{stdout}");
     // The sandbox's init, the shell, `ls` and `grep`: no process of the host.
@@ -87,4 +92,17 @@ fn a_malformed_plan_is_refused_by_name() {
         said.contains("the plan is malformed: it is empty"),
         "{said}"
     );
+}
+
+#[test]
+fn a_server_started_from_nodus_starts_sandboxes_with_the_launcher_program_beside_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = support::start_server(dir.path(), Some("memory:"), "process");
+    let launcher = std::fs::canonicalize(env!("CARGO_BIN_EXE_nodus-launch")).expect("built");
+    let expected = format!(
+        "sandbox: started by the nodus launcher ({})",
+        launcher.display()
+    );
+    let log = server.log();
+    assert!(log.contains(&expected), "{expected:?} not in:\n{log}");
 }

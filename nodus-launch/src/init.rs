@@ -1,7 +1,7 @@
 //! Stage two, PID 1 of the sandbox: lays out its root, enters the inner user namespace,
 //! starts the program and reaps every process of the namespace until the program exits.
 
-use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::process::{Command, ExitCode, Stdio};
 
 use rustix::event::{PollFd, PollFlags};
@@ -10,16 +10,15 @@ use rustix::thread::UnshareFlags;
 
 use crate::{Error, Plan, unshare, write_file};
 
-/// Runs stage two with the plan that stage one writes on standard input.
-pub(crate) fn init() -> Result<ExitCode, Error> {
+/// Runs stage two (forked by stage one, which holds the write end of `stage_one`'s pipe while
+/// it lives) with stage one's plan.
+pub(crate) fn init(plan: Plan, stage_one: OwnedFd) -> Result<ExitCode, Error> {
     // First, so that the sandbox ends with stage one (and through it with the server).
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(Error::errno("setting the parent-death signal"))?;
-    let plan = read_plan()?;
-    // Stage one keeps its end of the pipe while it lives: a hang-up here means it died
-    // before the parent-death signal was set, and nothing would end this sandbox with it.
-    let stdin = std::io::stdin();
-    let mut polled = [PollFd::new(&stdin, PollFlags::IN)];
+    // A hang-up here means stage one died before the parent-death signal was set, and
+    // nothing would end this sandbox with it.
+    let mut polled = [PollFd::new(&stage_one, PollFlags::IN)];
     let now = rustix::event::Timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -50,6 +49,9 @@ pub(crate) fn init() -> Result<ExitCode, Error> {
     write_file("/proc/self/gid_map", &format!("{gid} 0 1"))?;
 
     drop_bounding_set()?;
+    if plan.channel {
+        return crate::serve::serve(&plan);
+    }
     let (program, args) = plan
         .program
         .split_first()
@@ -71,13 +73,7 @@ pub(crate) fn init() -> Result<ExitCode, Error> {
     loop {
         match rustix::process::wait(WaitOptions::empty()) {
             Ok(Some((pid, status))) if pid.as_raw_nonzero().get().unsigned_abs() == main => {
-                let code = status
-                    .exit_status()
-                    .or_else(|| status.terminating_signal().map(|signal| 128 + signal))
-                    .unwrap_or(i32::from(crate::FAILED_EXIT));
-                return Ok(ExitCode::from(
-                    u8::try_from(code).unwrap_or(crate::FAILED_EXIT),
-                ));
+                return Ok(crate::code_of(status));
             }
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => {}
@@ -100,20 +96,4 @@ fn drop_bounding_set() -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// Reads the length-prefixed plan from standard input, leaving the pipe open.
-fn read_plan() -> Result<Plan, Error> {
-    let mut stdin = std::io::stdin().lock();
-    let mut length = [0u8; 8];
-    stdin
-        .read_exact(&mut length)
-        .map_err(Error::step("reading the plan's length"))?;
-    let length = usize::try_from(u64::from_le_bytes(length))
-        .map_err(|_| Error::Plan("its length is too large".to_owned()))?;
-    let mut bytes = vec![0u8; length];
-    stdin
-        .read_exact(&mut bytes)
-        .map_err(Error::step("reading the plan"))?;
-    Plan::decode(&bytes)
 }

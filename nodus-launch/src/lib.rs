@@ -6,24 +6,27 @@
 //! reads its [`Plan`] from standard input. Two stages:
 //! - [`stage one`](enter) joins the sandbox's cgroups, drops to the sandbox's user, sets
 //!   `no_new_privs`, unshares the user, mount, pid, ipc, uts, cgroup (and, without network,
-//!   net) namespaces, maps its user to root of the new user namespace, and starts itself
-//!   again as stage two, which is PID 1 of the new pid namespace; it waits for it and exits
-//!   as it does;
+//!   net) namespaces, maps its user to root of the new user namespace, and forks stage two,
+//!   which is PID 1 of the new pid namespace (a copy of stage one, no second program start);
+//!   it waits for it and exits as it does;
 //! - [`stage two`](init) lays out the root (a tmpfs with the read-only binds, a fresh
 //!   `/proc`, a small `/dev`, a sized `/tmp`, the working directory), pivots into it, unshares
 //!   one more user namespace that maps the sandbox's user to the first one's root (so that
 //!   what it starts has a non-zero user id, no capabilities and cannot touch the mounts,
 //!   which belong to the outer namespace), caps nested user namespaces, then starts the
-//!   program and reaps every process of the namespace until the program exits.
+//!   program and reaps every process of the namespace until the program exits, or, for a
+//!   sandbox with a command channel, runs the channel's loop itself (see [`Frame`]).
 //!
-//! The only `unsafe` is the call to `unshare` (see [`unshare`]).
+//! The only `unsafe` are the calls to `unshare` and `fork` (see [`unshare`] and [`fork`]).
 
 mod init;
 mod plan;
 mod root;
+mod serve;
 mod stage;
 
-pub use plan::Plan;
+pub use plan::{Limit, Plan};
+pub use serve::Frame;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -32,9 +35,6 @@ use std::process::ExitCode;
 /// The first argument that makes a `nodus` binary (or `nodus-sandbox-launch`) the launcher's
 /// first stage.
 pub const LAUNCH_ARG: &str = "--nodus-launch";
-
-/// The first argument of the launcher's second stage (PID 1 of the sandbox).
-pub(crate) const INIT_ARG: &str = "--nodus-launch-init";
 
 /// The exit status of a launcher that could not join the sandbox's cgroups (as the
 /// bubblewrap backend's gate).
@@ -86,18 +86,15 @@ impl Error {
 }
 
 /// Runs the launcher when `args` (the process's arguments after its name) start with
-/// [`LAUNCH_ARG`] or the second stage's argument; `None` when they do not, for a multi-call
+/// [`LAUNCH_ARG`]; `None` when they do not, for a multi-call
 /// binary to go on with its own work. Call it first thing in `main`, before any thread starts:
 /// a process with more than one thread cannot enter a new user namespace.
 pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
     let first = args.first()?;
-    let outcome = if first == LAUNCH_ARG {
-        stage::enter()
-    } else if first == INIT_ARG {
-        init::init()
-    } else {
+    if first != LAUNCH_ARG {
         return None;
-    };
+    }
+    let outcome = stage::enter();
     Some(match outcome {
         Ok(code) => code,
         Err(e) => {
@@ -108,6 +105,21 @@ pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
             let _ = writeln!(std::io::stderr(), "{e}");
             ExitCode::from(code)
         }
+    })
+}
+
+/// The `main` of an executable that is only the launcher (`nodus-launch` beside `nodus`,
+/// nodus-sandbox's `nodus-sandbox-launch`): a small program starts faster than the `nodus`
+/// binary, whose tens of thousands of relocations every start pays. `name` is the program's
+/// name, for the message shown to someone who starts it by hand.
+pub fn executable_main(name: &str) -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    run_if_asked(&args).unwrap_or_else(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name} is started by the sandbox backend (first argument {LAUNCH_ARG}), not by hand"
+        );
+        ExitCode::from(2)
     })
 }
 
@@ -127,17 +139,38 @@ fn unshare(flags: rustix::thread::UnshareFlags) -> Result<(), Error> {
     unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Error::errno("unshare"))
 }
 
+/// Forks this process: `Some(pid)` of the child in the parent, `None` in the child.
+#[allow(unsafe_code)]
+fn fork() -> Result<Option<rustix::process::Pid>, Error> {
+    // SAFETY: after `fork` in a multi-threaded process the child may only make
+    // async-signal-safe calls, since another thread may have held a lock (the allocator's, the
+    // standard streams') at the moment of the copy. The launcher is single-threaded: it runs
+    // from `run_if_asked` before any thread starts, and the caller has just entered a new user
+    // namespace, which the kernel refuses to a process with more than one thread. The child is
+    // then a whole copy with every lock free, and may go on as an ordinary program. Nothing is
+    // left in the standard output's buffer to be written twice (stage one writes nothing to
+    // it), and the descriptors the child inherits are the ones it is meant to have.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(Error::Step {
+            step: "forking the sandbox's init".to_owned(),
+            source: std::io::Error::last_os_error(),
+        }),
+        0 => Ok(None),
+        pid => Ok(rustix::process::Pid::from_raw(pid)),
+    }
+}
+
+/// How a wait status reads as an exit code: the process's own, or 128 + the signal.
+pub(crate) fn code_of(status: rustix::process::WaitStatus) -> ExitCode {
+    let code = status
+        .exit_status()
+        .or_else(|| status.terminating_signal().map(|signal| 128 + signal))
+        .unwrap_or(i32::from(FAILED_EXIT));
+    ExitCode::from(u8::try_from(code).unwrap_or(FAILED_EXIT))
+}
+
 /// Writes `text` into the file at `path` (a `/proc` control file: one write).
 pub(crate) fn write_file(path: &str, text: &str) -> Result<(), Error> {
     std::fs::write(path, text).map_err(Error::step(format!("writing {text:?} to {path}")))
-}
-
-/// How a child's wait status reads as an exit code: its own, or 128 + the signal.
-pub(crate) fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .or_else(|| status.signal().map(|signal| 128 + signal))
-        .unwrap_or(FAILED_EXIT.into());
-    ExitCode::from(u8::try_from(code).unwrap_or(FAILED_EXIT))
 }

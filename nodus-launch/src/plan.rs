@@ -14,7 +14,8 @@ pub struct Plan {
     /// else: the launcher and all it starts then run inside those cgroups.
     pub cgroup_files: Vec<PathBuf>,
     /// The host user and group to become after joining the cgroups, when the launcher starts
-    /// as root (cgroup v2, where joining needs root); supplementary groups are cleared.
+    /// as root (a root server's sandboxes); supplementary groups are cleared, and the
+    /// launcher makes itself dumpable again to write its user namespace's maps.
     pub user: Option<(u32, u32)>,
     /// Whether the sandbox keeps the host's network (otherwise it gets a network namespace
     /// with only a loopback interface, down).
@@ -36,11 +37,46 @@ pub struct Plan {
     pub work_inside: PathBuf,
     /// The program's whole environment.
     pub env: Vec<(OsString, OsString)>,
-    /// The program and its arguments.
+    /// The program and its arguments; with [`Plan::channel`], what each command is appended
+    /// to (`/bin/sh -c`).
     pub program: Vec<OsString>,
+    /// Whether PID 1 runs the command channel's loop (see the `serve` module) on its standard
+    /// output, a socket, instead of starting [`Plan::program`] once.
+    pub channel: bool,
+    /// Resource limits PID 1 sets on itself before the loop, which every command inherits
+    /// (soft and hard).
+    pub rlimits: Vec<(Limit, u64)>,
     /// The host user and group the sandbox's processes are (stage one fills it in for stage
     /// two).
     pub outer: Option<(u32, u32)>,
+}
+
+/// A resource limit of [`Plan::rlimits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The largest file a process may write, in bytes (`ulimit -f`).
+    FileSize,
+    /// Processes of the sandbox's user (`ulimit -u`).
+    Processes,
+    /// A process's address space, in bytes (`ulimit -v`).
+    AddressSpace,
+}
+
+impl Limit {
+    fn name(self) -> &'static str {
+        match self {
+            Limit::FileSize => "fsize",
+            Limit::Processes => "nproc",
+            Limit::AddressSpace => "as",
+        }
+    }
+
+    fn named(name: &OsString) -> Result<Limit, Error> {
+        [Limit::FileSize, Limit::Processes, Limit::AddressSpace]
+            .into_iter()
+            .find(|limit| name.as_bytes() == limit.name().as_bytes())
+            .ok_or_else(|| Error::Plan(format!("unknown limit {name:?}")))
+    }
 }
 
 impl Plan {
@@ -58,6 +94,12 @@ impl Plan {
         }
         if self.network {
             out.tag("net");
+        }
+        if self.channel {
+            out.tag("channel");
+        }
+        for (limit, value) in &self.rlimits {
+            out.tag("rlimit").tag(limit.name()).num(value);
         }
         out.tag("hostname").os(self.hostname.as_ref())?;
         for dir in &self.ro_binds {
@@ -118,6 +160,11 @@ impl Plan {
                     plan.outer = Some((number(next("outer uid")?)?, number(next("outer gid")?)?))
                 }
                 "net" => plan.network = true,
+                "channel" => plan.channel = true,
+                "rlimit" => {
+                    let limit = Limit::named(&next("rlimit's name")?)?;
+                    plan.rlimits.push((limit, number(next("rlimit's value")?)?));
+                }
                 "hostname" => {
                     plan.hostname = next("hostname")?
                         .into_string()
@@ -208,6 +255,8 @@ mod tests {
             work_inside: "/work".into(),
             env: vec![("A".into(), "x=y".into()), ("EMPTY".into(), "".into())],
             program: vec!["/bin/sh".into(), "-c".into(), "".into(), "end".into()],
+            channel: true,
+            rlimits: vec![(Limit::FileSize, 1 << 30), (Limit::AddressSpace, 7)],
             outer: Some((1, 2)),
         };
         assert_eq!(
@@ -226,6 +275,9 @@ mod tests {
         assert!(e.to_string().contains("no program"), "{e}");
         let e = Plan::decode(b"bogus\0--\0/bin/sh\0").expect_err("unknown");
         assert!(e.to_string().contains("unknown item \"bogus\""), "{e}");
+        let core = [&b"rlimit\0core\0"[..], b"1\0--\0/bin/sh\0"].concat();
+        let e = Plan::decode(&core).expect_err("limit");
+        assert!(e.to_string().contains("unknown limit \"core\""), "{e}");
         let e = Plan::decode(b"tmp-size\0lots\0").expect_err("number");
         assert!(e.to_string().contains("\"lots\" is not a number"), "{e}");
         let nul = Plan {

@@ -1,14 +1,13 @@
 //! Stage one: cgroups, the sandbox's user, `no_new_privs`, the new namespaces, and stage two
-//! started as PID 1 of the new pid namespace.
+//! forked as PID 1 of the new pid namespace.
 
-use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitCode, Stdio};
+use std::io::Read;
+use std::process::ExitCode;
 
-use rustix::process::Signal;
+use rustix::process::{Signal, WaitOptions};
 use rustix::thread::UnshareFlags;
 
-use crate::{Error, INIT_ARG, Plan, unshare, write_file};
+use crate::{Error, Plan, unshare, write_file};
 
 /// Reads the plan from standard input and starts the sandbox; returns how its program exited.
 pub(crate) fn enter() -> Result<ExitCode, Error> {
@@ -48,32 +47,26 @@ pub(crate) fn enter() -> Result<ExitCode, Error> {
     write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
     write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
     plan.outer = Some((uid, gid));
-    let encoded = plan.encode()?;
 
-    let mut init = Command::new("/proc/self/exe")
-        .arg0("nodus-launch")
-        .arg(INIT_ARG)
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .spawn()
-        .map_err(Error::step("starting the sandbox's init"))?;
-    // The plan, length first; the pipe stays open while this process lives, so that stage
-    // two can tell, once its own parent-death signal is set, that this one is still there.
-    let mut pipe = init
-        .stdin
-        .take()
-        .ok_or_else(|| Error::Plan("no pipe to the sandbox's init".to_owned()))?;
-    let length = u64::try_from(encoded.len()).unwrap_or(u64::MAX);
-    // A failed write means stage two is gone already: its status says how.
-    let _ = pipe
-        .write_all(&length.to_le_bytes())
-        .and_then(|()| pipe.write_all(&encoded));
-    let status = init
-        .wait()
-        .map_err(Error::step("waiting for the sandbox's init"))?;
-    drop(pipe);
-    Ok(crate::exit_code(status))
+    // A pipe whose write end only this process holds: stage two, once its own parent-death
+    // signal is set, sees it hung up if this process ended before (and nothing would end the
+    // sandbox with it then).
+    let (alive, alive_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(Error::errno("making a pipe"))?;
+    let Some(init) = crate::fork()? else {
+        drop(alive_write);
+        return crate::init::init(plan, alive);
+    };
+    drop(alive);
+    let status = loop {
+        match rustix::process::waitpid(Some(init), WaitOptions::empty()) {
+            Ok(Some((_, status))) => break status,
+            Ok(None) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(Error::errno("waiting for the sandbox's init")(e)),
+        }
+    };
+    drop(alive_write);
+    Ok(crate::code_of(status))
 }
 
 /// Becomes the host user `uid`:`gid` with no supplementary groups (from root).
@@ -85,5 +78,11 @@ fn become_user(uid: u32, gid: u32) -> Result<(), Error> {
         .map_err(Error::errno("becoming the sandbox's group"))?;
     rustix::thread::set_thread_res_uid(uid, uid, uid)
         .map_err(Error::errno("becoming the sandbox's user"))?;
+    // Leaving root made this process non-dumpable, which gives its `/proc/self` files to
+    // root: the user namespace's maps could not be written. It holds nothing of root's (the
+    // plan only, which the backend wrote), and no process of that user sees it (the
+    // sandboxes' processes are in pid namespaces of their own).
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .map_err(Error::errno("making the launcher dumpable again"))?;
     Ok(())
 }

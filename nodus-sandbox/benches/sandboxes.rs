@@ -9,7 +9,8 @@
 //! and with Nodus's own launcher), bare `bwrap` and bare `unshare` go through with 1, 16 and
 //! 100 in flight, next to `sh -c true` (a process start, which scales with the cores), and
 //! how busy the machine's CPUs were meanwhile. A start that cannot use the idle cores waits
-//! on something other than the CPU.
+//! on something other than the CPU. Last, the launcher's cycle and bare `unshare` in
+//! alternated batches at 1 and 16 in flight.
 //!
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
@@ -348,6 +349,19 @@ async fn at_a_time<F>(label: &str, n: usize, in_flight: usize, one: impl Fn(usiz
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let (each, busy) = timed(n, in_flight, one).await;
+    println!(
+        "{label:<44} {in_flight:>3} in flight: {:>7.0}/s ({each:>5.2} ms each), CPUs {busy:>3.0} % busy",
+        1000.0 / each,
+    );
+    each
+}
+
+/// [`at_a_time`] without the line: the wall time per start and how busy the CPUs were.
+async fn timed<F>(n: usize, in_flight: usize, one: impl Fn(usize) -> F) -> (f64, f64)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
     let mut tasks = tokio::task::JoinSet::new();
     let (busy0, all0) = cpu_ticks();
@@ -366,12 +380,7 @@ where
     let took = started.elapsed();
     let (busy1, all1) = cpu_ticks();
     let busy = (busy1 - busy0) as f64 * 100.0 / (all1 - all0).max(1) as f64;
-    println!(
-        "{label:<44} {in_flight:>3} in flight: {:>7.0}/s ({:>5.2} ms each), CPUs {busy:>3.0} % busy",
-        n as f64 / took.as_secs_f64(),
-        ms(took) / n as f64,
-    );
-    ms(took) / n as f64
+    (ms(took) / n as f64, busy)
 }
 
 /// A bare command, started and awaited without its output.
@@ -545,5 +554,37 @@ async fn parallel(n: usize, root: &std::path::Path) {
             bare_launched / unshare,
             bare / unshare
         );
+    }
+    alternated(&launcher, tag).await;
+}
+
+/// The launcher's cycle against bare `unshare`, in batches of 100 taken in turn (six of each
+/// at 1 and at 16 in flight), so that a load that moves (other work on the machine) weighs
+/// on both alike; prints each pair's ratio, the ratio of the sums and the phases.
+async fn alternated(launcher: &Arc<dyn Sandbox>, tag: u32) {
+    const ROUNDS: usize = 6;
+    const BATCH: usize = 100;
+    for in_flight in [1, 16] {
+        let phases = Phases::default();
+        let (mut unshare, mut cycles, mut pairs) = (0.0, 0.0, Vec::new());
+        for round in 0..ROUNDS {
+            let (u, _) = timed(BATCH, in_flight, |_| bare_async(BARE_UNSHARE)).await;
+            let (c, _) = timed(BATCH, in_flight, |i| {
+                let key = format!("bench-alt-{tag}-{in_flight}-{round}-{i}");
+                cycle(launcher.clone(), key, phases.clone())
+            })
+            .await;
+            unshare += u;
+            cycles += c;
+            pairs.push(format!("{:.2}x", c / u));
+        }
+        println!(
+            "alternated, {in_flight} in flight ({ROUNDS} x {BATCH} of each): launcher cycle {:.2} ms, unshare {:.2} ms, launcher cycle / unshare {:.2}x (each pair: {})",
+            cycles / ROUNDS as f64,
+            unshare / ROUNDS as f64,
+            cycles / unshare,
+            pairs.join(" ")
+        );
+        print_phases(&phases, ROUNDS * BATCH);
     }
 }

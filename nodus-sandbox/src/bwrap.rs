@@ -78,7 +78,8 @@
 //!
 //! With [`BwrapConfig::launcher`] set, sandboxes are started by Nodus's own launcher
 //! ([`nodus_launch`], the `launcher` module) instead: the same namespaces, file system, user
-//! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself).
+//! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself);
+//! its PID 1 reads the channel and runs the commands itself, in place of the channel's shell.
 //! A launcher that fails its self-check on this host leaves the backend on bubblewrap, and the
 //! log says once which starts the sandboxes.
 //!
@@ -353,9 +354,9 @@ fn pin_thread(cpu_millis: u32) -> Option<rustix::thread::CpuSet> {
 #[derive(Debug)]
 struct Prepared {
     starter: Starter,
-    /// The user the spawned process (the gate, bubblewrap or the launcher) becomes before it
-    /// starts, when no `setpriv` (or the launcher itself, after joining the cgroups) does: one
-    /// exec fewer.
+    /// The user the spawned process (the gate or bubblewrap) becomes before it starts, when no
+    /// `setpriv` does: one exec fewer. Never with the launcher, which becomes the sandboxes'
+    /// user itself after joining their cgroups.
     spawn_as: Option<HostUser>,
 }
 
@@ -408,7 +409,8 @@ impl BwrapSandbox {
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
         let owned_id = id.clone();
         let shown = shown_cwd.clone();
-        let (home, cwd) = blocking(move || {
+        // One trip to the blocking pool: the directories, and the disk watch's starting point.
+        let (home, cwd, start) = blocking(move || {
             let home = canonical_dir(&dir, &owned_id)?;
             let cwd = inside_dir(&home, &rel, &shown)?;
             let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
@@ -417,7 +419,8 @@ impl BwrapSandbox {
             } else {
                 Path::new(WORKDIR).join(inner)
             };
-            Ok((home, inside))
+            let start = crate::disk::usage(&home);
+            Ok((home, inside, start))
         })
         .await?;
 
@@ -429,7 +432,6 @@ impl BwrapSandbox {
             limit: created.limits.disk_bytes,
             reserve: self.config.disk_reserve_bytes,
         };
-        let start = watch.start().await;
         let cap = capped::cap_len(request.output_cap);
         let mut held = created.live.lock().await;
         let mut fresh = false;
@@ -560,24 +562,33 @@ impl BwrapSandbox {
         created: &Created,
         home: &Path,
     ) -> Result<Live, Error> {
-        let shell = self.shell(created);
         let entry_files = self.cgroups.entry_files(key);
         let mut command = match &prepared.starter {
             Starter::Bwrap(bwrap) => {
                 let args = bwrap_args(bwrap, created, home);
-                launch(bwrap, prepared.spawn_as, &entry_files, &args, &shell)?
+                launch(
+                    bwrap,
+                    prepared.spawn_as,
+                    &entry_files,
+                    &args,
+                    &self.shell(created),
+                )?
             }
             Starter::Launcher(layout) => {
-                let plan = layout.plan(
+                // The launcher's PID 1 reads the channel itself (no shell): `/bin/sh -c` is
+                // what each command is appended to.
+                let mut plan = layout.plan(
                     entry_files,
-                    self.config.run_as.filter(|_| prepared.spawn_as.is_none()),
+                    self.config.run_as,
                     created.network,
                     created.limits.memory_bytes,
                     home,
                     sandbox_env(&created.env),
-                    shell.to_vec(),
+                    vec!["/bin/sh".into(), "-c".into()],
                 );
-                crate::launcher::command(layout, prepared.spawn_as, &plan)?
+                plan.channel = true;
+                plan.rlimits = self.rlimits(created);
+                crate::launcher::command(layout, &plan)?
             }
         };
         let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
@@ -590,7 +601,32 @@ impl BwrapSandbox {
         self.spawn(command, created, ours)
     }
 
-    /// The channel's shell, with the sandbox's rlimits set: what runs inside.
+    /// The rlimits every command of a sandbox runs with: the file size always, processes and
+    /// memory where no cgroup limits them.
+    fn rlimits(&self, created: &Created) -> Vec<(nodus_launch::Limit, u64)> {
+        let enforced = self.cgroups.enforced();
+        let mut limits = Vec::new();
+        if !enforced.pids {
+            limits.push((
+                nodus_launch::Limit::Processes,
+                u64::from(created.limits.processes),
+            ));
+        }
+        if !enforced.memory {
+            limits.push((
+                nodus_launch::Limit::AddressSpace,
+                created.limits.memory_bytes / 1024 * 1024,
+            ));
+        }
+        // In whole blocks of 512 bytes, as `ulimit -f` sets it.
+        limits.push((
+            nodus_launch::Limit::FileSize,
+            created.limits.disk_bytes / 512 * 512,
+        ));
+        limits
+    }
+
+    /// The channel's shell, with the sandbox's rlimits set: what runs inside bubblewrap.
     fn shell(&self, created: &Created) -> [OsString; 5] {
         // Bubblewrap read its arguments from standard input: the shell reads its commands from
         // its stdout, the socket (commands get /dev/null as their stdin). Then the limits,
@@ -680,7 +716,7 @@ impl BwrapSandbox {
                     let tried = match layout {
                         Ok(layout) => {
                             let sandboxes = config.root.join("sandboxes");
-                            crate::launcher::probe(&layout, &sandboxes, spawn_as, memory)
+                            crate::launcher::probe(&layout, &sandboxes, config.run_as, memory)
                                 .await
                                 .map(|()| layout)
                         }
@@ -689,9 +725,11 @@ impl BwrapSandbox {
                     match tried {
                         Ok(layout) => {
                             info!(launcher = %layout.program.display(), "sandboxes start with the nodus launcher");
+                            // The launcher is spawned as this process's user and becomes the
+                            // sandboxes' user itself, after joining their cgroups.
                             return Ok(Prepared {
                                 starter: Starter::Launcher(layout),
-                                spawn_as,
+                                spawn_as: None,
                             });
                         }
                         Err(e) => tracing::warn!(
@@ -831,16 +869,26 @@ impl Sandbox for BwrapSandbox {
         let Ok(dir) = self.dir_of(id) else {
             return Ok(());
         };
-        self.suspend(id).await?;
-        self.created().remove(&id.0);
+        // As `suspend` (after its running command, if one runs, holding the slot), then the
+        // cgroups and the directory in one trip to the blocking pool.
+        let created = self.created().remove(&id.0);
+        let held = match &created {
+            Some(created) => {
+                let mut held = created.live.lock().await;
+                drop(held.take());
+                Some(held)
+            }
+            None => None,
+        };
         let cgroups = self.cgroups.clone();
         let key = id.0.clone();
-        blocking(move || {
-            remove_tree(&dir)?;
+        let removed = blocking(move || {
             cgroups.remove(&key);
-            Ok(())
+            remove_tree(&dir)
         })
-        .await
+        .await;
+        drop(held);
+        removed
     }
 }
 

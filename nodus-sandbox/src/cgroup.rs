@@ -239,12 +239,12 @@ impl Cgroups {
                 warn!(cgroup = %dir.display(), error = %e, "{what} a sandbox's cgroup failed");
                 Error::Failed(format!("{what} the sandbox's cgroup: {e}"))
             };
-            match fs::create_dir(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            let fresh = match fs::create_dir(&dir) {
+                Ok(()) => true,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
                 Err(e) => return Err(failed("creating", e)),
-            }
-            write_limits(&dir, hierarchy, limits)
+            };
+            write_limits(&dir, hierarchy, limits, fresh)
                 .map_err(|e| failed("setting the limits of", e))?;
             if let (Some((uid, gid)), false) = (entrant, hierarchy.v2) {
                 std::os::unix::fs::lchown(dir.join("tasks"), Some(uid), Some(gid))
@@ -331,7 +331,10 @@ fn kill_all(dir: &Path, v2: bool) {
     }
 }
 
-fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits) -> io::Result<()> {
+/// Writes the limits into the cgroup `dir`; one just made (`fresh`) has the kernel's
+/// defaults, and what would only write a default again is left out (v1: lifting memory plus
+/// swap, which starts unlimited, and the CPU period, which starts at [`CPU_PERIOD_US`]).
+fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, fresh: bool) -> io::Result<()> {
     let set = |file: &str, value: &str| fs::write(dir.join(file), value);
     let quota = (u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000).max(MIN_CPU_QUOTA_US);
     let memory = limits.memory_bytes.to_string();
@@ -353,7 +356,7 @@ fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits) -> io::Resul
         if c.memory {
             // Memory plus swap may never be below memory: lift it, set memory, then pin it.
             let memsw = dir.join("memory.memsw.limit_in_bytes").exists();
-            if memsw {
+            if memsw && !fresh {
                 set("memory.memsw.limit_in_bytes", "-1")?;
             }
             set("memory.limit_in_bytes", &memory)?;
@@ -365,7 +368,9 @@ fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits) -> io::Resul
             set("pids.max", &limits.processes.to_string())?;
         }
         if c.cpu {
-            set("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            if !fresh {
+                set("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            }
             set("cpu.cfs_quota_us", &quota.to_string())?;
         }
     }

@@ -13,6 +13,9 @@
 //! have the announced length (a writer that stopped half-way) is skipped, and every frame is
 //! preceded by a newline, so such a fragment can never run nor swallow the next command.
 //!
+//! The launcher's sandboxes have no such shell: their PID 1 reads the same frames and runs the
+//! commands the same way itself ([`nodus_launch::Frame`]), one program start fewer.
+//!
 //! For each frame the first process checks the directory (it must exist and, links resolved,
 //! stay inside the working directory), prints `NONCE B` on both streams, runs the command as
 //! `/bin/sh -c` with stdin from `/dev/null`, kills whatever the command left running
@@ -727,6 +730,24 @@ mod fuzz {
                     prop_assert_eq!(unescape(p).expect("escapes"), command.as_bytes());
                 }
             }
+        }
+
+        /// The launcher's PID 1, which reads the channel in place of the shell, takes every
+        /// frame back to exactly its nonce, directory and command.
+        #[test]
+        fn fuzz_the_launchers_loop_reads_frames_exactly(
+            dir in "\\PC{0,30}|[ -~]{0,30}",
+            command in prop_oneof!["\\PC{0,200}", "[ -~\\n\\t\\\\]{0,200}", "[^\\x00]{0,50}"],
+        ) {
+            let nonce = nonce();
+            let line = frame(&nonce, &dir, &command).expect("no NUL");
+            let line = line.strip_prefix(b"\n").and_then(|l| l.strip_suffix(b"\n")).expect("one line");
+            let read = nodus_launch::Frame::parse(line).expect("a whole frame");
+            prop_assert_eq!(read.nonce, nonce.as_bytes());
+            prop_assert_eq!(read.dir, dir.as_bytes());
+            prop_assert_eq!(read.command, command.as_bytes());
+            // A frame cut short (its writer stopped half-way) is skipped.
+            prop_assert!(nodus_launch::Frame::parse(&line[..line.len() - 1]).is_none());
         }
 
         /// A real shell's `printf %b`, as the first process calls it, turns the payload back

@@ -797,10 +797,10 @@ pub async fn recreate_keeps_files(b: &Backend) {
     destroy(b, &id).await;
 }
 
-/// Kills every host process whose environment holds `entry` exactly; how many it killed.
-fn kill_by_environment(entry: &str) -> usize {
+/// Kills every host process of a sandbox ([`sandbox_processes`]); how many it killed.
+fn kill_sandbox(entry: &str, pid_ns: Option<&str>) -> usize {
     let mut killed = 0;
-    for pid in processes_with_environment(entry) {
+    for pid in sandbox_processes(entry, pid_ns) {
         if let Some(pid) = rustix::process::Pid::from_raw(pid)
             && rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
         {
@@ -810,16 +810,33 @@ fn kill_by_environment(entry: &str) -> usize {
     killed
 }
 
-/// The host processes whose environment holds `entry` exactly.
-fn processes_with_environment(entry: &str) -> Vec<i32> {
+/// The pid namespace the commands of sandbox `id` run in, as `/proc/self/ns/pid` names it
+/// (`pid:[N]`, the same from the host), or `None` when it is the host's own.
+async fn pid_namespace(b: &Backend, id: &SandboxId) -> Option<String> {
+    let out = exec(b, id, "readlink /proc/self/ns/pid").await;
+    let inside = text(&out.stdout.bytes).trim().to_owned();
+    let own = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    (!inside.is_empty() && Path::new(&inside) != own).then_some(inside)
+}
+
+/// The host processes of a sandbox: those whose environment holds `entry` exactly (a
+/// sandbox's shell or a container's first process, which start with the sandbox's
+/// environment), and those in its pid namespace `pid_ns` (the launcher's PID 1, which reads
+/// the commands itself and was started with no environment).
+fn sandbox_processes(entry: &str, pid_ns: Option<&str>) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.flatten()
         .filter_map(|d| d.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+            let marked = std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()));
+            marked
+                || pid_ns.is_some_and(|ns| {
+                    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+                        .is_ok_and(|link| link == Path::new(ns))
+                })
         })
         .collect()
 }
@@ -838,14 +855,16 @@ pub async fn killed_between_commands(b: &Backend) {
     let first = exec(b, &id, "echo kept > state; echo one >> runs; echo first").await;
     assert_eq!(text(&first.stdout.bytes), "first\n", "{first:?}");
     for round in 0..2 {
-        // Between commands the sandbox's process (and only it) carries the mark.
-        let killed = kill_by_environment(&entry);
+        // Between commands only the sandbox's processes carry the mark or are in its pid
+        // namespace.
+        let pid_ns = pid_namespace(b, &id).await;
+        let killed = kill_sandbox(&entry, pid_ns.as_deref());
         assert!(
             killed >= 1,
             "round {round}: no process of the sandbox was found"
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !processes_with_environment(&entry).is_empty() {
+        while !sandbox_processes(&entry, pid_ns.as_deref()).is_empty() {
             assert!(
                 Instant::now() < deadline,
                 "the killed process is still there"
@@ -884,14 +903,15 @@ pub async fn suspended_holds_no_process(b: &Backend) {
         .insert("NODUS_CONFORMANCE_MARK".to_owned(), mark.clone());
     let id = create(b, &marked).await.id;
     exec(b, &id, "echo kept > state").await;
-    assert!(
-        !processes_with_environment(&entry).is_empty(),
-        "a live sandbox keeps its process"
-    );
     for round in 0..2 {
+        let pid_ns = pid_namespace(b, &id).await;
+        assert!(
+            !sandbox_processes(&entry, pid_ns.as_deref()).is_empty(),
+            "round {round}: a live sandbox keeps its process"
+        );
         b.sandbox.suspend(&id).await.expect("suspend");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !processes_with_environment(&entry).is_empty() {
+        while !sandbox_processes(&entry, pid_ns.as_deref()).is_empty() {
             assert!(
                 Instant::now() < deadline,
                 "round {round}: a process is left"

@@ -122,54 +122,53 @@ impl Layout {
             work_inside: WORKDIR.into(),
             env,
             program,
+            channel: false,
+            rlimits: Vec::new(),
             outer: None,
         }
     }
 }
 
-/// The command that starts the launcher with `plan` on its standard input, as `spawn_as`
-/// when given, in `/` with an empty environment.
-pub(crate) fn command(
-    layout: &Layout,
-    spawn_as: Option<HostUser>,
-    plan: &Plan,
-) -> Result<Command, Error> {
+/// The command that starts the launcher with `plan` on its standard input, in `/` with an
+/// empty environment, as this process's user: a root server's launcher joins the sandbox's
+/// cgroups as root and then becomes the sandbox's user itself ([`Plan::user`]), so that the
+/// spawn sets no user and can be a `posix_spawn` (no copy of this process's page tables).
+pub(crate) fn command(layout: &Layout, plan: &Plan) -> Result<Command, Error> {
     let data = plan
         .encode()
         .map_err(|e| Error::Refused(format!("cannot run this command: {e}")))?;
     let input = input_file(&data, "the launcher's plan")?;
     let mut command = Command::new(&layout.program);
+    // Stage two, the sandbox's PID 1, is a fork of this process: its command line, which
+    // commands can read in `/proc/1/cmdline`, names no host path.
     command
+        .arg0("nodus-launch")
         .arg(nodus_launch::LAUNCH_ARG)
         .stdin(Stdio::from(input))
         .current_dir("/")
         .env_clear();
-    if let Some(user) = spawn_as {
-        // Set in the child before it runs anything; supplementary groups are cleared too.
-        command.uid(user.uid).gid(user.gid);
-    }
     Ok(command)
 }
 
-/// Runs `true` in a sandbox laid out as every command's, without cgroups: a host where the
+/// Runs `true` in a sandbox laid out as every command's, as `user`, without cgroups: a host where the
 /// launcher cannot work says so here, and the backend uses bubblewrap.
 pub(crate) async fn probe(
     layout: &Layout,
     sandboxes: &Path,
-    spawn_as: Option<HostUser>,
+    user: Option<HostUser>,
     memory: u64,
 ) -> Result<(), Error> {
-    let home = probe_dir(sandboxes, spawn_as)?;
+    let home = probe_dir(sandboxes, user)?;
     let plan = layout.plan(
         Vec::new(),
-        None,
+        user,
         false,
         memory,
         home.path(),
         Vec::new(),
         ["/bin/sh", "-c", "true"].map(OsString::from).to_vec(),
     );
-    let mut command = command(layout, spawn_as, &plan)?;
+    let mut command = command(layout, &plan)?;
     command.kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(30), command.output())
         .await

@@ -140,6 +140,21 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
         .or_else(|_| std::fs::read_to_string(memory.join("memory.max")))
         .expect("memory limit");
     assert_eq!(limit.trim(), (256u64 << 20).to_string());
+    // On v1, memory plus swap is pinned to the memory limit, and one CPU is a full period.
+    if let Ok(memsw) = std::fs::read_to_string(memory.join("memory.memsw.limit_in_bytes")) {
+        assert_eq!(memsw.trim(), (256u64 << 20).to_string());
+    }
+    if let Some(cpu) = cgroup_dir("cpu", &key).filter(|dir| dir.join("cpu.cfs_period_us").exists())
+    {
+        let read = |file: &str| std::fs::read_to_string(cpu.join(file)).expect("cpu");
+        assert_eq!(
+            (
+                read("cpu.cfs_period_us").trim(),
+                read("cpu.cfs_quota_us").trim()
+            ),
+            ("100000", "100000")
+        );
+    }
     assert_eq!(
         std::fs::read_to_string(pids.join("pids.max"))
             .expect("pids")
@@ -184,8 +199,8 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
 
     // A cgroup the sandbox cannot join: the command does not run outside it, and the failure
     // is the sandbox's, not the command's. Its processes are killed from outside (they leave
-    // its cgroups, which stay), and its pids cgroup is closed to the sandbox's user: the next
-    // command starts it again, which has to join them first.
+    // its cgroups, which stay), and its pids cgroup is closed: the next command starts it
+    // again, which has to join them first.
     let patience = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let procs = std::fs::read_to_string(pids.join("cgroup.procs")).expect("procs");
@@ -203,8 +218,16 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    std::fs::set_permissions(pids.join("tasks"), std::fs::Permissions::from_mode(0o000))
-        .expect("chmod");
+    // The gate joins as the sandbox's user, to whom the backend gives the `tasks` file: taken
+    // back here. A root server's launcher joins as root (then becomes the sandbox's user):
+    // the file is covered by a read-only one.
+    let cover = if launcher {
+        Some(ReadOnlyCover::over(&pids.join("tasks")))
+    } else {
+        std::fs::set_permissions(pids.join("tasks"), std::fs::Permissions::from_mode(0o000))
+            .expect("chmod");
+        None
+    };
     let refused = sandbox
         .exec(&id, &request("echo ran > ran"))
         .await
@@ -222,11 +245,55 @@ async fn commands_run_inside_the_sandbox_cgroups_with_its_limits_on(launcher: bo
             .exists()
     );
 
+    drop(cover);
     sandbox.destroy(&id).await.expect("destroy");
     assert!(
         cgroup_dir("memory", &key).is_none(),
         "the cgroups are removed"
     );
+}
+
+/// A read-only file bound over a file (as root), unmounted when dropped (before the file it
+/// binds is removed).
+struct ReadOnlyCover {
+    target: PathBuf,
+    _file: tempfile::NamedTempFile,
+}
+
+impl ReadOnlyCover {
+    fn over(target: &Path) -> Self {
+        let file = tempfile::NamedTempFile::new().expect("a file");
+        let mount = |args: &[&std::ffi::OsStr]| {
+            let status = std::process::Command::new("mount")
+                .args(args)
+                .status()
+                .expect("mount");
+            assert!(status.success(), "mount {args:?}: {status}");
+        };
+        mount(&[
+            "--bind".as_ref(),
+            file.path().as_os_str(),
+            target.as_os_str(),
+        ]);
+        let cover = ReadOnlyCover {
+            target: target.to_path_buf(),
+            _file: file,
+        };
+        mount(&[
+            "-o".as_ref(),
+            "remount,bind,ro".as_ref(),
+            target.as_os_str(),
+        ]);
+        cover
+    }
+}
+
+impl Drop for ReadOnlyCover {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.target)
+            .status();
+    }
 }
 
 #[tokio::test]
@@ -511,11 +578,12 @@ async fn proc_shows_no_host_path_of_the_server_on(launcher: bool) {
     }
     // bubblewrap's options (or the launcher's plan), host paths among them, come from
     // standard input: the command line is bubblewrap's name and the shell with the command,
-    // or the launcher's second stage.
+    // or the launcher's second stage, a fork of the first, which the backend starts under the
+    // name `nodus-launch` (not its host path).
     if launcher {
         assert_eq!(
             cmdline.trim_end(),
-            "nodus-launch --nodus-launch-init",
+            "nodus-launch --nodus-launch",
             "{cmdline}"
         );
     } else {
@@ -608,5 +676,65 @@ async fn a_launcher_that_cannot_start_sandboxes_falls_back_to_bubblewrap() {
         .expect("create")
         .id;
     assert_eq!(text(&exec(&sandbox, &id, "echo ok").await), "ok\n");
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
+#[tokio::test]
+async fn commands_run_alike_from_the_channels_shell_and_the_launchers_loop() {
+    commands_run_alike_on(false).await;
+}
+
+#[tokio::test]
+async fn commands_run_alike_from_the_channels_shell_and_the_launchers_loop_with_the_launcher() {
+    commands_run_alike_on(true).await;
+}
+
+/// What the launcher's PID 1 does in place of the channel's shell, checked against that shell
+/// on bubblewrap: a background child that outlives its command is ended before the next
+/// command (its late output never reaches that command), an orphan that exits while a command
+/// runs is reaped (no zombie), a command that closes its stdout early still reports its status
+/// and stderr, `PWD` and `OLDPWD` are what the shell's `cd` leaves, and commands get the
+/// sandbox's file-size limit.
+async fn commands_run_alike_on(launcher: bool) {
+    let root = reachable_tempdir();
+    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
+    let id = sandbox
+        .create(&spec(&unique_key("loop")))
+        .await
+        .expect("create")
+        .id;
+
+    let out = exec(&sandbox, &id, "(sleep 1; echo late) & echo now").await;
+    assert_eq!((out.exit_code, text(&out)), (Some(0), "now\n".to_owned()));
+    let out = exec(&sandbox, &id, "sleep 2; echo next").await;
+    assert_eq!(
+        (out.exit_code, text(&out)),
+        (Some(0), "next\n".to_owned()),
+        "the background child of the last command was ended: {out:?}"
+    );
+
+    // `true` is orphaned at once (its parent shell exits) and exits; then, a moment later,
+    // no process of the sandbox is a zombie.
+    let out = exec(
+        &sandbox,
+        &id,
+        "sh -c 'true &'; sleep 0.5; grep -l '^State:.*Z' /proc/[0-9]*/status; echo checked",
+    )
+    .await;
+    assert_eq!(text(&out), "checked\n", "{out:?}");
+
+    let out = exec(&sandbox, &id, "exec >&-; sleep 0.2; echo said >&2; exit 3").await;
+    assert_eq!(out.exit_code, Some(3), "{out:?}");
+    assert_eq!(out.stdout.bytes, b"");
+    assert_eq!(out.stderr.bytes, b"said\n");
+
+    exec(&sandbox, &id, "mkdir -p sub").await;
+    let mut in_sub = request("echo \"$PWD $OLDPWD\"; pwd");
+    in_sub.cwd = Some("sub".to_owned());
+    let out = sandbox.exec(&id, &in_sub).await.expect("exec in sub");
+    assert_eq!(text(&out), "/work/sub /work\n/work/sub\n");
+
+    let out = exec(&sandbox, &id, "ulimit -f").await;
+    assert_eq!(text(&out), format!("{}\n", test_limits().disk_bytes / 512));
     sandbox.destroy(&id).await.expect("destroy");
 }

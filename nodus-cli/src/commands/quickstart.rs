@@ -23,8 +23,8 @@ pub async fn run(args: QuickstartArgs) -> Result<()> {
     let mut options = Options::new(data_dir.clone());
     // Any free port, so that a server already on 7070 does not get in the way.
     options.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    // This binary starts the sandboxes (bubblewrap where it cannot).
-    options.sandbox_launcher = std::env::current_exe().ok();
+    // The launcher starts the sandboxes (bubblewrap where it cannot).
+    options.sandbox_launcher = super::server::sandbox_launcher("launcher")?;
     let server = Server::build(options)
         .await
         .map_err(|e| Error::Start(format!("the embedded server cannot start: {e}")))?;

@@ -1,6 +1,8 @@
 //! `nodus server`: builds the server from its flags, announces what it runs on, and serves
 //! until Ctrl-C or SIGTERM (then exits 0).
 
+use std::path::{Path, PathBuf};
+
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 
 use crate::cli::ServerArgs;
@@ -28,16 +30,34 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     Ok(options)
 }
 
-/// `--sandbox-starter`: this binary as the launcher (`launcher`), or none (`bubblewrap`).
-pub fn sandbox_launcher(starter: &str) -> Result<Option<std::path::PathBuf>> {
+/// `--sandbox-starter`: the launcher (`launcher`, see [`launcher_beside`]), or none
+/// (`bubblewrap`).
+pub fn sandbox_launcher(starter: &str) -> Result<Option<PathBuf>> {
     match starter {
-        "launcher" => Ok(std::env::current_exe().ok()),
+        "launcher" => Ok(std::env::current_exe()
+            .ok()
+            .map(|exe| launcher_beside(&exe))),
         "bubblewrap" | "bwrap" => Ok(None),
         other => Err(Error::usage(format!(
             "--sandbox-starter {other:?}: must be launcher or bubblewrap"
         ))),
     }
 }
+
+/// The launcher for the `nodus` binary at `exe`: the program `nodus-launch` beside it (both
+/// are installed by `cargo install --path nodus-cli`), which starts faster than `nodus`; else
+/// `exe` itself (`nodus --nodus-launch`).
+pub fn launcher_beside(exe: &Path) -> PathBuf {
+    let beside = exe.with_file_name(LAUNCHER_PROGRAM);
+    if beside.is_file() {
+        beside
+    } else {
+        exe.to_path_buf()
+    }
+}
+
+/// The name of the launcher's own program.
+const LAUNCHER_PROGRAM: &str = "nodus-launch";
 
 /// `--listen`: HOST:PORT, where HOST is an address or a name (`localhost:7070`); a name
 /// listens on the first IPv4 address it resolves to (where `nodus login`'s default,
@@ -138,6 +158,20 @@ mod tests {
             Command::Server(args) => args,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_launcher_is_the_program_beside_nodus_when_there_is_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let exe = dir.path().join("nodus");
+        std::fs::write(&exe, "").expect("nodus");
+        assert_eq!(launcher_beside(&exe), exe, "alone: nodus --nodus-launch");
+        std::fs::create_dir(dir.path().join(LAUNCHER_PROGRAM)).expect("a directory");
+        assert_eq!(launcher_beside(&exe), exe, "a directory is no launcher");
+        let dir2 = tempfile::tempdir().expect("dir");
+        let exe2 = dir2.path().join("nodus");
+        std::fs::write(dir2.path().join(LAUNCHER_PROGRAM), "").expect("launcher");
+        assert_eq!(launcher_beside(&exe2), dir2.path().join("nodus-launch"));
     }
 
     #[test]

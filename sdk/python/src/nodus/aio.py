@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from pathlib import Path
 from typing import (
     Any,
     AsyncIterator,
@@ -31,15 +29,16 @@ from typing import (
     List,
     Mapping,
     Optional,
-    Sequence,
     Tuple,
+    TypeVar,
     Union,
 )
 
 import httpx
 
-from . import _core
-from .config import Connection, resolve
+from . import _core, _download, _ops
+from ._handles import AgentCore, EnvironmentCore, GroupCore, RunCore
+from ._ops import ClientCore
 from .errors import (
     AgentRunFinished,
     AgentStopped,
@@ -73,9 +72,6 @@ from .types import (
     SecretRef,
     Step,
     Task,
-    as_tasks,
-    evaluation_results,
-    is_evaluation,
 )
 
 __all__ = [
@@ -118,39 +114,18 @@ __all__ = [
 ]
 
 
-class AsyncClient:
+T = TypeVar("T")
+
+
+class AsyncClient(ClientCore):
     """A connection to one server with one token, for asyncio; see :class:`nodus.Client`
     for where ``server``, ``token`` and ``project`` come from. Use ``async with``, or await
     :meth:`aclose`, to close its connections."""
 
-    def __init__(
-        self,
-        server: Optional[str] = None,
-        token: Optional[str] = None,
-        project: Optional[str] = None,
-        *,
-        timeout: float = 30.0,
-    ) -> None:
-        self._connection: Connection = resolve(server, token, project)
-        self._http = httpx.AsyncClient(
-            base_url=self._connection.server,
-            headers=_core.headers(self._connection.token),
-            timeout=timeout,
-            limits=_core.LIMITS,
-        )
+    _http: httpx.AsyncClient
 
-    @property
-    def server(self) -> str:
-        """The server's base URL."""
-        return self._connection.server
-
-    @property
-    def project(self) -> str:
-        """The default project."""
-        return self._connection.project
-
-    def __repr__(self) -> str:
-        return f"AsyncClient(server={self.server!r}, project={self.project!r})"
+    def _open(self, timeout: float) -> None:
+        self._http = httpx.AsyncClient(**self._http_options(timeout))
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -162,61 +137,53 @@ class AsyncClient:
         """Closes the client's connections."""
         await self._http.aclose()
 
+    async def _run(self, op: _ops.Op[T]) -> T:
+        """Carries out the operation ``op`` as :meth:`nodus.Client._run` does, awaiting each
+        request and pause."""
+        try:
+            effect = next(op)
+            while True:
+                try:
+                    if isinstance(effect, _ops.Pause):
+                        await asyncio.sleep(effect.seconds)
+                        answer = None
+                    else:
+                        answer = await self.send(effect)
+                except Exception as error:
+                    effect = op.throw(error)
+                else:
+                    effect = op.send(answer)
+        except StopIteration as stop:
+            returned: T = stop.value
+            return returned
+
     async def send(self, request: _core.Request) -> Any:
         """Sends one request; see :meth:`nodus.Client.send`."""
         try:
-            response = await self._http.request(
-                request.method,
-                request.path,
-                content=None if request.body is None else _core.encode(request.body),
-                headers=request.headers,
-                params=request.params or None,
-                timeout=httpx.USE_CLIENT_DEFAULT if request.timeout is None else request.timeout,
-            )
+            response = await self._http.request(**_ops.request_arguments(request))
         except httpx.TransportError as error:
             raise _core.connection_error(self.server, error) from None
         return _core.result(response, request.raw)
 
     async def download(self, path: str, file: Union[str, "os.PathLike[str]"]) -> int:
         """``GET path`` into ``file``, streamed; see :meth:`nodus.Client.download`."""
-        target = Path(file)
-        partial = _core.partial_path(target)
-        written = 0
-        try:
+        with _download.download(file, self.server) as into:
             async with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
                 if not response.is_success:
                     await response.aread()
-                    _core.result(response)
-                with partial.open("wb") as out:
-                    async for chunk in response.aiter_bytes():
-                        out.write(chunk)
-                        written += len(chunk)
-        except httpx.TransportError as error:
-            partial.unlink(missing_ok=True)
-            raise _core.connection_error(self.server, error) from None
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, target)
-        return written
+                into.begin(response)
+                async for chunk in response.aiter_bytes():
+                    into.write(chunk)
+        return into.written
 
     async def post_run_actions(self) -> List[PostRunActionInfo]:
         """The post-run actions this server installs; see
         :meth:`nodus.Client.post_run_actions`."""
-        body = await self.send(_core.Request("GET", _core.POST_RUN_ACTIONS_PATH))
-        return [PostRunActionInfo.from_json(item) for item in body.get("items", [])]
-
-    def _path(
-        self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
-    ) -> str:
-        return _core.resource_path(project or self.project, plural, name, sub)
+        return await self._run(self._post_run_actions())
 
     async def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
         """``GET …/{plural}/{name}``: one object."""
-        answer: Dict[str, Any] = await self.send(
-            _core.Request("GET", self._path(plural, name, None, project))
-        )
-        return answer
+        return await self._run(self._get(plural, name, project))
 
     async def watch(
         self,
@@ -228,12 +195,9 @@ class AsyncClient:
         project: Optional[str] = None,
     ) -> Dict[str, Any]:
         """A long poll of one object; see :meth:`nodus.Client.watch`."""
-        answer: Dict[str, Any] = await self.send(
-            _core.watch_request(
-                self._path(plural, name, None, project), resource_version, timeout_seconds
-            )
+        return await self._run(
+            self._watch(plural, name, resource_version, timeout_seconds, project)
         )
-        return answer
 
     async def list(
         self,
@@ -244,16 +208,7 @@ class AsyncClient:
         project: Optional[str] = None,
     ) -> List[Dict[str, Any]]:
         """``GET …/{plural}``: the objects, filtered by the selectors."""
-        params: Dict[str, str] = {}
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        if label_selector:
-            params["labelSelector"] = label_selector
-        answer = await self.send(
-            _core.Request("GET", self._path(plural, None, None, project), params=params)
-        )
-        items: List[Dict[str, Any]] = answer.get("items", [])
-        return items
+        return await self._run(self._list(plural, field_selector, label_selector, project))
 
     async def create(
         self,
@@ -264,30 +219,23 @@ class AsyncClient:
         idempotency_key: Optional[str] = None,
     ) -> Dict[str, Any]:
         """``POST …/{plural}``: creates the object or a batch of runs."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        answer: Dict[str, Any] = await self.send(
-            _core.Request("POST", self._path(plural, None, None, project), dict(document), headers)
-        )
-        return answer
+        return await self._run(self._create(plural, document, project, idempotency_key))
 
     async def patch(
         self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None
     ) -> Dict[str, Any]:
         """``PATCH …/{plural}/{name}``: a JSON merge patch."""
-        answer: Dict[str, Any] = await self.send(
-            _core.Request("PATCH", self._path(plural, name, None, project), dict(patch))
-        )
-        return answer
+        return await self._run(self._patch(plural, name, patch, project))
 
     async def delete(self, plural: str, name: str, *, project: Optional[str] = None) -> None:
         """``DELETE …/{plural}/{name}``."""
-        await self.send(_core.Request("DELETE", self._path(plural, name, None, project)))
+        await self._run(self._delete(plural, name, project))
 
     async def create_secret(
         self, name: str, values: Mapping[str, str], *, project: Optional[str] = None
     ) -> Dict[str, Any]:
         """Creates a Secret with ``values``; the server seals them and never answers them."""
-        return await self.create("secrets", _core.secret_document(name, values), project=project)
+        return await self._run(self._create_secret(name, values, project))
 
     async def sub(
         self,
@@ -300,7 +248,7 @@ class AsyncClient:
         project: Optional[str] = None,
     ) -> Any:
         """A request to a sub-resource."""
-        return await self.send(_core.Request(method, self._path(plural, name, sub, project), body))
+        return await self._run(self._sub(method, plural, name, sub, body, project))
 
 
 _default: Optional[AsyncClient] = None
@@ -314,73 +262,36 @@ def default_client() -> AsyncClient:
     return _default
 
 
-def _deadline(timeout: Optional[float]) -> Optional[float]:
-    return None if timeout is None else time.monotonic() + timeout
+class _Async:
+    """The handles of this module use the shared asyncio client by default."""
+
+    @classmethod
+    def _default_client(cls) -> AsyncClient:
+        return default_client()
 
 
-async def _pause(delay: float, deadline: Optional[float]) -> bool:
-    if deadline is not None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        delay = min(delay, left)
-    await asyncio.sleep(delay)
-    return True
-
-
-async def _follow(
-    client: AsyncClient, plural: str, name: str, project: str, deadline: Optional[float]
-) -> AsyncIterator[Dict[str, Any]]:
-    """The object now, then each newer version as the server's long poll answers it, until
-    ``deadline``; see the sync ``_follow`` in :mod:`nodus.agents`."""
-    document = await client.get(plural, name, project=project)
-    yield document
-    pauses = _core.backoff()
+async def _documents(client: AsyncClient, follow: _ops.Follow) -> AsyncIterator[Dict[str, Any]]:
+    """Each version of a followed object, until its deadline."""
     while True:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+        document = await client._run(follow.next())
+        if document is None:
             return
-        seconds = _core.watch_seconds(left)
-        version = _core.version_of(document)
-        if seconds == 0 or version is None:
-            # Less than a second left: read once more at the deadline.
-            if not await _pause(next(pauses) if left is None else left, deadline):
-                return
-            document = await client.get(plural, name, project=project)
-            yield document
-            continue
-        answer = await client.watch(plural, name, version, timeout_seconds=seconds, project=project)
-        if _core.version_of(answer) == version:
-            await _pause(next(pauses), deadline)
-            continue
-        pauses = _core.backoff()
-        document = answer
         yield document
 
 
-async def _follow_logs(
-    client: AsyncClient,
-    name: str,
-    project: str,
-    state: _core.LogState,
-    timeout: Optional[float],
-) -> AsyncIterator[LogLine]:
+async def _follow_logs(run: "AgentRun", timeout: Optional[float]) -> AsyncIterator[LogLine]:
     """``logs(follow=True)``: two tasks feed one queue — the live output of the run's
     commands and each new version of the run — as the sync ``_follow_logs`` in
     :mod:`nodus.agents` does with threads."""
+    client, name, project = run._client, run.name, run.project
     events: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
     opened = asyncio.Event()
+    follow_log = _ops.LogFollow(project, name, timeout)
 
     async def live() -> None:
-        path = _core.resource_path(project, "agentruns", name, "logs")
         try:
-            async with client._http.stream(
-                "GET",
-                path,
-                params={"follow": "true"},
-                headers={"Accept": "application/x-ndjson"},
-                timeout=httpx.Timeout(_core.LONG_POLL_MARGIN, read=None),
-            ) as response:
+            arguments = _ops.live_logs_arguments(project, name)
+            async with client._http.stream(**arguments) as response:
                 if not response.is_success:
                     return
                 first = True
@@ -401,14 +312,11 @@ async def _follow_logs(
 
     async def watch() -> None:
         try:
-            async for document in _follow(client, "agentruns", name, project, _deadline(timeout)):
+            async for document in _documents(client, run._follow(timeout)):
                 await events.put(("run", document))
             await events.put(("timeout", None))
         except Exception as error:
             await events.put(("error", error))
-
-    async def steps() -> Any:
-        return await client.send(_core.steps_request(project, name))
 
     live_task = asyncio.ensure_future(live())
     try:
@@ -416,28 +324,11 @@ async def _follow_logs(
     except asyncio.TimeoutError:
         pass
     watch_task = asyncio.ensure_future(watch())
-    status: Optional[RunStatus] = None
     try:
-        while True:
+        while not follow_log.finished:
             kind, value = await events.get()
-            if kind == "run":
-                status = RunStatus.from_json(value)
-                for line in state.lines(await steps()):
-                    yield line
-                if status.finished:
-                    # Its last steps may be written after the document: read them once more.
-                    for line in state.lines(await steps()):
-                        yield line
-                    return
-            elif kind == "piece":
-                lines = state.piece(value)
-                for line in state.lines(await steps()) if lines is None else lines:
-                    yield line
-            elif kind == "error":
-                raise value
-            elif kind == "timeout":
-                assert status is not None
-                raise _core.run_timeout(name, status, timeout)
+            for line in await client._run(follow_log.lines(kind, value)):
+                yield line
     finally:
         for task in (live_task, watch_task):
             task.cancel()
@@ -447,92 +338,19 @@ async def _follow_logs(
 EnvironmentArg = Union[str, "AgentEnvironment", Mapping[str, Any]]
 
 
-def _environment_value(
-    environment: Optional[EnvironmentArg], project: str
-) -> Union[None, str, Mapping[str, Any]]:
-    if isinstance(environment, AgentEnvironment):
-        return environment.reference(project)
-    return environment
-
-
-class ClaudeAgent:
+class ClaudeAgent(_Async, AgentCore[AsyncClient]):
     """An Agent on Claude; see :class:`nodus.ClaudeAgent`. Its methods are coroutines."""
-
-    def __init__(
-        self,
-        name: str,
-        system: Optional[str] = None,
-        families: Optional[Sequence[str]] = None,
-        api_key_secret: Optional[str] = None,
-        *,
-        model: Optional[str] = None,
-        max_tokens: Optional[int] = None,
-        per_run_max_cost: Any = None,
-        environment: Optional[EnvironmentArg] = None,
-        context_schema: Optional[Mapping[str, Any]] = None,
-        post_run_actions: Optional[Sequence[str]] = None,
-        project: Optional[str] = None,
-        client: Optional[AsyncClient] = None,
-    ) -> None:
-        self.name: str = name
-        self._spec: Optional[Dict[str, Any]] = _core.agent_spec(
-            system, families, api_key_secret, model, max_tokens, per_run_max_cost
-        )
-        if environment is not None:
-            if isinstance(environment, AgentEnvironment):
-                environment = environment.reference(project or environment.project)
-            self._spec["environment"] = (
-                environment if isinstance(environment, str) else dict(environment)
-            )
-        if context_schema is not None:
-            self._spec["contextSchema"] = dict(context_schema)
-        if post_run_actions is not None:
-            self._spec["postRunActions"] = list(post_run_actions)
-        self._project = project
-        self._client = client
-        self._ensured = False
 
     @classmethod
     def from_name(
         cls, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
     ) -> "ClaudeAgent":
         """The agent ``name`` as it is on the server; nothing is changed on it."""
-        agent = cls(name, project=project, client=client)
-        agent._spec = None
-        return agent
-
-    def __repr__(self) -> str:
-        return f"ClaudeAgent({self.name!r}, project={self.project!r})"
-
-    @property
-    def client(self) -> AsyncClient:
-        """The client this agent uses."""
-        if self._client is None:
-            self._client = default_client()
-        return self._client
-
-    @property
-    def project(self) -> str:
-        """The agent's project."""
-        return self._project or self.client.project
+        return cls._named(name, project, client)
 
     async def ensure(self) -> Dict[str, Any]:
         """Creates the agent, or updates it to the fields given; returns it as stored."""
-        client, project = self.client, self.project
-        if self._spec is None:
-            agent = await client.get("agents", self.name, project=project)
-        else:
-            try:
-                agent = await client.create(
-                    "agents", _core.agent_document(self.name, self._spec), project=project
-                )
-            except AlreadyExists:
-                agent = await client.get("agents", self.name, project=project)
-                patch = _core.agent_patch(agent, self._spec)
-                if patch is not None:
-                    agent = await client.patch("agents", self.name, patch, project=project)
-        self._ensured = True
-        return agent
+        return await self.client._run(self._ensure())
 
     async def submit(
         self,
@@ -564,25 +382,9 @@ class ClaudeAgent:
         return await run.answer(timeout=timeout)
 
 
-class AgentRun:
+class AgentRun(_Async, RunCore[AsyncClient]):
     """A handle on the run ``name``; see :class:`nodus.AgentRun`. ``await run.status``
     reads its status."""
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        project: Optional[str] = None,
-        client: Optional[AsyncClient] = None,
-        _document: Optional[Mapping[str, Any]] = None,
-    ) -> None:
-        self.name: str = name
-        self._client = client or default_client()
-        self.project: str = project or self._client.project
-        self._answers_expected = 1 if _document is not None else 0
-
-    def __repr__(self) -> str:
-        return f"AgentRun({self.name!r}, project={self.project!r})"
 
     @classmethod
     async def create(
@@ -602,76 +404,51 @@ class AgentRun:
         client: Optional[AsyncClient] = None,
     ) -> "AgentRun":
         """Creates a run and returns its handle; see :meth:`nodus.AgentRun.create`."""
-        if isinstance(agent, ClaudeAgent):
-            if not agent._ensured:
-                await agent.ensure()
-            client = client or agent.client
-            target, reference = _core.run_target(agent.project, client.project, agent.name)
-            project = project or target
-            stem = agent.name
-            spec_agent: Union[str, Mapping[str, Any]] = reference
-        else:
-            stem = agent.rsplit("/", 1)[-1] if isinstance(agent, str) else "run"
-            spec_agent = agent
-        client = client or default_client()
-        project = project or client.project
-        run_name = name or _core.new_run_name(stem)
-        document = _core.run_document(
-            run_name,
-            spec_agent,
-            input,
-            keep_alive,
-            deadline,
-            context,
-            environment=_environment_value(environment, project),
-            post_run_action=post_run_action,
-            timeout=timeout,
-            image=image,
-        )
-        created = await client.create("agentruns", document, project=project)
-        return cls(run_name, project=project, client=client, _document=created)
-
-    async def _sub(self, method: str, sub: str, body: Any = None) -> Any:
-        return await self._client.sub(
-            method, "agentruns", self.name, sub, body, project=self.project
+        if isinstance(agent, ClaudeAgent) and not agent._ensured:
+            await agent.ensure()
+        client = cls._client_for(agent, client)
+        return await client._run(
+            cls._create(
+                agent,
+                input,
+                client,
+                name=name,
+                environment=environment,
+                context=context,
+                post_run_action=post_run_action,
+                keep_alive=keep_alive,
+                deadline=deadline,
+                timeout=timeout,
+                image=image,
+                project=project,
+            )
         )
 
     async def document(self) -> Dict[str, Any]:
         """The run as the server has it now."""
-        return await self._client.get("agentruns", self.name, project=self.project)
+        return await self._client._run(self._read())
 
     async def environment(self) -> Optional[EnvironmentSpec]:
         """The environment the run took when it was created; see
         :meth:`nodus.AgentRun.environment`."""
-        return EnvironmentSpec.from_run(await self.document())
+        return await self._client._run(self._environment())
 
     async def results(self) -> List[RunResult]:
         """The results of the finished run with their sizes; see
         :meth:`nodus.AgentRun.results`."""
-        body = await self._client.send(
-            _core.Request("GET", _core.result_path(self.project, self.name))
-        )
-        return [RunResult.from_json(item) for item in body.get("items", [])]
+        return await self._client._run(self._results())
 
     async def download_result(self, result: str, path: Union[str, "os.PathLike[str]"]) -> int:
         """Saves the result ``result`` to ``path``; see :meth:`nodus.AgentRun.download_result`."""
-        return await self._client.download(_core.result_path(self.project, self.name, result), path)
-
-    async def _result_json(self, result: str) -> Any:
-        raw = await self._client.send(
-            _core.Request("GET", _core.result_path(self.project, self.name, result), raw=True)
-        )
-        return _core.decode_bytes(raw)
+        return await self._client.download(self._result_path(result), path)
 
     async def record(self) -> RunRecord:
         """The finished run's record; see :meth:`nodus.AgentRun.record`."""
-        return RunRecord.from_json(await self._result_json("runRecord"))
+        return await self._client._run(self._record())
 
     async def error(self) -> Optional[RunError]:
         """Why the finished run did not succeed, or ``None``; see :meth:`nodus.AgentRun.error`."""
-        if not any(r.name == "error" for r in await self.results()):
-            return None
-        return RunError.from_json(await self._result_json("error"))
+        return await self._client._run(self._error())
 
     async def logs(
         self, follow: bool = False, *, timeout: Optional[float] = None
@@ -679,90 +456,52 @@ class AgentRun:
         """The run's log line by line, following it with ``follow=True`` until it ends (a
         running command's output as it comes); see :meth:`nodus.AgentRun.logs`. Use ``async
         for line in run.logs(follow=True)``."""
-        state = _core.LogState()
         if not follow:
-            for line in state.lines(
-                await self._client.send(_core.steps_request(self.project, self.name))
-            ):
+            for line in await self._client._run(self._log_now()):
                 yield line
             return
-        async for line in _follow_logs(self._client, self.name, self.project, state, timeout):
+        async for line in _follow_logs(self, timeout):
             yield line
-
-    async def _status(self) -> RunStatus:
-        return RunStatus.from_json(
-            await self._client.get("agentruns", self.name, project=self.project)
-        )
 
     @property
     def status(self) -> Awaitable[RunStatus]:
         """The run's status, read from the server when awaited: ``await run.status``."""
-        return self._status()
-
-    async def _settled(self, status: RunStatus) -> bool:
-        settled = _core.run_settled(status)
-        if settled is None:
-            return _core.count_answers(await self._sub("GET", "steps")) >= self._answers_expected
-        return settled
+        return self._client._run(self._read_status())
 
     async def wait(self, timeout: Optional[float] = None) -> RunStatus:
         """Waits as :meth:`nodus.AgentRun.wait` does."""
-        status: Optional[RunStatus] = None
-        follow = _follow(self._client, "agentruns", self.name, self.project, _deadline(timeout))
-        async for document in follow:
-            status = RunStatus.from_json(document)
-            if await self._settled(status):
-                return status
-        assert status is not None
-        raise _core.run_timeout(self.name, status, timeout)
+        return await self._client._run(self._wait(timeout))
 
     async def answer(self, timeout: Optional[float] = None) -> str:
         """The answer of the last answered turn; see :meth:`nodus.AgentRun.answer`."""
-        status = await self.wait(timeout)
-        _core.check_answerable(self.name, status)
-        body = await self._sub("GET", "answer")
-        return str(body.get("answer") or "")
+        return await self._client._run(self._answer(timeout))
 
     async def steps(self) -> List[Step]:
         """What the run did so far, in order."""
-        body = await self._sub("GET", "steps")
-        return [Step.from_json(item) for item in body.get("items", [])]
+        return await self._client._run(self._steps())
 
     async def send(self, kind: str, payload: str, key: Optional[str] = None) -> Delivery:
         """Sends a message to a keep-alive run; see :meth:`nodus.AgentRun.send`."""
-        delivery = Delivery.from_json(
-            await self._sub("POST", "messages", _core.message_body(kind, payload, key))
-        )
-        self._answers_expected = max(self._answers_expected, delivery.seq + 1)
-        return delivery
+        return await self._client._run(self._send(kind, payload, key))
 
     async def cancel(self) -> RunStatus:
         """Cancels the run; returns the status the server answered."""
-        return RunStatus.from_json(await self._sub("POST", "cancel"))
+        return await self._client._run(self._post("cancel"))
 
     async def close(self) -> RunStatus:
         """Ends a keep-alive conversation well; see :meth:`nodus.AgentRun.close`."""
-        return RunStatus.from_json(await self._sub("POST", "close"))
+        return await self._client._run(self._post("close"))
 
     async def delete(self) -> None:
         """Deletes the run."""
-        await self._client.delete("agentruns", self.name, project=self.project)
+        await self._client._run(self._delete())
 
 
-class AgentGroup:
+class AgentGroup(_Async, GroupCore[AsyncClient, AgentRun]):
     """A handle on the group ``name``; see :class:`nodus.AgentGroup`. ``await group.status``
     reads its status."""
 
-    def __init__(
-        self, name: str, *, project: Optional[str] = None, client: Optional[AsyncClient] = None
-    ) -> None:
-        self.name: str = name
-        self._client = client or default_client()
-        self.project: str = project or self._client.project
-        self._document: Optional[Dict[str, Any]] = None
-
-    def __repr__(self) -> str:
-        return f"AgentGroup({self.name!r}, project={self.project!r})"
+    _run_class = AgentRun
 
     @classmethod
     async def create(
@@ -778,17 +517,12 @@ class AgentGroup:
         client: Optional[AsyncClient] = None,
     ) -> "AgentGroup":
         """Creates the group; see :meth:`nodus.AgentGroup.create`."""
+        client = cls._client_for(agent, client)
         if isinstance(agent, ClaudeAgent):
-            client = client or agent.client
             await agent.ensure()
-            # A template's group lives in the client's project, as its runs do.
-            target, reference = _core.run_target(agent.project, agent.client.project, agent.name)
-            project = project or target
-            agent = reference
-        group = cls(name, project=project, client=client)
-        document = _core.group_document(name, agent, max_active, max_cost, evaluation, max_pending)
-        group._document = await group._client.create("agentgroups", document, project=group.project)
-        return group
+        return await client._run(
+            cls._create(name, agent, client, max_active, max_cost, evaluation, max_pending, project)
+        )
 
     @classmethod
     def from_name(
@@ -797,129 +531,48 @@ class AgentGroup:
         """A handle on the existing group ``name`` (nothing is read yet)."""
         return cls(name, project=project, client=client)
 
-    async def _read(self) -> Dict[str, Any]:
-        self._document = await self._client.get("agentgroups", self.name, project=self.project)
-        return self._document
-
-    async def _status(self) -> GroupStatus:
-        return GroupStatus.from_json(await self._read())
-
     @property
     def status(self) -> Awaitable[GroupStatus]:
         """The group's status, read from the server when awaited: ``await group.status``."""
-        return self._status()
+        return self._client._run(self._read_status())
 
     async def submit(
         self, tasks: Iterable[Union[Task, tuple[Any, ...], Mapping[str, Any]]], *, seal: bool = True
     ) -> List[AgentRun]:
         """Creates a run per task in batches of up to 100, then seals; see
         :meth:`nodus.AgentGroup.submit`."""
-        items = as_tasks(tasks)
-        document = self._document or await self._read()
-        uid = str(document.get("metadata", {}).get("uid", ""))
-        agent = str(document.get("spec", {}).get("agent", ""))
-        runs: List[AgentRun] = []
-        for key, body in _core.batches(self.name, uid, agent, items):
-            created = await self._create_batch(key, body)
-            runs.extend(
-                AgentRun(
-                    str(run["metadata"]["name"]),
-                    project=self.project,
-                    client=self._client,
-                    _document=run,
-                )
-                for run in created.get("items", [])
-            )
-        if seal:
-            await self.seal()
-        return runs
-
-    async def _create_batch(self, key: str, body: Dict[str, Any]) -> Dict[str, Any]:
-        for attempt in range(3):
-            try:
-                return await self._client.create(
-                    "agentruns", body, project=self.project, idempotency_key=key
-                )
-            except ServerUnavailable:
-                if attempt == 2:
-                    raise
-                await asyncio.sleep(0.5 * (attempt + 1))
-        raise AssertionError("unreachable")
+        return await self._client._run(self._submit(tasks, seal))
 
     async def seal(self) -> GroupStatus:
         """Seals the group."""
-        self._document = await self._client.patch(
-            "agentgroups", self.name, {"spec": {"sealed": True}}, project=self.project
-        )
-        return GroupStatus.from_json(self._document)
+        return await self._client._run(self._seal())
 
     async def wait(self, timeout: Optional[float] = None) -> GroupStatus:
         """Waits until the group has finished; see :meth:`nodus.AgentGroup.wait`."""
-        status: Optional[GroupStatus] = None
-        follow = _follow(self._client, "agentgroups", self.name, self.project, _deadline(timeout))
-        async for document in follow:
-            self._document = document
-            status = GroupStatus.from_json(document)
-            if status.finished:
-                return status
-        assert status is not None
-        raise _core.group_timeout(self.name, status, timeout)
+        return await self._client._run(self._wait(timeout))
 
     async def results(self) -> List[Result]:
         """One result per run, or per case of an evaluation group; see
         :meth:`nodus.AgentGroup.results`."""
-        document = self._document or await self._read()
-        runs = await self._client.list(
-            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
-        )
-        if is_evaluation(document):
-            cases = await self._client.sub(
-                "GET", "agentgroups", self.name, "results", project=self.project
-            )
-            return evaluation_results(cases, runs)
-        return [Result.from_json(run) for run in runs]
+        return await self._client._run(self._results())
 
     async def runs(self) -> List[AgentRun]:
         """A handle on each run of the group."""
-        runs = await self._client.list(
-            "agentruns", field_selector=f"spec.group={self.name}", project=self.project
-        )
-        return [
-            AgentRun(str(run["metadata"]["name"]), project=self.project, client=self._client)
-            for run in runs
-        ]
+        return await self._client._run(self._runs())
 
     async def cancel(self) -> GroupStatus:
         """Cancels every unfinished run."""
-        return GroupStatus.from_json(
-            await self._client.sub("POST", "agentgroups", self.name, "cancel", project=self.project)
-        )
+        return await self._client._run(self._cancel())
 
     async def delete(self) -> None:
         """Deletes the group with all of its runs."""
-        await self._client.delete("agentgroups", self.name, project=self.project)
+        await self._client._run(self._delete())
 
 
-class AgentEnvironment:
+class AgentEnvironment(_Async, EnvironmentCore[AsyncClient]):
     """A handle on the AgentEnvironment ``name``; see :class:`nodus.AgentEnvironment`.
     :meth:`create`, :meth:`get`, :meth:`list`, :meth:`refresh` and :meth:`delete` are
     coroutines; :attr:`spec` is what was last read."""
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        project: Optional[str] = None,
-        client: Optional[AsyncClient] = None,
-        _document: Optional[Mapping[str, Any]] = None,
-    ) -> None:
-        self.name: str = name
-        self._client = client or default_client()
-        self.project: str = project or self._client.project
-        self._document: Dict[str, Any] = dict(_document or {})
-
-    def __repr__(self) -> str:
-        return f"AgentEnvironment({self.name!r}, project={self.project!r})"
 
     @staticmethod
     def inline(
@@ -944,11 +597,7 @@ class AgentEnvironment:
     ) -> "AgentEnvironment":
         """Creates the AgentEnvironment ``name``; see :meth:`nodus.AgentEnvironment.create`."""
         handle = cls(name, project=project, client=client)
-        document = _core.environment_document(name, cls.inline(env, secrets, compute))
-        handle._document = await handle._client.create(
-            "agentenvironments", document, project=handle.project
-        )
-        return handle
+        return await handle._client._run(handle._store(env, secrets, compute))
 
     @classmethod
     async def get(
@@ -965,34 +614,22 @@ class AgentEnvironment:
     ) -> List["AgentEnvironment"]:
         """Every AgentEnvironment of the project."""
         client = client or default_client()
-        items = await client.list("agentenvironments", project=project)
-        return [
-            cls(
-                str(item["metadata"]["name"]),
-                project=project or client.project,
-                client=client,
-                _document=item,
-            )
-            for item in items
-        ]
+        return await client._run(cls._listed(project, client))
 
     async def refresh(self) -> Dict[str, Any]:
         """Reads the environment again; returns it as stored."""
-        self._document = await self._client.get(
-            "agentenvironments", self.name, project=self.project
-        )
-        return self._document
+        return await self._client._run(self._refresh())
 
     @property
     def spec(self) -> EnvironmentSpec:
         """Its variables, Secret references and compute, as last read (by :meth:`create`,
         :meth:`get`, :meth:`list` or :meth:`refresh`)."""
-        return EnvironmentSpec.from_json(self._document.get("spec"))
+        return self._spec_of(self._document)
 
     def reference(self, project: str) -> str:
         """How a run in ``project`` names it."""
-        return self.name if project == self.project else f"{self.project}/{self.name}"
+        return self._reference(project)
 
     async def delete(self) -> None:
         """Deletes it; runs created before keep the snapshot they took."""
-        await self._client.delete("agentenvironments", self.name, project=self.project)
+        await self._client._run(self._delete())

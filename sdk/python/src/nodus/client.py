@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+import time
+from typing import Any, Dict, List, Mapping, Optional, TypeVar, Union
 
 import httpx
 
-from . import _core
-from .config import Connection, resolve
+from . import _core, _download, _ops
+from ._ops import ClientCore
 from .types import PostRunActionInfo
+
+T = TypeVar("T")
 
 __all__ = ["Client", "default_client"]
 
 
-class Client:
+class Client(ClientCore):
     """A connection to one server with one token; ``project`` is the default project of the
     calls that do not name one.
 
@@ -28,34 +30,10 @@ class Client:
     or call :meth:`close`, to close its connections.
     """
 
-    def __init__(
-        self,
-        server: Optional[str] = None,
-        token: Optional[str] = None,
-        project: Optional[str] = None,
-        *,
-        timeout: float = 30.0,
-    ) -> None:
-        self._connection: Connection = resolve(server, token, project)
-        self._http = httpx.Client(
-            base_url=self._connection.server,
-            headers=_core.headers(self._connection.token),
-            timeout=timeout,
-            limits=_core.LIMITS,
-        )
+    _http: httpx.Client
 
-    @property
-    def server(self) -> str:
-        """The server's base URL."""
-        return self._connection.server
-
-    @property
-    def project(self) -> str:
-        """The default project."""
-        return self._connection.project
-
-    def __repr__(self) -> str:
-        return f"Client(server={self.server!r}, project={self.project!r})"
+    def _open(self, timeout: float) -> None:
+        self._http = httpx.Client(**self._http_options(timeout))
 
     def __enter__(self) -> "Client":
         return self
@@ -67,19 +45,32 @@ class Client:
         """Closes the client's connections."""
         self._http.close()
 
+    def _run(self, op: _ops.Op[T]) -> T:
+        """Carries out the operation ``op``: sends each request it yields and sends it back
+        the answer (or throws it the exception), sleeps each pause; answers what it returns."""
+        try:
+            effect = next(op)
+            while True:
+                try:
+                    if isinstance(effect, _ops.Pause):
+                        time.sleep(effect.seconds)
+                        answer = None
+                    else:
+                        answer = self.send(effect)
+                except Exception as error:
+                    effect = op.throw(error)
+                else:
+                    effect = op.send(answer)
+        except StopIteration as stop:
+            returned: T = stop.value
+            return returned
+
     def send(self, request: _core.Request) -> Any:
         """Sends one request; returns the answer's JSON (numbers with a fraction as
         Decimal), or raises the exception for the server's reason, or
         :class:`~nodus.ConnectionFailed` when the server cannot be reached."""
         try:
-            response = self._http.request(
-                request.method,
-                request.path,
-                content=None if request.body is None else _core.encode(request.body),
-                headers=request.headers,
-                params=request.params or None,
-                timeout=httpx.USE_CLIENT_DEFAULT if request.timeout is None else request.timeout,
-            )
+            response = self._http.request(**_ops.request_arguments(request))
         except httpx.TransportError as error:
             raise _core.connection_error(self.server, error) from None
         return _core.result(response, request.raw)
@@ -88,46 +79,25 @@ class Client:
         """``GET path`` (relative to the server) into ``file``, streamed: written beside it
         and renamed once whole, so ``file`` is never left half-written. Returns the number of
         bytes; raises the server's failure as :meth:`send` does, leaving ``file`` as it was."""
-        target = Path(file)
-        partial = _core.partial_path(target)
-        written = 0
-        try:
+        with _download.download(file, self.server) as into:
             with self._http.stream("GET", path, headers={"Accept": "*/*"}) as response:
                 if not response.is_success:
                     response.read()
-                    _core.result(response)
-                with partial.open("wb") as out:
-                    for chunk in response.iter_bytes():
-                        out.write(chunk)
-                        written += len(chunk)
-        except httpx.TransportError as error:
-            partial.unlink(missing_ok=True)
-            raise _core.connection_error(self.server, error) from None
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, target)
-        return written
+                into.begin(response)
+                for chunk in response.iter_bytes():
+                    into.write(chunk)
+        return into.written
 
     def post_run_actions(self) -> List[PostRunActionInfo]:
         """The post-run actions this server installs (``GET /apis/nodus.dev/v1/postrunactions``,
         as ``nodus get postrunactions``): each one's kind, title, description and the JSON
         Schema of its config."""
-        body = self.send(_core.Request("GET", _core.POST_RUN_ACTIONS_PATH))
-        return [PostRunActionInfo.from_json(item) for item in body.get("items", [])]
-
-    def _path(
-        self, plural: str, name: Optional[str], sub: Optional[str], project: Optional[str]
-    ) -> str:
-        return _core.resource_path(project or self.project, plural, name, sub)
+        return self._run(self._post_run_actions())
 
     def get(self, plural: str, name: str, *, project: Optional[str] = None) -> Dict[str, Any]:
         """``GET …/{plural}/{name}``: one object (``plural`` is ``agents``, ``agentruns``,
         ``agentgroups``, ``agentenvironments``, ``secrets``, ``budgets`` or ``filesets``)."""
-        answer: Dict[str, Any] = self.send(
-            _core.Request("GET", self._path(plural, name, None, project))
-        )
-        return answer
+        return self._run(self._get(plural, name, project))
 
     def watch(
         self,
@@ -142,12 +112,7 @@ class Client:
         as soon as its ``metadata.resourceVersion`` differs from ``resource_version`` (at once
         if it already does), or as it is after ``timeout_seconds`` (1 to 300); raises
         :class:`~nodus.NotFound` once it is deleted."""
-        answer: Dict[str, Any] = self.send(
-            _core.watch_request(
-                self._path(plural, name, None, project), resource_version, timeout_seconds
-            )
-        )
-        return answer
+        return self._run(self._watch(plural, name, resource_version, timeout_seconds, project))
 
     def list(
         self,
@@ -159,16 +124,7 @@ class Client:
     ) -> List[Dict[str, Any]]:
         """``GET …/{plural}``: the objects, filtered by ``field_selector``
         (``spec.group=NAME``) and ``label_selector`` (``team=a``)."""
-        params: Dict[str, str] = {}
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        if label_selector:
-            params["labelSelector"] = label_selector
-        answer = self.send(
-            _core.Request("GET", self._path(plural, None, None, project), params=params)
-        )
-        items: List[Dict[str, Any]] = answer.get("items", [])
-        return items
+        return self._run(self._list(plural, field_selector, label_selector, project))
 
     def create(
         self,
@@ -180,31 +136,24 @@ class Client:
     ) -> Dict[str, Any]:
         """``POST …/{plural}``: creates the object (or, for ``agentruns``, a batch given as an
         ``AgentRunList``, with ``idempotency_key``)."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        answer: Dict[str, Any] = self.send(
-            _core.Request("POST", self._path(plural, None, None, project), dict(document), headers)
-        )
-        return answer
+        return self._run(self._create(plural, document, project, idempotency_key))
 
     def patch(
         self, plural: str, name: str, patch: Mapping[str, Any], *, project: Optional[str] = None
     ) -> Dict[str, Any]:
         """``PATCH …/{plural}/{name}``: a JSON merge patch of spec and labels."""
-        answer: Dict[str, Any] = self.send(
-            _core.Request("PATCH", self._path(plural, name, None, project), dict(patch))
-        )
-        return answer
+        return self._run(self._patch(plural, name, patch, project))
 
     def delete(self, plural: str, name: str, *, project: Optional[str] = None) -> None:
         """``DELETE …/{plural}/{name}`` (a group goes with its runs)."""
-        self.send(_core.Request("DELETE", self._path(plural, name, None, project)))
+        self._run(self._delete(plural, name, project))
 
     def create_secret(
         self, name: str, values: Mapping[str, str], *, project: Optional[str] = None
     ) -> Dict[str, Any]:
         """Creates a Secret with ``values`` (for BYOK: ``{"ANTHROPIC_API_KEY": "…"}``). The
         server seals them and never answers them."""
-        return self.create("secrets", _core.secret_document(name, values), project=project)
+        return self._run(self._create_secret(name, values, project))
 
     def sub(
         self,
@@ -217,7 +166,7 @@ class Client:
         project: Optional[str] = None,
     ) -> Any:
         """A request to a sub-resource (``…/agentruns/NAME/steps``)."""
-        return self.send(_core.Request(method, self._path(plural, name, sub, project), body))
+        return self._run(self._sub(method, plural, name, sub, body, project))
 
 
 _default_lock = threading.Lock()
