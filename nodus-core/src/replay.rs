@@ -389,6 +389,16 @@ impl Replay {
         self.record(&step.intent, outcome);
     }
 
+    /// How the run ends, once its journal holds the deletion of its sandbox, done or under
+    /// way (the open step): from then on the run reads no more messages.
+    pub fn ending(&self) -> Option<RunPhase> {
+        self.ended
+            .or(match self.open_step.as_ref().map(|step| &step.intent) {
+                Some(Intent::DestroySandbox { then, .. }) => Some(*then),
+                _ => None,
+            })
+    }
+
     /// The step with this sequence number, when it is the open one.
     pub fn open(&self, seq: u32) -> Option<&Step> {
         self.open_step.as_ref().filter(|step| step.seq == seq)

@@ -1,8 +1,9 @@
 //! The deterministic crash tests: a run with several turns and commands, crashed at every
 //! journal boundary and restarted on the same store, ends as the uncrashed run did, and no
-//! completed command runs twice; and the same run with the real ledger, crashed at every
-//! store write on the in-memory, SQLite and Postgres stores, holds no reservation, calls the
-//! model as often as its journal says and runs each command at most once.
+//! completed command runs twice; the same run with the real ledger, crashed at every store
+//! write on the in-memory, SQLite and Postgres stores, holds no reservation, calls the model
+//! as often as its journal says and runs each command at most once; and a message sent
+//! between the two writes that end a run is refused, on all three stores.
 
 mod support;
 
@@ -658,4 +659,184 @@ async fn crash_at_every_store_write_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_at_every_store_write_on_postgres() {
     crash_at_every_store_write(Backend::Postgres).await;
+}
+
+/// A message sent in the window between the two writes that end a run (its status saying
+/// it ends, then the deletion of its sandbox journaled) is refused with `AgentRunFinished`,
+/// not answered delivered and never read: the drive is paused before the journal write,
+/// the message sent, the drive let go on.
+async fn a_message_sent_while_the_run_ends_is_refused(backend: Backend) {
+    let (store, keep) = fresh_store(backend).await;
+    let world = World::over_store(script(), store.clone());
+    setup(&world).await;
+    let pausing = Arc::new(CrashingStore::at_any_write(
+        store,
+        usize::MAX,
+        CrashMode::AfterWrite,
+    ));
+    let (paused, go_on) = pausing.pause_before_next("(SandboxDeletion)");
+    let driving = {
+        let engine = world.engine_over(pausing);
+        tokio::spawn(async move { engine.drive(PROJECT, "job").await })
+    };
+    paused.notified().await;
+    let sender = world.engine();
+    let run = sender.get_run(PROJECT, "job").await.expect("run");
+    assert_eq!(run.status.ending, Some(RunPhase::Succeeded), "{backend:?}");
+    assert_eq!(run.status.phase, Some(RunPhase::Running), "{backend:?}");
+    let journal = sender.journal(PROJECT, "job").await.expect("journal");
+    assert!(
+        !journal
+            .iter()
+            .any(|step| matches!(step.intent, Intent::DestroySandbox { .. })),
+        "{backend:?}: paused before the ending is journaled"
+    );
+    let sent = sender
+        .send_message(PROJECT, "job", "One more thing.", Some("late"))
+        .await;
+    go_on.notify_one();
+    let driven = driving.await.expect("no panic").expect("the drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{backend:?}");
+    // Answered delivered, it would never be read: the run's last turn is over.
+    let error = sent.expect_err("the ending run refuses the message");
+    assert_eq!(error.reason(), "AgentRunFinished", "{backend:?}: {error}");
+    assert!(error.to_string().contains("Succeeded"), "{error}");
+    let run = sender.get_run(PROJECT, "job").await.expect("run");
+    assert_eq!(run.status.turns.len(), 2, "{backend:?}: no third turn");
+    assert_eq!(
+        run.status.ending, None,
+        "{backend:?}: finished, no longer ending"
+    );
+    let inbox = store_inbox(&world, &run).await;
+    assert_eq!(
+        inbox,
+        vec!["Now the staging checks.".to_string()],
+        "{backend:?}"
+    );
+    keep.close();
+}
+
+/// The messages of `run`, in order.
+async fn store_inbox(world: &World, run: &nodus_core::resource::AgentRun) -> Vec<String> {
+    let uid = run.metadata.uid.as_deref().expect("a uid");
+    let inbox = world.store.inbox(uid).await.expect("inbox");
+    inbox.into_iter().map(|m| m.payload).collect()
+}
+
+#[tokio::test]
+async fn a_message_sent_while_the_run_ends_is_refused_on_the_memory_store() {
+    a_message_sent_while_the_run_ends_is_refused(Backend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sent_while_the_run_ends_is_refused_on_sqlite() {
+    a_message_sent_while_the_run_ends_is_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sent_while_the_run_ends_is_refused_on_postgres() {
+    a_message_sent_while_the_run_ends_is_refused(Backend::Postgres).await;
+}
+
+/// A crash between the two writes that end a run leaves its status saying it ends with no
+/// ending journaled; the restarted run decides again, and when it decides to go on (here: a
+/// message that reached its inbox anyway, posted straight to the store), its status stops
+/// saying it ends before it acts, so that it takes messages again.
+async fn a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again(backend: Backend) {
+    let (store, keep) = fresh_store(backend).await;
+    let mut replies = script();
+    replies.push(Reply::Text("third answer".into()));
+    let world = World::over_store(replies, store.clone());
+    setup(&world).await;
+    let pausing = Arc::new(CrashingStore::at_any_write(
+        store.clone(),
+        usize::MAX,
+        CrashMode::AfterWrite,
+    ));
+    let (paused, _) = pausing.pause_before_next("(SandboxDeletion)");
+    let driving = {
+        let engine = world.engine_over(pausing);
+        tokio::spawn(async move { engine.drive(PROJECT, "job").await })
+    };
+    paused.notified().await;
+    // The process dies before the ending is journaled.
+    driving.abort();
+    let _ = driving.await;
+
+    let engine = world.engine();
+    let run = engine.get_run(PROJECT, "job").await.expect("run");
+    assert_eq!(run.status.ending, Some(RunPhase::Succeeded), "{backend:?}");
+    let error = engine
+        .send_message(PROJECT, "job", "Refused while it says it ends.", None)
+        .await
+        .expect_err("a run whose status says it ends refuses messages");
+    assert_eq!(error.reason(), "AgentRunFinished", "{backend:?}: {error}");
+    let version = run
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .expect("a version");
+    store
+        .post_message(
+            &support::run_key("job"),
+            version,
+            None,
+            "And the third checks.",
+            nodus_core::clock::Clock::now(world.clock.as_ref()),
+        )
+        .await
+        .expect("posted");
+
+    let restarted = Arc::new(CrashingStore::at_any_write(
+        store,
+        usize::MAX,
+        CrashMode::AfterWrite,
+    ));
+    let (reading, go_on) = restarted.pause_before_next("(Message)");
+    let driving = {
+        let engine = world.engine_over(restarted);
+        tokio::spawn(async move { engine.drive(PROJECT, "job").await })
+    };
+    reading.notified().await;
+    let run = engine.get_run(PROJECT, "job").await.expect("run");
+    assert_eq!(
+        run.status.ending, None,
+        "{backend:?}: the run that goes on no longer says it ends"
+    );
+    go_on.notify_one();
+    let driven = driving.await.expect("no panic").expect("the drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded), "{backend:?}");
+    let run = engine.get_run(PROJECT, "job").await.expect("run");
+    assert_eq!(
+        run.status.turns.len(),
+        3,
+        "{backend:?}: the message was read"
+    );
+    assert_eq!(run.status.ending, None, "{backend:?}");
+    assert_eq!(
+        engine
+            .answer(PROJECT, "job")
+            .await
+            .expect("answer")
+            .as_deref(),
+        Some("third answer"),
+        "{backend:?}"
+    );
+    keep.close();
+}
+
+#[tokio::test]
+async fn a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again_on_the_memory_store() {
+    a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again(Backend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again_on_sqlite() {
+    a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again_on_postgres() {
+    a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again(Backend::Postgres).await;
 }

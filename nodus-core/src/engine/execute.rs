@@ -319,15 +319,22 @@ impl Engine {
                         intent,
                         completion: None,
                     };
-                    if matches!(step.intent, Intent::DestroySandbox { .. }) {
-                        // The run ends: say so in its status before the step is journaled,
-                        // with a write conditional on the run as read. A message that came
-                        // after that read bumped the version, so the write is refused and the
-                        // run decides again with the message; one that comes after the write
-                        // is refused by send_message, which sees the journaled ending.
-                        let mut ending = replay.clone();
-                        ending.apply(&step);
-                        match self.write_status(fixed, &run, &ending, phase).await? {
+                    let ends = matches!(step.intent, Intent::DestroySandbox { .. });
+                    if ends || run.object.status.ending.is_some() {
+                        // The run ends: say so in its status (`status.ending`) before the
+                        // step is journaled, with a write conditional on the run as read. A
+                        // message posted after that read bumped the version, so the write is
+                        // refused and the run decides again with the message; one posted
+                        // after the write is refused by send_message, which reads
+                        // `status.ending` on the very version it posts against.
+                        // A run whose status says it ends but decided otherwise (a crash came
+                        // between that write and the journal's) says so first, the same way,
+                        // so that it takes messages again.
+                        let mut written = replay.clone();
+                        if ends {
+                            written.apply(&step);
+                        }
+                        match self.write_status(fixed, &run, &written, phase).await? {
                             Some(written) => run = written,
                             None => continue,
                         }

@@ -711,16 +711,16 @@ impl Engine {
                 .phase
                 .unwrap_or(RunPhase::Pending(PendingReason::Queued));
             let object_key = ObjectKey::new(project, Kind::AgentRun, name);
-            // A run that journaled its ending (its sandbox is being deleted) reads no more
-            // messages either: refused like a finished run's, rather than answered delivered
-            // and never read. The executor writes the run before it journals its ending, so a
-            // message posted against the version read here is refused if that came between.
+            // A run that is ending (deleting its sandbox) reads no more messages either:
+            // refused like a finished run's, rather than answered delivered and never read.
+            // The executor writes `status.ending` before it journals the ending, and the
+            // message is posted conditional on the version read here: either this version
+            // says the run is ending, or the executor's write comes after the post and is
+            // refused, and the run decides again with the message.
             let ended = if phase.is_finished() {
                 Some(phase)
-            } else if phase.is_started() {
-                ending_of(&self.deps.store.journal(run_uid(&run.object)).await?)
             } else {
-                None
+                run.object.status.ending
             };
             if let Some(phase) = ended {
                 // A repeat of a message the run already had is still answered as a repeat.
@@ -1015,15 +1015,6 @@ fn check_repeat(record: &serde_json::Value, request: &str, key: &str) -> Result<
 
 /// Refuses a message key that was already used for a message with another payload: only a
 /// repeat of the same message is answered as delivered.
-/// How the run ends, once its journal holds the deletion of its sandbox (the last step of a
-/// run that is ending).
-fn ending_of(journal: &[crate::journal::Step]) -> Option<RunPhase> {
-    match journal.last().map(|step| &step.intent) {
-        Some(crate::journal::Intent::DestroySandbox { then, .. }) => Some(*then),
-        _ => None,
-    }
-}
-
 fn check_same_message(first: &crate::store::InboxMessage, payload: &str, key: &str) -> Result<()> {
     if first.payload == payload {
         return Ok(());

@@ -40,23 +40,27 @@ pub fn project(
         status.completion_time.get_or_insert(now);
         status.cancel_requested = None;
     }
+    // Derived from the journal on every write, so that it never outlives the ending it
+    // describes (a run that decided otherwise after a crash loses it at its next write).
+    status.ending = ending(phase, replay);
     status.message = message(phase, replay);
     status
 }
 
+/// `status.ending`: how the run ends while it deletes its sandbox to end (`send_message`
+/// refuses messages then, reading it on the document it posts against); none once finished.
+fn ending(phase: RunPhase, replay: &Replay) -> Option<RunPhase> {
+    if phase.is_finished() {
+        return None;
+    }
+    replay.ending()
+}
+
 fn message(phase: RunPhase, replay: &Replay) -> Option<String> {
-    if !phase.is_finished() {
-        let ending = replay
-            .ended
-            .or(match replay.open_step.as_ref().map(|step| &step.intent) {
-                Some(crate::journal::Intent::DestroySandbox { then, .. }) => Some(*then),
-                _ => None,
-            });
-        if let Some(then) = ending {
-            return Some(format!(
-                "the run is ending ({then}): deleting its sandbox; it takes no more messages"
-            ));
-        }
+    if let Some(then) = ending(phase, replay) {
+        return Some(format!(
+            "the run is ending ({then}): deleting its sandbox; it takes no more messages"
+        ));
     }
     Some(match phase {
         RunPhase::Waiting(WaitReason::MaxCostReached) => format!(
@@ -110,4 +114,53 @@ pub fn preview(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{Intent, Step};
+    use crate::sandbox::SandboxId;
+
+    fn ending_step() -> Step {
+        Step {
+            seq: 0,
+            started_at: Timestamp::UNIX_EPOCH,
+            intent: Intent::DestroySandbox {
+                id: SandboxId("sandbox-1".to_string()),
+                then: RunPhase::Succeeded,
+            },
+            completion: None,
+        }
+    }
+
+    #[test]
+    fn ending_is_set_while_the_sandbox_deletion_is_under_way_and_only_then() {
+        let now = Timestamp::UNIX_EPOCH;
+        let ending = Replay::of(&[ending_step()]);
+        let status = project(
+            &AgentRunStatus::default(),
+            &ending,
+            RunPhase::Running,
+            None,
+            now,
+        );
+        assert_eq!(status.ending, Some(RunPhase::Succeeded));
+        assert!(
+            status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("takes no more messages")),
+            "{:?}",
+            status.message
+        );
+        // Finished: the phase says it all.
+        let finished = project(&status, &ending, RunPhase::Succeeded, None, now);
+        assert_eq!(finished.ending, None);
+        // A run whose journal holds no ending (it decided otherwise after a crash) loses the
+        // field at its next write.
+        let going_on = project(&status, &Replay::default(), RunPhase::Running, None, now);
+        assert_eq!(going_on.ending, None);
+        assert_eq!(going_on.message, None);
+    }
 }

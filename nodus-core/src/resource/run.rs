@@ -133,6 +133,11 @@ pub struct AgentRunStatus {
     /// A sentence about the phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The phase the run ends in (`phase`, `reason`), set while it deletes its sandbox to end:
+    /// from then on it takes no more messages (a message is refused with `AgentRunFinished`).
+    /// Absent on a run that is not ending, and once it has finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<RunPhase>,
     /// Each prompt with the model that served it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<TurnStatus>,

@@ -64,8 +64,24 @@ pub struct CrashingStore {
     crash_at: usize,
     mode: CrashMode,
     dead: Mutex<bool>,
-    /// When set, the next claim, once made, tells `.0` and waits for `.1`.
-    claim_pause: Mutex<Option<(Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>)>>,
+    /// When set, the next write it names pauses there.
+    pause: Mutex<Option<Pause>>,
+}
+
+/// A pause at the next write whose description contains `matching`: before the write is
+/// made or once it is made, the write tells `made` and waits for `go_on`.
+struct Pause {
+    matching: String,
+    after: bool,
+    made: Arc<tokio::sync::Notify>,
+    go_on: Arc<tokio::sync::Notify>,
+}
+
+impl Pause {
+    async fn hold(&self) {
+        self.made.notify_one();
+        self.go_on.notified().await;
+    }
 }
 
 impl CrashingStore {
@@ -87,16 +103,49 @@ impl CrashingStore {
             crash_at,
             mode,
             dead: Mutex::new(false),
-            claim_pause: Mutex::new(None),
+            pause: Mutex::new(None),
         }
     }
 
     /// Pauses the next claim after it is made (holding the lease): the first `Notify` is told
     /// when it is, and the claim returns once the second is.
     pub fn pause_after_next_claim(&self) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
-        let pause = (Arc::default(), Arc::default());
-        *self.claim_pause.lock().expect("lock") = Some(pause.clone());
-        pause
+        self.pause_at("claim ", true)
+    }
+
+    /// Pauses the next write whose description (as [`CrashingStore::writes`] lists them, e.g.
+    /// `append step 15 (SandboxDeletion)`) contains `matching`, before it is made: the first
+    /// `Notify` is told when it is reached, and the write is made once the second is.
+    pub fn pause_before_next(
+        &self,
+        matching: &str,
+    ) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        self.pause_at(matching, false)
+    }
+
+    fn pause_at(
+        &self,
+        matching: &str,
+        after: bool,
+    ) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let pause = Pause {
+            matching: matching.to_string(),
+            after,
+            made: Arc::default(),
+            go_on: Arc::default(),
+        };
+        let notifies = (pause.made.clone(), pause.go_on.clone());
+        *self.pause.lock().expect("lock") = Some(pause);
+        notifies
+    }
+
+    /// The pause set for the write described `what`, taken (it pauses one write).
+    fn take_pause(&self, what: &str) -> Option<Pause> {
+        let mut pause = self.pause.lock().expect("lock");
+        if pause.as_ref().is_some_and(|p| what.contains(&p.matching)) {
+            return pause.take();
+        }
+        None
     }
 
     fn crashed() -> store::Error {
@@ -112,14 +161,14 @@ impl CrashingStore {
 
     /// Count a write (a journal write when `journal`); says whether to die after writing, or
     /// fails when the process dies before it.
-    fn write(&self, journal: bool, seen: impl FnOnce() -> Seen) -> Result<bool, store::Error> {
+    fn write(&self, journal: bool, seen: Seen) -> Result<bool, store::Error> {
         self.check_alive()?;
         if !journal && self.counted == Counted::Journal {
             return Ok(false);
         }
         let n = {
             let mut writes = self.writes.lock().expect("lock");
-            writes.push(seen());
+            writes.push(seen);
             writes.len()
         };
         if n != self.crash_at {
@@ -133,15 +182,23 @@ impl CrashingStore {
     }
 
     /// Runs `write` on the inner store unless the process died before it, and dies after it
-    /// when this is the chosen write.
+    /// when this is the chosen write; pauses before or after it when a pause names it.
     async fn writing<T>(
         &self,
         journal: bool,
         seen: impl FnOnce() -> Seen,
         write: impl std::future::Future<Output = Result<T, store::Error>>,
     ) -> Result<T, store::Error> {
+        let seen = seen();
+        let pause = self.take_pause(&seen.what);
         let die_after = self.write(journal, seen)?;
+        if let Some(pause) = pause.as_ref().filter(|p| !p.after) {
+            pause.hold().await;
+        }
         let written = write.await?;
+        if let Some(pause) = pause.as_ref().filter(|p| p.after) {
+            pause.hold().await;
+        }
         if die_after {
             return Err(Self::crashed());
         }
@@ -219,15 +276,8 @@ impl Store for CrashingStore {
     }
     async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
         let what = || seen(format!("claim {run}"));
-        let fence = self
-            .writing(false, what, self.inner.claim(run, lease))
-            .await?;
-        let pause = self.claim_pause.lock().expect("lock").take();
-        if let Some((made, go_on)) = pause {
-            made.notify_one();
-            go_on.notified().await;
-        }
-        Ok(fence)
+        self.writing(false, what, self.inner.claim(run, lease))
+            .await
     }
     async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
         let what = || seen(format!("renew {run}"));
