@@ -2,8 +2,10 @@
 //!
 //! `cargo bench -p nodus-tests --bench server`
 //!
-//! The embedded default (SQLite, bubblewrap sandboxes, the offline model) is started in this
-//! process. A small keep-alive HTTP/1.1 load generator measures requests per second for
+//! The embedded default (SQLite, process sandboxes started by Nodus's launcher as `nodus
+//! server` starts them, the offline model) is started in this process; this binary is the
+//! launcher too (`--nodus-launch`, as `nodus` is where `nodus-launch` is not installed beside
+//! it). A small keep-alive HTTP/1.1 load generator measures requests per second for
 //! `GET /healthz` (the baseline: the HTTP stack alone), `GET` of an agent, and run creation
 //! (into a group whose cap admits nothing, so only creation is measured). Then a group of
 //! 100 and a group of 1,000 runs (maxActive 100, each run one command in its own sandbox)
@@ -11,7 +13,8 @@
 //! the time per run beyond a fixed start.
 //!
 //! `NODUS_BENCH_STORE` (`memory:`) and `NODUS_BENCH_SANDBOX` (`unisolated`) swap a backend to
-//! see where the time goes; `NODUS_BENCH_GROUPS_ONLY` skips the request rates,
+//! see where the time goes, `NODUS_BENCH_STARTER=bubblewrap` starts process sandboxes with
+//! bubblewrap; `NODUS_BENCH_GROUPS_ONLY` skips the request rates,
 //! `NODUS_BENCH_RATES_ONLY` the groups; `NODUS_BENCH_SYSTEM_BYTES` sizes the agent's system
 //! prompt (1 byte by default), which every run's document carries in its snapshot.
 
@@ -148,8 +151,21 @@ async fn requests_per_second(address: SocketAddr) {
     );
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
+fn main() -> std::process::ExitCode {
+    // The sandbox launcher, before any thread starts.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(code) = nodus_launch::run_if_asked(&args) {
+        return code;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(bench());
+    std::process::ExitCode::SUCCESS
+}
+
+async fn bench() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut options = Options::new(dir.path().join("data"));
     // NODUS_BENCH_STORE and NODUS_BENCH_SANDBOX choose other backends, to see where time goes.
@@ -161,9 +177,20 @@ async fn main() {
         Ok(kind) => kind.parse().expect("NODUS_BENCH_SANDBOX"),
         Err(_) => SandboxKind::Process,
     };
+    options.sandbox_launcher = match std::env::var("NODUS_BENCH_STARTER").as_deref() {
+        Ok("bubblewrap") => None,
+        Ok(other) => panic!("NODUS_BENCH_STARTER={other:?}: only bubblewrap is another choice"),
+        Err(_) => Some(std::env::current_exe().expect("this binary")),
+    };
     options.bootstrap_token = Some(TOKEN.to_string());
     options.listen = "127.0.0.1:0".parse().expect("address");
     let server = Server::build(options).await.expect("server");
+    // Which store and sandbox (and what starts it) this run measures.
+    for line in &server.announcements {
+        if line.starts_with("store") || line.starts_with("sandbox") {
+            println!("{line}");
+        }
+    }
     let state = server.state();
     state
         .ledger
@@ -205,7 +232,7 @@ async fn main() {
     }
     let hundred = group_wall_time(address, "g100", 100).await;
     let thousand = group_wall_time(address, "g1000", 1000).await;
-    println!("group wall time, maxActive 100, one command per run in its own bubblewrap sandbox:");
+    println!("group wall time, maxActive 100, one command per run in its own sandbox:");
     println!("  100 runs    {hundred:>8} ms");
     println!("  1000 runs   {thousand:>8} ms");
     println!(
