@@ -9,8 +9,9 @@
 //! and with Nodus's own launcher), bare `bwrap` and bare `unshare` go through with 1, 16 and
 //! 100 in flight, next to `sh -c true` (a process start, which scales with the cores), and
 //! how busy the machine's CPUs were meanwhile. A start that cannot use the idle cores waits
-//! on something other than the CPU. Last, the launcher's cycle and bare `unshare` in
-//! alternated batches at 1 and 16 in flight.
+//! on something other than the CPU. Last, the launcher's cycle, the same without the pool
+//! of emptied cgroups (every cgroup made and removed, `cgroup_pool` 0) and bare `unshare`
+//! in alternated batches at 1 and 16 in flight.
 //!
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
@@ -496,7 +497,16 @@ async fn parallel(n: usize, root: &std::path::Path) {
         "the launcher failed its self-check"
     );
     let launcher: Arc<dyn Sandbox> = launched;
-    for backend in [&bwrap, &launcher] {
+    let mut config = BwrapConfig::new(root.join("unpooled"));
+    config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+    config.cgroup_pool = 0;
+    let unpooled = Arc::new(BwrapSandbox::new(config));
+    assert!(
+        unpooled.uses_launcher().await.expect("prepared"),
+        "the launcher failed its self-check"
+    );
+    let unpooled: Arc<dyn Sandbox> = unpooled;
+    for backend in [&bwrap, &launcher, &unpooled] {
         let warm = backend
             .create(&spec("bench-par-warm", None))
             .await
@@ -555,18 +565,21 @@ async fn parallel(n: usize, root: &std::path::Path) {
             bare / unshare
         );
     }
-    alternated(&launcher, tag).await;
+    alternated(&launcher, &unpooled, tag).await;
 }
 
-/// The launcher's cycle against bare `unshare`, in batches of 100 taken in turn (six of each
-/// at 1 and at 16 in flight), so that a load that moves (other work on the machine) weighs
-/// on both alike; prints each pair's ratio, the ratio of the sums and the phases.
-async fn alternated(launcher: &Arc<dyn Sandbox>, tag: u32) {
+/// The launcher's cycle, the same without the cgroup pool (`unpooled`) and bare `unshare`,
+/// in batches of 100 taken in turn (six of each at 1 and at 16 in flight), so that a load
+/// that moves (other work on the machine) weighs on all alike; prints each round's ratios,
+/// the ratios of the sums and the phases.
+async fn alternated(launcher: &Arc<dyn Sandbox>, unpooled: &Arc<dyn Sandbox>, tag: u32) {
     const ROUNDS: usize = 6;
     const BATCH: usize = 100;
     for in_flight in [1, 16] {
         let phases = Phases::default();
-        let (mut unshare, mut cycles, mut pairs) = (0.0, 0.0, Vec::new());
+        let unpooled_phases = Phases::default();
+        let (mut unshare, mut cycles, mut without) = (0.0, 0.0, 0.0);
+        let (mut pairs, mut unpooled_pairs, mut pool_pairs) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             let (u, _) = timed(BATCH, in_flight, |_| bare_async(BARE_UNSHARE)).await;
             let (c, _) = timed(BATCH, in_flight, |i| {
@@ -574,17 +587,34 @@ async fn alternated(launcher: &Arc<dyn Sandbox>, tag: u32) {
                 cycle(launcher.clone(), key, phases.clone())
             })
             .await;
+            let (w, _) = timed(BATCH, in_flight, |i| {
+                let key = format!("bench-alt-unpooled-{tag}-{in_flight}-{round}-{i}");
+                cycle(unpooled.clone(), key, unpooled_phases.clone())
+            })
+            .await;
             unshare += u;
             cycles += c;
+            without += w;
             pairs.push(format!("{:.2}x", c / u));
+            unpooled_pairs.push(format!("{:.2}x", w / u));
+            pool_pairs.push(format!("{:.2}x", c / w));
         }
         println!(
-            "alternated, {in_flight} in flight ({ROUNDS} x {BATCH} of each): launcher cycle {:.2} ms, unshare {:.2} ms, launcher cycle / unshare {:.2}x (each pair: {})",
+            "alternated, {in_flight} in flight ({ROUNDS} x {BATCH} of each): launcher cycle {:.2} ms, unshare {:.2} ms, launcher cycle / unshare {:.2}x (each round: {})",
             cycles / ROUNDS as f64,
             unshare / ROUNDS as f64,
             cycles / unshare,
             pairs.join(" ")
         );
         print_phases(&phases, ROUNDS * BATCH);
+        println!(
+            "    without the cgroup pool: cycle {:.2} ms, / unshare {:.2}x (each round: {}); with the pool / without {:.2}x (each round: {})",
+            without / ROUNDS as f64,
+            without / unshare,
+            unpooled_pairs.join(" "),
+            cycles / without,
+            pool_pairs.join(" ")
+        );
+        print_phases(&unpooled_phases, ROUNDS * BATCH);
     }
 }

@@ -161,6 +161,10 @@ const INSTALL_HINT: &str = "install bubblewrap: `apt-get install bubblewrap` (De
      `dnf install bubblewrap` (Fedora) or `apk add bubblewrap` (Alpine); or ask for the \
      unisolated mode by name";
 
+/// How many emptied cgroups a hierarchy keeps for reuse by default
+/// ([`BwrapConfig::cgroup_pool`]).
+pub const DEFAULT_CGROUP_POOL: usize = 32;
+
 /// Whether to enforce limits through cgroups.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CgroupUse {
@@ -189,6 +193,10 @@ pub struct BwrapConfig {
     pub cgroups: CgroupUse,
     /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
     pub cgroup_parent: String,
+    /// How many emptied cgroups each cgroup v1 hierarchy keeps for the next sandboxes
+    /// (renamed and given the new sandbox's limits instead of made and removed; see the
+    /// `cgroup` module); 0 makes and removes every one.
+    pub cgroup_pool: usize,
     /// More host directories to bind read-only at the same path (toolchains under `/opt`).
     /// The sandboxes read in them what [`BwrapConfig::run_as`] may read.
     pub extra_ro_binds: Vec<PathBuf>,
@@ -204,7 +212,7 @@ pub struct BwrapConfig {
 
 impl BwrapConfig {
     /// Working directories under `root`, `bwrap` from `PATH`, cgroups where possible under
-    /// `nodus`, nothing bound beyond the defaults, [`DEFAULT_SANDBOX_USER`] when this process
+    /// `nodus` with a pool of [`DEFAULT_CGROUP_POOL`], nothing bound beyond the defaults, [`DEFAULT_SANDBOX_USER`] when this process
     /// runs as root (its own user otherwise), [`DEFAULT_DISK_RESERVE_BYTES`] kept free.
     pub fn new(root: PathBuf) -> Self {
         BwrapConfig {
@@ -213,6 +221,7 @@ impl BwrapConfig {
             launcher: None,
             cgroups: CgroupUse::Auto,
             cgroup_parent: "nodus".to_owned(),
+            cgroup_pool: DEFAULT_CGROUP_POOL,
             extra_ro_binds: Vec::new(),
             run_as: rustix::process::getuid()
                 .is_root()
@@ -501,7 +510,7 @@ impl BwrapSandbox {
     /// [`Sandbox::create`].
     pub fn new(config: BwrapConfig) -> Self {
         let cgroups = match config.cgroups {
-            CgroupUse::Auto => Cgroups::detect(&config.cgroup_parent),
+            CgroupUse::Auto => Cgroups::detect(&config.cgroup_parent, config.cgroup_pool),
             CgroupUse::Never => Cgroups::none(),
         };
         let enforced = cgroups.enforced();
@@ -882,11 +891,9 @@ impl Sandbox for BwrapSandbox {
         };
         let cgroups = self.cgroups.clone();
         let key = id.0.clone();
-        let removed = blocking(move || {
-            cgroups.remove(&key);
-            remove_tree(&dir)
-        })
-        .await;
+        // The directory goes once the sandbox's processes are gone, before its cgroups are
+        // pooled: its files' page cache is then no longer charged to them.
+        let removed = blocking(move || cgroups.remove_after(&key, || remove_tree(&dir))).await;
         drop(held);
         removed
     }

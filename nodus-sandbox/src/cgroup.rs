@@ -13,10 +13,26 @@
 //! cgroup v2 a process that cannot use `<mount>/<parent>` uses what the host delegates to it:
 //! `<parent>` beside its own cgroup (systemd gives a user's services their own subtree).
 //! [`Cgroups::summary`] says which limits hold.
+//!
+//! Emptied cgroups are kept for reuse (a pool, cgroup v1 only): making a cgroup (the memory
+//! controller's per-CPU state, the CPU controller's per-CPU run queues) and removing it (its
+//! teardown runs in kernel workers after an RCU grace period) is most of what the backend's
+//! own work costs the machine per sandbox. At [`Cgroups::remove`] a cgroup whose processes
+//! are all gone is renamed `+pool-…` (no sandbox key holds a `+`) instead of removed, up to
+//! a configured number a hierarchy; [`Cgroups::create`] renames one back to the new sandbox's key
+//! and writes every limit of the new sandbox again. What a pooled cgroup keeps of the
+//! sandbox before it: its counters (peak memory, failures, CPU time), which Nodus reads
+//! nowhere and a sandbox cannot see (it has no `/sys`), and on the memory controller the
+//! charge of page cache and kernel memory that sandbox left behind, which the next one's
+//! limit reclaims like its own cache: a memory cgroup still charged with more than
+//! [`POOL_MAX_CHARGE`] is removed instead. Cgroup v2 renames no cgroup, so there each is
+//! made and removed. The pool is removed when the backend is dropped, and a pool left by a
+//! process that is gone when the next backend starts.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use nodus_core::sandbox::{Error, Limits};
 use tracing::{debug, warn};
@@ -29,6 +45,12 @@ const MIN_CPU_QUOTA_US: u64 = 1_000;
 /// schedules their exit, which on a loaded host can take seconds), and how far apart.
 const REMOVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
 const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+/// An emptied memory cgroup still charged with more than this (page cache and kernel memory
+/// its sandbox left) is removed, not pooled: the next sandbox starts with at most this much
+/// of another's charge, which its limit reclaims as its own cache.
+pub(crate) const POOL_MAX_CHARGE: u64 = 8 << 20;
+/// What every pooled cgroup's name starts with: no sandbox key holds a `+`.
+const POOL_PREFIX: &str = "+pool-";
 
 /// Which limits a set of cgroups enforces.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,6 +92,113 @@ struct Hierarchy {
     parent: PathBuf,
     v2: bool,
     controllers: Controllers,
+    /// Emptied cgroups kept for reuse (v1 only: v2 renames no cgroup).
+    pool: Option<Arc<Pool>>,
+}
+
+/// Emptied cgroups of one hierarchy, named `+pool-<pid>-<backend>-<n>` under its parent,
+/// kept for the next sandboxes; removed when the last copy of their [`Cgroups`] is dropped.
+#[derive(Debug)]
+struct Pool {
+    parent: PathBuf,
+    /// `+pool-<pid>-<backend>-`: each backend's own names, so that backends sharing a parent
+    /// never take each other's.
+    prefix: String,
+    /// The most cgroups it keeps.
+    size: usize,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    /// The names of the pooled cgroups, each empty and holding limits of a sandbox that is gone.
+    free: Vec<String>,
+    /// The number in the next pooled cgroup's name.
+    next: u64,
+}
+
+impl Pool {
+    fn new(parent: &Path, size: usize) -> Arc<Pool> {
+        static BACKENDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let backend = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(Pool {
+            parent: parent.to_path_buf(),
+            prefix: format!("{POOL_PREFIX}{}-{backend}-", std::process::id()),
+            size,
+            state: Mutex::default(),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A pooled cgroup's name, if one waits.
+    fn take(&self) -> Option<String> {
+        self.state().free.pop()
+    }
+
+    /// A name for one more pooled cgroup, while the pool has room.
+    fn room(&self) -> Option<String> {
+        let mut state = self.state();
+        if state.free.len() >= self.size {
+            return None;
+        }
+        state.next = state.next.wrapping_add(1);
+        Some(format!("{}{}", self.prefix, state.next))
+    }
+
+    fn put(&self, name: String) {
+        self.state().free.push(name);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for name in std::mem::take(&mut self.state().free) {
+            let dir = self.parent.join(name);
+            if let Err(e) = fs::remove_dir(&dir) {
+                debug!(cgroup = %dir.display(), error = %e, "cannot remove a pooled cgroup");
+            }
+        }
+    }
+}
+
+/// Removes the pooled cgroups under `parent` that a process now gone left behind (it ended
+/// without dropping its backend). Pooled cgroups are empty: nothing is killed.
+fn sweep_pools(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(POOL_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        if let Err(e) = fs::remove_dir(entry.path()) {
+            debug!(cgroup = %entry.path().display(), error = %e, "cannot remove a pooled cgroup left behind");
+        }
+    }
+}
+
+/// How a sandbox's cgroup came to be: what its limit files hold before they are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    /// Just made: the kernel's defaults.
+    Fresh,
+    /// Taken from the pool: another sandbox's limits, written by this process (the CPU period
+    /// is [`CPU_PERIOD_US`], the only one it writes).
+    Pooled,
+    /// There already (a sandbox of the same key, made before a restart): anything.
+    Found,
 }
 
 /// The cgroups that sandboxes are put in; empty when the host allows none.
@@ -86,8 +215,9 @@ impl Cgroups {
 
     /// Finds the memory, pids and cpu controllers in `/proc/self/mountinfo` (v1 first, then
     /// v2) and prepares the parent cgroup `parent` in each hierarchy. Hierarchies that cannot
-    /// be used are left out with a warning.
-    pub(crate) fn detect(parent: &str) -> Self {
+    /// be used are left out with a warning. Each v1 hierarchy keeps up to `pool` emptied
+    /// cgroups for reuse.
+    pub(crate) fn detect(parent: &str, pool: usize) -> Self {
         let mountinfo = match fs::read_to_string("/proc/self/mountinfo") {
             Ok(text) => text,
             Err(e) => {
@@ -119,7 +249,9 @@ impl Cgroups {
                     {
                         Ok(dir) => {
                             found = found.or(controllers);
+                            sweep_pools(&dir);
                             hierarchies.push(Hierarchy {
+                                pool: (pool > 0).then(|| Pool::new(&dir, pool)),
                                 parent: dir,
                                 v2: false,
                                 controllers,
@@ -154,6 +286,7 @@ impl Cgroups {
                         parent: dir,
                         v2: true,
                         controllers,
+                        pool: None,
                     });
                 }
                 Ok(_) => {
@@ -222,10 +355,11 @@ impl Cgroups {
         self.hierarchies.iter().all(|h| !h.v2)
     }
 
-    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits. With an
-    /// `entrant` (user id, group id), a v1 cgroup's `tasks` file is given to that user, so
-    /// that a process of the sandbox's user can join it without root: only the sandbox's
-    /// cgroup, whose limits it cannot change, and none of the host's.
+    /// Creates (or reuses) the cgroups of sandbox `key` and writes its limits: each is a
+    /// pooled one renamed to `key` when the pool has one, else made. With an `entrant` (user
+    /// id, group id), a v1 cgroup's `tasks` file is given to that user, so that a process of
+    /// the sandbox's user can join it without root: only the sandbox's cgroup, whose limits
+    /// it cannot change, and none of the host's.
     pub(crate) fn create(
         &self,
         key: &str,
@@ -239,12 +373,36 @@ impl Cgroups {
                 warn!(cgroup = %dir.display(), error = %e, "{what} a sandbox's cgroup failed");
                 Error::Failed(format!("{what} the sandbox's cgroup: {e}"))
             };
-            let fresh = match fs::create_dir(&dir) {
-                Ok(()) => true,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
-                Err(e) => return Err(failed("creating", e)),
+            let make = || match fs::create_dir(&dir) {
+                Ok(()) => Ok(Made::Fresh),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Made::Found),
+                Err(e) => Err(failed("creating", e)),
             };
-            write_limits(&dir, hierarchy, limits, fresh)
+            let pooled = hierarchy
+                .pool
+                .as_ref()
+                .and_then(|pool| pool.take().map(|name| (pool, name)));
+            let made = match pooled {
+                Some((pool, name)) => {
+                    let from = hierarchy.parent.join(&name);
+                    match fs::rename(&from, &dir) {
+                        Ok(()) => Made::Pooled,
+                        Err(e) => {
+                            debug!(cgroup = %from.display(), error = %e, "cannot reuse a pooled cgroup");
+                            if dir.exists() {
+                                // The key's own is there (made before a restart): the pooled
+                                // one waits for the next sandbox.
+                                pool.put(name);
+                            } else {
+                                let _ = fs::remove_dir(&from);
+                            }
+                            make()?
+                        }
+                    }
+                }
+                None => make()?,
+            };
+            write_limits(&dir, hierarchy, limits, made)
                 .map_err(|e| failed("setting the limits of", e))?;
             if let (Some((uid, gid)), false) = (entrant, hierarchy.v2) {
                 std::os::unix::fs::lchown(dir.join("tasks"), Some(uid), Some(gid))
@@ -268,41 +426,123 @@ impl Cgroups {
             .collect()
     }
 
-    /// Removes the cgroups of sandbox `key`; missing ones are fine. Blocks for up to two
-    /// seconds while the last processes leave.
+    /// Removes the cgroups of sandbox `key` (or pools them); missing ones are fine. Blocks
+    /// while the last processes leave.
     pub(crate) fn remove(&self, key: &str) {
-        for hierarchy in &self.hierarchies {
+        self.remove_after(key, || ());
+    }
+
+    /// Kills what runs in the cgroups of sandbox `key` and waits until it is gone, runs
+    /// `between` (destroy removes the working directory there, so that its page cache is no
+    /// longer charged to the memory cgroup), then pools each cgroup (empty, its memory
+    /// charge at most [`POOL_MAX_CHARGE`], while the pool has room) or removes it. Missing
+    /// cgroups are fine; blocks for up to [`REMOVE_WITHIN`] while the last processes leave.
+    pub(crate) fn remove_after<T>(&self, key: &str, between: impl FnOnce() -> T) -> T {
+        let emptied: Vec<bool> = self
+            .hierarchies
+            .iter()
+            .map(|hierarchy| {
+                let dir = hierarchy.parent.join(key);
+                if hierarchy.pool.is_some() {
+                    empty(&dir)
+                } else {
+                    // A command still running there (its sandbox is deleted under it) is
+                    // killed, with everything it started; the removal below waits until the
+                    // last processes leave.
+                    kill_all(&dir, hierarchy.v2);
+                    false
+                }
+            })
+            .collect();
+        let result = between();
+        for (hierarchy, emptied) in self.hierarchies.iter().zip(emptied) {
             let dir = hierarchy.parent.join(key);
-            // A command still running there (its sandbox is deleted under it) is killed, with
-            // everything it started; the last processes may take a moment to leave (the
-            // sandbox's init dies asynchronously after bubblewrap): the cgroup is busy until
-            // then.
-            kill_all(&dir, hierarchy.v2);
-            let started = std::time::Instant::now();
-            let mut tries: u32 = 0;
-            loop {
-                match fs::remove_dir(&dir) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(e)
-                        if e.kind() == io::ErrorKind::ResourceBusy
-                            && started.elapsed() < REMOVE_WITHIN =>
-                    {
-                        tries = tries.wrapping_add(1);
-                        if tries.is_multiple_of(100) {
-                            // Something forked while it was being killed: again.
-                            kill_all(&dir, hierarchy.v2);
-                        }
-                        std::thread::sleep(REMOVE_PAUSE);
+            if emptied
+                && let Some(pool) = &hierarchy.pool
+                && within_charge(&dir, hierarchy)
+                && let Some(name) = pool.room()
+            {
+                match fs::rename(&dir, hierarchy.parent.join(&name)) {
+                    Ok(()) => {
+                        pool.put(name);
+                        continue;
                     }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => {
-                        warn!(cgroup = %dir.display(), error = %e, "cannot remove a sandbox's cgroup");
-                        break;
+                        debug!(cgroup = %dir.display(), error = %e, "cannot pool a sandbox's cgroup")
                     }
                 }
             }
+            remove_dir(&dir, hierarchy.v2);
+        }
+        result
+    }
+}
+
+/// Removes the cgroup `dir`, killing what is left in it and waiting (up to
+/// [`REMOVE_WITHIN`]) while the last processes leave; a missing one is fine.
+fn remove_dir(dir: &Path, v2: bool) {
+    let started = std::time::Instant::now();
+    let mut tries: u32 = 0;
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            Err(e)
+                if e.kind() == io::ErrorKind::ResourceBusy && started.elapsed() < REMOVE_WITHIN =>
+            {
+                tries = tries.wrapping_add(1);
+                if tries.is_multiple_of(100) {
+                    // Something forked while it was being killed: again.
+                    kill_all(dir, v2);
+                }
+                std::thread::sleep(REMOVE_PAUSE);
+            }
+            Err(e) => {
+                warn!(cgroup = %dir.display(), error = %e, "cannot remove a sandbox's cgroup");
+                break;
+            }
         }
     }
+}
+
+/// Kills every process of the v1 cgroup `dir` and waits (up to [`REMOVE_WITHIN`]) until its
+/// `tasks` lists no thread: whether it is empty now (`false` when it is gone or unreadable,
+/// or still busy).
+fn empty(dir: &Path) -> bool {
+    let started = std::time::Instant::now();
+    let mut tries: u32 = 0;
+    loop {
+        let tasks = match fs::read_to_string(dir.join("tasks")) {
+            Ok(tasks) => tasks,
+            Err(_) => return false,
+        };
+        if tasks.trim().is_empty() {
+            return true;
+        }
+        if started.elapsed() >= REMOVE_WITHIN {
+            warn!(cgroup = %dir.display(), "a sandbox's cgroup still holds processes");
+            return false;
+        }
+        if tries.is_multiple_of(100) {
+            // At first, then again if something forked while it was being killed.
+            kill_all(dir, false);
+        }
+        tries = tries.wrapping_add(1);
+        std::thread::sleep(REMOVE_PAUSE);
+    }
+}
+
+/// Whether an emptied cgroup's memory charge is small enough for the pool (always, in a
+/// hierarchy without the memory controller).
+fn within_charge(dir: &Path, hierarchy: &Hierarchy) -> bool {
+    if !hierarchy.controllers.memory {
+        return true;
+    }
+    fs::read_to_string(dir.join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|usage| usage.trim().parse::<u64>().ok())
+        .is_some_and(|usage| usage <= POOL_MAX_CHARGE)
 }
 
 /// Kills every process in the cgroup `dir`: through `cgroup.kill` where cgroup v2 has it
@@ -331,10 +571,12 @@ fn kill_all(dir: &Path, v2: bool) {
     }
 }
 
-/// Writes the limits into the cgroup `dir`; one just made (`fresh`) has the kernel's
-/// defaults, and what would only write a default again is left out (v1: lifting memory plus
-/// swap, which starts unlimited, and the CPU period, which starts at [`CPU_PERIOD_US`]).
-fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, fresh: bool) -> io::Result<()> {
+/// Writes every limit into the cgroup `dir`. One just made has the kernel's defaults and a
+/// pooled one a previous sandbox's limits, written by this process: what would only write
+/// the same value again is left out (v1: lifting memory plus swap, which a fresh cgroup
+/// starts without, and the CPU period, which starts at [`CPU_PERIOD_US`] and is never
+/// written anything else).
+fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, made: Made) -> io::Result<()> {
     let set = |file: &str, value: &str| fs::write(dir.join(file), value);
     let quota = (u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000).max(MIN_CPU_QUOTA_US);
     let memory = limits.memory_bytes.to_string();
@@ -356,7 +598,7 @@ fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, fresh: bool)
         if c.memory {
             // Memory plus swap may never be below memory: lift it, set memory, then pin it.
             let memsw = dir.join("memory.memsw.limit_in_bytes").exists();
-            if memsw && !fresh {
+            if memsw && made != Made::Fresh {
                 set("memory.memsw.limit_in_bytes", "-1")?;
             }
             set("memory.limit_in_bytes", &memory)?;
@@ -368,7 +610,7 @@ fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, fresh: bool)
             set("pids.max", &limits.processes.to_string())?;
         }
         if c.cpu {
-            if !fresh {
+            if made == Made::Found {
                 set("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
             }
             set("cpu.cfs_quota_us", &quota.to_string())?;
@@ -539,6 +781,7 @@ mod tests {
                 parent: parent.clone(),
                 v2: true,
                 controllers: Controllers::default(),
+                pool: None,
             }],
         };
         let limits = Limits::default();

@@ -34,7 +34,9 @@ mod process;
 pub mod unisolated;
 mod workdir;
 
-pub use bwrap::{BwrapConfig, BwrapSandbox, CgroupUse, DEFAULT_SANDBOX_USER, HostUser};
+pub use bwrap::{
+    BwrapConfig, BwrapSandbox, CgroupUse, DEFAULT_CGROUP_POOL, DEFAULT_SANDBOX_USER, HostUser,
+};
 #[cfg(feature = "docker")]
 pub use docker::{DockerConfig, DockerSandbox};
 pub use unisolated::UnisolatedSandbox;

@@ -118,6 +118,211 @@ fn cgroup_dir(controller: &str, key: &str) -> Option<PathBuf> {
     [v1, v2].into_iter().find(|p| p.is_dir())
 }
 
+/// The cgroup controllers a sandbox gets on this machine kind (cgroup v1, tests as root).
+const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// The inode of each of sandbox `key`'s cgroups: the same inode under another name is the
+/// same cgroup, renamed.
+fn cgroup_inodes(key: &str) -> Vec<u64> {
+    CONTROLLERS
+        .iter()
+        .map(|controller| {
+            let dir = cgroup_dir(controller, key)
+                .unwrap_or_else(|| panic!("a {controller} cgroup for {key}"));
+            std::fs::metadata(dir).expect("the cgroup").ino()
+        })
+        .collect()
+}
+
+/// What sandbox `key`'s cgroups hold of `limits`, against what they should hold, file by file.
+fn assert_limits(key: &str, limits: &nodus_core::sandbox::Limits) {
+    let read = |controller: &str, file: &str| {
+        let dir = cgroup_dir(controller, key).expect("the cgroup");
+        std::fs::read_to_string(dir.join(file))
+            .unwrap_or_else(|e| panic!("{controller}/{file}: {e}"))
+            .trim()
+            .to_owned()
+    };
+    let memory = limits.memory_bytes.to_string();
+    let quota = (u64::from(limits.cpu_millis) * 100).to_string();
+    assert_eq!(read("memory", "memory.limit_in_bytes"), memory, "{key}");
+    assert_eq!(
+        read("memory", "memory.memsw.limit_in_bytes"),
+        memory,
+        "{key}"
+    );
+    assert_eq!(
+        read("pids", "pids.max"),
+        limits.processes.to_string(),
+        "{key}"
+    );
+    assert_eq!(read("cpu", "cpu.cfs_quota_us"), quota, "{key}");
+    assert_eq!(read("cpu", "cpu.cfs_period_us"), "100000", "{key}");
+}
+
+/// Whether any cgroup under the sandboxes' parent of `controller` has inode `ino`.
+fn cgroup_with_inode(controller: &str, ino: u64) -> Option<PathBuf> {
+    let parent = Path::new("/sys/fs/cgroup").join(controller).join("nodus");
+    std::fs::read_dir(parent)
+        .expect("the parent cgroup")
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| std::fs::metadata(path).is_ok_and(|meta| meta.is_dir() && meta.ino() == ino))
+}
+
+#[tokio::test]
+async fn a_reused_cgroup_holds_the_new_limits_and_nothing_of_the_sandbox_before() {
+    a_reused_cgroup_holds_the_new_limits_on(false).await;
+}
+
+#[tokio::test]
+async fn a_reused_cgroup_holds_the_new_limits_and_nothing_of_the_sandbox_before_with_the_launcher()
+{
+    a_reused_cgroup_holds_the_new_limits_on(true).await;
+}
+
+/// A destroyed sandbox's emptied cgroups are the next sandbox's (the same cgroups, renamed):
+/// with every limit of the new sandbox, whether higher or lower than the old one's, and
+/// nothing left running of the sandbox before, even a process that was put there from
+/// outside its namespaces. Dropping the backend removes the pooled cgroups.
+async fn a_reused_cgroup_holds_the_new_limits_on(launcher: bool) {
+    let root = reachable_tempdir();
+    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
+    // Every limit unlike the next sandbox's (`test_limits`), and lower.
+    let small = nodus_core::sandbox::Limits {
+        cpu_millis: 500,
+        memory_bytes: 128 << 20,
+        processes: 32,
+        ..test_limits()
+    };
+    let first = unique_key("pool-first");
+    let id = sandbox
+        .create(&SandboxSpec {
+            limits: small,
+            ..spec(&first)
+        })
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(text(&exec(&sandbox, &id, "echo in").await), "in\n");
+    assert_limits(&first, &small);
+    let inodes = cgroup_inodes(&first);
+    // A host process in the sandbox's cgroups, outside its namespaces: killing the sandbox
+    // does not end it, the backend must before the cgroups serve another sandbox.
+    let mut stray = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep");
+    for controller in CONTROLLERS {
+        let procs = cgroup_dir(controller, &first)
+            .expect("cgroup")
+            .join("cgroup.procs");
+        std::fs::write(procs, stray.id().to_string()).expect("move the stray process");
+    }
+    sandbox.destroy(&id).await.expect("destroy");
+    let ended = stray.try_wait().expect("the stray process");
+    if ended.is_none() {
+        let _ = stray.kill();
+    }
+    assert!(
+        ended.is_some(),
+        "the process left in the cgroups is ended before they are pooled"
+    );
+
+    // The next sandbox gets the same cgroups, with its own limits (higher), and nothing else
+    // runs in them.
+    let second = unique_key("pool-second");
+    let id = sandbox.create(&spec(&second)).await.expect("create").id;
+    assert_eq!(
+        cgroup_inodes(&second),
+        inodes,
+        "the pooled cgroups are reused"
+    );
+    assert_limits(&second, &test_limits());
+    let pids = cgroup_dir("pids", &second).expect("cgroup");
+    let procs = std::fs::read_to_string(pids.join("cgroup.procs")).expect("procs");
+    assert!(
+        !procs
+            .lines()
+            .any(|pid| pid.trim() == stray.id().to_string()),
+        "{procs:?}"
+    );
+    // Its commands run in them, under its own limits.
+    assert_eq!(text(&exec(&sandbox, &id, "echo again").await), "again\n");
+    sandbox.destroy(&id).await.expect("destroy");
+
+    // And lower limits again: the memory limit goes below the one it held.
+    let third = unique_key("pool-third");
+    let id = sandbox
+        .create(&SandboxSpec {
+            limits: small,
+            ..spec(&third)
+        })
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(
+        cgroup_inodes(&third),
+        inodes,
+        "the pooled cgroups are reused"
+    );
+    assert_limits(&third, &small);
+    assert_eq!(text(&exec(&sandbox, &id, "echo third").await), "third\n");
+    sandbox.destroy(&id).await.expect("destroy");
+    assert!(
+        cgroup_dir("memory", &third).is_none(),
+        "no cgroup by its key"
+    );
+
+    // The pool goes with the backend.
+    assert!(cgroup_with_inode("memory", inodes[0]).is_some(), "pooled");
+    drop(sandbox);
+    for (controller, ino) in CONTROLLERS.iter().zip(&inodes) {
+        assert_eq!(
+            cgroup_with_inode(controller, *ino),
+            None,
+            "the pooled {controller} cgroup is removed with the backend"
+        );
+    }
+}
+
+/// A memory cgroup still charged with more than the pool takes (here the page cache of a
+/// file the suspended sandbox keeps in its working directory) is removed, not reused; the
+/// others are reused.
+#[tokio::test]
+async fn a_memory_cgroup_left_charged_is_not_reused() {
+    let root = reachable_tempdir();
+    let sandbox = backend(config(root.path().to_path_buf(), true)).await;
+    let key = unique_key("pool-charged");
+    let id = sandbox.create(&spec(&key)).await.expect("create").id;
+    let before = cgroup_inodes(&key);
+    // Suspended with little charged: all three come back.
+    sandbox.suspend(&id).await.expect("suspend");
+    assert_eq!(text(&exec(&sandbox, &id, "echo small").await), "small\n");
+    assert_eq!(cgroup_inodes(&key), before, "reused");
+    // 32 MiB of page cache, kept by the suspended sandbox's file.
+    let out = exec(
+        &sandbox,
+        &id,
+        "dd if=/dev/zero of=big bs=1M count=32 2>/dev/null && echo written",
+    )
+    .await;
+    assert_eq!(text(&out), "written\n", "{out:?}");
+    sandbox.suspend(&id).await.expect("suspend");
+    assert_eq!(text(&exec(&sandbox, &id, "echo big").await), "big\n");
+    let after = cgroup_inodes(&key);
+    assert_ne!(
+        after[0], before[0],
+        "the charged memory cgroup is made anew"
+    );
+    assert_eq!(
+        after[1..],
+        before[1..],
+        "the pids and cpu cgroups are reused"
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
 #[tokio::test]
 async fn commands_run_inside_the_sandbox_cgroups_with_its_limits() {
     commands_run_inside_the_sandbox_cgroups_with_its_limits_on(false).await;
