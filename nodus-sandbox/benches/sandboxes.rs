@@ -16,7 +16,8 @@
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
 //! times it for each figure of the starts at a time);
-//! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part.
+//! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part; `cycles` runs the
+//! launcher's cycle alone at 16 in flight (what to run under `perf record -a -g`).
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -222,6 +223,10 @@ fn main() {
         }
         if only.is_empty() || only == "docker" {
             docker(n, &image).await;
+        }
+        if only == "cycles" {
+            // For a profiler: the launcher's cycle only, 16 in flight.
+            only_cycles(n * 4, root.path()).await;
         }
         if only.is_empty() || only == "parallel" {
             parallel(n * 4, root.path()).await;
@@ -566,6 +571,20 @@ async fn parallel(n: usize, root: &std::path::Path) {
         );
     }
     alternated(&launcher, &unpooled, tag).await;
+}
+
+/// The launcher's cycle alone, 16 in flight, `n` times.
+async fn only_cycles(n: usize, root: &std::path::Path) {
+    let mut config = BwrapConfig::new(root.join("cycles"));
+    config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+    let launcher: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(config));
+    let tag = std::process::id();
+    let phases = Phases::default();
+    at_a_time("launcher backend: create+exec+destroy", n, 16, |i| {
+        cycle(launcher.clone(), format!("bench-cycles-{tag}-{i}"), phases.clone())
+    })
+    .await;
+    print_phases(&phases, n);
 }
 
 /// The launcher's cycle, the same without the cgroup pool (`unpooled`) and bare `unshare`,
