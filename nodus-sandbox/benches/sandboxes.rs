@@ -581,7 +581,11 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
     let tag = std::process::id();
     let phases = Phases::default();
     at_a_time("launcher backend: create+exec+destroy", n, 16, |i| {
-        cycle(launcher.clone(), format!("bench-cycles-{tag}-{i}"), phases.clone())
+        cycle(
+            launcher.clone(),
+            format!("bench-cycles-{tag}-{i}"),
+            phases.clone(),
+        )
     })
     .await;
     print_phases(&phases, n);

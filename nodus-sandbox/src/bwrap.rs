@@ -274,6 +274,21 @@ enum Ran {
 }
 
 impl Live {
+    /// Kills the sandbox and waits (up to [`DRAIN_GRACE`]) until its first process has
+    /// exited: the sandbox's init dies with it (its parent-death signal), and every process
+    /// of its pid namespace with that init, so that its cgroups are empty soon after, without
+    /// polling them all the while.
+    async fn end(mut self) {
+        self.group.kill();
+        let _ = self.child.start_kill();
+        if tokio::time::timeout(DRAIN_GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            debug!("a killed sandbox's first process did not exit in time");
+        }
+    }
+
     /// Whether the sandbox's process still runs.
     fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -860,7 +875,9 @@ impl Sandbox for BwrapSandbox {
             // After its running command, if one runs; holding the slot, so that no command
             // starts the sandbox again meanwhile.
             let mut held = created.live.lock().await;
-            drop(held.take());
+            if let Some(live) = held.take() {
+                live.end().await;
+            }
             // While it waits the sandbox holds no cgroup either: its next start makes them
             // again.
             let (cgroups, key) = (self.cgroups.clone(), id.0.clone());
@@ -884,7 +901,9 @@ impl Sandbox for BwrapSandbox {
         let held = match &created {
             Some(created) => {
                 let mut held = created.live.lock().await;
-                drop(held.take());
+                if let Some(live) = held.take() {
+                    live.end().await;
+                }
                 Some(held)
             }
             None => None,

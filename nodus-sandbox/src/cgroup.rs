@@ -31,6 +31,8 @@
 
 use std::fs;
 use std::io;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -90,7 +92,13 @@ impl Controllers {
 struct Hierarchy {
     /// `<mount point>/<parent>`.
     parent: PathBuf,
+    /// `parent`, opened once: each sandbox's cgroup is made, written and removed relative to
+    /// it, without walking the whole path again.
+    fd: Arc<OwnedFd>,
     v2: bool,
+    /// Whether v1's memory controller limits memory plus swap here
+    /// (`memory.memsw.limit_in_bytes`): as in `parent`, so in every cgroup made under it.
+    memsw: bool,
     controllers: Controllers,
     /// Emptied cgroups kept for reuse (v1 only: v2 renames no cgroup).
     pool: Option<Arc<Pool>>,
@@ -101,6 +109,7 @@ struct Hierarchy {
 #[derive(Debug)]
 struct Pool {
     parent: PathBuf,
+    fd: Arc<OwnedFd>,
     /// `+pool-<pid>-<backend>-`: each backend's own names, so that backends sharing a parent
     /// never take each other's.
     prefix: String,
@@ -118,11 +127,12 @@ struct PoolState {
 }
 
 impl Pool {
-    fn new(parent: &Path, size: usize) -> Arc<Pool> {
+    fn new(parent: &Path, fd: &Arc<OwnedFd>, size: usize) -> Arc<Pool> {
         static BACKENDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let backend = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Arc::new(Pool {
             parent: parent.to_path_buf(),
+            fd: Arc::clone(fd),
             prefix: format!("{POOL_PREFIX}{}-{backend}-", std::process::id()),
             size,
             state: Mutex::default(),
@@ -156,8 +166,12 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         for name in std::mem::take(&mut self.state().free) {
-            let dir = self.parent.join(name);
-            if let Err(e) = fs::remove_dir(&dir) {
+            if let Err(e) = rustix::fs::unlinkat(
+                self.fd.as_fd(),
+                name.as_str(),
+                rustix::fs::AtFlags::REMOVEDIR,
+            ) {
+                let dir = self.parent.join(name);
                 debug!(cgroup = %dir.display(), error = %e, "cannot remove a pooled cgroup");
             }
         }
@@ -246,12 +260,15 @@ impl Cgroups {
                     }
                     match prepare_v1(&mount, parent)
                         .and_then(|dir| probe(&dir, false).map(|()| dir))
+                        .and_then(|dir| open_dir(&dir).map(|fd| (dir, fd)))
                     {
-                        Ok(dir) => {
+                        Ok((dir, fd)) => {
                             found = found.or(controllers);
                             sweep_pools(&dir);
                             hierarchies.push(Hierarchy {
-                                pool: (pool > 0).then(|| Pool::new(&dir, pool)),
+                                pool: (pool > 0).then(|| Pool::new(&dir, &fd, pool)),
+                                memsw: dir.join("memory.memsw.limit_in_bytes").exists(),
+                                fd,
                                 parent: dir,
                                 v2: false,
                                 controllers,
@@ -279,10 +296,14 @@ impl Cgroups {
             if !wanted.any() {
                 continue;
             }
-            match prepare_v2_anywhere(&mount, parent, wanted) {
-                Ok((dir, controllers)) if controllers.any() => {
+            let prepared = prepare_v2_anywhere(&mount, parent, wanted)
+                .and_then(|(dir, controllers)| open_dir(&dir).map(|fd| (dir, fd, controllers)));
+            match prepared {
+                Ok((dir, fd, controllers)) if controllers.any() => {
                     found = found.or(controllers);
                     hierarchies.push(Hierarchy {
+                        memsw: false,
+                        fd,
                         parent: dir,
                         v2: true,
                         controllers,
@@ -373,7 +394,7 @@ impl Cgroups {
                 warn!(cgroup = %dir.display(), error = %e, "{what} a sandbox's cgroup failed");
                 Error::Failed(format!("{what} the sandbox's cgroup: {e}"))
             };
-            let make = || match fs::create_dir(&dir) {
+            let make = || match hierarchy.mkdir(key) {
                 Ok(()) => Ok(Made::Fresh),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(Made::Found),
                 Err(e) => Err(failed("creating", e)),
@@ -384,17 +405,17 @@ impl Cgroups {
                 .and_then(|pool| pool.take().map(|name| (pool, name)));
             let made = match pooled {
                 Some((pool, name)) => {
-                    let from = hierarchy.parent.join(&name);
-                    match fs::rename(&from, &dir) {
+                    match hierarchy.rename(&name, key) {
                         Ok(()) => Made::Pooled,
                         Err(e) => {
+                            let from = hierarchy.parent.join(&name);
                             debug!(cgroup = %from.display(), error = %e, "cannot reuse a pooled cgroup");
                             if dir.exists() {
                                 // The key's own is there (made before a restart): the pooled
                                 // one waits for the next sandbox.
                                 pool.put(name);
                             } else {
-                                let _ = fs::remove_dir(&from);
+                                let _ = hierarchy.rmdir(&name);
                             }
                             make()?
                         }
@@ -402,7 +423,7 @@ impl Cgroups {
                 }
                 None => make()?,
             };
-            write_limits(&dir, hierarchy, limits, made)
+            write_limits(hierarchy, key, limits, made)
                 .map_err(|e| failed("setting the limits of", e))?;
             if let (Some((uid, gid)), false) = (entrant, hierarchy.v2) {
                 std::os::unix::fs::lchown(dir.join("tasks"), Some(uid), Some(gid))
@@ -442,50 +463,110 @@ impl Cgroups {
             .hierarchies
             .iter()
             .map(|hierarchy| {
-                let dir = hierarchy.parent.join(key);
                 if hierarchy.pool.is_some() {
-                    empty(&dir)
+                    empty(hierarchy, key)
                 } else {
                     // A command still running there (its sandbox is deleted under it) is
                     // killed, with everything it started; the removal below waits until the
                     // last processes leave.
-                    kill_all(&dir, hierarchy.v2);
+                    kill_all(hierarchy, key);
                     false
                 }
             })
             .collect();
         let result = between();
         for (hierarchy, emptied) in self.hierarchies.iter().zip(emptied) {
-            let dir = hierarchy.parent.join(key);
             if emptied
                 && let Some(pool) = &hierarchy.pool
-                && within_charge(&dir, hierarchy)
+                && within_charge(hierarchy, key)
                 && let Some(name) = pool.room()
             {
-                match fs::rename(&dir, hierarchy.parent.join(&name)) {
+                match hierarchy.rename(key, &name) {
                     Ok(()) => {
                         pool.put(name);
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => {
+                        let dir = hierarchy.parent.join(key);
                         debug!(cgroup = %dir.display(), error = %e, "cannot pool a sandbox's cgroup")
                     }
                 }
             }
-            remove_dir(&dir, hierarchy.v2);
+            remove_dir(hierarchy, key);
         }
         result
     }
 }
 
-/// Removes the cgroup `dir`, killing what is left in it and waiting (up to
+impl Hierarchy {
+    fn mkdir(&self, name: &str) -> io::Result<()> {
+        Ok(rustix::fs::mkdirat(
+            self.fd.as_fd(),
+            name,
+            rustix::fs::Mode::from_raw_mode(0o755),
+        )?)
+    }
+
+    fn rmdir(&self, name: &str) -> io::Result<()> {
+        Ok(rustix::fs::unlinkat(
+            self.fd.as_fd(),
+            name,
+            rustix::fs::AtFlags::REMOVEDIR,
+        )?)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        Ok(rustix::fs::renameat(
+            self.fd.as_fd(),
+            from,
+            self.fd.as_fd(),
+            to,
+        )?)
+    }
+
+    /// Writes `value` into the file `name` of the cgroup `key`, in one write.
+    fn write(&self, key: &str, name: &str, value: &str) -> io::Result<()> {
+        let fd = rustix::fs::openat(
+            self.fd.as_fd(),
+            format!("{key}/{name}"),
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        fs::File::from(fd).write_all(value.as_bytes())
+    }
+
+    /// The file `name` of the cgroup `key`.
+    fn read(&self, key: &str, name: &str) -> io::Result<String> {
+        let fd = rustix::fs::openat(
+            self.fd.as_fd(),
+            format!("{key}/{name}"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        let mut text = String::new();
+        fs::File::from(fd).read_to_string(&mut text)?;
+        Ok(text)
+    }
+}
+
+/// Opens the directory `dir` for the `*at` calls relative to it.
+fn open_dir(dir: &Path) -> io::Result<Arc<OwnedFd>> {
+    let fd = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    Ok(Arc::new(fd))
+}
+
+/// Removes the cgroup `key`, killing what is left in it and waiting (up to
 /// [`REMOVE_WITHIN`]) while the last processes leave; a missing one is fine.
-fn remove_dir(dir: &Path, v2: bool) {
+fn remove_dir(hierarchy: &Hierarchy, key: &str) {
     let started = std::time::Instant::now();
     let mut tries: u32 = 0;
     loop {
-        match fs::remove_dir(dir) {
+        match hierarchy.rmdir(key) {
             Ok(()) => break,
             Err(e) if e.kind() == io::ErrorKind::NotFound => break,
             Err(e)
@@ -494,11 +575,12 @@ fn remove_dir(dir: &Path, v2: bool) {
                 tries = tries.wrapping_add(1);
                 if tries.is_multiple_of(100) {
                     // Something forked while it was being killed: again.
-                    kill_all(dir, v2);
+                    kill_all(hierarchy, key);
                 }
                 std::thread::sleep(REMOVE_PAUSE);
             }
             Err(e) => {
+                let dir = hierarchy.parent.join(key);
                 warn!(cgroup = %dir.display(), error = %e, "cannot remove a sandbox's cgroup");
                 break;
             }
@@ -506,14 +588,14 @@ fn remove_dir(dir: &Path, v2: bool) {
     }
 }
 
-/// Kills every process of the v1 cgroup `dir` and waits (up to [`REMOVE_WITHIN`]) until its
-/// `tasks` lists no thread: whether it is empty now (`false` when it is gone or unreadable,
-/// or still busy).
-fn empty(dir: &Path) -> bool {
+/// Waits (up to [`REMOVE_WITHIN`]) until the v1 cgroup `key`'s `tasks` lists no thread,
+/// killing what is still there after a few tries: whether it is empty now (`false` when it
+/// is gone or unreadable, or still busy).
+fn empty(hierarchy: &Hierarchy, key: &str) -> bool {
     let started = std::time::Instant::now();
     let mut tries: u32 = 0;
     loop {
-        let tasks = match fs::read_to_string(dir.join("tasks")) {
+        let tasks = match hierarchy.read(key, "tasks") {
             Ok(tasks) => tasks,
             Err(_) => return false,
         };
@@ -521,38 +603,42 @@ fn empty(dir: &Path) -> bool {
             return true;
         }
         if started.elapsed() >= REMOVE_WITHIN {
+            let dir = hierarchy.parent.join(key);
             warn!(cgroup = %dir.display(), "a sandbox's cgroup still holds processes");
             return false;
         }
-        if tries.is_multiple_of(100) {
-            // At first, then again if something forked while it was being killed.
-            kill_all(dir, false);
+        // The sandbox's own processes die with its init (the caller killed the first one):
+        // whatever is still there after a few tries is killed, and again if something forked
+        // while it was being killed.
+        if tries % 100 == 5 {
+            kill_all(hierarchy, key);
         }
         tries = tries.wrapping_add(1);
         std::thread::sleep(REMOVE_PAUSE);
     }
 }
 
-/// Whether an emptied cgroup's memory charge is small enough for the pool (always, in a
-/// hierarchy without the memory controller).
-fn within_charge(dir: &Path, hierarchy: &Hierarchy) -> bool {
+/// Whether the emptied cgroup `key`'s memory charge is small enough for the pool (always,
+/// in a hierarchy without the memory controller).
+fn within_charge(hierarchy: &Hierarchy, key: &str) -> bool {
     if !hierarchy.controllers.memory {
         return true;
     }
-    fs::read_to_string(dir.join("memory.usage_in_bytes"))
+    hierarchy
+        .read(key, "memory.usage_in_bytes")
         .ok()
         .and_then(|usage| usage.trim().parse::<u64>().ok())
         .is_some_and(|usage| usage <= POOL_MAX_CHARGE)
 }
 
-/// Kills every process in the cgroup `dir`: through `cgroup.kill` where cgroup v2 has it
+/// Kills every process in the cgroup `key`: through `cgroup.kill` where cgroup v2 has it
 /// (Linux 5.14), otherwise each process that `cgroup.procs` lists. A cgroup that is gone
 /// holds nothing.
-fn kill_all(dir: &Path, v2: bool) {
-    if v2 && fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+fn kill_all(hierarchy: &Hierarchy, key: &str) {
+    if hierarchy.v2 && hierarchy.write(key, "cgroup.kill", "1").is_ok() {
         return;
     }
-    let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) else {
+    let Ok(procs) = hierarchy.read(key, "cgroup.procs") else {
         return;
     };
     for pid in procs
@@ -565,26 +651,27 @@ fn kill_all(dir: &Path, v2: bool) {
         match rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => {}
             Err(e) => {
+                let dir = hierarchy.parent.join(key);
                 warn!(cgroup = %dir.display(), pid = pid.as_raw_nonzero().get(), error = %e, "cannot kill a process of a sandbox's cgroup")
             }
         }
     }
 }
 
-/// Writes every limit into the cgroup `dir`. One just made has the kernel's defaults and a
+/// Writes every limit into the cgroup `key`. One just made has the kernel's defaults and a
 /// pooled one a previous sandbox's limits, written by this process: what would only write
 /// the same value again is left out (v1: lifting memory plus swap, which a fresh cgroup
 /// starts without, and the CPU period, which starts at [`CPU_PERIOD_US`] and is never
 /// written anything else).
-fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, made: Made) -> io::Result<()> {
-    let set = |file: &str, value: &str| fs::write(dir.join(file), value);
+fn write_limits(hierarchy: &Hierarchy, key: &str, limits: &Limits, made: Made) -> io::Result<()> {
+    let set = |file: &str, value: &str| hierarchy.write(key, file, value);
     let quota = (u64::from(limits.cpu_millis) * CPU_PERIOD_US / 1000).max(MIN_CPU_QUOTA_US);
     let memory = limits.memory_bytes.to_string();
     let c = hierarchy.controllers;
     if hierarchy.v2 {
         if c.memory {
             set("memory.max", &memory)?;
-            if dir.join("memory.swap.max").exists() {
+            if hierarchy.parent.join(key).join("memory.swap.max").exists() {
                 set("memory.swap.max", "0")?;
             }
         }
@@ -597,7 +684,7 @@ fn write_limits(dir: &Path, hierarchy: &Hierarchy, limits: &Limits, made: Made) 
     } else {
         if c.memory {
             // Memory plus swap may never be below memory: lift it, set memory, then pin it.
-            let memsw = dir.join("memory.memsw.limit_in_bytes").exists();
+            let memsw = hierarchy.memsw;
             if memsw && made != Made::Fresh {
                 set("memory.memsw.limit_in_bytes", "-1")?;
             }
@@ -775,10 +862,16 @@ mod tests {
     #[test]
     fn a_failure_names_no_host_path() {
         let dir = tempfile::tempdir().expect("dir");
-        let parent = dir.path().join("missing");
+        // A parent that went away after it was opened.
+        let parent = dir.path().join("gone");
+        fs::create_dir(&parent).expect("parent");
+        let fd = open_dir(&parent).expect("open");
+        fs::remove_dir(&parent).expect("remove");
         let cgroups = Cgroups {
             hierarchies: vec![Hierarchy {
                 parent: parent.clone(),
+                fd,
+                memsw: false,
                 v2: true,
                 controllers: Controllers::default(),
                 pool: None,
