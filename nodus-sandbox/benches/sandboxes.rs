@@ -17,7 +17,8 @@
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
 //! times it for each figure of the starts at a time);
 //! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part; `cycles` runs the
-//! launcher's cycle alone at 16 in flight (what to run under `perf record -a -g`).
+//! launcher's cycle alone at 16 in flight (`NODUS_BENCH_IN_FLIGHT` sets another number; what
+//! to run under `perf record -a -g`).
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -573,14 +574,18 @@ async fn parallel(n: usize, root: &std::path::Path) {
     alternated(&launcher, &unpooled, tag).await;
 }
 
-/// The launcher's cycle alone, 16 in flight, `n` times.
+/// The launcher's cycle alone, 16 in flight (or `NODUS_BENCH_IN_FLIGHT`), `n` times.
 async fn only_cycles(n: usize, root: &std::path::Path) {
     let mut config = BwrapConfig::new(root.join("cycles"));
     config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
     let launcher: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(config));
     let tag = std::process::id();
     let phases = Phases::default();
-    at_a_time("launcher backend: create+exec+destroy", n, 16, |i| {
+    let in_flight = std::env::var("NODUS_BENCH_IN_FLIGHT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    at_a_time("launcher backend: create+exec+destroy", n, in_flight, |i| {
         cycle(
             launcher.clone(),
             format!("bench-cycles-{tag}-{i}"),
