@@ -275,18 +275,27 @@ enum Ran {
 
 impl Live {
     /// Kills the sandbox and waits (up to [`DRAIN_GRACE`]) until its first process has
-    /// exited: the sandbox's init dies with it (its parent-death signal), and every process
-    /// of its pid namespace with that init, so that its cgroups are empty soon after, without
-    /// polling them all the while.
+    /// exited. That process (the launcher's stage one, or bubblewrap) has one child, the
+    /// sandbox's init: killed first, it takes every process of its pid namespace with it
+    /// before it is gone, and the first process, which waits for it, exits after it. So once
+    /// the first process has exited, the sandbox's own processes have all left its cgroups,
+    /// which are then found empty at the first look instead of being polled meanwhile. When
+    /// the init cannot be found that way, the first process is killed, and the init dies
+    /// with it (its parent-death signal).
     async fn end(mut self) {
-        self.group.kill();
-        let _ = self.child.start_kill();
+        let init_killed = self.child.id().is_some_and(kill_only_child);
+        if !init_killed {
+            self.group.kill();
+            let _ = self.child.start_kill();
+        }
         if tokio::time::timeout(DRAIN_GRACE, self.child.wait())
             .await
             .is_err()
         {
             debug!("a killed sandbox's first process did not exit in time");
         }
+        // Whatever is left of its process group (dropping the child kills it too).
+        self.group.kill();
     }
 
     /// Whether the sandbox's process still runs.
@@ -357,6 +366,37 @@ impl Live {
             (None, false) => Ran::Closed(reading, early),
         })
     }
+}
+
+/// Kills the only child of the process `pid` (through a pidfd, so that no other process that
+/// took its number is hit); whether it did. A process with no child or several is left alone.
+fn kill_only_child(pid: u32) -> bool {
+    let list = format!("/proc/{pid}/task/{pid}/children");
+    let Ok(children) = fs::read_to_string(&list) else {
+        return false;
+    };
+    let mut listed = children.split_whitespace();
+    let (Some(only), None) = (listed.next(), listed.next()) else {
+        return false;
+    };
+    let Some(child) = only
+        .parse::<i32>()
+        .ok()
+        .filter(|&child| child > 1)
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    let Ok(pidfd) = rustix::process::pidfd_open(child, rustix::process::PidfdFlags::empty()) else {
+        return false;
+    };
+    // The pidfd names whichever process had that number when it was opened: the child's, if
+    // the list still names it (a child is listed until its parent reaps it).
+    let still = fs::read_to_string(&list).unwrap_or_default();
+    if !still.split_whitespace().any(|listed| listed == only) {
+        return false;
+    }
+    rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).is_ok()
 }
 
 /// Pins this thread to the CPUs of a sandbox with `cpu_millis` ([`sandbox_cpus`]) for the
