@@ -252,6 +252,8 @@ impl FakeServer {
         let serving = shared.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                // Answers are written in several small pieces (head, events).
+                let _ = stream.set_nodelay(true);
                 let shared = serving.clone();
                 tokio::spawn(async move {
                     let _ = serve(stream, &shared).await;

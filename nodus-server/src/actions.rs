@@ -379,12 +379,15 @@ impl Webhook {
         Ok(headers)
     }
 
-    /// A client that sends to `url`'s host only at the addresses checked now, and follows no
-    /// redirect (a redirect's target would not be checked).
+    /// A client that sends to `url`'s host only at the addresses checked now, follows no
+    /// redirect (a redirect's target would not be checked), and goes through no proxy from
+    /// the environment (a proxy resolves the host again itself, and could reach an address
+    /// the check refuses).
     async fn client_for(&self, url: &reqwest::Url) -> Result<reqwest::Client, Reach> {
         let builder = nodus_llm::http::client_builder(&nodus_llm::HttpConfig::default())
             .map_err(|e| Reach::Unreachable(e.to_string()))?
-            .redirect(reqwest::redirect::Policy::none());
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy();
         let port = url.port_or_known_default().unwrap_or(80);
         let builder = match host_of(url) {
             Some(UrlHost::Address(address)) => {

@@ -70,6 +70,11 @@ pub(crate) async fn serve(
                 }
             },
         };
+        // A streamed answer (a run's watch, its output) is written in small pieces: without
+        // this, each waits for the client to acknowledge the one before.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(error = %error, "cannot turn Nagle's algorithm off");
+        }
         let service = TowerToHyperService::new(router.clone());
         let builder = builder.clone();
         let mut closing = closing_rx.clone();

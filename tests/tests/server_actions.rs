@@ -518,6 +518,43 @@ fn actions_on_postgres() {
     actions(Backend::Postgres);
 }
 
+/// A server with an HTTP proxy in its environment sends a webhook straight to the address it
+/// checked, not through the proxy: the proxy would resolve the host again itself, and could
+/// reach an address the check refuses (a name that resolves elsewhere the second time).
+#[test]
+fn a_webhook_goes_to_the_checked_address_not_through_a_proxy() {
+    let (receiver, port) = Receiver::start(false);
+    // A proxy is sent the absolute URL as its request's path; this one answers 200 to it.
+    let (proxy, proxy_port) = Receiver::start(false);
+    let proxy_url = format!("http://127.0.0.1:{proxy_port}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Backend::Sqlite.store_url(dir.path());
+    let server = ServerProcess::start_in_env(
+        &store,
+        dir.path(),
+        "process",
+        &["--webhook-allow", "127.0.0.1"],
+        &[
+            ("HTTP_PROXY", &proxy_url),
+            ("http_proxy", &proxy_url),
+            ("HTTPS_PROXY", &proxy_url),
+            ("ALL_PROXY", &proxy_url),
+            ("NO_PROXY", ""),
+            ("no_proxy", ""),
+        ],
+    );
+    let output = apply(&server, AGENTS);
+    assert!(output.status.success(), "{output:?}");
+    let hook =
+        format!("{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/hook\"}}}}");
+    let output = apply(&server, &run_document("direct", "hooked", Some(&hook)));
+    assert!(output.status.success(), "{output:?}");
+    wait_for(&server, "direct", "Succeeded");
+    assert_eq!(receiver.at("/hook").len(), 1, "delivered to the receiver");
+    let proxied = proxy.received.lock().expect("lock").len();
+    assert_eq!(proxied, 0, "nothing went through the proxy");
+}
+
 /// `test.stamp`: saves the run's `project/name` as its result `stamp`.
 struct Stamp;
 

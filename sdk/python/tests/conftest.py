@@ -86,6 +86,21 @@ def reply_for(request: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"type": "text", "text": f"Noted: {prompt}"}]
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """The base of the test servers here: HTTP/1.1 keep-alive, no request log, and no Nagle.
+
+    ``BaseHTTPRequestHandler`` writes a response's head and its body in two writes; with Nagle
+    on, the body waits for the client to acknowledge the head, which a client delays by up to
+    40 ms on a kept-alive connection (about 44 ms a request here, measured; 0.3 ms without).
+    """
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 class FakeAnthropic:
     """The fake Messages API; ``requests`` holds every request with its ``x-api-key``."""
 
@@ -93,12 +108,7 @@ class FakeAnthropic:
         self.requests: List[Dict[str, Any]] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
@@ -372,12 +382,7 @@ class LosingProxy:
         self.lose = lose
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _forward(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 body = self.rfile.read(length) if length else None
@@ -422,12 +427,7 @@ class WebhookReceiver:
         self.received: List[Dict[str, Any]] = []
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 receiver.received.append(

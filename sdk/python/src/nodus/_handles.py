@@ -349,8 +349,8 @@ class GroupCore(NamedHandle[C], Generic[C, R]):
     ) -> Op[G]:
         """Creates the group with ``client`` (an agent handle is ensured before)."""
         if isinstance(agent, AgentCore):
-            # A template's group lives in the client's project, as its runs do.
-            target, reference = _core.run_target(agent.project, agent.client.project, agent.name)
+            # A template's group lives in the creating client's project, as its runs do.
+            target, reference = _core.run_target(agent.project, client.project, agent.name)
             project = project or target
             agent = reference
         group = cls(name, project=project, client=client)
