@@ -16,9 +16,9 @@
 //! `eval "$(scripts/test-env start)"; cargo bench -p nodus-sandbox --bench sandboxes`
 //! Iterations: `NODUS_BENCH_ITERS` (default 100 for processes, a third of it for Docker, four
 //! times it for each figure of the starts at a time);
-//! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part; `cycles` runs the
-//! launcher's cycle alone at 16 in flight (`NODUS_BENCH_IN_FLIGHT` sets another number; what
-//! to run under `perf record -a -g`).
+//! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part; `cycles` runs only the
+//! launcher's cycle and bare `unshare`, alternated, at 16 in flight (`NODUS_BENCH_IN_FLIGHT`
+//! sets another number): what to run under `perf record -a -g`, or against another build.
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -226,7 +226,7 @@ fn main() {
             docker(n, &image).await;
         }
         if only == "cycles" {
-            // For a profiler: the launcher's cycle only, 16 in flight.
+            // For a profiler, or against another build: the launcher's cycle and `unshare`.
             only_cycles(n * 4, root.path()).await;
         }
         if only.is_empty() || only == "parallel" {
@@ -574,8 +574,11 @@ async fn parallel(n: usize, root: &std::path::Path) {
     alternated(&launcher, &unpooled, tag).await;
 }
 
-/// The launcher's cycle alone, 16 in flight (or `NODUS_BENCH_IN_FLIGHT`), `n` times.
+/// The launcher's cycle and bare `unshare`, 16 in flight (or `NODUS_BENCH_IN_FLIGHT`), in
+/// alternated batches of 100 (`n` / 100 of each); prints each round's ratio, the ratio of
+/// the sums and the phases.
 async fn only_cycles(n: usize, root: &std::path::Path) {
+    const BATCH: usize = 100;
     let mut config = BwrapConfig::new(root.join("cycles"));
     config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
     let launcher: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(config));
@@ -585,15 +588,27 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
-    at_a_time("launcher backend: create+exec+destroy", n, in_flight, |i| {
-        cycle(
-            launcher.clone(),
-            format!("bench-cycles-{tag}-{i}"),
-            phases.clone(),
-        )
-    })
-    .await;
-    print_phases(&phases, n);
+    let rounds = (n / BATCH).max(1);
+    let (mut unshare, mut cycles, mut pairs) = (0.0, 0.0, Vec::new());
+    for round in 0..rounds {
+        let (u, _) = timed(BATCH, in_flight, |_| bare_async(BARE_UNSHARE)).await;
+        let (c, _) = timed(BATCH, in_flight, |i| {
+            let key = format!("bench-cycles-{tag}-{round}-{i}");
+            cycle(launcher.clone(), key, phases.clone())
+        })
+        .await;
+        unshare += u;
+        cycles += c;
+        pairs.push(format!("{:.2}x", c / u));
+    }
+    println!(
+        "cycles, {in_flight} in flight ({rounds} x {BATCH} of each, alternated): launcher cycle {:.2} ms, unshare {:.2} ms, launcher cycle / unshare {:.2}x (each round: {})",
+        cycles / rounds as f64,
+        unshare / rounds as f64,
+        cycles / unshare,
+        pairs.join(" ")
+    );
+    print_phases(&phases, rounds * BATCH);
 }
 
 /// The launcher's cycle, the same without the cgroup pool (`unpooled`) and bare `unshare`,
