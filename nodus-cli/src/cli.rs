@@ -336,6 +336,13 @@ pub struct GetArgs {
     /// status.snapshot.agentRef=PROJECT/NAME, or spec.agent=NAME as the runs name it.
     #[arg(long)]
     pub field_selector: Option<String>,
+    /// Print only the first N objects of a list (in creation order).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+    /// Read a list from the server in chunks of this many objects (1 to 1000), as kubectl's
+    /// --chunk-size: every chunk is printed, together.
+    #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub chunk_size: u64,
 }
 
 /// `nodus wait`.

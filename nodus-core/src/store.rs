@@ -9,6 +9,7 @@ pub mod memory;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
+use std::num::NonZeroUsize;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -101,6 +102,39 @@ impl Selector {
                         _ => false,
                     })
             })
+    }
+}
+
+/// A place in a listing's creation order: the page that asks for it starts after the
+/// document created there. Only the store that gave it knows what it means; it stays valid
+/// while documents are created and deleted (a keyset, not an offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position(pub u64);
+
+/// One page of a listing: [`Store::list_page`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// The documents, in creation order.
+    pub records: Vec<Record>,
+    /// Where the next page starts: present only when more matching documents remain.
+    pub next: Option<Position>,
+}
+
+impl Page {
+    /// The page of the first `limit` of `found` (documents and their positions, in creation
+    /// order, with at most one more than the page holds to tell whether more remain).
+    pub fn of(mut found: Vec<(Position, Record)>, limit: NonZeroUsize) -> Page {
+        let more = found.len() > limit.get();
+        found.truncate(limit.get());
+        let next = if more {
+            found.last().map(|(position, _)| *position)
+        } else {
+            None
+        };
+        Page {
+            records: found.into_iter().map(|(_, record)| record).collect(),
+            next,
+        }
     }
 }
 
@@ -376,6 +410,18 @@ pub trait Store: Send + Sync {
         kind: Kind,
         selector: &Selector,
     ) -> Result<Vec<Record>, Error>;
+
+    /// At most `limit` of the documents [`Store::list`] returns, those created after
+    /// `after` (from the first without it), with the position the next page starts after
+    /// when more remain. A document created while a client pages appears at most once.
+    async fn list_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<Position>,
+        limit: NonZeroUsize,
+    ) -> Result<Page, Error>;
 
     /// Like [`Store::list`], but each document holds only the values at `paths` (dotted
     /// field paths; absent ones stay absent) and at the selector's own paths: for controllers

@@ -49,6 +49,16 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, Reason::Invalid, message)
     }
 
+    /// A query parameter breaks its rule: 400, with the field, the rule and the value.
+    pub fn bad_parameter(invalid: Invalid) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST.as_u16(),
+            reason: Reason::Invalid,
+            message: invalid.to_string(),
+            details: Some(invalid),
+        }
+    }
+
     /// No such thing.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, Reason::NotFound, message)

@@ -108,7 +108,7 @@ fn schemas() -> Map<String, Value> {
         "properties": {
             "apiVersion": {"const": API_VERSION},
             "kind": {"type": "string", "enum": lists},
-            "metadata": {"type": "object", "properties": {"resourceVersion": {"type": "string", "description": "a digest of the items' versions, for watch=true"}}, "required": ["resourceVersion"], "additionalProperties": false},
+            "metadata": {"type": "object", "properties": {"resourceVersion": {"type": "string", "description": "a digest of the items' versions, for watch=true"}, "continue": {"type": "string", "description": "with limit: present only when more objects remain; pass it as continue= to get the next ones (opaque; it holds for the same project, kind and selectors only)"}}, "required": ["resourceVersion"], "additionalProperties": false},
             "items": {"type": "array", "items": schema_ref("Resource")},
         },
         "required": ["apiVersion", "kind", "items"],
@@ -307,7 +307,7 @@ fn responses(ok: &[(&str, &str, Value)], errors: Errors) -> Value {
         Errors::Read => &[
             (
                 "400",
-                "The query is not valid (a parameter of the wrong type)",
+                "The query is not valid (a parameter of the wrong type, a limit out of 1..=1000, a continue token not made for this list; details names it)",
             ),
             ("401", "No valid bearer token"),
             (
@@ -445,7 +445,9 @@ pub fn document() -> Value {
     }));
     let mut list_parameters = json!([
         {"name": "labelSelector", "in": "query", "required": false, "schema": {"type": "string"}, "description": "key=value,…"},
-        {"name": "fieldSelector", "in": "query", "required": false, "schema": {"type": "string"}, "description": "path=value,…"}
+        {"name": "fieldSelector", "in": "query", "required": false, "schema": {"type": "string"}, "description": "path=value,…"},
+        {"name": "limit", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": crate::api::MAX_LIMIT}, "description": "at most this many objects, in creation order; metadata.continue is set when more remain (without it: all of them). Not with watch=true"},
+        {"name": "continue", "in": "query", "required": false, "schema": {"type": "string"}, "description": "the metadata.continue of the previous answer to the same list: the objects after it. Not with watch=true"}
     ]);
     if let (Some(all), Value::Array(more)) = (list_parameters.as_array_mut(), watch("the list")) {
         all.extend(more);
@@ -467,7 +469,7 @@ pub fn document() -> Value {
     create["parameters"] = json!([{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string"}, "description": "with an AgentRunList: a retry with the same key answers the runs of the first"}]);
     paths.insert(format!("{base}/{{plural}}"), json!({
         "parameters": [project, plural],
-        "get": with_parameters(operation("List objects (labelSelector, fieldSelector; watch=true to wait for a change)", responses(&[json_ok("200", "The objects", "ResourceList")], read), None), list_parameters),
+        "get": with_parameters(operation("List objects (labelSelector, fieldSelector; limit and continue for chunks; watch=true to wait for a change)", responses(&[json_ok("200", "The objects", "ResourceList")], read), None), list_parameters),
         "post": create,
     }));
     paths.insert(format!("{base}/{{plural}}/{{name}}"), json!({

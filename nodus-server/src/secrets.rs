@@ -14,6 +14,7 @@ use nodus_core::resource::Kind;
 use nodus_core::secret::{SealError, SecretString, Secrets};
 use nodus_core::store::{ObjectKey, Store};
 
+use crate::api::ContinueKey;
 use crate::auth::TokenKey;
 
 /// The file in the data directory with the server's secret key.
@@ -26,6 +27,7 @@ const NONCE_BYTES: usize = 12;
 pub struct Cipher {
     cipher: ChaCha20Poly1305,
     tokens: TokenKey,
+    pages: ContinueKey,
 }
 
 /// Why a secret could not be sealed or opened.
@@ -98,12 +100,18 @@ impl Cipher {
         Cipher {
             cipher: ChaCha20Poly1305::new(Key::from_slice(key)),
             tokens: TokenKey::derive(key),
+            pages: ContinueKey::derive(key),
         }
     }
 
     /// The key that tokens are hashed with.
     pub fn token_key(&self) -> TokenKey {
         self.tokens.clone()
+    }
+
+    /// The key that lists' `continue` tokens are signed with.
+    pub fn continue_key(&self) -> &ContinueKey {
+        &self.pages
     }
 
     /// Encrypt values; the result is hex of nonce ‖ ciphertext.

@@ -24,7 +24,8 @@ use nodus_core::Store;
 use nodus_core::journal::{Completion, Intent, Outcome, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, RunRewrite, Selector,
+    Change, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, RunRewrite,
+    Selector,
 };
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -37,6 +38,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     create_get_list_update_delete(make()).await;
     list_selectors(make()).await;
+    list_pages(make()).await;
     optimistic_concurrency(make()).await;
     concurrent_writers(make()).await;
     atomic_edits(make()).await;
@@ -424,6 +426,191 @@ pub async fn list_selectors<S: Store + Clone + 'static>(store: S) {
             .await
             .unwrap_or_else(|e| panic!("{labels:?} {fields:?}: {e}"));
         assert!(listed.is_empty(), "{labels:?} {fields:?}");
+    }
+}
+/// Pages of a listing: every size pages through exactly what `list` returns, in creation
+/// order, each page at most its limit and `next` present only while more match (also when
+/// documents the selector drops follow the last match, or lie between matches: the SQL stores
+/// match numbers exactly only after reading). A document created while paging appears once,
+/// at the end; one deleted is skipped; the position of a deleted document still continues;
+/// a position past everything gives an empty last page.
+pub async fn list_pages<S: Store + Clone + 'static>(store: S) {
+    let project = unique("pages");
+    let empty = store
+        .list_page(
+            &project,
+            Kind::AgentRun,
+            &Selector::default(),
+            None,
+            limit(3),
+        )
+        .await
+        .expect("a page of nothing");
+    assert_eq!(
+        empty,
+        Page {
+            records: vec![],
+            next: None
+        }
+    );
+    // r0..r9: the even ones of agent `helper`; the odd ones' agent is a number, which a SQL
+    // store's pushed-down condition lets through and the exact match drops.
+    for n in 0..10 {
+        let name = format!("r{n}");
+        let mut document = shaped_run(&name, &unique("uid"), &[("team", "red")], None, "Running");
+        if n % 2 == 1 {
+            document["spec"]["agent"] = json!(n);
+        }
+        store
+            .create(&ObjectKey::new(&project, Kind::AgentRun, &name), document)
+            .await
+            .expect("create a run");
+    }
+    // Decoys: another kind in the project, the same kind in another project.
+    store
+        .create(
+            &ObjectKey::new(&project, Kind::Agent, "decoy"),
+            agent_document("decoy"),
+        )
+        .await
+        .expect("create an agent");
+    store
+        .create(
+            &ObjectKey::new(unique("pages"), Kind::AgentRun, "decoy"),
+            run_document("decoy", &unique("uid")),
+        )
+        .await
+        .expect("create a run in another project");
+
+    let helped = selector(&[], &[("spec.agent", "helper")]);
+    for chosen in [Selector::default(), helped.clone()] {
+        let all = names(&store, &project, Kind::AgentRun, &chosen).await;
+        for size in [1, 2, 3, 4, 9, 10, 11, 1000] {
+            let (pages, listed) = page_through(&store, &project, &chosen, size).await;
+            assert_eq!(listed, all, "pages of {size} ({chosen:?})");
+            let full_pages = all.len().div_ceil(size);
+            assert_eq!(pages, full_pages.max(1), "pages of {size} ({chosen:?})");
+        }
+    }
+    // r9 trails r8 (the last of `helper`): the page that ends at r8 says no more.
+    let last = store
+        .list_page(&project, Kind::AgentRun, &helped, None, limit(5))
+        .await
+        .expect("every run of `helper` in one page");
+    assert_eq!(last.records.len(), 5);
+    assert_eq!(last.next, None, "only dropped documents follow");
+
+    // Changes while paging.
+    let first = store
+        .list_page(
+            &project,
+            Kind::AgentRun,
+            &Selector::default(),
+            None,
+            limit(3),
+        )
+        .await
+        .expect("the first page");
+    let page_names: Vec<&str> = first.records.iter().map(|r| r.key.name.as_str()).collect();
+    assert_eq!(page_names, ["r0", "r1", "r2"]);
+    let after = first.next.expect("more remain");
+    // r2 (the page's last) is changed and then deleted; r3 is deleted; r0 is changed; a new
+    // run is created.
+    for name in ["r0", "r2"] {
+        let key = ObjectKey::new(&project, Kind::AgentRun, name);
+        let record = store.get(&key).await.expect("get");
+        let mut document = record.document.clone();
+        document["metadata"]["labels"]["changed"] = json!("yes");
+        store
+            .update(&key, record.version, document)
+            .await
+            .expect("update");
+    }
+    for name in ["r2", "r3"] {
+        store
+            .delete(&ObjectKey::new(&project, Kind::AgentRun, name))
+            .await
+            .expect("delete");
+    }
+    store
+        .create(
+            &ObjectKey::new(&project, Kind::AgentRun, "late"),
+            run_document("late", &unique("uid")),
+        )
+        .await
+        .expect("create while paging");
+    let mut rest = Vec::new();
+    let mut position = Some(after);
+    while let Some(after) = position {
+        let page = store
+            .list_page(
+                &project,
+                Kind::AgentRun,
+                &Selector::default(),
+                Some(after),
+                limit(3),
+            )
+            .await
+            .expect("a later page");
+        rest.extend(page.records.into_iter().map(|r| r.key.name));
+        position = page.next;
+    }
+    assert_eq!(rest, ["r4", "r5", "r6", "r7", "r8", "r9", "late"]);
+
+    let past = store
+        .list_page(
+            &project,
+            Kind::AgentRun,
+            &Selector::default(),
+            Some(Position(u64::MAX)),
+            limit(3),
+        )
+        .await
+        .expect("a page past the end");
+    assert_eq!(
+        past,
+        Page {
+            records: vec![],
+            next: None
+        }
+    );
+}
+
+fn limit(n: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new(n).expect("a limit above zero")
+}
+
+/// Pages through a listing by `size`: how many pages, and the names in order, each page
+/// checked to hold at most `size` and to say more remain exactly when it is not the last.
+async fn page_through<S: Store>(
+    store: &S,
+    project: &str,
+    chosen: &Selector,
+    size: usize,
+) -> (usize, Vec<String>) {
+    let mut listed = Vec::new();
+    let mut pages = 0;
+    let mut after = None;
+    loop {
+        let page = store
+            .list_page(project, Kind::AgentRun, chosen, after, limit(size))
+            .await
+            .expect("a page");
+        pages += 1;
+        assert!(page.records.len() <= size, "a page of {size} held more");
+        for record in page.records {
+            assert_eq!(record.key.project, project);
+            assert_eq!(record.key.kind, Kind::AgentRun);
+            assert!(chosen.matches(&record.document));
+            listed.push(record.key.name);
+        }
+        match page.next {
+            Some(next) => {
+                assert!(Some(next) > after, "a page must move on");
+                after = Some(next);
+            }
+            None => return (pages, listed),
+        }
     }
 }
 

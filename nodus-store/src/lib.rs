@@ -59,6 +59,11 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn list_pages() {
+        conformance::list_pages(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
     async fn optimistic_concurrency() {
         conformance::optimistic_concurrency(MemoryStore::new()).await;
     }

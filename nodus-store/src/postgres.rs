@@ -17,6 +17,7 @@
 //! (a write transaction that owns its notifications), `journal`, `documents`, `leases`,
 //! `inbox` and `notifications`.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -24,8 +25,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
-    Selector, Store,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
+    RunRewrite, Selector, Store,
 };
 use serde_json::Value;
 use sqlx::postgres::PgPool;
@@ -89,6 +90,17 @@ impl Store for PostgresStore {
         selector: &Selector,
     ) -> Result<Vec<Record>, Error> {
         documents::list(self, project, kind, selector).await
+    }
+
+    async fn list_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<Position>,
+        limit: NonZeroUsize,
+    ) -> Result<Page, Error> {
+        documents::list_page(self, project, kind, selector, after, limit).await
     }
 
     async fn list_sparse(

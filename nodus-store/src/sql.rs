@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Error, ObjectKey, Record, RunRewrite};
+use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite};
 use serde_json::{Value, json};
 
 /// The one place where sqlx errors become store errors. Connection trouble, a database that
@@ -183,6 +183,47 @@ where
         }
     }
     Ok(records)
+}
+
+/// Adds the records of page rows (`name, version, document, ord`) that `selector` matches
+/// exactly to `found`, with their positions; answers the `ord` of the last row read (`None`
+/// for no rows), where the next read goes on.
+pub(crate) fn page_rows<R>(
+    project: &str,
+    kind: Kind,
+    selector: &nodus_core::store::Selector,
+    rows: &[R],
+    found: &mut Vec<(Position, Record)>,
+) -> Result<Option<i64>, Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let mut last = None;
+    for row in rows {
+        let name: String = row.try_get(0).map_err(map_err)?;
+        let record = record_of(ObjectKey::new(project, kind, name), row, 1)?;
+        let ord: i64 = row.try_get(3).map_err(map_err)?;
+        last = Some(ord);
+        if selector.matches(&record.document) {
+            found.push((Position(to_u64(ord, "a creation order")?), record));
+        }
+    }
+    Ok(last)
+}
+
+/// Where a page read starts: after `after`, or `Err` with the empty page when `after` lies
+/// past every order the table can hold (no store gave it).
+pub(crate) fn page_start(after: Option<Position>) -> Result<Option<i64>, Page> {
+    match after {
+        None => Ok(None),
+        Some(Position(order)) => to_i64(order).map(Some).ok_or(Page {
+            records: Vec::new(),
+            next: None,
+        }),
+    }
 }
 
 /// A document as text for storage.

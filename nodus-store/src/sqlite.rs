@@ -18,6 +18,7 @@
 //! take the writer connection for their own transaction), `journal` (with `batch`),
 //! `documents`, `leases`, `inbox` and `notifications`.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -26,8 +27,8 @@ use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
-    Selector, Store,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
+    RunRewrite, Selector, Store,
 };
 use serde_json::Value;
 use sqlx::sqlite::SqlitePool;
@@ -92,6 +93,17 @@ impl Store for SqliteStore {
         selector: &Selector,
     ) -> Result<Vec<Record>, Error> {
         documents::list(self, project, kind, selector).await
+    }
+
+    async fn list_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<Position>,
+        limit: NonZeroUsize,
+    ) -> Result<Page, Error> {
+        documents::list_page(self, project, kind, selector, after, limit).await
     }
 
     async fn list_sparse(

@@ -78,19 +78,16 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         if let Some(selector) = &args.field_selector {
             query.push(("fieldSelector", selector.as_str()));
         }
-        let list = client
-            .call(Method::GET, &[kind.plural()], &query, None)
-            .await?;
-        let items = list
-            .get("items")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        (list, items)
+        read_list(client, kind, &query, args.chunk_size, args.limit).await?
     } else {
         if args.selector.is_some() || args.field_selector.is_some() {
             return Err(Error::usage(
                 "selectors (-l, --field-selector) apply to lists, not to named objects",
+            ));
+        }
+        if args.limit.is_some() {
+            return Err(Error::usage(
+                "--limit applies to lists, not to named objects",
             ));
         }
         // Like kubectl: the ones found are printed, and each one missing is an error.
@@ -125,6 +122,52 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         &client.project,
     )?;
     super::reported(&failures)
+}
+
+/// A list read in chunks of `chunk` objects (`limit` and `continue`), up to `limit` objects
+/// in all when given: the first answer with every object read as its items, and the items.
+/// A server that answers whole lists (no `metadata.continue`) is read in one call.
+async fn read_list(
+    client: &Client,
+    kind: ResourceKind,
+    selectors: &[(&str, &str)],
+    chunk: u64,
+    limit: Option<u64>,
+) -> Result<(Value, Vec<Value>)> {
+    let wanted = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let mut first: Option<Value> = None;
+    let mut items: Vec<Value> = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let left = u64::try_from(wanted - items.len()).unwrap_or(u64::MAX);
+        let size = chunk.min(left).to_string();
+        let mut query = selectors.to_vec();
+        query.push(("limit", size.as_str()));
+        if let Some(token) = &token {
+            query.push(("continue", token.as_str()));
+        }
+        let mut answer = client
+            .call(Method::GET, &[kind.plural()], &query, None)
+            .await?;
+        if let Some(Value::Array(more)) = answer.get_mut("items").map(Value::take) {
+            items.extend(more);
+        }
+        token = answer
+            .pointer("/metadata/continue")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        first.get_or_insert(answer);
+        if token.is_none() || items.len() >= wanted {
+            break;
+        }
+    }
+    items.truncate(wanted);
+    let mut document = first.unwrap_or(Value::Null);
+    if let Some(metadata) = document.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("continue");
+    }
+    document["items"] = Value::Array(items.clone());
+    Ok((document, items))
 }
 
 /// Prints what `get` read in the chosen format.

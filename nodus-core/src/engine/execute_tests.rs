@@ -93,6 +93,17 @@ impl Store for MockedStore {
     ) -> Result<Vec<Record>, Error> {
         self.0.list(project, kind, selector).await
     }
+    async fn list_page(
+        &self,
+        _: &str,
+        _: Kind,
+        _: &Selector,
+        _: Option<crate::store::Position>,
+        _: std::num::NonZeroUsize,
+    ) -> Result<crate::store::Page, Error> {
+        self.0.unexpected("list_page");
+        Err(Error::Unavailable("list_page".to_string()))
+    }
     async fn projects(&self) -> Result<Vec<String>, Error> {
         self.0.unexpected("projects");
         Err(Error::Unavailable("projects".to_string()))

@@ -19,7 +19,7 @@ use crate::resource::{
     AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec, Kind,
     Object, ObjectMeta, Secret, SecretDocument, Spec,
 };
-use crate::store::{ObjectKey, Record, Selector};
+use crate::store::{ObjectKey, Position, Record, Selector};
 use crate::validate::{self, Invalid, Validate};
 
 /// The kinds users write, in the order an `apply` of several documents writes them (what a
@@ -747,5 +747,28 @@ impl Engine {
             .into_iter()
             .map(|record| K::decode(record)?.shown())
             .collect())
+    }
+
+    /// A page of [`Engine::list_documents`]: at most `limit` objects after `after`, and where
+    /// the next page starts when more remain (see [`crate::Store::list_page`]).
+    pub async fn list_documents_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<Position>,
+        limit: std::num::NonZeroUsize,
+    ) -> Result<(Vec<Value>, Option<Position>)> {
+        let page = self
+            .deps
+            .store
+            .list_page(project, kind, selector, after, limit)
+            .await?;
+        let items = per_kind!(kind, K => page
+            .records
+            .into_iter()
+            .map(|record| K::decode(record)?.shown())
+            .collect::<Result<Vec<Value>>>())?;
+        Ok((items, page.next))
     }
 }

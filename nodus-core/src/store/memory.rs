@@ -7,13 +7,15 @@
 //! await point.
 
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroUsize;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::journal::{Completion, Step};
 use crate::resource::Kind;
 use crate::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite,
-    Selector, Store, check_rewrite_deletes,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
+    RunRewrite, Selector, Store, check_rewrite_deletes,
 };
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -318,6 +320,42 @@ impl Store for MemoryStore {
                 document: entry.document.clone(),
             })
             .collect())
+    }
+
+    async fn list_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<Position>,
+        limit: NonZeroUsize,
+    ) -> Result<Page, Error> {
+        let state = self.lock();
+        let Some(collection) = state.collection(project, kind) else {
+            return Ok(Page {
+                records: Vec::new(),
+                next: None,
+            });
+        };
+        let start = match after {
+            Some(Position(order)) => Bound::Excluded(order),
+            None => Bound::Unbounded,
+        };
+        let found = collection
+            .by_order
+            .range((start, Bound::Unbounded))
+            .filter(|(_, entry)| selector.matches(&entry.document))
+            .take(limit.get().saturating_add(1))
+            .map(|(order, entry)| {
+                let record = Record {
+                    key: ObjectKey::new(project, kind, entry.name.clone()),
+                    version: entry.version,
+                    document: entry.document.clone(),
+                };
+                (Position(*order), record)
+            })
+            .collect();
+        Ok(Page::of(found, limit))
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {

@@ -3,6 +3,7 @@
 //! error goes through [`ApiError`](crate::error::ApiError).
 
 pub(crate) mod credits;
+mod pages;
 mod resources;
 pub(crate) mod runs;
 mod selectors;
@@ -18,6 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use nodus_core::engine::Reason;
 use serde_json::Value;
+
+pub use pages::{ContinueKey, MAX_LIMIT};
 
 use crate::app::AppState;
 use crate::auth::Principal;

@@ -1,5 +1,6 @@
 //! Create, read, list, replace, merge-patch and delete of every kind.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -12,6 +13,7 @@ use nodus_core::store::{ObjectKey, Selector};
 use nodus_core::validate::{self, Invalid};
 use serde_json::{Value, json};
 
+use super::pages::{self, ListOf};
 use super::selectors::ListQuery;
 use super::{caller, json_body, reply};
 use crate::app::AppState;
@@ -66,9 +68,33 @@ pub async fn list(
     let kind = kind_of(&plural)?;
     let selector = query.selector()?;
     let Some(poll) = watch.long_poll(Target::List)? else {
-        let answer = list_answer(&state, &project, kind, &selector).await?;
+        let answer = if query.limit.is_some() || query.continue_token.is_some() {
+            let list = ListOf {
+                project: &project,
+                kind,
+                selector: &selector,
+            };
+            page_answer(&state, list, &query).await?
+        } else {
+            list_answer(&state, &project, kind, &selector).await?
+        };
         return Ok(reply(StatusCode::OK, answer));
     };
+    if let Some((field, value)) = query
+        .limit
+        .as_deref()
+        .map(|limit| ("limit", limit))
+        .or(query
+            .continue_token
+            .as_deref()
+            .map(|token| ("continue", token)))
+    {
+        return Err(ApiError::bad_parameter(Invalid::new(
+            field,
+            "cannot be combined with watch=true (a watch answers the whole list)",
+            validate::shown(value),
+        )));
+    }
     let (state, project, selector) = (&*state, project.as_str(), &selector);
     let answer = state
         .watches
@@ -100,6 +126,34 @@ async fn list_answer(
     let version = crate::watch::list_version_of(&items);
     let mut answer = list_of(kind, items);
     answer["metadata"] = json!({"resourceVersion": version});
+    Ok(answer)
+}
+
+/// A page of the list: at most `limit` objects (all the rest without it) after the
+/// `continue` token's position, with `metadata.continue` when more remain.
+async fn page_answer(state: &AppState, list: ListOf<'_>, query: &ListQuery) -> ApiResult<Value> {
+    let limit = match query.limit.as_deref() {
+        Some(text) => pages::limit(text).map_err(ApiError::bad_parameter)?,
+        None => NonZeroUsize::MAX,
+    };
+    let key = state.cipher.continue_key();
+    let after = match query.continue_token.as_deref() {
+        Some(token) => Some(
+            key.position(&list, token)
+                .map_err(ApiError::bad_parameter)?,
+        ),
+        None => None,
+    };
+    let (items, next) = state
+        .engine
+        .list_documents_page(list.project, list.kind, list.selector, after, limit)
+        .await?;
+    let version = crate::watch::list_version_of(&items);
+    let mut answer = list_of(list.kind, items);
+    answer["metadata"] = json!({"resourceVersion": version});
+    if let Some(next) = next {
+        answer["metadata"]["continue"] = json!(key.token(&list, next));
+    }
     Ok(answer)
 }
 

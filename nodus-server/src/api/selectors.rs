@@ -27,6 +27,11 @@ pub struct ListQuery {
     pub label_selector: Option<String>,
     /// `path=value` pairs, comma-separated.
     pub field_selector: Option<String>,
+    /// At most this many objects in the answer (1 to 1000); without it, all of them.
+    pub limit: Option<String>,
+    /// The `metadata.continue` of the previous answer: where this one starts.
+    #[serde(rename = "continue")]
+    pub continue_token: Option<String>,
 }
 
 fn pairs(parameter: &str, text: &str) -> Result<BTreeMap<String, String>, Invalid> {
@@ -82,6 +87,7 @@ mod tests {
         let query = ListQuery {
             label_selector: Some("team=a, tier==gold".into()),
             field_selector: Some("spec.group=parallel-agents,status.phase=Running".into()),
+            ..Default::default()
         };
         let selector = query.selector().expect("valid");
         assert_eq!(selector.labels["tier"], "gold");
@@ -176,7 +182,7 @@ mod fuzz {
             labels in prop::option::of(text()),
             fields in prop::option::of(text()),
         ) {
-            let query = ListQuery { label_selector: labels, field_selector: fields };
+            let query = ListQuery { label_selector: labels, field_selector: fields, ..Default::default() };
             match query.selector() {
                 Ok(selector) => {
                     for field in selector.fields.keys() {
@@ -223,6 +229,7 @@ mod fuzz {
             let query = ListQuery {
                 label_selector: Some(write(&labels)),
                 field_selector: Some(write(&fields)),
+                ..Default::default()
             };
             let selector = query.selector().map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(selector.labels, labels);

@@ -4,11 +4,14 @@
 //! recorded contents; each write announces its changes in its own transaction.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector};
+use nodus_core::store::{
+    Change, Edit, Error, ObjectKey, Page, Position, Record, RunRewrite, Selector,
+};
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, QueryBuilder, Row};
@@ -24,6 +27,17 @@ use crate::sql::{self, map_err};
 /// selector, pushed down through bound paths, in creation order. The exact match is
 /// `Selector::matches` afterwards (numbers and booleans match their text there).
 pub(super) fn push_selection<'a>(
+    query: &mut QueryBuilder<'a, Postgres>,
+    project: &'a str,
+    kind: Kind,
+    selector: &'a Selector,
+) {
+    push_conditions(query, project, kind, selector);
+    query.push(" ORDER BY ord");
+}
+
+/// [`push_selection`] without the order: the conditions alone.
+fn push_conditions<'a>(
     query: &mut QueryBuilder<'a, Postgres>,
     project: &'a str,
     kind: Kind,
@@ -60,7 +74,6 @@ pub(super) fn push_selection<'a>(
         query.push_bind(value.as_str());
         query.push("))");
     }
-    query.push(" ORDER BY ord");
 }
 
 /// Insert a document known to be new.
@@ -312,6 +325,48 @@ pub(super) async fn list(
         .await
         .map_err(map_err)?;
     sql::selected(project, kind, selector, &rows, sql::record_of)
+}
+
+/// A page of a listing: rows after the position read in creation order, as many as the page
+/// still needs (and one more, to tell whether more remain), again while the exact match
+/// afterwards drops some and the table holds more.
+pub(super) async fn list_page(
+    store: &PostgresStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    after: Option<Position>,
+    limit: NonZeroUsize,
+) -> Result<Page, Error> {
+    let mut cursor = match sql::page_start(after) {
+        Ok(cursor) => cursor,
+        Err(empty) => return Ok(empty),
+    };
+    let wanted = limit.get().saturating_add(1);
+    let mut found = Vec::new();
+    loop {
+        let fetch = wanted - found.len();
+        let mut query: QueryBuilder<Postgres> = QueryBuilder::new(
+            "SELECT name, version, document::text, ord FROM resources WHERE project = ",
+        );
+        push_conditions(&mut query, project, kind, selector);
+        if let Some(cursor) = cursor {
+            query.push(" AND ord > ");
+            query.push_bind(cursor);
+        }
+        query.push(" ORDER BY ord LIMIT ");
+        query.push_bind(i64::try_from(fetch).unwrap_or(i64::MAX));
+        let rows = query
+            .build()
+            .fetch_all(&store.inner.pool)
+            .await
+            .map_err(map_err)?;
+        let exhausted = rows.len() < fetch;
+        cursor = sql::page_rows(project, kind, selector, &rows, &mut found)?.or(cursor);
+        if exhausted || found.len() >= wanted {
+            return Ok(Page::of(found, limit));
+        }
+    }
 }
 
 pub(super) async fn list_sparse(

@@ -3,9 +3,12 @@
 //! writer), delete with a run's journal and inbox, and rewrite a run's recorded contents.
 
 use std::collections::HashSet;
+use std::num::NonZeroUsize;
 
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
+use nodus_core::store::{
+    Change, Edit, Error, ObjectKey, Page, Position, Record, RunRewrite, Selector, Store,
+};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite};
@@ -100,6 +103,17 @@ pub(super) fn push_selection<'a>(
     kind: Kind,
     selector: &'a Selector,
 ) {
+    push_conditions(query, project, kind, selector);
+    query.push(" ORDER BY ord");
+}
+
+/// [`push_selection`] without the order: the conditions alone.
+fn push_conditions<'a>(
+    query: &mut QueryBuilder<'a, Sqlite>,
+    project: &'a str,
+    kind: Kind,
+    selector: &'a Selector,
+) {
     query.push_bind(project);
     query.push(" AND kind = ");
     query.push_bind(kind.plural().to_string());
@@ -135,7 +149,6 @@ pub(super) fn push_selection<'a>(
             query.push("))");
         }
     }
-    query.push(" ORDER BY ord");
 }
 
 /// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
@@ -287,6 +300,48 @@ pub(super) async fn list(
         .await
         .map_err(map_err)?;
     sql::selected(project, kind, selector, &rows, sql::record_of)
+}
+
+/// A page of a listing: rows after the position read in creation order, as many as the page
+/// still needs (and one more, to tell whether more remain), again while the exact match
+/// afterwards drops some and the table holds more.
+pub(super) async fn list_page(
+    store: &SqliteStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    after: Option<Position>,
+    limit: NonZeroUsize,
+) -> Result<Page, Error> {
+    let mut cursor = match sql::page_start(after) {
+        Ok(cursor) => cursor,
+        Err(empty) => return Ok(empty),
+    };
+    let wanted = limit.get().saturating_add(1);
+    let mut found = Vec::new();
+    loop {
+        let fetch = wanted - found.len();
+        let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "SELECT name, version, document, ord FROM resources WHERE project = ",
+        );
+        push_conditions(&mut query, project, kind, selector);
+        if let Some(cursor) = cursor {
+            query.push(" AND ord > ");
+            query.push_bind(cursor);
+        }
+        query.push(" ORDER BY ord LIMIT ");
+        query.push_bind(i64::try_from(fetch).unwrap_or(i64::MAX));
+        let rows = query
+            .build()
+            .fetch_all(&store.inner.readers)
+            .await
+            .map_err(map_err)?;
+        let exhausted = rows.len() < fetch;
+        cursor = sql::page_rows(project, kind, selector, &rows, &mut found)?.or(cursor);
+        if exhausted || found.len() >= wanted {
+            return Ok(Page::of(found, limit));
+        }
+    }
 }
 
 pub(super) async fn list_sparse(

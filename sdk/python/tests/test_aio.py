@@ -261,3 +261,35 @@ def test_aio_wait_is_a_long_poll_that_answers_a_change_at_once(server: NodusServ
         assert answered - await sealing < 0.5
 
     run_async(test)
+
+
+def test_aio_list_reads_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    team = unique("apaged")
+    names = [unique("ap") for _ in range(3)]
+    monkeypatch.setattr(nodus._ops, "LIST_CHUNK", 2)
+
+    async def test(client: aio.AsyncClient) -> list:
+        for name in names:
+            await client.create(
+                "agents",
+                {
+                    "apiVersion": "nodus.dev/v1",
+                    "kind": "Agent",
+                    "metadata": {"name": name, "labels": {"paged": team}},
+                    "spec": {"system": "You help.", "model": {"access": "Nodus"}},
+                },
+            )
+        request = client._http.request
+
+        async def recorded(**arguments: Any) -> Any:
+            sent.append(dict(arguments.get("params") or {}))
+            return await request(**arguments)
+
+        monkeypatch.setattr(client._http, "request", recorded)
+        return await client.list("agents", label_selector=f"paged={team}")
+
+    sent: list = []
+    listed = run_async(test)
+    assert [item["metadata"]["name"] for item in listed] == names
+    assert [params["limit"] for params in sent] == ["2", "2"]
+    assert sent[1]["continue"]

@@ -14,7 +14,7 @@ import uuid
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -590,3 +590,37 @@ def test_wait_is_a_long_poll_that_answers_a_change_at_once(server: NodusServer) 
     sealer.join()
     assert status.phase == "Succeeded"
     assert answered - sealed_at[0] < 0.5, answered - sealed_at[0]
+
+
+def _paged_agent(name: str, team: str) -> Dict[str, Any]:
+    return {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "Agent",
+        "metadata": {"name": name, "labels": {"paged": team}},
+        "spec": {"system": "You help.", "model": {"access": "Nodus"}},
+    }
+
+
+def test_list_reads_every_chunk_in_creation_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With chunks of 2, a list of 5 takes three requests (limit=2, then the continue token of
+    each answer) and answers all 5 in creation order."""
+    client = nodus.Client()
+    team = unique("paged")
+    names = [unique("p") for _ in range(5)]
+    for name in names:
+        client.create("agents", _paged_agent(name, team))
+    client.create("agents", _paged_agent(unique("other"), unique("paged")))
+    monkeypatch.setattr(nodus._ops, "LIST_CHUNK", 2)
+    sent: List[Dict[str, Any]] = []
+    request = client._http.request
+
+    def recorded(**arguments: Any) -> Any:
+        sent.append(dict(arguments.get("params") or {}))
+        return request(**arguments)
+
+    monkeypatch.setattr(client._http, "request", recorded)
+    listed = client.list("agents", label_selector=f"paged={team}")
+    assert [item["metadata"]["name"] for item in listed] == names
+    assert [params["limit"] for params in sent] == ["2", "2", "2"]
+    assert "continue" not in sent[0]
+    assert all(params.get("continue") for params in sent[1:])

@@ -251,6 +251,19 @@ impl Store for CrashingStore {
         self.check_alive()?;
         self.inner.list(project, kind, selector).await
     }
+    async fn list_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<store::Position>,
+        limit: std::num::NonZeroUsize,
+    ) -> Result<store::Page, store::Error> {
+        self.check_alive()?;
+        self.inner
+            .list_page(project, kind, selector, after, limit)
+            .await
+    }
     async fn projects(&self) -> Result<Vec<String>, store::Error> {
         self.check_alive()?;
         self.inner.projects().await

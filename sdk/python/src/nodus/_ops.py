@@ -20,6 +20,10 @@ from .types import LogLine, PostRunActionInfo, RunStatus
 
 T = TypeVar("T")
 
+#: How many objects a list reads per request; lists follow ``metadata.continue`` until the
+#: server has answered every object.
+LIST_CHUNK = 500
+
 
 @dataclass(frozen=True)
 class Pause:
@@ -220,15 +224,22 @@ class ClientCore:
         label_selector: Optional[str],
         project: Optional[str],
     ) -> Op[List[Dict[str, Any]]]:
-        params: Dict[str, str] = {}
+        """Every object of ``plural`` that matches, read in chunks of :data:`LIST_CHUNK`."""
+        params: Dict[str, str] = {"limit": str(LIST_CHUNK)}
         if field_selector:
             params["fieldSelector"] = field_selector
         if label_selector:
             params["labelSelector"] = label_selector
         path = self._path(plural, None, None, project)
-        answer = yield _core.Request("GET", path, params=params)
-        items: List[Dict[str, Any]] = answer.get("items", [])
-        return items
+        items: List[Dict[str, Any]] = []
+        while True:
+            answer = yield _core.Request("GET", path, params=dict(params))
+            items.extend(answer.get("items", []))
+            # Present only while more remain; a server without chunks answers all at once.
+            token = (answer.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            params["continue"] = token
 
     def _create(
         self,
