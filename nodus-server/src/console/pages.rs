@@ -224,6 +224,12 @@ fn is_finished(run: &Value) -> bool {
     phase_finished(&run["status"]["phase"])
 }
 
+/// Whether `run` still takes messages: not finished, and not ending (deleting its sandbox
+/// to end, `status.ending`), when a message would be refused with `AgentRunFinished`.
+fn takes_messages(run: &Value) -> bool {
+    !is_finished(run) && run["status"]["ending"].is_null()
+}
+
 /// Whether `phase` is one a run ends in.
 pub(super) fn phase_finished(phase: &Value) -> bool {
     phase
@@ -530,7 +536,7 @@ pub async fn run(
         html.raw("</tbody></table></div>");
     }
     let mut after = Html::new();
-    if !is_finished(&run) {
+    if takes_messages(&run) {
         after.raw("<h2>Send a message</h2>");
         action_form(&mut after, &base, "message", csrf);
         after.raw(
@@ -953,4 +959,31 @@ pub async fn credits(state: &AppState, projects: &[String]) -> Result<Page, ApiE
     }
     html.raw("</tbody></table></div>");
     Ok(Page::live(html))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::takes_messages;
+
+    #[test]
+    fn a_run_takes_messages_until_it_is_ending_or_finished() {
+        let running = json!({"status": {"phase": "Running"}});
+        assert!(takes_messages(&running));
+        assert!(takes_messages(&json!({"status": {"phase": "Waiting"}})));
+        let ending = json!({"status": {"phase": "Running",
+            "ending": {"phase": "Succeeded", "reason": "Completed"}}});
+        assert!(
+            !takes_messages(&ending),
+            "a run deleting its sandbox to end"
+        );
+        for phase in ["Succeeded", "Failed", "Cancelled"] {
+            assert!(
+                !takes_messages(&json!({"status": {"phase": phase}})),
+                "{phase}"
+            );
+        }
+        assert!(takes_messages(&json!({"status": {"phase": "Pending"}})));
+    }
 }
