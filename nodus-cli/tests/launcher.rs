@@ -11,23 +11,14 @@ use std::process::{Command, Stdio};
 
 use support::NODUS;
 
-#[test]
-fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
-    let work = tempfile::tempdir().expect("tempdir");
-    std::fs::write(work.path().join("seen"), "from the host\n").expect("write");
+/// A plan that runs `script` with `sh -c` in `work`, the host's system directories read-only.
+fn plan_running(work: &std::path::Path, script: &str) -> nodus_launch::Plan {
     let mut plan = nodus_launch::Plan {
         hostname: "nodus".to_owned(),
         tmp_size: 16 << 20,
-        work_host: work.path().to_path_buf(),
+        work_host: work.to_path_buf(),
         work_inside: "/work".into(),
-        program: [
-            "/bin/sh",
-            "-c",
-            "cat seen; hostname; id -u; grep -E '^Cap(Eff|Prm|Bnd):' \
-             /proc/self/status; tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'",
-        ]
-        .map(Into::into)
-        .to_vec(),
+        program: ["/bin/sh", "-c", script].map(Into::into).to_vec(),
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         ..nodus_launch::Plan::default()
     };
@@ -38,6 +29,11 @@ fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
             Err(_) => {}
         }
     }
+    plan
+}
+
+/// Starts `nodus --nodus-launch` with `plan` and returns what its program printed.
+fn launch(plan: &nodus_launch::Plan) -> String {
     // The sandbox's init is a fork of this process: it shows the name given here.
     let mut child = Command::new(NODUS)
         .arg0("nodus-launch")
@@ -54,13 +50,26 @@ fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
         .write_all(&plan.encode().expect("plan"))
         .expect("write the plan");
     let out = child.wait_with_output().expect("nodus");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{}: {stdout} {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[test]
+fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
+    let work = tempfile::tempdir().expect("tempdir");
+    std::fs::write(work.path().join("seen"), "from the host\n").expect("write");
+    let plan = plan_running(
+        work.path(),
+        "cat seen; hostname; id -u; grep -E '^Cap(Eff|Prm|Bnd):' \
+         /proc/self/status; tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'",
+    );
+    let stdout = launch(&plan);
     let user = rustix::process::getuid().as_raw().to_string();
     let expected = format!(
         "from the host\nnodus\n{user}\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
@@ -74,6 +83,48 @@ fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
         .and_then(|l| l.parse().ok())
         .expect("a count");
     assert!(processes <= 4, "{stdout}");
+}
+
+/// The plan's rlimits hold for its program (where no cgroup holds a limit, the backend gives
+/// them to the launcher), as they do for each command of a sandbox's channel.
+#[test]
+fn the_plan_s_rlimits_hold_for_its_program() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut plan = plan_running(
+        work.path(),
+        "grep -E '^Max (file size|processes|address space) ' /proc/self/limits",
+    );
+    let address_space: u64 = 512 << 20;
+    plan.rlimits = vec![
+        (nodus_launch::Limit::FileSize, 1 << 20),
+        (nodus_launch::Limit::Processes, 64),
+        (nodus_launch::Limit::AddressSpace, address_space),
+    ];
+    let stdout = launch(&plan);
+    let limits: Vec<(String, Vec<&str>)> = stdout
+        .lines()
+        .map(|line| {
+            let (name, rest) = line.split_at(26);
+            (name.trim().to_owned(), rest.split_whitespace().collect())
+        })
+        .collect();
+    let address_space = address_space.to_string();
+    let expected = [
+        ("Max file size", ["1048576", "1048576", "bytes"]),
+        ("Max processes", ["64", "64", "processes"]),
+        (
+            "Max address space",
+            [address_space.as_str(), address_space.as_str(), "bytes"],
+        ),
+    ];
+    for (name, values) in expected {
+        let found = limits.iter().find(|(n, _)| n == name);
+        assert_eq!(
+            found.map(|(_, v)| v.as_slice()),
+            Some(&values[..]),
+            "{name} in:\n{stdout}"
+        );
+    }
 }
 
 #[test]

@@ -5,10 +5,31 @@ use std::os::fd::OwnedFd;
 use std::process::{Command, ExitCode, Stdio};
 
 use rustix::event::{PollFd, PollFlags};
-use rustix::process::{Signal, WaitOptions};
+use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
 use rustix::thread::UnshareFlags;
 
+use crate::plan::Limit;
 use crate::{Error, Plan, unshare, write_file};
+
+/// Sets the plan's rlimits on PID 1, before anything of the sandbox runs: every process
+/// of the sandbox (a plan's program, or each command of the channel) inherits them.
+fn set_rlimits(plan: &Plan) -> Result<(), Error> {
+    for (limit, value) in &plan.rlimits {
+        let resource = match limit {
+            Limit::FileSize => Resource::Fsize,
+            Limit::Processes => Resource::Nproc,
+            Limit::AddressSpace => Resource::As,
+        };
+        let both = Rlimit {
+            current: Some(*value),
+            maximum: Some(*value),
+        };
+        rustix::process::setrlimit(resource, both).map_err(Error::errno(format!(
+            "setting the limit {limit:?} to {value}"
+        )))?;
+    }
+    Ok(())
+}
 
 /// Runs stage two (forked by stage one, which holds the write end of `stage_one`'s pipe while
 /// it lives) with stage one's plan.
@@ -49,6 +70,7 @@ pub(crate) fn init(plan: Plan, stage_one: OwnedFd) -> Result<ExitCode, Error> {
     write_file("/proc/self/gid_map", &format!("{gid} 0 1"))?;
 
     drop_bounding_set()?;
+    set_rlimits(&plan)?;
     if plan.channel {
         return crate::serve::serve(&plan);
     }

@@ -23,9 +23,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-use rustix::process::{Pid, Resource, Rlimit, Signal, WaitOptions, WaitStatus};
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 
-use crate::{Error, Plan, plan::Limit};
+use crate::{Error, Plan};
 
 /// One command read from the channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,20 +121,6 @@ fn enter(dir: &[u8], work: &Path) -> Entered {
 /// Runs the loop until the channel closes; stage two calls it as PID 1, in the sandbox's root,
 /// with its inner user namespace entered.
 pub(crate) fn serve(plan: &Plan) -> Result<ExitCode, Error> {
-    for (limit, value) in &plan.rlimits {
-        let resource = match limit {
-            Limit::FileSize => Resource::Fsize,
-            Limit::Processes => Resource::Nproc,
-            Limit::AddressSpace => Resource::As,
-        };
-        let both = Rlimit {
-            current: Some(*value),
-            maximum: Some(*value),
-        };
-        rustix::process::setrlimit(resource, both).map_err(Error::errno(format!(
-            "setting the limit {limit:?} to {value}"
-        )))?;
-    }
     let work = plan.work_inside.as_path();
     let copy = |fd: std::os::fd::BorrowedFd<'_>, what: &str| {
         fd.try_clone_to_owned()
