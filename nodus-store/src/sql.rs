@@ -2,6 +2,9 @@
 //! conversions between store values and column values, and how a journal write and an
 //! idempotent batch are stored.
 
+use std::future::Future;
+use std::num::NonZeroUsize;
+
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
@@ -185,44 +188,55 @@ where
     Ok(records)
 }
 
-/// Adds the records of page rows (`name, version, document, ord`) that `selector` matches
-/// exactly to `found`, with their positions; answers the `ord` of the last row read (`None`
-/// for no rows), where the next read goes on.
-pub(crate) fn page_rows<R>(
+/// A page of a listing in creation order: `fetch(cursor, n)` reads at most `n` rows (`name,
+/// version, document, ord`) whose `ord` comes after `cursor` (from the first with `None`), in
+/// that order. Reads again while the exact match of `selector` drops some rows and the table
+/// holds more, until the page and one more are found (to tell whether more remain).
+pub(crate) async fn read_page<R, Fut>(
     project: &str,
     kind: Kind,
     selector: &nodus_core::store::Selector,
-    rows: &[R],
-    found: &mut Vec<(Position, Record)>,
-) -> Result<Option<i64>, Error>
+    after: Option<Position>,
+    limit: NonZeroUsize,
+    mut fetch: impl FnMut(Option<i64>, i64) -> Fut,
+) -> Result<Page, Error>
 where
+    Fut: Future<Output = Result<Vec<R>, Error>>,
     R: sqlx::Row,
     usize: sqlx::ColumnIndex<R>,
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let mut last = None;
-    for row in rows {
-        let name: String = row.try_get(0).map_err(map_err)?;
-        let record = record_of(ObjectKey::new(project, kind, name), row, 1)?;
-        let ord: i64 = row.try_get(3).map_err(map_err)?;
-        last = Some(ord);
-        if selector.matches(&record.document) {
-            found.push((Position(to_u64(ord, "a creation order")?), record));
+    let mut cursor = match after {
+        None => None,
+        Some(Position(order)) => match to_i64(order) {
+            Some(order) => Some(order),
+            // Past every order the table can hold (no store gave it): nothing follows.
+            None => {
+                return Ok(Page {
+                    records: Vec::new(),
+                    next: None,
+                });
+            }
+        },
+    };
+    let wanted = limit.get().saturating_add(1);
+    let mut found = Vec::new();
+    loop {
+        let count = wanted - found.len();
+        let rows = fetch(cursor, i64::try_from(count).unwrap_or(i64::MAX)).await?;
+        for row in &rows {
+            let name: String = row.try_get(0).map_err(map_err)?;
+            let record = record_of(ObjectKey::new(project, kind, name), row, 1)?;
+            let ord: i64 = row.try_get(3).map_err(map_err)?;
+            cursor = Some(ord);
+            if selector.matches(&record.document) {
+                found.push((Position(to_u64(ord, "a creation order")?), record));
+            }
         }
-    }
-    Ok(last)
-}
-
-/// Where a page read starts: after `after`, or `Err` with the empty page when `after` lies
-/// past every order the table can hold (no store gave it).
-pub(crate) fn page_start(after: Option<Position>) -> Result<Option<i64>, Page> {
-    match after {
-        None => Ok(None),
-        Some(Position(order)) => to_i64(order).map(Some).ok_or(Page {
-            records: Vec::new(),
-            next: None,
-        }),
+        if rows.len() < count || found.len() >= wanted {
+            return Ok(Page::of(found, limit));
+        }
     }
 }
 

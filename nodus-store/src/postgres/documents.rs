@@ -327,9 +327,7 @@ pub(super) async fn list(
     sql::selected(project, kind, selector, &rows, sql::record_of)
 }
 
-/// A page of a listing: rows after the position read in creation order, as many as the page
-/// still needs (and one more, to tell whether more remain), again while the exact match
-/// afterwards drops some and the table holds more.
+/// A page of a listing ([`sql::read_page`]): rows after the cursor in creation order.
 pub(super) async fn list_page(
     store: &PostgresStore,
     project: &str,
@@ -338,35 +336,31 @@ pub(super) async fn list_page(
     after: Option<Position>,
     limit: NonZeroUsize,
 ) -> Result<Page, Error> {
-    let mut cursor = match sql::page_start(after) {
-        Ok(cursor) => cursor,
-        Err(empty) => return Ok(empty),
-    };
-    let wanted = limit.get().saturating_add(1);
-    let mut found = Vec::new();
-    loop {
-        let fetch = wanted - found.len();
-        let mut query: QueryBuilder<Postgres> = QueryBuilder::new(
-            "SELECT name, version, document::text, ord FROM resources WHERE project = ",
-        );
-        push_conditions(&mut query, project, kind, selector);
-        if let Some(cursor) = cursor {
-            query.push(" AND ord > ");
-            query.push_bind(cursor);
-        }
-        query.push(" ORDER BY ord LIMIT ");
-        query.push_bind(i64::try_from(fetch).unwrap_or(i64::MAX));
-        let rows = query
-            .build()
-            .fetch_all(&store.inner.pool)
-            .await
-            .map_err(map_err)?;
-        let exhausted = rows.len() < fetch;
-        cursor = sql::page_rows(project, kind, selector, &rows, &mut found)?.or(cursor);
-        if exhausted || found.len() >= wanted {
-            return Ok(Page::of(found, limit));
-        }
-    }
+    sql::read_page(
+        project,
+        kind,
+        selector,
+        after,
+        limit,
+        |cursor, count| async move {
+            let mut query: QueryBuilder<Postgres> = QueryBuilder::new(
+                "SELECT name, version, document::text, ord FROM resources WHERE project = ",
+            );
+            push_conditions(&mut query, project, kind, selector);
+            if let Some(cursor) = cursor {
+                query.push(" AND ord > ");
+                query.push_bind(cursor);
+            }
+            query.push(" ORDER BY ord LIMIT ");
+            query.push_bind(count);
+            query
+                .build()
+                .fetch_all(&store.inner.pool)
+                .await
+                .map_err(map_err)
+        },
+    )
+    .await
 }
 
 pub(super) async fn list_sparse(
