@@ -661,14 +661,15 @@ async fn crash_at_every_store_write_on_postgres() {
     crash_at_every_store_write(Backend::Postgres).await;
 }
 
-/// A message sent in the window between the two writes that end a run (its status saying
-/// it ends, then the deletion of its sandbox journaled) is refused with `AgentRunFinished`,
-/// not answered delivered and never read: the drive is paused before the journal write,
-/// the message sent, the drive let go on.
-async fn a_message_sent_while_the_run_ends_is_refused(backend: Backend) {
-    let (store, keep) = fresh_store(backend).await;
-    let world = World::over_store(script(), store.clone());
-    setup(&world).await;
+/// Drives run `job` over `store` until it is about to journal its ending (its status already
+/// says it ends) and holds it there: answers the drive and what lets it go on.
+async fn drive_paused_before_the_ending(
+    world: &World,
+    store: Arc<dyn Store>,
+) -> (
+    tokio::task::JoinHandle<Result<Driven, nodus_core::engine::Error>>,
+    Arc<tokio::sync::Notify>,
+) {
     let pausing = Arc::new(CrashingStore::at_any_write(
         store,
         usize::MAX,
@@ -680,6 +681,18 @@ async fn a_message_sent_while_the_run_ends_is_refused(backend: Backend) {
         tokio::spawn(async move { engine.drive(PROJECT, "job").await })
     };
     paused.notified().await;
+    (driving, go_on)
+}
+
+/// A message sent in the window between the two writes that end a run (its status saying
+/// it ends, then the deletion of its sandbox journaled) is refused with `AgentRunFinished`,
+/// not answered delivered and never read: the drive is paused before the journal write,
+/// the message sent, the drive let go on.
+async fn a_message_sent_while_the_run_ends_is_refused(backend: Backend) {
+    let (store, keep) = fresh_store(backend).await;
+    let world = World::over_store(script(), store.clone());
+    setup(&world).await;
+    let (driving, go_on) = drive_paused_before_the_ending(&world, store).await;
     let sender = world.engine();
     let run = sender.get_run(PROJECT, "job").await.expect("run");
     assert_eq!(run.status.ending, Some(RunPhase::Succeeded), "{backend:?}");
@@ -748,17 +761,7 @@ async fn a_run_that_goes_on_after_a_crash_while_ending_takes_messages_again(back
     replies.push(Reply::Text("third answer".into()));
     let world = World::over_store(replies, store.clone());
     setup(&world).await;
-    let pausing = Arc::new(CrashingStore::at_any_write(
-        store.clone(),
-        usize::MAX,
-        CrashMode::AfterWrite,
-    ));
-    let (paused, _) = pausing.pause_before_next("(SandboxDeletion)");
-    let driving = {
-        let engine = world.engine_over(pausing);
-        tokio::spawn(async move { engine.drive(PROJECT, "job").await })
-    };
-    paused.notified().await;
+    let (driving, _) = drive_paused_before_the_ending(&world, store.clone()).await;
     // The process dies before the ending is journaled.
     driving.abort();
     let _ = driving.await;
