@@ -525,27 +525,28 @@ impl Hierarchy {
         )?)
     }
 
-    /// Writes `value` into the file `name` of the cgroup `key`, in one write.
-    fn write(&self, key: &str, name: &str, value: &str) -> io::Result<()> {
+    /// Opens the file `name` of the cgroup `key` (`access`: read or write only).
+    fn open(&self, key: &str, name: &str, access: rustix::fs::OFlags) -> io::Result<fs::File> {
         let fd = rustix::fs::openat(
             self.fd.as_fd(),
             format!("{key}/{name}"),
-            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            access | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?;
-        fs::File::from(fd).write_all(value.as_bytes())
+        Ok(fs::File::from(fd))
+    }
+
+    /// Writes `value` into the file `name` of the cgroup `key`, in one write.
+    fn write(&self, key: &str, name: &str, value: &str) -> io::Result<()> {
+        self.open(key, name, rustix::fs::OFlags::WRONLY)?
+            .write_all(value.as_bytes())
     }
 
     /// The file `name` of the cgroup `key`.
     fn read(&self, key: &str, name: &str) -> io::Result<String> {
-        let fd = rustix::fs::openat(
-            self.fd.as_fd(),
-            format!("{key}/{name}"),
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?;
         let mut text = String::new();
-        fs::File::from(fd).read_to_string(&mut text)?;
+        self.open(key, name, rustix::fs::OFlags::RDONLY)?
+            .read_to_string(&mut text)?;
         Ok(text)
     }
 }
