@@ -17,13 +17,22 @@
 //!   program and reaps every process of the namespace until the program exits, or, for a
 //!   sandbox with a command channel, runs the channel's loop itself (see [`Frame`]).
 //!
-//! The only `unsafe` are the calls to `unshare` and `fork` (see [`unshare`] and [`fork`]).
+//!
+//! Started with [`FORKS_ARG`] instead, it is the resident launcher (see the `zygote` module
+//! and [`zygote_protocol`]): it stays, and forks stage one for each sandbox asked of it on
+//! its standard input, a socket, so that a sandbox's start pays no program start.
+//!
+//! The only `unsafe` are the calls to `unshare`, `fork` and `close_range` (see [`unshare`],
+//! [`fork`] and [`close_from`]).
 
 mod init;
 mod plan;
 mod root;
 mod serve;
 mod stage;
+mod zygote;
+
+pub use zygote::protocol as zygote_protocol;
 
 pub use plan::{Limit, Plan};
 pub use serve::Frame;
@@ -35,6 +44,11 @@ use std::process::ExitCode;
 /// The first argument that makes a `nodus` binary (or `nodus-sandbox-launch`) the launcher's
 /// first stage.
 pub const LAUNCH_ARG: &str = "--nodus-launch";
+
+/// The first argument that makes a `nodus` binary (or `nodus-sandbox-launch`) the resident
+/// launcher, which forks stage one for each sandbox asked of it on its standard input (see
+/// [`zygote_protocol`]).
+pub const FORKS_ARG: &str = "--nodus-launch-forks";
 
 /// The exit status of a launcher that could not join the sandbox's cgroups (as the
 /// bubblewrap backend's gate).
@@ -86,16 +100,24 @@ impl Error {
 }
 
 /// Runs the launcher when `args` (the process's arguments after its name) start with
-/// [`LAUNCH_ARG`]; `None` when they do not, for a multi-call
-/// binary to go on with its own work. Call it first thing in `main`, before any thread starts:
-/// a process with more than one thread cannot enter a new user namespace.
+/// [`LAUNCH_ARG`], or the resident launcher when they start with [`FORKS_ARG`]; `None` when
+/// they do not, for a multi-call binary to go on with its own work. Call it first thing in
+/// `main`, before any thread starts: a process with more than one thread cannot enter a new
+/// user namespace, and the resident launcher forks.
 pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
     let first = args.first()?;
+    if first == FORKS_ARG {
+        return Some(zygote::serve());
+    }
     if first != LAUNCH_ARG {
         return None;
     }
-    let outcome = stage::enter();
-    Some(match outcome {
+    Some(finish(stage::enter()))
+}
+
+/// The exit code of a sandbox's start that ended with `outcome`, its error said on stderr.
+pub(crate) fn finish(outcome: Result<ExitCode, Error>) -> ExitCode {
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             let code = match e {
@@ -105,7 +127,7 @@ pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
             let _ = writeln!(std::io::stderr(), "{e}");
             ExitCode::from(code)
         }
-    })
+    }
 }
 
 /// The `main` of an executable that is only the launcher (`nodus-launch` beside `nodus`,
@@ -117,7 +139,8 @@ pub fn executable_main(name: &str) -> ExitCode {
     run_if_asked(&args).unwrap_or_else(|| {
         let _ = writeln!(
             std::io::stderr(),
-            "{name} is started by the sandbox backend (first argument {LAUNCH_ARG}), not by hand"
+            "{name} is started by the sandbox backend (first argument {LAUNCH_ARG} or \
+             {FORKS_ARG}), not by hand"
         );
         ExitCode::from(2)
     })
@@ -139,25 +162,50 @@ fn unshare(flags: rustix::thread::UnshareFlags) -> Result<(), Error> {
     unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Error::errno("unshare"))
 }
 
-/// Forks this process: `Some(pid)` of the child in the parent, `None` in the child.
+/// Forks this process (`what` names the child in an error): `Some(pid)` of the child in the
+/// parent, `None` in the child.
 #[allow(unsafe_code)]
-fn fork() -> Result<Option<rustix::process::Pid>, Error> {
+fn fork(what: &str) -> Result<Option<rustix::process::Pid>, Error> {
     // SAFETY: after `fork` in a multi-threaded process the child may only make
     // async-signal-safe calls, since another thread may have held a lock (the allocator's, the
     // standard streams') at the moment of the copy. The launcher is single-threaded: it runs
-    // from `run_if_asked` before any thread starts, and the caller has just entered a new user
-    // namespace, which the kernel refuses to a process with more than one thread. The child is
-    // then a whole copy with every lock free, and may go on as an ordinary program. Nothing is
-    // left in the standard output's buffer to be written twice (stage one writes nothing to
-    // it), and the descriptors the child inherits are the ones it is meant to have.
+    // from `run_if_asked` before any thread starts and starts none (stage one has besides just
+    // entered a new user namespace, which the kernel refuses to a process with more than one
+    // thread; the resident launcher is one loop on one thread). The child is then a whole copy
+    // with every lock free, and may go on as an ordinary program. Nothing is left in the
+    // standard output's buffer to be written twice (neither stage one nor the resident
+    // launcher writes to it), and the descriptors the child inherits are the ones it is meant
+    // to have (the resident launcher's child closes the others itself, see the `zygote`
+    // module).
     let pid = unsafe { libc::fork() };
     match pid {
         -1 => Err(Error::Step {
-            step: "forking the sandbox's init".to_owned(),
+            step: format!("forking {what}"),
             source: std::io::Error::last_os_error(),
         }),
         0 => Ok(None),
         pid => Ok(rustix::process::Pid::from_raw(pid)),
+    }
+}
+
+/// Closes every descriptor from `first` on. Call it only where no value of this process owns
+/// one of them (an `OwnedFd`, a `File`): they are gone after it, and such a value would close
+/// a number that may by then be another descriptor.
+#[allow(unsafe_code)]
+pub(crate) fn close_from(first: u32) -> Result<(), Error> {
+    // SAFETY: `close_range` is unsafe in I/O-safety terms only: it closes descriptors that
+    // values of this process may own. The callers (the resident launcher at its start, before
+    // it opens anything, and its forked child once it has dropped every descriptor value it
+    // held) own none from `first` on, and both are single-threaded, so that no other thread
+    // holds one either.
+    let done = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(Error::Step {
+            step: format!("closing the descriptors from {first} on"),
+            source: std::io::Error::last_os_error(),
+        })
     }
 }
 

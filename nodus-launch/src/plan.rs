@@ -49,6 +49,9 @@ pub struct Plan {
     /// The host user and group the sandbox's processes are (stage one fills it in for stage
     /// two).
     pub outer: Option<(u32, u32)>,
+    /// The CPUs stage one pins itself to first, which every process of the sandbox inherits
+    /// (their numbers); empty: the CPUs it was started with.
+    pub cpus: Vec<usize>,
 }
 
 /// A resource limit of [`Plan::rlimits`].
@@ -97,6 +100,10 @@ impl Plan {
         }
         if self.channel {
             out.tag("channel");
+        }
+        if !self.cpus.is_empty() {
+            let list: Vec<String> = self.cpus.iter().map(usize::to_string).collect();
+            out.tag("cpus").tag(&list.join(","));
         }
         for (limit, value) in &self.rlimits {
             out.tag("rlimit").tag(limit.name()).num(value);
@@ -161,6 +168,15 @@ impl Plan {
                 }
                 "net" => plan.network = true,
                 "channel" => plan.channel = true,
+                "cpus" => {
+                    let list = next("cpus' list")?;
+                    plan.cpus = list
+                        .to_str()
+                        .unwrap_or_default()
+                        .split(',')
+                        .map(|cpu| number(cpu.into()))
+                        .collect::<Result<_, _>>()?;
+                }
                 "rlimit" => {
                     let limit = Limit::named(&next("rlimit's name")?)?;
                     plan.rlimits.push((limit, number(next("rlimit's value")?)?));
@@ -258,6 +274,7 @@ mod tests {
             channel: true,
             rlimits: vec![(Limit::FileSize, 1 << 30), (Limit::AddressSpace, 7)],
             outer: Some((1, 2)),
+            cpus: vec![0, 3],
         };
         assert_eq!(
             Plan::decode(&plan.encode().expect("encode")).expect("decode"),
@@ -278,6 +295,8 @@ mod tests {
         let core = [&b"rlimit\0core\0"[..], b"1\0--\0/bin/sh\0"].concat();
         let e = Plan::decode(&core).expect_err("limit");
         assert!(e.to_string().contains("unknown limit \"core\""), "{e}");
+        let e = Plan::decode(b"cpus\x001,x\0--\0/bin/sh\0").expect_err("cpus");
+        assert!(e.to_string().contains("\"x\" is not a number"), "{e}");
         let e = Plan::decode(b"tmp-size\0lots\0").expect_err("number");
         assert!(e.to_string().contains("\"lots\" is not a number"), "{e}");
         let nul = Plan {

@@ -15,7 +15,26 @@ pub(crate) fn enter() -> Result<ExitCode, Error> {
     std::io::stdin()
         .read_to_end(&mut bytes)
         .map_err(Error::step("reading the plan"))?;
-    let mut plan = Plan::decode(&bytes)?;
+    start(Plan::decode(&bytes)?)
+}
+
+/// Starts the sandbox of `plan` from this process (a launcher started for it, or a fork of
+/// the resident launcher); returns how its program exited (in stage one and, once it has
+/// forked, in stage two).
+pub(crate) fn start(mut plan: Plan) -> Result<ExitCode, Error> {
+    if !plan.cpus.is_empty() {
+        let mut set = rustix::thread::CpuSet::new();
+        for &cpu in &plan.cpus {
+            if cpu >= rustix::thread::CpuSet::MAX_CPU {
+                return Err(Error::Plan(format!("CPU {cpu} is past the last one")));
+            }
+            set.set(cpu);
+        }
+        rustix::thread::sched_setaffinity(None, &set).map_err(Error::errno(format!(
+            "pinning the sandbox to the CPUs {:?}",
+            plan.cpus
+        )))?;
+    }
     for file in &plan.cgroup_files {
         // Writing `0` moves the writer's own (only) thread into the cgroup.
         std::fs::write(file, "0").map_err(|source| Error::Cgroup {
@@ -53,7 +72,7 @@ pub(crate) fn enter() -> Result<ExitCode, Error> {
     // sandbox with it then).
     let (alive, alive_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(Error::errno("making a pipe"))?;
-    let Some(init) = crate::fork()? else {
+    let Some(init) = crate::fork("the sandbox's init")? else {
         drop(alive_write);
         return crate::init::init(plan, alive);
     };
