@@ -81,7 +81,13 @@
 //! and limits, with fewer steps and no cgroup gate (the launcher joins the cgroups itself);
 //! its PID 1 reads the channel and runs the commands itself, in place of the channel's shell.
 //! A launcher that fails its self-check on this host leaves the backend on bubblewrap, and the
-//! log says once which starts the sandboxes.
+//! log says once which starts the sandboxes. With [`BwrapConfig::resident_launcher`] (the
+//! default), the launcher is started once, after its self-check, as a resident process that
+//! forks each sandbox's first process (see the `zygote` module): no program start per
+//! sandbox. When it is gone (killed from outside) the next sandbox starts another; when that
+//! fails, the launcher is spawned for each sandbox as without it. Killing it ends the
+//! sandboxes it started (their first process has it as parent); their next command starts
+//! them again.
 //!
 //! [bubblewrap]: https://github.com/containers/bubblewrap
 
@@ -90,7 +96,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::io::{Seek, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -189,6 +195,11 @@ pub struct BwrapConfig {
     /// it fails its self-check on this host at the first [`Sandbox::create`], sandboxes start
     /// with bubblewrap; the log says once which.
     pub launcher: Option<PathBuf>,
+    /// With [`BwrapConfig::launcher`]: whether a resident launcher forks each sandbox's
+    /// first process (started once, after the launcher's self-check) instead of the launcher
+    /// being spawned for each sandbox, which costs a program start (`execve`, the dynamic
+    /// loader, the C library's start-up) every time. On by default.
+    pub resident_launcher: bool,
     /// Whether limits go through cgroups.
     pub cgroups: CgroupUse,
     /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
@@ -219,6 +230,7 @@ impl BwrapConfig {
             root,
             bwrap: None,
             launcher: None,
+            resident_launcher: true,
             cgroups: CgroupUse::Auto,
             cgroup_parent: "nodus".to_owned(),
             cgroup_pool: DEFAULT_CGROUP_POOL,
@@ -253,11 +265,71 @@ const EARLY_STDERR: usize = 4096;
 /// namespace.
 #[derive(Debug)]
 struct Live {
-    child: tokio::process::Child,
+    child: FirstProcess,
     group: ProcessGroup,
     input: tokio::net::unix::OwnedWriteHalf,
     output: tokio::net::unix::OwnedReadHalf,
-    errors: tokio::process::ChildStderr,
+    errors: tokio::net::unix::pipe::Receiver,
+}
+
+/// A sandbox's first process: spawned (bubblewrap, or the launcher spawned for it), or forked
+/// by the resident launcher. Killed when dropped.
+#[derive(Debug)]
+enum FirstProcess {
+    Spawned(tokio::process::Child),
+    Forked(crate::zygote::Forked),
+}
+
+impl FirstProcess {
+    /// Its pid while it may be signalled by it.
+    fn id(&self) -> Option<u32> {
+        match self {
+            FirstProcess::Spawned(child) => child.id(),
+            FirstProcess::Forked(forked) => forked.id(),
+        }
+    }
+
+    /// Kills the only child of this process (the sandbox's init); whether it did.
+    fn kill_only_child(&self) -> bool {
+        match self {
+            // Not reaped until waited for here: its pid is its own meanwhile.
+            FirstProcess::Spawned(child) => {
+                child.id().is_some_and(|pid| kill_only_child(pid, || true))
+            }
+            // The resident launcher reaps it once it has exited: the pid is still its own
+            // if it has not exited after the children were read.
+            FirstProcess::Forked(forked) => forked
+                .id()
+                .is_some_and(|pid| kill_only_child(pid, || forked.running())),
+        }
+    }
+
+    fn start_kill(&mut self) {
+        match self {
+            FirstProcess::Spawned(child) => {
+                let _ = child.start_kill();
+            }
+            FirstProcess::Forked(forked) => forked.kill(),
+        }
+    }
+
+    /// Waits until it has exited.
+    async fn wait(&mut self) {
+        match self {
+            FirstProcess::Spawned(child) => {
+                let _ = child.wait().await;
+            }
+            FirstProcess::Forked(forked) => forked.wait().await,
+        }
+    }
+
+    /// Whether it has not exited.
+    fn running(&mut self) -> bool {
+        match self {
+            FirstProcess::Spawned(child) => matches!(child.try_wait(), Ok(None)),
+            FirstProcess::Forked(forked) => forked.running(),
+        }
+    }
 }
 
 /// How a command sent to a live sandbox came out.
@@ -283,10 +355,10 @@ impl Live {
     /// the init cannot be found that way, the first process is killed, and the init dies
     /// with it (its parent-death signal).
     async fn end(mut self) {
-        let init_killed = self.child.id().is_some_and(kill_only_child);
+        let init_killed = self.child.kill_only_child();
         if !init_killed {
             self.group.kill();
-            let _ = self.child.start_kill();
+            self.child.start_kill();
         }
         if tokio::time::timeout(DRAIN_GRACE, self.child.wait())
             .await
@@ -300,7 +372,7 @@ impl Live {
 
     /// Whether the sandbox's process still runs.
     fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.child.running()
     }
 
     /// Sends one command's frame and reads its output until both end markers, the timeout or
@@ -370,7 +442,9 @@ impl Live {
 
 /// Kills the only child of the process `pid` (through a pidfd, so that no other process that
 /// took its number is hit); whether it did. A process with no child or several is left alone.
-fn kill_only_child(pid: u32) -> bool {
+/// `still_ours` says, after the children were read, that `pid` was not reaped meanwhile (so
+/// that the list read was that process's).
+fn kill_only_child(pid: u32, still_ours: impl Fn() -> bool) -> bool {
     let list = format!("/proc/{pid}/task/{pid}/children");
     let Ok(children) = fs::read_to_string(&list) else {
         return false;
@@ -393,7 +467,7 @@ fn kill_only_child(pid: u32) -> bool {
     // The pidfd names whichever process had that number when it was opened: the child's, if
     // the list still names it (a child is listed until its parent reaps it).
     let still = fs::read_to_string(&list).unwrap_or_default();
-    if !still.split_whitespace().any(|listed| listed == only) {
+    if !still.split_whitespace().any(|listed| listed == only) || !still_ours() {
         return false;
     }
     rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).is_ok()
@@ -414,6 +488,30 @@ fn pin_thread(cpu_millis: u32) -> Option<rustix::thread::CpuSet> {
     }
 }
 
+/// A started sandbox: its first process (which leads its process group), the channel's socket
+/// and the read end of its stderr.
+fn live(
+    child: FirstProcess,
+    ours: std::os::unix::net::UnixStream,
+    errors: OwnedFd,
+) -> Result<Live, Error> {
+    let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
+    // Its first process leads a new group whose id is its pid.
+    let group = ProcessGroup::of(child.id());
+    let errors = tokio::net::unix::pipe::Receiver::from_owned_fd(errors).map_err(failed)?;
+    ours.set_nonblocking(true).map_err(failed)?;
+    let (output, input) = tokio::net::UnixStream::from_std(ours)
+        .map_err(failed)?
+        .into_split();
+    Ok(Live {
+        child,
+        group,
+        input,
+        output,
+        errors,
+    })
+}
+
 /// What every sandbox start needs, found once: what starts sandboxes, and as whom.
 #[derive(Debug)]
 struct Prepared {
@@ -429,8 +527,8 @@ struct Prepared {
 enum Starter {
     /// Bubblewrap (behind the cgroup gate).
     Bwrap(BwrapStart),
-    /// Nodus's own launcher ([`nodus_launch`]).
-    Launcher(crate::launcher::Layout),
+    /// Nodus's own launcher ([`nodus_launch`]), resident when it could be started so.
+    Launcher(crate::launcher::Layout, Option<crate::zygote::Resident>),
 }
 
 /// How to start bubblewrap and the arguments that lay out the sandbox's file system.
@@ -589,8 +687,18 @@ impl BwrapSandbox {
     pub async fn uses_launcher(&self) -> Result<bool, Error> {
         Ok(matches!(
             self.prepared().await?.starter,
-            Starter::Launcher(_)
+            Starter::Launcher(..)
         ))
+    }
+
+    /// The pid of the resident launcher that forks this backend's sandboxes, when one runs
+    /// ([`BwrapConfig::resident_launcher`]; `None` before the first sandbox, with
+    /// bubblewrap, or while it is gone).
+    pub fn resident_launcher_pid(&self) -> Option<u32> {
+        match &self.prepared.get()?.starter {
+            Starter::Launcher(_, Some(resident)) => resident.pid(),
+            _ => None,
+        }
     }
 
     /// Which limits hold: those cgroups enforce, and what stands in for the others (one
@@ -627,6 +735,10 @@ impl BwrapSandbox {
         home: &Path,
     ) -> Result<Live, Error> {
         let entry_files = self.cgroups.entry_files(key);
+        let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
+        let (errors, errors_theirs) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| failed(e.into()))?;
         let mut command = match &prepared.starter {
             Starter::Bwrap(bwrap) => {
                 let args = bwrap_args(bwrap, created, home);
@@ -638,7 +750,7 @@ impl BwrapSandbox {
                     &self.shell(created),
                 )?
             }
-            Starter::Launcher(layout) => {
+            Starter::Launcher(layout, resident) => {
                 // The launcher's PID 1 reads the channel itself (no shell): `/bin/sh -c` is
                 // what each command is appended to.
                 let mut plan = layout.plan(
@@ -652,17 +764,43 @@ impl BwrapSandbox {
                 );
                 plan.channel = true;
                 plan.rlimits = self.rlimits(created);
+                // Stage one pins itself to the sandbox's CPUs (a fork of the resident launcher
+                // inherits no pinned thread of this process).
+                plan.cpus = rustix::thread::sched_getaffinity(None)
+                    .ok()
+                    .and_then(|allowed| sandbox_cpus(&allowed, created.limits.cpu_millis))
+                    .map(|set| {
+                        (0..rustix::thread::CpuSet::MAX_CPU)
+                            .filter(|&cpu| set.is_set(cpu))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let Some(resident) = resident {
+                    let data = plan
+                        .encode()
+                        .map_err(|e| Error::Refused(format!("cannot run this command: {e}")))?;
+                    if let Some(forked) =
+                        resident.fork(&data, theirs.as_fd(), errors_theirs.as_fd())
+                    {
+                        // Its copies are the sandbox's: without ours, the socket and the pipe
+                        // end when the sandbox does.
+                        drop((theirs, errors_theirs));
+                        let forked = crate::zygote::Forked::new(forked).map_err(|e| {
+                            Error::Failed(format!("watching the sandbox's process: {e}"))
+                        })?;
+                        return live(FirstProcess::Forked(forked), ours, errors);
+                    }
+                }
                 crate::launcher::command(layout, &plan)?
             }
         };
-        let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(failed)?;
         command
             .stdout(Stdio::from(OwnedFd::from(theirs)))
-            .stderr(Stdio::piped())
+            .stderr(Stdio::from(errors_theirs))
             .process_group(0)
             .kill_on_drop(true);
-        self.spawn(command, created, ours)
+        let pinned = matches!(prepared.starter, Starter::Bwrap(_));
+        self.spawn(command, created, pinned, ours, errors)
     }
 
     /// The rlimits every command of a sandbox runs with: the file size always, processes and
@@ -721,44 +859,30 @@ impl BwrapSandbox {
         ]
     }
 
-    /// Spawns a sandbox's `command` (its stdout the other end of `ours`) on the CPUs of its
-    /// limit.
+    /// Spawns a sandbox's `command` (its stdout the other end of `ours`, its stderr the other
+    /// end of `errors`), on the CPUs of its limit when `pin` (the launcher pins itself).
     fn spawn(
         &self,
         mut command: Command,
         created: &Created,
+        pin: bool,
         ours: std::os::unix::net::UnixStream,
+        errors: OwnedFd,
     ) -> Result<Live, Error> {
-        let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
         // The sandbox inherits the CPUs of the thread that starts it: pinned for the spawn
         // only, so that `nproc` inside shows its CPU limit.
-        let restore = pin_thread(created.limits.cpu_millis);
+        let restore = pin.then(|| pin_thread(created.limits.cpu_millis)).flatten();
         let spawned = command.spawn();
         if let Some(previous) = restore
             && let Err(e) = rustix::thread::sched_setaffinity(None, &previous)
         {
             tracing::warn!(error = %e, "cannot give this thread its CPUs back");
         }
-        let mut child = spawned.map_err(process::spawn_error)?;
-        // The command holds the sandbox's end of the socket: without it, the socket ends
-        // when the sandbox does.
+        let child = spawned.map_err(process::spawn_error)?;
+        // The command holds the sandbox's ends of the socket and the pipe: without them,
+        // they end when the sandbox does.
         drop(command);
-        let group = ProcessGroup::of(child.id());
-        let errors = child
-            .stderr
-            .take()
-            .ok_or_else(|| Error::Failed("the sandbox's stderr pipe is missing".to_owned()))?;
-        ours.set_nonblocking(true).map_err(failed)?;
-        let (output, input) = tokio::net::UnixStream::from_std(ours)
-            .map_err(failed)?
-            .into_split();
-        Ok(Live {
-            child,
-            group,
-            input,
-            output,
-            errors,
-        })
+        live(FirstProcess::Spawned(child), ours, errors)
     }
 
     async fn prepared(&self) -> Result<&Prepared, Error> {
@@ -788,11 +912,24 @@ impl BwrapSandbox {
                     };
                     match tried {
                         Ok(layout) => {
-                            info!(launcher = %layout.program.display(), "sandboxes start with the nodus launcher");
-                            // The launcher is spawned as this process's user and becomes the
+                            // The launcher is started as this process's user and becomes the
                             // sandboxes' user itself, after joining their cgroups.
+                            let resident = if config.resident_launcher {
+                                crate::zygote::Resident::start(&layout.program)
+                                    .inspect_err(|e| {
+                                        tracing::warn!(error = %e, "the launcher is spawned for each sandbox")
+                                    })
+                                    .ok()
+                            } else {
+                                None
+                            };
+                            info!(
+                                launcher = %layout.program.display(),
+                                resident = resident.is_some(),
+                                "sandboxes start with the nodus launcher"
+                            );
                             return Ok(Prepared {
-                                starter: Starter::Launcher(layout),
+                                starter: Starter::Launcher(layout, resident),
                                 spawn_as: None,
                             });
                         }

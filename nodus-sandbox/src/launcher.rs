@@ -125,6 +125,7 @@ impl Layout {
             channel: false,
             rlimits: Vec::new(),
             outer: None,
+            cpus: Vec::new(),
         }
     }
 }

@@ -33,6 +33,7 @@ mod paths;
 mod process;
 pub mod unisolated;
 mod workdir;
+mod zygote;
 
 pub use bwrap::{
     BwrapConfig, BwrapSandbox, CgroupUse, DEFAULT_CGROUP_POOL, DEFAULT_SANDBOX_USER, HostUser,

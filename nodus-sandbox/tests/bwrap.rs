@@ -782,13 +782,14 @@ async fn proc_shows_no_host_path_of_the_server_on(launcher: bool) {
         );
     }
     // bubblewrap's options (or the launcher's plan), host paths among them, come from
-    // standard input: the command line is bubblewrap's name and the shell with the command,
-    // or the launcher's second stage, a fork of the first, which the backend starts under the
-    // name `nodus-launch` (not its host path).
+    // standard input (or the resident launcher's socket): the command line is bubblewrap's
+    // name and the shell with the command, or the launcher's second stage, a fork of the
+    // first, itself a fork of the resident launcher, which the backend starts under the name
+    // `nodus-launch` (not its host path).
     if launcher {
         assert_eq!(
             cmdline.trim_end(),
-            "nodus-launch --nodus-launch",
+            "nodus-launch --nodus-launch-forks",
             "{cmdline}"
         );
     } else {
@@ -942,4 +943,145 @@ async fn commands_run_alike_on(launcher: bool) {
     let out = exec(&sandbox, &id, "ulimit -f").await;
     assert_eq!(text(&out), format!("{}\n", test_limits().disk_bytes / 512));
     sandbox.destroy(&id).await.expect("destroy");
+}
+
+/// A backend with the launcher, checked to start its sandboxes through the resident
+/// launcher.
+async fn resident_backend(root: &Path) -> std::sync::Arc<BwrapSandbox> {
+    let sandbox = std::sync::Arc::new(backend(config(root.to_path_buf(), true)).await);
+    assert!(
+        sandbox.resident_launcher_pid().is_some(),
+        "the resident launcher did not start (see the log)"
+    );
+    sandbox
+}
+
+/// The resident launcher killed from outside between two creations: the next sandbox starts
+/// through a new one and runs its command, and the sandbox the killed one had started (which
+/// ended with it) starts again at its next command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_resident_launcher_is_replaced_for_the_next_sandbox() {
+    let root = reachable_tempdir();
+    let sandbox = resident_backend(root.path()).await;
+    let first = sandbox
+        .create(&spec(&unique_key("zygote-a")))
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(text(&exec(&sandbox, &first, "echo one").await), "one\n");
+    let killed = sandbox
+        .resident_launcher_pid()
+        .expect("a resident launcher");
+    let pid = rustix::process::Pid::from_raw(i32::try_from(killed).expect("pid")).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill it");
+
+    let second = sandbox
+        .create(&spec(&unique_key("zygote-b")))
+        .await
+        .expect("create after the resident launcher was killed")
+        .id;
+    let out = exec(&sandbox, &second, "echo two").await;
+    assert_eq!((out.exit_code, text(&out)), (Some(0), "two\n".to_owned()));
+    let again = sandbox
+        .resident_launcher_pid()
+        .expect("a new resident launcher");
+    assert_ne!(again, killed, "started again");
+    let out = exec(&sandbox, &first, "echo one again").await;
+    assert_eq!(
+        (out.exit_code, text(&out)),
+        (Some(0), "one again\n".to_owned())
+    );
+    for id in [first, second] {
+        sandbox.destroy(&id).await.expect("destroy");
+    }
+}
+
+/// A command's shell holds descriptors 0, 1 and 2 only: neither the resident launcher's
+/// socket nor another sandbox's streams (a second sandbox is started first) reach it. (The
+/// channel's shell under bubblewrap keeps descriptors of its own, which its commands see.)
+#[tokio::test]
+async fn a_command_holds_only_the_standard_descriptors_with_the_launcher() {
+    let root = reachable_tempdir();
+    let sandbox = resident_backend(root.path()).await;
+    let other = sandbox
+        .create(&spec(&unique_key("fds-other")))
+        .await
+        .expect("create")
+        .id;
+    let id = sandbox
+        .create(&spec(&unique_key("fds")))
+        .await
+        .expect("create")
+        .id;
+    let out = exec(&sandbox, &id, "ls /proc/$$/fd").await;
+    assert_eq!(
+        (out.exit_code, text(&out)),
+        (Some(0), "0\n1\n2\n".to_owned()),
+        "{out:?}"
+    );
+    for id in [id, other] {
+        sandbox.destroy(&id).await.expect("destroy");
+    }
+}
+
+/// Sandboxes started at the same time each get their own stdout and stderr: each command
+/// prints its sandbox's variable on both, and reads back its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_started_at_once_keep_their_own_streams_with_the_launcher() {
+    let root = reachable_tempdir();
+    let sandbox = resident_backend(root.path()).await;
+    let mut started = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let sandbox = sandbox.clone();
+        started.spawn(async move {
+            let mut spec = spec(&unique_key("streams"));
+            spec.env.insert("WHO".to_owned(), format!("sandbox-{i}"));
+            let id = sandbox.create(&spec).await.expect("create").id;
+            let out = exec(&sandbox, &id, "echo $WHO; echo $WHO-err >&2").await;
+            sandbox.destroy(&id).await.expect("destroy");
+            (i, out)
+        });
+    }
+    while let Some(done) = started.join_next().await {
+        let (i, out) = done.expect("a sandbox's task");
+        assert_eq!(text(&out), format!("sandbox-{i}\n"), "{out:?}");
+        assert_eq!(
+            out.stderr.bytes,
+            format!("sandbox-{i}-err\n").as_bytes(),
+            "{out:?}"
+        );
+    }
+}
+
+/// A sandbox runs on as many CPUs as its CPU limit rounds up to, so that `nproc` inside
+/// agrees with the limit: 1 with 1000 millis on a host of more, all of them with as many.
+#[tokio::test]
+async fn nproc_shows_the_cpus_the_limit_rounds_up_to() {
+    nproc_shows_the_cpus_the_limit_rounds_up_to_on(false).await;
+}
+
+#[tokio::test]
+async fn nproc_shows_the_cpus_the_limit_rounds_up_to_with_the_launcher() {
+    nproc_shows_the_cpus_the_limit_rounds_up_to_on(true).await;
+}
+
+async fn nproc_shows_the_cpus_the_limit_rounds_up_to_on(launcher: bool) {
+    let host = rustix::thread::sched_getaffinity(None)
+        .expect("this thread's CPUs")
+        .count();
+    assert!(host >= 2, "this test needs at least 2 CPUs, not {host}");
+    let root = reachable_tempdir();
+    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
+    for (millis, cpus) in [
+        (1000, 1),
+        (1001, 2.min(host)),
+        (u32::try_from(host * 1000).expect("millis"), host),
+    ] {
+        let mut limited = spec(&unique_key("nproc"));
+        limited.limits.cpu_millis = millis;
+        let id = sandbox.create(&limited).await.expect("create").id;
+        let out = exec(&sandbox, &id, "nproc").await;
+        assert_eq!(text(&out), format!("{cpus}\n"), "{millis} millis: {out:?}");
+        sandbox.destroy(&id).await.expect("destroy");
+    }
 }
