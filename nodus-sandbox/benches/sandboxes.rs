@@ -18,7 +18,9 @@
 //! times it for each figure of the starts at a time);
 //! `NODUS_BENCH_ONLY=processes`, `docker` or `parallel` runs one part; `cycles` runs only the
 //! launcher's cycle and bare `unshare`, alternated, at 16 in flight (`NODUS_BENCH_IN_FLIGHT`
-//! sets another number): what to run under `perf record -a -g`, or against another build.
+//! sets another number): what to run under `perf record -a -g`, or against another build;
+//! there the launcher is the resident one (`NODUS_BENCH_RESIDENT=0`: spawned for each
+//! sandbox), and `NODUS_BENCH_SPAWNED=1` adds the spawned launcher's cycle, alternated too.
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -579,17 +581,34 @@ async fn parallel(n: usize, root: &std::path::Path) {
 /// the sums and the phases.
 async fn only_cycles(n: usize, root: &std::path::Path) {
     const BATCH: usize = 100;
+    let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
     let mut config = BwrapConfig::new(root.join("cycles"));
     config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+    // `NODUS_BENCH_RESIDENT=0`: the launcher spawned for each sandbox, as before the
+    // resident launcher.
+    let resident = std::env::var("NODUS_BENCH_RESIDENT").map_or(true, |v| v != "0");
+    if !resident {
+        config.resident_launcher = false;
+    }
     let launcher: Arc<dyn Sandbox> = Arc::new(BwrapSandbox::new(config));
+    // `NODUS_BENCH_SPAWNED=1`: a third batch per round, the launcher spawned for each sandbox
+    // (no resident launcher), and the ratio of the two cycles.
+    let spawned: Option<Arc<dyn Sandbox>> = flag("NODUS_BENCH_SPAWNED").then(|| {
+        let mut config = BwrapConfig::new(root.join("cycles-spawned"));
+        config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+        config.resident_launcher = false;
+        Arc::new(BwrapSandbox::new(config)) as Arc<dyn Sandbox>
+    });
     let tag = std::process::id();
     let phases = Phases::default();
+    let spawned_phases = Phases::default();
     let in_flight = std::env::var("NODUS_BENCH_IN_FLIGHT")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
     let rounds = (n / BATCH).max(1);
     let (mut unshare, mut cycles, mut pairs) = (0.0, 0.0, Vec::new());
+    let (mut spawned_cycles, mut spawned_pairs, mut resident_pairs) = (0.0, Vec::new(), Vec::new());
     for round in 0..rounds {
         let (u, _) = timed(BATCH, in_flight, |_| bare_async(BARE_UNSHARE)).await;
         let (c, _) = timed(BATCH, in_flight, |i| {
@@ -600,6 +619,16 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
         unshare += u;
         cycles += c;
         pairs.push(format!("{:.2}x", c / u));
+        if let Some(spawned) = &spawned {
+            let (s, _) = timed(BATCH, in_flight, |i| {
+                let key = format!("bench-cycles-spawned-{tag}-{round}-{i}");
+                cycle(spawned.clone(), key, spawned_phases.clone())
+            })
+            .await;
+            spawned_cycles += s;
+            spawned_pairs.push(format!("{:.2}x", s / u));
+            resident_pairs.push(format!("{:.2}x", c / s));
+        }
     }
     println!(
         "cycles, {in_flight} in flight ({rounds} x {BATCH} of each, alternated): launcher cycle {:.2} ms, unshare {:.2} ms, launcher cycle / unshare {:.2}x (each round: {})",
@@ -609,6 +638,17 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
         pairs.join(" ")
     );
     print_phases(&phases, rounds * BATCH);
+    if spawned.is_some() {
+        println!(
+            "  spawned launcher (no resident launcher): cycle {:.2} ms, / unshare {:.2}x (each round: {}); resident / spawned {:.2}x (each round: {})",
+            spawned_cycles / rounds as f64,
+            spawned_cycles / unshare,
+            spawned_pairs.join(" "),
+            cycles / spawned_cycles,
+            resident_pairs.join(" ")
+        );
+        print_phases(&spawned_phases, rounds * BATCH);
+    }
 }
 
 /// The launcher's cycle, the same without the cgroup pool (`unpooled`) and bare `unshare`,
