@@ -115,11 +115,12 @@ pub mod protocol {
             }
             Err(e) => return Err(Failure::Gone(format!("sending the request: {e}"))),
         }
-        let (text, mut fds) = receive(socket, MAX_ANSWER).map_err(|e| match e {
+        let mut answer = [0u8; MAX_ANSWER];
+        let (length, mut fds) = receive(socket, &mut answer).map_err(|e| match e {
             Received::Gone(why) => Failure::Gone(why),
             Received::Bad(why) => Failure::Gone(format!("its answer {why}")),
         })?;
-        let text = String::from_utf8_lossy(&text);
+        let text = String::from_utf8_lossy(&answer[..length]);
         if let Some(why) = text.strip_prefix("error ") {
             return Err(Failure::Refused(why.to_owned()));
         }
@@ -144,20 +145,20 @@ pub mod protocol {
         Bad(String),
     }
 
-    /// Reads one message of at most `max` bytes and the descriptors that came with it (at
-    /// most 4; more are closed by the kernel and the message is refused). A message of no
-    /// bytes is the peer's hang-up.
+    /// Reads one message into `data` (at most its length) and the descriptors that came with
+    /// it (at most 4; more are closed by the kernel and the message is refused): its length
+    /// and the descriptors. A message of no bytes is the peer's hang-up.
     pub(crate) fn receive(
         socket: BorrowedFd<'_>,
-        max: usize,
-    ) -> Result<(Vec<u8>, Vec<OwnedFd>), Received> {
-        let mut data = vec![0u8; max];
+        data: &mut [u8],
+    ) -> Result<(usize, Vec<OwnedFd>), Received> {
+        let max = data.len();
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let got = loop {
             match rustix::net::recvmsg(
                 socket,
-                &mut [IoSliceMut::new(&mut data)],
+                &mut [IoSliceMut::new(data)],
                 &mut control,
                 RecvFlags::CMSG_CLOEXEC,
             ) {
@@ -184,8 +185,7 @@ pub mod protocol {
         if got.flags.contains(ReturnFlags::CTRUNC) {
             return Err(Received::Bad("carries more than 4 descriptors".to_owned()));
         }
-        data.truncate(got.bytes);
-        Ok((data, fds))
+        Ok((got.bytes, fds))
     }
 
     /// Sends one answer, with at most one descriptor.
@@ -256,6 +256,8 @@ fn serve_loop() -> Result<Ended, Error> {
     drop(null);
     // The children not reaped yet, each with a pidfd of this process's own.
     let mut children: Vec<(Pid, OwnedFd)> = Vec::new();
+    // Every request is read here (allocated and zeroed once, not at each request).
+    let mut buffer = vec![0u8; protocol::MAX_REQUEST];
     loop {
         let (control_events, exited) = {
             let mut polled: Vec<PollFd<'_>> = std::iter::once(&control)
@@ -286,7 +288,7 @@ fn serve_loop() -> Result<Ended, Error> {
             }
         }
         if control_events.contains(PollFlags::IN) {
-            match take(&control) {
+            match take(&control, &mut buffer) {
                 Ok(Some(request)) => {
                     if let Some(request) = start(&control, request, &mut children)? {
                         // The child: the control socket and the other children's pidfds
@@ -311,8 +313,8 @@ fn serve_loop() -> Result<Ended, Error> {
 
 /// Reads one request: `None` when the backend hung up, an error (to answer) when the request
 /// is malformed.
-fn take(control: &OwnedFd) -> Result<Option<Request>, String> {
-    let (data, fds) = match protocol::receive(control.as_fd(), protocol::MAX_REQUEST) {
+fn take(control: &OwnedFd, buffer: &mut [u8]) -> Result<Option<Request>, String> {
+    let (length, fds) = match protocol::receive(control.as_fd(), buffer) {
         Ok(got) => got,
         Err(protocol::Received::Gone(_)) => return Ok(None),
         Err(protocol::Received::Bad(why)) => return Err(format!("the request {why}")),
@@ -323,7 +325,7 @@ fn take(control: &OwnedFd) -> Result<Option<Request>, String> {
             "a request carries 2 descriptors (the sandbox's stdout and stderr), this one {count}"
         ));
     };
-    let plan = Plan::decode(&data).map_err(|e| e.to_string())?;
+    let plan = Plan::decode(&buffer[..length]).map_err(|e| e.to_string())?;
     Ok(Some(Request {
         plan,
         stdout,
@@ -338,15 +340,36 @@ fn start(
     request: Request,
     children: &mut Vec<(Pid, OwnedFd)>,
 ) -> Result<Option<Request>, Error> {
+    // The child waits until this pipe's write end is closed, after the answer: otherwise it
+    // takes this CPU from the moment it exists and the answer, for which the backend waits,
+    // comes only when the scheduler gives it back (most of a millisecond).
+    let (go, answered) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(pipe) => pipe,
+        Err(e) => {
+            let _ = protocol::answer(
+                control.as_fd(),
+                &format!("error nodus-launch: making a pipe: {e}"),
+                None,
+            );
+            return Ok(None);
+        }
+    };
     let pid = match crate::fork("a sandbox's stage one") {
-        Ok(None) => return Ok(Some(request)),
+        Ok(None) => {
+            drop(answered);
+            let mut byte = [0u8; 1];
+            // Until the end of the file (or an error): nothing is ever written.
+            while let Err(rustix::io::Errno::INTR) = rustix::io::read(&go, &mut byte) {}
+            drop(go);
+            return Ok(Some(request));
+        }
         Ok(Some(pid)) => pid,
         Err(e) => {
             let _ = protocol::answer(control.as_fd(), &format!("error {e}"), None);
             return Ok(None);
         }
     };
-    drop(request);
+    drop((request, go));
     // Before any reap: the pid is this process's unreaped child, so the pidfd is its.
     let pidfd = match rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
         Ok(pidfd) => pidfd,
@@ -367,6 +390,7 @@ fn start(
         // Nobody knows of this sandbox: it goes (and is reaped when its pidfd says so).
         let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
     }
+    drop(answered);
     children.push((pid, pidfd));
     Ok(None)
 }
