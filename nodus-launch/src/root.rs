@@ -2,16 +2,17 @@
 //! with the read-only binds, a fresh `/proc`, a small `/dev`, a sized `/tmp` and the working
 //! directory, then `pivot_root` into it and the host's tree detached.
 //!
-//! No step reads `/proc/self/mountinfo`: bind sources are opened first (so that mounting the
+//! No step reads `/proc/self/mountinfo`: bind sources are cloned first (so that mounting the
 //! new root over `/tmp` hides none of them), and a read-only remount keeps the flags the
 //! kernel locks (`nosuid`, `nodev`, `noexec`, atime) from `statvfs` of the mount itself.
 
-use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, StatVfsMountFlags};
-use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::fs::{FileType, Mode, StatVfsMountFlags};
+use rustix::mount::{
+    MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
+};
 
 use crate::{Error, Plan};
 
@@ -32,17 +33,30 @@ const DEV_LINKS: &[(&str, &str)] = &[
     ("ptmx", "pts/ptmx"),
 ];
 
-/// A host path opened before the new root hides it, and its name in `/proc/self/fd`.
-struct Source {
-    _fd: OwnedFd,
-    path: String,
+/// A host tree cloned before the new root hides it: a detached copy of the mount at a host
+/// path with everything mounted below it (`open_tree` with `OPEN_TREE_CLONE`), attached in
+/// the new root by `move_mount`, with no path walked again (the bind of old went through
+/// `/proc/self/fd/N`).
+struct Source(OwnedFd);
+
+/// Clones the tree at `path`; `None` when nothing is there (a host without `/dev/tty`).
+fn clone_tree(path: &Path) -> Result<Option<Source>, Error> {
+    let flags = OpenTreeFlags::OPEN_TREE_CLONE
+        | OpenTreeFlags::OPEN_TREE_CLOEXEC
+        | OpenTreeFlags::AT_RECURSIVE;
+    match rustix::mount::open_tree(rustix::fs::CWD, path, flags) {
+        Ok(fd) => Ok(Some(Source(fd))),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(Error::errno(format!("cloning {}", path.display()))(e)),
+    }
 }
 
-fn open_source(path: &Path) -> Result<Source, Error> {
-    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-        .map_err(Error::errno(format!("opening {}", path.display())))?;
-    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    Ok(Source { _fd: fd, path })
+/// Clones the tree at `path`, which must be there.
+fn clone_required(path: &Path) -> Result<Source, Error> {
+    clone_tree(path)?.ok_or_else(|| Error::Step {
+        step: format!("cloning {}", path.display()),
+        source: std::io::ErrorKind::NotFound.into(),
+    })
 }
 
 /// `path` (absolute) below `root`.
@@ -66,9 +80,15 @@ fn mount_tmpfs(target: &Path, flags: MountFlags, options: &str) -> Result<(), Er
     )
 }
 
-fn bind(source: &str, target: &Path) -> Result<(), Error> {
-    rustix::mount::mount_bind_recursive(source, target)
-        .map_err(Error::errno(format!("binding {}", target.display())))
+fn attach(source: &Source, target: &Path) -> Result<(), Error> {
+    rustix::mount::move_mount(
+        &source.0,
+        "",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(Error::errno(format!("binding {}", target.display())))
 }
 
 /// Makes the mount at `target` read-only, keeping the flags the kernel would not let this
@@ -102,17 +122,16 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
     let binds: Vec<(Source, &PathBuf)> = plan
         .ro_binds
         .iter()
-        .map(|dir| Ok((open_source(dir)?, dir)))
+        .map(|dir| Ok((clone_required(dir)?, dir)))
         .collect::<Result<_, Error>>()?;
-    let work = open_source(&plan.work_host)?;
-    let devices: Vec<(Source, &str)> = DEVICES
-        .iter()
-        .filter_map(|name| {
-            let path = Path::new("/dev").join(name);
-            // A host without one of them (a container without /dev/tty) goes without.
-            path.exists().then(|| Ok((open_source(&path)?, *name)))
-        })
-        .collect::<Result<_, Error>>()?;
+    let work = clone_required(&plan.work_host)?;
+    // A host without one of them (a container without /dev/tty) goes without.
+    let mut devices = Vec::with_capacity(DEVICES.len());
+    for name in DEVICES {
+        if let Some(source) = clone_tree(&Path::new("/dev").join(name))? {
+            devices.push((source, *name));
+        }
+    }
 
     // Nothing of what follows propagates back to the host.
     rustix::mount::mount_change(
@@ -126,7 +145,7 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
     for (source, dir) in &binds {
         let target = under(root, dir);
         mkdirs(&target)?;
-        bind(&source.path, &target)?;
+        attach(source, &target)?;
         remount_read_only(&target)?;
     }
     for sub in &plan.ro_submounts {
@@ -138,7 +157,7 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
     }
     for (target, path) in &plan.symlinks {
         let link = under(root, path);
-        if let Some(parent) = link.parent() {
+        if let Some(parent) = link.parent().filter(|parent| *parent != root) {
             mkdirs(parent)?;
         }
         rustix::fs::symlink(target, &link)
@@ -161,8 +180,17 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
     mount_tmpfs(&dev, MountFlags::NOSUID | MountFlags::NOEXEC, "mode=0755")?;
     for (source, name) in &devices {
         let node = dev.join(name);
-        File::create(&node).map_err(Error::step(format!("making /dev/{name}")))?;
-        bind(&source.path, &node)?;
+        // An empty file to mount the device on (one call, where a create is an open and a
+        // close).
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &node,
+            FileType::RegularFile,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .map_err(Error::errno(format!("making /dev/{name}")))?;
+        attach(source, &node)?;
     }
     for (name, target) in DEV_LINKS {
         rustix::fs::symlink(*target, dev.join(name))
@@ -189,7 +217,7 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
 
     let inside = under(root, &plan.work_inside);
     mkdirs(&inside)?;
-    bind(&work.path, &inside)?;
+    attach(&work, &inside)?;
 
     // Into the new root; the host's tree, stacked on it by `pivot_root(".", ".")`, is
     // detached.
