@@ -85,6 +85,49 @@ fn the_nodus_binary_starts_a_sandbox_when_asked_to_launch() {
     assert!(processes <= 4, "{stdout}");
 }
 
+/// `nodus --nodus-launch-forks` is the resident launcher (what a server started from `nodus`
+/// keeps to fork its sandboxes): a request on its socket starts the plan's program, whose
+/// sandbox's init shows the resident launcher's command line, and it exits when the socket
+/// hangs up.
+#[test]
+fn the_nodus_binary_is_the_resident_launcher_when_asked() {
+    use std::io::Read as _;
+    use std::os::fd::AsFd as _;
+    let work = tempfile::tempdir().expect("tempdir");
+    let plan = plan_running(
+        work.path(),
+        "echo resident; tr '\\0' ' ' < /proc/1/cmdline; echo",
+    );
+    let (ours, theirs) = nodus_launch::zygote_protocol::socket_pair().expect("socket pair");
+    let mut resident = Command::new(NODUS)
+        .arg0("nodus-launch")
+        .arg(nodus_launch::FORKS_ARG)
+        .stdin(Stdio::from(theirs))
+        .spawn()
+        .expect("start nodus");
+    let (mut out, out_write) = std::io::pipe().expect("pipe");
+    let (mut err, err_write) = std::io::pipe().expect("pipe");
+    let forked = nodus_launch::zygote_protocol::request(
+        ours.as_fd(),
+        &plan.encode().expect("plan"),
+        out_write.as_fd(),
+        err_write.as_fd(),
+    )
+    .expect("a sandbox forked");
+    drop((out_write, err_write));
+    assert!(forked.pid > 1);
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    out.read_to_string(&mut stdout).expect("stdout");
+    err.read_to_string(&mut stderr).expect("stderr");
+    assert_eq!(
+        stdout, "resident\nnodus-launch --nodus-launch-forks \n",
+        "stderr: {stderr}"
+    );
+    drop(ours);
+    let status = resident.wait().expect("nodus");
+    assert!(status.success(), "{status}");
+}
+
 /// The plan's rlimits hold for its program (where no cgroup holds a limit, the backend gives
 /// them to the launcher), as they do for each command of a sandbox's channel.
 #[test]

@@ -385,6 +385,10 @@ fn start(
             return Ok(None);
         }
     };
+    // Its own process group before the backend learns of it (the child makes it too, first
+    // thing: whichever runs first), so that a kill of the group right after the answer finds
+    // it.
+    let _ = rustix::process::setpgid(Some(pid), Some(pid));
     let text = format!("ok {}", pid.as_raw_nonzero());
     if protocol::answer(control.as_fd(), &text, Some(pidfd.as_fd())).is_err() {
         // Nobody knows of this sandbox: it goes (and is reaped when its pidfd says so).
@@ -403,12 +407,12 @@ fn child(request: Request) -> Result<ExitCode, Error> {
         stdout,
         stderr,
     } = request;
+    rustix::process::setpgid(None, None).map_err(Error::errno("making a process group"))?;
     rustix::stdio::dup2_stdout(&stdout).map_err(Error::errno("making the sandbox's stdout"))?;
     rustix::stdio::dup2_stderr(&stderr).map_err(Error::errno("making the sandbox's stderr"))?;
     drop((stdout, stderr));
     // No value of this process owns a descriptor past 2 any more (the loop's were dropped).
     crate::close_from(3)?;
-    rustix::process::setpgid(None, None).map_err(Error::errno("making a process group"))?;
     // Signals: the resident launcher blocks none and changes no disposition, so the child
     // has what a launcher started for it would have (the Rust runtime's SIGPIPE ignored,
     // which stage two's spawns reset for the sandbox's programs).
