@@ -100,7 +100,7 @@ fn a_malformed_request_is_answered_and_the_next_one_starts_its_sandbox() {
     assert!(polled[0].revents().contains(rustix::event::PollFlags::IN));
 
     // A request without descriptors is refused too.
-    let mut space = [std::mem::MaybeUninit::uninit(); 0];
+    let mut space: [std::mem::MaybeUninit<u8>; 0] = [];
     let mut none = rustix::net::SendAncillaryBuffer::new(&mut space);
     rustix::net::sendmsg(
         &ours,
