@@ -1065,13 +1065,26 @@ async fn nproc_shows_the_cpus_the_limit_rounds_up_to_with_the_launcher() {
     nproc_shows_the_cpus_the_limit_rounds_up_to_on(true).await;
 }
 
+/// The same with the launcher spawned for each sandbox (no resident launcher), which pins
+/// itself from its plan as the resident launcher's forks do.
+#[tokio::test]
+async fn nproc_shows_the_cpus_the_limit_rounds_up_to_with_the_spawned_launcher() {
+    let root = reachable_tempdir();
+    let mut config = config(root.path().to_path_buf(), true);
+    config.resident_launcher = false;
+    nproc_on(backend(config).await).await;
+}
+
 async fn nproc_shows_the_cpus_the_limit_rounds_up_to_on(launcher: bool) {
+    let root = reachable_tempdir();
+    nproc_on(backend(config(root.path().to_path_buf(), launcher)).await).await;
+}
+
+async fn nproc_on(sandbox: BwrapSandbox) {
     let host = rustix::thread::sched_getaffinity(None)
         .expect("this thread's CPUs")
         .count();
     assert!(host >= 2, "this test needs at least 2 CPUs, not {host}");
-    let root = reachable_tempdir();
-    let sandbox = backend(config(root.path().to_path_buf(), launcher)).await;
     for (millis, cpus) in [(1000, 1), (1001, 2.min(host)), (host * 1000, host)] {
         let mut limited = spec(&unique_key("nproc"));
         limited.limits.cpu_millis = millis;

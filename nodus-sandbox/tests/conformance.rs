@@ -1,5 +1,5 @@
 //! The conformance suite against every backend, for real: bubblewrap, the process backend
-//! with Nodus's own launcher, and Docker pass all of it, the unisolated backend the cases that need no isolation.
+//! with Nodus's own launcher (resident, and spawned for each sandbox), and Docker pass all of it, the unisolated backend the cases that need no isolation.
 //!
 //! Docker needs `NODUS_TEST_DOCKER_IMAGE` (set by `scripts/test-env`) and a reachable engine;
 //! bubblewrap needs `bwrap`. Neither is skipped when missing: the tests fail and say why.
@@ -62,6 +62,43 @@ mod launcher {
         assert!(
             sandbox.uses_launcher().await.expect("prepared"),
             "the launcher failed its self-check here (see the log)"
+        );
+        Backend {
+            sandbox,
+            image: None,
+            isolated: true,
+        }
+    }
+
+    nodus_sandbox::conformance_tests!(all, backend);
+    nodus_sandbox::conformance_tests!(disk, backend);
+    nodus_sandbox::conformance_tests!(live, backend);
+}
+
+/// The launcher spawned for each sandbox (no resident launcher): the path a backend takes when
+/// its resident launcher cannot be started, and its self-check's.
+mod launcher_spawned {
+    use super::*;
+    use nodus_sandbox::{BwrapConfig, BwrapSandbox};
+
+    async fn backend() -> Backend {
+        static SANDBOX: OnceLock<Arc<BwrapSandbox>> = OnceLock::new();
+        let sandbox = SANDBOX
+            .get_or_init(|| {
+                let mut config = BwrapConfig::new(root("launcher-spawned"));
+                config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+                config.resident_launcher = false;
+                Arc::new(BwrapSandbox::new(config))
+            })
+            .clone();
+        assert!(
+            sandbox.uses_launcher().await.expect("prepared"),
+            "the launcher failed its self-check here (see the log)"
+        );
+        assert_eq!(
+            sandbox.resident_launcher_pid(),
+            None,
+            "no resident launcher"
         );
         Backend {
             sandbox,
