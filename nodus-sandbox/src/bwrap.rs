@@ -281,14 +281,6 @@ enum FirstProcess {
 }
 
 impl FirstProcess {
-    /// Its pid while it may be signalled by it.
-    fn id(&self) -> Option<u32> {
-        match self {
-            FirstProcess::Spawned(child) => child.id(),
-            FirstProcess::Forked(forked) => forked.id(),
-        }
-    }
-
     /// Kills the only child of this process (the sandbox's init); whether it did.
     fn kill_only_child(&self) -> bool {
         match self {
@@ -301,6 +293,19 @@ impl FirstProcess {
             FirstProcess::Forked(forked) => forked
                 .id()
                 .is_some_and(|pid| kill_only_child(pid, || forked.running())),
+        }
+    }
+
+    /// Kills its process group (which it leads) while it runs: a forked first process is
+    /// reaped by the resident launcher as soon as it has exited, and its number may then
+    /// lead another process's group (pids wrap at 32768 on a small host). A spawned one's
+    /// group is the `Live`'s [`ProcessGroup`], whose number stays its own until it is waited
+    /// for here.
+    fn kill_group(&self) {
+        if let FirstProcess::Forked(forked) = self
+            && let Some(pid) = forked.id()
+        {
+            ProcessGroup::of(Some(pid)).kill();
         }
     }
 
@@ -357,8 +362,7 @@ impl Live {
     async fn end(mut self) {
         let init_killed = self.child.kill_only_child();
         if !init_killed {
-            self.group.kill();
-            self.child.start_kill();
+            self.kill();
         }
         if tokio::time::timeout(DRAIN_GRACE, self.child.wait())
             .await
@@ -373,6 +377,14 @@ impl Live {
     /// Whether the sandbox's process still runs.
     fn running(&mut self) -> bool {
         self.child.running()
+    }
+
+    /// Kills the sandbox's first process and its process group (the init dies with the
+    /// first process: its parent-death signal).
+    fn kill(&mut self) {
+        self.group.kill();
+        self.child.kill_group();
+        self.child.start_kill();
     }
 
     /// Sends one command's frame and reads its output until both end markers, the timeout or
@@ -401,7 +413,7 @@ impl Live {
         loop {
             if grace.is_none() && (!out_open || stopped.is_some() || timed_out) {
                 // Timed out, stopped, or gone: whatever is left of the sandbox goes.
-                self.group.kill();
+                self.kill();
                 grace = Some(tokio::time::Instant::now() + DRAIN_GRACE);
             }
             if (grace.is_none() && reading.done()) || (!out_open && !err_open) {
@@ -496,8 +508,13 @@ fn live(
     errors: OwnedFd,
 ) -> Result<Live, Error> {
     let failed = |e: io::Error| Error::Failed(format!("making the sandbox's channel: {e}"));
-    // Its first process leads a new group whose id is its pid.
-    let group = ProcessGroup::of(child.id());
+    // Its first process leads a new group whose id is its pid: killed through the value
+    // (when dropped too) for a spawned one, only while it runs for a forked one (see
+    // `FirstProcess::kill_group`).
+    let group = match &child {
+        FirstProcess::Spawned(spawned) => ProcessGroup::of(spawned.id()),
+        FirstProcess::Forked(_) => ProcessGroup::of(None),
+    };
     let errors = tokio::net::unix::pipe::Receiver::from_owned_fd(errors).map_err(failed)?;
     ours.set_nonblocking(true).map_err(failed)?;
     let (output, input) = tokio::net::UnixStream::from_std(ours)
