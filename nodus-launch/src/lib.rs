@@ -26,12 +26,14 @@
 //! [`fork`] and [`close_from`]).
 
 mod init;
+mod netpool;
 mod plan;
 mod root;
 mod serve;
 mod stage;
 mod zygote;
 
+pub use netpool::NETNS_POOL_ARG;
 pub use zygote::protocol as zygote_protocol;
 
 pub use plan::{Limit, Plan};
@@ -47,7 +49,9 @@ pub const LAUNCH_ARG: &str = "--nodus-launch";
 
 /// The first argument that makes a `nodus` binary (or `nodus-sandbox-launch`) the resident
 /// launcher, which forks stage one for each sandbox asked of it on its standard input (see
-/// [`zygote_protocol`]).
+/// [`zygote_protocol`]). [`NETNS_POOL_ARG`] and a number may follow: the size of its pool of
+/// empty network namespaces for the sandboxes without network (used only where it runs as
+/// root of the initial user namespace).
 pub const FORKS_ARG: &str = "--nodus-launch-forks";
 
 /// The exit status of a launcher that could not join the sandbox's cgroups (as the
@@ -72,6 +76,9 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The launcher was started with arguments it does not take.
+    #[error("nodus-launch: {0}")]
+    Usage(String),
     /// A step of the set-up failed.
     #[error("nodus-launch: {step}: {source}")]
     Step {
@@ -107,7 +114,7 @@ impl Error {
 pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
     let first = args.first()?;
     if first == FORKS_ARG {
-        return Some(zygote::serve());
+        return Some(zygote::serve(&args[1..]));
     }
     if first != LAUNCH_ARG {
         return None;
@@ -156,9 +163,10 @@ fn unshare(flags: rustix::thread::UnshareFlags) -> Result<(), Error> {
     // SAFETY: `unshare_unsafe` is unsafe only because `CLONE_FILES` lets threads of one
     // process see different descriptor tables, so that one thread could use a descriptor
     // another thread's table does not hold. `FILES` is removed from `flags` above, and the
-    // launcher is single-threaded besides (`run_if_asked` runs before any thread starts, and a
-    // new user namespace, which every call here asks for, is refused to a multi-threaded
-    // process anyway).
+    // launcher is single-threaded besides (`run_if_asked` runs before any thread starts; a
+    // new user namespace, which stage one asks for, is refused to a multi-threaded process
+    // anyway, and the resident launcher, which asks for a network namespace alone for its
+    // pool, is one loop on one thread).
     unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Error::errno("unshare"))
 }
 

@@ -1,7 +1,7 @@
 //! Stage one: cgroups, the sandbox's user, `no_new_privs`, the new namespaces, and stage two
 //! forked as PID 1 of the new pid namespace.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use rustix::process::{Signal, WaitOptions};
@@ -15,13 +15,14 @@ pub(crate) fn enter() -> Result<ExitCode, Error> {
     std::io::stdin()
         .read_to_end(&mut bytes)
         .map_err(Error::step("reading the plan"))?;
-    start(Plan::decode(&bytes)?)
+    start(Plan::decode(&bytes)?, false)
 }
 
 /// Starts the sandbox of `plan` from this process (a launcher started for it, or a fork of
 /// the resident launcher); returns how its program exited (in stage one and, once it has
-/// forked, in stage two).
-pub(crate) fn start(mut plan: Plan) -> Result<ExitCode, Error> {
+/// forked, in stage two). `net_entered`: this process is in the sandbox's network namespace
+/// already (one of the resident launcher's pool), so that no new one is made.
+pub(crate) fn start(mut plan: Plan, net_entered: bool) -> Result<ExitCode, Error> {
     if !plan.cpus.is_empty() {
         let mut set = rustix::thread::CpuSet::new();
         for &cpu in &plan.cpus {
@@ -54,7 +55,7 @@ pub(crate) fn start(mut plan: Plan) -> Result<ExitCode, Error> {
         | UnshareFlags::NEWIPC
         | UnshareFlags::NEWUTS
         | UnshareFlags::NEWCGROUP;
-    if !plan.network {
+    if !plan.network && !net_entered {
         flags |= UnshareFlags::NEWNET;
     }
     unshare(flags)?;
@@ -81,7 +82,16 @@ pub(crate) fn start(mut plan: Plan) -> Result<ExitCode, Error> {
         match rustix::process::waitpid(Some(init), WaitOptions::empty()) {
             Ok(Some((_, status))) => break status,
             Ok(None) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(Error::errno("waiting for the sandbox's init")(e)),
+            // Never an exit while the init may live: a pooled network namespace goes back
+            // to the resident launcher's pool when this process EXITED, which must mean
+            // that the init was reaped (see the `netpool` module). Aborting is a signal.
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "nodus-launch: waiting for the sandbox's init: {e}"
+                );
+                std::process::abort();
+            }
         }
     };
     drop(alive_write);

@@ -15,6 +15,11 @@
 //! turns readable when it has exited, and only then is that child reaped (never an automatic
 //! reap: a pid reaped and reused would give a pidfd of another process).
 //!
+//! For a sandbox without network, on a root server, the child also gets an empty network
+//! namespace from the launcher's pool (see the `netpool` module), which it enters before
+//! stage one; the namespace goes back to the pool when the child exited (not when a signal
+//! killed it).
+//!
 //! Invariants: one thread (it forks); nothing of it leaks into a sandbox but descriptors 0, 1
 //! and 2; a pidfd of each child before it can be reaped; a malformed request gets an error
 //! answer and the loop goes on. It ends when the socket hangs up, and with the thread that
@@ -26,6 +31,7 @@ use std::process::ExitCode;
 use rustix::event::{PollFd, PollFlags};
 use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions};
 
+use crate::netpool::NetPool;
 use crate::{Error, Plan};
 
 /// The resident launcher's requests and answers, for the backend that starts it.
@@ -211,11 +217,21 @@ pub mod protocol {
     }
 }
 
-/// A request read and checked: the plan, the sandbox's stdout and stderr.
+/// A request read and checked: the plan, the sandbox's stdout and stderr; and, once taken
+/// from the pool, the network namespace the child enters.
 struct Request {
     plan: Plan,
     stdout: OwnedFd,
     stderr: OwnedFd,
+    netns: Option<OwnedFd>,
+}
+
+/// A child not reaped yet: its pid, a pidfd of this process's own, and the pooled network
+/// namespace it entered, to give back when it has exited.
+struct Child {
+    pid: Pid,
+    pidfd: OwnedFd,
+    netns: Option<OwnedFd>,
 }
 
 /// What the loop ended with.
@@ -228,8 +244,8 @@ enum Ended {
 
 /// Runs the resident launcher until the socket on its standard input hangs up; in a forked
 /// child, runs stage one and returns how the sandbox ended.
-pub(crate) fn serve() -> ExitCode {
-    match serve_loop() {
+pub(crate) fn serve(args: &[std::ffi::OsString]) -> ExitCode {
+    match crate::netpool::size_from(args).and_then(serve_loop) {
         Ok(Ended::HungUp) => ExitCode::SUCCESS,
         Ok(Ended::Child(request)) => crate::finish(child(request)),
         Err(e) => {
@@ -240,7 +256,7 @@ pub(crate) fn serve() -> ExitCode {
     }
 }
 
-fn serve_loop() -> Result<Ended, Error> {
+fn serve_loop(netns_pool: usize) -> Result<Ended, Error> {
     // Nothing of this process owns a descriptor yet: whatever the backend let through besides
     // 0, 1 and 2 goes, so that no sandbox inherits it.
     crate::close_from(3)?;
@@ -254,14 +270,16 @@ fn serve_loop() -> Result<Ended, Error> {
     let null = std::fs::File::open("/dev/null").map_err(Error::step("opening /dev/null"))?;
     rustix::stdio::dup2_stdin(&null).map_err(Error::errno("making /dev/null stdin"))?;
     drop(null);
-    // The children not reaped yet, each with a pidfd of this process's own.
-    let mut children: Vec<(Pid, OwnedFd)> = Vec::new();
+    // Empty network namespaces for the sandboxes without network (root servers only).
+    let mut pool = NetPool::open(netns_pool);
+    // The children not reaped yet.
+    let mut children: Vec<Child> = Vec::new();
     // Every request is read here (allocated and zeroed once, not at each request).
     let mut buffer = vec![0u8; protocol::MAX_REQUEST];
     loop {
         let (control_events, exited) = {
             let mut polled: Vec<PollFd<'_>> = std::iter::once(&control)
-                .chain(children.iter().map(|(_, pidfd)| pidfd))
+                .chain(children.iter().map(|child| &child.pidfd))
                 .map(|fd| PollFd::new(fd, PollFlags::IN))
                 .collect();
             match rustix::event::poll(&mut polled, None) {
@@ -280,21 +298,29 @@ fn serve_loop() -> Result<Ended, Error> {
         };
         // Highest first: `swap_remove` moves the last one, already handled, into the gap.
         for i in exited.into_iter().rev() {
-            let (pid, pidfd) = children.swap_remove(i);
-            match rustix::process::waitpid(Some(pid), WaitOptions::NOHANG) {
-                Ok(Some(_)) | Err(_) => drop(pidfd),
+            let child = children.swap_remove(i);
+            match rustix::process::waitpid(Some(child.pid), WaitOptions::NOHANG) {
+                Ok(Some((_, status))) => {
+                    // Its network namespace goes back only if it exited (see `NetPool`).
+                    if let (Some(pool), Some(netns)) = (pool.as_mut(), child.netns) {
+                        pool.give_back(netns, status);
+                    }
+                }
+                // Not knowing how it ended, its namespace is dropped.
+                Err(_) => drop(child),
                 // Not exited after all: kept.
-                Ok(None) => children.push((pid, pidfd)),
+                Ok(None) => children.push(child),
             }
         }
         if control_events.contains(PollFlags::IN) {
             match take(&control, &mut buffer) {
                 Ok(Some(request)) => {
-                    if let Some(request) = start(&control, request, &mut children)? {
-                        // The child: the control socket and the other children's pidfds
-                        // go before the sandbox starts.
+                    if let Some(request) = start(&control, request, &mut children, &mut pool)? {
+                        // The child: the control socket, the other children's pidfds and
+                        // namespaces, and the pool go before the sandbox starts.
                         drop(control);
                         drop(children);
+                        drop(pool);
                         return Ok(Ended::Child(request));
                     }
                 }
@@ -330,6 +356,7 @@ fn take(control: &OwnedFd, buffer: &mut [u8]) -> Result<Option<Request>, String>
         plan,
         stdout,
         stderr,
+        netns: None,
     }))
 }
 
@@ -337,9 +364,16 @@ fn take(control: &OwnedFd, buffer: &mut [u8]) -> Result<Option<Request>, String>
 /// state is dropped); in this process, `None` once the child's pid and pidfd are sent.
 fn start(
     control: &OwnedFd,
-    request: Request,
-    children: &mut Vec<(Pid, OwnedFd)>,
+    mut request: Request,
+    children: &mut Vec<Child>,
+    pool: &mut Option<NetPool>,
 ) -> Result<Option<Request>, Error> {
+    // A sandbox without network gets an empty namespace of the pool's (when there is one).
+    if !request.plan.network
+        && let Some(pool) = pool.as_mut()
+    {
+        request.netns = pool.take()?;
+    }
     // The child waits until this pipe's write end is closed, after the answer: otherwise it
     // takes this CPU from the moment it exists and the answer, for which the backend waits,
     // comes only when the scheduler gives it back (most of a millisecond).
@@ -365,16 +399,22 @@ fn start(
         }
         Ok(Some(pid)) => pid,
         Err(e) => {
+            if let (Some(pool), Some(netns)) = (pool.as_mut(), request.netns.take()) {
+                // No process entered it.
+                pool.put_unused(netns);
+            }
             let _ = protocol::answer(control.as_fd(), &format!("error {e}"), None);
             return Ok(None);
         }
     };
+    let netns = request.netns.take();
     drop((request, go));
     // Before any reap: the pid is this process's unreaped child, so the pidfd is its.
     let pidfd = match rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
         Ok(pidfd) => pidfd,
         Err(e) => {
-            // Still unreaped: the pid is the child's, to kill and reap here.
+            // Still unreaped: the pid is the child's, to kill and reap here (killed: its
+            // network namespace, if any, is dropped with `netns`).
             let _ = rustix::process::kill_process(pid, Signal::KILL);
             let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
             let _ = protocol::answer(
@@ -395,19 +435,35 @@ fn start(
         let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
     }
     drop(answered);
-    children.push((pid, pidfd));
+    children.push(Child { pid, pidfd, netns });
     Ok(None)
 }
 
-/// The forked child: the request's descriptors become stdout and stderr, every other one is
+/// The forked child: the request's descriptors become stdout and stderr, it enters the pooled
+/// network namespace if it was given one (as root, before stage one makes it the sandbox's
+/// user: the namespace stays the initial user namespace's), every other descriptor is
 /// closed, a process group of its own, then stage one.
 fn child(request: Request) -> Result<ExitCode, Error> {
     let Request {
         plan,
         stdout,
         stderr,
+        netns,
     } = request;
     rustix::process::setpgid(None, None).map_err(Error::errno("making a process group"))?;
+    let net_entered = match netns {
+        Some(netns) => {
+            rustix::thread::move_into_link_name_space(
+                netns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .map_err(Error::errno("entering the sandbox's network namespace"))?;
+            // Closed before anything else runs: nothing past 2 reaches the sandbox.
+            drop(netns);
+            true
+        }
+        None => false,
+    };
     rustix::stdio::dup2_stdout(&stdout).map_err(Error::errno("making the sandbox's stdout"))?;
     rustix::stdio::dup2_stderr(&stderr).map_err(Error::errno("making the sandbox's stderr"))?;
     drop((stdout, stderr));
@@ -416,5 +472,5 @@ fn child(request: Request) -> Result<ExitCode, Error> {
     // Signals: the resident launcher blocks none and changes no disposition, so the child
     // has what a launcher started for it would have (the Rust runtime's SIGPIPE ignored,
     // which stage two's spawns reset for the sandbox's programs).
-    crate::stage::start(plan)
+    crate::stage::start(plan, net_entered)
 }

@@ -171,6 +171,10 @@ const INSTALL_HINT: &str = "install bubblewrap: `apt-get install bubblewrap` (De
 /// ([`BwrapConfig::cgroup_pool`]).
 pub const DEFAULT_CGROUP_POOL: usize = 32;
 
+/// How many empty network namespaces the resident launcher keeps for the next sandboxes
+/// without network, by default ([`BwrapConfig::netns_pool`]).
+pub const DEFAULT_NETNS_POOL: usize = 32;
+
 /// Whether to enforce limits through cgroups.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CgroupUse {
@@ -200,6 +204,14 @@ pub struct BwrapConfig {
     /// being spawned for each sandbox, which costs a program start (`execve`, the dynamic
     /// loader, the C library's start-up) every time. On by default.
     pub resident_launcher: bool,
+    /// With [`BwrapConfig::resident_launcher`], on a root server (the launcher runs as root of
+    /// the initial user namespace): how many empty network namespaces it keeps for the next
+    /// sandboxes without network, instead of each sandbox making one and the kernel tearing
+    /// it down after (the dearest single step of a sandbox). A namespace is taken back only
+    /// once every process that was in it is gone; it belongs to the initial user namespace,
+    /// so that no sandbox can configure anything in it (see docs/operations.md). 0 turns the
+    /// pool off; elsewhere it is off anyway.
+    pub netns_pool: usize,
     /// Whether limits go through cgroups.
     pub cgroups: CgroupUse,
     /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
@@ -231,6 +243,7 @@ impl BwrapConfig {
             bwrap: None,
             launcher: None,
             resident_launcher: true,
+            netns_pool: DEFAULT_NETNS_POOL,
             cgroups: CgroupUse::Auto,
             cgroup_parent: "nodus".to_owned(),
             cgroup_pool: DEFAULT_CGROUP_POOL,
@@ -932,7 +945,7 @@ impl BwrapSandbox {
                             // The launcher is started as this process's user and becomes the
                             // sandboxes' user itself, after joining their cgroups.
                             let resident = if config.resident_launcher {
-                                crate::zygote::Resident::start(&layout.program)
+                                crate::zygote::Resident::start(&layout.program, config.netns_pool)
                                     .inspect_err(|e| {
                                         tracing::warn!(error = %e, "the launcher is spawned for each sandbox")
                                     })

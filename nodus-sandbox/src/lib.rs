@@ -36,7 +36,8 @@ mod workdir;
 mod zygote;
 
 pub use bwrap::{
-    BwrapConfig, BwrapSandbox, CgroupUse, DEFAULT_CGROUP_POOL, DEFAULT_SANDBOX_USER, HostUser,
+    BwrapConfig, BwrapSandbox, CgroupUse, DEFAULT_CGROUP_POOL, DEFAULT_NETNS_POOL,
+    DEFAULT_SANDBOX_USER, HostUser,
 };
 #[cfg(feature = "docker")]
 pub use docker::{DockerConfig, DockerSandbox};

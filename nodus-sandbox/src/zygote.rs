@@ -33,8 +33,9 @@ struct Zygote {
 
 impl Zygote {
     /// Starts `program` as the resident launcher: as this process's user, in `/`, with an
-    /// empty environment, its stdin the socket, stdout `/dev/null`, stderr this process's.
-    fn start(program: &Path) -> Result<Zygote, String> {
+    /// empty environment, its stdin the socket, stdout `/dev/null`, stderr this process's,
+    /// with a pool of `netns_pool` network namespaces (used on a root server only).
+    fn start(program: &Path, netns_pool: usize) -> Result<Zygote, String> {
         let (socket, theirs) =
             zygote_protocol::socket_pair().map_err(|e| format!("making its socket: {e}"))?;
         rustix::net::sockopt::set_socket_timeout(
@@ -47,6 +48,8 @@ impl Zygote {
         std::os::unix::process::CommandExt::arg0(&mut command, "nodus-launch");
         command
             .arg(nodus_launch::FORKS_ARG)
+            .arg(nodus_launch::NETNS_POOL_ARG)
+            .arg(netns_pool.to_string())
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -87,17 +90,20 @@ impl Drop for Zygote {
 #[derive(Debug)]
 pub(crate) struct Resident {
     program: PathBuf,
+    netns_pool: usize,
     /// One request at a time; `None` until started, or when gone.
     zygote: Mutex<Option<Zygote>>,
 }
 
 impl Resident {
-    /// Starts the resident launcher `program` (the backend's launcher executable).
-    pub(crate) fn start(program: &Path) -> Result<Resident, Error> {
-        let zygote = Zygote::start(program)
+    /// Starts the resident launcher `program` (the backend's launcher executable), with a
+    /// pool of `netns_pool` network namespaces.
+    pub(crate) fn start(program: &Path, netns_pool: usize) -> Result<Resident, Error> {
+        let zygote = Zygote::start(program, netns_pool)
             .map_err(|why| Error::Failed(format!("cannot start the resident launcher: {why}")))?;
         Ok(Resident {
             program: program.to_path_buf(),
+            netns_pool,
             zygote: Mutex::new(Some(zygote)),
         })
     }
@@ -122,7 +128,7 @@ impl Resident {
         for attempt in 0..2 {
             let zygote = match held.as_mut() {
                 Some(zygote) => zygote,
-                None => match Zygote::start(&self.program) {
+                None => match Zygote::start(&self.program, self.netns_pool) {
                     Ok(zygote) => held.insert(zygote),
                     Err(why) => {
                         warn!(%why, "cannot start the resident launcher again: this sandbox's launcher is spawned");
