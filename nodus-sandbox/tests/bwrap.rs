@@ -1094,3 +1094,219 @@ async fn nproc_on(sandbox: BwrapSandbox) {
         sandbox.destroy(&id).await.expect("destroy");
     }
 }
+
+/// Whether this test runs as root of the initial user namespace: only there does the
+/// resident launcher keep a pool of network namespaces.
+fn initial_root() -> bool {
+    rustix::process::geteuid().is_root()
+        && std::fs::read_to_string("/proc/self/uid_map")
+            .is_ok_and(|map| map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
+}
+
+/// A resident-launcher backend with a pool of `pool` network namespaces.
+async fn netns_backend(root: &Path, pool: usize) -> std::sync::Arc<BwrapSandbox> {
+    let mut config = config(root.to_path_buf(), true);
+    config.netns_pool = pool;
+    let sandbox = std::sync::Arc::new(backend(config).await);
+    assert!(
+        sandbox.resident_launcher_pid().is_some(),
+        "the resident launcher did not start (see the log)"
+    );
+    sandbox
+}
+
+/// The sandbox's network namespace as `readlink /proc/self/ns/net` names it (`net:[INODE]`).
+async fn netns_of(sandbox: &BwrapSandbox, id: &SandboxId) -> String {
+    let out = exec(sandbox, id, "readlink /proc/self/ns/net").await;
+    let name = text(&out).trim_end().to_owned();
+    assert!(name.starts_with("net:["), "{out:?}");
+    name
+}
+
+/// A descriptor of the network namespace `name`, opened through a process in it (this test
+/// runs as root): held, that namespace is not freed, so that its inode number cannot name a
+/// new namespace made after.
+fn hold_netns(name: &str) -> std::fs::File {
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let path = entry.path().join("ns/net");
+        if std::fs::read_link(&path).is_ok_and(|link| link.as_os_str() == name)
+            && let Ok(held) = std::fs::File::open(&path)
+            && held
+                .metadata()
+                .is_ok_and(|m| format!("net:[{}]", m.ino()) == name)
+        {
+            return held;
+        }
+    }
+    panic!("no process is in the network namespace {name}");
+}
+
+/// Eight sandboxes alive at once, from a pool that holds namespaces emptied by eight before:
+/// each has a network namespace of its own, none the host's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_alive_at_once_never_share_a_network_namespace() {
+    if !initial_root() {
+        eprintln!("skipped: the network namespace pool is for root servers only");
+        return;
+    }
+    let root = reachable_tempdir();
+    let sandbox = netns_backend(root.path(), 32).await;
+    // Eight made and destroyed first: their namespaces are in the pool.
+    for i in 0..8 {
+        let id = sandbox
+            .create(&spec(&unique_key(&format!("netns-warm-{i}"))))
+            .await
+            .expect("create")
+            .id;
+        netns_of(&sandbox, &id).await;
+        sandbox.destroy(&id).await.expect("destroy");
+    }
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let sandbox = sandbox.clone();
+            tokio::spawn(async move {
+                let id = sandbox
+                    .create(&spec(&unique_key(&format!("netns-at-once-{i}"))))
+                    .await
+                    .expect("create")
+                    .id;
+                let name = netns_of(&sandbox, &id).await;
+                (id, name)
+            })
+        })
+        .collect();
+    let mut started = Vec::new();
+    for task in tasks {
+        started.push(task.await.expect("a sandbox's task"));
+    }
+    let names: std::collections::BTreeSet<&String> = started.iter().map(|(_, name)| name).collect();
+    assert_eq!(names.len(), 8, "shared: {started:?}");
+    let host = std::fs::read_link("/proc/self/ns/net").expect("our namespace");
+    assert!(
+        !names
+            .iter()
+            .any(|name| std::ffi::OsStr::new(name.as_str()) == host),
+        "{started:?}"
+    );
+    for (id, _) in started {
+        sandbox.destroy(&id).await.expect("destroy");
+    }
+}
+
+/// Pool of one: the namespace of a destroyed sandbox is the next one's; without a pool the
+/// next one has a new namespace (the first held meanwhile, so that its inode number cannot
+/// come back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destroyed_sandboxs_network_namespace_goes_to_the_next_one() {
+    if !initial_root() {
+        eprintln!("skipped: the network namespace pool is for root servers only");
+        return;
+    }
+    for pool in [1, 0] {
+        let root = reachable_tempdir();
+        let sandbox = netns_backend(root.path(), pool).await;
+        let a = sandbox
+            .create(&spec(&unique_key("netns-a")))
+            .await
+            .expect("create")
+            .id;
+        let first = netns_of(&sandbox, &a).await;
+        let held = hold_netns(&first);
+        sandbox.destroy(&a).await.expect("destroy");
+        let b = sandbox
+            .create(&spec(&unique_key("netns-b")))
+            .await
+            .expect("create")
+            .id;
+        let second = netns_of(&sandbox, &b).await;
+        if pool == 1 {
+            assert_eq!(second, first, "reused from the pool");
+        } else {
+            assert_ne!(second, first, "no pool: a new namespace");
+        }
+        sandbox.destroy(&b).await.expect("destroy");
+        drop(held);
+    }
+}
+
+/// In a namespace from the pool the sandbox still has no network and cannot change it: it
+/// cannot raise loopback nor write a sysctl, what the sandbox before bound on an abstract
+/// unix socket is gone, and the conformance suite's no-network case passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recycled_network_namespace_is_as_closed_as_a_new_one() {
+    if !initial_root() {
+        eprintln!("skipped: the network namespace pool is for root servers only");
+        return;
+    }
+    let root = reachable_tempdir();
+    let sandbox = netns_backend(root.path(), 1).await;
+    let python = Path::new("/usr/bin/python3").exists();
+    let a = sandbox
+        .create(&spec(&unique_key("netns-abstract")))
+        .await
+        .expect("create")
+        .id;
+    let first = netns_of(&sandbox, &a).await;
+    if python {
+        // A listener on an abstract name, in the background; once it is listed, counted
+        // (the command's end kills it with the rest of what the command left).
+        let out = exec(
+            &sandbox,
+            &a,
+            "python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
+             s.bind(\"\\0nodus-netns-test\"); s.listen(); time.sleep(60)' & \
+             for i in $(seq 100); do grep -q nodus-netns-test /proc/net/unix && break; \
+             sleep 0.1; done; grep -c nodus-netns-test /proc/net/unix",
+        )
+        .await;
+        assert_eq!(text(&out), "1\n", "bound in the first sandbox: {out:?}");
+    } else {
+        eprintln!("no python3: the abstract unix socket part is skipped");
+    }
+    sandbox.destroy(&a).await.expect("destroy");
+
+    let b = sandbox
+        .create(&spec(&unique_key("netns-recycled")))
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(netns_of(&sandbox, &b).await, first, "recycled");
+    let out = exec(
+        &sandbox,
+        &b,
+        "ip link set lo up; echo \"ip=$?\"; \
+         echo 1 > /proc/sys/net/ipv4/ip_forward; echo \"sysctl=$?\"; \
+         ip addr add 10.9.9.9/32 dev lo; echo \"addr=$?\"; \
+         grep -c nodus-netns-test /proc/net/unix; \
+         cat /sys/class/net/lo/operstate 2>/dev/null || ip -o link show lo",
+    )
+    .await;
+    let said = text(&out);
+    assert!(
+        said.contains("ip=") && !said.contains("ip=0"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&out.stderr.bytes)
+    );
+    assert!(
+        said.contains("sysctl=") && !said.contains("sysctl=0"),
+        "{said}"
+    );
+    assert!(said.contains("addr=") && !said.contains("addr=0"), "{said}");
+    assert!(
+        said.contains("\n0\n"),
+        "the abstract socket is gone: {said}"
+    );
+    assert!(
+        !said.contains("UP,") && !said.contains(",UP"),
+        "loopback down: {said}"
+    );
+    sandbox.destroy(&b).await.expect("destroy");
+
+    // The conformance case, in the pool's one namespace (emptied by `b`).
+    let backend = nodus_sandbox::conformance::Backend {
+        sandbox: sandbox.clone(),
+        image: None,
+        isolated: true,
+    };
+    nodus_sandbox::conformance::no_network(&backend).await;
+}
