@@ -6,7 +6,8 @@
 //! reads its [`Plan`] from standard input. Two stages:
 //! - [`stage one`](enter) joins the sandbox's cgroups, drops to the sandbox's user, sets
 //!   `no_new_privs`, unshares the user, mount, pid, ipc, uts, cgroup (and, without network,
-//!   net) namespaces, maps its user to root of the new user namespace, and forks stage two,
+//!   net, unless it entered an empty one of the resident launcher's pool first) namespaces,
+//!   maps its user to root of the new user namespace, and forks stage two,
 //!   which is PID 1 of the new pid namespace (a copy of stage one, no second program start);
 //!   it waits for it and exits as it does;
 //! - [`stage two`](init) lays out the root (a tmpfs with the read-only binds, a fresh

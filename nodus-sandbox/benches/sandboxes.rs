@@ -20,7 +20,10 @@
 //! launcher's cycle and bare `unshare`, alternated, at 16 in flight (`NODUS_BENCH_IN_FLIGHT`
 //! sets another number): what to run under `perf record -a -g`, or against another build;
 //! there the launcher is the resident one (`NODUS_BENCH_RESIDENT=0`: spawned for each
-//! sandbox), and `NODUS_BENCH_SPAWNED=1` adds the spawned launcher's cycle, alternated too.
+//! sandbox), and `NODUS_BENCH_SPAWNED=1` adds the spawned launcher's cycle, alternated too;
+//! `NODUS_BENCH_NETNS_OFF=1` adds the resident launcher's cycle without its pool of network
+//! namespaces (`netns_pool` 0: each sandbox makes one, the kernel tears it down after),
+//! alternated too, and the ratio pool / no pool per round.
 
 #![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
 
@@ -599,9 +602,19 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
         config.resident_launcher = false;
         Arc::new(BwrapSandbox::new(config)) as Arc<dyn Sandbox>
     });
+    // `NODUS_BENCH_NETNS_OFF=1`: another batch per round, the resident launcher without its
+    // pool of network namespaces, and the ratio of the two cycles.
+    let netns_off: Option<Arc<dyn Sandbox>> = flag("NODUS_BENCH_NETNS_OFF").then(|| {
+        let mut config = BwrapConfig::new(root.join("cycles-netns-off"));
+        config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+        config.netns_pool = 0;
+        Arc::new(BwrapSandbox::new(config)) as Arc<dyn Sandbox>
+    });
     let tag = std::process::id();
     let phases = Phases::default();
     let spawned_phases = Phases::default();
+    let off_phases = Phases::default();
+    let (mut off_cycles, mut off_pairs, mut pool_pairs) = (0.0, Vec::new(), Vec::new());
     let in_flight = std::env::var("NODUS_BENCH_IN_FLIGHT")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -629,6 +642,16 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
             spawned_pairs.push(format!("{:.2}x", s / u));
             resident_pairs.push(format!("{:.2}x", c / s));
         }
+        if let Some(off) = &netns_off {
+            let (o, _) = timed(BATCH, in_flight, |i| {
+                let key = format!("bench-cycles-netns-off-{tag}-{round}-{i}");
+                cycle(off.clone(), key, off_phases.clone())
+            })
+            .await;
+            off_cycles += o;
+            off_pairs.push(format!("{:.2}x", o / u));
+            pool_pairs.push(format!("{:.2}x", c / o));
+        }
     }
     println!(
         "cycles, {in_flight} in flight ({rounds} x {BATCH} of each, alternated): launcher cycle {:.2} ms, unshare {:.2} ms, launcher cycle / unshare {:.2}x (each round: {})",
@@ -648,6 +671,17 @@ async fn only_cycles(n: usize, root: &std::path::Path) {
             resident_pairs.join(" ")
         );
         print_phases(&spawned_phases, rounds * BATCH);
+    }
+    if netns_off.is_some() {
+        println!(
+            "  without the network namespace pool: cycle {:.2} ms, / unshare {:.2}x (each round: {}); pool / no pool {:.2}x (each round: {})",
+            off_cycles / rounds as f64,
+            off_cycles / unshare,
+            off_pairs.join(" "),
+            cycles / off_cycles,
+            pool_pairs.join(" ")
+        );
+        print_phases(&off_phases, rounds * BATCH);
     }
 }
 

@@ -88,6 +88,10 @@
 //! fails, the launcher is spawned for each sandbox as without it. Killing it ends the
 //! sandboxes it started (their first process has it as parent); their next command starts
 //! them again.
+//! On a root server it also keeps a pool of empty network namespaces
+//! ([`BwrapConfig::netns_pool`]) for the sandboxes without network: a namespace goes back to
+//! it only once every process that was in it is gone, and it belongs to the initial user
+//! namespace, so that no sandbox can configure anything in it (nodus-launch's `netpool`).
 //!
 //! [bubblewrap]: https://github.com/containers/bubblewrap
 
