@@ -785,11 +785,14 @@ async fn proc_shows_no_host_path_of_the_server_on(launcher: bool) {
     // standard input (or the resident launcher's socket): the command line is bubblewrap's
     // name and the shell with the command, or the launcher's second stage, a fork of the
     // first, itself a fork of the resident launcher, which the backend starts under the name
-    // `nodus-launch` (not its host path).
+    // `nodus-launch` (not its host path), with the size of its network namespace pool.
     if launcher {
         assert_eq!(
             cmdline.trim_end(),
-            "nodus-launch --nodus-launch-forks",
+            format!(
+                "nodus-launch --nodus-launch-forks --netns-pool {}",
+                nodus_sandbox::DEFAULT_NETNS_POOL
+            ),
             "{cmdline}"
         );
     } else {
