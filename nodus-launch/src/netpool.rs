@@ -153,3 +153,25 @@ pub(crate) fn size_from(args: &[std::ffi::OsString]) -> Result<usize, Error> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_size_is_read_from_the_arguments_or_refused_by_name() {
+        let args = |list: &[&str]| -> Vec<std::ffi::OsString> {
+            list.iter().map(|arg| (*arg).into()).collect()
+        };
+        assert_eq!(size_from(&args(&[])).expect("none"), 0);
+        assert_eq!(size_from(&args(&["--netns-pool", "7"])).expect("7"), 7);
+        let e = size_from(&args(&["--netns-pool", "x"])).expect_err("x");
+        assert!(
+            e.to_string()
+                .contains("--netns-pool takes a number of namespaces, not \"x\""),
+            "{e}"
+        );
+        let e = size_from(&args(&["--other"])).expect_err("other");
+        assert!(e.to_string().contains("--other"), "{e}");
+    }
+}
