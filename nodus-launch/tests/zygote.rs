@@ -212,9 +212,8 @@ impl Started {
     /// before the sandbox printed): held, the namespace cannot be freed and its inode number
     /// cannot go to a new one.
     fn hold_netns(&self) -> std::fs::File {
-        let held = std::fs::File::open(format!("/proc/{}/ns/net", self.forked.pid))
-            .expect("open the sandbox's network namespace");
-        held
+        std::fs::File::open(format!("/proc/{}/ns/net", self.forked.pid))
+            .expect("open the sandbox's network namespace")
     }
 }
 
