@@ -351,7 +351,11 @@ fn take(control: &OwnedFd, buffer: &mut [u8]) -> Result<Option<Request>, String>
             "a request carries 2 descriptors (the sandbox's stdout and stderr), this one {count}"
         ));
     };
-    let plan = Plan::decode(&buffer[..length]).map_err(|e| e.to_string())?;
+    let plan = Plan::decode(&buffer[..length]).map_err(|e| e.to_string());
+    // The request's bytes (its environment's values among them) do not stay in this
+    // process's memory, which every later sandbox's first processes start as a copy of.
+    buffer[..length].fill(0);
+    let plan = plan?;
     Ok(Some(Request {
         plan,
         stdout,

@@ -45,29 +45,46 @@ mod bwrap {
     nodus_sandbox::conformance_tests!(live, backend);
 }
 
+/// A backend started by Nodus's launcher, resident (the default) or spawned for each sandbox
+/// (the path a backend takes when its resident launcher cannot be started, and its
+/// self-check's); not bubblewrap by the fallback.
+async fn launcher_backend(
+    cell: &'static OnceLock<Arc<nodus_sandbox::BwrapSandbox>>,
+    name: &str,
+    resident: bool,
+) -> Backend {
+    let sandbox = cell
+        .get_or_init(|| {
+            let mut config = nodus_sandbox::BwrapConfig::new(root(name));
+            config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
+            config.resident_launcher = resident;
+            Arc::new(nodus_sandbox::BwrapSandbox::new(config))
+        })
+        .clone();
+    assert!(
+        sandbox.uses_launcher().await.expect("prepared"),
+        "the launcher failed its self-check here (see the log)"
+    );
+    if !resident {
+        assert_eq!(
+            sandbox.resident_launcher_pid(),
+            None,
+            "no resident launcher"
+        );
+    }
+    Backend {
+        sandbox,
+        image: None,
+        isolated: true,
+    }
+}
+
 mod launcher {
     use super::*;
-    use nodus_sandbox::{BwrapConfig, BwrapSandbox};
 
     async fn backend() -> Backend {
-        static SANDBOX: OnceLock<Arc<BwrapSandbox>> = OnceLock::new();
-        let sandbox = SANDBOX
-            .get_or_init(|| {
-                let mut config = BwrapConfig::new(root("launcher"));
-                config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
-                Arc::new(BwrapSandbox::new(config))
-            })
-            .clone();
-        // Not bubblewrap by the fallback: the launcher itself.
-        assert!(
-            sandbox.uses_launcher().await.expect("prepared"),
-            "the launcher failed its self-check here (see the log)"
-        );
-        Backend {
-            sandbox,
-            image: None,
-            isolated: true,
-        }
+        static SANDBOX: OnceLock<Arc<nodus_sandbox::BwrapSandbox>> = OnceLock::new();
+        launcher_backend(&SANDBOX, "launcher", true).await
     }
 
     nodus_sandbox::conformance_tests!(all, backend);
@@ -75,36 +92,12 @@ mod launcher {
     nodus_sandbox::conformance_tests!(live, backend);
 }
 
-/// The launcher spawned for each sandbox (no resident launcher): the path a backend takes when
-/// its resident launcher cannot be started, and its self-check's.
 mod launcher_spawned {
     use super::*;
-    use nodus_sandbox::{BwrapConfig, BwrapSandbox};
 
     async fn backend() -> Backend {
-        static SANDBOX: OnceLock<Arc<BwrapSandbox>> = OnceLock::new();
-        let sandbox = SANDBOX
-            .get_or_init(|| {
-                let mut config = BwrapConfig::new(root("launcher-spawned"));
-                config.launcher = Some(env!("CARGO_BIN_EXE_nodus-sandbox-launch").into());
-                config.resident_launcher = false;
-                Arc::new(BwrapSandbox::new(config))
-            })
-            .clone();
-        assert!(
-            sandbox.uses_launcher().await.expect("prepared"),
-            "the launcher failed its self-check here (see the log)"
-        );
-        assert_eq!(
-            sandbox.resident_launcher_pid(),
-            None,
-            "no resident launcher"
-        );
-        Backend {
-            sandbox,
-            image: None,
-            isolated: true,
-        }
+        static SANDBOX: OnceLock<Arc<nodus_sandbox::BwrapSandbox>> = OnceLock::new();
+        launcher_backend(&SANDBOX, "launcher-spawned", false).await
     }
 
     nodus_sandbox::conformance_tests!(all, backend);
