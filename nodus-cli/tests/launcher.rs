@@ -22,13 +22,7 @@ fn plan_running(work: &std::path::Path, script: &str) -> nodus_launch::Plan {
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         ..nodus_launch::Plan::default()
     };
-    for dir in ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"] {
-        match std::fs::read_link(dir) {
-            Ok(target) => plan.symlinks.push((target, dir.into())),
-            Err(_) if std::path::Path::new(dir).is_dir() => plan.ro_binds.push(dir.into()),
-            Err(_) => {}
-        }
-    }
+    plan.add_host_dirs(["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"].map(Into::into));
     plan
 }
 

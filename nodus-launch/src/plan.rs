@@ -83,6 +83,23 @@ impl Limit {
 }
 
 impl Plan {
+    /// Lays out `dirs` as the host has them: each symbolic link is made again in the sandbox's
+    /// root ([`Plan::symlinks`]), each directory is bound read-only ([`Plan::ro_binds`]), and
+    /// what is neither (or missing) is left out.
+    pub fn add_host_dirs(&mut self, dirs: impl IntoIterator<Item = PathBuf>) {
+        for path in dirs {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(&path) {
+                        self.symlinks.push((target, path));
+                    }
+                }
+                Ok(meta) if meta.is_dir() => self.ro_binds.push(path),
+                _ => {}
+            }
+        }
+    }
+
     /// The plan as bytes, for the launcher's standard input. Refuses a field with a NUL byte.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
         let mut out = Fields::default();

@@ -32,20 +32,16 @@ pub(crate) fn prepare(config: &BwrapConfig, program: PathBuf) -> Result<Layout, 
             program.display()
         )));
     }
-    let mut ro_binds = Vec::new();
-    let mut symlinks = Vec::new();
-    let system = SYSTEM_DIRS.iter().map(PathBuf::from);
-    for path in system.chain(config.extra_ro_binds.iter().cloned()) {
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                if let Ok(target) = std::fs::read_link(&path) {
-                    symlinks.push((target, path));
-                }
-            }
-            Ok(meta) if meta.is_dir() => ro_binds.push(path),
-            _ => {}
-        }
-    }
+    let mut host = Plan::default();
+    host.add_host_dirs(
+        SYSTEM_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .chain(config.extra_ro_binds.iter().cloned()),
+    );
+    let Plan {
+        ro_binds, symlinks, ..
+    } = host;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| Error::Failed(format!("reading /proc/self/mountinfo: {e}")))?;
     let ro_submounts = submounts(&mountinfo, &ro_binds);

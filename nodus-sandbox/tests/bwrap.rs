@@ -1148,10 +1148,10 @@ fn hold_netns(name: &str) -> std::fs::File {
 /// each has a network namespace of its own, none the host's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_alive_at_once_never_share_a_network_namespace() {
-    if !initial_root() {
-        eprintln!("skipped: the network namespace pool is for root servers only");
-        return;
-    }
+    assert!(
+        initial_root(),
+        "the network namespace pool is for root servers only: run this test as root (./scripts/test does)"
+    );
     let root = reachable_tempdir();
     let sandbox = netns_backend(root.path(), 32).await;
     // Eight made and destroyed first: their namespaces are in the pool.
@@ -1201,10 +1201,10 @@ async fn sandboxes_alive_at_once_never_share_a_network_namespace() {
 /// come back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destroyed_sandboxs_network_namespace_goes_to_the_next_one() {
-    if !initial_root() {
-        eprintln!("skipped: the network namespace pool is for root servers only");
-        return;
-    }
+    assert!(
+        initial_root(),
+        "the network namespace pool is for root servers only: run this test as root (./scripts/test does)"
+    );
     for pool in [1, 0] {
         let root = reachable_tempdir();
         let sandbox = netns_backend(root.path(), pool).await;
@@ -1237,35 +1237,34 @@ async fn a_destroyed_sandboxs_network_namespace_goes_to_the_next_one() {
 /// unix socket is gone, and the conformance suite's no-network case passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recycled_network_namespace_is_as_closed_as_a_new_one() {
-    if !initial_root() {
-        eprintln!("skipped: the network namespace pool is for root servers only");
-        return;
-    }
+    assert!(
+        initial_root(),
+        "the network namespace pool is for root servers only: run this test as root (./scripts/test does)"
+    );
     let root = reachable_tempdir();
     let sandbox = netns_backend(root.path(), 1).await;
-    let python = Path::new("/usr/bin/python3").exists();
+    assert!(
+        Path::new("/usr/bin/python3").exists(),
+        "this test binds an abstract unix socket with python3, which the sandbox takes from the host's /usr"
+    );
     let a = sandbox
         .create(&spec(&unique_key("netns-abstract")))
         .await
         .expect("create")
         .id;
     let first = netns_of(&sandbox, &a).await;
-    if python {
-        // A listener on an abstract name, in the background; once it is listed, counted
-        // (the command's end kills it with the rest of what the command left).
-        let out = exec(
-            &sandbox,
-            &a,
-            "python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
-             s.bind(\"\\0nodus-netns-test\"); s.listen(); time.sleep(60)' & \
-             for i in $(seq 100); do grep -q nodus-netns-test /proc/net/unix && break; \
-             sleep 0.1; done; grep -c nodus-netns-test /proc/net/unix",
-        )
-        .await;
-        assert_eq!(text(&out), "1\n", "bound in the first sandbox: {out:?}");
-    } else {
-        eprintln!("no python3: the abstract unix socket part is skipped");
-    }
+    // A listener on an abstract name, in the background; once it is listed, counted
+    // (the command's end kills it with the rest of what the command left).
+    let out = exec(
+        &sandbox,
+        &a,
+        "python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
+         s.bind(\"\\0nodus-netns-test\"); s.listen(); time.sleep(60)' & \
+         for i in $(seq 100); do grep -q nodus-netns-test /proc/net/unix && break; \
+         sleep 0.1; done; grep -c nodus-netns-test /proc/net/unix",
+    )
+    .await;
+    assert_eq!(text(&out), "1\n", "bound in the first sandbox: {out:?}");
     sandbox.destroy(&a).await.expect("destroy");
 
     let b = sandbox
