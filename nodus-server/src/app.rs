@@ -41,6 +41,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The long polls waiting for a change; they end when the server stops.
     pub watches: crate::watch::Watches,
+    /// What request bodies and streams may hold, and who holds what.
+    pub admission: Arc<crate::admission::Admission>,
 }
 
 /// Why the server could not start.
@@ -143,6 +145,7 @@ impl Server {
             ledger,
             metrics: Metrics::default(),
             watches: crate::watch::Watches::default(),
+            admission: Arc::new(crate::admission::Admission::new(admission_limits(&options))),
         });
         bootstrap(&state, &options, &mut announcements).await?;
         Ok(Server {
@@ -213,6 +216,14 @@ impl Bound {
             },
         );
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
+        // Streams of a token end when it is deleted (on any replica) or expires.
+        let tokens = tokio::spawn(
+            server
+                .state
+                .admission
+                .clone()
+                .watch_tokens(server.state.auth.clone(), server.state.store.subscribe()),
+        );
         let app = crate::console::router(server.state.clone())
             .merge(crate::api::router(server.state.clone()));
         let mut stop = stop_rx;
@@ -244,12 +255,22 @@ impl Bound {
         });
         served.await;
         signal.abort();
+        tokens.abort();
         if let Some(reserve) = reserve {
             reserve.abort();
         }
         runner.shutdown().await;
         Ok(())
     }
+}
+
+/// The admission limits of `options`, with room kept: streams take at most half the
+/// connections, so that `/healthz` and ordinary requests always get in.
+fn admission_limits(options: &Options) -> crate::admission::AdmissionLimits {
+    let mut limits = options.admission;
+    limits.body_timeout = options.header_timeout;
+    limits.max_streams = limits.max_streams.min(options.max_connections / 2).max(1);
+    limits
 }
 
 /// Make the data directory owner-only (0700) when it is missing; refuse one that other users

@@ -87,6 +87,11 @@ pub struct Principal {
     /// The server's operator token (the bootstrap token): an admin of every project that
     /// exists (they are its `projects`), and the one that creates projects.
     pub operator: bool,
+    /// The token's id: its keyed hash (never the token), what open streams and bodies are
+    /// counted and ended by.
+    pub token_id: String,
+    /// When the token expires, if it does.
+    pub expires_at: Option<Timestamp>,
 }
 
 impl Principal {
@@ -433,7 +438,28 @@ impl Auth {
         };
         let spec: TokenSpec = serde_json::from_value(record.document["spec"].clone())
             .map_err(|_| ApiError::unauthorized())?;
-        self.principal(spec).await
+        self.principal(record.key.name, spec).await
+    }
+
+    /// Whether the token of `token_id` (its keyed hash, [`Principal::token_id`]) is still
+    /// valid: `Ok(false)` once it was deleted or has expired.
+    pub async fn is_valid(&self, token_id: &str) -> Result<bool, store::Error> {
+        let record = match self.store.get(&Self::hash_key(token_id)).await {
+            Ok(record) => record,
+            Err(store::Error::NotFound(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let Ok(spec) = serde_json::from_value::<TokenSpec>(record.document["spec"].clone()) else {
+            return Ok(false);
+        };
+        Ok(spec
+            .expires_at
+            .is_none_or(|expires_at| expires_at > self.clock.now()))
+    }
+
+    /// Whether `key` is where a token is checked (a change there may revoke it).
+    pub fn is_token_key(key: &ObjectKey) -> bool {
+        key.project == SYSTEM_PROJECT && key.kind == TOKEN
     }
 
     /// The names of every project (not the system's own).
@@ -449,7 +475,7 @@ impl Auth {
 
     /// Who the holder of a token of `spec` is: the operator holds every project that exists
     /// now (read at each request, so a new project is held at once).
-    async fn principal(&self, spec: TokenSpec) -> Result<Principal, ApiError> {
+    async fn principal(&self, token_id: String, spec: TokenSpec) -> Result<Principal, ApiError> {
         if let Some(expires_at) = spec.expires_at
             && expires_at <= self.clock.now()
         {
@@ -468,6 +494,8 @@ impl Auth {
             role: spec.role(),
             operator: spec.operator,
             projects,
+            token_id,
+            expires_at: spec.expires_at,
         })
     }
 
@@ -486,7 +514,7 @@ impl Auth {
             // The token still works this time; storing it keyed is tried again next time.
             tracing::warn!(error = %error, "cannot store a token under its keyed hash");
         }
-        self.principal(spec).await
+        self.principal(self.key.hash(token), spec).await
     }
 
     /// Whether `project` exists.

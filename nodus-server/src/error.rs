@@ -119,6 +119,7 @@ fn status_of(reason: Reason) -> StatusCode {
         | Reason::AgentStopped => StatusCode::CONFLICT,
         Reason::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
         Reason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
         Reason::Unauthorized => StatusCode::UNAUTHORIZED,
         Reason::Forbidden => StatusCode::FORBIDDEN,
         Reason::WorkdirNotKept => StatusCode::NOT_FOUND,

@@ -3,6 +3,7 @@
 //! runs and groups. `nodus server` (in nodus-cli) starts it.
 
 pub mod actions;
+pub mod admission;
 mod api;
 pub mod app;
 pub mod auth;

@@ -102,6 +102,10 @@ pub struct Options {
     /// HTTP connections served at once; more wait in the kernel's backlog. At most half the
     /// process's limit of open files.
     pub max_connections: usize,
+    /// What request bodies and streams may hold (per token, per console session, in all);
+    /// a body's pause and the base of its deadline are `header_timeout`, and streams take at
+    /// most half of `max_connections`.
+    pub admission: crate::admission::AdmissionLimits,
     /// The internal hosts, addresses and CIDRs webhooks may reach (by default none: loopback,
     /// private, link-local and metadata addresses are refused).
     pub webhook_allow: crate::egress::WebhookAllow,
@@ -125,7 +129,8 @@ impl Options {
             sandbox_dir: None,
             sandbox_launcher: None,
             header_timeout: Duration::from_secs(10),
-            max_connections: 512,
+            max_connections: 4096,
+            admission: crate::admission::AdmissionLimits::default(),
             webhook_allow: crate::egress::WebhookAllow::default(),
             actions: nodus_core::postrun::Registry::default(),
         }

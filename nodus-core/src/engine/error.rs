@@ -145,13 +145,16 @@ pub enum Reason {
     Forbidden,
     /// A backend is unavailable for now (a retry may help).
     Unavailable,
+    /// The caller holds as many open streams or request bodies as it may (a retry after one
+    /// ends may help).
+    TooManyRequests,
     /// A failure of the server itself.
     InternalError,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::Invalid,
         Reason::NotFound,
         Reason::AlreadyExists,
@@ -163,6 +166,7 @@ impl Reason {
         Reason::Unauthorized,
         Reason::Forbidden,
         Reason::Unavailable,
+        Reason::TooManyRequests,
         Reason::InternalError,
     ];
 
@@ -180,6 +184,7 @@ impl Reason {
             Reason::Unauthorized => "Unauthorized",
             Reason::Forbidden => "Forbidden",
             Reason::Unavailable => "Unavailable",
+            Reason::TooManyRequests => "TooManyRequests",
             Reason::InternalError => "InternalError",
         }
     }

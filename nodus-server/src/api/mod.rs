@@ -12,8 +12,8 @@ mod tokens;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -93,6 +93,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             router.route(&path, methods)
         })
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), admit))
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -100,6 +101,96 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// The largest body of a route that takes one and is not a resource write (a message, a
+/// token, a resolution): a message is at most 256 KiB, which JSON may escape to a few times
+/// that.
+const MAX_SMALL_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// The largest body the route at `path` (its pattern) takes with `method`; `None` when its
+/// handler reads none.
+fn body_limit(method: &Method, path: &str) -> Option<usize> {
+    if !matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+        return None;
+    }
+    let resource_write = path
+        .strip_prefix(PREFIX)
+        .is_some_and(|rest| rest == "/{plural}" || rest == "/{plural}/{name}");
+    Some(if resource_write {
+        MAX_BODY_BYTES
+    } else {
+        MAX_SMALL_BODY_BYTES
+    })
+}
+
+/// Whether a request waits or streams for long: a watch (`watch=true`) or a follow
+/// (`follow=true`).
+fn is_long_lived(request: &Request) -> bool {
+    let Some(query) = request.uri().query() else {
+        return false;
+    };
+    serde_urlencoded::from_str::<Vec<(String, String)>>(query)
+        .unwrap_or_default()
+        .iter()
+        .any(|(name, value)| {
+            matches!(name.as_str(), "watch" | "follow") && matches!(value.as_str(), "true" | "1")
+        })
+}
+
+/// Admission before the handler (crate::admission): a request with a body, or a watch or a
+/// follow, is authenticated before anything else of it is read (a refusal closes the
+/// connection); its body is checked against its route's limit, reserved and timed; its
+/// stream is counted against its token and ended when the token is revoked or expires.
+async fn admit(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let limit = request
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|path| body_limit(request.method(), path.as_str()));
+    let has_body = crate::admission::has_body(&request);
+    let long_lived = is_long_lived(&request);
+    if limit.is_none() && has_body {
+        // A body this route does not read is never read: the connection closes after the
+        // answer instead of waiting for it.
+        return crate::admission::close(next.run(request).await);
+    }
+    if !(has_body || long_lived) {
+        return next.run(request).await;
+    }
+    let principal = match state.auth.authenticate(request.headers()).await {
+        Ok(principal) => principal,
+        Err(error) => return crate::admission::unauthenticated(error),
+    };
+    let holder = crate::admission::Holder::of(&principal);
+    if let (true, Some(limit)) = (has_body, limit) {
+        return match state.admission.admit_body(request, limit, Some(&holder)) {
+            Ok((request, admitted)) => admitted.answer(next.run(request).await),
+            Err(refused) => refused.into_response(),
+        };
+    }
+    let lease = match state.admission.open_stream(&holder) {
+        Ok(lease) => lease,
+        Err(refused) => return refused.into_response(),
+    };
+    let response = tokio::select! {
+        response = next.run(request) => response,
+        () = lease.ended() => return crate::admission::close(token_ended().into_response()),
+    };
+    // A long poll that answers now may have waited past its token's deletion: what changed
+    // since is not shown to it (its stream, once started, ends within a second).
+    if let Ok(false) = state.auth.is_valid(&principal.token_id).await {
+        return crate::admission::close(token_ended().into_response());
+    }
+    lease.bound(response)
+}
+
+/// The answer to a long poll whose token was revoked or expired while it waited.
+fn token_ended() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        Reason::Unauthorized,
+        "this token was deleted or expired while the request waited",
+    )
 }
 
 /// `GET /apis/nodus.dev/v1/postrunactions`: the post-run actions this server installs (any

@@ -66,6 +66,8 @@ const JS: &str = include_str!("assets/console.js");
 /// token, and when it ends. No `Debug`: it holds a token.
 struct Session {
     token: String,
+    /// The token's id ([`Principal::token_id`]): what the session's streams are counted by.
+    token_id: String,
     csrf: String,
     expires: Instant,
 }
@@ -81,6 +83,8 @@ pub(crate) struct SignedIn {
     principal: Principal,
     csrf: String,
     session: String,
+    /// When the session ends (its streams end then, or when its token does).
+    session_ends: Instant,
 }
 
 /// The console's routes, under `/console`.
@@ -114,6 +118,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/console/p/{project}/groups/{name}/results", get(results))
         .route("/console/p/{project}/credits", get(credits))
         .route("/console/p/{project}/events", get(events))
+        .layer(middleware::from_fn_with_state(console.clone(), admit_forms))
         .layer(middleware::map_response(secure_headers))
         .with_state(console)
 }
@@ -203,11 +208,11 @@ impl Console {
         let Some(id) = session_id(headers) else {
             return Err(refuse());
         };
-        let (token, csrf) = {
+        let (token, csrf, session_ends) = {
             let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             match sessions.get(&id) {
                 Some(session) if session.expires > Instant::now() => {
-                    (session.token.clone(), session.csrf.clone())
+                    (session.token.clone(), session.csrf.clone(), session.expires)
                 }
                 _ => return Err(refuse()),
             }
@@ -217,6 +222,7 @@ impl Console {
                 principal,
                 csrf,
                 session: id,
+                session_ends,
             }),
             Err(error) if error.status() == StatusCode::UNAUTHORIZED => {
                 self.end_session(&id);
@@ -226,11 +232,70 @@ impl Console {
         }
     }
 
+    /// End a session, and its open streams.
     fn end_session(&self, id: &str) {
-        self.sessions
+        let ended = self
+            .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
+        if let Some(session) = ended {
+            self.app.admission.end_session(&session.token_id, id);
+        }
+    }
+
+    /// The holder of a session's body, read before its body is (no token is checked: the
+    /// handler does that), or `None` when the request has no live session.
+    fn body_holder(&self, headers: &HeaderMap) -> Option<crate::admission::Holder> {
+        let id = session_id(headers)?;
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let session = sessions.get(&id).filter(|s| s.expires > Instant::now())?;
+        Some(crate::admission::Holder {
+            token_id: session.token_id.clone(),
+            session: Some(id),
+            expires_at: None,
+        })
+    }
+}
+
+/// The largest sign-in form: a token and a CSRF field.
+const MAX_SIGNIN_BODY_BYTES: usize = 8 * 1024;
+/// The largest form of a signed-in page (a message to a run is at most 256 KiB).
+const MAX_FORM_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Admission of the console's forms before their bodies are read (crate::admission): a
+/// sign-in form counts against the anonymous bodies; any other needs a live session, or the
+/// browser is sent to sign in without its body being read.
+async fn admit_forms(
+    State(console): State<Arc<Console>>,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    use crate::admission::{close, has_body};
+    if !has_body(&request) {
+        return next.run(request).await;
+    }
+    if request.method() != axum::http::Method::POST {
+        // No console page reads the body of another method.
+        return close(next.run(request).await);
+    }
+    let admitted = if request.uri().path() == "/console/signin" {
+        console
+            .app
+            .admission
+            .admit_body(request, MAX_SIGNIN_BODY_BYTES, None)
+    } else {
+        let Some(holder) = console.body_holder(request.headers()) else {
+            return close(NotSignedIn::Redirect.into_response());
+        };
+        console
+            .app
+            .admission
+            .admit_body(request, MAX_FORM_BODY_BYTES, Some(&holder))
+    };
+    match admitted {
+        Ok((request, admitted)) => admitted.answer(next.run(request).await),
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -366,6 +431,7 @@ async fn signin(State(console): State<Arc<Console>>, headers: HeaderMap, body: B
             id.clone(),
             Session {
                 token: token.to_string(),
+                token_id: principal.token_id.clone(),
                 csrf,
                 expires: now + SESSION_LIFETIME,
             },
@@ -792,6 +858,23 @@ async fn events(
     if let Err(error) = signed.principal.check_read(&project) {
         return error.into_response();
     }
+    // Counted against the session and its token, and ended with either.
+    let mut holder = crate::admission::Holder::of_session(&signed.principal, &signed.session);
+    let session_left = signed
+        .session_ends
+        .saturating_duration_since(Instant::now());
+    let session_ends = jiff::Timestamp::now()
+        .checked_add(session_left)
+        .unwrap_or(jiff::Timestamp::MAX);
+    holder.expires_at = Some(
+        holder
+            .expires_at
+            .map_or(session_ends, |t| t.min(session_ends)),
+    );
+    let lease = match console.app.admission.open_stream(&holder) {
+        Ok(lease) => lease,
+        Err(refused) => return refused.into_response(),
+    };
     // Subscribed before the answer: nothing written after the page's read is missed.
     let changes = console.app.watches.subscribe(console.app.store.as_ref());
     let now = Instant::now();
@@ -821,7 +904,7 @@ async fn events(
             (changes, project, Instant::now()),
         ))
     });
-    Sse::new(stream).into_response()
+    lease.bound(Sse::new(stream).into_response())
 }
 
 #[cfg(test)]

@@ -192,6 +192,7 @@ _BY_REASON: Dict[str, Type[NodusError]] = {
     "AgentRunFinished": AgentRunFinished,
     "AgentStopped": AgentStopped,
     "Unavailable": ServerUnavailable,
+    "TooManyRequests": ServerUnavailable,
     "InternalError": InternalError,
 }
 
