@@ -16,6 +16,7 @@ mod openapi;
 pub mod options;
 pub mod reserve;
 pub mod secrets;
+pub mod stream;
 pub mod watch;
 
 pub use api::router;
