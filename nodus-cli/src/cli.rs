@@ -343,6 +343,11 @@ pub struct GetArgs {
     /// --chunk-size: every chunk is printed, together.
     #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub chunk_size: u64,
+    /// After printing the list or object, watch it: print each change as it comes (a row,
+    /// or the object in the chosen format), as kubectl get -w, until the server ends the
+    /// watch (an hour at most) or Ctrl-C.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
 }
 
 /// `nodus wait`.
