@@ -501,11 +501,15 @@ pub fn document() -> Value {
     )}));
     paths.insert(sub("logs"), json!({"parameters": [project, name], "get": with_parameters(
         operation(
-            "The output of the run's commands as this server runs them, from the request until the run ends: newline-delimited JSON, {following} first, then {seq, stream, offset, bytes} per piece",
-            responses(&[("200", "The output as it comes", json!({"application/x-ndjson": {"schema": {"type": "string"}}}))], read),
+            "The output of the run's commands as newline-delimited JSON: the recorded output of finished commands, one {seq, stream, offset, bytes, finishedAt} a line (tailLines, sinceSeconds); with follow=true, {following} first, those lines only when tailLines or sinceSeconds is given, then {seq, stream, offset, bytes} per piece as this server runs the commands, until the run ends",
+            responses(&[("200", "The output", json!({"application/x-ndjson": {"schema": {"type": "string"}}}))], read),
             None,
         ),
-        json!([{"name": "follow", "in": "query", "required": true, "schema": {"type": "boolean", "enum": [true]}, "description": "true: the only value served"}]),
+        json!([
+            {"name": "follow", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "true: go on with the live output until the run ends"},
+            {"name": "tailLines", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 0}, "description": "only the last this many lines of the recorded output"},
+            {"name": "sinceSeconds", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1}, "description": "only the lines of commands whose step finished at most this many seconds ago (lines carry no time of their own)"}
+        ]),
     )}));
     paths.insert(
         sub("answer"),
