@@ -343,6 +343,11 @@ pub struct GetArgs {
     /// --chunk-size: every chunk is printed, together.
     #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub chunk_size: u64,
+    /// After printing the list or object, watch it: print each change as it comes (a row,
+    /// or the object in the chosen format), as kubectl get -w, until the server ends the
+    /// watch (an hour at most) or Ctrl-C.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
 }
 
 /// `nodus wait`.
@@ -560,6 +565,15 @@ pub enum AgentRunCommand {
         /// Follow the run until it ends.
         #[arg(short = 'f', long)]
         follow: bool,
+        /// Print only the last N lines of what the run has done so far (then, with -f, all
+        /// that follows), as kubectl logs --tail.
+        #[arg(long, value_name = "N")]
+        tail: Option<u64>,
+        /// Print only the steps that finished within this duration (5m, 1h; commands' output
+        /// lines carry no time of their own, so a step's finish time stands for its lines);
+        /// unfinished steps are printed.
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
     },
     /// List what the run did, in order.
     Steps {

@@ -590,3 +590,89 @@ fn the_quickstart_runs_as_an_unprivileged_user() {
     );
     assert!(stderr.contains("quickstart: sandbox limits: "), "{stderr}");
 }
+
+/// The lines a child prints on standard output, as they come.
+fn stdout_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let stdout = child.stdout.take().expect("piped");
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if send.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
+
+#[test]
+fn get_watch_prints_the_list_then_each_change_as_it_comes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let server = start_server(dir, Some("memory:"), "unisolated");
+    login(dir, &server);
+    let agent = |name: &str| {
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!("apiVersion: nodus.dev/v1\nkind: Agent\nmetadata: {{name: {name}}}\nspec: {{system: You are careful., model: {{access: Nodus}}, perRunMaxCostUSD: \"0.50\"}}\n"),
+        )
+        .expect("write");
+        ok(dir, &["apply", "-f", path.to_str().expect("utf-8")]);
+    };
+    agent("first");
+    let patience = Duration::from_secs(20);
+
+    let mut list = support::command(dir)
+        .args(["get", "agents", "-w"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("get -w starts");
+    let lines = stdout_lines(&mut list);
+    let mut one = support::command(dir)
+        .args([
+            "get",
+            "agent",
+            "first",
+            "-w",
+            "-o",
+            "jsonpath={.metadata.labels.team}{\"\\n\"}",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("get NAME -w starts");
+    let labels = stdout_lines(&mut one);
+    let header = lines.recv_timeout(patience).expect("the table's header");
+    assert!(header.starts_with("NAME"), "{header}");
+    let row = lines.recv_timeout(patience).expect("the agent there is");
+    assert!(row.starts_with("first "), "{row}");
+    assert_eq!(labels.recv_timeout(patience).expect("the object"), "");
+
+    // Each change, as a row without the header.
+    agent("second");
+    let row = lines
+        .recv_timeout(patience)
+        .expect("a row for the new agent");
+    assert!(row.starts_with("second "), "{row}");
+    ok(
+        dir,
+        &[
+            "patch",
+            "agent/first",
+            "--patch",
+            r#"{"metadata":{"labels":{"team":"a"}}}"#,
+        ],
+    );
+    let row = lines.recv_timeout(patience).expect("a row for the change");
+    assert!(row.starts_with("first "), "{row}");
+    // The watch of one object prints its changes only.
+    assert_eq!(labels.recv_timeout(patience).expect("the change"), "a");
+    for mut child in [list, one] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -39,7 +39,8 @@ pub struct AppState {
     pub ledger: StoreLedger,
     /// Request counters.
     pub metrics: Metrics,
-    /// The long polls waiting for a change; they end when the server stops.
+    /// The long polls and watch streams waiting for a change; they end when the server
+    /// stops.
     pub watches: crate::watch::Watches,
     /// What request bodies and streams may hold, and who holds what.
     pub admission: Arc<crate::admission::Admission>,
@@ -144,7 +145,7 @@ impl Server {
             cipher,
             ledger,
             metrics: Metrics::default(),
-            watches: crate::watch::Watches::default(),
+            watches: crate::watch::Watches::new(options.watch_bookmark_interval),
             admission: Arc::new(crate::admission::Admission::new(admission_limits(&options))),
         });
         bootstrap(&state, &options, &mut announcements).await?;

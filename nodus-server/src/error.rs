@@ -147,6 +147,20 @@ struct Body<'a> {
 /// restarting or out of connections, or the disk is full, and the request may pass later.
 pub const RETRY_AFTER_SECONDS: u32 = 5;
 
+impl ApiError {
+    /// The JSON body this error answers (a `Status`), also the object of a watch stream's
+    /// `ERROR` event.
+    pub fn status_body(&self) -> serde_json::Value {
+        let body = Body {
+            kind: "Status",
+            status: "Failure",
+            code: self.status,
+            error: self,
+        };
+        serde_json::to_value(&body).unwrap_or_default()
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Body {

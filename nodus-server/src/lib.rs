@@ -17,6 +17,7 @@ mod openapi;
 pub mod options;
 pub mod reserve;
 pub mod secrets;
+pub mod stream;
 pub mod watch;
 
 pub use api::router;

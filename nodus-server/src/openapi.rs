@@ -397,12 +397,17 @@ pub fn document() -> Value {
     let watch = |of: &str| {
         json!([
             {"name": "watch", "in": "query", "required": false, "schema": {"type": "boolean"},
-             "description": format!("true: a long poll, not a stream; answers {of} as soon as its metadata.resourceVersion differs from resourceVersion (at once if it already does; NotFound once an object is deleted), or as it is after timeoutSeconds or when the server stops. Ask again with the version answered")},
+             "description": format!("true: watch {of}. Without resourceVersion (on a list also 0 or empty), a stream of watch events as Kubernetes sends them (application/x-ndjson, one {{type, object}} a line: ADDED for each object there is, then ADDED, MODIFIED, DELETED as they happen, a BOOKMARK after the first events and while nothing happens) until timeoutSeconds or the server stops. With the resourceVersion an answer carried (an object's on its path, a list's digest on a list), a long poll: one answer as soon as the metadata.resourceVersion differs from it (at once if it already does; NotFound once an object is deleted), or as it is after timeoutSeconds or when the server stops")},
             {"name": "resourceVersion", "in": "query", "required": false, "schema": {"type": "string"},
-             "description": "with watch=true (required there): the metadata.resourceVersion you have; a list's is a digest of its items' versions"},
-            {"name": "timeoutSeconds", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": crate::watch::MAX_TIMEOUT.as_secs(), "default": crate::watch::DEFAULT_TIMEOUT.as_secs()},
-             "description": "with watch=true: the longest wait"}
+             "description": "with watch=true: the metadata.resourceVersion you have (a long poll); a list's is a digest of its items' versions. On a list whose fieldSelector names one object (metadata.name=NAME), that object's version starts a stream from it"},
+            {"name": "timeoutSeconds", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": crate::watch::MAX_STREAM_TIMEOUT.as_secs()},
+             "description": format!("with watch=true: the longest wait of a long poll (at most {}, default {}) or the life of a stream (at most {}, default {})", crate::watch::MAX_TIMEOUT.as_secs(), crate::watch::DEFAULT_TIMEOUT.as_secs(), crate::watch::MAX_STREAM_TIMEOUT.as_secs(), crate::watch::DEFAULT_STREAM_TIMEOUT.as_secs())}
         ])
+    };
+    // The answer of a read that may be a watch: JSON, or the stream's events.
+    let watched = |mut ok: (&'static str, &'static str, Value)| {
+        ok.2["application/x-ndjson"] = json!({"schema": {"type": "string", "description": "with watch=true and no resourceVersion: one watch event a line, {type: ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, object}"}});
+        ok
     };
     let (read, write) = (Errors::Read, Errors::Write);
     let run = || json_ok("200", "The run", "AgentRun");
@@ -469,12 +474,12 @@ pub fn document() -> Value {
     create["parameters"] = json!([{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string"}, "description": "with an AgentRunList: a retry with the same key answers the runs of the first"}]);
     paths.insert(format!("{base}/{{plural}}"), json!({
         "parameters": [project, plural],
-        "get": with_parameters(operation("List objects (labelSelector, fieldSelector; limit and continue for chunks; watch=true to wait for a change)", responses(&[json_ok("200", "The objects", "ResourceList")], read), None), list_parameters),
+        "get": with_parameters(operation("List objects (labelSelector, fieldSelector; limit and continue for chunks; watch=true to watch them)", responses(&[watched(json_ok("200", "The objects, or their watch events", "ResourceList"))], read), None), list_parameters),
         "post": create,
     }));
     paths.insert(format!("{base}/{{plural}}/{{name}}"), json!({
         "parameters": [project, plural, name],
-        "get": with_parameters(operation("Read an object (watch=true to wait for a change)", responses(&[json_ok("200", "The object", "Resource")], read), None), watch("the object")),
+        "get": with_parameters(operation("Read an object (watch=true to watch it)", responses(&[watched(json_ok("200", "The object, or its watch events", "Resource"))], read), None), watch("the object")),
         "put": operation("Replace spec and labels (metadata.resourceVersion for optimistic concurrency)", responses(&[json_ok("200", "The object as stored", "Resource")], write), Some("ResourceWrite")),
         "patch": {
             "summary": "JSON merge patch of spec and labels",
@@ -496,11 +501,15 @@ pub fn document() -> Value {
     )}));
     paths.insert(sub("logs"), json!({"parameters": [project, name], "get": with_parameters(
         operation(
-            "The output of the run's commands as this server runs them, from the request until the run ends: newline-delimited JSON, {following} first, then {seq, stream, offset, bytes} per piece",
-            responses(&[("200", "The output as it comes", json!({"application/x-ndjson": {"schema": {"type": "string"}}}))], read),
+            "The output of the run's commands as newline-delimited JSON: the recorded output of finished commands, one {seq, stream, offset, bytes, finishedAt} a line (tailLines, sinceSeconds); with follow=true, {following} first, those lines only when tailLines or sinceSeconds is given, then {seq, stream, offset, bytes} per piece as this server runs the commands, until the run ends",
+            responses(&[("200", "The output", json!({"application/x-ndjson": {"schema": {"type": "string"}}}))], read),
             None,
         ),
-        json!([{"name": "follow", "in": "query", "required": true, "schema": {"type": "boolean", "enum": [true]}, "description": "true: the only value served"}]),
+        json!([
+            {"name": "follow", "in": "query", "required": false, "schema": {"type": "boolean"}, "description": "true: go on with the live output until the run ends"},
+            {"name": "tailLines", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 0}, "description": "only the last this many lines of the recorded output"},
+            {"name": "sinceSeconds", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1}, "description": "only the lines of commands whose step finished at most this many seconds ago (lines carry no time of their own)"}
+        ]),
     )}));
     paths.insert(
         sub("answer"),

@@ -112,6 +112,8 @@ pub struct Options {
     /// Post-run actions an embedder installs besides the built-in `agents.noop` and
     /// `agents.webhook` (none by default), with [`Registry::with`](nodus_core::postrun::Registry::with).
     pub actions: nodus_core::postrun::Registry,
+    /// How long a watch stream goes without an event before it sends a `BOOKMARK`.
+    pub watch_bookmark_interval: Duration,
 }
 
 impl Options {
@@ -133,6 +135,7 @@ impl Options {
             admission: crate::admission::AdmissionLimits::default(),
             webhook_allow: crate::egress::WebhookAllow::default(),
             actions: nodus_core::postrun::Registry::default(),
+            watch_bookmark_interval: crate::watch::DEFAULT_BOOKMARK_INTERVAL,
         }
     }
 

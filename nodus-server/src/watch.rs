@@ -43,10 +43,14 @@ pub struct WatchQuery {
 /// What is watched: an object's version is a whole number, a list's a digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
-    /// One object.
+    /// One object, by its path (`GET …/{plural}/{name}`).
     Object,
-    /// A list.
-    List,
+    /// A list; `by_name` when its field selector names one object (`metadata.name=NAME`),
+    /// whose version a stream may then start from.
+    List {
+        /// The field selector holds `metadata.name`.
+        by_name: bool,
+    },
 }
 
 /// A long poll asked for: the version the client has, and how long to wait at most.
@@ -58,9 +62,56 @@ pub struct LongPoll {
     pub timeout: Duration,
 }
 
+/// Where a stream of watch events starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From the current state: an `ADDED` event for every object there is, then changes.
+    Now,
+    /// The client has this version of the one object watched: an event only if it differs.
+    Version(u64),
+}
+
+/// A stream of watch events asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stream {
+    /// Where it starts.
+    pub start: Start,
+    /// When it ends (`timeoutSeconds`).
+    pub timeout: Duration,
+}
+
+/// What a `GET` with these parameters asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// A plain read.
+    Read,
+    /// One answer once the version differs from the client's.
+    LongPoll(LongPoll),
+    /// Watch events as they happen.
+    Stream(Stream),
+}
+
+/// The longest `timeoutSeconds` of a stream.
+pub const MAX_STREAM_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long a stream lasts when `timeoutSeconds` is not given (Kubernetes's shortest).
+pub const DEFAULT_STREAM_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How often a stream sends a `BOOKMARK` event when nothing else happens, by default.
+pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(30);
+
+fn is_digest(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 impl WatchQuery {
-    /// The long poll asked for, `None` for a plain read, or an error naming the parameter.
-    pub fn long_poll(&self, target: Target) -> Result<Option<LongPoll>, Invalid> {
+    /// What is asked for, or an error naming the parameter, its rule and its value:
+    ///
+    /// - an object's path with `resourceVersion` (a whole number): the long poll;
+    /// - a list with `resourceVersion` a list's digest: the long poll;
+    /// - without `resourceVersion` (or, on a list, `0` or empty, as Kubernetes's "any
+    ///   version"): a stream from the current state;
+    /// - a list whose field selector names one object, with that object's version: a stream
+    ///   from that version.
+    pub fn mode(&self, target: Target) -> Result<Mode, Invalid> {
         let watch = match self.watch.as_deref() {
             None | Some("false" | "0") => false,
             Some("true" | "1") => true,
@@ -85,56 +136,72 @@ impl WatchQuery {
                     ));
                 }
             }
-            return Ok(None);
+            return Ok(Mode::Read);
         }
-        let resource_version = match (target, self.resource_version.as_deref()) {
-            (_, None) => {
-                return Err(Invalid::new(
-                    "resourceVersion",
-                    "is required with watch=true: the metadata.resourceVersion you have",
-                    "nothing",
-                ));
+        let version = self.resource_version.as_deref();
+        let shown = |text: &str| format!("{:?}", text.chars().take(80).collect::<String>());
+        let stream = match (target, version) {
+            (Target::Object, None) | (Target::List { .. }, None | Some("" | "0")) => {
+                Some(Start::Now)
             }
-            (Target::Object, Some(text)) if text.parse::<u64>().is_err() => {
+            (Target::Object, Some(text)) if text.parse::<u64>().is_ok() => None,
+            (Target::Object, Some(text)) => {
                 return Err(Invalid::new(
                     "resourceVersion",
                     "is an object's metadata.resourceVersion, a whole number",
-                    format!("{text:?}"),
+                    shown(text),
                 ));
             }
-            (Target::List, Some(text))
-                if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) =>
-            {
+            (Target::List { .. }, Some(text)) if is_digest(text) => None,
+            (Target::List { by_name: true }, Some(text)) if text.parse::<u64>().is_ok() => {
+                text.parse::<u64>().ok().map(Start::Version)
+            }
+            (Target::List { .. }, Some(text)) => {
                 return Err(Invalid::new(
                     "resourceVersion",
-                    "is a list's metadata.resourceVersion (64 hex digits)",
-                    format!("{:?}", text.chars().take(80).collect::<String>()),
+                    "on a list is the list's metadata.resourceVersion (64 hex digits: a long \
+                     poll), absent or 0 (a stream from the current state), or, when \
+                     fieldSelector names one object (metadata.name=NAME), that object's \
+                     version (a stream from it); objects' versions are counted per object, \
+                     so none is a position in a list",
+                    shown(text),
                 ));
             }
-            (_, Some(text)) => text.to_string(),
+        };
+        let (default, max) = match stream {
+            Some(_) => (DEFAULT_STREAM_TIMEOUT, MAX_STREAM_TIMEOUT),
+            None => (DEFAULT_TIMEOUT, MAX_TIMEOUT),
         };
         let timeout = match self.timeout_seconds.as_deref() {
-            None => DEFAULT_TIMEOUT,
+            None => default,
             Some(text) => text
                 .parse::<u64>()
                 .ok()
-                .filter(|seconds| (1..=MAX_TIMEOUT.as_secs()).contains(seconds))
+                .filter(|seconds| (1..=max.as_secs()).contains(seconds))
                 .map(Duration::from_secs)
                 .ok_or_else(|| {
                     Invalid::new(
                         "timeoutSeconds",
                         format!(
-                            "is a whole number of seconds from 1 to {}",
-                            MAX_TIMEOUT.as_secs()
+                            "is a whole number of seconds from 1 to {} ({})",
+                            max.as_secs(),
+                            if stream.is_some() {
+                                "a stream"
+                            } else {
+                                "a long poll"
+                            }
                         ),
                         format!("{text:?}"),
                     )
                 })?,
         };
-        Ok(Some(LongPoll {
-            resource_version,
-            timeout,
-        }))
+        Ok(match (stream, version) {
+            (Some(start), _) => Mode::Stream(Stream { start, timeout }),
+            (None, version) => Mode::LongPoll(LongPoll {
+                resource_version: version.unwrap_or_default().to_string(),
+                timeout,
+            }),
+        })
     }
 }
 
@@ -203,13 +270,12 @@ pub fn list_version_of_records(records: &[Record]) -> String {
 /// and must not wait for them).
 pub struct Watches {
     stopping: watch::Sender<bool>,
+    bookmark_every: Duration,
 }
 
 impl Default for Watches {
     fn default() -> Self {
-        Watches {
-            stopping: watch::Sender::new(false),
-        }
+        Watches::new(DEFAULT_BOOKMARK_INTERVAL)
     }
 }
 
@@ -222,6 +288,17 @@ pub enum Woken {
     Ended,
 }
 
+/// What [`Changes::next_change`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// A change in the store.
+    Change(Change),
+    /// Notifications were missed: anything may have changed.
+    Missed,
+    /// The deadline passed, or the server is stopping.
+    Ended,
+}
+
 /// A subscription to the store's changes, for one request.
 pub struct Changes {
     changes: broadcast::Receiver<Change>,
@@ -229,6 +306,25 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// The next change of any key, a lag of the notifications, `deadline`, or the server
+    /// stopping (cancel-safe: no change is lost when the future is dropped).
+    pub async fn next_change(&mut self, deadline: Instant) -> Next {
+        let changed = async {
+            match self.changes.recv().await {
+                Ok(change) => Next::Change(change),
+                Err(RecvError::Lagged(_)) => Next::Missed,
+                // The store is gone: nothing will change any more.
+                Err(RecvError::Closed) => std::future::pending().await,
+            }
+        };
+        let stopping = self.stopping.wait_for(|stopping| *stopping);
+        tokio::select! {
+            next = changed => next,
+            _ = stopping => Next::Ended,
+            () = tokio::time::sleep_until(deadline) => Next::Ended,
+        }
+    }
+
     /// Waits for a change of a key that `concerns` accepts, a lag of the notifications (a
     /// change may have been missed), `deadline`, or the server stopping.
     pub async fn next(
@@ -259,6 +355,20 @@ impl Changes {
 }
 
 impl Watches {
+    /// Waits that end when [`Watches::stop`] is called; streams send a `BOOKMARK` event after
+    /// `bookmark_every` without one.
+    pub fn new(bookmark_every: Duration) -> Self {
+        Watches {
+            stopping: watch::Sender::new(false),
+            bookmark_every,
+        }
+    }
+
+    /// How long a stream goes without a `BOOKMARK` event.
+    pub fn bookmark_every(&self) -> Duration {
+        self.bookmark_every
+    }
+
     /// Ends every wait, now and from now on.
     pub fn stop(&self) {
         self.stopping.send_replace(true);
@@ -317,23 +427,25 @@ mod tests {
 
     #[test]
     fn parameters_are_checked_and_named() {
-        assert_eq!(query(None, None, None).long_poll(Target::Object), Ok(None));
+        const LIST: Target = Target::List { by_name: false };
+        const ONE: Target = Target::List { by_name: true };
+        assert_eq!(query(None, None, None).mode(Target::Object), Ok(Mode::Read));
         assert_eq!(
-            query(Some("true"), Some("7"), None).long_poll(Target::Object),
-            Ok(Some(LongPoll {
+            query(Some("true"), Some("7"), None).mode(Target::Object),
+            Ok(Mode::LongPoll(LongPoll {
                 resource_version: "7".into(),
                 timeout: DEFAULT_TIMEOUT
             }))
         );
         assert_eq!(
-            query(Some("true"), Some("7"), Some("300"))
-                .long_poll(Target::Object)
-                .map(|p| p.map(|p| p.timeout)),
-            Ok(Some(MAX_TIMEOUT))
+            query(Some("true"), Some("7"), Some("300")).mode(Target::Object),
+            Ok(Mode::LongPoll(LongPoll {
+                resource_version: "7".into(),
+                timeout: MAX_TIMEOUT
+            }))
         );
         for (bad, field) in [
             (query(Some("yes"), Some("7"), None), "watch"),
-            (query(Some("true"), None, None), "resourceVersion"),
             (query(Some("true"), Some("x1"), None), "resourceVersion"),
             (query(Some("true"), Some("7"), Some("0")), "timeoutSeconds"),
             (
@@ -344,25 +456,51 @@ mod tests {
                 query(Some("true"), Some("7"), Some("1.5")),
                 "timeoutSeconds",
             ),
+            (query(Some("true"), None, Some("3601")), "timeoutSeconds"),
             (query(None, None, Some("5")), "timeoutSeconds"),
             (query(Some("false"), Some("7"), None), "resourceVersion"),
         ] {
-            let error = bad.long_poll(Target::Object).expect_err(field);
+            let error = bad.mode(Target::Object).expect_err(field);
             assert_eq!(error.field, field, "{bad:?}");
         }
+        // Without a version: a stream, on an object's path and on a list's.
+        for target in [Target::Object, LIST, ONE] {
+            assert_eq!(
+                query(Some("true"), None, Some("3600")).mode(target),
+                Ok(Mode::Stream(Stream {
+                    start: Start::Now,
+                    timeout: MAX_STREAM_TIMEOUT
+                }))
+            );
+        }
+        for any in ["0", ""] {
+            assert_eq!(
+                query(Some("true"), Some(any), None).mode(LIST),
+                Ok(Mode::Stream(Stream {
+                    start: Start::Now,
+                    timeout: DEFAULT_STREAM_TIMEOUT
+                }))
+            );
+        }
+        // A list's digest: the long poll.
         let digest = list_version([("a", "u", "1")]);
-        assert!(
-            query(Some("true"), Some(&digest), None)
-                .long_poll(Target::List)
-                .is_ok()
-        );
+        assert!(matches!(
+            query(Some("true"), Some(&digest), None).mode(LIST),
+            Ok(Mode::LongPoll(_))
+        ));
+        // An object's version: a stream from it when the selector names the object.
         assert_eq!(
-            query(Some("true"), Some("7"), None)
-                .long_poll(Target::List)
-                .expect_err("not a digest")
-                .field,
-            "resourceVersion"
+            query(Some("true"), Some("7"), None).mode(ONE),
+            Ok(Mode::Stream(Stream {
+                start: Start::Version(7),
+                timeout: DEFAULT_STREAM_TIMEOUT
+            }))
         );
+        let error = query(Some("true"), Some("7"), None)
+            .mode(LIST)
+            .expect_err("not a position in a list");
+        assert_eq!(error.field, "resourceVersion");
+        assert!(error.rule.contains("per object"), "{error}");
     }
 
     #[test]

@@ -960,7 +960,6 @@ async fn watch_parameters_are_checked_and_the_project_is_enforced() {
         .await;
     for (query, field) in [
         ("watch=yes&resourceVersion=1", "watch"),
-        ("watch=true", "resourceVersion"),
         ("watch=true&resourceVersion=abc", "resourceVersion"),
         (
             "watch=true&resourceVersion=1&timeoutSeconds=0",

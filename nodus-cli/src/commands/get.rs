@@ -64,11 +64,14 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         return results(client, args).await;
     }
     let (kind, names) = parse_targets(&args.targets)?;
-    let output = args.output.unwrap_or(Output::Table);
+    let output = args.output.clone().unwrap_or(Output::Table);
     let template = match &output {
         Output::JsonPath(text) => Some(Template::parse(text).map_err(Error::usage)?),
         _ => None,
     };
+    if args.watch {
+        return watch(client, kind, &names, &args, &output, template.as_ref()).await;
+    }
     let mut failures = Vec::new();
     let (document, items) = if names.is_empty() {
         let mut query = Vec::new();
@@ -122,6 +125,140 @@ pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
         &client.project,
     )?;
     super::reported(&failures)
+}
+
+/// The longest watch the server streams, asked for by `get -w`.
+const WATCH_SECONDS: &str = "3600";
+
+/// `get -w`: the API's watch stream of the list (or of one object, by its name as kubectl
+/// watches one: `fieldSelector=metadata.name=NAME`). The objects there are (the `ADDED`
+/// events up to the bookmark that ends them) are printed as `get` prints them; then each
+/// change as it comes: a table row without the header, or the object in the chosen format.
+async fn watch(
+    client: &Client,
+    kind: ResourceKind,
+    names: &[String],
+    args: &GetArgs,
+    output: &Output,
+    template: Option<&Template>,
+) -> Result<()> {
+    if args.limit.is_some() {
+        return Err(Error::usage("--limit does not apply to a watch (-w)"));
+    }
+    let by_name = match names {
+        [] => None,
+        [name] if args.selector.is_none() && args.field_selector.is_none() => {
+            Some(format!("metadata.name={name}"))
+        }
+        [_] => {
+            return Err(Error::usage(
+                "selectors (-l, --field-selector) apply to lists, not to named objects",
+            ));
+        }
+        _ => {
+            return Err(Error::usage(
+                "a watch (-w) is of a list or of one object, not of several",
+            ));
+        }
+    };
+    let mut query = vec![("watch", "true"), ("timeoutSeconds", WATCH_SECONDS)];
+    if let Some(selector) = &args.selector {
+        query.push(("labelSelector", selector.as_str()));
+    }
+    if let Some(selector) = by_name.as_ref().or(args.field_selector.as_ref()) {
+        query.push(("fieldSelector", selector.as_str()));
+    }
+    let mut response = client.get_stream(&[kind.plural()], &query).await?;
+    let mut buffer = Vec::new();
+    let mut initial: Option<Vec<Value>> = Some(Vec::new());
+    while let Some(event) = next_event(&mut response, &mut buffer).await {
+        let object = event.get("object").cloned().unwrap_or(Value::Null);
+        match event.get("type").and_then(Value::as_str) {
+            Some("BOOKMARK") => {
+                let ends_initial = object
+                    .pointer("/metadata/annotations/k8s.io~1initial-events-end")
+                    .and_then(Value::as_str)
+                    == Some("true");
+                if ends_initial && let Some(items) = initial.take() {
+                    let document = json!({"apiVersion": "nodus.dev/v1", "kind": format!("{kind}List"), "items": items});
+                    let document = match (names, items.as_slice()) {
+                        ([_], [one]) => one.clone(),
+                        _ => document,
+                    };
+                    print(kind, output, template, &document, &items, &client.project)?;
+                }
+            }
+            Some("ERROR") => {
+                return Err(crate::client::server_error(
+                    object
+                        .get("code")
+                        .and_then(Value::as_u64)
+                        .and_then(|code| u16::try_from(code).ok())
+                        .unwrap_or(500),
+                    object.to_string().as_bytes(),
+                ));
+            }
+            Some(_) => match initial.as_mut() {
+                Some(items) => items.push(object),
+                None => print_change(kind, output, template, &object)?,
+            },
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// The next event of a watch stream; `None` once it has ended.
+async fn next_event(response: &mut reqwest::Response, buffer: &mut Vec<u8>) -> Option<Value> {
+    loop {
+        if let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            match serde_json::from_slice::<Value>(&line) {
+                Ok(event) if event.get("type").is_some() => return Some(event),
+                _ => continue,
+            }
+        }
+        match response.chunk().await {
+            Ok(Some(chunk)) => buffer.extend_from_slice(&chunk),
+            _ => return None,
+        }
+    }
+}
+
+/// One change of a watch as `get -w` prints it: a row (the header measured but not
+/// printed), or the object in the chosen format.
+fn print_change(
+    kind: ResourceKind,
+    output: &Output,
+    template: Option<&Template>,
+    object: &Value,
+) -> Result<()> {
+    match output {
+        Output::Table | Output::Wide => {
+            let now = jiff::Timestamp::now();
+            let table = table::objects(
+                kind,
+                std::slice::from_ref(object),
+                *output == Output::Wide,
+                now,
+            )
+            .render();
+            out(table.split_once('\n').map_or("", |(_, rows)| rows));
+            Ok(())
+        }
+        Output::Yaml => {
+            out("---\n");
+            print(kind, output, template, object, &[], "")
+        }
+        _ => print(
+            kind,
+            output,
+            template,
+            object,
+            std::slice::from_ref(object),
+            "",
+        ),
+    }
 }
 
 /// A list read in chunks of `chunk` objects (`limit` and `continue`), up to `limit` objects
@@ -228,7 +365,7 @@ async fn results(client: &Client, args: GetArgs) -> Result<()> {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let output = args.output.unwrap_or(Output::Table);
+    let output = args.output.clone().unwrap_or(Output::Table);
     match &output {
         Output::Table | Output::Wide => {
             if items.is_empty() {

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use super::{out, outln, text_or_stdin};
 use crate::cli::{AgentRunCommand, Output};
 use crate::client::Client;
+use crate::duration;
 use crate::error::{Error, Result};
 use crate::jsonpath::scalar_text;
 use crate::kinds::ResourceKind;
@@ -63,7 +64,21 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let tar = client.get_bytes(&[RUNS, &name, "workdir"]).await?;
             save(&name, "final working directory", &file, &tar)
         }
-        AgentRunCommand::Logs { name, follow } => logs(client, &name, follow).await,
+        AgentRunCommand::Logs {
+            name,
+            follow,
+            tail,
+            since,
+        } => {
+            let since = since
+                .map(|text| match duration::parse(&text) {
+                    Ok(since) if !since.is_zero() => Ok(since),
+                    Ok(_) => Err(Error::usage("--since is a duration above 0, such as 5m")),
+                    Err(error) => Err(Error::usage(error)),
+                })
+                .transpose()?;
+            logs(client, &name, follow, LogWindow { tail, since }).await
+        }
         AgentRunCommand::Results { name, result, file } => {
             let Some(result) = result else {
                 let reply = client.get(&[RUNS, &name, "results"]).await?;
@@ -292,7 +307,14 @@ async fn next_piece(response: &mut reqwest::Response, buffer: &mut Vec<u8>) -> O
 /// change (the long poll of `GET …/agentruns/NAME?watch=true`) until it has finished and
 /// everything it did is printed, and printing a running command's output line by line as it
 /// comes (`GET …/agentruns/NAME/logs?follow=true`); what was printed live is not printed again.
-async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
+async fn logs(client: &Client, name: &str, follow: bool, window: LogWindow) -> Result<()> {
+    // Steps that finished before this are not printed (`--since`), by this machine's clock.
+    let oldest = window.since.and_then(|since| {
+        jiff::SignedDuration::try_from(since)
+            .ok()
+            .and_then(|since| jiff::Timestamp::now().checked_sub(since).ok())
+    });
+    let mut first_read = true;
     // Followed before the first read: a command that starts after it shows live. A server
     // without live output (or a stream that ends) leaves the finished steps to show it.
     let mut live = if follow {
@@ -329,6 +351,10 @@ async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
             let seq = step.get("seq").and_then(Value::as_u64).unwrap_or_default();
             let finished = step.get("finishedAt").is_some_and(|at| !at.is_null());
             match shown.get(&seq).copied() {
+                None if finished && oldest.is_some_and(|oldest| finished_before(step, oldest)) => {
+                    // Older than --since: as good as printed.
+                    shown.insert(seq, true);
+                }
                 None => {
                     shown.insert(seq, finished);
                     text.push_str(&step_line(step));
@@ -360,6 +386,11 @@ async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
             let seq = p.get("seq").and_then(Value::as_u64).unwrap_or_default();
             !shown.contains_key(&seq)
         });
+        if std::mem::take(&mut first_read)
+            && let Some(tail) = window.tail
+        {
+            text = last_lines(&text, tail);
+        }
         out(&terminal::shown(&text, terminal::stdout_is_terminal()));
         let phase = run
             .pointer("/status/phase")
@@ -422,6 +453,33 @@ async fn logs(client: &Client, name: &str, follow: bool) -> Result<()> {
             }
         }
     }
+}
+
+/// Which part of a run's log `agentrun logs` prints first: the last `tail` lines, of the steps
+/// that finished within `since` (and those not finished).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogWindow {
+    /// `--tail`: the last this many lines of what is printed at first.
+    pub tail: Option<u64>,
+    /// `--since`: only steps that finished this long ago or later.
+    pub since: Option<std::time::Duration>,
+}
+
+/// Whether a step finished before `oldest` (a step without a readable finish time did not).
+fn finished_before(step: &Value, oldest: jiff::Timestamp) -> bool {
+    step.get("finishedAt")
+        .and_then(Value::as_str)
+        .and_then(|at| at.parse::<jiff::Timestamp>().ok())
+        .is_some_and(|finished| finished < oldest)
+}
+
+/// The last `count` lines of `text` (whose lines end with a newline).
+fn last_lines(text: &str, count: u64) -> String {
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let keep = usize::try_from(count)
+        .unwrap_or(usize::MAX)
+        .min(lines.len());
+    lines[lines.len() - keep..].concat()
 }
 
 /// `[seq] Kind State: summary` of a step.

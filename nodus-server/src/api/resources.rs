@@ -17,8 +17,10 @@ use super::pages::{self, ListOf};
 use super::selectors::ListQuery;
 use super::{caller, json_body, reply};
 use crate::app::AppState;
+use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::watch::{Target, WatchQuery};
+use crate::stream::Scope;
+use crate::watch::{Mode, Stream, Target, WatchQuery};
 
 fn kind_of(plural: &str) -> ApiResult<Kind> {
     match Kind::from_plural(plural) {
@@ -55,8 +57,9 @@ fn list_of(kind: Kind, items: Vec<Value>) -> Value {
     json!({"apiVersion": API_VERSION, "kind": format!("{kind}List"), "items": items})
 }
 
-/// `GET …/{plural}`; with `watch=true`, a long poll (see [`crate::watch`]): the list once its
-/// `metadata.resourceVersion` differs from the client's.
+/// `GET …/{plural}`; with `watch=true`, a stream of watch events ([`crate::stream`]), or,
+/// with a list's `resourceVersion` (its digest), a long poll (see [`crate::watch`]): the list
+/// once its `metadata.resourceVersion` differs from the client's.
 pub async fn list(
     State(state): State<Arc<AppState>>,
     Path((project, plural)): Path<(String, String)>,
@@ -64,30 +67,23 @@ pub async fn list(
     Query(watch): Query<WatchQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_read(&project)?;
+    let principal = caller(&state, &headers).await?;
+    principal.check_read(&project)?;
     let kind = kind_of(&plural)?;
     let selector = query.selector()?;
-    let Some(poll) = watch.long_poll(Target::List)? else {
-        let answer = if query.limit.is_some() || query.continue_token.is_some() {
-            let list = ListOf {
-                project: &project,
-                kind,
-                selector: &selector,
-            };
-            page_answer(&state, list, &query).await?
-        } else {
-            list_answer(&state, &project, kind, &selector).await?
-        };
-        return Ok(reply(StatusCode::OK, answer));
-    };
-    if let Some((field, value)) = query
-        .limit
-        .as_deref()
-        .map(|limit| ("limit", limit))
-        .or(query
-            .continue_token
+    let by_name = selector.fields.get("metadata.name").cloned();
+    let mode = watch.mode(Target::List {
+        by_name: by_name.is_some(),
+    })?;
+    if mode != Mode::Read
+        && let Some((field, value)) = query
+            .limit
             .as_deref()
-            .map(|token| ("continue", token)))
+            .map(|limit| ("limit", limit))
+            .or(query
+                .continue_token
+                .as_deref()
+                .map(|token| ("continue", token)))
     {
         return Err(ApiError::bad_parameter(Invalid::new(
             field,
@@ -95,6 +91,31 @@ pub async fn list(
             validate::shown(value),
         )));
     }
+    let poll = match mode {
+        Mode::Read => {
+            let answer = if query.limit.is_some() || query.continue_token.is_some() {
+                let list = ListOf {
+                    project: &project,
+                    kind,
+                    selector: &selector,
+                };
+                page_answer(&state, list, &query).await?
+            } else {
+                list_answer(&state, &project, kind, &selector).await?
+            };
+            return Ok(reply(StatusCode::OK, answer));
+        }
+        Mode::Stream(stream) => {
+            let scope = Scope {
+                project,
+                kind,
+                name: by_name,
+                selector,
+            };
+            return start_stream(state, principal, scope, stream).await;
+        }
+        Mode::LongPoll(poll) => poll,
+    };
     let (state, project, selector) = (&*state, project.as_str(), &selector);
     let answer = state
         .watches
@@ -113,6 +134,19 @@ pub async fn list(
         )
         .await?;
     Ok(reply(StatusCode::OK, answer))
+}
+
+/// Where every watch stream starts, for a list or one object: the caller (already allowed to
+/// read the project), what it watches and from where. A limit of the streams a principal
+/// holds open belongs here.
+async fn start_stream(
+    state: Arc<AppState>,
+    principal: Principal,
+    scope: Scope,
+    stream: Stream,
+) -> ApiResult<Response> {
+    let _ = principal;
+    crate::stream::response(state, scope, stream.start, stream.timeout).await
 }
 
 /// The list answer, with its `metadata.resourceVersion`.
@@ -157,19 +191,34 @@ async fn page_answer(state: &AppState, list: ListOf<'_>, query: &ListQuery) -> A
     Ok(answer)
 }
 
-/// `GET …/{plural}/{name}`; with `watch=true`, a long poll (see [`crate::watch`]): the object
-/// once its `metadata.resourceVersion` differs from the client's (`NotFound` once deleted).
+/// `GET …/{plural}/{name}`; with `watch=true`, a stream of the object's watch events
+/// ([`crate::stream`]), or, with `resourceVersion`, a long poll (see [`crate::watch`]): the
+/// object once its `metadata.resourceVersion` differs from the client's (`NotFound` once
+/// deleted).
 pub async fn get(
     State(state): State<Arc<AppState>>,
     Path((project, plural, name)): Path<(String, String, String)>,
     Query(watch): Query<WatchQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    caller(&state, &headers).await?.check_read(&project)?;
+    let principal = caller(&state, &headers).await?;
+    principal.check_read(&project)?;
     let kind = kind_of(&plural)?;
-    let Some(poll) = watch.long_poll(Target::Object)? else {
-        let value = read(&state, &project, kind, &name).await?;
-        return Ok(reply(StatusCode::OK, value));
+    let poll = match watch.mode(Target::Object)? {
+        Mode::Read => {
+            let value = read(&state, &project, kind, &name).await?;
+            return Ok(reply(StatusCode::OK, value));
+        }
+        Mode::Stream(stream) => {
+            let scope = Scope {
+                project,
+                kind,
+                name: Some(name),
+                selector: Selector::default(),
+            };
+            return start_stream(state, principal, scope, stream).await;
+        }
+        Mode::LongPoll(poll) => poll,
     };
     let key = ObjectKey::new(&project, kind, &name);
     let (state, project, name) = (&*state, project.as_str(), name.as_str());

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use nodus_core::engine::OutputWorkdir;
 use nodus_core::lifecycle::Resolution;
 use nodus_core::store::Delivery;
-use nodus_core::validate::Invalid;
+use nodus_core::validate::{self, Invalid};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -76,9 +76,24 @@ pub async fn steps(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_read(&project)?;
-    let items: Vec<Value> = if query.payload {
-        let steps = state.engine.steps(&project, &name).await?;
-        let journal = state.engine.journal(&project, &name).await?;
+    let items = step_values(&state, &project, &name, query.payload).await?;
+    Ok(reply(
+        StatusCode::OK,
+        json!({"kind": "StepList", "items": items}),
+    ))
+}
+
+/// The run's steps as `GET …/steps` answers them; with `payload`, each with its intent and
+/// outcome (the recorded output of a command is in its outcome).
+async fn step_values(
+    state: &AppState,
+    project: &str,
+    name: &str,
+    payload: bool,
+) -> ApiResult<Vec<Value>> {
+    Ok(if payload {
+        let steps = state.engine.steps(project, name).await?;
+        let journal = state.engine.journal(project, name).await?;
         steps
             .into_iter()
             .zip(journal)
@@ -92,16 +107,12 @@ pub async fn steps(
     } else {
         state
             .engine
-            .steps(&project, &name)
+            .steps(project, name)
             .await?
             .into_iter()
             .map(|view| serde_json::to_value(view).unwrap_or(Value::Null))
             .collect()
-    };
-    Ok(reply(
-        StatusCode::OK,
-        json!({"kind": "StepList", "items": items}),
-    ))
+    })
 }
 
 /// `GET …/agentruns/{name}/answer`: the whole answer of the last answered turn.
@@ -340,17 +351,144 @@ pub async fn group_results(
 pub struct LogsQuery {
     /// `true`: stream the output while the run goes on.
     follow: Option<String>,
+    /// Only the last this many lines of the recorded output.
+    tail_lines: Option<String>,
+    /// Only the recorded output of commands that finished this many seconds ago or later.
+    since_seconds: Option<String>,
+}
+
+/// What a log request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LogsAsked {
+    /// Go on with the live output until the run ends.
+    follow: bool,
+    /// The recorded output to answer first; `None`: none (`follow` alone, from now on).
+    recorded: Option<Recorded>,
+}
+
+/// Which lines of the recorded output a log answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Recorded {
+    /// The last this many lines (after `since`).
+    tail: Option<u64>,
+    /// Lines of commands whose step finished at most this many seconds ago.
+    since: Option<u64>,
+}
+
+impl LogsQuery {
+    /// What is asked, or an error naming the parameter, its rule and its value.
+    fn asked(&self) -> Result<LogsAsked, Invalid> {
+        let follow = match self.follow.as_deref() {
+            None | Some("false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err(Invalid::new(
+                    "follow",
+                    "is true or false",
+                    validate::shown(other),
+                ));
+            }
+        };
+        let number = |parameter: &str, given: &Option<String>, least: u64, rule: &str| {
+            given
+                .as_deref()
+                .map(|text| {
+                    text.parse::<u64>()
+                        .ok()
+                        .filter(|n| *n >= least)
+                        .ok_or_else(|| Invalid::new(parameter, rule, validate::shown(text)))
+                })
+                .transpose()
+        };
+        let tail = number(
+            "tailLines",
+            &self.tail_lines,
+            0,
+            "is a whole number of lines, 0 or more",
+        )?;
+        let since = number(
+            "sinceSeconds",
+            &self.since_seconds,
+            1,
+            "is a whole number of seconds, 1 or more",
+        )?;
+        let recorded =
+            (!follow || tail.is_some() || since.is_some()).then_some(Recorded { tail, since });
+        Ok(LogsAsked { follow, recorded })
+    }
+}
+
+/// The lines of the recorded output of finished commands, from the steps as `GET
+/// …/steps?payload=true` answers them, in step order (a command's standard output, then its
+/// standard error: their interleaving is not recorded), each `{"seq", "stream", "offset",
+/// "bytes", "finishedAt"}` (a line with its newline, at its offset in the stream; `bytes` an
+/// array of numbers when not UTF-8). Lines carry no time of their own: `since` keeps the
+/// lines of steps that finished at `now - since` or later; `tail` then keeps the last lines.
+fn recorded_lines(steps: &[Value], recorded: Recorded, now: jiff::Timestamp) -> Vec<Value> {
+    let oldest = recorded.since.map(|seconds| {
+        now.checked_sub(jiff::SignedDuration::from_secs(
+            i64::try_from(seconds).unwrap_or(i64::MAX),
+        ))
+        .unwrap_or(jiff::Timestamp::MIN)
+    });
+    let mut lines = Vec::new();
+    for step in steps {
+        let Some(finished) = step
+            .get("finishedAt")
+            .and_then(Value::as_str)
+            .and_then(|at| at.parse::<jiff::Timestamp>().ok())
+        else {
+            continue;
+        };
+        if oldest.is_some_and(|oldest| finished < oldest) {
+            continue;
+        }
+        for stream in ["stdout", "stderr"] {
+            let bytes: Vec<u8> = match step.pointer(&format!("/outcome/output/{stream}/bytes")) {
+                Some(Value::String(text)) => text.as_bytes().to_vec(),
+                Some(Value::Array(numbers)) => numbers
+                    .iter()
+                    .map(|n| {
+                        n.as_u64()
+                            .and_then(|n| u8::try_from(n).ok())
+                            .unwrap_or(b'?')
+                    })
+                    .collect(),
+                _ => continue,
+            };
+            let mut offset = 0usize;
+            for line in bytes.split_inclusive(|b| *b == b'\n') {
+                let shown = match std::str::from_utf8(line) {
+                    Ok(text) => json!(text),
+                    Err(_) => json!(line),
+                };
+                lines.push(
+                    json!({"seq": step["seq"], "stream": stream, "offset": offset,
+                                  "bytes": shown, "finishedAt": step["finishedAt"]}),
+                );
+                offset += line.len();
+            }
+        }
+    }
+    if let Some(tail) = recorded.tail {
+        let keep = usize::try_from(tail).unwrap_or(usize::MAX);
+        lines.drain(..lines.len().saturating_sub(keep));
+    }
+    lines
 }
 
 /// How often a log stream with nothing to say looks whether its run has ended.
 const LOGS_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// `GET …/agentruns/{name}/logs?follow=true`: the output of the run's commands as this server
-/// runs them, from the moment of the request, as newline-delimited JSON
-/// (`application/x-ndjson`): first `{"following": NAME}`, then per piece of output
-/// `{"seq", "stream", "offset", "bytes"}` (`bytes` a string when the piece is UTF-8, an array
-/// of numbers otherwise), until the run has ended or the server stops. A follower that reads
-/// too slowly misses pieces (the offsets show where); the completed steps hold everything.
+/// `GET …/agentruns/{name}/logs[?follow=true][&tailLines=N][&sinceSeconds=S]`, as
+/// newline-delimited JSON (`application/x-ndjson`). The recorded output of finished commands
+/// ([`recorded_lines`], filtered by `tailLines` and `sinceSeconds`), one line a line; with
+/// `follow=true`, first `{"following": NAME}`, then those lines (only when `tailLines` or
+/// `sinceSeconds` is given: `follow` alone starts from now), then the output of the run's
+/// commands as this server runs them, per piece of output `{"seq", "stream", "offset",
+/// "bytes"}` (`bytes` a string when the piece is UTF-8, an array of numbers otherwise), until
+/// the run has ended or the server stops. A follower that reads too slowly misses pieces (the
+/// offsets show where); the completed steps hold everything.
 pub async fn logs(
     State(state): State<Arc<AppState>>,
     Path((project, name)): Path<(String, String)>,
@@ -358,38 +496,59 @@ pub async fn logs(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_read(&project)?;
-    match query.follow.as_deref() {
-        Some("true" | "1") => {}
-        other => {
-            return Err(Invalid::new(
-                "follow",
-                "is true: the output of finished commands is in the run's steps",
-                format!("{:?}", other.unwrap_or_default()),
-            )
-            .into());
+    let asked = query.asked()?;
+    if !asked.follow {
+        state.engine.get_run(&project, &name).await?;
+        let steps = step_values(&state, &project, &name, true).await?;
+        let recorded = asked.recorded.unwrap_or_default();
+        let mut body = String::new();
+        for line in recorded_lines(&steps, recorded, jiff::Timestamp::now()) {
+            body.push_str(&format!("{line}\n"));
         }
+        return Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+            body,
+        )
+            .into_response());
     }
     // Both subscribed before the run is read: no output and no end is missed.
     let changes = state.watches.subscribe(state.store.as_ref());
     let output = state.engine.follow_output(&project, &name).await?;
-    let first = Bytes::from(format!("{}\n", json!({"following": name})));
+    let mut first = format!("{}\n", json!({"following": name}));
+    // The steps finished by now: their live pieces (sent before they finished) are not sent
+    // again after their recorded lines.
+    let mut finished = std::collections::HashSet::new();
+    if let Some(recorded) = asked.recorded {
+        let steps = step_values(&state, &project, &name, true).await?;
+        finished.extend(
+            steps
+                .iter()
+                .filter(|step| step.get("finishedAt").is_some_and(|at| !at.is_null()))
+                .filter_map(|step| step["seq"].as_u64()),
+        );
+        for line in recorded_lines(&steps, recorded, jiff::Timestamp::now()) {
+            first.push_str(&format!("{line}\n"));
+        }
+    }
+    let first = Bytes::from(first);
     let key = nodus_core::store::ObjectKey::new(
         project.clone(),
         nodus_core::resource::Kind::AgentRun,
         name.clone(),
     );
-    let start = (Some(first), output, changes, state, key);
+    let start = (Some(first), output, changes, state, key, finished);
     let stream = futures_util::stream::unfold(
         start,
-        |(first, mut output, mut changes, state, key)| async move {
+        |(first, mut output, mut changes, state, key, finished)| async move {
             if let Some(first) = first {
-                return Some((Ok(first), (None, output, changes, state, key)));
+                return Some((Ok(first), (None, output, changes, state, key, finished)));
             }
             loop {
                 let deadline = tokio::time::Instant::now() + LOGS_CHECK;
                 let concerns = |changed: &nodus_core::store::ObjectKey| *changed == key;
                 tokio::select! {
                     chunk = output.recv() => match chunk {
+                        Ok(chunk) if finished.contains(&u64::from(chunk.seq)) => {}
                         Ok(chunk) => {
                             let bytes = match std::str::from_utf8(&chunk.bytes) {
                                 Ok(text) => json!(text),
@@ -398,7 +557,7 @@ pub async fn logs(
                             let mut line = serde_json::to_value(&chunk).unwrap_or(Value::Null);
                             line["bytes"] = bytes;
                             let line = Bytes::from(format!("{line}\n"));
-                            return Some((Ok::<_, std::convert::Infallible>(line), (None, output, changes, state, key)));
+                            return Some((Ok::<_, std::convert::Infallible>(line), (None, output, changes, state, key, finished)));
                         }
                         // Too slow: the oldest pieces are gone; the offsets show it.
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
@@ -428,4 +587,119 @@ pub async fn logs(
         .header("content-type", "application/x-ndjson")
         .body(axum::body::Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(follow: Option<&str>, tail: Option<&str>, since: Option<&str>) -> LogsQuery {
+        LogsQuery {
+            follow: follow.map(str::to_string),
+            tail_lines: tail.map(str::to_string),
+            since_seconds: since.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn log_parameters_are_checked_and_named() {
+        assert_eq!(
+            query(Some("true"), None, None).asked(),
+            Ok(LogsAsked {
+                follow: true,
+                recorded: None
+            })
+        );
+        assert_eq!(
+            query(None, Some("0"), Some("300")).asked(),
+            Ok(LogsAsked {
+                follow: false,
+                recorded: Some(Recorded {
+                    tail: Some(0),
+                    since: Some(300)
+                })
+            })
+        );
+        for (bad, field, value) in [
+            (query(Some("yes"), None, None), "follow", "\"yes\""),
+            (query(None, Some("-1"), None), "tailLines", "\"-1\""),
+            (query(None, Some("ten"), None), "tailLines", "\"ten\""),
+            (
+                query(Some("true"), None, Some("0")),
+                "sinceSeconds",
+                "\"0\"",
+            ),
+            (query(None, None, Some("5m")), "sinceSeconds", "\"5m\""),
+        ] {
+            let error = bad.asked().expect_err(field);
+            assert_eq!((error.field.as_str(), error.value.as_str()), (field, value));
+            assert!(!error.rule.is_empty());
+        }
+    }
+
+    #[test]
+    fn recorded_lines_are_cut_by_the_steps_finish_time_then_by_their_count() {
+        let step = |seq: u32, finished: Option<&str>, stdout: &str, stderr: Value| {
+            json!({"seq": seq, "finishedAt": finished,
+                   "outcome": {"output": {"stdout": {"bytes": stdout}, "stderr": {"bytes": stderr}}}})
+        };
+        let steps = [
+            step(0, Some("2026-01-01T10:00:00Z"), "old-1\nold-2\n", json!("")),
+            step(
+                1,
+                Some("2026-01-01T10:09:00Z"),
+                "new-1\nnew-2",
+                json!([0xff, b'\n']),
+            ),
+            step(2, None, "running\n", json!("")),
+        ];
+        let now: jiff::Timestamp = "2026-01-01T10:10:00Z".parse().expect("a time");
+        let texts = |recorded: Recorded| -> Vec<(Value, Value, Value)> {
+            recorded_lines(&steps, recorded, now)
+                .into_iter()
+                .map(|line| {
+                    (
+                        line["seq"].clone(),
+                        line["offset"].clone(),
+                        line["bytes"].clone(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            texts(Recorded::default()),
+            [
+                (json!(0), json!(0), json!("old-1\n")),
+                (json!(0), json!(6), json!("old-2\n")),
+                (json!(1), json!(0), json!("new-1\n")),
+                (json!(1), json!(6), json!("new-2")),
+                (json!(1), json!(0), json!([0xff, b'\n'])),
+            ]
+        );
+        // Five minutes: only the step that finished a minute ago.
+        let since = Recorded {
+            since: Some(300),
+            tail: None,
+        };
+        assert_eq!(texts(since).len(), 3);
+        assert!(texts(since).iter().all(|(seq, _, _)| *seq == json!(1)));
+        let both = Recorded {
+            since: Some(300),
+            tail: Some(2),
+        };
+        assert_eq!(
+            texts(both),
+            [
+                (json!(1), json!(6), json!("new-2")),
+                (json!(1), json!(0), json!([0xff, b'\n'])),
+            ]
+        );
+        assert!(
+            texts(Recorded {
+                tail: Some(0),
+                since: None
+            })
+            .is_empty()
+        );
+    }
 }
