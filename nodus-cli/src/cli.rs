@@ -235,6 +235,28 @@ pub struct ServerArgs {
     /// private, link-local and cloud metadata addresses.
     #[arg(long, env = "NODUS_WEBHOOK_ALLOW")]
     pub webhook_allow: Option<String>,
+    /// HTTP connections served at once (at most half the open-file limit); more wait in the
+    /// kernel's backlog.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// Seconds a connection may take to send a request's headers (also closes idle
+    /// connections), and a request body may pause; a body's deadline is this plus its length
+    /// at 256 KiB/s.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout: u64,
+    /// MiB that every request body being read may hold together; past it: 503.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_body_memory: u64,
+    /// Request bodies one token may be sending at once; past it: 429.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_bodies_per_token: u64,
+    /// Streams and long polls (watches, logs --follow, console events) one token may hold
+    /// open; past it: 429.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_streams_per_token: u64,
+    /// Event streams one console session may hold open; past it: 429.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_streams_per_session: u64,
 }
 
 /// `nodus quickstart`.

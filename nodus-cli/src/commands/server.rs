@@ -27,6 +27,13 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     if let Some(allow) = &args.webhook_allow {
         options.webhook_allow = allow.parse().map_err(Error::Input)?;
     }
+    let count = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+    options.max_connections = count(args.max_connections);
+    options.header_timeout = std::time::Duration::from_secs(args.header_timeout);
+    options.admission.max_body_memory = count(args.max_body_memory.saturating_mul(1024 * 1024));
+    options.admission.max_bodies_per_token = count(args.max_bodies_per_token);
+    options.admission.max_streams_per_token = count(args.max_streams_per_token);
+    options.admission.max_streams_per_session = count(args.max_streams_per_session);
     Ok(options)
 }
 
