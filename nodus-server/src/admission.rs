@@ -204,7 +204,13 @@ impl Lease {
     /// The response with its body cut when the lease ends; the lease lives as long as the
     /// body.
     pub fn bound(self, response: Response) -> Response {
+        use axum::body::HttpBody as _;
         let (parts, body) = response.into_parts();
+        if body.size_hint().exact().is_some() {
+            // Whole already (a long poll's answer): nothing is left to cut, and it keeps its
+            // `Content-Length`.
+            return Response::from_parts(parts, body);
+        }
         let lease = Arc::new(self);
         let ending = {
             let lease = lease.clone();
@@ -487,7 +493,8 @@ impl Admission {
             && length > limit_u64
         {
             return Err(Refused::TooLarge(format!(
-                "the request body is {length} bytes; this route takes at most {limit} bytes"
+                "the request body is {length} bytes; this route takes at most {}",
+                size(limit)
             )));
         }
         // A body of unknown length may grow to the route's limit: that much is reserved.
@@ -610,6 +617,19 @@ fn drop_if_idle(held: &mut Held, token_id: &str) {
     }
 }
 
+/// A size as people write it: `32 MiB`, `8 KiB`, `100 bytes`.
+fn size(bytes: usize) -> String {
+    const KIB: usize = 1024;
+    const MIB: usize = 1024 * 1024;
+    if bytes >= MIB && bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= KIB && bytes % KIB == 0 {
+        format!("{} KiB", bytes / KIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// Bytes in KiB, rounded up.
 fn kib(bytes: usize) -> usize {
     bytes.div_ceil(1024)
@@ -697,6 +717,13 @@ mod tests {
             .header(header::CONTENT_LENGTH, length)
             .body(Body::from(vec![b'x'; length]))
             .expect("request")
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(size(32 * 1024 * 1024), "32 MiB");
+        assert_eq!(size(8 * 1024), "8 KiB");
+        assert_eq!(size(1000), "1000 bytes");
     }
 
     #[test]
