@@ -1,0 +1,86 @@
+//! Refusals and redactions over the API (`oneshot`, in-memory store): IPv6 forms of internal
+//! IPv4 addresses as webhook targets, an Agent naming another project's AgentEnvironment,
+//! and who is shown an Environment's hidden grading data.
+
+mod support;
+
+use axum::http::{Method, StatusCode};
+use serde_json::{Value, json};
+use support::{Api, BASE, TOKEN, agent, api};
+
+/// A run of `agent` whose post-run action is a webhook to `url`.
+fn hooked_run(name: &str, agent: &str, url: &str) -> Value {
+    json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "metadata": {"name": name},
+           "spec": {"agent": agent, "input": "hello",
+                    "postRunAction": {"kind": "agents.webhook", "config": {"url": url}}}})
+}
+
+/// The refusal of a write: its field, rule and value.
+async fn refused(api: &Api, method: Method, path: &str, body: Value) -> (String, String, String) {
+    let (status, answer) = api.call(method, path, Some(TOKEN), Some(body)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {answer}");
+    let details = &answer["details"];
+    let text = |field: &str| details[field].as_str().unwrap_or_default().to_string();
+    (text("field"), text("rule"), text("value"))
+}
+
+#[tokio::test]
+async fn webhook_targets_in_ipv6_forms_of_internal_ipv4_addresses_are_refused_at_creation() {
+    let api = api().await;
+    let agents = format!("{BASE}/default/agents");
+    let runs = format!("{BASE}/default/agentruns");
+    let mut hooked = agent("hooked");
+    hooked["spec"]["postRunActions"] = json!(["agents.webhook"]);
+    api.ok(Method::POST, &agents, TOKEN, Some(hooked)).await;
+    for (host, carried) in [
+        ("[::127.0.0.1]", "IPv4-compatible form of 127.0.0.1"),
+        ("[::ffff:0:127.0.0.1]", "SIIT form of 127.0.0.1"),
+        ("[2002:7f00:1::]", "6to4 form of 127.0.0.1"),
+        ("[2002:a9fe:a9fe::1]", "6to4 form of 169.254.169.254"),
+        // Teredo: a public server (65.54.227.120), the client 127.0.0.1 (bits inverted).
+        (
+            "[2001:0:4136:e378:8000:63bf:80ff:fffe]",
+            "Teredo (client) form of 127.0.0.1",
+        ),
+        (
+            "[2001:0:a00:1::f7f7:f7f7]",
+            "Teredo (server) form of 10.0.0.1",
+        ),
+        ("[64:ff9b::a9fe:a9fe]", "NAT64 form of 169.254.169.254"),
+        ("[64:ff9b:1::7f00:1]", "local-use NAT64 form of 127.0.0.1"),
+        (
+            "[64:ff9b:1:a00:0:100::]",
+            "local-use NAT64 form of 10.0.0.1",
+        ),
+    ] {
+        let url = format!("http://{host}:8080/hook");
+        let (field, rule, value) =
+            refused(&api, Method::POST, &runs, hooked_run("r1", "hooked", &url)).await;
+        assert_eq!(field, "spec.postRunAction.config.url", "{host}");
+        assert!(rule.contains(carried), "{host}: {rule}");
+        assert!(rule.contains("--webhook-allow"), "{host}: {rule}");
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let written: std::net::IpAddr = bare.parse().expect("an address");
+        assert_eq!(value, written.to_string(), "{host}");
+    }
+    // Their public counterparts are taken.
+    for (index, host) in [
+        "[::ffff:0:8.8.8.8]",
+        "[2002:808:808::]",
+        "[2001:0:4136:e378::f7f7:f7f7]",
+        "[64:ff9b::808:808]",
+        "[64:ff9b:1::808:808]",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let url = format!("http://{host}/hook");
+        api.ok(
+            Method::POST,
+            &runs,
+            TOKEN,
+            Some(hooked_run(&format!("public-{index}"), "hooked", &url)),
+        )
+        .await;
+    }
+}
