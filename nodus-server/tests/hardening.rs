@@ -84,3 +84,96 @@ async fn webhook_targets_in_ipv6_forms_of_internal_ipv4_addresses_are_refused_at
         .await;
     }
 }
+
+#[tokio::test]
+async fn an_agent_naming_another_projects_agent_environment_is_refused_on_every_verb() {
+    let api = api().await;
+    api.ok(
+        Method::POST,
+        BASE,
+        TOKEN,
+        Some(json!({"metadata": {"name": "other"}})),
+    )
+    .await;
+    let environment = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentEnvironment",
+                             "metadata": {"name": "research"},
+                             "spec": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}});
+    for project in ["default", "other"] {
+        api.ok(
+            Method::POST,
+            &format!("{BASE}/{project}/agentenvironments"),
+            TOKEN,
+            Some(environment.clone()),
+        )
+        .await;
+    }
+    let agents = format!("{BASE}/default/agents");
+    let path = format!("{agents}/it");
+    let created = api
+        .ok(Method::POST, &agents, TOKEN, Some(agent("it")))
+        .await;
+    let with = |reference: &str, name: &str| {
+        let mut document = agent(name);
+        document["spec"]["environment"] = json!(reference);
+        document
+    };
+    let engine = &api.state.engine;
+    for reference in ["other/research", "nodus/research", "missing/research"] {
+        let patch = json!({"spec": {"environment": reference}});
+        let apply = |document: Value| async move {
+            let error = engine
+                .apply_document("default", nodus_core::resource::Kind::Agent, document)
+                .await
+                .expect_err("apply refuses");
+            let error = nodus_server::error::ApiError::from(error);
+            serde_json::to_value(&error).expect("serializes")["details"].clone()
+        };
+        let mut answers = vec![
+            (
+                "create",
+                refused(&api, Method::POST, &agents, with(reference, "new")).await,
+            ),
+            (
+                "replace",
+                refused(&api, Method::PUT, &path, with(reference, "it")).await,
+            ),
+            (
+                "merge patch",
+                refused(&api, Method::PATCH, &path, patch).await,
+            ),
+        ];
+        for (verb, name) in [
+            ("apply over the agent", "it"),
+            ("apply of a new agent", "new"),
+        ] {
+            let details = apply(with(reference, name)).await;
+            let text = |field: &str| details[field].as_str().unwrap_or_default().to_string();
+            answers.push((verb, (text("field"), text("rule"), text("value"))));
+        }
+        for (verb, (field, rule, value)) in answers {
+            assert_eq!(field, "spec.environment", "{reference} {verb}");
+            assert!(
+                rule.contains("of this project (\"default\")"),
+                "{reference} {verb}: {rule}"
+            );
+            assert_eq!(value, format!("{reference:?}"), "{reference} {verb}");
+        }
+    }
+    let after = api.ok(Method::GET, &path, TOKEN, None).await;
+    assert_eq!(
+        after["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"],
+        "nothing was written"
+    );
+    let (status, _) = api
+        .call(Method::GET, &format!("{agents}/new"), Some(TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no new agent");
+    // Its own project's, by name or qualified, and inline ones are taken.
+    for (name, reference) in [("own", "research"), ("qualified", "default/research")] {
+        api.ok(Method::POST, &agents, TOKEN, Some(with(reference, name)))
+            .await;
+    }
+    let mut inline = agent("inline");
+    inline["spec"]["environment"] = json!({"env": [{"name": "A", "value": "b"}]});
+    api.ok(Method::POST, &agents, TOKEN, Some(inline)).await;
+}
