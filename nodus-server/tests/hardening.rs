@@ -177,3 +177,129 @@ async fn an_agent_naming_another_projects_agent_environment_is_refused_on_every_
     inline["spec"]["environment"] = json!({"env": [{"name": "A", "value": "b"}]});
     api.ok(Method::POST, &agents, TOKEN, Some(inline)).await;
 }
+
+/// A new token of `project` with `role`; its secret.
+async fn token(api: &Api, project: &str, name: &str, role: &str) -> String {
+    let created = api
+        .ok(
+            Method::POST,
+            &format!("{BASE}/{project}/tokens"),
+            TOKEN,
+            Some(json!({"metadata": {"name": name}, "spec": {"role": role}})),
+        )
+        .await;
+    created["token"].as_str().expect("the secret").to_string()
+}
+
+/// An Environment whose one task's hidden data is `secret`.
+fn environment(name: &str, secret: &str) -> Value {
+    json!({"apiVersion": "nodus.dev/v1", "kind": "Environment", "metadata": {"name": name},
+           "spec": {"version": "1.0.0", "grader": {"kind": "exact"},
+                    "splits": {"test": {"tasks": [{"id": "t", "prompt": "Say it.",
+                                                   "hidden": {"expected": secret}}]}}}})
+}
+
+#[tokio::test]
+async fn hidden_grading_data_is_shown_only_to_admins_of_the_environments_project() {
+    let api = api().await;
+    api.ok(
+        Method::POST,
+        BASE,
+        TOKEN,
+        Some(json!({"metadata": {"name": "other"}})),
+    )
+    .await;
+    let reader = token(&api, "default", "reader", "read").await;
+    let writer = token(&api, "default", "writer", "write").await;
+    let admin = token(&api, "default", "keeper", "admin").await;
+    let stranger = token(&api, "other", "admin", "admin").await;
+    let environments = format!("{BASE}/default/environments");
+    let created = api
+        .ok(
+            Method::POST,
+            &environments,
+            TOKEN,
+            Some(environment("quiz", "secret-answer-1")),
+        )
+        .await;
+    let version = created["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("a version")
+        .to_string();
+    let quiz = format!("{environments}/quiz@1.0.0");
+    let stale_list = "0".repeat(64);
+    // Every read of it: get, list, a page, and the long polls of both.
+    let reads = [
+        quiz.clone(),
+        environments.clone(),
+        format!("{environments}?limit=1"),
+        format!(
+            "{quiz}?watch=true&resourceVersion={}",
+            version.parse::<u64>().expect("a number") - 1
+        ),
+        format!("{environments}?watch=true&resourceVersion={stale_list}"),
+    ];
+    for (who, token, sees) in [
+        ("read", &reader, false),
+        ("write", &writer, false),
+        ("admin", &admin, true),
+        ("operator", &TOKEN.to_string(), true),
+    ] {
+        for path in &reads {
+            let answer = api.ok(Method::GET, path, token, None).await.to_string();
+            assert!(answer.contains("Say it."), "{who} {path}: {answer}");
+            assert_eq!(
+                answer.contains("secret-answer-1"),
+                sees,
+                "{who} {path}: {answer}"
+            );
+            assert_eq!(answer.contains("\"hidden\""), sees, "{who} {path}");
+        }
+    }
+    let (status, _) = api.call(Method::GET, &quiz, Some(&stranger), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "another project's admin");
+    // What a write answers: a writer's create and merge patch show no hidden data.
+    let answer = api
+        .ok(
+            Method::POST,
+            &environments,
+            &writer,
+            Some(environment("drill", "secret-answer-2")),
+        )
+        .await
+        .to_string();
+    assert!(!answer.contains("secret-answer-2"), "{answer}");
+    let answer = api
+        .ok(
+            Method::PATCH,
+            &quiz,
+            &writer,
+            Some(json!({"metadata": {"labels": {"team": "x"}}})),
+        )
+        .await
+        .to_string();
+    assert!(answer.contains("\"team\""), "{answer}");
+    assert!(!answer.contains("secret-answer-1"), "{answer}");
+    // The patch kept the hidden data, which the admin still reads.
+    let answer = api.ok(Method::GET, &quiz, &admin, None).await.to_string();
+    assert!(answer.contains("secret-answer-1"), "{answer}");
+    // The built-ins of project nodus: readable by all, their hidden data by none of them.
+    let builtins = format!("{BASE}/nodus/environments");
+    let operator_view = api
+        .ok(Method::GET, &builtins, TOKEN, None)
+        .await
+        .to_string();
+    assert!(operator_view.contains("\"hidden\""), "{operator_view}");
+    for (who, token) in [
+        ("read", &reader),
+        ("admin", &admin),
+        ("another project's admin", &stranger),
+    ] {
+        let answer = api
+            .ok(Method::GET, &builtins, token, None)
+            .await
+            .to_string();
+        assert!(answer.contains("workdir-files"), "{who}: {answer}");
+        assert!(!answer.contains("\"hidden\""), "{who}: {answer}");
+    }
+}
