@@ -205,7 +205,9 @@ mod tests {
     /// internal.
     #[test]
     fn addresses_are_classified_with_the_ipv4_they_carry() {
-        let table: &[(&str, Option<(&str, Option<&str>)>)] = &[
+        /// The kind, and the carried IPv4 address that made it internal.
+        type Expected = Option<(&'static str, Option<&'static str>)>;
+        let table: &[(&str, Expected)] = &[
             ("127.0.0.1", Some(("loopback", None))),
             ("10.1.2.3", Some(("private", None))),
             (
