@@ -152,6 +152,7 @@ fn run(fold: Fold) -> Timings {
         env: Default::default(),
         limits: Default::default(),
         network: false,
+        links: Default::default(),
     };
     let catalog = catalog();
     let now = Timestamp::from_second(1_767_225_600).expect("time");

@@ -777,6 +777,7 @@ mod tests {
                     env: Default::default(),
                     limits: Default::default(),
                     network: false,
+                    links: Default::default(),
                 },
                 catalog: catalog(),
                 inbox: Vec::new(),

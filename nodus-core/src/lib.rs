@@ -51,6 +51,7 @@
 //! # }
 //! ```
 
+pub mod address;
 pub mod catalog;
 pub mod clock;
 pub mod cost;

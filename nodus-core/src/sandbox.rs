@@ -109,6 +109,57 @@ pub struct SandboxSpec {
     /// Whether the sandbox may reach the network.
     #[serde(default)]
     pub network: bool,
+    /// Absolute paths that lead to directories of the working directory: `/grading` →
+    /// `grading` shows the working directory's `grading` at `/grading` too (a symbolic link
+    /// in the sandbox's own root; the directory need not exist yet). Each path is one name
+    /// below `/` that no system directory takes ([`check_links`]). The unisolated backend,
+    /// which has no root of its own, makes none: its commands reach the directories only by
+    /// their relative paths.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub links: BTreeMap<String, String>,
+}
+
+/// The names below `/` a [`SandboxSpec::links`] path may not take: the system's directories
+/// and those every sandbox has.
+const RESERVED_ROOT_NAMES: [&str; 22] = [
+    "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "nix",
+    "opt", "proc", "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var",
+];
+
+/// Checks [`SandboxSpec::links`] against `workdir`, where the backend shows the working
+/// directory: each path is `/NAME` (a name of letters, digits, `.`, `_` and `-`, not `.` or
+/// `..`, no system directory's and not the working directory's own), each target a relative
+/// path of plain names. A refusal names the link.
+pub fn check_links(links: &BTreeMap<String, String>, workdir: &str) -> Result<(), String> {
+    let plain = |name: &str| {
+        !name.is_empty()
+            && name != "."
+            && name != ".."
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    };
+    let own = workdir
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    for (path, target) in links {
+        let name = path.strip_prefix('/').unwrap_or_default();
+        if !plain(name) || RESERVED_ROOT_NAMES.contains(&name) || name == own {
+            return Err(format!(
+                "the link {path:?} must be /NAME, one name below / that no system directory \
+                 nor the working directory ({workdir}) takes"
+            ));
+        }
+        if !target.split('/').all(plain) {
+            return Err(format!(
+                "the link {path:?} must lead to a relative path of the working directory, not \
+                 {target:?}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The largest tar archive that [`Sandbox::put_files`] accepts and [`Sandbox::get_files`]

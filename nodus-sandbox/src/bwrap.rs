@@ -266,6 +266,8 @@ struct Created {
     env: BTreeMap<String, String>,
     limits: Limits,
     network: bool,
+    /// [`SandboxSpec::links`]: symbolic links in the sandbox's root into [`WORKDIR`].
+    links: BTreeMap<String, String>,
     /// The sandbox's process while it runs (`None` before it starts again): the holder of
     /// this lock runs the sandbox's one command at a time.
     live: Arc<tokio::sync::Mutex<Option<Live>>>,
@@ -797,6 +799,7 @@ impl BwrapSandbox {
                     vec!["/bin/sh".into(), "-c".into()],
                 );
                 plan.channel = true;
+                plan.symlinks.extend(links_of(created));
                 plan.rlimits = self.rlimits(created);
                 // Stage one pins itself to the sandbox's CPUs (a fork of the resident launcher
                 // inherits no pinned thread of this process).
@@ -991,6 +994,7 @@ impl Sandbox for BwrapSandbox {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;
+        nodus_core::sandbox::check_links(&spec.links, WORKDIR).map_err(Error::Refused)?;
         if !self.cgroups.enforced().pids && rustix::process::getuid().is_root() {
             // RLIMIT_NPROC counts every process of the user, and root runs the whole host:
             // the fallback would leave the sandbox unable to start anything at all, or, unset,
@@ -1027,6 +1031,7 @@ impl Sandbox for BwrapSandbox {
             env: spec.env.clone(),
             limits: spec.limits,
             network: spec.network,
+            links: spec.links.clone(),
             live: Arc::default(),
         };
         let live = self.start(prepared, &spec.key, &created, &home)?;
@@ -1413,6 +1418,15 @@ fn sandbox_env(env: &BTreeMap<String, String>) -> Vec<(OsString, OsString)> {
     all.into_iter().map(|(k, v)| (k.into(), v.into())).collect()
 }
 
+/// A sandbox's [`SandboxSpec::links`] as symbolic links of its root: (target, path).
+fn links_of(created: &Created) -> Vec<(PathBuf, PathBuf)> {
+    created
+        .links
+        .iter()
+        .map(|(path, target)| (Path::new(WORKDIR).join(target), PathBuf::from(path)))
+        .collect()
+}
+
 /// Bubblewrap's options for one sandbox's start.
 fn bwrap_args(bwrap: &BwrapStart, created: &Created, home: &Path) -> Vec<OsString> {
     let mut args = bwrap.base_args.clone();
@@ -1429,10 +1443,11 @@ fn bwrap_args(bwrap: &BwrapStart, created: &Created, home: &Path) -> Vec<OsStrin
         "--bind".as_ref(),
         home.as_os_str(),
         WORKDIR.as_ref(),
-        "--remount-ro".as_ref(),
-        "/".as_ref(),
-        "--clearenv".as_ref(),
     ]);
+    for (target, path) in links_of(created) {
+        push(&["--symlink".as_ref(), target.as_os_str(), path.as_os_str()]);
+    }
+    push(&["--remount-ro".as_ref(), "/".as_ref(), "--clearenv".as_ref()]);
     for (name, value) in sandbox_env(&created.env) {
         push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
     }

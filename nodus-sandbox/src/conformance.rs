@@ -71,6 +71,7 @@ pub const COMMON: &[(&str, Case)] = cases![
     destroy_twice,
     longest_command,
     archives_out_are_clean_and_capped,
+    bad_links_refused,
 ];
 
 /// The cases only an isolating backend passes, by name.
@@ -83,6 +84,7 @@ pub const ISOLATION: &[(&str, Case)] = cases![
     memory_hog_contained,
     privileges_refused,
     gigabyte_of_output_contained,
+    links_lead_into_the_workdir,
 ];
 
 /// The cases of a backend that limits the working directory's size, by name: bubblewrap, and
@@ -127,14 +129,14 @@ macro_rules! conformance_tests {
             exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
             dropping_exec_kills, dropped_command_kill_spares_the_next, background_processes_end_with_command, environment_and_cwd, files_round_trip,
             hostile_archives_refused, recreate_keeps_files, destroy_twice, longest_command,
-            archives_out_are_clean_and_capped);
+            archives_out_are_clean_and_capped, bad_links_refused);
     };
     (all, $make:ident) => {
         $crate::conformance_tests!(common, $make);
         $crate::conformance_tests!(@cases $make,
             no_network, host_secrets_unreadable, other_sandbox_unreachable,
             no_writes_outside_workdir, fork_bomb_contained, memory_hog_contained,
-            privileges_refused, gigabyte_of_output_contained);
+            privileges_refused, gigabyte_of_output_contained, links_lead_into_the_workdir);
     };
     (disk, $make:ident) => {
         $crate::conformance_tests!(@cases $make, disk_limit_stops_writers);
@@ -186,6 +188,7 @@ pub fn spec(backend: &Backend, key: &str) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: test_limits(),
         network: false,
+        links: Default::default(),
     }
 }
 
@@ -794,6 +797,66 @@ pub async fn recreate_keeps_files(b: &Backend) {
     let again = create(b, &s).await.id;
     assert_eq!(again, id);
     assert_eq!(exec(b, &id, "cat state").await.stdout.bytes, b"kept\n");
+    destroy(b, &id).await;
+}
+
+/// A spec's links ([`SandboxSpec::links`]) are checked by every backend: a path that is not
+/// one name below `/`, that a system directory takes, or a target that leaves the working
+/// directory is refused before anything is made.
+pub async fn bad_links_refused(b: &Backend) {
+    for (path, target) in [
+        ("/usr", "grading"),
+        ("/tmp", "grading"),
+        ("/proc", "grading"),
+        ("/a/b", "grading"),
+        ("relative", "grading"),
+        ("/..", "grading"),
+        ("/grading", "../outside"),
+        ("/grading", "/etc"),
+        ("/grading", ""),
+    ] {
+        let mut s = spec(b, &unique_key("bad-link"));
+        s.links = BTreeMap::from([(path.to_owned(), target.to_owned())]);
+        match b.sandbox.create(&s).await {
+            Err(Error::Refused(why)) => assert!(why.contains(path), "{path} -> {target}: {why}"),
+            other => panic!("{path} -> {target} was not refused: {other:?}"),
+        }
+    }
+}
+
+/// A spec's links show directories of the working directory at absolute paths, as a command
+/// grader finds `/grading` and `/grader`: made before the directory exists, they lead to what
+/// is put there afterwards, both ways, and outlive a restart of the sandbox.
+pub async fn links_lead_into_the_workdir(b: &Backend) {
+    let mut s = spec(b, &unique_key("links"));
+    s.links = BTreeMap::from([
+        ("/grading".to_owned(), "grading".to_owned()),
+        ("/nodus-deep".to_owned(), "a/b".to_owned()),
+    ]);
+    let id = create(b, &s).await.id;
+    b.sandbox
+        .put_files(
+            &id,
+            archive(&[("grading/answer.txt", b"42"), ("a/b/c.txt", b"deep")]),
+        )
+        .await
+        .expect("put files");
+    let out = exec(
+        b,
+        &id,
+        "cat /grading/answer.txt; echo; cat /nodus-deep/c.txt",
+    )
+    .await;
+    assert_eq!(text_of(&out), "42\ndeep", "{out:?}");
+    exec(b, &id, "echo written > /grading/out.txt").await;
+    assert_eq!(
+        text_of(&exec(b, &id, "cat grading/out.txt").await),
+        "written\n"
+    );
+    // Created again over the same working directory: the links are there still.
+    create(b, &s).await;
+    let out = exec(b, &id, "cat /grading/answer.txt").await;
+    assert_eq!(text_of(&out), "42", "{out:?}");
     destroy(b, &id).await;
 }
 

@@ -19,6 +19,11 @@
 //! command times out and also as soon as the shell exits, so background children do not
 //! outlive their command. Of the spec's [`Limits`](nodus_core::sandbox::Limits) only the
 //! command timeout and the output cap are enforced.
+//!
+//! [`SandboxSpec::links`] are not made: with no root of its own, a link such as `/grading`
+//! would be one path of the host shared by every sandbox (and need root to make), so a command
+//! reaches those directories only by their paths relative to the working directory
+//! (`grading/`, not `/grading`). The links are still checked, as every backend checks them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -89,6 +94,8 @@ impl Sandbox for UnisolatedSandbox {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;
+        // Checked as elsewhere, but not made (see the module's documentation).
+        nodus_core::sandbox::check_links(&spec.links, "/").map_err(Error::Refused)?;
         let dir = self.root.join(&spec.key);
         blocking(move || {
             fs::create_dir_all(&dir).map_err(|e| {

@@ -51,6 +51,7 @@ fn spec(key: &str) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: test_limits(),
         network: false,
+        links: Default::default(),
     }
 }
 

@@ -98,8 +98,8 @@ fn host_of(url: &reqwest::Url) -> Option<UrlHost<'_>> {
 fn refusal(allow: &WebhookAllow, host: &str, address: IpAddr) -> Option<String> {
     let kind = allow.refuses(address)?;
     Some(format!(
-        "the URL's host {host} is {address}, a {kind} address, which webhooks may not reach \
-         unless the server's --webhook-allow (NODUS_WEBHOOK_ALLOW) lists it"
+        "the URL's host {host} is {address}, an internal address ({kind}), which webhooks may \
+         not reach unless the server's --webhook-allow (NODUS_WEBHOOK_ALLOW) lists it"
     ))
 }
 
@@ -190,8 +190,8 @@ impl PostRunAction for Webhook {
             return Err(Invalid::new(
                 ".url",
                 format!(
-                    "must not point at a {kind} address, which webhooks may not reach unless \
-                     the server's --webhook-allow (NODUS_WEBHOOK_ALLOW) lists it"
+                    "must not point at an internal address ({kind}), which webhooks may not \
+                     reach unless the server's --webhook-allow (NODUS_WEBHOOK_ALLOW) lists it"
                 ),
                 address.to_string(),
             ));

@@ -138,6 +138,13 @@ impl Principal {
         Ok(())
     }
 
+    /// Whether the caller is shown what only a project's admins see (an Environment's
+    /// `hidden` grading data): an admin token of `project` (the operator token holds every
+    /// project).
+    pub fn administers(&self, project: &str) -> bool {
+        self.role >= Role::Admin && self.holds(project)
+    }
+
     /// Whether the caller is the server's operator (to create projects).
     pub fn check_operator(&self, what: &str) -> Result<(), ApiError> {
         if self.operator {

@@ -1,10 +1,14 @@
 //! Where the webhook action may send: not to the server's own networks (loopback, private,
 //! link-local where cloud metadata services answer, and the like) unless the server's
 //! `--webhook-allow` (`NODUS_WEBHOOK_ALLOW`) lists the host, the address or a CIDR holding it.
-//! A delivery checks every address its host resolves to, and connects only to those.
+//! A delivery checks every address its host resolves to, and connects only to those. What is
+//! internal is [`nodus_core::address`]'s one classification (IPv6 forms that carry an
+//! internal IPv4 address are internal too).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::str::FromStr;
+
+use nodus_core::address::{self, Internal};
 
 /// The hosts, addresses and CIDRs webhooks may reach although they are internal; empty by
 /// default (every internal address refused, every public one allowed).
@@ -71,25 +75,21 @@ impl WebhookAllow {
             .any(|entry| matches!(entry, Entry::Host(name) if *name == host))
     }
 
-    /// Why `address` may not be reached (the kind of address it is), or `None`: a public
-    /// address, or an internal one the list holds.
-    pub fn refuses(&self, address: IpAddr) -> Option<&'static str> {
-        let kind = internal(address)?;
-        let listed = self.entries.iter().any(|entry| match entry {
-            Entry::Net(net, prefix) => contains(*net, *prefix, address),
-            Entry::Host(_) => false,
-        });
-        (!listed).then_some(kind)
+    /// Why `address` may not be reached (the kind of address it is, or of the IPv4 address
+    /// it carries: [`nodus_core::address`]), or `None`: a public address, or an internal one
+    /// the list holds (an IPv4 address listed allows its IPv6 forms too).
+    pub fn refuses(&self, address: IpAddr) -> Option<Internal> {
+        address::refused(address, |address| {
+            self.entries.iter().any(|entry| match entry {
+                Entry::Net(net, prefix) => contains(*net, *prefix, address),
+                Entry::Host(_) => false,
+            })
+        })
     }
 }
 
-/// Whether the network `net/prefix` holds `address` (an IPv4-mapped IPv6 address counts as
-/// its IPv4 address).
+/// Whether the network `net/prefix` holds `address`.
 fn contains(net: IpAddr, prefix: u8, address: IpAddr) -> bool {
-    let address = match address {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
-        v4 => v4,
-    };
     match (net, address) {
         (IpAddr::V4(net), IpAddr::V4(address)) => {
             let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
@@ -101,62 +101,6 @@ fn contains(net: IpAddr, prefix: u8, address: IpAddr) -> bool {
         }
         _ => false,
     }
-}
-
-/// The kind of internal address `address` is, or `None` for a public one.
-pub fn internal(address: IpAddr) -> Option<&'static str> {
-    match address {
-        IpAddr::V4(v4) => internal_v4(v4),
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return internal_v4(v4);
-            }
-            let segments = v6.segments();
-            // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits.
-            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                let bits = u128::from(v6) as u32;
-                return internal_v4(Ipv4Addr::from(bits));
-            }
-            internal_v6(v6, segments[0])
-        }
-    }
-}
-
-fn internal_v4(v4: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, c, _] = v4.octets();
-    Some(if v4.is_loopback() {
-        "loopback"
-    } else if v4.is_private() {
-        "private"
-    } else if v4.is_link_local() {
-        "link-local (cloud metadata)"
-    } else if a == 100 && (b & 0xc0) == 64 {
-        "shared (carrier-grade NAT, cloud metadata)"
-    } else if a == 0 {
-        "unspecified"
-    } else if a == 192 && b == 0 && c == 0 {
-        "IETF protocol assignment"
-    } else if v4.is_broadcast() || v4.is_multicast() || a >= 240 {
-        "broadcast, multicast or reserved"
-    } else {
-        return None;
-    })
-}
-
-fn internal_v6(v6: Ipv6Addr, first: u16) -> Option<&'static str> {
-    Some(if v6.is_loopback() {
-        "loopback"
-    } else if v6.is_unspecified() {
-        "unspecified"
-    } else if first & 0xfe00 == 0xfc00 {
-        "private (unique local, cloud metadata)"
-    } else if first & 0xffc0 == 0xfe80 {
-        "link-local"
-    } else if v6.is_multicast() {
-        "multicast"
-    } else {
-        return None;
-    })
 }
 
 #[cfg(test)]
@@ -190,6 +134,11 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "64:ff9b::a9fe:a9fe",
+            "::127.0.0.1",
+            "::ffff:0:127.0.0.1",
+            "2002:7f00:1::",
+            "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            "64:ff9b:1::7f00:1",
         ] {
             assert!(none.refuses(ip(refused)).is_some(), "{refused}");
         }
@@ -211,6 +160,8 @@ mod tests {
             .expect("a list");
         assert_eq!(allow.refuses(ip("127.0.0.1")), None);
         assert_eq!(allow.refuses(ip("::ffff:127.0.0.1")), None);
+        assert_eq!(allow.refuses(ip("2002:7f00:1::")), None, "its 6to4 form");
+        assert!(allow.refuses(ip("2002:7f00:2::")).is_some());
         assert!(allow.refuses(ip("127.0.0.2")).is_some());
         assert_eq!(allow.refuses(ip("10.200.3.4")), None);
         assert!(allow.refuses(ip("11.0.0.1")).is_none(), "public");

@@ -41,9 +41,20 @@ pub struct Scope {
     pub name: Option<String>,
     /// Labels and fields the objects match.
     pub selector: Selector,
+    /// Environments' `hidden` grading data is left out (the caller does not administer the
+    /// project), as `GET` leaves it out.
+    pub without_hidden: bool,
 }
 
 impl Scope {
+    /// `object` as the stream's client may see it.
+    fn shown(&self, mut object: Value) -> Value {
+        if self.without_hidden {
+            nodus_core::evaluation::without_hidden(&mut object);
+        }
+        object
+    }
+
     /// Whether a change of `key` may concern the stream.
     pub fn concerns(&self, key: &ObjectKey) -> bool {
         key.project == self.project
@@ -231,7 +242,10 @@ async fn read_all(state: &AppState, scope: &Scope) -> ApiResult<Vec<Value>> {
         None => Ok(state
             .engine
             .list_documents(&scope.project, scope.kind, &scope.selector)
-            .await?),
+            .await?
+            .into_iter()
+            .map(|object| scope.shown(object))
+            .collect()),
     }
 }
 
@@ -242,7 +256,7 @@ async fn read_one(state: &AppState, scope: &Scope, name: &str) -> ApiResult<Opti
         .get_document(&scope.project, scope.kind, name)
         .await
     {
-        Ok(object) => Ok(Some(object)),
+        Ok(object) => Ok(Some(scope.shown(object))),
         Err(error) if error.reason() == Reason::NotFound => Ok(None),
         Err(error) => Err(error.into()),
     }

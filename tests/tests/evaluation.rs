@@ -457,9 +457,10 @@ async fn evaluation_end_to_end(backend: Backend) {
         "no grader paths in the agent's sandbox: {steps}"
     );
 
-    // A command grader in a sandbox of its own: one crashes, one writes into the copy of the
-    // agent's working directory it was given; the built-in workdir-files grades files.
-    let grade_sh = "case $(cat grading/hidden.json) in\n  *crash*) echo boom >&2; exit 3 ;;\n  *writes*) printf tampered > grading/workdir/agent.txt; echo '{\"reward\": 1, \"passed\": true, \"evidence\": \"wrote\"}' ;;\nesac\n";
+    // A command grader in a sandbox of its own, written as DESIGN.md writes one (its files at
+    // /grader, its inputs at /grading): one crashes, one writes into the copy of the agent's
+    // working directory it was given; the built-in workdir-files grades files.
+    let grade_sh = "case $(cat /grading/hidden.json) in\n  *crash*) echo boom >&2; exit 3 ;;\n  *writes*) printf tampered > /grading/workdir/agent.txt; echo '{\"reward\": 1, \"passed\": true, \"evidence\": \"wrote\"}' ;;\nesac\n";
     let fileset = format!(
         "apiVersion: nodus.dev/v1\nkind: FileSet\nmetadata:\n  name: checker-files\nspec:\n  files:\n  - path: grade.sh\n    content: {}\n",
         serde_json::to_string(grade_sh).unwrap()
@@ -467,7 +468,7 @@ async fn evaluation_end_to_end(backend: Backend) {
     apply(&server, &fileset);
     apply(
         &server,
-        "apiVersion: nodus.dev/v1\nkind: Environment\nmetadata:\n  name: checker\nspec:\n  version: 1.0.0\n  splits:\n    test:\n      tasks:\n      - {id: crash, prompt: \"Write agent.txt [crash]\", hidden: {mode: crash}}\n      - {id: writes, prompt: \"Write agent.txt [writes]\", hidden: {mode: writes}}\n  grader:\n    kind: command\n    command: sh grader/grade.sh\n    files: {fileSet: checker-files}\n",
+        "apiVersion: nodus.dev/v1\nkind: Environment\nmetadata:\n  name: checker\nspec:\n  version: 1.0.0\n  splits:\n    test:\n      tasks:\n      - {id: crash, prompt: \"Write agent.txt [crash]\", hidden: {mode: crash}}\n      - {id: writes, prompt: \"Write agent.txt [writes]\", hidden: {mode: writes}}\n  grader:\n    kind: command\n    command: sh /grader/grade.sh\n    files: {fileSet: checker-files}\n",
     );
     apply(
         &server,

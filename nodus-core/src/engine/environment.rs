@@ -22,6 +22,39 @@ use crate::validate::Invalid;
 
 const FIELD: &str = "spec.environment";
 
+/// The name of the AgentEnvironment `reference` names in `project` (`NAME`, or
+/// `PROJECT/NAME` of this very project), or `None` when it names another project's, which
+/// nothing in `project` may reach.
+fn own_name<'a>(project: &str, reference: &'a str) -> Option<&'a str> {
+    match reference.split_once('/') {
+        None => Some(reference),
+        Some((named, name)) => (named == project).then_some(name),
+    }
+}
+
+/// An Agent of `project` may name only an AgentEnvironment of `project` (or hold one
+/// inline): the rule a run's creation applies, checked when the Agent is written.
+pub(super) fn check_reference(
+    project: &str,
+    environment: Option<&NameOrInline<AgentEnvironmentSpec>>,
+) -> Result<()> {
+    let Some(NameOrInline::Name(reference)) = environment else {
+        return Ok(());
+    };
+    if own_name(project, reference).is_some() {
+        return Ok(());
+    }
+    Err(Invalid::new(
+        FIELD,
+        format!(
+            "must name an AgentEnvironment of this project ({project:?}), as NAME or \
+             {project}/NAME, or hold one inline: another project's is never reachable"
+        ),
+        format!("{reference:?}"),
+    )
+    .into())
+}
+
 impl Engine {
     /// Resolve the run's `spec.environment`, or its agent's `environment` when it names
     /// none, into what the run keeps: the spec and the version of every Secret it reads,
@@ -41,7 +74,6 @@ impl Engine {
         let (environment_ref, environment_revision, spec) = match chosen {
             NameOrInline::Inline(spec) => (None, None, (**spec).clone()),
             NameOrInline::Name(reference) => {
-                let (env_project, name) = reference.split_once('/').unwrap_or((project, reference));
                 let missing = || -> Error {
                     Invalid::new(
                         FIELD,
@@ -52,9 +84,9 @@ impl Engine {
                 };
                 // Another project's environment is answered as missing: a run learns nothing
                 // of it.
-                if env_project != project {
+                let Some(name) = own_name(project, reference) else {
                     return Err(missing());
-                }
+                };
                 let key = ObjectKey::new(project, Kind::AgentEnvironment, name);
                 let record = match self.deps.store.get(&key).await {
                     Ok(record) => record,

@@ -34,6 +34,16 @@ use crate::sandbox::{ExecRequest, SandboxId, SandboxSpec};
 use crate::store::{self, ObjectKey, Record, Selector};
 use crate::validate::Invalid;
 
+/// Where a command grader finds its inputs besides its working directory's `grading/` and
+/// `grader/`: `/grading` and `/grader`, as DESIGN.md and the docs write them (Harbor gives its
+/// tests `/tests` the same way).
+fn grader_links() -> BTreeMap<String, String> {
+    ["grading", "grader"]
+        .into_iter()
+        .map(|name| (format!("/{name}"), name.to_string()))
+        .collect()
+}
+
 /// Default `spec.evaluation.timeout`: 30 minutes.
 pub const DEFAULT_EVALUATION_TIMEOUT: DurationSpec = DurationSpec::from_secs(30 * 60);
 /// Default `spec.grader.timeout` of a command grader: 5 minutes.
@@ -759,6 +769,7 @@ impl Engine {
             env: BTreeMap::new(),
             limits: self.config.limits,
             network: false,
+            links: grader_links(),
         };
         let id = match self.deps.sandbox.create(&spec).await {
             Ok(info) => info.id,
@@ -917,6 +928,7 @@ impl Engine {
                 env: BTreeMap::new(),
                 limits: self.config.limits,
                 network: false,
+                links: grader_links(),
             };
             if let Ok(info) = self.deps.sandbox.create(&spec).await
                 && let Err(e) = self.deps.sandbox.destroy(&info.id).await

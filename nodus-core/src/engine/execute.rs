@@ -169,6 +169,7 @@ impl Engine {
                 snapshot.environment.as_ref(),
             ),
             network: false,
+            links: Default::default(),
         };
         Ok(Fixed {
             key,

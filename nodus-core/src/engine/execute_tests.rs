@@ -428,6 +428,7 @@ fn sandbox_spec() -> SandboxSpec {
         env: Default::default(),
         limits: Default::default(),
         network: false,
+        links: Default::default(),
     }
 }
 

@@ -75,8 +75,8 @@ pub trait Writable: Clone + std::fmt::Debug + Send + Sync + Sized + 'static {
     fn prepare(&mut self) {}
 
     /// The rules every write obeys — create, replace, merge patch, apply, one run of a batch:
-    /// the kind's validation, and what this engine refuses.
-    fn check(&self, engine: &Engine) -> Result<()>;
+    /// the kind's validation, and what this engine refuses of an object of `project`.
+    fn check(&self, engine: &Engine, project: &str) -> Result<()>;
 
     /// What to store when `new` replaces `current` (both checked), or why the kind refuses
     /// this change of a live object.
@@ -140,9 +140,10 @@ pub trait SpecRules: Validate {
         let _ = object;
     }
 
-    /// What this engine refuses of an object of this kind, however it is written.
-    fn refuse(object: &Object<Self>, engine: &Engine) -> Result<()> {
-        let _ = (object, engine);
+    /// What this engine refuses of an object of this kind in `project`, however it is
+    /// written.
+    fn refuse(object: &Object<Self>, engine: &Engine, project: &str) -> Result<()> {
+        let _ = (object, engine, project);
         Ok(())
     }
 
@@ -197,9 +198,9 @@ impl<S: SpecRules> Writable for Object<S> {
         S::prepare(self);
     }
 
-    fn check(&self, engine: &Engine) -> Result<()> {
+    fn check(&self, engine: &Engine, project: &str) -> Result<()> {
         validate::validate(self)?;
-        S::refuse(self, engine)
+        S::refuse(self, engine, project)
     }
 
     fn replaced(current: Self, new: Self) -> Result<Self> {
@@ -233,9 +234,11 @@ impl<S: SpecRules> Writable for Object<S> {
 }
 
 impl SpecRules for AgentSpec {
-    /// Every post-run action the agent declares must be installed.
-    fn refuse(object: &Object<Self>, engine: &Engine) -> Result<()> {
-        engine.check_agent(&object.spec)
+    /// Every post-run action the agent declares must be installed, and the AgentEnvironment
+    /// it names must be one of its own project's.
+    fn refuse(object: &Object<Self>, engine: &Engine, project: &str) -> Result<()> {
+        engine.check_agent(&object.spec)?;
+        super::environment::check_reference(project, object.spec.environment.as_ref())
     }
 }
 
@@ -355,7 +358,7 @@ impl Writable for Secret {
         Ok(document)
     }
 
-    fn check(&self, _: &Engine) -> Result<()> {
+    fn check(&self, _: &Engine, _: &str) -> Result<()> {
         Ok(validate::check_secret(self)?)
     }
 
@@ -542,7 +545,7 @@ impl Engine {
     /// first, and nothing is written when one fails.
     pub async fn create<K: Writable>(&self, project: &str, mut object: K) -> Result<K> {
         object.prepare();
-        object.check(self)?;
+        object.check(self, project)?;
         let created = K::insert(self, project, object).await?;
         K::written(self, project, created).await
     }
@@ -559,7 +562,7 @@ impl Engine {
         expected_version: Option<u64>,
     ) -> Result<K> {
         new.prepare();
-        new.check(self)?;
+        new.check(self, project)?;
         let given = new.key_name();
         if given != name {
             return Err(Invalid::new(

@@ -436,7 +436,7 @@ impl Engine {
         let mut batch = Batch::default();
         for (index, mut run) in runs.into_iter().enumerate() {
             run.prepare();
-            let prepared = match run.check(self) {
+            let prepared = match run.check(self, project) {
                 Ok(()) => self.prepare_run(project, run, &earlier, &mut batch).await,
                 Err(error) => Err(error),
             };

@@ -265,6 +265,26 @@ fn count<T>(items: impl Iterator<Item = T>) -> u32 {
     u32::try_from(items.count()).unwrap_or(u32::MAX)
 }
 
+/// An Environment document (as reading shows it) for a reader who may not see its grading
+/// data: every task of every split without its `hidden` data. Only an admin of the
+/// Environment's own project is shown `hidden`; the API and the console answer everyone else
+/// through this.
+pub fn without_hidden(document: &mut serde_json::Value) {
+    let splits = document
+        .pointer_mut("/spec/splits")
+        .and_then(serde_json::Value::as_object_mut);
+    for split in splits.into_iter().flat_map(|splits| splits.values_mut()) {
+        let tasks = split
+            .get_mut("tasks")
+            .and_then(serde_json::Value::as_array_mut);
+        for task in tasks.into_iter().flatten() {
+            if let Some(task) = task.as_object_mut() {
+                task.remove("hidden");
+            }
+        }
+    }
+}
+
 /// The retention sweep's edit of a case whose run's payloads were removed: its evidence and
 /// hidden data go with them (its state, reason, verdict and reward stay, as a run keeps what
 /// accounts for it), marked `spec.payloadsRemovedAt`; `None` when already swept.
@@ -283,6 +303,29 @@ pub fn without_payloads(document: &serde_json::Value, now: Timestamp) -> Option<
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hidden_data_is_left_out_of_every_task_and_nothing_else() {
+        let mut document = serde_json::json!({"kind": "Environment", "spec": {
+            "version": "1.0.0", "grader": {"kind": "exact"},
+            "splits": {
+                "test": {"tasks": [
+                    {"id": "a", "prompt": "Say a.", "hidden": {"expected": "a"}},
+                    {"id": "b", "prompt": "Say b."}]},
+                "train": {"tasks": [{"id": "c", "prompt": "Say c.", "hidden": "c"}]},
+                "gen": {"generator": {"kind": "arithmetic"}}}}});
+        super::without_hidden(&mut document);
+        assert_eq!(
+            document,
+            serde_json::json!({"kind": "Environment", "spec": {
+                "version": "1.0.0", "grader": {"kind": "exact"},
+                "splits": {
+                    "test": {"tasks": [{"id": "a", "prompt": "Say a."},
+                                       {"id": "b", "prompt": "Say b."}]},
+                    "train": {"tasks": [{"id": "c", "prompt": "Say c."}]},
+                    "gen": {"generator": {"kind": "arithmetic"}}}}})
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -46,7 +46,8 @@ pub struct TaskSpec {
     pub id: String,
     /// The only part of a task that reaches the agent.
     pub prompt: String,
-    /// Data only the grader sees (`expected`, `pattern`, test cases).
+    /// Data only the grader sees (`expected`, `pattern`, test cases); reading the
+    /// Environment shows it only to admins of its project.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub hidden: serde_json::Value,
     /// Files the run's working directory starts with.

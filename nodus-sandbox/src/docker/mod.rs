@@ -328,7 +328,51 @@ impl DockerSandbox {
 
     /// Creates the container (and its volume, unless it is left from before). Answers
     /// `Ok(false)` when a container of that name exists already.
+    ///
+    /// [`SandboxSpec::links`] are the volume's directories mounted again at their paths
+    /// (volume `subpath`, Docker Engine API 1.45 and later: the root file system is read-only,
+    /// so no symbolic link can be made there). A subpath must exist before its container
+    /// starts, so a sandbox with links is made in two steps: a container without them, into
+    /// which the directories are unpacked (the archive API reaches a created container's
+    /// volume), is removed (its volume kept) and made again with them. Each step is repeated
+    /// safely: a crash between them leaves no container, and the next creation starts over.
     async fn create_container(&self, spec: &SandboxSpec, name: &str) -> Result<bool, Error> {
+        if spec.links.is_empty() {
+            return self.create_container_with(spec, name, false).await;
+        }
+        if !self.create_container_with(spec, name, false).await? {
+            return Ok(false);
+        }
+        let dirs = link_dirs(spec)?;
+        let options = UploadToContainerOptionsBuilder::new()
+            .path(&self.config.workdir)
+            .build();
+        let made = self
+            .docker
+            .upload_to_container(name, Some(options), bollard::body_full(dirs.into()))
+            .await
+            .map_err(|e| api_error("making the linked directories", e));
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(false)
+            .build();
+        let removed = self
+            .docker
+            .remove_container(name, Some(options))
+            .await
+            .map_err(|e| api_error("removing the container made for the links", e));
+        made?;
+        removed?;
+        self.create_container_with(spec, name, true).await
+    }
+
+    /// Creates the container, with the mounts of [`SandboxSpec::links`] when `linked`.
+    async fn create_container_with(
+        &self,
+        spec: &SandboxSpec,
+        name: &str,
+        linked: bool,
+    ) -> Result<bool, Error> {
         let image = spec
             .image
             .clone()
@@ -377,16 +421,35 @@ impl DockerSandbox {
                     format!("rw,nosuid,nodev,size={}", limits.memory_bytes),
                 )])),
                 // The engine makes the named volume, with these labels, if it is missing.
-                mounts: Some(vec![Mount {
-                    target: Some(self.config.workdir.clone()),
-                    source: Some(name.to_owned()),
-                    typ: Some(MountType::VOLUME),
-                    volume_options: Some(MountVolumeOptions {
-                        labels: Some(labels.clone()),
+                mounts: Some(
+                    std::iter::once(Mount {
+                        target: Some(self.config.workdir.clone()),
+                        source: Some(name.to_owned()),
+                        typ: Some(MountType::VOLUME),
+                        volume_options: Some(MountVolumeOptions {
+                            labels: Some(labels.clone()),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    ..Default::default()
-                }]),
+                    })
+                    .chain(
+                        spec.links
+                            .iter()
+                            .filter(|_| linked)
+                            .map(|(path, target)| Mount {
+                                target: Some(path.clone()),
+                                source: Some(name.to_owned()),
+                                typ: Some(MountType::VOLUME),
+                                volume_options: Some(MountVolumeOptions {
+                                    labels: Some(labels.clone()),
+                                    subpath: Some(target.clone()),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                    )
+                    .collect(),
+                ),
                 cap_drop: Some(vec!["ALL".to_owned()]),
                 security_opt: Some(vec!["no-new-privileges".to_owned()]),
                 // Output reaches the backend through the attachment only; a log kept by the
@@ -887,6 +950,8 @@ impl Sandbox for DockerSandbox {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         paths::check_key(&spec.key).map_err(Error::Refused)?;
         check_env(&spec.env)?;
+        nodus_core::sandbox::check_links(&spec.links, &self.config.workdir)
+            .map_err(Error::Refused)?;
         let name = self.name(&spec.key);
         // Most creations are new: try that first, and re-attach when the name is taken.
         if self.create_container(spec, &name).await? {
@@ -1202,6 +1267,32 @@ fn repository_of(reference: &str) -> &str {
         Some(colon) if !named[colon..].contains('/') => &named[..colon],
         _ => named,
     }
+}
+
+/// A tar archive of the directories [`SandboxSpec::links`] lead to (and those above them),
+/// relative to the working directory, writable by the sandbox's user whoever the image makes it.
+fn link_dirs(spec: &SandboxSpec) -> Result<Vec<u8>, Error> {
+    let mut dirs = BTreeSet::new();
+    for target in spec.links.values() {
+        let mut path = PathBuf::new();
+        for part in target.split('/') {
+            path.push(part);
+            dirs.insert(path.clone());
+        }
+    }
+    let mut builder = tar::Builder::new(Vec::new());
+    for dir in dirs {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o777);
+        header.set_size(0);
+        builder
+            .append_data(&mut header, &dir, std::io::empty())
+            .map_err(|e| Error::Failed(format!("packing the linked directories: {e}")))?;
+    }
+    builder
+        .into_inner()
+        .map_err(|e| Error::Failed(format!("packing the linked directories: {e}")))
 }
 
 fn status(e: &DockerError) -> Option<u16> {

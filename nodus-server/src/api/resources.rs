@@ -32,21 +32,44 @@ fn kind_of(plural: &str) -> ApiResult<Kind> {
     }
 }
 
-/// The kind of `plural`, once the caller may change it in `project`: budgets need an admin
-/// token, the other kinds a write token.
+/// The caller and the kind of `plural`, once the caller may change it in `project`: budgets
+/// need an admin token, the other kinds a write token.
 async fn check_change(
     state: &AppState,
     headers: &HeaderMap,
     project: &str,
     plural: &str,
-) -> ApiResult<Kind> {
+) -> ApiResult<(Principal, Kind)> {
     let caller = caller(state, headers).await?;
     caller.check_write(project)?;
     let kind = kind_of(plural)?;
     if kind == Kind::Budget {
         caller.check_admin(project, "create, change or delete budgets")?;
     }
-    Ok(kind)
+    Ok((caller, kind))
+}
+
+/// What of an object of `kind` in `project` the API answers to `caller`: an Environment's
+/// tasks without their `hidden` grading data unless the caller administers the project
+/// (every answer that holds an Environment goes through this, watch streams included).
+fn shown_to(caller: &Principal, project: &str, kind: Kind, mut document: Value) -> Value {
+    if hides_from(caller, project, kind) {
+        nodus_core::evaluation::without_hidden(&mut document);
+    }
+    document
+}
+
+/// Whether objects of `kind` in `project` are shown to `caller` without hidden data.
+fn hides_from(caller: &Principal, project: &str, kind: Kind) -> bool {
+    kind == Kind::Environment && !caller.administers(project)
+}
+
+/// [`shown_to`] of each item of a list.
+fn shown_all(caller: &Principal, project: &str, kind: Kind, items: Vec<Value>) -> Vec<Value> {
+    items
+        .into_iter()
+        .map(|item| shown_to(caller, project, kind, item))
+        .collect()
 }
 
 fn to_value(object: &impl serde::Serialize) -> ApiResult<Value> {
@@ -99,9 +122,9 @@ pub async fn list(
                     kind,
                     selector: &selector,
                 };
-                page_answer(&state, list, &query).await?
+                page_answer(&state, &principal, list, &query).await?
             } else {
-                list_answer(&state, &project, kind, &selector).await?
+                list_answer(&state, &principal, &project, kind, &selector).await?
             };
             return Ok(reply(StatusCode::OK, answer));
         }
@@ -111,12 +134,13 @@ pub async fn list(
                 kind,
                 name: by_name,
                 selector,
+                without_hidden: false,
             };
             return start_stream(state, principal, scope, stream).await;
         }
         Mode::LongPoll(poll) => poll,
     };
-    let (state, project, selector) = (&*state, project.as_str(), &selector);
+    let (state, project, selector, caller) = (&*state, project.as_str(), &selector, &principal);
     let answer = state
         .watches
         .answer_when_changed(
@@ -130,7 +154,7 @@ pub async fn list(
                     .await?;
                 Ok(crate::watch::list_version_of_records(&records))
             },
-            || list_answer(state, project, kind, selector),
+            || list_answer(state, caller, project, kind, selector),
         )
         .await?;
     Ok(reply(StatusCode::OK, answer))
@@ -142,22 +166,26 @@ pub async fn list(
 async fn start_stream(
     state: Arc<AppState>,
     principal: Principal,
-    scope: Scope,
+    mut scope: Scope,
     stream: Stream,
 ) -> ApiResult<Response> {
-    let _ = principal;
+    // Counted against the caller's token and ended with it by the API's admission, which
+    // sees `watch=true` before this handler runs.
+    scope.without_hidden = hides_from(&principal, &scope.project, scope.kind);
     crate::stream::response(state, scope, stream.start, stream.timeout).await
 }
 
-/// The list answer, with its `metadata.resourceVersion`.
+/// The list answer as `caller` may see it, with its `metadata.resourceVersion`.
 async fn list_answer(
     state: &AppState,
+    caller: &Principal,
     project: &str,
     kind: Kind,
     selector: &Selector,
 ) -> ApiResult<Value> {
     let items = state.engine.list_documents(project, kind, selector).await?;
     let version = crate::watch::list_version_of(&items);
+    let items = shown_all(caller, project, kind, items);
     let mut answer = list_of(kind, items);
     answer["metadata"] = json!({"resourceVersion": version});
     Ok(answer)
@@ -165,7 +193,12 @@ async fn list_answer(
 
 /// A page of the list: at most `limit` objects (all the rest without it) after the
 /// `continue` token's position, with `metadata.continue` when more remain.
-async fn page_answer(state: &AppState, list: ListOf<'_>, query: &ListQuery) -> ApiResult<Value> {
+async fn page_answer(
+    state: &AppState,
+    caller: &Principal,
+    list: ListOf<'_>,
+    query: &ListQuery,
+) -> ApiResult<Value> {
     let limit = match query.limit.as_deref() {
         Some(text) => pages::limit(text).map_err(ApiError::bad_parameter)?,
         None => NonZeroUsize::MAX,
@@ -183,6 +216,7 @@ async fn page_answer(state: &AppState, list: ListOf<'_>, query: &ListQuery) -> A
         .list_documents_page(list.project, list.kind, list.selector, after, limit)
         .await?;
     let version = crate::watch::list_version_of(&items);
+    let items = shown_all(caller, list.project, list.kind, items);
     let mut answer = list_of(list.kind, items);
     answer["metadata"] = json!({"resourceVersion": version});
     if let Some(next) = next {
@@ -207,7 +241,10 @@ pub async fn get(
     let poll = match watch.mode(Target::Object)? {
         Mode::Read => {
             let value = read(&state, &project, kind, &name).await?;
-            return Ok(reply(StatusCode::OK, value));
+            return Ok(reply(
+                StatusCode::OK,
+                shown_to(&principal, &project, kind, value),
+            ));
         }
         Mode::Stream(stream) => {
             let scope = Scope {
@@ -215,6 +252,7 @@ pub async fn get(
                 kind,
                 name: Some(name),
                 selector: Selector::default(),
+                without_hidden: false,
             };
             return start_stream(state, principal, scope, stream).await;
         }
@@ -238,7 +276,10 @@ pub async fn get(
             || read(state, project, kind, name),
         )
         .await?;
-    Ok(reply(StatusCode::OK, value))
+    Ok(reply(
+        StatusCode::OK,
+        shown_to(&principal, project, kind, value),
+    ))
 }
 
 async fn read(state: &AppState, project: &str, kind: Kind, name: &str) -> ApiResult<Value> {
@@ -252,7 +293,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let kind = check_change(&state, &headers, &project, &plural).await?;
+    let (caller, kind) = check_change(&state, &headers, &project, &plural).await?;
     let mut document = json_body(&body)?;
     check_project(&mut document, &project)?;
     let created = match kind {
@@ -272,10 +313,11 @@ pub async fn create(
             )
         }
         _ => {
-            state
+            let created = state
                 .engine
                 .create_document(&project, kind, document)
-                .await?
+                .await?;
+            shown_to(&caller, &project, kind, created)
         }
     };
     Ok(reply(StatusCode::CREATED, created))
@@ -348,14 +390,17 @@ pub async fn replace(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let kind = check_change(&state, &headers, &project, &plural).await?;
+    let (caller, kind) = check_change(&state, &headers, &project, &plural).await?;
     let mut document = json_body(&body)?;
     check_project(&mut document, &project)?;
     let value = state
         .engine
         .replace_document(&project, kind, &name, document)
         .await?;
-    Ok(reply(StatusCode::OK, value))
+    Ok(reply(
+        StatusCode::OK,
+        shown_to(&caller, &project, kind, value),
+    ))
 }
 
 /// `PATCH …/{plural}/{name}`: a JSON merge patch of spec and labels.
@@ -365,7 +410,7 @@ pub async fn patch(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let kind = check_change(&state, &headers, &project, &plural).await?;
+    let (caller, kind) = check_change(&state, &headers, &project, &plural).await?;
     let patch = json_body(&body)?;
     if !patch.is_object() {
         return Err(ApiError::malformed("a merge patch is a JSON object"));
@@ -374,7 +419,10 @@ pub async fn patch(
         .engine
         .patch_document(&project, kind, &name, &patch)
         .await?;
-    Ok(reply(StatusCode::OK, value))
+    Ok(reply(
+        StatusCode::OK,
+        shown_to(&caller, &project, kind, value),
+    ))
 }
 
 /// `DELETE …/{plural}/{name}`: a group goes with all of its runs; a started run is cancelled
@@ -384,7 +432,7 @@ pub async fn delete(
     Path((project, plural, name)): Path<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let kind = check_change(&state, &headers, &project, &plural).await?;
+    let (_, kind) = check_change(&state, &headers, &project, &plural).await?;
     state.engine.delete_document(&project, kind, &name).await?;
     Ok(reply(
         StatusCode::OK,
