@@ -566,10 +566,7 @@ async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
     // The runner carries the cancellation out; then the run can go.
     let runner = Runner::start(
         engine.clone(),
-        RunnerConfig {
-            projects: vec![PROJECT.to_string()],
-            ..RunnerConfig::default()
-        },
+        RunnerConfig::default(),
     );
     let ended = match tokio::time::timeout(SOON, runner.settled(PROJECT, "chat")).await {
         Ok(ended) => ended.expect("cancelled"),
