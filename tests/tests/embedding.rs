@@ -76,7 +76,10 @@ async fn a_run_interrupted_by_a_restart_is_resumed_with_the_builders_defaults() 
     );
     let runner = Runner::start(first.clone(), RunnerConfig::default());
     first
-        .apply_agent(PROJECT, Agent::new("helper", AgentSpec::new("You are careful.")))
+        .apply_agent(
+            PROJECT,
+            Agent::new("helper", AgentSpec::new("You are careful.")),
+        )
         .await
         .expect("agent");
     first
@@ -100,13 +103,19 @@ async fn a_run_interrupted_by_a_restart_is_resumed_with_the_builders_defaults() 
         before.status.phase
     );
     let begun = first.steps(PROJECT, "resumed").await.expect("its steps");
-    assert_eq!(begun.len(), 1, "the sandbox's creation was begun: {begun:?}");
+    assert_eq!(
+        begun.len(),
+        1,
+        "the sandbox's creation was begun: {begun:?}"
+    );
     drop(first);
 
     // The next process: the same file, a sandbox that works, the defaults again.
     let sandbox = Arc::new(RecordingSandbox::new());
     let next = engine(
-        SqliteStore::open(&file).await.expect("open the store again"),
+        SqliteStore::open(&file)
+            .await
+            .expect("open the store again"),
         sandbox.clone(),
     );
     let runner = Runner::start(next.clone(), RunnerConfig::default());
@@ -114,7 +123,9 @@ async fn a_run_interrupted_by_a_restart_is_resumed_with_the_builders_defaults() 
         Ok(finished) => finished.expect("the run"),
         Err(_) => panic!(
             "the run was not resumed after the restart: {:?}",
-            next.get_run(PROJECT, "resumed").await.map(|r| r.status.phase)
+            next.get_run(PROJECT, "resumed")
+                .await
+                .map(|r| r.status.phase)
         ),
     };
     runner.shutdown().await;

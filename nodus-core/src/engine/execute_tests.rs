@@ -731,10 +731,7 @@ async fn the_runner_resumes_an_unfinished_run_once_without_repeating_its_command
     sandbox.expect_exec_live().times(0);
     let engine = engine(store, sandbox, model_answering_once());
 
-    let runner = crate::runner::Runner::start(
-        engine,
-        crate::runner::RunnerConfig::default(),
-    );
+    let runner = crate::runner::Runner::start(engine, crate::runner::RunnerConfig::default());
     // The runner works on this thread between the test's yields (a mock that panics in
     // one of its tasks leaves the run unfinished: the test then fails here, not hangs).
     let mut finished = false;
