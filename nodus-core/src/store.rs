@@ -470,10 +470,12 @@ pub trait Store: Send + Sync {
         let members = self
             .list_sparse(project, Kind::AgentRun, &selector, &["status.phase"])
             .await?;
-        Ok(count_phases(members.iter().filter_map(|record| {
-            (record.document["spec"]["group"].as_str() == Some(group))
-                .then(|| record.document["status"]["phase"].as_str())
-        })))
+        Ok(count_phases(
+            members
+                .iter()
+                .filter(|record| record.document["spec"]["group"].as_str() == Some(group))
+                .map(|record| record.document["status"]["phase"].as_str()),
+        ))
     }
 
     /// Replace a document if it is still at `expected_version`.
