@@ -2,8 +2,9 @@
 //!
 //! [`reconcile`] is a pure function from a group and its members to what should happen
 //! next (which queued runs start, which are cancelled, why the others wait) and the group's
-//! status. [`admit`] decides whether a new run may join a group; [`check_update`] whether
-//! a change to a live group's spec is allowed.
+//! status. [`admit`] decides whether a new run may join a group (from its members, or from
+//! what [`Membership`] knows of them: [`admit_to`]); [`check_update`] whether a change to a
+//! live group's spec is allowed.
 //!
 //! The concurrency rule: `maxActive` bounds the runs going at the same time, `Running` ones.
 //! A run that waits (for a message, for funds, at its cap) or is parked in `NeedsResolution`
@@ -343,11 +344,70 @@ pub enum AdmissionRefused {
     },
 }
 
-/// Whether a run of `agent` with `task_key` and `depends_on` may join the group.
+/// What admission needs to know of a group's members, and nothing more: whether a task key
+/// is taken, and how many members have not finished. [`admit`] answers it from the members
+/// themselves; the engine from the store's index (one read of a run by its name, a count of
+/// the group's runs by phase), so that adding a member costs the same in a group of ten
+/// thousand as in a group of ten.
+pub trait Membership {
+    /// Whether a member of the group has `task_key`.
+    fn has_task(&self, task_key: &str) -> bool;
+    /// How many members have not finished.
+    fn unfinished(&self) -> usize;
+}
+
+/// The members of a group, indexed for [`Membership`].
+struct MemberIndex<'a> {
+    keys: std::collections::HashSet<&'a str>,
+    unfinished: usize,
+}
+
+impl<'a> MemberIndex<'a> {
+    fn of(members: &'a [Member]) -> Self {
+        MemberIndex {
+            keys: members.iter().map(|m| m.task_key.as_str()).collect(),
+            unfinished: members.iter().filter(|m| !m.phase.is_finished()).count(),
+        }
+    }
+}
+
+impl Membership for MemberIndex<'_> {
+    fn has_task(&self, task_key: &str) -> bool {
+        self.keys.contains(task_key)
+    }
+    fn unfinished(&self) -> usize {
+        self.unfinished
+    }
+}
+
+/// Whether a run of `agent` with `task_key` and `depends_on` may join the group of
+/// `members` ([`admit_to`] over them).
 pub fn admit(
     spec: &AgentGroupSpec,
     phase: Option<GroupPhase>,
     members: &[Member],
+    agent: &str,
+    task_key: &str,
+    depends_on: &[String],
+) -> Result<(), AdmissionRefused> {
+    admit_to(
+        spec,
+        phase,
+        &MemberIndex::of(members),
+        agent,
+        task_key,
+        depends_on,
+    )
+}
+
+/// Whether a run of `agent` with `task_key` and `depends_on` may join a group whose members
+/// `members` describes: the group takes runs, the agent is the group's, the task key is new,
+/// every dependency is a member, and fewer than `maxPending` members are unfinished (checked
+/// in that order: the first refusal is the answer).
+pub fn admit_to(
+    spec: &AgentGroupSpec,
+    phase: Option<GroupPhase>,
+    members: &dyn Membership,
     agent: &str,
     task_key: &str,
     depends_on: &[String],
@@ -361,16 +421,13 @@ pub fn admit(
             group: spec.agent.clone(),
         });
     }
-    let keys: std::collections::HashSet<&str> =
-        members.iter().map(|m| m.task_key.as_str()).collect();
-    if keys.contains(task_key) {
+    if members.has_task(task_key) {
         return Err(AdmissionRefused::DuplicateTaskKey(task_key.to_string()));
     }
-    if let Some(missing) = depends_on.iter().find(|key| !keys.contains(key.as_str())) {
+    if let Some(missing) = depends_on.iter().find(|key| !members.has_task(key)) {
         return Err(AdmissionRefused::UnknownDependency(missing.clone()));
     }
-    let unfinished = members.iter().filter(|m| !m.phase.is_finished()).count();
-    if unfinished >= usize::try_from(spec.limits.max_pending).unwrap_or(usize::MAX) {
+    if members.unfinished() >= usize::try_from(spec.limits.max_pending).unwrap_or(usize::MAX) {
         return Err(AdmissionRefused::TooManyPending {
             max_pending: spec.limits.max_pending,
         });

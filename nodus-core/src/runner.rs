@@ -10,7 +10,8 @@
 //! each would be a peak of memory the allocator keeps). A waiting or parked run, and a run
 //! still queued in its group, is queued again at its deadline; a change of a project's credits
 //! or budget wakes the runs this runner left waiting for funds. At start every unfinished run
-//! and every group is queued, which is how runs resume after a restart. With
+//! and every group of every project the store holds is queued, which is how runs resume after
+//! a restart. With
 //! [`RunnerConfig::retention`] it also sweeps the payloads of old runs.
 //!
 //! Every time it reads or waits for is the engine's [`Clock`]: with a manual clock, a deadline
@@ -52,9 +53,6 @@ pub struct RunnerConfig {
     pub retention: Option<Duration>,
     /// How often the retention sweep runs.
     pub sweep_every: Duration,
-    /// Projects whose runs and groups are resumed at start besides those with a credit account
-    /// (an embedder on [`Unmetered`](crate::ledger::Unmetered) names its projects here).
-    pub projects: Vec<String>,
 }
 
 impl Default for RunnerConfig {
@@ -65,7 +63,6 @@ impl Default for RunnerConfig {
             retry_after: Duration::from_secs(2),
             retention: None,
             sweep_every: Duration::from_secs(3600),
-            projects: Vec::new(),
         }
     }
 }
@@ -417,9 +414,9 @@ impl Runner {
         queue.working.insert(worker.id(), worker_key);
     }
 
-    /// Every unfinished run and every group of every project.
+    /// Every unfinished run and every group of every project the store holds.
     async fn everything(&self) -> Vec<ObjectKey> {
-        let projects = projects(self.store.as_ref(), &self.config.projects).await;
+        let projects = projects(self.store.as_ref()).await;
         let mut keys = Vec::new();
         for name in projects {
             keys.extend(self.runs_of(&name).await);
@@ -582,19 +579,21 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
     }
 }
 
-/// The projects a runner looks after: those with a credit account, and `extra`.
-async fn projects(store: &dyn Store, extra: &[String]) -> Vec<String> {
-    let mut projects: Vec<String> = match crate::ledger::projects(store).await {
-        Ok(projects) => projects,
+/// The projects a runner looks after: every project the store holds a document of (as the
+/// retention sweep reads them), whether or not it has a credit account: an embedder's
+/// projects on [`Unmetered`](crate::ledger::Unmetered) have none. Accounts live in
+/// [`SYSTEM_PROJECT`], which holds no runs.
+async fn projects(store: &dyn Store) -> Vec<String> {
+    match store.projects().await {
+        Ok(projects) => projects
+            .into_iter()
+            .filter(|project| project != SYSTEM_PROJECT)
+            .collect(),
         Err(error) => {
             tracing::error!(error = %error, "cannot list projects");
             Vec::new()
         }
-    };
-    projects.extend(extra.iter().cloned());
-    projects.sort_unstable();
-    projects.dedup();
-    projects
+    }
 }
 
 /// The retention sweep ([`retention::sweep`]): at start and then every `every`, remove the

@@ -39,6 +39,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     create_get_list_update_delete(make()).await;
     list_selectors(make()).await;
     list_pages(make()).await;
+    group_phases(make()).await;
     optimistic_concurrency(make()).await;
     concurrent_writers(make()).await;
     atomic_edits(make()).await;
@@ -176,6 +177,121 @@ pub async fn create_get_list_update_delete<S: Store + Clone + 'static>(store: S)
     assert_eq!(
         again.version, 1,
         "a re-created document starts at version 1"
+    );
+}
+
+/// `group_phases` counts a group's runs by phase, and follows every write that changes a
+/// run's group or phase: create, batch, update, atomic edit, delete. Runs of other groups, of
+/// no group, of other projects and other kinds are not counted.
+pub async fn group_phases<S: Store + Clone + 'static>(store: S) {
+    let project = unique("phases");
+    let run = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
+    let counts = |store: S, project: String| async move {
+        store
+            .group_phases(&project, "g1")
+            .await
+            .expect("group phases")
+    };
+    let counted = |pairs: &[(Option<&str>, u64)]| -> Vec<(Option<String>, u64)> {
+        pairs
+            .iter()
+            .map(|(phase, n)| (phase.map(str::to_string), *n))
+            .collect()
+    };
+    assert_eq!(counts(store.clone(), project.clone()).await, counted(&[]));
+    for (name, group, phase) in [
+        ("a", Some("g1"), "Running"),
+        ("b", Some("g1"), "Running"),
+        ("c", Some("g1"), "Succeeded"),
+        ("x", Some("g2"), "Running"),
+        ("y", None, "Running"),
+    ] {
+        store
+            .create(
+                &run(name),
+                shaped_run(name, &unique("uid"), &[], group, phase),
+            )
+            .await
+            .expect("create a run");
+    }
+    // A run with no phase yet, and one written in a batch.
+    let mut fresh = shaped_run("d", &unique("uid"), &[], Some("g1"), "Pending");
+    fresh["status"] = json!({});
+    store.create(&run("d"), fresh).await.expect("create a run");
+    store
+        .create_batch(
+            vec![(
+                run("e"),
+                shaped_run("e", &unique("uid"), &[], Some("g1"), "Pending"),
+            )],
+            None,
+        )
+        .await
+        .expect("a batch");
+    // Decoys: another kind naming the group, the group's name in another project.
+    let mut agent = agent_document("decoy");
+    agent["spec"]["group"] = json!("g1");
+    store
+        .create(&ObjectKey::new(&project, Kind::Agent, "decoy"), agent)
+        .await
+        .expect("an agent");
+    let other = unique("phases");
+    store
+        .create(
+            &ObjectKey::new(&other, Kind::AgentRun, "a"),
+            shaped_run("a", &unique("uid"), &[], Some("g1"), "Running"),
+        )
+        .await
+        .expect("a run in another project");
+    assert_eq!(
+        counts(store.clone(), project.clone()).await,
+        counted(&[
+            (None, 1),
+            (Some("Pending"), 1),
+            (Some("Running"), 2),
+            (Some("Succeeded"), 1)
+        ])
+    );
+
+    // An update, an atomic edit and a delete move the counts.
+    let b = store.get(&run("b")).await.expect("b");
+    let mut failed = b.document.clone();
+    failed["status"]["phase"] = json!("Failed");
+    store
+        .update(&run("b"), b.version, failed)
+        .await
+        .expect("update b");
+    store
+        .modify(
+            &run("a"),
+            Box::new(|document| {
+                let mut document = document.clone();
+                document["status"]["phase"] = json!("Succeeded");
+                Some(document)
+            }),
+        )
+        .await
+        .expect("edit a");
+    store.delete(&run("d")).await.expect("delete d");
+    // A run that leaves the group.
+    let x = store.get(&run("e")).await.expect("e");
+    let mut moved = x.document.clone();
+    moved["spec"]["group"] = json!("g2");
+    store
+        .update(&run("e"), x.version, moved)
+        .await
+        .expect("move e");
+    assert_eq!(
+        counts(store.clone(), project.clone()).await,
+        counted(&[(Some("Failed"), 1), (Some("Succeeded"), 2)])
+    );
+    assert_eq!(
+        store.group_phases(&project, "g2").await.expect("g2"),
+        counted(&[(Some("Pending"), 1), (Some("Running"), 1)])
+    );
+    assert_eq!(
+        store.group_phases(&project, "none").await.expect("none"),
+        counted(&[])
     );
 }
 

@@ -64,6 +64,11 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn group_phases() {
+        conformance::group_phases(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
     async fn optimistic_concurrency() {
         conformance::optimistic_concurrency(MemoryStore::new()).await;
     }

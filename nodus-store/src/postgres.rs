@@ -117,6 +117,14 @@ impl Store for PostgresStore {
         documents::projects(self).await
     }
 
+    async fn group_phases(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<(Option<String>, u64)>, Error> {
+        documents::group_phases(self, project, group).await
+    }
+
     async fn update(
         &self,
         key: &ObjectKey,

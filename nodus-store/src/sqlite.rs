@@ -120,6 +120,14 @@ impl Store for SqliteStore {
         documents::projects(self).await
     }
 
+    async fn group_phases(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<(Option<String>, u64)>, Error> {
+        documents::group_phases(self, project, group).await
+    }
+
     async fn update(
         &self,
         key: &ObjectKey,

@@ -106,11 +106,8 @@ async fn a_platform_run_is_billed_once_per_reply_received() {
         .expect("run");
     let runner = Runner::start(
         engine.clone(),
-        RunnerConfig {
-            // The run was created before the runner started: it resumes it from here.
-            projects: vec![PROJECT.to_string()],
-            ..RunnerConfig::default()
-        },
+        // The run was created before the runner started: it resumes it from here.
+        RunnerConfig::default(),
     );
     let finished = runner.settled(PROJECT, "py").await.expect("run");
     runner.shutdown().await;
@@ -171,11 +168,8 @@ async fn a_byok_run_uses_the_users_key_costs_nothing_and_parks_when_cut_off() {
         .expect("run");
     let runner = Runner::start(
         engine.clone(),
-        RunnerConfig {
-            // The run was created before the runner started: it resumes it from here.
-            projects: vec![PROJECT.to_string()],
-            ..RunnerConfig::default()
-        },
+        // The run was created before the runner started: it resumes it from here.
+        RunnerConfig::default(),
     );
     let finished = runner.settled(PROJECT, "hi").await.expect("run");
     assert_eq!(finished.status.phase, Some(RunPhase::Succeeded));

@@ -564,13 +564,7 @@ async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
     let kept = engine.get_run(PROJECT, "chat").await.expect("still there");
     assert!(kept.status.cancel_requested.is_some());
     // The runner carries the cancellation out; then the run can go.
-    let runner = Runner::start(
-        engine.clone(),
-        RunnerConfig {
-            projects: vec![PROJECT.to_string()],
-            ..RunnerConfig::default()
-        },
-    );
+    let runner = Runner::start(engine.clone(), RunnerConfig::default());
     let ended = match tokio::time::timeout(SOON, runner.settled(PROJECT, "chat")).await {
         Ok(ended) => ended.expect("cancelled"),
         Err(_) => panic!(

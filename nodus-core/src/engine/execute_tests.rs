@@ -62,6 +62,7 @@ trait StoreCalls: Send + Sync {
     ) -> Result<(), Error>;
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error>;
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error>;
+    async fn projects(&self) -> Result<Vec<String>, Error>;
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change>;
     fn unexpected(&self, call: &'static str);
 }
@@ -105,8 +106,7 @@ impl Store for MockedStore {
         Err(Error::Unavailable("list_page".to_string()))
     }
     async fn projects(&self) -> Result<Vec<String>, Error> {
-        self.0.unexpected("projects");
-        Err(Error::Unavailable("projects".to_string()))
+        self.0.projects().await
     }
     async fn update(
         &self,
@@ -332,8 +332,8 @@ fn store(
     (MockedStore(store), held)
 }
 
-/// The store of [`store`], which also lists the run as the one unfinished run of project
-/// `p` (and no project with credits, no group), for a runner starting over it.
+/// The store of [`store`], which also names project `p` as the one project it holds and
+/// lists the run as its one unfinished run (and no group), for a runner starting over it.
 fn listing_store(
     agent: AgentSpec,
     journal: Vec<Step>,
@@ -341,13 +341,11 @@ fn listing_store(
     completions: usize,
 ) -> (MockedStore, Arc<Mutex<Held>>) {
     let (MockedStore(mut store), held) = store(agent, journal, appends, completions);
+    // The project holds no account (an embedder's, unmetered): the runner still resumes it.
     store
-        .expect_list()
-        .withf(|project, kind, _| {
-            project == crate::ledger::SYSTEM_PROJECT && *kind == Kind::Account
-        })
+        .expect_projects()
         .times(1)
-        .returning(|_, _, _| Ok(Vec::new()));
+        .returning(|| Ok(vec![PROJECT.to_string()]));
     let listed = held.clone();
     store
         .expect_list()
@@ -734,13 +732,7 @@ async fn the_runner_resumes_an_unfinished_run_once_without_repeating_its_command
     sandbox.expect_exec_live().times(0);
     let engine = engine(store, sandbox, model_answering_once());
 
-    let runner = crate::runner::Runner::start(
-        engine,
-        crate::runner::RunnerConfig {
-            projects: vec![PROJECT.to_string()],
-            ..crate::runner::RunnerConfig::default()
-        },
-    );
+    let runner = crate::runner::Runner::start(engine, crate::runner::RunnerConfig::default());
     // The runner works on this thread between the test's yields (a mock that panics in
     // one of its tasks leaves the run unfinished: the test then fails here, not hangs).
     let mut finished = false;

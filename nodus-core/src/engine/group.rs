@@ -21,7 +21,8 @@ impl Engine {
     }
 
     /// The runs of a group, each with its view for the controller. Only the paths the view
-    /// needs are read ([`MEMBER_PATHS`]): admission and every reconcile read every member.
+    /// needs are read ([`MEMBER_PATHS`]): every reconcile reads every member (admission reads
+    /// none: [`Engine::admit_to_group`]).
     async fn members(&self, project: &str, group: &str) -> Result<Vec<(Record, Member)>> {
         let selector = Selector {
             fields: [("spec.group".to_string(), group.to_string())].into(),
@@ -68,9 +69,14 @@ impl Engine {
             .collect())
     }
 
-    /// Whether `run` may join `group`. `admissions` holds what earlier runs of the same
-    /// batch learned of their groups (members included, the batch's own runs too), so a batch
-    /// reads each group once.
+    /// Whether `run` may join `group`, read without listing the group: the run's own task key
+    /// and each of its dependencies looked up by name ([`Engine::is_member`]), and the group's
+    /// unfinished members counted by the store's index ([`Store::group_phases`]), so adding a
+    /// member costs the same at ten thousand members as at ten. `admissions` holds what
+    /// earlier runs of the same batch learned of their groups (their own runs as members), so
+    /// a batch reads each group and counts its members once.
+    ///
+    /// [`Store::group_phases`]: crate::store::Store::group_phases
     pub(super) async fn admit_to_group(
         &self,
         project: &str,
@@ -88,37 +94,83 @@ impl Engine {
                 .into(),
                 other => other,
             })?;
-            let members = self
-                .members(project, group)
-                .await?
-                .into_iter()
-                .map(|(_, member)| member)
-                .collect();
+            let unfinished = self.unfinished_members(project, group).await?;
             admissions.insert(
                 group.to_string(),
                 Admission {
                     // An evaluation group's batch is fixed: it takes no run.
                     spec: super::evaluation::controlled(&read.object.spec).into_owned(),
                     phase: read.object.status.phase,
-                    members,
+                    unfinished,
+                    tasks: std::collections::HashMap::new(),
                 },
             );
         }
         let Some(admission) = admissions.get_mut(group) else {
             return Ok(());
         };
-        group::admit(
+        let task_key = run.spec.task_key.as_deref().unwrap_or_default();
+        // The keys admission asks about that this batch has not looked up yet.
+        let mut asked: Vec<&str> = std::iter::once(task_key)
+            .chain(run.spec.depends_on.iter().map(String::as_str))
+            .filter(|key| !admission.tasks.contains_key(*key))
+            .collect();
+        asked.sort_unstable();
+        asked.dedup();
+        let found = join_all(asked.iter().map(|key| self.is_member(project, group, key))).await;
+        for (key, member) in asked.into_iter().zip(found) {
+            admission.tasks.insert(key.to_string(), member?);
+        }
+        group::admit_to(
             &admission.spec,
             admission.phase,
-            &admission.members,
+            &*admission,
             run.spec.agent.name().unwrap_or_default(),
-            run.spec.task_key.as_deref().unwrap_or_default(),
+            task_key,
             &run.spec.depends_on,
         )?;
-        let mut admitted = member(run);
-        admitted.phase = RunPhase::Pending(PendingReason::Queued);
-        admission.members.push(admitted);
+        admission.tasks.insert(task_key.to_string(), true);
+        admission.unfinished += 1;
         Ok(())
+    }
+
+    /// Whether `group` has a member with `task_key`. Every task of a group is named
+    /// `<group>-<taskKey>` ([`validate::task_run_name`](crate::validate::task_run_name); a
+    /// name that differs is refused), so it is one read by name; the run found is a member
+    /// when it names this group and this key (another group's task can have that name).
+    async fn is_member(&self, project: &str, group: &str, task_key: &str) -> Result<bool> {
+        let key = ObjectKey::new(
+            project,
+            Kind::AgentRun,
+            crate::validate::task_run_name(group, task_key),
+        );
+        match self.deps.store.get(&key).await {
+            Ok(record) => {
+                let spec = &record.document["spec"];
+                Ok(spec["group"].as_str() == Some(group)
+                    && spec["taskKey"].as_str() == Some(task_key))
+            }
+            Err(crate::store::Error::NotFound(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// How many runs of `group` have not finished, counted by phase in the store's index of
+    /// the group's runs. A run with no phase has not started (it is queued); a phase this
+    /// engine does not know counts as unfinished (the run's drive reports what is wrong).
+    async fn unfinished_members(&self, project: &str, group: &str) -> Result<usize> {
+        let phases = self.deps.store.group_phases(project, group).await?;
+        let finished = |name: &str| {
+            RunPhase::all()
+                .into_iter()
+                .any(|phase| phase.name() == name && phase.is_finished())
+        };
+        let unfinished: u64 = phases
+            .iter()
+            .filter(|(phase, _)| !phase.as_deref().is_some_and(finished))
+            .map(|(_, count)| *count)
+            .sum();
+        Ok(usize::try_from(unfinished).unwrap_or(usize::MAX))
     }
 
     /// Reconcile a group: start the queued runs that may start, cancel those whose
@@ -289,11 +341,23 @@ impl Engine {
     }
 }
 
-/// What a batch learned of one group: its spec and phase, and its members so far.
+/// What a batch learned of one group: its spec and phase, how many of its members have not
+/// finished, and whether each task key it looked up is a member (the batch's own runs are).
 pub(super) struct Admission {
     spec: AgentGroupSpec,
     phase: Option<GroupPhase>,
-    members: Vec<Member>,
+    unfinished: usize,
+    tasks: std::collections::HashMap<String, bool>,
+}
+
+impl group::Membership for Admission {
+    /// Only keys looked up first ([`Engine::admit_to_group`] does) are known.
+    fn has_task(&self, task_key: &str) -> bool {
+        self.tasks.get(task_key).copied().unwrap_or(false)
+    }
+    fn unfinished(&self) -> usize {
+        self.unfinished
+    }
 }
 
 /// Admissions by group name.
@@ -431,24 +495,4 @@ fn member_of(document: &serde_json::Value) -> std::result::Result<Member, String
         spent: read.status.cost.total_usd,
         phase,
     })
-}
-
-/// A run as the group controller sees it.
-fn member(run: &AgentRun) -> Member {
-    let cap = match &run.status.snapshot {
-        Some(snapshot) if snapshot.agent.model.access == crate::resource::Access::Nodus => {
-            snapshot.agent.per_run_max_cost_usd
-        }
-        _ => Usd::ZERO,
-    };
-    Member {
-        task_key: run.spec.task_key.clone().unwrap_or_default(),
-        depends_on: run.spec.depends_on.clone(),
-        cap,
-        spent: run.status.cost.total_usd,
-        phase: run
-            .status
-            .phase
-            .unwrap_or(RunPhase::Pending(PendingReason::Queued)),
-    }
 }

@@ -370,6 +370,25 @@ impl Store for MemoryStore {
         Ok(projects)
     }
 
+    async fn group_phases(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<(Option<String>, u64)>, Error> {
+        // One pass over the project's runs, copying nothing.
+        let state = self.lock();
+        let Some(collection) = state.collection(project, Kind::AgentRun) else {
+            return Ok(Vec::new());
+        };
+        Ok(crate::store::count_phases(
+            collection
+                .by_order
+                .values()
+                .filter(|entry| entry.document["spec"]["group"].as_str() == Some(group))
+                .map(|entry| entry.document["status"]["phase"].as_str()),
+        ))
+    }
+
     async fn update(
         &self,
         key: &ObjectKey,

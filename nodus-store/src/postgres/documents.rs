@@ -397,6 +397,30 @@ pub(super) async fn projects(store: &PostgresStore) -> Result<Vec<String>, Error
         .map_err(map_err)
 }
 
+/// [`Store::group_phases`](nodus_core::Store::group_phases): counted on the index of
+/// `(project, kind, group_name, phase)` alone, no document read.
+pub(super) async fn group_phases(
+    store: &PostgresStore,
+    project: &str,
+    group: &str,
+) -> Result<Vec<(Option<String>, u64)>, Error> {
+    let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT phase, COUNT(*) FROM resources WHERE project = $1 AND kind = $2 AND group_name = $3 GROUP BY phase",
+    )
+    .bind(project)
+    .bind(Kind::AgentRun.plural())
+    .bind(group)
+    .fetch_all(&store.inner.pool)
+    .await
+    .map_err(map_err)?;
+    let mut counts = rows
+        .into_iter()
+        .map(|(phase, count)| (phase, u64::try_from(count).unwrap_or_default()))
+        .collect::<Vec<_>>();
+    counts.sort_unstable();
+    Ok(counts)
+}
+
 pub(super) async fn update(
     store: &PostgresStore,
     key: &ObjectKey,

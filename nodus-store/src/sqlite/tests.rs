@@ -35,6 +35,7 @@ cases!(
     create_get_list_update_delete,
     list_selectors,
     list_pages,
+    group_phases,
     optimistic_concurrency,
     concurrent_writers,
     atomic_edits,

@@ -450,13 +450,12 @@ impl World {
     }
 
     /// The runner of `engine`, as a server or an embedder starts it: groups reconcile at
-    /// once (no settling pause), and the test project's runs resume at start.
+    /// once (no settling pause).
     pub fn runner(&self, engine: &Engine) -> RunnerHandle {
         Runner::start(
             engine.clone(),
             RunnerConfig {
                 group_settle: std::time::Duration::ZERO,
-                projects: vec![PROJECT.to_string()],
                 ..RunnerConfig::default()
             },
         )
