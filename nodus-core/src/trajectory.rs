@@ -125,7 +125,7 @@ pub struct StepExtra {
     /// The inbox message a prompt was read from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message_seq: Option<u64>,
-    /// Why the model stopped (`EndTurn`, `ToolUse`…).
+    /// Why the model stopped (`end_turn`, `tool_use`…).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
 }
@@ -547,5 +547,392 @@ fn stop_reason(reason: &crate::model::StopReason) -> String {
     match serde_json::to_value(reason) {
         Ok(serde_json::Value::String(name)) => name,
         _ => format!("{reason:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::journal::Completion;
+    use crate::model::{ContentBlock, ModelResponse, StopReason};
+    use crate::output::Output;
+    use crate::resource::ChosenBy;
+    use crate::sandbox::ExecOutput;
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(1_780_000_000 + second).expect("a time")
+    }
+
+    fn step(seq: u32, intent: Intent, outcome: Outcome) -> Step {
+        Step {
+            seq,
+            started_at: at(i64::from(seq) * 2),
+            intent,
+            completion: Some(Completion {
+                finished_at: at(i64::from(seq) * 2 + 1),
+                outcome,
+            }),
+        }
+    }
+
+    fn usd(text: &str) -> Usd {
+        text.parse().expect("an amount")
+    }
+
+    fn usage(input: u64, output: u64, write: u64, read: u64) -> Usage {
+        Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cache_write_tokens: write,
+            cache_read_tokens: read,
+        }
+    }
+
+    fn shell(id: &str, command: &str) -> ContentBlock {
+        ContentBlock::ToolUse {
+            id: id.to_string(),
+            name: "shell".to_string(),
+            input: json!({ "command": command }),
+        }
+    }
+
+    fn text(text: &str) -> ContentBlock {
+        ContentBlock::Text {
+            text: text.to_string(),
+        }
+    }
+
+    fn call(seq: u32, turn: u32, content: Vec<ContentBlock>, used: Usage, cost: &str) -> Step {
+        let stop_reason = if content
+            .iter()
+            .any(|b| matches!(b, ContentBlock::ToolUse { .. }))
+        {
+            StopReason::ToolUse
+        } else {
+            StopReason::EndTurn
+        };
+        step(
+            seq,
+            Intent::CallModel {
+                turn,
+                model: "claude-x".to_string(),
+                reserved_usd: usd("0.10"),
+                tools: true,
+            },
+            Outcome::ModelReplied {
+                response: ModelResponse {
+                    model: "claude-x".to_string(),
+                    content,
+                    stop_reason,
+                    usage: used,
+                    request_id: None,
+                },
+                cost_usd: usd(cost),
+            },
+        )
+    }
+
+    fn command(seq: u32, turn: u32, id: &str, line: &str, exit: i32, stdout: &str) -> Step {
+        step(
+            seq,
+            Intent::Command {
+                turn,
+                tool_use_id: id.to_string(),
+                command: line.to_string(),
+            },
+            Outcome::CommandFinished {
+                output: ExecOutput {
+                    exit_code: Some(exit),
+                    stdout: Output::complete(stdout.as_bytes().to_vec()),
+                    stderr: Output::complete(Vec::new()),
+                    timed_out: false,
+                    stopped: None,
+                },
+            },
+        )
+    }
+
+    fn route(seq: u32, turn: u32, cost: &str, used: Option<Usage>) -> Step {
+        step(
+            seq,
+            Intent::Route { turn },
+            Outcome::Routed {
+                family: None,
+                model: "claude-x".to_string(),
+                chosen_by: ChosenBy::Jev,
+                cost_usd: usd(cost),
+                usage: used,
+                fallback_reason: None,
+            },
+        )
+    }
+
+    fn run(max_tool_calls: u32) -> AgentRun {
+        serde_json::from_value(json!({
+            "apiVersion": "nodus.dev/v1",
+            "kind": "AgentRun",
+            "metadata": {"name": "chat", "project": "default", "uid": "uid-1"},
+            "spec": {"agent": "worker", "input": "List the files", "keepAlive": true},
+            "status": {
+                "startTime": "2026-05-28T20:26:40Z",
+                "snapshot": {
+                    "agentRef": "default/worker",
+                    "agentRevision": "7",
+                    "agent": {"system": "Be brief.", "maxToolCalls": max_tool_calls},
+                },
+            },
+        }))
+        .expect("a run")
+    }
+
+    /// A keepAlive run of two turns: routing that was free and routing that called a model,
+    /// a reply with a shell call and a call of a tool that does not exist, a failed call and
+    /// a command that exits 1.
+    fn journal() -> Vec<Step> {
+        vec![
+            route(0, 0, "0", None),
+            call(
+                1,
+                0,
+                vec![
+                    text("Looking."),
+                    shell("t1", "ls"),
+                    ContentBlock::ToolUse {
+                        id: "t2".to_string(),
+                        name: "browser".to_string(),
+                        input: json!({}),
+                    },
+                ],
+                usage(10, 5, 2, 3),
+                "0.000123",
+            ),
+            command(2, 0, "t1", "ls", 0, "a.txt\n"),
+            call(3, 0, vec![text("One file.")], usage(20, 4, 0, 15), "0.0001"),
+            step(4, Intent::Answer { turn: 0 }, Outcome::Answered),
+            step(
+                5,
+                Intent::ReadMessage {
+                    turn: 1,
+                    message_seq: 1,
+                },
+                Outcome::MessageRead,
+            ),
+            route(6, 1, "0.000002", Some(usage(1, 1, 0, 0))),
+            step(
+                7,
+                Intent::CallModel {
+                    turn: 1,
+                    model: "claude-x".to_string(),
+                    reserved_usd: usd("0.10"),
+                    tools: true,
+                },
+                Outcome::Failed {
+                    error: "overloaded".to_string(),
+                    by_resolution: false,
+                },
+            ),
+            call(8, 1, vec![shell("t3", "false")], usage(30, 2, 0, 0), "0.00003"),
+            command(9, 1, "t3", "false", 1, ""),
+            call(10, 1, vec![text("It failed.")], usage(40, 3, 0, 0), "0.00004"),
+        ]
+    }
+
+    fn inbox() -> Vec<InboxMessage> {
+        vec![InboxMessage {
+            seq: 1,
+            key: None,
+            payload: "Now run false".to_string(),
+            received_at: at(9),
+        }]
+    }
+
+    fn built(run: &AgentRun, journal: &[Step]) -> Value {
+        serde_json::to_value(trajectory("default", run, journal, &inbox()).expect("a snapshot"))
+            .expect("encodes")
+    }
+
+    /// (source, extra.kind, extra.journal_seq, message) of each step.
+    fn outline(trajectory: &Value) -> Vec<(String, String, Value, String)> {
+        trajectory["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| {
+                (
+                    s["source"].as_str().expect("source").to_string(),
+                    s["extra"]["kind"].as_str().expect("kind").to_string(),
+                    s["extra"]["journal_seq"].clone(),
+                    s["message"].as_str().expect("message").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_prompt_model_call_and_command_is_a_step_in_journal_order() {
+        let t = built(&run(50), &journal());
+        assert_eq!(t["schema_version"], "ATIF-v1.8");
+        assert_eq!(t["session_id"], "uid-1");
+        assert_eq!(t["agent"]["name"], "default/worker");
+        assert_eq!(t["agent"]["version"], "7");
+        assert_eq!(t["agent"]["model_name"], "claude-x");
+        assert_eq!(t["agent"]["tool_definitions"][0]["function"]["name"], "shell");
+        let expected: Vec<(&str, &str, Value, &str)> = vec![
+            ("system", "system_prompt", Value::Null, "Be brief."),
+            ("user", "input", Value::Null, "List the files"),
+            ("agent", "model_call", json!(1), "Looking."),
+            ("agent", "model_call", json!(3), "One file."),
+            ("user", "message", json!(5), "Now run false"),
+            ("agent", "routing", json!(6), "routed turn 1 to claude-x (chosen by jev)"),
+            ("system", "model_call_failed", json!(7), "the call to claude-x failed: overloaded"),
+            ("agent", "model_call", json!(8), ""),
+            ("agent", "model_call", json!(10), "It failed."),
+        ];
+        let expected: Vec<(String, String, Value, String)> = expected
+            .into_iter()
+            .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c, d.to_string()))
+            .collect();
+        assert_eq!(outline(&t), expected);
+        let ids: Vec<Value> = t["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| s["step_id"].clone())
+            .collect();
+        assert_eq!(ids, (1..=9).map(|n| json!(n)).collect::<Vec<_>>());
+
+        // The first reply: its tool calls, and what the model was shown of each.
+        let first = &t["steps"][2];
+        assert_eq!(
+            first["tool_calls"],
+            json!([
+                {"tool_call_id": "t1", "function_name": "shell", "arguments": {"command": "ls"}},
+                {"tool_call_id": "t2", "function_name": "browser", "arguments": {}},
+            ])
+        );
+        assert_eq!(
+            first["observation"]["results"][0],
+            json!({
+                "source_call_id": "t1",
+                "content": "exit code 0\nstdout:\na.txt\n",
+                "extra": {"journal_seq": 2, "command": "ls", "exit_code": 0, "ran": true, "is_error": false},
+            })
+        );
+        assert_eq!(first["observation"]["results"][1]["source_call_id"], "t2");
+        assert_eq!(
+            first["observation"]["results"][1]["content"],
+            replay::not_a_shell_call()
+        );
+        assert_eq!(
+            first["metrics"],
+            json!({
+                "prompt_tokens": 15,
+                "completion_tokens": 5,
+                "cached_tokens": 3,
+                "cost_usd": 0.000123,
+                "extra": {"input_tokens": 10, "cache_write_tokens": 2, "cost_usd_exact": "0.000123"},
+            })
+        );
+        assert_eq!(first["model_name"], "claude-x");
+        assert_eq!(first["llm_call_count"], 1);
+        assert_eq!(first["extra"]["stop_reason"], "tool_use");
+        assert_eq!(first["timestamp"], "2026-05-28T20:26:43Z");
+        let failed = &t["steps"][7]["observation"]["results"][0];
+        assert_eq!(failed["content"], "exit code 1");
+        assert_eq!(failed["extra"]["exit_code"], 1);
+        // Steps that are not the agent's carry no agent-only fields.
+        for s in t["steps"].as_array().expect("steps") {
+            if s["source"] != "agent" {
+                for field in ["model_name", "tool_calls", "metrics", "llm_call_count"] {
+                    assert!(s.get(field).is_none(), "{s}");
+                }
+            }
+        }
+
+        // The totals: every model and routing call, summed exactly.
+        assert_eq!(
+            t["final_metrics"],
+            json!({
+                "total_prompt_tokens": 15 + 35 + 1 + 30 + 40,
+                "total_completion_tokens": 5 + 4 + 1 + 2 + 3,
+                "total_cached_tokens": 3 + 15,
+                "total_cost_usd": 0.000295,
+                "total_steps": 9,
+                "extra": {"input_tokens": 10 + 20 + 1 + 30 + 40, "cache_write_tokens": 2, "cost_usd_exact": "0.000295"},
+            })
+        );
+        // The same spend and tokens as the run's status reads from its journal.
+        let replay = crate::replay::Replay::of(&journal());
+        assert_eq!(replay.spent, usd("0.000295"));
+        let (prompt, output) = replay.turn_statuses().iter().fold((0, 0), |(p, o), turn| {
+            (
+                p + turn.input_tokens + turn.cache_write_tokens + turn.cache_read_tokens,
+                o + turn.output_tokens,
+            )
+        });
+        assert_eq!(t["final_metrics"]["total_prompt_tokens"], prompt);
+        assert_eq!(t["final_metrics"]["total_completion_tokens"], output);
+    }
+
+    #[test]
+    fn a_shell_call_past_max_tool_calls_shows_what_the_model_was_told() {
+        let journal = vec![
+            call(
+                0,
+                0,
+                vec![shell("a", "true"), shell("b", "true")],
+                usage(1, 1, 0, 0),
+                "0.01",
+            ),
+            command(1, 0, "a", "true", 0, ""),
+        ];
+        let t = built(&run(1), &journal);
+        let results = &t["steps"][2]["observation"]["results"];
+        assert_eq!(results[0]["extra"]["ran"], true);
+        assert_eq!(results[1]["content"], replay::over_max_tool_calls(1));
+        assert_eq!(
+            results[1]["extra"],
+            json!({"ran": false, "is_error": true})
+        );
+    }
+
+    #[test]
+    fn costs_are_numbers_nearest_their_exact_decimal() {
+        for (amount, number) in [
+            ("0.000000001", 1e-9),
+            ("0.1", 0.1),
+            ("12345.678901234", 12_345.678_901_234),
+        ] {
+            let journal = vec![call(0, 0, vec![text("x")], usage(1, 1, 0, 0), amount)];
+            let t = built(&run(50), &journal);
+            assert_eq!(t["steps"][2]["metrics"]["cost_usd"], json!(number), "{amount}");
+            assert_eq!(t["steps"][2]["metrics"]["extra"]["cost_usd_exact"], usd(amount).to_string());
+            assert_eq!(t["final_metrics"]["total_cost_usd"], json!(number), "{amount}");
+        }
+    }
+
+    #[test]
+    fn after_retention_the_shape_tokens_and_costs_stay() {
+        let mut swept = journal();
+        for step in &mut swept {
+            crate::retention::strip_step(step);
+        }
+        let before = built(&run(50), &journal());
+        let after = built(&run(50), &swept);
+        assert_eq!(after["final_metrics"], before["final_metrics"]);
+        assert_eq!(after["steps"].as_array().map(Vec::len), Some(9));
+        let first = &after["steps"][2];
+        assert_eq!(first["message"], "");
+        assert_eq!(first["tool_calls"][0]["arguments"], json!({}));
+        assert_eq!(first["metrics"], before["steps"][2]["metrics"]);
+    }
+
+    #[test]
+    fn a_run_without_a_snapshot_has_none() {
+        let mut run = run(50);
+        run.status.snapshot = None;
+        assert!(trajectory("default", &run, &journal(), &inbox()).is_none());
     }
 }
