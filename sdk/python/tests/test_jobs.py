@@ -9,6 +9,7 @@ import asyncio
 import json
 import tarfile
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -157,6 +158,41 @@ def test_results_are_listed_and_a_tarball_downloaded_and_unpacked(tmp_path: Path
     assert not missing.exists() and not list(tmp_path.glob(".*.part"))
 
 
+def test_a_runs_trajectory_is_read_as_a_dict_and_a_run_may_keep_none() -> None:
+    run = nodus.AgentRun.create(inline_agent(), "Run `echo traced`")
+    status = run.wait(timeout=60)
+    assert "trajectory" in {r.name for r in run.results()}
+    trajectory = run.trajectory()
+    assert isinstance(trajectory, dict)
+    assert trajectory["schema_version"] == "ATIF-v1.8"
+    assert trajectory["session_id"] == run.record().uid
+    steps = trajectory["steps"]
+    assert [s["step_id"] for s in steps] == list(range(1, len(steps) + 1))
+    assert [s["source"] for s in steps[:2]] == ["system", "user"]
+    assert steps[1]["message"] == "Run `echo traced`"
+    calls = [s for s in steps if s["extra"]["kind"] == "model_call"]
+    assert len(calls) == 2
+    assert calls[0]["tool_calls"][0]["arguments"] == {"command": "echo traced"}
+    result = calls[0]["observation"]["results"][0]
+    assert result["content"] == "exit code 0\nstdout:\ntraced\n"
+    assert result["extra"]["exit_code"] == 0
+    assert calls[1]["message"] == "It is traced."
+    # The totals are the run's status: its exact spend, and its tokens.
+    totals = trajectory["final_metrics"]
+    assert status.cost.total > 0
+    assert Decimal(totals["extra"]["cost_usd_exact"]) == status.cost.total
+    assert totals["total_cost_usd"] == float(status.cost.total)
+    assert totals["total_completion_tokens"] == sum(t.output_tokens for t in status.turns)
+
+    quiet = nodus.AgentRun.create(inline_agent(), "Run `echo hush`", auto_telemetry=False)
+    quiet.wait(timeout=60)
+    assert quiet.document()["spec"]["autoTelemetry"] is False
+    assert "trajectory" not in {r.name for r in quiet.results()}
+    with pytest.raises(nodus.NotFound) as missing:
+        quiet.trajectory()
+    assert "autoTelemetry is false" in str(missing.value)
+
+
 def test_a_failed_run_has_an_error_result() -> None:
     run = nodus.AgentRun.create(inline_agent(), "[refuse] this prompt")
     run.wait(timeout=60)
@@ -288,6 +324,10 @@ def test_jobs_with_asyncio(tmp_path: Path) -> None:
                 assert member is not None and member.read() == f"flavour={value}\n".encode()
             record = await run.record()
             assert record.phase == "Succeeded" and record.answer == f"It is flavour={value}."
+            trajectory = await run.trajectory()
+            assert trajectory["session_id"] == record.uid
+            exact = trajectory["final_metrics"]["extra"]["cost_usd_exact"]
+            assert Decimal(exact) == record.cost.total
             assert await run.error() is None
             snapshot = await run.environment()
             assert snapshot is not None and snapshot.env == {"FLAVOUR": value}
