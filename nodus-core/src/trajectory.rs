@@ -307,26 +307,29 @@ pub fn trajectory(
         };
         let at = Some(completion.finished_at);
         match (&step.intent, &completion.outcome) {
-            (
-                Intent::ReadMessage { turn, message_seq },
-                Outcome::MessageRead,
-            ) => steps.push(TrajectoryStep {
-                step_id: 0,
-                timestamp: Some(step.started_at),
-                source: Source::User,
-                model_name: None,
-                message: replay::prompt_text(Prompt::Message(*message_seq), &first_prompt, inbox),
-                tool_calls: None,
-                observation: None,
-                metrics: None,
-                llm_call_count: None,
-                extra: StepExtra {
-                    turn: Some(*turn),
-                    journal_seq: Some(step.seq),
-                    message_seq: Some(*message_seq),
-                    ..extra("message")
-                },
-            }),
+            (Intent::ReadMessage { turn, message_seq }, Outcome::MessageRead) => {
+                steps.push(TrajectoryStep {
+                    step_id: 0,
+                    timestamp: Some(step.started_at),
+                    source: Source::User,
+                    model_name: None,
+                    message: replay::prompt_text(
+                        Prompt::Message(*message_seq),
+                        &first_prompt,
+                        inbox,
+                    ),
+                    tool_calls: None,
+                    observation: None,
+                    metrics: None,
+                    llm_call_count: None,
+                    extra: StepExtra {
+                        turn: Some(*turn),
+                        journal_seq: Some(step.seq),
+                        message_seq: Some(*message_seq),
+                        ..extra("message")
+                    },
+                })
+            }
             (
                 Intent::Route { turn },
                 Outcome::Routed {
@@ -481,11 +484,12 @@ pub fn trajectory(
             cost = cost.saturating_add(metrics.cost_usd);
         }
     }
-    let model_name = snapshot.agent.model.name.clone().or_else(|| {
-        steps
-            .iter()
-            .find_map(|step| step.model_name.clone())
-    });
+    let model_name = snapshot
+        .agent
+        .model
+        .name
+        .clone()
+        .or_else(|| steps.iter().find_map(|step| step.model_name.clone()));
     Some(Trajectory {
         schema_version: SCHEMA_VERSION,
         session_id: run.metadata.uid.clone().unwrap_or_default(),
@@ -733,9 +737,21 @@ mod tests {
                     by_resolution: false,
                 },
             ),
-            call(8, 1, vec![shell("t3", "false")], usage(30, 2, 0, 0), "0.00003"),
+            call(
+                8,
+                1,
+                vec![shell("t3", "false")],
+                usage(30, 2, 0, 0),
+                "0.00003",
+            ),
             command(9, 1, "t3", "false", 1, ""),
-            call(10, 1, vec![text("It failed.")], usage(40, 3, 0, 0), "0.00004"),
+            call(
+                10,
+                1,
+                vec![text("It failed.")],
+                usage(40, 3, 0, 0),
+                "0.00004",
+            ),
         ]
     }
 
@@ -778,15 +794,28 @@ mod tests {
         assert_eq!(t["agent"]["name"], "default/worker");
         assert_eq!(t["agent"]["version"], "7");
         assert_eq!(t["agent"]["model_name"], "claude-x");
-        assert_eq!(t["agent"]["tool_definitions"][0]["function"]["name"], "shell");
+        assert_eq!(
+            t["agent"]["tool_definitions"][0]["function"]["name"],
+            "shell"
+        );
         let expected: Vec<(&str, &str, Value, &str)> = vec![
             ("system", "system_prompt", Value::Null, "Be brief."),
             ("user", "input", Value::Null, "List the files"),
             ("agent", "model_call", json!(1), "Looking."),
             ("agent", "model_call", json!(3), "One file."),
             ("user", "message", json!(5), "Now run false"),
-            ("agent", "routing", json!(6), "routed turn 1 to claude-x (chosen by jev)"),
-            ("system", "model_call_failed", json!(7), "the call to claude-x failed: overloaded"),
+            (
+                "agent",
+                "routing",
+                json!(6),
+                "routed turn 1 to claude-x (chosen by jev)",
+            ),
+            (
+                "system",
+                "model_call_failed",
+                json!(7),
+                "the call to claude-x failed: overloaded",
+            ),
             ("agent", "model_call", json!(8), ""),
             ("agent", "model_call", json!(10), "It failed."),
         ];
@@ -892,10 +921,7 @@ mod tests {
         let results = &t["steps"][2]["observation"]["results"];
         assert_eq!(results[0]["extra"]["ran"], true);
         assert_eq!(results[1]["content"], replay::over_max_tool_calls(1));
-        assert_eq!(
-            results[1]["extra"],
-            json!({"ran": false, "is_error": true})
-        );
+        assert_eq!(results[1]["extra"], json!({"ran": false, "is_error": true}));
     }
 
     #[test]
@@ -907,9 +933,20 @@ mod tests {
         ] {
             let journal = vec![call(0, 0, vec![text("x")], usage(1, 1, 0, 0), amount)];
             let t = built(&run(50), &journal);
-            assert_eq!(t["steps"][2]["metrics"]["cost_usd"], json!(number), "{amount}");
-            assert_eq!(t["steps"][2]["metrics"]["extra"]["cost_usd_exact"], usd(amount).to_string());
-            assert_eq!(t["final_metrics"]["total_cost_usd"], json!(number), "{amount}");
+            assert_eq!(
+                t["steps"][2]["metrics"]["cost_usd"],
+                json!(number),
+                "{amount}"
+            );
+            assert_eq!(
+                t["steps"][2]["metrics"]["extra"]["cost_usd_exact"],
+                usd(amount).to_string()
+            );
+            assert_eq!(
+                t["final_metrics"]["total_cost_usd"],
+                json!(number),
+                "{amount}"
+            );
         }
     }
 

@@ -105,13 +105,19 @@ fn listed(server: &ServerProcess, run: &str) -> Vec<String> {
 }
 
 fn amount(value: &Value) -> &str {
-    value.as_str().unwrap_or_else(|| panic!("an amount: {value}"))
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("an amount: {value}"))
 }
 
 #[test]
 fn trajectory_on_sqlite() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = ServerProcess::start(&Backend::Sqlite.store_url(dir.path()), dir.path(), "process");
+    let server = ServerProcess::start(
+        &Backend::Sqlite.store_url(dir.path()),
+        dir.path(),
+        "process",
+    );
     let python = harbor_python();
     let output = server.cli_in(&["apply", "-f", "-"], Some(AGENT));
     assert!(output.status.success(), "{output:?}");
@@ -210,7 +216,10 @@ fn trajectory_on_sqlite() {
         .collect();
     assert_eq!(kinds, expected, "{trajectory}");
     assert_eq!(
-        kinds.iter().filter(|(kind, _)| *kind == "model_call").count(),
+        kinds
+            .iter()
+            .filter(|(kind, _)| *kind == "model_call")
+            .count(),
         4,
         "two model calls a turn: {kinds:?}"
     );
@@ -265,7 +274,10 @@ fn trajectory_on_sqlite() {
         );
     }
     assert_eq!(results[0]["content"], "exit code 0\nstdout:\none\n");
-    assert_ne!(results[1]["extra"]["exit_code"], 0, "ls of a missing dir fails");
+    assert_ne!(
+        results[1]["extra"]["exit_code"], 0,
+        "ls of a missing dir fails"
+    );
     assert!(
         results[1]["content"]
             .as_str()
@@ -297,7 +309,11 @@ fn trajectory_on_sqlite() {
     let sum = |names: &[&str]| -> u64 {
         turns
             .iter()
-            .flat_map(|turn| names.iter().map(move |name| turn[*name].as_u64().unwrap_or(0)))
+            .flat_map(|turn| {
+                names
+                    .iter()
+                    .map(move |name| turn[*name].as_u64().unwrap_or(0))
+            })
             .sum()
     };
     assert_eq!(
@@ -320,7 +336,10 @@ fn trajectory_on_sqlite() {
         "--auto-telemetry=false",
     ]);
     wait_for(&server, "quiet", "Succeeded");
-    assert_eq!(get(&server, "agentrun/quiet")["spec"]["autoTelemetry"], false);
+    assert_eq!(
+        get(&server, "agentrun/quiet")["spec"]["autoTelemetry"],
+        false
+    );
     assert_eq!(
         listed(&server, "quiet"),
         ["inputWorkdir", "outputWorkdir", "artifacts", "runRecord"]

@@ -133,8 +133,7 @@ impl Engine {
         }
         if run.spec.auto_telemetry {
             let inbox = self.deps.store.inbox(super::run_uid(&run)).await?;
-            if let Some(trajectory) =
-                crate::trajectory::trajectory(project, &run, &journal, &inbox)
+            if let Some(trajectory) = crate::trajectory::trajectory(project, &run, &journal, &inbox)
             {
                 let trajectory = serde_json::to_value(&trajectory).map_err(|e| Error::Corrupt {
                     key: key.to_string(),
