@@ -472,6 +472,10 @@ pub struct CreateRunArgs {
     /// The AgentEnvironment (`name` or `project/name`): env vars, Secrets, compute.
     #[arg(long)]
     pub environment: Option<String>,
+    /// Whether the run's results include its `trajectory` (ATIF JSON built from its
+    /// journal): `--auto-telemetry=false` saves none.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub auto_telemetry: bool,
     /// Labels: key=value (repeatable).
     #[arg(short = 'l', long = "label")]
     pub labels: Vec<String>,
@@ -572,7 +576,7 @@ pub enum AgentRunCommand {
         /// The run.
         name: String,
         /// The result to save: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord,
-        /// error (JSON).
+        /// error, trajectory (JSON).
         result: Option<String>,
         /// The file to write the result to (`-` writes to standard output; default: its
         /// file name, such as outputWorkdir.tar.gz).

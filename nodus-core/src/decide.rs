@@ -17,7 +17,7 @@ use crate::model::{
 };
 use crate::money::Usd;
 use crate::replay::{Call, Replay, SandboxState};
-use crate::resource::{Access, AgentRunSpec, AgentSpec, ChosenBy};
+use crate::resource::{Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot};
 use crate::router::RouteChoice;
 use crate::sandbox::{self, ExecOutput, SandboxSpec};
 use crate::store::InboxMessage;
@@ -119,6 +119,31 @@ pub enum Decision {
     },
     /// The run is over.
     Finish(RunPhase),
+}
+
+/// A run's system prompt: its agent's, with the run's `context` (and the reserved `nodus`
+/// key: the run, its project and its agent) appended as JSON when it has one.
+pub fn system_prompt(project: &str, run: &AgentRun, snapshot: &RunSnapshot) -> String {
+    let mut system = snapshot.agent.system.clone();
+    if let Some(context) = &run.spec.context {
+        let mut context = context.clone();
+        context.insert(
+            "nodus".to_string(),
+            serde_json::json!({"run": run.name(), "project": project, "agent": snapshot.agent_ref}),
+        );
+        let context = serde_json::Value::Object(context);
+        system.push_str(&format!("\n\nRun context (JSON):\n{context}"));
+    }
+    system
+}
+
+/// A run's first prompt: its `input`, else its agent's `defaultInput`, else nothing.
+pub fn first_prompt(run: &AgentRun, snapshot: &RunSnapshot) -> String {
+    run.spec
+        .input
+        .clone()
+        .or_else(|| snapshot.agent.default_input.clone())
+        .unwrap_or_default()
 }
 
 /// The tool every run offers.

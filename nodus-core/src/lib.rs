@@ -88,6 +88,7 @@ pub mod secret;
 pub mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod trajectory;
 pub mod validate;
 
 pub use clock::Clock;

@@ -282,7 +282,7 @@ impl Turn {
 }
 
 /// The tool calls of one reply, in order.
-fn tool_uses_of(response: &ModelResponse) -> impl Iterator<Item = ToolUse<'_>> + '_ {
+pub(crate) fn tool_uses_of(response: &ModelResponse) -> impl Iterator<Item = ToolUse<'_>> + '_ {
     response.content.iter().filter_map(|block| match block {
         ContentBlock::ToolUse { id, name, input } => Some(ToolUse {
             id: id.as_str(),
@@ -701,7 +701,7 @@ impl Replay {
 }
 
 /// The text of a prompt.
-fn prompt_text(prompt: Prompt, first_prompt: &str, inbox: &[InboxMessage]) -> String {
+pub(crate) fn prompt_text(prompt: Prompt, first_prompt: &str, inbox: &[InboxMessage]) -> String {
     match prompt {
         Prompt::Input => first_prompt.to_string(),
         Prompt::Message(seq) => inbox.iter().find(|m| m.seq == seq).map_or_else(
@@ -757,20 +757,20 @@ fn reply_messages(
     (reply, answers)
 }
 
-fn not_a_shell_call() -> String {
+pub(crate) fn not_a_shell_call() -> String {
     format!(
         "not run: the only tool is `{SHELL_TOOL}`, and it takes {{\"command\": \"<shell command line>\"}}"
     )
 }
 
-fn over_max_tool_calls(max_tool_calls: u32) -> String {
+pub(crate) fn over_max_tool_calls(max_tool_calls: u32) -> String {
     format!(
         "not run: this turn already ran {max_tool_calls} commands (maxToolCalls); answer with what you have"
     )
 }
 
 /// What the model sees of a granted tool call: its result, or that it has not run.
-fn result_content(result: Option<&CommandResult>) -> (String, bool) {
+pub(crate) fn result_content(result: Option<&CommandResult>) -> (String, bool) {
     match result {
         Some(CommandResult::Ran(output)) => (render_output(output), false),
         Some(CommandResult::Failed(error)) => (format!("the command failed: {error}"), true),

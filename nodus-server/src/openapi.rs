@@ -523,7 +523,7 @@ pub fn document() -> Value {
         None,
     )}));
     paths.insert(sub("results"), json!({"parameters": [project, name], "get": operation(
-        "The results of a finished run, each with its name, fileName, contentType and bytes: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord and, unless it succeeded, error (JSON); none before it finishes",
+        "The results of a finished run, each with its name, fileName, contentType and bytes: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord and, unless it succeeded, error, and unless spec.autoTelemetry is false, trajectory (ATIF-v1.8; JSON); none before it finishes",
         responses(&[json_ok("200", "The results", "RunResultList")], read),
         None,
     )}));

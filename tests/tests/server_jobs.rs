@@ -127,7 +127,13 @@ fn jobs(backend: Backend) {
     // A successful run's results.
     assert_eq!(
         listed(&server, "inline-run"),
-        ["inputWorkdir", "outputWorkdir", "artifacts", "runRecord"]
+        [
+            "inputWorkdir",
+            "outputWorkdir",
+            "artifacts",
+            "runRecord",
+            "trajectory"
+        ]
     );
     let workdir = unpack(&download(
         &server,
@@ -191,7 +197,8 @@ fn jobs(backend: Backend) {
             "outputWorkdir",
             "artifacts",
             "runRecord",
-            "error"
+            "error",
+            "trajectory"
         ]
     );
     let error: serde_json::Value = serde_json::from_str(&read(&download(

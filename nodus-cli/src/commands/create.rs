@@ -107,6 +107,9 @@ fn run_document(args: &CreateRunArgs, prompt: Option<String>, now: Timestamp) ->
     if let Some(environment) = &args.environment {
         spec.insert("environment".into(), json!(environment));
     }
+    if !args.auto_telemetry {
+        spec.insert("autoTelemetry".into(), json!(false));
+    }
     Ok(json!({
         "apiVersion": "nodus.dev/v1",
         "kind": "AgentRun",
@@ -184,6 +187,33 @@ mod tests {
         // The result must be a valid run for the server.
         nodus_core::validate::parse::<nodus_core::resource::AgentRunSpec>(document)
             .expect("the server reads it");
+    }
+
+    #[test]
+    fn auto_telemetry_false_is_written_and_true_is_the_default() {
+        let CreateCommand::Agentrun(args) =
+            create("nodus create agentrun r --agent w --auto-telemetry=false")
+        else {
+            panic!("a run");
+        };
+        let document = run_document(&args, None, now()).expect("valid");
+        assert_eq!(document["spec"]["autoTelemetry"], json!(false));
+        let spec = nodus_core::validate::parse::<nodus_core::resource::AgentRunSpec>(document)
+            .expect("the server reads it");
+        assert!(!spec.spec.auto_telemetry);
+        for line in [
+            "nodus create agentrun r --agent w",
+            "nodus create agentrun r --agent w --auto-telemetry=true",
+        ] {
+            let CreateCommand::Agentrun(args) = create(line) else {
+                panic!("a run");
+            };
+            let document = run_document(&args, None, now()).expect("valid");
+            assert!(document["spec"].get("autoTelemetry").is_none(), "{line}");
+            let spec = nodus_core::validate::parse::<nodus_core::resource::AgentRunSpec>(document)
+                .expect("the server reads it");
+            assert!(spec.spec.auto_telemetry, "{line}");
+        }
     }
 
     #[test]

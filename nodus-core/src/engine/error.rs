@@ -20,6 +20,16 @@ pub enum Error {
         /// The name.
         name: String,
     },
+    /// The run has no result of that name, and why.
+    #[error("run {run:?} has no result {result:?}: {why}")]
+    NoSuchResult {
+        /// The run.
+        run: String,
+        /// The result asked for.
+        result: String,
+        /// Why it has none.
+        why: String,
+    },
     /// The agent is stopped and takes no new runs.
     #[error("agent {agent:?} is stopped (spec.state: Stopped) and takes no new runs")]
     AgentStopped {
@@ -87,7 +97,9 @@ impl Error {
     pub fn reason(&self) -> Reason {
         match self {
             Error::Invalid(_) => Reason::Invalid,
-            Error::NotFound { .. } | Error::Store(store::Error::NotFound(_)) => Reason::NotFound,
+            Error::NotFound { .. }
+            | Error::NoSuchResult { .. }
+            | Error::Store(store::Error::NotFound(_)) => Reason::NotFound,
             Error::AgentStopped { .. } => Reason::AgentStopped,
             Error::AgentRunFinished { .. } => Reason::AgentRunFinished,
             Error::NotParked { .. } | Error::RunBusy { .. } => Reason::Conflict,

@@ -138,22 +138,8 @@ impl Engine {
             message: "the run has no snapshot of its agent".to_string(),
         })?;
         let uid = run_uid(run).to_string();
-        let mut system = snapshot.agent.system.clone();
-        if let Some(context) = &run.spec.context {
-            let mut context = context.clone();
-            context.insert(
-                "nodus".to_string(),
-                serde_json::json!({"run": run.name(), "project": project, "agent": snapshot.agent_ref}),
-            );
-            let context = serde_json::Value::Object(context);
-            system.push_str(&format!("\n\nRun context (JSON):\n{context}"));
-        }
-        let first_prompt = run
-            .spec
-            .input
-            .clone()
-            .or_else(|| snapshot.agent.default_input.clone())
-            .unwrap_or_default();
+        let system = crate::decide::system_prompt(project, run, &snapshot);
+        let first_prompt = crate::decide::first_prompt(run, &snapshot);
         let sandbox = SandboxSpec {
             key: uid.clone(),
             // The image pinned when the run was created; a run created before images were

@@ -22,12 +22,13 @@ use crate::resource::{AgentRun, Kind};
 use crate::store::{self, ObjectKey};
 
 /// The names of a run's results, in the order they are listed.
-pub const RESULT_NAMES: [&str; 5] = [
+pub const RESULT_NAMES: [&str; 6] = [
     "inputWorkdir",
     "outputWorkdir",
     "artifacts",
     "runRecord",
     "error",
+    "trajectory",
 ];
 
 /// One result of a run, as listed.
@@ -65,16 +66,27 @@ impl Engine {
             .collect())
     }
 
-    /// One result of a finished run; `NotFound` naming it when the run has no such result.
+    /// One result of a finished run; [`Error::NoSuchResult`] saying why when the run has no
+    /// such result (it has not finished, it did not keep it, or there is no such name).
     pub async fn result(&self, project: &str, name: &str, result: &str) -> Result<RunResult> {
-        self.all_results(project, name)
-            .await?
-            .into_iter()
-            .find(|r| r.info.name == result)
-            .ok_or_else(|| Error::NotFound {
-                kind: Kind::AgentRun,
-                name: format!("{name}/results/{result}"),
-            })
+        let mut results = self.all_results(project, name).await?;
+        if let Some(index) = results.iter().position(|r| r.info.name == result) {
+            return Ok(results.swap_remove(index));
+        }
+        let run = self.read_run(project, name).await?.object;
+        let why = if results.is_empty() {
+            "it has not finished (results are kept when it ends)".to_string()
+        } else if result == "trajectory" && !run.spec.auto_telemetry {
+            "its spec.autoTelemetry is false, so no trajectory was kept".to_string()
+        } else {
+            let names: Vec<&str> = results.iter().map(|r| r.info.name.as_str()).collect();
+            format!("its results are {}", names.join(", "))
+        };
+        Err(Error::NoSuchResult {
+            run: name.to_string(),
+            result: result.to_string(),
+            why,
+        })
     }
 
     async fn all_results(&self, project: &str, name: &str) -> Result<Vec<RunResult>> {
@@ -118,6 +130,17 @@ impl Engine {
         ];
         if let Some(error) = error_record(&run, phase, &journal) {
             results.push(file("error", json(&error)?));
+        }
+        if run.spec.auto_telemetry {
+            let inbox = self.deps.store.inbox(super::run_uid(&run)).await?;
+            if let Some(trajectory) = crate::trajectory::trajectory(project, &run, &journal, &inbox)
+            {
+                let trajectory = serde_json::to_value(&trajectory).map_err(|e| Error::Corrupt {
+                    key: key.to_string(),
+                    message: format!("the trajectory does not encode: {e}"),
+                })?;
+                results.push(file("trajectory", json(&trajectory)?));
+            }
         }
         // What the post-run action saved.
         for (name, content) in action_results(&journal) {

@@ -59,6 +59,19 @@ pub struct AgentRunSpec {
     /// Work to do after the run succeeds, contributed by a plugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_run_action: Option<PostRunAction>,
+    /// Whether the run's results include its `trajectory` (ATIF), built from its journal
+    /// (default true; written out only when false).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub auto_telemetry: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+// serde's `skip_serializing_if` passes a reference.
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 impl AgentRunSpec {
@@ -81,6 +94,7 @@ impl AgentRunSpec {
             timeout: None,
             image: None,
             post_run_action: None,
+            auto_telemetry: true,
         }
     }
 }

@@ -41,21 +41,30 @@ pub async fn run_sections(
     steps: &[Value],
     finished: bool,
 ) -> Result<(), ApiError> {
-    results(html, state, project, name, finished).await?;
+    let telemetry = run["spec"]["autoTelemetry"] != Value::Bool(false);
+    results(html, state, project, name, finished, telemetry).await?;
     environment(html, &run["status"]["snapshot"]["environment"]);
     post_run_action(html, run, steps);
     Ok(())
 }
 
-/// Each result with its size and a link that downloads it through the console.
+/// Each result with its size and a link that downloads it through the console; first, a link
+/// to the run's trajectory, or why it has none.
 async fn results(
     html: &mut Html,
     state: &AppState,
     project: &str,
     name: &str,
     finished: bool,
+    telemetry: bool,
 ) -> Result<(), ApiError> {
     html.raw("<h2>Results</h2>");
+    if !telemetry {
+        html.raw(
+            "<p class=\"muted\" id=\"trajectory-none\">No trajectory: this run was created \
+             with autoTelemetry false.</p>",
+        );
+    }
     if !finished {
         html.raw(
             "<p class=\"muted\" id=\"results-none\">The results are kept when the run \
@@ -67,6 +76,16 @@ async fn results(
     if items.is_empty() {
         html.raw("<p class=\"muted\" id=\"results-none\">This run kept no results.</p>");
         return Ok(());
+    }
+    if items.iter().any(|item| item.name == "trajectory") {
+        html.raw("<p id=\"trajectory-link\"><a download href=\"/console/p/")
+            .segment(project)
+            .raw("/runs/")
+            .segment(name)
+            .raw(
+                "/results/trajectory\">Trajectory</a> <span class=\"muted\">(ATIF JSON: every \
+                 prompt, model call and command, with tokens and cost)</span></p>",
+            );
     }
     html.raw(
         "<div class=\"table\"><table id=\"results\"><thead><tr><th>Result</th><th>File</th>\

@@ -326,9 +326,8 @@ def test_jobs_with_asyncio(tmp_path: Path) -> None:
             assert record.phase == "Succeeded" and record.answer == f"It is flavour={value}."
             trajectory = await run.trajectory()
             assert trajectory["session_id"] == record.uid
-            assert trajectory["final_metrics"]["extra"]["cost_usd_exact"] == str(
-                record.cost.total
-            )
+            exact = trajectory["final_metrics"]["extra"]["cost_usd_exact"]
+            assert Decimal(exact) == record.cost.total
             assert await run.error() is None
             snapshot = await run.environment()
             assert snapshot is not None and snapshot.env == {"FLAVOUR": value}

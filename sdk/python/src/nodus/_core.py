@@ -291,11 +291,12 @@ def run_document(
     post_run_action: Optional[Mapping[str, Any]] = None,
     timeout: Optional[str] = None,
     image: Optional[str] = None,
+    auto_telemetry: bool = True,
 ) -> Dict[str, Any]:
     """A new AgentRun of ``agent`` (a name, or a whole agent spec written inline) with
     ``prompt`` as its input (the agent's ``defaultInput`` when ``None``); ``environment`` is
     an AgentEnvironment's name or a spec written inline, ``post_run_action`` is ``{"kind":
-    …, "config": {…}}``."""
+    …, "config": {…}}``; ``auto_telemetry=False`` keeps no ``trajectory`` result."""
     if prompt is not None and not isinstance(prompt, str):
         raise TypeError(f"prompt is text, not {prompt!r}")
     if not isinstance(agent, (str, Mapping)):
@@ -327,6 +328,8 @@ def run_document(
         spec["timeout"] = timeout
     if image is not None:
         spec["image"] = image
+    if not auto_telemetry:
+        spec["autoTelemetry"] = False
     return {"apiVersion": API_VERSION, "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
 
 

@@ -7,6 +7,7 @@ operation on the handle's client.
 
 from __future__ import annotations
 
+import json
 from typing import (
     Any,
     Dict,
@@ -209,6 +210,7 @@ class RunCore(NamedHandle[C]):
         timeout: Optional[str],
         image: Optional[str],
         project: Optional[str],
+        auto_telemetry: bool = True,
     ) -> Op[R]:
         """Creates the run with ``client`` (an agent handle is ensured before)."""
         if isinstance(agent, AgentCore):
@@ -232,6 +234,7 @@ class RunCore(NamedHandle[C]):
             post_run_action=post_run_action,
             timeout=timeout,
             image=image,
+            auto_telemetry=auto_telemetry,
         )
         created = yield from client._create("agentruns", document, project)
         return cls(run_name, project=project, client=client, _document=created)
@@ -260,6 +263,15 @@ class RunCore(NamedHandle[C]):
 
     def _record(self) -> Op[RunRecord]:
         return RunRecord.from_json((yield from self._result_json("runRecord")))
+
+    def _trajectory(self) -> Op[Dict[str, Any]]:
+        raw = yield _core.Request("GET", self._result_path("trajectory"), raw=True)
+        # Plain JSON, as ATIF writes it: costs are numbers (floats) there, and each has its
+        # exact decimal string beside it (``extra.cost_usd_exact``).
+        trajectory = json.loads(raw)
+        if not isinstance(trajectory, dict):
+            raise TypeError(f"the trajectory result is not a JSON object: {trajectory!r}")
+        return trajectory
 
     def _error(self) -> Op[Optional[RunError]]:
         if not any(r.name == "error" for r in (yield from self._results())):

@@ -196,6 +196,7 @@ class AgentRun(_Sync, RunCore[Client]):
         deadline: Optional[str] = None,
         timeout: Optional[str] = None,
         image: Optional[str] = None,
+        auto_telemetry: bool = True,
         project: Optional[str] = None,
         client: Optional[Client] = None,
     ) -> "AgentRun":
@@ -208,8 +209,8 @@ class AgentRun(_Sync, RunCore[Client]):
         against the agent's ``contextSchema`` (a context that fails it raises
         :class:`~nodus.Invalid` naming the path); ``post_run_action`` is ``{"kind":
         "agents.webhook", "config": {…}}``; ``timeout`` bounds the run (``"10m"``); ``image``
-        is the container image of a Docker sandbox. ``name`` defaults to
-        ``<agent>-<random>``."""
+        is the container image of a Docker sandbox; ``auto_telemetry=False`` keeps no
+        ``trajectory`` result. ``name`` defaults to ``<agent>-<random>``."""
         if isinstance(agent, ClaudeAgent) and not agent._ensured:
             agent.ensure()
         client = cls._client_for(agent, client)
@@ -227,6 +228,7 @@ class AgentRun(_Sync, RunCore[Client]):
                 timeout=timeout,
                 image=image,
                 project=project,
+                auto_telemetry=auto_telemetry,
             )
         )
 
@@ -242,7 +244,8 @@ class AgentRun(_Sync, RunCore[Client]):
     def results(self) -> List[RunResult]:
         """The results of the finished run, with their sizes (none before it finishes):
         ``inputWorkdir``, ``outputWorkdir``, ``artifacts`` (gzipped tarballs), ``runRecord``,
-        ``error`` when it did not succeed, and what its post-run action saved."""
+        ``error`` when it did not succeed, ``trajectory`` unless it was created with
+        ``auto_telemetry=False``, and what its post-run action saved."""
         return self._client._run(self._results())
 
     def download_result(self, result: str, path: Union[str, "os.PathLike[str]"]) -> int:
@@ -255,6 +258,15 @@ class AgentRun(_Sync, RunCore[Client]):
         """The finished run's record (its ``runRecord`` result): phase, reason, the whole
         answer, turns, cost and times."""
         return self._client._run(self._record())
+
+    def trajectory(self) -> Dict[str, Any]:
+        """The finished run's trajectory (its ``trajectory`` result) as a dict: an ATIF-v1.8
+        document built from its journal (the system prompt, each prompt, each model call with
+        its tool calls and their results, per-step and final tokens and cost; ``session_id``
+        is the run's uid). Costs are JSON numbers there; the exact amounts are the strings in
+        ``extra.cost_usd_exact``. Raises :class:`~nodus.NotFound` saying why when the run has
+        none (it has not finished, or it was created with ``auto_telemetry=False``)."""
+        return self._client._run(self._trajectory())
 
     def error(self) -> Optional[RunError]:
         """Why the finished run did not succeed (its ``error`` result), or ``None`` when it

@@ -400,6 +400,7 @@ class AgentRun(_Async, RunCore[AsyncClient]):
         deadline: Optional[str] = None,
         timeout: Optional[str] = None,
         image: Optional[str] = None,
+        auto_telemetry: bool = True,
         project: Optional[str] = None,
         client: Optional[AsyncClient] = None,
     ) -> "AgentRun":
@@ -421,6 +422,7 @@ class AgentRun(_Async, RunCore[AsyncClient]):
                 timeout=timeout,
                 image=image,
                 project=project,
+                auto_telemetry=auto_telemetry,
             )
         )
 
@@ -445,6 +447,10 @@ class AgentRun(_Async, RunCore[AsyncClient]):
     async def record(self) -> RunRecord:
         """The finished run's record; see :meth:`nodus.AgentRun.record`."""
         return await self._client._run(self._record())
+
+    async def trajectory(self) -> Dict[str, Any]:
+        """The finished run's trajectory (ATIF) as a dict; see :meth:`nodus.AgentRun.trajectory`."""
+        return await self._client._run(self._trajectory())
 
     async def error(self) -> Optional[RunError]:
         """Why the finished run did not succeed, or ``None``; see :meth:`nodus.AgentRun.error`."""

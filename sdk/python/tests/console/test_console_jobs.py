@@ -94,6 +94,26 @@ def test_a_runs_results_are_listed_and_one_downloaded(
     outside = httpx.get(href, follow_redirects=False)
     assert outside.status_code == 303
     assert outside.headers["location"] == "/console/signin"
+    # The trajectory's own link: the ATIF document, the same as the API's.
+    trajectory = browser.find_element(By.CSS_SELECTOR, "#trajectory-link a")
+    href = trajectory.get_attribute("href") or ""
+    assert href.endswith(f"/console/p/default/runs/{run.name}/results/trajectory")
+    status, content_type, body = fetch_in_page(browser, href)
+    assert (status, content_type) == (200, "application/json")
+    assert json.loads(body) == run.trajectory()
+    assert not browser.find_elements(By.ID, "trajectory-none")
+
+
+def test_a_run_without_telemetry_says_it_has_no_trajectory(
+    browser: WebDriver, server: NodusServer
+) -> None:
+    run = nodus.AgentRun.create(inline_agent(), "Run `echo quiet`", auto_telemetry=False)
+    assert run.wait(timeout=60).phase == "Succeeded"
+    open_run(browser, server, run.name)
+    assert "autoTelemetry false" in browser.find_element(By.ID, "trajectory-none").text
+    assert not browser.find_elements(By.ID, "trajectory-link")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#results tbody tr")
+    assert "trajectory" not in [r.get_attribute("data-result") for r in rows]
 
 
 def test_the_environment_and_post_run_action_are_shown_without_secret_values(
