@@ -365,3 +365,44 @@ async fn output_leaves_no_log_on_the_host() {
     );
     sandbox.destroy(&id).await.expect("destroy");
 }
+
+/// A working directory made again over a command's files (its container gone, its volume
+/// kept) whose linked directory is now a symbolic link to `/` does not lead the bind out of
+/// the volume: the engine would follow a link on its own host, so the backend makes the
+/// directory again (the upload replaces what is not a directory) and checks every directory
+/// on the way before binding it.
+#[tokio::test]
+async fn a_link_planted_in_the_workdir_does_not_lead_the_bind_out_of_the_volume() {
+    let key = unique_key("link-escape");
+    let sandbox = backend("nodus-").await;
+    let mut linked = spec(&key);
+    linked.links = BTreeMap::from([("/grading".to_owned(), "grading".to_owned())]);
+    let id = sandbox.create(&linked).await.expect("create").id;
+    let out = sandbox
+        .exec(
+            &id,
+            &request("rmdir grading && ln -s / grading && echo planted"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout.bytes, b"planted\n", "{out:?}");
+    let removed = Command::new("docker")
+        .args(["rm", "-f", &id.0])
+        .output()
+        .expect("docker rm");
+    assert!(removed.status.success());
+    sandbox.create(&linked).await.expect("made again");
+    let out = sandbox
+        .exec(
+            &id,
+            &request("test -L grading && echo link; ls -A /grading | wc -l; test -e /grading/etc && echo host"),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout.bytes).trim(),
+        "0",
+        "the linked directory is an empty directory of the volume again, not the host's root: {out:?}"
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+}

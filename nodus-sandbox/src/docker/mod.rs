@@ -49,7 +49,7 @@
 //! As with the other backends, the limits of a sandbox live in memory: after a restart,
 //! `create` comes before `exec`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -63,10 +63,10 @@ use bollard::models::{
     ResourcesUlimits,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
-    RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder, StopContainerOptionsBuilder,
-    UploadToContainerOptionsBuilder,
+    ContainerArchiveInfoOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, RestartContainerOptionsBuilder,
+    StopContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use nodus_core::Sandbox;
@@ -329,29 +329,42 @@ impl DockerSandbox {
     /// Creates the container (and its volume, unless it is left from before). Answers
     /// `Ok(false)` when a container of that name exists already.
     ///
-    /// [`SandboxSpec::links`] are the volume's directories mounted again at their paths
-    /// (volume `subpath`, Docker Engine API 1.45 and later: the root file system is read-only,
-    /// so no symbolic link can be made there). A subpath must exist before its container
-    /// starts, so a sandbox with links is made in two steps: a container without them, into
-    /// which the directories are unpacked (the archive API reaches a created container's
-    /// volume), is removed (its volume kept) and made again with them. Each step is repeated
-    /// safely: a crash between them leaves no container, and the next creation starts over.
+    /// [`SandboxSpec::links`] are the volume's directories bound again at their paths (the
+    /// root file system is read-only, so no symbolic link can be made there; a volume's
+    /// `subpath` needs Docker Engine API 1.45, and Debian's engine speaks 1.41): the source of
+    /// each bind is the directory under the volume's mount point on the engine's host. A bind
+    /// source must exist before its container starts, so a sandbox with links is made in two
+    /// steps: a container without them, into which the directories are unpacked (the archive
+    /// API reaches a created container's volume) and in which each directory on the way is
+    /// checked to be a directory and no symbolic link (the engine would follow a link on its
+    /// own host: a working directory made again over an agent's files must not lead a bind
+    /// out of the volume), is removed (its volume kept) and made again with them. Nothing runs
+    /// in the volume between the check and the bind. Each step is repeated safely: a crash
+    /// between them leaves no container, and the next creation starts over.
     async fn create_container(&self, spec: &SandboxSpec, name: &str) -> Result<bool, Error> {
         if spec.links.is_empty() {
-            return self.create_container_with(spec, name, false).await;
+            return self
+                .create_container_with(spec, name, &BTreeMap::new())
+                .await;
         }
-        if !self.create_container_with(spec, name, false).await? {
+        if !self
+            .create_container_with(spec, name, &BTreeMap::new())
+            .await?
+        {
             return Ok(false);
         }
         let dirs = link_dirs(spec)?;
         let options = UploadToContainerOptionsBuilder::new()
             .path(&self.config.workdir)
             .build();
-        let made = self
+        let made = match self
             .docker
             .upload_to_container(name, Some(options), bollard::body_full(dirs.into()))
             .await
-            .map_err(|e| api_error("making the linked directories", e));
+        {
+            Ok(()) => self.link_sources(spec, name).await,
+            Err(e) => Err(api_error("making the linked directories", e)),
+        };
         let options = RemoveContainerOptionsBuilder::new()
             .force(true)
             .v(false)
@@ -361,17 +374,62 @@ impl DockerSandbox {
             .remove_container(name, Some(options))
             .await
             .map_err(|e| api_error("removing the container made for the links", e));
-        made?;
+        let sources = made?;
         removed?;
-        self.create_container_with(spec, name, true).await
+        self.create_container_with(spec, name, &sources).await
     }
 
-    /// Creates the container, with the mounts of [`SandboxSpec::links`] when `linked`.
+    /// The host directory each of [`SandboxSpec::links`] binds (by its path in the
+    /// container), once every directory on the way to it in the created container `name` is
+    /// a directory and no symbolic link.
+    async fn link_sources(
+        &self,
+        spec: &SandboxSpec,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, Error> {
+        /// Go's `os.ModeDir` and `os.ModeSymlink`, as the archive API reports a path's mode.
+        const MODE_DIR: u32 = 1 << 31;
+        const MODE_SYMLINK: u32 = 1 << 27;
+        let volume = self
+            .docker
+            .inspect_volume(name)
+            .await
+            .map_err(|e| api_error("reading the working directory's volume", e))?;
+        let mut sources = BTreeMap::new();
+        for (path, target) in &spec.links {
+            let mut on_the_way = PathBuf::new();
+            for part in target.split('/') {
+                on_the_way.push(part);
+                let inside = self.inside(&on_the_way)?;
+                let options = ContainerArchiveInfoOptionsBuilder::new()
+                    .path(&inside)
+                    .build();
+                let stat = self
+                    .docker
+                    .get_container_archive_info(name, Some(options))
+                    .await
+                    .map_err(|e| api_error("checking a linked directory", e))?;
+                if stat.file_mode & MODE_SYMLINK != 0 || stat.file_mode & MODE_DIR == 0 {
+                    return Err(Error::Refused(format!(
+                        "link {path}: {} in the working directory must be a directory, not a \
+                         symbolic link or a file",
+                        on_the_way.display()
+                    )));
+                }
+            }
+            let source = format!("{}/{target}", volume.mountpoint.trim_end_matches('/'));
+            sources.insert(path.clone(), source);
+        }
+        Ok(sources)
+    }
+
+    /// Creates the container, with `links` (path in the container to the host directory it
+    /// binds; empty for none).
     async fn create_container_with(
         &self,
         spec: &SandboxSpec,
         name: &str,
-        linked: bool,
+        links: &BTreeMap<String, String>,
     ) -> Result<bool, Error> {
         let image = spec
             .image
@@ -432,22 +490,12 @@ impl DockerSandbox {
                         }),
                         ..Default::default()
                     })
-                    .chain(
-                        spec.links
-                            .iter()
-                            .filter(|_| linked)
-                            .map(|(path, target)| Mount {
-                                target: Some(path.clone()),
-                                source: Some(name.to_owned()),
-                                typ: Some(MountType::VOLUME),
-                                volume_options: Some(MountVolumeOptions {
-                                    labels: Some(labels.clone()),
-                                    subpath: Some(target.clone()),
-                                    ..Default::default()
-                                }),
-                                ..Default::default()
-                            }),
-                    )
+                    .chain(links.iter().map(|(path, source)| Mount {
+                        target: Some(path.clone()),
+                        source: Some(source.clone()),
+                        typ: Some(MountType::BIND),
+                        ..Default::default()
+                    }))
                     .collect(),
                 ),
                 cap_drop: Some(vec!["ALL".to_owned()]),
