@@ -25,6 +25,9 @@ pub const QUEUE: usize = 8192;
 const BATCH: usize = 512;
 /// How long one export may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the task gathers spans after the first before it posts them (fewer, fuller
+/// requests; also the longest a span waits in this process, which a crash can lose).
+const LINGER: Duration = Duration::from_millis(50);
 
 /// Where and what to export.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +115,14 @@ pub fn start(options: &OtlpOptions, counters: Arc<SpanCounters>) -> Result<Arc<O
         // One warning per streak of failures, not one per batch.
         let mut failing = false;
         while receiving.recv_many(&mut spans, BATCH).await > 0 {
+            let until = tokio::time::Instant::now() + LINGER;
+            while spans.len() < BATCH {
+                let room = BATCH - spans.len();
+                match tokio::time::timeout_at(until, receiving.recv_many(&mut spans, room)).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
             let count = spans.len() as u64;
             let batch: Vec<SpanData> = spans.drain(..).map(|s| span_data(s, &scope)).collect();
             match exporter.export(batch).await {

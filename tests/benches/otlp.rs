@@ -94,8 +94,9 @@ async fn collector(taken: Arc<Taken>) -> SocketAddr {
     address
 }
 
-/// A fresh server in `mode`; the group's wall time, and its span counters after it.
-async fn round(mode: Mode, collector: SocketAddr) -> (u128, String) {
+/// A fresh server in `mode`; the group's wall time and this process's CPU time during it, and
+/// its span counters once every span is exported or dropped.
+async fn round(mode: Mode, collector: SocketAddr) -> (u128, u64, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut options = Options::new(dir.path().join("data"));
     options.store = Some(StoreUrl::Sqlite(dir.path().join("nodus.db")));
@@ -134,16 +135,50 @@ async fn round(mode: Mode, collector: SocketAddr) -> (u128, String) {
         .request("POST", &format!("{P}/agents"), Some(agent))
         .await;
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let cpu = cpu_millis();
     let millis = group_wall_time(address, "g1000", 1000).await;
-    // Let the exporter drain what the last runs and the group queued.
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let (_, body) = connection.request("GET", "/metrics", None).await;
-    let counters = String::from_utf8_lossy(&body)
-        .lines()
-        .filter(|l| l.starts_with("nodus_otlp_spans"))
-        .collect::<Vec<_>>()
-        .join("; ");
-    (millis, counters)
+    let cpu = cpu_millis() - cpu;
+    // Wait until every span is accounted for (exported or dropped): 7 steps and the run's
+    // span per run, and the group's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // A new connection each time: the first one idled past the header timeout.
+        let mut connection = common::Connection::open(address).await;
+        let (_, body) = connection.request("GET", "/metrics", None).await;
+        let text = String::from_utf8_lossy(&body).to_string();
+        let counted: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("nodus_otlp_spans"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if mode == Mode::Off || counted >= 8001 || std::time::Instant::now() > deadline {
+            let counters = text
+                .lines()
+                .filter(|l| l.starts_with("nodus_otlp_spans"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return (millis, cpu, counters);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// CPU time this process used so far, in milliseconds (user + system, /proc/self/stat).
+fn cpu_millis() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which ends with the last ')'): utime is the 12th,
+    // stime the 13th, in clock ticks (100 a second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) * 10
 }
 
 async fn bench() {
@@ -153,33 +188,34 @@ async fn bench() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let mut times: Vec<(Mode, u128)> = Vec::new();
+    let mut times: Vec<(Mode, u128, u64)> = Vec::new();
     for r in 0..rounds {
         for mode in [Mode::Off, Mode::On, Mode::Down] {
             let before = taken.requests.load(Ordering::Relaxed);
-            let (millis, counters) = round(mode, collector).await;
+            let (millis, cpu, counters) = round(mode, collector).await;
             let requests = taken.requests.load(Ordering::Relaxed) - before;
             println!(
-                "round {r} {mode:?}: 1000-run group {millis} ms; collector took {requests} requests; {counters}"
+                "round {r} {mode:?}: 1000-run group {millis} ms, {cpu} ms CPU; collector took {requests} requests; {counters}"
             );
-            times.push((mode, millis));
+            times.push((mode, millis, cpu));
         }
     }
-    let of = |mode: Mode| -> Vec<u128> {
+    let ratio = |t: u128, o: u128| format!("{}.{:02}", t / o, (t % o) * 100 / o);
+    let of = |mode: Mode| -> Vec<(u128, u128)> {
         times
             .iter()
-            .filter(|(m, _)| *m == mode)
-            .map(|(_, t)| *t)
+            .filter(|(m, _, _)| *m == mode)
+            .map(|(_, t, c)| (*t, u128::from(*c)))
             .collect()
     };
     let off = of(Mode::Off);
     for mode in [Mode::On, Mode::Down] {
-        let ratios: Vec<String> = of(mode)
+        let pairs: Vec<String> = of(mode)
             .iter()
             .zip(&off)
-            .map(|(t, o)| format!("{}.{:02}", t / o, (t % o) * 100 / o))
+            .map(|((t, c), (ot, oc))| format!("{} ({} CPU)", ratio(*t, *ot), ratio(*c, *oc)))
             .collect();
-        println!("{mode:?} / Off per round: {}", ratios.join(", "));
+        println!("{mode:?} / Off per round, wall (CPU): {}", pairs.join(", "));
     }
     println!(
         "collector took {} bytes in all",
