@@ -235,6 +235,15 @@ pub struct ServerArgs {
     /// private, link-local and cloud metadata addresses.
     #[arg(long, env = "NODUS_WEBHOOK_ALLOW")]
     pub webhook_allow: Option<String>,
+    /// Export OpenTelemetry traces over OTLP/HTTP (protobuf) to this collector's base URL
+    /// (spans go to URL/v1/traces); extra request headers, such as an API key, come from
+    /// OTEL_EXPORTER_OTLP_HEADERS (key=value,key=value) and are never printed.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// Include message content in the exported spans (the model's replies, commands and
+    /// their output); off by default, since prompts and output can hold secrets.
+    #[arg(long)]
+    pub otlp_content: bool,
     /// HTTP connections served at once (at most half the open-file limit); more wait in the
     /// kernel's backlog.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]

@@ -86,6 +86,7 @@ pub mod sandbox;
 pub mod schema;
 pub mod secret;
 pub mod store;
+pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod trajectory;

@@ -382,4 +382,11 @@ pub trait ModelClient: Send + Sync {
         let _ = request;
         Ok(None)
     }
+
+    /// Who answers a call (`gen_ai.provider.name` of its span): a platform call's, or with
+    /// `byok` a call on the user's own key.
+    fn provider_name(&self, byok: bool) -> &'static str {
+        let _ = byok;
+        "unknown"
+    }
 }

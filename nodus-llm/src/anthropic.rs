@@ -186,6 +186,10 @@ impl AnthropicClient {
 
 #[async_trait]
 impl ModelClient for AnthropicClient {
+    fn provider_name(&self, _byok: bool) -> &'static str {
+        "anthropic"
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, model::Error> {
         let key = self.key(request)?;
         let secret = Some(key.expose());

@@ -24,6 +24,10 @@ pub struct OfflinePlatform {
 
 #[async_trait]
 impl ModelClient for OfflinePlatform {
+    fn provider_name(&self, byok: bool) -> &'static str {
+        if byok { "anthropic" } else { "nodus.offline" }
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, model::Error> {
         match request.credentials {
             Credentials::Platform => self.offline.complete(request).await,

@@ -122,6 +122,10 @@ impl OpenAiClient {
 
 #[async_trait]
 impl ModelClient for OpenAiClient {
+    fn provider_name(&self, _byok: bool) -> &'static str {
+        "openai"
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, model::Error> {
         let key = self.key(request)?;
         let secret = key.map(SecretString::expose);

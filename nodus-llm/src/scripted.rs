@@ -146,6 +146,10 @@ fn tokens(bytes: usize) -> u64 {
 
 #[async_trait]
 impl ModelClient for ScriptedModel {
+    fn provider_name(&self, _byok: bool) -> &'static str {
+        "nodus.scripted"
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, model::Error> {
         let position = request
             .messages

@@ -119,6 +119,23 @@ impl Server {
             open_model(options.anthropic.clone(), catalog, &mut announcements)?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
+        let metrics = Metrics::default();
+        let spans: Arc<dyn nodus_core::telemetry::SpanSink> = match &options.otlp {
+            Some(otlp) => {
+                let sink = crate::telemetry::start(otlp, metrics.spans.clone())
+                    .map_err(|e| StartError::Backend(e.to_string()))?;
+                announcements.push(format!(
+                    "traces: OTLP/HTTP to {} (message content {})",
+                    crate::telemetry::shown_url(&otlp.traces_url()),
+                    match otlp.content {
+                        nodus_core::telemetry::Content::On => "included",
+                        nodus_core::telemetry::Content::Off => "left out",
+                    }
+                ));
+                sink
+            }
+            None => Arc::new(nodus_core::telemetry::NoSpans),
+        };
         let engine = Engine::new(
             Deps {
                 store: store.clone(),
@@ -129,6 +146,7 @@ impl Server {
                 catalog,
                 secrets: Arc::new(StoreSecrets::new(store.clone(), cipher.clone())),
                 ledger: Arc::new(ledger.clone()),
+                spans,
             },
             Config {
                 default_image: options.default_image.clone(),
@@ -144,7 +162,7 @@ impl Server {
             auth: Auth::new(store.clone(), cipher.token_key(), clock.clone()),
             cipher,
             ledger,
-            metrics: Metrics::default(),
+            metrics,
             watches: crate::watch::Watches::new(options.watch_bookmark_interval),
             admission: Arc::new(crate::admission::Admission::new(admission_limits(&options))),
         });

@@ -18,6 +18,7 @@ pub mod options;
 pub mod reserve;
 pub mod secrets;
 pub mod stream;
+pub mod telemetry;
 pub mod watch;
 
 pub use api::router;

@@ -114,6 +114,8 @@ pub struct Options {
     pub actions: nodus_core::postrun::Registry,
     /// How long a watch stream goes without an event before it sends a `BOOKMARK`.
     pub watch_bookmark_interval: Duration,
+    /// Where to export OpenTelemetry traces (OTLP/HTTP); `None`: no export.
+    pub otlp: Option<crate::telemetry::OtlpOptions>,
 }
 
 impl Options {
@@ -136,6 +138,7 @@ impl Options {
             webhook_allow: crate::egress::WebhookAllow::default(),
             actions: nodus_core::postrun::Registry::default(),
             watch_bookmark_interval: crate::watch::DEFAULT_BOOKMARK_INTERVAL,
+            otlp: None,
         }
     }
 

@@ -40,6 +40,7 @@ fn engine(store: MemoryStore) -> Engine {
             catalog: Arc::new(nodus_llm::default_catalog().expect("catalog")),
             secrets: Arc::new(StaticSecrets::new()),
             ledger: Arc::new(nodus_core::ledger::Unmetered),
+            spans: Arc::new(nodus_core::telemetry::NoSpans),
         },
         Config::default(),
     )

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Connection, P, TOKEN};
+use common::{Connection, P, TOKEN, group_wall_time};
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 
 const CONNECTIONS: usize = 16;
@@ -55,55 +55,6 @@ async fn rate(address: SocketAddr, method: &'static str, make: MakeRequest, expe
         task.await.expect("load task");
     }
     done.load(Ordering::Relaxed) / SECONDS
-}
-
-/// Milliseconds from the first batch of a group of `runs` to the group's success.
-async fn group_wall_time(address: SocketAddr, name: &str, runs: usize) -> u128 {
-    let mut connection = Connection::open(address).await;
-    let group = format!(
-        r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentGroup","metadata":{{"name":"{name}"}},"spec":{{"agent":"bench","limits":{{"maxActive":100}},"maxCostUSD":"1000.00"}}}}"#
-    );
-    let (status, body) = connection
-        .request("POST", &format!("{P}/agentgroups"), Some(&group))
-        .await;
-    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let started = Instant::now();
-    for batch in 0..runs.div_ceil(100) {
-        let items: Vec<String> = (batch * 100..((batch + 1) * 100).min(runs))
-            .map(|i| {
-                format!(
-                    r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRun","spec":{{"agent":"bench","group":"{name}","taskKey":"t{i}","input":"Run `echo {i}`"}}}}"#
-                )
-            })
-            .collect();
-        let list = format!(
-            r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRunList","items":[{}]}}"#,
-            items.join(",")
-        );
-        let (status, body) = connection
-            .request("POST", &format!("{P}/agentruns"), Some(&list))
-            .await;
-        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    }
-    let (status, body) = connection
-        .request(
-            "PATCH",
-            &format!("{P}/agentgroups/{name}"),
-            Some(r#"{"spec":{"sealed":true}}"#),
-        )
-        .await;
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    loop {
-        let (_, body) = connection
-            .request("GET", &format!("{P}/agentgroups/{name}"), None)
-            .await;
-        let group: serde_json::Value = serde_json::from_slice(&body).expect("json");
-        match group["status"]["phase"].as_str() {
-            Some("Succeeded") => return started.elapsed().as_millis(),
-            Some("Failed") => panic!("the group failed: {group}"),
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
 }
 
 /// Requests per second for the health check (the baseline), an agent's `GET` and a run's

@@ -53,6 +53,7 @@ fn engine(server: &FakeServer, secrets: StaticSecrets) -> Engine {
             catalog,
             secrets: Arc::new(secrets),
             ledger: Arc::new(nodus_core::ledger::Unmetered),
+            spans: Arc::new(nodus_core::telemetry::NoSpans),
         },
         Config {
             retry_pause: Duration::from_millis(5),

@@ -104,6 +104,7 @@ fn engine(sandbox: Arc<dyn Sandbox>, clock: Arc<ManualClock>) -> Engine {
             catalog: Arc::new(catalog()),
             secrets: Arc::new(StaticSecrets::new()),
             ledger: Arc::new(nodus_core::ledger::Unmetered),
+            spans: Arc::new(nodus_core::telemetry::NoSpans),
         },
         Config::default(),
     )

@@ -27,6 +27,34 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     if let Some(allow) = &args.webhook_allow {
         options.webhook_allow = allow.parse().map_err(Error::Input)?;
     }
+    options.otlp = match args.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+        Some(endpoint) => {
+            let url = endpoint.parse::<reqwest::Url>().map_err(|e| {
+                Error::Input(format!(
+                    "--otlp-endpoint: not a URL ({e}); expected e.g. http://127.0.0.1:4318"
+                ))
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(Error::Input(
+                    "--otlp-endpoint: the scheme must be http or https".to_string(),
+                ));
+            }
+            Some(nodus_server::telemetry::OtlpOptions {
+                endpoint: endpoint.to_string(),
+                content: if args.otlp_content {
+                    nodus_core::telemetry::Content::On
+                } else {
+                    nodus_core::telemetry::Content::Off
+                },
+            })
+        }
+        None if args.otlp_content => {
+            return Err(Error::Input(
+                "--otlp-content needs --otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT)".to_string(),
+            ));
+        }
+        None => None,
+    };
     let count = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
     options.max_connections = count(args.max_connections);
     options.header_timeout = std::time::Duration::from_secs(args.header_timeout);

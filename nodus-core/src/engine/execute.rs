@@ -59,6 +59,10 @@ pub(super) struct Fixed {
     system: String,
     first_prompt: String,
     sandbox: SandboxSpec,
+    /// What its spans say about it; `None` when no spans are wanted.
+    spans: Option<crate::telemetry::RunContext>,
+    /// Its group's name.
+    group: Option<String>,
 }
 
 impl Engine {
@@ -165,6 +169,8 @@ impl Engine {
             system,
             first_prompt,
             sandbox,
+            spans: super::span_context(&self.deps, project, run),
+            group: run.spec.group.clone(),
         })
     }
 
@@ -283,6 +289,9 @@ impl Engine {
                     .is_none()
                 {
                     continue;
+                }
+                if target.is_finished() {
+                    self.run_ended(fixed, replay, target).await;
                 }
                 let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
                 return Ok(match decision {
@@ -425,6 +434,12 @@ impl Engine {
         })
         .await?;
         step.completion = Some(completion);
+        if let Some(ctx) = &fixed.spans {
+            let content = self.deps.spans.content();
+            if let Some(span) = crate::telemetry::step_span(ctx, &step, content) {
+                self.deps.spans.export(span);
+            }
+        }
         replay.apply(&step);
         if charged {
             let key = format!("{}/{seq}", fixed.uid);
@@ -432,6 +447,40 @@ impl Engine {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Export the span of a run that the status write just made finish (once: only the
+    /// write that moves it to a finished phase, conditional on the version read, does). Its
+    /// group is read for its uid, which the span links to.
+    async fn run_ended(&self, fixed: &Fixed, replay: &Replay, phase: RunPhase) {
+        let Some(ctx) = &fixed.spans else {
+            return;
+        };
+        let group_uid = match &fixed.group {
+            Some(group) => {
+                let key = ObjectKey::new(&fixed.project, Kind::AgentGroup, group);
+                match self.deps.store.get(&key).await {
+                    Ok(record) => record.document["metadata"]["uid"]
+                        .as_str()
+                        .map(str::to_string),
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
+        let now = self.deps.clock.now();
+        let ended = crate::telemetry::Ended {
+            start: replay.started_at.unwrap_or(now),
+            end: now,
+            phase: phase.name(),
+            succeeded: phase == RunPhase::Succeeded,
+            cost: replay.spent,
+        };
+        self.deps.spans.export(crate::telemetry::run_span(
+            ctx,
+            &ended,
+            group_uid.as_deref(),
+        ));
     }
 
     /// Settle the reservation of the last charged step that has an outcome, in case a crash

@@ -402,6 +402,7 @@ fn engine(store: MockedStore, sandbox: MockSandbox, model: MockModelClient) -> E
             catalog: Arc::new(catalog()),
             secrets: Arc::new(StaticSecrets::new()),
             ledger: Arc::new(crate::ledger::Unmetered),
+            spans: Arc::new(crate::telemetry::NoSpans),
         },
         Config::default(),
     )

@@ -268,9 +268,43 @@ impl Engine {
             {
                 Err(crate::store::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
-                Ok(record) => return Ok(typed::decode(record)?.object),
+                Ok(record) => {
+                    let written: AgentGroup = typed::decode(record)?.object;
+                    let was = group.object.status.phase.is_some_and(|p| p.is_finished());
+                    if !was {
+                        self.group_ended(project, &written, now);
+                    }
+                    return Ok(written);
+                }
             }
         }
+    }
+
+    /// Export the span of a group that this write finished (once: only the write that moves
+    /// it to a finished phase, conditional on the version read, does).
+    fn group_ended(&self, project: &str, group: &AgentGroup, now: jiff::Timestamp) {
+        let Some(phase) = group.status.phase.filter(|p| p.is_finished()) else {
+            return;
+        };
+        if !self.deps.spans.enabled() {
+            return;
+        }
+        let Some(uid) = group.metadata.uid.as_deref() else {
+            return;
+        };
+        let ended = crate::telemetry::Ended {
+            start: group.metadata.creation_timestamp.unwrap_or(now),
+            end: now,
+            phase: phase.name(),
+            succeeded: phase == crate::group::GroupPhase::Succeeded,
+            cost: group.status.cost.total_usd,
+        };
+        self.deps.spans.export(crate::telemetry::group_span(
+            project,
+            group.metadata.name.as_deref().unwrap_or_default(),
+            uid,
+            &ended,
+        ));
     }
 
     /// Fail a run that its group never admitted (its deadline passed while it was queued),

@@ -91,6 +91,8 @@ pub struct Deps {
     pub secrets: Arc<dyn Secrets>,
     /// Project credits that platform calls reserve against.
     pub ledger: Arc<dyn crate::ledger::Ledger>,
+    /// Where ended steps', runs' and groups' spans go (never blocking a run).
+    pub spans: Arc<dyn crate::telemetry::SpanSink>,
 }
 
 impl Deps {
@@ -118,6 +120,7 @@ impl Deps {
                 catalog: Arc::new(catalog),
                 secrets: Arc::new(crate::secret::StaticSecrets::new()),
                 ledger: Arc::new(crate::ledger::Unmetered),
+                spans: Arc::new(crate::telemetry::NoSpans),
             },
         }
     }
@@ -159,6 +162,12 @@ impl DepsBuilder {
     /// ([`StoreLedger`](crate::ledger::StoreLedger) keeps them in the store).
     pub fn ledger(mut self, ledger: Arc<dyn crate::ledger::Ledger>) -> Self {
         self.deps.ledger = ledger;
+        self
+    }
+
+    /// Where spans go (`telemetry::NoSpans` by default).
+    pub fn spans(mut self, spans: Arc<dyn crate::telemetry::SpanSink>) -> Self {
+        self.deps.spans = spans;
         self
     }
 
@@ -958,6 +967,14 @@ impl Engine {
                 .store
                 .complete_step(&uid, fence, step.seq, &completion)
                 .await?;
+            if let Some(ctx) = span_context(&self.deps, project, &run.object) {
+                let mut step = step.clone();
+                step.completion = Some(completion);
+                let content = self.deps.spans.content();
+                if let Some(span) = crate::telemetry::step_span(&ctx, &step, content) {
+                    self.deps.spans.export(span);
+                }
+            }
         }
         // Give the lease up at once: the runner drives the run on (under another replica's
         // name, perhaps).
@@ -981,6 +998,31 @@ impl Engine {
     pub async fn apply_group(&self, project: &str, group: AgentGroup) -> Result<AgentGroup> {
         self.apply(project, group).await
     }
+}
+
+/// What a run's spans say about it, or `None` when no spans are wanted.
+fn span_context(
+    deps: &Deps,
+    project: &str,
+    run: &AgentRun,
+) -> Option<crate::telemetry::RunContext> {
+    if !deps.spans.enabled() {
+        return None;
+    }
+    let snapshot = run.status.snapshot.as_ref();
+    let byok = snapshot.is_some_and(|s| s.agent.model.access == Access::Byok);
+    let agent = snapshot
+        .and_then(|s| s.agent_ref.as_deref())
+        .map(|r| r.rsplit('/').next().unwrap_or(r).to_string())
+        .or_else(|| run.spec.agent.name().map(str::to_string))
+        .unwrap_or_else(|| "inline".to_string());
+    Some(crate::telemetry::RunContext {
+        uid: run_uid(run).to_string(),
+        project: project.to_string(),
+        run: run.name().to_string(),
+        agent,
+        provider: deps.model.provider_name(byok).to_string(),
+    })
 }
 
 fn run_uid(run: &AgentRun) -> &str {

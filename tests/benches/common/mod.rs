@@ -1,9 +1,10 @@
-//! What the server benchmarks share: the bench token, the project's API prefix and a small
-//! keep-alive HTTP/1.1 client.
+//! What the server benchmarks share: the bench token, the project's API prefix, a small
+//! keep-alive HTTP/1.1 client and the wall time of a group.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -89,4 +90,59 @@ impl Connection {
         self.stream.read_exact(&mut body).await?;
         Ok((status, body))
     }
+}
+
+/// Milliseconds from the first batch of a group of `runs` to the group's success.
+pub async fn group_wall_time(address: SocketAddr, name: &str, runs: usize) -> u128 {
+    let mut connection = Connection::open(address).await;
+    let group = format!(
+        r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentGroup","metadata":{{"name":"{name}"}},"spec":{{"agent":"bench","limits":{{"maxActive":100}},"maxCostUSD":"1000.00"}}}}"#
+    );
+    let (status, body) = connection
+        .request("POST", &format!("{P}/agentgroups"), Some(&group))
+        .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let started = Instant::now();
+    for batch in 0..runs.div_ceil(100) {
+        let items: Vec<String> = (batch * 100..((batch + 1) * 100).min(runs))
+            .map(|i| {
+                format!(
+                    r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRun","spec":{{"agent":"bench","group":"{name}","taskKey":"t{i}","input":"Run `echo {i}`"}}}}"#
+                )
+            })
+            .collect();
+        let list = format!(
+            r#"{{"apiVersion":"nodus.dev/v1","kind":"AgentRunList","items":[{}]}}"#,
+            items.join(",")
+        );
+        let (status, body) = connection
+            .request("POST", &format!("{P}/agentruns"), Some(&list))
+            .await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    }
+    let (status, body) = connection
+        .request(
+            "PATCH",
+            &format!("{P}/agentgroups/{name}"),
+            Some(r#"{"spec":{"sealed":true}}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    loop {
+        let (_, body) = connection
+            .request("GET", &format!("{P}/agentgroups/{name}"), None)
+            .await;
+        let group: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        match group["status"]["phase"].as_str() {
+            Some("Succeeded") => return started.elapsed().as_millis(),
+            Some("Failed") => panic!("the group failed: {group}"),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// An address on loopback that nothing listens on (a port bound and released).
+pub fn free_port_address() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address")
 }

@@ -504,6 +504,7 @@ impl World {
                 catalog: Arc::new(catalog()),
                 secrets: Arc::new(self.secrets.clone()),
                 ledger,
+                spans: Arc::new(nodus_core::telemetry::NoSpans),
             },
             Config::default(),
         )
