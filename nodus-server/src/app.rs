@@ -16,7 +16,7 @@ use nodus_core::{Clock, Usd};
 
 use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
 use crate::metrics::Metrics;
-use crate::options::{Options, SandboxKind, StoreUrl};
+use crate::options::{Options, Role, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
 
 /// The SQLite file in the data directory, when no store is named.
@@ -207,15 +207,19 @@ impl Bound {
         let address = self.local_addr();
         let Bound { server, listener } = self;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        // The runner drives every run and reconciles every group; the API only records.
-        let runner = Runner::start(
-            server.state.engine.clone(),
-            RunnerConfig {
-                max_concurrent: server.options.max_concurrent_runs,
-                retention: Some(PAYLOAD_RETENTION),
-                ..RunnerConfig::default()
-            },
-        );
+        // The runner drives every run and reconciles every group; the API only records. An
+        // API replica starts none: the worker replicas drive its runs.
+        let runner = server.options.role.drives().then(|| {
+            Runner::start(
+                server.state.engine.clone(),
+                RunnerConfig {
+                    max_concurrent: server.options.capacity,
+                    retention: Some(PAYLOAD_RETENTION),
+                    ..RunnerConfig::default()
+                },
+            )
+        });
+        let runner = Arc::new(tokio::sync::Mutex::new(runner));
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
         // Streams of a token end when it is deleted (on any replica) or expires.
         let tokens = tokio::spawn(
@@ -225,8 +229,11 @@ impl Bound {
                 .clone()
                 .watch_tokens(server.state.auth.clone(), server.state.store.subscribe()),
         );
-        let app = crate::console::router(server.state.clone())
-            .merge(crate::api::router(server.state.clone()));
+        let app = match server.options.role {
+            Role::Worker => crate::api::worker_router(server.state.clone()),
+            Role::All | Role::Api => crate::console::router(server.state.clone())
+                .merge(crate::api::router(server.state.clone())),
+        };
         let mut stop = stop_rx;
         let files = crate::listen::raise_descriptor_limit();
         let limits = crate::listen::ConnectionLimits {
@@ -248,8 +255,17 @@ impl Bound {
             let _ = stop.wait_for(|stopped| *stopped).await;
         });
         let state = server.state.clone();
+        let draining = runner.clone();
+        let drain_timeout = server.options.drain_timeout;
         let signal = tokio::spawn(async move {
             shutdown.await;
+            // Drain first, still serving: take on no more runs, let running commands finish
+            // (up to the drain timeout), and hand every run over to the other replicas.
+            if let Some(runner) = draining.lock().await.take() {
+                tracing::info!(timeout = ?drain_timeout, "draining");
+                let cut = runner.drain(drain_timeout).await;
+                tracing::info!(cut, "drained: every run handed over");
+            }
             // Long polls answer now: serving stops once every request is answered.
             state.watches.stop();
             let _ = stop_tx.send(true);
@@ -260,7 +276,9 @@ impl Bound {
         if let Some(reserve) = reserve {
             reserve.abort();
         }
-        runner.shutdown().await;
+        if let Some(runner) = runner.lock().await.take() {
+            runner.shutdown().await;
+        }
         Ok(())
     }
 }

@@ -48,6 +48,9 @@ pub enum Driven {
     },
     /// Another writer claimed the run; this one stopped.
     TakenOver,
+    /// The replica drains ([`Engine::start_draining`]): the drive stopped between steps and
+    /// gave the run's lease up, for another replica to continue.
+    Released,
 }
 
 /// What a run needs that does not change while it is driven.
@@ -87,8 +90,25 @@ impl Engine {
         let _writing = self.writers.lock(&fixed.uid).await;
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
-        let journal = self.deps.store.journal(&fixed.uid).await?;
-        self.settle_last_charge(&fixed, &journal).await?;
+        self.hold(&fixed.uid, Some(fence));
+        let driven = self.drive_claimed(&fixed, fence).await;
+        self.hold(&fixed.uid, None);
+        driven
+    }
+
+    /// Drive a run whose lease this drive holds under `fence`, and give the lease up after.
+    async fn drive_claimed(&self, fixed: &Fixed, fence: Fence) -> Result<Driven> {
+        let journal = match self.deps.store.journal(&fixed.uid).await {
+            Ok(journal) => journal,
+            Err(error) => {
+                let _ = self.deps.store.release(&fixed.uid, fence).await;
+                return Err(error.into());
+            }
+        };
+        if let Err(error) = self.settle_last_charge(fixed, &journal).await {
+            let _ = self.deps.store.release(&fixed.uid, fence).await;
+            return Err(error);
+        }
         // The journal is folded once; the loop adds each new step to the fold.
         let mut replay = Replay::of(&journal);
         drop(journal);
@@ -116,7 +136,7 @@ impl Engine {
         };
         let driven = tokio::select! {
             biased;
-            driven = self.drive_loop(&fixed, fence, &mut replay) => driven,
+            driven = self.drive_loop(fixed, fence, &mut replay) => driven,
             () = renewing => unreachable_renewal(),
         };
         if !matches!(
@@ -257,6 +277,10 @@ impl Engine {
         // refused and the loop reads again), there is nothing new to read.
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         loop {
+            if self.draining() {
+                // Between steps: hand the run over (the drive gives its lease up).
+                return Ok(Driven::Released);
+            }
             let (mut run, inbox) = match known.take() {
                 Some(known) => known,
                 None => {

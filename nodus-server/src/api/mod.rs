@@ -85,9 +85,26 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
     ]
 }
 
+/// The routes a worker replica (`--role worker`) serves: it drives runs and answers only
+/// its health and its metrics.
+pub const WORKER_PATHS: [&str; 2] = ["/healthz", "/metrics"];
+
 /// The whole API.
 pub fn router(state: Arc<AppState>) -> Router {
-    routes()
+    router_of(state, routes())
+}
+
+/// A worker replica's API: [`WORKER_PATHS`] only.
+pub fn worker_router(state: Arc<AppState>) -> Router {
+    let routes = routes()
+        .into_iter()
+        .filter(|(path, _)| WORKER_PATHS.contains(&path.as_str()))
+        .collect();
+    router_of(state, routes)
+}
+
+fn router_of(state: Arc<AppState>, routes: Vec<(String, MethodRouter<Arc<AppState>>)>) -> Router {
+    routes
         .into_iter()
         .fold(Router::new(), |router, (path, methods)| {
             router.route(&path, methods)
