@@ -90,7 +90,7 @@ impl Engine {
         let _writing = self.writers.lock(&fixed.uid).await;
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
-        self.hold(&fixed.uid, Some(fence));
+        self.hold(&fixed.uid, Some((fixed.key.clone(), fence)));
         let driven = self.drive_claimed(&fixed, fence).await;
         self.hold(&fixed.uid, None);
         driven
@@ -144,6 +144,9 @@ impl Engine {
             Ok(Driven::TakenOver) | Err(Error::Store(store_api::Error::Fenced { .. }))
         ) {
             let _ = self.deps.store.release(&fixed.uid, fence).await;
+        }
+        if matches!(driven, Ok(Driven::Released)) {
+            self.handed_over(&fixed.key).await;
         }
         match driven {
             Err(Error::Store(store_api::Error::Fenced { .. })) => Ok(Driven::TakenOver),
@@ -501,13 +504,16 @@ impl Engine {
         replay: &Replay,
         phase: RunPhase,
     ) -> Result<Option<Run>> {
-        let status = status::project(
+        let mut status = status::project(
             &run.object.status,
             replay,
             phase,
             replay.started_at,
             self.deps.clock.now(),
         );
+        if let Some(replica) = &self.config.replica {
+            status.replica = Some(replica.clone());
+        }
         if status == run.object.status {
             return Ok(Some(run.clone()));
         }

@@ -246,7 +246,8 @@ pub struct Engine {
     draining: Arc<std::sync::atomic::AtomicBool>,
     /// The leases this process's drives hold now, by run uid, so that a drain can hand over
     /// those of drives it had to stop.
-    held: Arc<std::sync::Mutex<std::collections::HashMap<String, crate::store::Fence>>>,
+    held:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, (ObjectKey, crate::store::Fence)>>>,
 }
 
 impl Engine {
@@ -281,14 +282,17 @@ impl Engine {
     /// claims it next, which parks it as any interrupted command. Returns how many were given
     /// up.
     pub async fn release_held(&self) -> usize {
-        let held: Vec<(String, crate::store::Fence)> = match self.held.lock() {
+        let held: Vec<(String, (ObjectKey, crate::store::Fence))> = match self.held.lock() {
             Ok(mut held) => held.drain().collect(),
             Err(poisoned) => poisoned.into_inner().drain().collect(),
         };
         let mut released = 0;
-        for (uid, fence) in held {
+        for (uid, (key, fence)) in held {
             match self.deps.store.release(&uid, fence).await {
-                Ok(()) => released += 1,
+                Ok(()) => {
+                    released += 1;
+                    self.handed_over(&key).await;
+                }
                 Err(error) => {
                     tracing::warn!(run = %uid, error = %error, "cannot hand the run's lease over");
                 }
@@ -298,15 +302,41 @@ impl Engine {
     }
 
     /// Note a lease a drive holds (`Some`) or gave up (`None`).
-    fn hold(&self, uid: &str, fence: Option<crate::store::Fence>) {
+    fn hold(&self, uid: &str, held_as: Option<(ObjectKey, crate::store::Fence)>) {
         let mut held = match self.held.lock() {
             Ok(held) => held,
             Err(poisoned) => poisoned.into_inner(),
         };
-        match fence {
-            Some(fence) => held.insert(uid.to_string(), fence),
+        match held_as {
+            Some(held_as) => held.insert(uid.to_string(), held_as),
             None => held.remove(uid),
         };
+    }
+
+    /// A draining replica gave a run's lease up: clear `status.replica`, a write every
+    /// replica sees as a change of the run, so one with room claims it at once (instead of
+    /// at its next retry).
+    async fn handed_over(&self, key: &ObjectKey) {
+        let edit: crate::store::Edit = Box::new(|document: &serde_json::Value| {
+            let replica = document.pointer("/status/replica")?;
+            if replica.is_null() {
+                return None;
+            }
+            let mut document = document.clone();
+            if let Some(status) = document
+                .get_mut("status")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                status.remove("replica");
+            }
+            Some(document)
+        });
+        match self.deps.store.modify(key, edit).await {
+            Ok(_) | Err(crate::store::Error::NotFound(_)) => {}
+            Err(error) => {
+                tracing::warn!(run = %key, error = %error, "cannot say the run was handed over");
+            }
+        }
     }
 
     /// A lease request by this replica, from now.
