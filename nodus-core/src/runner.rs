@@ -468,6 +468,11 @@ impl Runner {
 }
 
 impl RunnerHandle {
+    /// How many runs this runner drives now (each holds its sandbox): for gauges.
+    pub fn driving(&self) -> watch::Receiver<usize> {
+        self.driving.clone()
+    }
+
     /// Drain, then stop: take on no more work, let the drives under way stop between steps
     /// (each gives its run's lease up), and once `grace` has passed stop those still running
     /// a step (their commands are killed) and give their leases up too, so that the other

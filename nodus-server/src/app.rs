@@ -79,6 +79,8 @@ pub enum StartError {
 /// A server ready to serve.
 pub struct Server {
     state: Arc<AppState>,
+    /// This replica's name (kept in the data directory).
+    replica: String,
     options: Options,
     _lock: crate::lock::DataDirLock,
     /// Lines for the operator: the store, sandbox and model in use, and where the token is.
@@ -111,6 +113,7 @@ impl Server {
                 Err(error) => tracing::warn!(error = %error, "cannot keep the store's reserve"),
             }
         }
+        let replica = replica_name(&options.data_dir)?;
         let store = open_store(&options, &mut announcements).await?;
         let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
         let catalog =
@@ -132,7 +135,7 @@ impl Server {
             },
             Config {
                 default_image: options.default_image.clone(),
-                replica: Some(replica_name(&options.data_dir)?),
+                replica: Some(replica.clone()),
                 actions: crate::actions::registry(options.webhook_allow.clone())
                     .merged(&options.actions),
                 ..Config::default()
@@ -151,6 +154,7 @@ impl Server {
         bootstrap(&state, &options, &mut announcements).await?;
         Ok(Server {
             state,
+            replica,
             options,
             _lock: lock,
             announcements,
@@ -219,6 +223,22 @@ impl Bound {
                 },
             )
         });
+        let _ = server
+            .state
+            .metrics
+            .replica
+            .set(crate::metrics::ReplicaGauges {
+                name: server.replica.clone(),
+                role: server.options.role.as_str(),
+                capacity: if server.options.role.drives() {
+                    server.options.capacity
+                } else {
+                    0
+                },
+                in_use: runner
+                    .as_ref()
+                    .map(nodus_core::runner::RunnerHandle::driving),
+            });
         let runner = Arc::new(tokio::sync::Mutex::new(runner));
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
         // Streams of a token end when it is deleted (on any replica) or expires.

@@ -20,7 +20,7 @@ pub mod secrets;
 pub mod stream;
 pub mod watch;
 
-pub use api::router;
+pub use api::{WORKER_PATHS, router, worker_router};
 pub use app::{AppState, Server, StartError};
 pub use options::{
     Options, ROOT_SANDBOX_AREA, Role, SandboxKind, StoreUrl, default_capacity, default_data_dir,

@@ -388,6 +388,18 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
         most.contains(&CAPACITY),
         "no replica ever filled its capacity, so the test proves nothing: {most:?}"
     );
+    // Each replica's gauges in /metrics (no token needed: nothing of any project).
+    let (status, metrics) = b.http_with("GET", "/metrics", &[], None);
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    let labels = format!("{{replica=\"{}\",role=\"all\"}}", names[1]);
+    for line in [
+        format!("nodus_replica_capacity{labels} {CAPACITY}"),
+        format!("nodus_replica_sandboxes_in_use{labels} 0"),
+        format!("nodus_replica_draining{labels} 0"),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
     drop(b);
     drop(c);
     let _ = Command::new("psql")
