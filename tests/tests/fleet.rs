@@ -80,6 +80,53 @@ fn live_sandboxes(data_dir: &Path) -> usize {
     std::fs::read_dir(data_dir.join("sandboxes")).map_or(0, |entries| entries.count())
 }
 
+/// The commands (`sleep`) running now under the process `pid`, by the run each is for (its
+/// shell's command line names it).
+fn commands_under(pid: u32) -> BTreeSet<String> {
+    let mut parents = BTreeMap::new();
+    let mut shells = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …: the comm may hold spaces, so split after its ')'.
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        parents.insert(child, ppid);
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains("sleep 1.5 && echo fleet-t") {
+            shells.push((child, cmdline));
+        }
+    }
+    shells
+        .into_iter()
+        .filter(|(shell, _)| {
+            let mut at = *shell;
+            for _ in 0..16 {
+                match parents.get(&at) {
+                    Some(&parent) if parent == pid => return true,
+                    Some(&parent) if parent > 1 => at = parent,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .filter_map(|(_, cmdline)| {
+            let at = cmdline.find("echo ")? + "echo ".len();
+            cmdline[at..].split_whitespace().next().map(str::to_string)
+        })
+        .collect()
+}
+
 /// Who holds each run's lease now (by run uid; released leases have no owner).
 fn lease_owners(store: &str) -> BTreeMap<String, String> {
     let output = Command::new("psql")
@@ -257,9 +304,9 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
         .collect();
     assert_eq!(uids.len(), RUNS);
 
-    // Mid-way (a third of the commands done) and while A drives runs: SIGTERM A.
+    // Mid-way (a third of the commands done) and while A runs a command: SIGTERM A.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let held_by_a = loop {
+    let (held_by_a, running) = loop {
         let lines = std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
@@ -269,12 +316,13 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
             .filter(|(_, owner)| *owner == names[0])
             .map(|(uid, _)| uid)
             .collect();
-        if lines >= RUNS * COMMANDS / 3 && !held.is_empty() {
-            break held;
+        let running = commands_under(a.pid());
+        if lines >= RUNS * COMMANDS / 3 && !held.is_empty() && !running.is_empty() {
+            break (held, running);
         }
         assert!(
             Instant::now() < deadline,
-            "never mid-way with A driving runs"
+            "never mid-way with A running a command"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -289,6 +337,15 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
     }
     let exited = Instant::now();
     a_alive.store(false, Ordering::SeqCst);
+    // The commands A ran when told to stop finished before it handed their runs over (the
+    // drain timeout, 20 s, is far longer than a command).
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    for line in &running {
+        assert!(
+            text.lines().any(|l| l == line),
+            "A's command {line} did not finish before A exited"
+        );
+    }
     // Each run A drove when told to stop is continued by B or C within 2 s of A's exit (or
     // A finished it before it stopped).
     let mut waiting: BTreeSet<String> = held_by_a.clone();
@@ -375,7 +432,7 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
 
     eprintln!(
         "{samples} samples; most live sandboxes per replica {most:?}; A held {} runs at SIGTERM, \
-         exited {} ms later, its runs continued {} ms after its exit",
+         running {running:?}, exited {} ms later, its runs continued {} ms after its exit",
         held_by_a.len(),
         exited.duration_since(terminated).as_millis(),
         continued_after.as_millis()
