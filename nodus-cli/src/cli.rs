@@ -89,7 +89,7 @@ impl Offered {
                 .iter()
                 .flat_map(|&kind| [Some(kind.plural()), crate::kinds::short_name(kind)])
                 .flatten()
-                .chain(["postrunactions"])
+                .chain(["postrunactions", "replicas"])
                 .collect()
         })
     }

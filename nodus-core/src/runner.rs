@@ -468,6 +468,11 @@ impl Runner {
 }
 
 impl RunnerHandle {
+    /// The engine this runner drives.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// How many runs this runner drives now (each holds its sandbox): for gauges.
     pub fn driving(&self) -> watch::Receiver<usize> {
         self.driving.clone()

@@ -239,6 +239,38 @@ impl Bound {
                     .as_ref()
                     .map(nodus_core::runner::RunnerHandle::driving),
             });
+        let info = crate::replicas::ReplicaInfo {
+            name: server.replica.clone(),
+            role: server.options.role.as_str(),
+            capacity: if server.options.role.drives() {
+                server.options.capacity
+            } else {
+                0
+            },
+        };
+        let in_use = runner
+            .as_ref()
+            .map(nodus_core::runner::RunnerHandle::driving);
+        let heartbeat = {
+            let (store, engine, info) = (
+                server.state.store.clone(),
+                server.state.engine.clone(),
+                info.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let used = in_use.as_ref().map_or(0, |in_use| *in_use.borrow());
+                    let now = engine.clock().now();
+                    if let Err(error) =
+                        crate::replicas::beat(store.as_ref(), &info, used, engine.draining(), now)
+                            .await
+                    {
+                        tracing::warn!(error = %error, "cannot write the replica's heartbeat");
+                    }
+                    tokio::time::sleep(crate::replicas::HEARTBEAT).await;
+                }
+            })
+        };
         let runner = Arc::new(tokio::sync::Mutex::new(runner));
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
         // Streams of a token end when it is deleted (on any replica) or expires.
@@ -277,12 +309,21 @@ impl Bound {
         let state = server.state.clone();
         let draining = runner.clone();
         let drain_timeout = server.options.drain_timeout;
+        let drain_info = info.clone();
         let signal = tokio::spawn(async move {
             shutdown.await;
             // Drain first, still serving: take on no more runs, let running commands finish
             // (up to the drain timeout), and hand every run over to the other replicas.
             if let Some(runner) = draining.lock().await.take() {
                 tracing::info!(timeout = ?drain_timeout, "draining");
+                runner.engine().start_draining();
+                let used = *runner.driving().borrow();
+                let now = state.engine.clock().now();
+                if let Err(error) =
+                    crate::replicas::beat(state.store.as_ref(), &drain_info, used, true, now).await
+                {
+                    tracing::warn!(error = %error, "cannot mark the replica draining");
+                }
                 let cut = runner.drain(drain_timeout).await;
                 tracing::info!(cut, "drained: every run handed over");
             }
@@ -299,6 +340,8 @@ impl Bound {
         if let Some(runner) = runner.lock().await.take() {
             runner.shutdown().await;
         }
+        heartbeat.abort();
+        crate::replicas::remove(server.state.store.as_ref(), &info.name).await;
         Ok(())
     }
 }

@@ -15,6 +15,7 @@ pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;
+pub mod replicas;
 pub mod reserve;
 pub mod secrets;
 pub mod stream;

@@ -326,6 +326,24 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
+    // The store lists the three replicas, each with its role, capacity and version.
+    let (status, listed) = b.http_with("GET", "/apis/nodus.dev/v1/replicas", &[], None);
+    assert_eq!(status, 200, "{listed}");
+    let mut listed_names: Vec<&str> = listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| {
+            assert_eq!(item["spec"]["role"], "all", "{item}");
+            assert_eq!(item["spec"]["capacity"], CAPACITY, "{item}");
+            assert_eq!(item["spec"]["version"], env!("CARGO_PKG_VERSION"), "{item}");
+            item["metadata"]["name"].as_str().unwrap_or_default()
+        })
+        .collect();
+    listed_names.sort_unstable();
+    let mut all_names: Vec<&str> = names.iter().map(String::as_str).collect();
+    all_names.sort_unstable();
+    assert_eq!(listed_names, all_names);
     a.terminate();
     let terminated = Instant::now();
     while a.alive() {
@@ -445,6 +463,24 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
         most.contains(&CAPACITY),
         "no replica ever filled its capacity, so the test proves nothing: {most:?}"
     );
+    // A drained replica leaves the list; `nodus get replicas` shows the others.
+    let table = b.ok(&["get", "replicas"]);
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NAME", "ROLE", "CAPACITY", "IN-USE", "HEARTBEAT", "VERSION"] {
+        assert!(header.contains(column), "{column} in {table}");
+    }
+    assert!(
+        !table.contains(&names[0]),
+        "A drained and is listed: {table}"
+    );
+    for name in &names[1..] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(name.as_str()) && l.contains(" all ")),
+            "{name} in {table}"
+        );
+    }
     // Each replica's gauges in /metrics (no token needed: nothing of any project).
     let (status, metrics) = b.http_with("GET", "/metrics", &[], None);
     assert_eq!(status, 200);

@@ -46,6 +46,7 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
             "/apis/nodus.dev/v1/postrunactions".into(),
             get(post_run_actions),
         ),
+        ("/apis/nodus.dev/v1/replicas".into(), get(replicas)),
         (
             PROJECTS.into(),
             get(tokens::list_projects).post(tokens::create_project),
@@ -220,6 +221,18 @@ async fn post_run_actions(
     Ok(reply(
         StatusCode::OK,
         serde_json::json!({"kind": "PostRunActionList", "items": state.engine.post_run_actions()}),
+    ))
+}
+
+/// The fleet's replicas as the store knows them (the operator token).
+async fn replicas(State(state): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult<Response> {
+    caller(&state, &headers)
+        .await?
+        .check_operator("list replicas")?;
+    let items = crate::replicas::list(state.store.as_ref()).await?;
+    Ok(reply(
+        StatusCode::OK,
+        serde_json::json!({"kind": "ReplicaList", "items": items}),
     ))
 }
 
