@@ -89,7 +89,7 @@ impl Offered {
                 .iter()
                 .flat_map(|&kind| [Some(kind.plural()), crate::kinds::short_name(kind)])
                 .flatten()
-                .chain(["postrunactions"])
+                .chain(["postrunactions", "replicas"])
                 .collect()
         })
     }
@@ -266,6 +266,19 @@ pub struct ServerArgs {
     /// Event streams one console session may hold open; past it: 429.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_streams_per_session: u64,
+    /// Live sandboxes at once on this replica: it drives at most this many runs at once and
+    /// leaves the others to other replicas (default: 4 per CPU, at most one per 512 MiB of
+    /// memory).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub capacity: Option<u64>,
+    /// What this replica does: all (serve the API and drive runs), api (serve the API, drive
+    /// nothing) or worker (drive runs, serve only /healthz and /metrics).
+    #[arg(long, default_value = "all")]
+    pub role: String,
+    /// Seconds a drain (SIGTERM, Ctrl-C) lets running commands finish before it cuts them;
+    /// then every run this replica drove is handed over to the others at once.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub drain_timeout: u64,
 }
 
 /// `nodus quickstart`.

@@ -78,12 +78,16 @@ pub struct Runner {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     config: RunnerConfig,
+    driving: watch::Sender<usize>,
 }
 
-/// A started runner: stop it with [`shutdown`](RunnerHandle::shutdown).
+/// A started runner: stop it with [`shutdown`](RunnerHandle::shutdown), or hand its runs over
+/// first with [`drain`](RunnerHandle::drain).
 pub struct RunnerHandle {
     engine: Engine,
     stop: watch::Sender<bool>,
+    /// How many runs are driven now (the loop sends it; a drain waits for zero).
+    driving: watch::Receiver<usize>,
     task: JoinHandle<()>,
     sweeper: Option<JoinHandle<()>>,
 }
@@ -165,16 +169,19 @@ impl Runner {
                 config.sweep_every,
             ))
         });
+        let (driving_tx, driving) = watch::channel(0);
         let runner = Runner {
             engine: engine.clone(),
             store,
             clock,
             config,
+            driving: driving_tx,
         };
         let task = tokio::spawn(runner.run(changes, stopped));
         RunnerHandle {
             engine,
             stop,
+            driving,
             task,
             sweeper,
         }
@@ -279,6 +286,7 @@ impl Runner {
     fn finished(&self, done: Done, queue: &mut Queue) {
         if is_drive(done.key.kind) {
             queue.driving = queue.driving.saturating_sub(1);
+            self.driving.send_replace(queue.driving);
         }
         if done.awaiting_funds {
             queue
@@ -318,9 +326,12 @@ impl Runner {
         } else {
             queue.slots.remove(&done.key);
         }
-        // A drive ended: the next run ready takes its place.
-        while queue.driving < self.config.max_concurrent.max(1)
-            && let Some(key) = queue.ready.pop_front()
+        // A drive ended: the next run ready takes its place (none while draining).
+        while may_drive(
+            queue.driving,
+            self.config.max_concurrent,
+            self.engine.draining(),
+        ) && let Some(key) = queue.ready.pop_front()
         {
             if let Some(slot) = queue.slots.get_mut(&key) {
                 slot.ready = false;
@@ -330,6 +341,10 @@ impl Runner {
     }
 
     fn queue(&self, key: ObjectKey, queue: &mut Queue) {
+        if self.engine.draining() {
+            // A draining replica takes on nothing: the other replicas see the same changes.
+            return;
+        }
         let slot = queue.slots.entry(key.clone()).or_default();
         if slot.ready {
             return;
@@ -341,7 +356,8 @@ impl Runner {
         slot.busy = true;
         // In the order queued: behind the runs already waiting for a drive.
         if is_drive(key.kind)
-            && (queue.driving >= self.config.max_concurrent.max(1) || !queue.ready.is_empty())
+            && (!may_drive(queue.driving, self.config.max_concurrent, false)
+                || !queue.ready.is_empty())
         {
             slot.ready = true;
             queue.ready.push_back(key);
@@ -354,6 +370,7 @@ impl Runner {
     fn spawn(&self, key: ObjectKey, queue: &mut Queue) {
         if is_drive(key.kind) {
             queue.driving += 1;
+            self.driving.send_replace(queue.driving);
         }
         let worker_key = key.clone();
         let engine = self.engine.clone();
@@ -451,6 +468,37 @@ impl Runner {
 }
 
 impl RunnerHandle {
+    /// The engine this runner drives.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// How many runs this runner drives now (each holds its sandbox): for gauges.
+    pub fn driving(&self) -> watch::Receiver<usize> {
+        self.driving.clone()
+    }
+
+    /// Drain, then stop: take on no more work, let the drives under way stop between steps
+    /// (each gives its run's lease up), and once `grace` has passed stop those still running
+    /// a step (their commands are killed) and give their leases up too, so that the other
+    /// replicas continue every run at once instead of waiting for leases to expire. Returns
+    /// how many runs were cut by the grace period.
+    pub async fn drain(self, grace: Duration) -> usize {
+        self.engine.start_draining();
+        let clock = self.engine.clock().clone();
+        let mut driving = self.driving.clone();
+        let cut = tokio::select! {
+            _ = driving.wait_for(|driving| *driving == 0) => 0,
+            () = clock.sleep(grace) => *self.driving.borrow(),
+        };
+        let engine = self.engine.clone();
+        self.shutdown().await;
+        // The drives are stopped (dropped): nothing of this process writes their runs now.
+        let released = engine.release_held().await;
+        tracing::info!(cut, released, "drained");
+        cut
+    }
+
     /// Stop the runner: drives in progress are dropped (a run's journal says where it was;
     /// the next runner resumes it), timers and the retention sweep end.
     pub async fn shutdown(self) {
@@ -512,6 +560,14 @@ async fn ring(alarm: &mut Option<(Timestamp, Alarm)>) {
     }
 }
 
+/// Whether a runner driving `driving` runs may start another drive (claim another run's
+/// lease): only while it has room under its capacity (at least one), and never while it
+/// drains. A runner that may not leaves the run to the other replicas, which see the same
+/// changes.
+fn may_drive(driving: usize, capacity: usize, draining: bool) -> bool {
+    !draining && driving < capacity.max(1)
+}
+
 /// Whether the work of a key of `kind` is a run's drive (bounded by
 /// [`RunnerConfig::max_concurrent`]); a group's reconcile and an evaluation's grading are not.
 fn is_drive(kind: Kind) -> bool {
@@ -567,6 +623,8 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
             wake_at: until,
             ..Done::nothing(key, group)
         },
+        // Handed over by a drain: another replica continues it.
+        Ok(Driven::Released) => Done::nothing(key, None),
         Ok(_) | Err(Error::NotFound { .. }) => Done::nothing(key, group),
         Err(error) => {
             // Another replica holds the run, or the store is restarting: look again soon.
@@ -644,6 +702,30 @@ async fn sweep_payloads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runner_claims_another_run_only_with_room_and_never_while_it_drains() {
+        // (driving, capacity, draining) → may it start another drive?
+        let table = [
+            ((0, 5, false), true),
+            ((4, 5, false), true),
+            ((5, 5, false), false),
+            ((6, 5, false), false),
+            // A capacity of zero is one.
+            ((0, 0, false), true),
+            ((1, 0, false), false),
+            // Draining: nothing more, whatever the room.
+            ((0, 5, true), false),
+            ((4, 5, true), false),
+        ];
+        for ((driving, capacity, draining), expected) in table {
+            assert_eq!(
+                may_drive(driving, capacity, draining),
+                expected,
+                "driving {driving}, capacity {capacity}, draining {draining}"
+            );
+        }
+    }
 
     #[test]
     fn a_group_gathers_its_changes_for_a_few_times_its_last_reconcile_at_most_the_longest() {

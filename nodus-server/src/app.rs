@@ -16,7 +16,7 @@ use nodus_core::{Clock, Usd};
 
 use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
 use crate::metrics::Metrics;
-use crate::options::{Options, SandboxKind, StoreUrl};
+use crate::options::{Options, Role, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
 
 /// The SQLite file in the data directory, when no store is named.
@@ -79,6 +79,8 @@ pub enum StartError {
 /// A server ready to serve.
 pub struct Server {
     state: Arc<AppState>,
+    /// This replica's name (kept in the data directory).
+    replica: String,
     options: Options,
     _lock: crate::lock::DataDirLock,
     /// Lines for the operator: the store, sandbox and model in use, and where the token is.
@@ -111,6 +113,7 @@ impl Server {
                 Err(error) => tracing::warn!(error = %error, "cannot keep the store's reserve"),
             }
         }
+        let replica = replica_name(&options.data_dir)?;
         let store = open_store(&options, &mut announcements).await?;
         let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
         let catalog =
@@ -150,7 +153,7 @@ impl Server {
             },
             Config {
                 default_image: options.default_image.clone(),
-                replica: Some(replica_name(&options.data_dir)?),
+                replica: Some(replica.clone()),
                 actions: crate::actions::registry(options.webhook_allow.clone())
                     .merged(&options.actions),
                 ..Config::default()
@@ -169,6 +172,7 @@ impl Server {
         bootstrap(&state, &options, &mut announcements).await?;
         Ok(Server {
             state,
+            replica,
             options,
             _lock: lock,
             announcements,
@@ -225,15 +229,67 @@ impl Bound {
         let address = self.local_addr();
         let Bound { server, listener } = self;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        // The runner drives every run and reconciles every group; the API only records.
-        let runner = Runner::start(
-            server.state.engine.clone(),
-            RunnerConfig {
-                max_concurrent: server.options.max_concurrent_runs,
-                retention: Some(PAYLOAD_RETENTION),
-                ..RunnerConfig::default()
+        // The runner drives every run and reconciles every group; the API only records. An
+        // API replica starts none: the worker replicas drive its runs.
+        let runner = server.options.role.drives().then(|| {
+            Runner::start(
+                server.state.engine.clone(),
+                RunnerConfig {
+                    max_concurrent: server.options.capacity,
+                    retention: Some(PAYLOAD_RETENTION),
+                    ..RunnerConfig::default()
+                },
+            )
+        });
+        let _ = server
+            .state
+            .metrics
+            .replica
+            .set(crate::metrics::ReplicaGauges {
+                name: server.replica.clone(),
+                role: server.options.role.as_str(),
+                capacity: if server.options.role.drives() {
+                    server.options.capacity
+                } else {
+                    0
+                },
+                in_use: runner
+                    .as_ref()
+                    .map(nodus_core::runner::RunnerHandle::driving),
+            });
+        let info = crate::replicas::ReplicaInfo {
+            name: server.replica.clone(),
+            role: server.options.role.as_str(),
+            capacity: if server.options.role.drives() {
+                server.options.capacity
+            } else {
+                0
             },
-        );
+        };
+        let in_use = runner
+            .as_ref()
+            .map(nodus_core::runner::RunnerHandle::driving);
+        let heartbeat = {
+            let (store, engine, info) = (
+                server.state.store.clone(),
+                server.state.engine.clone(),
+                info.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let used = in_use.as_ref().map_or(0, |in_use| *in_use.borrow());
+                    let now = engine.clock().now();
+                    if let Err(error) =
+                        crate::replicas::beat(store.as_ref(), &info, used, engine.draining(), now)
+                            .await
+                    {
+                        tracing::warn!(error = %error, "cannot write the replica's heartbeat");
+                    }
+                    tokio::time::sleep(crate::replicas::HEARTBEAT).await;
+                }
+            })
+        };
+        let runner = Arc::new(tokio::sync::Mutex::new(runner));
         let reserve = reserve_path(&server.options).map(|dir| tokio::spawn(keep_reserve(dir)));
         // Streams of a token end when it is deleted (on any replica) or expires.
         let tokens = tokio::spawn(
@@ -243,8 +299,11 @@ impl Bound {
                 .clone()
                 .watch_tokens(server.state.auth.clone(), server.state.store.subscribe()),
         );
-        let app = crate::console::router(server.state.clone())
-            .merge(crate::api::router(server.state.clone()));
+        let app = match server.options.role {
+            Role::Worker => crate::api::worker_router(server.state.clone()),
+            Role::All | Role::Api => crate::console::router(server.state.clone())
+                .merge(crate::api::router(server.state.clone())),
+        };
         let mut stop = stop_rx;
         let files = crate::listen::raise_descriptor_limit();
         let limits = crate::listen::ConnectionLimits {
@@ -266,8 +325,26 @@ impl Bound {
             let _ = stop.wait_for(|stopped| *stopped).await;
         });
         let state = server.state.clone();
+        let draining = runner.clone();
+        let drain_timeout = server.options.drain_timeout;
+        let drain_info = info.clone();
         let signal = tokio::spawn(async move {
             shutdown.await;
+            // Drain first, still serving: take on no more runs, let running commands finish
+            // (up to the drain timeout), and hand every run over to the other replicas.
+            if let Some(runner) = draining.lock().await.take() {
+                tracing::info!(timeout = ?drain_timeout, "draining");
+                runner.engine().start_draining();
+                let used = *runner.driving().borrow();
+                let now = state.engine.clock().now();
+                if let Err(error) =
+                    crate::replicas::beat(state.store.as_ref(), &drain_info, used, true, now).await
+                {
+                    tracing::warn!(error = %error, "cannot mark the replica draining");
+                }
+                let cut = runner.drain(drain_timeout).await;
+                tracing::info!(cut, "drained: every run handed over");
+            }
             // Long polls answer now: serving stops once every request is answered.
             state.watches.stop();
             let _ = stop_tx.send(true);
@@ -278,7 +355,11 @@ impl Bound {
         if let Some(reserve) = reserve {
             reserve.abort();
         }
-        runner.shutdown().await;
+        if let Some(runner) = runner.lock().await.take() {
+            runner.shutdown().await;
+        }
+        heartbeat.abort();
+        crate::replicas::remove(server.state.store.as_ref(), &info.name).await;
         Ok(())
     }
 }

@@ -15,16 +15,18 @@ pub mod lock;
 mod metrics;
 mod openapi;
 pub mod options;
+pub mod replicas;
 pub mod reserve;
 pub mod secrets;
 pub mod stream;
 pub mod telemetry;
 pub mod watch;
 
-pub use api::router;
+pub use api::{WORKER_PATHS, router, worker_router};
 pub use app::{AppState, Server, StartError};
 pub use options::{
-    Options, ROOT_SANDBOX_AREA, SandboxKind, StoreUrl, default_data_dir, default_sandbox_dir,
+    Options, ROOT_SANDBOX_AREA, Role, SandboxKind, StoreUrl, default_capacity, default_data_dir,
+    default_sandbox_dir, host_capacity,
 };
 
 /// The API group and version the server serves.

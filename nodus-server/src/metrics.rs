@@ -24,6 +24,8 @@ pub struct Metrics {
     pub requests: AtomicU64,
     /// What the span exporter did (all zero without `--otlp-endpoint`).
     pub spans: std::sync::Arc<crate::telemetry::SpanCounters>,
+    /// This replica's gauges, once it serves.
+    pub replica: std::sync::OnceLock<ReplicaGauges>,
 }
 
 /// Bucket bounds of `gen_ai.client.token.usage` (the semantic conventions' advice).
@@ -91,6 +93,49 @@ fn seconds(millis: u64) -> String {
     format!("{}.{:03}", millis / 1000, millis % 1000)
 }
 
+/// What `/metrics` says of this replica: its name and role, its capacity, how many of it
+/// its runs use now, whether it drains. Nothing of any project.
+#[derive(Debug)]
+pub struct ReplicaGauges {
+    /// The replica's name (as its runs' `status.replica` and its leases say).
+    pub name: String,
+    /// `all`, `api` or `worker`.
+    pub role: &'static str,
+    /// Live sandboxes it may hold at once (0 for an API replica: it drives nothing).
+    pub capacity: usize,
+    /// Runs it drives now, each holding its sandbox (none for an API replica).
+    pub in_use: Option<tokio::sync::watch::Receiver<usize>>,
+}
+
+impl ReplicaGauges {
+    fn render(&self, engine: &Engine, text: &mut String) {
+        let labels = format!("replica=\"{}\",role=\"{}\"", self.name, self.role);
+        let in_use = self.in_use.as_ref().map_or(0, |in_use| *in_use.borrow());
+        let draining = u8::from(engine.draining());
+        for (name, help, value) in [
+            (
+                "nodus_replica_capacity",
+                "Live sandboxes this replica may hold at once (--capacity).",
+                self.capacity,
+            ),
+            (
+                "nodus_replica_sandboxes_in_use",
+                "Runs this replica drives now, each holding its sandbox.",
+                in_use,
+            ),
+            (
+                "nodus_replica_draining",
+                "1 while this replica drains (it takes on no more runs).",
+                usize::from(draining),
+            ),
+        ] {
+            let _ = writeln!(text, "# HELP {name} {help}");
+            let _ = writeln!(text, "# TYPE {name} gauge");
+            let _ = writeln!(text, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
 impl Metrics {
     /// Count one request.
     pub fn request(&self) {
@@ -142,6 +187,9 @@ impl Metrics {
             "nodus_otlp_spans_dropped_total{{reason=\"export_failed\"}} {}",
             spans.dropped_export_failed.load(Ordering::Relaxed)
         );
+        if let Some(replica) = self.replica.get() {
+            replica.render(engine, &mut text);
+        }
         let Some(caller) = caller else {
             return text;
         };

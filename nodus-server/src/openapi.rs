@@ -189,6 +189,27 @@ fn schemas() -> Map<String, Value> {
         "required": ["kind", "items"],
         "additionalProperties": false,
     }));
+    named.insert(
+        "ReplicaList".into(),
+        json!({
+            "type": "object",
+            "properties": {"kind": {"const": "ReplicaList"}, "items": {"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
+                    "spec": {"type": "object", "properties": {
+                        "role": {"enum": ["all", "api", "worker"]},
+                        "capacity": {"type": "integer", "minimum": 0},
+                        "version": {"type": "string"}}},
+                    "status": {"type": "object", "properties": {
+                        "inUse": {"type": "integer", "minimum": 0},
+                        "heartbeat": {"type": "string", "format": "date-time"},
+                        "draining": {"type": "boolean"}}}
+                }
+            }}},
+            "required": ["kind", "items"],
+        }),
+    );
     generator.subschema_for::<Account>();
     generator.subschema_for::<AddCredits>();
     generator.subschema_for::<MessageBody>();
@@ -433,6 +454,9 @@ pub fn document() -> Value {
     paths.insert("/metrics".into(), json!({"get": metrics}));
     paths.insert("/apis/nodus.dev/v1/postrunactions".into(), json!({
         "get": operation("The post-run actions installed: kind, title, description, configSchema (any valid token)", responses(&[json_ok("200", "The actions", "PostRunActionList")], read), None),
+    }));
+    paths.insert("/apis/nodus.dev/v1/replicas".into(), json!({
+        "get": operation("The replicas sharing this store: name, role, capacity, runs in use, last heartbeat, version, draining (the operator token)", responses(&[json_ok("200", "The replicas", "ReplicaList")], read), None),
     }));
     paths.insert(crate::api::PROJECTS.into(), json!({
         "get": operation("The projects the token holds (every project for the operator token)", responses(&[json_ok("200", "The projects", "ProjectList")], read), None),

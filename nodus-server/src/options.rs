@@ -68,6 +68,80 @@ impl FromStr for SandboxKind {
     }
 }
 
+/// What a replica does (`--role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Serves the API and drives runs (the default).
+    All,
+    /// Serves the API and drives nothing: its runs are driven by the worker replicas.
+    Api,
+    /// Drives runs and serves only `/healthz` and `/metrics`.
+    Worker,
+}
+
+impl Role {
+    /// Whether a replica of this role starts a runner.
+    pub fn drives(self) -> bool {
+        self != Role::Api
+    }
+
+    /// The role's name, as `--role` takes it and `nodus get replicas` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Api => "api",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "all" => Ok(Role::All),
+            "api" => Ok(Role::Api),
+            "worker" => Ok(Role::Worker),
+            other => Err(format!("--role takes all, api or worker, not {other:?}")),
+        }
+    }
+}
+
+/// The memory counted per sandbox when a replica's capacity is sized from its host: a
+/// sandbox may use up to its limit (1 GiB by default), but most commands use far less.
+pub const MEMORY_PER_SANDBOX: u64 = 512 << 20;
+
+/// Sandboxes per CPU when a replica's capacity is sized from its host: a run's sandbox is
+/// idle while its model answers, which is most of a run.
+pub const SANDBOXES_PER_CPU: usize = 4;
+
+/// A replica's capacity (live sandboxes at once) on a host with `cpus` CPUs and
+/// `memory_bytes` of memory: [`SANDBOXES_PER_CPU`] per CPU, at most one per
+/// [`MEMORY_PER_SANDBOX`], at least one.
+pub fn default_capacity(cpus: usize, memory_bytes: u64) -> usize {
+    let by_memory = usize::try_from(memory_bytes / MEMORY_PER_SANDBOX).unwrap_or(usize::MAX);
+    cpus.saturating_mul(SANDBOXES_PER_CPU).min(by_memory).max(1)
+}
+
+/// [`default_capacity`] of this host: its CPUs as the process may use them, its memory from
+/// `/proc/meminfo` (when that cannot be read, the CPUs alone decide).
+pub fn host_capacity() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| mem_total(&text))
+        .unwrap_or(u64::MAX);
+    default_capacity(cpus, memory)
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Everything the server is started with.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -85,8 +159,15 @@ pub struct Options {
     pub data_dir: PathBuf,
     /// The admin token to register instead of generating one.
     pub bootstrap_token: Option<String>,
-    /// Runs driven at once.
-    pub max_concurrent_runs: usize,
+    /// Live sandboxes at once on this replica (`--capacity`): it drives at most this many
+    /// runs at once and claims no other run's lease while full, so other replicas take
+    /// them.
+    pub capacity: usize,
+    /// What this replica does (`--role`).
+    pub role: Role,
+    /// How long a drain (SIGTERM) lets running commands finish before it cuts them and hands
+    /// their runs over (`--drain-timeout`).
+    pub drain_timeout: Duration,
     /// The image of container sandboxes when a run names none.
     pub default_image: Option<String>,
     /// Where process sandboxes keep their working directories; `None`:
@@ -128,7 +209,9 @@ impl Options {
             anthropic: nodus_llm::AnthropicConfig::from_env(),
             data_dir,
             bootstrap_token: None,
-            max_concurrent_runs: 256,
+            capacity: host_capacity(),
+            role: Role::All,
+            drain_timeout: Duration::from_secs(30),
             default_image: None,
             sandbox_dir: None,
             sandbox_launcher: None,
@@ -182,6 +265,48 @@ pub fn default_data_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_is_sized_by_its_cpus_and_its_memory_whichever_allows_fewer() {
+        let gib = 1u64 << 30;
+        // (cpus, memory) → capacity
+        let table = [
+            ((2, 16 * gib), 8),
+            ((2, 2 * gib), 4),
+            ((16, 8 * gib), 16),
+            ((64, 512 * gib), 256),
+            ((1, 100 << 20), 1),
+            ((0, 0), 1),
+            ((4, u64::MAX), 16),
+        ];
+        for ((cpus, memory), expected) in table {
+            assert_eq!(
+                default_capacity(cpus, memory),
+                expected,
+                "{cpus} CPUs, {memory} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn meminfo_gives_its_total_in_bytes() {
+        let text = "MemTotal:       16318496 kB\nMemFree:         1000 kB\n";
+        assert_eq!(mem_total(text), Some(16_318_496 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn roles_parse_and_only_an_api_replica_drives_nothing() {
+        for role in [Role::All, Role::Api, Role::Worker] {
+            assert_eq!(role.as_str().parse::<Role>(), Ok(role));
+        }
+        assert!(Role::All.drives() && Role::Worker.drives() && !Role::Api.drives());
+        let refused = "both".parse::<Role>().unwrap_err();
+        assert!(
+            refused.contains("all, api or worker") && refused.contains("both"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn store_urls_parse_and_bad_ones_say_what_is_allowed() {

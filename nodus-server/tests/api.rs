@@ -1751,3 +1751,30 @@ async fn every_answer_matches_the_openapi_document() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     check("Status", &answer);
 }
+
+#[tokio::test]
+async fn a_worker_replica_serves_only_its_health_and_its_metrics() {
+    let full = api().await;
+    let worker = Api {
+        router: nodus_server::worker_router(full.state.clone()),
+        state: full.state.clone(),
+        _dir: tempfile::tempdir().expect("tempdir"),
+    };
+    let (status, body) = worker.call(Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = worker
+        .call(Method::GET, "/metrics", Some(TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Everything else is not served, with or without a token; the full API serves it.
+    for path in [
+        BASE.to_string(),
+        format!("{BASE}/default/agents"),
+        "/openapi.json".to_string(),
+    ] {
+        let (status, body) = worker.call(Method::GET, &path, Some(TOKEN), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        let (status, body) = full.call(Method::GET, &path, Some(TOKEN), None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    }
+}

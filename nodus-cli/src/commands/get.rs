@@ -48,7 +48,62 @@ async fn post_run_actions(client: &Client, output: Option<Output>) -> Result<()>
     Ok(())
 }
 
+/// `nodus get replicas`: the replicas sharing the server's store (NAME, ROLE, CAPACITY,
+/// IN-USE, HEARTBEAT, VERSION, DRAINING), or the list as yaml or json.
+async fn replicas(client: &Client, output: Option<Output>) -> Result<()> {
+    let list = client
+        .send(
+            Method::GET,
+            &["apis", "nodus.dev", "v1", "replicas"],
+            &[],
+            None,
+            &[],
+        )
+        .await?;
+    match output {
+        None | Some(Output::Table | Output::Wide) => {
+            let mut table = table::Table::new(&[
+                "NAME",
+                "ROLE",
+                "CAPACITY",
+                "IN-USE",
+                "HEARTBEAT",
+                "VERSION",
+                "DRAINING",
+            ]);
+            for item in list["items"].as_array().cloned().unwrap_or_default() {
+                table.rows.push(
+                    [
+                        "/metadata/name",
+                        "/spec/role",
+                        "/spec/capacity",
+                        "/status/inUse",
+                        "/status/heartbeat",
+                        "/spec/version",
+                        "/status/draining",
+                    ]
+                    .iter()
+                    .map(|at| {
+                        crate::jsonpath::scalar_text(item.pointer(at).unwrap_or(&Value::Null))
+                    })
+                    .collect(),
+                );
+            }
+            out(&table.render());
+        }
+        Some(Output::Yaml) => out(&yaml::to_yaml(&list)?),
+        Some(Output::Json) => outln(&serde_json::to_string_pretty(&list).unwrap_or_default()),
+        Some(_) => return Err(Error::usage("get replicas prints a table, yaml or json")),
+    }
+    Ok(())
+}
+
 pub async fn run(client: &Client, args: GetArgs) -> Result<()> {
+    if let [only] = args.targets.as_slice()
+        && matches!(only.to_ascii_lowercase().as_str(), "replicas" | "replica")
+    {
+        return replicas(client, args.output).await;
+    }
     if let [only] = args.targets.as_slice()
         && matches!(
             only.to_ascii_lowercase().as_str(),

@@ -62,6 +62,11 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     options.admission.max_bodies_per_token = count(args.max_bodies_per_token);
     options.admission.max_streams_per_token = count(args.max_streams_per_token);
     options.admission.max_streams_per_session = count(args.max_streams_per_session);
+    if let Some(capacity) = args.capacity {
+        options.capacity = count(capacity);
+    }
+    options.role = args.role.parse().map_err(Error::Input)?;
+    options.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
     Ok(options)
 }
 

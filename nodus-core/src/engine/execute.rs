@@ -48,6 +48,9 @@ pub enum Driven {
     },
     /// Another writer claimed the run; this one stopped.
     TakenOver,
+    /// The replica drains ([`Engine::start_draining`]): the drive stopped between steps and
+    /// gave the run's lease up, for another replica to continue.
+    Released,
 }
 
 /// What a run needs that does not change while it is driven.
@@ -91,8 +94,25 @@ impl Engine {
         let _writing = self.writers.lock(&fixed.uid).await;
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
-        let journal = self.deps.store.journal(&fixed.uid).await?;
-        self.settle_last_charge(&fixed, &journal).await?;
+        self.hold(&fixed.uid, Some((fixed.key.clone(), fence)));
+        let driven = self.drive_claimed(&fixed, fence).await;
+        self.hold(&fixed.uid, None);
+        driven
+    }
+
+    /// Drive a run whose lease this drive holds under `fence`, and give the lease up after.
+    async fn drive_claimed(&self, fixed: &Fixed, fence: Fence) -> Result<Driven> {
+        let journal = match self.deps.store.journal(&fixed.uid).await {
+            Ok(journal) => journal,
+            Err(error) => {
+                let _ = self.deps.store.release(&fixed.uid, fence).await;
+                return Err(error.into());
+            }
+        };
+        if let Err(error) = self.settle_last_charge(fixed, &journal).await {
+            let _ = self.deps.store.release(&fixed.uid, fence).await;
+            return Err(error);
+        }
         // The journal is folded once; the loop adds each new step to the fold.
         let mut replay = Replay::of(&journal);
         drop(journal);
@@ -120,7 +140,7 @@ impl Engine {
         };
         let driven = tokio::select! {
             biased;
-            driven = self.drive_loop(&fixed, fence, &mut replay) => driven,
+            driven = self.drive_loop(fixed, fence, &mut replay) => driven,
             () = renewing => unreachable_renewal(),
         };
         if !matches!(
@@ -128,6 +148,9 @@ impl Engine {
             Ok(Driven::TakenOver) | Err(Error::Store(store_api::Error::Fenced { .. }))
         ) {
             let _ = self.deps.store.release(&fixed.uid, fence).await;
+        }
+        if matches!(driven, Ok(Driven::Released)) {
+            self.handed_over(&fixed.key).await;
         }
         match driven {
             Err(Error::Store(store_api::Error::Fenced { .. })) => Ok(Driven::TakenOver),
@@ -263,6 +286,10 @@ impl Engine {
         // refused and the loop reads again), there is nothing new to read.
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         loop {
+            if self.draining() {
+                // Between steps: hand the run over (the drive gives its lease up).
+                return Ok(Driven::Released);
+            }
             let (mut run, inbox) = match known.take() {
                 Some(known) => known,
                 None => {
@@ -526,13 +553,16 @@ impl Engine {
         replay: &Replay,
         phase: RunPhase,
     ) -> Result<Option<Run>> {
-        let status = status::project(
+        let mut status = status::project(
             &run.object.status,
             replay,
             phase,
             replay.started_at,
             self.deps.clock.now(),
         );
+        if let Some(replica) = &self.config.replica {
+            status.replica = Some(replica.clone());
+        }
         if status == run.object.status {
             return Ok(Some(run.clone()));
         }

@@ -251,6 +251,12 @@ pub struct Engine {
     followed: Arc<live::Followed>,
     /// The runs a task of this process writes now (a drive or a resolution).
     writers: Arc<writers::RunWriters>,
+    /// The replica drains: drives stop between steps and hand their runs over.
+    draining: Arc<std::sync::atomic::AtomicBool>,
+    /// The leases this process's drives hold now, by run uid, so that a drain can hand over
+    /// those of drives it had to stop.
+    held:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, (ObjectKey, crate::store::Fence)>>>,
 }
 
 impl Engine {
@@ -262,6 +268,83 @@ impl Engine {
             uid_counter: Arc::new(AtomicU64::new(0)),
             followed: Arc::default(),
             writers: Arc::default(),
+            draining: Arc::default(),
+            held: Arc::default(),
+        }
+    }
+
+    /// Drain: from now on a drive stops before its next step, gives its run's lease up and
+    /// answers [`Driven::Released`], so that another replica continues the run at once. A
+    /// step under way (a running command) finishes first.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether this engine drains ([`Engine::start_draining`]).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Give up every lease a drive of this process still holds: for a drain whose grace
+    /// period ended with drives still under way, once those drives were stopped (their
+    /// commands killed). A run whose command was cut shows an interrupted step to whoever
+    /// claims it next, which parks it as any interrupted command. Returns how many were given
+    /// up.
+    pub async fn release_held(&self) -> usize {
+        let held: Vec<(String, (ObjectKey, crate::store::Fence))> = match self.held.lock() {
+            Ok(mut held) => held.drain().collect(),
+            Err(poisoned) => poisoned.into_inner().drain().collect(),
+        };
+        let mut released = 0;
+        for (uid, (key, fence)) in held {
+            match self.deps.store.release(&uid, fence).await {
+                Ok(()) => {
+                    released += 1;
+                    self.handed_over(&key).await;
+                }
+                Err(error) => {
+                    tracing::warn!(run = %uid, error = %error, "cannot hand the run's lease over");
+                }
+            }
+        }
+        released
+    }
+
+    /// Note a lease a drive holds (`Some`) or gave up (`None`).
+    fn hold(&self, uid: &str, held_as: Option<(ObjectKey, crate::store::Fence)>) {
+        let mut held = match self.held.lock() {
+            Ok(held) => held,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match held_as {
+            Some(held_as) => held.insert(uid.to_string(), held_as),
+            None => held.remove(uid),
+        };
+    }
+
+    /// A draining replica gave a run's lease up: clear `status.replica`, a write every
+    /// replica sees as a change of the run, so one with room claims it at once (instead of
+    /// at its next retry).
+    async fn handed_over(&self, key: &ObjectKey) {
+        let edit: crate::store::Edit = Box::new(|document: &serde_json::Value| {
+            let replica = document.pointer("/status/replica")?;
+            if replica.is_null() {
+                return None;
+            }
+            let mut document = document.clone();
+            if let Some(status) = document
+                .get_mut("status")
+                .and_then(serde_json::Value::as_object_mut)
+            {
+                status.remove("replica");
+            }
+            Some(document)
+        });
+        match self.deps.store.modify(key, edit).await {
+            Ok(_) | Err(crate::store::Error::NotFound(_)) => {}
+            Err(error) => {
+                tracing::warn!(run = %key, error = %error, "cannot say the run was handed over");
+            }
         }
     }
 

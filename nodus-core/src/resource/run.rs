@@ -158,6 +158,11 @@ pub struct AgentRunStatus {
     /// The final answer's first 4 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<AnswerStatus>,
+    /// The replica that drives the run, or last drove it (its name, as `nodus get replicas`
+    /// lists it). Absent before any replica wrote the run's status, and while a draining
+    /// replica's run waits for another to take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
     /// Model spend so far and the cap.
     #[serde(default)]
     pub cost: CostStatus,

@@ -46,6 +46,7 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
             "/apis/nodus.dev/v1/postrunactions".into(),
             get(post_run_actions),
         ),
+        ("/apis/nodus.dev/v1/replicas".into(), get(replicas)),
         (
             PROJECTS.into(),
             get(tokens::list_projects).post(tokens::create_project),
@@ -85,9 +86,26 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
     ]
 }
 
+/// The routes a worker replica (`--role worker`) serves: it drives runs and answers only
+/// its health and its metrics.
+pub const WORKER_PATHS: [&str; 2] = ["/healthz", "/metrics"];
+
 /// The whole API.
 pub fn router(state: Arc<AppState>) -> Router {
-    routes()
+    router_of(state, routes())
+}
+
+/// A worker replica's API: [`WORKER_PATHS`] only.
+pub fn worker_router(state: Arc<AppState>) -> Router {
+    let routes = routes()
+        .into_iter()
+        .filter(|(path, _)| WORKER_PATHS.contains(&path.as_str()))
+        .collect();
+    router_of(state, routes)
+}
+
+fn router_of(state: Arc<AppState>, routes: Vec<(String, MethodRouter<Arc<AppState>>)>) -> Router {
+    routes
         .into_iter()
         .fold(Router::new(), |router, (path, methods)| {
             router.route(&path, methods)
@@ -203,6 +221,18 @@ async fn post_run_actions(
     Ok(reply(
         StatusCode::OK,
         serde_json::json!({"kind": "PostRunActionList", "items": state.engine.post_run_actions()}),
+    ))
+}
+
+/// The fleet's replicas as the store knows them (the operator token).
+async fn replicas(State(state): State<Arc<AppState>>, headers: HeaderMap) -> ApiResult<Response> {
+    caller(&state, &headers)
+        .await?
+        .check_operator("list replicas")?;
+    let items = crate::replicas::list(state.store.as_ref()).await?;
+    Ok(reply(
+        StatusCode::OK,
+        serde_json::json!({"kind": "ReplicaList", "items": items}),
     ))
 }
 

@@ -174,6 +174,20 @@ impl ServerProcess {
         let _ = self.child.wait();
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send SIGTERM, as an orchestrator stopping the replica does.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -TERM: {status}");
+    }
+
     /// Whether the process is still running (it has not exited or crashed).
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
