@@ -330,6 +330,7 @@ mod tests {
                     memory: Some(Quantity("256Mi".into())),
                     gpu: None,
                 }),
+                network: Default::default(),
             },
             secrets: Vec::new(),
         }
