@@ -229,6 +229,54 @@ pub fn decide(
     not_listed(network, host, port)
 }
 
+/// One connection the egress proxy was asked for: a line of the run result `egress` (JSON
+/// Lines). `address` is the one it dialled, or the one refused (none when no name resolved or
+/// the host was refused before resolving).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressRecord {
+    /// When the connection was asked for (RFC 3339).
+    pub time: String,
+    /// The host as the request named it.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// The address dialled or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// `allowed` or `refused`.
+    pub verdict: String,
+    /// The rule that decided.
+    pub rule: String,
+    /// Bytes from the sandbox onward.
+    pub bytes_out: u64,
+    /// Bytes back to the sandbox.
+    pub bytes_in: u64,
+    /// How long the connection lasted.
+    pub duration_ms: u64,
+}
+
+/// `status.egress` of a run: how many connections were allowed and refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+pub struct EgressCounts {
+    /// Connections allowed.
+    pub allowed: u64,
+    /// Connections refused.
+    pub refused: u64,
+}
+
+impl EgressCounts {
+    /// The counts of `records`.
+    pub fn of(records: &[EgressRecord]) -> Self {
+        let allowed = records.iter().filter(|r| r.verdict == "allowed").count() as u64;
+        EgressCounts {
+            allowed,
+            refused: records.len() as u64 - allowed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
