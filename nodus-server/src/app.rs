@@ -135,6 +135,7 @@ impl Server {
                 replica: Some(replica_name(&options.data_dir)?),
                 actions: crate::actions::registry(options.webhook_allow.clone())
                     .merged(&options.actions),
+                egress_allow: options.egress.allow.clone(),
                 ..Config::default()
             },
         );
