@@ -112,13 +112,20 @@ impl EgressProxy {
             network,
             records: records.clone(),
         });
+        // The connections are tasks of a set the accept loop owns: when the run's listener is
+        // dropped (its task aborted), they end with it, tunnels included.
         let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let run = run.clone();
-                tokio::spawn(async move { run.serve(stream).await });
+                while connections.try_join_next().is_some() {}
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let run = run.clone();
+                        connections.spawn(async move { run.serve(stream).await });
+                    }
+                    // Out of file descriptors, say: wait rather than spin.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
             }
         });
         Ok(RunProxy {
@@ -614,6 +621,31 @@ mod tests {
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].address.as_deref(), Some("127.0.0.1"));
         assert_eq!(records[0].verdict, "refused");
+    }
+
+    #[tokio::test]
+    async fn a_runs_tunnels_end_with_its_listener() {
+        let port = origin().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("run.sock");
+        let run = EgressProxy::new(config("127.0.0.1"))
+            .listen(&path, allowlist(&["files.test"], port))
+            .expect("listening");
+        let mut tunnel = UnixStream::connect(&path).await.expect("connected");
+        tunnel
+            .write_all(format!("CONNECT files.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .expect("sent");
+        let mut established = [0u8; 39];
+        tunnel.read_exact(&mut established).await.expect("read");
+        drop(run);
+        assert!(!path.exists(), "the socket is removed");
+        let mut rest = Vec::new();
+        let ended = tokio::time::timeout(Duration::from_secs(2), tunnel.read_to_end(&mut rest));
+        assert!(
+            ended.await.is_ok(),
+            "the tunnel outlived its run's listener"
+        );
     }
 
     #[test]
