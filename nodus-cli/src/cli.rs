@@ -244,6 +244,15 @@ pub struct ServerArgs {
     /// their output); off by default, since prompts and output can hold secrets.
     #[arg(long)]
     pub otlp_content: bool,
+    /// Internal addresses and CIDRs the egress proxy may reach for runs, separated by commas
+    /// (127.0.0.1,10.20.0.0/16); by default it refuses loopback, private, link-local and
+    /// cloud metadata addresses, and a run's allowlist cidr must lie inside one of these.
+    #[arg(long, env = "NODUS_EGRESS_ALLOW")]
+    pub egress_allow: Option<String>,
+    /// A hosts file (lines `ADDRESS NAME...`) whose names the egress proxy resolves itself,
+    /// before the system's resolver.
+    #[arg(long, env = "NODUS_EGRESS_HOSTS")]
+    pub egress_hosts: Option<PathBuf>,
     /// HTTP connections served at once (at most half the open-file limit); more wait in the
     /// kernel's backlog.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]

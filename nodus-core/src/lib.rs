@@ -61,6 +61,7 @@ pub mod decide;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod decide;
 pub mod digest;
+pub mod egress;
 pub mod engine;
 pub mod evaluation;
 pub mod group;

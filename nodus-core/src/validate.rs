@@ -242,6 +242,88 @@ impl Validate for AgentEnvironmentSpec {
     }
 }
 
+/// The most entries of `spec.network.allow`.
+const MAX_ALLOW_ENTRIES: usize = 256;
+
+/// The rules of `spec.network`: an allowlist's entries each a `host` (a name, or `*.domain`)
+/// or a `cidr`, with 1 to 32 ports other than 0; `allow` only with `egress: allowlist`;
+/// `inject` refused (not supported yet). Whether a `cidr` is inside the operator's
+/// `--egress-allow` is checked when a run is created.
+fn check_network(prefix: &str, network: &crate::resource::NetworkSpec) -> Result<()> {
+    use crate::resource::EgressMode;
+    if let Some(first) = network.inject.first() {
+        return Err(Invalid::new(
+            format!("{prefix}.inject[0]"),
+            "is not supported yet: the egress proxy does not add headers (it would have to \
+             terminate TLS); pass the credential as a Secret in env instead",
+            shown(&first.host),
+        ));
+    }
+    if network.egress == EgressMode::None && !network.allow.is_empty() {
+        return Err(Invalid::new(
+            format!("{prefix}.allow"),
+            "must be left out with egress: none (set egress: allowlist to use it)",
+            format!("{} entries", network.allow.len()),
+        ));
+    }
+    if network.allow.len() > MAX_ALLOW_ENTRIES {
+        return Err(Invalid::new(
+            format!("{prefix}.allow"),
+            format!("must have at most {MAX_ALLOW_ENTRIES} entries"),
+            network.allow.len().to_string(),
+        ));
+    }
+    for (index, entry) in network.allow.iter().enumerate() {
+        let field = format!("{prefix}.allow[{index}]");
+        match (&entry.host, &entry.cidr) {
+            (Some(host), None) => {
+                let name = host.strip_prefix("*.").unwrap_or(host);
+                let valid = name.len() <= 253
+                    && name.split('.').all(|label| {
+                        !label.is_empty()
+                            && label.len() <= 63
+                            && label
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    });
+                if !valid {
+                    return Err(Invalid::new(
+                        format!("{field}.host"),
+                        "must be a host name (letters, digits, '-' in dot-separated labels), \
+                         or *.domain for its subdomains",
+                        shown(host),
+                    ));
+                }
+            }
+            (None, Some(cidr)) => {
+                if let Err(e) = cidr.parse::<crate::egress::Cidr>() {
+                    return Err(Invalid::new(format!("{field}.cidr"), e, shown(cidr)));
+                }
+            }
+            (Some(_), Some(_)) => {
+                return Err(Invalid::new(
+                    field,
+                    "must have one of host and cidr, not both",
+                    "both",
+                ));
+            }
+            (None, None) => {
+                return Err(Invalid::new(field, "must have host or cidr", NOTHING));
+            }
+        }
+        if let Some(ports) = &entry.ports
+            && (ports.is_empty() || ports.len() > 32 || ports.contains(&0))
+        {
+            return Err(Invalid::new(
+                format!("{field}.ports"),
+                "must list 1 to 32 ports, none of them 0 (leave it out for [80, 443])",
+                format!("{ports:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A run's or an agent's `environment`: a reference, or an environment written inline.
 fn check_environment_ref(
     field: &str,
@@ -333,6 +415,7 @@ pub fn check_environment(prefix: &str, spec: &AgentEnvironmentSpec) -> Result<()
             }
         }
     }
+    check_network(&format!("{prefix}.network"), &spec.network)?;
     if let Some(compute) = &spec.compute {
         if let Some(cpu) = &compute.cpu {
             let field = format!("{prefix}.compute.cpu");
@@ -2671,6 +2754,69 @@ mod tests {
             Some(NameOrInline::Name("team/x".to_string()))
         );
         accept::<AgentSpec>(with(agent(), "/spec/environment", json!("research")));
+    }
+
+    #[test]
+    fn network_rules_name_the_field() {
+        let net = |value: Value| with(environment(), "/spec/network", value);
+        let accepted = accept::<AgentEnvironmentSpec>(net(json!({
+            "egress": "allowlist",
+            "allow": [{"host": "pypi.org", "ports": [443]}, {"host": "*.example.org"},
+                      {"cidr": "10.20.0.0/16"}]
+        })));
+        assert_eq!(accepted.spec.network.allow.len(), 3);
+        assert!(
+            accept::<AgentEnvironmentSpec>(environment())
+                .spec
+                .network
+                .is_default()
+        );
+        check::<AgentEnvironmentSpec>(vec![
+            (
+                net(json!({"egress": "open"})),
+                "spec.network.egress",
+                "open",
+            ),
+            (
+                net(json!({"egress": "none", "allow": [{"host": "a.b"}]})),
+                "spec.network.allow",
+                "egress: none",
+            ),
+            (
+                net(json!({"egress": "allowlist", "allow": [{"host": "bad host"}]})),
+                "spec.network.allow[0].host",
+                "\"bad host\"",
+            ),
+            (
+                net(json!({"egress": "allowlist", "allow": [{"cidr": "10.0.0.0/40"}]})),
+                "spec.network.allow[0].cidr",
+                "10.0.0.0/40",
+            ),
+            (
+                net(json!({"egress": "allowlist", "allow": [{"host": "a", "cidr": "1.2.3.4"}]})),
+                "spec.network.allow[0]",
+                "not both",
+            ),
+            (
+                net(json!({"egress": "allowlist", "allow": [{"ports": [443]}]})),
+                "spec.network.allow[0]",
+                "host or cidr",
+            ),
+            (
+                net(json!({"egress": "allowlist", "allow": [{"host": "a", "ports": [0]}]})),
+                "spec.network.allow[0].ports",
+                "[0]",
+            ),
+            (
+                net(
+                    json!({"egress": "allowlist", "inject": [{"host": "api.github.com",
+                    "header": "Authorization",
+                    "valueFrom": {"secretKeyRef": {"name": "github", "key": "authorization"}}}]}),
+                ),
+                "spec.network.inject[0]",
+                "not supported yet",
+            ),
+        ]);
     }
 
     #[test]

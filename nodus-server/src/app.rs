@@ -156,6 +156,7 @@ impl Server {
                 replica: Some(replica.clone()),
                 actions: crate::actions::registry(options.webhook_allow.clone())
                     .merged(&options.actions),
+                egress_allow: options.egress.allow.clone(),
                 ..Config::default()
             },
         );

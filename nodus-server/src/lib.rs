@@ -9,6 +9,7 @@ pub mod app;
 pub mod auth;
 pub mod console;
 pub mod egress;
+pub mod egress_proxy;
 pub mod error;
 mod listen;
 pub mod lock;

@@ -190,6 +190,9 @@ pub struct Options {
     /// The internal hosts, addresses and CIDRs webhooks may reach (by default none: loopback,
     /// private, link-local and metadata addresses are refused).
     pub webhook_allow: crate::egress::WebhookAllow,
+    /// The egress proxy's internal networks (`--egress-allow`) and own names
+    /// (`--egress-hosts`); by default none of either.
+    pub egress: crate::egress_proxy::ProxyConfig,
     /// Post-run actions an embedder installs besides the built-in `agents.noop` and
     /// `agents.webhook` (none by default), with [`Registry::with`](nodus_core::postrun::Registry::with).
     pub actions: nodus_core::postrun::Registry,
@@ -219,6 +222,7 @@ impl Options {
             max_connections: 4096,
             admission: crate::admission::AdmissionLimits::default(),
             webhook_allow: crate::egress::WebhookAllow::default(),
+            egress: crate::egress_proxy::ProxyConfig::default(),
             actions: nodus_core::postrun::Registry::default(),
             watch_bookmark_interval: crate::watch::DEFAULT_BOOKMARK_INTERVAL,
             otlp: None,

@@ -296,6 +296,21 @@ fn environments(backend: Backend) {
             "spec.environment.env[0].valueFrom.secretKeyRef",
             "agentrun/no-secret",
         ),
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: inject\nspec:\n  network:\n    egress: allowlist\n    inject:\n    - host: api.github.com\n      header: Authorization\n      valueFrom: {secretKeyRef: {name: github, key: token}}\n",
+            "spec.network.inject[0]",
+            "agentenvironment/inject",
+        ),
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: wide-cidr\nspec:\n  agent: env-agent\n  input: hello\n  environment:\n    network:\n      egress: allowlist\n      allow:\n      - cidr: 10.0.0.0/8\n",
+            "spec.environment.network.allow[0].cidr",
+            "agentrun/wide-cidr",
+        ),
+        (
+            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: allowlist-run\nspec:\n  agent: env-agent\n  input: hello\n  environment:\n    network:\n      egress: allowlist\n      allow:\n      - host: pypi.org\n",
+            "spec.environment.network.egress",
+            "agentrun/allowlist-run",
+        ),
     ];
     for (document, field, object) in refusals {
         let output = server.cli_in(&["apply", "-f", "-"], Some(document));

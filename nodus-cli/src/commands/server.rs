@@ -55,6 +55,20 @@ pub fn options(args: ServerArgs) -> Result<Options> {
         }
         None => None,
     };
+    if let Some(allow) = &args.egress_allow {
+        options.egress.allow =
+            nodus_core::egress::parse_operator_allow(allow).map_err(Error::Input)?;
+    }
+    if let Some(path) = &args.egress_hosts {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Input(format!(
+                "--egress-hosts {}: cannot read it: {e}",
+                path.display()
+            ))
+        })?;
+        options.egress.hosts =
+            nodus_server::egress_proxy::parse_hosts(&text).map_err(Error::Input)?;
+    }
     let count = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
     options.max_connections = count(args.max_connections);
     options.header_timeout = std::time::Duration::from_secs(args.header_timeout);

@@ -132,12 +132,62 @@ impl Engine {
             )
             .into());
         }
+        self.check_network(&spec.network, whose)?;
         Ok(Some(EnvironmentSnapshot {
             environment_ref,
             environment_revision,
             spec,
             secrets,
         }))
+    }
+
+    /// The rules of `spec.network` that depend on the server: a `cidr` only inside the
+    /// operator's `--egress-allow`, and, until the sandboxes are wired to the egress proxy,
+    /// no `allowlist` at all (default-deny: a run is refused rather than started without the
+    /// way out it asked for).
+    fn check_network(&self, network: &crate::resource::NetworkSpec, whose: &str) -> Result<()> {
+        for (index, entry) in network.allow.iter().enumerate() {
+            let Some(text) = &entry.cidr else {
+                continue;
+            };
+            let inside = text
+                .parse::<crate::egress::Cidr>()
+                .is_ok_and(|cidr| cidr.inside(&self.config.egress_allow));
+            if !inside {
+                let allowed: Vec<String> = self
+                    .config
+                    .egress_allow
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                return Err(Invalid::new(
+                    format!("{FIELD}.network.allow[{index}].cidr"),
+                    format!(
+                        "must lie inside a network the server's --egress-allow lists ({}) \
+                         ({whose})",
+                        if allowed.is_empty() {
+                            "none".to_string()
+                        } else {
+                            allowed.join(", ")
+                        }
+                    ),
+                    text.clone(),
+                )
+                .into());
+            }
+        }
+        if network.egress == crate::resource::EgressMode::Allowlist {
+            return Err(Invalid::new(
+                format!("{FIELD}.network.egress"),
+                format!(
+                    "allowlist is not supported yet: this server's sandboxes have no route to \
+                     its egress proxy ({whose}); use none"
+                ),
+                "allowlist",
+            )
+            .into());
+        }
+        Ok(())
     }
 
     /// Read key `secret.key` of Secret `secret.name` into `pinned`; the Secret's version. A
@@ -330,6 +380,7 @@ mod tests {
                     memory: Some(Quantity("256Mi".into())),
                     gpu: None,
                 }),
+                network: Default::default(),
             },
             secrets: Vec::new(),
         }

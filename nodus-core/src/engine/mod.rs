@@ -199,6 +199,9 @@ pub struct Config {
     pub delete_wait: Duration,
     /// The post-run actions installed (`agents.noop` by default).
     pub actions: crate::postrun::Registry,
+    /// The internal networks the operator lets egress reach (`--egress-allow`): a run's
+    /// `spec.network.allow` cidr must lie inside one of them.
+    pub egress_allow: Vec<crate::egress::Cidr>,
 }
 
 impl Default for Config {
@@ -212,6 +215,7 @@ impl Default for Config {
             replica: None,
             delete_wait: Duration::from_secs(30),
             actions: crate::postrun::Registry::new(),
+            egress_allow: Vec::new(),
         }
     }
 }

@@ -17,6 +17,77 @@ pub struct AgentEnvironmentSpec {
     /// CPU, memory and GPUs of the run's sandbox; what is left out keeps the server's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute: Option<Compute>,
+    /// Where the run's sandbox may connect: nowhere unless this says otherwise.
+    #[serde(default, skip_serializing_if = "NetworkSpec::is_default")]
+    pub network: NetworkSpec,
+}
+
+/// `spec.network`: `egress: none` (the default: no way out at all), or `allowlist` with the
+/// hosts and networks the server's egress proxy lets the sandbox reach.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// `none` or `allowlist`.
+    #[serde(default)]
+    pub egress: EgressMode,
+    /// What an allowlist allows (each entry a `host` or a `cidr`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<AllowEntry>,
+    /// Headers the egress proxy adds to requests to a host (not supported yet: refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inject: Vec<InjectEntry>,
+}
+
+impl NetworkSpec {
+    /// `egress: none` with nothing else: what an environment without `network` has.
+    pub fn is_default(&self) -> bool {
+        *self == NetworkSpec::default()
+    }
+}
+
+/// `spec.network.egress`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum EgressMode {
+    /// No way out at all.
+    #[default]
+    None,
+    /// Through the egress proxy, to what `allow` lists.
+    Allowlist,
+}
+
+/// One entry of `spec.network.allow`: a `host` (exact, or `*.domain` for its subdomains) or a
+/// `cidr` (inside what the operator's `--egress-allow` permits), on `ports` (80 and 443 when
+/// left out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowEntry {
+    /// A host name, or `*.domain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// A network, `address/prefix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    /// The ports; 80 and 443 when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<u16>>,
+}
+
+/// One entry of `spec.network.inject`: a header the egress proxy would add to requests to
+/// `host`, its value from a Secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InjectEntry {
+    /// The host whose requests get the header.
+    pub host: String,
+    /// The header's name.
+    pub header: String,
+    /// Where its value comes from.
+    pub value_from: EnvVarSource,
 }
 
 /// One environment variable: a plain `value`, or `valueFrom` a Secret's key.

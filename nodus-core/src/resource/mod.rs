@@ -16,8 +16,8 @@ mod secret;
 
 pub use agent::{Access, AgentSpec, AgentState, AgentStatus, ModelAccess};
 pub use agent_environment::{
-    AgentEnvironmentSpec, AgentEnvironmentStatus, Compute, EnvVar, EnvVarSource, NameOrInline,
-    Quantity, SecretKeyRef,
+    AgentEnvironmentSpec, AgentEnvironmentStatus, AllowEntry, Compute, EgressMode, EnvVar,
+    EnvVarSource, InjectEntry, NameOrInline, NetworkSpec, Quantity, SecretKeyRef,
 };
 pub use budget::{BudgetSpec, BudgetStatus};
 pub use duration::{DurationSpec, ParseDurationError};

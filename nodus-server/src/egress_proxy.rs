@@ -1,0 +1,671 @@
+//! The egress proxy: the only way out of a sandbox whose run has `spec.network.egress:
+//! allowlist`. An HTTP forward proxy (absolute-URI `http://` requests and `CONNECT`
+//! tunnels) with one Unix-socket listener per run, so a connection's run is the listener it
+//! came in on. It resolves names itself (the operator's `--egress-hosts` lines first), asks
+//! [`nodus_core::egress::decide`] about every resolved address, dials only an address that
+//! was allowed (the connection is pinned to it), and answers a refusal with a 403 whose body
+//! names the rule. Every connection asked for becomes an [`EgressRecord`].
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nodus_core::egress::{self, Cidr, EgressRecord, Verdict};
+use nodus_core::resource::NetworkSpec;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener};
+
+/// The longest request head the proxy reads.
+const MAX_HEAD_BYTES: usize = 16 << 10;
+/// How long the proxy waits for a request head, and for an onward connection.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What the operator gives the proxy: the internal networks it may reach (`--egress-allow`)
+/// and names it resolves itself (`--egress-hosts`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Internal addresses and networks a run's allowlist may lead to.
+    pub allow: Vec<Cidr>,
+    /// Names (lower case) and their addresses, read before the system's resolver.
+    pub hosts: HashMap<String, Vec<IpAddr>>,
+}
+
+/// Reads hosts-file lines (`ADDRESS NAME...`, `#` comments) into names and addresses.
+pub fn parse_hosts(text: &str) -> Result<HashMap<String, Vec<IpAddr>>, String> {
+    let mut hosts: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        let mut words = line.split_whitespace();
+        let Some(address) = words.next() else {
+            continue;
+        };
+        let address: IpAddr = address.parse().map_err(|_| {
+            format!(
+                "--egress-hosts line {}: {address:?} is not an IP address",
+                number + 1
+            )
+        })?;
+        for name in words {
+            hosts
+                .entry(name.trim_end_matches('.').to_ascii_lowercase())
+                .or_default()
+                .push(address);
+        }
+    }
+    Ok(hosts)
+}
+
+/// The proxy: cheap to clone; [`EgressProxy::listen`] opens a run's listener.
+#[derive(Debug, Clone, Default)]
+pub struct EgressProxy {
+    config: Arc<ProxyConfig>,
+}
+
+/// A run's listener: it serves until dropped (then its socket file is removed).
+#[derive(Debug)]
+pub struct RunProxy {
+    path: PathBuf,
+    records: Arc<Mutex<Vec<EgressRecord>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunProxy {
+    /// The listener's socket.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The records of the connections finished so far.
+    pub fn records(&self) -> Vec<EgressRecord> {
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for RunProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl EgressProxy {
+    /// A proxy with the operator's `config`.
+    pub fn new(config: ProxyConfig) -> Self {
+        EgressProxy {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Opens a listener at `path` (a stale socket there is replaced) for a run whose
+    /// `spec.network` is `network`.
+    pub fn listen(&self, path: &Path, network: NetworkSpec) -> std::io::Result<RunProxy> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let records = Arc::new(Mutex::new(Vec::new()));
+        let run = Arc::new(Run {
+            config: self.config.clone(),
+            network,
+            records: records.clone(),
+        });
+        // The connections are tasks of a set the accept loop owns: when the run's listener is
+        // dropped (its task aborted), they end with it, tunnels included.
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                while connections.try_join_next().is_some() {}
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let run = run.clone();
+                        connections.spawn(async move { run.serve(stream).await });
+                    }
+                    // Out of file descriptors, say: wait rather than spin.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        Ok(RunProxy {
+            path: path.to_path_buf(),
+            records,
+            task,
+        })
+    }
+}
+
+/// One run's policy and records.
+struct Run {
+    config: Arc<ProxyConfig>,
+    network: NetworkSpec,
+    records: Arc<Mutex<Vec<EgressRecord>>>,
+}
+
+/// What a request asked for.
+struct Request {
+    host: String,
+    port: u16,
+    /// The head to send onward (`None` for a tunnel), and what came after the head.
+    onward: Option<Vec<u8>>,
+    rest: Vec<u8>,
+}
+
+/// A refusal or failure answered to the sandbox.
+struct Answer {
+    status: &'static str,
+    body: String,
+}
+
+impl Run {
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) {
+        let started = Instant::now();
+        let time = jiff::Timestamp::now().to_string();
+        let request = match tokio::time::timeout(WAIT, read_request(&mut client)).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(answer)) => {
+                let _ = respond(&mut client, &answer).await;
+                return;
+            }
+            Err(_) => return,
+        };
+        let mut record = EgressRecord {
+            time,
+            host: request.host.clone(),
+            port: request.port,
+            address: None,
+            verdict: "refused".into(),
+            rule: String::new(),
+            bytes_out: 0,
+            bytes_in: 0,
+            duration_ms: 0,
+        };
+        match self.connect(&request, &mut record).await {
+            Err(answer) => {
+                if record.rule.is_empty() {
+                    record.rule = answer.body.clone();
+                }
+                // Recorded before the answer, so that a refusal's record is there once the
+                // sandbox has read it.
+                record.duration_ms = millis(started);
+                self.push(record);
+                let _ = respond(&mut client, &answer).await;
+                return;
+            }
+            Ok(mut upstream) => {
+                let ready = match &request.onward {
+                    None => client
+                        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                        .await
+                        .is_ok(),
+                    Some(head) => upstream.write_all(head).await.is_ok(),
+                };
+                if ready && upstream.write_all(&request.rest).await.is_ok() {
+                    let sent =
+                        (request.onward.as_ref().map_or(0, Vec::len) + request.rest.len()) as u64;
+                    let (out, back) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
+                        .await
+                        .unwrap_or((0, 0));
+                    record.bytes_out = out + sent;
+                    record.bytes_in = back;
+                }
+            }
+        }
+        record.duration_ms = millis(started);
+        self.push(record);
+    }
+
+    fn push(&self, record: EgressRecord) {
+        tracing::debug!(host = %record.host, port = record.port, verdict = %record.verdict,
+            rule = %record.rule, "egress");
+        self.records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record);
+    }
+
+    /// Resolves, decides and dials: the onward connection, pinned to an allowed address.
+    async fn connect(
+        &self,
+        request: &Request,
+        record: &mut EgressRecord,
+    ) -> Result<TcpStream, Answer> {
+        let refused = |rule: String| Answer {
+            status: "403 Forbidden",
+            body: rule,
+        };
+        if let Some(verdict) = egress::precheck(&self.network, &request.host, request.port) {
+            return Err(refused(verdict.rule().to_string()));
+        }
+        let addresses = self
+            .resolve(&request.host, request.port)
+            .await
+            .map_err(|e| {
+                let rule = format!("{} does not resolve: {e}", request.host);
+                record.rule = rule.clone();
+                Answer {
+                    status: "502 Bad Gateway",
+                    body: rule,
+                }
+            })?;
+        let mut first_refusal = None;
+        for address in addresses {
+            let verdict = egress::decide(
+                &self.network,
+                &self.config.allow,
+                &request.host,
+                request.port,
+                address,
+            );
+            match verdict {
+                Verdict::Allowed(rule) => {
+                    record.address = Some(address.to_string());
+                    record.verdict = "allowed".into();
+                    record.rule = rule;
+                    let dial = TcpStream::connect(SocketAddr::new(address, request.port));
+                    return match tokio::time::timeout(WAIT, dial).await {
+                        Ok(Ok(stream)) => Ok(stream),
+                        Ok(Err(e)) => Err(Answer {
+                            status: "502 Bad Gateway",
+                            body: format!("cannot connect to {address}: {e}"),
+                        }),
+                        Err(_) => Err(Answer {
+                            status: "504 Gateway Timeout",
+                            body: format!("no answer from {address}"),
+                        }),
+                    };
+                }
+                Verdict::Refused(rule) => {
+                    first_refusal.get_or_insert((address, rule));
+                }
+            }
+        }
+        let (address, rule) =
+            first_refusal.unwrap_or_else(|| (IpAddr::from([0, 0, 0, 0]), "no address".into()));
+        record.address = Some(address.to_string());
+        record.rule = rule.clone();
+        Err(refused(rule))
+    }
+
+    /// The addresses of `host`: itself when it is one, else the operator's hosts lines, else
+    /// the system's resolver.
+    async fn resolve(&self, host: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(address) = bare.parse::<IpAddr>() {
+            return Ok(vec![address]);
+        }
+        let name = host.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(addresses) = self.config.hosts.get(&name) {
+            return Ok(addresses.clone());
+        }
+        let found: Vec<IpAddr> = tokio::net::lookup_host((name.as_str(), port))
+            .await?
+            .map(|a| a.ip())
+            .collect();
+        Ok(found)
+    }
+}
+
+fn millis(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn respond<S: AsyncWrite + Unpin>(client: &mut S, answer: &Answer) -> std::io::Result<()> {
+    let body = format!("{}\n", answer.body);
+    let head = format!(
+        "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        answer.status,
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await?;
+    client.write_all(body.as_bytes()).await?;
+    client.shutdown().await
+}
+
+/// Reads a request head: `CONNECT host:port` or `METHOD http://host[:port]/path`.
+async fn read_request<S: AsyncRead + Unpin>(client: &mut S) -> Result<Request, Answer> {
+    let bad = |why: &str| Answer {
+        status: "400 Bad Request",
+        body: why.to_string(),
+    };
+    let mut buf = Vec::new();
+    let end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        if buf.len() > MAX_HEAD_BYTES {
+            return Err(bad("the request head is too long"));
+        }
+        let mut chunk = [0u8; 4096];
+        let n = client
+            .read(&mut chunk)
+            .await
+            .map_err(|_| bad("the request head could not be read"))?;
+        if n == 0 {
+            return Err(bad("the connection closed before a request head"));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let rest = buf.split_off(end);
+    let head = String::from_utf8(buf).map_err(|_| bad("the request head is not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let first = lines.next().unwrap_or_default();
+    let mut words = first.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (words.next(), words.next(), words.next(), words.next())
+    else {
+        return Err(bad("the request line must be METHOD TARGET VERSION"));
+    };
+    if method.eq_ignore_ascii_case("CONNECT") {
+        let (host, port) =
+            split_authority(target, None).ok_or_else(|| bad("CONNECT takes host:port"))?;
+        return Ok(Request {
+            host,
+            port,
+            onward: None,
+            rest,
+        });
+    }
+    let Some(after) = target.strip_prefix("http://") else {
+        return Err(bad(
+            "the proxy takes absolute http:// requests and CONNECT tunnels (for https)",
+        ));
+    };
+    let (authority, path) = match after.find('/') {
+        Some(at) => (&after[..at], &after[at..]),
+        None => (after, "/"),
+    };
+    let (host, port) =
+        split_authority(authority, Some(80)).ok_or_else(|| bad("the URL's host is not valid"))?;
+    let mut onward = format!("{method} {path} {version}\r\n");
+    for line in lines.filter(|l| !l.is_empty()) {
+        let name = line.split(':').next().unwrap_or_default().trim();
+        let dropped = [
+            "proxy-connection",
+            "proxy-authorization",
+            "connection",
+            "keep-alive",
+        ]
+        .iter()
+        .any(|d| name.eq_ignore_ascii_case(d));
+        if !dropped {
+            onward.push_str(line);
+            onward.push_str("\r\n");
+        }
+    }
+    onward.push_str("Connection: close\r\n\r\n");
+    Ok(Request {
+        host,
+        port,
+        onward: Some(onward.into_bytes()),
+        rest,
+    })
+}
+
+/// `host:port`, `[v6]:port`, or a host alone when `default` gives its port.
+fn split_authority(authority: &str, default: Option<u16>) -> Option<(String, u16)> {
+    let authority = authority.rsplit('@').next()?;
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(port) => port.parse().ok()?,
+            None if after.is_empty() => default?,
+            None => return None,
+        };
+        (host.to_string(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host.to_string(), port.parse().ok()?),
+            None => (authority.to_string(), default?),
+        }
+    };
+    let valid = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'_'));
+    (valid && port != 0).then_some((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodus_core::resource::{AllowEntry, EgressMode};
+    use tokio::net::{TcpListener, UnixStream};
+
+    /// An HTTP server on 127.0.0.1 answering every connection with `hello`; its port.
+    async fn origin() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bound");
+        let port = listener.local_addr().expect("address").port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let Ok(n) = stream.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+                        )
+                        .await;
+                });
+            }
+        });
+        port
+    }
+
+    fn allowlist(hosts: &[&str], port: u16) -> NetworkSpec {
+        NetworkSpec {
+            egress: EgressMode::Allowlist,
+            allow: hosts
+                .iter()
+                .map(|host| AllowEntry {
+                    host: Some(host.to_string()),
+                    cidr: None,
+                    ports: Some(vec![port]),
+                })
+                .collect(),
+            inject: Vec::new(),
+        }
+    }
+
+    fn config(allow: &str) -> ProxyConfig {
+        ProxyConfig {
+            allow: egress::parse_operator_allow(allow).expect("allow"),
+            hosts: parse_hosts("# test names\n127.0.0.1 files.test FILES2.test\n::1 six.test\n")
+                .expect("hosts"),
+        }
+    }
+
+    /// The run's records once there are `count` (a record is written when its connection
+    /// ends, which for a tunnel is after the client hangs up).
+    async fn settled(run: &RunProxy, count: usize) -> Vec<EgressRecord> {
+        for _ in 0..500 {
+            let records = run.records();
+            if records.len() >= count {
+                return records;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{count} records expected: {:?}", run.records());
+    }
+
+    async fn ask(path: &Path, request: &str) -> String {
+        let mut stream = UnixStream::connect(path).await.expect("connected");
+        stream.write_all(request.as_bytes()).await.expect("sent");
+        // A tunnel the proxy opened by mistake stays open: a bounded wait fails the test.
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        let _ = tokio::time::timeout(Duration::from_secs(2), read).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    #[tokio::test]
+    async fn the_proxy_allows_the_list_and_refuses_the_rest_recording_each() {
+        let port = origin().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("run.sock");
+        let proxy = EgressProxy::new(config("127.0.0.1"));
+        let run = proxy
+            .listen(&path, allowlist(&["files.test", "six.test"], port))
+            .expect("listening");
+
+        let get = ask(
+            &path,
+            &format!(
+                "GET http://files.test:{port}/x HTTP/1.1\r\nHost: files.test:{port}\r\n\
+                 Proxy-Authorization: Basic c2VjcmV0\r\n\r\n"
+            ),
+        )
+        .await;
+        assert!(
+            get.starts_with("HTTP/1.1 200") && get.ends_with("hello"),
+            "{get}"
+        );
+
+        let mut tunnel = UnixStream::connect(&path).await.expect("connected");
+        tunnel
+            .write_all(format!("CONNECT files.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .expect("sent");
+        let mut established = [0u8; 39];
+        tunnel.read_exact(&mut established).await.expect("read");
+        assert!(established.starts_with(b"HTTP/1.1 200"));
+        tunnel
+            .write_all(b"GET / HTTP/1.1\r\nHost: files.test\r\n\r\n")
+            .await
+            .expect("sent");
+        let mut answer = String::new();
+        tunnel.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.ends_with("hello"), "{answer}");
+        drop(tunnel);
+        settled(&run, 2).await;
+
+        // Not on the list; on the list but another port; an address written directly.
+        for (request, rule) in [
+            (
+                format!("GET http://other.test:{port}/ HTTP/1.1\r\n\r\n"),
+                "other.test is not in",
+            ),
+            (
+                "CONNECT files.test:22 HTTP/1.1\r\n\r\n".to_string(),
+                "port 22",
+            ),
+            (
+                format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
+                "127.0.0.1 is not in",
+            ),
+            // ::1 is loopback, and --egress-allow lists only 127.0.0.1.
+            (
+                format!("CONNECT six.test:{port} HTTP/1.1\r\n\r\n"),
+                "internal address (loopback)",
+            ),
+        ] {
+            let answer = ask(&path, &request).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 403") && answer.contains(rule),
+                "{request}: {answer}"
+            );
+        }
+        let records = settled(&run, 6).await;
+        let seen: Vec<(&str, &str, Option<&str>)> = records
+            .iter()
+            .map(|r| (r.host.as_str(), r.verdict.as_str(), r.address.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("files.test", "allowed", Some("127.0.0.1")),
+                ("files.test", "allowed", Some("127.0.0.1")),
+                ("other.test", "refused", None),
+                ("files.test", "refused", None),
+                ("127.0.0.1", "refused", None),
+                ("six.test", "refused", Some("::1")),
+            ]
+        );
+        assert!(records[0].bytes_in > 5 && records[0].bytes_out > 0);
+        assert!(!records[0].rule.is_empty() && records[0].rule.contains("allow[0]"));
+        // The proxy's own header never goes onward, nor into a record.
+        let journal = serde_json::to_string(&records).expect("json");
+        assert!(!journal.contains("c2VjcmV0"));
+    }
+
+    #[tokio::test]
+    async fn an_allowed_name_at_an_internal_address_needs_the_operator() {
+        let port = origin().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("run.sock");
+        let proxy = EgressProxy::new(config(""));
+        let run = proxy
+            .listen(&path, allowlist(&["files.test"], port))
+            .expect("listening");
+        let answer = ask(
+            &path,
+            &format!("CONNECT files.test:{port} HTTP/1.1\r\n\r\n"),
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 403") && answer.contains("loopback"),
+            "{answer}"
+        );
+        let records = settled(&run, 1).await;
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].address.as_deref(), Some("127.0.0.1"));
+        assert_eq!(records[0].verdict, "refused");
+    }
+
+    #[tokio::test]
+    async fn a_runs_tunnels_end_with_its_listener() {
+        let port = origin().await;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("run.sock");
+        let run = EgressProxy::new(config("127.0.0.1"))
+            .listen(&path, allowlist(&["files.test"], port))
+            .expect("listening");
+        let mut tunnel = UnixStream::connect(&path).await.expect("connected");
+        tunnel
+            .write_all(format!("CONNECT files.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .expect("sent");
+        let mut established = [0u8; 39];
+        tunnel.read_exact(&mut established).await.expect("read");
+        drop(run);
+        assert!(!path.exists(), "the socket is removed");
+        let mut rest = Vec::new();
+        let ended = tokio::time::timeout(Duration::from_secs(2), tunnel.read_to_end(&mut rest));
+        assert!(
+            ended.await.is_ok(),
+            "the tunnel outlived its run's listener"
+        );
+    }
+
+    #[test]
+    fn hosts_lines_and_authorities_parse() {
+        let hosts = parse_hosts("127.0.0.1 a.test b.test # x\n\n::1 a.test\n").expect("hosts");
+        assert_eq!(hosts["a.test"].len(), 2);
+        assert!(parse_hosts("nope a.test").is_err());
+        assert_eq!(
+            split_authority("a.test:8080", None),
+            Some(("a.test".into(), 8080))
+        );
+        assert_eq!(
+            split_authority("[::1]:443", None),
+            Some(("::1".into(), 443))
+        );
+        assert_eq!(
+            split_authority("a.test", Some(80)),
+            Some(("a.test".into(), 80))
+        );
+        assert_eq!(split_authority("a.test", None), None);
+        assert_eq!(split_authority("a test:80", None), None);
+    }
+}
