@@ -310,7 +310,7 @@ fn token_schemas() -> Map<String, Value> {
 enum Errors {
     /// Read a project's object: 401, 403, 404, 422 (a query), 503.
     Read,
-    /// Write one: 400 (not JSON), 401, 403, 404, 409, 413, 422, 503 too.
+    /// Write one: 400 (not JSON), 401, 403, 404, 408, 409, 413, 422, 429, 503 too.
     Write,
 }
 
@@ -338,8 +338,12 @@ fn responses(ok: &[(&str, &str, Value)], errors: Errors) -> Value {
             ("404", "No such object or project"),
             ("422", "A parameter breaks a rule (details names it)"),
             (
+                "429",
+                "TooManyRequests: the token (or console session) holds as many open streams and long polls as it may; try again after Retry-After seconds",
+            ),
+            (
                 "503",
-                "The store is unavailable: try again after Retry-After seconds",
+                "The store is unavailable, or the server holds as many streams as it may: try again after Retry-After seconds",
             ),
         ],
         Errors::Write => &[
@@ -354,14 +358,25 @@ fn responses(ok: &[(&str, &str, Value)], errors: Errors) -> Value {
                 "409",
                 "AlreadyExists, Conflict (a stale resourceVersion), AgentRunFinished or AgentStopped",
             ),
-            ("413", "The body is larger than 32 MiB"),
+            (
+                "408",
+                "The body did not arrive in time (a pause longer than the server's body timeout, or slower than its least rate)",
+            ),
+            (
+                "413",
+                "The body is larger than the route takes (32 MiB for a resource write, 2 MiB for any other)",
+            ),
+            (
+                "429",
+                "TooManyRequests: the token is sending as many request bodies as it may; try again after Retry-After seconds",
+            ),
             (
                 "422",
                 "The body breaks a rule (details names the field, the rule and the value)",
             ),
             (
                 "503",
-                "The store is unavailable: try again after Retry-After seconds",
+                "The store is unavailable, or request bodies in flight hold all the memory the server gives them: try again after Retry-After seconds",
             ),
         ],
     };
