@@ -308,7 +308,7 @@ fn token_schemas() -> Map<String, Value> {
 /// What an operation may answer besides its success.
 #[derive(Clone, Copy)]
 enum Errors {
-    /// Read a project's object: 401, 403, 404, 422 (a query), 503.
+    /// Read a project's object: 401, 403, 404, 422 (a query), 429 (streams), 503.
     Read,
     /// Write one: 400 (not JSON), 401, 403, 404, 408, 409, 413, 422, 429, 503 too.
     Write,
