@@ -358,11 +358,6 @@ impl Admission {
         }
     }
 
-    /// The limits in force.
-    pub fn limits(&self) -> AdmissionLimits {
-        self.limits
-    }
-
     /// Streams open now (for `/metrics` and tests).
     pub fn open_streams(&self) -> usize {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).streams

@@ -113,6 +113,26 @@ impl Running {
         times[2]
     }
 
+    /// `GET path` with `token`.
+    async fn get(&self, path: &str, token: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("answer")
+    }
+
+    /// `GET path` of a console session (its `cookie`).
+    async fn get_in_session(&self, path: &str, cookie: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .expect("answer")
+    }
+
     /// A console session of `token`: its cookie.
     async fn console_session(&self, token: &str) -> String {
         let client = client()
@@ -135,6 +155,12 @@ impl Running {
 /// An HTTP client as the server's own (rustls with ring).
 fn client() -> reqwest::ClientBuilder {
     nodus_llm::http::client_builder(&nodus_llm::HttpConfig::default()).expect("client")
+}
+
+/// Whether the streamed body of `response` ends within `within`.
+async fn ends_within(mut response: reqwest::Response, within: Duration) -> bool {
+    let ended = async { while let Ok(Some(_)) = response.chunk().await {} };
+    tokio::time::timeout(within, ended).await.is_ok()
 }
 
 async fn json_of(response: reqwest::Response) -> Value {
@@ -369,12 +395,8 @@ async fn streams_of_one_console_session_are_limited_and_healthz_answers() {
     // Another session of the same token still gets in; the API's watches count per token.
     let other = server.console_session(&reader).await;
     let answer = server
-        .http
-        .get(server.url("/console/p/default/events"))
-        .header("cookie", other)
-        .send()
-        .await
-        .expect("answer");
+        .get_in_session("/console/p/default/events", &other)
+        .await;
     assert_eq!(answer.status(), 200);
 }
 
@@ -382,13 +404,7 @@ async fn streams_of_one_console_session_are_limited_and_healthz_answers() {
 async fn long_polls_of_one_token_are_limited() {
     let server = start(|_| {}).await;
     let reader = server.token("reader", "read").await;
-    let list = server
-        .http
-        .get(server.url(&format!("{BASE}/agents")))
-        .bearer_auth(&reader)
-        .send()
-        .await
-        .expect("list");
+    let list = server.get(&format!("{BASE}/agents"), reader.as_str()).await;
     let list = json_of(list).await;
     let version = list["metadata"]["resourceVersion"]
         .as_str()
@@ -415,32 +431,24 @@ async fn long_polls_of_one_token_are_limited() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let url = server.url(&format!(
-        "{BASE}/agents?watch=true&resourceVersion={version}&timeoutSeconds=60"
-    ));
     let answer = server
-        .http
-        .get(&url)
-        .bearer_auth(&reader)
-        .send()
-        .await
-        .expect("answer");
+        .get(
+            &format!("{BASE}/agents?watch=true&resourceVersion={version}&timeoutSeconds=60"),
+            &reader,
+        )
+        .await;
     assert_eq!(answer.status(), 429);
     assert!(answer.headers().contains_key("retry-after"));
     let body = json_of(answer).await;
     assert_eq!(body["reason"], "TooManyRequests", "{body}");
     // Another token is not held back by this one's.
     let other = server.token("other", "read").await;
-    let url = server.url(&format!(
-        "{BASE}/agents?watch=true&resourceVersion={version}&timeoutSeconds=1"
-    ));
     let answer = server
-        .http
-        .get(&url)
-        .bearer_auth(&other)
-        .send()
-        .await
-        .expect("answer");
+        .get(
+            &format!("{BASE}/agents?watch=true&resourceVersion={version}&timeoutSeconds=1"),
+            &other,
+        )
+        .await;
     assert_eq!(answer.status(), 200);
     for wait in waiting {
         wait.abort();
@@ -470,36 +478,22 @@ async fn a_deleted_tokens_follow_stream_console_events_and_long_poll_end() {
     let reader = server.token("reader", "read").await;
     // The follow stream: it gives its first line and keeps going while the command runs.
     let mut follow = server
-        .http
-        .get(server.url(&format!("{BASE}/agentruns/long/logs?follow=true")))
-        .bearer_auth(&reader)
-        .send()
-        .await
-        .expect("follow");
+        .get(
+            &format!("{BASE}/agentruns/long/logs?follow=true"),
+            reader.as_str(),
+        )
+        .await;
     assert_eq!(follow.status(), 200);
     let first = follow.chunk().await.expect("read").expect("first line");
     assert!(String::from_utf8_lossy(&first).contains("following"));
     // The console's event stream of a session of the same token.
     let cookie = server.console_session(&reader).await;
-    let mut events = server
-        .http
-        .get(server.url("/console/p/default/events"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .expect("events");
+    let events = server
+        .get_in_session("/console/p/default/events", &cookie)
+        .await;
     assert_eq!(events.status(), 200);
     // A long poll of the list of agents, waiting for a change.
-    let list = json_of(
-        server
-            .http
-            .get(server.url(&format!("{BASE}/agents")))
-            .bearer_auth(&reader)
-            .send()
-            .await
-            .expect("list"),
-    )
-    .await;
+    let list = json_of(server.get(&format!("{BASE}/agents"), reader.as_str()).await).await;
     let version = list["metadata"]["resourceVersion"]
         .as_str()
         .expect("version");
@@ -538,14 +532,14 @@ async fn a_deleted_tokens_follow_stream_console_events_and_long_poll_end() {
     );
     let text = polled.text().await.expect("body");
     assert!(!text.contains("\"after\""), "{text}");
-    let ended = async { while let Ok(Some(_)) = follow.chunk().await {} };
-    tokio::time::timeout(within, ended)
-        .await
-        .expect("the follow stream of a deleted token ends within 2 s");
-    let ended = async { while let Ok(Some(_)) = events.chunk().await {} };
-    tokio::time::timeout(within, ended)
-        .await
-        .expect("the console events of a deleted token end within 2 s");
+    assert!(
+        ends_within(follow, within).await,
+        "the follow stream of a deleted token ends within 2 s"
+    );
+    assert!(
+        ends_within(events, within).await,
+        "the console events of a deleted token end within 2 s"
+    );
     assert!(deleted.elapsed() < Duration::from_secs(4));
 }
 
@@ -561,16 +555,12 @@ async fn an_expiring_tokens_stream_ends_at_its_expiry() {
         .await;
     let brief = made["token"].as_str().expect("token");
     let cookie = server.console_session(brief).await;
-    let mut events = server
-        .http
-        .get(server.url("/console/p/default/events"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .expect("events");
+    let events = server
+        .get_in_session("/console/p/default/events", &cookie)
+        .await;
     assert_eq!(events.status(), 200);
-    let ended = async { while let Ok(Some(_)) = events.chunk().await {} };
-    tokio::time::timeout(Duration::from_secs(5), ended)
-        .await
-        .expect("the stream ends when its token expires");
+    assert!(
+        ends_within(events, Duration::from_secs(5)).await,
+        "the stream ends when its token expires"
+    );
 }
