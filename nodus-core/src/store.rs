@@ -456,8 +456,8 @@ pub trait Store: Send + Sync {
     /// How many runs (`AgentRun` documents) of `project` name `group` as their `spec.group`
     /// (a string), by `status.phase` (`None`: none, or not a string), in [`count_phases`]'s
     /// order: what a group's admission counts instead of reading every member. This default
-    /// reads each member's phase; the SQL stores count an index of the two fields, reading no
-    /// document.
+    /// reads each member's phase; the SQL stores keep counters per group and phase (triggers
+    /// on every write), so their answer costs the same at any group size.
     async fn group_phases(
         &self,
         project: &str,

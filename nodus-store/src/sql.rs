@@ -241,6 +241,28 @@ where
 }
 
 /// A document as text for storage.
+/// A group's counters (`group_phase_counts`, kept by the migrations' triggers) as
+/// [`Store::group_phases`](nodus_core::Store::group_phases) answers them: `phase_key` is `-`
+/// for no phase and `+` then the phase; counts of zero or less are left out (a trigger removes
+/// them); in phase order, `None` first.
+pub(crate) fn group_phases_of(
+    rows: Vec<(String, i64)>,
+) -> Result<Vec<(Option<String>, u64)>, Error> {
+    let mut counts = Vec::with_capacity(rows.len());
+    for (key, members) in rows {
+        let phase = match key.split_at_checked(1) {
+            Some(("-", "")) => None,
+            Some(("+", phase)) => Some(phase.to_string()),
+            _ => return Err(Error::Corrupt(format!("group phase counter key {key:?}"))),
+        };
+        if let Ok(members @ 1..) = u64::try_from(members) {
+            counts.push((phase, members));
+        }
+    }
+    counts.sort_unstable();
+    Ok(counts)
+}
+
 pub(crate) fn document_text(document: &Value) -> String {
     document.to_string()
 }

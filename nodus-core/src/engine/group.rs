@@ -71,7 +71,8 @@ impl Engine {
 
     /// Whether `run` may join `group`, read without listing the group: the run's own task key
     /// and each of its dependencies looked up by name ([`Engine::is_member`]), and the group's
-    /// unfinished members counted by the store's index ([`Store::group_phases`]), so adding a
+    /// unfinished members counted by the store ([`Store::group_phases`]: counters, in the SQL
+    /// stores), so adding a
     /// member costs the same at ten thousand members as at ten. `admissions` holds what
     /// earlier runs of the same batch learned of their groups (their own runs as members), so
     /// a batch reads each group and counts its members once.
@@ -155,8 +156,7 @@ impl Engine {
         }
     }
 
-    /// How many runs of `group` have not finished, counted by phase in the store's index of
-    /// the group's runs. A run with no phase has not started (it is queued); a phase this
+    /// How many runs of `group` have not finished, counted by phase by the store. A run with no phase has not started (it is queued); a phase this
     /// engine does not know counts as unfinished (the run's drive reports what is wrong).
     async fn unfinished_members(&self, project: &str, group: &str) -> Result<usize> {
         let phases = self.deps.store.group_phases(project, group).await?;

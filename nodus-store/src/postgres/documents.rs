@@ -397,28 +397,23 @@ pub(super) async fn projects(store: &PostgresStore) -> Result<Vec<String>, Error
         .map_err(map_err)
 }
 
-/// [`Store::group_phases`](nodus_core::Store::group_phases): counted on the index of
-/// `(project, kind, group_name, phase)` alone, no document read.
+/// [`Store::group_phases`](nodus_core::Store::group_phases): the group's counters, kept by
+/// triggers on `resources` (migration `group_phase_counts`): a few rows whatever the group's
+/// size, no document read.
 pub(super) async fn group_phases(
     store: &PostgresStore,
     project: &str,
     group: &str,
 ) -> Result<Vec<(Option<String>, u64)>, Error> {
-    let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
-        "SELECT phase, COUNT(*) FROM resources WHERE project = $1 AND kind = $2 AND group_name = $3 GROUP BY phase",
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT phase_key, members FROM group_phase_counts WHERE project = $1 AND group_name = $2",
     )
     .bind(project)
-    .bind(Kind::AgentRun.plural())
     .bind(group)
     .fetch_all(&store.inner.pool)
     .await
     .map_err(map_err)?;
-    let mut counts = rows
-        .into_iter()
-        .map(|(phase, count)| (phase, u64::try_from(count).unwrap_or_default()))
-        .collect::<Vec<_>>();
-    counts.sort_unstable();
-    Ok(counts)
+    sql::group_phases_of(rows)
 }
 
 pub(super) async fn update(

@@ -380,28 +380,23 @@ pub(super) async fn projects(store: &SqliteStore) -> Result<Vec<String>, Error> 
         .map_err(map_err)
 }
 
-/// [`Store::group_phases`](nodus_core::Store::group_phases): counted on the index of
-/// `(project, kind, group_name, phase)` alone, no document read.
+/// [`Store::group_phases`](nodus_core::Store::group_phases): the group's counters, kept by
+/// triggers on `resources` (migration `group_phase_counts`): a few rows whatever the group's
+/// size, no document read.
 pub(super) async fn group_phases(
     store: &SqliteStore,
     project: &str,
     group: &str,
 ) -> Result<Vec<(Option<String>, u64)>, Error> {
-    let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
-        "SELECT phase, COUNT(*) FROM resources WHERE project = ? AND kind = ? AND group_name = ? GROUP BY phase",
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT phase_key, members FROM group_phase_counts WHERE project = ? AND group_name = ?",
     )
     .bind(project)
-    .bind(Kind::AgentRun.plural())
     .bind(group)
     .fetch_all(&store.inner.readers)
     .await
     .map_err(map_err)?;
-    let mut counts = rows
-        .into_iter()
-        .map(|(phase, count)| (phase, u64::try_from(count).unwrap_or_default()))
-        .collect::<Vec<_>>();
-    counts.sort_unstable();
-    Ok(counts)
+    sql::group_phases_of(rows)
 }
 
 pub(super) async fn update(
