@@ -85,36 +85,45 @@ fn schemas() -> Map<String, Value> {
         "SecretWrite".into(),
         nodus_core::schema::secret_write_schema(&mut generator).to_value(),
     );
-    let read: Vec<Value> = WRITABLE_KINDS
-        .iter()
-        .map(|kind| schema_ref(&kind.to_string()))
-        .collect();
-    let written: Vec<Value> = WRITABLE_KINDS
-        .iter()
-        .map(|kind| match kind {
-            Kind::Secret => schema_ref("SecretWrite"),
-            kind => schema_ref(&kind.to_string()),
-        })
-        .chain([schema_ref("AgentRunList")])
-        .collect();
-    named.insert("Resource".into(), json!({"description": "An object of one of the kinds, as read (a Secret shows its keys, never its values)", "oneOf": read}));
-    named.insert("ResourceWrite".into(), json!({"description": "An object of the path's kind as written, or (on agentruns) an AgentRunList: a batch of up to 100 runs", "oneOf": written}));
-    let lists: Vec<String> = WRITABLE_KINDS
-        .iter()
-        .map(|kind| format!("{kind}List"))
-        .collect();
-    named.insert("ResourceList".into(), json!({
+    for kind in WRITABLE_KINDS {
+        named.insert(format!("{kind}List"), json!({
+            "type": "object",
+            "properties": {
+                "apiVersion": {"const": API_VERSION},
+                "kind": {"const": format!("{kind}List")},
+                "metadata": {"type": "object", "properties": {"resourceVersion": {"type": "string", "description": "a digest of the items' versions, for watch=true"}, "continue": {"type": "string", "description": "with limit: present only when more objects remain; pass it as continue= to get the next ones (opaque; it holds for the same project, kind and selectors only)"}}, "required": ["resourceVersion"], "additionalProperties": false},
+                "items": {"type": "array", "items": schema_ref(&kind.to_string())},
+            },
+            "required": ["apiVersion", "kind", "items"],
+            "additionalProperties": false,
+        }));
+    }
+    named.insert("WatchEvent".into(), json!({
+        "description": "One line of a watch stream: what happened to an object, and the object (for ERROR, a Status; for BOOKMARK, only its metadata.resourceVersion)",
         "type": "object",
         "properties": {
-            "apiVersion": {"const": API_VERSION},
-            "kind": {"type": "string", "enum": lists},
-            "metadata": {"type": "object", "properties": {"resourceVersion": {"type": "string", "description": "a digest of the items' versions, for watch=true"}, "continue": {"type": "string", "description": "with limit: present only when more objects remain; pass it as continue= to get the next ones (opaque; it holds for the same project, kind and selectors only)"}}, "required": ["resourceVersion"], "additionalProperties": false},
-            "items": {"type": "array", "items": schema_ref("Resource")},
+            "type": {"enum": ["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]},
+            "object": {"type": "object"},
         },
-        "required": ["apiVersion", "kind", "items"],
-        "additionalProperties": false,
+        "required": ["type", "object"],
     }));
-    named.insert("AgentRunList".into(), json!({
+    named.insert("LogLine".into(), json!({
+        "description": "One line of a run's output stream: a piece of a command's output (the first line of a follow is {following: NAME})",
+        "type": "object",
+        "properties": {
+            "seq": {"type": "integer", "minimum": 0, "description": "the command's step"},
+            "stream": {"enum": ["stdout", "stderr"]},
+            "offset": {"type": "integer", "minimum": 0},
+            "bytes": {"type": "string"},
+            "finishedAt": {"type": "string", "format": "date-time"},
+            "following": {"type": "string", "description": "the run's name: the first line of a follow, alone"},
+        },
+    }));
+    named.insert("MergePatch".into(), json!({
+        "description": "A JSON merge patch (RFC 7386) of the object: members of spec and metadata.labels to set, null to remove one",
+        "type": "object",
+    }));
+    named.insert("AgentRunBatch".into(), json!({
         "description": "A batch of up to 100 runs, created together (an Idempotency-Key header makes a retry answer the same runs)",
         "type": "object",
         "properties": {
@@ -393,6 +402,15 @@ fn responses(ok: &[(&str, &str, Value)], errors: Errors) -> Value {
     Value::Object(answers)
 }
 
+/// A stream of JSON lines: a string to generators (which do not read line streams), each
+/// line's schema named in the description and in `x-ndjson-item`, for those that do.
+fn ndjson(description: &str, item: &str) -> Value {
+    json!({
+        "schema": {"type": "string", "description": format!("{description} ({item})")},
+        "x-ndjson-item": schema_ref(item),
+    })
+}
+
 fn json_content(schema: Value) -> Value {
     json!({"application/json": {"schema": schema}})
 }
@@ -421,12 +439,157 @@ fn with_parameters(mut operation: Value, parameters: Value) -> Value {
     operation
 }
 
+/// What a path's collection segment holds, for operation ids and tags: each kind by its
+/// plural, and the collections that are not kinds.
+fn collection_name(segment: &str) -> Option<String> {
+    WRITABLE_KINDS
+        .iter()
+        .find(|kind| kind.plural() == segment)
+        .map(ToString::to_string)
+        .or_else(|| {
+            let name = match segment {
+                "projects" => "Project",
+                "tokens" => "Token",
+                "replicas" => "Replica",
+                "postrunactions" => "PostRunAction",
+                "credits" => "Credits",
+                _ => return None,
+            };
+            Some(name.to_string())
+        })
+}
+
+/// `word` with its first letter upper-case (`steps` -> `Steps`).
+fn capitalized(word: &str) -> String {
+    let mut letters = word.chars();
+    letters
+        .next()
+        .map(|first| first.to_uppercase().chain(letters).collect())
+        .unwrap_or_default()
+}
+
+/// The `operationId` and tag of `method` on `path`, in Kubernetes' style: a collection is
+/// listed (`listAgentRuns`) and created in (`createAgentRun`); an object is read, replaced,
+/// patched and deleted (`readAgentRun`); a subresource is read (`readAgentRunSteps`, and one
+/// item of it `readAgentRunResult`), created in when it is a collection (`POST …/messages`:
+/// `createAgentRunMessage`), or is the verb of an action (`cancelAgentGroup`). The tag is the
+/// collection's name; the server's own paths are tagged `Server`.
+fn operation_name(method: &str, path: &str) -> (String, String) {
+    match (method, path) {
+        ("get", "/healthz") => return ("readHealth".into(), "Server".into()),
+        ("get", "/metrics") => return ("readMetrics".into(), "Server".into()),
+        ("get", "/openapi.json") => return ("readOpenApiDocument".into(), "Server".into()),
+        _ => {}
+    }
+    let segments: Vec<&str> = path
+        .trim_start_matches("/apis/nodus.dev/v1/")
+        .split('/')
+        .collect();
+    // Under a project: what follows `projects/{project}`.
+    let segments = match segments.as_slice() {
+        ["projects", "{project}", rest @ ..] if !rest.is_empty() => rest,
+        all => all,
+    };
+    let (collection, rest) = segments.split_first().unwrap_or((&"", &[]));
+    let noun = collection_name(collection).unwrap_or_else(|| capitalized(collection));
+    let id = match (method, rest) {
+        ("get", []) if noun == "Credits" => "readCredits".to_string(),
+        ("post", []) if noun == "Credits" => "addCredits".to_string(),
+        ("get", []) => format!("list{noun}s"),
+        ("post", []) => format!("create{noun}"),
+        ("get", [_]) => format!("read{noun}"),
+        ("put", [_]) => format!("replace{noun}"),
+        ("patch", [_]) => format!("patch{noun}"),
+        ("delete", [_]) => format!("delete{noun}"),
+        (method, [_, sub @ ..]) => {
+            let words: Vec<&str> = sub
+                .iter()
+                .copied()
+                .filter(|w| !w.starts_with('{'))
+                .collect();
+            let one_item = sub.last().is_some_and(|w| w.starts_with('{'));
+            let named: String = words.iter().map(|w| capitalized(w)).collect();
+            let singular = |name: &str| name.strip_suffix('s').unwrap_or(name).to_string();
+            match (method, words.split_first()) {
+                ("get", _) if one_item => format!("read{noun}{}", singular(&named)),
+                ("get", _) => format!("read{noun}{named}"),
+                ("post", Some((only, []))) if only.ends_with('s') => {
+                    format!("create{noun}{}", singular(&named))
+                }
+                (_, Some((verb, more))) => {
+                    let more: String = more.iter().map(|w| capitalized(w)).collect();
+                    format!("{verb}{noun}{more}")
+                }
+                (method, None) => format!("{method}{noun}"),
+            }
+        }
+        (method, _) => format!("{method}{noun}"),
+    };
+    (id, noun)
+}
+
+/// Gives every operation of `paths` its `operationId` and tag ([`operation_name`]).
+fn name_operations(paths: &mut Map<String, Value>) {
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, operation) in item.iter_mut() {
+            if method == "parameters" {
+                continue;
+            }
+            let (id, tag) = operation_name(method, path);
+            operation["operationId"] = json!(id);
+            operation["tags"] = json!([tag]);
+        }
+    }
+}
+
+/// The schema of a `kind`'s object as written (a Secret's values are written, never read).
+fn written_schema(kind: Kind) -> String {
+    match kind {
+        Kind::Secret => "SecretWrite".to_string(),
+        kind => kind.to_string(),
+    }
+}
+
+/// `POST` of a kind's collection: one object, or (runs only) a batch.
+fn create_operation(kind: Kind, errors: Errors) -> Value {
+    let mut create = if kind == Kind::AgentRun {
+        let either = json!({"oneOf": [schema_ref("AgentRun"), schema_ref("AgentRunBatch")]});
+        let mut create = operation(
+            "Create a run, or a batch of up to 100 runs (an AgentRunList; Idempotency-Key makes a retry answer the first's runs)",
+            responses(
+                &[(
+                    "201",
+                    "Created: the run, or an AgentRunList of the batch's runs",
+                    json_content(
+                        json!({"oneOf": [schema_ref("AgentRun"), schema_ref("AgentRunList")]}),
+                    ),
+                )],
+                errors,
+            ),
+            None,
+        );
+        create["requestBody"] = json!({"required": true, "content": json_content(either)});
+        create
+    } else {
+        operation(
+            &format!("Create a {kind}"),
+            responses(&[json_ok("201", "Created", &kind.to_string())], errors),
+            Some(&written_schema(kind)),
+        )
+    };
+    if kind == Kind::AgentRun {
+        create["parameters"] = json!([{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string"}, "description": "with an AgentRunList: a retry with the same key answers the runs of the first"}]);
+    }
+    create
+}
+
 /// The document.
 pub fn document() -> Value {
     let project =
         json!({"name": "project", "in": "path", "required": true, "schema": {"type": "string"}});
-    let plurals: Vec<&str> = WRITABLE_KINDS.iter().map(|kind| kind.plural()).collect();
-    let plural = json!({"name": "plural", "in": "path", "required": true, "schema": {"type": "string", "enum": plurals}});
     let name =
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let base = crate::api::PREFIX;
@@ -442,7 +605,10 @@ pub fn document() -> Value {
     };
     // The answer of a read that may be a watch: JSON, or the stream's events.
     let watched = |mut ok: (&'static str, &'static str, Value)| {
-        ok.2["application/x-ndjson"] = json!({"schema": {"type": "string", "description": "with watch=true and no resourceVersion: one watch event a line, {type: ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, object}"}});
+        ok.2["application/x-ndjson"] = ndjson(
+            "with watch=true and no resourceVersion: one watch event a line, {type: ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, object}",
+            "WatchEvent",
+        );
         ok
     };
     let (read, write) = (Errors::Read, Errors::Write);
@@ -496,38 +662,27 @@ pub fn document() -> Value {
     if let (Some(all), Value::Array(more)) = (list_parameters.as_array_mut(), watch("the list")) {
         all.extend(more);
     }
-    let mut create = operation(
-        "Create an object of the path's kind, or a batch of up to 100 runs (AgentRunList, Idempotency-Key)",
-        responses(
-            &[(
-                "201",
-                "Created: the object, or an AgentRunList of the batch's runs",
-                json_content(
-                    json!({"oneOf": [schema_ref("Resource"), schema_ref("ResourceList")]}),
-                ),
-            )],
-            write,
-        ),
-        Some("ResourceWrite"),
-    );
-    create["parameters"] = json!([{"name": "Idempotency-Key", "in": "header", "required": false, "schema": {"type": "string"}, "description": "with an AgentRunList: a retry with the same key answers the runs of the first"}]);
-    paths.insert(format!("{base}/{{plural}}"), json!({
-        "parameters": [project, plural],
-        "get": with_parameters(operation("List objects (labelSelector, fieldSelector; limit and continue for chunks; watch=true to watch them)", responses(&[watched(json_ok("200", "The objects, or their watch events", "ResourceList"))], read), None), list_parameters),
-        "post": create,
-    }));
-    paths.insert(format!("{base}/{{plural}}/{{name}}"), json!({
-        "parameters": [project, plural, name],
-        "get": with_parameters(operation("Read an object (watch=true to watch it)", responses(&[watched(json_ok("200", "The object, or its watch events", "Resource"))], read), None), watch("the object")),
-        "put": operation("Replace spec and labels (metadata.resourceVersion for optimistic concurrency)", responses(&[json_ok("200", "The object as stored", "Resource")], write), Some("ResourceWrite")),
-        "patch": {
-            "summary": "JSON merge patch of spec and labels",
-            "security": [{"bearer": []}],
-            "requestBody": {"required": true, "content": {"application/merge-patch+json": {"schema": {"type": "object"}}, "application/json": {"schema": {"type": "object"}}}},
-            "responses": responses(&[json_ok("200", "The object as stored", "Resource")], write),
-        },
-        "delete": operation("Delete (a group with all its runs)", responses(&[json_ok("200", "Deleted", "Deleted")], write), None),
-    }));
+    for kind in WRITABLE_KINDS {
+        let plural = kind.plural();
+        paths.insert(format!("{base}/{plural}"), json!({
+            "parameters": [project],
+            "get": with_parameters(operation(&format!("List {kind} objects (labelSelector, fieldSelector; limit and continue for chunks; watch=true to watch them)"), responses(&[watched(json_ok("200", "The objects, or their watch events", &format!("{kind}List")))], read), None), list_parameters.clone()),
+            "post": create_operation(kind, write),
+        }));
+        let object = || json_ok("200", "The object as stored", &kind.to_string());
+        paths.insert(format!("{base}/{plural}/{{name}}"), json!({
+            "parameters": [project, name],
+            "get": with_parameters(operation(&format!("Read a {kind} (watch=true to watch it)"), responses(&[watched(json_ok("200", "The object, or its watch events", &kind.to_string()))], read), None), watch("the object")),
+            "put": operation("Replace spec and labels (metadata.resourceVersion for optimistic concurrency)", responses(&[object()], write), Some(&written_schema(kind))),
+            "patch": {
+                "summary": "A JSON merge patch (RFC 7386) of spec and metadata.labels",
+                "security": [{"bearer": []}],
+                "requestBody": {"required": true, "content": {"application/merge-patch+json": {"schema": schema_ref("MergePatch")}}},
+                "responses": responses(&[object()], write),
+            },
+            "delete": operation(if kind == Kind::AgentGroup { "Delete the group with all its runs" } else { "Delete" }, responses(&[json_ok("200", "Deleted", "Deleted")], write), None),
+        }));
+    }
     let sub = |path: &str| format!("{base}/agentruns/{{name}}/{path}");
     paths.insert(sub("messages"), json!({"parameters": [project, name], "post": operation(
         "Send a message {payload, messageKey} to a keepAlive run",
@@ -541,7 +696,7 @@ pub fn document() -> Value {
     paths.insert(sub("logs"), json!({"parameters": [project, name], "get": with_parameters(
         operation(
             "The output of the run's commands as newline-delimited JSON: the recorded output of finished commands, one {seq, stream, offset, bytes, finishedAt} a line (tailLines, sinceSeconds); with follow=true, {following} first, those lines only when tailLines or sinceSeconds is given, then {seq, stream, offset, bytes} per piece as this server runs the commands, until the run ends",
-            responses(&[("200", "The output", json!({"application/x-ndjson": {"schema": {"type": "string"}}}))], read),
+            responses(&[("200", "The output", json!({"application/x-ndjson": ndjson("one LogLine a line", "LogLine")}))], read),
             None,
         ),
         json!([
@@ -558,7 +713,7 @@ pub fn document() -> Value {
     );
     paths.insert(sub("workdir"), json!({"parameters": [project, name], "get": operation(
         "The final working directory of a finished run (a tar archive); 404 WorkdirNotKept when none was kept",
-        responses(&[("200", "The archive", json!({"application/x-tar": {"schema": {"type": "string", "contentMediaType": "application/x-tar"}}}))], read),
+        responses(&[("200", "The archive", json!({"application/x-tar": {"schema": {"type": "string", "format": "binary", "contentMediaType": "application/x-tar"}}}))], read),
         None,
     )}));
     paths.insert(sub("results"), json!({"parameters": [project, name], "get": operation(
@@ -570,7 +725,7 @@ pub fn document() -> Value {
     paths.insert(sub("results/{result}"), json!({"parameters": [project, name, result], "get": operation(
         "One result of a finished run: a directory as application/gzip (a .tar.gz), a record as application/json (Content-Disposition names its file)",
         responses(&[("200", "The result's bytes", json!({
-            "application/gzip": {"schema": {"type": "string", "contentMediaType": "application/gzip"}},
+            "application/gzip": {"schema": {"type": "string", "format": "binary", "contentMediaType": "application/gzip"}},
             "application/json": {"schema": {"type": "object"}},
         }))], read),
         None,
@@ -598,7 +753,7 @@ pub fn document() -> Value {
             "An evaluation group's per-case results in batch order; JSON Lines (one CaseResult a line) with Accept: application/x-ndjson or format=jsonl",
             responses(&[("200", "The results", json!({
                 "application/json": {"schema": schema_ref("EvaluationResultList")},
-                "application/x-ndjson": {"schema": {"type": "string"}},
+                "application/x-ndjson": ndjson("one CaseResult a line", "CaseResult"),
             }))], read),
             None,
         ),
@@ -609,6 +764,7 @@ pub fn document() -> Value {
         "get": operation("The project's credits", responses(&[json_ok("200", "The account", "Account")], read), None),
         "post": operation("Add credits {addUSD} (admin)", responses(&[json_ok("200", "The account", "Account")], write), Some("AddCredits")),
     }));
+    name_operations(&mut paths);
     let mut components = Map::new();
     components.insert(
         "securitySchemes".into(),
@@ -642,7 +798,8 @@ mod tests {
         }
     }
 
-    /// The document's paths are the router's, one for one.
+    /// The document's paths are the router's, one for one: the router's `{plural}` routes
+    /// are one path per kind in the document.
     #[test]
     fn the_document_describes_every_route_and_no_other() {
         let document = document();
@@ -654,9 +811,90 @@ mod tests {
             .collect();
         let routed: BTreeSet<String> = crate::api::routes()
             .into_iter()
-            .map(|(path, _)| path)
+            .flat_map(|(path, _)| {
+                if path.contains("{plural}") {
+                    WRITABLE_KINDS
+                        .iter()
+                        .map(|kind| path.replace("{plural}", kind.plural()))
+                        .collect()
+                } else {
+                    vec![path]
+                }
+            })
             .collect();
         assert_eq!(documented, routed);
+    }
+
+    /// Every operation has an id, unique in the document, and a tag; the ids are
+    /// Kubernetes' (as the issue that asked for them lists them).
+    #[test]
+    fn every_operation_has_its_own_id_and_a_tag() {
+        let document = document();
+        let mut ids = BTreeSet::new();
+        for (path, item) in document["paths"].as_object().expect("paths") {
+            for (method, operation) in item.as_object().expect("a path item") {
+                if method == "parameters" {
+                    continue;
+                }
+                let id = operation["operationId"].as_str().expect("an operationId");
+                assert!(ids.insert(id.to_string()), "{id} twice ({method} {path})");
+                assert!(
+                    id.chars().all(|c| c.is_ascii_alphanumeric())
+                        && id.starts_with(|c: char| c.is_ascii_lowercase()),
+                    "{id}"
+                );
+                assert_eq!(operation["tags"].as_array().map(Vec::len), Some(1), "{id}");
+            }
+        }
+        let runs = format!("{}/agentruns", crate::api::PREFIX);
+        let id = |method: &str, path: &str| {
+            document["paths"][path][method]["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path}"))
+                .to_string()
+        };
+        for (method, path, expected) in [
+            ("get", runs.clone(), "listAgentRuns"),
+            ("post", runs.clone(), "createAgentRun"),
+            ("get", format!("{runs}/{{name}}"), "readAgentRun"),
+            ("put", format!("{runs}/{{name}}"), "replaceAgentRun"),
+            ("patch", format!("{runs}/{{name}}"), "patchAgentRun"),
+            ("delete", format!("{runs}/{{name}}"), "deleteAgentRun"),
+            ("get", format!("{runs}/{{name}}/steps"), "readAgentRunSteps"),
+            (
+                "post",
+                format!("{runs}/{{name}}/messages"),
+                "createAgentRunMessage",
+            ),
+            (
+                "get",
+                format!("{runs}/{{name}}/results/{{result}}"),
+                "readAgentRunResult",
+            ),
+            (
+                "post",
+                format!("{}/agentgroups/{{name}}/cancel", crate::api::PREFIX),
+                "cancelAgentGroup",
+            ),
+            (
+                "get",
+                format!("{}/agents", crate::api::PREFIX),
+                "listAgents",
+            ),
+            (
+                "get",
+                format!("{}/tokens/{{name}}", crate::api::PREFIX),
+                "readToken",
+            ),
+            ("get", crate::api::PROJECTS.to_string(), "listProjects"),
+            ("get", "/healthz".to_string(), "readHealth"),
+        ] {
+            assert_eq!(id(method, &path), expected, "{method} {path}");
+        }
+        assert_eq!(
+            document["paths"][runs.as_str()]["get"]["tags"],
+            json!(["AgentRun"])
+        );
     }
 
     /// Every `$ref` names a schema the document holds, and every kind's schema is its real

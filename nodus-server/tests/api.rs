@@ -1051,7 +1051,7 @@ async fn watch_parameters_are_checked_and_the_project_is_enforced() {
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     // The OpenAPI document names the parameters of both reads.
     let (_, openapi) = api.call(Method::GET, "/openapi.json", None, None).await;
-    for path in ["{plural}", "{plural}/{name}"] {
+    for path in ["agents", "agents/{name}"] {
         let parameters = &openapi["paths"]
             [format!("/apis/nodus.dev/v1/projects/{{project}}/{path}")]["get"]["parameters"];
         let names: Vec<&str> = parameters
@@ -1608,7 +1608,8 @@ async fn every_answer_matches_the_openapi_document() {
                 Some(document),
             )
             .await;
-        check("Resource", &created);
+        let kind = created["kind"].as_str().expect("a kind").to_string();
+        check(&kind, &created);
         let name = created["metadata"]["name"]
             .as_str()
             .expect("a name")
@@ -1619,19 +1620,19 @@ async fn every_answer_matches_the_openapi_document() {
             name
         };
         check(
-            "Resource",
+            &kind,
             &api.ok(Method::GET, &format!("{p}/{plural}/{name}"), TOKEN, None)
                 .await,
         );
         check(
-            "ResourceList",
+            &format!("{kind}List"),
             &api.ok(Method::GET, &format!("{p}/{plural}"), TOKEN, None)
                 .await,
         );
     }
     let batch = json!({"kind": "AgentRunList", "items": [with("AgentRun", json!({"metadata": {"name": "b1"}, "spec": {"agent": "c", "input": "hi"}}))]});
     check(
-        "ResourceList",
+        "AgentRunList",
         &api.ok(Method::POST, &format!("{p}/agentruns"), TOKEN, Some(batch))
             .await,
     );

@@ -237,16 +237,15 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
     let (status, document) = api.call(Method::GET, "/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     let paths = document["paths"].as_object().expect("paths").clone();
+    // Each kind has its own collection path, `…/{project}/PLURAL`.
+    let in_a_project = "/apis/nodus.dev/v1/projects/{project}/";
     let plurals: Vec<String> = paths
-        .values()
-        .filter_map(|item| item["parameters"].as_array())
-        .flatten()
-        .find(|parameter| parameter["name"] == "plural")
-        .and_then(|parameter| parameter["schema"]["enum"].as_array())
-        .expect("the collections are enumerated")
-        .iter()
-        .map(|plural| plural.as_str().expect("a name").to_string())
+        .keys()
+        .filter_map(|path| path.strip_prefix(in_a_project))
+        .filter(|rest| !rest.contains('/') && !["tokens", "credits"].contains(rest))
+        .map(str::to_string)
         .collect();
+    assert_eq!(plurals.len(), 8, "the collections: {plurals:?}");
     let before = snapshot(&api, &plurals, &a, &b).await;
     for plural in plurals.iter().map(String::as_str).chain(["tokens"]) {
         let listed = before[format!("{A}/{plural}")].to_string();
@@ -269,23 +268,14 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
             .map(|key| Method::from_bytes(key.to_uppercase().as_bytes()).expect("a method"))
             .collect();
         let in_project = template.contains("{project}");
-        // One concrete path per value of {plural}; the others are filled once.
-        let fills: Vec<Option<&str>> = if template.contains("{plural}") {
-            plurals.iter().map(|p| Some(p.as_str())).collect()
-        } else if template.contains("/agentruns/") {
-            vec![Some("agentruns")]
-        } else if template.contains("/agentgroups/") {
-            vec![Some("agentgroups")]
-        } else if template.contains("/tokens") {
-            vec![Some("tokens")]
-        } else {
-            vec![None]
-        };
-        for plural in fills {
+        // The collection a path is in names the object its {name} is filled with.
+        let collection = template
+            .strip_prefix(in_a_project)
+            .and_then(|rest| rest.split('/').next());
+        {
             let mut path = template.replace("{project}", A);
-            if let Some(plural) = plural {
+            if let Some(plural) = collection.filter(|_| template.contains("{name}")) {
                 path = path
-                    .replace("{plural}", plural)
                     .replace("{name}", name_of(plural))
                     .replace("{result}", "runRecord");
             }
@@ -310,7 +300,11 @@ async fn every_documented_route_refuses_another_project_no_token_and_a_wrong_tok
                 );
             }
             for method in &methods {
-                let body = body_for(&path, method, plural.filter(|p| *p != "tokens"));
+                let body = body_for(
+                    &path,
+                    method,
+                    collection.filter(|p| !["tokens", "credits"].contains(p)),
+                );
                 for (who, token) in [
                     ("B's admin", Some(b.as_str())),
                     ("no token", None),
