@@ -235,7 +235,55 @@ fn schemas() -> Map<String, Value> {
     generator.subschema_for::<ResolveBody>();
     named.extend(token_schemas());
     named.extend(generator.take_definitions(true));
+    for schema in named.values_mut() {
+        as_enum(schema);
+    }
     named
+}
+
+/// A documented Rust enum of unit variants, which schemars writes as a `oneOf` of `const`s
+/// (one per variant, with its doc comment), written as the `enum` of strings generators
+/// understand (some try only the first branch of such a `oneOf`), the variants' comments
+/// kept in the description. Applied to every schema, at every depth.
+fn as_enum(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            let constants = object
+                .get("oneOf")
+                .and_then(Value::as_array)
+                .and_then(|branches| {
+                    branches
+                        .iter()
+                        .map(|branch| {
+                            let value = branch.get("const")?.as_str()?;
+                            let described = branch.get("description").and_then(Value::as_str);
+                            Some((value.to_string(), described.map(str::to_string)))
+                        })
+                        .collect::<Option<Vec<_>>>()
+                });
+            if let Some(constants) = constants {
+                object.remove("oneOf");
+                let said: Vec<String> = constants
+                    .iter()
+                    .filter_map(|(value, described)| {
+                        described.as_ref().map(|d| format!("{value}: {d}"))
+                    })
+                    .collect();
+                if !said.is_empty() {
+                    let before = object.get("description").and_then(Value::as_str);
+                    let description =
+                        before.map(|b| format!("{b}\n\n")).unwrap_or_default() + &said.join("\n");
+                    object.insert("description".into(), json!(description));
+                }
+                object.insert("type".into(), json!("string"));
+                let values: Vec<&str> = constants.iter().map(|(value, _)| value.as_str()).collect();
+                object.insert("enum".into(), json!(values));
+            }
+            object.values_mut().for_each(as_enum);
+        }
+        Value::Array(items) => items.iter_mut().for_each(as_enum),
+        _ => {}
+    }
 }
 
 /// Every run phase's name, and null for a run not yet started.
@@ -713,7 +761,10 @@ pub fn document() -> Value {
     );
     paths.insert(sub("workdir"), json!({"parameters": [project, name], "get": operation(
         "The final working directory of a finished run (a tar archive); 404 WorkdirNotKept when none was kept",
-        responses(&[("200", "The archive", json!({"application/x-tar": {"schema": {"type": "string", "format": "binary", "contentMediaType": "application/x-tar"}}}))], read),
+        responses(&[("200", "The archive", json!({
+            "application/x-tar": {"schema": {"type": "string", "format": "binary", "contentMediaType": "application/x-tar"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        }))], read),
         None,
     )}));
     paths.insert(sub("results"), json!({"parameters": [project, name], "get": operation(
@@ -937,6 +988,11 @@ mod tests {
             );
             assert_eq!(schemas[spec]["additionalProperties"], false, "{kind}");
         }
+        assert_eq!(
+            schemas["StepState"]["enum"],
+            json!(["Started", "Completed", "Failed", "Uncertain", "Cancelled"]),
+            "a documented enum is an enum of strings, not a oneOf of consts"
+        );
         assert!(schemas["Secret"]["properties"]["keys"].is_object());
         assert!(schemas["SecretWrite"]["properties"]["stringData"].is_object());
         assert!(schemas["Status"]["properties"]["details"].is_object());
