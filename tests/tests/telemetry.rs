@@ -280,6 +280,21 @@ fn a_group_and_its_run_export_spans_per_the_genai_conventions() {
             .filter(|s| s["name"].as_str().unwrap_or("").starts_with(prefix))
             .collect()
     };
+    // Money: each span's cost is exact, the run's is its steps' sum and its status's total.
+    let usd = |span: &Value| -> nodus_core::Usd {
+        span["attributes"]["nodus.cost.usd"]
+            .as_str()
+            .unwrap_or_else(|| panic!("nodus.cost.usd: {span}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("a decimal ({e:?}): {span}"))
+    };
+    let status: Value =
+        serde_json::from_str(&server.ok(&["get", "agentrun/batch-t0", "-o", "json"]))
+            .expect("JSON");
+    let total: nodus_core::Usd =
+        serde_json::from_value(status["status"]["cost"]["totalUSD"].clone()).expect("totalUSD");
+    assert_eq!(usd(run), total, "{run}");
+    assert_eq!(steps.iter().map(|s| usd(s)).sum::<nodus_core::Usd>(), total);
     let chats = named("chat ");
     assert!(
         chats.len() >= 2,
