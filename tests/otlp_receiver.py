@@ -4,13 +4,16 @@ It decodes each POST /v1/traces body as an ExportTraceServiceRequest with the
 `opentelemetry-proto` package and appends one JSON line per span to OUT: trace and span ids
 in hex, parent, name, kind (the proto's enum name), times, attributes, links, status, and
 the request's headers it was asked to record (the test checks OTEL_EXPORTER_OTLP_HEADERS
-arrive). It writes its port to OUT + ".port" once listening.
+arrive). It writes its port to OUT + ".port" once listening. With DELAY (seconds), it waits
+that long before it records and answers each request: a slow collector, behind which spans
+queue in the exporter.
 
-Usage: otlp_receiver.py OUT
+Usage: otlp_receiver.py OUT [DELAY]
 """
 
 import json
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -20,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 OUT = sys.argv[1]
+DELAY = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
 
 
 def value(v):
@@ -40,6 +44,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
+        time.sleep(DELAY)
         with open(OUT, "a") as out:
             for resource_spans in request.resource_spans:
                 resource = {kv.key: value(kv.value) for kv in resource_spans.resource.attributes}

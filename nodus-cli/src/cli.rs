@@ -240,8 +240,9 @@ pub struct ServerArgs {
     /// OTEL_EXPORTER_OTLP_HEADERS (key=value,key=value) and are never printed.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
-    /// Include message content in the exported spans (the model's replies, commands and
-    /// their output); off by default, since prompts and output can hold secrets.
+    /// Include message content in the exported spans (the system prompt, what each model call
+    /// was sent and its reply, commands and their output; a run's Secret values replaced by
+    /// [redacted]); off by default, since prompts and output can hold secrets.
     #[arg(long)]
     pub otlp_content: bool,
     /// Internal addresses and CIDRs the egress proxy may reach for runs, separated by commas

@@ -13,6 +13,10 @@ use crate::cost::Usage;
 use crate::journal::{Intent, Outcome, Step};
 use crate::money::Usd;
 
+mod content;
+
+pub use content::{Disclosure, Hidden, REDACTED};
+
 /// The attribute and span names of the GenAI semantic conventions (experimental, as of
 /// semantic-conventions 1.37), and Nodus's own. Kept here, in one place, since they still move.
 pub mod semconv {
@@ -52,8 +56,13 @@ pub mod semconv {
     pub const TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
     /// `gen_ai.tool.call.result` (content).
     pub const TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
-    /// `gen_ai.output.messages` (content).
+    /// `gen_ai.output.messages` (content): the reply, as a JSON list of messages.
     pub const OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+    /// `gen_ai.input.messages` (content): what a model call was sent, as a JSON list of
+    /// messages.
+    pub const INPUT_MESSAGES: &str = "gen_ai.input.messages";
+    /// `gen_ai.system_instructions` (content): the system prompt, as a JSON list of parts.
+    pub const SYSTEM_INSTRUCTIONS: &str = "gen_ai.system_instructions";
     /// `error.type`.
     pub const ERROR_TYPE: &str = "error.type";
 
@@ -245,8 +254,13 @@ fn usage_attributes(usage: &Usage, into: &mut Vec<(&'static str, Value)>) {
 }
 
 /// The span of a journaled step, once it has ended (`None` while it is open). Its parent is
-/// the run's span.
-pub fn step_span(ctx: &RunContext, step: &Step, content: Content) -> Option<Span> {
+/// the run's span. It carries message content only with a `disclosure`, and then never a
+/// hidden value.
+pub fn step_span(
+    ctx: &RunContext,
+    step: &Step,
+    disclosure: Option<&Disclosure<'_>>,
+) -> Option<Span> {
     let completion = step.completion.as_ref()?;
     let outcome = &completion.outcome;
     let cost = match outcome {
@@ -263,23 +277,34 @@ pub fn step_span(ctx: &RunContext, step: &Step, content: Content) -> Option<Span
             attributes.push((semconv::OPERATION_NAME, Value::Str(semconv::OP_CHAT.into())));
             attributes.push((semconv::PROVIDER_NAME, Value::Str(ctx.provider.clone())));
             attributes.push((semconv::REQUEST_MODEL, Value::Str(model.clone())));
+            if let Some(shown) = disclosure {
+                let system = content::system_instructions(shown.system);
+                attributes.push((
+                    semconv::SYSTEM_INSTRUCTIONS,
+                    Value::Str(shown.hidden.json_text(system)),
+                ));
+                if let Some(sent) = shown.sent {
+                    let input = content::input_messages(sent);
+                    attributes.push((
+                        semconv::INPUT_MESSAGES,
+                        Value::Str(shown.hidden.json_text(input)),
+                    ));
+                }
+            }
             if let Outcome::ModelReplied { response, .. } = outcome {
                 attributes.push((semconv::RESPONSE_MODEL, Value::Str(response.model.clone())));
                 if let Some(id) = &response.request_id {
                     attributes.push((semconv::RESPONSE_ID, Value::Str(id.clone())));
                 }
-                let reason = serde_json::to_value(&response.stop_reason)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default();
+                let reason = content::finish_reason(&response.stop_reason);
                 attributes.push((semconv::FINISH_REASONS, Value::Strs(vec![reason])));
                 usage_attributes(&response.usage, &mut attributes);
-                if content == Content::On {
-                    let message = serde_json::json!([{
-                        "role": "assistant",
-                        "parts": response.content,
-                    }]);
-                    attributes.push((semconv::OUTPUT_MESSAGES, Value::Str(message.to_string())));
+                if let Some(shown) = disclosure {
+                    let output = content::output_messages(&response.content, &response.stop_reason);
+                    attributes.push((
+                        semconv::OUTPUT_MESSAGES,
+                        Value::Str(shown.hidden.json_text(output)),
+                    ));
                 }
             }
             format!("{} {model}", semconv::OP_CHAT)
@@ -299,11 +324,20 @@ pub fn step_span(ctx: &RunContext, step: &Step, content: Content) -> Option<Span
             ));
             attributes.push((semconv::TOOL_TYPE, Value::Str("function".into())));
             attributes.push((semconv::TOOL_CALL_ID, Value::Str(tool_use_id.clone())));
-            if content == Content::On {
-                attributes.push((semconv::TOOL_CALL_ARGUMENTS, Value::Str(command.clone())));
+            if let Some(shown) = disclosure {
+                // The shell tool's arguments, as the model gave them.
+                let arguments = serde_json::json!({ "command": command });
+                attributes.push((
+                    semconv::TOOL_CALL_ARGUMENTS,
+                    Value::Str(shown.hidden.json_text(arguments)),
+                ));
                 if let Outcome::CommandFinished { output } = outcome {
-                    let result = serde_json::to_string(output).unwrap_or_default();
-                    attributes.push((semconv::TOOL_CALL_RESULT, Value::Str(result)));
+                    // What the model was told of it.
+                    let result = crate::replay::render_output(output);
+                    attributes.push((
+                        semconv::TOOL_CALL_RESULT,
+                        Value::Str(shown.hidden.text(&result)),
+                    ));
                 }
             }
             format!("{} {}", semconv::OP_EXECUTE_TOOL, crate::replay::SHELL_TOOL)
@@ -536,7 +570,7 @@ mod tests {
 
     #[test]
     fn a_model_call_is_a_client_chat_span_under_the_run() {
-        let span = step_span(&ctx(), &model_step(4), Content::Off).expect("ended");
+        let span = step_span(&ctx(), &model_step(4), None).expect("ended");
         assert_eq!(span.name, "chat claude-x");
         assert_eq!(span.kind, SpanKind::Client);
         assert_eq!(span.parent, Some(span_id(&ctx().uid, Slot::Root)));
@@ -545,25 +579,67 @@ mod tests {
         assert_eq!(span.attribute(semconv::INPUT_TOKENS), Some(&Value::Int(15)));
         assert_eq!(
             span.attribute(semconv::FINISH_REASONS),
-            Some(&Value::Strs(vec!["end_turn".into()]))
+            Some(&Value::Strs(vec!["stop".into()]))
         );
         assert_eq!(
             span.attribute(semconv::COST_USD),
             Some(&Value::Str("0.0000015".into()))
         );
-        assert_eq!(span.attribute(semconv::OUTPUT_MESSAGES), None);
-        let with = step_span(&ctx(), &model_step(4), Content::On).expect("ended");
-        let Some(Value::Str(out)) = with.attribute(semconv::OUTPUT_MESSAGES) else {
-            panic!("content exported when asked");
+        assert_eq!(span.attribute(semconv::STEP), Some(&Value::Int(4)));
+        for key in [
+            semconv::OUTPUT_MESSAGES,
+            semconv::INPUT_MESSAGES,
+            semconv::SYSTEM_INSTRUCTIONS,
+        ] {
+            assert_eq!(span.attribute(key), None, "{key} without a disclosure");
+        }
+    }
+
+    #[test]
+    fn a_disclosure_exports_content_with_hidden_values_replaced() {
+        let mut sent = crate::model::Messages::new();
+        sent.push(crate::model::ChatMessage {
+            role: crate::model::Role::User,
+            content: vec![ContentBlock::Text {
+                text: "the token is tok-123".into(),
+            }],
+        });
+        let hidden = Hidden::new([crate::secret::SecretString::new("tok-123")]);
+        let disclosure = Disclosure {
+            system: "be brief; tok-123",
+            sent: Some(&sent),
+            hidden: &hidden,
         };
-        assert!(out.contains("a secret reply"));
+        let span = step_span(&ctx(), &model_step(4), Some(&disclosure)).expect("ended");
+        let text = |key: &str| match span.attribute(key) {
+            Some(Value::Str(text)) => serde_json::from_str::<serde_json::Value>(text)
+                .unwrap_or_else(|e| panic!("{key} is JSON: {e}")),
+            other => panic!("{key}: {other:?}"),
+        };
+        assert_eq!(
+            text(semconv::INPUT_MESSAGES),
+            serde_json::json!([{"role": "user", "parts": [
+                {"type": "text", "content": "the token is [redacted]"}
+            ]}])
+        );
+        assert_eq!(
+            text(semconv::SYSTEM_INSTRUCTIONS),
+            serde_json::json!([{"type": "text", "content": "be brief; [redacted]"}])
+        );
+        assert_eq!(
+            text(semconv::OUTPUT_MESSAGES),
+            serde_json::json!([{"role": "assistant", "finish_reason": "stop", "parts": [
+                {"type": "text", "content": "a secret reply"}
+            ]}])
+        );
+        assert!(!format!("{span:?}").contains("tok-123"));
     }
 
     #[test]
     fn an_open_step_has_no_span() {
         let mut step = model_step(1);
         step.completion = None;
-        assert_eq!(step_span(&ctx(), &step, Content::On), None);
+        assert_eq!(step_span(&ctx(), &step, None), None);
     }
 
     #[test]

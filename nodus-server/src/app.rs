@@ -83,6 +83,8 @@ pub struct Server {
     replica: String,
     options: Options,
     _lock: crate::lock::DataDirLock,
+    /// The span exporter's task, flushed at a graceful stop (`--otlp-endpoint` only).
+    spans: Option<crate::telemetry::Flush>,
     /// Lines for the operator: the store, sandbox and model in use, and where the token is.
     pub announcements: Vec<String>,
 }
@@ -123,9 +125,10 @@ impl Server {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
         let metrics = Metrics::default();
+        let mut flush = None;
         let spans: Arc<dyn nodus_core::telemetry::SpanSink> = match &options.otlp {
             Some(otlp) => {
-                let sink = crate::telemetry::start(otlp, metrics.spans.clone())
+                let (sink, flushing) = crate::telemetry::start(otlp, metrics.spans.clone())
                     .map_err(|e| StartError::Backend(e.to_string()))?;
                 announcements.push(format!(
                     "traces: OTLP/HTTP to {} (message content {})",
@@ -135,6 +138,7 @@ impl Server {
                         nodus_core::telemetry::Content::Off => "left out",
                     }
                 ));
+                flush = Some(flushing);
                 sink
             }
             None => Arc::new(nodus_core::telemetry::NoSpans),
@@ -176,6 +180,7 @@ impl Server {
             replica,
             options,
             _lock: lock,
+            spans: flush,
             announcements,
         })
     }
@@ -358,6 +363,10 @@ impl Bound {
         }
         if let Some(runner) = runner.lock().await.take() {
             runner.shutdown().await;
+        }
+        // Every step journaled so far has its span queued: export them before exiting.
+        if let Some(spans) = server.spans {
+            spans.finish(crate::telemetry::FLUSH_BOUND).await;
         }
         heartbeat.abort();
         crate::replicas::remove(server.state.store.as_ref(), &info.name).await;

@@ -3,7 +3,8 @@
 //! task that posts them in batches with opentelemetry-otlp's exporter.
 //!
 //! A run never waits for export: a full queue drops the span and counts it, an export that
-//! fails (the endpoint down) counts its spans as dropped too (`/metrics`). Header values
+//! fails (the endpoint down) counts its spans as dropped too (`/metrics`). A graceful stop
+//! ([`Flush::finish`]) exports what is queued, within [`FLUSH_BOUND`]. Header values
 //! (`OTEL_EXPORTER_OTLP_HEADERS`, read by the exporter) are secrets and are never logged.
 
 use std::sync::Arc;
@@ -28,6 +29,8 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the task gathers spans after the first before it posts them (fewer, fuller
 /// requests; also the longest a span waits in this process, which a crash can lose).
 const LINGER: Duration = Duration::from_millis(50);
+/// How long a graceful stop waits for the queued spans to be exported.
+pub const FLUSH_BOUND: Duration = Duration::from_secs(10);
 
 /// Where and what to export.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,9 +91,40 @@ impl SpanSink for OtlpSpans {
 #[error("OTLP exporter: {0}")]
 pub struct Error(String);
 
-/// Build the exporter and start its task (on the current tokio runtime); the task ends when
-/// the returned sink (every clone of the engine's) is dropped, after exporting what is queued.
-pub fn start(options: &OtlpOptions, counters: Arc<SpanCounters>) -> Result<Arc<OtlpSpans>, Error> {
+/// The export task, to stop it gracefully: [`Flush::finish`].
+#[derive(Debug)]
+pub struct Flush {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    counters: Arc<SpanCounters>,
+}
+
+impl Flush {
+    /// Stop taking spans, export those queued, and end the task; after `bound` it is cut,
+    /// and the spans it had not exported yet are lost (the log says so).
+    pub async fn finish(self, bound: Duration) {
+        let _ = self.stop.send(());
+        let Flush {
+            mut task, counters, ..
+        } = self;
+        if tokio::time::timeout(bound, &mut task).await.is_err() {
+            task.abort();
+            tracing::warn!(bound = ?bound, "OTLP export did not finish in time at the stop; its queued spans are dropped");
+        }
+        tracing::info!(
+            exported = counters.exported.load(Ordering::Relaxed),
+            "OTLP export finished"
+        );
+    }
+}
+
+/// Build the exporter and start its task (on the current tokio runtime). The task ends when
+/// [`Flush::finish`] stops it (or the `Flush` is dropped), after exporting what is queued;
+/// spans handed over after that are dropped and counted (`queue_full`).
+pub fn start(
+    options: &OtlpOptions,
+    counters: Arc<SpanCounters>,
+) -> Result<(Arc<OtlpSpans>, Flush), Error> {
     let client = nodus_llm::http::client_builder(&nodus_llm::http::HttpConfig::default())
         .map_err(|e| Error(e.to_string()))?
         .timeout(TIMEOUT)
@@ -106,15 +140,33 @@ pub fn start(options: &OtlpOptions, counters: Arc<SpanCounters>) -> Result<Arc<O
         .map_err(|e| Error(e.to_string()))?;
     exporter.set_resource(&Resource::builder().with_service_name("nodus").build());
     let (queue, mut receiving) = mpsc::channel::<Span>(QUEUE);
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
     let task_counters = counters.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let scope = InstrumentationScope::builder("nodus")
             .with_version(env!("CARGO_PKG_VERSION"))
             .build();
         let mut spans = Vec::with_capacity(BATCH);
         // One warning per streak of failures, not one per batch.
         let mut failing = false;
-        while receiving.recv_many(&mut spans, BATCH).await > 0 {
+        let mut stopping = false;
+        loop {
+            let received = if stopping {
+                receiving.recv_many(&mut spans, BATCH).await
+            } else {
+                tokio::select! {
+                    received = receiving.recv_many(&mut spans, BATCH) => received,
+                    // Stopped (or the handle dropped): take no more, export what is queued.
+                    _ = &mut stopped => {
+                        receiving.close();
+                        stopping = true;
+                        continue;
+                    }
+                }
+            };
+            if received == 0 {
+                break;
+            }
             let until = tokio::time::Instant::now() + LINGER;
             while spans.len() < BATCH {
                 let room = BATCH - spans.len();
@@ -145,11 +197,19 @@ pub fn start(options: &OtlpOptions, counters: Arc<SpanCounters>) -> Result<Arc<O
             }
         }
     });
-    Ok(Arc::new(OtlpSpans {
+    let sink = Arc::new(OtlpSpans {
         queue,
         content: options.content,
-        counters,
-    }))
+        counters: counters.clone(),
+    });
+    Ok((
+        sink,
+        Flush {
+            stop,
+            task,
+            counters,
+        },
+    ))
 }
 
 /// A URL as the server may print it: without a user name or password.

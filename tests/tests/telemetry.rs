@@ -1,8 +1,10 @@
 //! OpenTelemetry traces end to end: a real `nodus server` exports to a real OTLP/HTTP receiver
 //! (`tests/otlp_receiver.py`, decoding with the `opentelemetry-proto` package; its Python is
 //! `NODUS_OTLP_PYTHON`, set by scripts/test): span names, kinds, parents, links and the GenAI
-//! attributes; content only when asked; one trace with every span once after the server is
-//! SIGKILLed mid-run and restarted; and a run unharmed by an endpoint that is down.
+//! attributes; content only when asked, shaped as the conventions say, and never a Secret's
+//! value; a run span, once, for runs that end without being driven; one trace with every span
+//! once after the server is SIGKILLed mid-run and restarted; every queued span exported when
+//! the server is stopped gracefully (SIGTERM); and a run unharmed by an endpoint that is down.
 
 #[path = "support/server.rs"]
 mod server;
@@ -25,6 +27,11 @@ struct Receiver {
 
 impl Receiver {
     fn start(dir: &Path) -> Receiver {
+        Receiver::start_delayed(dir, Duration::ZERO)
+    }
+
+    /// A receiver that waits `delay` before it records and answers each request.
+    fn start_delayed(dir: &Path, delay: Duration) -> Receiver {
         let python = std::env::var("NODUS_OTLP_PYTHON").expect(
             "NODUS_OTLP_PYTHON names a Python with the opentelemetry-proto package (scripts/test \
              creates it)",
@@ -33,6 +40,7 @@ impl Receiver {
         let child = Command::new(python)
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/otlp_receiver.py"))
             .arg(&out)
+            .arg(delay.as_secs_f64().to_string())
             .stdin(Stdio::null())
             .spawn()
             .expect("the receiver starts");
@@ -243,6 +251,13 @@ fn a_group_and_its_run_export_spans_per_the_genai_conventions() {
         group[0]["attributes"]["gen_ai.operation.name"],
         "invoke_workflow"
     );
+    assert_eq!(group[0]["attributes"]["nodus.project"], "default");
+    assert_eq!(group[0]["attributes"]["nodus.group"], "batch");
+    assert!(
+        group[0]["attributes"]["nodus.cost.usd"].is_string(),
+        "{}",
+        group[0]
+    );
 
     // Every step once, under the run, its id from (uid, seq).
     let steps: Vec<_> = run_spans.iter().filter(|s| s["span_id"] != root).collect();
@@ -265,6 +280,21 @@ fn a_group_and_its_run_export_spans_per_the_genai_conventions() {
             .filter(|s| s["name"].as_str().unwrap_or("").starts_with(prefix))
             .collect()
     };
+    // Money: each span's cost is exact, the run's is its steps' sum and its status's total.
+    let usd = |span: &Value| -> nodus_core::Usd {
+        span["attributes"]["nodus.cost.usd"]
+            .as_str()
+            .unwrap_or_else(|| panic!("nodus.cost.usd: {span}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("a decimal ({e:?}): {span}"))
+    };
+    let status: Value =
+        serde_json::from_str(&server.ok(&["get", "agentrun/batch-t0", "-o", "json"]))
+            .expect("JSON");
+    let total: nodus_core::Usd =
+        serde_json::from_value(status["status"]["cost"]["totalUSD"].clone()).expect("totalUSD");
+    assert_eq!(usd(run), total, "{run}");
+    assert_eq!(steps.iter().map(|s| usd(s)).sum::<nodus_core::Usd>(), total);
     let chats = named("chat ");
     assert!(
         chats.len() >= 2,
@@ -287,10 +317,13 @@ fn a_group_and_its_run_export_spans_per_the_genai_conventions() {
         assert!(a["gen_ai.usage.output_tokens"].is_i64());
         assert!(a["gen_ai.usage.cache_read.input_tokens"].is_i64());
         assert!(a["gen_ai.response.finish_reasons"].is_array(), "{chat}");
-        assert!(
-            a.get("gen_ai.output.messages").is_none(),
-            "no content: {chat}"
-        );
+        for content in [
+            "gen_ai.output.messages",
+            "gen_ai.input.messages",
+            "gen_ai.system_instructions",
+        ] {
+            assert!(a.get(content).is_none(), "no {content}: {chat}");
+        }
     }
     let tools = named("execute_tool shell");
     assert_eq!(tools.len(), 1, "{steps:#?}");
@@ -299,10 +332,9 @@ fn a_group_and_its_run_export_spans_per_the_genai_conventions() {
     assert_eq!(tool["gen_ai.operation.name"], "execute_tool");
     assert_eq!(tool["gen_ai.tool.name"], "shell");
     assert!(tool["gen_ai.tool.call.id"].is_string());
-    assert!(
-        tool.get("gen_ai.tool.call.arguments").is_none(),
-        "no content"
-    );
+    for content in ["gen_ai.tool.call.arguments", "gen_ai.tool.call.result"] {
+        assert!(tool.get(content).is_none(), "no {content}: {tool}");
+    }
     assert!(!named("route").is_empty(), "routing has a span of its own");
     let text = std::fs::read_to_string(&receiver.out).expect("spans");
     assert!(
@@ -339,8 +371,19 @@ fn a_group_and_its_run_export_spans_per_the_genai_conventions() {
     );
 }
 
+/// The value of the Secret the content test's run reads into its environment.
+const PLANTED: &str = "tok-planted-5e1f0c9a";
+
+/// A string attribute holding JSON, parsed.
+fn json_attribute(span: &Value, key: &str) -> Value {
+    let text = span["attributes"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{key} is a string: {span}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{key} is JSON ({e}): {text}"))
+}
+
 #[test]
-fn content_is_exported_only_when_asked() {
+fn content_is_exported_only_when_asked_and_never_a_secrets_value() {
     let dir = tempfile::tempdir().expect("tempdir");
     let receiver = Receiver::start(dir.path());
     let endpoint = receiver.endpoint();
@@ -349,38 +392,295 @@ fn content_is_exported_only_when_asked() {
         &["--otlp-endpoint", &endpoint, "--otlp-content"],
         &[],
     );
-    server.ok(&[
-        "create",
-        "agentrun",
-        "talk",
-        "--agent",
-        "hello-agent",
-        "--prompt",
-        "Run `echo hello-from-the-tool`.",
-    ]);
+    let resources = format!(
+        "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: planted\nstringData:\n  \
+         token: \"{PLANTED}\"\n---\napiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  \
+         name: talk\nspec:\n  agent: hello-agent\n  environment:\n    env:\n    - name: KEY\n      \
+         valueFrom: {{secretKeyRef: {{name: planted, key: token}}}}\n  input: \"Run `echo \
+         hello-from-the-tool $KEY`.\"\n"
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&resources));
+    assert!(output.status.success(), "{output:?}");
     wait_phase(&server, "agentrun/talk", "Succeeded");
+    // The Secret's value did reach the run: its command printed it, and the run's own
+    // answer (read by its owner through the API, not exported) shows it.
+    let answer = server.ok(&["agentrun", "answer", "talk"]);
+    assert!(answer.contains(PLANTED), "{answer}");
     let spans = receiver.wait_for("invoke_agent hello-agent");
+
     let tool = spans
         .iter()
         .find(|s| s["name"] == "execute_tool shell")
         .expect("a tool span");
-    let arguments = tool["attributes"]["gen_ai.tool.call.arguments"]
-        .as_str()
-        .expect("the command, with --otlp-content");
-    assert!(arguments.contains("echo hello-from-the-tool"), "{tool}");
-    assert!(
-        tool["attributes"]["gen_ai.tool.call.result"]
-            .as_str()
-            .is_some_and(|r| r.contains("hello-from-the-tool")),
+    assert_eq!(
+        json_attribute(tool, "gen_ai.tool.call.arguments"),
+        serde_json::json!({"command": "echo hello-from-the-tool $KEY"}),
         "{tool}"
     );
+    let result = tool["attributes"]["gen_ai.tool.call.result"]
+        .as_str()
+        .expect("the output, with --otlp-content");
     assert!(
+        result.contains("hello-from-the-tool [redacted]"),
+        "the Secret's value hidden in the output: {result}"
+    );
+
+    let mut chats: Vec<_> = spans
+        .iter()
+        .filter(|s| s["name"].as_str().unwrap_or("").starts_with("chat "))
+        .collect();
+    chats.sort_by_key(|s| s["attributes"]["nodus.step"].as_i64());
+    assert!(chats.len() >= 2, "{spans:#?}");
+    for chat in &chats {
+        let system = json_attribute(chat, "gen_ai.system_instructions");
+        assert_eq!(system[0]["type"], "text", "{chat}");
+        assert!(system[0]["content"].is_string(), "{chat}");
+        let input = json_attribute(chat, "gen_ai.input.messages");
+        assert_eq!(input[0]["role"], "user", "{chat}");
+        assert_eq!(input[0]["parts"][0]["type"], "text", "{chat}");
+        assert!(
+            input[0]["parts"][0]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("hello-from-the-tool")),
+            "the prompt: {chat}"
+        );
+        let output = json_attribute(chat, "gen_ai.output.messages");
+        assert_eq!(output[0]["role"], "assistant", "{chat}");
+        assert!(output[0]["finish_reason"].is_string(), "{chat}");
+        assert_eq!(
+            serde_json::json!([output[0]["finish_reason"]]),
+            chat["attributes"]["gen_ai.response.finish_reasons"],
+            "{chat}"
+        );
+    }
+    // The first call asks for the tool; the last is sent its result, as a tool message.
+    let first = json_attribute(chats[0], "gen_ai.output.messages");
+    assert_eq!(first[0]["finish_reason"], "tool_call", "{first}");
+    let call = &first[0]["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .find(|p| p["type"] == "tool_call")
+        .expect("a tool call part")
+        .clone();
+    assert_eq!(call["name"], "shell");
+    assert_eq!(
+        call["arguments"]["command"],
+        "echo hello-from-the-tool $KEY"
+    );
+    let last = json_attribute(chats[chats.len() - 1], "gen_ai.input.messages");
+    let sent_result = last
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool's result, sent back");
+    assert_eq!(sent_result["parts"][0]["type"], "tool_call_response");
+    assert_eq!(sent_result["parts"][0]["id"], call["id"]);
+    assert!(
+        sent_result["parts"][0]["response"]
+            .as_str()
+            .is_some_and(|r| r.contains("[redacted]")),
+        "{sent_result}"
+    );
+
+    // Nowhere in anything exported: not in the output, not in the reply that repeats it.
+    let text = std::fs::read_to_string(&receiver.out).expect("spans");
+    assert!(
+        !text.contains(PLANTED),
+        "a Secret's value was exported:\n{text}"
+    );
+    let log = std::fs::read_to_string(&server.log).expect("log");
+    assert!(!log.contains(PLANTED), "{log}");
+}
+
+#[test]
+fn runs_that_end_without_being_driven_get_their_run_span_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let receiver = Receiver::start(dir.path());
+    let endpoint = receiver.endpoint();
+    let server = start_server(dir.path(), &["--otlp-endpoint", &endpoint], &[]);
+    server.ok(&[
+        "create",
+        "agentgroup",
+        "held",
+        "--agent",
+        "hello-agent",
+        "--max-active",
+        "1",
+        "--max-cost",
+        "2.00",
+    ]);
+    // The others depend on a keep-alive run, which does not finish: they stay queued.
+    server.ok(&[
+        "create",
+        "agentrun",
+        "held-holder",
+        "--agent",
+        "hello-agent",
+        "--group",
+        "held",
+        "--task-key",
+        "holder",
+        "--keep-alive",
+        "--prompt",
+        "Run `echo holding` and tell me.",
+    ]);
+    wait_phase(&server, "agentrun/held-holder", "Waiting");
+    let queued = |name: &str| {
+        server.ok(&[
+            "create",
+            "agentrun",
+            &format!("held-{name}"),
+            "--agent",
+            "hello-agent",
+            "--group",
+            "held",
+            "--task-key",
+            name,
+            "--depends-on",
+            "holder",
+            "--prompt",
+            "Run `echo never` and tell me.",
+        ]);
+    };
+    // Cancelled while queued, by a person.
+    queued("cancelled");
+    server.ok(&["cancel", "agentrun/held-cancelled"]);
+    wait_phase(&server, "agentrun/held-cancelled", "Cancelled");
+    // Failed in the queue: its deadline passed before the group admitted it.
+    let deadline = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(2);
+    let late = format!(
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: held-late\nspec:\n  agent: \
+         hello-agent\n  group: held\n  taskKey: late\n  dependsOn: [holder]\n  deadline: \"{deadline}\"\n  input: \
+         Run `echo never` and tell me.\n"
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&late));
+    assert!(output.status.success(), "{output:?}");
+    wait_phase(&server, "agentrun/held-late", "Failed");
+    // Cancelled with its group, before it started.
+    queued("swept");
+    server.ok(&["cancel", "ag/held"]);
+    wait_phase(&server, "agentrun/held-swept", "Cancelled");
+    wait_phase(&server, "agentrun/held-holder", "Cancelled");
+    let group_uid = uid(&server, "ag/held");
+    let undriven = [
+        ("held-cancelled", "Cancelled"),
+        ("held-late", "Failed"),
+        ("held-swept", "Cancelled"),
+    ];
+    let traces: Vec<(String, String, &str)> = undriven
+        .iter()
+        .map(|(run, phase)| {
+            let run_uid = uid(&server, &format!("agentrun/{run}"));
+            (run_uid, (*run).to_string(), *phase)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let spans = receiver.spans();
+        let arrived = traces
+            .iter()
+            .filter(|(run_uid, ..)| !of_trace(&spans, &hex(&trace_id(run_uid))).is_empty())
+            .count();
+        if arrived == traces.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{spans:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Anything exported twice would come within the exporter's next batch.
+    std::thread::sleep(Duration::from_millis(500));
+    let spans = receiver.spans();
+    for (run_uid, run, phase) in &traces {
+        let trace = of_trace(&spans, &hex(&trace_id(run_uid)));
+        assert_eq!(
+            trace.len(),
+            1,
+            "{run}: its run span alone, once: {trace:#?}"
+        );
+        let span = trace[0];
+        assert_eq!(span["name"], "invoke_agent hello-agent", "{span}");
+        assert_eq!(
+            span["span_id"],
+            hex(&span_id(run_uid, Slot::Root)),
+            "{span}"
+        );
+        assert_eq!(span["parent_span_id"], "", "{span}");
+        assert_eq!(span["status"], "STATUS_CODE_ERROR", "{span}");
+        let a = &span["attributes"];
+        assert_eq!(a["nodus.phase"], *phase, "{span}");
+        assert_eq!(a["error.type"], *phase, "{span}");
+        assert_eq!(a["nodus.run"], run.as_str(), "{span}");
+        assert_eq!(a["nodus.project"], "default", "{span}");
+        assert_eq!(
+            a["nodus.cost.usd"], "0.00",
+            "nothing ran, nothing spent: {span}"
+        );
+        assert_eq!(a["gen_ai.operation.name"], "invoke_agent", "{span}");
+        assert_eq!(
+            span["links"],
+            serde_json::json!([{
+                "trace_id": hex(&trace_id(&group_uid)),
+                "span_id": hex(&span_id(&group_uid, Slot::Root)),
+            }]),
+            "{span}"
+        );
+        assert!(span["end"].as_u64() >= span["start"].as_u64(), "{span}");
+    }
+}
+
+#[test]
+fn a_graceful_stop_exports_the_spans_still_queued() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A slow collector: spans queue behind each request.
+    let receiver = Receiver::start_delayed(dir.path(), Duration::from_millis(1500));
+    let endpoint = receiver.endpoint();
+    let mut server = start_server(dir.path(), &["--otlp-endpoint", &endpoint], &[]);
+    server.ok(&[
+        "create",
+        "agentrun",
+        "stopping",
+        "--agent",
+        "hello-agent",
+        "--prompt",
+        "Run `echo one`, then `echo two`.",
+    ]);
+    wait_phase(&server, "agentrun/stopping", "Succeeded");
+    let run_uid = uid(&server, "agentrun/stopping");
+    let journal = journal_len(&server, "stopping");
+    let before = receiver.spans().len();
+    assert!(
+        before < journal + 1,
+        "spans were still on their way at the stop (else this shows nothing)"
+    );
+    server.terminate();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while server.alive() {
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The request the server saw answered before it exited has been recorded.
+    let spans = receiver.spans();
+    let trace = hex(&trace_id(&run_uid));
+    let steps: BTreeSet<i64> = of_trace(&spans, &trace)
+        .iter()
+        .filter_map(|s| s["attributes"]["nodus.step"].as_i64())
+        .collect();
+    let expected: BTreeSet<i64> = (0..i64::try_from(journal).expect("len")).collect();
+    assert_eq!(
+        steps, expected,
+        "every step's span, exported before the exit"
+    );
+    assert_eq!(
         spans
             .iter()
-            .filter(|s| s["name"].as_str().unwrap_or("").starts_with("chat "))
-            .all(|s| s["attributes"]["gen_ai.output.messages"].is_string()),
-        "{spans:#?}"
+            .filter(|s| s["span_id"] == hex(&span_id(&run_uid, Slot::Root)))
+            .count(),
+        1,
+        "the run's span: {spans:#?}"
     );
+    assert_eq!(spans.len(), journal + 1, "each span once: {spans:#?}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use crate::resource::{
     SecretKeyRef, SecretVersion,
 };
 use crate::sandbox::{Limits, SandboxSpec};
-use crate::secret::PinnedSecrets;
+use crate::secret::{PinnedSecrets, SecretString};
 use crate::store::{self, ObjectKey};
 use crate::validate::Invalid;
 
@@ -279,8 +279,21 @@ impl Engine {
         spec: &SandboxSpec,
     ) -> std::result::Result<SandboxSpec, String> {
         let mut spec = spec.clone();
+        for (name, value) in self.secret_env(run, environment).await? {
+            spec.env.insert(name, value.expose().to_string());
+        }
+        Ok(spec)
+    }
+
+    /// The variables of the environment that read a Secret, with their values
+    /// ([`Engine::with_secrets`]).
+    pub(super) async fn secret_env(
+        &self,
+        run: &ObjectKey,
+        environment: Option<&EnvironmentSnapshot>,
+    ) -> std::result::Result<Vec<(String, SecretString)>, String> {
         let Some(environment) = environment else {
-            return Ok(spec);
+            return Ok(Vec::new());
         };
         if !environment
             .spec
@@ -288,9 +301,10 @@ impl Engine {
             .iter()
             .any(|var| var.value_from.is_some())
         {
-            return Ok(spec);
+            return Ok(Vec::new());
         }
         let pinned = self.pinned_secrets(run).await?;
+        let mut values = Vec::new();
         for var in &environment.spec.env {
             let Some(from) = &var.value_from else {
                 continue;
@@ -306,10 +320,7 @@ impl Engine {
                 }
             };
             match value {
-                Some(value) => {
-                    spec.env
-                        .insert(var.name.clone(), value.expose().to_string());
-                }
+                Some(value) => values.push((var.name.clone(), value)),
                 None => {
                     return Err(format!(
                         "the environment variable {} reads key {:?} of Secret {:?}, which was \
@@ -319,7 +330,30 @@ impl Engine {
                 }
             }
         }
-        Ok(spec)
+        Ok(values)
+    }
+
+    /// What the spans of run `run` may disclose: `None` when message content is not exported,
+    /// or when the values of the Secrets its environment reads cannot be had (its spans then
+    /// carry no content rather than risk one); else those values, to hide.
+    pub(super) async fn hidden_in_spans(
+        &self,
+        run: &ObjectKey,
+        environment: Option<&EnvironmentSnapshot>,
+    ) -> Option<crate::telemetry::Hidden> {
+        if !self.deps.spans.enabled() || self.deps.spans.content() != crate::telemetry::Content::On
+        {
+            return None;
+        }
+        match self.secret_env(run, environment).await {
+            Ok(values) => Some(crate::telemetry::Hidden::new(
+                values.into_iter().map(|(_, value)| value),
+            )),
+            Err(error) => {
+                tracing::warn!(run = %run, error = %error, "exporting the run's spans without content: its Secrets' values, which spans must hide, cannot be read");
+                None
+            }
+        }
     }
 }
 

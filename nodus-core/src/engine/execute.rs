@@ -64,6 +64,8 @@ pub(super) struct Fixed {
     sandbox: SandboxSpec,
     /// What its spans say about it; `None` when no spans are wanted.
     spans: Option<crate::telemetry::RunContext>,
+    /// The values its spans hide when they carry message content; `None`: no content.
+    hidden: Option<crate::telemetry::Hidden>,
     /// Its group's name.
     group: Option<String>,
 }
@@ -89,7 +91,12 @@ impl Engine {
                 Queued::Until(until) => Ok(Driven::NotAdmitted { until }),
             };
         }
-        let fixed = self.fixed(project, &run.object)?;
+        let mut fixed = self.fixed(project, &run.object)?;
+        if fixed.spans.is_some() {
+            fixed.hidden = self
+                .hidden_in_spans(&fixed.key, fixed.snapshot.environment.as_ref())
+                .await;
+        }
         // No other task of this process writes the run meanwhile (a person's resolution).
         let _writing = self.writers.lock(&fixed.uid).await;
         let lease = self.lease();
@@ -193,6 +200,7 @@ impl Engine {
             first_prompt,
             sandbox,
             spans: super::span_context(&self.deps, project, run),
+            hidden: None,
             group: run.spec.group.clone(),
         })
     }
@@ -377,8 +385,15 @@ impl Engine {
                     self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
                         .await?;
                     replay.apply(&step);
-                    self.complete(fixed, fence, replay, step.seq, decide::failed(error))
-                        .await?;
+                    self.complete(
+                        fixed,
+                        fence,
+                        replay,
+                        &inbox,
+                        step.seq,
+                        decide::failed(error),
+                    )
+                    .await?;
                     continue;
                 }
                 Decision::Repeat(seq) => {
@@ -388,7 +403,7 @@ impl Engine {
                     (seq, decide::acting_phase(phase, &step.intent)?)
                 }
                 Decision::Abandon { seq, error } => {
-                    self.complete(fixed, fence, replay, seq, decide::failed(error))
+                    self.complete(fixed, fence, replay, &inbox, seq, decide::failed(error))
                         .await?;
                     continue;
                 }
@@ -405,7 +420,8 @@ impl Engine {
             let target = decide::phase_after(target, &effect)?;
             match effect {
                 Effect::Done(outcome) => {
-                    self.complete(fixed, fence, replay, seq, outcome).await?;
+                    self.complete(fixed, fence, replay, &inbox, seq, outcome)
+                        .await?;
                     // A conflict here only means the document moved on; the next pass
                     // re-reads it and writes the status again.
                     known = self
@@ -442,6 +458,7 @@ impl Engine {
         fixed: &Fixed,
         fence: Fence,
         replay: &mut Replay,
+        inbox: &[InboxMessage],
         seq: u32,
         outcome: Outcome,
     ) -> Result<()> {
@@ -462,8 +479,25 @@ impl Engine {
         .await?;
         step.completion = Some(completion);
         if let Some(ctx) = &fixed.spans {
-            let content = self.deps.spans.content();
-            if let Some(span) = crate::telemetry::step_span(ctx, &step, content) {
+            // A model call's span shows what it was sent: the conversation as the replay
+            // (still before this outcome) and the inbox tell it, as the request was built.
+            let sent = match (&fixed.hidden, &step.intent) {
+                (Some(_), Intent::CallModel { .. }) => Some(replay.conversation(
+                    &fixed.first_prompt,
+                    inbox,
+                    fixed.snapshot.agent.max_tool_calls,
+                )),
+                _ => None,
+            };
+            let disclosure = fixed
+                .hidden
+                .as_ref()
+                .map(|hidden| crate::telemetry::Disclosure {
+                    system: &fixed.system,
+                    sent: sent.as_ref(),
+                    hidden,
+                });
+            if let Some(span) = crate::telemetry::step_span(ctx, &step, disclosure.as_ref()) {
                 self.deps.spans.export(span);
             }
         }
@@ -483,18 +517,7 @@ impl Engine {
         let Some(ctx) = &fixed.spans else {
             return;
         };
-        let group_uid = match &fixed.group {
-            Some(group) => {
-                let key = ObjectKey::new(&fixed.project, Kind::AgentGroup, group);
-                match self.deps.store.get(&key).await {
-                    Ok(record) => record.document["metadata"]["uid"]
-                        .as_str()
-                        .map(str::to_string),
-                    Err(_) => None,
-                }
-            }
-            None => None,
-        };
+        let group_uid = self.group_uid(&fixed.project, fixed.group.as_deref()).await;
         let now = self.deps.clock.now();
         let ended = crate::telemetry::Ended {
             start: replay.started_at.unwrap_or(now),

@@ -229,7 +229,7 @@ impl Engine {
                 // The listing read only a few paths: the store edits the whole document, and
                 // leaves it when the run moved on meanwhile (the next pass sees it).
                 let seen = member.phase;
-                let edit: crate::store::Edit = Box::new(move |document| {
+                let (edit, applied) = super::spans::tracked(move |document| {
                     (member_phase(document) == Ok(seen)).then(|| {
                         let mut document = document.clone();
                         set_phase(&mut document, next, now);
@@ -239,14 +239,19 @@ impl Engine {
                         document
                     })
                 });
-                writes.push(self.deps.store.modify(&record.key, edit));
+                let write = self.deps.store.modify(&record.key, edit);
+                writes.push(async move { (write.await, applied, next.is_finished()) });
             }
             // All at once: a store that commits concurrent writes together (SQLite's writer)
             // starts a hundred runs in one commit instead of a hundred.
-            for written in join_all(writes).await {
+            for (written, applied, finishes) in join_all(writes).await {
                 match written {
                     // Deleted meanwhile: the next pass no longer lists it.
                     Err(crate::store::Error::NotFound(_)) => {}
+                    // A run the group ended before it started (cancelled): its span now.
+                    Ok(record) if finishes => {
+                        self.undriven_write_ended(project, &record, &applied).await;
+                    }
                     other => {
                         other?;
                     }
@@ -317,14 +322,16 @@ impl Engine {
     ) -> Result<()> {
         let next = queued.apply(RunEvent::Fail(reason))?;
         let now = self.deps.clock.now();
-        let edit: crate::store::Edit = Box::new(move |document| {
+        let (edit, applied) = super::spans::tracked(move |document| {
             (member_phase(document) == Ok(queued)).then(|| {
                 let mut document = document.clone();
                 set_phase(&mut document, next, now);
                 document
             })
         });
-        self.deps.store.modify(key, edit).await?;
+        let written = self.deps.store.modify(key, edit).await?;
+        self.undriven_write_ended(&key.project, &written, &applied)
+            .await;
         Ok(())
     }
 

@@ -15,6 +15,7 @@ mod kinds;
 mod live;
 mod resources;
 mod results;
+mod spans;
 mod status;
 mod typed;
 mod workdir;
@@ -984,7 +985,8 @@ impl Engine {
             if phase.is_finished() {
                 return Ok(false);
             }
-            if matches!(phase, RunPhase::Pending(_)) {
+            let undriven = matches!(phase, RunPhase::Pending(_));
+            if undriven {
                 run.object.status.phase = Some(phase.apply(RunEvent::Cancel(reason))?);
                 run.object.status.completion_time = Some(self.deps.clock.now());
             } else {
@@ -999,7 +1001,13 @@ impl Engine {
             {
                 Err(crate::store::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
-                Ok(_) => return Ok(true),
+                Ok(_) => {
+                    if undriven {
+                        // Cancelled before it started: no drive ends it, this write did.
+                        self.undriven_run_ended(project, &run.object).await;
+                    }
+                    return Ok(true);
+                }
             }
         }
     }
@@ -1057,8 +1065,24 @@ impl Engine {
             if let Some(ctx) = span_context(&self.deps, project, &run.object) {
                 let mut step = step.clone();
                 step.completion = Some(completion);
-                let content = self.deps.spans.content();
-                if let Some(span) = crate::telemetry::step_span(&ctx, &step, content) {
+                let snapshot = run.object.status.snapshot.as_ref();
+                let key = ObjectKey::new(project, Kind::AgentRun, name);
+                let hidden = match snapshot {
+                    Some(snapshot) => {
+                        self.hidden_in_spans(&key, snapshot.environment.as_ref())
+                            .await
+                    }
+                    None => None,
+                };
+                let system = snapshot
+                    .map(|snapshot| crate::decide::system_prompt(project, &run.object, snapshot))
+                    .unwrap_or_default();
+                let disclosure = hidden.as_ref().map(|hidden| crate::telemetry::Disclosure {
+                    system: &system,
+                    sent: None,
+                    hidden,
+                });
+                if let Some(span) = crate::telemetry::step_span(&ctx, &step, disclosure.as_ref()) {
                     self.deps.spans.export(span);
                 }
             }
