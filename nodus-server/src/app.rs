@@ -277,15 +277,18 @@ impl Bound {
                 info.clone(),
             );
             tokio::spawn(async move {
+                let mut beat = crate::replicas::Beat::First;
                 loop {
                     let used = in_use.as_ref().map_or(0, |in_use| *in_use.borrow());
                     let now = engine.clock().now();
+                    let draining = engine.draining();
                     if let Err(error) =
-                        crate::replicas::beat(store.as_ref(), &info, used, engine.draining(), now)
+                        crate::replicas::beat(store.as_ref(), &info, used, draining, now, beat)
                             .await
                     {
                         tracing::warn!(error = %error, "cannot write the replica's heartbeat");
                     }
+                    beat = crate::replicas::Beat::Again;
                     tokio::time::sleep(crate::replicas::HEARTBEAT).await;
                 }
             })
@@ -329,8 +332,14 @@ impl Bound {
         let draining = runner.clone();
         let drain_timeout = server.options.drain_timeout;
         let drain_info = info.clone();
+        // An operator's `nodus server drain NAME` (heard through the store) stops this
+        // replica as SIGTERM does.
+        let asked = crate::replicas::drain_requested(state.store.clone(), info.name.clone());
         let signal = tokio::spawn(async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                () = asked => tracing::info!("an operator asked this replica to drain"),
+            }
             // Drain first, still serving: take on no more runs, let running commands finish
             // (up to the drain timeout), and hand every run over to the other replicas.
             if let Some(runner) = draining.lock().await.take() {
@@ -338,8 +347,15 @@ impl Bound {
                 runner.engine().start_draining();
                 let used = *runner.driving().borrow();
                 let now = state.engine.clock().now();
-                if let Err(error) =
-                    crate::replicas::beat(state.store.as_ref(), &drain_info, used, true, now).await
+                if let Err(error) = crate::replicas::beat(
+                    state.store.as_ref(),
+                    &drain_info,
+                    used,
+                    true,
+                    now,
+                    crate::replicas::Beat::Again,
+                )
+                .await
                 {
                     tracing::warn!(error = %error, "cannot mark the replica draining");
                 }

@@ -135,6 +135,25 @@ pub fn listen_address(text: &str) -> Result<std::net::SocketAddr> {
         .ok_or_else(|| usage("resolves to no address"))
 }
 
+/// `nodus server drain NAME`: ask the replica NAME to drain (it hears it through the store,
+/// wherever it runs) and say so.
+pub async fn drain(client: &crate::client::Client, name: &str) -> Result<()> {
+    client
+        .send(
+            reqwest::Method::POST,
+            &["apis", "nodus.dev", "v1", "replicas", name, "drain"],
+            &[],
+            None,
+            &[],
+        )
+        .await?;
+    super::outln(&format!(
+        "replica/{name} asked to drain: it takes no more runs, lets its running commands \
+         finish up to its --drain-timeout, hands its runs over and stops"
+    ));
+    Ok(())
+}
+
 /// Start the server and serve until Ctrl-C or SIGTERM. It says it serves only once it holds
 /// its address: a busy port is an error before that.
 pub async fn run(args: ServerArgs) -> Result<()> {
