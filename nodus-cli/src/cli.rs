@@ -225,6 +225,16 @@ pub struct ServerArgs {
     /// The image of container sandboxes for runs that name none (--sandbox docker).
     #[arg(long)]
     pub default_image: Option<String>,
+    /// A Docker engine for --sandbox docker, repeatable: unix:///PATH or tcp://HOST:PORT
+    /// (TLS, see --docker-tls-dir), with =N the most sandboxes it holds at once (default:
+    /// --capacity). A new sandbox goes to the engine with the most room; one whose engine
+    /// stops answering is made again on another (default: the local socket only).
+    #[arg(long, value_name = "URL[=CAPACITY]")]
+    pub docker_host: Vec<String>,
+    /// The directory holding ca.pem, cert.pem and key.pem for tcp:// Docker hosts, as the
+    /// Docker CLI's --tlsverify reads them.
+    #[arg(long, value_name = "DIR")]
+    pub docker_tls_dir: Option<PathBuf>,
     /// Where process sandboxes keep their working directories (default: DATA_DIR/sandboxes;
     /// as root, /var/lib/nodus/sandboxes/<hash of DATA_DIR>, which the sandboxes' user,
     /// nobody, can reach).
