@@ -199,9 +199,13 @@ pub enum Command {
     Completion(CompletionArgs),
 }
 
-/// `nodus server`.
+/// `nodus server`, or `nodus server drain NAME`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ServerArgs {
+    /// Work with the fleet's replicas instead of starting one.
+    #[command(subcommand)]
+    pub action: Option<ServerCommand>,
     /// Where the API listens: HOST:PORT, the host an address or a name (localhost:7070).
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
@@ -221,6 +225,16 @@ pub struct ServerArgs {
     /// The image of container sandboxes for runs that name none (--sandbox docker).
     #[arg(long)]
     pub default_image: Option<String>,
+    /// A Docker engine for --sandbox docker, repeatable: unix:///PATH or tcp://HOST:PORT
+    /// (TLS, see --docker-tls-dir), with =N the most sandboxes it holds at once (default:
+    /// --capacity). A new sandbox goes to the engine with the most room; one whose engine
+    /// stops answering is made again on another (default: the local socket only).
+    #[arg(long, value_name = "URL[=CAPACITY]")]
+    pub docker_host: Vec<String>,
+    /// The directory holding ca.pem, cert.pem and key.pem for tcp:// Docker hosts, as the
+    /// Docker CLI's --tlsverify reads them.
+    #[arg(long, value_name = "DIR")]
+    pub docker_tls_dir: Option<PathBuf>,
     /// Where process sandboxes keep their working directories (default: DATA_DIR/sandboxes;
     /// as root, /var/lib/nodus/sandboxes/<hash of DATA_DIR>, which the sandboxes' user,
     /// nobody, can reach).
@@ -289,6 +303,25 @@ pub struct ServerArgs {
     /// then every run this replica drove is handed over to the others at once.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub drain_timeout: u64,
+}
+
+/// What `nodus server` does besides serving.
+#[derive(Debug, Subcommand)]
+pub enum ServerCommand {
+    /// Ask the replica NAME (`nodus get replicas` lists them) to drain, as SIGTERM does: it
+    /// stops taking runs, lets its running commands finish up to its --drain-timeout, hands its
+    /// runs over to the other replicas and stops. Needs the server's operator token.
+    Drain(DrainArgs),
+}
+
+/// `nodus server drain NAME`.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The replica's name.
+    pub name: String,
+    /// The context to use instead of the current one.
+    #[arg(long = "context", id = "drain_context", value_name = "CONTEXT")]
+    pub context: Option<String>,
 }
 
 /// `nodus quickstart`.

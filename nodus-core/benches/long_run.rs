@@ -102,6 +102,7 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
             info: SandboxInfo {
                 id: SandboxId("sb".to_string()),
                 isolated: true,
+                host: None,
             },
         },
         Intent::Route { .. } => Outcome::Routed {

@@ -885,6 +885,7 @@ mod tests {
                     info: SandboxInfo {
                         id: SandboxId("sb-1".to_string()),
                         isolated: true,
+                        host: None,
                     },
                 },
             )

@@ -179,6 +179,10 @@ pub struct SandboxInfo {
     pub id: SandboxId,
     /// False for an unisolated mode that the operator chose by name.
     pub isolated: bool,
+    /// The host it lives on, where the backend places sandboxes on several (remote Docker
+    /// hosts); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// One command.

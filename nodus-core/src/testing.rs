@@ -160,6 +160,7 @@ impl Sandbox for RecordingSandbox {
         Ok(SandboxInfo {
             id: SandboxId(spec.key.clone()),
             isolated: true,
+            host: None,
         })
     }
 

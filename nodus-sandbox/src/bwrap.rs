@@ -1043,6 +1043,7 @@ impl Sandbox for BwrapSandbox {
         Ok(SandboxInfo {
             id: SandboxId(spec.key.clone()),
             isolated: true,
+            host: None,
         })
     }
 

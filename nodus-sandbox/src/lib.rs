@@ -40,5 +40,5 @@ pub use bwrap::{
     DEFAULT_SANDBOX_USER, HostUser,
 };
 #[cfg(feature = "docker")]
-pub use docker::{DockerConfig, DockerSandbox};
+pub use docker::{DockerConfig, DockerHost, DockerHosts, DockerSandbox};
 pub use unisolated::UnisolatedSandbox;

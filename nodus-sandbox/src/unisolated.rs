@@ -109,6 +109,7 @@ impl Sandbox for UnisolatedSandbox {
         Ok(SandboxInfo {
             id: SandboxId(spec.key.clone()),
             isolated: false,
+            host: None,
         })
     }
 

@@ -329,7 +329,8 @@ async fn no_file_grows_past_the_disk_limit() {
 #[tokio::test]
 async fn an_unreachable_engine_is_reported() {
     let mut config = DockerConfig::new(image());
-    config.socket = PathBuf::from("/nonexistent/docker.sock");
+    config.endpoint =
+        nodus_sandbox::docker::Endpoint::Socket(PathBuf::from("/nonexistent/docker.sock"));
     match DockerSandbox::connect(config).await {
         Err(e @ Error::Unavailable(_)) => {
             assert!(e.to_string().contains("/nonexistent/docker.sock"), "{e}");

@@ -282,15 +282,18 @@ impl Bound {
                 info.clone(),
             );
             tokio::spawn(async move {
+                let mut beat = crate::replicas::Beat::First;
                 loop {
                     let used = in_use.as_ref().map_or(0, |in_use| *in_use.borrow());
                     let now = engine.clock().now();
+                    let draining = engine.draining();
                     if let Err(error) =
-                        crate::replicas::beat(store.as_ref(), &info, used, engine.draining(), now)
+                        crate::replicas::beat(store.as_ref(), &info, used, draining, now, beat)
                             .await
                     {
                         tracing::warn!(error = %error, "cannot write the replica's heartbeat");
                     }
+                    beat = crate::replicas::Beat::Again;
                     tokio::time::sleep(crate::replicas::HEARTBEAT).await;
                 }
             })
@@ -334,8 +337,14 @@ impl Bound {
         let draining = runner.clone();
         let drain_timeout = server.options.drain_timeout;
         let drain_info = info.clone();
+        // An operator's `nodus server drain NAME` (heard through the store) stops this
+        // replica as SIGTERM does.
+        let asked = crate::replicas::drain_requested(state.store.clone(), info.name.clone());
         let signal = tokio::spawn(async move {
-            shutdown.await;
+            tokio::select! {
+                () = shutdown => {}
+                () = asked => tracing::info!("an operator asked this replica to drain"),
+            }
             // Drain first, still serving: take on no more runs, let running commands finish
             // (up to the drain timeout), and hand every run over to the other replicas.
             if let Some(runner) = draining.lock().await.take() {
@@ -343,8 +352,15 @@ impl Bound {
                 runner.engine().start_draining();
                 let used = *runner.driving().borrow();
                 let now = state.engine.clock().now();
-                if let Err(error) =
-                    crate::replicas::beat(state.store.as_ref(), &drain_info, used, true, now).await
+                if let Err(error) = crate::replicas::beat(
+                    state.store.as_ref(),
+                    &drain_info,
+                    used,
+                    true,
+                    now,
+                    crate::replicas::Beat::Again,
+                )
+                .await
                 {
                     tracing::warn!(error = %error, "cannot mark the replica draining");
                 }
@@ -558,23 +574,60 @@ async fn open_sandbox(
             announcements.push(format!(
                 "sandbox: Docker containers (default image {image})"
             ));
-            let docker =
-                nodus_sandbox::DockerSandbox::connect(nodus_sandbox::DockerConfig::new(image))
-                    .await
-                    .map_err(|e| StartError::Backend(format!("Docker sandbox: {e}")))?;
-            // Containers of runs that finished or were deleted while no server ran go now;
-            // live runs' containers stay, and their runs re-attach to them.
             let live = live_run_uids(store.as_ref()).await?;
-            match docker.remove_orphans(&live).await {
-                Ok(removed) if !removed.is_empty() => announcements.push(format!(
-                    "sandbox: removed {} orphaned container(s)",
-                    removed.len()
-                )),
-                Ok(_) => {}
-                Err(error) => tracing::warn!(error = %error, "cannot remove orphaned containers"),
+            if options.docker_hosts.is_empty() {
+                let docker = connect_docker(nodus_sandbox::DockerConfig::new(image)).await?;
+                remove_orphans(&docker, &live, announcements).await;
+                return Ok(Arc::new(docker));
             }
-            Ok(Arc::new(docker))
+            let mut hosts = Vec::new();
+            for host in &options.docker_hosts {
+                let mut config = nodus_sandbox::DockerConfig::new(image.clone());
+                config.endpoint = host.endpoint.clone();
+                let docker = connect_docker(config).await?;
+                remove_orphans(&docker, &live, announcements).await;
+                let capacity = host.capacity.unwrap_or(options.capacity);
+                announcements.push(format!(
+                    "sandbox: Docker host {} (capacity {capacity})",
+                    host.endpoint
+                ));
+                hosts.push(nodus_sandbox::DockerHost {
+                    sandbox: docker,
+                    capacity,
+                });
+            }
+            let hosts = nodus_sandbox::DockerHosts::new(hosts)
+                .map_err(|e| StartError::Backend(format!("Docker sandbox: {e}")))?;
+            Ok(Arc::new(hosts))
         }
+    }
+}
+
+/// The Docker engine of `config`, which must answer now.
+async fn connect_docker(
+    config: nodus_sandbox::DockerConfig,
+) -> Result<nodus_sandbox::DockerSandbox, StartError> {
+    let endpoint = config.endpoint.clone();
+    nodus_sandbox::DockerSandbox::connect(config)
+        .await
+        .map_err(|e| StartError::Backend(format!("Docker sandbox at {endpoint}: {e}")))
+}
+
+/// Containers of runs that finished or were deleted while no server ran go now; live runs'
+/// containers stay, and their runs re-attach to them.
+async fn remove_orphans(
+    docker: &nodus_sandbox::DockerSandbox,
+    live: &std::collections::BTreeSet<String>,
+    announcements: &mut Vec<String>,
+) {
+    match docker.remove_orphans(live).await {
+        Ok(removed) if !removed.is_empty() => announcements.push(format!(
+            "sandbox: removed {} orphaned container(s) at {}",
+            removed.len(),
+            docker.endpoint()
+        )),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %error, "cannot remove orphaned containers"),
     }
 }
 

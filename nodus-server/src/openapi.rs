@@ -199,23 +199,28 @@ fn schemas() -> Map<String, Value> {
         "additionalProperties": false,
     }));
     named.insert(
+        "Replica".into(),
+        json!({
+            "type": "object",
+            "properties": {
+                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
+                "spec": {"type": "object", "properties": {
+                    "role": {"enum": ["all", "api", "worker"]},
+                    "capacity": {"type": "integer", "minimum": 0},
+                    "version": {"type": "string"},
+                    "drain": {"type": "boolean", "description": "true once an operator asked the replica to drain (`nodus server drain NAME`)"}}},
+                "status": {"type": "object", "properties": {
+                    "inUse": {"type": "integer", "minimum": 0},
+                    "heartbeat": {"type": "string", "format": "date-time"},
+                    "draining": {"type": "boolean"}}}
+            }
+        }),
+    );
+    named.insert(
         "ReplicaList".into(),
         json!({
             "type": "object",
-            "properties": {"kind": {"const": "ReplicaList"}, "items": {"type": "array", "items": {
-                "type": "object",
-                "properties": {
-                    "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
-                    "spec": {"type": "object", "properties": {
-                        "role": {"enum": ["all", "api", "worker"]},
-                        "capacity": {"type": "integer", "minimum": 0},
-                        "version": {"type": "string"}}},
-                    "status": {"type": "object", "properties": {
-                        "inUse": {"type": "integer", "minimum": 0},
-                        "heartbeat": {"type": "string", "format": "date-time"},
-                        "draining": {"type": "boolean"}}}
-                }
-            }}},
+            "properties": {"kind": {"const": "ReplicaList"}, "items": {"type": "array", "items": schema_ref("Replica")}},
             "required": ["kind", "items"],
         }),
     );
@@ -686,6 +691,10 @@ pub fn document() -> Value {
     }));
     paths.insert("/apis/nodus.dev/v1/replicas".into(), json!({
         "get": operation("The replicas sharing this store: name, role, capacity, runs in use, last heartbeat, version, draining (the operator token)", responses(&[json_ok("200", "The replicas", "ReplicaList")], read), None),
+    }));
+    paths.insert("/apis/nodus.dev/v1/replicas/{name}/drain".into(), json!({
+        "parameters": [name],
+        "post": operation("Ask the replica NAME to drain, as SIGTERM does: it stops taking runs, lets its running commands finish up to its drain timeout, hands its runs over to the other replicas and stops; it hears the request through the store, wherever it runs (the operator token)", responses(&[json_ok("202", "Asked: the replica's record, spec.drain true", "Replica")], write), None),
     }));
     paths.insert(crate::api::PROJECTS.into(), json!({
         "get": operation("The projects the token holds (every project for the operator token)", responses(&[json_ok("200", "The projects", "ProjectList")], read), None),

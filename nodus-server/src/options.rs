@@ -170,6 +170,9 @@ pub struct Options {
     pub drain_timeout: Duration,
     /// The image of container sandboxes when a run names none.
     pub default_image: Option<String>,
+    /// The Docker engines of `--sandbox docker` (`--docker-host`, repeatable); none: the local
+    /// engine's socket.
+    pub docker_hosts: Vec<DockerHostOption>,
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
@@ -216,6 +219,7 @@ impl Options {
             role: Role::All,
             drain_timeout: Duration::from_secs(30),
             default_image: None,
+            docker_hosts: Vec::new(),
             sandbox_dir: None,
             sandbox_launcher: None,
             header_timeout: Duration::from_secs(10),
@@ -351,5 +355,127 @@ mod tests {
         let mut chosen = Options::new(PathBuf::from("/srv/nodus"));
         chosen.sandbox_dir = Some(PathBuf::from("/data/boxes"));
         assert_eq!(chosen.sandbox_dir(), PathBuf::from("/data/boxes"));
+    }
+}
+
+/// One `--docker-host URL[=capacity]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DockerHostOption {
+    /// Where the engine listens.
+    pub endpoint: nodus_sandbox::docker::Endpoint,
+    /// The most sandboxes it holds at once; `None`: the replica's capacity.
+    pub capacity: Option<usize>,
+}
+
+/// Parses `--docker-host URL[=capacity]`: `unix:///PATH` or `tcp://HOST:PORT`; a TCP engine
+/// is reached with TLS only, with the client's `ca.pem`, `cert.pem` and `key.pem` from
+/// `tls_dir` (`--docker-tls-dir`), which must hold all three.
+pub fn parse_docker_host(
+    text: &str,
+    tls_dir: Option<&std::path::Path>,
+) -> Result<DockerHostOption, String> {
+    use nodus_sandbox::docker::Endpoint;
+    let refuse = |why: String| {
+        format!(
+            "--docker-host {text:?}: {why} (URL[=capacity]: unix:///var/run/docker.sock or tcp://HOST:PORT, capacity a whole number from 1)"
+        )
+    };
+    let (url, capacity) = match text.rsplit_once('=') {
+        Some((url, capacity)) => {
+            let capacity = capacity
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "the capacity {capacity:?} is not a whole number from 1"
+                    ))
+                })?;
+            (url, Some(capacity))
+        }
+        None => (text, None),
+    };
+    let endpoint = if let Some(path) = url.strip_prefix("unix://") {
+        if !path.starts_with('/') {
+            return Err(refuse(format!("the socket path {path:?} is not absolute")));
+        }
+        Endpoint::Socket(std::path::PathBuf::from(path))
+    } else if let Some(address) = url.strip_prefix("tcp://") {
+        let (host, port) = address
+            .rsplit_once(':')
+            .ok_or_else(|| refuse("a tcp URL needs a port".to_string()))?;
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(refuse(format!("{address:?} is not HOST:PORT")));
+        }
+        let Some(dir) = tls_dir else {
+            return Err(refuse(
+                "a TCP engine is reached with TLS only: give --docker-tls-dir DIR holding ca.pem, cert.pem and key.pem"
+                    .to_string(),
+            ));
+        };
+        for file in ["ca.pem", "cert.pem", "key.pem"] {
+            if !dir.join(file).is_file() {
+                return Err(format!(
+                    "--docker-tls-dir {}: {file} is missing (it must hold ca.pem, cert.pem and key.pem, as the Docker CLI's)",
+                    dir.display()
+                ));
+            }
+        }
+        Endpoint::Tcp {
+            url: url.to_string(),
+            tls_dir: Some(dir.to_path_buf()),
+        }
+    } else {
+        return Err(refuse("the scheme must be unix:// or tcp://".to_string()));
+    };
+    Ok(DockerHostOption { endpoint, capacity })
+}
+
+#[cfg(test)]
+mod docker_host_tests {
+    use super::*;
+    use nodus_sandbox::docker::Endpoint;
+
+    #[test]
+    fn a_docker_host_is_a_socket_or_tls_tcp_with_an_optional_capacity() {
+        let dir = tempfile::tempdir().expect("dir");
+        for file in ["ca.pem", "cert.pem", "key.pem"] {
+            std::fs::write(dir.path().join(file), "x").expect("file");
+        }
+        assert_eq!(
+            parse_docker_host("unix:///run/docker.sock=3", None),
+            Ok(DockerHostOption {
+                endpoint: Endpoint::Socket("/run/docker.sock".into()),
+                capacity: Some(3)
+            })
+        );
+        assert_eq!(
+            parse_docker_host("tcp://127.0.0.1:2376", Some(dir.path())),
+            Ok(DockerHostOption {
+                endpoint: Endpoint::Tcp {
+                    url: "tcp://127.0.0.1:2376".into(),
+                    tls_dir: Some(dir.path().to_path_buf())
+                },
+                capacity: None
+            })
+        );
+        for (bad, says) in [
+            ("tcp://127.0.0.1:2376", "TLS only"),
+            ("unix:///run/docker.sock=0", "capacity \"0\""),
+            ("unix:///run/docker.sock=many", "capacity \"many\""),
+            ("http://127.0.0.1:2376", "scheme"),
+            ("tcp://127.0.0.1", "port"),
+            ("unix://run/docker.sock", "not absolute"),
+        ] {
+            let error = parse_docker_host(bad, None).expect_err(bad);
+            assert!(
+                error.contains(says) && error.contains("--docker-host"),
+                "{bad}: {error}"
+            );
+        }
+        std::fs::remove_file(dir.path().join("key.pem")).expect("rm");
+        let error =
+            parse_docker_host("tcp://127.0.0.1:2376", Some(dir.path())).expect_err("no key");
+        assert!(error.contains("key.pem is missing"), "{error}");
     }
 }

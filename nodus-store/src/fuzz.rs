@@ -197,7 +197,8 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         (text(), any::<bool>()).prop_map(|(id, isolated)| Outcome::SandboxCreated {
             info: SandboxInfo {
                 id: SandboxId(id),
-                isolated
+                isolated,
+                host: None,
             },
         }),
         (

@@ -41,9 +41,13 @@ fn label(request: &RecordedRequest) -> String {
     format!("fleet-t{digits}")
 }
 
-/// The fake provider's answer: command k of a run sleeps, then appends `<run>-c<k>` to the
-/// shared log; after [`COMMANDS`] commands it answers.
-fn responder(log: PathBuf) -> impl Fn(&RecordedRequest) -> Fake + Send + Sync + 'static {
+/// The fake provider's answer: command k of a run sleeps `seconds`, then appends `<run>-c<k>`
+/// to the shared log; after `commands` commands it answers.
+fn responder(
+    log: PathBuf,
+    seconds: &'static str,
+    commands: usize,
+) -> impl Fn(&RecordedRequest) -> Fake + Send + Sync + 'static {
     move |request| {
         let results = request.body["messages"]
             .as_array()
@@ -58,11 +62,11 @@ fn responder(log: PathBuf) -> impl Fn(&RecordedRequest) -> Fake + Send + Sync + 
             output_tokens: 20,
             ..Usage::default()
         };
-        let message = if results < COMMANDS {
+        let message = if results < commands {
             FakeMessage::tool_use(
                 &format!("toolu_c{results}"),
                 &format!(
-                    "sleep 1.5 && echo {}-c{results} >> {}",
+                    "sleep {seconds} && echo {}-c{results} >> {}",
                     label(request),
                     log.display()
                 ),
@@ -80,8 +84,8 @@ fn live_sandboxes(data_dir: &Path) -> usize {
     std::fs::read_dir(data_dir.join("sandboxes")).map_or(0, |entries| entries.count())
 }
 
-/// The commands (`sleep`) running now under the process `pid`, by the run each is for (its
-/// shell's command line names it).
+/// The commands (`sleep … && echo <run>-c<k>`) running now under the process `pid`, by the
+/// line each appends when it finishes (its shell's command line names it).
 fn commands_under(pid: u32) -> BTreeSet<String> {
     let mut parents = BTreeMap::new();
     let mut shells = Vec::new();
@@ -103,7 +107,7 @@ fn commands_under(pid: u32) -> BTreeSet<String> {
         parents.insert(child, ppid);
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains("sleep 1.5 && echo fleet-t") {
+        if cmdline.contains("sleep ") && cmdline.contains(" && echo fleet-t") {
             shells.push((child, cmdline));
         }
     }
@@ -182,34 +186,164 @@ fn share_key(from: &Path, to: &Path) {
     .expect("owner-only");
 }
 
-#[test]
-fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// A multi-threaded runtime for the fake provider.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
+        .expect("runtime")
+}
+
+/// Start a replica on `store` in `dir` (unisolated sandboxes, the fake provider at
+/// `base_url`) with more `nodus server` flags.
+fn replica(store: &str, dir: &Path, base_url: &str, extra: &[&str]) -> ServerProcess {
+    ServerProcess::start_in_env(
+        store,
+        dir,
+        "unisolated",
+        extra,
+        &[
+            ("ANTHROPIC_BASE_URL", base_url),
+            ("ANTHROPIC_API_KEY", "sk-ant-platform-fleet-0001"),
+        ],
+    )
+}
+
+/// Credits, the agent `sleeper`, the group `fleet` and its runs `fleet-t0` … `fleet-t<n-1>`,
+/// created through `server`. Returns run names by uid.
+fn create_group(server: &ServerProcess, n: usize) -> BTreeMap<String, String> {
+    let (status, body) = server.http_with(
+        "POST",
+        &format!("{PROJECT}/credits"),
+        &[],
+        Some(&json!({"addUSD": "100.00"}).to_string()),
+    );
+    assert!(status == 200 || status == 201, "credits: {body}");
+    for (plural, object) in [
+        (
+            "agents",
+            json!({"apiVersion": "nodus.dev/v1", "kind": "Agent",
+                "metadata": {"name": "sleeper"},
+                "spec": {"system": "Sleep, then append to the log.", "model": {"access": "Nodus"},
+                    "maxTokens": 1024, "perRunMaxCostUSD": "0.50"}}),
+        ),
+        (
+            "agentgroups",
+            json!({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup",
+                "metadata": {"name": "fleet"},
+                "spec": {"agent": "sleeper", "maxCostUSD": "60.00"}}),
+        ),
+    ] {
+        let (status, body) = server.http_with(
+            "POST",
+            &format!("{PROJECT}/{plural}"),
+            &[],
+            Some(&object.to_string()),
+        );
+        assert_eq!(status, 201, "{plural}: {body}");
+    }
+    let items: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun",
+                "metadata": {"name": format!("fleet-t{i}")},
+                "spec": {"agent": "sleeper", "group": "fleet", "taskKey": format!("t{i}"),
+                    "input": format!("Run fleet-t{i}: sleep and append.")}})
+        })
+        .collect();
+    let list = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRunList", "items": items});
+    let (status, body) = server.http_with(
+        "POST",
+        &format!("{PROJECT}/agentruns"),
+        &[],
+        Some(&list.to_string()),
+    );
+    assert_eq!(status, 201, "runs: {body}");
+    let uids: BTreeMap<String, String> = runs(server)
+        .iter()
+        .map(|run| {
+            (
+                run["metadata"]["uid"].as_str().expect("a uid").to_string(),
+                run["metadata"]["name"]
+                    .as_str()
+                    .expect("a name")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(uids.len(), n);
+    uids
+}
+
+/// Wait until every run of the group is final; returns them.
+fn all_final(server: &ServerProcess, within: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let runs = runs(server);
+        if runs.iter().all(is_final) {
+            return runs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runs did not finish: {:?}",
+            runs.iter()
+                .map(|run| format!("{}={}", run["metadata"]["name"], phase(run)))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// How many times each line is in the log.
+fn line_counts(log: &Path) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        *counts.entry(line.to_string()).or_default() += 1;
+    }
+    counts
+}
+
+/// Drop the test's database.
+fn drop_database(store: &str) {
+    let _ = Command::new("psql")
+        .arg(
+            store
+                .rsplit_once('/')
+                .map(|(s, _)| format!("{s}/postgres"))
+                .unwrap_or_default(),
+        )
+        .args([
+            "-q",
+            "-c",
+            &format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                store.rsplit_once('/').map(|(_, d)| d).unwrap_or_default()
+            ),
+        ])
+        .output();
+}
+
+#[test]
+fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
+    let runtime = runtime();
     let shared = tempfile::tempdir().expect("the shared directory");
     let log = shared.path().join("commands.log");
     let fake = runtime
         .block_on(FakeServer::start())
         .expect("fake provider");
-    fake.respond_with(responder(log.clone()));
+    fake.respond_with(responder(log.clone(), "1.5", COMMANDS));
     let store = server::postgres_url();
     let dirs: Vec<tempfile::TempDir> = (0..3)
         .map(|_| tempfile::tempdir().expect("a data directory"))
         .collect();
     let base_url = fake.base_url();
+    let capacity = CAPACITY.to_string();
     let start = |dir: &Path| {
-        ServerProcess::start_in_env(
+        replica(
             &store,
             dir,
-            "unisolated",
-            &["--capacity", &CAPACITY.to_string(), "--drain-timeout", "20"],
-            &[
-                ("ANTHROPIC_BASE_URL", base_url.as_str()),
-                ("ANTHROPIC_API_KEY", "sk-ant-platform-fleet-0001"),
-            ],
+            &base_url,
+            &["--capacity", &capacity, "--drain-timeout", "20"],
         )
     };
     let mut a = start(dirs[0].path());
@@ -244,65 +378,7 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
         })
     };
 
-    let (status, body) = a.http_with(
-        "POST",
-        &format!("{PROJECT}/credits"),
-        &[],
-        Some(&json!({"addUSD": "100.00"}).to_string()),
-    );
-    assert!(status == 200 || status == 201, "credits: {body}");
-    for (plural, object) in [
-        (
-            "agents",
-            json!({"apiVersion": "nodus.dev/v1", "kind": "Agent",
-                "metadata": {"name": "sleeper"},
-                "spec": {"system": "Sleep, then append to the log.", "model": {"access": "Nodus"},
-                    "maxTokens": 1024, "perRunMaxCostUSD": "0.50"}}),
-        ),
-        (
-            "agentgroups",
-            json!({"apiVersion": "nodus.dev/v1", "kind": "AgentGroup",
-                "metadata": {"name": "fleet"},
-                "spec": {"agent": "sleeper", "maxCostUSD": "60.00"}}),
-        ),
-    ] {
-        let (status, body) = a.http_with(
-            "POST",
-            &format!("{PROJECT}/{plural}"),
-            &[],
-            Some(&object.to_string()),
-        );
-        assert_eq!(status, 201, "{plural}: {body}");
-    }
-    let items: Vec<Value> = (0..RUNS)
-        .map(|i| {
-            json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun",
-                "metadata": {"name": format!("fleet-t{i}")},
-                "spec": {"agent": "sleeper", "group": "fleet", "taskKey": format!("t{i}"),
-                    "input": format!("Run fleet-t{i}: sleep and append.")}})
-        })
-        .collect();
-    let list = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRunList", "items": items});
-    let (status, body) = a.http_with(
-        "POST",
-        &format!("{PROJECT}/agentruns"),
-        &[],
-        Some(&list.to_string()),
-    );
-    assert_eq!(status, 201, "runs: {body}");
-    let uids: BTreeMap<String, String> = runs(&b)
-        .iter()
-        .map(|run| {
-            (
-                run["metadata"]["uid"].as_str().expect("a uid").to_string(),
-                run["metadata"]["name"]
-                    .as_str()
-                    .expect("a name")
-                    .to_string(),
-            )
-        })
-        .collect();
-    assert_eq!(uids.len(), RUNS);
+    let uids = create_group(&a, RUNS);
 
     // Mid-way (a third of the commands done) and while A runs a command: SIGTERM A.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -394,21 +470,7 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
     let continued_after = exited.elapsed();
 
     // Every run succeeds.
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let finished = loop {
-        let runs = runs(&b);
-        if runs.iter().all(is_final) {
-            break runs;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "runs did not finish: {:?}",
-            runs.iter()
-                .map(|run| format!("{}={}", run["metadata"]["name"], phase(run)))
-                .collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let finished = all_final(&b, Duration::from_secs(180));
     done.store(true, Ordering::SeqCst);
     let samples = sampler.join().expect("the sampler");
     let most = *most.lock().expect("most");
@@ -432,11 +494,7 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
     }
 
     // Every command's line exactly once: none ran twice, none was lost.
-    let text = std::fs::read_to_string(&log).expect("the log");
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for line in text.lines() {
-        *counts.entry(line).or_default() += 1;
-    }
+    let counts = line_counts(&log);
     let expected: BTreeSet<String> = (0..RUNS)
         .flat_map(|i| (0..COMMANDS).map(move |k| format!("fleet-t{i}-c{k}")))
         .collect();
@@ -495,20 +553,313 @@ fn three_replicas_with_capacity_five_share_sixty_runs_and_one_drains_midway() {
     }
     drop(b);
     drop(c);
-    let _ = Command::new("psql")
-        .arg(
-            store
-                .rsplit_once('/')
-                .map(|(s, _)| format!("{s}/postgres"))
-                .unwrap_or_default(),
-        )
-        .args([
-            "-q",
-            "-c",
-            &format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                store.rsplit_once('/').map(|(_, d)| d).unwrap_or_default()
-            ),
-        ])
-        .output();
+    drop_database(&store);
+}
+
+/// The runs whose lease `owner` holds now (by uid).
+fn held_by(store: &str, owner: &str) -> BTreeSet<String> {
+    lease_owners(store)
+        .into_iter()
+        .filter(|(_, holder)| holder == owner)
+        .map(|(uid, _)| uid)
+        .collect()
+}
+
+/// `nodus server drain NAME`, run against replica B, stops replica A, another process: A hears
+/// it through the store, takes no more runs, lets its running commands finish, hands its runs
+/// over and exits 0; B finishes them. Only the operator token may ask; an unknown name is a
+/// NotFound that names it.
+#[test]
+fn server_drain_name_drains_another_replica_through_the_store() {
+    const N: usize = 8;
+    let runtime = runtime();
+    let shared = tempfile::tempdir().expect("the shared directory");
+    let log = shared.path().join("commands.log");
+    let fake = runtime
+        .block_on(FakeServer::start())
+        .expect("fake provider");
+    fake.respond_with(responder(log.clone(), "1.5", COMMANDS));
+    let store = server::postgres_url();
+    let dirs: Vec<tempfile::TempDir> = (0..2)
+        .map(|_| tempfile::tempdir().expect("a data directory"))
+        .collect();
+    let base_url = fake.base_url();
+    let flags = ["--capacity", "3", "--drain-timeout", "20"];
+    let mut a = replica(&store, dirs[0].path(), &base_url, &flags);
+    share_key(dirs[0].path(), dirs[1].path());
+    let b = replica(&store, dirs[1].path(), &base_url, &flags);
+    let (name_a, name_b) = (replica_name(dirs[0].path()), replica_name(dirs[1].path()));
+
+    // Refused: a name no replica has, and a project's admin token (not the operator's).
+    let refused = b.fails(&["server", "drain", "replica-nobody"]);
+    assert!(
+        refused.contains("NotFound") && refused.contains("replica-nobody"),
+        "{refused}"
+    );
+    let (status, token) = b.http_with(
+        "POST",
+        &format!("{PROJECT}/tokens"),
+        &[],
+        Some(r#"{"metadata": {"name": "project-admin"}, "spec": {"role": "admin"}}"#),
+    );
+    assert_eq!(status, 201, "{token}");
+    let secret = token["token"].as_str().expect("the new token's secret");
+    let (status, body) = b.http(
+        "POST",
+        &format!("/apis/nodus.dev/v1/replicas/{name_a}/drain"),
+        Some(secret),
+        None,
+    );
+    assert_eq!(status, 403, "a project admin asked for a drain: {body}");
+
+    let uids = create_group(&a, N);
+    // While A holds runs and runs a command, ask for its drain through B.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (held, running) = loop {
+        let held = held_by(&store, &name_a);
+        let running = commands_under(a.pid());
+        if !held.is_empty() && !running.is_empty() {
+            break (held, running);
+        }
+        assert!(Instant::now() < deadline, "A never ran a command");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let said = b.ok(&["server", "drain", &name_a]);
+    assert!(said.contains(&format!("replica/{name_a}")), "{said}");
+    let asked = Instant::now();
+    let status = loop {
+        if let Some(status) = a.try_status() {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "A did not stop within its drain timeout after the drain request"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "A exited with {status}");
+    let log_a = std::fs::read_to_string(&a.log).unwrap_or_default();
+    assert!(
+        log_a.contains("an operator asked this replica to drain"),
+        "A's log: {log_a}"
+    );
+    // Its running commands finished before it handed their runs over.
+    let counts = line_counts(&log);
+    for line in &running {
+        assert_eq!(counts.get(line), Some(&1), "A's command {line}: {counts:?}");
+    }
+    let finished = all_final(&b, Duration::from_secs(90));
+    for run in &finished {
+        assert_eq!(phase(run), "Succeeded", "{run}");
+        let uid = run["metadata"]["uid"].as_str().unwrap_or_default();
+        if held.contains(uid) {
+            assert_eq!(
+                run["status"]["replica"], name_b,
+                "{} was A's when it drained",
+                uids[uid]
+            );
+        }
+    }
+    let counts = line_counts(&log);
+    let expected: BTreeSet<String> = (0..N)
+        .flat_map(|i| (0..COMMANDS).map(move |k| format!("fleet-t{i}-c{k}")))
+        .collect();
+    assert_eq!(
+        counts.keys().cloned().collect::<BTreeSet<_>>(),
+        expected,
+        "every command's line"
+    );
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "a command ran twice: {counts:?}"
+    );
+    // A drained and left the list.
+    let table = b.ok(&["get", "replicas"]);
+    assert!(!table.contains(&name_a), "{table}");
+    drop(b);
+    drop_database(&store);
+}
+
+/// A command cut by the drain timeout is an interrupted command like any other: the replica
+/// that takes the run over parks it (the command may or may not have had its effect), and once
+/// resolved it runs there. The cut command was killed: its line never appears.
+#[test]
+fn a_command_cut_by_the_drain_timeout_parks_and_is_continued_by_another_replica() {
+    let runtime = runtime();
+    let shared = tempfile::tempdir().expect("the shared directory");
+    let log = shared.path().join("commands.log");
+    let fake = runtime
+        .block_on(FakeServer::start())
+        .expect("fake provider");
+    fake.respond_with(responder(log.clone(), "4", 1));
+    let store = server::postgres_url();
+    let dirs: Vec<tempfile::TempDir> = (0..2)
+        .map(|_| tempfile::tempdir().expect("a data directory"))
+        .collect();
+    let base_url = fake.base_url();
+    let mut a = replica(&store, dirs[0].path(), &base_url, &["--drain-timeout", "1"]);
+    let uids = create_group(&a, 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while commands_under(a.pid()).is_empty() {
+        assert!(Instant::now() < deadline, "A never ran the command");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    share_key(dirs[0].path(), dirs[1].path());
+    let b = replica(&store, dirs[1].path(), &base_url, &[]);
+    let name_b = replica_name(dirs[1].path());
+    a.terminate();
+    let terminated = Instant::now();
+    while a.alive() {
+        assert!(
+            terminated.elapsed() < Duration::from_secs(10),
+            "A did not exit after its 1 s drain timeout"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // B takes the run over and parks it on the interrupted command.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let parked = loop {
+        let run = runs(&b).pop().expect("the run");
+        if phase(&run) == "NeedsResolution" {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cut command's run did not park: {run}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        parked["status"]["message"]
+            .as_str()
+            .or(parked["status"]["reason"].as_str())
+            .is_some(),
+        "{parked}"
+    );
+    let steps = b.ok(&["agentrun", "steps", "fleet-t0"]);
+    assert!(steps.contains("Uncertain"), "{steps}");
+    // Past the time the cut command would have finished, its line is not there: it was
+    // killed, not left running.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(terminated.elapsed()));
+    assert!(line_counts(&log).is_empty(), "the cut command went on");
+    let (status, body) = b.http_with(
+        "POST",
+        &format!("{PROJECT}/agentruns/fleet-t0/resolve"),
+        &[],
+        Some(r#"{"action":"retry"}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let finished = all_final(&b, Duration::from_secs(60));
+    assert_eq!(phase(&finished[0]), "Succeeded", "{}", finished[0]);
+    assert_eq!(finished[0]["status"]["replica"], name_b);
+    assert_eq!(uids.len(), 1);
+    let counts = line_counts(&log);
+    assert_eq!(
+        counts,
+        BTreeMap::from([("fleet-t0-c0".to_string(), 1)]),
+        "the retried command ran once, on B"
+    );
+    drop(b);
+    drop_database(&store);
+}
+
+/// An API replica records and answers but drives nothing (it never makes a sandbox); a worker
+/// replica beside it drives every run and serves only /healthz and /metrics.
+#[test]
+fn an_api_replica_drives_nothing_and_a_worker_serves_only_health_and_metrics() {
+    const N: usize = 4;
+    let runtime = runtime();
+    let shared = tempfile::tempdir().expect("the shared directory");
+    let log = shared.path().join("commands.log");
+    let fake = runtime
+        .block_on(FakeServer::start())
+        .expect("fake provider");
+    fake.respond_with(responder(log.clone(), "0.2", 1));
+    let store = server::postgres_url();
+    let dirs: Vec<tempfile::TempDir> = (0..2)
+        .map(|_| tempfile::tempdir().expect("a data directory"))
+        .collect();
+    let base_url = fake.base_url();
+    let api = replica(&store, dirs[0].path(), &base_url, &["--role", "api"]);
+    share_key(dirs[0].path(), dirs[1].path());
+    let worker = replica(&store, dirs[1].path(), &base_url, &["--role", "worker"]);
+    let (name_api, name_worker) = (replica_name(dirs[0].path()), replica_name(dirs[1].path()));
+
+    // The worker: health and metrics, nothing else (not the API, the console, the document).
+    let (status, _) = worker.http("GET", "/healthz", None, None);
+    assert_eq!(status, 200);
+    let (status, metrics) = worker.http_with("GET", "/metrics", &[], None);
+    assert_eq!(status, 200);
+    let gauge = format!("nodus_replica_capacity{{replica=\"{name_worker}\",role=\"worker\"}} ");
+    assert!(
+        metrics.as_str().unwrap_or_default().contains(&gauge),
+        "{gauge} in {metrics}"
+    );
+    for path in [
+        &format!("{PROJECT}/agentruns") as &str,
+        "/apis/nodus.dev/v1/replicas",
+        "/openapi.json",
+        "/",
+    ] {
+        let (status, body) = worker.http_with("GET", path, &[], None);
+        assert_eq!(status, 404, "{path} on the worker: {body}");
+    }
+    let (status, body) = worker.http_with(
+        "POST",
+        &format!("{PROJECT}/agents"),
+        &[],
+        Some(r#"{"apiVersion": "nodus.dev/v1", "kind": "Agent", "metadata": {"name": "x"}}"#),
+    );
+    assert_eq!(status, 404, "a write on the worker: {body}");
+
+    // The API replica takes the runs; the worker drives all of them; the API replica never
+    // makes a sandbox.
+    create_group(&api, N);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let finished = loop {
+        assert_eq!(
+            live_sandboxes(dirs[0].path()),
+            0,
+            "the API replica made a sandbox"
+        );
+        let runs = runs(&api);
+        if runs.iter().all(is_final) {
+            break runs;
+        }
+        assert!(Instant::now() < deadline, "runs did not finish: {runs:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for run in &finished {
+        assert_eq!(phase(run), "Succeeded", "{run}");
+        assert_eq!(run["status"]["replica"], name_worker, "{run}");
+    }
+    assert_eq!(line_counts(&log).len(), N);
+    let (status, listed) = api.http_with("GET", "/apis/nodus.dev/v1/replicas", &[], None);
+    assert_eq!(status, 200, "{listed}");
+    let roles: BTreeMap<String, (String, u64)> = listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| {
+            (
+                item["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                (
+                    item["spec"]["role"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    item["spec"]["capacity"].as_u64().unwrap_or(u64::MAX),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(roles[&name_api], ("api".to_string(), 0));
+    assert_eq!(roles[&name_worker].0, "worker");
+    assert!(roles[&name_worker].1 > 0, "{listed}");
+    drop(worker);
+    drop(api);
+    drop_database(&store);
 }

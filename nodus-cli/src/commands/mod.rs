@@ -27,6 +27,16 @@ use crate::yaml;
 pub async fn run(cli: Cli) -> Result<()> {
     let global = cli.global;
     match cli.command {
+        Command::Server(crate::cli::ServerArgs {
+            action: Some(crate::cli::ServerCommand::Drain(args)),
+            ..
+        }) => {
+            let global = Global {
+                project: None,
+                context: args.context,
+            };
+            server::drain(&connect(&global)?, &args.name).await
+        }
         Command::Server(args) => server::run(args).await,
         Command::Quickstart(args) => quickstart::run(args).await,
         Command::Login(args) => login::login(&global, args).await,

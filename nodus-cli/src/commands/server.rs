@@ -22,6 +22,22 @@ pub fn options(args: ServerArgs) -> Result<Options> {
     options.sandbox = args.sandbox.parse::<SandboxKind>().map_err(Error::Input)?;
     options.bootstrap_token = args.bootstrap_token.filter(|t| !t.is_empty());
     options.default_image = args.default_image;
+    options.docker_hosts = args
+        .docker_host
+        .iter()
+        .map(|host| nodus_server::options::parse_docker_host(host, args.docker_tls_dir.as_deref()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(Error::Input)?;
+    if !options.docker_hosts.is_empty() && options.sandbox != SandboxKind::Docker {
+        return Err(Error::Input(
+            "--docker-host places Docker sandboxes: it needs --sandbox docker".to_string(),
+        ));
+    }
+    if args.docker_tls_dir.is_some() && args.docker_host.is_empty() {
+        return Err(Error::Input(
+            "--docker-tls-dir is for tcp:// Docker hosts: give --docker-host too".to_string(),
+        ));
+    }
     options.sandbox_dir = args.sandbox_dir;
     options.sandbox_launcher = sandbox_launcher(&args.sandbox_starter)?;
     if let Some(allow) = &args.webhook_allow {
@@ -133,6 +149,25 @@ pub fn listen_address(text: &str) -> Result<std::net::SocketAddr> {
         .or(addresses.first())
         .copied()
         .ok_or_else(|| usage("resolves to no address"))
+}
+
+/// `nodus server drain NAME`: ask the replica NAME to drain (it hears it through the store,
+/// wherever it runs) and say so.
+pub async fn drain(client: &crate::client::Client, name: &str) -> Result<()> {
+    client
+        .send(
+            reqwest::Method::POST,
+            &["apis", "nodus.dev", "v1", "replicas", name, "drain"],
+            &[],
+            None,
+            &[],
+        )
+        .await?;
+    super::outln(&format!(
+        "replica/{name} asked to drain: it takes no more runs, lets its running commands \
+         finish up to its --drain-timeout, hands its runs over and stops"
+    ));
+    Ok(())
 }
 
 /// Start the server and serve until Ctrl-C or SIGTERM. It says it serves only once it holds

@@ -486,6 +486,7 @@ fn asked_ls() -> Vec<Step> {
                 info: SandboxInfo {
                     id: SandboxId("sb-1".to_string()),
                     isolated: true,
+                    host: None,
                 },
             }),
         ),

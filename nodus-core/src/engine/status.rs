@@ -31,6 +31,7 @@ pub fn project(
         status.sandbox = Some(SandboxStatus {
             id: info.id.0.clone(),
             isolated: info.isolated,
+            host: info.host.clone(),
         });
     }
     if status.start_time.is_none() {

@@ -286,6 +286,10 @@ pub struct SandboxStatus {
     pub id: String,
     /// False when the run ran in an operator-chosen unisolated mode.
     pub isolated: bool,
+    /// The Docker host the sandbox was placed on, where the server has several
+    /// (`--docker-host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// What a run copied when it was created; later edits change only new runs.

@@ -85,6 +85,9 @@ use crate::workdir::check_env;
 use crate::{capped, paths};
 
 mod channel;
+mod hosts;
+
+pub use hosts::{DockerHost, DockerHosts};
 
 use crate::channel::{self as framing, Reading, Status};
 use channel::{Channel, Next};
@@ -119,8 +122,8 @@ const LOOKUP_BATCH_BYTES: usize = 96 * 1024;
 pub struct DockerConfig {
     /// The image of runs that name none.
     pub default_image: String,
-    /// The engine's unix socket.
-    pub socket: PathBuf,
+    /// Where the engine listens.
+    pub endpoint: Endpoint,
     /// Prefix of container and volume names.
     pub name_prefix: String,
     /// The working directory inside containers (absolute).
@@ -138,11 +141,61 @@ impl DockerConfig {
     pub fn new(default_image: String) -> Self {
         DockerConfig {
             default_image,
-            socket: PathBuf::from("/var/run/docker.sock"),
+            endpoint: Endpoint::Socket(PathBuf::from("/var/run/docker.sock")),
             name_prefix: "nodus-".to_owned(),
             workdir: "/work".to_owned(),
             request_timeout_secs: 120,
             disk_reserve_bytes: crate::bwrap::DEFAULT_DISK_RESERVE_BYTES,
+        }
+    }
+}
+
+/// Where a Docker engine listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A unix socket on this host.
+    Socket(PathBuf),
+    /// A TCP address (`tcp://HOST:PORT`), with TLS when `tls_dir` holds the client's
+    /// `ca.pem`, `cert.pem` and `key.pem`, as the Docker CLI's `--tlsverify` reads them.
+    Tcp {
+        /// `tcp://HOST:PORT`.
+        url: String,
+        /// The directory of `ca.pem`, `cert.pem` and `key.pem`; plain TCP without it.
+        tls_dir: Option<PathBuf>,
+    },
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Socket(path) => write!(f, "unix://{}", path.display()),
+            Endpoint::Tcp { url, .. } => f.write_str(url),
+        }
+    }
+}
+
+impl Endpoint {
+    /// A client of the engine here (not contacted yet).
+    fn client(&self, timeout_secs: u64) -> Result<Docker, DockerError> {
+        let version = bollard::API_DEFAULT_VERSION;
+        match self {
+            Endpoint::Socket(path) => {
+                Docker::connect_with_unix(&path.to_string_lossy(), timeout_secs, version)
+            }
+            Endpoint::Tcp {
+                url,
+                tls_dir: Some(dir),
+            } => Docker::connect_with_ssl(
+                url,
+                &dir.join("key.pem"),
+                &dir.join("cert.pem"),
+                &dir.join("ca.pem"),
+                timeout_secs,
+                version,
+            ),
+            Endpoint::Tcp { url, tls_dir: None } => {
+                Docker::connect_with_http(url, timeout_secs, version)
+            }
         }
     }
 }
@@ -173,18 +226,18 @@ impl DockerSandbox {
                 config.workdir
             )));
         }
-        let socket = config.socket.to_str().ok_or_else(|| {
-            Error::Refused(format!("socket path {:?} is not UTF-8", config.socket))
-        })?;
-        let docker = Docker::connect_with_unix(
-            socket,
-            config.request_timeout_secs,
-            bollard::API_DEFAULT_VERSION,
-        )
-        .map_err(|e| unavailable(&config, e))?
-        .negotiate_version()
-        .await
-        .map_err(|e| unavailable(&config, e))?;
+        if let Endpoint::Socket(path) = &config.endpoint
+            && path.to_str().is_none()
+        {
+            return Err(Error::Refused(format!("socket path {path:?} is not UTF-8")));
+        }
+        let docker = config
+            .endpoint
+            .client(config.request_timeout_secs)
+            .map_err(|e| unavailable(&config, e))?
+            .negotiate_version()
+            .await
+            .map_err(|e| unavailable(&config, e))?;
         let engine = docker.info().await.map_err(|e| unavailable(&config, e))?;
         let engine_cpus = first_cpus(
             engine
@@ -192,7 +245,7 @@ impl DockerSandbox {
                 .and_then(|n| usize::try_from(n).ok())
                 .unwrap_or(1),
         );
-        info!(socket, version = ?docker.client_version(), cpus = engine_cpus.count(), "Docker sandboxes");
+        info!(endpoint = %config.endpoint, version = ?docker.client_version(), cpus = engine_cpus.count(), "Docker sandboxes");
         Ok(DockerSandbox {
             docker,
             config: Arc::new(config),
@@ -256,6 +309,50 @@ impl DockerSandbox {
 
     fn name(&self, key: &str) -> String {
         format!("{}{key}", self.config.name_prefix)
+    }
+
+    /// Where this engine listens.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.config.endpoint
+    }
+
+    /// Whether the engine answers a ping within `within`.
+    pub async fn answers(&self, within: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(within, self.docker.ping()).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// How many of this backend's containers the engine holds (running or stopped), whoever
+    /// made them.
+    pub async fn count(&self) -> Result<usize, Error> {
+        let filters = HashMap::from([("label", vec![KEY_LABEL])]);
+        let containers = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|e| api_error("listing containers", e))?;
+        Ok(containers.len())
+    }
+
+    /// Whether the engine holds the sandbox `id` (its container).
+    pub async fn holds(&self, id: &SandboxId) -> Result<bool, Error> {
+        match self.docker.inspect_container(&id.0, None).await {
+            Ok(_) => Ok(true),
+            Err(e) if status(&e) == Some(404) => Ok(false),
+            Err(e) => Err(api_error("inspecting the container", e)),
+        }
+    }
+
+    /// The name of the sandbox with key `key`.
+    pub fn id_of(&self, key: &str) -> SandboxId {
+        SandboxId(self.name(key))
     }
 
     /// The key of an id this backend could have issued.
@@ -1044,6 +1141,7 @@ impl Sandbox for DockerSandbox {
         Ok(SandboxInfo {
             id: SandboxId(name),
             isolated: true,
+            host: None,
         })
     }
 
@@ -1351,10 +1449,7 @@ fn status(e: &DockerError) -> Option<u16> {
 }
 
 fn unavailable(config: &DockerConfig, e: DockerError) -> Error {
-    Error::Unavailable(format!(
-        "cannot reach Docker at {}: {e}",
-        config.socket.display()
-    ))
+    Error::Unavailable(format!("cannot reach Docker at {}: {e}", config.endpoint))
 }
 
 /// An engine error while doing `what`: retryable when the engine could not be reached or

@@ -48,6 +48,10 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
         ),
         ("/apis/nodus.dev/v1/replicas".into(), get(replicas)),
         (
+            "/apis/nodus.dev/v1/replicas/{name}/drain".into(),
+            post(drain_replica),
+        ),
+        (
             PROJECTS.into(),
             get(tokens::list_projects).post(tokens::create_project),
         ),
@@ -234,6 +238,25 @@ async fn replicas(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Api
         StatusCode::OK,
         serde_json::json!({"kind": "ReplicaList", "items": items}),
     ))
+}
+
+/// Ask the replica `name` to drain, as SIGTERM does (the operator token): it may be another
+/// process, which hears it through the store. 202: the replica's document, `spec.drain` set.
+async fn drain_replica(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    caller(&state, &headers)
+        .await?
+        .check_operator("drain a replica")?;
+    match crate::replicas::request_drain(state.store.as_ref(), &name).await {
+        Ok(document) => Ok(reply(StatusCode::ACCEPTED, document)),
+        Err(nodus_core::store::Error::NotFound(_)) => Err(ApiError::not_found(format!(
+            "no replica named {name:?} shares this store (`nodus get replicas` lists them)"
+        ))),
+        Err(error) => Err(error.into()),
+    }
 }
 
 async fn count_requests(

@@ -193,6 +193,11 @@ impl ServerProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// How the process exited, once it has (`None` while it runs).
+    pub fn try_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Run the CLI against this server; returns its output.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.cli_in(args, None)
