@@ -190,7 +190,7 @@ pub enum Command {
     /// Work with one run: its answer, steps, messages and resolution.
     #[command(subcommand, visible_alias = "ar")]
     Agentrun(AgentRunCommand),
-    /// Work with evaluation groups: compare two of them.
+    /// Work with evaluation groups: compare two of them, retry the unscored cases.
     #[command(subcommand)]
     Eval(EvalCommand),
     /// Show the project's credits, or add to them (admin token).
@@ -617,6 +617,19 @@ pub enum EvalCommand {
         /// Output: yaml or json (default: a table and a summary).
         #[arg(short, long, value_parser = OutputParser, hide_possible_values = true)]
         output: Option<Output>,
+    },
+    /// Retry the unscored cases of a finished evaluation group: each gets a new attempt (a new
+    /// run of the same task, recorded in the same group); a scored case is never retried.
+    Retry {
+        /// The evaluation group.
+        group: String,
+        /// Only cases unscored for these reasons (RunFailed, NoAnswer, LimitReached,
+        /// GraderFailed, EvaluationTimeout, Cancelled); default: any.
+        #[arg(long = "reason", value_delimiter = ',')]
+        reasons: Vec<String>,
+        /// Only the cases of these task ids; default: every task.
+        #[arg(long = "task", value_delimiter = ',')]
+        tasks: Vec<String>,
     },
 }
 

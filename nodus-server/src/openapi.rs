@@ -4,6 +4,7 @@
 
 use nodus_core::engine::{Reason, RunResultInfo, StepView, WRITABLE_KINDS};
 use nodus_core::evaluation::CaseResult;
+use nodus_core::evaluation::retry::RetryRequest;
 use nodus_core::ledger::Account;
 use nodus_core::postrun::ActionInfo;
 use nodus_core::resource::{
@@ -187,8 +188,14 @@ fn schemas() -> Map<String, Value> {
     let case = generator.subschema_for::<CaseResult>();
     named.insert("EvaluationResultList".into(), json!({
         "type": "object",
-        "properties": {"apiVersion": {"const": API_VERSION}, "kind": {"const": "EvaluationResultList"}, "group": {"type": "string"}, "items": {"type": "array", "items": case}},
+        "properties": {"apiVersion": {"const": API_VERSION}, "kind": {"const": "EvaluationResultList"}, "group": {"type": "string"}, "items": {"type": "array", "items": case.clone()}},
         "required": ["apiVersion", "kind", "group", "items"],
+        "additionalProperties": false,
+    }));
+    named.insert("EvaluationRetry".into(), json!({
+        "type": "object",
+        "properties": {"apiVersion": {"const": API_VERSION}, "kind": {"const": "EvaluationRetry"}, "group": {"type": "string"}, "retried": {"type": "array", "items": case}},
+        "required": ["apiVersion", "kind", "group", "retried"],
         "additionalProperties": false,
     }));
     let action = generator.subschema_for::<ActionInfo>();
@@ -238,6 +245,7 @@ fn schemas() -> Map<String, Value> {
         "additionalProperties": false,
     }));
     generator.subschema_for::<ResolveBody>();
+    generator.subschema_for::<RetryRequest>();
     named.extend(token_schemas());
     named.extend(generator.take_definitions(true));
     for schema in named.values_mut() {
@@ -807,6 +815,10 @@ pub fn document() -> Value {
     )}));
     paths.insert(format!("{base}/agentgroups/{{name}}/cancel"), json!({"parameters": [project, name], "post": operation(
         "Cancel every unfinished run of the group", responses(&[json_ok("200", "The group", "AgentGroup")], write), None,
+    )}));
+    paths.insert(format!("{base}/agentgroups/{{name}}/retry"), json!({"parameters": [project, name], "post": operation(
+        "Retry the unscored cases of a finished evaluation group {reasons, tasks} (both optional): each gets a new attempt, a new member run recorded in the same group; a running or cancelled group, a task without an unscored case, or nothing to retry is refused (422)",
+        responses(&[json_ok("200", "The retried cases", "EvaluationRetry")], write), Some("RetryRequest"),
     )}));
     paths.insert(format!("{base}/agentgroups/{{name}}/results"), json!({"parameters": [project, name], "get": with_parameters(
         operation(

@@ -1,20 +1,80 @@
 //! `nodus eval compare A B`: two evaluation groups case by case, and the paired difference in
-//! pass rate with its interval, computed by `nodus_core::evaluation::stats::compare`.
+//! pass rate with its interval, computed by `nodus_core::evaluation::stats::compare`;
+//! `nodus eval retry GROUP`: a new attempt for each unscored case, decided by the server.
 
 use nodus_core::evaluation::CaseResult;
 use nodus_core::evaluation::stats::{Change, Comparison, compare};
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{out, outln};
 use crate::cli::{EvalCommand, Output};
-use crate::client::Client;
+use crate::client::{Body, Client};
 use crate::error::{Error, Result};
 use crate::table::Table;
 use crate::yaml;
 
 pub async fn run(client: &Client, command: EvalCommand) -> Result<()> {
-    let EvalCommand::Compare { a, b, output } = command;
+    match command {
+        EvalCommand::Compare { a, b, output } => compare_groups(client, a, b, output).await,
+        EvalCommand::Retry {
+            group,
+            reasons,
+            tasks,
+        } => retry(client, &group, reasons, tasks).await,
+    }
+}
+
+/// Asks the server to retry the group's unscored cases and lists those it retried.
+async fn retry(
+    client: &Client,
+    group: &str,
+    reasons: Vec<String>,
+    tasks: Vec<String>,
+) -> Result<()> {
+    let answer = client
+        .call(
+            Method::POST,
+            &["agentgroups", group, "retry"],
+            &[],
+            Some(Body::Json(json!({"reasons": reasons, "tasks": tasks}))),
+        )
+        .await?;
+    let retried: Vec<CaseResult> =
+        serde_json::from_value(answer.get("retried").cloned().unwrap_or(Value::Null))
+            .map_err(|e| Error::input(format!("the server's answer could not be read: {e}")))?;
+    let mut table = Table::new(&["TASK", "REP", "ATTEMPT", "RUN", "LAST"]);
+    for case in &retried {
+        let last = case
+            .attempts
+            .iter()
+            .rev()
+            .nth(1)
+            .and_then(|a| a.reason)
+            .map(|r| format!("{r:?}"))
+            .unwrap_or_default();
+        table.rows.push(vec![
+            case.task_id.clone(),
+            case.repetition.to_string(),
+            case.attempts.len().to_string(),
+            case.run.clone(),
+            last,
+        ]);
+    }
+    out(&format!(
+        "{group}: {} case(s) retried\n\n{}",
+        retried.len(),
+        table.render()
+    ));
+    Ok(())
+}
+
+async fn compare_groups(
+    client: &Client,
+    a: String,
+    b: String,
+    output: Option<Output>,
+) -> Result<()> {
     let cases_a = results(client, &a).await?;
     let cases_b = results(client, &b).await?;
     let comparison = compare(&cases_a, &cases_b).map_err(|refused| {

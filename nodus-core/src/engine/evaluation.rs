@@ -22,7 +22,7 @@ use super::{Engine, Error, Result, typed};
 use crate::evaluation::check::{EnvironmentRef, key_name};
 use crate::evaluation::{
     CaseRecord, CaseResult, CaseState, Grade, GradingAttempt, UnscoredReason, builtin, cases,
-    grade, stats,
+    grade, retry, stats,
 };
 use crate::group::GroupPhase;
 use crate::lifecycle::{CancelReason, FailReason, RunPhase, WaitReason};
@@ -367,6 +367,7 @@ impl Engine {
                     gradings: Vec::new(),
                     completion_time: None,
                     payloads_removed_at: None,
+                    earlier_attempts: Vec::new(),
                 };
                 case_items.push((
                     ObjectKey::new(project, Kind::EvaluationCase, &run_name),
@@ -465,6 +466,150 @@ impl Engine {
             .iter()
             .map(|(_, case)| case.result())
             .collect())
+    }
+
+    /// Retry the unscored: each case [`retry::choose`] picks gets a new attempt, a new member
+    /// run of the group (the same agent revision, prompt, working directory and image as its
+    /// last attempt, with the evaluation's timeout from now), and the case moves to it,
+    /// pending, keeping its earlier attempts. The runs are written first, all or nothing, then
+    /// each case (at the version read); a run left by a retry that stopped between the two is
+    /// taken up by the next retry of its case instead of being made again. Cost goes to the
+    /// group's cap like any member's. Answers the retried cases' results.
+    pub async fn retry_evaluation(
+        &self,
+        project: &str,
+        name: &str,
+        request: &retry::RetryRequest,
+    ) -> Result<Vec<CaseResult>> {
+        let group = self.read::<AgentGroupSpec>(project, name).await?.object;
+        let Some(evaluation) = &group.spec.evaluation else {
+            return Err(Invalid::new(
+                "metadata.name",
+                "must name an evaluation group (an ordinary group has no cases to retry)",
+                format!("{name:?}"),
+            )
+            .into());
+        };
+        let cases = self.evaluation_cases(project, name).await?;
+        let records: Vec<CaseRecord> = cases.iter().map(|(_, case)| case.clone()).collect();
+        let chosen = retry::choose(name, group.status.phase, &records, request)?;
+        let timeout = evaluation.timeout.unwrap_or(DEFAULT_EVALUATION_TIMEOUT);
+        let now = self.deps.clock.now();
+        let deadline = now
+            .checked_add(jiff::SignedDuration::try_from(timeout.to_std()).unwrap_or_default())
+            .map_err(|e| {
+                Invalid::new(
+                    "spec.evaluation.timeout",
+                    e.to_string(),
+                    timeout.to_string(),
+                )
+            })?;
+        let mut prepared = super::Batch::default();
+        let mut earlier: Vec<AgentRun> = Vec::new();
+        let mut items = Vec::new();
+        let mut moves = Vec::with_capacity(chosen.len());
+        for index in chosen {
+            let (record, case) = &cases[index];
+            let attempts = case.attempts();
+            let first = attempts
+                .first()
+                .map_or(case.run.as_str(), |a| a.run.as_str());
+            let run_name = retry::attempt_run_name(first, attempts.len() + 1);
+            if run_name.len() > crate::validate::MAX_LABEL_VALUE_CHARS {
+                return Err(Invalid::new(
+                    "metadata.name",
+                    format!(
+                        "is too long to retry a case: its new run {run_name:?} would be longer                          than 63 characters"
+                    ),
+                    format!("{name:?}"),
+                )
+                .into());
+            }
+            let last = match self.read::<AgentRunSpec>(project, &case.run).await {
+                Ok(run) => run.object,
+                Err(Error::NotFound { .. }) => {
+                    return Err(Invalid::new(
+                        "tasks",
+                        format!(
+                            "must name cases whose last run still exists: {} was deleted",
+                            case.run
+                        ),
+                        format!("{:?}", case.task_id),
+                    )
+                    .into());
+                }
+                Err(e) => return Err(e),
+            };
+            let run_key = ObjectKey::new(project, Kind::AgentRun, &run_name);
+            // Made by a retry that stopped before it moved the case: taken up as it is.
+            let made = match self.deps.store.get(&run_key).await {
+                Ok(found) => found.document["spec"]["group"] == json!(name),
+                Err(store::Error::NotFound(_)) => false,
+                Err(e) => return Err(e.into()),
+            };
+            if !made {
+                let revision = last
+                    .status
+                    .snapshot
+                    .as_ref()
+                    .and_then(|s| s.agent_revision.clone());
+                let mut spec = last.spec.clone();
+                let task_key = spec.task_key.take().unwrap_or_default();
+                spec.group = None;
+                spec.deadline = Some(deadline);
+                if !case.image_digest.is_empty()
+                    && let Some(reference) = spec
+                        .image
+                        .clone()
+                        .or_else(|| self.config.default_image.clone())
+                {
+                    prepared.images.insert(reference, case.image_digest.clone());
+                }
+                let run = AgentRun::new(run_name.clone(), spec);
+                let (key, mut document, input) = self
+                    .prepare_run(project, run, &earlier, &mut prepared)
+                    .await?;
+                let pinned = document["status"]["snapshot"]["agentRevision"]
+                    .as_str()
+                    .map(str::to_string);
+                if revision.is_some() && pinned != revision {
+                    return Err(Invalid::new(
+                        "spec.agent",
+                        format!(
+                            "changed since group {name} was created (its runs pin revision                              {}): a retry runs the same agent, so create a new evaluation group",
+                            revision.unwrap_or_default()
+                        ),
+                        format!("{pinned:?}"),
+                    )
+                    .into());
+                }
+                document["spec"]["group"] = json!(name);
+                document["spec"]["taskKey"] = json!(format!("{task_key}-{}", attempts.len() + 1));
+                earlier.push(
+                    typed::decode(Record {
+                        key: key.clone(),
+                        version: 0,
+                        document: document.clone(),
+                    })?
+                    .object,
+                );
+                items.push((key, document));
+                items.extend(input);
+            }
+            moves.push((record.clone(), case.clone().retried(run_name, deadline)));
+        }
+        if !items.is_empty() {
+            self.deps.store.create_batch(items, None).await?;
+        }
+        let mut retried = Vec::with_capacity(moves.len());
+        for (record, case) in moves {
+            // Changed meanwhile (another retry moved it first): that one stands.
+            if self.write_case(&record, &case).await?.is_some() {
+                retried.push(case.result());
+            }
+        }
+        self.reconcile_group(project, name).await?;
+        Ok(retried)
     }
 
     /// Delete the cases of a group (with the group).

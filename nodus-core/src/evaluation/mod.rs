@@ -12,6 +12,7 @@ pub mod builtin;
 pub mod cases;
 pub mod check;
 pub mod grade;
+pub mod retry;
 pub mod stats;
 
 use jiff::Timestamp;
@@ -157,6 +158,24 @@ pub struct CaseRecord {
     /// When the retention sweep removed its evidence and hidden data (with its run's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payloads_removed_at: Option<Timestamp>,
+    /// The attempts before the current one (`run`, `state`, `reason` above), oldest first:
+    /// each ended unscored and was retried ([`retry`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_attempts: Vec<Attempt>,
+}
+
+/// One attempt at a case: its run and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    /// The AgentRun's name.
+    pub run: String,
+    /// `Pending`, `Scored` or `Unscored`.
+    pub state: CaseState,
+    /// Why it is unscored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<UnscoredReason>,
 }
 
 impl CaseRecord {
@@ -198,6 +217,39 @@ impl CaseRecord {
         self
     }
 
+    /// Every attempt, oldest first: the earlier ones, then the current one (the case's state
+    /// is always its last attempt's).
+    pub fn attempts(&self) -> Vec<Attempt> {
+        let mut attempts = self.earlier_attempts.clone();
+        attempts.push(Attempt {
+            run: self.run.clone(),
+            state: self.state,
+            reason: self.reason,
+        });
+        attempts
+    }
+
+    /// The case again at a new attempt: run `run`, pending until `deadline`. The attempt that
+    /// ended is kept in [`CaseRecord::earlier_attempts`]; its grading history and evidence go
+    /// (the new attempt is graded from its own run).
+    pub fn retried(mut self, run: String, deadline: Timestamp) -> Self {
+        let ended = Attempt {
+            run: std::mem::replace(&mut self.run, run),
+            state: self.state,
+            reason: self.reason,
+        };
+        self.earlier_attempts.push(ended);
+        self.state = CaseState::Pending;
+        self.reason = None;
+        self.reward = None;
+        self.verdict = None;
+        self.evidence = None;
+        self.gradings = Vec::new();
+        self.completion_time = None;
+        self.deadline = deadline;
+        self
+    }
+
     /// The result as the API shows it: everything but the hidden data and the deadline.
     pub fn result(&self) -> CaseResult {
         CaseResult {
@@ -215,6 +267,7 @@ impl CaseRecord {
             image_digest: self.image_digest.clone(),
             gradings: count(self.gradings.iter().filter(|g| !g.interrupted)),
             interrupted_gradings: count(self.gradings.iter().filter(|g| g.interrupted)),
+            attempts: self.attempts(),
         }
     }
 }
@@ -259,6 +312,11 @@ pub struct CaseResult {
     /// Grading attempts a crash interrupted before they recorded anything (each repeated).
     #[serde(default)]
     pub interrupted_gradings: u32,
+    /// Every attempt at the case, oldest first; the last is the current one (its `run`,
+    /// `state` and `reason` are the case's). More than one when unscored attempts were
+    /// retried.
+    #[serde(default)]
+    pub attempts: Vec<Attempt>,
 }
 
 fn count<T>(items: impl Iterator<Item = T>) -> u32 {

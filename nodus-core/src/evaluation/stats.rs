@@ -412,6 +412,7 @@ mod tests {
             gradings: Vec::new(),
             completion_time: None,
             payloads_removed_at: None,
+            earlier_attempts: Vec::new(),
         }
     }
 

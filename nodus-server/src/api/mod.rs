@@ -87,6 +87,7 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
         (at("/agentruns/{name}/resolve"), post(runs::resolve)),
         (at("/agentgroups/{name}/cancel"), post(runs::cancel_group)),
         (at("/agentgroups/{name}/results"), get(runs::group_results)),
+        (at("/agentgroups/{name}/retry"), post(runs::retry_group)),
     ]
 }
 

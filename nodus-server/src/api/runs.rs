@@ -1,4 +1,5 @@
-//! Run and group sub-resources: messages, steps, answer, cancel, close, resolve.
+//! Run and group sub-resources: messages, steps, answer, cancel, close, resolve, an
+//! evaluation group's results and retry.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use nodus_core::engine::OutputWorkdir;
+use nodus_core::evaluation::retry::RetryRequest;
 use nodus_core::lifecycle::Resolution;
 use nodus_core::store::Delivery;
 use nodus_core::validate::{self, Invalid};
@@ -287,6 +289,40 @@ pub async fn cancel_group(
     Ok(reply(
         StatusCode::OK,
         state.engine.cancel_group(&project, &name).await?,
+    ))
+}
+
+/// `POST …/agentgroups/{name}/retry` with `{"reasons": [...], "tasks": [...]}` (both
+/// optional; no body retries every unscored case): a new attempt for each unscored case of a
+/// finished evaluation group, recorded in the same group. Answers the retried cases.
+pub async fn retry_group(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    let request: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        RetryRequest::default()
+    } else {
+        serde_json::from_value(json_body(&body)?).map_err(|e| {
+            ApiError::malformed(format!(
+                "the body must be {{\"reasons\": [reason…], \"tasks\": [task id…]}}: {e}"
+            ))
+        })?
+    };
+    let retried = state
+        .engine
+        .retry_evaluation(&project, &name, &request)
+        .await?;
+    Ok(reply(
+        StatusCode::OK,
+        json!({
+            "apiVersion": nodus_core::resource::API_VERSION,
+            "kind": "EvaluationRetry",
+            "group": name,
+            "retried": retried,
+        }),
     ))
 }
 
