@@ -170,6 +170,9 @@ pub struct Options {
     pub drain_timeout: Duration,
     /// The image of container sandboxes when a run names none.
     pub default_image: Option<String>,
+    /// Bytes of new working-directory content each run's snapshots may keep
+    /// (`--snapshot-budget`; 1 GiB by default): past it, later steps cannot be forked from.
+    pub snapshot_budget: u64,
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
@@ -216,6 +219,7 @@ impl Options {
             role: Role::All,
             drain_timeout: Duration::from_secs(30),
             default_image: None,
+            snapshot_budget: nodus_core::snapshot::DEFAULT_BUDGET_BYTES,
             sandbox_dir: None,
             sandbox_launcher: None,
             header_timeout: Duration::from_secs(10),
