@@ -264,6 +264,10 @@ pub struct ServerArgs {
     /// cloud metadata addresses, and a run's allowlist cidr must lie inside one of these.
     #[arg(long, env = "NODUS_EGRESS_ALLOW")]
     pub egress_allow: Option<String>,
+    /// Bytes of new working-directory content each run's snapshots may keep (1 GiB by
+    /// default); past it, a run's later steps cannot be forked from.
+    #[arg(long, value_name = "BYTES", default_value_t = nodus_core::snapshot::DEFAULT_BUDGET_BYTES)]
+    pub snapshot_budget: u64,
     /// A hosts file (lines `ADDRESS NAME...`) whose names the egress proxy resolves itself,
     /// before the system's resolver.
     #[arg(long, env = "NODUS_EGRESS_HOSTS")]
@@ -699,6 +703,31 @@ pub enum AgentRunCommand {
         /// An idempotency key: the same key delivers the message once.
         #[arg(long)]
         key: Option<String>,
+    },
+    /// Fork the run from a command step: new runs that begin with its steps up to that one
+    /// (inherited, not carried out again) and its working directory as it was after it.
+    Fork {
+        /// The run.
+        name: String,
+        /// The command step (its number in `agentrun steps`), or `last-good`: the last
+        /// completed command before the first failed or uncertain step.
+        #[arg(long = "at-step", alias = "at", value_name = "N|last-good")]
+        at_step: String,
+        /// How many forks.
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// The fork's name (`-1`, `-2`… appended when several).
+        #[arg(long = "name", value_name = "NEW")]
+        fork_name: Option<String>,
+        /// A new user message for the fork's next model call.
+        #[arg(long)]
+        input: Option<String>,
+        /// Continue with another agent (its model and system prompt).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Cancel the source once the forks exist (a rewind).
+        #[arg(long)]
+        replace: bool,
     },
     /// Close a keepAlive conversation: the run answers its current turn, then succeeds
     /// (its sandbox is deleted) instead of waiting for more messages.

@@ -981,6 +981,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_fork_folds_its_inherited_steps_without_their_spend_or_sandbox_and_routes_again() {
+        let journal = asked_ls().done(command(0, "t1", "ls"), finished(0));
+        let through = u32::try_from(journal.0.len() - 1).expect("seq");
+        let source = Replay::of(&journal.0);
+        let fork = Replay::forked(&journal.0, crate::replay::Inherited { through });
+        // The source paid for its model call; the fork shows it in its turn, not as its spend.
+        assert_eq!(source.spent, Usd::from_nanos(1_000));
+        assert_eq!(fork.spent, Usd::ZERO);
+        assert_eq!(fork.turn_statuses(), source.turn_statuses());
+        assert_eq!(
+            fork.conversation_rebuilt("list the files", &[], 50),
+            source.conversation_rebuilt("list the files", &[], 50)
+        );
+        // It makes its own sandbox, then routes the turn again (it may run another agent),
+        // then calls the model with the conversation as it stood.
+        let world = World::platform();
+        assert_eq!(shape(&decide(&world.input(&fork))), "create sandbox");
+        let own = journal.created();
+        let fork = Replay::forked(&own.0, crate::replay::Inherited { through });
+        assert_eq!(shape(&decide(&world.input(&fork))), "route 0");
+        // A step after the inherited ones is this run's own: its spend counts.
+        let own = own.routed(0).replied(0, "m-haiku", true, text("done"));
+        let fork = Replay::forked(&own.0, crate::replay::Inherited { through });
+        assert_eq!(fork.spent, Usd::from_nanos(1_000));
+    }
+
     /// The first turn up to the model's request for `ls` (tool call `t1`).
     fn asked_ls() -> Journal {
         Journal::default()

@@ -86,6 +86,7 @@ pub mod sandbox;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod secret;
+pub mod snapshot;
 pub mod store;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-util"))]

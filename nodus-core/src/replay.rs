@@ -339,6 +339,23 @@ pub struct Replay {
     pub steps: u32,
     /// The post-run action's outcome, once recorded: whether it succeeded.
     pub post_run_action: Option<bool>,
+    /// For a fork: the steps it inherited from its source, which this run never carried out.
+    pub fork: Option<Inherited>,
+}
+
+/// What a fork's fold does with the steps it inherited ([`Replay::forked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inherited {
+    /// The last inherited step: steps up to it were the source's. After it, the turn under
+    /// way is routed again: the fork may run another agent (its model, its families).
+    pub through: u32,
+}
+
+impl Inherited {
+    /// Whether step `seq` is inherited.
+    pub fn covers(&self, seq: u32) -> bool {
+        seq <= self.through
+    }
 }
 
 impl Default for Replay {
@@ -353,6 +370,7 @@ impl Default for Replay {
             started_at: None,
             steps: 0,
             post_run_action: None,
+            fork: None,
         }
     }
 }
@@ -361,6 +379,20 @@ impl Replay {
     /// Fold a journal.
     pub fn of(journal: &[Step]) -> Self {
         let mut replay = Replay::default();
+        for step in journal {
+            replay.apply(step);
+        }
+        replay
+    }
+
+    /// Fold a fork's journal: its inherited steps show as the source's (the conversation,
+    /// the turns and their costs) but neither count toward what this run spent (they are not
+    /// charged again) nor leave it a sandbox (it makes its own, from the snapshot).
+    pub fn forked(journal: &[Step], fork: Inherited) -> Self {
+        let mut replay = Replay {
+            fork: Some(fork),
+            ..Replay::default()
+        };
         for step in journal {
             replay.apply(step);
         }
@@ -386,7 +418,21 @@ impl Replay {
             self.open_step = Some(step.clone());
             return;
         };
-        self.record(&step.intent, outcome);
+        match self.fork.filter(|fork| fork.covers(step.seq)) {
+            None => self.record(&step.intent, outcome),
+            Some(fork) => {
+                let spent = self.spent;
+                let sandbox = self.sandbox.clone();
+                self.record(&step.intent, outcome);
+                self.spent = spent;
+                self.sandbox = sandbox;
+                if step.seq == fork.through
+                    && let Some(turn) = self.turns.last_mut()
+                {
+                    turn.route = None;
+                }
+            }
+        }
     }
 
     /// How the run ends, once its journal holds the deletion of its sandbox, done or under

@@ -41,7 +41,8 @@ const PATHS: [&str; 3] = [
 /// (commands, their output, model replies' content, error texts), in one write per run that
 /// also marks it `status.payloadsRemovedAt: now` and deletes its kept final working directory
 /// (the `WorkdirArchive` of its name) and strips the copies of it kept for an idempotent
-/// batch. Runs of a project are swept in creation order, projects in the order given. A run
+/// batch; its working-directory snapshots go too, with the contents no other run's snapshot
+/// names. Runs of a project are swept in creation order, projects in the order given. A run
 /// that changes while it is swept is read again; several sweepers at once sweep each run
 /// once.
 pub async fn sweep(
@@ -58,6 +59,11 @@ pub async fn sweep(
         for run in runs {
             if !due(&run.document, ended_before) {
                 continue;
+            }
+            // Its working-directory snapshots go first (and the contents no other run names):
+            // should the rewrite fail, the next sweep finds the run due and goes on.
+            if let Some(uid) = run.document["metadata"]["uid"].as_str() {
+                store.delete_snapshots(uid).await?;
             }
             if sweep_run(store, run.key.clone(), run.version, ended_before, now).await? {
                 swept.runs.push(run.key);

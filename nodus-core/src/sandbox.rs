@@ -331,6 +331,18 @@ pub trait Sandbox: Send + Sync {
         path: &str,
         max_bytes: usize,
     ) -> Result<Vec<u8>, Error>;
+    /// Every entry of the working directory that [`Sandbox::get_files`] would archive
+    /// (regular files, directories, symbolic links), with its type and permission bits, size
+    /// and modification time but not its contents: what a snapshot compares with the last
+    /// one, to read again only what changed. This default reads an archive of the whole
+    /// working directory and keeps its headers (times to the second); backends that see the
+    /// working directory on the host walk it instead.
+    async fn list_files(&self, id: &SandboxId) -> Result<Vec<crate::snapshot::FileStat>, Error> {
+        let tar = self.get_files(id, "", MAX_ARCHIVE_BYTES).await?;
+        crate::snapshot::archive::read_archive(&tar, &|_| false)
+            .map(|(stats, _)| stats)
+            .map_err(Error::Failed)
+    }
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
     /// The run will not use its sandbox for a while (it waits for a message): a backend that

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::journal::{Completion, Step};
 use crate::resource::Kind;
+use crate::snapshot::{Blob, Snapshot};
 
 pub use memory::MemoryStore;
 
@@ -266,6 +267,30 @@ impl fmt::Debug for RunRewrite {
             .field("delete", &self.delete)
             .finish_non_exhaustive()
     }
+}
+
+/// Checks a [`Store::put_snapshot`]'s blobs before anything is written: each digest must be
+/// that of its bytes. Every store calls this first.
+pub fn check_blobs(blobs: &[Blob]) -> Result<(), Error> {
+    match blobs
+        .iter()
+        .find(|blob| crate::digest::sha256_hex(&blob.bytes) != blob.digest)
+    {
+        Some(blob) => Err(Error::Invalid(format!(
+            "blob {}: its digest is not the SHA-256 of its {} bytes",
+            blob.digest,
+            blob.bytes.len()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The refusal of a [`Store::put_snapshot`] whose manifest names contents the store lacks.
+pub fn missing_contents(run_uid: &str, seq: u32, missing: &[String]) -> Error {
+    Error::Invalid(format!(
+        "the snapshot of run {run_uid} after step {seq} names contents the store lacks: {}",
+        missing.join(", ")
+    ))
 }
 
 /// Something changed in the store.
@@ -560,6 +585,35 @@ pub trait Store: Send + Sync {
     /// step of its journal (the journal of its `metadata.uid`), every message of its inbox,
     /// and the deletion of `rewrite.delete`. Returns the document as stored afterwards.
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error>;
+
+    /// Keep `snapshot`, the run's working directory after step `seq` (replacing one kept for
+    /// the step before), with the contents it names that the store lacks: each blob is stored
+    /// once by its digest, however many runs name it. One write: refused with `Invalid`, and
+    /// nothing written, when a blob's digest is not that of its bytes or the manifest names
+    /// contents the store would still lack.
+    async fn put_snapshot(
+        &self,
+        run_uid: &str,
+        seq: u32,
+        snapshot: &Snapshot,
+        blobs: &[Blob],
+    ) -> Result<(), Error>;
+
+    /// Which of `digests` the store holds no contents for.
+    async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error>;
+
+    /// The run's snapshots, by step, in step order.
+    async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error>;
+
+    /// The contents stored under `digest`.
+    async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, Error>;
+
+    /// Remove the run's snapshots, and the contents no other run's snapshot names, in one
+    /// write. Deleting a run ([`Store::delete`]) does the same.
+    async fn delete_snapshots(&self, run_uid: &str) -> Result<(), Error>;
+
+    /// Bytes of snapshot contents stored, every run's together, each blob counted once.
+    async fn blob_bytes(&self) -> Result<u64, Error>;
 
     /// Changes from now on.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change>;

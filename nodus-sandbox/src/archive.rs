@@ -306,6 +306,55 @@ pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str, max: usize) -> Result<Ve
     Ok(tar)
 }
 
+/// Every entry below `dir` that [`pack`] would archive (regular files, directories, symbolic
+/// links that stay inside), with its type and permission bits, size and modification time to
+/// the nanosecond, without reading any contents: what a snapshot compares with the last one.
+pub(crate) fn list(dir: &Path) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let failed = |e: io::Error| Error::Failed(format!("listing the working directory: {e}"));
+    let mut stats = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for child in fs::read_dir(dir.join(&rel)).map_err(failed)? {
+            let child = child.map_err(failed)?;
+            let name = rel.join(child.file_name());
+            let meta = child.metadata().map_err(failed)?;
+            let file_type = meta.file_type();
+            let kind = if file_type.is_file() {
+                nodus_core::snapshot::REGULAR
+            } else if file_type.is_dir() {
+                stack.push(name.clone());
+                nodus_core::snapshot::DIRECTORY
+            } else if file_type.is_symlink() {
+                nodus_core::snapshot::SYMLINK
+            } else {
+                continue;
+            };
+            let target = if file_type.is_symlink() {
+                let target = fs::read_link(child.path()).map_err(failed)?;
+                if check_symlink_target(&name, &target).is_err() {
+                    continue;
+                }
+                Some(target.to_string_lossy().into_owned())
+            } else {
+                None
+            };
+            stats.push(nodus_core::snapshot::FileStat {
+                path: name.to_string_lossy().into_owned(),
+                mode: kind | (meta.mode() & 0o777),
+                size: if file_type.is_file() { meta.len() } else { 0 },
+                mtime_ns: meta
+                    .mtime()
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(meta.mtime_nsec()),
+                target,
+            });
+        }
+    }
+    stats.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(stats)
+}
+
 /// Appends the directory `full` as `name` with everything below it, in name order.
 fn append_tree(
     builder: &mut tar::Builder<Vec<u8>>,

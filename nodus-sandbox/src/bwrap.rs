@@ -1073,6 +1073,14 @@ impl Sandbox for BwrapSandbox {
         .await
     }
 
+    async fn list_files(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
+        let dir = self.existing_dir(id).await?;
+        blocking(move || archive::list(&dir)).await
+    }
+
     async fn get_files(
         &self,
         id: &SandboxId,

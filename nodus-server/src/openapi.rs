@@ -17,7 +17,7 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use crate::api::credits::AddCredits;
-use crate::api::runs::{MessageBody, ResolveBody};
+use crate::api::runs::{ForkBody, MessageBody, ResolveBody};
 
 /// Where every named schema lives.
 const SCHEMAS: &str = "#/components/schemas/";
@@ -234,6 +234,7 @@ fn schemas() -> Map<String, Value> {
     generator.subschema_for::<Account>();
     generator.subschema_for::<AddCredits>();
     generator.subschema_for::<MessageBody>();
+    generator.subschema_for::<ForkBody>();
     named.insert("Delivery".into(), json!({
         "type": "object",
         "properties": {
@@ -810,6 +811,11 @@ pub fn document() -> Value {
     ] {
         paths.insert(sub(path), json!({"parameters": [project, name], "post": operation(summary, responses(&[run()], write), None)}));
     }
+    paths.insert(sub("fork"), json!({"parameters": [project, name], "post": operation(
+        "Fork the run from a command step {atStep: N | \"last-good\", count, name, agent, replace}: new runs (all or nothing) whose journals begin with this run's steps up to it (inherited) and whose working directories start from its snapshot; 422 names why a step cannot be forked from",
+        responses(&[json_ok("201", "The forks", "ResourceList")], write),
+        Some("ForkBody"),
+    )}));
     paths.insert(sub("resolve"), json!({"parameters": [project, name], "post": operation(
         "Resolve an uncertain step {action: retry|recordFailed|cancel}", responses(&[run()], write), Some("ResolveBody"),
     )}));

@@ -173,6 +173,9 @@ pub struct Options {
     /// The Docker engines of `--sandbox docker` (`--docker-host`, repeatable); none: the local
     /// engine's socket.
     pub docker_hosts: Vec<DockerHostOption>,
+    /// Bytes of new working-directory content each run's snapshots may keep
+    /// (`--snapshot-budget`; 1 GiB by default): past it, later steps cannot be forked from.
+    pub snapshot_budget: u64,
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
@@ -220,6 +223,7 @@ impl Options {
             drain_timeout: Duration::from_secs(30),
             default_image: None,
             docker_hosts: Vec::new(),
+            snapshot_budget: nodus_core::snapshot::DEFAULT_BUDGET_BYTES,
             sandbox_dir: None,
             sandbox_launcher: None,
             header_timeout: Duration::from_secs(10),

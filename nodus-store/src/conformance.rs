@@ -23,6 +23,7 @@ use jiff::Timestamp;
 use nodus_core::Store;
 use nodus_core::journal::{Completion, Intent, Outcome, Step};
 use nodus_core::resource::Kind;
+use nodus_core::snapshot::{self as snap, Blob, Manifest, Snapshot};
 use nodus_core::store::{
     Change, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, RunRewrite,
     Selector,
@@ -56,6 +57,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     retention(make()).await;
     rewrite_run(make()).await;
     extension_kinds(make()).await;
+    snapshots(make()).await;
 }
 
 /// Create, get, list, update and delete one document; missing keys are `NotFound`, an
@@ -2376,6 +2378,134 @@ pub async fn rewrite_run<S: Store + Clone + 'static>(store: S) {
 }
 
 // --- helpers ---
+
+/// Working-directory snapshots: contents are stored once by digest whoever names them, a
+/// snapshot naming contents the store lacks (or a blob whose digest is not its bytes') is
+/// refused with nothing written, a step's snapshot is replaced, and removing a run's
+/// snapshots (or the run) removes the contents no other run names and keeps the others.
+pub async fn snapshots<S: Store + Clone + 'static>(store: S) {
+    let project = unique("snapshots");
+    let (run_a, run_b, run_c) = (unique("uid-a"), unique("uid-b"), unique("uid-c"));
+    let blob = |what: &str, size: usize| {
+        let mut bytes = unique(what).into_bytes();
+        bytes.resize(size, b'x');
+        Blob::of(bytes)
+    };
+    let (one, two, three) = (blob("one", 1000), blob("two", 2000), blob("three", 300));
+    let manifest = |blobs: &[&Blob]| Manifest {
+        entries: blobs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| snap::Entry {
+                path: format!("f{i}"),
+                mode: snap::REGULAR | 0o644,
+                size: b.bytes.len() as u64,
+                digest: b.digest.clone(),
+                mtime_ns: 1,
+            })
+            .collect(),
+    };
+    let taken = |blobs: &[&Blob]| Snapshot::Taken {
+        manifest: manifest(blobs),
+        used_bytes: 7,
+    };
+    let before = store.blob_bytes().await.expect("blob bytes");
+    store
+        .put_snapshot(
+            &run_a,
+            3,
+            &taken(&[&one, &two]),
+            &[one.clone(), two.clone()],
+        )
+        .await
+        .expect("first snapshot");
+    assert_eq!(store.blob_bytes().await.expect("bytes"), before + 3000);
+    assert_eq!(
+        store
+            .missing_blobs(&[one.digest.clone(), three.digest.clone()])
+            .await
+            .expect("missing"),
+        vec![three.digest.clone()]
+    );
+    // Another run names `one` again, sending only what the store lacks: stored once.
+    store
+        .put_snapshot(
+            &run_b,
+            5,
+            &taken(&[&one, &three]),
+            std::slice::from_ref(&three),
+        )
+        .await
+        .expect("second run's snapshot");
+    // Sending a stored blob again changes nothing either.
+    store
+        .put_snapshot(&run_b, 6, &taken(&[&one]), std::slice::from_ref(&one))
+        .await
+        .expect("a blob sent again");
+    assert_eq!(store.blob_bytes().await.expect("bytes"), before + 3300);
+    assert_eq!(
+        store.blob(&three.digest).await.expect("blob"),
+        Some(three.bytes.clone())
+    );
+    // Contents the store lacks: refused, nothing written.
+    let lacking = blob("lacking", 10);
+    match store
+        .put_snapshot(&run_c, 1, &taken(&[&one, &lacking]), &[])
+        .await
+    {
+        Err(Error::Invalid(message)) => assert!(message.contains(&lacking.digest), "{message}"),
+        other => panic!("a snapshot naming absent contents: {other:?}"),
+    }
+    let forged = Blob {
+        digest: two.digest.clone(),
+        bytes: b"not two".to_vec(),
+    };
+    match store
+        .put_snapshot(&run_c, 1, &taken(&[&two]), &[forged])
+        .await
+    {
+        Err(Error::Invalid(message)) => assert!(message.contains("digest"), "{message}"),
+        other => panic!("a forged blob: {other:?}"),
+    }
+    assert_eq!(store.snapshots(&run_c).await.expect("none"), vec![]);
+    // A step's snapshot is replaced; others follow in step order.
+    let over = Snapshot::OverBudget {
+        used_bytes: 7,
+        wanted_bytes: 9,
+        limit_bytes: 10,
+    };
+    store
+        .put_snapshot(&run_a, 9, &over, &[])
+        .await
+        .expect("over budget");
+    store
+        .put_snapshot(&run_a, 3, &taken(&[&one, &two]), &[])
+        .await
+        .expect("replaced");
+    assert_eq!(
+        store.snapshots(&run_a).await.expect("listed"),
+        vec![(3, taken(&[&one, &two])), (9, over)]
+    );
+    // Removing A's snapshots removes `two` (only A names it) and keeps `one` (B names it).
+    store.delete_snapshots(&run_a).await.expect("removed");
+    assert_eq!(store.snapshots(&run_a).await.expect("listed"), vec![]);
+    assert_eq!(store.blob(&two.digest).await.expect("blob"), None);
+    assert_eq!(
+        store.blob(&one.digest).await.expect("blob"),
+        Some(one.bytes.clone())
+    );
+    // Deleting run B's document removes its snapshots and then-unnamed contents.
+    let key = ObjectKey::new(&project, Kind::AgentRun, "run-b");
+    store
+        .create(&key, run_document("run-b", &run_b))
+        .await
+        .expect("run b");
+    store.delete(&key).await.expect("deleted");
+    assert_eq!(store.snapshots(&run_b).await.expect("listed"), vec![]);
+    assert_eq!(store.blob(&one.digest).await.expect("blob"), None);
+    assert_eq!(store.blob(&three.digest).await.expect("blob"), None);
+    assert_eq!(store.blob_bytes().await.expect("bytes"), before);
+}
 
 /// Lease owners: replicas of a test.
 const OWNER_A: &str = "replica-a";

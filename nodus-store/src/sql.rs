@@ -347,6 +347,24 @@ pub(crate) fn read_step(run: &str, step: &str, completion: Option<&str>) -> Resu
     Ok(parsed)
 }
 
+/// A snapshot as stored.
+pub(crate) fn snapshot_text(snapshot: &nodus_core::snapshot::Snapshot) -> Result<String, Error> {
+    serde_json::to_string(snapshot).map_err(|e| Error::Invalid(format!("snapshot: {e}")))
+}
+
+/// A snapshot read back, with its step.
+pub(crate) fn read_snapshot(
+    run: &str,
+    seq: i64,
+    text: &str,
+) -> Result<(u32, nodus_core::snapshot::Snapshot), Error> {
+    let seq = u32::try_from(seq)
+        .map_err(|_| Error::Corrupt(format!("snapshot of run {run}: step {seq}")))?;
+    let snapshot = serde_json::from_str(text)
+        .map_err(|e| Error::Corrupt(format!("snapshot of run {run} after step {seq}: {e}")))?;
+    Ok((seq, snapshot))
+}
+
 /// An inbox message from a row of `seq, message_key, payload, received_at`.
 pub(crate) fn message_of<R: sqlx::Row>(row: &R) -> Result<nodus_core::store::InboxMessage, Error>
 where

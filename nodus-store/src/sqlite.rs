@@ -26,6 +26,7 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
+use nodus_core::snapshot::{Blob, Snapshot};
 use nodus_core::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
     RunRewrite, Selector, Store,
@@ -43,6 +44,7 @@ mod journal;
 mod leases;
 mod notifications;
 mod open;
+mod snapshots;
 mod transaction;
 mod writer;
 
@@ -192,6 +194,36 @@ impl Store for SqliteStore {
 
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
         documents::rewrite_run(self, rewrite).await
+    }
+
+    async fn put_snapshot(
+        &self,
+        run_uid: &str,
+        seq: u32,
+        snapshot: &Snapshot,
+        blobs: &[Blob],
+    ) -> Result<(), Error> {
+        snapshots::put_snapshot(self, run_uid, seq, snapshot, blobs).await
+    }
+
+    async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error> {
+        snapshots::missing_blobs(self, digests).await
+    }
+
+    async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error> {
+        snapshots::snapshots(self, run_uid).await
+    }
+
+    async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, Error> {
+        snapshots::blob(self, digest).await
+    }
+
+    async fn delete_snapshots(&self, run_uid: &str) -> Result<(), Error> {
+        snapshots::delete_snapshots(self, run_uid).await
+    }
+
+    async fn blob_bytes(&self) -> Result<u64, Error> {
+        snapshots::blob_bytes(self).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

@@ -168,6 +168,33 @@ impl Store for CountingStore {
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, store::Error> {
         self.inner.rewrite_run(rewrite).await
     }
+    async fn put_snapshot(
+        &self,
+        run_uid: &str,
+        seq: u32,
+        snapshot: &nodus_core::snapshot::Snapshot,
+        blobs: &[nodus_core::snapshot::Blob],
+    ) -> Result<(), store::Error> {
+        self.inner.put_snapshot(run_uid, seq, snapshot, blobs).await
+    }
+    async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, store::Error> {
+        self.inner.missing_blobs(digests).await
+    }
+    async fn snapshots(
+        &self,
+        run_uid: &str,
+    ) -> Result<Vec<(u32, nodus_core::snapshot::Snapshot)>, store::Error> {
+        self.inner.snapshots(run_uid).await
+    }
+    async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, store::Error> {
+        self.inner.blob(digest).await
+    }
+    async fn delete_snapshots(&self, run_uid: &str) -> Result<(), store::Error> {
+        self.inner.delete_snapshots(run_uid).await
+    }
+    async fn blob_bytes(&self) -> Result<u64, store::Error> {
+        self.inner.blob_bytes().await
+    }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.inner.subscribe()
     }

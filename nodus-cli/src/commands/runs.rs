@@ -174,6 +174,35 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             }
             Ok(())
         }
+        AgentRunCommand::Fork {
+            name,
+            at_step,
+            count,
+            fork_name: new_name,
+            input,
+            agent,
+            replace,
+        } => {
+            let at: Value = match at_step.parse::<u32>() {
+                Ok(seq) => json!(seq),
+                Err(_) => json!(at_step),
+            };
+            let mut body = json!({"atStep": at, "count": count, "replace": replace});
+            for (field, value) in [("name", new_name), ("input", input), ("agent", agent)] {
+                if let Some(value) = value {
+                    body[field] = json!(value);
+                }
+            }
+            let reply = client.post(&[RUNS, &name, "fork"], body).await?;
+            for item in reply["items"].as_array().into_iter().flatten() {
+                let fork = item.pointer("/metadata/name").map(scalar_text);
+                outln(&format!(
+                    "{} created",
+                    ResourceKind::AgentRun.qualified(&fork.unwrap_or_default())
+                ));
+            }
+            Ok(())
+        }
         AgentRunCommand::Close { name } => {
             client.post(&[RUNS, &name, "close"], json!({})).await?;
             outln(&format!(

@@ -71,6 +71,7 @@ pub fn options(args: ServerArgs) -> Result<Options> {
         }
         None => None,
     };
+    options.snapshot_budget = args.snapshot_budget;
     if let Some(allow) = &args.egress_allow {
         options.egress.allow =
             nodus_core::egress::parse_operator_allow(allow).map_err(Error::Input)?;

@@ -11,7 +11,7 @@ use crate::journal::{Completion, Intent, Outcome, Step};
 use crate::lifecycle::{PendingReason, RunPhase, WaitReason};
 use crate::model::Credentials;
 use crate::money::Usd;
-use crate::replay::{Replay, SandboxState};
+use crate::replay::{Inherited, Replay, SandboxState};
 use crate::resource::{Access, AgentRun, Kind, RunSnapshot};
 use crate::router::RouteRequest;
 use crate::sandbox::{self, ExecRequest, LiveOutput, SandboxSpec};
@@ -68,6 +68,8 @@ pub(super) struct Fixed {
     hidden: Option<crate::telemetry::Hidden>,
     /// Its group's name.
     group: Option<String>,
+    /// Where it was forked from.
+    pub(super) fork_of: Option<crate::resource::ForkOf>,
 }
 
 impl Engine {
@@ -104,6 +106,9 @@ impl Engine {
         self.hold(&fixed.uid, Some((fixed.key.clone(), fence)));
         let driven = self.drive_claimed(&fixed, fence).await;
         self.hold(&fixed.uid, None);
+        if !matches!(driven, Ok(Driven::Waiting { .. })) {
+            self.last_snapshots.forget(&fixed.uid);
+        }
         driven
     }
 
@@ -116,12 +121,23 @@ impl Engine {
                 return Err(error.into());
             }
         };
+        // A fork's first drive copies the steps it inherits.
+        let journal = match self.inherit(fixed, fence, journal).await {
+            Ok(journal) => journal,
+            Err(error) => {
+                let _ = self.deps.store.release(&fixed.uid, fence).await;
+                return Err(error);
+            }
+        };
         if let Err(error) = self.settle_last_charge(fixed, &journal).await {
             let _ = self.deps.store.release(&fixed.uid, fence).await;
             return Err(error);
         }
         // The journal is folded once; the loop adds each new step to the fold.
-        let mut replay = Replay::of(&journal);
+        let mut replay = match &fixed.fork_of {
+            Some(fork) => Replay::forked(&journal, Inherited { through: fork.step }),
+            None => Replay::of(&journal),
+        };
         drop(journal);
         // Renew the lease while the run is driven (a command may outlast it), and give it up
         // when the drive ends, so another replica can take the run at once.
@@ -202,6 +218,7 @@ impl Engine {
             spans: super::span_context(&self.deps, project, run),
             hidden: None,
             group: run.spec.group.clone(),
+            fork_of: run.spec.fork_of.clone(),
         })
     }
 
@@ -420,6 +437,14 @@ impl Engine {
             let target = decide::phase_after(target, &effect)?;
             match effect {
                 Effect::Done(outcome) => {
+                    // The working directory after a command, kept before the step completes:
+                    // a completed command step has its snapshot (or the reason it has none).
+                    if let (Intent::Command { .. }, Outcome::CommandFinished { .. }) =
+                        (&intent, &outcome)
+                        && let SandboxState::Live(info) = &replay.sandbox
+                    {
+                        self.take_snapshot(fixed, &info.id, seq).await;
+                    }
                     self.complete(fixed, fence, replay, &inbox, seq, outcome)
                         .await?;
                     // A conflict here only means the document moved on; the next pass
@@ -538,7 +563,12 @@ impl Engine {
     /// settled reservation writes nothing). Only the last one can be unsettled: a step's
     /// reservation is settled before the next step is decided.
     async fn settle_last_charge(&self, fixed: &Fixed, journal: &[Step]) -> Result<()> {
+        let inherited = |seq: u32| fixed.fork_of.as_ref().is_some_and(|f| seq <= f.step);
         let last = journal.iter().rev().find_map(|step| {
+            if inherited(step.seq) {
+                // The source's: charged to it, never to this run.
+                return None;
+            }
             let completion = step.completion.as_ref()?;
             self.charge_of(fixed, &step.intent)?;
             Some((step.seq, cost_of(&completion.outcome)))
@@ -613,7 +643,10 @@ impl Engine {
     }
 
     /// Retry a store call while it fails in a way a retry can fix.
-    async fn retrying<T, F, Fut>(&self, mut call: F) -> std::result::Result<T, store_api::Error>
+    pub(super) async fn retrying<T, F, Fut>(
+        &self,
+        mut call: F,
+    ) -> std::result::Result<T, store_api::Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, store_api::Error>>,
@@ -868,6 +901,19 @@ impl Engine {
         run: &AgentRun,
         info: &sandbox::SandboxInfo,
     ) -> std::result::Result<(), String> {
+        if let Some(fork) = &fixed.fork_of {
+            // A fork starts from the snapshot after the step it was forked at.
+            let archives = self
+                .fork_archives(fixed, fork)
+                .await
+                .map_err(|e| format!("restoring the forked working directory: {e}"))?;
+            for tar in archives {
+                self.sandbox_retrying(|| self.deps.sandbox.put_files(&info.id, tar.clone()))
+                    .await
+                    .map_err(|e| format!("restoring the forked working directory: {e}"))?;
+            }
+            return Ok(());
+        }
         let Some(workdir) = &run.spec.workdir else {
             return Ok(());
         };

@@ -162,6 +162,36 @@ impl Store for MockedStore {
         self.0.unexpected("rewrite_run");
         Err(Error::Unavailable("rewrite_run".to_string()))
     }
+    async fn put_snapshot(
+        &self,
+        _: &str,
+        _: u32,
+        _: &crate::snapshot::Snapshot,
+        _: &[crate::snapshot::Blob],
+    ) -> Result<(), Error> {
+        self.0.unexpected("put_snapshot");
+        Err(Error::Unavailable("put_snapshot".to_string()))
+    }
+    async fn missing_blobs(&self, _: &[String]) -> Result<Vec<String>, Error> {
+        self.0.unexpected("missing_blobs");
+        Err(Error::Unavailable("missing_blobs".to_string()))
+    }
+    async fn snapshots(&self, _: &str) -> Result<Vec<(u32, crate::snapshot::Snapshot)>, Error> {
+        self.0.unexpected("snapshots");
+        Err(Error::Unavailable("snapshots".to_string()))
+    }
+    async fn blob(&self, _: &str) -> Result<Option<Vec<u8>>, Error> {
+        self.0.unexpected("blob");
+        Err(Error::Unavailable("blob".to_string()))
+    }
+    async fn delete_snapshots(&self, _: &str) -> Result<(), Error> {
+        self.0.unexpected("delete_snapshots");
+        Err(Error::Unavailable("delete_snapshots".to_string()))
+    }
+    async fn blob_bytes(&self) -> Result<u64, Error> {
+        self.0.unexpected("blob_bytes");
+        Err(Error::Unavailable("blob_bytes".to_string()))
+    }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.0.subscribe()
     }
@@ -404,7 +434,11 @@ fn engine(store: MockedStore, sandbox: MockSandbox, model: MockModelClient) -> E
             ledger: Arc::new(crate::ledger::Unmetered),
             spans: Arc::new(crate::telemetry::NoSpans),
         },
-        Config::default(),
+        // Snapshots are tested through real sandboxes (tests/tests/forks.rs).
+        Config {
+            snapshots: None,
+            ..Config::default()
+        },
     )
 }
 

@@ -9,12 +9,14 @@ mod environment;
 mod error;
 mod evaluation;
 mod execute;
+mod fork;
 mod group;
 mod image;
 mod kinds;
 mod live;
 mod resources;
 mod results;
+mod snapshots;
 mod spans;
 mod status;
 mod typed;
@@ -36,6 +38,7 @@ pub use evaluation::{
     DEFAULT_EVALUATION_TIMEOUT, DEFAULT_GRADER_TIMEOUT, MAX_EVALUATION_GROUP_NAME,
 };
 pub use execute::Driven;
+pub use fork::{AtStep, ForkRequest, last_good};
 pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
 pub use live::{FOLLOW_CAPACITY, MAX_CHUNK_BYTES, OutputChunk};
 pub use results::{RESULT_NAMES, RunResult, RunResultInfo};
@@ -203,6 +206,9 @@ pub struct Config {
     /// The internal networks the operator lets egress reach (`--egress-allow`): a run's
     /// `spec.network.allow` cidr must lie inside one of them.
     pub egress_allow: Vec<crate::egress::Cidr>,
+    /// Working-directory snapshots after each command step, within this budget of new
+    /// content per run (so that runs can be forked from those steps); `None` takes none.
+    pub snapshots: Option<crate::snapshot::Budget>,
 }
 
 impl Default for Config {
@@ -217,6 +223,7 @@ impl Default for Config {
             delete_wait: Duration::from_secs(30),
             actions: crate::postrun::Registry::new(),
             egress_allow: Vec::new(),
+            snapshots: Some(crate::snapshot::Budget::default()),
         }
     }
 }
@@ -244,6 +251,46 @@ pub struct StepView {
     pub finished_at: Option<Timestamp>,
     /// One line about it.
     pub summary: String,
+    /// Copied from the run this one was forked from: never carried out by this run, its
+    /// cost the source's.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub inherited: bool,
+    /// A command step's snapshot of the working directory after it: whether the run can be
+    /// forked from the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotView>,
+}
+
+/// What a step's listing says about its snapshot.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    /// Whether a fork can start after the step.
+    pub forkable: bool,
+    /// The manifest's digest (the same for the same files, modes and contents).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Entries of the working directory.
+    pub entries: u64,
+    /// Bytes of its files.
+    pub bytes: u64,
+    /// Why the step cannot be forked from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl SnapshotView {
+    fn of(snapshot: &crate::snapshot::Snapshot) -> Self {
+        let manifest = snapshot.manifest();
+        SnapshotView {
+            forkable: manifest.is_some(),
+            digest: manifest.map(crate::snapshot::Manifest::digest),
+            entries: manifest.map_or(0, |m| m.entries.len() as u64),
+            bytes: manifest.map_or(0, crate::snapshot::Manifest::content_bytes),
+            reason: snapshot.not_forkable(),
+        }
+    }
 }
 
 /// The durable run engine. Cheap to clone.
@@ -262,6 +309,8 @@ pub struct Engine {
     /// those of drives it had to stop.
     held:
         Arc<std::sync::Mutex<std::collections::HashMap<String, (ObjectKey, crate::store::Fence)>>>,
+    /// Each driven run's last working-directory snapshot.
+    last_snapshots: Arc<snapshots::LastSnapshots>,
 }
 
 impl Engine {
@@ -275,6 +324,7 @@ impl Engine {
             writers: Arc::default(),
             draining: Arc::default(),
             held: Arc::default(),
+            last_snapshots: Arc::default(),
         }
     }
 
@@ -637,6 +687,9 @@ impl Engine {
         serde_json::Value,
         Option<(ObjectKey, serde_json::Value)>,
     )> {
+        if let Some(fork_of) = &run.spec.fork_of {
+            self.check_fork(project, fork_of).await?;
+        }
         if earlier.iter().any(|e| e.name() == run.name()) {
             return Err(Invalid::new(
                 "metadata.name",
@@ -776,7 +829,28 @@ impl Engine {
         let run = self.read_run(project, name).await?;
         let parked = run.object.status.phase == Some(RunPhase::NeedsResolution);
         let journal = self.deps.store.journal(run_uid(&run.object)).await?;
-        Ok(journal.iter().map(|step| view(step, parked)).collect())
+        let snapshots: std::collections::BTreeMap<u32, crate::snapshot::Snapshot> = self
+            .deps
+            .store
+            .snapshots(run_uid(&run.object))
+            .await?
+            .into_iter()
+            .collect();
+        let inherited = |seq: u32| {
+            run.object
+                .spec
+                .fork_of
+                .as_ref()
+                .is_some_and(|fork| seq <= fork.step)
+        };
+        Ok(journal
+            .iter()
+            .map(|step| {
+                let mut view = view(step, parked, inherited(step.seq));
+                view.snapshot = snapshots.get(&step.seq).map(SnapshotView::of);
+                view
+            })
+            .collect())
     }
 
     /// The run's journal, with full payloads.
@@ -1140,9 +1214,11 @@ fn run_uid(run: &AgentRun) -> &str {
     run.metadata.uid.as_deref().unwrap_or_default()
 }
 
-fn view(step: &Step, parked: bool) -> StepView {
+fn view(step: &Step, parked: bool, inherited: bool) -> StepView {
     StepView {
         seq: step.seq,
+        inherited,
+        snapshot: None,
         kind: step.intent.kind(),
         state: step.state(parked),
         started_at: step.started_at,

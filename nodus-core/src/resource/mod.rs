@@ -32,8 +32,8 @@ pub use group::{
 pub use meta::{API_VERSION, Kind, ObjectMeta};
 pub use run::{
     AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus,
-    EnvironmentSnapshot, FileSetVersion, PostRunAction, RunSnapshot, SandboxStatus, SecretVersion,
-    TurnStatus, WorkdirSnapshot, WorkdirSpec,
+    EnvironmentSnapshot, FileSetVersion, ForkOf, PostRunAction, RunSnapshot, SandboxStatus,
+    SecretVersion, TurnStatus, WorkdirSnapshot, WorkdirSpec,
 };
 pub use secret::Secret;
 pub(crate) use secret::SecretDocument;

@@ -63,6 +63,22 @@ pub struct AgentRunSpec {
     /// (default true; written out only when false).
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub auto_telemetry: bool,
+    /// The run and step this run was forked from: its journal begins with that run's steps
+    /// up to the step (inherited, never carried out again) and its working directory with
+    /// the snapshot taken after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_of: Option<ForkOf>,
+}
+
+/// `spec.forkOf`: where a fork starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForkOf {
+    /// The source run's name, in the same project.
+    pub run: String,
+    /// The source's command step (journal sequence number) the fork continues after.
+    pub step: u32,
 }
 
 fn default_true() -> bool {
@@ -95,6 +111,7 @@ impl AgentRunSpec {
             image: None,
             post_run_action: None,
             auto_telemetry: true,
+            fork_of: None,
         }
     }
 }
@@ -201,6 +218,9 @@ pub struct AgentRunStatus {
         schemars(with = "Option<crate::schema::DateTime>")
     )]
     pub payloads_removed_at: Option<Timestamp>,
+    /// The fork that replaced this run (`nodus agentrun fork --replace`), which cancelled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_by: Option<String>,
 }
 
 /// One prompt of a run.

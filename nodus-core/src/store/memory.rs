@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::journal::{Completion, Step};
 use crate::resource::Kind;
+use crate::snapshot::{Blob, Snapshot};
 use crate::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Selector, Store, check_rewrite_deletes,
+    RunRewrite, Selector, Store, check_blobs, check_rewrite_deletes, missing_contents,
 };
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -54,6 +55,35 @@ struct State {
     inboxes: HashMap<String, Inbox>,
     /// The records of batches created with an idempotency key, by (project, key).
     batches: HashMap<(String, String), Vec<Record>>,
+    /// Working-directory snapshots by run uid, then step.
+    snapshots: HashMap<String, BTreeMap<u32, Snapshot>>,
+    /// Snapshot contents by digest.
+    blobs: HashMap<String, Vec<u8>>,
+}
+
+impl State {
+    /// Remove the run's snapshots and the contents no other snapshot names.
+    fn drop_snapshots(&mut self, run_uid: &str) {
+        let Some(gone) = self.snapshots.remove(run_uid) else {
+            return;
+        };
+        let named: std::collections::HashSet<String> = self
+            .snapshots
+            .values()
+            .flat_map(BTreeMap::values)
+            .filter_map(Snapshot::manifest)
+            .flat_map(crate::snapshot::Manifest::blobs)
+            .collect();
+        for digest in gone
+            .values()
+            .filter_map(Snapshot::manifest)
+            .flat_map(crate::snapshot::Manifest::blobs)
+        {
+            if !named.contains(&digest) {
+                self.blobs.remove(&digest);
+            }
+        }
+    }
 }
 
 /// The documents of one kind in one project.
@@ -443,6 +473,7 @@ impl Store for MemoryStore {
         if let Some(uid) = run_uid(&entry.document) {
             state.journals.remove(uid);
             state.inboxes.remove(uid);
+            state.drop_snapshots(uid);
             // A writer still holding a claim on the deleted run must not bring its journal
             // back: make every fence stale (the counter stays, so no fence is reissued).
             if let Some(latest) = state.fences.get_mut(uid) {
@@ -645,6 +676,70 @@ impl Store for MemoryStore {
             }
         }
         Ok(record)
+    }
+
+    async fn put_snapshot(
+        &self,
+        run_uid: &str,
+        seq: u32,
+        snapshot: &Snapshot,
+        blobs: &[Blob],
+    ) -> Result<(), Error> {
+        check_blobs(blobs)?;
+        let mut state = self.lock();
+        let missing: Vec<String> = snapshot
+            .manifest()
+            .map(crate::snapshot::Manifest::blobs)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| !state.blobs.contains_key(d) && !blobs.iter().any(|b| &b.digest == d))
+            .collect();
+        if !missing.is_empty() {
+            return Err(missing_contents(run_uid, seq, &missing));
+        }
+        for blob in blobs {
+            state
+                .blobs
+                .entry(blob.digest.clone())
+                .or_insert_with(|| blob.bytes.clone());
+        }
+        state
+            .snapshots
+            .entry(run_uid.to_string())
+            .or_default()
+            .insert(seq, snapshot.clone());
+        Ok(())
+    }
+
+    async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error> {
+        let state = self.lock();
+        Ok(digests
+            .iter()
+            .filter(|d| !state.blobs.contains_key(*d))
+            .cloned()
+            .collect())
+    }
+
+    async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error> {
+        Ok(self
+            .lock()
+            .snapshots
+            .get(run_uid)
+            .map(|s| s.iter().map(|(seq, s)| (*seq, s.clone())).collect())
+            .unwrap_or_default())
+    }
+
+    async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.lock().blobs.get(digest).cloned())
+    }
+
+    async fn delete_snapshots(&self, run_uid: &str) -> Result<(), Error> {
+        self.lock().drop_snapshots(run_uid);
+        Ok(())
+    }
+
+    async fn blob_bytes(&self) -> Result<u64, Error> {
+        Ok(self.lock().blobs.values().map(|b| b.len() as u64).sum())
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

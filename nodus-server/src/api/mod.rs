@@ -83,6 +83,7 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
         (at("/agentruns/{name}/results"), get(runs::results)),
         (at("/agentruns/{name}/results/{result}"), get(runs::result)),
         (at("/agentruns/{name}/cancel"), post(runs::cancel)),
+        (at("/agentruns/{name}/fork"), post(runs::fork)),
         (at("/agentruns/{name}/close"), post(runs::close)),
         (at("/agentruns/{name}/resolve"), post(runs::resolve)),
         (at("/agentgroups/{name}/cancel"), post(runs::cancel_group)),

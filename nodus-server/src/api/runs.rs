@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use nodus_core::engine::OutputWorkdir;
+use nodus_core::engine::{AtStep, ForkRequest, OutputWorkdir};
 use nodus_core::evaluation::retry::RetryRequest;
 use nodus_core::lifecycle::Resolution;
 use nodus_core::store::Delivery;
@@ -232,6 +232,92 @@ pub async fn cancel(
         .finished_run(&project, &name, CANCEL_WAIT)
         .await?;
     Ok(reply(StatusCode::OK, run))
+}
+
+/// Where a fork starts: a step's sequence number, or `"last-good"`.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum AtStepBody {
+    /// A journal sequence number (a command step).
+    Seq(u32),
+    /// `"last-good"`: the last completed command before the first failed or uncertain step.
+    Named(String),
+}
+
+/// A request for forks of a run.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct ForkBody {
+    /// The command step to continue after.
+    at_step: AtStepBody,
+    /// How many forks (default 1, at most 100).
+    #[serde(default)]
+    count: Option<u32>,
+    /// The fork's name (`-1`, `-2`… appended when several); `SOURCE-fork-STEP` by default.
+    #[serde(default)]
+    name: Option<String>,
+    /// A new user message for the fork's next model call (not supported yet: refused).
+    #[serde(default)]
+    input: Option<String>,
+    /// Another agent to continue with: its model and system prompt.
+    #[serde(default)]
+    agent: Option<String>,
+    /// Cancel the source once the forks exist; its `status.replacedBy` names the first.
+    #[serde(default)]
+    replace: bool,
+}
+
+/// `POST …/agentruns/{name}/fork`: new runs that continue this one from a command step,
+/// created all or nothing; answers them as an `AgentRunList`.
+pub async fn fork(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    let body: ForkBody = serde_json::from_value(json_body(&body)?).map_err(|e| {
+        ApiError::malformed(format!(
+            "a fork is {{\"atStep\": N | \"last-good\", \"count\": K, \"name\": \"…\", \
+             \"agent\": \"…\", \"replace\": false}}: {e}"
+        ))
+    })?;
+    let at = match body.at_step {
+        AtStepBody::Seq(seq) => AtStep::Seq(seq),
+        AtStepBody::Named(name) if name == "last-good" => AtStep::LastGood,
+        AtStepBody::Named(other) => {
+            return Err(Invalid::new(
+                "atStep",
+                "must be a step number or \"last-good\"",
+                format!("{other:?}"),
+            )
+            .into());
+        }
+    };
+    if let Some(input) = &body.input {
+        return Err(Invalid::new(
+            "input",
+            "a fork cannot add a message yet: fork without it and send one to a keepAlive fork",
+            format!("{} bytes", input.len()),
+        )
+        .into());
+    }
+    let request = ForkRequest {
+        at,
+        count: body.count.unwrap_or(1),
+        name: body.name,
+        agent: body.agent,
+        replace: body.replace,
+    };
+    let runs = state.engine.fork(&project, &name, request).await?;
+    Ok(reply(
+        StatusCode::CREATED,
+        json!({
+            "apiVersion": nodus_core::resource::API_VERSION,
+            "kind": "AgentRunList",
+            "items": runs,
+        }),
+    ))
 }
 
 /// `POST …/agentruns/{name}/close`: a keepAlive conversation ends after its current turn;

@@ -771,7 +771,7 @@ async fn credits(
     .await
 }
 
-/// `POST /console/p/{project}/runs/{name}/{cancel|close|resolve|message}`: the API's action,
+/// `POST /console/p/{project}/runs/{name}/{cancel|close|resolve|fork|message}`: the API's action,
 /// then back to the run.
 async fn run_action(
     State(console): State<Arc<Console>>,
@@ -815,6 +815,24 @@ async fn run_action(
                 })?;
                 engine.resolve(&project, &name, resolution).await?;
             }
+            "fork" => {
+                let given = form.get("atStep").cloned().unwrap_or_default();
+                let seq: u32 = given.parse().map_err(|_| {
+                    nodus_core::validate::Invalid::new(
+                        "atStep",
+                        "is a step's number",
+                        format!("{:?}", given.chars().take(40).collect::<String>()),
+                    )
+                })?;
+                let request = nodus_core::engine::ForkRequest {
+                    at: nodus_core::engine::AtStep::Seq(seq),
+                    count: 1,
+                    name: None,
+                    agent: None,
+                    replace: false,
+                };
+                engine.fork(&project, &name, request).await?;
+            }
             "message" => {
                 let payload = form.get("payload").cloned().unwrap_or_default();
                 if payload.trim().is_empty() {
@@ -829,7 +847,7 @@ async fn run_action(
             }
             other => {
                 return Err(ApiError::not_found(format!(
-                    "no run action {:?}; there are cancel, close, resolve and message",
+                    "no run action {:?}; there are cancel, close, resolve, fork and message",
                     other.chars().take(40).collect::<String>()
                 )));
             }

@@ -370,6 +370,52 @@ fn duration(step: &Value) -> String {
     }
 }
 
+/// The runs forked from `name`, with their steps and phases, when there are any.
+async fn forks(
+    html: &mut Html,
+    state: &AppState,
+    project: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let selector = nodus_core::store::Selector {
+        fields: [("spec.forkOf.run".to_string(), name.to_string())].into(),
+        ..nodus_core::store::Selector::default()
+    };
+    let forks = state
+        .store
+        .list_sparse(
+            project,
+            nodus_core::resource::Kind::AgentRun,
+            &selector,
+            &["metadata.name", "spec.forkOf.step", "status.phase"],
+        )
+        .await?;
+    if forks.is_empty() {
+        return Ok(());
+    }
+    html.raw(
+        "<h2>Forks</h2><div class=\"table\"><table id=\"forks\"><thead><tr><th>Run</th>\
+         <th>From step</th><th>Phase</th></tr></thead><tbody>",
+    );
+    for fork in &forks {
+        let document = &fork.document;
+        let fork_name = show(&document["metadata"]["name"]);
+        html.raw("<tr><td><a href=\"/console/p/")
+            .segment(project)
+            .raw("/runs/")
+            .segment(&fork_name)
+            .raw("\">")
+            .text(&fork_name)
+            .raw("</a></td><td>")
+            .text(show(&document["spec"]["forkOf"]["step"]))
+            .raw("</td><td>")
+            .text(show(&document["status"]["phase"]))
+            .raw("</td></tr>");
+    }
+    html.raw("</tbody></table></div>");
+    Ok(())
+}
+
 /// A run: facts, actions, every turn (model, chosen by, cost), the answer, the steps and
 /// the messages; the message form below the live part.
 pub async fn run(
@@ -497,7 +543,7 @@ pub async fn run(
     )
     .await?;
     html.raw("<h2>Steps</h2><div class=\"table\"><table id=\"steps\"><thead><tr><th>#</th><th>Kind</th>\
-              <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th></tr></thead><tbody>");
+              <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th><th>Fork</th></tr></thead><tbody>");
     for step in &steps {
         let seq = show(&step["seq"]);
         html.raw("<tr><td>")
@@ -514,9 +560,21 @@ pub async fn run(
             .text(&base)
             .raw("/steps/")
             .segment(&seq)
-            .raw("\">payload</a></td></tr>");
+            .raw("\">payload</a></td><td>");
+        // A finished run's command steps with a snapshot can be forked from.
+        if is_finished(&run) && step["snapshot"]["forkable"] == Value::Bool(true) {
+            action_form(&mut html, &base, "fork", csrf);
+            html.raw("<input type=\"hidden\" name=\"atStep\" value=\"")
+                .text(&seq)
+                .raw("\"><button type=\"submit\" class=\"fork\">Fork from here</button></form>");
+        } else if step["inherited"] == Value::Bool(true) {
+            html.raw("<span class=\"muted\">inherited</span>");
+        }
+        html.raw("</td></tr>");
     }
-    html.raw("</tbody></table></div><h2>Messages</h2>");
+    html.raw("</tbody></table></div>");
+    forks(&mut html, state, project, name).await?;
+    html.raw("<h2>Messages</h2>");
     if inbox.is_empty() {
         html.raw("<p class=\"muted\">No messages.</p>");
     } else {

@@ -500,6 +500,7 @@ pub(super) async fn delete(store: &PostgresStore, key: &ObjectKey) -> Result<(),
                 .await
                 .map_err(map_err)?;
         }
+        super::snapshots::drop_snapshots(&mut tx, &uid).await?;
     }
     tx.announce(&Change::Deleted(key.clone())).await?;
     tx.commit().await?;

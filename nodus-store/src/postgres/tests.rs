@@ -78,6 +78,7 @@ cases!(
     retention,
     rewrite_run,
     extension_kinds,
+    snapshots,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -452,6 +452,7 @@ pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), E
                 .await
                 .map_err(map_err)?;
         }
+        super::snapshots::drop_snapshots(&mut tx, &uid).await?;
     }
     tx.announce(Change::Deleted(key.clone()));
     tx.commit().await?;

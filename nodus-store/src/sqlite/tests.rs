@@ -52,6 +52,7 @@ cases!(
     retention,
     rewrite_run,
     extension_kinds,
+    snapshots,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

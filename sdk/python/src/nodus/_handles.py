@@ -325,6 +325,31 @@ class RunCore(NamedHandle[C]):
         self._answers_expected = max(self._answers_expected, delivery.seq + 1)
         return delivery
 
+    def _fork(
+        self,
+        at_step: Union[int, str],
+        count: int,
+        name: Optional[str],
+        agent: Optional[str],
+        replace: bool,
+    ) -> Op[List[Any]]:
+        """``POST …/fork``: handles on the new runs, in order (``R`` is this handle's class)."""
+        body: Dict[str, Any] = {"atStep": at_step, "count": count, "replace": replace}
+        if name is not None:
+            body["name"] = name
+        if agent is not None:
+            body["agent"] = agent
+        reply = yield from self._sub("POST", "fork", body)
+        return [
+            type(self)(
+                str(item["metadata"]["name"]),
+                project=self.project,
+                client=self._client,
+                _document=item,
+            )
+            for item in reply.get("items", [])
+        ]
+
     def _post(self, sub: str) -> Op[RunStatus]:
         """``POST …/{sub}`` (``cancel``, ``close``): the status the server answers."""
         return RunStatus.from_json((yield from self._sub("POST", sub)))

@@ -318,6 +318,24 @@ class AgentRun(_Sync, RunCore[Client]):
         :class:`~nodus.AgentRunFinished`."""
         return self._client._run(self._send(kind, payload, key))
 
+    def fork(
+        self,
+        at_step: Union[int, str],
+        count: int = 1,
+        *,
+        name: Optional[str] = None,
+        agent: Optional[str] = None,
+        replace: bool = False,
+    ) -> List["AgentRun"]:
+        """Forks the run after its command step ``at_step`` (a step's ``seq``, or
+        ``"last-good"``): ``count`` new runs (all or nothing) whose journals begin with this
+        run's steps up to it (inherited, not carried out or charged again) and whose working
+        directories start from its snapshot after it. ``agent`` continues with another
+        agent; ``replace`` cancels this run once the forks exist. A step that cannot be
+        forked from raises :class:`~nodus.Invalid` naming why."""
+        forks: List[AgentRun] = self._client._run(self._fork(at_step, count, name, agent, replace))
+        return forks
+
     def cancel(self) -> RunStatus:
         """Cancels the run (its sandbox is deleted); returns the status the server answered.
         The run ends shortly after: :meth:`wait` for ``Cancelled``."""

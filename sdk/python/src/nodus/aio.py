@@ -490,6 +490,21 @@ class AgentRun(_Async, RunCore[AsyncClient]):
         """Sends a message to a keep-alive run; see :meth:`nodus.AgentRun.send`."""
         return await self._client._run(self._send(kind, payload, key))
 
+    async def fork(
+        self,
+        at_step: Union[int, str],
+        count: int = 1,
+        *,
+        name: Optional[str] = None,
+        agent: Optional[str] = None,
+        replace: bool = False,
+    ) -> List["AgentRun"]:
+        """Forks the run after a command step; see :meth:`nodus.AgentRun.fork`."""
+        forks: List[AgentRun] = await self._client._run(
+            self._fork(at_step, count, name, agent, replace)
+        )
+        return forks
+
     async def cancel(self) -> RunStatus:
         """Cancels the run; returns the status the server answered."""
         return await self._client._run(self._post("cancel"))

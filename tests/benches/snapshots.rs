@@ -1,0 +1,198 @@
+//! What working-directory snapshots cost per command, measured in one run of this binary: a
+//! run's first command makes a 1,000-file, 100 MB working directory in an unisolated sandbox
+//! (SQLite store in a temporary directory, scripted model), then runs `true` (nothing changes)
+//! and `echo x >> f1` (one 100 KB file changes) `ROUNDS` times each. Each command step's time
+//! (intent to outcome: the command and, when on, the snapshot before the outcome) is compared
+//! with the same run with snapshots off. Then a fork's restoring of a snapshot (reading the
+//! contents from the store, building the archives, unpacking them in a new sandbox) against
+//! `cp -a` of the same directory.
+//!
+//! `cargo bench -p nodus-tests --bench snapshots` (a bench binary, not criterion: each case
+//! is seconds long).
+
+#![allow(clippy::float_arithmetic)] // milliseconds and ratios for display only
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nodus_core::Store;
+use nodus_core::catalog::Family;
+use nodus_core::engine::{Config, Deps, Driven, Engine};
+use nodus_core::journal::{Intent, Step};
+use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
+use nodus_core::router::FixedRouter;
+use nodus_core::secret::StaticSecrets;
+use nodus_llm::{Reply, ScriptedModel};
+use nodus_sandbox::unisolated::UnisolatedSandbox;
+use nodus_store::SqliteStore;
+
+const ROUNDS: usize = 20;
+const MAKE: &str = "for i in $(seq 1000); do head -c 100000 /dev/urandom > f$i; done";
+
+async fn engine(dir: &std::path::Path, snapshots: bool) -> (Engine, SqliteStore) {
+    let store = SqliteStore::open(dir.join("nodus.db"))
+        .await
+        .expect("store");
+    let mut script = vec![Reply::Commands(vec![MAKE.to_string()])];
+    for _ in 0..ROUNDS {
+        script.push(Reply::Commands(vec!["true".to_string()]));
+        script.push(Reply::Commands(vec!["echo x >> f1".to_string()]));
+    }
+    script.push(Reply::Text("done".to_string()));
+    let engine = Engine::new(
+        Deps {
+            store: Arc::new(store.clone()),
+            sandbox: Arc::new(UnisolatedSandbox::new(dir.join("sandboxes"))),
+            model: Arc::new(ScriptedModel::new(script)),
+            router: Arc::new(FixedRouter(Family::Haiku)),
+            clock: Arc::new(nodus_core::clock::SystemClock),
+            catalog: Arc::new(nodus_llm::default_catalog().expect("catalog")),
+            secrets: Arc::new(StaticSecrets::new()),
+            ledger: Arc::new(nodus_core::ledger::Unmetered),
+            spans: Arc::new(nodus_core::telemetry::NoSpans),
+        },
+        Config {
+            snapshots: snapshots.then(nodus_core::snapshot::Budget::default),
+            ..Config::default()
+        },
+    );
+    (engine, store)
+}
+
+/// The run's command steps: (command, duration from intent to outcome).
+async fn run(
+    snapshots: bool,
+) -> (
+    Vec<(String, Duration)>,
+    tempfile::TempDir,
+    Engine,
+    SqliteStore,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, store) = engine(dir.path(), snapshots).await;
+    let mut spec = AgentSpec::new("bench");
+    spec.max_tool_calls = 100;
+    engine
+        .apply_agent("default", Agent::new("bench", spec))
+        .await
+        .expect("agent");
+    engine
+        .create_run(
+            "default",
+            AgentRun::new("bench-run", AgentRunSpec::new("bench", "go")),
+        )
+        .await
+        .expect("run");
+    let driven = engine.drive("default", "bench-run").await.expect("drive");
+    assert!(matches!(driven, Driven::Finished(_)), "{driven:?}");
+    let journal: Vec<Step> = engine
+        .journal("default", "bench-run")
+        .await
+        .expect("journal");
+    let commands = journal
+        .iter()
+        .filter_map(|step| match &step.intent {
+            Intent::Command { command, .. } => {
+                let end = step.completion.as_ref()?.finished_at;
+                let took = end.duration_since(step.started_at).unsigned_abs();
+                Some((command.clone(), took))
+            }
+            _ => None,
+        })
+        .collect();
+    (commands, dir, engine, store)
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+fn of(steps: &[(String, Duration)], command: &str) -> Duration {
+    median(
+        steps
+            .iter()
+            .filter(|(c, _)| c == command)
+            .map(|(_, d)| *d)
+            .collect(),
+    )
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let (off, _off_dir, _, _) = run(false).await;
+    let (on, on_dir, engine, store) = run(true).await;
+    println!("per command step, median of {ROUNDS} (snapshots off | on | cost | cost / off):");
+    for command in ["true", "echo x >> f1"] {
+        let (a, b) = (of(&off, command), of(&on, command));
+        let cost = b.saturating_sub(a);
+        println!(
+            "  {command:14} {} | {} | {} | {:.1}%",
+            ms(a),
+            ms(b),
+            ms(cost),
+            100.0 * cost.as_secs_f64() / a.as_secs_f64()
+        );
+    }
+    let first_off = off.first().map(|(_, d)| *d).unwrap_or_default();
+    let first_on = on.first().map(|(_, d)| *d).unwrap_or_default();
+    println!(
+        "  first command (makes 100 MB; the first snapshot reads it all): {} | {}",
+        ms(first_off),
+        ms(first_on)
+    );
+
+    // A fork's restoring against cp -a of the same directory.
+    let uid = engine
+        .get_run("default", "bench-run")
+        .await
+        .expect("run")
+        .metadata
+        .uid
+        .expect("uid");
+    let snapshots = store.snapshots(&uid).await.expect("snapshots");
+    let (last, _) = snapshots.last().expect("a snapshot");
+    let started = Instant::now();
+    engine
+        .fork(
+            "default",
+            "bench-run",
+            nodus_core::engine::ForkRequest {
+                at: nodus_core::engine::AtStep::Seq(*last),
+                count: 1,
+                name: Some("fork".to_string()),
+                agent: None,
+                replace: false,
+            },
+        )
+        .await
+        .expect("fork");
+    let created = started.elapsed();
+    // The fork's first drive copies its steps, creates its sandbox from the snapshot, then
+    // runs (the script is spent: its first model call fails the run, after the restore).
+    let started = Instant::now();
+    let _ = engine.drive("default", "fork").await;
+    let restored = started.elapsed();
+    let source = on_dir.path().join("sandboxes").join(&uid);
+    let copy = on_dir.path().join("copy");
+    let started = Instant::now();
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&source)
+        .arg(&copy)
+        .status()
+        .expect("cp");
+    let cp = started.elapsed();
+    assert!(status.success());
+    println!(
+        "fork of 100 MB: created {} , first drive (copy steps, restore, fail) {} | cp -a {} | ratio {:.1}x",
+        ms(created),
+        ms(restored),
+        ms(cp),
+        restored.as_secs_f64() / cp.as_secs_f64()
+    );
+}

@@ -1,0 +1,311 @@
+//! Forks through a real `nodus server` and the CLI, on SQLite and on Postgres, with the fake
+//! Anthropic provider (a BYOK agent) answering over HTTP: a run of five commands that write,
+//! change, remove and chmod files is forked after its third command; the fork starts from
+//! the working directory as it was then (the same manifest digest, not the one after the
+//! fifth command), the provider gets no call for the inherited steps and the fork's first
+//! call carries the conversation up to the third command; `--count 8` makes eight runs that
+//! share their snapshots' contents; `--agent` swaps the model and system prompt; forks from
+//! a non-command step, from a step past the snapshot budget and from a run whose payloads
+//! were removed are refused naming why; `--input` is refused (not supported yet).
+
+#[path = "support/server.rs"]
+mod server;
+
+use nodus_core::Store;
+use nodus_llm::testing::{Fake, FakeMessage, FakeServer};
+use serde_json::Value;
+use server::{Backend, ServerProcess, TOKEN};
+
+const USER_KEY: &str = "sk-ant-user-forks-0001";
+
+/// Snapshots may keep 3 MB of new content per run: the source's fifth command goes past it.
+const BUDGET: &str = "3000000";
+
+fn agents() -> String {
+    let agent = |name: &str, model: &str, system: &str| {
+        format!(
+            "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: {name}\nspec:\n  system: {system}\n  model:\n    access: BYOK\n    name: {model}\n    apiKeySecret: anthropic-key\n"
+        )
+    };
+    format!(
+        "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: anthropic-key\nstringData:\n  ANTHROPIC_API_KEY: \"{USER_KEY}\"\n---\n{}---\n{}",
+        agent("builder", "claude-sonnet-5-5", "You build things."),
+        agent("reviewer", "claude-haiku-4-5", "You review things.")
+    )
+}
+
+/// The source's five commands: files written, appended, removed, chmod-ed, linked; the
+/// fifth writes 4 MB, past the budget.
+const COMMANDS: [&str; 5] = [
+    "mkdir d && echo one > a.txt && echo two > d/b.txt && head -c 1000000 /dev/urandom > big.bin",
+    "echo more >> a.txt && printf x > d/c.txt",
+    "chmod 755 a.txt && rm d/c.txt && ln -s a.txt link",
+    "echo four > a.txt && rm d/b.txt",
+    "head -c 4000000 /dev/urandom > huge.bin",
+];
+
+fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
+    server.ok(&[
+        "wait",
+        &format!("agentrun/{run}"),
+        &format!("--for=jsonpath={{.status.phase}}={phase}"),
+        "--timeout=2m",
+    ]);
+}
+
+fn steps(server: &ServerProcess, run: &str) -> Vec<Value> {
+    let (status, body) = server.http(
+        "GET",
+        &format!("/apis/nodus.dev/v1/projects/default/agentruns/{run}/steps"),
+        Some(TOKEN),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    body["items"]
+        .as_array()
+        .or(body.as_array())
+        .cloned()
+        .unwrap_or_else(|| panic!("steps: {body}"))
+}
+
+/// The command steps of a run's listing, in order.
+fn commands(steps: &[Value]) -> Vec<Value> {
+    steps
+        .iter()
+        .filter(|s| s["kind"] == "Command")
+        .cloned()
+        .collect()
+}
+
+fn digest(step: &Value) -> String {
+    step["snapshot"]["digest"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a forkable snapshot: {step}"))
+        .to_string()
+}
+
+/// The tool-use ids of the tool results a request's messages carry.
+fn results_in(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|block| block["type"] == "tool_result")
+        .map(|block| {
+            block["tool_use_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+async fn store_of(backend: &Backend, url: &str) -> Box<dyn Store> {
+    match backend {
+        Backend::Sqlite => Box::new(
+            nodus_store::SqliteStore::open(url.trim_start_matches("sqlite://"))
+                .await
+                .expect("the server's SQLite file"),
+        ),
+        Backend::Postgres => Box::new(
+            nodus_store::PostgresStore::connect(nodus_store::PostgresOptions::new(url))
+                .await
+                .expect("the server's database"),
+        ),
+    }
+}
+
+async fn forks_from_a_command_step(backend: Backend) {
+    let fake = FakeServer::start().await.expect("fake provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store_url = backend.store_url(dir.path());
+    let base_url = fake.base_url();
+    let server = ServerProcess::start_in_env(
+        &store_url,
+        dir.path(),
+        "unisolated",
+        &["--snapshot-budget", BUDGET],
+        &[("ANTHROPIC_BASE_URL", base_url.as_str())],
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&agents()));
+    assert!(output.status.success(), "{output:?}");
+
+    // The source: five commands, then an answer.
+    for (i, command) in COMMANDS.iter().enumerate() {
+        fake.push(Fake::Message(FakeMessage::tool_use(
+            &format!("c{}", i + 1),
+            command,
+        )));
+    }
+    fake.push(Fake::Message(FakeMessage::text("Built.")));
+    server.ok(&[
+        "create",
+        "agentrun",
+        "source",
+        "--agent",
+        "builder",
+        "--prompt",
+        "Build it.",
+    ]);
+    wait_for(&server, "source", "Succeeded");
+    assert_eq!(fake.request_count(), 6);
+    let source_steps = steps(&server, "source");
+    let source_commands = commands(&source_steps);
+    assert_eq!(source_commands.len(), 5, "{source_steps:?}");
+    let third = source_commands[2]["seq"].as_u64().expect("a seq");
+    let after_third = digest(&source_commands[2]);
+    let digests: Vec<String> = source_commands[..4].iter().map(digest).collect();
+    for pair in digests.windows(2) {
+        assert_ne!(pair[0], pair[1], "every command changed the directory");
+    }
+    // Past the budget: the fifth command is recorded as not forkable, with the reason.
+    let fifth = &source_commands[4];
+    assert_eq!(fifth["snapshot"]["forkable"], false, "{fifth}");
+    assert!(
+        fifth["snapshot"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("budget")),
+        "{fifth}"
+    );
+
+    // The fork after the third command: it runs `true` (which changes nothing), then answers.
+    fake.push(Fake::Message(FakeMessage::tool_use("f1", "true")));
+    fake.push(Fake::Message(FakeMessage::text("Forked.")));
+    let out = server.ok(&[
+        "agentrun",
+        "fork",
+        "source",
+        "--at-step",
+        &third.to_string(),
+        "--name",
+        "fork-one",
+    ]);
+    assert!(out.contains("fork-one"), "{out}");
+    wait_for(&server, "fork-one", "Succeeded");
+    let fork =
+        serde_json::from_str::<Value>(&server.ok(&["get", "agentrun/fork-one", "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(fork["spec"]["forkOf"]["run"], "source", "{fork}");
+    assert_eq!(fork["spec"]["forkOf"]["step"], third, "{fork}");
+    let fork_steps = steps(&server, "fork-one");
+    let inherited: Vec<&Value> = fork_steps
+        .iter()
+        .filter(|s| s["inherited"] == true)
+        .collect();
+    assert_eq!(inherited.len() as u64, third + 1, "{fork_steps:?}");
+    // Its own command ran in the working directory as it was after the source's third.
+    let own = commands(&fork_steps)
+        .into_iter()
+        .find(|s| s["inherited"] != true)
+        .expect("the fork's own command");
+    assert_eq!(digest(&own), after_third, "{own}");
+    assert_ne!(digest(&own), digests[3]);
+    // The provider: no call for the inherited steps; the fork's first call carries the
+    // conversation up to the third command and not past it.
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 8, "two calls for the fork");
+    assert_eq!(results_in(&requests[6].body), vec!["c1", "c2", "c3"]);
+    assert_eq!(requests[6].body["model"], "claude-sonnet-5-5");
+
+    // --agent: the fork's next call goes to the other agent's model and system prompt.
+    fake.push(Fake::Message(FakeMessage::text("Reviewed.")));
+    server.ok(&[
+        "agentrun",
+        "fork",
+        "source",
+        "--at-step",
+        &third.to_string(),
+        "--name",
+        "fork-review",
+        "--agent",
+        "reviewer",
+    ]);
+    wait_for(&server, "fork-review", "Succeeded");
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 9);
+    assert_eq!(requests[8].body["model"], "claude-haiku-4-5");
+    assert!(
+        requests[8].body["system"]
+            .to_string()
+            .contains("You review things."),
+        "{}",
+        requests[8].body["system"]
+    );
+    assert_eq!(results_in(&requests[8].body), vec!["c1", "c2", "c3"]);
+
+    // --count 8: eight runs sharing the snapshots' contents: the store grows by less than
+    // one copy of the working directory (1 MB).
+    let store = store_of(&backend, &store_url).await;
+    let before = store.blob_bytes().await.expect("blob bytes");
+    for _ in 0..8 {
+        fake.push(Fake::Message(FakeMessage::tool_use("t", "true")));
+    }
+    for _ in 0..8 {
+        fake.push(Fake::Message(FakeMessage::text("Again.")));
+    }
+    let out = server.ok(&[
+        "agentrun",
+        "fork",
+        "source",
+        "--at-step",
+        &third.to_string(),
+        "--count",
+        "8",
+        "--name",
+        "many",
+    ]);
+    for i in 1..=8 {
+        assert!(out.contains(&format!("many-{i}")), "{out}");
+    }
+    for i in 1..=8 {
+        wait_for(&server, &format!("many-{i}"), "Succeeded");
+    }
+    let grown = store.blob_bytes().await.expect("blob bytes") - before;
+    assert!(grown < 1_000_000, "the store grew by {grown} bytes");
+
+    // Refusals, naming why.
+    let refused = server.fails(&["agentrun", "fork", "source", "--at-step", "0"]);
+    assert!(refused.contains("not a command step"), "{refused}");
+    let fifth_seq = fifth["seq"].as_u64().expect("a seq").to_string();
+    let refused = server.fails(&["agentrun", "fork", "source", "--at-step", &fifth_seq]);
+    assert!(refused.contains("budget"), "{refused}");
+    let refused = server.fails(&[
+        "agentrun",
+        "fork",
+        "source",
+        "--at-step",
+        &third.to_string(),
+        "--input",
+        "Try again.",
+    ]);
+    assert!(refused.contains("input"), "{refused}");
+    // The retention sweep, run on the server's store with a cut-off after the run ended:
+    // the payloads and snapshots go, and a fork is refused.
+    let later = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_hours(1))
+        .expect("a time");
+    let swept =
+        nodus_core::retention::sweep(store.as_ref(), &["default".to_string()], later, later)
+            .await
+            .expect("swept");
+    assert!(!swept.runs.is_empty());
+    let refused = server.fails(&[
+        "agentrun",
+        "fork",
+        "source",
+        "--at-step",
+        &third.to_string(),
+    ]);
+    assert!(refused.contains("payloads were removed"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_on_sqlite() {
+    forks_from_a_command_step(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_on_postgres() {
+    forks_from_a_command_step(Backend::Postgres).await;
+}
