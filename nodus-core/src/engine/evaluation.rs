@@ -769,6 +769,7 @@ impl Engine {
             env: BTreeMap::new(),
             limits: self.config.limits,
             network: false,
+            egress: None,
             links: grader_links(),
         };
         let id = match self.deps.sandbox.create(&spec).await {
@@ -928,6 +929,7 @@ impl Engine {
                 env: BTreeMap::new(),
                 limits: self.config.limits,
                 network: false,
+                egress: None,
                 links: grader_links(),
             };
             if let Ok(info) = self.deps.sandbox.create(&spec).await

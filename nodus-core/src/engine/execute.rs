@@ -182,6 +182,7 @@ impl Engine {
                 snapshot.environment.as_ref(),
             ),
             network: false,
+            egress: super::environment::egress_of(snapshot.environment.as_ref()),
             links: Default::default(),
         };
         Ok(Fixed {

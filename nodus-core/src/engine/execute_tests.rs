@@ -427,6 +427,7 @@ fn sandbox_spec() -> SandboxSpec {
         env: Default::default(),
         limits: Default::default(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }
