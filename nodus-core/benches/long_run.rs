@@ -153,6 +153,7 @@ fn run(fold: Fold) -> Timings {
         env: Default::default(),
         limits: Default::default(),
         network: false,
+        egress: None,
         links: Default::default(),
     };
     let catalog = catalog();

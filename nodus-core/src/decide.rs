@@ -802,6 +802,7 @@ mod tests {
                     env: Default::default(),
                     limits: Default::default(),
                     network: false,
+                    egress: None,
                     links: Default::default(),
                 },
                 catalog: catalog(),

@@ -36,6 +36,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::output::Output;
+use crate::resource::NetworkSpec;
 
 /// The backend's id of a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -109,6 +110,11 @@ pub struct SandboxSpec {
     /// Whether the sandbox may reach the network.
     #[serde(default)]
     pub network: bool,
+    /// The allowlist of a sandbox whose only way out is the egress proxy
+    /// ([`EgressGate`]); `None` (and `network: false`): no way out at all. Only a backend
+    /// that [`Sandbox::supports_egress`] takes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<NetworkSpec>,
     /// Absolute paths that lead to directories of the working directory: `/grading` →
     /// `grading` shows the working directory's `grading` at `/grading` too (a symbolic link
     /// in the sandbox's own root; the directory need not exist yet). Each path is one name
@@ -378,6 +384,26 @@ pub trait Sandbox: Send + Sync {
     fn supports_gpu(&self) -> bool {
         false
     }
+    /// Whether this backend can give a sandbox the egress proxy as its only way out
+    /// ([`SandboxSpec::egress`]). Backends that cannot answer `false`, the default, and a run
+    /// whose environment asks for an allowlist is refused when it is created.
+    fn supports_egress(&self) -> bool {
+        false
+    }
+}
+
+/// The egress proxy as a sandbox backend sees it: it serves one sandbox's connections on a
+/// Unix socket the backend names, under the sandbox's allowlist, until it is closed. The
+/// server implements it; a backend that [`Sandbox::supports_egress`] holds one and bridges
+/// the sandbox's proxy address to the socket.
+pub trait EgressGate: Send + Sync + fmt::Debug {
+    /// Serves the connections of sandbox `key` under `network` on a Unix socket made at
+    /// `socket` (what was there is replaced; a sandbox opened again keeps its records).
+    fn open(&self, key: &str, network: &NetworkSpec, socket: &std::path::Path)
+    -> Result<(), Error>;
+    /// Stops serving sandbox `key` (its open connections end); closing one that is not open
+    /// is fine.
+    fn close(&self, key: &str);
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@
 //! The only `unsafe` are the calls to `unshare`, `fork` and `close_range` (see [`unshare`],
 //! [`fork`] and [`close_from`]).
 
+mod egress;
 mod init;
 mod netpool;
 mod plan;
@@ -34,6 +35,7 @@ mod serve;
 mod stage;
 mod zygote;
 
+pub use egress::EGRESS_PORT;
 pub use netpool::NETNS_POOL_ARG;
 pub use zygote::protocol as zygote_protocol;
 

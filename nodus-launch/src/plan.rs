@@ -20,6 +20,11 @@ pub struct Plan {
     /// Whether the sandbox keeps the host's network (otherwise it gets a network namespace
     /// with only a loopback interface, down).
     pub network: bool,
+    /// The host path of the egress proxy's Unix socket for this sandbox: its network
+    /// namespace is a new one (never a pooled one) with loopback up, and stage one, outside
+    /// the sandbox's pid namespace, bridges `127.0.0.1:`[`EGRESS_PORT`](crate::EGRESS_PORT)
+    /// there to the socket (see the `egress` module). Only without [`Plan::network`].
+    pub egress: Option<PathBuf>,
     /// The sandbox's host name.
     pub hostname: String,
     /// Host directories bound read-only at the same path.
@@ -115,6 +120,9 @@ impl Plan {
         if self.network {
             out.tag("net");
         }
+        if let Some(socket) = &self.egress {
+            out.tag("egress").os(socket.as_os_str())?;
+        }
         if self.channel {
             out.tag("channel");
         }
@@ -184,6 +192,7 @@ impl Plan {
                     plan.outer = Some((number(next("outer uid")?)?, number(next("outer gid")?)?))
                 }
                 "net" => plan.network = true,
+                "egress" => plan.egress = Some(next("egress's socket")?.into()),
                 "channel" => plan.channel = true,
                 "cpus" => {
                     let list = next("cpus' list")?;
@@ -279,6 +288,7 @@ mod tests {
             cgroup_files: vec!["/sys/fs/cgroup/pids/nodus/k/tasks".into()],
             user: Some((65534, 65533)),
             network: true,
+            egress: Some("/var/lib/nodus/egress/k.sock".into()),
             hostname: "nodus".into(),
             ro_binds: vec!["/usr".into(), "/etc".into()],
             ro_submounts: vec!["/etc/hosts".into()],

@@ -58,6 +58,16 @@ pub(crate) fn start(mut plan: Plan, net_entered: bool) -> Result<ExitCode, Error
     if !plan.network && !net_entered {
         flags |= UnshareFlags::NEWNET;
     }
+    // With an egress bridge, the namespaces but the user's and the network's come after it is
+    // forked (see below): it stays in the host's pid and mount namespaces.
+    let later = UnshareFlags::NEWNS
+        | UnshareFlags::NEWPID
+        | UnshareFlags::NEWIPC
+        | UnshareFlags::NEWUTS
+        | UnshareFlags::NEWCGROUP;
+    if plan.egress.is_some() {
+        flags.remove(later);
+    }
     unshare(flags)?;
     // Entering a user namespace changed the credentials, which clears the parent-death
     // signal: set after it, it holds until this process ends.
@@ -67,6 +77,23 @@ pub(crate) fn start(mut plan: Plan, net_entered: bool) -> Result<ExitCode, Error
     write_file("/proc/self/uid_map", &format!("0 {uid} 1"))?;
     write_file("/proc/self/gid_map", &format!("0 {gid} 1"))?;
     plan.outer = Some((uid, gid));
+    // The way out through the egress proxy: a listener in the sandbox's (new) network
+    // namespace, served by a process forked before the sandbox's pid and mount namespaces are
+    // entered: the sandbox's processes cannot see or signal it, and it still reaches the
+    // proxy's socket by its host path (the sandbox's root, pivoted into later, would take
+    // the place of its own in a shared mount namespace).
+    match &plan.egress {
+        Some(socket) if !net_entered => {
+            crate::egress::Bridge::listen(socket.clone())?.start()?;
+            unshare(later)?;
+        }
+        Some(_) => {
+            return Err(Error::Plan(
+                "a sandbox with an egress socket needs a network namespace of its own".to_owned(),
+            ));
+        }
+        None => {}
+    }
 
     // A pipe whose write end only this process holds: stage two, once its own parent-death
     // signal is set, sees it hung up if this process ended before (and nothing would end the

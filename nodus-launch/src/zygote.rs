@@ -372,8 +372,10 @@ fn start(
     children: &mut Vec<Child>,
     pool: &mut Option<NetPool>,
 ) -> Result<Option<Request>, Error> {
-    // A sandbox without network gets an empty namespace of the pool's (when there is one).
+    // A sandbox without network gets an empty namespace of the pool's (when there is one);
+    // one whose way out is the egress proxy makes its own, whose loopback it may bring up.
     if !request.plan.network
+        && request.plan.egress.is_none()
         && let Some(pool) = pool.as_mut()
     {
         request.netns = pool.take()?;

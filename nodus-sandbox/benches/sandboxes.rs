@@ -99,6 +99,7 @@ fn spec(key: &str, image: Option<&str>) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: Limits::default(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }

@@ -110,7 +110,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use nodus_core::Sandbox;
 use nodus_core::sandbox::{
-    Error, ExecOutput, ExecRequest, Limits, LiveOutput, SandboxId, SandboxInfo, SandboxSpec,
+    EgressGate, Error, ExecOutput, ExecRequest, Limits, LiveOutput, SandboxId, SandboxInfo,
+    SandboxSpec,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -235,6 +236,10 @@ pub struct BwrapConfig {
     /// drop below is stopped, so that the store, when it shares that file system, can still
     /// write.
     pub disk_reserve_bytes: u64,
+    /// The egress proxy, for sandboxes whose only way out it is ([`SandboxSpec::egress`]):
+    /// with the launcher only, which bridges the sandbox's `127.0.0.1:3128` to the proxy's
+    /// socket for it (`root/egress/<key>.sock`). `None`: such sandboxes are refused.
+    pub egress: Option<Arc<dyn EgressGate>>,
 }
 
 impl BwrapConfig {
@@ -256,6 +261,7 @@ impl BwrapConfig {
                 .is_root()
                 .then_some(DEFAULT_SANDBOX_USER),
             disk_reserve_bytes: DEFAULT_DISK_RESERVE_BYTES,
+            egress: None,
         }
     }
 }
@@ -266,6 +272,8 @@ struct Created {
     env: BTreeMap<String, String>,
     limits: Limits,
     network: bool,
+    /// The host path of the egress proxy's socket for this sandbox, whose only way out it is.
+    egress: Option<PathBuf>,
     /// [`SandboxSpec::links`]: symbolic links in the sandbox's root into [`WORKDIR`].
     links: BTreeMap<String, String>,
     /// The sandbox's process while it runs (`None` before it starts again): the holder of
@@ -718,6 +726,81 @@ impl BwrapSandbox {
         }
     }
 
+    /// Opens the egress proxy's socket for the sandbox of `spec` (which `network` lets out):
+    /// `root/egress/<key>.sock`, which only the sandboxes' user (and the server) may connect
+    /// to, and which no sandbox's file system shows. Refused without a proxy, or when
+    /// sandboxes start with bubblewrap, which cannot bridge to it.
+    async fn open_egress(
+        &self,
+        prepared: &Prepared,
+        spec: &SandboxSpec,
+        network: &nodus_core::resource::NetworkSpec,
+    ) -> Result<PathBuf, Error> {
+        let refused = |why: &str| {
+            Error::Refused(format!(
+                "this sandbox's only way out would be the egress proxy, but {why}"
+            ))
+        };
+        let Some(gate) = &self.config.egress else {
+            return Err(refused("this backend was given none"));
+        };
+        if spec.network {
+            return Err(refused("it asks for the host's network too"));
+        }
+        if !matches!(prepared.starter, Starter::Launcher(..)) {
+            return Err(refused(
+                "sandboxes start with bubblewrap here, which cannot bridge to it (the nodus \
+                 launcher can)",
+            ));
+        }
+        let dir = self.config.root.join("egress");
+        let socket = dir.join(format!("{}.sock", spec.key));
+        // sockaddr_un holds 108 bytes with the terminating NUL.
+        if socket.as_os_str().len() > 107 {
+            return Err(refused(&format!(
+                "its socket's path {} is longer than a Unix socket's 107 bytes: give the \
+                 server a shorter --sandbox-dir",
+                socket.display()
+            )));
+        }
+        let user = self.config.run_as;
+        let made = dir.clone();
+        blocking(move || {
+            let failed = |e: io::Error| {
+                Error::Failed(format!(
+                    "making {} for the egress proxy: {e}",
+                    made.display()
+                ))
+            };
+            // Searchable by the sandboxes' user, listable by the server only.
+            let mode = if user.is_some() { 0o711 } else { 0o700 };
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(mode)
+                .create(&made)
+                .map_err(failed)?;
+            fs::set_permissions(&made, fs::Permissions::from_mode(mode)).map_err(failed)
+        })
+        .await?;
+        gate.open(&spec.key, network, &socket)?;
+        let owned = socket.clone();
+        blocking(move || {
+            let failed = |e: io::Error| {
+                Error::Failed(format!(
+                    "giving the egress socket to the sandbox's user: {e}"
+                ))
+            };
+            // Stage one connects as the sandboxes' user.
+            if let Some(user) = user {
+                std::os::unix::fs::lchown(&owned, Some(user.uid), Some(user.gid))
+                    .map_err(failed)?;
+            }
+            fs::set_permissions(&owned, fs::Permissions::from_mode(0o600)).map_err(failed)
+        })
+        .await?;
+        Ok(socket)
+    }
+
     /// Whether sandboxes start with Nodus's own launcher (`false`: with bubblewrap); the
     /// choice is made at the first use, or here.
     pub async fn uses_launcher(&self) -> Result<bool, Error> {
@@ -799,6 +882,7 @@ impl BwrapSandbox {
                     vec!["/bin/sh".into(), "-c".into()],
                 );
                 plan.channel = true;
+                plan.egress = created.egress.clone();
                 plan.symlinks.extend(links_of(created));
                 plan.rlimits = self.rlimits(created);
                 // Stage one pins itself to the sandbox's CPUs (a fork of the resident launcher
@@ -1008,6 +1092,10 @@ impl Sandbox for BwrapSandbox {
             ));
         }
         let prepared = self.prepared().await?;
+        let egress = match &spec.egress {
+            Some(network) => Some(self.open_egress(prepared, spec, network).await?),
+            None => None,
+        };
         let dir = self.config.root.join("sandboxes").join(&spec.key);
         let cgroups = self.cgroups.clone();
         let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
@@ -1027,10 +1115,15 @@ impl Sandbox for BwrapSandbox {
             canonical_dir(&dir, &owned_id)
         })
         .await?;
+        let mut env = spec.env.clone();
+        if egress.is_some() {
+            env.extend(proxy_env());
+        }
         let created = Created {
-            env: spec.env.clone(),
+            env,
             limits: spec.limits,
             network: spec.network,
+            egress,
             links: spec.links.clone(),
             live: Arc::default(),
         };
@@ -1049,6 +1142,10 @@ impl Sandbox for BwrapSandbox {
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
         self.exec_reporting(id, request, None).await
+    }
+
+    fn supports_egress(&self) -> bool {
+        self.config.egress.is_some() && self.config.launcher.is_some()
     }
 
     async fn exec_live(
@@ -1123,6 +1220,9 @@ impl Sandbox for BwrapSandbox {
         // As `suspend` (after its running command, if one runs, holding the slot), then the
         // cgroups and the directory in one trip to the blocking pool.
         let created = self.created().remove(&id.0);
+        if let Some(gate) = &self.config.egress {
+            gate.close(&id.0);
+        }
         let held = match &created {
             Some(created) => {
                 let mut held = created.live.lock().await;
@@ -1411,6 +1511,25 @@ pub(crate) fn input_file(data: &[u8], what: &str) -> Result<fs::File, Error> {
         .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
         .map_err(|e| Error::Failed(format!("writing {what}: {e}")))?;
     Ok(file)
+}
+
+/// The variables that send a sandbox's HTTP clients through the egress proxy on its
+/// loopback (both spellings: curl reads `http_proxy` only in lower case, other tools the
+/// upper case), and the sandbox's own addresses past it.
+fn proxy_env() -> BTreeMap<String, String> {
+    let proxy = format!("http://127.0.0.1:{}", nodus_launch::EGRESS_PORT);
+    let local = "localhost,127.0.0.1,::1".to_owned();
+    [
+        ("HTTP_PROXY", proxy.clone()),
+        ("HTTPS_PROXY", proxy.clone()),
+        ("http_proxy", proxy.clone()),
+        ("https_proxy", proxy),
+        ("NO_PROXY", local.clone()),
+        ("no_proxy", local),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
 }
 
 /// The environment of a sandbox's shell: `PATH`, `HOME` and `LANG`, then the sandbox's own

@@ -188,6 +188,7 @@ pub fn spec(backend: &Backend, key: &str) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: test_limits(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }

@@ -109,6 +109,7 @@ impl Layout {
             cgroup_files,
             user: user.map(|user| (user.uid, user.gid)),
             network,
+            egress: None,
             hostname: "nodus".to_owned(),
             ro_binds: self.ro_binds.clone(),
             ro_submounts: self.ro_submounts.clone(),

@@ -51,6 +51,7 @@ fn spec(key: &str) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: test_limits(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }
@@ -1312,4 +1313,132 @@ async fn a_recycled_network_namespace_is_as_closed_as_a_new_one() {
         isolated: true,
     };
     nodus_sandbox::conformance::no_network(&backend).await;
+}
+
+/// An egress gate that answers every connection on a sandbox's socket with a fixed HTTP
+/// response naming the request line it read: it stands in for the server's proxy.
+#[derive(Debug, Default)]
+struct AnsweringGate {
+    opened: std::sync::Mutex<Vec<String>>,
+    closed: std::sync::Mutex<Vec<String>>,
+}
+
+impl nodus_core::sandbox::EgressGate for AnsweringGate {
+    fn open(
+        &self,
+        key: &str,
+        _network: &nodus_core::resource::NetworkSpec,
+        socket: &Path,
+    ) -> Result<(), Error> {
+        use std::io::{BufRead, Write};
+        let _ = std::fs::remove_file(socket);
+        let listener = std::os::unix::net::UnixListener::bind(socket)
+            .map_err(|e| Error::Failed(e.to_string()))?;
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut reader = std::io::BufReader::new(&stream);
+                let mut first = String::new();
+                let _ = reader.read_line(&mut first);
+                let body = format!("gate saw {}", first.trim_end());
+                let _ = (&stream).write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        self.opened.lock().expect("lock").push(key.to_owned());
+        Ok(())
+    }
+
+    fn close(&self, key: &str) {
+        self.closed.lock().expect("lock").push(key.to_owned());
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_with_egress_reaches_only_its_gate_with_the_launcher() {
+    let root = reachable_tempdir();
+    let gate = std::sync::Arc::new(AnsweringGate::default());
+    let mut config = config(root.path().to_path_buf(), true);
+    config.egress = Some(gate.clone());
+    let sandbox = backend(config).await;
+    assert!(sandbox.supports_egress());
+    let key = unique_key("egress");
+    let mut spec = spec(&key);
+    spec.egress = Some(nodus_core::resource::NetworkSpec {
+        egress: nodus_core::resource::EgressMode::Allowlist,
+        ..Default::default()
+    });
+    let id = sandbox.create(&spec).await.expect("create").id;
+    assert_eq!(
+        *gate.opened.lock().expect("lock"),
+        std::slice::from_ref(&key)
+    );
+    let socket = root.path().join("egress").join(format!("{key}.sock"));
+    let mode = std::fs::metadata(&socket).expect("socket").mode() & 0o777;
+    assert_eq!(mode, 0o600, "only the sandboxes' user may connect");
+    let out = exec(
+        &sandbox,
+        &id,
+        "curl -sS http://files.test/x; echo; grep -c : /proc/net/dev; ps -e | grep -c nodus; \
+         echo proxy=$HTTP_PROXY/$https_proxy/$NO_PROXY",
+    )
+    .await;
+    let said = text(&out);
+    assert!(
+        said.contains("gate saw GET http://files.test/x HTTP/1.1"),
+        "{said} {:?}",
+        String::from_utf8_lossy(&out.stderr.bytes)
+    );
+    // Loopback only; the bridge is not among the sandbox's processes (PID 1 only).
+    assert!(said.contains("\n1\n1\n"), "{said}");
+    assert!(
+        said.contains("proxy=http://127.0.0.1:3128/http://127.0.0.1:3128/localhost,127.0.0.1,::1"),
+        "{said}"
+    );
+    // The socket's host path is nowhere in the sandbox.
+    let out = exec(
+        &sandbox,
+        &id,
+        "ls /egress 2>&1; grep -c egress /proc/self/mountinfo",
+    )
+    .await;
+    assert!(text(&out).contains("No such file"), "{}", text(&out));
+    // Across a command's end (which kills what it left running) and a suspension.
+    sandbox.suspend(&id).await.expect("suspend");
+    let out = exec(&sandbox, &id, "curl -sS http://files.test/again").await;
+    assert!(
+        text(&out).contains("gate saw GET http://files.test/again"),
+        "{}",
+        text(&out)
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+    assert_eq!(*gate.closed.lock().expect("lock"), [key]);
+}
+
+#[tokio::test]
+async fn a_sandbox_with_egress_is_refused_by_bubblewrap_and_without_a_gate() {
+    let root = reachable_tempdir();
+    let mut with_gate = config(root.path().to_path_buf(), false);
+    with_gate.egress = Some(std::sync::Arc::new(AnsweringGate::default()));
+    let mut spec = spec(&unique_key("egress-bwrap"));
+    spec.egress = Some(nodus_core::resource::NetworkSpec {
+        egress: nodus_core::resource::EgressMode::Allowlist,
+        ..Default::default()
+    });
+    let bwrap = backend(with_gate).await;
+    assert!(!bwrap.supports_egress());
+    match bwrap.create(&spec).await {
+        Err(Error::Refused(why)) => assert!(why.contains("bubblewrap"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let no_gate = backend(config(root.path().to_path_buf(), true)).await;
+    assert!(!no_gate.supports_egress());
+    match no_gate.create(&spec).await {
+        Err(Error::Refused(why)) => assert!(why.contains("egress proxy"), "{why}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -38,6 +38,7 @@ fn spec(key: &str) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: test_limits(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }

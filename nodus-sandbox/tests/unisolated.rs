@@ -20,6 +20,7 @@ fn spec(key: &str) -> SandboxSpec {
         env: BTreeMap::new(),
         limits: Limits::default(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }

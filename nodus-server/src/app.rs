@@ -117,7 +117,9 @@ impl Server {
         }
         let replica = replica_name(&options.data_dir)?;
         let store = open_store(&options, &mut announcements).await?;
-        let sandbox = open_sandbox(&options, &store, &mut announcements).await?;
+        // The egress proxy: the only way out of the sandboxes of runs with an allowlist.
+        let egress = crate::egress_proxy::EgressProxy::new(options.egress.clone());
+        let sandbox = open_sandbox(&options, &store, &egress, &mut announcements).await?;
         let catalog =
             nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;
         let (model, router, catalog) =
@@ -527,6 +529,7 @@ async fn open_store(
 async fn open_sandbox(
     options: &Options,
     store: &Arc<dyn Store>,
+    egress: &crate::egress_proxy::EgressProxy,
     announcements: &mut Vec<String>,
 ) -> Result<Arc<dyn Sandbox>, StartError> {
     match options.sandbox {
@@ -546,6 +549,7 @@ async fn open_sandbox(
             ));
             let mut config = nodus_sandbox::BwrapConfig::new(root);
             config.launcher = options.sandbox_launcher.clone();
+            config.egress = Some(Arc::new(egress.clone()));
             let sandbox = nodus_sandbox::BwrapSandbox::new(config);
             if let Some(launcher) = &options.sandbox_launcher {
                 // Decided now (a self-check), so that the operator reads which at start.

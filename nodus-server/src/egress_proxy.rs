@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use nodus_core::egress::{self, Cidr, EgressRecord, Verdict};
 use nodus_core::resource::NetworkSpec;
+use nodus_core::sandbox::{EgressGate, Error as SandboxError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 
@@ -57,10 +58,12 @@ pub fn parse_hosts(text: &str) -> Result<HashMap<String, Vec<IpAddr>>, String> {
     Ok(hosts)
 }
 
-/// The proxy: cheap to clone; [`EgressProxy::listen`] opens a run's listener.
+/// The proxy: cheap to clone; [`EgressProxy::listen`] opens a run's listener, and as the
+/// sandbox backends' [`EgressGate`] it keeps one per sandbox (by key, the run's uid).
 #[derive(Debug, Clone, Default)]
 pub struct EgressProxy {
     config: Arc<ProxyConfig>,
+    open: Arc<Mutex<HashMap<String, RunProxy>>>,
 }
 
 /// A run's listener: it serves until dropped (then its socket file is removed).
@@ -98,15 +101,36 @@ impl EgressProxy {
     pub fn new(config: ProxyConfig) -> Self {
         EgressProxy {
             config: Arc::new(config),
+            open: Arc::default(),
         }
+    }
+
+    fn open_runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunProxy>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The records of sandbox `key`'s connections so far (none when it is not open).
+    pub fn records_of(&self, key: &str) -> Vec<EgressRecord> {
+        self.open_runs()
+            .get(key)
+            .map(RunProxy::records)
+            .unwrap_or_default()
     }
 
     /// Opens a listener at `path` (a stale socket there is replaced) for a run whose
     /// `spec.network` is `network`.
     pub fn listen(&self, path: &Path, network: NetworkSpec) -> std::io::Result<RunProxy> {
+        self.listen_recording(path, network, Arc::default())
+    }
+
+    fn listen_recording(
+        &self,
+        path: &Path,
+        network: NetworkSpec,
+        records: Arc<Mutex<Vec<EgressRecord>>>,
+    ) -> std::io::Result<RunProxy> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
-        let records = Arc::new(Mutex::new(Vec::new()));
         let run = Arc::new(Run {
             config: self.config.clone(),
             network,
@@ -133,6 +157,33 @@ impl EgressProxy {
             records,
             task,
         })
+    }
+}
+
+impl EgressGate for EgressProxy {
+    fn open(&self, key: &str, network: &NetworkSpec, socket: &Path) -> Result<(), SandboxError> {
+        let mut open = self.open_runs();
+        // A sandbox opened again (started again after a restart, a retried step) keeps the
+        // records of its connections so far.
+        let records = open
+            .remove(key)
+            .map(|run| run.records.clone())
+            .unwrap_or_default();
+        let run = self
+            .listen_recording(socket, network.clone(), records)
+            .map_err(|e| {
+                SandboxError::Failed(format!(
+                    "the egress proxy cannot listen on {}: {e}",
+                    socket.display()
+                ))
+            })?;
+        open.insert(key.to_owned(), run);
+        Ok(())
+    }
+
+    fn close(&self, key: &str) {
+        let closed = self.open_runs().remove(key);
+        drop(closed);
     }
 }
 

@@ -160,6 +160,7 @@ fn intent() -> impl Strategy<Value = Intent> {
                                 disk_bytes: disk,
                             },
                             network,
+                            egress: None,
                             links: Default::default(),
                         },
                     }

@@ -306,11 +306,6 @@ fn environments(backend: Backend) {
             "spec.environment.network.allow[0].cidr",
             "agentrun/wide-cidr",
         ),
-        (
-            "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: allowlist-run\nspec:\n  agent: env-agent\n  input: hello\n  environment:\n    network:\n      egress: allowlist\n      allow:\n      - host: pypi.org\n",
-            "spec.environment.network.egress",
-            "agentrun/allowlist-run",
-        ),
     ];
     for (document, field, object) in refusals {
         let output = server.cli_in(&["apply", "-f", "-"], Some(document));

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use super::{Engine, Error, Result, typed};
 use crate::resource::{
     AgentEnvironmentSpec, AgentRunSpec, AgentSpec, EnvironmentSnapshot, Kind, NameOrInline,
-    SecretKeyRef, SecretVersion,
+    NetworkSpec, SecretKeyRef, SecretVersion,
 };
 use crate::sandbox::{Limits, SandboxSpec};
 use crate::secret::{PinnedSecrets, SecretString};
@@ -142,9 +142,9 @@ impl Engine {
     }
 
     /// The rules of `spec.network` that depend on the server: a `cidr` only inside the
-    /// operator's `--egress-allow`, and, until the sandboxes are wired to the egress proxy,
-    /// no `allowlist` at all (default-deny: a run is refused rather than started without the
-    /// way out it asked for).
+    /// operator's `--egress-allow`, and an `allowlist` only where the sandbox backend can
+    /// route a sandbox to the egress proxy (default-deny: a run is refused rather than started
+    /// without the way out it asked for).
     fn check_network(&self, network: &crate::resource::NetworkSpec, whose: &str) -> Result<()> {
         for (index, entry) in network.allow.iter().enumerate() {
             let Some(text) = &entry.cidr else {
@@ -176,12 +176,15 @@ impl Engine {
                 .into());
             }
         }
-        if network.egress == crate::resource::EgressMode::Allowlist {
+        if network.egress == crate::resource::EgressMode::Allowlist
+            && !self.deps.sandbox.supports_egress()
+        {
             return Err(Invalid::new(
                 format!("{FIELD}.network.egress"),
                 format!(
-                    "allowlist is not supported yet: this server's sandboxes have no route to \
-                     its egress proxy ({whose}); use none"
+                    "allowlist cannot be given by this server's sandbox backend, which has no \
+                     route to the egress proxy ({whose}): use none, or a server whose process \
+                     sandboxes start with the nodus launcher"
                 ),
                 "allowlist",
             )
@@ -365,6 +368,15 @@ pub(super) fn plain_env(environment: Option<&EnvironmentSnapshot>) -> BTreeMap<S
         .flat_map(|e| &e.spec.env)
         .filter_map(|var| Some((var.name.clone(), var.value.clone()?)))
         .collect()
+}
+
+/// The allowlist the egress proxy applies to the run's sandbox: the environment's
+/// `spec.network` when it is `egress: allowlist`; `None` (no way out at all) otherwise.
+pub(super) fn egress_of(environment: Option<&EnvironmentSnapshot>) -> Option<NetworkSpec> {
+    environment
+        .map(|e| &e.spec.network)
+        .filter(|network| network.egress == crate::resource::EgressMode::Allowlist)
+        .cloned()
 }
 
 /// The server's limits with the environment's compute in place of its CPU and memory.

@@ -914,6 +914,7 @@ impl Engine {
             env: BTreeMap::new(),
             limits: self.config.limits,
             network: false,
+            egress: None,
             links: grader_links(),
         };
         let id = match self.deps.sandbox.create(&spec).await {
@@ -1073,6 +1074,7 @@ impl Engine {
                 env: BTreeMap::new(),
                 limits: self.config.limits,
                 network: false,
+                egress: None,
                 links: grader_links(),
             };
             if let Ok(info) = self.deps.sandbox.create(&spec).await

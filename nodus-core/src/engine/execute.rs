@@ -205,6 +205,7 @@ impl Engine {
                 snapshot.environment.as_ref(),
             ),
             network: false,
+            egress: super::environment::egress_of(snapshot.environment.as_ref()),
             links: Default::default(),
         };
         Ok(Fixed {

@@ -461,6 +461,7 @@ fn sandbox_spec() -> SandboxSpec {
         env: Default::default(),
         limits: Default::default(),
         network: false,
+        egress: None,
         links: Default::default(),
     }
 }

@@ -24,7 +24,7 @@ pub struct AgentEnvironmentSpec {
 
 /// `spec.network`: `egress: none` (the default: no way out at all), or `allowlist` with the
 /// hosts and networks the server's egress proxy lets the sandbox reach.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkSpec {
@@ -78,7 +78,7 @@ pub struct AllowEntry {
 
 /// One entry of `spec.network.inject`: a header the egress proxy would add to requests to
 /// `host`, its value from a Secret.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InjectEntry {
@@ -106,7 +106,7 @@ pub struct EnvVar {
 }
 
 /// `valueFrom` of an environment variable.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvVarSource {
