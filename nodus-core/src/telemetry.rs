@@ -636,6 +636,50 @@ mod tests {
     }
 
     #[test]
+    fn a_command_span_discloses_its_call_and_output_with_hidden_values_replaced() {
+        let step = Step {
+            seq: 7,
+            started_at: at(1),
+            intent: Intent::Command {
+                turn: 0,
+                tool_use_id: "toolu_1".into(),
+                command: "echo \"$KEY\"".into(),
+            },
+            completion: Some(Completion {
+                finished_at: at(2),
+                outcome: Outcome::CommandFinished {
+                    output: crate::sandbox::ExecOutput {
+                        exit_code: Some(0),
+                        stdout: crate::output::Output::complete("k\"ey-1\n"),
+                        stderr: crate::output::Output::complete(""),
+                        timed_out: false,
+                        stopped: None,
+                    },
+                },
+            }),
+        };
+        let bare = step_span(&ctx(), &step, None).expect("ended");
+        assert_eq!(bare.attribute(semconv::TOOL_CALL_ARGUMENTS), None);
+        assert_eq!(bare.attribute(semconv::TOOL_CALL_RESULT), None);
+        assert_eq!(bare.attribute(semconv::STEP), Some(&Value::Int(7)));
+        let hidden = Hidden::new([crate::secret::SecretString::new("k\"ey-1")]);
+        let disclosure = Disclosure {
+            system: "",
+            sent: None,
+            hidden: &hidden,
+        };
+        let span = step_span(&ctx(), &step, Some(&disclosure)).expect("ended");
+        assert_eq!(
+            span.attribute(semconv::TOOL_CALL_ARGUMENTS),
+            Some(&Value::Str(r#"{"command":"echo \"$KEY\""}"#.into()))
+        );
+        assert_eq!(
+            span.attribute(semconv::TOOL_CALL_RESULT),
+            Some(&Value::Str("exit code 0\nstdout:\n[redacted]\n".into()))
+        );
+    }
+
+    #[test]
     fn an_open_step_has_no_span() {
         let mut step = model_step(1);
         step.completion = None;

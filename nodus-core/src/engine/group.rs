@@ -244,18 +244,25 @@ impl Engine {
             }
             // All at once: a store that commits concurrent writes together (SQLite's writer)
             // starts a hundred runs in one commit instead of a hundred.
+            // Every write's outcome is looked at (a failed one does not hide the spans of
+            // those that were kept); the first failure is returned after.
+            let mut failed = None;
             for (written, applied, finishes) in join_all(writes).await {
                 match written {
                     // Deleted meanwhile: the next pass no longer lists it.
                     Err(crate::store::Error::NotFound(_)) => {}
+                    Err(error) => {
+                        failed.get_or_insert(error);
+                    }
                     // A run the group ended before it started (cancelled): its span now.
                     Ok(record) if finishes => {
                         self.undriven_write_ended(project, &record, &applied).await;
                     }
-                    other => {
-                        other?;
-                    }
+                    Ok(_) => {}
                 }
+            }
+            if let Some(error) = failed {
+                return Err(error.into());
             }
             if group.object.status == plan.status {
                 // Nothing changed: no write, so no change notification that would wake the
