@@ -177,7 +177,16 @@ async fn main() {
     let started = Instant::now();
     let _ = engine.drive("default", "fork").await;
     let restored = started.elapsed();
-    let source = on_dir.path().join("sandboxes").join(&uid);
+    // The source's sandbox is gone with its run: `cp -a` copies a directory made the same
+    // way (1,000 files of 100 KB).
+    let source = on_dir.path().join("reference");
+    std::fs::create_dir_all(&source).expect("a directory");
+    let made = std::process::Command::new("sh")
+        .args(["-c", MAKE])
+        .current_dir(&source)
+        .status()
+        .expect("sh");
+    assert!(made.success());
     let copy = on_dir.path().join("copy");
     let started = Instant::now();
     let status = std::process::Command::new("cp")
