@@ -6,6 +6,11 @@
 //! drains (its running commands finish, its runs are handed over) and exits, and the others
 //! continue its runs within 2 s of its exit; every run succeeds and every command's line is in
 //! the file exactly once.
+//!
+//! Beside it: `nodus server drain NAME` drains another replica process through the store; a
+//! command cut by the drain timeout parks its run on the replica that takes it over; an API
+//! replica drives nothing while a worker beside it drives everything and serves only
+//! `/healthz` and `/metrics`.
 
 #[path = "support/server.rs"]
 mod server;

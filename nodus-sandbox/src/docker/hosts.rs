@@ -1,7 +1,7 @@
 //! Sandboxes spread over several Docker engines (`--docker-host URL[=capacity]`, repeatable):
 //! a new sandbox goes to the engine that answers and has the most room (its capacity less the
-//! containers of this backend it holds, whoever made them; none with room: the sandbox waits,
-//! [`Error::Unavailable`]); a sandbox this process placed whose engine was lost goes to the
+//! containers of this backend it holds, whoever made them; while none has room the sandbox
+//! waits, up to [`ROOM_WAIT`], then [`Error::Unavailable`]); a sandbox this process placed whose engine was lost goes to the
 //! engine least over its capacity even when all are full (the replica's own capacity still
 //! bounds its live sandboxes); a sandbox's container keeps its
 //! name, so any replica finds it again by asking the engines. An engine that stops answering
@@ -25,6 +25,9 @@ use nodus_core::sandbox::{
 use tracing::warn;
 
 use super::DockerSandbox;
+
+/// How long a new sandbox waits for an engine with room before its creation fails.
+const ROOM_WAIT: Duration = Duration::from_secs(600);
 
 /// How long an engine has to answer a ping before it counts as gone.
 const PING: Duration = Duration::from_secs(2);
@@ -138,6 +141,20 @@ impl DockerHosts {
         Ok(index)
     }
 
+    /// [`DockerHosts::roomiest`], waiting for room while every engine is full (the replica's
+    /// capacity bounds how many wait), for at most [`ROOM_WAIT`].
+    async fn place(&self, failing_over: bool) -> Result<usize, Error> {
+        let deadline = tokio::time::Instant::now() + ROOM_WAIT;
+        loop {
+            match self.roomiest(failing_over).await {
+                Err(Error::Unavailable(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                placed => return placed,
+            }
+        }
+    }
+
     /// A sandbox [`DockerHosts::roomiest`] chose `index` for was made (or not): the engine
     /// counts it now.
     fn made(&self, index: usize) {
@@ -159,7 +176,7 @@ impl Sandbox for DockerHosts {
             .contains_key(&id);
         let (index, placing) = match self.host_of(&id).await {
             Ok(index) => (index, false),
-            Err(Error::NotFound(_)) => (self.roomiest(failing_over).await?, true),
+            Err(Error::NotFound(_)) => (self.place(failing_over).await?, true),
             Err(error) => return Err(error),
         };
         let host = &self.hosts[index];
