@@ -511,6 +511,48 @@ async fn a_rescore_grades_again_without_the_model_and_repetitions_give_pass_at_k
     // The case-level rates stay over the 8 cases: 3 passed.
     assert!(close(&evaluation["passRate"], 3.0 / 8.0), "{evaluation}");
 
+    // The console's group page shows the same per task.
+    let jar = dir.path().join("cookies");
+    let curl = |args: &[&str]| {
+        let output = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-c",
+                jar.to_str().unwrap(),
+                "-b",
+                jar.to_str().unwrap(),
+            ])
+            .args(args)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    curl(&[
+        "-d",
+        &format!("token={}", server::TOKEN),
+        &format!("{}/console/signin", server.url),
+    ]);
+    let page = curl(&[&format!(
+        "{}/console/p/default/groups/epochs-eval-rescore",
+        server.url
+    )]);
+    let table = page
+        .split("<table id=\"per-task\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</table>").next())
+        .unwrap_or_else(|| panic!("a per-task table: {page}"));
+    assert!(table.contains("pass@4"), "{table}");
+    assert!(
+        table.contains(
+            "<td>once</td><td class=\"num\">4</td><td class=\"num\">4</td><td class=\"num\">1</td>"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains("83.3 %") && table.contains("75.0 %"),
+        "{table}"
+    );
+
     // eval compare pairs the rescore with its source: 3 gained, 5 failed in both.
     let compared = json(&server.ok(&[
         "eval",

@@ -473,11 +473,30 @@ impl Engine {
             .first()
             .map(|(_, case)| case.split.clone())
             .ok_or_else(not_evaluation)?;
+        // A task list by id; a generator's tasks as it makes them from the source's seed.
         let tasks = |spec: &EnvironmentSpec| -> BTreeMap<String, crate::resource::TaskSpec> {
-            spec.splits
-                .get(&split)
-                .map(|s| s.tasks.iter().map(|t| (t.id.clone(), t.clone())).collect())
-                .unwrap_or_default()
+            match spec.splits.get(&split) {
+                Some(listed) if listed.generator.is_none() => listed
+                    .tasks
+                    .iter()
+                    .map(|t| (t.id.clone(), t.clone()))
+                    .collect(),
+                Some(_) => cases::batch(
+                    spec,
+                    &split,
+                    source_evaluation.tasks,
+                    1,
+                    source_evaluation.seed,
+                )
+                .map(|batch| {
+                    batch
+                        .into_iter()
+                        .map(|c| (c.task.id.clone(), c.task))
+                        .collect()
+                })
+                .unwrap_or_default(),
+                None => BTreeMap::new(),
+            }
         };
         let (old_tasks, new_tasks) = (tasks(&source_environment.spec), tasks(&environment.spec));
         let command = environment.spec.grader.kind == GraderKind::Command;
