@@ -190,7 +190,8 @@ pub enum Command {
     /// Work with one run: its answer, steps, messages and resolution.
     #[command(subcommand, visible_alias = "ar")]
     Agentrun(AgentRunCommand),
-    /// Work with evaluation groups: compare two of them, retry the unscored cases.
+    /// Work with evaluation groups: compare two of them, retry the unscored
+    /// cases, rescore with another grader.
     #[command(subcommand)]
     Eval(EvalCommand),
     /// Show the project's credits, or add to them (admin token).
@@ -634,6 +635,20 @@ pub enum EvalCommand {
         /// Only the cases of these task ids; default: every task.
         #[arg(long = "task", value_delimiter = ',')]
         tasks: Vec<String>,
+    },
+    /// Grade a finished evaluation group's work again with another Environment version's
+    /// grader, as a new evaluation group (spec.evaluation.rescoreOf): no model call, no agent
+    /// sandbox.
+    Rescore {
+        /// The finished evaluation group.
+        group: String,
+        /// The Environment version whose grader grades (`name@version`); its tasks must be
+        /// the group's.
+        #[arg(long)]
+        environment: String,
+        /// The new group's name (default: GROUP-rescore).
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 

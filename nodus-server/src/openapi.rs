@@ -17,7 +17,7 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use crate::api::credits::AddCredits;
-use crate::api::runs::{ForkBody, MessageBody, ResolveBody};
+use crate::api::runs::{ForkBody, MessageBody, RescoreBody, ResolveBody};
 
 /// Where every named schema lives.
 const SCHEMAS: &str = "#/components/schemas/";
@@ -247,6 +247,7 @@ fn schemas() -> Map<String, Value> {
     }));
     generator.subschema_for::<ResolveBody>();
     generator.subschema_for::<RetryRequest>();
+    generator.subschema_for::<RescoreBody>();
     named.extend(token_schemas());
     named.extend(generator.take_definitions(true));
     for schema in named.values_mut() {
@@ -825,6 +826,10 @@ pub fn document() -> Value {
     paths.insert(format!("{base}/agentgroups/{{name}}/retry"), json!({"parameters": [project, name], "post": operation(
         "Retry the unscored cases of a finished evaluation group {reasons, tasks} (both optional): each gets a new attempt, a new member run recorded in the same group; a running or cancelled group, a task without an unscored case, or nothing to retry is refused (422)",
         responses(&[json_ok("200", "The retried cases", "EvaluationRetry")], write), Some("RetryRequest"),
+    )}));
+    paths.insert(format!("{base}/agentgroups/{{name}}/rescore"), json!({"parameters": [project, name], "post": operation(
+        "Rescore a finished evaluation group {environment: name@version, name} as a new evaluation group (spec.evaluation.rescoreOf) that grades its kept answers and final working directories with that version's grader: no model call, no agent sandbox; refused (422) when the tasks differ or the payloads were removed",
+        responses(&[json_ok("201", "The new group", "AgentGroup")], write), Some("RescoreBody"),
     )}));
     paths.insert(format!("{base}/agentgroups/{{name}}/results"), json!({"parameters": [project, name], "get": with_parameters(
         operation(

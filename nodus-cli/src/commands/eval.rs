@@ -3,7 +3,7 @@
 //! `nodus eval retry GROUP`: a new attempt for each unscored case, decided by the server.
 
 use nodus_core::evaluation::CaseResult;
-use nodus_core::evaluation::stats::{Change, Comparison, compare};
+use nodus_core::evaluation::stats::{Change, Comparison, Pairing, compare};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -22,7 +22,46 @@ pub async fn run(client: &Client, command: EvalCommand) -> Result<()> {
             reasons,
             tasks,
         } => retry(client, &group, reasons, tasks).await,
+        EvalCommand::Rescore {
+            group,
+            environment,
+            name,
+        } => {
+            let created = client
+                .call(
+                    Method::POST,
+                    &["agentgroups", &group, "rescore"],
+                    &[],
+                    Some(Body::Json(
+                        json!({"environment": environment, "name": name}),
+                    )),
+                )
+                .await?;
+            outln(&format!(
+                "agentgroup/{} created: grading {group}'s work with {environment}",
+                created["metadata"]["name"].as_str().unwrap_or_default()
+            ));
+            Ok(())
+        }
     }
+}
+
+/// How two groups pair: a rescore and its source (either way round), or two evaluations.
+async fn pairing(client: &Client, a: &str, b: &str) -> Result<Pairing> {
+    let rescores = |group: &Value, source: &str| {
+        group["spec"]["evaluation"]["rescoreOf"].as_str() == Some(source)
+    };
+    let group_a = client
+        .call(Method::GET, &["agentgroups", a], &[], None)
+        .await?;
+    let group_b = client
+        .call(Method::GET, &["agentgroups", b], &[], None)
+        .await?;
+    Ok(if rescores(&group_b, a) || rescores(&group_a, b) {
+        Pairing::Rescore
+    } else {
+        Pairing::SameEnvironment
+    })
 }
 
 /// Asks the server to retry the group's unscored cases and lists those it retried.
@@ -77,7 +116,8 @@ async fn compare_groups(
 ) -> Result<()> {
     let cases_a = results(client, &a).await?;
     let cases_b = results(client, &b).await?;
-    let comparison = compare(&cases_a, &cases_b).map_err(|refused| {
+    let pairing = pairing(client, &a, &b).await?;
+    let comparison = compare(&cases_a, &cases_b, pairing).map_err(|refused| {
         let (side, field) = refused
             .field
             .split_once('.')
@@ -148,9 +188,13 @@ fn render(a: &str, b: &str, c: &Comparison) -> String {
             change.to_string(),
         ]);
     }
+    let environment = match &c.environment_b {
+        Some(other) => format!("{} (B graded by {other})", c.environment),
+        None => c.environment.clone(),
+    };
     let mut text = format!(
-        "B = {b} against A = {a}: {}, split {}, seed {}\n\n",
-        c.environment, c.split, c.seed
+        "B = {b} against A = {a}: {environment}, split {}, seed {}\n\n",
+        c.split, c.seed
     );
     text.push_str(&table.render());
     text.push_str(&format!(

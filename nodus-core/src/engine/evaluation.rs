@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use super::{Engine, Error, Result, typed};
 use crate::evaluation::check::{EnvironmentRef, key_name};
+use crate::evaluation::epochs::Reducer;
 use crate::evaluation::{
     CaseRecord, CaseResult, CaseState, Grade, GradingAttempt, UnscoredReason, builtin, cases,
     grade, retry, stats,
@@ -205,6 +206,11 @@ impl Engine {
         let Some(evaluation) = group.spec.evaluation.clone() else {
             return Err(Invalid::new("spec.evaluation", "is required", "nothing").into());
         };
+        if let Some(source) = evaluation.rescore_of.clone() {
+            return self
+                .create_rescore_group(project, group, &evaluation, &source)
+                .await;
+        }
         let name = group.name().to_string();
         if name.len() > MAX_EVALUATION_GROUP_NAME {
             return Err(Invalid::new(
@@ -371,7 +377,7 @@ impl Engine {
                 };
                 case_items.push((
                     ObjectKey::new(project, Kind::EvaluationCase, &run_name),
-                    case_document(project, &record)?,
+                    case_document(project, &run_name, &record)?,
                 ));
             }
             // Every member pins the same revision: the agent changed while the runs were
@@ -391,6 +397,236 @@ impl Engine {
             break;
         }
         self.reconcile_group(project, group.name()).await
+    }
+
+    /// Create a rescore of evaluation group `source`: a group with no runs of its own whose
+    /// cases are the source's (each at its last attempt's run), graded again with the grader of
+    /// `evaluation.environment` from the kept answers and final working directories: no model
+    /// call, no agent sandbox. The grader runs in the image the source's case ran in. Refused,
+    /// naming the field, when the source is not a finished evaluation group, when the new
+    /// version's tasks differ from the source's (ids and prompts), when a command grader would
+    /// need working directories the source did not keep, or when the retention sweep removed
+    /// the source's payloads. Nothing is written on error.
+    async fn create_rescore_group(
+        &self,
+        project: &str,
+        group: AgentGroup,
+        evaluation: &crate::resource::EvaluationSpec,
+        source: &str,
+    ) -> Result<AgentGroup> {
+        const FIELD: &str = "spec.evaluation.rescoreOf";
+        let name = group.name().to_string();
+        if name.len() > MAX_EVALUATION_GROUP_NAME {
+            return Err(Invalid::new(
+                "metadata.name",
+                format!(
+                    "must be at most {MAX_EVALUATION_GROUP_NAME} characters for an evaluation \
+                     group"
+                ),
+                format!("{name:?}"),
+            )
+            .into());
+        }
+        let not_evaluation = || -> Error {
+            Invalid::new(
+                FIELD,
+                "must name an existing evaluation group of this project",
+                format!("{source:?}"),
+            )
+            .into()
+        };
+        let source_group = match self.read::<AgentGroupSpec>(project, source).await {
+            Ok(found) => found.object,
+            Err(Error::NotFound { .. }) => return Err(not_evaluation()),
+            Err(e) => return Err(e),
+        };
+        let Some(source_evaluation) = &source_group.spec.evaluation else {
+            return Err(not_evaluation());
+        };
+        let phase = source_group.status.phase;
+        if !phase.is_some_and(GroupPhase::is_finished) {
+            return Err(Invalid::new(
+                FIELD,
+                "must name a finished evaluation group (every case with its terminal state)",
+                format!(
+                    "{source:?} ({})",
+                    phase.map_or("not reconciled yet", GroupPhase::name)
+                ),
+            )
+            .into());
+        }
+        let (reference, environment) = self
+            .evaluation_environment(project, &evaluation.environment)
+            .await?;
+        let (_, source_environment) = self
+            .evaluation_environment(project, &source_evaluation.environment)
+            .await
+            .map_err(|_| {
+                Error::from(Invalid::new(
+                    FIELD,
+                    "must name a group whose Environment version can still be read",
+                    format!("{:?}", source_evaluation.environment),
+                ))
+            })?;
+        let cases = self.evaluation_cases(project, source).await?;
+        let split = cases
+            .first()
+            .map(|(_, case)| case.split.clone())
+            .ok_or_else(not_evaluation)?;
+        // A task list by id; a generator's tasks as it makes them from the source's seed.
+        let tasks = |spec: &EnvironmentSpec| -> BTreeMap<String, crate::resource::TaskSpec> {
+            match spec.splits.get(&split) {
+                Some(listed) if listed.generator.is_none() => listed
+                    .tasks
+                    .iter()
+                    .map(|t| (t.id.clone(), t.clone()))
+                    .collect(),
+                Some(_) => cases::batch(
+                    spec,
+                    &split,
+                    source_evaluation.tasks,
+                    1,
+                    source_evaluation.seed,
+                )
+                .map(|batch| {
+                    batch
+                        .into_iter()
+                        .map(|c| (c.task.id.clone(), c.task))
+                        .collect()
+                })
+                .unwrap_or_default(),
+                None => BTreeMap::new(),
+            }
+        };
+        let (old_tasks, new_tasks) = (tasks(&source_environment.spec), tasks(&environment.spec));
+        let command = environment.spec.grader.kind == GraderKind::Command;
+        let kept_workdirs = source_environment.spec.grader.kind == GraderKind::Command;
+        let timeout = evaluation.timeout.unwrap_or(DEFAULT_EVALUATION_TIMEOUT);
+        let now = self.deps.clock.now();
+        let deadline = now
+            .checked_add(jiff::SignedDuration::try_from(timeout.to_std()).unwrap_or_default())
+            .map_err(|e| {
+                Invalid::new(
+                    "spec.evaluation.timeout",
+                    e.to_string(),
+                    timeout.to_string(),
+                )
+            })?;
+        let mut items = Vec::with_capacity(cases.len() + 1);
+        for (_, case) in &cases {
+            let Some(task) = new_tasks.get(&case.task_id) else {
+                return Err(Invalid::new(
+                    "spec.evaluation.environment",
+                    format!(
+                        "must have the source's tasks: split {split:?} of {reference} has no task \
+                         {:?}",
+                        case.task_id
+                    ),
+                    format!("{:?}", evaluation.environment),
+                )
+                .into());
+            };
+            let old_prompt = old_tasks.get(&case.task_id).map(|t| t.prompt.as_str());
+            if old_prompt != Some(task.prompt.as_str()) {
+                return Err(Invalid::new(
+                    "spec.evaluation.environment",
+                    format!(
+                        "must have the source's tasks: task {:?} has another prompt in {reference} \
+                         (a rescore grades the same work, so only the grader may change)",
+                        case.task_id
+                    ),
+                    format!("{:?}", evaluation.environment),
+                )
+                .into());
+            }
+            if command && !kept_workdirs && task.files.is_none() {
+                return Err(Invalid::new(
+                    "spec.evaluation.environment",
+                    format!(
+                        "has a command grader, which reads the final working directory, and \
+                         group {source}'s runs did not keep theirs (task {:?})",
+                        case.task_id
+                    ),
+                    format!("{:?}", evaluation.environment),
+                )
+                .into());
+            }
+            if let Some(removed) = case.payloads_removed_at {
+                return Err(Invalid::new(
+                    FIELD,
+                    format!(
+                        "must name a group whose answers are still kept: the retention sweep \
+                         removed the payloads of case {} (run {}) at {removed}",
+                        case.task_id, case.run
+                    ),
+                    format!("{source:?}"),
+                )
+                .into());
+            }
+            let record = CaseRecord {
+                group: name.clone(),
+                index: case.index,
+                task_id: case.task_id.clone(),
+                repetition: case.repetition,
+                run: case.run.clone(),
+                environment: reference.to_string(),
+                split: split.clone(),
+                seed: case.seed,
+                image_digest: case.image_digest.clone(),
+                hidden: task.hidden.clone(),
+                deadline,
+                state: CaseState::Pending,
+                reason: None,
+                reward: None,
+                verdict: None,
+                evidence: None,
+                gradings: Vec::new(),
+                completion_time: None,
+                payloads_removed_at: None,
+                earlier_attempts: Vec::new(),
+            };
+            let key_name = format!("{name}-{}", cases::task_key(case.index));
+            items.push((
+                ObjectKey::new(project, Kind::EvaluationCase, &key_name),
+                case_document(project, &key_name, &record)?,
+            ));
+        }
+        let mut object = group;
+        self.stamp(project, &mut object);
+        object.status = Default::default();
+        let group_key = ObjectKey::new(project, Kind::AgentGroup, &name);
+        let mut all = vec![(group_key.clone(), typed::encode(&group_key, &object)?)];
+        all.extend(items);
+        self.deps.store.create_batch(all, None).await?;
+        self.reconcile_group(project, &name).await
+    }
+
+    /// `nodus eval rescore SOURCE --environment NAME@VERSION`: a new evaluation group `name`
+    /// (default `<source>-rescore`) that grades `source`'s work with another Environment
+    /// version's grader ([`Engine::create_rescore_group`]).
+    pub async fn rescore_evaluation(
+        &self,
+        project: &str,
+        source: &str,
+        environment: &str,
+        name: Option<&str>,
+    ) -> Result<AgentGroup> {
+        let source_group = self.read::<AgentGroupSpec>(project, source).await?.object;
+        let Some(mut evaluation) = source_group.spec.evaluation.clone() else {
+            return Err(Invalid::new(
+                "rescoreOf",
+                "must name an evaluation group of this project",
+                format!("{source:?}"),
+            )
+            .into());
+        };
+        evaluation.environment = environment.to_string();
+        evaluation.rescore_of = Some(source.to_string());
+        evaluation.timeout = None;
+        let mut spec = source_group.spec.clone();
+        spec.evaluation = Some(evaluation);
+        let name = name.map_or_else(|| format!("{source}-rescore"), str::to_string);
+        self.create(project, AgentGroup::new(name, spec)).await
     }
 
     /// The cases of an evaluation group, in batch order.
@@ -423,6 +659,7 @@ impl Engine {
         &self,
         project: &str,
         group: &str,
+        reducer: Reducer,
     ) -> Result<stats::EvaluationStatus> {
         let cases: Vec<CaseRecord> = self
             .evaluation_cases(project, group)
@@ -430,7 +667,7 @@ impl Engine {
             .into_iter()
             .map(|(_, case)| case)
             .collect();
-        Ok(stats::summarize(&cases))
+        Ok(stats::summarize(&cases, reducer))
     }
 
     /// An evaluation group's `status.evaluation`, from its cases; the group finishes only
@@ -440,9 +677,10 @@ impl Engine {
         &self,
         project: &str,
         group: &str,
+        reducer: Reducer,
         status: &mut crate::resource::AgentGroupStatus,
     ) -> Result<()> {
-        let evaluation = self.evaluation_status(project, group).await?;
+        let evaluation = self.evaluation_status(project, group, reducer).await?;
         if evaluation.pending > 0 {
             status.phase = match status.phase {
                 Some(GroupPhase::Cancelled | GroupPhase::Cancelling) => {
@@ -490,6 +728,15 @@ impl Engine {
             )
             .into());
         };
+        if let Some(source) = &evaluation.rescore_of {
+            return Err(Invalid::new(
+                "spec.evaluation.rescoreOf",
+                "is set: a rescore runs no agent, so its cases are not retried (retry the source \
+                 group, then rescore it again)",
+                format!("{source:?}"),
+            )
+            .into());
+        }
         let cases = self.evaluation_cases(project, name).await?;
         let records: Vec<CaseRecord> = cases.iter().map(|(_, case)| case.clone()).collect();
         let chosen = retry::choose(name, group.status.phase, &records, request)?;
@@ -1099,7 +1346,11 @@ impl Engine {
         match self
             .deps
             .store
-            .update(&record.key, record.version, case_document(&project, case)?)
+            .update(
+                &record.key,
+                record.version,
+                case_document(&project, &record.key.name, case)?,
+            )
             .await
         {
             Ok(written) => Ok(Some(written)),
@@ -1135,8 +1386,9 @@ fn next_attempt(case: &CaseRecord) -> u32 {
         .saturating_add(1)
 }
 
-/// A case as stored: `spec` holds the record (so `spec.group` selects a group's cases).
-fn case_document(project: &str, case: &CaseRecord) -> Result<Value> {
+/// A case as stored under `name` (its first run's, or `<group>-cNNN` for a rescore): `spec`
+/// holds the record (so `spec.group` selects a group's cases).
+fn case_document(project: &str, name: &str, case: &CaseRecord) -> Result<Value> {
     let spec = serde_json::to_value(case).map_err(|e| Error::Corrupt {
         key: case.run.clone(),
         message: e.to_string(),
@@ -1144,7 +1396,7 @@ fn case_document(project: &str, case: &CaseRecord) -> Result<Value> {
     Ok(json!({
         "apiVersion": API_VERSION,
         "kind": Kind::EvaluationCase.to_string(),
-        "metadata": {"name": case.run, "project": project},
+        "metadata": {"name": name, "project": project},
         "spec": spec,
     }))
 }

@@ -183,8 +183,10 @@ impl Engine {
             let view: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
             let spec = super::evaluation::controlled(&group.object.spec);
             let mut plan = group::reconcile(&spec, group.object.status.phase, &view);
-            if spec.evaluation.is_some() {
-                self.hold_for_cases(project, name, &mut plan.status).await?;
+            if let Some(evaluation) = &spec.evaluation {
+                let reducer = evaluation.reducer.unwrap_or_default();
+                self.hold_for_cases(project, name, reducer, &mut plan.status)
+                    .await?;
             }
             let now = self.deps.clock.now();
             let changes = plan

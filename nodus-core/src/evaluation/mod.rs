@@ -11,6 +11,7 @@
 pub mod builtin;
 pub mod cases;
 pub mod check;
+pub mod epochs;
 pub mod grade;
 pub mod retry;
 pub mod stats;

@@ -263,7 +263,10 @@ mod tests {
             ("g-c001-2", CaseState::Pending)
         );
         // Counted once, as its last attempt stands.
-        let summary = crate::evaluation::stats::summarize(std::slice::from_ref(&retried));
+        let summary = crate::evaluation::stats::summarize(
+            std::slice::from_ref(&retried),
+            crate::evaluation::epochs::Reducer::Mean,
+        );
         assert_eq!((summary.cases, summary.pending), (1, 1));
         assert!(summary.unscored.is_empty());
     }

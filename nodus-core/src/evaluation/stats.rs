@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::epochs::{self, Reducer, TaskSummary};
 use super::{CaseRecord, CaseResult, CaseState, UnscoredReason, Verdict};
 use crate::validate::Invalid;
 
@@ -54,6 +55,17 @@ pub struct EvaluationStatus {
     /// The 95 % Wilson interval of the pass rate; absent while nothing is scored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Range>,
+    /// Each task over its repetitions, in batch order: cases, scored, passes, pass@k and its
+    /// reduced reward.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_task: Vec<TaskSummary>,
+    /// For each k, the mean pass@k of the tasks with at least k scored cases.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pass_at_k: BTreeMap<u32, f64>,
+    /// The mean over tasks of each task's reduced reward (`spec.evaluation.reducer`); absent
+    /// while nothing is scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_reward: Option<f64>,
 }
 
 /// A range of fractions.
@@ -66,8 +78,8 @@ pub struct Range {
     pub high: f64,
 }
 
-/// The summary of these cases.
-pub fn summarize(cases: &[CaseRecord]) -> EvaluationStatus {
+/// The summary of these cases, each task's rewards reduced by `reducer`.
+pub fn summarize(cases: &[CaseRecord], reducer: Reducer) -> EvaluationStatus {
     let mut status = EvaluationStatus {
         cases: count(cases.len()),
         ..EvaluationStatus::default()
@@ -97,6 +109,10 @@ pub fn summarize(cases: &[CaseRecord]) -> EvaluationStatus {
         status.mean_reward = Some(rewards / n);
         status.interval = Some(wilson(passed, status.scored, Z95));
     }
+    status.per_task = epochs::per_task(cases, reducer);
+    status.pass_at_k = epochs::pass_at_k_summary(&status.per_task);
+    let reduced: Vec<f64> = status.per_task.iter().filter_map(|t| t.reward).collect();
+    status.task_reward = Reducer::Mean.reduce(&reduced);
     if status.cases > 0 {
         let all = f64::from(status.cases);
         let unknown = status.cases - status.scored;
@@ -126,6 +142,15 @@ pub fn wilson(passed: u32, n: u32, z: f64) -> Range {
         low: (center - half).max(0.0),
         high: (center + half).min(1.0),
     }
+}
+
+/// Which groups may be compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pairing {
+    /// Two evaluations of the same Environment version, split and seed.
+    SameEnvironment,
+    /// A rescore and its source (either way round): the same work, graded by two versions.
+    Rescore,
 }
 
 /// How a pair of cases (the same task and repetition in A and in B) compares.
@@ -166,8 +191,11 @@ pub struct PairedCase {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Comparison {
-    /// The Environment both evaluate (`project/name@version`).
+    /// The Environment both evaluate (`project/name@version`); A's when B rescores A.
     pub environment: String,
+    /// B's Environment version when it differs from A's (a rescore and its source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_b: Option<String>,
     /// The split.
     pub split: String,
     /// The seed.
@@ -251,17 +279,24 @@ fn common<'a>(
 /// Cases pair by task id and repetition; the rates, their difference and its interval are
 /// over the pairs scored on both sides, an unscored or pending case being left out (never a
 /// fail).
-pub fn compare(a: &[CaseResult], b: &[CaseResult]) -> Result<Comparison, Invalid> {
+pub fn compare(
+    a: &[CaseResult],
+    b: &[CaseResult],
+    pairing: Pairing,
+) -> Result<Comparison, Invalid> {
     let environment = common("A", a, "environment", |c| c.environment.clone())?;
     let split = common("A", a, "split", |c| c.split.clone())?;
     let seed = common("A", a, "seed", |c| c.seed.to_string())?;
+    let environment_b = common("B", b, "environment", |c| c.environment.clone())?;
     for (field, mine) in [
         ("environment", &environment),
         ("split", &split),
         ("seed", &seed),
     ] {
         let theirs = match field {
-            "environment" => common("B", b, field, |c| c.environment.clone())?,
+            // A rescore grades the same work with another version's grader.
+            "environment" if pairing == Pairing::Rescore => continue,
+            "environment" => environment_b.clone(),
             "split" => common("B", b, field, |c| c.split.clone())?,
             _ => common("B", b, field, |c| c.seed.to_string())?,
         };
@@ -270,7 +305,7 @@ pub fn compare(a: &[CaseResult], b: &[CaseResult]) -> Result<Comparison, Invalid
                 format!("B.{field}"),
                 format!(
                     "must be A's ({mine}): only groups of the same Environment version, split \
-                     and seed evaluate the same tasks"
+                     and seed evaluate the same tasks (or a rescore and its source)"
                 ),
                 theirs,
             ));
@@ -282,6 +317,7 @@ pub fn compare(a: &[CaseResult], b: &[CaseResult]) -> Result<Comparison, Invalid
     let mut keys: Vec<(String, u32)> = a.iter().map(key).collect();
     keys.extend(b.iter().map(key).filter(|k| !in_a.contains_key(k)));
     let mut comparison = Comparison {
+        environment_b: (environment_b != environment).then_some(environment_b),
         environment,
         split,
         seed: seed.parse().unwrap_or_default(),
@@ -445,7 +481,7 @@ mod tests {
             unscored(3, UnscoredReason::NoAnswer),
             case(4),
         ];
-        let status = summarize(&cases);
+        let status = summarize(&cases, Reducer::Mean);
         assert_eq!(status.cases, 5);
         assert_eq!(status.pending, 1);
         assert_eq!(status.scored, 3);
@@ -464,14 +500,17 @@ mod tests {
 
     #[test]
     fn nothing_scored_has_no_rates() {
-        let status = summarize(&[unscored(0, UnscoredReason::GraderFailed), case(1)]);
+        let status = summarize(
+            &[unscored(0, UnscoredReason::GraderFailed), case(1)],
+            Reducer::Mean,
+        );
         assert_eq!(status.scored, 0);
         assert_eq!(status.pass_rate, None);
         assert_eq!(status.mean_reward, None);
         assert_eq!(status.interval, None);
         let bracket = status.bracket.unwrap();
         assert!(close(bracket.low, 0.0) && close(bracket.high, 1.0));
-        assert_eq!(summarize(&[]).bracket, None);
+        assert_eq!(summarize(&[], Reducer::Mean).bracket, None);
     }
 
     #[test]
@@ -586,7 +625,7 @@ mod tests {
             result("t4", 1, Some(Pass)),
             result("t6", 1, Some(Pass)),
         ];
-        let c = compare(&a, &b).expect("comparable");
+        let c = compare(&a, &b, Pairing::SameEnvironment).expect("comparable");
         // Pairs scored on both: t1/1 both pass, t1/2 lost, t2 gained, t3 gained (invalid is
         // a scored non-pass); t4 (unscored in A), t5 (missing in B), t6 (missing in A) out.
         assert_eq!(
@@ -635,7 +674,14 @@ mod tests {
         let a = vec![result("t1", 1, Some(Verdict::Pass))];
         let mut other = a.clone();
         other[0].environment = "nodus/arithmetic-v2@2.1.0".into();
-        let refused = compare(&a, &other).unwrap_err();
+        // A rescore of A may have another version; nothing else may differ.
+        let rescore = compare(&a, &other, Pairing::Rescore).expect("a rescore pairs");
+        assert_eq!(
+            rescore.environment_b.as_deref(),
+            Some("nodus/arithmetic-v2@2.1.0")
+        );
+        assert_eq!(rescore.pairs, 1);
+        let refused = compare(&a, &other, Pairing::SameEnvironment).unwrap_err();
         assert_eq!(refused.field, "B.environment");
         assert!(
             refused.rule.contains("nodus/arithmetic-v2@2.0.0"),
@@ -644,15 +690,31 @@ mod tests {
         assert_eq!(refused.value, "nodus/arithmetic-v2@2.1.0");
         let mut other = a.clone();
         other[0].seed = 43;
-        let refused = compare(&a, &other).unwrap_err();
+        assert!(compare(&a, &other, Pairing::Rescore).is_err());
+        let refused = compare(&a, &other, Pairing::SameEnvironment).unwrap_err();
         assert_eq!(
             (refused.field.as_str(), refused.value.as_str()),
             ("B.seed", "43")
         );
         let mut other = a.clone();
         other[0].split = "train".into();
-        assert_eq!(compare(&a, &other).unwrap_err().field, "B.split");
-        assert_eq!(compare(&[], &a).unwrap_err().field, "A");
-        assert_eq!(compare(&a, &[]).unwrap_err().field, "B");
+        assert_eq!(
+            compare(&a, &other, Pairing::SameEnvironment)
+                .unwrap_err()
+                .field,
+            "B.split"
+        );
+        assert_eq!(
+            compare(&[], &a, Pairing::SameEnvironment)
+                .unwrap_err()
+                .field,
+            "A"
+        );
+        assert_eq!(
+            compare(&a, &[], Pairing::SameEnvironment)
+                .unwrap_err()
+                .field,
+            "B"
+        );
     }
 }

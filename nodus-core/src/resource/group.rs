@@ -92,6 +92,15 @@ pub struct EvaluationSpec {
     /// Absolute deadline from group creation (1 minute to 24 hours, default 30 minutes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<DurationSpec>,
+    /// How a task's rewards over its repetitions become one: `mean` (default), `max` or
+    /// `mode` (`status.evaluation.perTask[].reward`, `taskReward`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reducer: Option<crate::evaluation::epochs::Reducer>,
+    /// A rescore: the finished evaluation group whose kept answers and final working
+    /// directories this group grades again with its Environment version's grader (no model
+    /// call, no agent sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescore_of: Option<String>,
 }
 
 impl EvaluationSpec {

@@ -89,6 +89,7 @@ pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
         (at("/agentgroups/{name}/cancel"), post(runs::cancel_group)),
         (at("/agentgroups/{name}/results"), get(runs::group_results)),
         (at("/agentgroups/{name}/retry"), post(runs::retry_group)),
+        (at("/agentgroups/{name}/rescore"), post(runs::rescore_group)),
     ]
 }
 

@@ -412,6 +412,39 @@ pub async fn retry_group(
     ))
 }
 
+/// What `POST …/agentgroups/{name}/rescore` asks for.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct RescoreBody {
+    /// The Environment version whose grader grades (`name@version`).
+    environment: String,
+    /// The new group's name (default `<group>-rescore`).
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// `POST …/agentgroups/{name}/rescore` with `{"environment": "N@V", "name": "…"}`: a new
+/// evaluation group grading this finished group's kept answers and working directories with
+/// another Environment version's grader. Answers the new group (201).
+pub async fn rescore_group(
+    State(state): State<Arc<AppState>>,
+    Path((project, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    caller(&state, &headers).await?.check_write(&project)?;
+    let body: RescoreBody = serde_json::from_value(json_body(&body)?).map_err(|e| {
+        ApiError::malformed(format!(
+            "the body must be {{\"environment\": \"name@version\", \"name\": \"…\"}}: {e}"
+        ))
+    })?;
+    let group = state
+        .engine
+        .rescore_evaluation(&project, &name, &body.environment, body.name.as_deref())
+        .await?;
+    Ok(reply(StatusCode::CREATED, group))
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 /// The query of `results`.

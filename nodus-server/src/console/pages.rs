@@ -896,6 +896,52 @@ fn evaluation_summary(html: &mut Html, project: &str, name: &str, group: &Value)
         "Cases",
         "No case is unscored.",
     );
+    per_task(html, summary);
+}
+
+/// Each task over its repetitions: cases, scored, passes, its reduced reward and pass@1..k,
+/// as the server computed them (`status.evaluation.perTask`).
+fn per_task(html: &mut Html, summary: &Value) {
+    html.raw("<h3>Per task</h3>");
+    let tasks = summary["perTask"].as_array().cloned().unwrap_or_default();
+    if tasks.is_empty() {
+        html.raw("<p class=\"muted\">No task has a case yet.</p>");
+        return;
+    }
+    let most = tasks
+        .iter()
+        .filter_map(|t| t["passAtK"].as_object().map(serde_json::Map::len))
+        .max()
+        .unwrap_or(0);
+    html.raw(
+        "<div class=\"table\"><table id=\"per-task\"><thead><tr><th>Task</th>\
+         <th class=\"num\">Cases</th><th class=\"num\">Scored</th>\
+         <th class=\"num\">Passes</th><th class=\"num\">Reward</th>",
+    );
+    for k in 1..=most {
+        html.raw("<th class=\"num\">pass@").text(k).raw("</th>");
+    }
+    html.raw("</tr></thead><tbody>");
+    for task in &tasks {
+        html.raw("<tr><td>")
+            .text(show(&task["taskId"]))
+            .raw("</td><td class=\"num\">")
+            .text(show(&task["attempts"]))
+            .raw("</td><td class=\"num\">")
+            .text(show(&task["scored"]))
+            .raw("</td><td class=\"num\">")
+            .text(show(&task["passes"]))
+            .raw("</td><td class=\"num\">")
+            .text(reward(&task["reward"]))
+            .raw("</td>");
+        for k in 1..=most {
+            html.raw("<td class=\"num\">")
+                .text(percent(&task["passAtK"][k.to_string()]))
+                .raw("</td>");
+        }
+        html.raw("</tr>");
+    }
+    html.raw("</tbody></table></div>");
 }
 
 /// An evaluation group's results: each case in batch order with its state, verdict or reason,

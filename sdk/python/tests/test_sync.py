@@ -179,6 +179,20 @@ def test_an_evaluation_group_reads_as_typed_values(fake_model: FakeAnthropic) ->
     # Wilson at 95 % for 6 of 6: the lower end is n / (n + z²) = 6 / (6 + 1.95996²).
     assert evaluation.interval is not None and evaluation.interval[1] == 1.0
     assert abs(evaluation.interval[0] - 6 / (6 + 1.959964**2)) < 1e-6
+    # Two repetitions of 3 tasks, every one passed: pass@1 and pass@2 are 1 for each.
+    assert evaluation.pass_at_k == {1: 1.0, 2: 1.0}
+    assert [(t["attempts"], t["passes"]) for t in evaluation.per_task] == [(2, 2)] * 3
+    # Nothing is unscored: a retry is refused, naming why.
+    with pytest.raises(nodus.NodusError, match="none unscored"):
+        group.retry()
+    # A rescore with the same version grades the same answers again, with no model call.
+    asked = len(fake_model.requests)
+    rescore = group.rescore("nodus/arithmetic-v2@2.0.0")
+    assert rescore.name == f"{group.name}-rescore"
+    rescored = rescore.wait(timeout=120)
+    assert rescored.evaluation.scored == 6 and rescored.evaluation.pass_rate == 1.0
+    assert len(fake_model.requests) == asked
+    rescore.delete()
     results = group.results()
     assert [(r.state, r.verdict, r.reward) for r in results] == [("Scored", "pass", 1.0)] * 6
     assert sorted(r.repetition for r in results) == [1, 1, 1, 2, 2, 2]

@@ -488,6 +488,24 @@ class GroupCore(NamedHandle[C], Generic[C, R]):
     def _delete(self) -> Op[None]:
         yield from self._client._delete("agentgroups", self.name, self.project)
 
+    def _retry(
+        self, reasons: Optional[Iterable[str]], tasks: Optional[Iterable[str]]
+    ) -> Op[List[Dict[str, Any]]]:
+        body = {"reasons": list(reasons or []), "tasks": list(tasks or [])}
+        answer = yield from self._client._sub(
+            "POST", "agentgroups", self.name, "retry", body, self.project
+        )
+        return [dict(case) for case in answer.get("retried", [])]
+
+    def _rescore(self, environment: str, name: Optional[str]) -> Op[str]:
+        body: Dict[str, Any] = {"environment": environment}
+        if name is not None:
+            body["name"] = name
+        answer = yield from self._client._sub(
+            "POST", "agentgroups", self.name, "rescore", body, self.project
+        )
+        return str(answer["metadata"]["name"])
+
 
 #: What ``secrets=`` of an environment takes: a variable's SecretRef or ``(secret, key)``.
 SecretsArg = Mapping[str, Union[SecretRef, Tuple[str, str]]]

@@ -431,6 +431,21 @@ class AgentGroup(_Sync, GroupCore[Client, AgentRun]):
         """Cancels every unfinished run; finished runs keep their answers."""
         return self._client._run(self._cancel())
 
+    def retry(
+        self, reasons: Optional[Iterable[str]] = None, tasks: Optional[Iterable[str]] = None
+    ) -> List[Dict[str, Any]]:
+        """Gives each unscored case of this finished evaluation group (of these ``reasons``
+        and ``tasks``, default all) a new attempt, a new run in the group; answers the retried
+        cases. The server refuses a running group or nothing to retry (:class:`nodus.Invalid`)."""
+        return self._client._run(self._retry(reasons, tasks))
+
+    def rescore(self, environment: str, name: Optional[str] = None) -> "AgentGroup":
+        """A new evaluation group (default ``<name>-rescore``) grading this finished group's
+        kept answers and working directories with Environment version ``environment``'s
+        grader: no model call, no run."""
+        created = self._client._run(self._rescore(environment, name))
+        return AgentGroup(created, project=self.project, client=self._client)
+
     def delete(self) -> None:
         """Deletes the group with all of its runs."""
         self._client._run(self._delete())

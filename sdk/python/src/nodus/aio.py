@@ -585,6 +585,17 @@ class AgentGroup(_Async, GroupCore[AsyncClient, AgentRun]):
         """Cancels every unfinished run."""
         return await self._client._run(self._cancel())
 
+    async def retry(
+        self, reasons: Optional[Iterable[str]] = None, tasks: Optional[Iterable[str]] = None
+    ) -> List[Dict[str, Any]]:
+        """A new attempt for each unscored case; see :meth:`nodus.AgentGroup.retry`."""
+        return await self._client._run(self._retry(reasons, tasks))
+
+    async def rescore(self, environment: str, name: Optional[str] = None) -> "AgentGroup":
+        """A rescore of this group; see :meth:`nodus.AgentGroup.rescore`."""
+        created = await self._client._run(self._rescore(environment, name))
+        return AgentGroup(created, project=self.project, client=self._client)
+
     async def delete(self) -> None:
         """Deletes the group with all of its runs."""
         await self._client._run(self._delete())

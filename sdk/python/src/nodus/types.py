@@ -328,6 +328,17 @@ class Evaluation:
         """``(low, high)``: the 95 % Wilson interval of the pass rate over the scored cases."""
         return self._range("interval")
 
+    @property
+    def pass_at_k(self) -> Dict[int, float]:
+        """For each k, the mean pass@k over the tasks with at least k scored cases."""
+        return {int(k): float(v) for k, v in _dict(self._data.get("passAtK")).items()}
+
+    @property
+    def per_task(self) -> List[Dict[str, Any]]:
+        """Each task over its repetitions: ``taskId``, ``attempts``, ``scored``, ``passes``,
+        ``passAtK`` (k as a string → value) and the reduced ``reward``."""
+        return [dict(task) for task in self._data.get("perTask") or []]
+
     def get(self, key: str, default: Any = None) -> Any:
         """A field of the summary by its JSON name (``passRate``, ``meanReward``, …), or
         ``default``."""
