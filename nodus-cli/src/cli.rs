@@ -325,7 +325,7 @@ pub struct DrainArgs {
     /// The replica's name.
     pub name: String,
     /// The context to use instead of the current one.
-    #[arg(long = "context", id = "drain_context", value_name = "CONTEXT")]
+    #[arg(long, value_name = "CONTEXT")]
     pub context: Option<String>,
 }
 
