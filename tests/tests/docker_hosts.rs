@@ -160,16 +160,44 @@ fn make_certificates(server: &Path, client: &Path) {
 }
 
 /// A Docker engine of the test's own: its data, state, containerd and socket in `dir`, no
-/// bridge and no iptables rules (the sandboxes have no network), optionally also on a TCP port
-/// with TLS. Stopped (and its directory removed) when dropped.
+/// iptables rules (the sandboxes have no network), optionally also on a TCP port with TLS.
+/// Stopped (and its directory and bridge removed) when dropped.
+///
+/// Its bridge is one the test makes (`bridge`, with an address of its own): an engine started
+/// with `--bridge=none` deletes the host's `docker0` (Docker removes "the default bridge"
+/// when told there is none), which broke every later `docker build` of the machine's engine;
+/// with no `--bridge` it would take `docker0` and its addresses over.
 struct Dockerd {
     child: Option<Child>,
     dir: PathBuf,
+    bridge: String,
+}
+
+/// Engines started by this process, for their bridges' names and addresses.
+static ENGINES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Runs `ip` with `args`, asserting that it succeeds.
+fn ip(args: &[&str]) {
+    let done = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip (iproute2) runs");
+    assert!(done.status.success(), "ip {args:?}: {done:?}");
 }
 
 impl Dockerd {
     fn start(dir: &Path, tls: Option<(u16, &Path)>) -> Dockerd {
         std::fs::create_dir_all(dir).expect("the engine's directory");
+        let n = ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bridge = format!("ndh{}x{n}", std::process::id());
+        ip(&["link", "add", &bridge, "type", "bridge"]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.231.{}.1/24", n % 250),
+            "dev",
+            &bridge,
+        ]);
         let mut command = Command::new("dockerd");
         command
             .arg("--data-root")
@@ -180,7 +208,8 @@ impl Dockerd {
             .arg(dir.join("docker.pid"))
             .arg("-H")
             .arg(format!("unix://{}", dir.join("docker.sock").display()))
-            .args(["--bridge=none", "--iptables=false", "--ip6tables=false"])
+            .arg(format!("--bridge={bridge}"))
+            .args(["--iptables=false", "--ip6tables=false", "--ip-masq=false"])
             .args(["--shutdown-timeout", "1"]);
         if let Some((port, certs)) = tls {
             command
@@ -202,6 +231,7 @@ impl Dockerd {
         let engine = Dockerd {
             child: Some(child),
             dir: dir.to_path_buf(),
+            bridge,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !engine
@@ -271,6 +301,9 @@ impl Dockerd {
 impl Drop for Dockerd {
     fn drop(&mut self) {
         self.stop();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
