@@ -252,8 +252,9 @@ pub struct StepView {
     /// One line about it.
     pub summary: String,
     /// Copied from the run this one was forked from: never carried out by this run, its
-    /// cost the source's.
+    /// cost the source's. Absent when false (so not required in the document).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[cfg_attr(feature = "openapi", schemars(default))]
     pub inherited: bool,
     /// A command step's snapshot of the working directory after it: whether the run can be
     /// forked from the step.
