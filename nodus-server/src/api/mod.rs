@@ -347,6 +347,13 @@ fn json_body(body: &[u8]) -> ApiResult<Value> {
         .map_err(|e| ApiError::malformed(format!("the body is not valid JSON: {e}")))
 }
 
+/// The body read as a `T`; when it is JSON of another shape, a Malformed error that says the
+/// shape expected (`shape`) and what serde found wrong.
+fn shaped_body<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> ApiResult<T> {
+    serde_json::from_value(json_body(body)?)
+        .map_err(|e| ApiError::malformed(format!("{shape}: {e}")))
+}
+
 /// A JSON answer with a status.
 fn reply(status: StatusCode, value: impl serde::Serialize) -> Response {
     (status, axum::Json(value)).into_response()

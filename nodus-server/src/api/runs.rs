@@ -15,7 +15,7 @@ use nodus_core::validate::{self, Invalid};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{caller, json_body, reply};
+use super::{caller, json_body, reply, shaped_body};
 use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
 
@@ -38,11 +38,10 @@ pub async fn send_message(
     body: Bytes,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    let message: MessageBody = serde_json::from_value(json_body(&body)?).map_err(|e| {
-        ApiError::malformed(format!(
-            "a message is {{\"payload\": \"…\", \"messageKey\": \"…\"}}: {e}"
-        ))
-    })?;
+    let message: MessageBody = shaped_body(
+        &body,
+        "a message is {\"payload\": \"…\", \"messageKey\": \"…\"}",
+    )?;
     let delivery = state
         .engine
         .send_message(
@@ -276,12 +275,11 @@ pub async fn fork(
     body: Bytes,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    let body: ForkBody = serde_json::from_value(json_body(&body)?).map_err(|e| {
-        ApiError::malformed(format!(
-            "a fork is {{\"atStep\": N | \"last-good\", \"count\": K, \"name\": \"…\", \
-             \"agent\": \"…\", \"replace\": false}}: {e}"
-        ))
-    })?;
+    let body: ForkBody = shaped_body(
+        &body,
+        "a fork is {\"atStep\": N | \"last-good\", \"count\": K, \"name\": \"…\", \
+             \"agent\": \"…\", \"replace\": false}",
+    )?;
     let at = match body.at_step {
         AtStepBody::Seq(seq) => AtStep::Seq(seq),
         AtStepBody::Named(name) if name == "last-good" => AtStep::LastGood,
@@ -391,11 +389,10 @@ pub async fn retry_group(
     let request: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
         RetryRequest::default()
     } else {
-        serde_json::from_value(json_body(&body)?).map_err(|e| {
-            ApiError::malformed(format!(
-                "the body must be {{\"reasons\": [reason…], \"tasks\": [task id…]}}: {e}"
-            ))
-        })?
+        shaped_body(
+            &body,
+            "the body must be {\"reasons\": [reason…], \"tasks\": [task id…]}",
+        )?
     };
     let retried = state
         .engine
@@ -433,11 +430,10 @@ pub async fn rescore_group(
     body: Bytes,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    let body: RescoreBody = serde_json::from_value(json_body(&body)?).map_err(|e| {
-        ApiError::malformed(format!(
-            "the body must be {{\"environment\": \"name@version\", \"name\": \"…\"}}: {e}"
-        ))
-    })?;
+    let body: RescoreBody = shaped_body(
+        &body,
+        "the body must be {\"environment\": \"name@version\", \"name\": \"…\"}",
+    )?;
     let group = state
         .engine
         .rescore_evaluation(&project, &name, &body.environment, body.name.as_deref())
