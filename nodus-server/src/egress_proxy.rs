@@ -22,6 +22,12 @@ use tokio::net::{TcpStream, UnixListener};
 const MAX_HEAD_BYTES: usize = 16 << 10;
 /// How long the proxy waits for a request head, and for an onward connection.
 const WAIT: Duration = Duration::from_secs(10);
+/// Connections one run's sandbox may hold open through the proxy at once; past it the proxy
+/// accepts the next only when one ends (each holds two descriptors of the server's).
+const MAX_CONNECTIONS_PER_RUN: usize = 64;
+/// Connection records a run keeps in memory until they are journaled; later ones are counted
+/// in the log only (the records are not journaled yet: issue 29, step 2).
+const MAX_RECORDS_PER_RUN: usize = 10_000;
 
 /// What the operator gives the proxy: the internal networks it may reach (`--egress-allow`)
 /// and names it resolves itself (`--egress-hosts`).
@@ -142,6 +148,10 @@ impl EgressProxy {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 while connections.try_join_next().is_some() {}
+                if connections.len() >= MAX_CONNECTIONS_PER_RUN {
+                    connections.join_next().await;
+                    continue;
+                }
                 match listener.accept().await {
                     Ok((stream, _)) => {
                         let run = run.clone();
@@ -270,10 +280,10 @@ impl Run {
     fn push(&self, record: EgressRecord) {
         tracing::debug!(host = %record.host, port = record.port, verdict = %record.verdict,
             rule = %record.rule, "egress");
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(record);
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        if records.len() < MAX_RECORDS_PER_RUN {
+            records.push(record);
+        }
     }
 
     /// Resolves, decides and dials: the onward connection, pinned to an allowed address.
