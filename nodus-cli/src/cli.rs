@@ -194,6 +194,9 @@ pub enum Command {
     /// cases, rescore with another grader.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// Work with Environments: import the benchmarks you already have.
+    #[command(subcommand)]
+    Env(EnvCommand),
     /// Show the project's credits, or add to them (admin token).
     Credits(CreditsArgs),
     /// Print a shell completion script.
@@ -650,6 +653,71 @@ pub enum EvalCommand {
         #[arg(long)]
         name: Option<String>,
     },
+}
+
+/// `nodus env …`.
+#[derive(Debug, Subcommand)]
+pub enum EnvCommand {
+    /// Turn a benchmark into an Environment (and the FileSets it names) and apply them, or
+    /// print them with -o yaml. Nothing is written when anything is refused.
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+/// `nodus env import …`.
+#[derive(Debug, Subcommand)]
+pub enum ImportCommand {
+    /// Harbor task directories (task.toml, instruction.md, tests/test.sh, environment/): the
+    /// instruction is the prompt, tests/ the grader's files, and the grader runs
+    /// `bash /tests/test.sh` and reads the reward the tests write to /logs/verifier/.
+    #[command(disable_version_flag = true)]
+    Harbor {
+        /// The task directories, one task each.
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        /// Name, version, split, output.
+        #[command(flatten)]
+        target: ImportTarget,
+        /// The image of the agent's and the grader's sandboxes, built by you from the tasks'
+        /// environment/ (default: the tasks' environment.docker_image, which must agree).
+        #[arg(long, conflicts_with = "no_image")]
+        image: Option<String>,
+        /// Name no image: the server's default image, or the host's system in process
+        /// sandboxes.
+        #[arg(long)]
+        no_image: bool,
+    },
+    /// Inspect-style samples, one JSON object a line (`input`, `target`, optional `id`,
+    /// `files`).
+    #[command(disable_version_flag = true)]
+    Jsonl {
+        /// The JSON Lines file (`-` reads standard input).
+        file: PathBuf,
+        /// Name, version, split, output.
+        #[command(flatten)]
+        target: ImportTarget,
+        /// How an answer is graded against the sample's target: exact, numeric or regex.
+        #[arg(long)]
+        grader: String,
+    },
+}
+
+/// What an imported Environment is named, and whether it is printed instead of applied.
+#[derive(Debug, Args)]
+pub struct ImportTarget {
+    /// The Environment's name.
+    #[arg(long)]
+    pub name: String,
+    /// Its version (semantic: 1.0.0).
+    #[arg(long)]
+    pub version: String,
+    /// The split the tasks go in.
+    #[arg(long, default_value = "test")]
+    pub split: String,
+    /// Print the documents instead of applying them: yaml (documents `nodus apply -f`
+    /// takes) or json (a List).
+    #[arg(short, long, value_parser = OutputParser, hide_possible_values = true)]
+    pub output: Option<Output>,
 }
 
 /// `nodus agentrun …`.

@@ -1228,7 +1228,11 @@ fn check_range<T: PartialOrd + Display>(
     }
 }
 
-fn check_duration(field: &str, value: DurationSpec, seconds: RangeInclusive<u64>) -> Result<()> {
+pub(crate) fn check_duration(
+    field: &str,
+    value: DurationSpec,
+    seconds: RangeInclusive<u64>,
+) -> Result<()> {
     if seconds.contains(&value.as_secs()) {
         Ok(())
     } else {

@@ -7,6 +7,8 @@
 //! status; a run created with `--auto-telemetry=false` has no trajectory, and asking for it
 //! says why.
 
+#[path = "support/harbor.rs"]
+mod harbor;
 #[path = "support/server.rs"]
 mod server;
 
@@ -14,28 +16,11 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use harbor::harbor_python;
 use serde_json::Value;
 use server::{Backend, ServerProcess};
 
 const AGENT: &str = "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: worker\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
-
-/// The Python of a venv with harbor 0.25.0; the test fails without it.
-fn harbor_python() -> std::path::PathBuf {
-    let python = std::env::var_os("NODUS_HARBOR_PYTHON").unwrap_or_else(|| {
-        panic!(
-            "NODUS_HARBOR_PYTHON is not set: it names the python of a venv with harbor==0.25.0 \
-             installed (scripts/test makes /var/tmp/nodus-harbor-venv with Python 3.12); run \
-             the tests with ./scripts/test, or set it"
-        )
-    });
-    let python = std::path::PathBuf::from(python);
-    assert!(
-        python.exists(),
-        "NODUS_HARBOR_PYTHON={} does not exist",
-        python.display()
-    );
-    python
-}
 
 /// Validate `trajectory` with harbor's `Trajectory` model; what harbor read back.
 fn harbor_validates(trajectory: &str) -> Value {

@@ -21,7 +21,7 @@ use crate::kinds::ResourceKind;
 
 /// What apply did with one document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Applied {
+pub(super) enum Applied {
     Created,
     Configured,
     Unchanged,
@@ -130,7 +130,7 @@ fn task_name(document: &Value) -> Option<String> {
     Some(format!("{group}-{task}"))
 }
 
-async fn apply_one(
+pub(super) async fn apply_one(
     client: &Client,
     kind: ResourceKind,
     name: &str,

@@ -3,6 +3,7 @@
 mod access;
 mod apply;
 mod create;
+mod env;
 mod eval;
 mod get;
 mod login;
@@ -51,6 +52,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Delete(args) => misc::delete(&connect(&global)?, args).await,
         Command::Agentrun(command) => runs::run(&connect(&global)?, command).await,
         Command::Eval(command) => eval::run(&connect(&global)?, command).await,
+        Command::Env(command) => env::run(&global, command).await,
         Command::Credits(args) => misc::credits(&connect(&global)?, args).await,
     }
 }

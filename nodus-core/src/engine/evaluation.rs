@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
+use super::grader_sandbox::{GRADER_TASK_ID_VARIABLE, grader_links};
 use super::{Engine, Error, Result, typed};
 use crate::evaluation::check::{EnvironmentRef, key_name};
 use crate::evaluation::epochs::Reducer;
@@ -29,21 +30,11 @@ use crate::group::GroupPhase;
 use crate::lifecycle::{CancelReason, FailReason, RunPhase, WaitReason};
 use crate::resource::{
     API_VERSION, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, DurationSpec, Environment,
-    EnvironmentSpec, FileSetSpec, GraderKind, Kind, WorkdirSpec,
+    EnvironmentSpec, FileSetSpec, GraderKind, Kind, VerdictFrom, WorkdirSpec,
 };
 use crate::sandbox::{ExecRequest, SandboxId, SandboxSpec};
 use crate::store::{self, ObjectKey, Record, Selector};
 use crate::validate::Invalid;
-
-/// Where a command grader finds its inputs besides its working directory's `grading/` and
-/// `grader/`: `/grading` and `/grader`, as DESIGN.md and the docs write them (Harbor gives its
-/// tests `/tests` the same way).
-fn grader_links() -> BTreeMap<String, String> {
-    ["grading", "grader"]
-        .into_iter()
-        .map(|name| (format!("/{name}"), name.to_string()))
-        .collect()
-}
 
 /// Default `spec.evaluation.timeout`: 30 minutes.
 pub const DEFAULT_EVALUATION_TIMEOUT: DurationSpec = DurationSpec::from_secs(30 * 60);
@@ -313,6 +304,7 @@ impl Engine {
                     AgentRunSpec::new(group.spec.agent.clone(), case.task.prompt.clone());
                 spec.deadline = Some(deadline);
                 spec.image = image.clone();
+                spec.timeout = case.task.timeout;
                 if keeps_workdir || case.task.files.is_some() {
                     spec.workdir = Some(WorkdirSpec {
                         base_workdir: case.task.files.as_ref().map(|f| f.file_set.clone()),
@@ -1158,7 +1150,7 @@ impl Engine {
                 .then(|| case.image_digest.clone())
                 .or_else(|| (!environment.image.is_empty()).then(|| environment.image.clone()))
                 .or_else(|| self.config.default_image.clone()),
-            env: BTreeMap::new(),
+            env: BTreeMap::from([(GRADER_TASK_ID_VARIABLE.to_string(), case.task_id.clone())]),
             limits: self.config.limits,
             network: false,
             egress: None,
@@ -1215,6 +1207,9 @@ impl Engine {
         }
         if let Some(why) = output.stopped {
             return GraderOutcome::Failed(format!("the grader was stopped: {why}"));
+        }
+        if environment.grader.verdict_from == VerdictFrom::HarborReward {
+            return self.harbor_reward(id).await;
         }
         if output.exit_code != Some(0) {
             return GraderOutcome::Failed(
@@ -1374,7 +1369,7 @@ enum Graded {
 }
 
 /// What a command grader came to.
-enum GraderOutcome {
+pub(super) enum GraderOutcome {
     Graded(Grade),
     Failed(String),
     Retry,

@@ -10,6 +10,7 @@ mod error;
 mod evaluation;
 mod execute;
 mod fork;
+mod grader_sandbox;
 mod group;
 mod image;
 mod kinds;

@@ -50,6 +50,7 @@ pub fn environments() -> (Vec<Object<FileSetSpec>>, Vec<Object<EnvironmentSpec>>
             command: None,
             files: None,
             timeout: None,
+            verdict_from: Default::default(),
         },
     };
     let files = [
@@ -67,6 +68,7 @@ pub fn environments() -> (Vec<Object<FileSetSpec>>, Vec<Object<EnvironmentSpec>>
             ),
             hidden: json!({"file": file, "expected": content}),
             files: None,
+            timeout: None,
         })
         .collect();
     let workdir_files = EnvironmentSpec {
@@ -87,6 +89,7 @@ pub fn environments() -> (Vec<Object<FileSetSpec>>, Vec<Object<EnvironmentSpec>>
                 file_set: WORKDIR_FILES_GRADER.into(),
             }),
             timeout: None,
+            verdict_from: Default::default(),
         },
     };
     let grader_files = FileSetSpec {
@@ -147,6 +150,7 @@ pub fn generate(kind: &str, split: &str, seed: u64, count: u32) -> Option<Vec<Ta
             prompt: format!("What is {a} {symbol} {b}? Answer with the number."),
             hidden: json!({"expected": expected}),
             files: None,
+            timeout: None,
         });
     }
     Some(tasks)

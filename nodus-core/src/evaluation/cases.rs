@@ -115,6 +115,7 @@ mod tests {
                             prompt: format!("prompt {i}"),
                             hidden: serde_json::json!({"expected": i}),
                             files: None,
+                            timeout: None,
                         })
                         .collect(),
                     generator: None,
@@ -126,6 +127,7 @@ mod tests {
                 command: None,
                 files: None,
                 timeout: None,
+                verdict_from: Default::default(),
             },
         }
     }

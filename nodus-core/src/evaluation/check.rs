@@ -104,6 +104,13 @@ impl Validate for EnvironmentSpec {
             };
             return Err(Invalid::new(field, "is only for a command grader", "given"));
         }
+        if !command && !grader.verdict_from.is_stdout() {
+            return Err(Invalid::new(
+                "spec.grader.verdictFrom",
+                "is only for a command grader",
+                format!("{:?}", grader.verdict_from),
+            ));
+        }
         if let Some(files) = &grader.files
             && !is_dns_label(&files.file_set)
         {
@@ -165,6 +172,13 @@ fn check_task(field: &str, task: &TaskSpec, grader: GraderKind) -> Result<()> {
             "must name a FileSet of the Environment's project (a DNS label)",
             shown(&files.file_set),
         ));
+    }
+    if let Some(timeout) = task.timeout {
+        crate::validate::check_duration(
+            &format!("{field}.timeout"),
+            timeout,
+            crate::validate::RUN_TIMEOUT_RANGE,
+        )?;
     }
     let needs = match grader {
         GraderKind::Exact | GraderKind::Numeric => Some("expected"),

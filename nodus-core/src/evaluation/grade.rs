@@ -95,6 +95,79 @@ pub fn parse_verdict(stdout: &str) -> Result<Grade, String> {
     })
 }
 
+/// A `harborReward` grader's verdict from Harbor's reward files, read as Harbor's verifier
+/// reads them: `reward.json` when there is one (an object of named numbers, or one number),
+/// else `reward.txt` (one number). The reward is the one named `reward`, or the only one; it
+/// must be between 0 and 1, and full marks (1) pass. An error says why there is no verdict
+/// (the case is then unscored, `GraderFailed`).
+pub fn harbor_reward(json: Option<&[u8]>, text: Option<&[u8]>) -> Result<Grade, String> {
+    let (file, reward) = match (json, text) {
+        (Some(bytes), _) => ("reward.json", reward_of_json(bytes)?),
+        (None, Some(bytes)) => {
+            let text = String::from_utf8_lossy(bytes);
+            let reward = text.trim().parse::<f64>().map_err(|_| {
+                format!(
+                    "/logs/verifier/reward.txt must hold one number, not {:?}",
+                    shorten(text.trim())
+                )
+            })?;
+            ("reward.txt", reward)
+        }
+        (None, None) => {
+            return Err(
+                "the tests wrote no reward: neither /logs/verifier/reward.json nor \
+                 /logs/verifier/reward.txt exists"
+                    .to_string(),
+            );
+        }
+    };
+    if !reward.is_finite() || !(0.0..=1.0).contains(&reward) {
+        return Err(format!(
+            "the reward in /logs/verifier/{file} must be between 0 and 1 (got {reward})"
+        ));
+    }
+    let evidence = format!("{file}: reward {reward}");
+    Ok(if reward >= 1.0 {
+        Grade {
+            reward,
+            verdict: Verdict::Pass,
+            evidence,
+        }
+    } else {
+        Grade {
+            reward,
+            verdict: Verdict::Fail,
+            evidence,
+        }
+    })
+}
+
+/// The reward of a Harbor `reward.json`: one number, or an object whose `reward` (or only
+/// entry) is one.
+fn reward_of_json(bytes: &[u8]) -> Result<f64, String> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| format!("/logs/verifier/reward.json is not JSON ({e})"))?;
+    let chosen = match &value {
+        Value::Object(rewards) => match (rewards.get("reward"), rewards.len()) {
+            (Some(reward), _) => reward,
+            (None, 1) => rewards.values().next().unwrap_or(&Value::Null),
+            (None, _) => {
+                return Err(format!(
+                    "/logs/verifier/reward.json names several rewards and none `reward`: {}",
+                    shorten(&value.to_string())
+                ));
+            }
+        },
+        other => other,
+    };
+    chosen.as_f64().ok_or_else(|| {
+        format!(
+            "/logs/verifier/reward.json must give a number reward, not {}",
+            shorten(&chosen.to_string())
+        )
+    })
+}
+
 /// The last number written in `text` (`-12`, `3.5`, `1,234` read as 1234), if any.
 pub fn last_number(text: &str) -> Option<f64> {
     let bytes = text.as_bytes();
@@ -187,6 +260,7 @@ mod tests {
             command: None,
             files: None,
             timeout: None,
+            verdict_from: Default::default(),
         }
     }
 
@@ -247,6 +321,49 @@ mod tests {
             Verdict::Fail
         );
         assert!(grade_answer(&regex, &json!({"pattern": "("}), "x").is_err());
+    }
+
+    #[test]
+    fn harbor_rewards_are_read_as_harbor_reads_them() {
+        type Files<'a> = (Option<&'a str>, Option<&'a str>);
+        let graded: [(Files<'_>, f64, Verdict); 7] = [
+            ((None, Some("1\n")), 1.0, Verdict::Pass),
+            ((None, Some("0")), 0.0, Verdict::Fail),
+            ((None, Some(" 0.25 ")), 0.25, Verdict::Fail),
+            ((Some("{\"reward\": 1.0}"), None), 1.0, Verdict::Pass),
+            ((Some("{\"accuracy\": 0.5}"), None), 0.5, Verdict::Fail),
+            (
+                (Some("{\"reward\": 0, \"style\": 1}"), None),
+                0.0,
+                Verdict::Fail,
+            ),
+            // reward.json first, as Harbor's verifier: reward.txt is not read then.
+            ((Some("1"), Some("0")), 1.0, Verdict::Pass),
+        ];
+        for ((json, text), reward, verdict) in graded {
+            let grade = harbor_reward(json.map(str::as_bytes), text.map(str::as_bytes))
+                .unwrap_or_else(|e| panic!("{json:?} {text:?}: {e}"));
+            assert_eq!(
+                (grade.reward, grade.verdict),
+                (reward, verdict),
+                "{json:?} {text:?}"
+            );
+        }
+        let refused: [(Files<'_>, &str); 8] = [
+            ((None, None), "no reward"),
+            ((None, Some("")), "reward.txt must hold one number"),
+            ((None, Some("passed")), "reward.txt must hold one number"),
+            ((None, Some("2")), "between 0 and 1"),
+            ((None, Some("NaN")), "between 0 and 1"),
+            ((Some("{"), None), "reward.json is not JSON"),
+            ((Some("{\"a\": 1, \"b\": 0}"), None), "none `reward`"),
+            ((Some("{\"reward\": \"1\"}"), None), "a number reward"),
+        ];
+        for ((json, text), why) in refused {
+            let error =
+                harbor_reward(json.map(str::as_bytes), text.map(str::as_bytes)).expect_err(why);
+            assert!(error.contains(why), "{json:?} {text:?}: {error}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod cases;
 pub mod check;
 pub mod epochs;
 pub mod grade;
+pub mod import;
 pub mod retry;
 pub mod stats;
 

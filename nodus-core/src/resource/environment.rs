@@ -53,6 +53,11 @@ pub struct TaskSpec {
     /// Files the run's working directory starts with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<FilesRef>,
+    /// The `spec.timeout` of the task's runs (the agent's time, as a Harbor task's
+    /// `agent.timeout_sec`); by default a run's own default. The evaluation's deadline
+    /// bounds it still.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<DurationSpec>,
 }
 
 /// A FileSet of the Environment's project.
@@ -107,6 +112,32 @@ pub struct GraderSpec {
     /// `command`: how long the command may take (default 5 minutes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<DurationSpec>,
+    /// `command`: where the verdict comes from (default `stdout`).
+    #[serde(default, skip_serializing_if = "VerdictFrom::is_stdout")]
+    pub verdict_from: VerdictFrom,
+}
+
+/// Where a `command` grader's verdict comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum VerdictFrom {
+    /// The last non-empty line the command prints: `{"reward": 0..1, "passed": bool,
+    /// "evidence": "..."}`; a command that exits with another status than 0 failed.
+    #[default]
+    Stdout,
+    /// Harbor's reward files, as Harbor's verifier reads them: `/logs/verifier/reward.json`
+    /// (an object of named numbers, or one number), else `/logs/verifier/reward.txt` (one
+    /// number). The reward is `reward` (or the only one), between 0 and 1; full marks pass.
+    /// The command's exit status is not looked at (Harbor's is not).
+    HarborReward,
+}
+
+impl VerdictFrom {
+    /// Whether this is the default, [`VerdictFrom::Stdout`].
+    pub fn is_stdout(&self) -> bool {
+        *self == VerdictFrom::Stdout
+    }
 }
 
 /// `status` of an Environment (none yet: it is data).

@@ -23,7 +23,7 @@ pub use budget::{BudgetSpec, BudgetStatus};
 pub use duration::{DurationSpec, ParseDurationError};
 pub use environment::{
     EnvironmentSpec, EnvironmentStatus, FilesRef, GeneratorSpec, GraderKind, GraderSpec, SplitSpec,
-    TaskSpec,
+    TaskSpec, VerdictFrom,
 };
 pub use fileset::{FileEntry, FileSetSpec, FileSetStatus};
 pub use group::{
