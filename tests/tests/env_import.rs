@@ -465,6 +465,30 @@ async fn imported_benchmarks_run_end_to_end_and_bad_input_writes_nothing() {
             .contains("reward.json"),
         "{failed}"
     );
+    // Another spec under a version already written is refused before anything is written:
+    // the version's tests (its grader's FileSet) stay as they were.
+    let tests = || {
+        json(&server.ok(&["get", "fileset/harbor-bench-1-0-0-tests", "-o", "json"]))["spec"].clone()
+    };
+    let before = tests();
+    std::fs::write(pass.join("tests/expected.txt"), "changed\n").expect("expected.txt");
+    let stderr = server.fails(&[
+        "env",
+        "import",
+        "harbor",
+        pass.to_str().unwrap(),
+        fail.to_str().unwrap(),
+        "--name",
+        "harbor-bench",
+        "--version",
+        "1.0.0",
+        "--no-image",
+    ]);
+    assert!(
+        stderr.contains("harbor-bench-1-0-0-tests") && stderr.contains("another --version"),
+        "{stderr}"
+    );
+    assert_eq!(tests(), before, "the written version's tests are untouched");
     // The agent's timeout from task.toml is its run's.
     let run = json(&server.ok(&[
         "get",

@@ -2,7 +2,7 @@
 //! files, turn them into an Environment and its FileSets with
 //! `nodus_core::evaluation::import` (which decides everything), then apply them (FileSets
 //! first) or print them. Nothing is written when the import is refused, nor when the version
-//! exists already with another spec.
+//! exists already with other contents (its Environment or its FileSets).
 
 use std::path::Path;
 
@@ -97,7 +97,14 @@ fn import_target(target: &ImportTarget) -> Target {
 
 /// The documents to write, in order: the FileSets, then the Environment (`NAME@VERSION`).
 fn documents(imported: &Imported) -> Result<Vec<(ResourceKind, String, Value)>> {
-    let json = |value: serde_json::Result<Value>| value.map_err(Error::input);
+    // The documents as a user writes them: no status (the server writes that).
+    let json = |value: serde_json::Result<Value>| {
+        let mut document = value.map_err(Error::input)?;
+        if let Some(map) = document.as_object_mut() {
+            map.remove("status");
+        }
+        Ok::<_, Error>(document)
+    };
     let mut documents = Vec::with_capacity(imported.file_sets.len() + 1);
     for set in &imported.file_sets {
         documents.push((
@@ -115,19 +122,20 @@ fn documents(imported: &Imported) -> Result<Vec<(ResourceKind, String, Value)>> 
     Ok(documents)
 }
 
-/// Writes the documents: refused before anything is written when the Environment's version
-/// exists with another spec (a written version never changes).
+/// Writes the documents, refused before anything is written when one of them exists with
+/// other contents: an Environment version never changes, nor do the files it names (an import
+/// names its FileSets after the version).
 async fn apply(global: &Global, documents: Vec<(ResourceKind, String, Value)>) -> Result<()> {
     let client = connect(global)?;
-    if let Some((kind, name, document)) = documents.last() {
+    for (kind, name, document) in &documents {
         match client.get(&[kind.plural(), name]).await {
             Ok(live) => {
                 let mut desired = live.clone();
                 nodus_core::patch::merge(&mut desired, document);
                 if !unchanged(*kind, &desired, &live) {
                     return Err(Error::input(format!(
-                        "{}: exists with another spec, and a written version never changes: \
-                         import it as another --version",
+                        "{}: exists with other contents, and an imported version never \
+                         changes: import it as another --version",
                         kind.qualified(name)
                     )));
                 }
