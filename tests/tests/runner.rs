@@ -1,8 +1,8 @@
 //! The Runner of nodus-core on the in-memory store and a manual clock, with no server: a
 //! deadline wakes a waiting run when the clock passes it, waiting runs hold no task, no more
 //! runs are driven at once than its bound and those queued beyond it hold no task, a group
-//! with dependencies runs under maxActive and its cost cap, and the retention sweep runs by
-//! the clock.
+//! with dependencies runs under maxActive and its cost cap, the retention sweep runs by the
+//! clock, and a rescore of an evaluation group whose payloads it removed is refused.
 
 mod support;
 
@@ -577,5 +577,91 @@ async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
     assert!(matches!(ended.status.phase, Some(RunPhase::Cancelled(_))));
     assert!(sandbox.live().is_empty(), "the runner deleted the sandbox");
     engine.delete_run(PROJECT, "chat").await.expect("delete");
+    runner.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_rescore_is_refused_once_the_retention_sweep_removed_the_source_payloads() {
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine(Arc::new(RecordingSandbox::new()), clock.clone());
+    let store = engine.store().clone();
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let environment: nodus_core::resource::Environment = serde_json::from_value(json!({
+        "apiVersion": "nodus.dev/v1", "kind": "Environment", "metadata": {"name": "kept"},
+        "spec": {"version": "1.0.0", "grader": {"kind": "exact"}, "splits": {"test": {"tasks": [
+            {"id": "a", "prompt": "Say a.", "hidden": {"expected": "a"}},
+            {"id": "b", "prompt": "Say b.", "hidden": {"expected": "b"}}]}}}
+    }))
+    .expect("an Environment");
+    engine
+        .apply_environment(PROJECT, environment)
+        .await
+        .expect("environment");
+    let group: AgentGroup = serde_json::from_value(json!({
+        "apiVersion": "nodus.dev/v1", "kind": "AgentGroup", "metadata": {"name": "ev"},
+        "spec": {"agent": "helper", "evaluation": {"environment": "kept@1.0.0", "tasks": 2}}
+    }))
+    .expect("a group");
+    engine
+        .create(PROJECT, group)
+        .await
+        .expect("evaluation group");
+    let runner = Runner::start(
+        engine.clone(),
+        RunnerConfig {
+            group_settle: Duration::ZERO,
+            retention: Some(Duration::from_secs(30 * 24 * 3600)),
+            sweep_every: Duration::from_secs(3600),
+            ..RunnerConfig::default()
+        },
+    );
+    let give_up = tokio::time::Instant::now() + SOON;
+    loop {
+        let group = engine
+            .get::<AgentGroupSpec>(PROJECT, "ev")
+            .await
+            .expect("group");
+        if group.status.phase.is_some_and(GroupPhase::is_finished) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < give_up, "never finished");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // While the payloads are kept, a rescore is accepted.
+    engine
+        .rescore_evaluation(PROJECT, "ev", "kept@1.0.0", Some("ev-kept"))
+        .await
+        .expect("a rescore of kept payloads");
+    // 31 days later (by the clock) the sweep removes the runs' payloads and the cases' with
+    // them; a rescore is then refused, naming the field and why, and nothing is written.
+    clock.advance(Duration::from_secs(31 * 24 * 3600));
+    let case = ObjectKey::new(PROJECT, Kind::EvaluationCase, "ev-c000");
+    let give_up = tokio::time::Instant::now() + SOON;
+    while store.get(&case).await.expect("case").document["spec"]
+        .get("payloadsRemovedAt")
+        .is_none()
+    {
+        assert!(tokio::time::Instant::now() < give_up, "never swept");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = engine
+        .rescore_evaluation(PROJECT, "ev", "kept@1.0.0", Some("ev-late"))
+        .await
+        .expect_err("payloads removed");
+    let shown = refused.to_string();
+    assert!(
+        shown.contains("spec.evaluation.rescoreOf") && shown.contains("retention sweep"),
+        "{shown}"
+    );
+    assert!(
+        engine
+            .get::<AgentGroupSpec>(PROJECT, "ev-late")
+            .await
+            .is_err(),
+        "nothing written"
+    );
     runner.shutdown().await;
 }
