@@ -202,6 +202,60 @@ def test_aio_evaluation_group_waits_reads_results_and_deletes() -> None:
     run_async(test)
 
 
+def test_aio_evaluation_pass_at_k_retry_and_rescore(fake_model: FakeAnthropic) -> None:
+    """The asyncio client reads pass@k and each task's summary, has a retry of nothing
+    unscored refused naming why, and rescores without a model call, as the sync client."""
+
+    async def test(client: aio.AsyncClient) -> None:
+        agent = aio.ClaudeAgent(
+            unique("aepochs"),
+            system="x",
+            families=["haiku"],
+            per_run_max_cost="0.05",
+            client=client,
+        )
+        group = await aio.AgentGroup.create(
+            unique("aepochs"),
+            agent=agent,
+            max_active=3,
+            max_cost="0.50",
+            evaluation={
+                "environment": "nodus/arithmetic-v2@2.0.0",
+                "split": "train",
+                "tasks": 2,
+                "repetitions": 3,
+                "seed": 11,
+                "timeout": "5m",
+            },
+        )
+        status = await group.wait(timeout=120)
+        assert status.phase == "Succeeded"
+        evaluation = status.evaluation
+        assert evaluation.scored == 6 and evaluation.unscored == {}
+        # Every repetition passed: pass@1..3 are 1 for each task and across them.
+        assert evaluation.pass_at_k == {1: 1.0, 2: 1.0, 3: 1.0}
+        per_task = evaluation.per_task
+        assert [(t["attempts"], t["scored"], t["passes"]) for t in per_task] == [(3, 3, 3)] * 2
+        assert all(t["passAtK"] == {"1": 1.0, "2": 1.0, "3": 1.0} for t in per_task)
+        with pytest.raises(nodus.Invalid, match="none unscored"):
+            await group.retry()
+        with pytest.raises(nodus.Invalid, match="GraderFailed"):
+            await group.retry(reasons=["GraderFailed"])
+        asked = len(fake_model.requests)
+        rescore = await group.rescore("nodus/arithmetic-v2@2.0.0", name=f"{group.name}-again")
+        assert rescore.name == f"{group.name}-again"
+        rescored = await rescore.wait(timeout=120)
+        assert rescored.evaluation.scored == 6 and rescored.evaluation.pass_rate == 1.0
+        assert rescored.evaluation.pass_at_k == {1: 1.0, 2: 1.0, 3: 1.0}
+        assert len(fake_model.requests) == asked, "a rescore calls no model"
+        with pytest.raises(nodus.Invalid, match="rescoreOf"):
+            await rescore.retry()
+        await rescore.delete()
+        await group.delete()
+
+    run_async(test)
+
+
 def test_aio_wrong_token_and_a_server_that_is_down(server: NodusServer) -> None:
     async def wrong(client: aio.AsyncClient) -> None:
         with pytest.raises(nodus.Unauthorized):
