@@ -273,6 +273,17 @@ pub struct ServerArgs {
     /// before the system's resolver.
     #[arg(long, env = "NODUS_EGRESS_HOSTS")]
     pub egress_hosts: Option<PathBuf>,
+    /// Connections one run's sandbox may hold open through the egress proxy at once; past it
+    /// the next waits until one ends.
+    #[arg(long, value_name = "N", default_value_t = nodus_server::egress_proxy::DEFAULT_MAX_CONNECTIONS as u64,
+        value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub egress_max_connections: u64,
+    /// Bytes (both ways together) one run's connections through the egress proxy may carry
+    /// (1 GiB by default): the connection that passes it is cut off, later ones are refused,
+    /// and the run's egress records say so.
+    #[arg(long, value_name = "BYTES", default_value_t = nodus_server::egress_proxy::DEFAULT_MAX_BYTES,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub egress_max_bytes: u64,
     /// HTTP connections served at once (at most half the open-file limit); more wait in the
     /// kernel's backlog.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
