@@ -684,7 +684,7 @@ pub enum AgentRunCommand {
         /// The run.
         name: String,
         /// The result to save: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord,
-        /// error, trajectory (JSON).
+        /// error, trajectory (JSON), egress (JSON Lines).
         result: Option<String>,
         /// The file to write the result to (`-` writes to standard output; default: its
         /// file name, such as outputWorkdir.tar.gz).
@@ -708,6 +708,17 @@ pub enum AgentRunCommand {
         /// unfinished steps are printed.
         #[arg(long, value_name = "DURATION")]
         since: Option<String>,
+    },
+    /// List the connections the run's sandbox asked the egress proxy for (runs with an
+    /// allowlist; kept when the run ends): time, host:port, address, verdict, rule, bytes,
+    /// duration.
+    Egress {
+        /// The run.
+        name: String,
+        /// Output: json (an array) or jsonl (one record a line, as the result is kept);
+        /// default: a table.
+        #[arg(short, long, value_parser = ["json", "jsonl"])]
+        output: Option<String>,
     },
     /// List what the run did, in order.
     Steps {

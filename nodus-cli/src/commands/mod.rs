@@ -3,6 +3,7 @@
 mod access;
 mod apply;
 mod create;
+mod egress;
 mod eval;
 mod get;
 mod login;
