@@ -34,6 +34,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 /// Bytes (both ways together) one run's connections may carry unless the operator says
 /// otherwise (`--egress-max-bytes`): 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+/// The buffers of a connection's two directions: downloads are the bulk of egress, and a
+/// larger buffer halves the proxy's cost per byte of them against tokio's 8 KiB (BENCHMARKS.md).
+const ANSWER_BUFFER: usize = 64 << 10;
+const REQUEST_BUFFER: usize = 16 << 10;
 /// Connection records a run keeps in memory when the proxy has no journal (unit tests).
 const MAX_RECORDS_PER_RUN: usize = 10_000;
 
@@ -378,7 +382,13 @@ impl Run {
                         meter: &meter,
                         budget: &self.budget,
                     };
-                    let _ = tokio::io::copy_bidirectional(&mut metered, &mut upstream).await;
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut metered,
+                        &mut upstream,
+                        REQUEST_BUFFER,
+                        ANSWER_BUFFER,
+                    )
+                    .await;
                 }
                 journaled.finish();
             }
