@@ -35,7 +35,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 /// otherwise (`--egress-max-bytes`): 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 /// The buffers of a connection's two directions: downloads are the bulk of egress, and a
-/// larger buffer halves the proxy's cost per byte of them against tokio's 8 KiB (BENCHMARKS.md).
+/// larger buffer than tokio's 8 KiB means fewer reads and writes per byte of them (the
+/// launcher's bridge copies through 64 KiB too).
 const ANSWER_BUFFER: usize = 64 << 10;
 const REQUEST_BUFFER: usize = 16 << 10;
 /// Connection records a run keeps in memory when the proxy has no journal (unit tests).
