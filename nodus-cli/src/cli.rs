@@ -276,6 +276,17 @@ pub struct ServerArgs {
     /// before the system's resolver.
     #[arg(long, env = "NODUS_EGRESS_HOSTS")]
     pub egress_hosts: Option<PathBuf>,
+    /// Connections one run's sandbox may hold open through the egress proxy at once; past it
+    /// the next waits until one ends.
+    #[arg(long, value_name = "N", default_value_t = nodus_server::egress_proxy::DEFAULT_MAX_CONNECTIONS as u64,
+        value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub egress_max_connections: u64,
+    /// Bytes (both ways together) one run's connections through the egress proxy may carry
+    /// (1 GiB by default): the connection that passes it is cut off, later ones are refused,
+    /// and the run's egress records say so.
+    #[arg(long, value_name = "BYTES", default_value_t = nodus_server::egress_proxy::DEFAULT_MAX_BYTES,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub egress_max_bytes: u64,
     /// HTTP connections served at once (at most half the open-file limit); more wait in the
     /// kernel's backlog.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
@@ -741,7 +752,7 @@ pub enum AgentRunCommand {
         /// The run.
         name: String,
         /// The result to save: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord,
-        /// error, trajectory (JSON).
+        /// error, trajectory (JSON), egress (JSON Lines).
         result: Option<String>,
         /// The file to write the result to (`-` writes to standard output; default: its
         /// file name, such as outputWorkdir.tar.gz).
@@ -765,6 +776,17 @@ pub enum AgentRunCommand {
         /// unfinished steps are printed.
         #[arg(long, value_name = "DURATION")]
         since: Option<String>,
+    },
+    /// List the connections the run's sandbox asked the egress proxy for (runs with an
+    /// allowlist; kept when the run ends): time, host:port, address, verdict, rule, bytes,
+    /// duration.
+    Egress {
+        /// The run.
+        name: String,
+        /// Output: json (an array) or jsonl (one record a line, as the result is kept);
+        /// default: a table.
+        #[arg(short, long, value_parser = ["json", "jsonl"])]
+        output: Option<String>,
     },
     /// List what the run did, in order.
     Steps {

@@ -256,24 +256,54 @@ pub struct EgressRecord {
     pub duration_ms: u64,
 }
 
-/// `status.egress` of a run: how many connections were allowed and refused.
+/// `status.egress` of a run: how many connections were allowed and refused, and the bytes
+/// that went each way, over every connection its sandbox asked for (those whose records the
+/// journal no longer keeps included: [`crate::egress_log`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
 pub struct EgressCounts {
-    /// Connections allowed.
+    /// Connections allowed (those cut off at the run's byte limit count as refused).
     pub allowed: u64,
     /// Connections refused.
     pub refused: u64,
+    /// Bytes from the sandbox onward.
+    #[serde(default)]
+    pub bytes_out: u64,
+    /// Bytes back to the sandbox.
+    #[serde(default)]
+    pub bytes_in: u64,
 }
 
 impl EgressCounts {
+    /// These counts with `record` counted too.
+    pub fn add(&mut self, record: &EgressRecord) {
+        if record.verdict == "allowed" {
+            self.allowed += 1;
+        } else {
+            self.refused += 1;
+        }
+        self.bytes_out = self.bytes_out.saturating_add(record.bytes_out);
+        self.bytes_in = self.bytes_in.saturating_add(record.bytes_in);
+    }
+
+    /// The sum of these counts and `other`.
+    pub fn plus(self, other: EgressCounts) -> EgressCounts {
+        EgressCounts {
+            allowed: self.allowed + other.allowed,
+            refused: self.refused + other.refused,
+            bytes_out: self.bytes_out.saturating_add(other.bytes_out),
+            bytes_in: self.bytes_in.saturating_add(other.bytes_in),
+        }
+    }
+
     /// The counts of `records`.
     pub fn of(records: &[EgressRecord]) -> Self {
-        let allowed = records.iter().filter(|r| r.verdict == "allowed").count() as u64;
-        EgressCounts {
-            allowed,
-            refused: records.len() as u64 - allowed,
+        let mut counts = EgressCounts::default();
+        for record in records {
+            counts.add(record);
         }
+        counts
     }
 }
 

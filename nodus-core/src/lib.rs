@@ -62,6 +62,7 @@ pub mod decide;
 pub(crate) mod decide;
 pub mod digest;
 pub mod egress;
+pub mod egress_log;
 pub mod engine;
 pub mod evaluation;
 pub mod group;

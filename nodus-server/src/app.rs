@@ -118,7 +118,10 @@ impl Server {
         let replica = replica_name(&options.data_dir)?;
         let store = open_store(&options, &mut announcements).await?;
         // The egress proxy: the only way out of the sandboxes of runs with an allowlist.
-        let egress = crate::egress_proxy::EgressProxy::new(options.egress.clone());
+        // Its journal keeps every connection's record with the run.
+        let egress_journal = nodus_core::egress_log::EgressJournal::new(store.clone());
+        let egress = crate::egress_proxy::EgressProxy::new(options.egress.clone())
+            .with_journal(egress_journal.clone());
         let sandbox = open_sandbox(&options, &store, &egress, &mut announcements).await?;
         let catalog =
             nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;
@@ -163,6 +166,7 @@ impl Server {
                 actions: crate::actions::registry(options.webhook_allow.clone())
                     .merged(&options.actions),
                 egress_allow: options.egress.allow.clone(),
+                egress_journal: Some(egress_journal),
                 snapshots: Some(nodus_core::snapshot::Budget {
                     limit_bytes: options.snapshot_budget,
                 }),

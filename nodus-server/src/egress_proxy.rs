@@ -4,7 +4,11 @@
 //! came in on. It resolves names itself (the operator's `--egress-hosts` lines first), asks
 //! [`nodus_core::egress::decide`] about every resolved address, dials only an address that
 //! was allowed (the connection is pinned to it), and answers a refusal with a 403 whose body
-//! names the rule. Every connection asked for becomes an [`EgressRecord`].
+//! names the rule. Every connection asked for becomes an [`EgressRecord`], handed to the
+//! run's egress journal ([`EgressJournal`]) when the connection ends, however it ends; a run's
+//! connections at once and bytes in all are bounded ([`ProxyConfig`], the `meter` module).
+
+mod meter;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -13,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nodus_core::egress::{self, Cidr, EgressRecord, Verdict};
+use nodus_core::egress_log::EgressJournal;
 use nodus_core::resource::NetworkSpec;
 use nodus_core::sandbox::{EgressGate, Error as SandboxError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -22,21 +27,46 @@ use tokio::net::{TcpStream, UnixListener};
 const MAX_HEAD_BYTES: usize = 16 << 10;
 /// How long the proxy waits for a request head, and for an onward connection.
 const WAIT: Duration = Duration::from_secs(10);
-/// Connections one run's sandbox may hold open through the proxy at once; past it the proxy
-/// accepts the next only when one ends (each holds two descriptors of the server's).
-const MAX_CONNECTIONS_PER_RUN: usize = 64;
-/// Connection records a run keeps in memory until they are journaled; later ones are counted
-/// in the log only (the records are not journaled yet: issue 29, step 2).
+/// Connections one run's sandbox may hold open through the proxy at once unless the operator
+/// says otherwise (`--egress-max-connections`); past it the proxy accepts the next only when
+/// one ends (each holds two descriptors of the server's).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Bytes (both ways together) one run's connections may carry unless the operator says
+/// otherwise (`--egress-max-bytes`): 1 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+/// The buffers of a connection's two directions: downloads are the bulk of egress, and a
+/// larger buffer than tokio's 8 KiB means fewer reads and writes per byte of them (the
+/// launcher's bridge copies through 64 KiB too).
+const ANSWER_BUFFER: usize = 64 << 10;
+const REQUEST_BUFFER: usize = 16 << 10;
+/// Connection records a run keeps in memory when the proxy has no journal (unit tests).
 const MAX_RECORDS_PER_RUN: usize = 10_000;
 
-/// What the operator gives the proxy: the internal networks it may reach (`--egress-allow`)
-/// and names it resolves itself (`--egress-hosts`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the operator gives the proxy: the internal networks it may reach (`--egress-allow`),
+/// names it resolves itself (`--egress-hosts`) and the bounds of each run.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
     /// Internal addresses and networks a run's allowlist may lead to.
     pub allow: Vec<Cidr>,
     /// Names (lower case) and their addresses, read before the system's resolver.
     pub hosts: HashMap<String, Vec<IpAddr>>,
+    /// Connections a run's sandbox may hold open at once (`--egress-max-connections`), 1 or
+    /// more.
+    pub max_connections: usize,
+    /// Bytes a run's connections may carry, both ways together (`--egress-max-bytes`): the
+    /// connection that passes it is cut off and later ones are refused.
+    pub max_bytes: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            allow: Vec::new(),
+            hosts: HashMap::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
 }
 
 /// Reads hosts-file lines (`ADDRESS NAME...`, `#` comments) into names and addresses.
@@ -70,6 +100,7 @@ pub fn parse_hosts(text: &str) -> Result<HashMap<String, Vec<IpAddr>>, String> {
 pub struct EgressProxy {
     config: Arc<ProxyConfig>,
     open: Arc<Mutex<HashMap<String, RunProxy>>>,
+    journal: Option<EgressJournal>,
 }
 
 /// A run's listener: it serves until dropped (then its socket file is removed).
@@ -77,6 +108,7 @@ pub struct EgressProxy {
 pub struct RunProxy {
     path: PathBuf,
     records: Arc<Mutex<Vec<EgressRecord>>>,
+    budget: Arc<meter::Budget>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -108,7 +140,15 @@ impl EgressProxy {
         EgressProxy {
             config: Arc::new(config),
             open: Arc::default(),
+            journal: None,
         }
+    }
+
+    /// This proxy, handing every connection's record to `journal` (keyed by the sandbox's key,
+    /// the run's uid) instead of keeping it in memory.
+    pub fn with_journal(mut self, journal: EgressJournal) -> Self {
+        self.journal = Some(journal);
+        self
     }
 
     fn open_runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunProxy>> {
@@ -126,21 +166,35 @@ impl EgressProxy {
     /// Opens a listener at `path` (a stale socket there is replaced) for a run whose
     /// `spec.network` is `network`.
     pub fn listen(&self, path: &Path, network: NetworkSpec) -> std::io::Result<RunProxy> {
-        self.listen_recording(path, network, Arc::default())
+        self.listen_recording(path, network, "", None)
     }
 
+    /// [`EgressProxy::listen`] for sandbox `key`, going on with `was` (the records and the
+    /// byte budget of its listener before, when it is opened again).
     fn listen_recording(
         &self,
         path: &Path,
         network: NetworkSpec,
-        records: Arc<Mutex<Vec<EgressRecord>>>,
+        key: &str,
+        was: Option<RunProxy>,
     ) -> std::io::Result<RunProxy> {
+        let (records, budget) = match was {
+            Some(was) => (was.records.clone(), was.budget.clone()),
+            None => (
+                Arc::default(),
+                Arc::new(meter::Budget::new(self.config.max_bytes)),
+            ),
+        };
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
+        let max_connections = self.config.max_connections.max(1);
         let run = Arc::new(Run {
             config: self.config.clone(),
             network,
+            key: key.to_string(),
+            journal: self.journal.clone(),
             records: records.clone(),
+            budget: budget.clone(),
         });
         // The connections are tasks of a set the accept loop owns: when the run's listener is
         // dropped (its task aborted), they end with it, tunnels included.
@@ -148,7 +202,7 @@ impl EgressProxy {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 while connections.try_join_next().is_some() {}
-                if connections.len() >= MAX_CONNECTIONS_PER_RUN {
+                if connections.len() >= max_connections {
                     connections.join_next().await;
                     continue;
                 }
@@ -165,6 +219,7 @@ impl EgressProxy {
         Ok(RunProxy {
             path: path.to_path_buf(),
             records,
+            budget,
             task,
         })
     }
@@ -174,13 +229,10 @@ impl EgressGate for EgressProxy {
     fn open(&self, key: &str, network: &NetworkSpec, socket: &Path) -> Result<(), SandboxError> {
         let mut open = self.open_runs();
         // A sandbox opened again (started again after a restart, a retried step) keeps the
-        // records of its connections so far.
-        let records = open
-            .remove(key)
-            .map(|run| run.records.clone())
-            .unwrap_or_default();
+        // records of its connections so far, and what they used of its byte budget.
+        let was = open.remove(key);
         let run = self
-            .listen_recording(socket, network.clone(), records)
+            .listen_recording(socket, network.clone(), key, was)
             .map_err(|e| {
                 SandboxError::Failed(format!(
                     "the egress proxy cannot listen on {}: {e}",
@@ -201,7 +253,50 @@ impl EgressGate for EgressProxy {
 struct Run {
     config: Arc<ProxyConfig>,
     network: NetworkSpec,
+    /// The sandbox's key (the run's uid), as the journal knows it.
+    key: String,
+    journal: Option<EgressJournal>,
     records: Arc<Mutex<Vec<EgressRecord>>>,
+    budget: Arc<meter::Budget>,
+}
+
+/// A connection's record, handed over when the connection ends: when it is dropped, so that
+/// a connection cut short (its sandbox deleted, the server stopping) is recorded too, with
+/// the bytes it carried.
+struct Journaled<'a> {
+    run: &'a Run,
+    meter: &'a meter::Meter,
+    started: Instant,
+    record: EgressRecord,
+    handed: bool,
+}
+
+impl Journaled<'_> {
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.handed, true) {
+            return;
+        }
+        let mut record = self.record.clone();
+        record.duration_ms = millis(self.started);
+        record.bytes_out = record.bytes_out.max(self.meter.bytes_out());
+        record.bytes_in = record.bytes_in.max(self.meter.bytes_in());
+        if self.meter.was_cut() {
+            record.verdict = "refused".into();
+            record.rule = format!(
+                "cut off: the run's connections passed the {} bytes the server's \
+                 --egress-max-bytes allows a run ({} had allowed it)",
+                self.run.budget.limit(),
+                record.rule
+            );
+        }
+        self.run.push(record);
+    }
+}
+
+impl Drop for Journaled<'_> {
+    fn drop(&mut self) {
+        self.finish();
+    }
 }
 
 /// What a request asked for.
@@ -231,28 +326,45 @@ impl Run {
             }
             Err(_) => return,
         };
-        let mut record = EgressRecord {
-            time,
-            host: request.host.clone(),
-            port: request.port,
-            address: None,
-            verdict: "refused".into(),
-            rule: String::new(),
-            bytes_out: 0,
-            bytes_in: 0,
-            duration_ms: 0,
+        let meter = meter::Meter::default();
+        let mut journaled = Journaled {
+            run: self,
+            meter: &meter,
+            started,
+            record: EgressRecord {
+                time,
+                host: request.host.clone(),
+                port: request.port,
+                address: None,
+                verdict: "refused".into(),
+                rule: String::new(),
+                bytes_out: 0,
+                bytes_in: 0,
+                duration_ms: 0,
+            },
+            handed: false,
         };
-        match self.connect(&request, &mut record).await {
+        let connected = if self.budget.spent() {
+            Err(Answer {
+                status: "403 Forbidden",
+                body: format!(
+                    "the run's connections have used the {} bytes the server's \
+                     --egress-max-bytes allows a run",
+                    self.budget.limit()
+                ),
+            })
+        } else {
+            self.connect(&request, &mut journaled.record).await
+        };
+        match connected {
             Err(answer) => {
-                if record.rule.is_empty() {
-                    record.rule = answer.body.clone();
+                if journaled.record.rule.is_empty() {
+                    journaled.record.rule = answer.body.clone();
                 }
                 // Recorded before the answer, so that a refusal's record is there once the
                 // sandbox has read it.
-                record.duration_ms = millis(started);
-                self.push(record);
+                journaled.finish();
                 let _ = respond(&mut client, &answer).await;
-                return;
             }
             Ok(mut upstream) => {
                 let ready = match &request.onward {
@@ -263,23 +375,34 @@ impl Run {
                     Some(head) => upstream.write_all(head).await.is_ok(),
                 };
                 if ready && upstream.write_all(&request.rest).await.is_ok() {
-                    let sent =
-                        (request.onward.as_ref().map_or(0, Vec::len) + request.rest.len()) as u64;
-                    let (out, back) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
-                        .await
-                        .unwrap_or((0, 0));
-                    record.bytes_out = out + sent;
-                    record.bytes_in = back;
+                    meter.add_out(
+                        (request.onward.as_ref().map_or(0, Vec::len) + request.rest.len()) as u64,
+                    );
+                    let mut metered = meter::Metered {
+                        inner: &mut client,
+                        meter: &meter,
+                        budget: &self.budget,
+                    };
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut metered,
+                        &mut upstream,
+                        REQUEST_BUFFER,
+                        ANSWER_BUFFER,
+                    )
+                    .await;
                 }
+                journaled.finish();
             }
         }
-        record.duration_ms = millis(started);
-        self.push(record);
     }
 
     fn push(&self, record: EgressRecord) {
         tracing::debug!(host = %record.host, port = record.port, verdict = %record.verdict,
             rule = %record.rule, "egress");
+        if let Some(journal) = &self.journal {
+            journal.record(&self.key, record);
+            return;
+        }
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         if records.len() < MAX_RECORDS_PER_RUN {
             records.push(record);
@@ -544,6 +667,7 @@ mod tests {
             allow: egress::parse_operator_allow(allow).expect("allow"),
             hosts: parse_hosts("# test names\n127.0.0.1 files.test FILES2.test\n::1 six.test\n")
                 .expect("hosts"),
+            ..ProxyConfig::default()
         }
     }
 

@@ -787,16 +787,17 @@ pub fn document() -> Value {
         None,
     )}));
     paths.insert(sub("results"), json!({"parameters": [project, name], "get": operation(
-        "The results of a finished run, each with its name, fileName, contentType and bytes: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord and, unless it succeeded, error, and unless spec.autoTelemetry is false, trajectory (ATIF-v1.8; JSON); none before it finishes",
+        "The results of a finished run, each with its name, fileName, contentType and bytes: inputWorkdir, outputWorkdir, artifacts (.tar.gz), runRecord and, unless it succeeded, error, and unless spec.autoTelemetry is false, trajectory (ATIF-v1.8; JSON), and for a run with an allowlist, egress (JSON Lines); none before it finishes",
         responses(&[json_ok("200", "The results", "RunResultList")], read),
         None,
     )}));
     let result = json!({"name": "result", "in": "path", "required": true, "schema": {"type": "string", "enum": nodus_core::engine::RESULT_NAMES}});
     paths.insert(sub("results/{result}"), json!({"parameters": [project, name, result], "get": operation(
-        "One result of a finished run: a directory as application/gzip (a .tar.gz), a record as application/json (Content-Disposition names its file)",
+        "One result of a finished run: a directory as application/gzip (a .tar.gz), a record as application/json, the egress records as application/jsonl (Content-Disposition names its file)",
         responses(&[("200", "The result's bytes", json!({
             "application/gzip": {"schema": {"type": "string", "format": "binary", "contentMediaType": "application/gzip"}},
             "application/json": {"schema": {"type": "object"}},
+            "application/jsonl": {"schema": {"type": "string", "contentMediaType": "application/jsonl"}},
         }))], read),
         None,
     )}));

@@ -7,29 +7,53 @@
 //! tunnel); a name not on the list, an allowed name that resolves to a refused address
 //! (`internal.test`, 127.0.0.2, which `--egress-allow` leaves out), a direct connection to
 //! the test server's address and a raw socket are each refused, and none of them reaches the
-//! test server. A run with `egress: none` has no way out at all, and no proxy variables. A
-//! server whose sandboxes cannot reach the proxy (started by bubblewrap) refuses a run with
-//! an allowlist, naming the field, and writes nothing.
+//! test server. The proxy's decisions are journaled with the run (its result `egress`,
+//! `nodus agentrun egress`, `status.egress`) and are still there after the server is killed
+//! and started again; the direct connection and the raw socket never reach the proxy, so
+//! they leave no record. A run with `egress: none` has no way out at all, no proxy variables
+//! and no egress result. The operator's per-run limits hold: connections at once
+//! (`--egress-max-connections`) and bytes (`--egress-max-bytes`: the connection that passes
+//! it is cut off, later ones are refused, both recorded). A server whose sandboxes cannot
+//! reach the proxy (started by bubblewrap) refuses a run with an allowlist, naming the field,
+//! and writes nothing.
 
 #[path = "support/server.rs"]
 mod server;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use server::{Backend, ServerProcess};
 
+/// The test's HTTP server: its port, the request lines it got, and the most requests it
+/// served at once.
+struct Origin {
+    port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+    most_at_once: Arc<AtomicUsize>,
+}
+
+/// Bytes of the body of `/big`.
+const BIG: usize = 3_000_000;
+
 /// A plain HTTP server on the host's 127.0.0.1 that answers every request with
-/// `hello from <path>` and keeps the request lines it got.
-fn origin() -> (u16, Arc<Mutex<Vec<String>>>) {
+/// `hello from <path>` (after 1.5 s for paths starting with `/slow`; `/big` answers [`BIG`]
+/// bytes) and keeps the request lines it got.
+fn origin() -> Origin {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
     let port = listener.local_addr().expect("address").port();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let most_at_once: Arc<AtomicUsize> = Arc::default();
+    let active: Arc<AtomicUsize> = Arc::default();
     let shared = seen.clone();
+    let most = most_at_once.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let shared = shared.clone();
+            let (active, most) = (active.clone(), most.clone());
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().expect("clone"));
                 let mut first = String::new();
@@ -46,7 +70,16 @@ fn origin() -> (u16, Arc<Mutex<Vec<String>>>) {
                     .lock()
                     .expect("lock")
                     .push(first.trim_end().to_string());
-                let body = format!("hello from {path}");
+                let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                if path.starts_with("/slow") {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                let body = if path == "/big" {
+                    "x".repeat(BIG)
+                } else {
+                    format!("hello from {path}")
+                };
                 let _ = (&stream).write_all(
                     format!(
                         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -54,10 +87,56 @@ fn origin() -> (u16, Arc<Mutex<Vec<String>>>) {
                     )
                     .as_bytes(),
                 );
+                active.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
-    (port, seen)
+    Origin {
+        port,
+        seen,
+        most_at_once,
+    }
+}
+
+/// The records of run `name`'s result `egress`, through `nodus agentrun egress -o jsonl`.
+fn egress_records(server: &ServerProcess, name: &str) -> Vec<serde_json::Value> {
+    server
+        .ok(&["agentrun", "egress", name, "-o", "jsonl"])
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect()
+}
+
+/// `status.egress` of run `name`.
+fn egress_status(server: &ServerProcess, name: &str) -> serde_json::Value {
+    let text = server.ok(&[
+        "get",
+        &format!("agentrun/{name}"),
+        "-o",
+        "jsonpath={.status.egress}",
+    ]);
+    serde_json::from_str(text.trim()).expect("status.egress as JSON")
+}
+
+/// Start a process-sandbox server on `dir` whose egress proxy knows `files.test` and
+/// `other.test` (127.0.0.1) and `internal.test` (127.0.0.2), may reach 127.0.0.1, and takes
+/// `extra` flags.
+fn egress_server(dir: &std::path::Path, extra: &[&str]) -> ServerProcess {
+    let hosts = dir.join("egress-hosts");
+    std::fs::write(
+        &hosts,
+        "# the test's names\n127.0.0.1 files.test other.test\n127.0.0.2 internal.test\n",
+    )
+    .expect("hosts file");
+    let store = Backend::Sqlite.store_url(dir);
+    let mut flags = vec![
+        "--egress-allow",
+        "127.0.0.1",
+        "--egress-hosts",
+        hosts.to_str().expect("UTF-8"),
+    ];
+    flags.extend_from_slice(extra);
+    ServerProcess::start_with(&store, dir, "process", &flags)
 }
 
 /// Create run `name` of `net-agent` with `prompt` (in `environment` when given), wait until
@@ -87,26 +166,9 @@ fn run(server: &ServerProcess, name: &str, prompt: &str, environment: Option<&st
 
 #[test]
 fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
-    let (port, seen) = origin();
+    let Origin { port, seen, .. } = origin();
     let dir = tempfile::tempdir().expect("tempdir");
-    let hosts = dir.path().join("egress-hosts");
-    std::fs::write(
-        &hosts,
-        "# the test's names\n127.0.0.1 files.test other.test\n127.0.0.2 internal.test\n",
-    )
-    .expect("hosts file");
-    let store = Backend::Sqlite.store_url(dir.path());
-    let server = ServerProcess::start_with(
-        &store,
-        dir.path(),
-        "process",
-        &[
-            "--egress-allow",
-            "127.0.0.1",
-            "--egress-hosts",
-            hosts.to_str().expect("UTF-8"),
-        ],
-    );
+    let mut server = egress_server(dir.path(), &[]);
     let resources = format!(
         "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: files\nspec:\n  \
          network:\n    egress: allowlist\n    allow:\n    - host: files.test\n      ports: \
@@ -158,6 +220,80 @@ fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
         "{answer}"
     );
 
+    // Each connection the proxy was asked for is journaled with its verdict and rule; the
+    // direct connection and the raw socket never reached the proxy and leave no record.
+    let journaled = |server: &ServerProcess| {
+        let records = egress_records(server, "fetches");
+        let seen: Vec<(String, String, String, String)> = records
+            .iter()
+            .map(|r| {
+                let text = |name: &str| r[name].as_str().unwrap_or("-").to_string();
+                (text("host"), text("address"), text("verdict"), text("rule"))
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    "files.test",
+                    "127.0.0.1",
+                    "allowed",
+                    "spec.network.allow[0]"
+                ),
+                (
+                    "files.test",
+                    "127.0.0.1",
+                    "allowed",
+                    "spec.network.allow[0]"
+                ),
+                (
+                    "other.test",
+                    "-",
+                    "refused",
+                    "other.test is not in spec.network.allow"
+                ),
+                (
+                    "internal.test",
+                    "127.0.0.2",
+                    "refused",
+                    "127.0.0.2 is an internal address (loopback) that the server's \
+                     --egress-allow does not list"
+                ),
+            ]
+            .map(|(h, a, v, r)| (
+                h.to_string(),
+                a.to_string(),
+                v.to_string(),
+                r.to_string()
+            )),
+        );
+        assert!(records.iter().all(|r| r["port"] == port));
+        // The allowed ones carried the request out and the answer back.
+        for allowed in &records[..2] {
+            assert!(allowed["bytesOut"].as_u64() > Some(20), "{allowed}");
+            assert!(allowed["bytesIn"].as_u64() > Some(20), "{allowed}");
+        }
+        records
+    };
+    let records = journaled(&server);
+    let status = egress_status(&server, "fetches");
+    assert_eq!(status["allowed"], 2, "{status}");
+    assert_eq!(status["refused"], 2, "{status}");
+    let bytes_in: u64 = records.iter().filter_map(|r| r["bytesIn"].as_u64()).sum();
+    assert_eq!(status["bytesIn"].as_u64(), Some(bytes_in), "{status}");
+    let table = server.ok(&["agentrun", "egress", "fetches"]);
+    assert!(
+        table.contains(&format!("other.test:{port}")) && table.contains("refused"),
+        "{table}"
+    );
+
+    // Kept in the store, not in the proxy's memory: a server killed and started again on
+    // the same data directory serves them unchanged.
+    server.kill();
+    let server = egress_server(dir.path(), &[]);
+    assert_eq!(journaled(&server), records);
+    assert_eq!(egress_status(&server, "fetches"), status);
+
     // Without an allowlist there is no way out at all, and no proxy to point at.
     let answer = run(
         &server,
@@ -171,6 +307,107 @@ fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
     assert!(answer.contains("none-exit=7"), "{answer}");
     assert!(answer.contains("proxy=[]"), "{answer}");
     assert_eq!(seen.lock().expect("lock").len(), 2, "{answer}");
+    // No proxy, no journal.
+    let refused = server.fails(&["agentrun", "egress", "no-way-out"]);
+    assert!(refused.contains("egress"), "{refused}");
+}
+
+#[test]
+fn a_runs_connections_at_once_and_bytes_are_bounded_by_the_operator() {
+    let origin = origin();
+    let port = origin.port;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = egress_server(
+        dir.path(),
+        &[
+            "--egress-max-connections",
+            "2",
+            "--egress-max-bytes",
+            "1000000",
+        ],
+    );
+    let resources = format!(
+        "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: files\nspec:\n  \
+         network:\n    egress: allowlist\n    allow:\n    - host: files.test\n      ports: \
+         [{port}]\n---\napiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: net-agent\n\
+         spec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n"
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&resources));
+    assert!(output.status.success(), "{output:?}");
+    let fetch = format!(
+        "for i in 1 2 3 4; do curl -s http://files.test:{port}/slow$i & done; wait; echo; \
+         curl -s -o /dev/null -w 'big=%{{http_code}} size=%{{size_download}}' \
+         http://files.test:{port}/big; echo \" big-exit=$?\"; \
+         curl -s -w ' after=%{{http_code}}' http://files.test:{port}/after; echo"
+    );
+    let answer = run(
+        &server,
+        "bounded",
+        &format!("Run `{fetch}` and tell me."),
+        Some("files"),
+    );
+    // Four requests, never more than two at once.
+    for i in 1..=4 {
+        assert!(answer.contains(&format!("hello from /slow{i}")), "{answer}");
+    }
+    assert_eq!(origin.most_at_once.load(Ordering::SeqCst), 2, "{answer}");
+    // The download that passed the run's bytes is cut off (curl: 18, a partial transfer),
+    // and the next connection is refused.
+    assert!(answer.contains("big-exit=18"), "{answer}");
+    let size: usize = answer
+        .rsplit("size=")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size: {answer}"));
+    assert!((900_000..BIG).contains(&size), "{size}: {answer}");
+    assert!(
+        answer.contains(
+            "the run's connections have used the 1000000 bytes the server's \
+             --egress-max-bytes allows a run\n after=403"
+        ),
+        "{answer}"
+    );
+    assert!(
+        !origin
+            .seen
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|line| line.contains("/after")),
+        "{answer}"
+    );
+
+    let records = egress_records(&server, "bounded");
+    assert_eq!(records.len(), 6, "{records:?}");
+    let rule = |i: usize| records[i]["rule"].as_str().unwrap_or_default().to_string();
+    for slow in &records[..4] {
+        assert_eq!(slow["verdict"], "allowed", "{slow}");
+    }
+    assert_eq!(records[4]["verdict"], "refused", "{records:?}");
+    assert!(
+        rule(4).starts_with(
+            "cut off: the run's connections passed the 1000000 bytes the server's \
+             --egress-max-bytes allows a run (spec.network.allow[0] had allowed it)"
+        ),
+        "{records:?}"
+    );
+    let cut_in = records[4]["bytesIn"].as_u64().unwrap_or_default();
+    assert!((900_000..BIG as u64).contains(&cut_in), "{records:?}");
+    assert_eq!(records[5]["verdict"], "refused", "{records:?}");
+    assert!(
+        rule(5).contains("have used the 1000000 bytes"),
+        "{records:?}"
+    );
+    let status = egress_status(&server, "bounded");
+    assert_eq!(
+        (&status["allowed"], &status["refused"]),
+        (&4.into(), &2.into())
+    );
+    let total = status["bytesIn"].as_u64().unwrap_or_default()
+        + status["bytesOut"].as_u64().unwrap_or_default();
+    // Cut within a buffer or so of the limit.
+    assert!((1_000_000..1_100_000).contains(&total), "{status}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 mod access;
 mod apply;
 mod create;
+mod egress;
 mod env;
 mod eval;
 mod get;

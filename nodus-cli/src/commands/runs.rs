@@ -110,12 +110,21 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             let file = file.unwrap_or_else(|| {
                 let extension = if result.ends_with("Workdir") || result == "artifacts" {
                     "tar.gz"
+                } else if result == "egress" {
+                    "jsonl"
                 } else {
                     "json"
                 };
                 std::path::PathBuf::from(format!("{result}.{extension}"))
             });
             save(&name, &result, &file, &bytes)
+        }
+        AgentRunCommand::Egress { name, output } => {
+            let bytes = client
+                .get_bytes(&[RUNS, &name, "results", "egress"])
+                .await?;
+            out(&super::egress::render(&bytes, output.as_deref())?);
+            Ok(())
         }
         AgentRunCommand::Steps {
             name,

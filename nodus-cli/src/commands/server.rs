@@ -87,6 +87,8 @@ pub fn options(args: ServerArgs) -> Result<Options> {
             nodus_server::egress_proxy::parse_hosts(&text).map_err(Error::Input)?;
     }
     let count = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+    options.egress.max_connections = count(args.egress_max_connections);
+    options.egress.max_bytes = args.egress_max_bytes;
     options.max_connections = count(args.max_connections);
     options.header_timeout = std::time::Duration::from_secs(args.header_timeout);
     options.admission.max_body_memory = count(args.max_body_memory.saturating_mul(1024 * 1024));

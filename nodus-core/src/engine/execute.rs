@@ -617,6 +617,9 @@ impl Engine {
         if let Some(replica) = &self.config.replica {
             status.replica = Some(replica.clone());
         }
+        if fixed.sandbox.egress.is_some() {
+            status.egress = Some(self.egress_counts(&fixed.uid).await?);
+        }
         if status == run.object.status {
             return Ok(Some(run.clone()));
         }
@@ -641,6 +644,16 @@ impl Engine {
             Err(store_api::Error::Conflict { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The counts of the egress journal of run `uid` (once what this process's proxy
+    /// recorded so far is written).
+    async fn egress_counts(&self, uid: &str) -> Result<crate::egress::EgressCounts> {
+        let log = match &self.config.egress_journal {
+            Some(journal) => journal.settled(uid).await?,
+            None => crate::egress_log::read(self.deps.store.as_ref(), uid).await?,
+        };
+        Ok(log.counts)
     }
 
     /// Retry a store call while it fails in a way a retry can fix.

@@ -207,6 +207,8 @@ pub struct Config {
     /// The internal networks the operator lets egress reach (`--egress-allow`): a run's
     /// `spec.network.allow` cidr must lie inside one of them.
     pub egress_allow: Vec<crate::egress::Cidr>,
+    /// The egress proxy's journal, when this process has one: `status.egress` waits for it.
+    pub egress_journal: Option<crate::egress_log::EgressJournal>,
     /// Working-directory snapshots after each command step, within this budget of new
     /// content per run (so that runs can be forked from those steps); `None` takes none.
     pub snapshots: Option<crate::snapshot::Budget>,
@@ -224,6 +226,7 @@ impl Default for Config {
             delete_wait: Duration::from_secs(30),
             actions: crate::postrun::Registry::new(),
             egress_allow: Vec::new(),
+            egress_journal: None,
             snapshots: Some(crate::snapshot::Budget::default()),
         }
     }

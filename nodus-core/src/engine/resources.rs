@@ -75,18 +75,15 @@ impl Engine {
             .store
             .delete(&ObjectKey::new(project, Kind::AgentRun, name))
             .await?;
-        match self
-            .deps
-            .store
-            .delete(&super::workdir_archive_key(&ObjectKey::new(
-                project,
-                Kind::AgentRun,
-                name,
-            )))
-            .await
-        {
-            Ok(()) | Err(crate::store::Error::NotFound(_)) => {}
-            Err(e) => return Err(e.into()),
+        let kept = [
+            super::workdir_archive_key(&ObjectKey::new(project, Kind::AgentRun, name)),
+            crate::egress_log::egress_log_key(super::run_uid(&run.object)),
+        ];
+        for key in kept {
+            match self.deps.store.delete(&key).await {
+                Ok(()) | Err(crate::store::Error::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         if let Some(group) = run.object.spec.group.as_ref().filter(|_| reconcile) {
             match self.reconcile_group(project, group).await {

@@ -3,7 +3,8 @@
 //! `commands/NNN/{command,stdout,stderr,exit}` for each command, its output as the sandbox
 //! kept it, at most [`Limits::output_cap_bytes`](crate::sandbox::Limits) of each stream),
 //! `runRecord` (JSON: phase, answer, turns, cost, times, the image's digest it ran) and, for a run that did not succeed,
-//! `error` (JSON: `type`, `message`, `timeout`), and what its post-run action saved (by its
+//! `error` (JSON: `type`, `message`, `timeout`), for a run whose sandbox had an allowlist
+//! `egress` (JSON Lines: [`crate::egress_log`]), and what its post-run action saved (by its
 //! own names). They are read from what the run keeps — its
 //! document, its journal and its [`Kind::WorkdirArchive`] — so they are there however the
 //! run ended (success, failure, timeout, cancellation), and go when the retention sweep or
@@ -22,13 +23,14 @@ use crate::resource::{AgentRun, Kind};
 use crate::store::{self, ObjectKey};
 
 /// The names of a run's results, in the order they are listed.
-pub const RESULT_NAMES: [&str; 6] = [
+pub const RESULT_NAMES: [&str; 7] = [
     "inputWorkdir",
     "outputWorkdir",
     "artifacts",
     "runRecord",
     "error",
     "trajectory",
+    "egress",
 ];
 
 /// One result of a run, as listed.
@@ -142,6 +144,17 @@ impl Engine {
                 results.push(file("trajectory", json(&trajectory)?));
             }
         }
+        // The connections its sandbox asked the egress proxy for, when it had an allowlist.
+        let environment = run
+            .status
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.environment.as_ref());
+        if super::environment::egress_of(environment).is_some() {
+            let log =
+                crate::egress_log::read(self.deps.store.as_ref(), super::run_uid(&run)).await?;
+            results.push(file("egress", log.json_lines()));
+        }
         // What the post-run action saved.
         for (name, content) in action_results(&journal) {
             results.push(file(&name, content));
@@ -218,6 +231,8 @@ fn file(name: &str, content: Vec<u8>) -> RunResult {
     let directory = name.ends_with("Workdir") || name == "artifacts";
     let (extension, content_type) = if directory {
         ("tar.gz", "application/gzip")
+    } else if name == "egress" {
+        ("jsonl", "application/jsonl")
     } else {
         ("json", "application/json")
     };

@@ -41,6 +41,10 @@ pub enum Kind {
     /// One case of an evaluation group and its one terminal state (kept by the engine, named
     /// after the case's run).
     EvaluationCase,
+    /// The egress journal of a run whose sandbox had an allowlist (kept by the engine in
+    /// [`crate::ledger::SYSTEM_PROJECT`], named after the run's uid): every connection its
+    /// sandbox asked the egress proxy for ([`crate::egress_log`]).
+    EgressLog,
     /// A kind nodus-core does not know, that an embedder keeps in the store for itself
     /// (the server's tokens): stored and listed under its name like any kind, never written
     /// through the engine nor served as a resource.
@@ -49,7 +53,7 @@ pub enum Kind {
 }
 
 /// The plurals of the built-in kinds, as stored.
-const BUILT_IN: [&str; 12] = [
+const BUILT_IN: [&str; 13] = [
     "agents",
     "agentruns",
     "agentgroups",
@@ -62,6 +66,7 @@ const BUILT_IN: [&str; 12] = [
     "agentenvironments",
     "environments",
     "evaluationcases",
+    "egresslogs",
 ];
 
 /// The name of an [`Kind::Extension`] kind: its plural, 1 to [`ExtensionKind::MAX_LEN`]
@@ -169,6 +174,7 @@ impl Kind {
             Kind::AgentEnvironment => "agentenvironments",
             Kind::Environment => "environments",
             Kind::EvaluationCase => "evaluationcases",
+            Kind::EgressLog => "egresslogs",
             Kind::Extension(kind) => kind.plural(),
         }
     }
@@ -189,6 +195,7 @@ impl Kind {
             "agentenvironments" | "agentenvironment" | "ae" => Kind::AgentEnvironment,
             "environments" | "environment" | "env" => Kind::Environment,
             "evaluationcases" => Kind::EvaluationCase,
+            "egresslogs" => Kind::EgressLog,
             _ => return None,
         })
     }
@@ -210,6 +217,7 @@ impl fmt::Display for Kind {
             Kind::AgentEnvironment => "AgentEnvironment",
             Kind::Environment => "Environment",
             Kind::EvaluationCase => "EvaluationCase",
+            Kind::EgressLog => "EgressLog",
         })
     }
 }
@@ -265,6 +273,7 @@ mod tests {
             Kind::AgentEnvironment,
             Kind::Environment,
             Kind::EvaluationCase,
+            Kind::EgressLog,
         ] {
             assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
         }

@@ -186,6 +186,9 @@ pub struct AgentRunStatus {
     /// The sandbox the run works in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxStatus>,
+    /// The connections its sandbox asked the egress proxy for (runs with an allowlist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressCounts>,
     /// What the run copied at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<RunSnapshot>,

@@ -12,6 +12,7 @@
 //! session's CSRF token (compared in constant time); every answer carries a strict
 //! Content-Security-Policy, and the pages have no inline script or event handler.
 
+mod egress;
 pub(crate) mod html;
 mod jobs;
 mod pages;

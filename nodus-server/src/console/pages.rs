@@ -574,6 +574,7 @@ pub async fn run(
     }
     html.raw("</tbody></table></div>");
     forks(&mut html, state, project, name).await?;
+    super::egress::section(&mut html, state, &object).await?;
     html.raw("<h2>Messages</h2>");
     if inbox.is_empty() {
         html.raw("<p class=\"muted\">No messages.</p>");

@@ -23,7 +23,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -273,6 +273,7 @@ class NodusServer:
         store: str = "memory:",
         directory: Optional[str] = None,
         sandbox: str = "unisolated",
+        extra: Sequence[str] = (),
     ) -> None:
         self.dir = directory or tempfile.mkdtemp(prefix="nodus-sdk-test-")
         self.port = free_port()
@@ -297,6 +298,7 @@ class NodusServer:
                 f"127.0.0.1:{self.port}",
                 "--bootstrap-token",
                 TOKEN,
+                *extra,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

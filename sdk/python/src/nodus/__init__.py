@@ -38,6 +38,7 @@ from .errors import (
 from .types import (
     Cost,
     Delivery,
+    EgressRecord,
     EnvironmentSpec,
     Evaluation,
     GroupStatus,
@@ -78,6 +79,7 @@ __all__ = [
     "SecretRef",
     "RunResult",
     "RunRecord",
+    "EgressRecord",
     "RunError",
     "LogLine",
     "PostRunActionInfo",

@@ -28,6 +28,7 @@ from ._ops import ClientCore, Follow, Op, Pause, deadline
 from .errors import AlreadyExists, ServerUnavailable
 from .types import (
     Delivery,
+    EgressRecord,
     EnvironmentSpec,
     GroupStatus,
     LogLine,
@@ -272,6 +273,10 @@ class RunCore(NamedHandle[C]):
         if not isinstance(trajectory, dict):
             raise TypeError(f"the trajectory result is not a JSON object: {trajectory!r}")
         return trajectory
+
+    def _egress(self) -> Op[List[EgressRecord]]:
+        raw = yield _core.Request("GET", self._result_path("egress"), raw=True)
+        return EgressRecord.lines(raw)
 
     def _error(self) -> Op[Optional[RunError]]:
         if not any(r.name == "error" for r in (yield from self._results())):

@@ -19,6 +19,7 @@ from ._handles import AgentCore, EnvironmentCore, GroupCore, RunCore
 from .client import Client, default_client
 from .types import (
     Delivery,
+    EgressRecord,
     EnvironmentSpec,
     GroupStatus,
     LogLine,
@@ -267,6 +268,13 @@ class AgentRun(_Sync, RunCore[Client]):
         ``extra.cost_usd_exact``. Raises :class:`~nodus.NotFound` saying why when the run has
         none (it has not finished, or it was created with ``auto_telemetry=False``)."""
         return self._client._run(self._trajectory())
+
+    def egress(self) -> List[EgressRecord]:
+        """The connections the finished run's sandbox asked the egress proxy for (its
+        ``egress`` result), oldest first: host, port, address, verdict, rule, bytes and
+        duration of each. Raises :class:`~nodus.NotFound` saying why when the run has none
+        (it has not finished, or its environment gave it no allowlist)."""
+        return self._client._run(self._egress())
 
     def error(self) -> Optional[RunError]:
         """Why the finished run did not succeed (its ``error`` result), or ``None`` when it

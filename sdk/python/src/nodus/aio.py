@@ -59,6 +59,7 @@ from .errors import (
 )
 from .types import (
     Delivery,
+    EgressRecord,
     EnvironmentSpec,
     Evaluation,
     GroupStatus,
@@ -451,6 +452,10 @@ class AgentRun(_Async, RunCore[AsyncClient]):
     async def trajectory(self) -> Dict[str, Any]:
         """The finished run's trajectory (ATIF) as a dict; see :meth:`nodus.AgentRun.trajectory`."""
         return await self._client._run(self._trajectory())
+
+    async def egress(self) -> List[EgressRecord]:
+        """The finished run's egress records; see :meth:`nodus.AgentRun.egress`."""
+        return await self._client._run(self._egress())
 
     async def error(self) -> Optional[RunError]:
         """Why the finished run did not succeed, or ``None``; see :meth:`nodus.AgentRun.error`."""

@@ -5,6 +5,7 @@ deliveries and group results. Money is :class:`decimal.Decimal`, times are timez
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -629,6 +630,46 @@ class RunError:
         return cls(
             str(data.get("type", "")), str(data.get("message", "")), bool(data.get("timeout"))
         )
+
+
+@dataclass(frozen=True)
+class EgressRecord:
+    """One connection a run's sandbox asked the egress proxy for (a line of its ``egress``
+    result): when, the ``host`` and ``port`` asked for, the ``address`` dialled or refused
+    (``None`` when none was resolved), the ``verdict`` (``allowed`` or ``refused``), the
+    ``rule`` that decided, and the bytes each way and how long it lasted."""
+
+    time: str
+    host: str
+    port: int
+    address: Optional[str]
+    verdict: str
+    rule: str
+    bytes_out: int
+    bytes_in: int
+    duration_ms: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> "EgressRecord":
+        """From one line of the ``egress`` result."""
+        data = _dict(value)
+        address = data.get("address")
+        return cls(
+            time=str(data.get("time", "")),
+            host=str(data.get("host", "")),
+            port=int(data.get("port") or 0),
+            address=None if address is None else str(address),
+            verdict=str(data.get("verdict", "")),
+            rule=str(data.get("rule", "")),
+            bytes_out=int(data.get("bytesOut") or 0),
+            bytes_in=int(data.get("bytesIn") or 0),
+            duration_ms=int(data.get("durationMs") or 0),
+        )
+
+    @classmethod
+    def lines(cls, raw: bytes) -> List["EgressRecord"]:
+        """The records of the ``egress`` result's JSON Lines."""
+        return [cls.from_json(json.loads(line)) for line in raw.splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)
