@@ -4,7 +4,10 @@
 //! came in on. It resolves names itself (the operator's `--egress-hosts` lines first), asks
 //! [`nodus_core::egress::decide`] about every resolved address, dials only an address that
 //! was allowed (the connection is pinned to it), and answers a refusal with a 403 whose body
-//! names the rule. Every connection asked for becomes an [`EgressRecord`].
+//! names the rule. Every connection asked for becomes an [`EgressRecord`]. A tunnel to a host
+//! whose requests get injected headers (`spec.network.inject`) is served by
+//! [`crate::egress_tls`], which ends TLS to put them in; a plain `http://` request to such a
+//! host is refused, since the credential would cross the network in clear.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -12,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nodus_core::egress::{self, Cidr, EgressRecord, Verdict};
+use nodus_core::egress::{self, Cidr, EgressRecord, InjectedHeader, Verdict};
 use nodus_core::resource::NetworkSpec;
 use nodus_core::sandbox::{EgressGate, Error as SandboxError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -37,6 +40,22 @@ pub struct ProxyConfig {
     pub allow: Vec<Cidr>,
     /// Names (lower case) and their addresses, read before the system's resolver.
     pub hosts: HashMap<String, Vec<IpAddr>>,
+    /// Trust roots besides the system's for the TLS the proxy speaks onward (`--egress-ca`).
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
+}
+
+/// Reads `--egress-ca`'s PEM text: its certificates (at least one).
+pub fn parse_extra_roots(
+    text: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let roots = rustls::pki_types::CertificateDer::pem_slice_iter(text.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--egress-ca: not PEM certificates: {e}"))?;
+    if roots.is_empty() {
+        return Err("--egress-ca: the file holds no PEM certificate".to_string());
+    }
+    Ok(roots)
 }
 
 /// Reads hosts-file lines (`ADDRESS NAME...`, `#` comments) into names and addresses.
@@ -70,6 +89,8 @@ pub fn parse_hosts(text: &str) -> Result<HashMap<String, Vec<IpAddr>>, String> {
 pub struct EgressProxy {
     config: Arc<ProxyConfig>,
     open: Arc<Mutex<HashMap<String, RunProxy>>>,
+    /// What ends TLS for hosts with injected headers; without it such hosts are refused.
+    tls: Option<Arc<crate::egress_tls::Interceptor>>,
 }
 
 /// A run's listener: it serves until dropped (then its socket file is removed).
@@ -108,7 +129,14 @@ impl EgressProxy {
         EgressProxy {
             config: Arc::new(config),
             open: Arc::default(),
+            tls: None,
         }
+    }
+
+    /// This proxy, ending TLS with `tls` for the hosts whose requests get injected headers.
+    pub fn with_tls(mut self, tls: crate::egress_tls::Interceptor) -> Self {
+        self.tls = Some(Arc::new(tls));
+        self
     }
 
     fn open_runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, RunProxy>> {
@@ -126,13 +154,14 @@ impl EgressProxy {
     /// Opens a listener at `path` (a stale socket there is replaced) for a run whose
     /// `spec.network` is `network`.
     pub fn listen(&self, path: &Path, network: NetworkSpec) -> std::io::Result<RunProxy> {
-        self.listen_recording(path, network, Arc::default())
+        self.listen_recording(path, network, Vec::new(), Arc::default())
     }
 
     fn listen_recording(
         &self,
         path: &Path,
         network: NetworkSpec,
+        headers: Vec<InjectedHeader>,
         records: Arc<Mutex<Vec<EgressRecord>>>,
     ) -> std::io::Result<RunProxy> {
         let _ = std::fs::remove_file(path);
@@ -140,6 +169,8 @@ impl EgressProxy {
         let run = Arc::new(Run {
             config: self.config.clone(),
             network,
+            headers,
+            tls: self.tls.clone(),
             records: records.clone(),
         });
         // The connections are tasks of a set the accept loop owns: when the run's listener is
@@ -171,7 +202,13 @@ impl EgressProxy {
 }
 
 impl EgressGate for EgressProxy {
-    fn open(&self, key: &str, network: &NetworkSpec, socket: &Path) -> Result<(), SandboxError> {
+    fn open(
+        &self,
+        key: &str,
+        network: &NetworkSpec,
+        headers: &[InjectedHeader],
+        socket: &Path,
+    ) -> Result<(), SandboxError> {
         let mut open = self.open_runs();
         // A sandbox opened again (started again after a restart, a retried step) keeps the
         // records of its connections so far.
@@ -180,7 +217,7 @@ impl EgressGate for EgressProxy {
             .map(|run| run.records.clone())
             .unwrap_or_default();
         let run = self
-            .listen_recording(socket, network.clone(), records)
+            .listen_recording(socket, network.clone(), headers.to_vec(), records)
             .map_err(|e| {
                 SandboxError::Failed(format!(
                     "the egress proxy cannot listen on {}: {e}",
@@ -195,12 +232,19 @@ impl EgressGate for EgressProxy {
         let closed = self.open_runs().remove(key);
         drop(closed);
     }
+
+    fn ca_certificate(&self) -> Option<String> {
+        self.tls.as_ref().map(|tls| tls.ca_certificate().to_owned())
+    }
 }
 
 /// One run's policy and records.
 struct Run {
     config: Arc<ProxyConfig>,
     network: NetworkSpec,
+    /// The headers `network.inject` adds, with their values.
+    headers: Vec<InjectedHeader>,
+    tls: Option<Arc<crate::egress_tls::Interceptor>>,
     records: Arc<Mutex<Vec<EgressRecord>>>,
 }
 
@@ -254,6 +298,23 @@ impl Run {
                 let _ = respond(&mut client, &answer).await;
                 return;
             }
+            Ok(upstream)
+                if egress::headers_for(&self.headers, &request.host)
+                    .next()
+                    .is_some() =>
+            {
+                let injected: Vec<&InjectedHeader> =
+                    egress::headers_for(&self.headers, &request.host).collect();
+                (record.bytes_out, record.bytes_in) = crate::egress_tls::tunnel(
+                    self.tls.as_deref(),
+                    client,
+                    request.rest,
+                    upstream,
+                    &request.host,
+                    &injected,
+                )
+                .await;
+            }
             Ok(mut upstream) => {
                 let ready = match &request.onward {
                     None => client
@@ -298,6 +359,17 @@ impl Run {
         };
         if let Some(verdict) = egress::precheck(&self.network, &request.host, request.port) {
             return Err(refused(verdict.rule().to_string()));
+        }
+        if request.onward.is_some()
+            && egress::headers_for(&self.headers, &request.host)
+                .next()
+                .is_some()
+        {
+            return Err(refused(format!(
+                "http:// to {} is refused: spec.network.inject adds a credential to its \
+                 requests, which the egress proxy sends only over TLS (use https://)",
+                request.host
+            )));
         }
         let addresses = self
             .resolve(&request.host, request.port)
@@ -544,6 +616,7 @@ mod tests {
             allow: egress::parse_operator_allow(allow).expect("allow"),
             hosts: parse_hosts("# test names\n127.0.0.1 files.test FILES2.test\n::1 six.test\n")
                 .expect("hosts"),
+            extra_roots: Vec::new(),
         }
     }
 

@@ -1162,6 +1162,7 @@ impl Engine {
             limits: self.config.limits,
             network: false,
             egress: None,
+            egress_headers: Vec::new(),
             links: grader_links(),
         };
         let id = match self.deps.sandbox.create(&spec).await {
@@ -1322,6 +1323,7 @@ impl Engine {
                 limits: self.config.limits,
                 network: false,
                 egress: None,
+                egress_headers: Vec::new(),
                 links: grader_links(),
             };
             if let Ok(info) = self.deps.sandbox.create(&spec).await
