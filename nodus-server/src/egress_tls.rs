@@ -34,6 +34,9 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 /// [`LEAF_DAYS`] from the day before it was made).
 const LEAF_REUSE: Duration = Duration::from_secs(7 * 24 * 3600);
 const LEAF_DAYS: i64 = 30;
+/// Hosts' certificates kept at most (a `*.domain` entry lets a sandbox name many hosts): past
+/// it, the cache starts afresh.
+const MAX_LEAVES: usize = 1024;
 
 /// Why TLS could not be ended or begun: said to the operator or in the sandbox's answer,
 /// never holding a header's value.
@@ -230,6 +233,9 @@ impl Interceptor {
         .map_err(|e| TlsError(format!("a host's certificate: {e}")))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let config = Arc::new(config);
+        if leaves.len() >= MAX_LEAVES {
+            leaves.clear();
+        }
         leaves.insert(host.to_owned(), (Instant::now(), config.clone()));
         Ok(config)
     }
