@@ -287,6 +287,10 @@ pub struct ServerArgs {
     #[arg(long, value_name = "BYTES", default_value_t = nodus_server::egress_proxy::DEFAULT_MAX_BYTES,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub egress_max_bytes: u64,
+    /// A PEM file of certificates the egress proxy trusts, besides the system's roots, when it
+    /// speaks TLS onward for a run's injected headers (an internal authority; the tests').
+    #[arg(long, env = "NODUS_EGRESS_CA", value_name = "FILE")]
+    pub egress_ca: Option<PathBuf>,
     /// HTTP connections served at once (at most half the open-file limit); more wait in the
     /// kernel's backlog.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]

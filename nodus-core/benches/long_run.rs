@@ -154,6 +154,7 @@ fn run(fold: Fold) -> Timings {
         limits: Default::default(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     };
     let catalog = catalog();

@@ -803,6 +803,7 @@ mod tests {
                     limits: Default::default(),
                     network: false,
                     egress: None,
+                    egress_headers: Vec::new(),
                     links: Default::default(),
                 },
                 catalog: catalog(),

@@ -15,6 +15,7 @@ use std::str::FromStr;
 
 use crate::address;
 use crate::resource::{AllowEntry, EgressMode, NetworkSpec};
+use crate::secret::SecretString;
 
 /// The ports an allow entry without `ports` opens.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -227,6 +228,61 @@ pub fn decide(
         ));
     }
     not_listed(network, host, port)
+}
+
+/// A header `spec.network.inject` has the egress proxy add to the requests to the hosts
+/// `host` names (exact, or `*.domain`), with its Secret's value. It has no `Serialize`, and
+/// its value prints as `[redacted]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectedHeader {
+    /// The host pattern, as `inject[].host` wrote it.
+    pub host: String,
+    /// The header's name.
+    pub name: String,
+    /// Its value.
+    pub value: SecretString,
+}
+
+/// The headers of `headers` for requests to `host`.
+pub fn headers_for<'a>(
+    headers: &'a [InjectedHeader],
+    host: &'a str,
+) -> impl Iterator<Item = &'a InjectedHeader> + 'a {
+    headers.iter().filter(move |h| host_matches(&h.host, host))
+}
+
+/// Whether `value` may be sent as an HTTP header's value: visible ASCII, spaces and tabs
+/// (no CR, LF, NUL or other control), not empty.
+pub fn valid_header_value(value: &str) -> bool {
+    !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
+/// Whether `name` is an HTTP header name the proxy may add: a token (letters, digits and
+/// `!#$%&'*+-.^_`|~`), not one that frames the request or the connection (`Host`,
+/// `Content-Length`, `Transfer-Encoding`, `Connection`, `Upgrade`, `Te`, `Trailer`,
+/// `Keep-Alive`, `Proxy-*`).
+pub fn valid_header_name(name: &str) -> bool {
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    let lower = name.to_ascii_lowercase();
+    let framing = [
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "keep-alive",
+    ]
+    .contains(&lower.as_str())
+        || lower.starts_with("proxy-");
+    token && !framing
 }
 
 /// One connection the egress proxy was asked for: a line of the run result `egress` (JSON
@@ -570,6 +626,45 @@ mod tests {
         let list = network(&[("0.0.0.0/0", Some(&[443]))]);
         let got = decide(&list, &[], "x", 443, "1.1.1.1".parse().expect("ip"));
         assert_eq!(got.word(), "refused", "{got:?}");
+    }
+
+    #[test]
+    fn injected_headers_match_their_hosts_and_names_are_checked() {
+        let header = |host: &str| InjectedHeader {
+            host: host.into(),
+            name: "Authorization".into(),
+            value: SecretString::new("token"),
+        };
+        let headers = [header("api.test"), header("*.example.org")];
+        let count = |host| headers_for(&headers, host).count();
+        assert_eq!(
+            [
+                count("api.test"),
+                count("API.test."),
+                count("a.example.org")
+            ],
+            [1, 1, 1]
+        );
+        assert_eq!([count("other.test"), count("example.org")], [0, 0]);
+        assert!(!format!("{:?}", headers[0]).contains("token"));
+        for good in ["Authorization", "X-Api-Key", "x_custom.1"] {
+            assert!(valid_header_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "Host",
+            "content-length",
+            "Transfer-Encoding",
+            "Proxy-Authorization",
+            "a b",
+            "a:b",
+        ] {
+            assert!(!valid_header_name(bad), "{bad}");
+        }
+        assert!(valid_header_value("Bearer abc\t=="));
+        for bad in ["", "a\r\nX-Evil: 1", "a\nb", "nul\0"] {
+            assert!(!valid_header_value(bad), "{bad:?}");
+        }
     }
 
     #[test]

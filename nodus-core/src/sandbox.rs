@@ -35,6 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::egress::InjectedHeader;
 use crate::output::Output;
 use crate::resource::NetworkSpec;
 
@@ -115,6 +116,11 @@ pub struct SandboxSpec {
     /// that [`Sandbox::supports_egress`] takes one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<NetworkSpec>,
+    /// The headers `spec.network.inject` has the egress proxy add, with their Secrets'
+    /// values: filled in only when the sandbox is created, never written anywhere (not
+    /// serialized, redacted when printed) and never given to the sandbox itself.
+    #[serde(skip)]
+    pub egress_headers: Vec<InjectedHeader>,
     /// Absolute paths that lead to directories of the working directory: `/grading` →
     /// `grading` shows the working directory's `grading` at `/grading` too (a symbolic link
     /// in the sandbox's own root; the directory need not exist yet). Each path is one name
@@ -399,8 +405,20 @@ pub trait Sandbox: Send + Sync {
 pub trait EgressGate: Send + Sync + fmt::Debug {
     /// Serves the connections of sandbox `key` under `network` on a Unix socket made at
     /// `socket` (what was there is replaced; a sandbox opened again keeps its records).
-    fn open(&self, key: &str, network: &NetworkSpec, socket: &std::path::Path)
-    -> Result<(), Error>;
+    /// `headers` are those `network.inject` adds, with their values.
+    fn open(
+        &self,
+        key: &str,
+        network: &NetworkSpec,
+        headers: &[InjectedHeader],
+        socket: &std::path::Path,
+    ) -> Result<(), Error>;
+    /// The certificate (PEM) of the authority the proxy signs the certificates it shows for
+    /// hosts with injected headers: a sandbox that goes out through the proxy trusts it.
+    /// `None`: the proxy terminates no TLS.
+    fn ca_certificate(&self) -> Option<String> {
+        None
+    }
     /// Stops serving sandbox `key` (its open connections end); closing one that is not open
     /// is fine.
     fn close(&self, key: &str);

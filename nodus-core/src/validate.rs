@@ -50,6 +50,7 @@ impl Invalid {
 pub type Result<T, E = Invalid> = std::result::Result<T, E>;
 
 mod context;
+mod network;
 pub use context::{
     DIALECT as CONTEXT_SCHEMA_DIALECT, FEATURE as CONTEXT_SCHEMA_FEATURE, check_context,
 };
@@ -247,18 +248,10 @@ const MAX_ALLOW_ENTRIES: usize = 256;
 
 /// The rules of `spec.network`: an allowlist's entries each a `host` (a name, or `*.domain`)
 /// or a `cidr`, with 1 to 32 ports other than 0; `allow` only with `egress: allowlist`;
-/// `inject` refused (not supported yet). Whether a `cidr` is inside the operator's
+/// `inject` by [`network::check_inject`]. Whether a `cidr` is inside the operator's
 /// `--egress-allow` is checked when a run is created.
 fn check_network(prefix: &str, network: &crate::resource::NetworkSpec) -> Result<()> {
     use crate::resource::EgressMode;
-    if let Some(first) = network.inject.first() {
-        return Err(Invalid::new(
-            format!("{prefix}.inject[0]"),
-            "is not supported yet: the egress proxy does not add headers (it would have to \
-             terminate TLS); pass the credential as a Secret in env instead",
-            shown(&first.host),
-        ));
-    }
     if network.egress == EgressMode::None && !network.allow.is_empty() {
         return Err(Invalid::new(
             format!("{prefix}.allow"),
@@ -277,20 +270,10 @@ fn check_network(prefix: &str, network: &crate::resource::NetworkSpec) -> Result
         let field = format!("{prefix}.allow[{index}]");
         match (&entry.host, &entry.cidr) {
             (Some(host), None) => {
-                let name = host.strip_prefix("*.").unwrap_or(host);
-                let valid = name.len() <= 253
-                    && name.split('.').all(|label| {
-                        !label.is_empty()
-                            && label.len() <= 63
-                            && label
-                                .bytes()
-                                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                    });
-                if !valid {
+                if !network::valid_host_pattern(host) {
                     return Err(Invalid::new(
                         format!("{field}.host"),
-                        "must be a host name (letters, digits, '-' in dot-separated labels), \
-                         or *.domain for its subdomains",
+                        network::HOST_RULE,
                         shown(host),
                     ));
                 }
@@ -416,6 +399,7 @@ pub fn check_environment(prefix: &str, spec: &AgentEnvironmentSpec) -> Result<()
         }
     }
     check_network(&format!("{prefix}.network"), &spec.network)?;
+    network::check_inject(&format!("{prefix}.network"), &spec.network)?;
     if let Some(compute) = &spec.compute {
         if let Some(cpu) = &compute.cpu {
             let field = format!("{prefix}.compute.cpu");
@@ -2769,6 +2753,29 @@ mod tests {
                       {"cidr": "10.20.0.0/16"}]
         })));
         assert_eq!(accepted.spec.network.allow.len(), 3);
+        let inject = |egress: &str, host: &str, header: &str, secret: &str| {
+            json!({"egress": egress, "allow": [{"host": "pypi.org"}, {"host": "*.example.org"}],
+                   "inject": [{"host": host, "header": header,
+                               "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}]})
+        };
+        for host in [
+            "pypi.org",
+            "a.example.org",
+            "*.example.org",
+            "*.b.example.org",
+        ] {
+            let accepted =
+                accept::<AgentEnvironmentSpec>(net(inject("allowlist", host, "X-Key", "s")));
+            assert_eq!(accepted.spec.network.inject[0].host, host);
+        }
+        let mut twice = inject("allowlist", "pypi.org", "X-Key", "s");
+        let again = twice["inject"][0].clone();
+        twice["inject"]
+            .as_array_mut()
+            .expect("a list")
+            .push(json!({"host": "PyPI.org", "header": "x-key",
+                         "valueFrom": again["valueFrom"].clone()}));
+        check::<AgentEnvironmentSpec>(vec![(net(twice), "spec.network.inject[1].header", "once")]);
         assert!(
             accept::<AgentEnvironmentSpec>(environment())
                 .spec
@@ -2812,13 +2819,42 @@ mod tests {
                 "[0]",
             ),
             (
+                net(inject(
+                    "allowlist",
+                    "api.github.com",
+                    "Authorization",
+                    "github",
+                )),
+                "spec.network.inject[0].host",
+                "must be a host spec.network.allow lets through",
+            ),
+            (
                 net(
-                    json!({"egress": "allowlist", "inject": [{"host": "api.github.com",
-                    "header": "Authorization",
-                    "valueFrom": {"secretKeyRef": {"name": "github", "key": "authorization"}}}]}),
+                    json!({"egress": "none", "inject": [{"host": "pypi.org", "header": "X-Key",
+                    "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}),
                 ),
-                "spec.network.inject[0]",
-                "not supported yet",
+                "spec.network.inject",
+                "egress: none",
+            ),
+            (
+                net(inject("allowlist", "pypi.org", "Host", "github")),
+                "spec.network.inject[0].header",
+                "\"Host\"",
+            ),
+            (
+                net(inject("allowlist", "pypi.org", "X-Key\r\nEvil", "github")),
+                "spec.network.inject[0].header",
+                "HTTP header name",
+            ),
+            (
+                net(inject("allowlist", "pypi.org", "X-Key", "Not_A_Label")),
+                "spec.network.inject[0].valueFrom.secretKeyRef.name",
+                "Not_A_Label",
+            ),
+            (
+                net(inject("allowlist", "bad host", "X-Key", "github")),
+                "spec.network.inject[0].host",
+                "host name",
             ),
         ]);
     }

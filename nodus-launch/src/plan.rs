@@ -34,6 +34,10 @@ pub struct Plan {
     pub ro_submounts: Vec<PathBuf>,
     /// Symbolic links made in the root: (target, path).
     pub symlinks: Vec<(PathBuf, PathBuf)>,
+    /// Host directories bound read-only at another path: (host path, path inside), bound
+    /// after the sandbox's own `/tmp` is there (so a host path below the host's `/tmp` is no
+    /// matter). The path inside must not lie below a [`Plan::ro_binds`] directory.
+    pub ro_binds_at: Vec<(PathBuf, PathBuf)>,
     /// The size of the sandbox's `/tmp` in bytes.
     pub tmp_size: u64,
     /// The working directory: its host path.
@@ -140,6 +144,11 @@ impl Plan {
         for dir in &self.ro_submounts {
             out.tag("ro-sub").os(dir.as_os_str())?;
         }
+        for (host, inside) in &self.ro_binds_at {
+            out.tag("ro-at")
+                .os(host.as_os_str())?
+                .os(inside.as_os_str())?;
+        }
         for (target, path) in &self.symlinks {
             out.tag("symlink")
                 .os(target.as_os_str())?
@@ -214,6 +223,11 @@ impl Plan {
                 }
                 "ro" => plan.ro_binds.push(next("ro's directory")?.into()),
                 "ro-sub" => plan.ro_submounts.push(next("ro-sub's directory")?.into()),
+                "ro-at" => {
+                    let host = next("ro-at's host path")?.into();
+                    plan.ro_binds_at
+                        .push((host, next("ro-at's inside path")?.into()));
+                }
                 "symlink" => {
                     let target = next("symlink's target")?.into();
                     plan.symlinks.push((target, next("symlink's path")?.into()));
@@ -293,6 +307,7 @@ mod tests {
             ro_binds: vec!["/usr".into(), "/etc".into()],
             ro_submounts: vec!["/etc/hosts".into()],
             symlinks: vec![("usr/bin".into(), "/bin".into())],
+            ro_binds_at: vec![("/var/lib/nodus/trust".into(), "/run/nodus/trust".into())],
             tmp_size: 1 << 28,
             work_host: "/var/lib/nodus/sandboxes/k".into(),
             work_inside: "/work".into(),

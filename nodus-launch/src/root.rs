@@ -124,6 +124,11 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
         .iter()
         .map(|dir| Ok((clone_required(dir)?, dir)))
         .collect::<Result<_, Error>>()?;
+    let binds_at: Vec<(Source, &PathBuf)> = plan
+        .ro_binds_at
+        .iter()
+        .map(|(host, inside)| Ok((clone_required(host)?, inside)))
+        .collect::<Result<_, Error>>()?;
     let work = clone_required(&plan.work_host)?;
     // A host without one of them (a container without /dev/tty) goes without.
     let mut devices = Vec::with_capacity(DEVICES.len());
@@ -215,6 +220,13 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
         &format!("mode=1777,size={}", plan.tmp_size),
     )?;
 
+    for (source, path) in &binds_at {
+        let target = under(root, path);
+        mkdirs(&target)?;
+        attach(source, &target)?;
+        remount_read_only(&target)?;
+    }
+
     let inside = under(root, &plan.work_inside);
     mkdirs(&inside)?;
     attach(&work, &inside)?;
@@ -227,6 +239,6 @@ pub(crate) fn build(plan: &Plan) -> Result<(), Error> {
         .map_err(Error::errno("detaching the host's root"))?;
     rustix::process::chdir("/").map_err(Error::errno("entering /"))?;
     remount_read_only(Path::new("/"))?;
-    drop((binds, work, devices));
+    drop((binds, binds_at, work, devices));
     Ok(())
 }

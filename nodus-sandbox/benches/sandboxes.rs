@@ -100,6 +100,7 @@ fn spec(key: &str, image: Option<&str>) -> SandboxSpec {
         limits: Limits::default(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     }
 }

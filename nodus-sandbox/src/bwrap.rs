@@ -281,6 +281,9 @@ struct Created {
     network: bool,
     /// The host path of the egress proxy's socket for this sandbox, whose only way out it is.
     egress: Option<PathBuf>,
+    /// The host directory of the trust bundle with the egress proxy's authority, bound
+    /// read-only at [`crate::trust::INSIDE_DIR`].
+    trust: Option<PathBuf>,
     /// [`SandboxSpec::links`]: symbolic links in the sandbox's root into [`WORKDIR`].
     links: BTreeMap<String, String>,
     /// The sandbox's process while it runs (`None` before it starts again): the holder of
@@ -742,7 +745,7 @@ impl BwrapSandbox {
         prepared: &Prepared,
         spec: &SandboxSpec,
         network: &nodus_core::resource::NetworkSpec,
-    ) -> Result<PathBuf, Error> {
+    ) -> Result<(PathBuf, Option<PathBuf>), Error> {
         let refused = |why: &str| {
             Error::Refused(format!(
                 "this sandbox's only way out would be the egress proxy, but {why}"
@@ -789,7 +792,24 @@ impl BwrapSandbox {
             fs::set_permissions(&made, fs::Permissions::from_mode(mode)).map_err(failed)
         })
         .await?;
-        gate.open(&spec.key, network, &socket)?;
+        gate.open(&spec.key, network, &spec.egress_headers, &socket)?;
+        let trust = match gate.ca_certificate() {
+            Some(ca) => {
+                let dir = self.config.root.join("egress-trust");
+                let made = dir.clone();
+                blocking(move || {
+                    crate::trust::write_bundle(&made, &ca).map_err(|e| {
+                        Error::Failed(format!(
+                            "writing the egress trust bundle in {}: {e}",
+                            made.display()
+                        ))
+                    })
+                })
+                .await?;
+                Some(dir)
+            }
+            None => None,
+        };
         let owned = socket.clone();
         blocking(move || {
             let failed = |e: io::Error| {
@@ -805,7 +825,7 @@ impl BwrapSandbox {
             fs::set_permissions(&owned, fs::Permissions::from_mode(0o600)).map_err(failed)
         })
         .await?;
-        Ok(socket)
+        Ok((socket, trust))
     }
 
     /// Whether sandboxes start with Nodus's own launcher (`false`: with bubblewrap); the
@@ -890,6 +910,12 @@ impl BwrapSandbox {
                 );
                 plan.channel = true;
                 plan.egress = created.egress.clone();
+                plan.ro_binds_at.extend(
+                    created
+                        .trust
+                        .clone()
+                        .map(|dir| (dir, PathBuf::from(crate::trust::INSIDE_DIR))),
+                );
                 plan.symlinks.extend(links_of(created));
                 plan.rlimits = self.rlimits(created);
                 // Stage one pins itself to the sandbox's CPUs (a fork of the resident launcher
@@ -1099,9 +1125,12 @@ impl Sandbox for BwrapSandbox {
             ));
         }
         let prepared = self.prepared().await?;
-        let egress = match &spec.egress {
-            Some(network) => Some(self.open_egress(prepared, spec, network).await?),
-            None => None,
+        let (egress, trust) = match &spec.egress {
+            Some(network) => {
+                let (socket, trust) = self.open_egress(prepared, spec, network).await?;
+                (Some(socket), trust)
+            }
+            None => (None, None),
         };
         let dir = self.config.root.join("sandboxes").join(&spec.key);
         let cgroups = self.cgroups.clone();
@@ -1126,11 +1155,15 @@ impl Sandbox for BwrapSandbox {
         if egress.is_some() {
             env.extend(proxy_env());
         }
+        if trust.is_some() {
+            env.extend(crate::trust::trust_env(&crate::trust::inside_bundle()));
+        }
         let created = Created {
             env,
             limits: spec.limits,
             network: spec.network,
             egress,
+            trust,
             links: spec.links.clone(),
             live: Arc::default(),
         };

@@ -189,6 +189,7 @@ pub fn spec(backend: &Backend, key: &str) -> SandboxSpec {
         limits: test_limits(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     }
 }

@@ -114,6 +114,7 @@ impl Layout {
             ro_binds: self.ro_binds.clone(),
             ro_submounts: self.ro_submounts.clone(),
             symlinks: self.symlinks.clone(),
+            ro_binds_at: Vec::new(),
             tmp_size,
             work_host: home.to_path_buf(),
             work_inside: WORKDIR.into(),

@@ -31,6 +31,7 @@ pub mod docker;
 mod launcher;
 mod paths;
 mod process;
+mod trust;
 pub mod unisolated;
 mod workdir;
 mod zygote;

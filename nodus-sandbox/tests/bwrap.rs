@@ -52,6 +52,7 @@ fn spec(key: &str) -> SandboxSpec {
         limits: test_limits(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     }
 }
@@ -1328,6 +1329,7 @@ impl nodus_core::sandbox::EgressGate for AnsweringGate {
         &self,
         key: &str,
         _network: &nodus_core::resource::NetworkSpec,
+        _headers: &[nodus_core::egress::InjectedHeader],
         socket: &Path,
     ) -> Result<(), Error> {
         use std::io::{BufRead, Write};

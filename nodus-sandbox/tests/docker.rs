@@ -39,6 +39,7 @@ fn spec(key: &str) -> SandboxSpec {
         limits: test_limits(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     }
 }

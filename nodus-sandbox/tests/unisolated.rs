@@ -21,6 +21,7 @@ fn spec(key: &str) -> SandboxSpec {
         limits: Limits::default(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     }
 }

@@ -118,10 +118,16 @@ impl Server {
         let replica = replica_name(&options.data_dir)?;
         let store = open_store(&options, &mut announcements).await?;
         // The egress proxy: the only way out of the sandboxes of runs with an allowlist.
-        // Its journal keeps every connection's record with the run.
+        // Its journal keeps every connection's record with the run; its authority (made in
+        // the data directory at first start) ends TLS for the hosts whose requests get
+        // injected headers.
         let egress_journal = nodus_core::egress_log::EgressJournal::new(store.clone());
+        let tls =
+            crate::egress_tls::Interceptor::open(&options.data_dir, &options.egress.extra_roots)
+                .map_err(|e| StartError::Backend(format!("egress proxy: {e}")))?;
         let egress = crate::egress_proxy::EgressProxy::new(options.egress.clone())
-            .with_journal(egress_journal.clone());
+            .with_journal(egress_journal.clone())
+            .with_tls(tls);
         let sandbox = open_sandbox(&options, &store, &egress, &mut announcements).await?;
         let catalog =
             nodus_llm::default_catalog().map_err(|e| StartError::Backend(e.to_string()))?;

@@ -6,7 +6,10 @@
 //! was allowed (the connection is pinned to it), and answers a refusal with a 403 whose body
 //! names the rule. Every connection asked for becomes an [`EgressRecord`], handed to the
 //! run's egress journal ([`EgressJournal`]) when the connection ends, however it ends; a run's
-//! connections at once and bytes in all are bounded ([`ProxyConfig`], the `meter` module).
+//! connections at once and bytes in all are bounded ([`ProxyConfig`], the `meter` module). A
+//! tunnel to a host whose requests get injected headers (`spec.network.inject`) is served by
+//! [`crate::egress_tls`], which ends TLS to put them in; a plain `http://` request to such a
+//! host is refused, since the credential would cross the network in clear.
 
 mod meter;
 
@@ -16,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nodus_core::egress::{self, Cidr, EgressRecord, Verdict};
+use nodus_core::egress::{self, Cidr, EgressRecord, InjectedHeader, Verdict};
 use nodus_core::egress_log::EgressJournal;
 use nodus_core::resource::NetworkSpec;
 use nodus_core::sandbox::{EgressGate, Error as SandboxError};
@@ -56,6 +59,8 @@ pub struct ProxyConfig {
     /// Bytes a run's connections may carry, both ways together (`--egress-max-bytes`): the
     /// connection that passes it is cut off and later ones are refused.
     pub max_bytes: u64,
+    /// Trust roots besides the system's for the TLS the proxy speaks onward (`--egress-ca`).
+    pub extra_roots: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl Default for ProxyConfig {
@@ -65,8 +70,23 @@ impl Default for ProxyConfig {
             hosts: HashMap::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_bytes: DEFAULT_MAX_BYTES,
+            extra_roots: Vec::new(),
         }
     }
+}
+
+/// Reads `--egress-ca`'s PEM text: its certificates (at least one).
+pub fn parse_extra_roots(
+    text: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let roots = rustls::pki_types::CertificateDer::pem_slice_iter(text.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--egress-ca: not PEM certificates: {e}"))?;
+    if roots.is_empty() {
+        return Err("--egress-ca: the file holds no PEM certificate".to_string());
+    }
+    Ok(roots)
 }
 
 /// Reads hosts-file lines (`ADDRESS NAME...`, `#` comments) into names and addresses.
@@ -101,6 +121,8 @@ pub struct EgressProxy {
     config: Arc<ProxyConfig>,
     open: Arc<Mutex<HashMap<String, RunProxy>>>,
     journal: Option<EgressJournal>,
+    /// What ends TLS for hosts with injected headers; without it such hosts are refused.
+    tls: Option<Arc<crate::egress_tls::Interceptor>>,
 }
 
 /// A run's listener: it serves until dropped (then its socket file is removed).
@@ -141,6 +163,7 @@ impl EgressProxy {
             config: Arc::new(config),
             open: Arc::default(),
             journal: None,
+            tls: None,
         }
     }
 
@@ -148,6 +171,12 @@ impl EgressProxy {
     /// the run's uid) instead of keeping it in memory.
     pub fn with_journal(mut self, journal: EgressJournal) -> Self {
         self.journal = Some(journal);
+        self
+    }
+
+    /// This proxy, ending TLS with `tls` for the hosts whose requests get injected headers.
+    pub fn with_tls(mut self, tls: crate::egress_tls::Interceptor) -> Self {
+        self.tls = Some(Arc::new(tls));
         self
     }
 
@@ -166,7 +195,7 @@ impl EgressProxy {
     /// Opens a listener at `path` (a stale socket there is replaced) for a run whose
     /// `spec.network` is `network`.
     pub fn listen(&self, path: &Path, network: NetworkSpec) -> std::io::Result<RunProxy> {
-        self.listen_recording(path, network, "", None)
+        self.listen_recording(path, network, Vec::new(), "", None)
     }
 
     /// [`EgressProxy::listen`] for sandbox `key`, going on with `was` (the records and the
@@ -175,6 +204,7 @@ impl EgressProxy {
         &self,
         path: &Path,
         network: NetworkSpec,
+        headers: Vec<InjectedHeader>,
         key: &str,
         was: Option<RunProxy>,
     ) -> std::io::Result<RunProxy> {
@@ -193,6 +223,8 @@ impl EgressProxy {
             network,
             key: key.to_string(),
             journal: self.journal.clone(),
+            headers,
+            tls: self.tls.clone(),
             records: records.clone(),
             budget: budget.clone(),
         });
@@ -226,13 +258,19 @@ impl EgressProxy {
 }
 
 impl EgressGate for EgressProxy {
-    fn open(&self, key: &str, network: &NetworkSpec, socket: &Path) -> Result<(), SandboxError> {
+    fn open(
+        &self,
+        key: &str,
+        network: &NetworkSpec,
+        headers: &[InjectedHeader],
+        socket: &Path,
+    ) -> Result<(), SandboxError> {
         let mut open = self.open_runs();
         // A sandbox opened again (started again after a restart, a retried step) keeps the
         // records of its connections so far, and what they used of its byte budget.
         let was = open.remove(key);
         let run = self
-            .listen_recording(socket, network.clone(), key, was)
+            .listen_recording(socket, network.clone(), headers.to_vec(), key, was)
             .map_err(|e| {
                 SandboxError::Failed(format!(
                     "the egress proxy cannot listen on {}: {e}",
@@ -247,6 +285,10 @@ impl EgressGate for EgressProxy {
         let closed = self.open_runs().remove(key);
         drop(closed);
     }
+
+    fn ca_certificate(&self) -> Option<String> {
+        self.tls.as_ref().map(|tls| tls.ca_certificate().to_owned())
+    }
 }
 
 /// One run's policy and records.
@@ -256,6 +298,9 @@ struct Run {
     /// The sandbox's key (the run's uid), as the journal knows it.
     key: String,
     journal: Option<EgressJournal>,
+    /// The headers `network.inject` adds, with their values.
+    headers: Vec<InjectedHeader>,
+    tls: Option<Arc<crate::egress_tls::Interceptor>>,
     records: Arc<Mutex<Vec<EgressRecord>>>,
     budget: Arc<meter::Budget>,
 }
@@ -366,6 +411,32 @@ impl Run {
                 journaled.finish();
                 let _ = respond(&mut client, &answer).await;
             }
+            Ok(upstream)
+                if egress::headers_for(&self.headers, &request.host)
+                    .next()
+                    .is_some() =>
+            {
+                let injected: Vec<&InjectedHeader> =
+                    egress::headers_for(&self.headers, &request.host).collect();
+                // The sandbox's side is metered (TLS bytes) against the run's byte budget; the
+                // record also gets the plain bytes the interceptor carried.
+                let metered = meter::Metered {
+                    inner: &mut client,
+                    meter: &meter,
+                    budget: &self.budget,
+                };
+                let record = &mut journaled.record;
+                (record.bytes_out, record.bytes_in) = crate::egress_tls::tunnel(
+                    self.tls.as_deref(),
+                    metered,
+                    request.rest,
+                    upstream,
+                    &request.host,
+                    &injected,
+                )
+                .await;
+                journaled.finish();
+            }
             Ok(mut upstream) => {
                 let ready = match &request.onward {
                     None => client
@@ -421,6 +492,17 @@ impl Run {
         };
         if let Some(verdict) = egress::precheck(&self.network, &request.host, request.port) {
             return Err(refused(verdict.rule().to_string()));
+        }
+        if request.onward.is_some()
+            && egress::headers_for(&self.headers, &request.host)
+                .next()
+                .is_some()
+        {
+            return Err(refused(format!(
+                "http:// to {} is refused: spec.network.inject adds a credential to its \
+                 requests, which the egress proxy sends only over TLS (use https://)",
+                request.host
+            )));
         }
         let addresses = self
             .resolve(&request.host, request.port)

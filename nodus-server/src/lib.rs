@@ -10,6 +10,7 @@ pub mod auth;
 pub mod console;
 pub mod egress;
 pub mod egress_proxy;
+pub mod egress_tls;
 pub mod error;
 mod listen;
 pub mod lock;

@@ -161,6 +161,7 @@ fn intent() -> impl Strategy<Value = Intent> {
                             },
                             network,
                             egress: None,
+                            egress_headers: Vec::new(),
                             links: Default::default(),
                         },
                     }

@@ -196,53 +196,7 @@ fn environments(backend: Backend) {
     // The values show nowhere but in the sandbox.
     let mut seen: Vec<(String, String)> = Vec::new();
     for name in ["secret-run", "small-enough", "memory-hog", "hold-pinned"] {
-        seen.push((
-            format!("{name}'s resource"),
-            server.ok(&["get", &format!("agentrun/{name}"), "-o", "json"]),
-        ));
-        seen.push((
-            format!("{name}'s steps"),
-            server.ok(&["agentrun", "steps", name]),
-        ));
-        let (status, steps) = server.http_with(
-            "GET",
-            &format!("/apis/nodus.dev/v1/projects/default/agentruns/{name}/steps?payload=true"),
-            &[],
-            None,
-        );
-        assert_eq!(status, 200, "{steps}");
-        seen.push((format!("{name}'s steps with payloads"), steps.to_string()));
-        seen.push((
-            format!("{name}'s answer"),
-            server.ok(&["agentrun", "answer", name]),
-        ));
-        seen.push((
-            format!("{name}'s logs"),
-            server.ok(&["agentrun", "logs", name]),
-        ));
-        for result in ["runRecord", "artifacts"] {
-            let file = dir.path().join(format!("{name}-{result}"));
-            server.ok(&[
-                "agentrun",
-                "results",
-                name,
-                result,
-                "-o",
-                file.to_str().expect("a path"),
-            ]);
-            let text = if result == "artifacts" {
-                let unpacked = std::process::Command::new("tar")
-                    .arg("xzOf")
-                    .arg(&file)
-                    .output()
-                    .expect("tar runs");
-                assert!(unpacked.status.success(), "{unpacked:?}");
-                String::from_utf8_lossy(&unpacked.stdout).into_owned()
-            } else {
-                std::fs::read_to_string(&file).expect("a result")
-            };
-            seen.push((format!("{name}'s result {result}"), text));
-        }
+        seen.extend(server.run_texts(name, dir.path()));
     }
     seen.push((
         "the environment".to_string(),

@@ -86,6 +86,16 @@ pub fn options(args: ServerArgs) -> Result<Options> {
         options.egress.hosts =
             nodus_server::egress_proxy::parse_hosts(&text).map_err(Error::Input)?;
     }
+    if let Some(path) = &args.egress_ca {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Input(format!(
+                "--egress-ca {}: cannot read it: {e}",
+                path.display()
+            ))
+        })?;
+        options.egress.extra_roots = nodus_server::egress_proxy::parse_extra_roots(&text)
+            .map_err(|e| Error::Input(format!("{e} ({})", path.display())))?;
+    }
     let count = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
     options.egress.max_connections = count(args.egress_max_connections);
     options.egress.max_bytes = args.egress_max_bytes;

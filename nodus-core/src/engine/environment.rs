@@ -5,8 +5,9 @@
 //! pinned: sealed into the run's private document (its [`Kind::WorkdirArchive`], as
 //! `pinnedSecrets`, deleted with the run and by retention), so that changing or deleting a
 //! Secret afterwards does not change the run. They are opened only to be handed to the
-//! sandbox (and to the post-run action that reads one): the journaled sandbox spec holds the
-//! plain variables only.
+//! sandbox (and to the post-run action that reads one, and to the egress proxy for the headers
+//! `spec.network.inject` adds, which the sandbox never sees): the journaled sandbox spec holds
+//! the plain variables only.
 
 use std::collections::BTreeMap;
 
@@ -111,6 +112,38 @@ impl Engine {
             let version = self
                 .pin_secret(project, &field, secret, whose, pinned)
                 .await?;
+            if !secrets.iter().any(|s| s.name == secret.name) {
+                secrets.push(SecretVersion {
+                    name: secret.name.clone(),
+                    resource_version: version,
+                });
+            }
+        }
+        for (index, entry) in spec.network.inject.iter().enumerate() {
+            let secret = &entry.value_from.secret_key_ref;
+            let field = format!("{FIELD}.network.inject[{index}].valueFrom.secretKeyRef");
+            let version = self
+                .pin_secret(project, &field, secret, whose, pinned)
+                .await?;
+            // The value travels in a request's header: one that could not (a line break
+            // would add headers of its own) is refused now, without being shown.
+            if !pinned
+                .get(&secret.name, &secret.key)
+                .is_some_and(|value| crate::egress::valid_header_value(value.expose()))
+            {
+                return Err(Invalid::new(
+                    field,
+                    format!(
+                        "must name a key whose value is fit for an HTTP header: not empty, \
+                         visible ASCII, spaces and tabs only ({whose})"
+                    ),
+                    format!(
+                        "Secret {:?} key {:?} (its value is not shown)",
+                        secret.name, secret.key
+                    ),
+                )
+                .into());
+            }
             if !secrets.iter().any(|s| s.name == secret.name) {
                 secrets.push(SecretVersion {
                     name: secret.name.clone(),
@@ -285,6 +318,9 @@ impl Engine {
         for (name, value) in self.secret_env(run, environment).await? {
             spec.env.insert(name, value.expose().to_string());
         }
+        if spec.egress.is_some() {
+            spec.egress_headers = self.injected_headers(run, environment).await?;
+        }
         Ok(spec)
     }
 
@@ -313,27 +349,71 @@ impl Engine {
                 continue;
             };
             let secret = &from.secret_key_ref;
-            let value = match pinned.get(&secret.name, &secret.key) {
-                Some(value) => Some(value.clone()),
-                None => {
-                    self.deps
-                        .secrets
-                        .lookup(&run.project, &secret.name, &secret.key)
-                        .await
-                }
-            };
-            match value {
-                Some(value) => values.push((var.name.clone(), value)),
-                None => {
-                    return Err(format!(
-                        "the environment variable {} reads key {:?} of Secret {:?}, which was \
-                         not pinned when the run was created and is gone now",
+            let value = self
+                .pinned_or_now(run, &pinned, secret)
+                .await
+                .ok_or_else(|| {
+                    format!(
+                        "the environment variable {} reads key {:?} of Secret {:?}, which was not \
+                     pinned when the run was created and is gone now",
                         var.name, secret.key, secret.name
-                    ));
-                }
-            }
+                    )
+                })?;
+            values.push((var.name.clone(), value));
         }
         Ok(values)
+    }
+
+    /// The headers the environment's `spec.network.inject` has the egress proxy add, with
+    /// their values ([`Engine::with_secrets`]).
+    pub(super) async fn injected_headers(
+        &self,
+        run: &ObjectKey,
+        environment: Option<&EnvironmentSnapshot>,
+    ) -> std::result::Result<Vec<crate::egress::InjectedHeader>, String> {
+        let Some(environment) = environment.filter(|e| !e.spec.network.inject.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let pinned = self.pinned_secrets(run).await?;
+        let mut headers = Vec::new();
+        for entry in &environment.spec.network.inject {
+            let secret = &entry.value_from.secret_key_ref;
+            let value = self
+                .pinned_or_now(run, &pinned, secret)
+                .await
+                .ok_or_else(|| {
+                    format!(
+                        "the header {} for {} reads key {:?} of Secret {:?}, which was not pinned \
+                     when the run was created and is gone now",
+                        entry.header, entry.host, secret.key, secret.name
+                    )
+                })?;
+            headers.push(crate::egress::InjectedHeader {
+                host: entry.host.clone(),
+                name: entry.header.clone(),
+                value,
+            });
+        }
+        Ok(headers)
+    }
+
+    /// The value of `secret` pinned for run `run`, or (for a run created before values were
+    /// pinned) the Secret's value now.
+    async fn pinned_or_now(
+        &self,
+        run: &ObjectKey,
+        pinned: &PinnedSecrets,
+        secret: &SecretKeyRef,
+    ) -> Option<SecretString> {
+        match pinned.get(&secret.name, &secret.key) {
+            Some(value) => Some(value.clone()),
+            None => {
+                self.deps
+                    .secrets
+                    .lookup(&run.project, &secret.name, &secret.key)
+                    .await
+            }
+        }
     }
 
     /// What the spans of run `run` may disclose: `None` when message content is not exported,
@@ -348,9 +428,19 @@ impl Engine {
         {
             return None;
         }
-        match self.secret_env(run, environment).await {
-            Ok(values) => Some(crate::telemetry::Hidden::new(
-                values.into_iter().map(|(_, value)| value),
+        let values = match self.secret_env(run, environment).await {
+            Ok(values) => self
+                .injected_headers(run, environment)
+                .await
+                .map(|headers| (values, headers)),
+            Err(error) => Err(error),
+        };
+        match values {
+            Ok((values, headers)) => Some(crate::telemetry::Hidden::new(
+                values
+                    .into_iter()
+                    .map(|(_, value)| value)
+                    .chain(headers.into_iter().map(|header| header.value)),
             )),
             Err(error) => {
                 tracing::warn!(run = %run, error = %error, "exporting the run's spans without content: its Secrets' values, which spans must hide, cannot be read");

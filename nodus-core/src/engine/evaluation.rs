@@ -1154,6 +1154,7 @@ impl Engine {
             limits: self.config.limits,
             network: false,
             egress: None,
+            egress_headers: Vec::new(),
             links: grader_links(),
         };
         let id = match self.deps.sandbox.create(&spec).await {
@@ -1317,6 +1318,7 @@ impl Engine {
                 limits: self.config.limits,
                 network: false,
                 egress: None,
+                egress_headers: Vec::new(),
                 links: grader_links(),
             };
             if let Ok(info) = self.deps.sandbox.create(&spec).await

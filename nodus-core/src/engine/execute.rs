@@ -206,6 +206,7 @@ impl Engine {
             ),
             network: false,
             egress: super::environment::egress_of(snapshot.environment.as_ref()),
+            egress_headers: Vec::new(),
             links: Default::default(),
         };
         Ok(Fixed {

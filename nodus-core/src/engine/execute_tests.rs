@@ -462,6 +462,7 @@ fn sandbox_spec() -> SandboxSpec {
         limits: Default::default(),
         network: false,
         egress: None,
+        egress_headers: Vec::new(),
         links: Default::default(),
     }
 }

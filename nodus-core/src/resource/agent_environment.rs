@@ -34,7 +34,8 @@ pub struct NetworkSpec {
     /// What an allowlist allows (each entry a `host` or a `cidr`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<AllowEntry>,
-    /// Headers the egress proxy adds to requests to a host (not supported yet: refused).
+    /// Headers the egress proxy adds to the requests to a host (it ends TLS for that host);
+    /// their values never enter the sandbox.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inject: Vec<InjectEntry>,
 }
@@ -76,8 +77,8 @@ pub struct AllowEntry {
     pub ports: Option<Vec<u16>>,
 }
 
-/// One entry of `spec.network.inject`: a header the egress proxy would add to requests to
-/// `host`, its value from a Secret.
+/// One entry of `spec.network.inject`: a header the egress proxy adds to every request to
+/// `host` (exact, or `*.domain`), its value from a Secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -104,6 +104,19 @@ impl ServerProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_wrapped(store, data_dir, sandbox, extra, env, &[])
+    }
+
+    /// The same, started by `wrapper` (a program and its arguments, such as `setpriv` that
+    /// runs the server as another user) when it is not empty.
+    pub fn start_wrapped(
+        store: &str,
+        data_dir: &Path,
+        sandbox: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Self {
         let port = free_port();
         // The server refuses a data directory that other users can read.
         std::fs::set_permissions(
@@ -112,7 +125,15 @@ impl ServerProcess {
         )
         .expect("an owner-only data directory");
         let log = data_dir.join(format!("server-{port}.log"));
-        let child = Command::new(nodus_binary())
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(nodus_binary());
+                command
+            }
+            None => Command::new(nodus_binary()),
+        };
+        let child = command
             .args([
                 "server",
                 "--listen",
@@ -231,6 +252,69 @@ impl ServerProcess {
             String::from_utf8_lossy(&output.stdout)
         );
         String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    /// The text of run `name`'s result `result`, fetched into `dir`: an archive
+    /// (`artifacts`, `inputWorkdir`, `outputWorkdir`) as its files' contents one after another.
+    pub fn result_text(&self, name: &str, result: &str, dir: &Path) -> String {
+        let file = dir.join(format!("{name}-{result}"));
+        self.ok(&[
+            "agentrun",
+            "results",
+            name,
+            result,
+            "-o",
+            file.to_str().expect("a path"),
+        ]);
+        if ["artifacts", "inputWorkdir", "outputWorkdir"].contains(&result) {
+            let unpacked = Command::new("tar")
+                .arg("xzOf")
+                .arg(&file)
+                .output()
+                .expect("tar runs");
+            assert!(unpacked.status.success(), "{unpacked:?}");
+            String::from_utf8_lossy(&unpacked.stdout).into_owned()
+        } else {
+            std::fs::read_to_string(&file).expect("a result")
+        }
+    }
+
+    /// What run `name` shows anyone who asks: its resource, steps (with payloads), answer,
+    /// logs and results `runRecord` and `artifacts` (fetched into `dir`); each with where it
+    /// came from. For tests that a value shows in none of them.
+    pub fn run_texts(&self, name: &str, dir: &Path) -> Vec<(String, String)> {
+        let mut seen: Vec<(String, String)> = Vec::new();
+        seen.push((
+            format!("{name}'s resource"),
+            self.ok(&["get", &format!("agentrun/{name}"), "-o", "json"]),
+        ));
+        seen.push((
+            format!("{name}'s steps"),
+            self.ok(&["agentrun", "steps", name]),
+        ));
+        let (status, steps) = self.http_with(
+            "GET",
+            &format!("/apis/nodus.dev/v1/projects/default/agentruns/{name}/steps?payload=true"),
+            &[],
+            None,
+        );
+        assert_eq!(status, 200, "{steps}");
+        seen.push((format!("{name}'s steps with payloads"), steps.to_string()));
+        seen.push((
+            format!("{name}'s answer"),
+            self.ok(&["agentrun", "answer", name]),
+        ));
+        seen.push((
+            format!("{name}'s logs"),
+            self.ok(&["agentrun", "logs", name]),
+        ));
+        for result in ["runRecord", "artifacts"] {
+            seen.push((
+                format!("{name}'s result {result}"),
+                self.result_text(name, result, dir),
+            ));
+        }
+        seen
     }
 
     /// A plain HTTP call with curl and the admin token, with extra headers.

@@ -1,0 +1,106 @@
+//! The rules of `spec.network`'s host patterns and `inject` entries: headers the egress
+//! proxy adds to the requests to a host, their values from Secrets.
+
+use std::collections::BTreeSet;
+
+use super::{Invalid, Result, check_dns_label, check_not_blank, shown};
+use crate::egress::{host_matches, valid_header_name};
+use crate::resource::{EgressMode, NetworkSpec};
+
+/// The most entries of `spec.network.inject`.
+const MAX_INJECT_ENTRIES: usize = 32;
+
+/// Whether `host` is a host name (letters, digits, `-` in dot-separated labels) or
+/// `*.domain`.
+pub(super) fn valid_host_pattern(host: &str) -> bool {
+    let name = host.strip_prefix("*.").unwrap_or(host);
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+/// What a host-pattern refusal says.
+pub(super) const HOST_RULE: &str = "must be a host name (letters, digits, '-' in dot-separated \
+                                    labels), or *.domain for its subdomains";
+
+/// `inject`: only with `egress: allowlist`, at most [`MAX_INJECT_ENTRIES`] entries, each a
+/// host pattern some `allow` entry's host lets through, a header name the proxy may add
+/// (no framing header: [`valid_header_name`]), once per host, and a Secret's key.
+pub(super) fn check_inject(prefix: &str, network: &NetworkSpec) -> Result<()> {
+    if network.inject.is_empty() {
+        return Ok(());
+    }
+    if network.egress == EgressMode::None {
+        return Err(Invalid::new(
+            format!("{prefix}.inject"),
+            "must be left out with egress: none (set egress: allowlist to use it)",
+            format!("{} entries", network.inject.len()),
+        ));
+    }
+    if network.inject.len() > MAX_INJECT_ENTRIES {
+        return Err(Invalid::new(
+            format!("{prefix}.inject"),
+            format!("must have at most {MAX_INJECT_ENTRIES} entries"),
+            network.inject.len().to_string(),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (index, entry) in network.inject.iter().enumerate() {
+        let field = format!("{prefix}.inject[{index}]");
+        if !valid_host_pattern(&entry.host) {
+            return Err(Invalid::new(
+                format!("{field}.host"),
+                HOST_RULE,
+                shown(&entry.host),
+            ));
+        }
+        // A name the pattern stands for: itself, or one of its subdomains.
+        let example = match entry.host.strip_prefix("*.") {
+            Some(domain) => format!("x.{domain}"),
+            None => entry.host.clone(),
+        };
+        let allowed = network.allow.iter().any(|allow| {
+            allow
+                .host
+                .as_deref()
+                .is_some_and(|p| p.eq_ignore_ascii_case(&entry.host) || host_matches(p, &example))
+        });
+        if !allowed {
+            return Err(Invalid::new(
+                format!("{field}.host"),
+                "must be a host spec.network.allow lets through (by a host entry): the header \
+                 is added only to requests the allowlist allows",
+                shown(&entry.host),
+            ));
+        }
+        if !valid_header_name(&entry.header) {
+            return Err(Invalid::new(
+                format!("{field}.header"),
+                "must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~) other than \
+                 Host, Content-Length, Transfer-Encoding, Connection, Upgrade, TE, Trailer, \
+                 Keep-Alive and Proxy-*",
+                shown(&entry.header),
+            ));
+        }
+        let host = entry.host.trim_end_matches('.').to_ascii_lowercase();
+        if !seen.insert((host, entry.header.to_ascii_lowercase())) {
+            return Err(Invalid::new(
+                format!("{field}.header"),
+                "must be added to a host once: another inject entry adds it already",
+                shown(&entry.header),
+            ));
+        }
+        let secret = &entry.value_from.secret_key_ref;
+        check_dns_label(
+            &format!("{field}.valueFrom.secretKeyRef.name"),
+            &secret.name,
+        )?;
+        check_not_blank(&format!("{field}.valueFrom.secretKeyRef.key"), &secret.key)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,278 @@
+//! Credentials injected at the edge, through a real `nodus server` (process sandboxes started
+//! by the nodus launcher) and the CLI, with the offline model (it runs the commands a prompt
+//! quotes in backticks). The test's HTTPS server listens on 127.0.0.1 of the host only, with
+//! a certificate for `secure.test` from an authority the test makes and gives the server with
+//! `--egress-ca`; the sandbox reaches it by the names `secure.test` and `wrong.test`
+//! (`--egress-hosts`, `--egress-allow 127.0.0.1`). A run whose environment injects an
+//! `Authorization` header from a Secret for both names fetches `https://secure.test` through
+//! the proxy: the server sees the header with the Secret's value (in place of one the command
+//! forged), while the sandbox's environment, every process's `/proc/PID/environ`, its working
+//! directory, the run's steps, results and answer and the server's log hold no trace of it.
+//! `wrong.test` shows a certificate for another name: the proxy refuses it and says so; a
+//! plain `http://` request to an inject host is refused.
+
+#[path = "support/server.rs"]
+mod server;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use server::{Backend, ServerProcess};
+
+/// The Secret's value: it must reach the test's server and nothing else.
+const PLANTED: &str = "Bearer inject-planted-value-6b3e90d2f1";
+
+/// An authority of the test's and a certificate it signed for `secure.test` (and nothing
+/// else): the authority's PEM, and the server's TLS configuration.
+fn test_authority() -> (String, Arc<rustls::ServerConfig>) {
+    let ca_key = rcgen::KeyPair::generate().expect("a key");
+    let mut ca = rcgen::CertificateParams::default();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "the test's authority");
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).expect("self-signed");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().expect("a key");
+    let mut leaf = rcgen::CertificateParams::new(vec!["secure.test".to_string()]).expect("params");
+    leaf.use_authority_key_identifier_extension = true;
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).expect("signed");
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf_cert.der().clone()], key)
+    .expect("a server configuration");
+    (ca_cert.pem(), Arc::new(config))
+}
+
+/// An HTTPS server on the host's 127.0.0.1 that answers each request with `hello over tls
+/// from <path>` and keeps the heads it got (each a list of lines).
+fn https_origin(config: Arc<rustls::ServerConfig>) -> (u16, Arc<Mutex<Vec<Vec<String>>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("address").port();
+    let seen: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let shared = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let (config, shared) = (config.clone(), shared.clone());
+            std::thread::spawn(move || {
+                let Ok(connection) = rustls::ServerConnection::new(config) else {
+                    return;
+                };
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                let mut reader = BufReader::new(&mut tls);
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(n) if n > 2 => head.push(line.trim_end().to_string()),
+                        _ => break,
+                    }
+                }
+                if head.is_empty() {
+                    return;
+                }
+                let path = head[0].split_whitespace().nth(1).unwrap_or("?").to_string();
+                shared.lock().expect("lock").push(head);
+                let body = format!("hello over tls from {path}");
+                let _ = tls.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn an_injected_header_reaches_the_host_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    injects_and_hides(dir.path(), &[]);
+}
+
+/// The same through a server that is not root: as root, the test runs it as `nobody` (its
+/// data directory given to that user); otherwise it is not root already.
+#[test]
+fn an_unprivileged_server_injects_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = effective_uid() == 0;
+    let wrapper: &[&str] = if root {
+        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).expect("chown");
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ]
+    } else {
+        &[]
+    };
+    let server = injects_and_hides(dir.path(), wrapper);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .expect("the server's status");
+    let uid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .expect("a Uid line")
+        .to_string();
+    assert_ne!(uid, "0", "the server runs as root: {status}");
+}
+
+/// `nobody`, whom the unprivileged server runs as when the test is root.
+const NOBODY: u32 = 65534;
+
+/// The test's own user id.
+fn effective_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|id| id.parse().ok())
+        .expect("an effective uid")
+}
+
+/// A server in `dir` (started by `wrapper`) whose run injects a header, checked end to end;
+/// the server, still running.
+fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
+    let (ca_pem, config) = test_authority();
+    let (port, seen) = https_origin(config);
+    let hosts = dir.join("egress-hosts");
+    std::fs::write(&hosts, "127.0.0.1 secure.test wrong.test\n").expect("hosts file");
+    let ca = dir.join("test-ca.pem");
+    std::fs::write(&ca, &ca_pem).expect("the test's authority");
+    let store = Backend::Sqlite.store_url(dir);
+    let server = ServerProcess::start_wrapped(
+        &store,
+        dir,
+        "process",
+        &[
+            "--egress-allow",
+            "127.0.0.1",
+            "--egress-hosts",
+            hosts.to_str().expect("UTF-8"),
+            "--egress-ca",
+            ca.to_str().expect("UTF-8"),
+        ],
+        &[("NODUS_LOG", "debug")],
+        wrapper,
+    );
+    let resources = format!(
+        "apiVersion: nodus.dev/v1\nkind: Secret\nmetadata:\n  name: api-key\nstringData:\n  \
+         authorization: \"{PLANTED}\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\n\
+         metadata:\n  name: keyed\nspec:\n  network:\n    egress: allowlist\n    allow:\n    \
+         - host: secure.test\n      ports: [{port}]\n    - host: wrong.test\n      ports: \
+         [{port}]\n    inject:\n    - host: secure.test\n      header: Authorization\n      \
+         valueFrom: {{secretKeyRef: {{name: api-key, key: authorization}}}}\n    - host: \
+         wrong.test\n      header: Authorization\n      valueFrom: {{secretKeyRef: {{name: \
+         api-key, key: authorization}}}}\n---\napiVersion: nodus.dev/v1\nkind: Agent\n\
+         metadata:\n  name: net-agent\nspec:\n  system: You are a careful assistant.\n  \
+         perRunMaxCostUSD: \"0.50\"\n"
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&resources));
+    assert!(output.status.success(), "{output:?}");
+
+    let fetch = format!(
+        "curl -sS https://secure.test:{port}/inject; echo; \
+         curl -sS -H 'Authorization: forged' https://secure.test:{port}/forged; echo; \
+         curl -s -w ' wrong=%{{http_code}}' https://wrong.test:{port}/wrong; echo; \
+         curl -s -w ' plain=%{{http_code}}' http://secure.test:{port}/plain; echo; \
+         python3 -c 'import ssl,os; print(\"bundle\", os.path.getsize(os.environ[\"SSL_CERT_FILE\"]) > 0)'; \
+         echo environment: ; env; \
+         echo processes: ; cat /proc/[0-9]*/environ | tr '\\0' '\\n'"
+    );
+    server.ok(&[
+        "create",
+        "agentrun",
+        "keyed",
+        "--agent",
+        "net-agent",
+        "--environment",
+        "keyed",
+        "--prompt",
+        &format!("Run `{fetch}` and tell me."),
+    ]);
+    server.ok(&[
+        "wait",
+        "agentrun/keyed",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=2m",
+    ]);
+    let answer = server.ok(&["agentrun", "answer", "keyed"]);
+    assert!(answer.contains("hello over tls from /inject"), "{answer}");
+    assert!(answer.contains("hello over tls from /forged"), "{answer}");
+    assert!(
+        answer.contains("the egress proxy does not trust wrong.test's certificate")
+            && answer.contains(" wrong=502"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("http:// to secure.test is refused") && answer.contains(" plain=403"),
+        "{answer}"
+    );
+    assert!(answer.contains("bundle True"), "{answer}");
+    // The dumps ran: the proxy's variables and the trust bundle's are there.
+    assert!(
+        answer.contains("HTTPS_PROXY=http://127.0.0.1:3128") && answer.contains("SSL_CERT_FILE="),
+        "{answer}"
+    );
+
+    // The test's server got the two requests over TLS, each with the Secret's value as its one
+    // Authorization header (the forged one replaced); nothing of wrong.test or the plain one.
+    let heads = seen.lock().expect("lock").clone();
+    let firsts: Vec<&str> = heads.iter().map(|head| head[0].as_str()).collect();
+    assert_eq!(
+        firsts,
+        ["GET /inject HTTP/1.1", "GET /forged HTTP/1.1"],
+        "{heads:?}"
+    );
+    for head in &heads {
+        let authorization: Vec<&String> = head
+            .iter()
+            .filter(|line| line.to_ascii_lowercase().starts_with("authorization:"))
+            .collect();
+        assert_eq!(
+            authorization,
+            [&format!("Authorization: {PLANTED}")],
+            "{head:?}"
+        );
+    }
+
+    // The value shows nowhere but at the test's server.
+    let mut places = server.run_texts("keyed", dir);
+    places.push((
+        "the working directory".to_string(),
+        server.result_text("keyed", "outputWorkdir", dir),
+    ));
+    places.push((
+        "the environment".to_string(),
+        server.ok(&["get", "agentenvironment/keyed", "-o", "yaml"]),
+    ));
+    places.push((
+        "the server's log".to_string(),
+        std::fs::read_to_string(&server.log).expect("log"),
+    ));
+    for (place, text) in &places {
+        assert!(
+            !text.contains(PLANTED) && !text.contains("inject-planted-value"),
+            "the Secret's value shows in {place}:\n{text}"
+        );
+    }
+    server
+}
