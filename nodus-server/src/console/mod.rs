@@ -15,6 +15,9 @@
 pub(crate) mod html;
 mod jobs;
 mod pages;
+mod run;
+mod timeline;
+mod transcript;
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -613,7 +616,7 @@ async fn run(
         &query,
         pages::Tab::Agents,
         format!("Run {name}"),
-        |app, signed| async move { pages::run(&app, &p, &n, &signed.csrf).await },
+        |app, signed| async move { run::run(&app, &p, &n, &signed.csrf).await },
     )
     .await
 }

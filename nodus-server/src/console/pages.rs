@@ -163,7 +163,7 @@ pub fn error(error: &ApiError, back: Option<&str>) -> Html {
 }
 
 /// A JSON value as text: a string as it is, nothing as a dash.
-fn show(value: &Value) -> String {
+pub(super) fn show(value: &Value) -> String {
     match value {
         Value::Null => "—".to_string(),
         Value::String(text) => text.clone(),
@@ -171,7 +171,7 @@ fn show(value: &Value) -> String {
     }
 }
 
-fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
+pub(super) fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
     items
         .iter()
         .map(|item| serde_json::to_value(item).unwrap_or(Value::Null))
@@ -180,7 +180,7 @@ fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
 
 /// A run's `spec.agent` as the console names it: the agent's name, or [`INLINE_AGENT`] for
 /// an agent written into the run (its spec is in the run's snapshot, not a name).
-fn agent_label(agent: &Value) -> String {
+pub(super) fn agent_label(agent: &Value) -> String {
     if agent.is_object() {
         INLINE_AGENT.to_string()
     } else {
@@ -192,7 +192,7 @@ fn agent_label(agent: &Value) -> String {
 const INLINE_AGENT: &str = "(inline agent)";
 
 /// A phase as a class name: its letters and digits only.
-fn phase_class(phase: &Value) -> String {
+pub(super) fn phase_class(phase: &Value) -> String {
     show(phase)
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
@@ -220,13 +220,13 @@ fn run_link(html: &mut Html, project: &str, name: &str) {
 
 const FINISHED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
 
-fn is_finished(run: &Value) -> bool {
+pub(super) fn is_finished(run: &Value) -> bool {
     phase_finished(&run["status"]["phase"])
 }
 
 /// Whether `run` still takes messages: not finished, and not ending (deleting its sandbox
 /// to end, `status.ending`), when a message would be refused with `AgentRunFinished`.
-fn takes_messages(run: &Value) -> bool {
+pub(super) fn takes_messages(run: &Value) -> bool {
     !is_finished(run) && run["status"]["ending"].is_null()
 }
 
@@ -340,13 +340,13 @@ pub async fn agents(state: &AppState, project: &str) -> Result<Page, ApiError> {
     Ok(Page::live(html))
 }
 
-fn csrf_field(html: &mut Html, csrf: &str) {
+pub(super) fn csrf_field(html: &mut Html, csrf: &str) {
     html.raw("<input type=\"hidden\" name=\"csrf\" value=\"")
         .text(csrf)
         .raw("\">");
 }
 
-fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
+pub(super) fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
     html.raw("<form method=\"post\" class=\"inline\" action=\"")
         .text(base)
         .raw("/")
@@ -355,7 +355,7 @@ fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
     csrf_field(html, csrf);
 }
 
-fn duration(step: &Value) -> String {
+pub(super) fn duration(step: &Value) -> String {
     let parse = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
     match (parse(&step["startedAt"]), parse(&step["finishedAt"])) {
         (Some(start), Some(end)) => {
@@ -368,253 +368,6 @@ fn duration(step: &Value) -> String {
         }
         _ => "—".to_string(),
     }
-}
-
-/// The runs forked from `name`, with their steps and phases, when there are any.
-async fn forks(
-    html: &mut Html,
-    state: &AppState,
-    project: &str,
-    name: &str,
-) -> Result<(), ApiError> {
-    let selector = nodus_core::store::Selector {
-        fields: [("spec.forkOf.run".to_string(), name.to_string())].into(),
-        ..nodus_core::store::Selector::default()
-    };
-    let forks = state
-        .store
-        .list_sparse(
-            project,
-            nodus_core::resource::Kind::AgentRun,
-            &selector,
-            &["metadata.name", "spec.forkOf.step", "status.phase"],
-        )
-        .await?;
-    if forks.is_empty() {
-        return Ok(());
-    }
-    html.raw(
-        "<h2>Forks</h2><div class=\"table\"><table id=\"forks\"><thead><tr><th>Run</th>\
-         <th>From step</th><th>Phase</th></tr></thead><tbody>",
-    );
-    for fork in &forks {
-        let document = &fork.document;
-        let fork_name = show(&document["metadata"]["name"]);
-        html.raw("<tr><td><a href=\"/console/p/")
-            .segment(project)
-            .raw("/runs/")
-            .segment(&fork_name)
-            .raw("\">")
-            .text(&fork_name)
-            .raw("</a></td><td>")
-            .text(show(&document["spec"]["forkOf"]["step"]))
-            .raw("</td><td>")
-            .text(show(&document["status"]["phase"]))
-            .raw("</td></tr>");
-    }
-    html.raw("</tbody></table></div>");
-    Ok(())
-}
-
-/// A run: facts, actions, every turn (model, chosen by, cost), the answer, the steps and
-/// the messages; the message form below the live part.
-pub async fn run(
-    state: &AppState,
-    project: &str,
-    name: &str,
-    csrf: &str,
-) -> Result<Page, ApiError> {
-    let object = state.engine.get::<AgentRunSpec>(project, name).await?;
-    let answer = state.engine.answer(project, name).await?;
-    let steps = to_values(&state.engine.steps(project, name).await?);
-    let inbox = match object.metadata.uid.as_deref() {
-        Some(uid) => state.store.inbox(uid).await?,
-        None => Vec::new(),
-    };
-    let run = serde_json::to_value(&object).unwrap_or(Value::Null);
-    let base = format!(
-        "/console/p/{}/runs/{}",
-        percent_encode(project),
-        percent_encode(name)
-    );
-    let status = &run["status"];
-    let mut html = Html::new();
-    html.raw("<h1>Run ")
-        .text(name)
-        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
-        .text(phase_class(&status["phase"]))
-        .raw("\">")
-        .text(show(&status["phase"]))
-        .raw("</dd>");
-    let agent = Value::String(agent_label(&run["spec"]["agent"]));
-    for (label, value) in [
-        ("Reason", &status["reason"]),
-        ("Message", &status["message"]),
-        ("Agent", &agent),
-        ("Group", &run["spec"]["group"]),
-        ("Keep alive", &run["spec"]["keepAlive"]),
-        ("Started", &status["startTime"]),
-        ("Completed", &status["completionTime"]),
-    ] {
-        if value.is_null() {
-            continue;
-        }
-        html.raw("<dt>")
-            .raw(label)
-            .raw("</dt><dd>")
-            .text(show(value))
-            .raw("</dd>");
-    }
-    html.raw("<dt>Cost (USD)</dt><dd id=\"cost\">")
-        .text(show(&status["cost"]["totalUSD"]));
-    if !status["cost"]["limitUSD"].is_null() {
-        html.raw(" of ").text(show(&status["cost"]["limitUSD"]));
-    }
-    html.raw("</dd></dl><div class=\"actions\">");
-    if !is_finished(&run) {
-        action_form(&mut html, &base, "cancel", csrf);
-        html.raw(
-            "<button type=\"submit\" class=\"danger\" id=\"cancel\">Cancel run</button></form>",
-        );
-        if run["spec"]["keepAlive"] == Value::Bool(true) {
-            action_form(&mut html, &base, "close", csrf);
-            html.raw("<button type=\"submit\" id=\"close\">Close conversation</button></form>");
-        }
-    }
-    if status["phase"] == "NeedsResolution" {
-        for (action, label) in [
-            ("retry", "Resolve: retry the step"),
-            ("recordFailed", "Resolve: record it failed"),
-            ("cancel", "Resolve: cancel the run"),
-        ] {
-            action_form(&mut html, &base, "resolve", csrf);
-            html.raw("<input type=\"hidden\" name=\"action\" value=\"")
-                .raw(action)
-                .raw("\"><button type=\"submit\" id=\"resolve-")
-                .raw(action)
-                .raw("\">")
-                .raw(label)
-                .raw("</button></form>");
-        }
-    }
-    html.raw("</div><h2>Turns</h2><div class=\"table\"><table id=\"turns\"><thead><tr><th>#</th>\
-              <th>Model</th><th>Chosen by</th><th class=\"num\">Cost (USD)</th>\
-              <th class=\"num hide-narrow\">Tokens in / out</th><th class=\"num hide-narrow\">Commands</th>\
-              </tr></thead><tbody>");
-    for (i, turn) in status["turns"].as_array().into_iter().flatten().enumerate() {
-        html.raw("<tr><td>")
-            .text(i + 1)
-            .raw("</td><td class=\"model\">")
-            .text(show(&turn["model"]))
-            .raw("</td><td class=\"chosen-by\">")
-            .text(show(&turn["chosenBy"]))
-            .raw("</td><td class=\"num cost\">")
-            .text(show(&turn["costUSD"]))
-            .raw("</td><td class=\"num hide-narrow\">")
-            .text(show(&turn["inputTokens"]))
-            .raw(" / ")
-            .text(show(&turn["outputTokens"]))
-            .raw("</td><td class=\"num hide-narrow\">")
-            .text(show(&turn["commands"]))
-            .raw("</td></tr>");
-    }
-    html.raw("</tbody></table></div><h2>Answer</h2>");
-    match &answer {
-        Some(answer) => {
-            html.raw("<pre id=\"answer\">").text(answer).raw("</pre>");
-        }
-        None => {
-            html.raw("<p class=\"muted\" id=\"answer-none\">No answer yet.</p>");
-        }
-    }
-    if let Some(input) = run["spec"]["input"].as_str() {
-        html.raw("<h2>Input</h2><pre id=\"input\">")
-            .text(input)
-            .raw("</pre>");
-    }
-    super::jobs::run_sections(
-        &mut html,
-        state,
-        project,
-        name,
-        &run,
-        &steps,
-        is_finished(&run),
-    )
-    .await?;
-    html.raw("<h2>Steps</h2><div class=\"table\"><table id=\"steps\"><thead><tr><th>#</th><th>Kind</th>\
-              <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th><th>Fork</th></tr></thead><tbody>");
-    for step in &steps {
-        let seq = show(&step["seq"]);
-        html.raw("<tr><td>")
-            .text(&seq)
-            .raw("</td><td>")
-            .text(show(&step["kind"]))
-            .raw("</td><td class=\"state\">")
-            .text(show(&step["state"]))
-            .raw("</td><td class=\"num\">")
-            .text(duration(step))
-            .raw("</td><td class=\"summary\">")
-            .text(show(&step["summary"]))
-            .raw("</td><td><a href=\"")
-            .text(&base)
-            .raw("/steps/")
-            .segment(&seq)
-            .raw("\">payload</a></td><td>");
-        // A finished run's command steps with a snapshot can be forked from.
-        if is_finished(&run) && step["snapshot"]["forkable"] == Value::Bool(true) {
-            action_form(&mut html, &base, "fork", csrf);
-            html.raw("<input type=\"hidden\" name=\"atStep\" value=\"")
-                .text(&seq)
-                .raw("\"><button type=\"submit\" class=\"fork\">Fork from here</button></form>");
-        } else if step["inherited"] == Value::Bool(true) {
-            html.raw("<span class=\"muted\">inherited</span>");
-        }
-        html.raw("</td></tr>");
-    }
-    html.raw("</tbody></table></div>");
-    forks(&mut html, state, project, name).await?;
-    html.raw("<h2>Messages</h2>");
-    if inbox.is_empty() {
-        html.raw("<p class=\"muted\">No messages.</p>");
-    } else {
-        html.raw(
-            "<div class=\"table\"><table id=\"messages\"><thead><tr><th>#</th><th>Received</th>\
-                  <th>Message</th></tr></thead><tbody>",
-        );
-        for message in &inbox {
-            html.raw("<tr><td>")
-                .text(message.seq)
-                .raw("</td><td class=\"muted\">")
-                .text(message.received_at)
-                .raw("</td><td><pre class=\"message\">")
-                .text(&message.payload)
-                .raw("</pre></td></tr>");
-        }
-        html.raw("</tbody></table></div>");
-    }
-    let mut after = Html::new();
-    if takes_messages(&run) {
-        after.raw("<h2>Send a message</h2>");
-        action_form(&mut after, &base, "message", csrf);
-        after.raw(
-            "<p><label for=\"payload\">Message</label></p>\
-             <p><textarea id=\"payload\" name=\"payload\" required></textarea></p>\
-             <p><button type=\"submit\" id=\"send\">Send</button></p></form>",
-        );
-    }
-    // A finished run changes no more: its page does not listen, and a page that watched it
-    // finish stops listening (`data-final`), so that its results are not read again on
-    // every change of the project.
-    let finished = is_finished(&run);
-    if finished {
-        html.raw("<p hidden data-final></p>");
-    }
-    Ok(Page {
-        live: html,
-        after,
-        is_live: !finished,
-    })
 }
 
 /// One step's recorded intent and outcome (a step's payload, on demand).

@@ -7,7 +7,9 @@
   if (!live || !window.EventSource || !window.fetch) {
     return;
   }
-  var fragment = window.location.pathname + "?fragment=1";
+  // The page's own query (its filters and page) kept, and the fragment asked for.
+  var search = window.location.search;
+  var fragment = window.location.pathname + (search ? search + "&" : "?") + "fragment=1";
   var busy = false;
   var again = false;
   function refresh() {
