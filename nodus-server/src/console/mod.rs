@@ -12,8 +12,12 @@
 //! session's CSRF token (compared in constant time); every answer carries a strict
 //! Content-Security-Policy, and the pages have no inline script or event handler.
 
+mod charts;
+mod compare;
+mod group;
 pub(crate) mod html;
 mod jobs;
+mod lists;
 mod pages;
 mod run;
 mod timeline;
@@ -105,6 +109,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/console/assets/console.js", get(js))
         .route("/console/p/{project}", get(project_home))
         .route("/console/p/{project}/agents", get(agents))
+        .route("/console/p/{project}/runs", get(runs))
+        .route("/console/p/{project}/compare", get(compare_page))
         .route("/console/p/{project}/runs/{name}", get(run))
         .route("/console/p/{project}/runs/{name}/steps/{seq}", get(step))
         .route(
@@ -587,6 +593,7 @@ async fn agents(
     State(console): State<Arc<Console>>,
     Path(project): Path<String>,
     Query(query): Query<PageQuery>,
+    Query(filter): Query<lists::ListFilter>,
     headers: HeaderMap,
 ) -> Response {
     let p = project.clone();
@@ -597,7 +604,49 @@ async fn agents(
         &query,
         pages::Tab::Agents,
         "Agents".to_string(),
-        |app, _| async move { pages::agents(&app, &p).await },
+        |app, _| async move { lists::agents(&app, &p, &filter).await },
+    )
+    .await
+}
+
+/// `GET /console/p/{project}/runs`: the project's runs a page at a time, filtered.
+async fn runs(
+    State(console): State<Arc<Console>>,
+    Path(project): Path<String>,
+    Query(query): Query<PageQuery>,
+    Query(filter): Query<lists::ListFilter>,
+    headers: HeaderMap,
+) -> Response {
+    let p = project.clone();
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Runs,
+        "Runs".to_string(),
+        |app, _| async move { lists::runs(&app, &p, &filter).await },
+    )
+    .await
+}
+
+/// `GET /console/p/{project}/compare?a=A&b=B`: `nodus eval compare A B` as a page.
+async fn compare_page(
+    State(console): State<Arc<Console>>,
+    Path(project): Path<String>,
+    Query(query): Query<PageQuery>,
+    Query(groups): Query<compare::CompareQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let p = project.clone();
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Groups,
+        "Compare evaluations".to_string(),
+        |app, _| async move { compare::page(&app, &p, &groups).await },
     )
     .await
 }
@@ -722,6 +771,7 @@ async fn group(
     State(console): State<Arc<Console>>,
     Path((project, name)): Path<(String, String)>,
     Query(query): Query<PageQuery>,
+    Query(filter): Query<lists::ListFilter>,
     headers: HeaderMap,
 ) -> Response {
     let (p, n) = (project.clone(), name.clone());
@@ -732,7 +782,7 @@ async fn group(
         &query,
         pages::Tab::Groups,
         format!("Group {name}"),
-        |app, _| async move { pages::group(&app, &p, &n).await },
+        |app, _| async move { group::group(&app, &p, &n, &filter).await },
     )
     .await
 }

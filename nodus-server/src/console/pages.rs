@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, Kind};
+use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, Kind};
 use nodus_core::store::Selector;
 use serde_json::Value;
 
@@ -15,8 +15,10 @@ use crate::error::ApiError;
 /// Which part of the console a page belongs to.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Tab {
-    /// Agents and their runs.
+    /// Agents.
     Agents,
+    /// Runs, filtered and paged.
+    Runs,
     /// Groups.
     Groups,
     /// Credits, budget and spend.
@@ -80,6 +82,7 @@ pub fn layout(layout: &Layout, page: Page) -> Html {
     html.raw("<header><span class=\"brand\">Nodus console</span><nav aria-label=\"Pages\"><ul>");
     for (tab, path, label) in [
         (Tab::Agents, "agents", "Agents"),
+        (Tab::Runs, "runs", "Runs"),
         (Tab::Groups, "groups", "Groups"),
         (Tab::Environments, "environments", "Environments"),
         (Tab::Credits, "credits", "Credits"),
@@ -199,7 +202,7 @@ pub(super) fn phase_class(phase: &Value) -> String {
         .collect()
 }
 
-fn phase_cell(html: &mut Html, phase: &Value) {
+pub(super) fn phase_cell(html: &mut Html, phase: &Value) {
     let text = show(phase);
     html.raw("<td class=\"phase phase-")
         .text(phase_class(phase))
@@ -208,7 +211,7 @@ fn phase_cell(html: &mut Html, phase: &Value) {
         .raw("</td>");
 }
 
-fn run_link(html: &mut Html, project: &str, name: &str) {
+pub(super) fn run_link(html: &mut Html, project: &str, name: &str) {
     html.raw("<a href=\"/console/p/")
         .segment(project)
         .raw("/runs/")
@@ -250,7 +253,7 @@ async fn runs_of(
 }
 
 /// A table of runs: name, phase, the model of the latest turn, cost.
-fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
+pub(super) fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
     html.raw("<div class=\"table\"><table><thead><tr><th>Run</th><th>Phase</th>");
     if extra {
         html.raw("<th>Task</th><th>Depends on</th>");
@@ -298,46 +301,6 @@ fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
             .raw("</td></tr>");
     }
     html.raw("</tbody></table></div>");
-}
-
-/// Agents: each agent of the project (and each other agent its runs name), with its runs.
-pub async fn agents(state: &AppState, project: &str) -> Result<Page, ApiError> {
-    let agents = state
-        .engine
-        .list::<AgentSpec>(project, &Selector::default())
-        .await?;
-    let runs = runs_of(state, project, &Selector::default()).await?;
-    let mut by_agent: BTreeMap<String, Vec<&Value>> = agents
-        .iter()
-        .filter_map(|agent| agent.metadata.name.clone())
-        .map(|name| (name, Vec::new()))
-        .collect();
-    for run in &runs {
-        by_agent
-            .entry(agent_label(&run["spec"]["agent"]))
-            .or_default()
-            .push(run);
-    }
-    let mut html = Html::new();
-    html.raw("<h1>Agents</h1>");
-    if by_agent.is_empty() {
-        html.raw("<p class=\"muted\">No agents and no runs in this project yet.</p>");
-    }
-    for (agent, runs) in &by_agent {
-        html.raw("<section class=\"agent\" data-agent=\"")
-            .text(agent)
-            .raw("\"><h2>")
-            .text(agent)
-            .raw(" <span class=\"muted\">(")
-            .text(runs.len())
-            .raw(if runs.len() == 1 { " run)" } else { " runs)" })
-            .raw("</span></h2>");
-        if !runs.is_empty() {
-            runs_table(&mut html, project, runs, false);
-        }
-        html.raw("</section>");
-    }
-    Ok(Page::live(html))
 }
 
 pub(super) fn csrf_field(html: &mut Html, csrf: &str) {
@@ -418,7 +381,7 @@ pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Resu
 
 /// The fields of a group's `status.counts`, in the order the group page shows them; every run
 /// of the group is in exactly one.
-const COUNT_FIELDS: [&str; 7] = [
+pub(super) const COUNT_FIELDS: [&str; 7] = [
     "queued",
     "active",
     "waiting",
@@ -428,14 +391,14 @@ const COUNT_FIELDS: [&str; 7] = [
     "cancelled",
 ];
 
-fn group_total(counts: &Value) -> u64 {
+pub(super) fn group_total(counts: &Value) -> u64 {
     COUNT_FIELDS
         .iter()
         .filter_map(|field| counts[*field].as_u64())
         .sum()
 }
 
-fn cost_against_cap(html: &mut Html, group: &Value) {
+pub(super) fn cost_against_cap(html: &mut Html, group: &Value) {
     html.text(show(&group["status"]["cost"]["totalUSD"]));
     let cap = if group["spec"]["maxCostUSD"].is_null() {
         &group["status"]["cost"]["limitUSD"]
@@ -493,66 +456,9 @@ pub async fn groups(state: &AppState, project: &str) -> Result<Page, ApiError> {
     Ok(Page::live(html))
 }
 
-/// A group: phase, counts, blocked reasons with counts, cost against the cap, and its runs
-/// with what each depends on.
-pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, ApiError> {
-    let group = serde_json::to_value(state.engine.get::<AgentGroupSpec>(project, name).await?)
-        .unwrap_or(Value::Null);
-    let mut selector = Selector::default();
-    selector
-        .fields
-        .insert("spec.group".to_string(), name.to_string());
-    let runs = runs_of(state, project, &selector).await?;
-    let status = &group["status"];
-    let counts = &status["counts"];
-    let mut html = Html::new();
-    html.raw("<h1>Group ")
-        .text(name)
-        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
-        .text(phase_class(&status["phase"]))
-        .raw("\">")
-        .text(show(&status["phase"]))
-        .raw("</dd><dt>Agent</dt><dd>")
-        .text(show(&group["spec"]["agent"]))
-        .raw("</dd><dt>Runs succeeded/total</dt><dd id=\"runs\">")
-        .text(counts["succeeded"].as_u64().unwrap_or(0))
-        .raw("/")
-        .text(group_total(counts))
-        .raw("</dd><dt>Active</dt><dd>")
-        .text(counts["active"].as_u64().unwrap_or(0))
-        .raw("</dd><dt>Cost (USD)</dt><dd id=\"cost\">");
-    cost_against_cap(&mut html, &group);
-    html.raw("</dd></dl><h2>Counts</h2><div class=\"table\"><table id=\"counts\"><thead><tr>");
-    let fields = COUNT_FIELDS;
-    for field in fields {
-        html.raw("<th class=\"num\">").raw(field).raw("</th>");
-    }
-    html.raw("</tr></thead><tbody><tr>");
-    for field in fields {
-        html.raw("<td class=\"num\">")
-            .text(counts[field].as_u64().unwrap_or(0))
-            .raw("</td>");
-    }
-    html.raw("</tr></tbody></table></div><h2>Blocked</h2>");
-    reason_counts(
-        &mut html,
-        &status["blockedReasons"],
-        "blocked",
-        "Runs",
-        "Nothing is blocked.",
-    );
-    if !group["spec"]["evaluation"].is_null() {
-        evaluation_summary(&mut html, project, name, &group);
-    }
-    html.raw("<h2>Runs</h2>");
-    let runs: Vec<&Value> = runs.iter().collect();
-    runs_table(&mut html, project, &runs, true);
-    Ok(Page::live(html))
-}
-
 /// A table of counts by reason (`{REASON: count}`) with the id `id`, the counts headed
 /// `unit`; `none` when there are none.
-fn reason_counts(
+pub(super) fn reason_counts(
     html: &mut Html,
     counts: &Value,
     id: &'static str,
@@ -587,14 +493,14 @@ fn reason_counts(
 /// A fraction (a pass rate, an end of an interval) as a percentage with one decimal. These
 /// are fractions, not money: floating point is fine here.
 #[allow(clippy::float_arithmetic)]
-fn percent(value: &Value) -> String {
+pub(super) fn percent(value: &Value) -> String {
     value
         .as_f64()
         .map_or_else(|| "—".to_string(), |v| format!("{:.1} %", v * 100.0))
 }
 
 /// A `{"low", "high"}` range as `low – high` in percent.
-fn percent_range(range: &Value) -> String {
+pub(super) fn percent_range(range: &Value) -> String {
     if range.is_null() {
         return "—".to_string();
     }
@@ -602,99 +508,10 @@ fn percent_range(range: &Value) -> String {
 }
 
 /// A reward (0 to 1) with three decimals.
-fn reward(value: &Value) -> String {
+pub(super) fn reward(value: &Value) -> String {
     value
         .as_f64()
         .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
-}
-
-/// An evaluation group's summary: what it evaluates, scored and pending cases, pass rate with
-/// its bracket and interval, mean reward, the unscored cases by reason, and the link to the
-/// results.
-fn evaluation_summary(html: &mut Html, project: &str, name: &str, group: &Value) {
-    let spec = &group["spec"]["evaluation"];
-    let summary = &group["status"]["evaluation"];
-    html.raw("<h2>Evaluation</h2><dl class=\"facts\" id=\"evaluation\"><dt>Environment</dt><dd>")
-        .text(show(&spec["environment"]))
-        .raw("</dd><dt>Split, seed</dt><dd>")
-        .text(show(&spec["split"]))
-        .raw(", seed ")
-        .text(show(&spec["seed"]))
-        .raw("</dd><dt>Cases</dt><dd id=\"eval-cases\">")
-        .text(show(&summary["cases"]))
-        .raw("</dd><dt>Scored</dt><dd id=\"eval-scored\">")
-        .text(show(&summary["scored"]))
-        .raw("</dd><dt>Pending</dt><dd id=\"eval-pending\">")
-        .text(show(&summary["pending"]))
-        .raw("</dd><dt>Pass rate (of scored)</dt><dd id=\"eval-pass-rate\">")
-        .text(percent(&summary["passRate"]))
-        .raw("</dd><dt>95 % interval</dt><dd id=\"eval-interval\">")
-        .text(percent_range(&summary["interval"]))
-        .raw("</dd><dt>Bracket (unscored as fail – as pass)</dt><dd id=\"eval-bracket\">")
-        .text(percent_range(&summary["bracket"]))
-        .raw("</dd><dt>Mean reward (of scored)</dt><dd id=\"eval-mean-reward\">")
-        .text(reward(&summary["meanReward"]))
-        .raw("</dd></dl><p><a id=\"results-link\" href=\"/console/p/")
-        .segment(project)
-        .raw("/groups/")
-        .segment(name)
-        .raw(
-            "/results\">Results: each case with its run and the grader's evidence</a></p>\
-              <h3>Unscored</h3>",
-        );
-    reason_counts(
-        html,
-        &summary["unscored"],
-        "unscored",
-        "Cases",
-        "No case is unscored.",
-    );
-    per_task(html, summary);
-}
-
-/// Each task over its repetitions: cases, scored, passes, its reduced reward and pass@1..k,
-/// as the server computed them (`status.evaluation.perTask`).
-fn per_task(html: &mut Html, summary: &Value) {
-    html.raw("<h3>Per task</h3>");
-    let tasks = summary["perTask"].as_array().cloned().unwrap_or_default();
-    if tasks.is_empty() {
-        html.raw("<p class=\"muted\">No task has a case yet.</p>");
-        return;
-    }
-    let most = tasks
-        .iter()
-        .filter_map(|t| t["passAtK"].as_object().map(serde_json::Map::len))
-        .max()
-        .unwrap_or(0);
-    html.raw(
-        "<div class=\"table\"><table id=\"per-task\"><thead><tr><th>Task</th>\
-         <th class=\"num\">Cases</th><th class=\"num\">Scored</th>\
-         <th class=\"num\">Passes</th><th class=\"num\">Reward</th>",
-    );
-    for k in 1..=most {
-        html.raw("<th class=\"num\">pass@").text(k).raw("</th>");
-    }
-    html.raw("</tr></thead><tbody>");
-    for task in &tasks {
-        html.raw("<tr><td>")
-            .text(show(&task["taskId"]))
-            .raw("</td><td class=\"num\">")
-            .text(show(&task["attempts"]))
-            .raw("</td><td class=\"num\">")
-            .text(show(&task["scored"]))
-            .raw("</td><td class=\"num\">")
-            .text(show(&task["passes"]))
-            .raw("</td><td class=\"num\">")
-            .text(reward(&task["reward"]))
-            .raw("</td>");
-        for k in 1..=most {
-            html.raw("<td class=\"num\">")
-                .text(percent(&task["passAtK"][k.to_string()]))
-                .raw("</td>");
-        }
-        html.raw("</tr>");
-    }
-    html.raw("</tbody></table></div>");
 }
 
 /// An evaluation group's results: each case in batch order with its state, verdict or reason,

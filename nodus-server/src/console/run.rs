@@ -276,11 +276,11 @@ async fn section(
     part: Section,
 ) -> Result<(), ApiError> {
     let (id, title) = heading(part);
-    html.raw("<section id=\"")
-        .raw(id)
-        .raw("-section\"><h2>")
-        .raw(title)
-        .raw("</h2>");
+    html.raw("<section id=\"").raw(id).raw("-section\">");
+    // The results part writes its own headings (results, environment, post-run action).
+    if part != Section::Jobs {
+        html.raw("<h2>").raw(title).raw("</h2>");
+    }
     let (run, base, csrf) = (&view.run, &view.base, view.csrf);
     match part {
         Section::Transcript => {

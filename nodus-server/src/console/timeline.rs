@@ -146,26 +146,12 @@ pub fn render(html: &mut Html, steps: &[StepView], now: Timestamp, base: &str) {
             .raw("\"/>");
     }
     for (mark, step) in marks.iter().zip(steps) {
+        let x = LEFT + mark.x;
+        let y = LANE * mark.lane as f64;
         html.raw("<a class=\"mark-link\" href=\"")
             .text(base)
             .raw("/steps/")
             .text(mark.seq)
-            .raw("\"><rect class=\"mark kind-")
-            .text(format!("{:?}", step.kind))
-            .raw(" state-")
-            .raw(state_class(step.state))
-            .raw("\" data-seq=\"")
-            .text(mark.seq)
-            .raw("\" data-ms=\"")
-            .text(mark.millis)
-            .raw("\" x=\"")
-            .text(format!("{:.4}", LEFT + mark.x))
-            .raw("\" y=\"")
-            .text(format!("{:.1}", LANE * mark.lane as f64 + 4.0))
-            .raw("\" width=\"")
-            .text(format!("{:.4}", mark.width))
-            .raw("\" height=\"")
-            .text(format!("{:.1}", LANE - 8.0))
             .raw("\"><title>")
             .text(format!(
                 "step {}: {:?}, {}{}: {}",
@@ -175,7 +161,35 @@ pub fn render(html: &mut Html, steps: &[StepView], now: Timestamp, base: &str) {
                 if mark.open { " so far" } else { "" },
                 step.summary
             ))
-            .raw("</title></rect></a>");
+            .raw("</title><rect class=\"mark kind-")
+            .text(format!("{:?}", step.kind))
+            .raw(" state-")
+            .raw(state_class(step.state))
+            .raw("\" data-seq=\"")
+            .text(mark.seq)
+            .raw("\" data-ms=\"")
+            .text(mark.millis)
+            .raw("\" x=\"")
+            .text(format!("{x:.4}"))
+            .raw("\" y=\"")
+            .text(format!("{:.1}", y + 4.0))
+            .raw("\" width=\"")
+            .text(format!("{:.4}", mark.width))
+            .raw("\" height=\"")
+            .text(format!("{:.1}", LANE - 8.0))
+            // A tick at the start, so that a step too short to have a visible width can still
+            // be seen, hovered and clicked.
+            .raw("\"/><line class=\"tick kind-")
+            .text(format!("{:?}", step.kind))
+            .raw("\" x1=\"")
+            .text(format!("{x:.4}"))
+            .raw("\" x2=\"")
+            .text(format!("{x:.4}"))
+            .raw("\" y1=\"")
+            .text(format!("{:.1}", y + 2.0))
+            .raw("\" y2=\"")
+            .text(format!("{:.1}", y + LANE - 2.0))
+            .raw("\"/></a>");
     }
     let axis = LANE * LANES.len() as f64;
     html.raw("<text class=\"axis\" x=\"")
