@@ -71,6 +71,23 @@ fn cap_of(group: &Value) -> Option<Usd> {
     cap.as_str().and_then(|c| c.parse().ok())
 }
 
+/// The group's charts (the part its page fetches after it is shown, or a page of its own).
+pub async fn charts_page(state: &AppState, project: &str, name: &str) -> Result<Page, ApiError> {
+    let group = serde_json::to_value(state.engine.get::<AgentGroupSpec>(project, name).await?)
+        .unwrap_or(Value::Null);
+    let members = members(state, project, name).await?;
+    let mut html = Html::new();
+    html.raw("<p class=\"back\"><a href=\"/console/p/")
+        .segment(project)
+        .raw("/groups/")
+        .segment(name)
+        .raw("\">Group ")
+        .text(name)
+        .raw("</a></p>");
+    charts(&mut html, &group, &members);
+    Ok(Page::live(html))
+}
+
 /// The charts and their legends: progress (today's split from `status.counts`, the API's),
 /// spend against the cap.
 fn charts(html: &mut Html, group: &Value, members: &[Member]) {
@@ -135,7 +152,6 @@ pub async fn group(
         ..Selector::default()
     };
     let listed = page(state, project, Kind::AgentRun, &selector, filter).await?;
-    let members = members(state, project, name).await?;
     let status = &group["status"];
     let counts = &status["counts"];
     let mut html = Html::new();
@@ -156,7 +172,17 @@ pub async fn group(
         .raw("</dd><dt>Cost (USD)</dt><dd id=\"cost\">");
     cost_against_cap(&mut html, &group);
     html.raw("</dd></dl>");
-    charts(&mut html, &group, &members);
+    // The charts read every member (four fields each): fetched by the page once it is shown
+    // (console.js), so that the page itself reads one page of runs; without script, a link.
+    html.raw("<div class=\"lazy\" id=\"charts\" data-fragment=\"/console/p/")
+        .segment(project)
+        .raw("/groups/")
+        .segment(name)
+        .raw("/charts\"><p><a href=\"/console/p/")
+        .segment(project)
+        .raw("/groups/")
+        .segment(name)
+        .raw("/charts\">Progress and spend over time</a></p></div>");
     html.raw("<h2>Counts</h2><div class=\"table\"><table id=\"counts\"><thead><tr>");
     let fields = COUNT_FIELDS;
     for field in fields {

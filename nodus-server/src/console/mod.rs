@@ -125,6 +125,10 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/console/p/{project}/groups", get(groups))
         .route("/console/p/{project}/groups/{name}", get(group))
         .route("/console/p/{project}/groups/{name}/results", get(results))
+        .route(
+            "/console/p/{project}/groups/{name}/charts",
+            get(group_charts),
+        )
         .route("/console/p/{project}/credits", get(credits))
         .route("/console/p/{project}/events", get(events))
         .layer(middleware::from_fn_with_state(console.clone(), admit_forms))
@@ -783,6 +787,26 @@ async fn group(
         pages::Tab::Groups,
         format!("Group {name}"),
         |app, _| async move { group::group(&app, &p, &n, &filter).await },
+    )
+    .await
+}
+
+/// `GET /console/p/{project}/groups/{name}/charts`: the group's progress and spend charts.
+async fn group_charts(
+    State(console): State<Arc<Console>>,
+    Path((project, name)): Path<(String, String)>,
+    Query(query): Query<PageQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let (p, n) = (project.clone(), name.clone());
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Groups,
+        format!("Charts of {name}"),
+        |app, _| async move { group::charts_page(&app, &p, &n).await },
     )
     .await
 }

@@ -367,7 +367,25 @@ pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Resu
         .text(duration(&view))
         .raw("</dd><dt>Summary</dt><dd>")
         .text(show(&view["summary"]))
-        .raw("</dd></dl><h2>Intent</h2><pre id=\"intent\">")
+        .raw("</dd></dl>");
+    // A command's whole output as text: what the transcript folds.
+    if let Some(nodus_core::journal::Outcome::CommandFinished { output }) = step.outcome() {
+        for (id, label, stream) in [
+            ("stdout", "Standard output", &output.stdout),
+            ("stderr", "Standard error", &output.stderr),
+        ] {
+            html.raw("<h2>")
+                .raw(label)
+                .raw("</h2><pre id=\"")
+                .raw(id)
+                .raw("\">");
+            html.text(stream.lossy()).raw("</pre>");
+            if stream.truncated {
+                html.raw("<p class=\"muted\">Cut at the sandbox's output cap.</p>");
+            }
+        }
+    }
+    html.raw("<h2>Intent</h2><pre id=\"intent\">")
         .text(intent)
         .raw("</pre><h2>Outcome</h2><pre id=\"outcome\">")
         .text(outcome)

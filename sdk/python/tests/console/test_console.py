@@ -389,6 +389,8 @@ def test_another_projects_run_is_not_reachable(browser: WebDriver, server: Nodus
         (other, f"/console/p/{other}/agents"),
         (other, f"/console/p/{other}/credits"),
         (other, f"/console/p/{other}/runs/private-run/steps/0"),
+        (other, f"/console/p/{other}/runs?agent=private-agent"),
+        (other, f"/console/p/{other}/compare?a=x&b=y"),
         ("nowhere", "/console/p/nowhere/runs/private-run"),
     ):
         browser.get(f"{server.url}{page}")
