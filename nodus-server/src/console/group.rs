@@ -77,15 +77,22 @@ pub async fn charts_page(state: &AppState, project: &str, name: &str) -> Result<
         .unwrap_or(Value::Null);
     let members = members(state, project, name).await?;
     let mut html = Html::new();
-    html.raw("<p class=\"back\"><a href=\"/console/p/")
+    charts(&mut html, &group, &members);
+    // Below the part the group's page takes in: only on the charts' own page.
+    let mut after = Html::new();
+    after
+        .raw("<p class=\"back\"><a href=\"/console/p/")
         .segment(project)
         .raw("/groups/")
         .segment(name)
         .raw("\">Group ")
         .text(name)
         .raw("</a></p>");
-    charts(&mut html, &group, &members);
-    Ok(Page::live(html))
+    Ok(Page {
+        live: html,
+        after,
+        is_live: true,
+    })
 }
 
 /// The charts and their legends: progress (today's split from `status.counts`, the API's),

@@ -632,6 +632,12 @@ def test_resolve_a_parked_run_in_the_console(browser: WebDriver, fake_model: Any
         wait_for(browser, lambda d: d.find_element(By.ID, "phase").text == "NeedsResolution")
         for action in ("retry", "recordFailed", "cancel"):
             assert browser.find_element(By.ID, f"resolve-{action}").is_displayed()
+        # The transcript marks the step the run is parked on, and what to decide.
+        parked = browser.find_element(By.CSS_SELECTOR, "#transcript li.parked")
+        command = next(s for s in steps_of(second, run.name) if s["kind"] == "Command")
+        assert parked.get_attribute("data-seq") == str(command["seq"])
+        assert "Parked on command" in parked.text
+        assert "retry runs it again" in parked.find_element(By.CSS_SELECTOR, ".resolve").text
         shot(browser, "parked")
         browser.find_element(By.ID, "resolve-retry").click()
         wait_for(browser, lambda d: d.find_element(By.ID, "phase").text == "Succeeded")

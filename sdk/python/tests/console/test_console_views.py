@@ -242,7 +242,6 @@ def test_paging_through_a_1000_run_group_visits_every_run_once(
         assert pages == 10
         assert seen == names
         assert len(set(seen)) == 1000
-        shot(browser, "group-page-10")
         # The run list page, filtered by the group and a phase: the same paging.
         browser.get(f"{server.url}/console/p/default/runs?group={group.name}&limit=1000")
         wait_for(browser, lambda d: d.find_elements(By.ID, "filters"))
