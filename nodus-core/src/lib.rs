@@ -98,6 +98,7 @@ pub mod validate;
 pub use clock::Clock;
 pub use model::ModelClient;
 pub use money::Usd;
+pub use replay::{TurnLine, turn_lines};
 pub use router::Router;
 pub use runner::{Runner, RunnerConfig, RunnerHandle};
 pub use sandbox::Sandbox;

@@ -720,30 +720,55 @@ impl Replay {
 
     /// The status lines of the turns that used a model.
     pub fn turn_statuses(&self) -> Vec<TurnStatus> {
+        self.turns.iter().filter_map(Turn::status).collect()
+    }
+
+    /// Every turn, the input's first, as people read it (the console's transcript).
+    pub fn turn_lines(&self) -> Vec<TurnLine> {
         self.turns
             .iter()
-            .filter_map(|turn| {
-                let (model, family, chosen_by) = match (&turn.route, turn.calls.first()) {
-                    (Some(route), _) => (route.model.as_str(), route.family, route.chosen_by),
-                    (None, Some(Call::Replied { model, .. })) => {
-                        (model.as_str(), None, ChosenBy::Agent)
-                    }
-                    _ => return None,
-                };
-                Some(TurnStatus {
-                    model: model.to_string(),
-                    family,
-                    chosen_by,
-                    cost_usd: turn.cost,
-                    input_tokens: turn.usage.input_tokens,
-                    output_tokens: turn.usage.output_tokens,
-                    cache_write_tokens: turn.usage.cache_write_tokens,
-                    cache_read_tokens: turn.usage.cache_read_tokens,
-                    commands: turn.ran,
-                })
+            .map(|turn| TurnLine {
+                status: turn.status(),
+                last_reply: turn.last_reply().map(ModelResponse::text),
             })
             .collect()
     }
+}
+
+impl Turn {
+    /// The turn's line of `status.turns`, when it used a model.
+    fn status(&self) -> Option<TurnStatus> {
+        let (model, family, chosen_by) = match (&self.route, self.calls.first()) {
+            (Some(route), _) => (route.model.as_str(), route.family, route.chosen_by),
+            (None, Some(Call::Replied { model, .. })) => (model.as_str(), None, ChosenBy::Agent),
+            _ => return None,
+        };
+        Some(TurnStatus {
+            model: model.to_string(),
+            family,
+            chosen_by,
+            cost_usd: self.cost,
+            input_tokens: self.usage.input_tokens,
+            output_tokens: self.usage.output_tokens,
+            cache_write_tokens: self.usage.cache_write_tokens,
+            cache_read_tokens: self.usage.cache_read_tokens,
+            commands: self.ran,
+        })
+    }
+}
+
+/// One turn of a journal as people read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnLine {
+    /// Its line of `status.turns` (model, how chosen, cost, tokens), when it used a model.
+    pub status: Option<TurnStatus>,
+    /// The text of its last model reply (its answer, once answered).
+    pub last_reply: Option<String>,
+}
+
+/// [`Replay::turn_lines`] of a journal: each turn, the input's first.
+pub fn turn_lines(journal: &[Step]) -> Vec<TurnLine> {
+    Replay::of(journal).turn_lines()
 }
 
 /// The text of a prompt.

@@ -48,20 +48,19 @@ pub async fn run(client: &Client, command: EvalCommand) -> Result<()> {
 
 /// How two groups pair: a rescore and its source (either way round), or two evaluations.
 async fn pairing(client: &Client, a: &str, b: &str) -> Result<Pairing> {
-    let rescores = |group: &Value, source: &str| {
-        group["spec"]["evaluation"]["rescoreOf"].as_str() == Some(source)
-    };
+    let rescore_of = |group: &Value| group["spec"]["evaluation"]["rescoreOf"].clone();
     let group_a = client
         .call(Method::GET, &["agentgroups", a], &[], None)
         .await?;
     let group_b = client
         .call(Method::GET, &["agentgroups", b], &[], None)
         .await?;
-    Ok(if rescores(&group_b, a) || rescores(&group_a, b) {
-        Pairing::Rescore
-    } else {
-        Pairing::SameEnvironment
-    })
+    Ok(Pairing::of(
+        a,
+        rescore_of(&group_a).as_str(),
+        b,
+        rescore_of(&group_b).as_str(),
+    ))
 }
 
 /// Asks the server to retry the group's unscored cases and lists those it retried.

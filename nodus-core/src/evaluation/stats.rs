@@ -153,6 +153,18 @@ pub enum Pairing {
     Rescore,
 }
 
+impl Pairing {
+    /// How groups `a` and `b` pair, from each one's `spec.evaluation.rescoreOf`: a rescore
+    /// and its source (either way round), else two evaluations of the same tasks.
+    pub fn of(a: &str, a_rescore_of: Option<&str>, b: &str, b_rescore_of: Option<&str>) -> Self {
+        if b_rescore_of == Some(a) || a_rescore_of == Some(b) {
+            Pairing::Rescore
+        } else {
+            Pairing::SameEnvironment
+        }
+    }
+}
+
 /// How a pair of cases (the same task and repetition in A and in B) compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

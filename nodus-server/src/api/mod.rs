@@ -3,10 +3,10 @@
 //! error goes through [`ApiError`](crate::error::ApiError).
 
 pub(crate) mod credits;
-mod pages;
+pub(crate) mod pages;
 mod resources;
 pub(crate) mod runs;
-mod selectors;
+pub(crate) mod selectors;
 mod tokens;
 
 use std::sync::Arc;

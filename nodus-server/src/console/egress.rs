@@ -3,7 +3,7 @@
 //! host, rule and address escaped like everything else the console shows.
 
 use nodus_core::egress_log::EgressLog;
-use nodus_core::resource::AgentRun;
+use serde_json::Value;
 
 use super::html::Html;
 use crate::app::AppState;
@@ -12,9 +12,17 @@ use crate::error::ApiError;
 /// Connections the section lists (the newest are in the run's `egress` result).
 const SHOWN: usize = 200;
 
-/// Appends the section to `html` when `run` had an allowlist (it has `status.egress`).
-pub async fn section(html: &mut Html, state: &AppState, run: &AgentRun) -> Result<(), ApiError> {
-    let (Some(_), Some(uid)) = (&run.status.egress, run.metadata.uid.as_deref()) else {
+/// Appends the section's body to `html` (the run page writes its heading): the counts and
+/// connections when `run` had an allowlist (it has `status.egress`), else that it had none.
+pub async fn section(html: &mut Html, state: &AppState, run: &Value) -> Result<(), ApiError> {
+    let (false, Some(uid)) = (
+        run["status"]["egress"].is_null(),
+        run["metadata"]["uid"].as_str(),
+    ) else {
+        html.raw(
+            "<p class=\"muted\" id=\"egress-none\">No network connections: this run had no \
+             allowlist.</p>",
+        );
         return Ok(());
     };
     let log = nodus_core::egress_log::read(state.store.as_ref(), uid).await?;
@@ -26,7 +34,7 @@ pub async fn section(html: &mut Html, state: &AppState, run: &AgentRun) -> Resul
 fn render(log: &EgressLog) -> Html {
     let mut html = Html::new();
     let counts = &log.counts;
-    html.raw("<h2>Egress</h2><p id=\"egress-counts\">")
+    html.raw("<p id=\"egress-counts\">")
         .text(counts.allowed)
         .raw(" allowed, ")
         .text(counts.refused)

@@ -12,10 +12,17 @@
 //! session's CSRF token (compared in constant time); every answer carries a strict
 //! Content-Security-Policy, and the pages have no inline script or event handler.
 
+mod charts;
+mod compare;
 mod egress;
+mod group;
 pub(crate) mod html;
 mod jobs;
+mod lists;
 mod pages;
+mod run;
+mod timeline;
+mod transcript;
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -103,6 +110,8 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/console/assets/console.js", get(js))
         .route("/console/p/{project}", get(project_home))
         .route("/console/p/{project}/agents", get(agents))
+        .route("/console/p/{project}/runs", get(runs))
+        .route("/console/p/{project}/compare", get(compare_page))
         .route("/console/p/{project}/runs/{name}", get(run))
         .route("/console/p/{project}/runs/{name}/steps/{seq}", get(step))
         .route(
@@ -117,6 +126,10 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/console/p/{project}/groups", get(groups))
         .route("/console/p/{project}/groups/{name}", get(group))
         .route("/console/p/{project}/groups/{name}/results", get(results))
+        .route(
+            "/console/p/{project}/groups/{name}/charts",
+            get(group_charts),
+        )
         .route("/console/p/{project}/credits", get(credits))
         .route("/console/p/{project}/events", get(events))
         .layer(middleware::from_fn_with_state(console.clone(), admit_forms))
@@ -585,6 +598,7 @@ async fn agents(
     State(console): State<Arc<Console>>,
     Path(project): Path<String>,
     Query(query): Query<PageQuery>,
+    Query(filter): Query<lists::ListFilter>,
     headers: HeaderMap,
 ) -> Response {
     let p = project.clone();
@@ -595,7 +609,49 @@ async fn agents(
         &query,
         pages::Tab::Agents,
         "Agents".to_string(),
-        |app, _| async move { pages::agents(&app, &p).await },
+        |app, _| async move { lists::agents(&app, &p, &filter).await },
+    )
+    .await
+}
+
+/// `GET /console/p/{project}/runs`: the project's runs a page at a time, filtered.
+async fn runs(
+    State(console): State<Arc<Console>>,
+    Path(project): Path<String>,
+    Query(query): Query<PageQuery>,
+    Query(filter): Query<lists::ListFilter>,
+    headers: HeaderMap,
+) -> Response {
+    let p = project.clone();
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Runs,
+        "Runs".to_string(),
+        |app, _| async move { lists::runs(&app, &p, &filter).await },
+    )
+    .await
+}
+
+/// `GET /console/p/{project}/compare?a=A&b=B`: `nodus eval compare A B` as a page.
+async fn compare_page(
+    State(console): State<Arc<Console>>,
+    Path(project): Path<String>,
+    Query(query): Query<PageQuery>,
+    Query(groups): Query<compare::CompareQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let p = project.clone();
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Groups,
+        "Compare evaluations".to_string(),
+        |app, _| async move { compare::page(&app, &p, &groups).await },
     )
     .await
 }
@@ -614,7 +670,7 @@ async fn run(
         &query,
         pages::Tab::Agents,
         format!("Run {name}"),
-        |app, signed| async move { pages::run(&app, &p, &n, &signed.csrf).await },
+        |app, signed| async move { run::run(&app, &p, &n, &signed.csrf).await },
     )
     .await
 }
@@ -720,6 +776,7 @@ async fn group(
     State(console): State<Arc<Console>>,
     Path((project, name)): Path<(String, String)>,
     Query(query): Query<PageQuery>,
+    Query(filter): Query<lists::ListFilter>,
     headers: HeaderMap,
 ) -> Response {
     let (p, n) = (project.clone(), name.clone());
@@ -730,7 +787,27 @@ async fn group(
         &query,
         pages::Tab::Groups,
         format!("Group {name}"),
-        |app, _| async move { pages::group(&app, &p, &n).await },
+        |app, _| async move { group::group(&app, &p, &n, &filter).await },
+    )
+    .await
+}
+
+/// `GET /console/p/{project}/groups/{name}/charts`: the group's progress and spend charts.
+async fn group_charts(
+    State(console): State<Arc<Console>>,
+    Path((project, name)): Path<(String, String)>,
+    Query(query): Query<PageQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let (p, n) = (project.clone(), name.clone());
+    project_page(
+        &console,
+        &headers,
+        &project,
+        &query,
+        pages::Tab::Groups,
+        format!("Charts of {name}"),
+        |app, _| async move { group::charts_page(&app, &p, &n).await },
     )
     .await
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentSpec, Kind};
+use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, Kind};
 use nodus_core::store::Selector;
 use serde_json::Value;
 
@@ -15,8 +15,10 @@ use crate::error::ApiError;
 /// Which part of the console a page belongs to.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Tab {
-    /// Agents and their runs.
+    /// Agents.
     Agents,
+    /// Runs, filtered and paged.
+    Runs,
     /// Groups.
     Groups,
     /// Credits, budget and spend.
@@ -80,6 +82,7 @@ pub fn layout(layout: &Layout, page: Page) -> Html {
     html.raw("<header><span class=\"brand\">Nodus console</span><nav aria-label=\"Pages\"><ul>");
     for (tab, path, label) in [
         (Tab::Agents, "agents", "Agents"),
+        (Tab::Runs, "runs", "Runs"),
         (Tab::Groups, "groups", "Groups"),
         (Tab::Environments, "environments", "Environments"),
         (Tab::Credits, "credits", "Credits"),
@@ -163,7 +166,7 @@ pub fn error(error: &ApiError, back: Option<&str>) -> Html {
 }
 
 /// A JSON value as text: a string as it is, nothing as a dash.
-fn show(value: &Value) -> String {
+pub(super) fn show(value: &Value) -> String {
     match value {
         Value::Null => "—".to_string(),
         Value::String(text) => text.clone(),
@@ -171,7 +174,7 @@ fn show(value: &Value) -> String {
     }
 }
 
-fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
+pub(super) fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
     items
         .iter()
         .map(|item| serde_json::to_value(item).unwrap_or(Value::Null))
@@ -180,7 +183,7 @@ fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
 
 /// A run's `spec.agent` as the console names it: the agent's name, or [`INLINE_AGENT`] for
 /// an agent written into the run (its spec is in the run's snapshot, not a name).
-fn agent_label(agent: &Value) -> String {
+pub(super) fn agent_label(agent: &Value) -> String {
     if agent.is_object() {
         INLINE_AGENT.to_string()
     } else {
@@ -192,14 +195,14 @@ fn agent_label(agent: &Value) -> String {
 const INLINE_AGENT: &str = "(inline agent)";
 
 /// A phase as a class name: its letters and digits only.
-fn phase_class(phase: &Value) -> String {
+pub(super) fn phase_class(phase: &Value) -> String {
     show(phase)
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
         .collect()
 }
 
-fn phase_cell(html: &mut Html, phase: &Value) {
+pub(super) fn phase_cell(html: &mut Html, phase: &Value) {
     let text = show(phase);
     html.raw("<td class=\"phase phase-")
         .text(phase_class(phase))
@@ -208,7 +211,7 @@ fn phase_cell(html: &mut Html, phase: &Value) {
         .raw("</td>");
 }
 
-fn run_link(html: &mut Html, project: &str, name: &str) {
+pub(super) fn run_link(html: &mut Html, project: &str, name: &str) {
     html.raw("<a href=\"/console/p/")
         .segment(project)
         .raw("/runs/")
@@ -220,13 +223,13 @@ fn run_link(html: &mut Html, project: &str, name: &str) {
 
 const FINISHED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
 
-fn is_finished(run: &Value) -> bool {
+pub(super) fn is_finished(run: &Value) -> bool {
     phase_finished(&run["status"]["phase"])
 }
 
 /// Whether `run` still takes messages: not finished, and not ending (deleting its sandbox
 /// to end, `status.ending`), when a message would be refused with `AgentRunFinished`.
-fn takes_messages(run: &Value) -> bool {
+pub(super) fn takes_messages(run: &Value) -> bool {
     !is_finished(run) && run["status"]["ending"].is_null()
 }
 
@@ -250,7 +253,7 @@ async fn runs_of(
 }
 
 /// A table of runs: name, phase, the model of the latest turn, cost.
-fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
+pub(super) fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
     html.raw("<div class=\"table\"><table><thead><tr><th>Run</th><th>Phase</th>");
     if extra {
         html.raw("<th>Task</th><th>Depends on</th>");
@@ -300,53 +303,13 @@ fn runs_table(html: &mut Html, project: &str, runs: &[&Value], extra: bool) {
     html.raw("</tbody></table></div>");
 }
 
-/// Agents: each agent of the project (and each other agent its runs name), with its runs.
-pub async fn agents(state: &AppState, project: &str) -> Result<Page, ApiError> {
-    let agents = state
-        .engine
-        .list::<AgentSpec>(project, &Selector::default())
-        .await?;
-    let runs = runs_of(state, project, &Selector::default()).await?;
-    let mut by_agent: BTreeMap<String, Vec<&Value>> = agents
-        .iter()
-        .filter_map(|agent| agent.metadata.name.clone())
-        .map(|name| (name, Vec::new()))
-        .collect();
-    for run in &runs {
-        by_agent
-            .entry(agent_label(&run["spec"]["agent"]))
-            .or_default()
-            .push(run);
-    }
-    let mut html = Html::new();
-    html.raw("<h1>Agents</h1>");
-    if by_agent.is_empty() {
-        html.raw("<p class=\"muted\">No agents and no runs in this project yet.</p>");
-    }
-    for (agent, runs) in &by_agent {
-        html.raw("<section class=\"agent\" data-agent=\"")
-            .text(agent)
-            .raw("\"><h2>")
-            .text(agent)
-            .raw(" <span class=\"muted\">(")
-            .text(runs.len())
-            .raw(if runs.len() == 1 { " run)" } else { " runs)" })
-            .raw("</span></h2>");
-        if !runs.is_empty() {
-            runs_table(&mut html, project, runs, false);
-        }
-        html.raw("</section>");
-    }
-    Ok(Page::live(html))
-}
-
-fn csrf_field(html: &mut Html, csrf: &str) {
+pub(super) fn csrf_field(html: &mut Html, csrf: &str) {
     html.raw("<input type=\"hidden\" name=\"csrf\" value=\"")
         .text(csrf)
         .raw("\">");
 }
 
-fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
+pub(super) fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
     html.raw("<form method=\"post\" class=\"inline\" action=\"")
         .text(base)
         .raw("/")
@@ -355,7 +318,7 @@ fn action_form(html: &mut Html, base: &str, action: &'static str, csrf: &str) {
     csrf_field(html, csrf);
 }
 
-fn duration(step: &Value) -> String {
+pub(super) fn duration(step: &Value) -> String {
     let parse = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
     match (parse(&step["startedAt"]), parse(&step["finishedAt"])) {
         (Some(start), Some(end)) => {
@@ -368,254 +331,6 @@ fn duration(step: &Value) -> String {
         }
         _ => "—".to_string(),
     }
-}
-
-/// The runs forked from `name`, with their steps and phases, when there are any.
-async fn forks(
-    html: &mut Html,
-    state: &AppState,
-    project: &str,
-    name: &str,
-) -> Result<(), ApiError> {
-    let selector = nodus_core::store::Selector {
-        fields: [("spec.forkOf.run".to_string(), name.to_string())].into(),
-        ..nodus_core::store::Selector::default()
-    };
-    let forks = state
-        .store
-        .list_sparse(
-            project,
-            nodus_core::resource::Kind::AgentRun,
-            &selector,
-            &["metadata.name", "spec.forkOf.step", "status.phase"],
-        )
-        .await?;
-    if forks.is_empty() {
-        return Ok(());
-    }
-    html.raw(
-        "<h2>Forks</h2><div class=\"table\"><table id=\"forks\"><thead><tr><th>Run</th>\
-         <th>From step</th><th>Phase</th></tr></thead><tbody>",
-    );
-    for fork in &forks {
-        let document = &fork.document;
-        let fork_name = show(&document["metadata"]["name"]);
-        html.raw("<tr><td><a href=\"/console/p/")
-            .segment(project)
-            .raw("/runs/")
-            .segment(&fork_name)
-            .raw("\">")
-            .text(&fork_name)
-            .raw("</a></td><td>")
-            .text(show(&document["spec"]["forkOf"]["step"]))
-            .raw("</td><td>")
-            .text(show(&document["status"]["phase"]))
-            .raw("</td></tr>");
-    }
-    html.raw("</tbody></table></div>");
-    Ok(())
-}
-
-/// A run: facts, actions, every turn (model, chosen by, cost), the answer, the steps and
-/// the messages; the message form below the live part.
-pub async fn run(
-    state: &AppState,
-    project: &str,
-    name: &str,
-    csrf: &str,
-) -> Result<Page, ApiError> {
-    let object = state.engine.get::<AgentRunSpec>(project, name).await?;
-    let answer = state.engine.answer(project, name).await?;
-    let steps = to_values(&state.engine.steps(project, name).await?);
-    let inbox = match object.metadata.uid.as_deref() {
-        Some(uid) => state.store.inbox(uid).await?,
-        None => Vec::new(),
-    };
-    let run = serde_json::to_value(&object).unwrap_or(Value::Null);
-    let base = format!(
-        "/console/p/{}/runs/{}",
-        percent_encode(project),
-        percent_encode(name)
-    );
-    let status = &run["status"];
-    let mut html = Html::new();
-    html.raw("<h1>Run ")
-        .text(name)
-        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
-        .text(phase_class(&status["phase"]))
-        .raw("\">")
-        .text(show(&status["phase"]))
-        .raw("</dd>");
-    let agent = Value::String(agent_label(&run["spec"]["agent"]));
-    for (label, value) in [
-        ("Reason", &status["reason"]),
-        ("Message", &status["message"]),
-        ("Agent", &agent),
-        ("Group", &run["spec"]["group"]),
-        ("Keep alive", &run["spec"]["keepAlive"]),
-        ("Started", &status["startTime"]),
-        ("Completed", &status["completionTime"]),
-    ] {
-        if value.is_null() {
-            continue;
-        }
-        html.raw("<dt>")
-            .raw(label)
-            .raw("</dt><dd>")
-            .text(show(value))
-            .raw("</dd>");
-    }
-    html.raw("<dt>Cost (USD)</dt><dd id=\"cost\">")
-        .text(show(&status["cost"]["totalUSD"]));
-    if !status["cost"]["limitUSD"].is_null() {
-        html.raw(" of ").text(show(&status["cost"]["limitUSD"]));
-    }
-    html.raw("</dd></dl><div class=\"actions\">");
-    if !is_finished(&run) {
-        action_form(&mut html, &base, "cancel", csrf);
-        html.raw(
-            "<button type=\"submit\" class=\"danger\" id=\"cancel\">Cancel run</button></form>",
-        );
-        if run["spec"]["keepAlive"] == Value::Bool(true) {
-            action_form(&mut html, &base, "close", csrf);
-            html.raw("<button type=\"submit\" id=\"close\">Close conversation</button></form>");
-        }
-    }
-    if status["phase"] == "NeedsResolution" {
-        for (action, label) in [
-            ("retry", "Resolve: retry the step"),
-            ("recordFailed", "Resolve: record it failed"),
-            ("cancel", "Resolve: cancel the run"),
-        ] {
-            action_form(&mut html, &base, "resolve", csrf);
-            html.raw("<input type=\"hidden\" name=\"action\" value=\"")
-                .raw(action)
-                .raw("\"><button type=\"submit\" id=\"resolve-")
-                .raw(action)
-                .raw("\">")
-                .raw(label)
-                .raw("</button></form>");
-        }
-    }
-    html.raw("</div><h2>Turns</h2><div class=\"table\"><table id=\"turns\"><thead><tr><th>#</th>\
-              <th>Model</th><th>Chosen by</th><th class=\"num\">Cost (USD)</th>\
-              <th class=\"num hide-narrow\">Tokens in / out</th><th class=\"num hide-narrow\">Commands</th>\
-              </tr></thead><tbody>");
-    for (i, turn) in status["turns"].as_array().into_iter().flatten().enumerate() {
-        html.raw("<tr><td>")
-            .text(i + 1)
-            .raw("</td><td class=\"model\">")
-            .text(show(&turn["model"]))
-            .raw("</td><td class=\"chosen-by\">")
-            .text(show(&turn["chosenBy"]))
-            .raw("</td><td class=\"num cost\">")
-            .text(show(&turn["costUSD"]))
-            .raw("</td><td class=\"num hide-narrow\">")
-            .text(show(&turn["inputTokens"]))
-            .raw(" / ")
-            .text(show(&turn["outputTokens"]))
-            .raw("</td><td class=\"num hide-narrow\">")
-            .text(show(&turn["commands"]))
-            .raw("</td></tr>");
-    }
-    html.raw("</tbody></table></div><h2>Answer</h2>");
-    match &answer {
-        Some(answer) => {
-            html.raw("<pre id=\"answer\">").text(answer).raw("</pre>");
-        }
-        None => {
-            html.raw("<p class=\"muted\" id=\"answer-none\">No answer yet.</p>");
-        }
-    }
-    if let Some(input) = run["spec"]["input"].as_str() {
-        html.raw("<h2>Input</h2><pre id=\"input\">")
-            .text(input)
-            .raw("</pre>");
-    }
-    super::jobs::run_sections(
-        &mut html,
-        state,
-        project,
-        name,
-        &run,
-        &steps,
-        is_finished(&run),
-    )
-    .await?;
-    html.raw("<h2>Steps</h2><div class=\"table\"><table id=\"steps\"><thead><tr><th>#</th><th>Kind</th>\
-              <th>State</th><th class=\"num\">Duration</th><th>Summary</th><th>Payload</th><th>Fork</th></tr></thead><tbody>");
-    for step in &steps {
-        let seq = show(&step["seq"]);
-        html.raw("<tr><td>")
-            .text(&seq)
-            .raw("</td><td>")
-            .text(show(&step["kind"]))
-            .raw("</td><td class=\"state\">")
-            .text(show(&step["state"]))
-            .raw("</td><td class=\"num\">")
-            .text(duration(step))
-            .raw("</td><td class=\"summary\">")
-            .text(show(&step["summary"]))
-            .raw("</td><td><a href=\"")
-            .text(&base)
-            .raw("/steps/")
-            .segment(&seq)
-            .raw("\">payload</a></td><td>");
-        // A finished run's command steps with a snapshot can be forked from.
-        if is_finished(&run) && step["snapshot"]["forkable"] == Value::Bool(true) {
-            action_form(&mut html, &base, "fork", csrf);
-            html.raw("<input type=\"hidden\" name=\"atStep\" value=\"")
-                .text(&seq)
-                .raw("\"><button type=\"submit\" class=\"fork\">Fork from here</button></form>");
-        } else if step["inherited"] == Value::Bool(true) {
-            html.raw("<span class=\"muted\">inherited</span>");
-        }
-        html.raw("</td></tr>");
-    }
-    html.raw("</tbody></table></div>");
-    forks(&mut html, state, project, name).await?;
-    super::egress::section(&mut html, state, &object).await?;
-    html.raw("<h2>Messages</h2>");
-    if inbox.is_empty() {
-        html.raw("<p class=\"muted\">No messages.</p>");
-    } else {
-        html.raw(
-            "<div class=\"table\"><table id=\"messages\"><thead><tr><th>#</th><th>Received</th>\
-                  <th>Message</th></tr></thead><tbody>",
-        );
-        for message in &inbox {
-            html.raw("<tr><td>")
-                .text(message.seq)
-                .raw("</td><td class=\"muted\">")
-                .text(message.received_at)
-                .raw("</td><td><pre class=\"message\">")
-                .text(&message.payload)
-                .raw("</pre></td></tr>");
-        }
-        html.raw("</tbody></table></div>");
-    }
-    let mut after = Html::new();
-    if takes_messages(&run) {
-        after.raw("<h2>Send a message</h2>");
-        action_form(&mut after, &base, "message", csrf);
-        after.raw(
-            "<p><label for=\"payload\">Message</label></p>\
-             <p><textarea id=\"payload\" name=\"payload\" required></textarea></p>\
-             <p><button type=\"submit\" id=\"send\">Send</button></p></form>",
-        );
-    }
-    // A finished run changes no more: its page does not listen, and a page that watched it
-    // finish stops listening (`data-final`), so that its results are not read again on
-    // every change of the project.
-    let finished = is_finished(&run);
-    if finished {
-        html.raw("<p hidden data-final></p>");
-    }
-    Ok(Page {
-        live: html,
-        after,
-        is_live: !finished,
-    })
 }
 
 /// One step's recorded intent and outcome (a step's payload, on demand).
@@ -652,7 +367,25 @@ pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Resu
         .text(duration(&view))
         .raw("</dd><dt>Summary</dt><dd>")
         .text(show(&view["summary"]))
-        .raw("</dd></dl><h2>Intent</h2><pre id=\"intent\">")
+        .raw("</dd></dl>");
+    // A command's whole output as text: what the transcript folds.
+    if let Some(nodus_core::journal::Outcome::CommandFinished { output }) = step.outcome() {
+        for (id, label, stream) in [
+            ("stdout", "Standard output", &output.stdout),
+            ("stderr", "Standard error", &output.stderr),
+        ] {
+            html.raw("<h2>")
+                .raw(label)
+                .raw("</h2><pre id=\"")
+                .raw(id)
+                .raw("\">");
+            html.text(stream.lossy()).raw("</pre>");
+            if stream.truncated {
+                html.raw("<p class=\"muted\">Cut at the sandbox's output cap.</p>");
+            }
+        }
+    }
+    html.raw("<h2>Intent</h2><pre id=\"intent\">")
         .text(intent)
         .raw("</pre><h2>Outcome</h2><pre id=\"outcome\">")
         .text(outcome)
@@ -666,7 +399,7 @@ pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Resu
 
 /// The fields of a group's `status.counts`, in the order the group page shows them; every run
 /// of the group is in exactly one.
-const COUNT_FIELDS: [&str; 7] = [
+pub(super) const COUNT_FIELDS: [&str; 7] = [
     "queued",
     "active",
     "waiting",
@@ -676,14 +409,14 @@ const COUNT_FIELDS: [&str; 7] = [
     "cancelled",
 ];
 
-fn group_total(counts: &Value) -> u64 {
+pub(super) fn group_total(counts: &Value) -> u64 {
     COUNT_FIELDS
         .iter()
         .filter_map(|field| counts[*field].as_u64())
         .sum()
 }
 
-fn cost_against_cap(html: &mut Html, group: &Value) {
+pub(super) fn cost_against_cap(html: &mut Html, group: &Value) {
     html.text(show(&group["status"]["cost"]["totalUSD"]));
     let cap = if group["spec"]["maxCostUSD"].is_null() {
         &group["status"]["cost"]["limitUSD"]
@@ -741,66 +474,9 @@ pub async fn groups(state: &AppState, project: &str) -> Result<Page, ApiError> {
     Ok(Page::live(html))
 }
 
-/// A group: phase, counts, blocked reasons with counts, cost against the cap, and its runs
-/// with what each depends on.
-pub async fn group(state: &AppState, project: &str, name: &str) -> Result<Page, ApiError> {
-    let group = serde_json::to_value(state.engine.get::<AgentGroupSpec>(project, name).await?)
-        .unwrap_or(Value::Null);
-    let mut selector = Selector::default();
-    selector
-        .fields
-        .insert("spec.group".to_string(), name.to_string());
-    let runs = runs_of(state, project, &selector).await?;
-    let status = &group["status"];
-    let counts = &status["counts"];
-    let mut html = Html::new();
-    html.raw("<h1>Group ")
-        .text(name)
-        .raw("</h1><dl class=\"facts\"><dt>Phase</dt><dd id=\"phase\" class=\"phase phase-")
-        .text(phase_class(&status["phase"]))
-        .raw("\">")
-        .text(show(&status["phase"]))
-        .raw("</dd><dt>Agent</dt><dd>")
-        .text(show(&group["spec"]["agent"]))
-        .raw("</dd><dt>Runs succeeded/total</dt><dd id=\"runs\">")
-        .text(counts["succeeded"].as_u64().unwrap_or(0))
-        .raw("/")
-        .text(group_total(counts))
-        .raw("</dd><dt>Active</dt><dd>")
-        .text(counts["active"].as_u64().unwrap_or(0))
-        .raw("</dd><dt>Cost (USD)</dt><dd id=\"cost\">");
-    cost_against_cap(&mut html, &group);
-    html.raw("</dd></dl><h2>Counts</h2><div class=\"table\"><table id=\"counts\"><thead><tr>");
-    let fields = COUNT_FIELDS;
-    for field in fields {
-        html.raw("<th class=\"num\">").raw(field).raw("</th>");
-    }
-    html.raw("</tr></thead><tbody><tr>");
-    for field in fields {
-        html.raw("<td class=\"num\">")
-            .text(counts[field].as_u64().unwrap_or(0))
-            .raw("</td>");
-    }
-    html.raw("</tr></tbody></table></div><h2>Blocked</h2>");
-    reason_counts(
-        &mut html,
-        &status["blockedReasons"],
-        "blocked",
-        "Runs",
-        "Nothing is blocked.",
-    );
-    if !group["spec"]["evaluation"].is_null() {
-        evaluation_summary(&mut html, project, name, &group);
-    }
-    html.raw("<h2>Runs</h2>");
-    let runs: Vec<&Value> = runs.iter().collect();
-    runs_table(&mut html, project, &runs, true);
-    Ok(Page::live(html))
-}
-
 /// A table of counts by reason (`{REASON: count}`) with the id `id`, the counts headed
 /// `unit`; `none` when there are none.
-fn reason_counts(
+pub(super) fn reason_counts(
     html: &mut Html,
     counts: &Value,
     id: &'static str,
@@ -835,14 +511,14 @@ fn reason_counts(
 /// A fraction (a pass rate, an end of an interval) as a percentage with one decimal. These
 /// are fractions, not money: floating point is fine here.
 #[allow(clippy::float_arithmetic)]
-fn percent(value: &Value) -> String {
+pub(super) fn percent(value: &Value) -> String {
     value
         .as_f64()
         .map_or_else(|| "—".to_string(), |v| format!("{:.1} %", v * 100.0))
 }
 
 /// A `{"low", "high"}` range as `low – high` in percent.
-fn percent_range(range: &Value) -> String {
+pub(super) fn percent_range(range: &Value) -> String {
     if range.is_null() {
         return "—".to_string();
     }
@@ -850,99 +526,10 @@ fn percent_range(range: &Value) -> String {
 }
 
 /// A reward (0 to 1) with three decimals.
-fn reward(value: &Value) -> String {
+pub(super) fn reward(value: &Value) -> String {
     value
         .as_f64()
         .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
-}
-
-/// An evaluation group's summary: what it evaluates, scored and pending cases, pass rate with
-/// its bracket and interval, mean reward, the unscored cases by reason, and the link to the
-/// results.
-fn evaluation_summary(html: &mut Html, project: &str, name: &str, group: &Value) {
-    let spec = &group["spec"]["evaluation"];
-    let summary = &group["status"]["evaluation"];
-    html.raw("<h2>Evaluation</h2><dl class=\"facts\" id=\"evaluation\"><dt>Environment</dt><dd>")
-        .text(show(&spec["environment"]))
-        .raw("</dd><dt>Split, seed</dt><dd>")
-        .text(show(&spec["split"]))
-        .raw(", seed ")
-        .text(show(&spec["seed"]))
-        .raw("</dd><dt>Cases</dt><dd id=\"eval-cases\">")
-        .text(show(&summary["cases"]))
-        .raw("</dd><dt>Scored</dt><dd id=\"eval-scored\">")
-        .text(show(&summary["scored"]))
-        .raw("</dd><dt>Pending</dt><dd id=\"eval-pending\">")
-        .text(show(&summary["pending"]))
-        .raw("</dd><dt>Pass rate (of scored)</dt><dd id=\"eval-pass-rate\">")
-        .text(percent(&summary["passRate"]))
-        .raw("</dd><dt>95 % interval</dt><dd id=\"eval-interval\">")
-        .text(percent_range(&summary["interval"]))
-        .raw("</dd><dt>Bracket (unscored as fail – as pass)</dt><dd id=\"eval-bracket\">")
-        .text(percent_range(&summary["bracket"]))
-        .raw("</dd><dt>Mean reward (of scored)</dt><dd id=\"eval-mean-reward\">")
-        .text(reward(&summary["meanReward"]))
-        .raw("</dd></dl><p><a id=\"results-link\" href=\"/console/p/")
-        .segment(project)
-        .raw("/groups/")
-        .segment(name)
-        .raw(
-            "/results\">Results: each case with its run and the grader's evidence</a></p>\
-              <h3>Unscored</h3>",
-        );
-    reason_counts(
-        html,
-        &summary["unscored"],
-        "unscored",
-        "Cases",
-        "No case is unscored.",
-    );
-    per_task(html, summary);
-}
-
-/// Each task over its repetitions: cases, scored, passes, its reduced reward and pass@1..k,
-/// as the server computed them (`status.evaluation.perTask`).
-fn per_task(html: &mut Html, summary: &Value) {
-    html.raw("<h3>Per task</h3>");
-    let tasks = summary["perTask"].as_array().cloned().unwrap_or_default();
-    if tasks.is_empty() {
-        html.raw("<p class=\"muted\">No task has a case yet.</p>");
-        return;
-    }
-    let most = tasks
-        .iter()
-        .filter_map(|t| t["passAtK"].as_object().map(serde_json::Map::len))
-        .max()
-        .unwrap_or(0);
-    html.raw(
-        "<div class=\"table\"><table id=\"per-task\"><thead><tr><th>Task</th>\
-         <th class=\"num\">Cases</th><th class=\"num\">Scored</th>\
-         <th class=\"num\">Passes</th><th class=\"num\">Reward</th>",
-    );
-    for k in 1..=most {
-        html.raw("<th class=\"num\">pass@").text(k).raw("</th>");
-    }
-    html.raw("</tr></thead><tbody>");
-    for task in &tasks {
-        html.raw("<tr><td>")
-            .text(show(&task["taskId"]))
-            .raw("</td><td class=\"num\">")
-            .text(show(&task["attempts"]))
-            .raw("</td><td class=\"num\">")
-            .text(show(&task["scored"]))
-            .raw("</td><td class=\"num\">")
-            .text(show(&task["passes"]))
-            .raw("</td><td class=\"num\">")
-            .text(reward(&task["reward"]))
-            .raw("</td>");
-        for k in 1..=most {
-            html.raw("<td class=\"num\">")
-                .text(percent(&task["passAtK"][k.to_string()]))
-                .raw("</td>");
-        }
-        html.raw("</tr>");
-    }
-    html.raw("</tbody></table></div>");
 }
 
 /// An evaluation group's results: each case in batch order with its state, verdict or reason,

@@ -197,7 +197,8 @@ def test_a_running_runs_page_follows_it_without_reload(
     wait_for(browser, lambda d: d.current_url.endswith("/console/p/default/agents"))
     run = nodus.AgentRun.create(inline_agent(), f"Run `sleep 3; echo {marker}`")
     browser.get(f"{server.url}/console/p/default/runs/{run.name}")
-    phase = wait_for(browser, lambda d: d.find_elements(By.ID, "phase"))[0].text
+    # Read within the wait: the live part may be replaced between finding and reading.
+    phase = wait_for(browser, lambda d: d.find_element(By.ID, "phase").text)
     assert phase not in ("Succeeded", "Failed", "Cancelled")
     assert browser.find_elements(By.ID, "results-none")
     browser.execute_script("window.__notReloaded = true;")
