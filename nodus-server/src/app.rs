@@ -163,9 +163,7 @@ impl Server {
                 actions: crate::actions::registry(options.webhook_allow.clone())
                     .merged(&options.actions),
                 egress_allow: options.egress.allow.clone(),
-                snapshots: Some(nodus_core::snapshot::Budget {
-                    limit_bytes: options.snapshot_budget,
-                }),
+                snapshots: options.snapshots,
                 ..Config::default()
             },
         );

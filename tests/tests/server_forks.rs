@@ -309,3 +309,37 @@ async fn forks_on_sqlite() {
 async fn forks_on_postgres() {
     forks_from_a_command_step(Backend::Postgres).await;
 }
+
+/// `nodus server --snapshots off`: no snapshot is taken, and a fork is refused naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_are_refused_naming_snapshots_off() {
+    let fake = FakeServer::start().await.expect("fake provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base_url = fake.base_url();
+    let server = ServerProcess::start_in_env(
+        &Backend::Sqlite.store_url(dir.path()),
+        dir.path(),
+        "unisolated",
+        &["--snapshots", "off"],
+        &[("ANTHROPIC_BASE_URL", base_url.as_str())],
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&agents()));
+    assert!(output.status.success(), "{output:?}");
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c1",
+        "echo one > a.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::text("Done.")));
+    server.ok(&[
+        "create", "agentrun", "plain", "--agent", "builder", "--prompt", "Go.",
+    ]);
+    wait_for(&server, "plain", "Succeeded");
+    let command = commands(&steps(&server, "plain"))
+        .into_iter()
+        .next()
+        .expect("a command step");
+    assert!(command.get("snapshot").is_none(), "{command}");
+    let seq = command["seq"].as_u64().expect("a seq").to_string();
+    let refused = server.fails(&["agentrun", "fork", "plain", "--at-step", &seq]);
+    assert!(refused.contains("--snapshots off"), "{refused}");
+}
