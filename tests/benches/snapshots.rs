@@ -191,6 +191,7 @@ async fn main() {
                 count: 1,
                 name: Some("fork".to_string()),
                 agent: None,
+                input: None,
                 replace: false,
             },
         )

@@ -36,6 +36,8 @@ pub struct ForkRequest {
     pub name: Option<String>,
     /// Another agent to continue with (its model and system prompt).
     pub agent: Option<String>,
+    /// A new user message for the forks' next model call.
+    pub input: Option<String>,
     /// Cancel the source once the forks exist, naming the first in its `status.replacedBy`.
     pub replace: bool,
 }
@@ -156,6 +158,7 @@ impl Engine {
                 spec.fork_of = Some(ForkOf {
                     run: source.to_string(),
                     step,
+                    input: request.input.clone(),
                 });
                 let name = if count == 1 {
                     base.clone()
@@ -203,6 +206,9 @@ impl Engine {
         let invalid = |rule: String| -> Error {
             Invalid::new("spec.forkOf.step", rule, fork_of.step.to_string()).into()
         };
+        if let Some(input) = &fork_of.input {
+            crate::validate::check_message("spec.forkOf.input", input)?;
+        }
         let source = match self.read_run(project, &fork_of.run).await {
             Ok(source) => source.object,
             Err(Error::NotFound { .. }) => {
