@@ -272,6 +272,10 @@ pub struct ServerArgs {
     /// default); past it, a run's later steps cannot be forked from.
     #[arg(long, value_name = "BYTES", default_value_t = nodus_core::snapshot::DEFAULT_BUDGET_BYTES)]
     pub snapshot_budget: u64,
+    /// Whether runs' working directories are snapshotted after each command (`on` by
+    /// default); with `off`, no step of a run driven by this server can be forked from.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub snapshots: Switch,
     /// A hosts file (lines `ADDRESS NAME...`) whose names the egress proxy resolves itself,
     /// before the system's resolver.
     #[arg(long, env = "NODUS_EGRESS_HOSTS")]
@@ -507,6 +511,15 @@ pub struct CreateTokenArgs {
     /// When it stops working, from now: 30d, 12h, 90m, 1d12h (default: never).
     #[arg(long)]
     pub expires: Option<String>,
+}
+
+/// A feature of the server, on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
 }
 
 /// A token's role.

@@ -988,7 +988,7 @@ mod tests {
         let journal = asked_ls().done(command(0, "t1", "ls"), finished(0));
         let through = u32::try_from(journal.0.len() - 1).expect("seq");
         let source = Replay::of(&journal.0);
-        let fork = Replay::forked(&journal.0, crate::replay::Inherited { through });
+        let fork = Replay::forked(&journal.0, crate::replay::Inherited { through }, None);
         // The source paid for its model call; the fork shows it in its turn, not as its spend.
         assert_eq!(source.spent, Usd::from_nanos(1_000));
         assert_eq!(fork.spent, Usd::ZERO);
@@ -1004,12 +1004,50 @@ mod tests {
         let world = World::platform();
         assert_eq!(shape(&decide(&world.input(&fork))), "create sandbox");
         let own = journal.created();
-        let fork = Replay::forked(&own.0, crate::replay::Inherited { through });
+        let fork = Replay::forked(&own.0, crate::replay::Inherited { through }, None);
         assert_eq!(shape(&decide(&world.input(&fork))), "route 0");
         // A step after the inherited ones is this run's own: its spend counts.
         let own = own.routed(0).replied(0, "m-haiku", true, text("done"));
-        let fork = Replay::forked(&own.0, crate::replay::Inherited { through });
+        let fork = Replay::forked(&own.0, crate::replay::Inherited { through }, None);
         assert_eq!(fork.spent, Usd::from_nanos(1_000));
+    }
+
+    /// A fork's input: a user message after the last inherited step's results, in the
+    /// conversation shared from the fold as in the one rendered anew, and counted in the
+    /// bound of the next call's prompt tokens.
+    #[test]
+    fn a_forks_input_follows_the_last_inherited_results_as_a_user_message() {
+        let journal = asked_ls().done(command(0, "t1", "ls"), finished(0));
+        let through = u32::try_from(journal.0.len() - 1).expect("seq");
+        let plain = Replay::forked(&journal.0, crate::replay::Inherited { through }, None);
+        let input = "Try again, with tests.".to_string();
+        let fork = Replay::forked(
+            &journal.0,
+            crate::replay::Inherited { through },
+            Some(input.clone()),
+        );
+        let shared: Vec<ChatMessage> = fork
+            .conversation("list the files", &[], 50)
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(shared, fork.conversation_rebuilt("list the files", &[], 50));
+        let last = shared.last().expect("messages");
+        assert_eq!(last.role, crate::model::Role::User);
+        assert!(
+            matches!(&last.content[..], [ContentBlock::ToolResult { tool_use_id, .. }, ContentBlock::Text { text }]
+                if tool_use_id == "t1" && *text == input),
+            "{last:?}"
+        );
+        // Everything before it is the conversation as it stood.
+        let before = plain.conversation_rebuilt("list the files", &[], 50);
+        assert_eq!(shared.len(), before.len());
+        assert_eq!(shared[..shared.len() - 1], before[..before.len() - 1]);
+        // The bound of the next prompt grows by at least the input's bytes.
+        let world = World::platform();
+        let grown = prompt_token_bound(&world.input(&fork), true)
+            - prompt_token_bound(&world.input(&plain), true);
+        assert!(grown >= input.len() as u64, "{grown}");
     }
 
     /// The first turn up to the model's request for `ls` (tool call `t1`).

@@ -132,6 +132,9 @@ pub struct Turn {
     /// The well-formed shell calls in `done` (all of them ran when this is at most the
     /// turn's `maxToolCalls`; a request renders the turn anew otherwise).
     done_commands: usize,
+    /// A fork's input: a user message after the results of `calls[.0]` (the last call its
+    /// inherited steps hold), as the conversation shows it.
+    fork_input: Option<(usize, String)>,
 }
 
 /// Bytes ([`block_bytes`], and [`MESSAGE_OVERHEAD_BYTES`] per message) of a turn's model
@@ -200,6 +203,7 @@ impl Turn {
             done: Messages::new(),
             done_calls: 0,
             done_commands: 0,
+            fork_input: None,
         }
     }
 
@@ -212,6 +216,7 @@ impl Turn {
             done,
             done_calls,
             done_commands,
+            fork_input,
             ..
         } = self;
         while let Some(call) = calls.get(*done_calls) {
@@ -227,12 +232,36 @@ impl Turn {
                     .filter(|tool_use| tool_use.command().is_some())
                     .count();
                 done.push(reply);
+                let answers = with_fork_input(answers, fork_input.as_ref(), *done_calls);
                 if let Some(answers) = answers {
                     done.push(answers);
                 }
             }
             *done_calls += 1;
         }
+    }
+
+    /// Show a fork's input after the results of the turn's last call so far: in the
+    /// conversation, and in the sizes that bound a prompt's tokens.
+    fn place_fork_input(&mut self, text: String) {
+        let bytes = block_bytes(&ContentBlock::Text { text: text.clone() });
+        let after = self.calls.len().saturating_sub(1);
+        // A message of its own when that call's results are not rendered as one.
+        let own_message = !self.calls.get(after).is_some_and(|call| {
+            matches!(call, Call::Replied { response, .. } if tool_uses_of(response).next().is_some())
+        });
+        let added = bytes
+            + if own_message {
+                MESSAGE_OVERHEAD_BYTES
+            } else {
+                0
+            };
+        self.sizes.messages += added;
+        self.sizes.after_last_reply += added;
+        self.fork_input = Some((after, text));
+        // `done` may hold that call already: render it again with the input.
+        self.reset_done();
+        self.advance_done();
     }
 
     /// Forget `done` (a command's result changed): it is rendered again from the start.
@@ -341,6 +370,8 @@ pub struct Replay {
     pub post_run_action: Option<bool>,
     /// For a fork: the steps it inherited from its source, which this run never carried out.
     pub fork: Option<Inherited>,
+    /// For a fork with an input: the message, until its last inherited step places it.
+    fork_input: Option<String>,
 }
 
 /// What a fork's fold does with the steps it inherited ([`Replay::forked`]).
@@ -371,6 +402,7 @@ impl Default for Replay {
             steps: 0,
             post_run_action: None,
             fork: None,
+            fork_input: None,
         }
     }
 }
@@ -388,9 +420,12 @@ impl Replay {
     /// Fold a fork's journal: its inherited steps show as the source's (the conversation,
     /// the turns and their costs) but neither count toward what this run spent (they are not
     /// charged again) nor leave it a sandbox (it makes its own, from the snapshot).
-    pub fn forked(journal: &[Step], fork: Inherited) -> Self {
+    /// With `input`, the conversation shows it as a user message after the last inherited
+    /// step's results.
+    pub fn forked(journal: &[Step], fork: Inherited, input: Option<String>) -> Self {
         let mut replay = Replay {
             fork: Some(fork),
+            fork_input: input,
             ..Replay::default()
         };
         for step in journal {
@@ -430,6 +465,9 @@ impl Replay {
                     && let Some(turn) = self.turns.last_mut()
                 {
                     turn.route = None;
+                    if let Some(text) = self.fork_input.take() {
+                        turn.place_fork_input(text);
+                    }
                 }
             }
         }
@@ -642,7 +680,7 @@ impl Replay {
             } else {
                 (0, 0)
             };
-            for call in &turn.calls[from..] {
+            for (index, call) in turn.calls.iter().enumerate().skip(from) {
                 let Call::Replied { response, .. } = call else {
                     continue;
                 };
@@ -653,7 +691,7 @@ impl Replay {
                 let (reply, results) =
                     reply_messages(response, &turn.results, is_granted, max_tool_calls);
                 fresh.push(reply);
-                fresh.extend(results);
+                fresh.extend(with_fork_input(results, turn.fork_input.as_ref(), index));
             }
             messages.extend(fresh);
         }
@@ -679,7 +717,7 @@ impl Replay {
                 }],
             });
             let mut commands = 0usize;
-            for call in &turn.calls {
+            for (index, call) in turn.calls.iter().enumerate() {
                 let Call::Replied { response, .. } = call else {
                     continue;
                 };
@@ -707,12 +745,11 @@ impl Replay {
                         }
                     })
                     .collect();
-                if !results.is_empty() {
-                    messages.push(ChatMessage {
-                        role: Role::User,
-                        content: results,
-                    });
-                }
+                let results = (!results.is_empty()).then_some(ChatMessage {
+                    role: Role::User,
+                    content: results,
+                });
+                messages.extend(with_fork_input(results, turn.fork_input.as_ref(), index));
             }
         }
         messages
@@ -826,6 +863,26 @@ fn reply_messages(
         content: blocks,
     });
     (reply, answers)
+}
+
+/// A call's results message with a fork's input after them when the input follows call
+/// `index` (a message of its own when the call asked for no tool).
+fn with_fork_input(
+    results: Option<ChatMessage>,
+    fork_input: Option<&(usize, String)>,
+    index: usize,
+) -> Option<ChatMessage> {
+    let Some((_, text)) = fork_input.filter(|(after, _)| *after == index) else {
+        return results;
+    };
+    let mut message = results.unwrap_or(ChatMessage {
+        role: Role::User,
+        content: Vec::new(),
+    });
+    message
+        .content
+        .push(ContentBlock::Text { text: text.clone() });
+    Some(message)
 }
 
 pub(crate) fn not_a_shell_call() -> String {

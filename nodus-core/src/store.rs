@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::journal::{Completion, Step};
 use crate::resource::Kind;
-use crate::snapshot::{Blob, Snapshot};
+use crate::snapshot::{Blob, Snapshot, Stored};
 
 pub use memory::MemoryStore;
 
@@ -283,6 +283,11 @@ pub fn check_blobs(blobs: &[Blob]) -> Result<(), Error> {
         ))),
         None => Ok(()),
     }
+}
+
+/// The refusal of a [`Store::put_snapshot`] of a delta of a step that is not earlier.
+pub fn check_stored(seq: u32, stored: &Stored) -> Result<(), Error> {
+    stored.check(seq).map_err(Error::Invalid)
 }
 
 /// The refusal of a [`Store::put_snapshot`] whose manifest names contents the store lacks.
@@ -587,22 +592,24 @@ pub trait Store: Send + Sync {
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error>;
 
     /// Keep `snapshot`, the run's working directory after step `seq` (replacing one kept for
-    /// the step before), with the contents it names that the store lacks: each blob is stored
-    /// once by its digest, however many runs name it. One write: refused with `Invalid`, and
-    /// nothing written, when a blob's digest is not that of its bytes or the manifest names
-    /// contents the store would still lack.
+    /// the step before), whole or as the changes from an earlier step's ([`Stored`]), with
+    /// the contents it names that the store lacks: each blob is stored once by its digest,
+    /// however many runs name it. One write: refused with `Invalid`, and nothing written,
+    /// when a blob's digest is not that of its bytes, the record names contents the store
+    /// would still lack, or it is a delta of a step that is not earlier. Only the contents
+    /// the record itself names are checked: a delta's base named its own.
     async fn put_snapshot(
         &self,
         run_uid: &str,
         seq: u32,
-        snapshot: &Snapshot,
+        snapshot: &Stored,
         blobs: &[Blob],
     ) -> Result<(), Error>;
 
     /// Which of `digests` the store holds no contents for.
     async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error>;
 
-    /// The run's snapshots, by step, in step order.
+    /// The run's snapshots, by step, in step order, whole ([`crate::snapshot::resolve`]).
     async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error>;
 
     /// The contents stored under `digest`.

@@ -173,9 +173,7 @@ impl Server {
                     .merged(&options.actions),
                 egress_allow: options.egress.allow.clone(),
                 egress_journal: Some(egress_journal),
-                snapshots: Some(nodus_core::snapshot::Budget {
-                    limit_bytes: options.snapshot_budget,
-                }),
+                snapshots: options.snapshots,
                 ..Config::default()
             },
         );

@@ -814,7 +814,7 @@ pub fn document() -> Value {
         paths.insert(sub(path), json!({"parameters": [project, name], "post": operation(summary, responses(&[run()], write), None)}));
     }
     paths.insert(sub("fork"), json!({"parameters": [project, name], "post": operation(
-        "Fork the run from a command step {atStep: N | \"last-good\", count, name, agent, replace}: new runs (all or nothing) whose journals begin with this run's steps up to it (inherited) and whose working directories start from its snapshot; 422 names why a step cannot be forked from",
+        "Fork the run from a command step {atStep: N | \"last-good\", count, name, input, agent, replace}: new runs (all or nothing) whose journals begin with this run's steps up to it (inherited), whose working directories start from its snapshot and whose next model call sees `input` (when given) as a new user message; 422 names why a step cannot be forked from",
         responses(&[json_ok("201", "The forks", "AgentRunList")], write),
         Some("ForkBody"),
     )}));

@@ -173,9 +173,10 @@ pub struct Options {
     /// The Docker engines of `--sandbox docker` (`--docker-host`, repeatable); none: the local
     /// engine's socket.
     pub docker_hosts: Vec<DockerHostOption>,
-    /// Bytes of new working-directory content each run's snapshots may keep
-    /// (`--snapshot-budget`; 1 GiB by default): past it, later steps cannot be forked from.
-    pub snapshot_budget: u64,
+    /// Working-directory snapshots after each command, with the bytes of new content each
+    /// run's snapshots may keep (`--snapshot-budget`; 1 GiB by default: past it, later steps
+    /// cannot be forked from); `None` (`--snapshots off`): none taken, no fork.
+    pub snapshots: Option<nodus_core::snapshot::Budget>,
     /// Where process sandboxes keep their working directories; `None`:
     /// [`default_sandbox_dir`] of the data directory.
     pub sandbox_dir: Option<PathBuf>,
@@ -223,7 +224,7 @@ impl Options {
             drain_timeout: Duration::from_secs(30),
             default_image: None,
             docker_hosts: Vec::new(),
-            snapshot_budget: nodus_core::snapshot::DEFAULT_BUDGET_BYTES,
+            snapshots: Some(nodus_core::snapshot::Budget::default()),
             sandbox_dir: None,
             sandbox_launcher: None,
             header_timeout: Duration::from_secs(10),

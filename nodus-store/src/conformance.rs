@@ -23,7 +23,7 @@ use jiff::Timestamp;
 use nodus_core::Store;
 use nodus_core::journal::{Completion, Intent, Outcome, Step};
 use nodus_core::resource::Kind;
-use nodus_core::snapshot::{self as snap, Blob, Manifest, Snapshot};
+use nodus_core::snapshot::{self as snap, Blob, Manifest, Snapshot, Stored};
 use nodus_core::store::{
     Change, Delivery, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, RunRewrite,
     Selector,
@@ -58,6 +58,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     rewrite_run(make()).await;
     extension_kinds(make()).await;
     snapshots(make()).await;
+    snapshot_deltas(make()).await;
 }
 
 /// Create, get, list, update and delete one document; missing keys are `NotFound`, an
@@ -2404,11 +2405,13 @@ pub async fn snapshots<S: Store + Clone + 'static>(store: S) {
                 mtime_ns: 1,
             })
             .collect(),
+        listed_at_ns: 2,
     };
-    let taken = |blobs: &[&Blob]| Snapshot::Taken {
+    let whole = |blobs: &[&Blob]| Snapshot::Taken {
         manifest: manifest(blobs),
         used_bytes: 7,
     };
+    let taken = |blobs: &[&Blob]| Stored::Whole(whole(blobs));
     let before = store.blob_bytes().await.expect("blob bytes");
     store
         .put_snapshot(
@@ -2475,7 +2478,7 @@ pub async fn snapshots<S: Store + Clone + 'static>(store: S) {
         limit_bytes: 10,
     };
     store
-        .put_snapshot(&run_a, 9, &over, &[])
+        .put_snapshot(&run_a, 9, &Stored::Whole(over.clone()), &[])
         .await
         .expect("over budget");
     store
@@ -2484,7 +2487,7 @@ pub async fn snapshots<S: Store + Clone + 'static>(store: S) {
         .expect("replaced");
     assert_eq!(
         store.snapshots(&run_a).await.expect("listed"),
-        vec![(3, taken(&[&one, &two])), (9, over)]
+        vec![(3, whole(&[&one, &two])), (9, over)]
     );
     // Removing A's snapshots removes `two` (only A names it) and keeps `one` (B names it).
     store.delete_snapshots(&run_a).await.expect("removed");
@@ -2503,6 +2506,99 @@ pub async fn snapshots<S: Store + Clone + 'static>(store: S) {
     store.delete(&key).await.expect("deleted");
     assert_eq!(store.snapshots(&run_b).await.expect("listed"), vec![]);
     assert_eq!(store.blob(&one.digest).await.expect("blob"), None);
+    assert_eq!(store.blob(&three.digest).await.expect("blob"), None);
+    assert_eq!(store.blob_bytes().await.expect("bytes"), before);
+}
+
+/// Snapshots kept as changes from an earlier step's: a delta names (and needs) only the
+/// contents of what it changes, an empty one is kept for a step where nothing changed, each
+/// reads back as exactly the whole manifest it was made from, a delta of a step that is not
+/// earlier is refused with nothing written, and removing the run removes what only it named.
+pub async fn snapshot_deltas<S: Store + Clone + 'static>(store: S) {
+    let run = unique("uid-deltas");
+    let blob = |what: &str| Blob::of(unique(what).into_bytes());
+    let (one, two, three) = (blob("d-one"), blob("d-two"), blob("d-three"));
+    let entry = |path: &str, b: &Blob, mode: u32| snap::Entry {
+        path: path.to_string(),
+        mode: snap::REGULAR | mode,
+        size: b.bytes.len() as u64,
+        digest: b.digest.clone(),
+        mtime_ns: 1,
+    };
+    let taken = |entries: Vec<snap::Entry>, listed: i64| Snapshot::Taken {
+        manifest: Manifest {
+            entries,
+            listed_at_ns: listed,
+        },
+        used_bytes: 3,
+    };
+    let before = store.blob_bytes().await.expect("blob bytes");
+    let s1 = taken(vec![entry("a", &one, 0o644), entry("b", &two, 0o644)], 10);
+    let s2 = taken(
+        vec![
+            entry("a", &one, 0o755),
+            entry("b", &two, 0o644),
+            entry("c", &three, 0o644),
+        ],
+        20,
+    );
+    let s3 = taken(s2.manifest().expect("taken").entries.clone(), 30);
+    let s4 = taken(vec![entry("c", &three, 0o644)], 40);
+    let d2 = Stored::of(Some((1, &s1)), 2, s2.clone());
+    let d3 = Stored::of(Some((2, &s2)), 3, s3.clone());
+    let d4 = Stored::of(Some((3, &s3)), 4, s4.clone());
+    assert!(matches!(&d3, Stored::Delta(d) if d.changed.is_empty() && d.removed.is_empty()));
+    store
+        .put_snapshot(
+            &run,
+            1,
+            &Stored::of(None, 1, s1.clone()),
+            &[one.clone(), two.clone()],
+        )
+        .await
+        .expect("whole");
+    // A delta naming contents the store lacks: refused.
+    match store.put_snapshot(&run, 2, &d2, &[]).await {
+        Err(Error::Invalid(message)) => assert!(message.contains(&three.digest), "{message}"),
+        other => panic!("a delta naming absent contents: {other:?}"),
+    }
+    store
+        .put_snapshot(&run, 2, &d2, std::slice::from_ref(&three))
+        .await
+        .expect("delta");
+    store
+        .put_snapshot(&run, 3, &d3, &[])
+        .await
+        .expect("empty delta");
+    store
+        .put_snapshot(&run, 4, &d4, &[])
+        .await
+        .expect("removals");
+    store
+        .put_snapshot(&run, 5, &Stored::of(Some((4, &s4)), 5, s4.clone()), &[])
+        .await
+        .expect("nothing changed");
+    // A delta of a step that is not earlier: refused, nothing written.
+    let Stored::Delta(mut bad) = Stored::of(Some((4, &s4)), 6, s4.clone()) else {
+        panic!("a delta");
+    };
+    bad.delta_of = 6;
+    match store.put_snapshot(&run, 6, &Stored::Delta(bad), &[]).await {
+        Err(Error::Invalid(message)) => {
+            assert!(message.contains("not an earlier step"), "{message}")
+        }
+        other => panic!("a delta of itself: {other:?}"),
+    }
+    assert_eq!(
+        store.snapshots(&run).await.expect("listed"),
+        vec![(1, s1), (2, s2), (3, s3), (4, s4.clone()), (5, s4)]
+    );
+    assert_eq!(
+        store.blob_bytes().await.expect("bytes"),
+        before + (one.bytes.len() + two.bytes.len() + three.bytes.len()) as u64
+    );
+    store.delete_snapshots(&run).await.expect("removed");
+    assert_eq!(store.snapshots(&run).await.expect("listed"), vec![]);
     assert_eq!(store.blob(&three.digest).await.expect("blob"), None);
     assert_eq!(store.blob_bytes().await.expect("bytes"), before);
 }

@@ -348,7 +348,7 @@ pub(crate) fn read_step(run: &str, step: &str, completion: Option<&str>) -> Resu
 }
 
 /// A snapshot as stored.
-pub(crate) fn snapshot_text(snapshot: &nodus_core::snapshot::Snapshot) -> Result<String, Error> {
+pub(crate) fn snapshot_text(snapshot: &nodus_core::snapshot::Stored) -> Result<String, Error> {
     serde_json::to_string(snapshot).map_err(|e| Error::Invalid(format!("snapshot: {e}")))
 }
 
@@ -357,7 +357,7 @@ pub(crate) fn read_snapshot(
     run: &str,
     seq: i64,
     text: &str,
-) -> Result<(u32, nodus_core::snapshot::Snapshot), Error> {
+) -> Result<(u32, nodus_core::snapshot::Stored), Error> {
     let seq = u32::try_from(seq)
         .map_err(|_| Error::Corrupt(format!("snapshot of run {run}: step {seq}")))?;
     let snapshot = serde_json::from_str(text)

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
-use nodus_core::snapshot::{Blob, Snapshot};
+use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
     RunRewrite, Selector, Store,
@@ -200,7 +200,7 @@ impl Store for SqliteStore {
         &self,
         run_uid: &str,
         seq: u32,
-        snapshot: &Snapshot,
+        snapshot: &Stored,
         blobs: &[Blob],
     ) -> Result<(), Error> {
         snapshots::put_snapshot(self, run_uid, seq, snapshot, blobs).await

@@ -1,11 +1,12 @@
 //! What working-directory snapshots cost per command, measured in one run of this binary: a
 //! run's first command makes a 1,000-file, 100 MB working directory in an unisolated sandbox
 //! (SQLite store in a temporary directory, scripted model), then runs `true` (nothing changes)
-//! and `echo x >> f1` (one 100 KB file changes) `ROUNDS` times each. Each command step's time
-//! (intent to outcome: the command and, when on, the snapshot before the outcome) is compared
-//! with the same run with snapshots off. Then a fork's restoring of a snapshot (reading the
-//! contents from the store, building the archives, unpacking them in a new sandbox) against
-//! `cp -a` of the same directory.
+//! `ROUNDS` times, then `echo x >> f1` (one 100 KB file changes) `ROUNDS` times. Each command
+//! step's time (intent to outcome: the command and, when on, the snapshot before the outcome)
+//! is compared with the same run with snapshots off. Then a fork of a run whose working
+//! directory is 1 GiB (1,024 files of 1 MiB): its creation and its first drive (copying the
+//! inherited steps, reading the snapshot's contents from the store, unpacking them in a new
+//! sandbox) against `cp -a` of a directory made the same way.
 //!
 //! `cargo bench -p nodus-tests --bench snapshots` (a bench binary, not criterion: each case
 //! is seconds long).
@@ -28,17 +29,29 @@ use nodus_store::SqliteStore;
 
 const ROUNDS: usize = 20;
 const MAKE: &str = "for i in $(seq 1000); do head -c 100000 /dev/urandom > f$i; done";
+const MAKE_GIB: &str = "for i in $(seq 1024); do head -c 1048576 /dev/urandom > f$i; done";
 
-async fn engine(dir: &std::path::Path, snapshots: bool) -> (Engine, SqliteStore) {
-    let store = SqliteStore::open(dir.join("nodus.db"))
-        .await
-        .expect("store");
+/// The commands of the per-command case: make the directory, change nothing, change one file.
+fn script() -> Vec<Reply> {
     let mut script = vec![Reply::Commands(vec![MAKE.to_string()])];
     for _ in 0..ROUNDS {
         script.push(Reply::Commands(vec!["true".to_string()]));
+    }
+    for _ in 0..ROUNDS {
         script.push(Reply::Commands(vec!["echo x >> f1".to_string()]));
     }
     script.push(Reply::Text("done".to_string()));
+    script
+}
+
+async fn engine(
+    dir: &std::path::Path,
+    snapshots: bool,
+    script: Vec<Reply>,
+) -> (Engine, SqliteStore) {
+    let store = SqliteStore::open(dir.join("nodus.db"))
+        .await
+        .expect("store");
     let engine = Engine::new(
         Deps {
             store: Arc::new(store.clone()),
@@ -62,6 +75,7 @@ async fn engine(dir: &std::path::Path, snapshots: bool) -> (Engine, SqliteStore)
 /// The run's command steps: (command, duration from intent to outcome).
 async fn run(
     snapshots: bool,
+    script: Vec<Reply>,
 ) -> (
     Vec<(String, Duration)>,
     tempfile::TempDir,
@@ -69,7 +83,7 @@ async fn run(
     SqliteStore,
 ) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (engine, store) = engine(dir.path(), snapshots).await;
+    let (engine, store) = engine(dir.path(), snapshots, script).await;
     let mut spec = AgentSpec::new("bench");
     spec.max_tool_calls = 100;
     engine
@@ -124,8 +138,8 @@ fn ms(d: Duration) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let (off, _off_dir, _, _) = run(false).await;
-    let (on, on_dir, engine, store) = run(true).await;
+    let (off, _off_dir, _, _) = run(false, script()).await;
+    let (on, _on_dir, _, _) = run(true, script()).await;
     println!("per command step, median of {ROUNDS} (snapshots off | on | cost | cost / off):");
     for command in ["true", "echo x >> f1"] {
         let (a, b) = (of(&off, command), of(&on, command));
@@ -146,7 +160,16 @@ async fn main() {
         ms(first_on)
     );
 
-    // A fork's restoring against cp -a of the same directory.
+    // A fork of a 1 GiB working directory against cp -a of one made the same way.
+    let script = vec![
+        Reply::Commands(vec![MAKE_GIB.to_string()]),
+        Reply::Text("done".to_string()),
+    ];
+    let (steps, dir, engine, store) = run(true, script).await;
+    println!(
+        "1 GiB run: its command and snapshot {}",
+        ms(steps.first().map(|(_, d)| *d).unwrap_or_default())
+    );
     let uid = engine
         .get_run("default", "bench-run")
         .await
@@ -155,7 +178,9 @@ async fn main() {
         .uid
         .expect("uid");
     let snapshots = store.snapshots(&uid).await.expect("snapshots");
-    let (last, _) = snapshots.last().expect("a snapshot");
+    let (last, snapshot) = snapshots.last().expect("a snapshot");
+    let bytes = snapshot.manifest().expect("taken").content_bytes();
+    assert_eq!(bytes, 1 << 30, "{snapshot:?}");
     let started = Instant::now();
     engine
         .fork(
@@ -166,6 +191,7 @@ async fn main() {
                 count: 1,
                 name: Some("fork".to_string()),
                 agent: None,
+                input: None,
                 replace: false,
             },
         )
@@ -178,16 +204,16 @@ async fn main() {
     let _ = engine.drive("default", "fork").await;
     let restored = started.elapsed();
     // The source's sandbox is gone with its run: `cp -a` copies a directory made the same
-    // way (1,000 files of 100 KB).
-    let source = on_dir.path().join("reference");
+    // way, after a sync so that the copy does not wait for the making's writes.
+    let source = dir.path().join("reference");
     std::fs::create_dir_all(&source).expect("a directory");
     let made = std::process::Command::new("sh")
-        .args(["-c", MAKE])
+        .args(["-c", &format!("{MAKE_GIB} && sync")])
         .current_dir(&source)
         .status()
         .expect("sh");
     assert!(made.success());
-    let copy = on_dir.path().join("copy");
+    let copy = dir.path().join("copy");
     let started = Instant::now();
     let status = std::process::Command::new("cp")
         .arg("-a")
@@ -198,10 +224,10 @@ async fn main() {
     let cp = started.elapsed();
     assert!(status.success());
     println!(
-        "fork of 100 MB: created {} , first drive (copy steps, restore, fail) {} | cp -a {} | ratio {:.1}x",
+        "fork of 1 GiB: created {} , first drive (copy steps, restore, fail) {} | cp -a {} | (created + drive) / cp -a {:.1}x",
         ms(created),
         ms(restored),
         ms(cp),
-        restored.as_secs_f64() / cp.as_secs_f64()
+        (created + restored).as_secs_f64() / cp.as_secs_f64()
     );
 }

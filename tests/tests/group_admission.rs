@@ -172,7 +172,7 @@ impl Store for CountingStore {
         &self,
         run_uid: &str,
         seq: u32,
-        snapshot: &nodus_core::snapshot::Snapshot,
+        snapshot: &nodus_core::snapshot::Stored,
         blobs: &[nodus_core::snapshot::Blob],
     ) -> Result<(), store::Error> {
         self.inner.put_snapshot(run_uid, seq, snapshot, blobs).await

@@ -6,7 +6,8 @@
 //! call carries the conversation up to the third command; `--count 8` makes eight runs that
 //! share their snapshots' contents; `--agent` swaps the model and system prompt; forks from
 //! a non-command step, from a step past the snapshot budget and from a run whose payloads
-//! were removed are refused naming why; `--input` is refused (not supported yet).
+//! were removed are refused naming why; `--input` reaches the fork's next model call as a new
+//! user message after the conversation up to the step.
 
 #[path = "support/server.rs"]
 mod server;
@@ -270,16 +271,43 @@ async fn forks_from_a_command_step(backend: Backend) {
     let fifth_seq = fifth["seq"].as_u64().expect("a seq").to_string();
     let refused = server.fails(&["agentrun", "fork", "source", "--at-step", &fifth_seq]);
     assert!(refused.contains("budget"), "{refused}");
-    let refused = server.fails(&[
+
+    // --input: the fork's next model call sees the conversation up to the third command,
+    // then the input as a new user message.
+    fake.push(Fake::Message(FakeMessage::text("With tests.")));
+    server.ok(&[
         "agentrun",
         "fork",
         "source",
         "--at-step",
         &third.to_string(),
+        "--name",
+        "fork-input",
         "--input",
-        "Try again.",
+        "Try again, with tests.",
     ]);
-    assert!(refused.contains("input"), "{refused}");
+    wait_for(&server, "fork-input", "Succeeded");
+    let fork =
+        serde_json::from_str::<Value>(&server.ok(&["get", "agentrun/fork-input", "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(
+        fork["spec"]["forkOf"]["input"], "Try again, with tests.",
+        "{fork}"
+    );
+    let requests = fake.requests();
+    let call = &requests.last().expect("the fork's call").body;
+    assert_eq!(results_in(call), vec!["c1", "c2", "c3"]);
+    let last = call["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["role"], "user", "{last}");
+    let blocks = last["content"].as_array().cloned().unwrap_or_default();
+    assert_eq!(blocks.len(), 2, "{last}");
+    assert_eq!(blocks[0]["tool_use_id"], "c3", "{last}");
+    assert_eq!(blocks[1]["type"], "text", "{last}");
+    assert_eq!(blocks[1]["text"], "Try again, with tests.", "{last}");
     // The retention sweep, run on the server's store with a cut-off after the run ended:
     // the payloads and snapshots go, and a fork is refused.
     let later = jiff::Timestamp::now()
@@ -308,4 +336,158 @@ async fn forks_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_on_postgres() {
     forks_from_a_command_step(Backend::Postgres).await;
+}
+
+/// `nodus server --snapshots off`: no snapshot is taken, and a fork is refused naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_are_refused_naming_snapshots_off() {
+    let fake = FakeServer::start().await.expect("fake provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base_url = fake.base_url();
+    let server = ServerProcess::start_in_env(
+        &Backend::Sqlite.store_url(dir.path()),
+        dir.path(),
+        "unisolated",
+        &["--snapshots", "off"],
+        &[("ANTHROPIC_BASE_URL", base_url.as_str())],
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&agents()));
+    assert!(output.status.success(), "{output:?}");
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c1",
+        "echo one > a.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::text("Done.")));
+    server.ok(&[
+        "create", "agentrun", "plain", "--agent", "builder", "--prompt", "Go.",
+    ]);
+    wait_for(&server, "plain", "Succeeded");
+    let command = commands(&steps(&server, "plain"))
+        .into_iter()
+        .next()
+        .expect("a command step");
+    assert!(command.get("snapshot").is_none(), "{command}");
+    let seq = command["seq"].as_u64().expect("a seq").to_string();
+    let refused = server.fails(&["agentrun", "fork", "plain", "--at-step", &seq]);
+    assert!(refused.contains("--snapshots off"), "{refused}");
+}
+
+/// A SIGKILL of the server while it creates eight forks leaves none of them or all eight,
+/// each whole: `spec.forkOf`, the inherited steps, a readable snapshot. Creation is one
+/// write of the eight runs (all or nothing); the inherited steps and the snapshot are copied
+/// at each fork's first drive, again after a crash (each step once, at its place). The kill
+/// comes at a different moment each round, from before the request reaches the server to
+/// after the forks are driving (a fork killed during its own model call is parked as
+/// uncertain, as any run: that is not its creation).
+async fn a_sigkill_during_fork_creation_leaves_no_fork_or_whole_ones(backend: Backend) {
+    let fake = FakeServer::start().await.expect("fake provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store_url = backend.store_url(dir.path());
+    let base_url = fake.base_url();
+    let env = [("ANTHROPIC_BASE_URL", base_url.as_str())];
+    let start = || ServerProcess::start_in_env(&store_url, dir.path(), "unisolated", &[], &env);
+    let mut server = start();
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&agents()));
+    assert!(output.status.success(), "{output:?}");
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c1",
+        "echo one > a.txt && mkdir d && echo two > d/b.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c2",
+        "echo three >> a.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::text("Built.")));
+    server.ok(&[
+        "create",
+        "agentrun",
+        "source",
+        "--agent",
+        "builder",
+        "--prompt",
+        "Build it.",
+    ]);
+    wait_for(&server, "source", "Succeeded");
+    let first = commands(&steps(&server, "source"))[0].clone();
+    let seq = first["seq"].as_u64().expect("a seq");
+    let after_first = digest(&first);
+    // (The fake answers "ok" once its script is spent: every fork then succeeds.)
+    let mut outcomes = Vec::new();
+    for (round, delay_ms) in [0u64, 150, 300, 450, 600, 800, 1100, 2500]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("r{round}");
+        let mut fork = std::process::Command::new(server::nodus_binary())
+            .args(["agentrun", "fork", "source", "--at-step", &seq.to_string()])
+            .args(["--count", "8", "--name", &name])
+            .env("NODUS_SERVER", &server.url)
+            .env("NODUS_TOKEN", TOKEN)
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the CLI runs");
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        server.kill();
+        let _ = fork.wait();
+        server = start();
+        let present: Vec<Value> = (1..=8)
+            .filter_map(|i| {
+                let (status, body) = server.http(
+                    "GET",
+                    &format!("/apis/nodus.dev/v1/projects/default/agentruns/{name}-{i}"),
+                    Some(TOKEN),
+                    None,
+                );
+                (status == 200).then_some(body)
+            })
+            .collect();
+        assert!(
+            present.is_empty() || present.len() == 8,
+            "round {round}: {} of 8 forks exist",
+            present.len()
+        );
+        outcomes.push(present.len());
+        for (i, run) in present.iter().enumerate() {
+            assert_eq!(run["spec"]["forkOf"]["run"], "source", "{run}");
+            assert_eq!(run["spec"]["forkOf"]["step"], seq, "{run}");
+            // Its first drive copies the inherited steps (again after the kill, if it was
+            // under way then). A fork killed during its own model call parks it as uncertain
+            // (NeedsResolution): that is the run's own step, not its creation.
+            let fork_name = format!("{name}-{}", i + 1);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let fork_steps = loop {
+                let fork_steps = steps(&server, &fork_name);
+                let inherited = fork_steps.iter().filter(|s| s["inherited"] == true).count();
+                if inherited as u64 == seq + 1 || std::time::Instant::now() > deadline {
+                    break fork_steps;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            };
+            let inherited: Vec<&Value> = fork_steps
+                .iter()
+                .filter(|s| s["inherited"] == true)
+                .collect();
+            assert_eq!(inherited.len() as u64, seq + 1, "{fork_steps:?}");
+            let command = commands(&fork_steps)
+                .into_iter()
+                .rfind(|s| s["inherited"] == true)
+                .expect("the inherited command");
+            assert_eq!(digest(&command), after_first, "{command}");
+        }
+    }
+    println!("forks present after each kill (of 8): {outcomes:?}");
+    // The last kill comes seconds after the request: its forks exist and were checked whole.
+    assert_eq!(outcomes.last(), Some(&8), "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_fork_creation_on_sqlite() {
+    a_sigkill_during_fork_creation_leaves_no_fork_or_whole_ones(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_fork_creation_on_postgres() {
+    a_sigkill_during_fork_creation_leaves_no_fork_or_whole_ones(Backend::Postgres).await;
 }

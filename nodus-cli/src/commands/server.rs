@@ -71,7 +71,12 @@ pub fn options(args: ServerArgs) -> Result<Options> {
         }
         None => None,
     };
-    options.snapshot_budget = args.snapshot_budget;
+    options.snapshots = match args.snapshots {
+        crate::cli::Switch::On => Some(nodus_core::snapshot::Budget {
+            limit_bytes: args.snapshot_budget,
+        }),
+        crate::cli::Switch::Off => None,
+    };
     if let Some(allow) = &args.egress_allow {
         options.egress.allow =
             nodus_core::egress::parse_operator_allow(allow).map_err(Error::Input)?;

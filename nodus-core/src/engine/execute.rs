@@ -135,7 +135,11 @@ impl Engine {
         }
         // The journal is folded once; the loop adds each new step to the fold.
         let mut replay = match &fixed.fork_of {
-            Some(fork) => Replay::forked(&journal, Inherited { through: fork.step }),
+            Some(fork) => Replay::forked(
+                &journal,
+                Inherited { through: fork.step },
+                fork.input.clone(),
+            ),
             None => Replay::of(&journal),
         };
         drop(journal);

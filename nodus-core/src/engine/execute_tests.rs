@@ -166,7 +166,7 @@ impl Store for MockedStore {
         &self,
         _: &str,
         _: u32,
-        _: &crate::snapshot::Snapshot,
+        _: &crate::snapshot::Stored,
         _: &[crate::snapshot::Blob],
     ) -> Result<(), Error> {
         self.0.unexpected("put_snapshot");

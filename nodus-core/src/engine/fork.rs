@@ -11,7 +11,7 @@ use super::{Engine, Error, MAX_BATCH, Result, run_uid};
 use crate::journal::{Intent, Outcome, Step};
 use crate::lifecycle::RunPhase;
 use crate::resource::{AgentRun, ForkOf, NameOrInline};
-use crate::snapshot::{Manifest, archive};
+use crate::snapshot::{Manifest, Stored, archive};
 use crate::store::Fence;
 use crate::validate::Invalid;
 
@@ -36,6 +36,8 @@ pub struct ForkRequest {
     pub name: Option<String>,
     /// Another agent to continue with (its model and system prompt).
     pub agent: Option<String>,
+    /// A new user message for the forks' next model call.
+    pub input: Option<String>,
     /// Cancel the source once the forks exist, naming the first in its `status.replacedBy`.
     pub replace: bool,
 }
@@ -60,11 +62,13 @@ pub fn last_good(journal: &[Step], interrupted: bool) -> Option<u32> {
         .last()
 }
 
-/// Why a fork cannot start after step `seq` of `journal`, given the source's snapshots.
+/// Why a fork cannot start after step `seq` of `journal`, given the source's snapshots and
+/// whether this server takes them (`snapshots_on`).
 pub fn refusal(
     journal: &[Step],
     snapshots: &[(u32, crate::snapshot::Snapshot)],
     seq: u32,
+    snapshots_on: bool,
 ) -> Option<String> {
     let Some(step) = journal.get(usize::try_from(seq).unwrap_or(usize::MAX)) else {
         return Some(format!(
@@ -87,6 +91,10 @@ pub fn refusal(
         }
     }
     match snapshots.iter().find(|(at, _)| *at == seq) {
+        None if !snapshots_on => Some(format!(
+            "step {seq} has no snapshot of the working directory: this server takes none \
+             (`nodus server --snapshots off`)"
+        )),
         None => Some(format!(
             "step {seq} has no snapshot of the working directory"
         )),
@@ -150,6 +158,7 @@ impl Engine {
                 spec.fork_of = Some(ForkOf {
                     run: source.to_string(),
                     step,
+                    input: request.input.clone(),
                 });
                 let name = if count == 1 {
                     base.clone()
@@ -197,6 +206,9 @@ impl Engine {
         let invalid = |rule: String| -> Error {
             Invalid::new("spec.forkOf.step", rule, fork_of.step.to_string()).into()
         };
+        if let Some(input) = &fork_of.input {
+            crate::validate::check_message("spec.forkOf.input", input)?;
+        }
         let source = match self.read_run(project, &fork_of.run).await {
             Ok(source) => source.object,
             Err(Error::NotFound { .. }) => {
@@ -218,7 +230,12 @@ impl Engine {
         let uid = run_uid(&source);
         let journal = self.deps.store.journal(uid).await?;
         let snapshots = self.deps.store.snapshots(uid).await?;
-        match refusal(&journal, &snapshots, fork_of.step) {
+        match refusal(
+            &journal,
+            &snapshots,
+            fork_of.step,
+            self.config.snapshots.is_some(),
+        ) {
             Some(why) => Err(invalid(format!("cannot be forked from: {why}"))),
             None => Ok(()),
         }
@@ -250,7 +267,7 @@ impl Engine {
                 .await?
                 .into_iter()
                 .find(|(seq, _)| *seq == fork.step)
-                .map(|(_, s)| s)
+                .map(|(_, s)| Stored::Whole(s))
                 .ok_or_else(|| Error::Corrupt {
                     key: fixed.key.to_string(),
                     message: format!(

@@ -1,7 +1,8 @@
 //! Taking a run's working-directory snapshot after a command step: list the sandbox's files,
-//! read again only those whose size or time changed since the run's last snapshot, store
-//! the contents the store lacks and the manifest, within the run's budget
-//! ([`crate::snapshot`] decides; this carries it out).
+//! read again only those whose size or time changed since the run's last snapshot (or whose
+//! time was too close to that listing to tell), store the contents the store lacks and the
+//! snapshot as the changes from the last one, within the run's budget ([`crate::snapshot`]
+//! decides; this carries it out).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -10,20 +11,20 @@ use super::Engine;
 use super::execute::Fixed;
 use crate::digest::sha256_hex;
 use crate::sandbox::{MAX_ARCHIVE_BYTES, SandboxId};
-use crate::snapshot::{self, Blob, Budget, Snapshot, Walk};
+use crate::snapshot::{self, Blob, Budget, Snapshot, Stored, Walk};
 
-/// The last snapshot of each run driven on this process, so that the next one compares with
-/// it without reading it back from the store.
+/// The last snapshot of each run driven on this process, with its step, so that the next one
+/// compares with it without reading it back from the store.
 #[derive(Default)]
-pub(super) struct LastSnapshots(Mutex<HashMap<String, Snapshot>>);
+pub(super) struct LastSnapshots(Mutex<HashMap<String, (u32, Snapshot)>>);
 
 impl LastSnapshots {
-    fn get(&self, uid: &str) -> Option<Snapshot> {
+    fn get(&self, uid: &str) -> Option<(u32, Snapshot)> {
         self.lock().get(uid).cloned()
     }
 
-    fn put(&self, uid: &str, snapshot: Snapshot) {
-        self.lock().insert(uid.to_string(), snapshot);
+    fn put(&self, uid: &str, seq: u32, snapshot: Snapshot) {
+        self.lock().insert(uid.to_string(), (seq, snapshot));
     }
 
     /// Forget a run (it finished, or its drive ended).
@@ -31,7 +32,7 @@ impl LastSnapshots {
         self.lock().remove(uid);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Snapshot>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, Snapshot)>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -46,35 +47,40 @@ impl Engine {
         let Some(budget) = self.config.snapshots else {
             return;
         };
+        // The run's last snapshot of an earlier step (the same step's, taken before a crash,
+        // is taken again).
         let last = match self.last_snapshots.get(&fixed.uid) {
-            Some(last) => Some(last),
-            None => match self.deps.store.snapshots(&fixed.uid).await {
-                Ok(all) => all.into_iter().next_back().map(|(_, s)| s),
+            Some((at, last)) if at < seq => Some((at, last)),
+            _ => match self.deps.store.snapshots(&fixed.uid).await {
+                Ok(all) => all.into_iter().rev().find(|(at, _)| *at < seq),
                 Err(e) => {
                     tracing::warn!(run = %fixed.key, error = %e, "cannot read the run's last snapshot");
                     None
                 }
             },
         };
-        let (snapshot, blobs) = match self.walk(sandbox, last.as_ref(), budget).await {
+        let previous = last.as_ref().map(|(at, s)| (*at, s));
+        let (snapshot, blobs) = match self.walk(sandbox, previous.map(|(_, s)| s), budget).await {
             Ok(taken) => taken,
             Err(error) => (
                 Snapshot::Failed {
                     error,
-                    used_bytes: last.as_ref().map_or(0, Snapshot::used_bytes),
+                    used_bytes: previous.map_or(0, |(_, s)| s.used_bytes()),
                 },
                 Vec::new(),
             ),
         };
-        let stored = self
+        // Kept as the changes from the last one: nothing but a reference when nothing changed.
+        let stored = Stored::of(previous, seq, snapshot.clone());
+        let written = self
             .retrying(|| {
                 self.deps
                     .store
-                    .put_snapshot(&fixed.uid, seq, &snapshot, &blobs)
+                    .put_snapshot(&fixed.uid, seq, &stored, &blobs)
             })
             .await;
-        match stored {
-            Ok(()) => self.last_snapshots.put(&fixed.uid, snapshot),
+        match written {
+            Ok(()) => self.last_snapshots.put(&fixed.uid, seq, snapshot),
             Err(e) => {
                 tracing::warn!(run = %fixed.key, step = seq, error = %e, "cannot store the working directory's snapshot; the step is not forkable");
                 self.last_snapshots.forget(&fixed.uid);
@@ -90,6 +96,11 @@ impl Engine {
         budget: Budget,
     ) -> Result<(Snapshot, Vec<Blob>), String> {
         let previous = last.and_then(Snapshot::manifest);
+        // Before the listing: a file written after this has a later time (see
+        // `snapshot::racy`).
+        let listed_at_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         let stats = self
             .deps
             .sandbox
@@ -97,15 +108,14 @@ impl Engine {
             .await
             .map_err(|e| e.to_string())?;
         let planned = snapshot::plan(previous, &stats);
-        let sizes: BTreeMap<&str, u64> = stats.iter().map(|s| (s.path.as_str(), s.size)).collect();
-        let wanted: u64 = planned.iter().map(|p| sizes[p.as_str()]).sum();
-        let used = match budget.spend(last, wanted) {
-            Ok(used) => used,
-            Err(over) => return Ok((over, Vec::new())),
-        };
+        // Before reading: what may be new must fit (memory stays within the budget).
+        if let Err(over) = budget.spend(last, snapshot::fresh_bytes(previous, &stats, &planned)) {
+            return Ok((over, Vec::new()));
+        }
         let mut walk = Walk {
             stats,
             read: BTreeMap::new(),
+            listed_at_ns,
         };
         let mut blobs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for path in planned {
@@ -123,14 +133,30 @@ impl Engine {
             walk.read.insert(path, (digest.clone(), bytes.len() as u64));
             blobs.entry(digest).or_insert(bytes);
         }
-        // Symbolic links' targets are stored as blobs too.
+        // Symbolic links' targets are stored as blobs too (those the last manifest had are
+        // stored already).
+        let known: std::collections::BTreeSet<(&str, &str)> = previous
+            .map(|m| {
+                m.entries
+                    .iter()
+                    .map(|e| (e.path.as_str(), e.digest.as_str()))
+                    .collect()
+            })
+            .unwrap_or_default();
         for stat in &walk.stats {
-            if let Some(target) = &stat.target {
+            if let Some(target) = &stat.target
+                && !known.contains(&(stat.path.as_str(), sha256_hex(target.as_bytes()).as_str()))
+            {
                 blobs
                     .entry(sha256_hex(target.as_bytes()))
                     .or_insert_with(|| target.as_bytes().to_vec());
             }
         }
+        // After reading: what is new counts.
+        let used = match budget.spend(last, snapshot::new_bytes(previous, &walk.read)) {
+            Ok(used) => used,
+            Err(over) => return Ok((over, Vec::new())),
+        };
         let manifest = walk
             .manifest(previous)
             .ok_or("a file was neither read nor known")?;

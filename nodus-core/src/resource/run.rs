@@ -79,6 +79,10 @@ pub struct ForkOf {
     pub run: String,
     /// The source's command step (journal sequence number) the fork continues after.
     pub step: u32,
+    /// A new user message the fork's next model call sees after the conversation as it
+    /// stood after `step`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
 }
 
 fn default_true() -> bool {

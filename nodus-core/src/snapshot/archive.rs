@@ -172,6 +172,7 @@ mod tests {
                 entry("d", DIRECTORY | 0o750, b""),
                 entry("d/big", REGULAR | 0o600, &[7u8; 3000]),
             ],
+            listed_at_ns: 0,
         };
         let mut blob = |digest: &str| files.get(digest).cloned().ok_or(digest.to_string());
         // Small archives: the big file goes in an archive of its own.

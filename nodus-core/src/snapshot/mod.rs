@@ -3,10 +3,14 @@
 //! SHA-256 in the store, shared by every run and fork that has them.
 //!
 //! Everything here is pure: what to read again ([`plan`]), the manifest that results
-//! ([`Walk::manifest`]), whether the run's budget allows it ([`Budget`]), and the digest that
-//! names a manifest ([`Manifest::digest`]). The engine walks the sandbox and writes the store.
+//! ([`Walk::manifest`]), whether the run's budget allows it ([`Budget`]), the digest that
+//! names a manifest ([`Manifest::digest`]) and how the store keeps it ([`Stored`]). The
+//! engine walks the sandbox and writes the store.
 
 pub mod archive;
+mod stored;
+
+pub use stored::{Delta, Stored, resolve};
 
 use std::collections::BTreeMap;
 
@@ -25,6 +29,16 @@ pub const SYMLINK: u32 = 0o120_000;
 
 /// The default of the per-run snapshot budget: 1 GiB of new content.
 pub const DEFAULT_BUDGET_BYTES: u64 = 1 << 30;
+
+/// How long before a listing a file's time must be for its size and time to be trusted at
+/// the next walk, when the listing gives times finer than a second: a file written again
+/// within the file system's clock tick (at most 10 ms on Linux) may keep its time and size
+/// though its contents changed (as git's "racily clean" entries).
+pub const RACY_WINDOW_NS: i64 = 20_000_000;
+
+/// The same for a listing that gives times to the second (a time that is a whole second:
+/// the default listing of an archive's headers).
+pub const RACY_WINDOW_SECONDS_NS: i64 = 1_000_000_000;
 
 /// What a sandbox says about one entry of its working directory, without its contents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +90,12 @@ pub struct Entry {
 pub struct Manifest {
     /// In path order.
     pub entries: Vec<Entry>,
+    /// When the walk that made it began listing, in nanoseconds since the epoch (the host's
+    /// clock): a file whose time is not clearly before it is read again at the next walk
+    /// (see [`RACY_WINDOW_NS`]). Not part of [`Manifest::digest`]; 0 when unknown (every
+    /// file is then read again).
+    #[serde(default, rename = "listedAtNs")]
+    pub listed_at_ns: i64,
 }
 
 impl Manifest {
@@ -208,12 +228,14 @@ impl Blob {
     }
 }
 
-/// What a walk must read again: the regular files that are new, or whose size or time
-/// differs from the previous manifest's entry.
+/// What a walk must read again: the regular files that are new, whose size or time differs
+/// from the previous manifest's entry, or whose time was too close to the previous listing
+/// to tell a later change apart ([`racy`]).
 pub fn plan(previous: Option<&Manifest>, stats: &[FileStat]) -> Vec<String> {
     let known: BTreeMap<&str, &Entry> = previous
         .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
         .unwrap_or_default();
+    let listed_at = previous.map_or(0, |m| m.listed_at_ns);
     stats
         .iter()
         .filter(|stat| stat.is_file())
@@ -222,10 +244,61 @@ pub fn plan(previous: Option<&Manifest>, stats: &[FileStat]) -> Vec<String> {
                 entry.mode & TYPE_BITS == REGULAR
                     && entry.size == stat.size
                     && entry.mtime_ns == stat.mtime_ns
+                    && !racy(entry.mtime_ns, listed_at)
             })
         })
         .map(|stat| stat.path.clone())
         .collect()
+}
+
+/// Bytes of the planned files whose size differs from the previous manifest's entry, or
+/// that it lacks: an upper bound of the new content a walk can find, checked against the
+/// budget before anything is read. A file of the same size (its time alone changed, or it
+/// was too recent to trust: a fork's restored files, a file written twice in a tick) is
+/// read but counts only if its contents turn out to differ ([`new_bytes`]).
+pub fn fresh_bytes(previous: Option<&Manifest>, stats: &[FileStat], planned: &[String]) -> u64 {
+    let known: BTreeMap<&str, &Entry> = previous
+        .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
+        .unwrap_or_default();
+    let planned: std::collections::BTreeSet<&str> = planned.iter().map(String::as_str).collect();
+    stats
+        .iter()
+        .filter(|stat| planned.contains(stat.path.as_str()))
+        .filter(|stat| {
+            !known
+                .get(stat.path.as_str())
+                .is_some_and(|entry| entry.mode & TYPE_BITS == REGULAR && entry.size == stat.size)
+        })
+        .map(|stat| stat.size)
+        .sum()
+}
+
+/// Bytes of the files read whose contents differ from the previous manifest's entry (or that
+/// it lacks): what the budget counts.
+pub fn new_bytes(previous: Option<&Manifest>, read: &BTreeMap<String, (String, u64)>) -> u64 {
+    let known: BTreeMap<&str, &Entry> = previous
+        .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
+        .unwrap_or_default();
+    read.iter()
+        .filter(|(path, (digest, _))| {
+            !known
+                .get(path.as_str())
+                .is_some_and(|entry| entry.mode & TYPE_BITS == REGULAR && &entry.digest == digest)
+        })
+        .map(|(_, (_, size))| *size)
+        .sum()
+}
+
+/// Whether a file whose time was `mtime_ns` when a listing began at `listed_at_ns` could
+/// have been written again since with the same time: its time is within the clock's tick of
+/// the listing ([`RACY_WINDOW_NS`], or [`RACY_WINDOW_SECONDS_NS`] for a time to the second).
+pub fn racy(mtime_ns: i64, listed_at_ns: i64) -> bool {
+    let window = if mtime_ns.rem_euclid(1_000_000_000) == 0 {
+        RACY_WINDOW_SECONDS_NS
+    } else {
+        RACY_WINDOW_NS
+    };
+    mtime_ns.saturating_add(window) > listed_at_ns
 }
 
 /// A walk's findings: every entry's stat, and the digests of what was read again.
@@ -235,6 +308,8 @@ pub struct Walk {
     pub stats: Vec<FileStat>,
     /// Digest and size of each file read again, by path.
     pub read: BTreeMap<String, (String, u64)>,
+    /// When the listing began (see [`Manifest::listed_at_ns`]).
+    pub listed_at_ns: i64,
 }
 
 impl Walk {
@@ -273,7 +348,10 @@ impl Walk {
             });
         }
         entries.sort_by(|a, b| a.path.cmp(&b.path));
-        Some(Manifest { entries })
+        Some(Manifest {
+            entries,
+            listed_at_ns: self.listed_at_ns,
+        })
     }
 }
 
@@ -329,6 +407,7 @@ mod tests {
     fn walk(stats: Vec<FileStat>, read: &[(&str, &str, u64)]) -> Walk {
         Walk {
             stats,
+            listed_at_ns: 1_000_000_000_000,
             read: read
                 .iter()
                 .map(|(p, d, s)| (p.to_string(), (d.to_string(), *s)))
@@ -398,6 +477,66 @@ mod tests {
             .manifest(Some(&base))
             .expect("known");
         assert_ne!(base.digest(), removed.digest());
+    }
+
+    /// The budget counts new content: a file read again whose contents did not change
+    /// (a restored fork's, one re-read because its time was recent) costs nothing; the
+    /// check before reading counts only files that are new or changed size.
+    #[test]
+    fn only_contents_that_changed_count_against_the_budget() {
+        let first = vec![
+            stat("same", REGULAR | 0o644, 10, 1),
+            stat("grows", REGULAR | 0o644, 10, 1),
+        ];
+        let manifest = walk(first, &[("same", "s", 10), ("grows", "g", 10)])
+            .manifest(None)
+            .expect("read");
+        // Every time changed (a restore); one file grew, one is new.
+        let second = vec![
+            stat("grows", REGULAR | 0o644, 15, 2),
+            stat("new", REGULAR | 0o644, 7, 2),
+            stat("same", REGULAR | 0o644, 10, 2),
+        ];
+        let planned = plan(Some(&manifest), &second);
+        assert_eq!(planned, vec!["grows", "new", "same"]);
+        assert_eq!(fresh_bytes(Some(&manifest), &second, &planned), 22);
+        let read: BTreeMap<String, (String, u64)> = [
+            ("grows".to_string(), ("g2".to_string(), 15)),
+            ("new".to_string(), ("n".to_string(), 7)),
+            ("same".to_string(), ("s".to_string(), 10)),
+        ]
+        .into();
+        assert_eq!(new_bytes(Some(&manifest), &read), 22);
+        assert_eq!(new_bytes(None, &read), 32);
+    }
+
+    /// A file written again within the clock's tick of the last listing may keep its size
+    /// and time: it is read again until its time is clearly before a listing.
+    #[test]
+    fn a_file_whose_time_is_close_to_the_last_listing_is_read_again() {
+        const S: i64 = 1_000_000_000;
+        // (file's time, listing began, racy)
+        let table = [
+            (5 * S + 1, 5 * S + 1, true),
+            (5 * S + 1, 5 * S + RACY_WINDOW_NS, true),
+            (5 * S + 1, 5 * S + RACY_WINDOW_NS + 2, false),
+            // To the second: a whole second's window.
+            (5 * S, 5 * S + S / 2, true),
+            (5 * S, 6 * S, false),
+            // Unknown listing time: every file.
+            (5 * S + 1, 0, true),
+        ];
+        for (mtime, listed, expected) in table {
+            assert_eq!(racy(mtime, listed), expected, "{mtime} listed at {listed}");
+        }
+        let stats = vec![stat("a", REGULAR | 0o644, 3, 5 * S + 1)];
+        let mut manifest = walk(stats.clone(), &[("a", "da", 3)])
+            .manifest(None)
+            .expect("read");
+        manifest.listed_at_ns = 5 * S + 2;
+        assert_eq!(plan(Some(&manifest), &stats), vec!["a"]);
+        manifest.listed_at_ns = 6 * S;
+        assert!(plan(Some(&manifest), &stats).is_empty());
     }
 
     #[test]

@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::journal::{Completion, Step};
 use crate::resource::Kind;
-use crate::snapshot::{Blob, Snapshot};
+use crate::snapshot::{Blob, Snapshot, Stored};
 use crate::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Selector, Store, check_blobs, check_rewrite_deletes, missing_contents,
+    RunRewrite, Selector, Store, check_blobs, check_rewrite_deletes, check_stored,
+    missing_contents,
 };
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -682,15 +683,14 @@ impl Store for MemoryStore {
         &self,
         run_uid: &str,
         seq: u32,
-        snapshot: &Snapshot,
+        snapshot: &Stored,
         blobs: &[Blob],
     ) -> Result<(), Error> {
         check_blobs(blobs)?;
+        check_stored(seq, snapshot)?;
         let mut state = self.lock();
         let missing: Vec<String> = snapshot
-            .manifest()
-            .map(crate::snapshot::Manifest::blobs)
-            .unwrap_or_default()
+            .named_blobs()
             .into_iter()
             .filter(|d| !state.blobs.contains_key(d) && !blobs.iter().any(|b| &b.digest == d))
             .collect();
@@ -703,11 +703,14 @@ impl Store for MemoryStore {
                 .entry(blob.digest.clone())
                 .or_insert_with(|| blob.bytes.clone());
         }
-        state
-            .snapshots
-            .entry(run_uid.to_string())
-            .or_default()
-            .insert(seq, snapshot.clone());
+        // Kept whole: a delta is resolved on its base now, as the SQL stores do when read.
+        let kept = state.snapshots.entry(run_uid.to_string()).or_default();
+        let base = match snapshot {
+            Stored::Delta(delta) => kept.get(&delta.delta_of),
+            Stored::Whole(_) => None,
+        };
+        let whole = snapshot.clone().resolve_on(base);
+        kept.insert(seq, whole);
         Ok(())
     }
 

@@ -255,7 +255,8 @@ pub(crate) struct ForkBody {
     /// The fork's name (`-1`, `-2`… appended when several); `SOURCE-fork-STEP` by default.
     #[serde(default)]
     name: Option<String>,
-    /// A new user message for the fork's next model call (not supported yet: refused).
+    /// A new user message the fork's next model call sees after the conversation as it
+    /// stood after the step.
     #[serde(default)]
     input: Option<String>,
     /// Another agent to continue with: its model and system prompt.
@@ -278,7 +279,7 @@ pub async fn fork(
     let body: ForkBody = shaped_body(
         &body,
         "a fork is {\"atStep\": N | \"last-good\", \"count\": K, \"name\": \"…\", \
-             \"agent\": \"…\", \"replace\": false}",
+             \"input\": \"…\", \"agent\": \"…\", \"replace\": false}",
     )?;
     let at = match body.at_step {
         AtStepBody::Seq(seq) => AtStep::Seq(seq),
@@ -292,19 +293,12 @@ pub async fn fork(
             .into());
         }
     };
-    if let Some(input) = &body.input {
-        return Err(Invalid::new(
-            "input",
-            "a fork cannot add a message yet: fork without it and send one to a keepAlive fork",
-            format!("{} bytes", input.len()),
-        )
-        .into());
-    }
     let request = ForkRequest {
         at,
         count: body.count.unwrap_or(1),
         name: body.name,
         agent: body.agent,
+        input: body.input,
         replace: body.replace,
     };
     let runs = state.engine.fork(&project, &name, request).await?;

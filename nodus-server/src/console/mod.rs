@@ -907,6 +907,7 @@ async fn run_action(
                     count: 1,
                     name: None,
                     agent: None,
+                    input: None,
                     replace: false,
                 };
                 engine.fork(&project, &name, request).await?;

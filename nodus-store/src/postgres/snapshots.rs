@@ -2,8 +2,8 @@
 //! runs that name each content. Writers of snapshots hold a shared advisory lock and removers
 //! an exclusive one, so that no removal takes contents a snapshot being written names.
 
-use nodus_core::snapshot::{Blob, Snapshot};
-use nodus_core::store::{Error, check_blobs, missing_contents};
+use nodus_core::snapshot::{Blob, Snapshot, Stored};
+use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::postgres::PgConnection;
 
 use super::PostgresStore;
@@ -13,12 +13,15 @@ pub(super) async fn put_snapshot(
     store: &PostgresStore,
     run_uid: &str,
     seq: u32,
-    snapshot: &Snapshot,
+    snapshot: &Stored,
     blobs: &[Blob],
 ) -> Result<(), Error> {
     check_blobs(blobs)?;
+    check_stored(seq, snapshot)?;
     let text = sql::snapshot_text(snapshot)?;
-    let named = snapshot.manifest().map(|m| m.blobs()).unwrap_or_default();
+    // A delta names only its changed entries' contents: its base named the rest for this
+    // run already.
+    let named = snapshot.named_blobs();
     let mut tx = store.write().await?;
     lock_blobs(&mut tx, false).await?;
     for blob in blobs {
@@ -99,9 +102,11 @@ pub(super) async fn snapshots(
             .fetch_all(&store.inner.pool)
             .await
             .map_err(map_err)?;
-    rows.into_iter()
+    let stored = rows
+        .into_iter()
         .map(|(seq, text)| sql::read_snapshot(run_uid, seq, &text))
-        .collect()
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(nodus_core::snapshot::resolve(stored))
 }
 
 pub(super) async fn blob(store: &PostgresStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {

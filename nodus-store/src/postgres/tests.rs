@@ -79,6 +79,7 @@ cases!(
     rewrite_run,
     extension_kinds,
     snapshots,
+    snapshot_deltas,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

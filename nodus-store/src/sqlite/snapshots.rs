@@ -1,8 +1,8 @@
 //! Working-directory snapshots: manifests by run and step, contents once by digest, and the
 //! runs that name each content, written in one transaction on the writer connection.
 
-use nodus_core::snapshot::{Blob, Snapshot};
-use nodus_core::store::{Error, check_blobs, missing_contents};
+use nodus_core::snapshot::{Blob, Snapshot, Stored};
+use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
@@ -12,12 +12,15 @@ pub(super) async fn put_snapshot(
     store: &SqliteStore,
     run_uid: &str,
     seq: u32,
-    snapshot: &Snapshot,
+    snapshot: &Stored,
     blobs: &[Blob],
 ) -> Result<(), Error> {
     check_blobs(blobs)?;
+    check_stored(seq, snapshot)?;
     let text = sql::snapshot_text(snapshot)?;
-    let named = snapshot.manifest().map(|m| m.blobs()).unwrap_or_default();
+    // A delta names only its changed entries' contents: its base named the rest for this
+    // run already.
+    let named = snapshot.named_blobs();
     let mut conn = store.write_connection().await?;
     let mut tx = store.write(&mut conn).await?;
     for blob in blobs {
@@ -98,9 +101,11 @@ pub(super) async fn snapshots(
             .fetch_all(&store.inner.readers)
             .await
             .map_err(map_err)?;
-    rows.into_iter()
+    let stored = rows
+        .into_iter()
         .map(|(seq, text)| sql::read_snapshot(run_uid, seq, &text))
-        .collect()
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(nodus_core::snapshot::resolve(stored))
 }
 
 pub(super) async fn blob(store: &SqliteStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {

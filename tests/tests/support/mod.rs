@@ -368,7 +368,7 @@ impl Store for CrashingStore {
         &self,
         run_uid: &str,
         seq: u32,
-        snapshot: &nodus_core::snapshot::Snapshot,
+        snapshot: &nodus_core::snapshot::Stored,
         blobs: &[nodus_core::snapshot::Blob],
     ) -> Result<(), store::Error> {
         let what = || seen(format!("snapshot {run_uid}/{seq}"));

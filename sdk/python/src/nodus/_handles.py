@@ -337,6 +337,7 @@ class RunCore(NamedHandle[C]):
         name: Optional[str],
         agent: Optional[str],
         replace: bool,
+        input: Optional[str] = None,
     ) -> Op[List[Any]]:
         """``POST …/fork``: handles on the new runs, in order (``R`` is this handle's class)."""
         body: Dict[str, Any] = {"atStep": at_step, "count": count, "replace": replace}
@@ -344,6 +345,8 @@ class RunCore(NamedHandle[C]):
             body["name"] = name
         if agent is not None:
             body["agent"] = agent
+        if input is not None:
+            body["input"] = input
         reply = yield from self._sub("POST", "fork", body)
         return [
             type(self)(

@@ -334,14 +334,18 @@ class AgentRun(_Sync, RunCore[Client]):
         name: Optional[str] = None,
         agent: Optional[str] = None,
         replace: bool = False,
+        input: Optional[str] = None,
     ) -> List["AgentRun"]:
         """Forks the run after its command step ``at_step`` (a step's ``seq``, or
         ``"last-good"``): ``count`` new runs (all or nothing) whose journals begin with this
         run's steps up to it (inherited, not carried out or charged again) and whose working
         directories start from its snapshot after it. ``agent`` continues with another
-        agent; ``replace`` cancels this run once the forks exist. A step that cannot be
-        forked from raises :class:`~nodus.Invalid` naming why."""
-        forks: List[AgentRun] = self._client._run(self._fork(at_step, count, name, agent, replace))
+        agent; ``input`` is a new user message the forks' next model call sees after the
+        conversation as it stood; ``replace`` cancels this run once the forks exist. A step
+        that cannot be forked from raises :class:`~nodus.Invalid` naming why."""
+        forks: List[AgentRun] = self._client._run(
+            self._fork(at_step, count, name, agent, replace, input)
+        )
         return forks
 
     def cancel(self) -> RunStatus:

@@ -503,10 +503,11 @@ class AgentRun(_Async, RunCore[AsyncClient]):
         name: Optional[str] = None,
         agent: Optional[str] = None,
         replace: bool = False,
+        input: Optional[str] = None,
     ) -> List["AgentRun"]:
         """Forks the run after a command step; see :meth:`nodus.AgentRun.fork`."""
         forks: List[AgentRun] = await self._client._run(
-            self._fork(at_step, count, name, agent, replace)
+            self._fork(at_step, count, name, agent, replace, input)
         )
         return forks
 
