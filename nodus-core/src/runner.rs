@@ -43,7 +43,10 @@ pub struct RunnerConfig {
     /// The longest a group's changes gather before it is reconciled (one reconcile reads every
     /// member, so one per burst of changes instead of one per change); zero reconciles at once.
     /// Below it, a group waits [`SETTLE_FACTOR`] times what its last reconcile took: a large
-    /// group's reconciles are spaced out, a small one follows its runs closely.
+    /// group's reconciles are spaced out, a small one follows its runs closely. 200 ms by
+    /// default: a reconcile of a 1,000-run group on a busy machine takes tens of
+    /// milliseconds, and under a shorter bound the reconciles of one large group were most
+    /// of the server's CPU per run (BENCHMARKS.md, "CPU per run").
     pub group_settle: Duration,
     /// When a drive failed in a way that may pass (another replica holds the run, the store is
     /// restarting), how long until the run is looked at again.
@@ -59,7 +62,7 @@ impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
             max_concurrent: 256,
-            group_settle: Duration::from_millis(50),
+            group_settle: Duration::from_millis(200),
             retry_after: Duration::from_secs(2),
             retention: None,
             sweep_every: Duration::from_secs(3600),
@@ -160,6 +163,9 @@ impl Runner {
         let store = engine.store().clone();
         let clock = engine.clock().clone();
         let changes = store.subscribe();
+        // The engine's own watchers of single runs (a command watching for a cancellation)
+        // are handed their changes by one task of its own, started with the runner's.
+        engine.start_watching_changes();
         let (stop, stopped) = watch::channel(false);
         let sweeper = config.retention.map(|retention| {
             tokio::spawn(sweep_payloads(
@@ -601,14 +607,15 @@ fn retry_at(clock: &dyn Clock, retry_after: Duration) -> Option<Timestamp> {
 
 /// Drive one run and say what follows.
 async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: ObjectKey) -> Done {
-    let group = match engine.get_run(&key.project, &key.name).await {
-        Ok(run) => run
-            .spec
-            .group
-            .map(|group| ObjectKey::new(&key.project, Kind::AgentGroup, group)),
+    // One read of the run for both: its group, and the drive.
+    let (group, driven) = match engine.drive_in_group(&key.project, &key.name).await {
+        Ok((group, driven)) => (
+            group.map(|group| ObjectKey::new(&key.project, Kind::AgentGroup, group)),
+            driven,
+        ),
         Err(_) => return Done::nothing(key, None),
     };
-    match engine.drive(&key.project, &key.name).await {
+    match driven {
         Ok(Driven::Waiting { until, reason }) => Done {
             key,
             group,

@@ -78,6 +78,23 @@ impl Engine {
     /// taken from the journal, never repeated.
     pub async fn drive(&self, project: &str, name: &str) -> Result<Driven> {
         let run = self.read_run(project, name).await?;
+        self.drive_read(project, name, run).await
+    }
+
+    /// Drive a run as [`Engine::drive`] does, and say which group it is in, from the same
+    /// read of the run (the runner looks at the group after): `Err` when the run cannot be
+    /// read, else the group and how the drive went.
+    pub async fn drive_in_group(
+        &self,
+        project: &str,
+        name: &str,
+    ) -> Result<(Option<String>, Result<Driven>)> {
+        let run = self.read_run(project, name).await?;
+        let group = run.object.spec.group.clone();
+        Ok((group, self.drive_read(project, name, run).await))
+    }
+
+    async fn drive_read(&self, project: &str, name: &str, run: Run) -> Result<Driven> {
         let phase = phase_of(&run.object);
         if phase.is_finished() {
             return Ok(Driven::Finished(phase));
@@ -734,7 +751,7 @@ impl Engine {
                     output_cap: self.config.limits.output_cap_bytes,
                 };
                 // Watched from before the command starts, so no cancellation is missed.
-                let changes = self.deps.store.subscribe();
+                let changes = self.key_changes.watch(&self.deps.store, &fixed.key);
                 let live: Arc<dyn LiveOutput> = Arc::new(super::live::CommandOutput {
                     followed: self.followed.clone(),
                     uid: fixed.uid.clone(),
@@ -845,36 +862,27 @@ impl Engine {
         fixed: &Fixed,
         spec: &crate::resource::AgentRunSpec,
         replay: &Replay,
-        mut changes: tokio::sync::broadcast::Receiver<store_api::Change>,
+        mut changes: super::changes::KeyWatch,
     ) -> RunPhase {
-        use tokio::sync::broadcast::error::RecvError;
         let clock = &self.deps.clock;
         let watch = async {
-            let mut look = true;
             loop {
-                if look {
-                    let cancel = match self.deps.store.get(&fixed.key).await {
-                        Ok(record) => typed::decode::<crate::resource::AgentRunSpec>(record)
-                            .ok()
-                            .and_then(|run| run.object.status.cancel_requested),
-                        Err(store_api::Error::NotFound(_)) => {
-                            Some(crate::lifecycle::CancelReason::CancelRequested)
-                        }
-                        // The store is unavailable: the command goes on, and the next change
-                        // looks again.
-                        Err(_) => None,
-                    };
-                    if let Some(end) = decide::ending(spec, replay, cancel, clock.now()) {
-                        return end;
+                let cancel = match self.deps.store.get(&fixed.key).await {
+                    Ok(record) => typed::decode::<crate::resource::AgentRunSpec>(record)
+                        .ok()
+                        .and_then(|run| run.object.status.cancel_requested),
+                    Err(store_api::Error::NotFound(_)) => {
+                        Some(crate::lifecycle::CancelReason::CancelRequested)
                     }
-                }
-                look = match changes.recv().await {
-                    Ok(store_api::Change::Written(key, _) | store_api::Change::Deleted(key)) => {
-                        key == fixed.key
-                    }
-                    Err(RecvError::Lagged(_)) => true,
-                    Err(RecvError::Closed) => std::future::pending().await,
+                    // The store is unavailable: the command goes on, and the next change
+                    // looks again.
+                    Err(_) => None,
                 };
+                if let Some(end) = decide::ending(spec, replay, cancel, clock.now()) {
+                    return end;
+                }
+                // A change of the run, or notifications lost: look again.
+                changes.changed().await;
             }
         };
         let limit = decide::time_limit(spec, replay);

@@ -5,6 +5,7 @@
 //! the group controller, the lifecycle) what to do, carry that out through the traits, and
 //! write the result with the version that was read, so a concurrent change is never lost.
 
+mod changes;
 mod environment;
 mod error;
 mod evaluation;
@@ -316,6 +317,8 @@ pub struct Engine {
         Arc<std::sync::Mutex<std::collections::HashMap<String, (ObjectKey, crate::store::Fence)>>>,
     /// Each driven run's last working-directory snapshot.
     last_snapshots: Arc<snapshots::LastSnapshots>,
+    /// Changes of single documents, for the tasks waiting on one.
+    key_changes: Arc<changes::KeyChanges>,
 }
 
 impl Engine {
@@ -330,6 +333,7 @@ impl Engine {
             draining: Arc::default(),
             held: Arc::default(),
             last_snapshots: Arc::default(),
+            key_changes: Arc::default(),
         }
     }
 

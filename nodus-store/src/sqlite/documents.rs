@@ -355,21 +355,65 @@ pub(super) async fn list_sparse(
         let records = store.list(project, kind, selector).await?;
         return Ok(nodus_core::store::cut_down(records, &wanted));
     };
-    let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT name, version");
-    for path in json_paths {
-        // `->` answers JSON text (or NULL when the path is absent).
-        query.push(", document -> ");
-        query.push_bind(path);
+    // One row: every member's name, version and, for each path, whether the document has
+    // it and its value, in creation order, as one JSON array. A row apiece would cross from
+    // SQLite's thread to the caller's once per row (a group's reconcile lists every member).
+    let mut query: QueryBuilder<Sqlite> =
+        QueryBuilder::new("SELECT json_group_array(json_array(name, version");
+    for path in &json_paths {
+        // `->` answers JSON (or NULL when the path is absent, told from a JSON null by
+        // `json_type`).
+        query.push(", json_type(document, ");
+        query.push_bind(path.clone());
+        query.push(") IS NOT NULL, document -> ");
+        query.push_bind(path.clone());
     }
-    query.push(" FROM resources WHERE project = ");
-    push_selection(&mut query, project, kind, selector);
-    let rows = query
-        .build()
-        .fetch_all(&store.inner.readers)
+    query.push(") ORDER BY ord) FROM resources WHERE project = ");
+    push_conditions(&mut query, project, kind, selector);
+    let listed: String = query
+        .build_query_scalar()
+        .fetch_one(&store.inner.readers)
         .await
         .map_err(map_err)?;
-    sql::selected(project, kind, selector, &rows, |key, row, at| {
-        sql::sparse_record_of(key, row, at, &wanted)
+    let rows: Vec<Vec<Value>> = serde_json::from_str(&listed)
+        .map_err(|e| Error::Corrupt(format!("a sparse listing: {e}")))?;
+    let mut records = Vec::with_capacity(rows.len());
+    for row in rows {
+        let record = sparse_record(project, kind, row, &wanted)?;
+        if selector.matches(&record.document) {
+            records.push(record);
+        }
+    }
+    Ok(records)
+}
+
+/// A record of a sparse listing's row: `[name, version, (has path, value) for each path]`.
+fn sparse_record(
+    project: &str,
+    kind: Kind,
+    row: Vec<Value>,
+    paths: &[String],
+) -> Result<Record, Error> {
+    let corrupt = || Error::Corrupt("a sparse listing's row is not [name, version, …]".into());
+    let mut row = row.into_iter();
+    let name = match row.next() {
+        Some(Value::String(name)) => name,
+        _ => return Err(corrupt()),
+    };
+    let version = row.next().and_then(|v| v.as_u64()).ok_or_else(corrupt)?;
+    let mut document = Value::Object(serde_json::Map::new());
+    for path in paths {
+        let (Some(has), Some(value)) = (row.next(), row.next()) else {
+            return Err(corrupt());
+        };
+        if has.as_i64() == Some(1) {
+            nodus_core::store::set_path(&mut document, path, value);
+        }
+    }
+    Ok(Record {
+        key: ObjectKey::new(project, kind, name),
+        version,
+        document,
     })
 }
 
