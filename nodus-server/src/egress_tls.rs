@@ -115,7 +115,7 @@ fn load_or_make_ca(dir: &Path) -> Result<(KeyPair, String), TlsError> {
             // The certificate alone is made again from the key.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let pem = self_signed(&key)?;
-                write_file(&cert_path, &pem, 0o644).map_err(io(&cert_path))?;
+                write_file(&cert_path, &pem, 0o600).map_err(io(&cert_path))?;
                 pem
             }
             Err(e) => return Err(io(&cert_path)(e)),
@@ -126,7 +126,7 @@ fn load_or_make_ca(dir: &Path) -> Result<(KeyPair, String), TlsError> {
         .map_err(failed("making the egress proxy's authority"))?;
     let cert_pem = self_signed(&key)?;
     // The certificate first: a key without one is completed at the next start.
-    write_file(&cert_path, &cert_pem, 0o644).map_err(io(&cert_path))?;
+    write_file(&cert_path, &cert_pem, 0o600).map_err(io(&cert_path))?;
     write_file(&key_path, &key.serialize_pem(), 0o600).map_err(io(&key_path))?;
     Ok((key, cert_pem))
 }
@@ -656,7 +656,7 @@ mod tests {
                 .mode()
                 & 0o777
         };
-        assert_eq!((mode(CA_KEY_FILE), mode(CA_CERT_FILE)), (0o600, 0o644));
+        assert_eq!((mode(CA_KEY_FILE), mode(CA_CERT_FILE)), (0o600, 0o600));
         let again = Interceptor::open(dir.path(), &[]).expect("read back");
         assert_eq!(first.ca_certificate(), again.ca_certificate());
         assert!(
