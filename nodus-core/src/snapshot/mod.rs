@@ -124,16 +124,21 @@ impl Manifest {
     /// The digests of the regular files' contents and of the symbolic links' targets (stored
     /// as blobs too), each once.
     pub fn blobs(&self) -> Vec<String> {
-        let mut digests: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|e| matches!(e.mode & TYPE_BITS, REGULAR | SYMLINK))
-            .map(|e| e.digest.clone())
-            .collect();
-        digests.sort_unstable();
-        digests.dedup();
-        digests
+        blob_digests(&self.entries)
     }
+}
+
+/// The digests `entries` store as blobs (regular files' contents, symbolic links' targets),
+/// sorted, each once.
+fn blob_digests(entries: &[Entry]) -> Vec<String> {
+    let mut digests: Vec<String> = entries
+        .iter()
+        .filter(|e| matches!(e.mode & TYPE_BITS, REGULAR | SYMLINK))
+        .map(|e| e.digest.clone())
+        .collect();
+    digests.sort_unstable();
+    digests.dedup();
+    digests
 }
 
 /// What a run recorded about its working directory after one command step.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Entry, Manifest, REGULAR, SYMLINK, Snapshot, TYPE_BITS};
+use super::{Entry, Manifest, Snapshot};
 
 /// A snapshot as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,17 +84,7 @@ impl Stored {
     pub fn named_blobs(&self) -> Vec<String> {
         match self {
             Stored::Whole(snapshot) => snapshot.manifest().map(Manifest::blobs).unwrap_or_default(),
-            Stored::Delta(delta) => {
-                let mut digests: Vec<String> = delta
-                    .changed
-                    .iter()
-                    .filter(|e| matches!(e.mode & TYPE_BITS, REGULAR | SYMLINK))
-                    .map(|e| e.digest.clone())
-                    .collect();
-                digests.sort_unstable();
-                digests.dedup();
-                digests
-            }
+            Stored::Delta(delta) => super::blob_digests(&delta.changed),
         }
     }
 
@@ -195,7 +185,7 @@ fn apply(base: &Manifest, delta: &Delta) -> Manifest {
 
 #[cfg(test)]
 mod tests {
-    use super::super::DIRECTORY;
+    use super::super::{DIRECTORY, REGULAR, SYMLINK};
     use super::*;
 
     fn entry(path: &str, mode: u32, digest: &str, mtime: i64) -> Entry {
