@@ -87,6 +87,25 @@ fn import_json(data_dir: &Path, args: &[&str]) -> Result<Value, String> {
     }
 }
 
+/// `nodus env import harbor PATH --name one --version 1.0.0 [--no-image] -o json`.
+fn import_task(data_dir: &Path, path: &str, no_image: bool) -> Result<Value, String> {
+    let mut args = vec![
+        "env",
+        "import",
+        "harbor",
+        path,
+        "--name",
+        "one",
+        "--version",
+        "1.0.0",
+    ];
+    if no_image {
+        args.push("--no-image");
+    }
+    args.extend(["-o", "json"]);
+    import_json(data_dir, &args)
+}
+
 #[test]
 fn harbor_reads_the_same_task_fields_as_the_importer() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -125,23 +144,7 @@ fn harbor_reads_the_same_task_fields_as_the_importer() {
             "harbor refused {dir:?}: {harbor}"
         );
         let path = dir.to_str().unwrap();
-        let list = import_json(
-            root,
-            &[
-                "env",
-                "import",
-                "harbor",
-                path,
-                "--name",
-                "one",
-                "--version",
-                "1.0.0",
-                "--no-image",
-                "-o",
-                "json",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let list = import_task(root, path, true).unwrap_or_else(|e| panic!("{path}: {e}"));
         let environment = &list["items"][1];
         let task = &environment["spec"]["splits"]["test"]["tasks"][0];
         assert_eq!(task["id"], harbor["id"], "{path}");
@@ -164,21 +167,7 @@ fn harbor_reads_the_same_task_fields_as_the_importer() {
             "{path}"
         );
         // The image as the task names it, when imported without --no-image.
-        let with_image = import_json(
-            root,
-            &[
-                "env",
-                "import",
-                "harbor",
-                path,
-                "--name",
-                "one",
-                "--version",
-                "1.0.0",
-                "-o",
-                "json",
-            ],
-        );
+        let with_image = import_task(root, path, false);
         match harbor["docker_image"].as_str() {
             Some(image) => {
                 assert_eq!(
@@ -222,23 +211,7 @@ fn harbor_reads_the_same_task_fields_as_the_importer() {
             "harbor read {dir:?}: {harbor}"
         );
         let path = dir.to_str().unwrap();
-        let error = import_json(
-            root,
-            &[
-                "env",
-                "import",
-                "harbor",
-                path,
-                "--name",
-                "one",
-                "--version",
-                "1.0.0",
-                "--no-image",
-                "-o",
-                "json",
-            ],
-        )
-        .expect_err(path);
+        let error = import_task(root, path, true).expect_err(path);
         assert!(error.contains(&format!("{path}/{file}")), "{error}");
     }
 }
