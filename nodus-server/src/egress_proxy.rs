@@ -671,6 +671,9 @@ async fn read_request<S: AsyncRead + Unpin>(client: &mut S) -> Result<Request, A
 }
 
 /// `host:port`, `[v6]:port`, or a host alone when `default` gives its port.
+/// The longest host name the proxy takes (DNS's limit).
+const MAX_HOST_BYTES: usize = 253;
+
 fn split_authority(authority: &str, default: Option<u16>) -> Option<(String, u16)> {
     let authority = authority.rsplit('@').next()?;
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
@@ -687,7 +690,9 @@ fn split_authority(authority: &str, default: Option<u16>) -> Option<(String, u16
             None => (authority.to_string(), default?),
         }
     };
+    // A name is at most 253 bytes (DNS); longer ones would only swell the run's records.
     let valid = !host.is_empty()
+        && host.len() <= MAX_HOST_BYTES
         && host
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'_'));
@@ -933,6 +938,13 @@ mod tests {
             Some(("a.test".into(), 80))
         );
         assert_eq!(split_authority("a.test", None), None);
+        let longest = format!("{}.test", "a".repeat(MAX_HOST_BYTES - 5));
+        assert_eq!(
+            split_authority(&format!("{longest}:443"), None),
+            Some((longest, 443))
+        );
+        let too_long = format!("{}.test:443", "a".repeat(MAX_HOST_BYTES - 4));
+        assert_eq!(split_authority(&too_long, None), None);
         assert_eq!(split_authority("a test:80", None), None);
     }
 }
