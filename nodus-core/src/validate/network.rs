@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Invalid, Result, check_dns_label, check_not_blank, shown};
+use super::{Invalid, NOTHING, Result, check_dns_label, check_not_blank, shown};
 use crate::egress::{host_matches, valid_header_name};
 use crate::resource::{EgressMode, NetworkSpec};
 
@@ -101,6 +101,69 @@ pub(super) fn check_inject(prefix: &str, network: &NetworkSpec) -> Result<()> {
             &secret.name,
         )?;
         check_not_blank(&format!("{field}.valueFrom.secretKeyRef.key"), &secret.key)?;
+    }
+    Ok(())
+}
+
+/// The most entries of `spec.network.allow`.
+const MAX_ALLOW_ENTRIES: usize = 256;
+
+/// The rules of `spec.network`: an allowlist's entries each a `host` (a name, or `*.domain`)
+/// or a `cidr`, with 1 to 32 ports other than 0; `allow` only with `egress: allowlist`;
+/// `inject` by [`check_inject`]. Whether a `cidr` is inside the operator's
+/// `--egress-allow` is checked when a run is created.
+pub(super) fn check_network(prefix: &str, network: &NetworkSpec) -> Result<()> {
+    if network.egress == EgressMode::None && !network.allow.is_empty() {
+        return Err(Invalid::new(
+            format!("{prefix}.allow"),
+            "must be left out with egress: none (set egress: allowlist to use it)",
+            format!("{} entries", network.allow.len()),
+        ));
+    }
+    if network.allow.len() > MAX_ALLOW_ENTRIES {
+        return Err(Invalid::new(
+            format!("{prefix}.allow"),
+            format!("must have at most {MAX_ALLOW_ENTRIES} entries"),
+            network.allow.len().to_string(),
+        ));
+    }
+    for (index, entry) in network.allow.iter().enumerate() {
+        let field = format!("{prefix}.allow[{index}]");
+        match (&entry.host, &entry.cidr) {
+            (Some(host), None) => {
+                if !valid_host_pattern(host) {
+                    return Err(Invalid::new(
+                        format!("{field}.host"),
+                        HOST_RULE,
+                        shown(host),
+                    ));
+                }
+            }
+            (None, Some(cidr)) => {
+                if let Err(e) = cidr.parse::<crate::egress::Cidr>() {
+                    return Err(Invalid::new(format!("{field}.cidr"), e, shown(cidr)));
+                }
+            }
+            (Some(_), Some(_)) => {
+                return Err(Invalid::new(
+                    field,
+                    "must have one of host and cidr, not both",
+                    "both",
+                ));
+            }
+            (None, None) => {
+                return Err(Invalid::new(field, "must have host or cidr", NOTHING));
+            }
+        }
+        if let Some(ports) = &entry.ports
+            && (ports.is_empty() || ports.len() > 32 || ports.contains(&0))
+        {
+            return Err(Invalid::new(
+                format!("{field}.ports"),
+                "must list 1 to 32 ports, none of them 0 (leave it out for [80, 443])",
+                format!("{ports:?}"),
+            ));
+        }
     }
     Ok(())
 }
