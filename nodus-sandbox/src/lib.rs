@@ -41,5 +41,5 @@ pub use bwrap::{
     DEFAULT_SANDBOX_USER, HostUser,
 };
 #[cfg(feature = "docker")]
-pub use docker::{DockerConfig, DockerHost, DockerHosts, DockerSandbox};
+pub use docker::{DockerConfig, DockerEgress, DockerHost, DockerHosts, DockerSandbox};
 pub use unisolated::UnisolatedSandbox;

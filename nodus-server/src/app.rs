@@ -590,8 +590,16 @@ async fn open_sandbox(
                 "sandbox: Docker containers (default image {image})"
             ));
             let live = live_run_uids(store.as_ref()).await?;
+            // Sandboxes with an allowlist join the engine's internal egress network and reach
+            // the proxy through the server's listener on its gateway (local engines only).
+            let docker_egress = nodus_sandbox::DockerEgress::new(
+                Arc::new(egress.clone()),
+                options.sandbox_dir().join("docker-egress"),
+            );
             if options.docker_hosts.is_empty() {
-                let docker = connect_docker(nodus_sandbox::DockerConfig::new(image)).await?;
+                let mut config = nodus_sandbox::DockerConfig::new(image);
+                config.egress = Some(docker_egress);
+                let docker = connect_docker(config).await?;
                 remove_orphans(&docker, &live, announcements).await;
                 return Ok(Arc::new(docker));
             }
@@ -599,6 +607,7 @@ async fn open_sandbox(
             for host in &options.docker_hosts {
                 let mut config = nodus_sandbox::DockerConfig::new(image.clone());
                 config.endpoint = host.endpoint.clone();
+                config.egress = Some(docker_egress.clone());
                 let docker = connect_docker(config).await?;
                 remove_orphans(&docker, &live, announcements).await;
                 let capacity = host.capacity.unwrap_or(options.capacity);

@@ -122,6 +122,11 @@ fn egress_status(server: &ServerProcess, name: &str) -> serde_json::Value {
 /// `other.test` (127.0.0.1) and `internal.test` (127.0.0.2), may reach 127.0.0.1, and takes
 /// `extra` flags.
 fn egress_server(dir: &std::path::Path, extra: &[&str]) -> ServerProcess {
+    egress_server_on(dir, "process", extra)
+}
+
+/// [`egress_server`] with sandboxes of kind `sandbox`.
+fn egress_server_on(dir: &std::path::Path, sandbox: &str, extra: &[&str]) -> ServerProcess {
     let hosts = dir.join("egress-hosts");
     std::fs::write(
         &hosts,
@@ -136,7 +141,7 @@ fn egress_server(dir: &std::path::Path, extra: &[&str]) -> ServerProcess {
         hosts.to_str().expect("UTF-8"),
     ];
     flags.extend_from_slice(extra);
-    ServerProcess::start_with(&store, dir, "process", &flags)
+    ServerProcess::start_with(&store, dir, sandbox, &flags)
 }
 
 /// Create run `name` of `net-agent` with `prompt` (in `environment` when given), wait until
@@ -444,4 +449,115 @@ fn an_allowlist_is_refused_where_sandboxes_cannot_reach_the_proxy() {
             .status
             .success()
     );
+}
+
+/// The same on Docker: the container joins the engine's internal egress network, whose only
+/// address outside it is the server's listener on its gateway. busybox's `wget` goes through
+/// the proxy for plain HTTP; an allowed name is fetched; a name not on the list and an allowed
+/// name that resolves to a refused address are refused (and journaled); a direct connection
+/// to the test server's address, one to the gateway's address on the test server's port, and
+/// a raw socket (`ping`) fail and reach nothing; the trust bundle holds the proxy's
+/// authority. A run with `egress: none` has no way out at all.
+#[test]
+fn a_docker_run_on_an_allowlist_gets_out_only_through_the_proxy() {
+    let image = std::env::var("NODUS_TEST_DOCKER_IMAGE").unwrap_or_else(|_| {
+        panic!("NODUS_TEST_DOCKER_IMAGE is not set: run the tests with ./scripts/test, which builds the test image")
+    });
+    let Origin { port, seen, .. } = origin();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = egress_server_on(dir.path(), "docker", &["--default-image", &image]);
+    let resources = format!(
+        "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: files\nspec:\n  \
+         network:\n    egress: allowlist\n    allow:\n    - host: files.test\n      ports: \
+         [{port}]\n    - host: internal.test\n      ports: [{port}]\n---\napiVersion: \
+         nodus.dev/v1\nkind: Agent\nmetadata:\n  name: net-agent\nspec:\n  system: You are a \
+         careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n"
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&resources));
+    assert!(output.status.success(), "{output:?}");
+
+    let fetch = format!(
+        "wget -q -O - http://files.test:{port}/proxied; echo; \
+         wget -q -O - http://other.test:{port}/other; echo other-exit=$?; \
+         wget -q -O - http://internal.test:{port}/internal; echo internal-exit=$?; \
+         wget -Y off -q -T 5 -O - http://127.0.0.1:{port}/direct; echo direct-exit=$?; \
+         gateway=${{HTTP_PROXY#http://}}; gateway=${{gateway%:*}}; \
+         wget -Y off -q -T 5 -O - http://$gateway:{port}/gateway; echo gateway-exit=$?; \
+         ping -c 1 -W 1 127.0.0.1; \
+         grep -c 'The Nodus egress proxy' $SSL_CERT_FILE; \
+         echo proxy=$HTTP_PROXY"
+    );
+    let answer = run(
+        &server,
+        "fetches",
+        &format!("Run `{fetch}` and tell me."),
+        Some("files"),
+    );
+    assert!(answer.contains("hello from /proxied"), "{answer}");
+    // busybox wget exits 1 on an HTTP error and on a refused connection alike.
+    for refused in ["other", "internal", "direct", "gateway"] {
+        assert!(answer.contains(&format!("{refused}-exit=1")), "{answer}");
+    }
+    assert!(answer.contains("ping: permission denied"), "{answer}");
+    assert!(answer.contains("\n1\nproxy=http://"), "{answer}");
+    // Only the allowed request reached the test server.
+    assert_eq!(
+        seen.lock().expect("lock").clone(),
+        ["GET /proxied HTTP/1.1"],
+        "{answer}"
+    );
+    let records = egress_records(&server, "fetches");
+    let seen_records: Vec<(String, String, String, String)> = records
+        .iter()
+        .map(|r| {
+            let text = |name: &str| r[name].as_str().unwrap_or("-").to_string();
+            (text("host"), text("address"), text("verdict"), text("rule"))
+        })
+        .collect();
+    assert_eq!(
+        seen_records,
+        [
+            (
+                "files.test",
+                "127.0.0.1",
+                "allowed",
+                "spec.network.allow[0]"
+            ),
+            (
+                "other.test",
+                "-",
+                "refused",
+                "other.test is not in spec.network.allow"
+            ),
+            (
+                "internal.test",
+                "127.0.0.2",
+                "refused",
+                "127.0.0.2 is an internal address (loopback) that the server's --egress-allow \
+                 does not list"
+            ),
+        ]
+        .map(|(h, a, v, r)| (h.to_string(), a.to_string(), v.to_string(), r.to_string())),
+    );
+    assert!(records[0]["bytesIn"].as_u64() > Some(20), "{records:?}");
+    let status = egress_status(&server, "fetches");
+    assert_eq!(
+        (&status["allowed"], &status["refused"]),
+        (&1.into(), &2.into())
+    );
+
+    // Without an allowlist: no network at all, no proxy variables.
+    let answer = run(
+        &server,
+        "no-way-out",
+        &format!(
+            "Run `wget -Y off -q -T 5 -O - http://127.0.0.1:{port}/none; echo none-exit=$?; \
+             ip -4 addr | grep -c inet; echo proxy=[$HTTP_PROXY]` and tell me."
+        ),
+        None,
+    );
+    assert!(answer.contains("none-exit=1"), "{answer}");
+    // Loopback only.
+    assert!(answer.contains("\n1\nproxy=[]"), "{answer}");
+    assert_eq!(seen.lock().expect("lock").len(), 1, "{answer}");
 }

@@ -75,31 +75,9 @@ impl Engine {
         let (environment_ref, environment_revision, spec) = match chosen {
             NameOrInline::Inline(spec) => (None, None, (**spec).clone()),
             NameOrInline::Name(reference) => {
-                let missing = || -> Error {
-                    Invalid::new(
-                        FIELD,
-                        format!("must name an existing AgentEnvironment of this project ({whose})"),
-                        format!("{reference:?}"),
-                    )
-                    .into()
-                };
-                // Another project's environment is answered as missing: a run learns nothing
-                // of it.
-                let Some(name) = own_name(project, reference) else {
-                    return Err(missing());
-                };
-                let key = ObjectKey::new(project, Kind::AgentEnvironment, name);
-                let record = match self.deps.store.get(&key).await {
-                    Ok(record) => record,
-                    Err(store::Error::NotFound(_)) => return Err(missing()),
-                    Err(e) => return Err(e.into()),
-                };
-                let stored = typed::decode::<AgentEnvironmentSpec>(record)?;
-                (
-                    Some(format!("{project}/{name}")),
-                    Some(stored.version.to_string()),
-                    stored.object.spec,
-                )
+                let (reference, revision, spec) =
+                    self.named_environment(project, reference, whose).await?;
+                (Some(reference), Some(revision), spec)
             }
         };
         let mut secrets: Vec<SecretVersion> = Vec::new();
@@ -174,6 +152,40 @@ impl Engine {
         }))
     }
 
+    /// The AgentEnvironment `reference` names in `project` (`whose` reference it is, for the
+    /// refusal): its `project/name`, its revision and its spec.
+    pub(super) async fn named_environment(
+        &self,
+        project: &str,
+        reference: &str,
+        whose: &str,
+    ) -> Result<(String, String, AgentEnvironmentSpec)> {
+        let missing = || -> Error {
+            Invalid::new(
+                FIELD,
+                format!("must name an existing AgentEnvironment of this project ({whose})"),
+                format!("{reference:?}"),
+            )
+            .into()
+        };
+        // Another project's environment is answered as missing: a run learns nothing of it.
+        let Some(name) = own_name(project, reference) else {
+            return Err(missing());
+        };
+        let key = ObjectKey::new(project, Kind::AgentEnvironment, name);
+        let record = match self.deps.store.get(&key).await {
+            Ok(record) => record,
+            Err(store::Error::NotFound(_)) => return Err(missing()),
+            Err(e) => return Err(e.into()),
+        };
+        let stored = typed::decode::<AgentEnvironmentSpec>(record)?;
+        Ok((
+            format!("{project}/{name}"),
+            stored.version.to_string(),
+            stored.object.spec,
+        ))
+    }
+
     /// The rules of `spec.network` that depend on the server: a `cidr` only inside the
     /// operator's `--egress-allow`, and an `allowlist` only where the sandbox backend can
     /// route a sandbox to the egress proxy (default-deny: a run is refused rather than started
@@ -216,8 +228,9 @@ impl Engine {
                 format!("{FIELD}.network.egress"),
                 format!(
                     "allowlist cannot be given by this server's sandbox backend, which has no \
-                     route to the egress proxy ({whose}): use none, or a server whose process \
-                     sandboxes start with the nodus launcher"
+                     route to the egress proxy ({whose}): use none, or a server whose sandboxes \
+                     can reach it (process sandboxes started by the nodus launcher, Docker \
+                     containers on the server's own engine)"
                 ),
                 "allowlist",
             )

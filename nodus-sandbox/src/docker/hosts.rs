@@ -272,4 +272,10 @@ impl Sandbox for DockerHosts {
     fn supports_gpu(&self) -> bool {
         self.hosts.iter().all(|host| host.sandbox.supports_gpu())
     }
+
+    /// Only when every engine can: a remote one's containers cannot reach this server's
+    /// egress proxy, and a run is not held back for the local ones.
+    fn supports_egress(&self) -> bool {
+        self.hosts.iter().all(|host| host.sandbox.supports_egress())
+    }
 }

@@ -10,7 +10,9 @@
 //! A container is made from the run's image or the operator's default one (the engine names
 //! it by the content digest [`Sandbox::resolve_image`] answered when the run was created, so
 //! that a tag moved since changes nothing), with:
-//! - network `none` unless the spec allows the network (then the default bridge);
+//! - network `none` unless the spec allows the network (then the default bridge), or, for a
+//!   spec with an allowlist, the internal egress network whose only way out is the egress
+//!   proxy (the [`egress`] module);
 //! - memory (without swap), CPU and process limits from the spec, and no file larger than
 //!   its disk limit (`ulimit -f`); besides its CPU quota, a container runs on as many of the
 //!   engine's CPUs as its limit rounds up to (`cpuset-cpus`, chosen in turn as the bubblewrap
@@ -85,8 +87,10 @@ use crate::workdir::check_env;
 use crate::{capped, paths};
 
 mod channel;
+mod egress;
 mod hosts;
 
+pub use egress::{DEFAULT_NETWORK as DEFAULT_EGRESS_NETWORK, DockerEgress};
 pub use hosts::{DockerHost, DockerHosts};
 
 use crate::channel::{self as framing, Reading, Status};
@@ -133,6 +137,9 @@ pub struct DockerConfig {
     /// The free bytes the file system of the working-directory volumes keeps, where the
     /// server can see them (a local engine): a command that lets it drop below is stopped.
     pub disk_reserve_bytes: u64,
+    /// The egress proxy, for sandboxes whose only way out it is ([`SandboxSpec::egress`]);
+    /// `None`: such sandboxes are refused.
+    pub egress: Option<DockerEgress>,
 }
 
 impl DockerConfig {
@@ -146,6 +153,7 @@ impl DockerConfig {
             workdir: "/work".to_owned(),
             request_timeout_secs: 120,
             disk_reserve_bytes: crate::bwrap::DEFAULT_DISK_RESERVE_BYTES,
+            egress: None,
         }
     }
 }
@@ -212,6 +220,8 @@ pub struct DockerSandbox {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
     /// The engine's CPUs, which containers are pinned to some of.
     engine_cpus: CpuSet,
+    /// The way to the egress proxy, when the configuration gives one.
+    egress: Option<Arc<egress::Egress>>,
 }
 
 impl DockerSandbox {
@@ -248,6 +258,10 @@ impl DockerSandbox {
         info!(endpoint = %config.endpoint, version = ?docker.client_version(), cpus = engine_cpus.count(), "Docker sandboxes");
         Ok(DockerSandbox {
             docker,
+            egress: config
+                .egress
+                .clone()
+                .map(|e| Arc::new(egress::Egress::new(e))),
             config: Arc::new(config),
             created: Arc::default(),
             slots: Arc::default(),
@@ -438,14 +452,19 @@ impl DockerSandbox {
     /// out of the volume), is removed (its volume kept) and made again with them. Nothing runs
     /// in the volume between the check and the bind. Each step is repeated safely: a crash
     /// between them leaves no container, and the next creation starts over.
-    async fn create_container(&self, spec: &SandboxSpec, name: &str) -> Result<bool, Error> {
+    async fn create_container(
+        &self,
+        spec: &SandboxSpec,
+        name: &str,
+        wiring: Option<&egress::Wiring>,
+    ) -> Result<bool, Error> {
         if spec.links.is_empty() {
             return self
-                .create_container_with(spec, name, &BTreeMap::new())
+                .create_container_with(spec, name, &BTreeMap::new(), wiring)
                 .await;
         }
         if !self
-            .create_container_with(spec, name, &BTreeMap::new())
+            .create_container_with(spec, name, &BTreeMap::new(), wiring)
             .await?
         {
             return Ok(false);
@@ -473,7 +492,8 @@ impl DockerSandbox {
             .map_err(|e| api_error("removing the container made for the links", e));
         let sources = made?;
         removed?;
-        self.create_container_with(spec, name, &sources).await
+        self.create_container_with(spec, name, &sources, wiring)
+            .await
     }
 
     /// The host directory each of [`SandboxSpec::links`] binds (by its path in the
@@ -521,12 +541,13 @@ impl DockerSandbox {
     }
 
     /// Creates the container, with `links` (path in the container to the host directory it
-    /// binds; empty for none).
+    /// binds; empty for none), on the egress network when `wiring` says so.
     async fn create_container_with(
         &self,
         spec: &SandboxSpec,
         name: &str,
         links: &BTreeMap<String, String>,
+        wiring: Option<&egress::Wiring>,
     ) -> Result<bool, Error> {
         let image = spec
             .image
@@ -537,6 +558,12 @@ impl DockerSandbox {
         let memory = i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX);
         let mut env: Vec<String> = vec![format!("HOME={}", self.config.workdir)];
         env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+        env.extend(wiring.iter().flat_map(|w| w.env.iter().cloned()));
+        let network_mode = match wiring {
+            Some(wiring) => wiring.network.clone(),
+            None if spec.network => "bridge".to_owned(),
+            None => "none".to_owned(),
+        };
         let body = ContainerCreateBody {
             image: Some(image.clone()),
             entrypoint: Some(vec![
@@ -556,7 +583,7 @@ impl DockerSandbox {
             labels: Some(labels.clone()),
             hostname: Some("nodus".to_owned()),
             host_config: Some(HostConfig {
-                network_mode: Some(if spec.network { "bridge" } else { "none" }.to_owned()),
+                network_mode: Some(network_mode),
                 memory: Some(memory),
                 memory_swap: Some(memory),
                 nano_cpus: Some(i64::from(limits.cpu_millis) * 1_000_000),
@@ -593,6 +620,7 @@ impl DockerSandbox {
                         typ: Some(MountType::BIND),
                         ..Default::default()
                     }))
+                    .chain(wiring.and_then(|w| w.mount.clone()))
                     .collect(),
                 ),
                 cap_drop: Some(vec!["ALL".to_owned()]),
@@ -1055,6 +1083,11 @@ impl Sandbox for DockerSandbox {
         true
     }
 
+    /// On an engine of this host, when the server gave the backend its egress proxy.
+    fn supports_egress(&self) -> bool {
+        self.egress.is_some() && DockerEgress::reaches(&self.config.endpoint).is_none()
+    }
+
     /// The image's content digest: the `RepoDigests` entry of the reference's repository
     /// (`name@sha256:…`, or the first entry) for an image that came from a registry, else its
     /// ID (`sha256:…`). An image the engine lacks is pulled first; one it cannot pull is
@@ -1098,8 +1131,14 @@ impl Sandbox for DockerSandbox {
         nodus_core::sandbox::check_links(&spec.links, &self.config.workdir)
             .map_err(Error::Refused)?;
         let name = self.name(&spec.key);
-        // Most creations are new: try that first, and re-attach when the name is taken.
-        if self.create_container(spec, &name).await? {
+        let wiring = self.wire(spec).await?;
+        // Most creations are new: try that first, and re-attach when the name is taken (or
+        // make it again when it goes to another egress proxy than this server's).
+        let mut made = self.create_container(spec, &name, wiring.as_ref()).await?;
+        if !made && self.rewire(spec, &name, wiring.as_ref()).await? {
+            made = self.create_container(spec, &name, wiring.as_ref()).await?;
+        }
+        if made {
             // Attach as `docker run` does, before the first process starts, so that nothing
             // it says is missed; both requests travel together.
             let (attached, started) =
@@ -1281,6 +1320,9 @@ impl Sandbox for DockerSandbox {
         let Some(key) = self.key_of(id) else {
             return Ok(());
         };
+        if let Some(egress) = &self.egress {
+            egress.close(key);
+        }
         let made_here = self
             .created
             .lock()
