@@ -9,7 +9,6 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::catalog::{Catalog, Family};
 use crate::cost::{self, CostGuard, Usage};
-use crate::engine::API_KEY_SECRET_KEY;
 use crate::journal::{Intent, Outcome};
 use crate::lifecycle::{CancelReason, FailReason, RunPhase, TransitionRefused, WaitReason};
 use crate::model::{
@@ -17,7 +16,9 @@ use crate::model::{
 };
 use crate::money::Usd;
 use crate::replay::{Call, Replay, SandboxState};
-use crate::resource::{Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot};
+use crate::resource::{
+    API_KEY_SECRET_KEY, Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot,
+};
 use crate::router::RouteChoice;
 use crate::sandbox::{self, ExecOutput, SandboxSpec};
 use crate::store::InboxMessage;

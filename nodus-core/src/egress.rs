@@ -17,6 +17,8 @@ use crate::address;
 use crate::resource::{AllowEntry, EgressMode, NetworkSpec};
 use crate::secret::SecretString;
 
+pub use crate::resource::EgressCounts;
+
 /// The ports an allow entry without `ports` opens.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 
@@ -310,25 +312,6 @@ pub struct EgressRecord {
     pub bytes_in: u64,
     /// How long the connection lasted.
     pub duration_ms: u64,
-}
-
-/// `status.egress` of a run: how many connections were allowed and refused, and the bytes
-/// that went each way, over every connection its sandbox asked for (those whose records the
-/// journal no longer keeps included: [`crate::egress_log`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct EgressCounts {
-    /// Connections allowed (those cut off at the run's byte limit count as refused).
-    pub allowed: u64,
-    /// Connections refused.
-    pub refused: u64,
-    /// Bytes from the sandbox onward.
-    #[serde(default)]
-    pub bytes_out: u64,
-    /// Bytes back to the sandbox.
-    #[serde(default)]
-    pub bytes_in: u64,
 }
 
 impl EgressCounts {

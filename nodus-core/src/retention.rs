@@ -7,12 +7,13 @@
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::engine::workdir_archive_key;
 use crate::journal::{Intent, Outcome, Step};
 use crate::model::ContentBlock;
 use crate::output::Output;
 use crate::resource::Kind;
-use crate::store::{Error, InboxMessage, ObjectKey, RunRewrite, Selector, Store};
+use crate::store::{
+    Error, InboxMessage, ObjectKey, RunRewrite, Selector, Store, workdir_archive_key,
+};
 
 /// What stands in for removed text.
 pub const REMOVED: &str = "";

@@ -39,6 +39,8 @@ use crate::egress::InjectedHeader;
 use crate::output::Output;
 use crate::resource::NetworkSpec;
 
+pub use crate::snapshot::archive::MAX_ARCHIVE_BYTES;
+
 /// The backend's id of a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -173,11 +175,6 @@ pub fn check_links(links: &BTreeMap<String, String>, workdir: &str) -> Result<()
     }
     Ok(())
 }
-
-/// The largest tar archive that [`Sandbox::put_files`] accepts and [`Sandbox::get_files`]
-/// returns: 256 MiB. Archives travel as whole byte vectors, so this bounds the memory one
-/// transfer takes.
-pub const MAX_ARCHIVE_BYTES: usize = 256 << 20;
 
 /// The longest command line a sandbox runs, in bytes: Linux hands it to `/bin/sh -c` as one
 /// argument, and one argument holds at most 128 KiB with its terminating NUL.

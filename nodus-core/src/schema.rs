@@ -10,24 +10,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use crate::group::GroupPhase;
 use crate::lifecycle::RunPhase;
 use crate::money::Usd;
+pub use crate::resource::DateTime;
 use crate::resource::{DurationSpec, NameOrInline, ObjectMeta, SecretDocument};
-
-/// A point in time as written in documents: RFC 3339 in UTC (`2026-05-01T12:00:00Z`).
-pub struct DateTime;
-
-impl JsonSchema for DateTime {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "DateTime".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "format": "date-time"})
-    }
-}
 
 impl JsonSchema for Usd {
     fn schema_name() -> Cow<'static, str> {

@@ -46,6 +46,11 @@ impl ObjectKey {
     }
 }
 
+/// Where the final working directory of `run` is kept.
+pub fn workdir_archive_key(run: &ObjectKey) -> ObjectKey {
+    ObjectKey::new(&run.project, Kind::WorkdirArchive, &run.name)
+}
+
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}/{}", self.project, self.kind.plural(), self.name)

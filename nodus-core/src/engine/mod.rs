@@ -60,9 +60,7 @@ use crate::secret::Secrets;
 use crate::store::{Delivery, ObjectKey, Record, Store};
 use crate::validate::{self, Invalid};
 
-/// The read-only project of ready-made agent templates (`claude-assistant`), which a run in
-/// any project can name by its bare name.
-pub const TEMPLATE_PROJECT: &str = "nodus";
+pub use crate::resource::TEMPLATE_PROJECT;
 
 /// The most runs one batch creates.
 pub const MAX_BATCH: usize = 100;
@@ -75,8 +73,7 @@ struct Batch {
     images: image::PinnedImages,
 }
 
-/// The Secret key a BYOK agent's key is read from.
-pub const API_KEY_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
+pub use crate::resource::API_KEY_SECRET_KEY;
 
 /// What the engine works through.
 #[derive(Clone)]

@@ -38,10 +38,7 @@ pub const MAX_STAGED_WORKDIR_BYTES: u64 = 64 << 20;
 /// padding), counted against [`MAX_STAGED_WORKDIR_BYTES`] with its path.
 pub const STAGED_ENTRY_OVERHEAD: u64 = 1024;
 
-/// Where the final working directory of `run` is kept.
-pub fn workdir_archive_key(run: &ObjectKey) -> ObjectKey {
-    ObjectKey::new(&run.project, Kind::WorkdirArchive, &run.name)
-}
+pub use crate::store::workdir_archive_key;
 
 /// A run's final working directory, as far as it was kept.
 #[derive(Debug, Clone, PartialEq, Eq)]

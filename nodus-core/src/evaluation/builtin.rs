@@ -17,7 +17,7 @@ use crate::resource::{
 };
 
 /// The project the built-ins live in (read-only for everyone, readable from every project).
-pub const PROJECT: &str = crate::engine::TEMPLATE_PROJECT;
+pub const PROJECT: &str = crate::resource::TEMPLATE_PROJECT;
 
 /// The one generator: arithmetic questions.
 pub const ARITHMETIC: &str = "arithmetic";

@@ -13,23 +13,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::{CaseRecord, CaseState, Verdict};
-
-/// How a task's rewards over its scored repetitions become one (`spec.evaluation.reducer`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub enum Reducer {
-    /// Their mean (the default).
-    #[default]
-    Mean,
-    /// The highest.
-    Max,
-    /// The most frequent; of equally frequent ones, the lowest.
-    Mode,
-}
+pub use crate::resource::{Reducer, TaskSummary};
 
 impl Reducer {
     /// The one reward of `rewards`; `None` when there are none.
@@ -122,27 +107,6 @@ pub fn pass_at_k(n: u32, passed: u32, k: u32) -> Option<Fraction> {
         none_pass.denominator - none_pass.numerator,
         none_pass.denominator,
     ))
-}
-
-/// One task's line of `status.evaluation.perTask`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct TaskSummary {
-    /// The task's id.
-    pub task_id: String,
-    /// Its cases: one per repetition (a retried case is still one).
-    pub attempts: u32,
-    /// Those scored.
-    pub scored: u32,
-    /// Those passed.
-    pub passes: u32,
-    /// pass@k for k = 1 up to the scored cases (the unbiased estimator), keyed by k.
-    #[serde(default)]
-    pub pass_at_k: BTreeMap<u32, f64>,
-    /// Its scored rewards reduced by `spec.evaluation.reducer`; absent while none is scored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reward: Option<f64>,
 }
 
 /// Each task's line, in the order the tasks first appear in `cases` (batch order).

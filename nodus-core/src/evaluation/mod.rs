@@ -20,6 +20,8 @@ pub mod stats;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+pub use crate::resource::UnscoredReason;
+
 /// Where a case stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
@@ -30,24 +32,6 @@ pub enum CaseState {
     Scored,
     /// Ended without a score, for a [`UnscoredReason`].
     Unscored,
-}
-
-/// Why a case ended without a score.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
-pub enum UnscoredReason {
-    /// The run failed.
-    RunFailed,
-    /// The run succeeded without an answer.
-    NoAnswer,
-    /// The run reached its cost cap.
-    LimitReached,
-    /// The grader crashed, timed out or printed no verdict.
-    GraderFailed,
-    /// The evaluation's deadline came first.
-    EvaluationTimeout,
-    /// The run or the group was cancelled.
-    Cancelled,
 }
 
 impl UnscoredReason {

@@ -20,63 +20,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::epochs::{self, Reducer, TaskSummary};
+use super::epochs::{self, Reducer};
 use super::{CaseRecord, CaseResult, CaseState, UnscoredReason, Verdict};
+pub use crate::resource::{EvaluationStatus, Range};
 use crate::validate::Invalid;
 
 /// The normal quantile for a two-sided 95 % interval.
 pub const Z95: f64 = 1.959_963_984_540_054;
-
-/// `status.evaluation` of an evaluation group.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct EvaluationStatus {
-    /// Cases in the batch (tasks × repetitions).
-    pub cases: u32,
-    /// Cases without their terminal state yet.
-    pub pending: u32,
-    /// Cases graded.
-    pub scored: u32,
-    /// Cases ended without a score, by reason.
-    #[serde(default)]
-    pub unscored: BTreeMap<UnscoredReason, u32>,
-    /// Passed ÷ scored; absent while nothing is scored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pass_rate: Option<f64>,
-    /// Mean reward of the scored cases; absent while nothing is scored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mean_reward: Option<f64>,
-    /// The number of scored cases the rates are over.
-    pub n: u32,
-    /// The pass rate if every case without a score had failed (`low`) or passed (`high`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bracket: Option<Range>,
-    /// The 95 % Wilson interval of the pass rate; absent while nothing is scored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interval: Option<Range>,
-    /// Each task over its repetitions, in batch order: cases, scored, passes, pass@k and its
-    /// reduced reward.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub per_task: Vec<TaskSummary>,
-    /// For each k, the mean pass@k of the tasks with at least k scored cases.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub pass_at_k: BTreeMap<u32, f64>,
-    /// The mean over tasks of each task's reduced reward (`spec.evaluation.reducer`); absent
-    /// while nothing is scored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task_reward: Option<f64>,
-}
-
-/// A range of fractions.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
-pub struct Range {
-    /// The lower end.
-    pub low: f64,
-    /// The upper end.
-    pub high: f64,
-}
 
 /// The summary of these cases, each task's rewards reduced by `reducer`.
 pub fn summarize(cases: &[CaseRecord], reducer: Reducer) -> EvaluationStatus {

@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::DurationSpec;
-use crate::group::GroupPhase;
+use super::{DurationSpec, GroupPhase};
 use crate::money::Usd;
 
 /// `spec` of an AgentGroup.
@@ -95,7 +94,7 @@ pub struct EvaluationSpec {
     /// How a task's rewards over its repetitions become one: `mean` (default), `max` or
     /// `mode` (`status.evaluation.perTask[].reward`, `taskReward`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reducer: Option<crate::evaluation::epochs::Reducer>,
+    pub reducer: Option<super::Reducer>,
     /// A rescore: the finished evaluation group whose kept answers and final working
     /// directories this group grades again with its Environment version's grader (no model
     /// call, no agent sandbox).
@@ -128,7 +127,7 @@ pub struct AgentGroupStatus {
     pub cost: super::CostStatus,
     /// An evaluation group's cases and scores, computed from its cases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evaluation: Option<crate::evaluation::stats::EvaluationStatus>,
+    pub evaluation: Option<super::EvaluationStatus>,
 }
 
 /// `status.counts`.

@@ -247,11 +247,31 @@ pub struct ObjectMeta {
     pub resource_version: Option<String>,
     /// When the object was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schemars(with = "Option<crate::schema::DateTime>")
-    )]
+    #[cfg_attr(feature = "openapi", schemars(with = "Option<super::DateTime>"))]
     pub creation_timestamp: Option<Timestamp>,
+}
+
+/// The read-only project of ready-made agent templates (`claude-assistant`), which a run in
+/// any project can name by its bare name.
+pub const TEMPLATE_PROJECT: &str = "nodus";
+
+/// A point in time as written in documents: RFC 3339 in UTC (`2026-05-01T12:00:00Z`).
+#[cfg(feature = "openapi")]
+pub struct DateTime;
+
+#[cfg(feature = "openapi")]
+impl schemars::JsonSchema for DateTime {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "DateTime".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "format": "date-time"})
+    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,10 @@ mod agent_environment;
 mod budget;
 mod duration;
 mod environment;
+mod evaluation;
 mod fileset;
 mod group;
+mod group_phase;
 mod meta;
 mod run;
 mod secret;
@@ -25,18 +27,22 @@ pub use environment::{
     EnvironmentSpec, EnvironmentStatus, FilesRef, GeneratorSpec, GraderKind, GraderSpec, SplitSpec,
     TaskSpec, VerdictFrom,
 };
+pub use evaluation::{EvaluationStatus, Range, Reducer, TaskSummary, UnscoredReason};
 pub use fileset::{FileEntry, FileSetSpec, FileSetStatus};
 pub use group::{
     AgentGroupSpec, AgentGroupStatus, BlockedReason, EvaluationSpec, GroupCounts, GroupLimits,
 };
-pub use meta::{API_VERSION, Kind, ObjectMeta};
+pub use group_phase::GroupPhase;
+#[cfg(feature = "openapi")]
+pub use meta::DateTime;
+pub use meta::{API_VERSION, Kind, ObjectMeta, TEMPLATE_PROJECT};
 pub use run::{
-    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus,
+    AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus, EgressCounts,
     EnvironmentSnapshot, FileSetVersion, ForkOf, PostRunAction, RunSnapshot, SandboxStatus,
     SecretVersion, TurnStatus, WorkdirSnapshot, WorkdirSpec,
 };
-pub use secret::Secret;
 pub(crate) use secret::SecretDocument;
+pub use secret::{API_KEY_SECRET_KEY, Secret};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

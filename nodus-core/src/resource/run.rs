@@ -34,10 +34,7 @@ pub struct AgentRunSpec {
     pub keep_alive: bool,
     /// When the run fails with `DeadlineExceeded`, waiting included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schemars(with = "Option<crate::schema::DateTime>")
-    )]
+    #[cfg_attr(feature = "openapi", schemars(with = "Option<super::DateTime>"))]
     pub deadline: Option<Timestamp>,
     /// Per-run parameters; must match the agent's `contextSchema`. The key `nodus` is reserved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,7 +189,7 @@ pub struct AgentRunStatus {
     pub sandbox: Option<SandboxStatus>,
     /// The connections its sandbox asked the egress proxy for (runs with an allowlist).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<crate::egress::EgressCounts>,
+    pub egress: Option<EgressCounts>,
     /// What the run copied at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<RunSnapshot>,
@@ -205,25 +202,16 @@ pub struct AgentRunStatus {
     pub close_requested: bool,
     /// When the run started working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schemars(with = "Option<crate::schema::DateTime>")
-    )]
+    #[cfg_attr(feature = "openapi", schemars(with = "Option<super::DateTime>"))]
     pub start_time: Option<Timestamp>,
     /// When the run finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schemars(with = "Option<crate::schema::DateTime>")
-    )]
+    #[cfg_attr(feature = "openapi", schemars(with = "Option<super::DateTime>"))]
     pub completion_time: Option<Timestamp>,
     /// When the retention sweep removed the run's recorded payloads (input, messages, step
     /// results), 30 days after it finished; set by the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(
-        feature = "openapi",
-        schemars(with = "Option<crate::schema::DateTime>")
-    )]
+    #[cfg_attr(feature = "openapi", schemars(with = "Option<super::DateTime>"))]
     pub payloads_removed_at: Option<Timestamp>,
     /// The fork that replaced this run (`nodus agentrun fork --replace`), which cancelled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -403,4 +391,23 @@ pub struct SecretVersion {
     pub name: String,
     /// Its resourceVersion when the run was created.
     pub resource_version: String,
+}
+
+/// `status.egress` of a run: how many connections were allowed and refused, and the bytes
+/// that went each way, over every connection its sandbox asked for (those whose records the
+/// journal no longer keeps included: [`crate::egress_log`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct EgressCounts {
+    /// Connections allowed (those cut off at the run's byte limit count as refused).
+    pub allowed: u64,
+    /// Connections refused.
+    pub refused: u64,
+    /// Bytes from the sandbox onward.
+    #[serde(default)]
+    pub bytes_out: u64,
+    /// Bytes back to the sandbox.
+    #[serde(default)]
+    pub bytes_in: u64,
 }

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 use super::{API_VERSION, Kind, ObjectMeta};
 use crate::secret::SecretString;
 
+/// The Secret key a BYOK agent's key is read from.
+pub const API_KEY_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
+
 /// A Secret, in Kubernetes' shape: `metadata`, `type`, and its values as `stringData`.
 ///
 /// Its `Serialize` is what reading shows: the keys, never a value (nor the sealed text).

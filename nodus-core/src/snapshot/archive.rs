@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use super::{DIRECTORY, Entry, FileStat, Manifest, REGULAR, SYMLINK, TYPE_BITS};
-use crate::sandbox::MAX_ARCHIVE_BYTES;
+
+/// The largest tar archive that [`Sandbox::put_files`](crate::sandbox::Sandbox::put_files) accepts and [`Sandbox::get_files`](crate::sandbox::Sandbox::get_files)
+/// returns: 256 MiB. Archives travel as whole byte vectors, so this bounds the memory one
+/// transfer takes.
+pub const MAX_ARCHIVE_BYTES: usize = 256 << 20;
 
 /// What [`read_archive`] found: each entry's stat (in path order), and the contents asked
 /// for, by path.
