@@ -7,7 +7,8 @@
 //! share their snapshots' contents; `--agent` swaps the model and system prompt; forks from
 //! a non-command step, from a step past the snapshot budget and from a run whose payloads
 //! were removed are refused naming why; `--input` reaches the fork's next model call as a new
-//! user message after the conversation up to the step.
+//! user message after the conversation up to the step; `--replace` cancels the source even
+//! when the server is killed between the forks' creation and the source's cancellation.
 
 #[path = "support/server.rs"]
 mod server;
@@ -490,4 +491,288 @@ async fn a_sigkill_during_fork_creation_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_during_fork_creation_on_postgres() {
     a_sigkill_during_fork_creation_leaves_no_fork_or_whole_ones(Backend::Postgres).await;
+}
+
+/// The run `name` as the server has it.
+fn run_json(server: &ServerProcess, name: &str) -> Value {
+    serde_json::from_str(&server.ok(&["get", &format!("agentrun/{name}"), "-o", "json"]))
+        .expect("JSON")
+}
+
+/// Polls `name` until `done` holds, for at most a minute; the last state read.
+fn wait_until(server: &ServerProcess, name: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let run = run_json(server, name);
+        if done(&run) || std::time::Instant::now() > deadline {
+            return run;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A source that has run its first command (forkable) and is in its second, `sleep 60`:
+/// a running run to replace. Its first command's step.
+fn running_source(server: &ServerProcess, fake: &FakeServer, name: &str) -> u64 {
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c1",
+        "echo one > a.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::tool_use("c2", "sleep 60")));
+    server.ok(&[
+        "create", "agentrun", name, "--agent", "builder", "--prompt", "Go.",
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listed = commands(&steps(server, name));
+        if listed.len() == 2 {
+            return listed[0]["seq"].as_u64().expect("a seq");
+        }
+        assert!(std::time::Instant::now() < deadline, "{listed:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// `fork --replace` is durable with the forks' creation: the first fork carries
+/// `spec.forkOf.replace`, written in the same write as the forks, and its first drive
+/// cancels the source and names itself in `status.replacedBy` if that was not done yet.
+/// First the state a crash right between the two writes leaves (a fork recorded as replacing
+/// a source still running), made by hand: the fork's drive completes the replacement. Then a
+/// SIGKILL of the server at a different moment each round of `fork --replace` of a running
+/// source: after the restart either no fork exists and the source is not replaced, or both
+/// forks exist and the source ends cancelled, naming the first.
+async fn a_sigkill_during_fork_replace_leaves_the_source_replaced_or_untouched(backend: Backend) {
+    let fake = FakeServer::start().await.expect("fake provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store_url = backend.store_url(dir.path());
+    let base_url = fake.base_url();
+    let env = [("ANTHROPIC_BASE_URL", base_url.as_str())];
+    let start = || ServerProcess::start_in_env(&store_url, dir.path(), "unisolated", &[], &env);
+    let mut server = start();
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&agents()));
+    assert!(output.status.success(), "{output:?}");
+
+    // The crash's state by hand: a fork that replaces a running source, the source untouched.
+    let seq = running_source(&server, &fake, "crashed");
+    let fork = format!(
+        "apiVersion: nodus.dev/v1\nkind: AgentRun\nmetadata:\n  name: crashed-fork\nspec:\n  agent: builder\n  input: Go.\n  forkOf:\n    run: crashed\n    step: {seq}\n    replace: true\n"
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&fork));
+    assert!(output.status.success(), "{output:?}");
+    let source = wait_until(&server, "crashed", |run| {
+        run["status"]["phase"] == "Cancelled" && run["status"]["replacedBy"] == "crashed-fork"
+    });
+    assert_eq!(source["status"]["phase"], "Cancelled", "{source}");
+    assert_eq!(source["status"]["replacedBy"], "crashed-fork", "{source}");
+    wait_for(&server, "crashed-fork", "Succeeded");
+
+    let mut outcomes = Vec::new();
+    for (round, delay_ms) in [0u64, 100, 200, 300, 450, 700, 2500]
+        .into_iter()
+        .enumerate()
+    {
+        let source_name = format!("s{round}");
+        let seq = running_source(&server, &fake, &source_name);
+        let name = format!("r{round}");
+        let mut fork = std::process::Command::new(server::nodus_binary())
+            .args([
+                "agentrun",
+                "fork",
+                &source_name,
+                "--at-step",
+                &seq.to_string(),
+            ])
+            .args(["--count", "2", "--name", &name, "--replace"])
+            .env("NODUS_SERVER", &server.url)
+            .env("NODUS_TOKEN", TOKEN)
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the CLI runs");
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        server.kill();
+        let _ = fork.wait();
+        server = start();
+        let present: Vec<Value> = (1..=2)
+            .filter_map(|i| {
+                let (status, body) = server.http(
+                    "GET",
+                    &format!("/apis/nodus.dev/v1/projects/default/agentruns/{name}-{i}"),
+                    Some(TOKEN),
+                    None,
+                );
+                (status == 200).then_some(body)
+            })
+            .collect();
+        assert!(
+            present.is_empty() || present.len() == 2,
+            "round {round}: {} of 2 forks exist",
+            present.len()
+        );
+        outcomes.push(present.len());
+        let first = format!("{name}-1");
+        if present.is_empty() {
+            let source = run_json(&server, &source_name);
+            assert!(source["status"].get("replacedBy").is_none(), "{source}");
+            continue;
+        }
+        assert_eq!(
+            present[0]["spec"]["forkOf"]["replace"], true,
+            "{}",
+            present[0]
+        );
+        assert!(
+            present[1]["spec"]["forkOf"].get("replace").is_none(),
+            "{}",
+            present[1]
+        );
+        let source = wait_until(&server, &source_name, |run| {
+            run["status"]["phase"] == "Cancelled" && run["status"]["replacedBy"] == first.as_str()
+        });
+        assert_eq!(
+            source["status"]["phase"], "Cancelled",
+            "round {round}: {source}"
+        );
+        assert_eq!(
+            source["status"]["replacedBy"],
+            first.as_str(),
+            "round {round}: {source}"
+        );
+        // The forks end before the next round's source takes its answers from the fake.
+        for i in 1..=2 {
+            let run = wait_until(&server, &format!("{name}-{i}"), |run| {
+                matches!(
+                    run["status"]["phase"].as_str(),
+                    Some("Succeeded" | "Failed" | "Cancelled" | "NeedsResolution")
+                )
+            });
+            assert!(run["status"]["phase"].is_string(), "{run}");
+        }
+    }
+    println!("forks present after each kill (of 2): {outcomes:?}");
+    assert_eq!(outcomes.last(), Some(&2), "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_fork_replace_on_sqlite() {
+    a_sigkill_during_fork_replace_leaves_the_source_replaced_or_untouched(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_fork_replace_on_postgres() {
+    a_sigkill_during_fork_replace_leaves_the_source_replaced_or_untouched(Backend::Postgres).await;
+}
+
+/// The texts of a request's messages' text blocks, in order.
+fn texts_in(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|block| block["type"] == "text")
+        .map(|block| block["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// A fork of a run that took its input through messages (keepAlive, `agentrun send`): the
+/// fork's inbox holds the messages its inherited steps read, under the same numbers, so its
+/// first model call carries them as the conversation had them (not "[message no longer
+/// stored]"), and the fork reads its own messages after them.
+async fn a_fork_of_a_message_driven_run_carries_its_messages(backend: Backend) {
+    let fake = FakeServer::start().await.expect("fake provider");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base_url = fake.base_url();
+    let server = ServerProcess::start_in_env(
+        &backend.store_url(dir.path()),
+        dir.path(),
+        "unisolated",
+        &[],
+        &[("ANTHROPIC_BASE_URL", base_url.as_str())],
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&agents()));
+    assert!(output.status.success(), "{output:?}");
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c1",
+        "echo one > a.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::text("Started.")));
+    server.ok(&[
+        "create",
+        "agentrun",
+        "chat",
+        "--agent",
+        "builder",
+        "--prompt",
+        "Start.",
+        "--keep-alive",
+    ]);
+    wait_for(&server, "chat", "Waiting");
+    fake.push(Fake::Message(FakeMessage::tool_use(
+        "c2",
+        "echo two > b.txt",
+    )));
+    fake.push(Fake::Message(FakeMessage::text("Wrote b.")));
+    server.ok(&["agentrun", "send", "chat", "Now write b."]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let second = loop {
+        let listed = commands(&steps(&server, "chat"));
+        let phase = run_json(&server, "chat")["status"]["phase"].clone();
+        if listed.len() == 2 && fake.request_count() == 4 && phase == "Waiting" {
+            break listed[1]["seq"].as_u64().expect("a seq");
+        }
+        assert!(std::time::Instant::now() < deadline, "{listed:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    fake.push(Fake::Message(FakeMessage::text("Forked.")));
+    server.ok(&[
+        "agentrun",
+        "fork",
+        "chat",
+        "--at-step",
+        &second.to_string(),
+        "--name",
+        "chat-fork",
+    ]);
+    wait_for(&server, "chat-fork", "Waiting");
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 5, "one call for the fork");
+    let call = &requests[4].body;
+    assert_eq!(
+        texts_in(call),
+        vec!["Start.", "Started.", "Now write b."],
+        "{call}"
+    );
+    assert_eq!(results_in(call), vec!["c1", "c2"]);
+    // The fork reads a message of its own after the ones it inherited.
+    fake.push(Fake::Message(FakeMessage::text("Again.")));
+    server.ok(&["agentrun", "send", "chat-fork", "And now?"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let last = loop {
+        let requests = fake.requests();
+        let last = requests.last().expect("a call").body.clone();
+        if texts_in(&last).last().map(String::as_str) == Some("And now?") {
+            break last;
+        }
+        assert!(std::time::Instant::now() < deadline, "{last}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(
+        texts_in(&last),
+        vec!["Start.", "Started.", "Now write b.", "Forked.", "And now?"],
+        "{last}"
+    );
+    server.ok(&["cancel", "agentrun/chat"]);
+    server.ok(&["cancel", "agentrun/chat-fork"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_of_a_message_driven_run_on_sqlite() {
+    a_fork_of_a_message_driven_run_carries_its_messages(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_of_a_message_driven_run_on_postgres() {
+    a_fork_of_a_message_driven_run_carries_its_messages(Backend::Postgres).await;
 }

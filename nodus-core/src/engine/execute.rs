@@ -900,7 +900,7 @@ impl Engine {
         }
     }
 
-    async fn sandbox_retrying<T, F, Fut>(
+    pub(super) async fn sandbox_retrying<T, F, Fut>(
         &self,
         mut call: F,
     ) -> std::result::Result<T, sandbox::Error>
@@ -930,16 +930,10 @@ impl Engine {
     ) -> std::result::Result<(), String> {
         if let Some(fork) = &fixed.fork_of {
             // A fork starts from the snapshot after the step it was forked at.
-            let archives = self
-                .fork_archives(fixed, fork)
+            return self
+                .restore_fork(fixed, fork, &info.id)
                 .await
-                .map_err(|e| format!("restoring the forked working directory: {e}"))?;
-            for tar in archives {
-                self.sandbox_retrying(|| self.deps.sandbox.put_files(&info.id, tar.clone()))
-                    .await
-                    .map_err(|e| format!("restoring the forked working directory: {e}"))?;
-            }
-            return Ok(());
+                .map_err(|e| format!("restoring the forked working directory: {e}"));
         }
         let Some(workdir) = &run.spec.workdir else {
             return Ok(());

@@ -4,16 +4,23 @@
 //! that step into its journal (inherited, never carried out again) and its first sandbox
 //! starts from the snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::execute::Fixed;
 use super::{Engine, Error, MAX_BATCH, Result, run_uid};
 use crate::journal::{Intent, Outcome, Step};
 use crate::lifecycle::RunPhase;
 use crate::resource::{AgentRun, ForkOf, NameOrInline};
-use crate::snapshot::{Manifest, Stored, archive};
-use crate::store::Fence;
+use crate::sandbox::SandboxId;
+use crate::snapshot::{DIRECTORY, Entry, Manifest, Stored, TYPE_BITS, archive};
+use crate::store::{Delivery, Fence};
 use crate::validate::Invalid;
+
+/// Bytes of contents in each archive of a fork's restore ([`Engine::restore_fork`]).
+pub const RESTORE_BATCH_BYTES: usize = 64 << 20;
+
+/// Contents a fork's restore reads from the store at a time.
+const RESTORE_READS: usize = 4;
 
 /// Which step a fork starts after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +166,8 @@ impl Engine {
                     run: source.to_string(),
                     step,
                     input: request.input.clone(),
+                    // The first fork carries the replacement, written with it.
+                    replace: request.replace && i == 1,
                 });
                 let name = if count == 1 {
                     base.clone()
@@ -171,6 +180,8 @@ impl Engine {
             })
             .collect();
         let created = self.create_runs(project, forks, None).await?;
+        // The first fork's `spec.forkOf.replace` is the durable record of the replacement:
+        // done now, and again by that fork's first drive (after a crash between the two).
         if request.replace
             && let Some(first) = created.first()
         {
@@ -179,7 +190,8 @@ impl Engine {
         Ok(created)
     }
 
-    /// Cancel `source` (a finished one stays as it is) and name its replacement.
+    /// Cancel `source` (a finished one stays as it is) and name its replacement. Repeating
+    /// it changes nothing more.
     async fn replace_with(&self, project: &str, source: &str, fork: &str) -> Result<()> {
         match self.cancel_run(project, source).await {
             Ok(_) | Err(Error::AgentRunFinished { .. }) => {}
@@ -192,6 +204,9 @@ impl Engine {
             .modify(
                 &key,
                 Box::new(move |document| {
+                    if document["status"]["replacedBy"] == fork.as_str() {
+                        return None;
+                    }
                     let mut document = document.clone();
                     document["status"]["replacedBy"] = serde_json::json!(fork);
                     Some(document)
@@ -257,6 +272,13 @@ impl Engine {
         if have > fork.step {
             return Ok(journal);
         }
+        // Before anything else: a replacement recorded with the fork is carried out (again,
+        // if the server stopped after the fork was created and before the source was
+        // cancelled).
+        if fork.replace {
+            self.replace_with(&fixed.project, &fork.run, &fixed.key.name)
+                .await?;
+        }
         let source = self.read_run(&fixed.project, &fork.run).await?.object;
         let source_uid = run_uid(&source).to_string();
         if have == 0 {
@@ -283,6 +305,8 @@ impl Engine {
             .await?;
         }
         let source_journal = self.deps.store.journal(&source_uid).await?;
+        self.inherit_messages(fixed, &source_uid, &source_journal, fork.step)
+            .await?;
         for step in source_journal
             .into_iter()
             .skip(journal.len())
@@ -305,42 +329,154 @@ impl Engine {
         Ok(journal)
     }
 
-    /// The working directory a fork starts from: the manifest of its snapshot after the
-    /// step it was forked at, as archives for its new sandbox.
-    pub(super) async fn fork_archives(&self, fixed: &Fixed, fork: &ForkOf) -> Result<Vec<Vec<u8>>> {
-        let corrupt = |message: String| Error::Corrupt {
-            key: fixed.key.to_string(),
-            message,
+    /// The messages the inherited steps read (those up to the last one read by step `step`
+    /// of the source), copied into the fork's inbox under the same sequence numbers, so that
+    /// the fork's model calls see the conversation they are part of. Each is posted with its
+    /// key (a fork-made one when it had none), so that copying again after a crash delivers
+    /// it once. Refused as corrupt when the fork's inbox numbers them otherwise (a message
+    /// sent to the fork before its first drive took a number first).
+    async fn inherit_messages(
+        &self,
+        fixed: &Fixed,
+        source_uid: &str,
+        source_journal: &[Step],
+        step: u32,
+    ) -> Result<()> {
+        let Some(last_read) = source_journal
+            .iter()
+            .take_while(|s| s.seq <= step)
+            .filter_map(|s| match s.intent {
+                Intent::ReadMessage { message_seq, .. } => Some(message_seq),
+                _ => None,
+            })
+            .max()
+        else {
+            return Ok(());
         };
+        let inbox = self.deps.store.inbox(source_uid).await?;
+        for message in inbox.iter().filter(|m| m.seq <= last_read) {
+            let key = message
+                .key
+                .clone()
+                .unwrap_or_else(|| format!("nodus.fork.{}", message.seq));
+            let delivered = loop {
+                let version = self.deps.store.get(&fixed.key).await?.version;
+                match self
+                    .deps
+                    .store
+                    .post_message(
+                        &fixed.key,
+                        version,
+                        Some(&key),
+                        &message.payload,
+                        message.received_at,
+                    )
+                    .await
+                {
+                    Err(crate::store::Error::Conflict { .. }) => continue,
+                    other => break other?,
+                }
+            };
+            let (Delivery::Delivered(seq) | Delivery::Duplicate(seq)) = delivered;
+            if seq != message.seq {
+                return Err(Error::Corrupt {
+                    key: fixed.key.to_string(),
+                    message: format!(
+                        "the source's message {} was copied as the fork's message {seq}: a \
+                         message sent to the fork before its first drive took its number",
+                        message.seq
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Put the working directory a fork starts from into its new sandbox: the manifest of
+    /// its snapshot after the step it was forked at, in archives of at most
+    /// [`RESTORE_BATCH_BYTES`] of contents ([`archive::restore_batches`]), each read from the
+    /// store and built while the sandbox unpacks the one before, so that about three are
+    /// held at a time whatever the directory's size. Repeating it after a crash is safe: no
+    /// command has run in the sandbox yet, and unpacking replaces what an earlier attempt
+    /// wrote.
+    pub(super) async fn restore_fork(
+        &self,
+        fixed: &Fixed,
+        fork: &ForkOf,
+        sandbox: &SandboxId,
+    ) -> std::result::Result<(), String> {
         let manifest: Manifest = self
             .deps
             .store
             .snapshots(&fixed.uid)
-            .await?
+            .await
+            .map_err(|e| e.to_string())?
             .into_iter()
             .find(|(seq, _)| *seq == fork.step)
             .and_then(|(_, s)| s.manifest().cloned())
-            .ok_or_else(|| corrupt(format!("no snapshot after step {}", fork.step)))?;
-        let mut contents = BTreeMap::new();
-        for digest in manifest.blobs() {
-            let bytes = self
-                .deps
-                .store
-                .blob(&digest)
-                .await?
-                .ok_or_else(|| corrupt(format!("the snapshot's contents {digest} are gone")))?;
-            contents.insert(digest, bytes);
+            .ok_or_else(|| format!("the fork has no snapshot after step {}", fork.step))?;
+        let mut unpacking: Option<Vec<u8>> = None;
+        for batch in archive::restore_batches(&manifest, RESTORE_BATCH_BYTES) {
+            let next = self.restore_archive(fixed, &batch);
+            let built = match unpacking.take() {
+                None => next.await,
+                Some(tar) => {
+                    let (built, put) = tokio::join!(next, self.put_restored(sandbox, tar));
+                    put?;
+                    built
+                }
+            };
+            unpacking = Some(built.map_err(|e| e.to_string())?);
         }
-        archive::restore_archives(
-            &manifest,
-            crate::sandbox::MAX_ARCHIVE_BYTES,
-            &mut |digest| {
-                contents
-                    .get(digest)
-                    .cloned()
-                    .ok_or_else(|| format!("contents {digest} are not in the manifest"))
-            },
-        )
+        match unpacking {
+            Some(tar) => self.put_restored(sandbox, tar).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The archive of one batch of a fork's restore, its contents read from the store a few
+    /// at a time.
+    async fn restore_archive(&self, fixed: &Fixed, batch: &[&Entry]) -> Result<Vec<u8>> {
+        let corrupt = |message: String| Error::Corrupt {
+            key: fixed.key.to_string(),
+            message,
+        };
+        let digests: Vec<&str> = batch
+            .iter()
+            .filter(|e| e.mode & TYPE_BITS != DIRECTORY)
+            .map(|e| e.digest.as_str())
+            .collect::<BTreeSet<&str>>()
+            .into_iter()
+            .collect();
+        let mut contents: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+        for some in digests.chunks(RESTORE_READS) {
+            let read = futures_util::future::try_join_all(
+                some.iter().map(|digest| self.deps.store.blob(digest)),
+            )
+            .await?;
+            for (digest, bytes) in some.iter().zip(read) {
+                let bytes = bytes
+                    .ok_or_else(|| corrupt(format!("the snapshot's contents {digest} are gone")))?;
+                contents.insert(digest, bytes);
+            }
+        }
+        archive::restore_archive(batch, &|digest| {
+            contents
+                .get(digest)
+                .map(Vec::as_slice)
+                .ok_or_else(|| format!("contents {digest} are not in the manifest"))
+        })
         .map_err(corrupt)
+    }
+
+    /// Unpack one archive of a fork's restore in its sandbox.
+    async fn put_restored(
+        &self,
+        sandbox: &SandboxId,
+        tar: Vec<u8>,
+    ) -> std::result::Result<(), String> {
+        self.sandbox_retrying(|| self.deps.sandbox.put_files(sandbox, tar.clone()))
+            .await
+            .map_err(|e| e.to_string())
     }
 }

@@ -80,6 +80,17 @@ pub struct ForkOf {
     /// stood after `step`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<String>,
+    /// This run replaces the source (`fork --replace`): the source is cancelled and names
+    /// this run in its `status.replacedBy`. Written with the run, so that it is done even
+    /// when the server stops between the run's creation and the source's cancellation: the
+    /// run's first drive does it (again) before anything else.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub replace: bool,
+}
+
+// serde's `skip_serializing_if` passes a reference.
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn default_true() -> bool {

@@ -1,6 +1,6 @@
 //! Snapshots and tar archives, the form in which sandboxes move files: the stats and contents
 //! an archive holds (for backends that can only give archives), and the archives that put a
-//! manifest's working directory back, each at most [`MAX_ARCHIVE_BYTES`].
+//! manifest's working directory back, in batches of at most [`MAX_ARCHIVE_BYTES`] each.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -77,26 +77,65 @@ pub fn read_archive(tar: &[u8], wanted: &dyn Fn(&str) -> bool) -> Result<Found, 
     Ok((stats, contents))
 }
 
-/// Tar archives that, unpacked in order into an empty directory, make the working directory
-/// `manifest` describes: directories first, each archive at most `max_bytes` (and
-/// [`MAX_ARCHIVE_BYTES`]) long unless one file alone is larger. `blob` gives a regular file's
-/// contents by digest.
-pub fn restore_archives(
-    manifest: &Manifest,
-    max_bytes: usize,
-    blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
-) -> Result<Vec<Vec<u8>>, String> {
+/// How a manifest's working directory is put back: in batches of entries, each made into one
+/// archive ([`restore_archive`]) and unpacked in order into an empty directory, so that no
+/// more than one batch's contents is held at a time. Regular files and symbolic links come
+/// first, in path order (their parent directories are made as they are unpacked), each batch
+/// at most `max_bytes` (and [`MAX_ARCHIVE_BYTES`]) of archive unless one file alone is
+/// larger; the directories come last, in a batch of their own, so that a directory's mode (a
+/// read-only one too) and time are set after everything was written into it.
+pub fn restore_batches(manifest: &Manifest, max_bytes: usize) -> Vec<Vec<&Entry>> {
     let max = max_bytes.min(MAX_ARCHIVE_BYTES);
-    let mut archives = Vec::new();
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut bytes = 0usize;
-    let io = |path: &str, e: std::io::Error| format!("{path}: {e}");
-    // Directories first (in path order, parents before children), then everything else.
     let (dirs, others): (Vec<&Entry>, Vec<&Entry>) = manifest
         .entries
         .iter()
         .partition(|e| e.mode & TYPE_BITS == DIRECTORY);
-    for entry in dirs.into_iter().chain(others) {
+    let mut batches: Vec<Vec<&Entry>> = Vec::new();
+    let mut batch: Vec<&Entry> = Vec::new();
+    let mut bytes = 0usize;
+    for entry in others {
+        let length = archived_bytes(entry);
+        if !batch.is_empty() && bytes.saturating_add(length).saturating_add(1024) > max {
+            batches.push(std::mem::take(&mut batch));
+            bytes = 0;
+        }
+        bytes = bytes.saturating_add(length);
+        batch.push(entry);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    if !dirs.is_empty() {
+        batches.push(dirs);
+    }
+    batches
+}
+
+/// Bytes an entry takes in an archive: its header, and a regular file's contents padded to
+/// the block.
+fn archived_bytes(entry: &Entry) -> usize {
+    let contents = match entry.mode & TYPE_BITS {
+        REGULAR => usize::try_from(entry.size).unwrap_or(usize::MAX),
+        _ => 0,
+    };
+    // A symbolic link's long target may take a second header.
+    1024usize.saturating_add(contents.div_ceil(512).saturating_mul(512))
+}
+
+/// One archive of `batch` (from [`restore_batches`]): modes, times to the second, contents
+/// and link targets as the manifest has them. `blob` gives a regular file's contents or a
+/// symbolic link's target by digest.
+pub fn restore_archive<'b>(
+    batch: &[&Entry],
+    blob: &dyn Fn(&str) -> Result<&'b [u8], String>,
+) -> Result<Vec<u8>, String> {
+    let capacity = batch
+        .iter()
+        .map(|e| archived_bytes(e))
+        .fold(1024usize, usize::saturating_add);
+    let mut builder = tar::Builder::new(Vec::with_capacity(capacity));
+    let io = |path: &str, e: std::io::Error| format!("{path}: {e}");
+    for entry in batch {
         let mut header = tar::Header::new_gnu();
         header.set_mode(entry.mode & 0o7777);
         header.set_mtime(u64::try_from(entry.mtime_ns / 1_000_000_000).unwrap_or(0));
@@ -107,41 +146,28 @@ pub fn restore_archives(
                 builder
                     .append_data(&mut header, &entry.path, std::io::empty())
                     .map_err(|e| io(&entry.path, e))?;
-                bytes += 512;
             }
             SYMLINK => {
                 // The target is stored as a blob like a file's contents.
-                let target = String::from_utf8(blob(&entry.digest)?)
+                let target = std::str::from_utf8(blob(&entry.digest)?)
                     .map_err(|_| format!("{}: the link's target is not UTF-8", entry.path))?;
                 header.set_entry_type(tar::EntryType::Symlink);
                 header.set_size(0);
                 builder
-                    .append_link(&mut header, &entry.path, &target)
+                    .append_link(&mut header, &entry.path, target)
                     .map_err(|e| io(&entry.path, e))?;
-                bytes += 1024;
             }
             _ => {
                 let contents = blob(&entry.digest)?;
-                let length = contents.len();
-                if bytes > 0 && bytes + length + 1024 > max {
-                    archives.push(
-                        std::mem::replace(&mut builder, tar::Builder::new(Vec::new()))
-                            .into_inner()
-                            .map_err(|e| io(&entry.path, e))?,
-                    );
-                    bytes = 0;
-                }
                 header.set_entry_type(tar::EntryType::Regular);
-                header.set_size(length as u64);
+                header.set_size(contents.len() as u64);
                 builder
-                    .append_data(&mut header, &entry.path, contents.as_slice())
+                    .append_data(&mut header, &entry.path, contents)
                     .map_err(|e| io(&entry.path, e))?;
-                bytes += 512 + length.div_ceil(512) * 512;
             }
         }
     }
-    archives.push(builder.into_inner().map_err(|e| io("the archive", e))?);
-    Ok(archives)
+    builder.into_inner().map_err(|e| io("the archive", e))
 }
 
 #[cfg(test)]
@@ -163,43 +189,107 @@ mod tests {
         }
     }
 
+    /// Unpacks `batches` as [`restore_batches`] made them, in order: every entry's mode and
+    /// contents as the manifest has them, files before directories.
     #[test]
-    fn a_manifest_comes_back_from_its_archives_with_modes_and_contents() {
+    fn a_manifest_comes_back_from_its_batches_with_modes_and_contents_directories_last() {
         let files: BTreeMap<String, Vec<u8>> = [
             (sha256_hex(b"one"), b"one".to_vec()),
             (sha256_hex(&[7u8; 3000]), vec![7u8; 3000]),
+            (sha256_hex(b"a.sh"), b"a.sh".to_vec()),
         ]
         .into();
+        let mut link = entry("d/link", SYMLINK | 0o777, b"");
+        link.digest = sha256_hex(b"a.sh");
         let manifest = Manifest {
             entries: vec![
                 entry("a.sh", REGULAR | 0o755, b"one"),
-                entry("d", DIRECTORY | 0o750, b""),
+                entry("d", DIRECTORY | 0o550, b""),
                 entry("d/big", REGULAR | 0o600, &[7u8; 3000]),
+                link,
+                entry("e", DIRECTORY | 0o700, b""),
             ],
             listed_at_ns: 0,
         };
-        let mut blob = |digest: &str| files.get(digest).cloned().ok_or(digest.to_string());
+        let blob = |digest: &str| {
+            files
+                .get(digest)
+                .map(Vec::as_slice)
+                .ok_or(digest.to_string())
+        };
         // Small archives: the big file goes in an archive of its own.
-        let archives = restore_archives(&manifest, 2048, &mut blob).expect("archives");
-        assert_eq!(archives.len(), 2);
+        let batches = restore_batches(&manifest, 2048);
+        let paths: Vec<Vec<&str>> = batches
+            .iter()
+            .map(|b| b.iter().map(|e| e.path.as_str()).collect())
+            .collect();
+        assert_eq!(
+            paths,
+            vec![vec!["a.sh"], vec!["d/big"], vec!["d/link"], vec!["d", "e"]]
+        );
         let mut stats = Vec::new();
         let mut contents = BTreeMap::new();
-        for tar in &archives {
-            let (s, c) = read_archive(tar, &|_| true).expect("readable");
+        for batch in &batches {
+            let tar = restore_archive(batch, &blob).expect("an archive");
+            let (s, c) = read_archive(&tar, &|_| true).expect("readable");
             stats.extend(s);
             contents.extend(c);
         }
         stats.sort_by(|a, b| a.path.cmp(&b.path));
-        let modes: Vec<(String, u32)> = stats.iter().map(|s| (s.path.clone(), s.mode)).collect();
+        let modes: Vec<(String, u32, Option<String>)> = stats
+            .iter()
+            .map(|s| (s.path.clone(), s.mode, s.target.clone()))
+            .collect();
         assert_eq!(
             modes,
             vec![
-                ("a.sh".to_string(), REGULAR | 0o755),
-                ("d".to_string(), DIRECTORY | 0o750),
-                ("d/big".to_string(), REGULAR | 0o600),
+                ("a.sh".to_string(), REGULAR | 0o755, None),
+                ("d".to_string(), DIRECTORY | 0o550, None),
+                ("d/big".to_string(), REGULAR | 0o600, None),
+                (
+                    "d/link".to_string(),
+                    SYMLINK | 0o777,
+                    Some("a.sh".to_string())
+                ),
+                ("e".to_string(), DIRECTORY | 0o700, None),
             ]
         );
         assert_eq!(contents["d/big"], vec![7u8; 3000]);
         assert_eq!(contents["a.sh"], b"one");
+        // A missing blob names its digest.
+        let none = |digest: &str| -> Result<&'static [u8], String> { Err(format!("no {digest}")) };
+        assert_eq!(
+            restore_archive(&batches[0], &none),
+            Err(format!("no {}", sha256_hex(b"one")))
+        );
+    }
+
+    /// Where batches split: (file sizes, cap, batch lengths).
+    #[test]
+    fn batches_hold_at_most_the_cap_unless_one_file_alone_is_larger() {
+        let cases: Vec<(Vec<usize>, usize, Vec<usize>)> = vec![
+            (vec![], 4096, vec![]),
+            (vec![10, 10, 10], 1 << 20, vec![3]),
+            (vec![3000, 3000], 4096, vec![1, 1]),
+            (vec![100_000], 4096, vec![1]),
+            (vec![1000, 100_000, 1000], 4096, vec![1, 1, 1]),
+            (vec![500, 500, 500, 500], 4096, vec![2, 2]),
+            (vec![0; 10], 1 << 30, vec![10]),
+        ];
+        for (sizes, cap, expected) in cases {
+            let manifest = Manifest {
+                entries: sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, size)| entry(&format!("f{i:02}"), REGULAR | 0o644, &vec![1u8; *size]))
+                    .collect(),
+                listed_at_ns: 0,
+            };
+            let lengths: Vec<usize> = restore_batches(&manifest, cap)
+                .iter()
+                .map(Vec::len)
+                .collect();
+            assert_eq!(lengths, expected, "{sizes:?} within {cap}");
+        }
     }
 }
