@@ -138,13 +138,17 @@ pub fn system_prompt(project: &str, run: &AgentRun, snapshot: &RunSnapshot) -> S
     system
 }
 
-/// A run's first prompt: its `input`, else its agent's `defaultInput`, else nothing.
+/// The prompt a run starts with: its `input`, else its agent's `defaultInput`; `None` when
+/// neither is written (a run is refused at creation then).
+pub fn chosen_prompt<'a>(spec: &'a AgentRunSpec, agent: &'a AgentSpec) -> Option<&'a str> {
+    spec.input.as_deref().or(agent.default_input.as_deref())
+}
+
+/// A run's first prompt ([`chosen_prompt`]), or nothing.
 pub fn first_prompt(run: &AgentRun, snapshot: &RunSnapshot) -> String {
-    run.spec
-        .input
-        .clone()
-        .or_else(|| snapshot.agent.default_input.clone())
+    chosen_prompt(&run.spec, &snapshot.agent)
         .unwrap_or_default()
+        .to_string()
 }
 
 /// The tool every run offers.

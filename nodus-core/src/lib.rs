@@ -84,6 +84,7 @@ pub mod retention;
 pub mod router;
 pub mod runner;
 pub mod sandbox;
+pub(crate) mod sandboxing;
 #[cfg(feature = "openapi")]
 pub mod schema;
 pub mod secret;

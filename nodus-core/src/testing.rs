@@ -16,10 +16,14 @@ use crate::sandbox::{self, ExecOutput, ExecRequest, Sandbox, SandboxId, SandboxI
 
 /// A clock that moves only when told. `sleep` moves it forward at once (a pause the code
 /// takes is over at once); `sleep_until` waits until [`advance`](ManualClock::advance) moves
-/// the clock to the time it waits for (a deadline comes when the test says so).
+/// the clock to the time it waits for (a deadline comes when the test says so). It knows the
+/// times waited for ([`waited_for`](ManualClock::waited_for)), so that a test can wait for a
+/// settled state (the runner's alarm set at a deadline) instead of sleeping real time.
 #[derive(Debug)]
 pub struct ManualClock {
     now: tokio::sync::watch::Sender<Timestamp>,
+    /// The times `sleep_until` waits for now, each with how many wait for it.
+    waits: tokio::sync::watch::Sender<BTreeMap<Timestamp, usize>>,
 }
 
 impl ManualClock {
@@ -27,7 +31,21 @@ impl ManualClock {
     pub fn new(start: Timestamp) -> Self {
         ManualClock {
             now: tokio::sync::watch::Sender::new(start),
+            waits: tokio::sync::watch::Sender::new(BTreeMap::new()),
         }
+    }
+
+    /// The times something waits for now (`sleep_until`), earliest first.
+    pub fn waited_for(&self) -> Vec<Timestamp> {
+        self.waits.borrow().keys().copied().collect()
+    }
+
+    /// Once something waits for `at` (`sleep_until(at)`): with the clock before `at`, what
+    /// waits for it sleeps until the test advances the clock past it.
+    pub async fn until_waited_for(&self, at: Timestamp) {
+        let mut waits = self.waits.subscribe();
+        // The sender lives as long as the clock, which outlives this borrow of it.
+        let _ = waits.wait_for(|waits| waits.contains_key(&at)).await;
     }
 
     /// Move the clock forward (waking what waits for a time it passes).
@@ -56,6 +74,26 @@ impl Clock for ManualClock {
     }
 
     async fn sleep_until(&self, at: Timestamp) {
+        /// Counts a wait while it lasts (also when the waiting future is dropped).
+        struct Waiting<'c>(
+            &'c tokio::sync::watch::Sender<BTreeMap<Timestamp, usize>>,
+            Timestamp,
+        );
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.send_modify(|waits| {
+                    if let Some(count) = waits.get_mut(&self.1) {
+                        *count -= 1;
+                        if *count == 0 {
+                            waits.remove(&self.1);
+                        }
+                    }
+                });
+            }
+        }
+        self.waits
+            .send_modify(|waits| *waits.entry(at).or_default() += 1);
+        let _waiting = Waiting(&self.waits, at);
         let mut now = self.now.subscribe();
         // The sender lives as long as the clock, which outlives this borrow of it.
         let _ = now.wait_for(|now| *now >= at).await;

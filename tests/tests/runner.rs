@@ -121,6 +121,24 @@ fn start(engine: &Engine, max_concurrent: usize) -> RunnerHandle {
     )
 }
 
+/// Wait (real time) until the runner has settled: it drives no run, and the earliest time it
+/// waits for is `at` (its one alarm, set at the next deadline).
+async fn settled_until(runner: &RunnerHandle, clock: &ManualClock, at: jiff::Timestamp) {
+    let mut driving = runner.driving();
+    tokio::time::timeout(SOON, driving.wait_for(|driving| *driving == 0))
+        .await
+        .expect("no run driven")
+        .expect("the runner runs");
+    tokio::time::timeout(SOON, clock.until_waited_for(at))
+        .await
+        .expect("the runner's alarm set at the deadline");
+    assert_eq!(
+        clock.waited_for().first(),
+        Some(&at),
+        "the earliest time the runner waits for"
+    );
+}
+
 /// Wait (real time) until `check` holds.
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
     let give_up = tokio::time::Instant::now() + SOON;
@@ -158,10 +176,11 @@ async fn a_deadline_wakes_a_waiting_run_when_the_clock_passes_it() {
         waiting.status.phase,
         Some(RunPhase::Waiting(WaitReason::AwaitingMessage))
     );
-    // Nothing wakes it while the clock stands before its deadline.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Settled: no drive, and the runner's one alarm set at the deadline. Nothing wakes the
+    // run while the clock stands before it.
+    settled_until(&runner, &clock, deadline).await;
     clock.advance(Duration::from_secs(59));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    settled_until(&runner, &clock, deadline).await;
     let run = engine.get_run(PROJECT, "chat").await.expect("run");
     assert_eq!(
         run.status.phase,
@@ -201,11 +220,14 @@ async fn waiting_runs_hold_no_task_and_each_is_woken_at_its_own_deadline() {
     let idle = tasks();
     // Twenty conversations whose deadlines are two seconds apart, from a minute on.
     let names: Vec<String> = (0..20).map(|i| format!("chat{i}")).collect();
-    for (i, name) in (0i64..).zip(&names) {
-        let deadline = clock
-            .now()
+    let start_time = clock.now();
+    let deadline_of = |i: i64| {
+        start_time
             .checked_add(jiff::SignedDuration::from_secs(60 + 2 * i))
-            .expect("time");
+            .expect("time")
+    };
+    for (i, name) in (0i64..).zip(&names) {
+        let deadline = deadline_of(i);
         engine
             .create_run(
                 PROJECT,
@@ -249,7 +271,8 @@ async fn waiting_runs_hold_no_task_and_each_is_woken_at_its_own_deadline() {
         first.status.phase,
         Some(RunPhase::Failed(FailReason::DeadlineExceeded))
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Settled: no drive, and the runner's alarm at the next deadline, a second away.
+    settled_until(&runner, &clock, deadline_of(1)).await;
     let second = engine.get_run(PROJECT, "chat1").await.expect("run");
     assert_eq!(
         second.status.phase,

@@ -213,13 +213,11 @@ impl Engine {
         let first_prompt = crate::decide::first_prompt(run, &snapshot);
         let sandbox = SandboxSpec {
             key: uid.clone(),
-            // The image pinned when the run was created; a run created before images were
-            // pinned runs its reference as it resolves now.
-            image: snapshot
-                .image_digest
-                .clone()
-                .or_else(|| run.spec.image.clone())
-                .or_else(|| self.config.default_image.clone()),
+            image: crate::sandboxing::image(
+                snapshot.image_digest.as_deref(),
+                run.spec.image.as_deref(),
+                self.config.default_image.as_deref(),
+            ),
             env: super::environment::plain_env(snapshot.environment.as_ref()),
             limits: super::environment::limits_of(
                 self.config.limits,
@@ -372,7 +370,7 @@ impl Engine {
                 return Ok(match decision {
                     Decision::Park(seq) => Driven::Parked { seq, until },
                     Decision::Wait { reason, until } => {
-                        if reason == WaitReason::AwaitingMessage {
+                        if crate::sandboxing::suspends_while(reason) {
                             self.suspend_sandbox(fixed, replay).await;
                         }
                         Driven::Waiting { reason, until }
@@ -723,16 +721,16 @@ impl Engine {
                     .sandbox_retrying(|| self.deps.sandbox.create(&spec))
                     .await
                 {
-                    Ok(info) => match self.stage_workdir(fixed, run, &info).await {
-                        Ok(()) => Effect::Done(Outcome::SandboxCreated { info }),
-                        Err(error) => {
-                            // The step fails, so the run holds no sandbox: remove this one.
-                            if let Err(e) = self.deps.sandbox.destroy(&info.id).await {
-                                tracing::warn!(sandbox = %info.id, error = %e, "cannot remove a sandbox whose staging failed");
-                            }
-                            Effect::Done(decide::failed(error))
+                    Ok(info) => {
+                        let staged = self.stage_workdir(fixed, run, &info).await;
+                        let (outcome, destroy) = crate::sandboxing::after_staging(info, staged);
+                        if let Some(id) = destroy
+                            && let Err(e) = self.deps.sandbox.destroy(&id).await
+                        {
+                            tracing::warn!(sandbox = %id, error = %e, "cannot remove a sandbox whose staging failed");
                         }
-                    },
+                        Effect::Done(outcome)
+                    }
                     Err(e) => Effect::Done(decide::failed(e.to_string())),
                 }
             }
@@ -768,10 +766,9 @@ impl Engine {
                             .sandbox
                             .exec_live(&info.id, &request, live.clone())
                             .await;
-                        if let Err(sandbox::Error::NotFound(_)) = executed {
-                            // A sandbox created before a restart: re-create it over its working
-                            // directory (creation is idempotent by key) and run the command
-                            // there.
+                        if let Err(error) = &executed
+                            && crate::sandboxing::recreates_after(error)
+                        {
                             let environment = fixed.snapshot.environment.as_ref();
                             executed = match self
                                 .with_secrets(&fixed.key, environment, &fixed.sandbox)
@@ -790,9 +787,12 @@ impl Engine {
                             };
                         }
                         match executed {
-                            // It did not start (the host is out of descriptors, say): again.
-                            Err(sandbox::Error::NotStarted(_))
-                                if attempt < self.config.attempts =>
+                            Err(error)
+                                if crate::sandboxing::starts_again(
+                                    &error,
+                                    attempt,
+                                    self.config.attempts,
+                                ) =>
                             {
                                 attempt += 1;
                                 self.deps.clock.sleep(self.config.retry_pause).await;

@@ -229,6 +229,28 @@ pub struct AgentRunStatus {
     pub replaced_by: Option<String>,
 }
 
+impl AgentRunStatus {
+    /// The phase a message to this run is refused with (`AgentRunFinished`): its phase once
+    /// it has finished, the phase it ends in while it deletes its sandbox to end (`ending`);
+    /// `None` while it takes messages.
+    pub fn refuses_messages(&self) -> Option<RunPhase> {
+        match self.phase {
+            Some(phase) if phase.is_finished() => Some(phase),
+            _ => self.ending,
+        }
+    }
+
+    /// Whether this run takes messages: not finished, and not ending.
+    pub fn takes_messages(&self) -> bool {
+        self.refuses_messages().is_none()
+    }
+
+    /// Whether this run has finished.
+    pub fn is_finished(&self) -> bool {
+        self.phase.is_some_and(RunPhase::is_finished)
+    }
+}
+
 /// One prompt of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
@@ -421,4 +443,56 @@ pub struct EgressCounts {
     /// Bytes back to the sandbox.
     #[serde(default)]
     pub bytes_in: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgentRunStatus;
+    use crate::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase, WaitReason};
+
+    #[test]
+    fn a_run_takes_messages_until_it_is_ending_or_finished() {
+        let ending = Some(RunPhase::Succeeded);
+        // (phase, ending) -> the phase a message is refused with.
+        let table: [(Option<RunPhase>, Option<RunPhase>, Option<RunPhase>); 8] = [
+            (None, None, None),
+            (Some(RunPhase::Pending(PendingReason::Queued)), None, None),
+            (Some(RunPhase::Running), None, None),
+            (
+                Some(RunPhase::Waiting(WaitReason::AwaitingMessage)),
+                None,
+                None,
+            ),
+            (Some(RunPhase::Running), ending, ending),
+            (Some(RunPhase::Succeeded), None, Some(RunPhase::Succeeded)),
+            (
+                Some(RunPhase::Failed(FailReason::DeadlineExceeded)),
+                None,
+                Some(RunPhase::Failed(FailReason::DeadlineExceeded)),
+            ),
+            (
+                Some(RunPhase::Cancelled(CancelReason::CancelRequested)),
+                None,
+                Some(RunPhase::Cancelled(CancelReason::CancelRequested)),
+            ),
+        ];
+        for (phase, ending, refused) in table {
+            let status = AgentRunStatus {
+                phase,
+                ending,
+                ..AgentRunStatus::default()
+            };
+            assert_eq!(
+                status.refuses_messages(),
+                refused,
+                "{phase:?} ending {ending:?}"
+            );
+            assert_eq!(status.takes_messages(), refused.is_none(), "{phase:?}");
+            assert_eq!(
+                status.is_finished(),
+                phase.is_some_and(RunPhase::is_finished),
+                "{phase:?}"
+            );
+        }
+    }
 }

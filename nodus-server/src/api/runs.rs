@@ -213,9 +213,6 @@ pub(crate) fn result_download(found: nodus_core::engine::RunResult) -> Response 
         .into_response()
 }
 
-/// How long a cancel waits for the run to end before it answers with the run as it is.
-const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// `POST …/agentruns/{name}/cancel`: the run is cancelled and its sandbox deleted.
 pub async fn cancel(
     State(state): State<Arc<AppState>>,
@@ -223,13 +220,7 @@ pub async fn cancel(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_write(&project)?;
-    // The runner carries the cancellation out (stops a running command, deletes the
-    // sandbox, ends the run): answer once it has, so that "cancelled" is what the run is.
-    state.engine.cancel_run(&project, &name).await?;
-    let run = state
-        .engine
-        .finished_run(&project, &name, CANCEL_WAIT)
-        .await?;
+    let run = state.engine.cancel_run_and_wait(&project, &name).await?;
     Ok(reply(StatusCode::OK, run))
 }
 

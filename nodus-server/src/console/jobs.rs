@@ -276,7 +276,7 @@ fn post_run_action(html: &mut Html, run: &Value, steps: &[Value]) {
         .filter(|step| step["kind"] == "PostRunAction")
         .collect();
     match attempts.last() {
-        None if super::pages::phase_finished(&run["status"]["phase"]) => {
+        None if super::pages::is_finished(run) => {
             html.raw("not carried out (the run did not get that far)");
         }
         None => {

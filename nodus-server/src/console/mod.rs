@@ -874,7 +874,7 @@ async fn run_action(
         signed.principal.check_write(&project)?;
         match action.as_str() {
             "cancel" => {
-                engine.cancel_run(&project, &name).await?;
+                engine.cancel_run_and_wait(&project, &name).await?;
             }
             "close" => {
                 engine.close_run(&project, &name).await?;
@@ -914,14 +914,6 @@ async fn run_action(
             }
             "message" => {
                 let payload = form.get("payload").cloned().unwrap_or_default();
-                if payload.trim().is_empty() {
-                    return Err(nodus_core::validate::Invalid::new(
-                        "payload",
-                        "is the message's text, not empty",
-                        "\"\"",
-                    )
-                    .into());
-                }
                 engine.send_message(&project, &name, &payload, None).await?;
             }
             other => {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, Kind};
+use nodus_core::resource::{AgentGroupSpec, AgentRunSpec, AgentRunStatus, Kind};
 use nodus_core::store::Selector;
 use serde_json::Value;
 
@@ -221,23 +221,21 @@ pub(super) fn run_link(html: &mut Html, project: &str, name: &str) {
         .raw("</a>");
 }
 
-const FINISHED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
+/// The run's status as the engine reads it (what a page shows of a run is what the engine
+/// wrote; a status that does not read is shown as a run without a phase).
+fn status_of(run: &Value) -> AgentRunStatus {
+    serde_json::from_value(run["status"].clone()).unwrap_or_default()
+}
 
+/// Whether `run` has finished ([`AgentRunStatus::is_finished`]).
 pub(super) fn is_finished(run: &Value) -> bool {
-    phase_finished(&run["status"]["phase"])
+    status_of(run).is_finished()
 }
 
-/// Whether `run` still takes messages: not finished, and not ending (deleting its sandbox
-/// to end, `status.ending`), when a message would be refused with `AgentRunFinished`.
+/// Whether `run` still takes messages ([`AgentRunStatus::takes_messages`]): not finished,
+/// and not ending (deleting its sandbox to end).
 pub(super) fn takes_messages(run: &Value) -> bool {
-    !is_finished(run) && run["status"]["ending"].is_null()
-}
-
-/// Whether `phase` is one a run ends in.
-pub(super) fn phase_finished(phase: &Value) -> bool {
-    phase
-        .as_str()
-        .is_some_and(|phase| FINISHED.contains(&phase))
+    status_of(run).takes_messages()
 }
 
 /// The runs of a project, newest first.
@@ -651,31 +649,4 @@ pub async fn credits(state: &AppState, projects: &[String]) -> Result<Page, ApiE
     }
     html.raw("</tbody></table></div>");
     Ok(Page::live(html))
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::takes_messages;
-
-    #[test]
-    fn a_run_takes_messages_until_it_is_ending_or_finished() {
-        let running = json!({"status": {"phase": "Running"}});
-        assert!(takes_messages(&running));
-        assert!(takes_messages(&json!({"status": {"phase": "Waiting"}})));
-        let ending = json!({"status": {"phase": "Running",
-            "ending": {"phase": "Succeeded", "reason": "Completed"}}});
-        assert!(
-            !takes_messages(&ending),
-            "a run deleting its sandbox to end"
-        );
-        for phase in ["Succeeded", "Failed", "Cancelled"] {
-            assert!(
-                !takes_messages(&json!({"status": {"phase": phase}})),
-                "{phase}"
-            );
-        }
-        assert!(takes_messages(&json!({"status": {"phase": "Pending"}})));
-    }
 }
