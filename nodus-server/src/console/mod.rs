@@ -21,10 +21,11 @@ mod jobs;
 mod lists;
 mod pages;
 mod run;
+mod session;
 mod timeline;
 mod transcript;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,18 +50,17 @@ use crate::error::ApiError;
 use crate::watch::Woken;
 
 pub use html::{Html, escape};
+pub(crate) use session::SignedIn;
+use session::{
+    COOKIE, MAX_SESSIONS, NotSignedIn, SESSION_LIFETIME, Session, bearer, cross_origin_refused,
+    csrf_ok, csrf_refused, form_fields, random_hex, same_origin,
+};
 
-/// The console's cookie: a session id, never the token.
-const COOKIE: &str = "nodus_console_session";
-/// How long a session lasts after sign-in.
-const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 /// How often an idle event stream says it is still there.
 const KEEP_ALIVE: Duration = Duration::from_secs(20);
 /// The least time between two change events of a stream: a busy project (a group of a
 /// thousand runs) makes a page fetch its live part at most a few times a second.
 const MIN_EVENT_INTERVAL: Duration = Duration::from_millis(250);
-/// The most sessions kept; signing in past it ends the one closest to its end.
-const MAX_SESSIONS: usize = 10_000;
 /// The Content-Security-Policy of every console answer: scripts, styles and connections from
 /// the server only, no inline script or style, no framing, forms post only here.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
@@ -69,30 +69,10 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
-
-/// A signed-in browser: its token (kept here, checked again on every request), its CSRF
-/// token, and when it ends. No `Debug`: it holds a token.
-struct Session {
-    token: String,
-    /// The token's id ([`Principal::token_id`]): what the session's streams are counted by.
-    token_id: String,
-    csrf: String,
-    expires: Instant,
-}
-
 /// The console's state: the server's, and the sessions in memory.
 struct Console {
     app: Arc<AppState>,
     sessions: Mutex<HashMap<String, Session>>,
-}
-
-/// A request of a signed-in browser.
-pub(crate) struct SignedIn {
-    principal: Principal,
-    csrf: String,
-    session: String,
-    /// When the session ends (its streams end then, or when its token does).
-    session_ends: Instant,
 }
 
 /// The console's routes, under `/console`.
@@ -157,121 +137,6 @@ async fn secure_headers(mut response: Response) -> Response {
     response
 }
 
-/// Random hex of `bytes` bytes.
-fn random_hex(bytes: usize) -> Result<String, ApiError> {
-    let mut buffer = vec![0u8; bytes];
-    getrandom::fill(&mut buffer)
-        .map_err(|e| ApiError::internal(format!("no randomness for a session: {e}")))?;
-    Ok(buffer.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Equal, in a time that depends on the lengths only.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
-            == 0
-}
-
-/// The session id of the request's cookie.
-fn session_id(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.to_string())
-}
-
-/// Where a request without a valid session goes.
-enum NotSignedIn {
-    /// A page: to the sign-in page.
-    Redirect,
-    /// A fragment or an event stream: 401, and the page reloads.
-    Unauthorized,
-}
-
-impl IntoResponse for NotSignedIn {
-    fn into_response(self) -> Response {
-        match self {
-            NotSignedIn::Redirect => see_other("/console/signin"),
-            NotSignedIn::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                "not signed in\n",
-            )
-                .into_response(),
-        }
-    }
-}
-
-impl Console {
-    /// The signed-in caller, or where to send them. The session's token is checked again:
-    /// a token removed since ends its sessions.
-    async fn signed_in(&self, headers: &HeaderMap, page: bool) -> Result<SignedIn, Response> {
-        let refuse = || {
-            if page {
-                NotSignedIn::Redirect.into_response()
-            } else {
-                NotSignedIn::Unauthorized.into_response()
-            }
-        };
-        let Some(id) = session_id(headers) else {
-            return Err(refuse());
-        };
-        let (token, csrf, session_ends) = {
-            let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            match sessions.get(&id) {
-                Some(session) if session.expires > Instant::now() => {
-                    (session.token.clone(), session.csrf.clone(), session.expires)
-                }
-                _ => return Err(refuse()),
-            }
-        };
-        match self.app.auth.authenticate(&bearer(&token)).await {
-            Ok(principal) => Ok(SignedIn {
-                principal,
-                csrf,
-                session: id,
-                session_ends,
-            }),
-            Err(error) if error.status() == StatusCode::UNAUTHORIZED => {
-                self.end_session(&id);
-                Err(refuse())
-            }
-            Err(error) => Err(error_page(&error, None)),
-        }
-    }
-
-    /// End a session, and its open streams.
-    fn end_session(&self, id: &str) {
-        let ended = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
-        if let Some(session) = ended {
-            self.app.admission.end_session(&session.token_id, id);
-        }
-    }
-
-    /// The holder of a session's body, read before its body is (no token is checked: the
-    /// handler does that), or `None` when the request has no live session.
-    fn body_holder(&self, headers: &HeaderMap) -> Option<crate::admission::Holder> {
-        let id = session_id(headers)?;
-        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        let session = sessions.get(&id).filter(|s| s.expires > Instant::now())?;
-        Some(crate::admission::Holder {
-            token_id: session.token_id.clone(),
-            session: Some(id),
-            expires_at: None,
-        })
-    }
-}
-
 /// The largest sign-in form: a token and a CSRF field.
 const MAX_SIGNIN_BODY_BYTES: usize = 8 * 1024;
 /// The largest form of a signed-in page (a message to a run is at most 256 KiB).
@@ -311,15 +176,6 @@ async fn admit_forms(
         Ok((request, admitted)) => admitted.answer(next.run(request).await),
         Err(refused) => refused.into_response(),
     }
-}
-
-/// Headers carrying `token` as the API takes it.
-fn bearer(token: &str) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    if let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}")) {
-        headers.insert(header::AUTHORIZATION, value);
-    }
-    headers
 }
 
 fn see_other(location: &str) -> Response {
@@ -463,55 +319,6 @@ async fn signin(State(console): State<Arc<Console>>, headers: HeaderMap, body: B
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
     response
-}
-
-/// A posted form's fields (`application/x-www-form-urlencoded`); none when it is not one, so
-/// that a post without the session's CSRF token is refused as such.
-fn form_fields(body: &Bytes) -> BTreeMap<String, String> {
-    serde_urlencoded::from_bytes(body).unwrap_or_default()
-}
-
-/// Whether a POST comes from a page of this server: a browser names the page's origin in
-/// `Origin`, and its host must be the request's `Host`. Without `Origin` (not a browser, or
-/// one too old to send it) the CSRF token alone decides; sign-in has no session yet, so this
-/// is what keeps another site from signing a browser in with the site's own token.
-fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return true;
-    };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let origin_host = origin
-        .to_str()
-        .ok()
-        .and_then(|o| o.split_once("://"))
-        .map(|(_, rest)| rest);
-    matches!((origin_host, host), (Some(a), Some(b)) if a.eq_ignore_ascii_case(b))
-}
-
-/// The answer to a POST from another site.
-fn cross_origin_refused() -> Response {
-    error_page(
-        &ApiError::forbidden(
-            "Origin: must be this server: the console takes forms from its own pages only",
-        ),
-        None,
-    )
-}
-
-/// Whether the CSRF token of a form is the session's.
-fn csrf_ok(signed: &SignedIn, form: &BTreeMap<String, String>) -> bool {
-    let given = form.get("csrf").map(String::as_str).unwrap_or_default();
-    same_secret(given, &signed.csrf)
-}
-
-/// The answer to a form without the session's CSRF token.
-fn csrf_refused() -> Response {
-    error_page(
-        &ApiError::forbidden(
-            "csrf: must be the form's token of this session; reload the page and try again",
-        ),
-        None,
-    )
 }
 
 /// `POST /console/signout`: the session ends and its cookie is cleared.
@@ -994,28 +801,4 @@ async fn events(
         ))
     });
     lease.bound(Sse::new(stream).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret("abc", "abc"));
-        assert!(!same_secret("abc", "abd"));
-        assert!(!same_secret("abc", "ab"));
-        assert!(!same_secret("", "a"));
-    }
-
-    #[test]
-    fn the_session_cookie_is_found_among_others() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::COOKIE,
-            HeaderValue::from_static("a=1; nodus_console_session=xyz; b=2"),
-        );
-        assert_eq!(session_id(&headers).as_deref(), Some("xyz"));
-        assert_eq!(session_id(&HeaderMap::new()), None);
-    }
 }
