@@ -19,7 +19,7 @@ use crate::money::Usd;
 use crate::replay::{Call, Replay, SandboxState};
 use crate::resource::{Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot};
 use crate::router::RouteChoice;
-use crate::sandbox::{self, ExecOutput, SandboxSpec};
+use crate::sandbox::{self, ExecOutput, SandboxInfo, SandboxSpec};
 use crate::store::InboxMessage;
 
 /// Tokens a tool-using request may add beyond its visible content (the provider's own tool
@@ -614,9 +614,17 @@ pub fn failed(error: String) -> Outcome {
 
 /// What a command's execution means for its step: its output; a failure when it certainly
 /// did not run (no sandbox, refused, not started); uncertain otherwise (it may have run).
-pub fn command_effect(executed: Result<ExecOutput, sandbox::Error>) -> Effect {
+/// `remade_sandbox` is the sandbox it ran in when the run's own was lost and made again for
+/// it: the outcome records it, so the run is there from this step on.
+pub fn command_effect(
+    executed: Result<ExecOutput, sandbox::Error>,
+    remade_sandbox: Option<SandboxInfo>,
+) -> Effect {
     match executed {
-        Ok(output) => Effect::Done(Outcome::CommandFinished { output }),
+        Ok(output) => Effect::Done(Outcome::CommandFinished {
+            output,
+            remade_sandbox,
+        }),
         Err(
             e @ (sandbox::Error::NotFound(_)
             | sandbox::Error::Refused(_)
@@ -742,7 +750,7 @@ mod tests {
     use crate::model::StopReason;
     use crate::output::Output;
     use crate::resource::ModelAccess;
-    use crate::sandbox::{SandboxId, SandboxInfo};
+    use crate::sandbox::SandboxId;
 
     fn t0() -> Timestamp {
         "2026-12-01T10:00:00Z".parse().expect("time")
@@ -973,6 +981,7 @@ mod tests {
                 timed_out: false,
                 stopped: None,
             },
+            remade_sandbox: None,
         }
     }
 
@@ -1772,8 +1781,23 @@ mod tests {
             stopped: None,
         };
         assert_eq!(
-            command_effect(Ok(output.clone())),
-            Effect::Done(Outcome::CommandFinished { output })
+            command_effect(Ok(output.clone()), None),
+            Effect::Done(Outcome::CommandFinished {
+                output: output.clone(),
+                remade_sandbox: None
+            })
+        );
+        let elsewhere = SandboxInfo {
+            id: SandboxId("sb".to_string()),
+            isolated: true,
+            host: Some("unix:///run/other.sock".to_string()),
+        };
+        assert_eq!(
+            command_effect(Ok(output.clone()), Some(elsewhere.clone())),
+            Effect::Done(Outcome::CommandFinished {
+                output,
+                remade_sandbox: Some(elsewhere.clone())
+            })
         );
         for certain in [
             sandbox::Error::NotFound(SandboxId("sb".to_string())),
@@ -1781,12 +1805,12 @@ mod tests {
             sandbox::Error::NotStarted("no fds".to_string()),
         ] {
             assert_eq!(
-                command_effect(Err(certain.clone())),
+                command_effect(Err(certain.clone()), None),
                 Effect::Done(failed(certain.to_string()))
             );
         }
         assert_eq!(
-            command_effect(Err(sandbox::Error::Failed("lost".to_string()))),
+            command_effect(Err(sandbox::Error::Failed("lost".to_string())), None),
             Effect::Uncertain
         );
 
@@ -2299,7 +2323,13 @@ mod tests {
                             stopped: None,
                         };
                         output.stdout.bytes = vec![b'o'; length];
-                        journal = journal.done(intent, Outcome::CommandFinished { output });
+                        journal = journal.done(
+                            intent,
+                            Outcome::CommandFinished {
+                                output,
+                                remade_sandbox: None,
+                            },
+                        );
                     }
                     Decision::Act(intent @ Intent::Answer { .. }) => {
                         journal = journal.done(intent, Outcome::Answered);
