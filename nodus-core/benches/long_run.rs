@@ -128,6 +128,7 @@ fn outcome(intent: &Intent, calls: usize) -> Outcome {
                 timed_out: false,
                 stopped: None,
             },
+            remade_sandbox: None,
         },
         Intent::ReadMessage { .. } => Outcome::MessageRead,
         Intent::Answer { .. } => Outcome::Answered,

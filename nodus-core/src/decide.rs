@@ -20,7 +20,7 @@ use crate::resource::{
     API_KEY_SECRET_KEY, Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot,
 };
 use crate::router::RouteChoice;
-use crate::sandbox::{self, ExecOutput, SandboxSpec};
+use crate::sandbox::{self, ExecOutput, SandboxInfo, SandboxSpec};
 use crate::store::InboxMessage;
 
 /// Tokens a tool-using request may add beyond its visible content (the provider's own tool
@@ -619,9 +619,17 @@ pub fn failed(error: String) -> Outcome {
 
 /// What a command's execution means for its step: its output; a failure when it certainly
 /// did not run (no sandbox, refused, not started); uncertain otherwise (it may have run).
-pub fn command_effect(executed: Result<ExecOutput, sandbox::Error>) -> Effect {
+/// `remade_sandbox` is the sandbox it ran in when the run's own was lost and made again for
+/// it: the outcome records it, so the run is there from this step on.
+pub fn command_effect(
+    executed: Result<ExecOutput, sandbox::Error>,
+    remade_sandbox: Option<SandboxInfo>,
+) -> Effect {
     match executed {
-        Ok(output) => Effect::Done(Outcome::CommandFinished { output }),
+        Ok(output) => Effect::Done(Outcome::CommandFinished {
+            output,
+            remade_sandbox,
+        }),
         Err(
             e @ (sandbox::Error::NotFound(_)
             | sandbox::Error::Refused(_)

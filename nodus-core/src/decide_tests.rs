@@ -12,7 +12,7 @@ use crate::lifecycle::PendingReason;
 use crate::model::StopReason;
 use crate::output::Output;
 use crate::resource::ModelAccess;
-use crate::sandbox::{SandboxId, SandboxInfo};
+use crate::sandbox::SandboxId;
 
 fn t0() -> Timestamp {
     "2026-12-01T10:00:00Z".parse().expect("time")
@@ -243,6 +243,7 @@ fn finished(exit: i32) -> Outcome {
             timed_out: false,
             stopped: None,
         },
+        remade_sandbox: None,
     }
 }
 
@@ -1041,8 +1042,23 @@ fn raw_results_become_outcomes() {
         stopped: None,
     };
     assert_eq!(
-        command_effect(Ok(output.clone())),
-        Effect::Done(Outcome::CommandFinished { output })
+        command_effect(Ok(output.clone()), None),
+        Effect::Done(Outcome::CommandFinished {
+            output: output.clone(),
+            remade_sandbox: None
+        })
+    );
+    let elsewhere = SandboxInfo {
+        id: SandboxId("sb".to_string()),
+        isolated: true,
+        host: Some("unix:///run/other.sock".to_string()),
+    };
+    assert_eq!(
+        command_effect(Ok(output.clone()), Some(elsewhere.clone())),
+        Effect::Done(Outcome::CommandFinished {
+            output,
+            remade_sandbox: Some(elsewhere.clone())
+        })
     );
     for certain in [
         sandbox::Error::NotFound(SandboxId("sb".to_string())),
@@ -1050,12 +1066,12 @@ fn raw_results_become_outcomes() {
         sandbox::Error::NotStarted("no fds".to_string()),
     ] {
         assert_eq!(
-            command_effect(Err(certain.clone())),
+            command_effect(Err(certain.clone()), None),
             Effect::Done(failed(certain.to_string()))
         );
     }
     assert_eq!(
-        command_effect(Err(sandbox::Error::Failed("lost".to_string()))),
+        command_effect(Err(sandbox::Error::Failed("lost".to_string())), None),
         Effect::Uncertain
     );
 
@@ -1567,7 +1583,13 @@ proptest::proptest! {
                         stopped: None,
                     };
                     output.stdout.bytes = vec![b'o'; length];
-                    journal = journal.done(intent, Outcome::CommandFinished { output });
+                    journal = journal.done(
+                        intent,
+                        Outcome::CommandFinished {
+                            output,
+                            remade_sandbox: None,
+                        },
+                    );
                 }
                 Decision::Act(intent @ Intent::Answer { .. }) => {
                     journal = journal.done(intent, Outcome::Answered);

@@ -180,6 +180,11 @@ pub enum Outcome {
     CommandFinished {
         /// What it did.
         output: ExecOutput,
+        /// The sandbox it ran in when the run's own was lost (its Docker host stopped
+        /// answering, its process died) and was made again for it: from this step on the run
+        /// is there (`status.sandbox`, later steps, replay after a restart).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remade_sandbox: Option<SandboxInfo>,
     },
     /// The message is the next turn's prompt.
     MessageRead,
@@ -301,14 +306,23 @@ impl Step {
                 response.usage.prompt_tokens(),
                 response.usage.output_tokens
             ),
-            Some(Outcome::CommandFinished { output }) => match output.exit_code {
-                _ if output.timed_out => "timed out".to_string(),
-                _ if output.stopped.is_some() => {
-                    format!("stopped: {}", output.stopped.as_deref().unwrap_or_default())
+            Some(Outcome::CommandFinished {
+                output,
+                remade_sandbox,
+            }) => {
+                let ended = match output.exit_code {
+                    _ if output.timed_out => "timed out".to_string(),
+                    _ if output.stopped.is_some() => {
+                        format!("stopped: {}", output.stopped.as_deref().unwrap_or_default())
+                    }
+                    Some(code) => format!("exit {code}"),
+                    None => "killed by a signal".to_string(),
+                };
+                match remade_sandbox {
+                    None => ended,
+                    Some(info) => format!("{ended} (in {})", remade(info)),
                 }
-                Some(code) => format!("exit {code}"),
-                None => "killed by a signal".to_string(),
-            },
+            }
             Some(Outcome::MessageRead) => "read".to_string(),
             Some(Outcome::Answered) => "answered".to_string(),
             Some(Outcome::SandboxDestroyed) => "deleted".to_string(),
@@ -321,6 +335,14 @@ impl Step {
             Some(Outcome::Stopped { reason }) => format!("stopped: {}", preview(reason, 200)),
         };
         format!("{intent}: {outcome}")
+    }
+}
+
+/// How a step's summary names a sandbox made again: its id, and its host where it has one.
+fn remade(info: &SandboxInfo) -> String {
+    match &info.host {
+        Some(host) => format!("sandbox {} made again on {host}", info.id),
+        None => format!("sandbox {} made again", info.id),
     }
 }
 

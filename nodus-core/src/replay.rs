@@ -578,7 +578,15 @@ impl Replay {
                 outcome,
             ) => {
                 let result = match outcome {
-                    Outcome::CommandFinished { output } => CommandResult::Ran(output.clone()),
+                    Outcome::CommandFinished {
+                        output,
+                        remade_sandbox,
+                    } => {
+                        if let Some(info) = remade_sandbox {
+                            self.sandbox = SandboxState::Live(info.clone());
+                        }
+                        CommandResult::Ran(output.clone())
+                    }
                     Outcome::Failed { error, .. } | Outcome::Stopped { reason: error } => {
                         CommandResult::Failed(error.clone())
                     }

@@ -161,7 +161,7 @@ pub fn strip_step(step: &mut Step) {
         return;
     };
     match &mut completion.outcome {
-        Outcome::CommandFinished { output } => {
+        Outcome::CommandFinished { output, .. } => {
             output.stdout = Output::complete(Vec::new());
             output.stderr = Output::complete(Vec::new());
         }

@@ -331,7 +331,7 @@ pub fn step_span(
                     semconv::TOOL_CALL_ARGUMENTS,
                     Value::Str(shown.hidden.json_text(arguments)),
                 ));
-                if let Outcome::CommandFinished { output } = outcome {
+                if let Outcome::CommandFinished { output, .. } = outcome {
                     // What the model was told of it.
                     let result = crate::replay::render_output(output);
                     attributes.push((
@@ -372,7 +372,7 @@ pub fn step_span(
         Outcome::Failed { error, .. } => Some(("failed", error.clone())),
         Outcome::Stopped { reason } => Some(("stopped", reason.clone())),
         Outcome::Superseded => Some(("superseded", "outcome unknown; carried out again".into())),
-        Outcome::CommandFinished { output } if output.exit_code != Some(0) => {
+        Outcome::CommandFinished { output, .. } if output.exit_code != Some(0) => {
             Some(("exit_code", format!("exit code {:?}", output.exit_code)))
         }
         _ => None,
@@ -655,6 +655,7 @@ mod tests {
                         timed_out: false,
                         stopped: None,
                     },
+                    remade_sandbox: None,
                 },
             }),
         };

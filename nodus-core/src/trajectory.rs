@@ -414,7 +414,7 @@ pub fn trajectory(
                 outcome,
             ) => {
                 let result = match outcome {
-                    Outcome::CommandFinished { output } => CommandResult::Ran(output.clone()),
+                    Outcome::CommandFinished { output, .. } => CommandResult::Ran(output.clone()),
                     Outcome::Failed { error, .. } | Outcome::Stopped { reason: error } => {
                         CommandResult::Failed(error.clone())
                     }
@@ -654,6 +654,7 @@ mod tests {
                     timed_out: false,
                     stopped: None,
                 },
+                remade_sandbox: None,
             },
         )
     }

@@ -2020,6 +2020,7 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
                         timed_out: false,
                         stopped: None,
                     },
+                    remade_sandbox: None,
                 },
             ),
             (
@@ -2152,7 +2153,7 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
     let journal = store.journal(&old_uid).await.expect("journal");
     assert_eq!(journal.len(), 2, "the journal keeps its steps");
     match (&journal[0].intent, journal[0].outcome()) {
-        (Intent::Command { command, .. }, Some(Outcome::CommandFinished { output })) => {
+        (Intent::Command { command, .. }, Some(Outcome::CommandFinished { output, .. })) => {
             assert_eq!(command, "");
             assert!(output.stdout.bytes.is_empty() && output.stderr.bytes.is_empty());
             assert_eq!(output.exit_code, Some(3));

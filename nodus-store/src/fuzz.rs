@@ -194,15 +194,18 @@ fn intent() -> impl Strategy<Value = Intent> {
     ]
 }
 
+/// A sandbox, on a host or not.
+fn sandbox_info() -> impl Strategy<Value = SandboxInfo> {
+    (text(), any::<bool>(), prop::option::of(text())).prop_map(|(id, isolated, host)| SandboxInfo {
+        id: SandboxId(id),
+        isolated,
+        host,
+    })
+}
+
 fn outcome() -> impl Strategy<Value = Outcome> {
     prop_oneof![
-        (text(), any::<bool>()).prop_map(|(id, isolated)| Outcome::SandboxCreated {
-            info: SandboxInfo {
-                id: SandboxId(id),
-                isolated,
-                host: None,
-            },
-        }),
+        sandbox_info().prop_map(|info| Outcome::SandboxCreated { info }),
         (
             prop::option::of(prop::sample::select(Family::ALL.to_vec())),
             text(),
@@ -248,19 +251,23 @@ fn outcome() -> impl Strategy<Value = Outcome> {
             output(),
             output(),
             any::<bool>(),
-            prop::option::of(text())
+            prop::option::of(text()),
+            prop::option::of(sandbox_info()),
         )
-            .prop_map(|(exit_code, stdout, stderr, timed_out, stopped)| {
-                Outcome::CommandFinished {
-                    output: ExecOutput {
-                        exit_code,
-                        stdout,
-                        stderr,
-                        timed_out,
-                        stopped,
-                    },
+            .prop_map(
+                |(exit_code, stdout, stderr, timed_out, stopped, remade_sandbox)| {
+                    Outcome::CommandFinished {
+                        output: ExecOutput {
+                            exit_code,
+                            stdout,
+                            stderr,
+                            timed_out,
+                            stopped,
+                        },
+                        remade_sandbox,
+                    }
                 }
-            }),
+            ),
         Just(Outcome::MessageRead),
         Just(Outcome::Answered),
         Just(Outcome::SandboxDestroyed),

@@ -4,7 +4,12 @@
 //! directory as the Docker CLI reads them) — each with capacity 2. Both hold sandboxes, never
 //! more than 2 (sampled); `status.sandbox.host` names the engine. The second engine is
 //! stopped mid-group: its runs finish on the first (a run whose command was under way when it
-//! stopped parks, as after any interrupted command, and is resolved to run it again).
+//! stopped parks, as after any interrupted command, and is resolved to run it again). A run
+//! that failed over records the sandbox made again on the first engine in its command's
+//! outcome, and its `status.sandbox.host` names the first engine, also after the server is
+//! killed and started again (on the first engine alone: a server does not start while one
+//! of its engines does not answer) while such runs are unfinished (the new server replays
+//! their journals).
 //!
 //! Needs root (dockerd), `dockerd`, `docker`, `openssl` and `NODUS_TEST_DOCKER_IMAGE` (loaded
 //! into both engines with `docker save | docker load`); fails when any is missing.
@@ -14,6 +19,8 @@ mod server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nodus_core::cost::Usage;
@@ -188,7 +195,7 @@ fn ip(args: &[&str]) {
 impl Dockerd {
     fn start(dir: &Path, tls: Option<(u16, &Path)>) -> Dockerd {
         std::fs::create_dir_all(dir).expect("the engine's directory");
-        let n = ENGINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = ENGINES.fetch_add(1, Ordering::Relaxed);
         let bridge = format!("ndh{}x{n}", std::process::id());
         ip(&["link", "add", &bridge, "type", "bridge"]);
         ip(&[
@@ -308,8 +315,9 @@ impl Drop for Dockerd {
     }
 }
 
-/// Each run's model asks for two commands that sleep, then answers.
-fn responder(request: &RecordedRequest) -> Fake {
+/// Each run's model asks for two commands that sleep, then answers; while `hold` is set, the
+/// answer waits 30 s (a run stops before it answers, after its commands).
+fn responder(hold: &AtomicBool, request: &RecordedRequest) -> Fake {
     let results = request.body["messages"]
         .as_array()
         .into_iter()
@@ -331,7 +339,54 @@ fn responder(request: &RecordedRequest) -> Fake {
     } else {
         FakeMessage::text("done")
     };
-    Fake::Message(message.with_usage(usage))
+    let reply = Fake::Message(message.with_usage(usage));
+    if results >= 2 && hold.load(Ordering::SeqCst) {
+        return Fake::Slow(Duration::from_secs(30), Box::new(reply));
+    }
+    reply
+}
+
+/// A run's commands that ran, and the host of the last sandbox one of them made again (its
+/// own was lost), from its journal.
+fn failover(server: &ServerProcess, name: &str) -> (usize, Option<String>) {
+    let (status, steps) = server.http_with(
+        "GET",
+        &format!("{PROJECT}/agentruns/{name}/steps?payload=true"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 200, "{steps}");
+    let outcomes: Vec<&Value> = steps["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|step| &step["outcome"])
+        .filter(|outcome| outcome["result"] == "commandFinished")
+        .collect();
+    let remade = outcomes
+        .iter()
+        .rev()
+        .find_map(|outcome| outcome["remadeSandbox"]["host"].as_str())
+        .map(str::to_string);
+    (outcomes.len(), remade)
+}
+
+/// Resolves each parked run (its command was under way on the stopped engine) to run the
+/// command again, once per run; `resolved` lists those done.
+fn resolve_parked(server: &ServerProcess, resolved: &mut Vec<String>) {
+    for run in runs(server) {
+        let name = run["metadata"]["name"].as_str().unwrap_or_default();
+        if phase(&run) == "NeedsResolution" && !resolved.iter().any(|done| done == name) {
+            let (status, body) = server.http_with(
+                "POST",
+                &format!("{PROJECT}/agentruns/{name}/resolve"),
+                &[],
+                Some(r#"{"action":"retry"}"#),
+            );
+            assert_eq!(status, 200, "{body}");
+            resolved.push(name.to_string());
+        }
+    }
 }
 
 fn runs(server: &ServerProcess) -> Vec<Value> {
@@ -359,7 +414,9 @@ fn runs_are_placed_on_two_docker_engines_by_capacity_and_fail_over_when_one_stop
     let fake = runtime
         .block_on(FakeServer::start())
         .expect("fake provider");
-    fake.respond_with(responder);
+    let hold = Arc::new(AtomicBool::new(false));
+    let held = hold.clone();
+    fake.respond_with(move |request| responder(&held, request));
     // Short paths: containerd's sockets live under the exec root.
     let engines = tempfile::Builder::new()
         .prefix("nd")
@@ -380,27 +437,31 @@ fn runs_are_placed_on_two_docker_engines_by_capacity_and_fail_over_when_one_stop
     let dir = tempfile::tempdir().expect("data directory");
     let store = Backend::Sqlite.store_url(dir.path());
     let base_url = fake.base_url();
-    let server = ServerProcess::start_in_env(
-        &store,
-        dir.path(),
-        "docker",
-        &[
-            "--default-image",
-            &image(),
-            "--capacity",
-            &(2 * PER_HOST).to_string(),
-            "--docker-host",
-            &format!("{first_url}={PER_HOST}"),
-            "--docker-host",
-            &format!("{second_url}={PER_HOST}"),
-            "--docker-tls-dir",
-            &client.display().to_string(),
-        ],
-        &[
-            ("ANTHROPIC_BASE_URL", base_url.as_str()),
-            ("ANTHROPIC_API_KEY", "sk-ant-platform-hosts-0001"),
-        ],
-    );
+    // A server on the engines at `urls`.
+    let start = |urls: &[&str]| {
+        let (image, capacity, tls) = (
+            image(),
+            (2 * PER_HOST).to_string(),
+            client.display().to_string(),
+        );
+        let hosts: Vec<String> = urls.iter().map(|url| format!("{url}={PER_HOST}")).collect();
+        let mut args = vec!["--default-image", &image, "--capacity", &capacity];
+        for host in &hosts {
+            args.extend(["--docker-host", host.as_str()]);
+        }
+        args.extend(["--docker-tls-dir", &tls]);
+        ServerProcess::start_in_env(
+            &store,
+            dir.path(),
+            "docker",
+            &args,
+            &[
+                ("ANTHROPIC_BASE_URL", base_url.as_str()),
+                ("ANTHROPIC_API_KEY", "sk-ant-platform-hosts-0001"),
+            ],
+        )
+    };
+    let mut server = start(&[&first_url, &second_url]);
     for (plural, object) in [
         (
             "agents",
@@ -496,28 +557,78 @@ fn runs_are_placed_on_two_docker_engines_by_capacity_and_fail_over_when_one_stop
             .collect::<Vec<_>>()
     );
     let before = most;
+    // From here on the runs stop before they answer: the server is killed below while the
+    // runs that failed over are unfinished.
+    hold.store(true, Ordering::SeqCst);
     second.stop();
 
-    // Every run ends; a parked one (its command was under way on the stopped engine) is
-    // resolved to run the command again, on the first.
-    let deadline = Instant::now() + Duration::from_secs(120);
+    // Each run of the second engine fails over at its next command (a parked one, whose
+    // command was under way there, is resolved to run it again, on the first), unless its
+    // commands were all done.
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut resolved = Vec::new();
+    let failed_over = loop {
+        most[0] = most[0].max(first.sandboxes());
+        resolve_parked(&server, &mut resolved);
+        let states: Vec<(String, usize, Option<String>)> = on_second
+            .iter()
+            .map(|name| {
+                let (commands, remade) = failover(&server, name);
+                (name.clone(), commands, remade)
+            })
+            .collect();
+        if states
+            .iter()
+            .all(|(_, commands, remade)| remade.is_some() || *commands == 2)
+        {
+            break states
+                .into_iter()
+                .filter_map(|(name, _, remade)| remade.map(|host| (name, host)))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second engine's runs did not fail over: {states:?}; steps {}; runs {:?}; server log:\n{}",
+            on_second
+                .iter()
+                .map(|name| server.ok(&["agentrun", "steps", name]))
+                .collect::<String>(),
+            runs(&server)
+                .iter()
+                .map(|r| format!(
+                    "{}={} {}",
+                    r["metadata"]["name"],
+                    phase(r),
+                    r["status"]["message"]
+                ))
+                .collect::<Vec<_>>(),
+            std::fs::read_to_string(&server.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        !failed_over.is_empty(),
+        "no run of the second engine ({on_second:?}) ran a command after it stopped"
+    );
+    for (name, host) in &failed_over {
+        assert_eq!(
+            host, &first_url,
+            "{name} was made again on the first engine"
+        );
+    }
+    // A crash and a restart: the new server replays the journals of the runs that failed over.
+    // It is started on the first engine alone: a server does not start while one of its
+    // engines does not answer.
+    server.kill();
+    hold.store(false, Ordering::SeqCst);
+    server = start(&[&first_url]);
+
+    // Every run ends.
+    let deadline = Instant::now() + Duration::from_secs(120);
     let finished = loop {
         most[0] = most[0].max(first.sandboxes());
+        resolve_parked(&server, &mut resolved);
         let runs = runs(&server);
-        for run in &runs {
-            let name = run["metadata"]["name"].as_str().unwrap_or_default();
-            if phase(run) == "NeedsResolution" && !resolved.contains(&name.to_string()) {
-                let (status, body) = server.http_with(
-                    "POST",
-                    &format!("{PROJECT}/agentruns/{name}/resolve"),
-                    &[],
-                    Some(r#"{"action":"retry"}"#),
-                );
-                assert_eq!(status, 200, "{body}");
-                resolved.push(name.to_string());
-            }
-        }
         if runs
             .iter()
             .all(|run| matches!(phase(run), "Succeeded" | "Failed" | "Cancelled"))
@@ -535,7 +646,8 @@ fn runs_are_placed_on_two_docker_engines_by_capacity_and_fail_over_when_one_stop
     };
     eprintln!(
         "most sandboxes per engine {most:?}; hosts seen {hosts_seen:?}; on the second when it \
-         stopped {on_second:?}; resolved {resolved:?}"
+         stopped {on_second:?}; failed over before the restart {failed_over:?}; resolved \
+         {resolved:?}"
     );
     for run in &finished {
         assert_eq!(phase(run), "Succeeded", "{run}");
@@ -543,19 +655,35 @@ fn runs_are_placed_on_two_docker_engines_by_capacity_and_fail_over_when_one_stop
             hosts_seen.insert(host.to_string());
         }
     }
-    // Only runs whose sandbox was on the stopped engine parked.
+    // A run whose sandbox was made again (a failover, a parked command run again, the
+    // restart) says where: its status names the host of the last sandbox it was made again
+    // in, the first engine, the only one that still answers.
     for run in &finished {
-        let name = run["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if resolved.contains(&name) {
+        let name = run["metadata"]["name"].as_str().unwrap_or_default();
+        let (_, remade) = failover(&server, name);
+        if let Some(host) = remade {
+            assert_eq!(host, first_url, "{name}");
             assert_eq!(
                 run["status"]["sandbox"]["host"],
-                second_url.as_str(),
-                "{run}"
+                first_url.as_str(),
+                "{name}: {}",
+                run["status"]
             );
         }
+    }
+    // The runs that failed over before the restart, and every parked one (its command ran
+    // again after the engine stopped), ended on the first engine.
+    for name in failed_over.iter().map(|(name, _)| name).chain(&resolved) {
+        let run = finished
+            .iter()
+            .find(|run| run["metadata"]["name"] == name.as_str())
+            .expect("a listed run");
+        assert_eq!(
+            run["status"]["sandbox"]["host"],
+            first_url.as_str(),
+            "{name}: {}",
+            run["status"]
+        );
     }
     // Before the stop each engine held at most its capacity; after it the first takes the
     // second's sandboxes too, within the replica's capacity.

@@ -758,6 +758,8 @@ impl Engine {
                         .as_ref()
                         .map_or(replay.steps.saturating_sub(1), |step| step.seq),
                 });
+                // The sandbox the command ran in when the run's own was lost and made again.
+                let mut remade = None;
                 let exec = async {
                     let mut attempt = 1;
                     loop {
@@ -769,6 +771,10 @@ impl Engine {
                         if let Err(error) = &executed
                             && crate::sandboxing::recreates_after(error)
                         {
+                            // A sandbox created before a restart, or on a Docker host that
+                            // stopped answering: re-create it over its working directory
+                            // (creation is idempotent by key; the backend places it) and run
+                            // the command there.
                             let environment = fixed.snapshot.environment.as_ref();
                             executed = match self
                                 .with_secrets(&fixed.key, environment, &fixed.sandbox)
@@ -777,10 +783,13 @@ impl Engine {
                                 Err(error) => Err(sandbox::Error::Refused(error)),
                                 Ok(spec) => match self.deps.sandbox.create(&spec).await {
                                     Ok(again) => {
-                                        self.deps
+                                        let ran = self
+                                            .deps
                                             .sandbox
                                             .exec_live(&again.id, &request, live.clone())
-                                            .await
+                                            .await;
+                                        remade = Some(again);
+                                        ran
                                     }
                                     Err(e) => Err(e),
                                 },
@@ -817,7 +826,7 @@ impl Engine {
                 if let Err(e) = &executed {
                     tracing::warn!(run = %fixed.key, error = %e, "command failed");
                 }
-                decide::command_effect(executed)
+                decide::command_effect(executed, remade)
             }
             Intent::PostRunAction {
                 action: kind,

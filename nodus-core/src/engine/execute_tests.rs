@@ -607,6 +607,7 @@ async fn replay_runs_no_completed_command_again() {
         ls_command(),
         Some(Outcome::CommandFinished {
             output: output("a.txt\n"),
+            remade_sandbox: None,
         }),
     ));
     // The model call, the answer, the deletion: intents and outcomes.
@@ -653,7 +654,8 @@ async fn replay_runs_once_a_command_whose_intent_was_never_written() {
         (
             3,
             Outcome::CommandFinished {
-                output: output("a.txt\n")
+                output: output("a.txt\n"),
+                remade_sandbox: None,
             }
         )
     );
@@ -724,6 +726,7 @@ async fn a_platform_call_whose_reply_was_lost_is_made_again_within_its_attempts(
         ls_command(),
         Some(Outcome::CommandFinished {
             output: output("a.txt\n"),
+            remade_sandbox: None,
         }),
     ));
     let (store, _held) = store(platform_agent(), journal, 3, 3);
@@ -763,6 +766,7 @@ async fn the_runner_resumes_an_unfinished_run_once_without_repeating_its_command
         ls_command(),
         Some(Outcome::CommandFinished {
             output: output("a.txt\n"),
+            remade_sandbox: None,
         }),
     ));
     let (store, held) = listing_store(platform_agent(), journal, 3, 3);
@@ -785,4 +789,116 @@ async fn the_runner_resumes_an_unfinished_run_once_without_repeating_its_command
 
     assert!(finished, "the runner finished the run");
     assert_eq!(held.lock().expect("held").appended.len(), 3);
+}
+
+/// [`asked_ls`], its sandbox on the Docker host `tcp://lost:2376`.
+fn asked_ls_on_a_host() -> Vec<Step> {
+    let mut journal = asked_ls();
+    journal[0].completion = Some(Completion {
+        finished_at: t0(),
+        outcome: Outcome::SandboxCreated {
+            info: SandboxInfo {
+                host: Some("tcp://lost:2376".to_string()),
+                ..sandbox_on_a()
+            },
+        },
+    });
+    journal
+}
+
+/// The run's sandbox made again on the Docker host `unix:///a.sock`.
+fn sandbox_on_a() -> SandboxInfo {
+    SandboxInfo {
+        id: SandboxId("sb-1".to_string()),
+        isolated: true,
+        host: Some("unix:///a.sock".to_string()),
+    }
+}
+
+/// A sandbox whose host stopped answering: the command finds it gone, the run makes it again
+/// (on another host), runs the command there, and its outcome records where; the status
+/// names that host.
+#[tokio::test]
+async fn a_command_whose_sandbox_was_lost_records_the_sandbox_made_again_for_it() {
+    // The command, the model call, the answer, the deletion: intents and outcomes.
+    let (store, held) = store(platform_agent(), asked_ls_on_a_host(), 4, 4);
+    let mut sandbox = MockSandbox::new();
+    let mut sequence = mockall::Sequence::new();
+    sandbox
+        .expect_exec_live()
+        .withf(|id, request, _| id == &SandboxId("sb-1".to_string()) && request.command == "ls")
+        .times(1)
+        .in_sequence(&mut sequence)
+        .returning(|id, _, _| Err(crate::sandbox::Error::NotFound(id.clone())));
+    sandbox
+        .expect_create()
+        .withf(|spec| spec.key == UID)
+        .times(1)
+        .in_sequence(&mut sequence)
+        .returning(|_| Ok(sandbox_on_a()));
+    sandbox
+        .expect_exec_live()
+        .withf(|id, request, _| id == &SandboxId("sb-1".to_string()) && request.command == "ls")
+        .times(1)
+        .in_sequence(&mut sequence)
+        .returning(|_, _, _| Ok(output("a.txt\n")));
+    sandbox
+        .expect_get_files()
+        .times(1)
+        .returning(|_, _, _| Ok(Vec::new()));
+    sandbox
+        .expect_destroy()
+        .with(eq(SandboxId("sb-1".to_string())))
+        .times(1)
+        .returning(|_| Ok(()));
+    let engine = engine(store, sandbox, model_answering_once());
+
+    let driven = engine.drive(PROJECT, NAME).await.expect("drive");
+
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let held = held.lock().expect("held");
+    assert_eq!(
+        held.completed[0],
+        (
+            3,
+            Outcome::CommandFinished {
+                output: output("a.txt\n"),
+                remade_sandbox: Some(sandbox_on_a()),
+            }
+        )
+    );
+    assert_eq!(
+        held.document["status"]["sandbox"]["host"], "unix:///a.sock",
+        "{}",
+        held.document["status"]
+    );
+}
+
+/// After a restart, the replay honours a sandbox made again during a command: the status
+/// names the host the run is on now, not the one its sandbox was first created on.
+#[tokio::test]
+async fn replay_puts_the_run_in_the_sandbox_a_command_made_again() {
+    let mut journal = asked_ls_on_a_host();
+    journal.push(step(
+        3,
+        ls_command(),
+        Some(Outcome::CommandFinished {
+            output: output("a.txt\n"),
+            remade_sandbox: Some(sandbox_on_a()),
+        }),
+    ));
+    let (store, held) = store(platform_agent(), journal, 3, 3);
+    let mut sandbox = sandbox_deleted_once();
+    sandbox.expect_exec_live().times(0);
+    let engine = engine(store, sandbox, model_answering_once());
+
+    let driven = engine.drive(PROJECT, NAME).await.expect("drive");
+
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let held = held.lock().expect("held");
+    assert_eq!(
+        held.document["status"]["sandbox"]["host"], "unix:///a.sock",
+        "{}",
+        held.document["status"]
+    );
 }

@@ -294,7 +294,7 @@ fn artifacts(journal: &[Step]) -> Result<Vec<u8>> {
         let dir = format!("commands/{:03}", index + 1);
         add(format!("{dir}/command"), command.as_bytes())?;
         let (stdout, stderr, exit) = match completion.map(|c| &c.outcome) {
-            Some(Outcome::CommandFinished { output }) => {
+            Some(Outcome::CommandFinished { output, .. }) => {
                 let exit = if output.timed_out {
                     "timed out\n".to_string()
                 } else if let Some(why) = &output.stopped {

@@ -13,7 +13,7 @@
 //! parks, as after any interrupted command. A failed-over sandbox starts from an empty working
 //! directory: what was in it lived on the lost engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -57,6 +57,9 @@ pub struct DockerHosts {
     /// Sandboxes this process is making on each engine now (not counted by the engine yet):
     /// creations at the same moment see each other's.
     making: Arc<Mutex<Vec<usize>>>,
+    /// Sandboxes whose engine stopped answering, until they are made again: they fail over
+    /// even when every engine is full.
+    lost: Arc<Mutex<HashSet<SandboxId>>>,
 }
 
 impl DockerHosts {
@@ -71,6 +74,7 @@ impl DockerHosts {
             making: Arc::new(Mutex::new(vec![0; hosts.len()])),
             hosts: Arc::new(hosts),
             placed: Arc::default(),
+            lost: Arc::default(),
         })
     }
 
@@ -98,6 +102,10 @@ impl DockerHosts {
             }
             warn!(sandbox = %id.0, host = %host.name(), "the sandbox's Docker host does not answer: it fails over");
             self.remember(id, None);
+            self.lost
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id.clone());
             return Err(Error::NotFound(id.clone()));
         }
         // Placed by another replica, or before a restart: ask the engines.
@@ -155,6 +163,23 @@ impl DockerHosts {
         }
     }
 
+    /// Whether `id` is a sandbox this process placed whose engine was lost: its engine does
+    /// not answer now, or did not when a call found it gone (the call that makes it again
+    /// comes after). Asking forgets the second: the sandbox is being made again.
+    fn failing_over(&self, id: &SandboxId) -> bool {
+        let known = self
+            .placed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(id);
+        let lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+        known || lost
+    }
+
     /// A sandbox [`DockerHosts::roomiest`] chose `index` for was made (or not): the engine
     /// counts it now.
     fn made(&self, index: usize) {
@@ -169,11 +194,7 @@ impl Sandbox for DockerHosts {
     /// most room.
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, Error> {
         let id = self.hosts[0].sandbox.id_of(&spec.key);
-        let failing_over = self
-            .placed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&id);
+        let failing_over = self.failing_over(&id);
         let (index, placing) = match self.host_of(&id).await {
             Ok(index) => (index, false),
             Err(Error::NotFound(_)) => (self.place(failing_over).await?, true),

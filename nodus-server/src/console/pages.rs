@@ -367,7 +367,7 @@ pub async fn step(state: &AppState, project: &str, name: &str, seq: u32) -> Resu
         .text(show(&view["summary"]))
         .raw("</dd></dl>");
     // A command's whole output as text: what the transcript folds.
-    if let Some(nodus_core::journal::Outcome::CommandFinished { output }) = step.outcome() {
+    if let Some(nodus_core::journal::Outcome::CommandFinished { output, .. }) = step.outcome() {
         for (id, label, stream) in [
             ("stdout", "Standard output", &output.stdout),
             ("stderr", "Standard error", &output.stderr),

@@ -267,7 +267,7 @@ pub fn build(
             }
             (Intent::Command { command, .. }, outcome) => {
                 let end = match outcome {
-                    Some(Outcome::CommandFinished { output }) => {
+                    Some(Outcome::CommandFinished { output, .. }) => {
                         let (exit, ok) = exit_of(output);
                         CallEnd::Ran {
                             exit,
