@@ -54,6 +54,7 @@ mod network;
 pub use context::{
     DIALECT as CONTEXT_SCHEMA_DIALECT, FEATURE as CONTEXT_SCHEMA_FEATURE, check_context,
 };
+pub use network::check_network_spec;
 
 /// The largest input, message, system prompt or default input: 256 KiB.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;

@@ -9,6 +9,7 @@ mod changes;
 mod environment;
 mod error;
 mod evaluation;
+mod evaluation_network;
 mod execute;
 mod fork;
 mod grader_sandbox;
