@@ -15,7 +15,10 @@
 //! (`--egress-max-connections`) and bytes (`--egress-max-bytes`: the connection that passes
 //! it is cut off, later ones are refused, both recorded). A server whose sandboxes cannot
 //! reach the proxy (started by bubblewrap) refuses a run with an allowlist, naming the field,
-//! and writes nothing.
+//! and writes nothing. On Docker (`NODUS_TEST_DOCKER_IMAGE`, busybox) a run with an allowlist
+//! goes out through the same proxy from the engine's internal egress network, and nowhere
+//! else. In an evaluation, the Environment's `spec.network` reaches the agent's run and
+//! never the grader's sandbox.
 
 #[path = "support/server.rs"]
 mod server;
@@ -560,4 +563,69 @@ fn a_docker_run_on_an_allowlist_gets_out_only_through_the_proxy() {
     // Loopback only.
     assert!(answer.contains("\n1\nproxy=[]"), "{answer}");
     assert_eq!(seen.lock().expect("lock").len(), 1, "{answer}");
+}
+
+/// Evaluation: an Environment's `spec.network` gives the agents of its evaluations an
+/// allowlist, never their grader. The agent run of the one case fetches an allowed name
+/// through the proxy (journaled with that run); the command grader, in a sandbox of its own,
+/// tries the proxy's address and a direct connection to the test server, and both fail: its
+/// sandbox has no network at all and no proxy variables.
+#[test]
+fn an_evaluation_s_agents_get_the_environment_s_allowlist_and_its_grader_no_network() {
+    let Origin { port, seen, .. } = origin();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = egress_server(dir.path(), &[]);
+    let grader = format!(
+        "p=$(curl -s -o /dev/null -m 5 -x http://127.0.0.1:3128 http://files.test:{port}/grader-proxy; echo $?); \
+         d=$(curl -s -o /dev/null -m 5 --noproxy '*' http://127.0.0.1:{port}/grader-direct; echo $?); \
+         printf '{{\"reward\": 1, \"passed\": true, \"evidence\": \"proxy=%s direct=%s env=[%s]\"}}\\n' \"$p\" \"$d\" \"$HTTP_PROXY\""
+    );
+    let resources = format!(
+        "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: net-agent\nspec:\n  system: \
+         You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n---\napiVersion: \
+         nodus.dev/v1\nkind: Environment\nmetadata:\n  name: net-tasks\nspec:\n  version: \
+         1.0.0\n  network:\n    egress: allowlist\n    allow:\n    - host: files.test\n      \
+         ports: [{port}]\n  splits:\n    test:\n      tasks:\n      - id: fetch\n        \
+         prompt: {prompt}\n  grader:\n    kind: command\n    command: {grader}\n---\n\
+         apiVersion: nodus.dev/v1\nkind: AgentGroup\nmetadata:\n  name: net-eval\nspec:\n  \
+         agent: net-agent\n  maxCostUSD: \"1.00\"\n  evaluation:\n    environment: \
+         net-tasks@1.0.0\n    tasks: 1\n    repetitions: 1\n    seed: 1\n    timeout: 5m\n",
+        prompt = serde_json::to_string(&format!(
+            "Run `curl -sS http://files.test:{port}/agent` and tell me."
+        ))
+        .expect("JSON"),
+        grader = serde_json::to_string(&grader).expect("JSON"),
+    );
+    let output = server.cli_in(&["apply", "-f", "-"], Some(&resources));
+    assert!(output.status.success(), "{output:?}");
+    server.ok(&[
+        "wait",
+        "agentgroup/net-eval",
+        "--for=jsonpath={.status.phase}=Succeeded",
+        "--timeout=3m",
+    ]);
+    let results: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "results", "net-eval", "-o", "json"]))
+            .expect("JSON");
+    let result = &results["items"][0];
+    assert_eq!(result["state"], "Scored", "{results}");
+    // curl's "could not connect" (7) both ways: the grader has no proxy and no network.
+    assert_eq!(result["evidence"], "proxy=7 direct=7 env=[]", "{results}");
+    let run = result["run"].as_str().expect("a run");
+    assert!(
+        server
+            .ok(&["agentrun", "answer", run])
+            .contains("hello from /agent"),
+        "{results}"
+    );
+    // Only the agent's request reached the test server, and the agent's run journaled it.
+    assert_eq!(
+        seen.lock().expect("lock").clone(),
+        ["GET /agent HTTP/1.1"],
+        "{results}"
+    );
+    let records = egress_records(&server, run);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["verdict"], "allowed", "{records:?}");
+    assert_eq!(records[0]["rule"], "spec.network.allow[0]", "{records:?}");
 }

@@ -214,9 +214,12 @@ impl Engine {
             )
             .into());
         }
-        self.resolve_agent(project, &group.spec.agent).await?;
+        let (_, agent) = self.resolve_agent(project, &group.spec.agent).await?;
         let (reference, environment) = self
             .evaluation_environment(project, &evaluation.environment)
+            .await?;
+        let run_environment = self
+            .evaluation_run_environment(project, &agent.object.spec, &environment.spec.network)
             .await?;
         let split = match &evaluation.split {
             Some(split) => split.clone(),
@@ -304,6 +307,7 @@ impl Engine {
                     AgentRunSpec::new(group.spec.agent.clone(), case.task.prompt.clone());
                 spec.deadline = Some(deadline);
                 spec.image = image.clone();
+                spec.environment = run_environment.clone();
                 spec.timeout = case.task.timeout;
                 if keeps_workdir || case.task.files.is_some() {
                     spec.workdir = Some(WorkdirSpec {

@@ -10,6 +10,7 @@ mod control;
 mod environment;
 mod error;
 mod evaluation;
+mod evaluation_network;
 mod execute;
 mod fork;
 mod grader_sandbox;

@@ -52,6 +52,7 @@ pub fn environments() -> (Vec<Object<FileSetSpec>>, Vec<Object<EnvironmentSpec>>
             timeout: None,
             verdict_from: Default::default(),
         },
+        network: Default::default(),
     };
     let files = [
         ("hello", "hello.txt", "hello"),
@@ -91,6 +92,7 @@ pub fn environments() -> (Vec<Object<FileSetSpec>>, Vec<Object<EnvironmentSpec>>
             timeout: None,
             verdict_from: Default::default(),
         },
+        network: Default::default(),
     };
     let grader_files = FileSetSpec {
         files: vec![FileEntry {

@@ -129,6 +129,7 @@ mod tests {
                 timeout: None,
                 verdict_from: Default::default(),
             },
+            network: Default::default(),
         }
     }
 

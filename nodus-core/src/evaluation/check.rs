@@ -14,6 +14,7 @@ pub const GRADER_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=3600;
 impl Validate for EnvironmentSpec {
     fn check_spec(&self) -> Result<()> {
         check_version(&self.version)?;
+        crate::validate::check_network_spec("spec.network", &self.network)?;
         if !self.image.is_empty() {
             check_image_reference("spec.image", &self.image)?;
         }
@@ -315,6 +316,60 @@ fn shown(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_environment_s_network_follows_an_agent_environment_s_rules() {
+        let spec = |network: serde_json::Value| -> EnvironmentSpec {
+            serde_json::from_value(serde_json::json!({
+                "version": "1.0.0",
+                "splits": {"test": {"tasks": [{"id": "a", "prompt": "p", "hidden": {"expected": "x"}}]}},
+                "grader": {"kind": "exact"},
+                "network": network,
+            }))
+            .expect("an Environment")
+        };
+        let allowed = spec(serde_json::json!({
+            "egress": "allowlist",
+            "allow": [{"host": "files.test", "ports": [8080]}],
+        }));
+        assert_eq!(allowed.check_spec(), Ok(()));
+        for (network, field, shows) in [
+            (
+                serde_json::json!({"egress": "none", "allow": [{"host": "files.test"}]}),
+                "spec.network.allow",
+                "egress: none",
+            ),
+            (
+                serde_json::json!({"egress": "allowlist", "allow": [{"host": "bad host"}]}),
+                "spec.network.allow[0].host",
+                "\"bad host\"",
+            ),
+            (
+                serde_json::json!({"egress": "allowlist", "allow": [{"cidr": "10.0.0.0/33"}]}),
+                "spec.network.allow[0].cidr",
+                "10.0.0.0/33",
+            ),
+            (
+                serde_json::json!({"egress": "allowlist", "allow": [{"host": "a.test", "ports": [0]}]}),
+                "spec.network.allow[0].ports",
+                "[0]",
+            ),
+            (
+                serde_json::json!({
+                    "egress": "allowlist",
+                    "allow": [{"host": "a.test"}],
+                    "inject": [{"host": "b.test", "header": "X-Key",
+                                "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+                }),
+                "spec.network.inject[0].host",
+                "b.test",
+            ),
+        ] {
+            let error = spec(network).check_spec().expect_err(field);
+            assert_eq!(error.field, field, "{error}");
+            assert!(error.to_string().contains(shows), "{error}");
+        }
+    }
 
     #[test]
     fn versions_are_semantic() {

@@ -22,6 +22,12 @@ pub struct EnvironmentSpec {
     pub splits: BTreeMap<String, SplitSpec>,
     /// How an answer is scored.
     pub grader: GraderSpec,
+    /// Where the agents' sandboxes may connect (an AgentEnvironment's `spec.network`): given
+    /// to every run of an evaluation of this Environment, in place of its agent
+    /// environment's, and never to the grader, whose sandbox has no network at all. The
+    /// default (`egress: none`) leaves the agent's environment as it is.
+    #[serde(default, skip_serializing_if = "super::NetworkSpec::is_default")]
+    pub network: super::NetworkSpec,
 }
 
 /// One split: a list of tasks, or (built-in Environments only) a seeded generator.

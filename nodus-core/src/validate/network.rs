@@ -28,6 +28,13 @@ pub(super) fn valid_host_pattern(host: &str) -> bool {
 pub(super) const HOST_RULE: &str = "must be a host name (letters, digits, '-' in dot-separated \
                                     labels), or *.domain for its subdomains";
 
+/// The rules of a `spec.network` under `prefix` of a kind other than AgentEnvironment that
+/// carries one (an Environment gives its agents one): the same as an AgentEnvironment's.
+pub fn check_network_spec(prefix: &str, network: &NetworkSpec) -> Result<()> {
+    check_network(prefix, network)?;
+    check_inject(prefix, network)
+}
+
 /// `inject`: only with `egress: allowlist`, at most [`MAX_INJECT_ENTRIES`] entries, each a
 /// host pattern some `allow` entry's host lets through, a header name the proxy may add
 /// (no framing header: [`valid_header_name`]), once per host, and a Secret's key.

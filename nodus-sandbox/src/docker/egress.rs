@@ -553,6 +553,23 @@ mod tests {
     }
 
     #[test]
+    fn only_an_engine_of_this_host_reaches_the_proxy() {
+        assert_eq!(
+            DockerEgress::reaches(&Endpoint::Socket("/var/run/docker.sock".into())),
+            None
+        );
+        let remote = Endpoint::Tcp {
+            url: "tcp://10.1.2.3:2376".into(),
+            tls_dir: None,
+        };
+        let why = DockerEgress::reaches(&remote).expect("refused");
+        assert!(
+            why.contains("tcp://10.1.2.3:2376") && why.contains("remote"),
+            "{why}"
+        );
+    }
+
+    #[test]
     fn a_container_is_wired_to_one_proxy() {
         let wiring = |port| Wiring {
             network: DEFAULT_NETWORK.to_owned(),

@@ -123,6 +123,7 @@ fn environment(
             },
         )]),
         grader,
+        network: Default::default(),
     };
     let environment = Environment::new(target.name.clone(), spec);
     validate::validate(&environment).map_err(|e| {
