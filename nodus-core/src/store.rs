@@ -303,6 +303,18 @@ pub fn missing_contents(run_uid: &str, seq: u32, missing: &[String]) -> Error {
     ))
 }
 
+/// A document replaced if it is still at the version its writer read: what
+/// [`Store::complete_step_then`] writes with a step's outcome (the run's status, say).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DocumentWrite {
+    /// The document.
+    pub key: ObjectKey,
+    /// The version the writer read.
+    pub expected_version: u64,
+    /// Its replacement.
+    pub document: Value,
+}
+
 /// Something changed in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -570,6 +582,27 @@ pub trait Store: Send + Sync {
         seq: u32,
         completion: &Completion,
     ) -> Result<(), Error>;
+
+    /// Record the outcome of step `seq` as [`Store::complete_step`] does and, only once it
+    /// is recorded, replace `then.key` as [`Store::update`] would, in one write where the
+    /// store can (SQLite: one submission to its writer, one commit), so that a step's outcome
+    /// and the status it leads to cost one round trip. The outer `Err` is the completion's
+    /// (nothing was written); the inner result is the document's: its record, or why it was
+    /// refused (`Conflict`, `NotFound`) while the outcome stays recorded. This default makes
+    /// the two calls one after the other.
+    async fn complete_step_then(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+        then: DocumentWrite,
+    ) -> Result<Result<Record, Error>, Error> {
+        self.complete_step(run_uid, fence, seq, completion).await?;
+        Ok(self
+            .update(&then.key, then.expected_version, then.document)
+            .await)
+    }
 
     /// The run's journal, in order.
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error>;

@@ -31,6 +31,9 @@ use nodus_core::store::{
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+mod step_then;
+pub use step_then::complete_step_then;
+
 /// How long a case waits for something that should happen at once (a change notification,
 /// racing tasks to finish) before it fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -47,6 +50,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     batch_atomicity_and_order(make()).await;
     idempotent_batches(make()).await;
     journal_in_order(make()).await;
+    complete_step_then(make()).await;
     fencing(make()).await;
     messages(make()).await;
     change_notification(make()).await;

@@ -103,6 +103,11 @@ mod tests {
         conformance::journal_in_order(MemoryStore::new()).await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn complete_step_then() {
+        conformance::complete_step_then(MemoryStore::new()).await;
+    }
+
     #[tokio::test]
     async fn fencing() {
         conformance::fencing(MemoryStore::new()).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{API_KEY_SECRET_KEY, Engine, Error, Result, run_uid, status, typed};
 use crate::decide::{self, Decision, Effect, Facts, Key, Queued, RunInput};
-use crate::journal::{Completion, Intent, Outcome, Step};
+use crate::journal::{Intent, Outcome, Step};
 use crate::lifecycle::{PendingReason, RunPhase, WaitReason};
 use crate::model::Credentials;
 use crate::money::Usd;
@@ -466,12 +466,19 @@ impl Engine {
                     {
                         self.take_snapshot(fixed, &info.id, seq).await;
                     }
-                    self.complete(fixed, fence, replay, &inbox, seq, outcome)
-                        .await?;
-                    // A conflict here only means the document moved on; the next pass
-                    // re-reads it and writes the status again.
+                    // The outcome and the status it leads to, in one write. A conflict here
+                    // only means the document moved on; the next pass re-reads it and writes
+                    // the status again.
                     known = self
-                        .write_status(fixed, &run, replay, target)
+                        .complete_then(
+                            fixed,
+                            fence,
+                            replay,
+                            &inbox,
+                            seq,
+                            outcome,
+                            Some((&run, target)),
+                        )
                         .await?
                         .map(|written| (written, inbox));
                 }
@@ -496,64 +503,6 @@ impl Engine {
             key: fixed.key.to_string(),
             message: format!("the decider named step {seq}, which is not the open step"),
         }
-    }
-
-    /// Journal the outcome of the open step `seq`, fold it, and settle what it reserved.
-    async fn complete(
-        &self,
-        fixed: &Fixed,
-        fence: Fence,
-        replay: &mut Replay,
-        inbox: &[InboxMessage],
-        seq: u32,
-        outcome: Outcome,
-    ) -> Result<()> {
-        let Some(mut step) = replay.open(seq).cloned() else {
-            return Err(self.missing_step(fixed, seq));
-        };
-        let charged = self.charge_of(fixed, &step.intent).is_some();
-        let actual = cost_of(&outcome);
-        let completion = Completion {
-            finished_at: self.deps.clock.now(),
-            outcome,
-        };
-        self.retrying(|| {
-            self.deps
-                .store
-                .complete_step(&fixed.uid, fence, seq, &completion)
-        })
-        .await?;
-        step.completion = Some(completion);
-        if let Some(ctx) = &fixed.spans {
-            // A model call's span shows what it was sent: the conversation as the replay
-            // (still before this outcome) and the inbox tell it, as the request was built.
-            let sent = match (&fixed.hidden, &step.intent) {
-                (Some(_), Intent::CallModel { .. }) => Some(replay.conversation(
-                    &fixed.first_prompt,
-                    inbox,
-                    fixed.snapshot.agent.max_tool_calls,
-                )),
-                _ => None,
-            };
-            let disclosure = fixed
-                .hidden
-                .as_ref()
-                .map(|hidden| crate::telemetry::Disclosure {
-                    system: &fixed.system,
-                    sent: sent.as_ref(),
-                    hidden,
-                });
-            if let Some(span) = crate::telemetry::step_span(ctx, &step, disclosure.as_ref()) {
-                self.deps.spans.export(span);
-            }
-        }
-        replay.apply(&step);
-        if charged {
-            let key = format!("{}/{seq}", fixed.uid);
-            self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
-                .await?;
-        }
-        Ok(())
     }
 
     /// Export the span of a run that the status write just made finish (once: only the
@@ -627,6 +576,33 @@ impl Engine {
         replay: &Replay,
         phase: RunPhase,
     ) -> Result<Option<Run>> {
+        let (object, document) = match self.status_document(fixed, run, replay, phase).await? {
+            Projected::Same => return Ok(Some(run.clone())),
+            Projected::Changed(object, document) => (object, document),
+        };
+        match self
+            .retrying(|| {
+                self.deps
+                    .store
+                    .update(&fixed.key, run.version, document.clone())
+            })
+            .await
+        {
+            Ok(record) => Ok(Some(written_run(*object, record.version))),
+            Err(store_api::Error::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The run with the status projected from the journal with `phase`, and its document,
+    /// unless that status is the one stored.
+    async fn status_document(
+        &self,
+        fixed: &Fixed,
+        run: &Run,
+        replay: &Replay,
+        phase: RunPhase,
+    ) -> Result<Projected> {
         let mut status = status::project(
             &run.object.status,
             replay,
@@ -641,29 +617,12 @@ impl Engine {
             status.egress = Some(self.egress_counts(&fixed.uid).await?);
         }
         if status == run.object.status {
-            return Ok(Some(run.clone()));
+            return Ok(Projected::Same);
         }
         let mut object = run.object.clone();
         object.status = status;
         let document = typed::encode(&fixed.key, &object)?;
-        match self
-            .retrying(|| {
-                self.deps
-                    .store
-                    .update(&fixed.key, run.version, document.clone())
-            })
-            .await
-        {
-            Ok(record) => {
-                object.metadata.resource_version = Some(record.version.to_string());
-                Ok(Some(Run {
-                    object,
-                    version: record.version,
-                }))
-            }
-            Err(store_api::Error::Conflict { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(Projected::Changed(Box::new(object), document))
     }
 
     /// The counts of the egress journal of run `uid` (once what this process's proxy
@@ -1018,6 +977,20 @@ impl Engine {
     }
 }
 
+/// A run's status as projected against the one stored.
+enum Projected {
+    /// The same: nothing to write.
+    Same,
+    /// Changed: the run with it, and its document.
+    Changed(Box<AgentRun>, serde_json::Value),
+}
+
+/// The run as a status write stored it, at `version`.
+fn written_run(mut object: AgentRun, version: u64) -> Run {
+    object.metadata.resource_version = Some(version.to_string());
+    Run { object, version }
+}
+
 /// The renewal loop never ends by itself; the select ends with the drive.
 fn unreachable_renewal() -> Result<Driven> {
     Ok(Driven::TakenOver)
@@ -1036,6 +1009,9 @@ fn phase_of(run: &AgentRun) -> RunPhase {
         .phase
         .unwrap_or(RunPhase::Pending(PendingReason::Queued))
 }
+
+#[path = "complete.rs"]
+mod complete;
 
 #[cfg(test)]
 #[path = "execute_tests.rs"]

@@ -68,6 +68,7 @@ cases!(
     batch_atomicity_and_order,
     idempotent_batches,
     journal_in_order,
+    complete_step_then,
     fencing,
     messages,
     change_notification,

@@ -3,11 +3,12 @@
 //! order in the writer's transaction; and reading a journal.
 
 use nodus_core::journal::{Completion, Step};
-use nodus_core::store::{Error, Fence};
+use nodus_core::store::{DocumentWrite, Error, Fence, Record};
 use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
+use super::documents::DocumentUpdate;
 use super::writer::Write;
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
@@ -125,6 +126,48 @@ pub(super) async fn complete_step(
         }))
         .await
         .map(drop)
+}
+
+/// [`Store::complete_step_then`]: the outcome and the document in one submission to the
+/// writer (one transaction, one commit).
+///
+/// [`Store::complete_step_then`]: nodus_core::Store::complete_step_then
+pub(super) async fn complete_step_then(
+    store: &SqliteStore,
+    run_uid: &str,
+    fence: Fence,
+    seq: u32,
+    completion: &Completion,
+    then: DocumentWrite,
+) -> Result<Result<Record, Error>, Error> {
+    let update = DocumentUpdate {
+        key: then.key,
+        expected: then.expected_version,
+        columns: sql::Columns::of(&then.document),
+        text: sql::document_text(&then.document),
+    };
+    let key = update.key.clone();
+    // Only used when the update succeeds, that is when `expected` is stored.
+    let version = then.expected_version.saturating_add(1);
+    let written = store
+        .inner
+        .writes
+        .write(Write::JournalThen(
+            JournalWrite::Complete {
+                run: run_uid.to_string(),
+                fence,
+                seq,
+                completion: completion.clone(),
+            },
+            update,
+        ))
+        .await?
+        .then()?;
+    Ok(written.map(|()| Record {
+        key,
+        version,
+        document: then.document,
+    }))
 }
 
 pub(super) async fn journal(store: &SqliteStore, run_uid: &str) -> Result<Vec<Step>, Error> {

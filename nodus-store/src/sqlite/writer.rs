@@ -29,6 +29,9 @@ pub(super) enum Write {
     },
     /// A journal write.
     Journal(JournalWrite),
+    /// A journal write and, once it is done, a document replaced
+    /// ([`Store::complete_step_then`]).
+    JournalThen(JournalWrite, DocumentUpdate),
     /// A document replaced if still at the version its writer read.
     Replace(DocumentUpdate),
     /// A document edited in place ([`Store::modify`]).
@@ -65,6 +68,8 @@ pub(super) enum Written {
     Document(Record),
     /// The new fence.
     Fence(Fence),
+    /// The journal write done, and what became of the document replaced after it.
+    Then(Result<(), Error>),
 }
 
 impl Written {
@@ -73,6 +78,15 @@ impl Written {
             Written::Fence(fence) => Ok(fence),
             _ => Err(Error::Corrupt(
                 "a claim answered without a fence".to_string(),
+            )),
+        }
+    }
+
+    pub(super) fn then(self) -> Result<Result<(), Error>, Error> {
+        match self {
+            Written::Then(replaced) => Ok(replaced),
+            _ => Err(Error::Corrupt(
+                "a journal write with a document answered without it".to_string(),
             )),
         }
     }
@@ -87,10 +101,17 @@ impl Written {
     }
 }
 
+impl Write {
+    fn is_journal(&self) -> bool {
+        matches!(self, Write::Journal(_) | Write::JournalThen(..))
+    }
+}
+
 impl std::fmt::Debug for Write {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Write::Journal(write) => write.fmt(f),
+            Write::JournalThen(write, update) => write!(f, "{write:?} then {update:?}"),
             Write::Create { key, .. } => write!(f, "Create({key})"),
             Write::Replace(update) => update.fmt(f),
             Write::Edit { key, .. } => write!(f, "Edit({key})"),
@@ -117,7 +138,8 @@ impl Committer<Write> for Writer {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let mut results = Vec::with_capacity(writes.len());
         let mut announced = Vec::new();
-        if writes.len() == 1 {
+        // A journal write with a document is two statements: a transaction, even alone.
+        if writes.len() == 1 && !matches!(writes.first(), Some(Write::JournalThen(..))) {
             for write in writes {
                 results.push(write_one(&mut conn, write, &mut announced).await?);
             }
@@ -126,22 +148,44 @@ impl Committer<Write> for Writer {
             let mut tx = conn.begin().await.map_err(map_err)?;
             let mut writes = writes.into_iter().peekable();
             while let Some(write) = writes.next() {
-                let Write::Journal(first) = write else {
-                    results.push(write_one(&mut tx, write, &mut announced).await?);
-                    continue;
+                let (first, then) = match write {
+                    Write::Journal(write) => (write, None),
+                    Write::JournalThen(write, update) => (write, Some(update)),
+                    other => {
+                        results.push(write_one(&mut tx, other, &mut announced).await?);
+                        continue;
+                    }
                 };
-                // Consecutive journal writes (most of a busy batch) in a few statements.
+                // Consecutive journal writes (most of a busy batch) in a few statements, then
+                // the documents some of them replace once done.
                 let mut segment = vec![first];
-                while let Some(Write::Journal(_)) = writes.peek() {
-                    if let Some(Write::Journal(write)) = writes.next() {
-                        segment.push(write);
+                let mut thens = vec![then];
+                while writes.peek().is_some_and(Write::is_journal) {
+                    match writes.next() {
+                        Some(Write::Journal(write)) => {
+                            segment.push(write);
+                            thens.push(None);
+                        }
+                        Some(Write::JournalThen(write, update)) => {
+                            segment.push(write);
+                            thens.push(Some(update));
+                        }
+                        _ => {}
                     }
                 }
-                if let [write] = segment.as_slice() {
-                    results.push(journal_write(&mut tx, write).await?.map(|()| Written::Done));
+                let written = if let [write] = segment.as_slice() {
+                    vec![journal_write(&mut tx, write).await?]
                 } else {
-                    let written = batch::journal_writes(&mut tx, &segment).await?;
-                    results.extend(written.into_iter().map(|r| r.map(|()| Written::Done)));
+                    batch::journal_writes(&mut tx, &segment).await?
+                };
+                for (result, then) in written.into_iter().zip(thens) {
+                    results.push(match (result, then) {
+                        (Err(refused), _) => Err(refused),
+                        (Ok(()), None) => Ok(Written::Done),
+                        (Ok(()), Some(update)) => Ok(Written::Then(
+                            replace(&mut tx, update, &mut announced).await?,
+                        )),
+                    });
                 }
             }
             tx.commit().await.map_err(map_err)?;
@@ -166,6 +210,10 @@ async fn write_one(
     };
     match write {
         Write::Journal(write) => Ok(journal_write(conn, &write).await?.map(|()| Written::Done)),
+        Write::JournalThen(write, update) => match journal_write(conn, &write).await? {
+            Ok(()) => Ok(Ok(Written::Then(replace(conn, update, announced).await?))),
+            Err(refused) => Ok(Err(refused)),
+        },
         Write::Create { key, document } => {
             // A taken key fails this statement only (SQLite's ABORT): the batch goes on.
             match insert(conn, &key, &document).await {
@@ -182,13 +230,9 @@ async fn write_one(
                 document,
             })))
         }
-        Write::Replace(update) => {
-            let result = update_one(conn, &update).await?;
-            if result.is_ok() {
-                announced.push(Change::Written(update.key, update.expected + 1));
-            }
-            Ok(result.map(|()| Written::Done))
-        }
+        Write::Replace(update) => Ok(replace(conn, update, announced)
+            .await?
+            .map(|()| Written::Done)),
         Write::Edit { key, mut edit } => {
             let record = match read_record(&mut *conn, &key).await {
                 Ok(record) => record,
@@ -244,6 +288,20 @@ async fn write_one(
             Ok(Ok(Written::Done))
         }
     }
+}
+
+/// A document replaced if still at the version its writer read, and its change announced:
+/// `Err` for a database failure (the batch fails), `Ok(Err)` for a refused update.
+async fn replace(
+    conn: &mut SqliteConnection,
+    update: DocumentUpdate,
+    announced: &mut Vec<Change>,
+) -> Result<Result<(), Error>, Error> {
+    let result = update_one(conn, &update).await?;
+    if result.is_ok() {
+        announced.push(Change::Written(update.key, update.expected + 1));
+    }
+    Ok(result)
 }
 
 impl SqliteStore {
