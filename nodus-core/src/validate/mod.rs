@@ -72,8 +72,8 @@ pub use environment::{
     check_image_reference,
 };
 pub use fileset::{MAX_FILESET_FILES, MAX_PATH_COMPONENT_BYTES};
-pub use network::check_network_spec;
 pub use group::{EVALUATION_TIMEOUT_RANGE, MAX_EVALUATION_CASES, MAX_PENDING_RANGE};
+pub use network::check_network_spec;
 pub use run::{RESERVED_CONTEXT_KEY, RUN_TIMEOUT_RANGE};
 pub use secret::MAX_SECRET_KEY_CHARS;
 pub(crate) use secret::{check_secret, parse_secret};
