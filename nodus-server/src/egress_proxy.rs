@@ -26,6 +26,8 @@ use nodus_core::sandbox::{EgressGate, Error as SandboxError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 
+use crate::egress_tls::Tunnelled;
+
 /// The longest request head the proxy reads.
 const MAX_HEAD_BYTES: usize = 16 << 10;
 /// How long the proxy waits for a request head, and for an onward connection.
@@ -425,8 +427,7 @@ impl Run {
                     meter: &meter,
                     budget: &self.budget,
                 };
-                let record = &mut journaled.record;
-                (record.bytes_out, record.bytes_in) = crate::egress_tls::tunnel(
+                let tunnelled = crate::egress_tls::tunnel(
                     self.tls.as_deref(),
                     metered,
                     request.rest,
@@ -435,6 +436,16 @@ impl Run {
                     &injected,
                 )
                 .await;
+                let record = &mut journaled.record;
+                match tunnelled {
+                    Tunnelled::Carried(out, back) => {
+                        (record.bytes_out, record.bytes_in) = (out, back)
+                    }
+                    Tunnelled::Refused(rule) => {
+                        record.verdict = "refused".into();
+                        record.rule = rule;
+                    }
+                }
                 journaled.finish();
             }
             Ok(mut upstream) => {
