@@ -3,15 +3,22 @@
 //! run's uid) and served as its run result `egress` (JSON Lines) and its `status.egress`.
 //!
 //! The proxy hands each record over as its connection ends ([`EgressJournal::record`], which
-//! never waits); one writer task per run appends what has gathered since its last write in
-//! one store write, so records are batched under load and written at once when idle. A
-//! record is durable once that write returns: one finished before a restart is there after
-//! it. Bounded: a run's log keeps its first [`MAX_RECORDS_KEPT`] records and counts the rest
-//! (its counts and bytes cover every connection), and what waits for a write is bounded the
-//! same way.
+//! never waits); one writer task per run appends what has gathered since its last write
+//! ([`chunks::append`]: the log lies in chunks of bounded size, so an append costs what it
+//! appends, not what the log holds), so records are batched under load and written at once
+//! when idle. A record is durable once that write returns: one finished before a restart is
+//! there after it. A write that fails in a way a retry can help is tried again a few times
+//! with growing pauses ([`Retries`]); then its records are given up, said so in the server's
+//! log and counted ([`EgressJournal::records_lost`]). Bounded: a run's log keeps its first
+//! [`MAX_RECORDS_KEPT`] records and counts the rest (its counts and bytes cover every
+//! connection), and what waits for a write is bounded the same way.
+
+pub mod chunks;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -22,9 +29,46 @@ use crate::store::{self, ObjectKey, Store};
 /// The records a run's log keeps; later connections are counted, not kept.
 pub const MAX_RECORDS_KEPT: usize = 10_000;
 
-/// How often a failed write of a batch is tried again before its records are given up (and
-/// said so in the server's log).
-const WRITE_ATTEMPTS: u32 = 5;
+pub use chunks::{delete, read, stored_keys};
+
+/// How the journal's writer tries a failed write again before it gives its records up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retries {
+    /// Attempts in all, the first included (at least one is made).
+    pub attempts: u32,
+    /// The pause before the second attempt; each later pause doubles it.
+    pub first_pause: Duration,
+    /// The longest pause.
+    pub max_pause: Duration,
+}
+
+impl Retries {
+    /// Five attempts over about six seconds.
+    pub const DEFAULT: Retries = Retries {
+        attempts: 5,
+        first_pause: Duration::from_millis(400),
+        max_pause: Duration::from_secs(5),
+    };
+
+    /// The pause before attempt `attempt` (the second is 2) after a failure a retry can help
+    /// (`retryable`), or `None` when no attempt is left: the records are given up.
+    pub fn pause_before(&self, attempt: u32, retryable: bool) -> Option<Duration> {
+        if !retryable || attempt > self.attempts || attempt < 2 {
+            return None;
+        }
+        let doubled = self
+            .first_pause
+            .checked_mul(1 << (attempt - 2).min(20))
+            .unwrap_or(self.max_pause);
+        Some(doubled.min(self.max_pause))
+    }
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries::DEFAULT
+    }
+}
 
 /// Where the egress log of the run with uid `run_uid` is kept.
 pub fn egress_log_key(run_uid: &str) -> ObjectKey {
@@ -87,49 +131,6 @@ impl EgressLog {
         }
         out
     }
-
-    /// The log stored at `document`, or why it cannot be read.
-    pub fn from_document(document: &serde_json::Value) -> Result<Self, String> {
-        serde_json::from_value(document.clone()).map_err(|e| e.to_string())
-    }
-}
-
-/// The egress log of run `run_uid` as stored (an empty one when the run has none).
-pub async fn read(store: &dyn Store, run_uid: &str) -> Result<EgressLog, store::Error> {
-    let key = egress_log_key(run_uid);
-    match store.get(&key).await {
-        Ok(record) => EgressLog::from_document(&record.document)
-            .map_err(|e| store::Error::Corrupt(format!("{key}: {e}"))),
-        Err(store::Error::NotFound(_)) => Ok(EgressLog::default()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Appends `batch` to the log at `key` (made by the first batch).
-async fn append(store: &dyn Store, key: &ObjectKey, batch: &EgressLog) -> Result<(), store::Error> {
-    loop {
-        let added = batch.clone();
-        let edit: store::Edit = Box::new(move |document| {
-            let mut log = EgressLog::from_document(document).unwrap_or_default();
-            log.extend(added.clone(), MAX_RECORDS_KEPT);
-            serde_json::to_value(log).ok()
-        });
-        match store.modify(key, edit).await {
-            Ok(_) => return Ok(()),
-            Err(store::Error::NotFound(_)) => {
-                let mut first = EgressLog::default();
-                first.extend(batch.clone(), MAX_RECORDS_KEPT);
-                let document = serde_json::to_value(first)
-                    .map_err(|e| store::Error::Invalid(format!("an egress log: {e}")))?;
-                match store.create(key, document).await {
-                    // Someone made it meanwhile: append to theirs.
-                    Err(store::Error::AlreadyExists(_)) => continue,
-                    other => return other.map(|_| ()),
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// What waits for one run's writer.
@@ -151,7 +152,9 @@ pub struct EgressJournal {
     store: Arc<dyn Store>,
     pending: Arc<Mutex<HashMap<String, Pending>>>,
     written: Arc<tokio::sync::Notify>,
-    numbered: Arc<std::sync::atomic::AtomicU64>,
+    numbered: Arc<AtomicU64>,
+    retries: Retries,
+    lost: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for EgressJournal {
@@ -161,14 +164,28 @@ impl std::fmt::Debug for EgressJournal {
 }
 
 impl EgressJournal {
-    /// A journal writing to `store`.
+    /// A journal writing to `store`, retrying as [`Retries::DEFAULT`] says.
     pub fn new(store: Arc<dyn Store>) -> Self {
         EgressJournal {
             store,
             pending: Arc::default(),
             written: Arc::new(tokio::sync::Notify::new()),
-            numbered: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            numbered: Arc::new(AtomicU64::new(0)),
+            retries: Retries::DEFAULT,
+            lost: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// This journal retrying failed writes as `retries` says.
+    pub fn with_retries(mut self, retries: Retries) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// The connections whose records this journal gave up because the store kept failing
+    /// (each said so in the server's log): the metric `nodus_egress_records_lost_total`.
+    pub fn records_lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
@@ -179,10 +196,7 @@ impl EgressJournal {
     /// soon, with whatever else gathers meanwhile. Never waits (a connection's end, even one
     /// cut by its sandbox's end, calls it).
     pub fn record(&self, run_uid: &str, record: EgressRecord) {
-        let number = self
-            .numbered
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
+        let number = self.numbered.fetch_add(1, Ordering::Relaxed) + 1;
         let start = {
             let mut pending = self.lock();
             let run = pending.entry(run_uid.to_string()).or_default();
@@ -204,7 +218,6 @@ impl EgressJournal {
 
     /// One run's writer: writes what gathered, until nothing does.
     async fn write(self, run_uid: String) {
-        let key = egress_log_key(&run_uid);
         loop {
             let (batch, last) = {
                 let mut pending = self.lock();
@@ -220,14 +233,18 @@ impl EgressJournal {
                 (std::mem::take(&mut run.batch), run.last)
             };
             let mut attempt = 1;
-            while let Err(error) = append(self.store.as_ref(), &key, &batch).await {
-                if attempt >= WRITE_ATTEMPTS {
-                    tracing::error!(run = %run_uid, error = %error, records = batch.records.len(),
-                        "cannot journal egress records; they are lost");
-                    break;
-                }
+            while let Err(error) = chunks::append(self.store.as_ref(), &run_uid, &batch).await {
                 attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+                let Some(pause) = self.retries.pause_before(attempt, error.is_retryable()) else {
+                    let connections = batch.counts.allowed + batch.counts.refused;
+                    self.lost.fetch_add(connections, Ordering::Relaxed);
+                    tracing::error!(run = %run_uid, error = %error, connections,
+                        attempts = attempt - 1, "cannot journal egress records; they are lost");
+                    break;
+                };
+                tracing::warn!(run = %run_uid, error = %error, attempt = attempt - 1,
+                    "an egress journal write failed; trying again");
+                tokio::time::sleep(pause).await;
             }
             if let Some(run) = self.lock().get_mut(&run_uid) {
                 run.written = last;
@@ -316,7 +333,8 @@ mod tests {
         let document = serde_json::to_value(&log).expect("json");
         assert_eq!(document["counts"]["bytesOut"], 1);
         assert!(document.get("recordsDropped").is_none());
-        assert_eq!(EgressLog::from_document(&document), Ok(log.clone()));
+        let read: EgressLog = serde_json::from_value(document).expect("reads back");
+        assert_eq!(read, log);
         let lines = String::from_utf8(log.json_lines()).expect("UTF-8");
         let lines: Vec<&str> = lines.lines().collect();
         assert_eq!(lines.len(), 2);
@@ -326,3 +344,6 @@ mod tests {
         assert_eq!(first["durationMs"], 1);
     }
 }
+
+#[cfg(test)]
+mod journal_tests;

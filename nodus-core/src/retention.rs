@@ -2,7 +2,8 @@
 //! runs that ended before a cut-off and have not been swept, and has the store rewrite each in
 //! one write ([`Store::rewrite_run`]): the payloads of its document, steps and messages go,
 //! what accounts for the run (kinds, times, models, tokens, costs, exit codes) stays, and its
-//! kept final working directory is deleted with them. The store only applies these edits.
+//! kept final working directory and its egress log (the connections its sandbox made; their
+//! counts stay in `status.egress`) are deleted with them. The store only applies these edits.
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -41,7 +42,7 @@ const PATHS: [&str; 3] = [
 /// (`spec.input`), the answer preview, its inbox messages' text and its steps' contents
 /// (commands, their output, model replies' content, error texts), in one write per run that
 /// also marks it `status.payloadsRemovedAt: now` and deletes its kept final working directory
-/// (the `WorkdirArchive` of its name) and strips the copies of it kept for an idempotent
+/// (the `WorkdirArchive` of its name) and its egress log ([`crate::egress_log`]), and strips the copies of it kept for an idempotent
 /// batch; its working-directory snapshots go too, with the contents no other run's snapshot
 /// names. Runs of a project are swept in creation order, projects in the order given. A run
 /// that changes while it is swept is read again; several sweepers at once sweep each run
@@ -63,10 +64,21 @@ pub async fn sweep(
             }
             // Its working-directory snapshots go first (and the contents no other run names):
             // should the rewrite fail, the next sweep finds the run due and goes on.
+            // Its egress log goes in the rewrite's write.
+            let mut egress = Vec::new();
             if let Some(uid) = run.document["metadata"]["uid"].as_str() {
                 store.delete_snapshots(uid).await?;
+                egress = crate::egress_log::stored_keys(store, uid).await?;
             }
-            if sweep_run(store, run.key.clone(), run.version, ended_before, now).await? {
+            let swept_run = sweep_run(
+                store,
+                run.key.clone(),
+                run.version,
+                &egress,
+                ended_before,
+                now,
+            );
+            if swept_run.await? {
                 swept.runs.push(run.key);
             }
         }
@@ -80,11 +92,15 @@ async fn sweep_run(
     store: &dyn Store,
     key: ObjectKey,
     mut version: u64,
+    egress: &[ObjectKey],
     ended_before: Timestamp,
     now: Timestamp,
 ) -> Result<bool, Error> {
     for _ in 0..ATTEMPTS {
-        match store.rewrite_run(rewrite(key.clone(), version, now)).await {
+        match store
+            .rewrite_run(rewrite(key.clone(), version, egress, now))
+            .await
+        {
             Ok(_) => return Ok(true),
             Err(Error::NotFound(_)) => return Ok(false),
             Err(Error::Conflict { .. }) => match store.get(&key).await {
@@ -99,10 +115,13 @@ async fn sweep_run(
     Ok(false)
 }
 
-/// The rewrite that removes the payloads of `run`, stored at `version`.
-fn rewrite(run: ObjectKey, version: u64, now: Timestamp) -> RunRewrite {
+/// The rewrite that removes the payloads of `run`, stored at `version`, with the documents
+/// of its egress log (`egress`).
+fn rewrite(run: ObjectKey, version: u64, egress: &[ObjectKey], now: Timestamp) -> RunRewrite {
+    let mut delete = vec![workdir_archive_key(&run)];
+    delete.extend_from_slice(egress);
     RunRewrite {
-        delete: vec![workdir_archive_key(&run)],
+        delete,
         run,
         expected_version: version,
         document: Box::new(move |document| strip_run(document, now)),

@@ -135,7 +135,10 @@ impl Server {
             open_model(options.anthropic.clone(), catalog, &mut announcements)?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let ledger = StoreLedger::new(store.clone());
-        let metrics = Metrics::default();
+        let metrics = Metrics {
+            egress: Some(egress_journal.clone()),
+            ..Metrics::default()
+        };
         let mut flush = None;
         let spans: Arc<dyn nodus_core::telemetry::SpanSink> = match &options.otlp {
             Some(otlp) => {

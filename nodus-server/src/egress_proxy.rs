@@ -7,11 +7,13 @@
 //! names the rule. Every connection asked for becomes an [`EgressRecord`], handed to the
 //! run's egress journal ([`EgressJournal`]) when the connection ends, however it ends; a run's
 //! connections at once and bytes in all are bounded ([`ProxyConfig`], the `meter` module). A
+//! plain tunnel's bytes are moved by the kernel (`splice(2)`, the `splice` module). A
 //! tunnel to a host whose requests get injected headers (`spec.network.inject`) is served by
 //! [`crate::egress_tls`], which ends TLS to put them in; a plain `http://` request to such a
 //! host is refused, since the credential would cross the network in clear.
 
 mod meter;
+mod splice;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -26,6 +28,8 @@ use nodus_core::sandbox::{EgressGate, Error as SandboxError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener};
 
+use crate::egress_tls::Tunnelled;
+
 /// The longest request head the proxy reads.
 const MAX_HEAD_BYTES: usize = 16 << 10;
 /// How long the proxy waits for a request head, and for an onward connection.
@@ -37,11 +41,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 /// Bytes (both ways together) one run's connections may carry unless the operator says
 /// otherwise (`--egress-max-bytes`): 1 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
-/// The buffers of a connection's two directions: downloads are the bulk of egress, and a
-/// larger buffer than tokio's 8 KiB means fewer reads and writes per byte of them (the
-/// launcher's bridge copies through 64 KiB too).
-const ANSWER_BUFFER: usize = 64 << 10;
-const REQUEST_BUFFER: usize = 16 << 10;
 /// Connection records a run keeps in memory when the proxy has no journal (unit tests).
 const MAX_RECORDS_PER_RUN: usize = 10_000;
 
@@ -360,7 +359,7 @@ struct Answer {
 }
 
 impl Run {
-    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(&self, mut client: S) {
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin + splice::Socket>(&self, mut client: S) {
         let started = Instant::now();
         let time = jiff::Timestamp::now().to_string();
         let request = match tokio::time::timeout(WAIT, read_request(&mut client)).await {
@@ -425,8 +424,7 @@ impl Run {
                     meter: &meter,
                     budget: &self.budget,
                 };
-                let record = &mut journaled.record;
-                (record.bytes_out, record.bytes_in) = crate::egress_tls::tunnel(
+                let tunnelled = crate::egress_tls::tunnel(
                     self.tls.as_deref(),
                     metered,
                     request.rest,
@@ -435,6 +433,16 @@ impl Run {
                     &injected,
                 )
                 .await;
+                let record = &mut journaled.record;
+                match tunnelled {
+                    Tunnelled::Carried(out, back) => {
+                        (record.bytes_out, record.bytes_in) = (out, back)
+                    }
+                    Tunnelled::Refused(rule) => {
+                        record.verdict = "refused".into();
+                        record.rule = rule;
+                    }
+                }
                 journaled.finish();
             }
             Ok(mut upstream) => {
@@ -449,18 +457,7 @@ impl Run {
                     meter.add_out(
                         (request.onward.as_ref().map_or(0, Vec::len) + request.rest.len()) as u64,
                     );
-                    let mut metered = meter::Metered {
-                        inner: &mut client,
-                        meter: &meter,
-                        budget: &self.budget,
-                    };
-                    let _ = tokio::io::copy_bidirectional_with_sizes(
-                        &mut metered,
-                        &mut upstream,
-                        REQUEST_BUFFER,
-                        ANSWER_BUFFER,
-                    )
-                    .await;
+                    let _ = splice::carry(&client, &upstream, &meter, &self.budget).await;
                 }
                 journaled.finish();
             }

@@ -243,40 +243,40 @@ impl Interceptor {
     /// Serves a tunnel to `host` whose requests get `headers`: TLS with the sandbox (`client`,
     /// past the proxy's `200`), TLS onward on `upstream`, and each request in between with
     /// the headers put in. The bytes (sandbox to host, host to sandbox) of the requests and
-    /// answers; an error when either handshake failed (the sandbox is told when it was the
-    /// host's certificate).
+    /// answers; or which side failed, and why (the sandbox is told when it was the host's).
     pub async fn serve<S>(
         &self,
         client: S,
         upstream: TcpStream,
         host: &str,
         headers: &[&InjectedHeader],
-    ) -> Result<(u64, u64), TlsError>
+    ) -> Result<(u64, u64), Unserved>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let shown = self.shown_for(host)?;
+        let shown = self.shown_for(host).map_err(Unserved::Proxy)?;
         let accept = tokio_rustls::TlsAcceptor::from(shown).accept(client);
         let mut sandbox = match tokio::time::timeout(HANDSHAKE, accept).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
-                return Err(TlsError(format!(
+                return Err(Unserved::Sandbox(TlsError(format!(
                     "the sandbox's TLS handshake for {host} failed: {e}"
-                )));
+                ))));
             }
             Err(_) => {
-                return Err(TlsError(format!(
+                return Err(Unserved::Sandbox(TlsError(format!(
                     "the sandbox's TLS handshake for {host} took too long"
-                )));
+                ))));
             }
         };
-        let name = ServerName::try_from(host.to_owned())
-            .map_err(|e| TlsError(format!("{host} is not a TLS server name: {e}")))?;
+        let name = ServerName::try_from(host.to_owned()).map_err(|e| {
+            Unserved::Host(TlsError(format!("{host} is not a TLS server name: {e}")))
+        })?;
         let connect = self.onward.connect(name, upstream);
         let onward = match tokio::time::timeout(HANDSHAKE, connect).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {
-                let why = format!("the egress proxy does not trust {host}'s certificate: {e}");
+                let why = TlsError(onward_failure(host, &e));
                 let body = format!("{why}\n");
                 let answer = format!(
                     "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n\
@@ -285,20 +285,58 @@ impl Interceptor {
                 );
                 let _ = sandbox.write_all(answer.as_bytes()).await;
                 let _ = sandbox.shutdown().await;
-                return Err(TlsError(why));
+                return Err(Unserved::Host(why));
             }
             Err(_) => {
-                return Err(TlsError(format!("{host}'s TLS handshake took too long")));
+                return Err(Unserved::Host(TlsError(format!(
+                    "{host}'s TLS handshake took too long"
+                ))));
             }
         };
         Ok(relay(sandbox, onward, headers).await)
     }
 }
 
+/// Why a tunnel with injected headers carried no request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unserved {
+    /// The proxy could not show the sandbox a certificate for the host.
+    Proxy(TlsError),
+    /// The sandbox's side of TLS failed: the connection was allowed, the sandbox gave up.
+    Sandbox(TlsError),
+    /// TLS onward to the host failed (its certificate not trusted, say): the connection
+    /// reached no host it could trust, and is refused.
+    Host(TlsError),
+}
+
+/// What an onward handshake's failure `error` means, in words: a certificate the proxy does
+/// not trust says so and why (rustls' reason: `UnknownIssuer`, `NotValidForName`, …).
+fn onward_failure(host: &str, error: &std::io::Error) -> String {
+    let rustls_error = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match rustls_error {
+        Some(rustls::Error::InvalidCertificate(why)) => {
+            format!("{host}'s certificate is not trusted by the egress proxy ({why})")
+        }
+        _ => format!("the TLS handshake with {host} failed: {error}"),
+    }
+}
+
+/// How a tunnel with injected headers ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Tunnelled {
+    /// Its requests and answers were carried: the bytes each way.
+    Carried(u64, u64),
+    /// No host could be reached to carry them to: the rule its record is refused with.
+    Refused(String),
+}
+
 /// Serves a `CONNECT` tunnel to `host` whose requests get `headers`, its onward connection
 /// made: answers `200`, then [`Interceptor::serve`] (with `rest`, what the sandbox sent after
-/// the `CONNECT` head, first). Without an interceptor the sandbox is told no. The bytes each
-/// way.
+/// the `CONNECT` head, first). Refused when no interceptor can end TLS or TLS onward failed
+/// (the rule says `upstream TLS:` and why); carried otherwise (a sandbox that gave up its own
+/// handshake carried nothing).
 pub(crate) async fn tunnel<S>(
     tls: Option<&Interceptor>,
     mut client: S,
@@ -306,7 +344,7 @@ pub(crate) async fn tunnel<S>(
     upstream: TcpStream,
     host: &str,
     headers: &[&InjectedHeader],
-) -> (u64, u64)
+) -> Tunnelled
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -323,22 +361,23 @@ where
                 .as_bytes(),
             )
             .await;
-        return (0, 0);
+        return Tunnelled::Refused(body.trim_end().to_string());
     };
     if client
         .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
         .await
         .is_err()
     {
-        return (0, 0);
+        return Tunnelled::Carried(0, 0);
     }
     let (read, write) = tokio::io::split(client);
     let client = tokio::io::join(std::io::Cursor::new(rest).chain(read), write);
     match tls.serve(client, upstream, host, headers).await {
-        Ok(bytes) => bytes,
-        Err(error) => {
+        Ok((out, back)) => Tunnelled::Carried(out, back),
+        Err(Unserved::Host(why)) => Tunnelled::Refused(format!("upstream TLS: {why}")),
+        Err(Unserved::Proxy(error) | Unserved::Sandbox(error)) => {
             tracing::warn!(host = %host, error = %error, "egress: TLS with injected headers failed");
-            (0, 0)
+            Tunnelled::Carried(0, 0)
         }
     }
 }

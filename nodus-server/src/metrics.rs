@@ -26,6 +26,8 @@ pub struct Metrics {
     pub spans: std::sync::Arc<crate::telemetry::SpanCounters>,
     /// This replica's gauges, once it serves.
     pub replica: std::sync::OnceLock<ReplicaGauges>,
+    /// The egress proxy's journal, for the records it gave up.
+    pub egress: Option<nodus_core::egress_log::EgressJournal>,
 }
 
 /// Bucket bounds of `gen_ai.client.token.usage` (the semantic conventions' advice).
@@ -187,6 +189,19 @@ impl Metrics {
             "nodus_otlp_spans_dropped_total{{reason=\"export_failed\"}} {}",
             spans.dropped_export_failed.load(Ordering::Relaxed)
         );
+        if let Some(egress) = &self.egress {
+            let _ = writeln!(
+                text,
+                "# HELP nodus_egress_records_lost_total Egress connections whose records the \
+                 store kept refusing (each said so in the server's log)."
+            );
+            let _ = writeln!(text, "# TYPE nodus_egress_records_lost_total counter");
+            let _ = writeln!(
+                text,
+                "nodus_egress_records_lost_total {}",
+                egress.records_lost()
+            );
+        }
         if let Some(replica) = self.replica.get() {
             replica.render(engine, &mut text);
         }

@@ -1969,8 +1969,8 @@ pub async fn replicas_racing<S: Store + Clone + 'static>(store: S) {
 
 /// Retention ([`nodus_core::retention::sweep`] over this store's `rewrite_run`): the payloads
 /// of runs that ended before the cut-off are removed (input, answer preview, messages' text,
-/// steps' contents) and the run says so in `status.payloadsRemovedAt`; costs, tokens and the
-/// journal's shape stay; runs that ended later or have not ended keep everything; a second
+/// steps' contents, the kept working directory, the egress log) and the run says so in
+/// `status.payloadsRemovedAt`; costs, tokens and the journal's shape stay; runs that ended later or have not ended keep everything; a second
 /// sweep does nothing.
 pub async fn retention<S: Store + Clone + 'static>(store: S) {
     use nodus_core::Usd;
@@ -2072,6 +2072,14 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
             )
             .await
             .expect("an archive");
+        // Its egress log, in more than one document.
+        let mut connections = nodus_core::egress_log::EgressLog::default();
+        for n in 0..=nodus_core::egress_log::chunks::CHUNK_RECORDS {
+            connections.push(egress_record(n), nodus_core::egress_log::MAX_RECORDS_KEPT);
+        }
+        nodus_core::egress_log::chunks::append(&store, &uid, &connections)
+            .await
+            .expect("an egress log");
         runs.insert(name, (uid, store.get(&key(name)).await.expect("get")));
     }
     let before = |name: &str| runs[name].clone();
@@ -2181,6 +2189,16 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         matches!(store.get(&archive_of("old")).await, Err(Error::NotFound(_))),
         "the swept run's kept working directory is gone"
     );
+    assert_eq!(
+        nodus_core::egress_log::stored_keys(&store, &old_uid).await,
+        Ok(Vec::new()),
+        "the swept run's egress log is gone"
+    );
+    let chunk = nodus_core::egress_log::chunks::chunk_key(&old_uid, 1);
+    assert!(
+        matches!(store.get(&chunk).await, Err(Error::NotFound(_))),
+        "with its chunks"
+    );
     for name in ["recent", "running"] {
         assert!(
             store.get(&archive_of(name)).await.is_ok(),
@@ -2201,6 +2219,12 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
             matches!(&journal[0].intent, Intent::Command { command, .. } if command == "cat secrets"),
             "{name} keeps its steps"
         );
+        let egress = nodus_core::egress_log::read(&store, &uid).await;
+        assert_eq!(
+            egress.map(|log| log.records.len()),
+            Ok(nodus_core::egress_log::chunks::CHUNK_RECORDS + 1),
+            "{name} keeps its egress log"
+        );
     }
 
     let again = nodus_core::retention::sweep(&store, &projects, cutoff, time(41 * day))
@@ -2211,6 +2235,21 @@ pub async fn retention<S: Store + Clone + 'static>(store: S) {
         "a swept run is not swept again"
     );
     assert_eq!(store.get(&key("old")).await, Ok(old));
+}
+
+/// The record of egress connection `n`.
+fn egress_record(n: usize) -> nodus_core::egress::EgressRecord {
+    nodus_core::egress::EgressRecord {
+        time: "2026-12-01T00:00:00Z".to_string(),
+        host: format!("host-{n}.test"),
+        port: 443,
+        address: Some("192.0.2.1".to_string()),
+        verdict: "allowed".to_string(),
+        rule: "spec.network.allow[0]".to_string(),
+        bytes_out: 1,
+        bytes_in: 2,
+        duration_ms: 3,
+    }
 }
 
 /// `rewrite_run` applies its edits to the run document (one version up), the copies of it

@@ -101,15 +101,6 @@ fn origin() -> Origin {
     }
 }
 
-/// The records of run `name`'s result `egress`, through `nodus agentrun egress -o jsonl`.
-fn egress_records(server: &ServerProcess, name: &str) -> Vec<serde_json::Value> {
-    server
-        .ok(&["agentrun", "egress", name, "-o", "jsonl"])
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect()
-}
-
 /// `status.egress` of run `name`.
 fn egress_status(server: &ServerProcess, name: &str) -> serde_json::Value {
     let text = server.ok(&[
@@ -231,7 +222,7 @@ fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
     // Each connection the proxy was asked for is journaled with its verdict and rule; the
     // direct connection and the raw socket never reached the proxy and leave no record.
     let journaled = |server: &ServerProcess| {
-        let records = egress_records(server, "fetches");
+        let records = server.egress_records("fetches");
         let seen: Vec<(String, String, String, String)> = records
             .iter()
             .map(|r| {
@@ -386,7 +377,7 @@ fn a_runs_connections_at_once_and_bytes_are_bounded_by_the_operator() {
         "{answer}"
     );
 
-    let records = egress_records(&server, "bounded");
+    let records = server.egress_records("bounded");
     assert_eq!(records.len(), 6, "{records:?}");
     let rule = |i: usize| records[i]["rule"].as_str().unwrap_or_default().to_string();
     for slow in &records[..4] {

@@ -8,8 +8,10 @@
 //! the proxy: the server sees the header with the Secret's value (in place of one the command
 //! forged), while the sandbox's environment, every process's `/proc/PID/environ`, its working
 //! directory, the run's steps, results and answer and the server's log hold no trace of it.
-//! `wrong.test` shows a certificate for another name: the proxy refuses it and says so; a
-//! plain `http://` request to an inject host is refused.
+//! `wrong.test` shows a certificate for another name and `untrusted.test` (another HTTPS
+//! server of the test's) one from an authority the proxy is not given: the proxy refuses
+//! both, says so, and journals them as refused (`upstream TLS: …`); a plain `http://` request
+//! to an inject host is refused.
 
 #[path = "support/server.rs"]
 mod server;
@@ -23,14 +25,16 @@ use server::{Backend, ServerProcess};
 /// The Secret's value: it must reach the test's server and nothing else.
 const PLANTED: &str = "Bearer inject-planted-value-6b3e90d2f1";
 
-/// An authority of the test's and a certificate it signed for `secure.test` (and nothing
-/// else): the authority's PEM, and the server's TLS configuration.
-fn test_authority() -> (String, Arc<rustls::ServerConfig>) {
+/// An authority of the test's and a certificate it signed for `host` (and nothing else): the
+/// authority's PEM, and the server's TLS configuration.
+fn test_authority(host: &str) -> (String, Arc<rustls::ServerConfig>) {
     let ca_key = rcgen::KeyPair::generate().expect("a key");
     let mut ca = rcgen::CertificateParams::default();
     ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "the test's authority");
+    ca.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        format!("the test's authority for {host}"),
+    );
     ca.key_usages = vec![
         rcgen::KeyUsagePurpose::KeyCertSign,
         rcgen::KeyUsagePurpose::DigitalSignature,
@@ -38,7 +42,7 @@ fn test_authority() -> (String, Arc<rustls::ServerConfig>) {
     let ca_cert = ca.self_signed(&ca_key).expect("self-signed");
     let issuer = rcgen::Issuer::new(ca, ca_key);
     let leaf_key = rcgen::KeyPair::generate().expect("a key");
-    let mut leaf = rcgen::CertificateParams::new(vec!["secure.test".to_string()]).expect("params");
+    let mut leaf = rcgen::CertificateParams::new(vec![host.to_string()]).expect("params");
     leaf.use_authority_key_identifier_extension = true;
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer).expect("signed");
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
@@ -151,10 +155,14 @@ fn effective_uid() -> u32 {
 /// A server in `dir` (started by `wrapper`) whose run injects a header, checked end to end;
 /// the server, still running.
 fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
-    let (ca_pem, config) = test_authority();
+    let (ca_pem, config) = test_authority("secure.test");
     let (port, seen) = https_origin(config);
+    // A server whose certificate's authority the proxy is not given.
+    let (_, untrusted_config) = test_authority("untrusted.test");
+    let (untrusted_port, untrusted_seen) = https_origin(untrusted_config);
     let hosts = dir.join("egress-hosts");
-    std::fs::write(&hosts, "127.0.0.1 secure.test wrong.test\n").expect("hosts file");
+    std::fs::write(&hosts, "127.0.0.1 secure.test wrong.test untrusted.test\n")
+        .expect("hosts file");
     let ca = dir.join("test-ca.pem");
     std::fs::write(&ca, &ca_pem).expect("the test's authority");
     let store = Backend::Sqlite.store_url(dir);
@@ -178,10 +186,13 @@ fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
          authorization: \"{PLANTED}\"\n---\napiVersion: nodus.dev/v1\nkind: AgentEnvironment\n\
          metadata:\n  name: keyed\nspec:\n  network:\n    egress: allowlist\n    allow:\n    \
          - host: secure.test\n      ports: [{port}]\n    - host: wrong.test\n      ports: \
-         [{port}]\n    inject:\n    - host: secure.test\n      header: Authorization\n      \
+         [{port}]\n    - host: untrusted.test\n      ports: [{untrusted_port}]\n    inject:\n    \
+         - host: secure.test\n      header: Authorization\n      \
          valueFrom: {{secretKeyRef: {{name: api-key, key: authorization}}}}\n    - host: \
          wrong.test\n      header: Authorization\n      valueFrom: {{secretKeyRef: {{name: \
-         api-key, key: authorization}}}}\n---\napiVersion: nodus.dev/v1\nkind: Agent\n\
+         api-key, key: authorization}}}}\n    - host: untrusted.test\n      header: \
+         Authorization\n      valueFrom: {{secretKeyRef: {{name: api-key, key: \
+         authorization}}}}\n---\napiVersion: nodus.dev/v1\nkind: Agent\n\
          metadata:\n  name: net-agent\nspec:\n  system: You are a careful assistant.\n  \
          perRunMaxCostUSD: \"0.50\"\n"
     );
@@ -192,6 +203,7 @@ fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
         "curl -sS https://secure.test:{port}/inject; echo; \
          curl -sS -H 'Authorization: forged' https://secure.test:{port}/forged; echo; \
          curl -s -w ' wrong=%{{http_code}}' https://wrong.test:{port}/wrong; echo; \
+         curl -s -w ' untrusted=%{{http_code}}' https://untrusted.test:{untrusted_port}/u; echo; \
          curl -s -w ' plain=%{{http_code}}' http://secure.test:{port}/plain; echo; \
          python3 -c 'import ssl,os; print(\"bundle\", os.path.getsize(os.environ[\"SSL_CERT_FILE\"]) > 0)'; \
          echo environment: ; env; \
@@ -218,9 +230,51 @@ fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
     assert!(answer.contains("hello over tls from /inject"), "{answer}");
     assert!(answer.contains("hello over tls from /forged"), "{answer}");
     assert!(
-        answer.contains("the egress proxy does not trust wrong.test's certificate")
+        answer.contains("wrong.test's certificate is not trusted by the egress proxy (")
             && answer.contains(" wrong=502"),
         "{answer}"
+    );
+    assert!(
+        answer.contains(
+            "untrusted.test's certificate is not trusted by the egress proxy (UnknownIssuer)"
+        ) && answer.contains(" untrusted=502"),
+        "{answer}"
+    );
+    assert!(
+        untrusted_seen.lock().expect("lock").is_empty(),
+        "no request reached the untrusted server"
+    );
+    // The failed onward handshakes are journaled as refused, with why.
+    let records = server.egress_records("keyed");
+    let verdicts: Vec<(&str, &str, &str)> = records
+        .iter()
+        .map(|r| {
+            let text = |name: &str| r[name].as_str().unwrap_or("-");
+            (text("host"), text("verdict"), text("rule"))
+        })
+        .collect();
+    assert_eq!(verdicts.len(), 5, "{records:?}");
+    assert_eq!(
+        verdicts[3],
+        (
+            "untrusted.test",
+            "refused",
+            "upstream TLS: untrusted.test's certificate is not trusted by the egress proxy \
+             (UnknownIssuer)"
+        ),
+        "{records:?}"
+    );
+    let (host, verdict, rule) = verdicts[2];
+    assert_eq!((host, verdict), ("wrong.test", "refused"), "{records:?}");
+    assert!(
+        rule.starts_with(
+            "upstream TLS: wrong.test's certificate is not trusted by the egress proxy ("
+        ),
+        "{rule}"
+    );
+    assert_eq!(
+        verdicts[..2],
+        [("secure.test", "allowed", "spec.network.allow[0]"); 2]
     );
     assert!(
         answer.contains("http:// to secure.test is refused") && answer.contains(" plain=403"),

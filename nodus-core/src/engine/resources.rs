@@ -75,16 +75,12 @@ impl Engine {
             .store
             .delete(&ObjectKey::new(project, Kind::AgentRun, name))
             .await?;
-        let kept = [
-            super::workdir_archive_key(&ObjectKey::new(project, Kind::AgentRun, name)),
-            crate::egress_log::egress_log_key(super::run_uid(&run.object)),
-        ];
-        for key in kept {
-            match self.deps.store.delete(&key).await {
-                Ok(()) | Err(crate::store::Error::NotFound(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
+        let archive = super::workdir_archive_key(&ObjectKey::new(project, Kind::AgentRun, name));
+        match self.deps.store.delete(&archive).await {
+            Ok(()) | Err(crate::store::Error::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
         }
+        crate::egress_log::delete(self.deps.store.as_ref(), super::run_uid(&run.object)).await?;
         if let Some(group) = run.object.spec.group.as_ref().filter(|_| reconcile) {
             match self.reconcile_group(project, group).await {
                 Ok(_) | Err(Error::NotFound { .. }) => {}

@@ -36,7 +36,13 @@ impl Budget {
         spent(self.used.load(Ordering::Relaxed), self.limit)
     }
 
-    fn charge(&self, bytes: usize) {
+    /// The bytes left before the budget is spent.
+    pub(super) fn left(&self) -> u64 {
+        self.limit.saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    /// Counts `bytes` carried.
+    pub(super) fn charge(&self, bytes: usize) {
         self.used.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 }
@@ -74,6 +80,18 @@ impl Meter {
     pub(super) fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Relaxed)
     }
+
+    /// Counts `bytes` carried onward from the sandbox (`out`) or back to it.
+    pub(super) fn carried(&self, out: bool, bytes: u64) {
+        let count = if out { &self.out } else { &self.back };
+        count.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Notes that the run's budget cut the connection off: the error that ends it.
+    pub(super) fn cut(&self) -> io::Error {
+        self.cut.store(true, Ordering::Relaxed);
+        io::Error::other("the run's egress byte limit is reached")
+    }
 }
 
 /// The sandbox's side of a connection, metered: what is read from it goes onward (`out`),
@@ -87,8 +105,7 @@ pub(super) struct Metered<'a, S> {
 
 impl<S> Metered<'_, S> {
     fn cut(&self) -> io::Error {
-        self.meter.cut.store(true, Ordering::Relaxed);
-        io::Error::other("the run's egress byte limit is reached")
+        self.meter.cut()
     }
 }
 

@@ -279,6 +279,14 @@ impl ServerProcess {
         }
     }
 
+    /// The records of run `name`'s result `egress`, through `nodus agentrun egress -o jsonl`.
+    pub fn egress_records(&self, name: &str) -> Vec<serde_json::Value> {
+        self.ok(&["agentrun", "egress", name, "-o", "jsonl"])
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON line"))
+            .collect()
+    }
+
     /// What run `name` shows anyone who asks: its resource, steps (with payloads), answer,
     /// logs and results `runRecord` and `artifacts` (fetched into `dir`); each with where it
     /// came from. For tests that a value shows in none of them.
