@@ -8,6 +8,9 @@
 //!
 //! # Embedding
 //!
+//! [`prelude`] holds what an embedder names; the backends come from nodus-store (a store),
+//! nodus-sandbox (a sandbox) and nodus-llm (a model client and its catalog).
+//!
 //! An [`Engine`](engine::Engine) is built from its [`Deps`](engine::Deps) — a sandbox, a model
 //! client and its catalog; [`Deps::builder`](engine::Deps::builder) fills in the rest (the
 //! in-memory store, the system clock, no metering; `.store(…)` for a durable one) — and a
@@ -19,10 +22,7 @@
 //! ```
 //! use std::sync::Arc;
 //!
-//! use nodus_core::engine::{Config, Deps, Engine};
-//! use nodus_core::lifecycle::RunPhase;
-//! use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
-//! use nodus_core::{Runner, RunnerConfig};
+//! use nodus_core::prelude::*;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,6 +74,7 @@ pub mod money;
 pub mod output;
 pub mod patch;
 pub mod postrun;
+pub mod prelude;
 /// Public with `test-util`, for the engine's benchmarks; internal otherwise.
 #[cfg(feature = "test-util")]
 pub mod replay;

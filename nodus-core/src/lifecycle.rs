@@ -341,6 +341,31 @@ impl<'de> Deserialize<'de> for RunPhase {
     }
 }
 
+/// What a request to cancel a run comes to ([`RunPhase::cancelling`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelling {
+    /// It has finished: there is nothing to cancel.
+    Finished,
+    /// It has not started: cancelled at once, in this phase (no drive would end it).
+    Now(RunPhase),
+    /// It has started: the request is recorded (`status.cancelRequested`), and its drive
+    /// stops its command, deletes its sandbox and ends it.
+    Flagged,
+}
+
+impl RunPhase {
+    /// What cancelling a run in this phase for `reason` comes to: cancel now or flag.
+    pub fn cancelling(self, reason: CancelReason) -> Result<Cancelling, TransitionRefused> {
+        if self.is_finished() {
+            Ok(Cancelling::Finished)
+        } else if matches!(self, RunPhase::Pending(_)) {
+            self.apply(RunEvent::Cancel(reason)).map(Cancelling::Now)
+        } else {
+            Ok(Cancelling::Flagged)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,5 +481,39 @@ mod tests {
         }
         let bad = serde_json::json!({"phase": "Succeeded", "reason": "DeadlineExceeded"});
         assert!(serde_json::from_value::<RunPhase>(bad).is_err());
+    }
+
+    #[test]
+    fn a_run_not_started_is_cancelled_now_a_started_one_flagged() {
+        use super::Cancelling;
+        let reason = CancelReason::CancelRequested;
+        let table = [
+            (
+                RunPhase::Pending(PendingReason::Queued),
+                Cancelling::Now(RunPhase::Cancelled(reason)),
+            ),
+            (RunPhase::Running, Cancelling::Flagged),
+            (
+                RunPhase::Waiting(WaitReason::AwaitingMessage),
+                Cancelling::Flagged,
+            ),
+            (
+                RunPhase::Waiting(WaitReason::MaxCostReached),
+                Cancelling::Flagged,
+            ),
+            (RunPhase::NeedsResolution, Cancelling::Flagged),
+            (RunPhase::Succeeded, Cancelling::Finished),
+            (
+                RunPhase::Failed(FailReason::DeadlineExceeded),
+                Cancelling::Finished,
+            ),
+            (
+                RunPhase::Cancelled(CancelReason::GroupCancelled),
+                Cancelling::Finished,
+            ),
+        ];
+        for (phase, expected) in table {
+            assert_eq!(phase.cancelling(reason), Ok(expected), "{phase}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::clock::Clock;
+use crate::engine::{Driven, Engine};
 use crate::output::Output;
 use crate::sandbox::{self, ExecOutput, ExecRequest, Sandbox, SandboxId, SandboxInfo, SandboxSpec};
 
@@ -97,6 +98,40 @@ impl Clock for ManualClock {
         let mut now = self.now.subscribe();
         // The sender lives as long as the clock, which outlives this borrow of it.
         let _ = now.wait_for(|now| *now >= at).await;
+    }
+}
+
+/// Driving a run or reconciling a group by hand, for tests of the engine and benchmarks: an
+/// embedder's runs and groups are driven by the [`Runner`](crate::Runner) only, so the
+/// engine's own `drive` and `reconcile_group` are not public.
+#[async_trait]
+pub trait Drive {
+    /// Drive a run as far as it goes now, as the runner does: until it finishes, waits,
+    /// parks, or is not admitted yet. Completed steps are taken from the journal, never
+    /// repeated.
+    async fn drive(&self, project: &str, name: &str) -> crate::engine::Result<Driven>;
+
+    /// Reconcile a group as the runner does: start the queued runs that may start, cancel
+    /// those whose dependencies failed, and write the group's status.
+    async fn reconcile_group(
+        &self,
+        project: &str,
+        name: &str,
+    ) -> crate::engine::Result<crate::resource::AgentGroup>;
+}
+
+#[async_trait]
+impl Drive for Engine {
+    async fn drive(&self, project: &str, name: &str) -> crate::engine::Result<Driven> {
+        Engine::drive(self, project, name).await
+    }
+
+    async fn reconcile_group(
+        &self,
+        project: &str,
+        name: &str,
+    ) -> crate::engine::Result<crate::resource::AgentGroup> {
+        Engine::reconcile_group(self, project, name).await
     }
 }
 

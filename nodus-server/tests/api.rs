@@ -5,6 +5,7 @@ mod support;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
+use nodus_core::testing::Drive;
 use serde_json::{Value, json};
 use support::{Api, BASE, TOKEN, agent, api};
 use tower::ServiceExt;

@@ -16,7 +16,7 @@ use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
 use nodus_core::router::FixedRouter;
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::Lease;
-use nodus_core::testing::{ManualClock, RecordingSandbox};
+use nodus_core::testing::{Drive, ManualClock, RecordingSandbox};
 use nodus_core::{Clock, Store};
 use nodus_llm::{Reply, ScriptedModel};
 use nodus_store::MemoryStore;

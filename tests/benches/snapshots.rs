@@ -23,6 +23,7 @@ use nodus_core::journal::{Intent, Step};
 use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
 use nodus_core::router::FixedRouter;
 use nodus_core::secret::StaticSecrets;
+use nodus_core::testing::Drive;
 use nodus_llm::{Reply, ScriptedModel};
 use nodus_sandbox::unisolated::UnisolatedSandbox;
 use nodus_store::SqliteStore;

@@ -14,6 +14,7 @@ use nodus_core::engine::Driven;
 use nodus_core::journal::{Intent, Outcome, StepState};
 use nodus_core::lifecycle::{CancelReason, Resolution, RunPhase};
 use nodus_core::store::Store;
+use nodus_core::testing::Drive;
 use nodus_llm::Reply;
 use support::{
     CrashMode, CrashingStore, PROJECT, World, agent, assert_costs_within_reservations,

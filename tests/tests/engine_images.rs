@@ -19,6 +19,7 @@ use nodus_core::journal::Outcome;
 use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, Environment, GroupLimits};
 use nodus_core::sandbox::Sandbox;
+use nodus_core::testing::Drive;
 use nodus_llm::Reply;
 use nodus_sandbox::{DockerConfig, DockerSandbox};
 use support::{PROJECT, World, agent, run};

@@ -17,6 +17,7 @@ use nodus_core::resource::{
 };
 use nodus_core::secret::SecretString;
 use nodus_core::store::{Delivery, Selector, Store as _};
+use nodus_core::testing::Drive;
 use nodus_core::{Clock, Usd};
 use nodus_llm::Reply;
 use support::{PROJECT, World, agent, helper_run, run, waiting_chat};

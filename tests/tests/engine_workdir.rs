@@ -8,6 +8,7 @@ use std::io::Read;
 use nodus_core::engine::{Driven, Error};
 use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{ArtifactMount, FileEntry, FileSetSpec, Object, WorkdirSpec};
+use nodus_core::testing::Drive;
 use nodus_llm::Reply;
 use support::{PROJECT, World, agent, run};
 

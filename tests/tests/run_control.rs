@@ -18,6 +18,7 @@ use nodus_core::journal::{StepKind, StepState};
 use nodus_core::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase};
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, GroupLimits};
 use nodus_core::store::Delivery;
+use nodus_core::testing::Drive;
 use nodus_llm::Reply;
 use nodus_server::{Options, SandboxKind, Server, StoreUrl};
 use support::{PROJECT, World, agent, helper_run, run, waiting_chat};

@@ -75,8 +75,10 @@ pub(super) struct Fixed {
 impl Engine {
     /// Drive a run as far as it goes now: until it finishes, waits, parks, or is not admitted
     /// yet. Safe to call on any run at any time, after a crash included: completed steps are
-    /// taken from the journal, never repeated.
-    pub async fn drive(&self, project: &str, name: &str) -> Result<Driven> {
+    /// taken from the journal, never repeated. Only the [`Runner`](crate::runner::Runner)
+    /// drives runs; tests drive by hand through [`testing::Drive`](crate::testing::Drive).
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) async fn drive(&self, project: &str, name: &str) -> Result<Driven> {
         let run = self.read_run(project, name).await?;
         self.drive_read(project, name, run).await
     }
@@ -84,7 +86,7 @@ impl Engine {
     /// Drive a run as [`Engine::drive`] does, and say which group it is in, from the same
     /// read of the run (the runner looks at the group after): `Err` when the run cannot be
     /// read, else the group and how the drive went.
-    pub async fn drive_in_group(
+    pub(crate) async fn drive_in_group(
         &self,
         project: &str,
         name: &str,

@@ -176,7 +176,7 @@ impl Engine {
     /// Reconcile a group: start the queued runs that may start, cancel those whose
     /// dependencies failed, and write the group's status. Runs it starts still need an
     /// executor to [`drive`](Engine::drive) them.
-    pub async fn reconcile_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
+    pub(crate) async fn reconcile_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
         loop {
             let group = self.read_group(project, name).await?;
             let members = self.members(project, name).await?;

@@ -52,7 +52,7 @@ use typed::Versioned;
 use crate::catalog::Catalog;
 use crate::clock::Clock;
 use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
-use crate::lifecycle::{CancelReason, PendingReason, Resolution, RunEvent, RunPhase};
+use crate::lifecycle::{CancelReason, Cancelling, PendingReason, Resolution, RunEvent, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
     Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, NameOrInline, RunSnapshot,
@@ -877,16 +877,18 @@ impl Engine {
                 .status
                 .phase
                 .unwrap_or(RunPhase::Pending(PendingReason::Queued));
-            if phase.is_finished() {
-                return Ok(false);
-            }
-            let undriven = matches!(phase, RunPhase::Pending(_));
-            if undriven {
-                run.object.status.phase = Some(phase.apply(RunEvent::Cancel(reason))?);
-                run.object.status.completion_time = Some(self.deps.clock.now());
-            } else {
-                run.object.status.cancel_requested = Some(reason);
-            }
+            let undriven = match phase.cancelling(reason)? {
+                Cancelling::Finished => return Ok(false),
+                Cancelling::Now(cancelled) => {
+                    run.object.status.phase = Some(cancelled);
+                    run.object.status.completion_time = Some(self.deps.clock.now());
+                    true
+                }
+                Cancelling::Flagged => {
+                    run.object.status.cancel_requested = Some(reason);
+                    false
+                }
+            };
             let key = ObjectKey::new(project, Kind::AgentRun, name);
             match self
                 .deps

@@ -21,7 +21,7 @@ use nodus_core::store::{
     self, Change, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite, Selector,
     Store,
 };
-use nodus_core::testing::{ManualClock, RecordingSandbox};
+use nodus_core::testing::{Drive, ManualClock, RecordingSandbox};
 use nodus_llm::{Reply, ScriptedModel};
 use nodus_store::MemoryStore;
 use serde_json::Value;
