@@ -500,7 +500,7 @@ fn a_docker_run_on_an_allowlist_gets_out_only_through_the_proxy() {
         ["GET /proxied HTTP/1.1"],
         "{answer}"
     );
-    let records = egress_records(&server, "fetches");
+    let records = server.egress_records("fetches");
     let seen_records: Vec<(String, String, String, String)> = records
         .iter()
         .map(|r| {
@@ -615,7 +615,7 @@ fn an_evaluation_s_agents_get_the_environment_s_allowlist_and_its_grader_no_netw
         ["GET /agent HTTP/1.1"],
         "{results}"
     );
-    let records = egress_records(&server, run);
+    let records = server.egress_records(run);
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["verdict"], "allowed", "{records:?}");
     assert_eq!(records[0]["rule"], "spec.network.allow[0]", "{records:?}");
