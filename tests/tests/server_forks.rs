@@ -739,11 +739,19 @@ async fn a_fork_of_a_message_driven_run_carries_its_messages(backend: Backend) {
     let requests = fake.requests();
     assert_eq!(requests.len(), 5, "one call for the fork");
     let call = &requests[4].body;
+    // (The fake's tool calls come with a "Let me check." text.)
     assert_eq!(
         texts_in(call),
-        vec!["Start.", "Started.", "Now write b."],
+        vec![
+            "Start.",
+            "Let me check.",
+            "Started.",
+            "Now write b.",
+            "Let me check."
+        ],
         "{call}"
     );
+    assert!(!call.to_string().contains("no longer stored"), "{call}");
     assert_eq!(results_in(call), vec!["c1", "c2"]);
     // The fork reads a message of its own after the ones it inherited.
     fake.push(Fake::Message(FakeMessage::text("Again.")));
@@ -760,7 +768,15 @@ async fn a_fork_of_a_message_driven_run_carries_its_messages(backend: Backend) {
     };
     assert_eq!(
         texts_in(&last),
-        vec!["Start.", "Started.", "Now write b.", "Forked.", "And now?"],
+        vec![
+            "Start.",
+            "Let me check.",
+            "Started.",
+            "Now write b.",
+            "Let me check.",
+            "Forked.",
+            "And now?"
+        ],
         "{last}"
     );
     server.ok(&["cancel", "agentrun/chat"]);
