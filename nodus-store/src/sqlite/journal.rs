@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use super::writer::Write;
+use super::write::Write;
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
 
