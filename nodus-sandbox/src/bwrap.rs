@@ -106,9 +106,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::io::{Seek, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -117,161 +116,29 @@ use std::time::Duration;
 use async_trait::async_trait;
 use nodus_core::Sandbox;
 use nodus_core::sandbox::{
-    EgressGate, Error, ExecOutput, ExecRequest, Limits, LiveOutput, SandboxId, SandboxInfo,
-    SandboxSpec,
+    Error, ExecOutput, ExecRequest, Limits, LiveOutput, SandboxId, SandboxInfo, SandboxSpec,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio::sync::OnceCell;
 use tracing::{debug, info};
 
+use crate::bubblewrap::{self, BwrapStart, bwrap_args, launch, prepare, probe};
 use crate::cgroup::Cgroups;
 use crate::channel::{self, Reading};
 use crate::cpus::sandbox_cpus;
 use crate::disk::Watch;
+pub use crate::host::{
+    BwrapConfig, CgroupUse, DEFAULT_CGROUP_POOL, DEFAULT_DISK_RESERVE_BYTES, DEFAULT_NETNS_POOL,
+    DEFAULT_SANDBOX_USER, HostUser, WORKDIR,
+};
+use crate::host::{give_to, prepare_root, sandbox_env};
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
 use crate::{archive, capped, paths};
 
-/// Where the working directory appears inside the sandbox.
-pub const WORKDIR: &str = "/work";
-
-/// `PATH` inside the sandbox.
-const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// The host's system directories that are bound read-only (or re-created as the same
-/// symbolic links) when they exist.
-pub(crate) const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-];
-
-/// The cgroup gate: `$1` files to write `0` into (moving the shell itself into the sandbox's
-/// cgroups), then the program to become. A file it cannot write ends it with status 125
-/// and a line that starts with [`GATE_MESSAGE`].
-const GATE: &str = "n=$1; shift; while [ \"$n\" -gt 0 ]; do \
-    echo 0 2>/dev/null > \"$1\" || { echo \"nodus-sandbox: cannot join the cgroup $1\" >&2; exit 125; }; \
-    shift; n=$((n - 1)); done; exec \"$@\"";
-
 /// How the gate's own failure message starts.
 const GATE_MESSAGE: &[u8] = b"nodus-sandbox: cannot join the cgroup ";
-
-/// The host user sandboxes run as under a root server unless configured otherwise: 65534,
-/// `nobody` and `nogroup` on Debian and most distributions.
-pub const DEFAULT_SANDBOX_USER: HostUser = HostUser {
-    uid: 65534,
-    gid: 65534,
-};
-
-/// The free space the file system of the working directories keeps by default: 256 MiB.
-pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 256 << 20;
-
-/// A host user id and group id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostUser {
-    /// The user id.
-    pub uid: u32,
-    /// The group id (the only group: supplementary groups are cleared).
-    pub gid: u32,
-}
-
-/// What to tell an operator whose host has no `bwrap`.
-const INSTALL_HINT: &str = "install bubblewrap: `apt-get install bubblewrap` (Debian, Ubuntu), \
-     `dnf install bubblewrap` (Fedora) or `apk add bubblewrap` (Alpine); or ask for the \
-     unisolated mode by name";
-
-/// How many emptied cgroups a hierarchy keeps for reuse by default
-/// ([`BwrapConfig::cgroup_pool`]).
-pub const DEFAULT_CGROUP_POOL: usize = 32;
-
-/// How many empty network namespaces the resident launcher keeps for the next sandboxes
-/// without network, by default ([`BwrapConfig::netns_pool`]).
-pub const DEFAULT_NETNS_POOL: usize = 32;
-
-/// Whether to enforce limits through cgroups.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum CgroupUse {
-    /// Cgroups wherever the host allows, rlimits for the rest.
-    #[default]
-    Auto,
-    /// Rlimits only.
-    Never,
-}
-
-/// How the process backend works on this host.
-#[derive(Debug, Clone)]
-pub struct BwrapConfig {
-    /// The directory that holds the working directories (`root/sandboxes/<key>`). Keep it
-    /// outside the directories bound into sandboxes; with [`BwrapConfig::run_as`] every
-    /// ancestor must be searchable by that user.
-    pub root: PathBuf,
-    /// The `bwrap` binary; searched in `PATH` when `None`.
-    pub bwrap: Option<PathBuf>,
-    /// Nodus's own sandbox launcher (the `nodus` binary, or `nodus-sandbox-launch`; see
-    /// [`nodus_launch`]) to start sandboxes with instead of bubblewrap. When `None`, or when
-    /// it fails its self-check on this host at the first [`Sandbox::create`], sandboxes start
-    /// with bubblewrap; the log says once which.
-    pub launcher: Option<PathBuf>,
-    /// With [`BwrapConfig::launcher`]: whether a resident launcher forks each sandbox's
-    /// first process (started once, after the launcher's self-check) instead of the launcher
-    /// being spawned for each sandbox, which costs a program start (`execve`, the dynamic
-    /// loader, the C library's start-up) every time. On by default.
-    pub resident_launcher: bool,
-    /// With [`BwrapConfig::resident_launcher`], on a root server (the launcher runs as root of
-    /// the initial user namespace): how many empty network namespaces it keeps for the next
-    /// sandboxes without network, instead of each sandbox making one and the kernel tearing
-    /// it down after (the dearest single step of a sandbox). A namespace is taken back only
-    /// once every process that was in it is gone; it belongs to the initial user namespace,
-    /// so that no sandbox can configure anything in it (see docs/operations.md). 0 turns the
-    /// pool off; elsewhere it is off anyway.
-    pub netns_pool: usize,
-    /// Whether limits go through cgroups.
-    pub cgroups: CgroupUse,
-    /// The parent cgroup of the sandboxes' cgroups, in each hierarchy.
-    pub cgroup_parent: String,
-    /// How many emptied cgroups each cgroup v1 hierarchy keeps for the next sandboxes
-    /// (renamed and given the new sandbox's limits instead of made and removed; see the
-    /// `cgroup` module); 0 makes and removes every one.
-    pub cgroup_pool: usize,
-    /// More host directories to bind read-only at the same path (toolchains under `/opt`).
-    /// The sandboxes read in them what [`BwrapConfig::run_as`] may read.
-    pub extra_ro_binds: Vec<PathBuf>,
-    /// The host user and group that commands run as (on cgroup v2 through `setpriv`, which
-    /// must then be installed), or `None` for the server's own user. The server must be root
-    /// to use it.
-    pub run_as: Option<HostUser>,
-    /// The free bytes the file system of [`BwrapConfig::root`] keeps: a command that lets it
-    /// drop below is stopped, so that the store, when it shares that file system, can still
-    /// write.
-    pub disk_reserve_bytes: u64,
-    /// The egress proxy, for sandboxes whose only way out it is ([`SandboxSpec::egress`]):
-    /// with the launcher only, which bridges the sandbox's `127.0.0.1:3128` to the proxy's
-    /// socket for it (`root/egress/<key>.sock`). `None`: such sandboxes are refused.
-    pub egress: Option<Arc<dyn EgressGate>>,
-}
-
-impl BwrapConfig {
-    /// Working directories under `root`, `bwrap` from `PATH`, cgroups where possible under
-    /// `nodus` with a pool of [`DEFAULT_CGROUP_POOL`], nothing bound beyond the defaults, [`DEFAULT_SANDBOX_USER`] when this process
-    /// runs as root (its own user otherwise), [`DEFAULT_DISK_RESERVE_BYTES`] kept free.
-    pub fn new(root: PathBuf) -> Self {
-        BwrapConfig {
-            root,
-            bwrap: None,
-            launcher: None,
-            resident_launcher: true,
-            netns_pool: DEFAULT_NETNS_POOL,
-            cgroups: CgroupUse::Auto,
-            cgroup_parent: "nodus".to_owned(),
-            cgroup_pool: DEFAULT_CGROUP_POOL,
-            extra_ro_binds: Vec::new(),
-            run_as: rustix::process::getuid()
-                .is_root()
-                .then_some(DEFAULT_SANDBOX_USER),
-            disk_reserve_bytes: DEFAULT_DISK_RESERVE_BYTES,
-            egress: None,
-        }
-    }
-}
 
 /// What a sandbox was created with, and its live process.
 #[derive(Debug, Clone)]
@@ -585,16 +452,6 @@ enum Starter {
     Launcher(crate::launcher::Layout, Option<crate::zygote::Resident>),
 }
 
-/// How to start bubblewrap and the arguments that lay out the sandbox's file system.
-#[derive(Debug)]
-struct BwrapStart {
-    bwrap: PathBuf,
-    /// `setpriv …` when sandboxes run as another user and the spawn cannot drop to it (the
-    /// cgroup gate must be root to join v2 cgroups), empty otherwise.
-    setpriv: Vec<OsString>,
-    base_args: Vec<OsString>,
-}
-
 /// Sandboxes that are each one bubblewrap process. See the [module docs](self).
 #[derive(Debug)]
 pub struct BwrapSandbox {
@@ -887,7 +744,14 @@ impl BwrapSandbox {
             .map_err(|e| failed(e.into()))?;
         let mut command = match &prepared.starter {
             Starter::Bwrap(bwrap) => {
-                let args = bwrap_args(bwrap, created, home);
+                let start = bubblewrap::Start {
+                    network: created.network,
+                    tmp_bytes: created.limits.memory_bytes,
+                    home,
+                    links: links_of(created),
+                    env: &created.env,
+                };
+                let args = bwrap_args(bwrap, start);
                 launch(
                     bwrap,
                     prepared.spawn_as,
@@ -1283,276 +1147,6 @@ impl Sandbox for BwrapSandbox {
     }
 }
 
-/// Makes the directory of the working directories and checks that the sandboxes' user can
-/// reach it.
-fn prepare_root(config: &BwrapConfig) -> Result<(), Error> {
-    let failed = |what: &str, e: io::Error| Error::Failed(format!("{what}: {e}"));
-    let sandboxes = config.root.join("sandboxes");
-    let shown = sandboxes.display();
-    // Searchable by the sandboxes' user, listable by root only.
-    let mode = if config.run_as.is_some() {
-        0o711
-    } else {
-        0o700
-    };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(&sandboxes)
-        .map_err(|e| failed(&format!("creating {shown}"), e))?;
-    fs::set_permissions(&sandboxes, fs::Permissions::from_mode(mode))
-        .map_err(|e| failed(&format!("setting the mode of {shown}"), e))?;
-    if let Some(user) = config.run_as {
-        check_reachable(&sandboxes, user)?;
-    }
-    Ok(())
-}
-
-/// Finds `bwrap` (and `setpriv`), makes the directory of the working directories, checks that
-/// the sandboxes' user can reach it, and lays out the file system arguments.
-fn prepare(config: &BwrapConfig, drop_at_spawn: bool) -> Result<BwrapStart, Error> {
-    let bwrap = match &config.bwrap {
-        Some(path) if path.is_file() => path.clone(),
-        Some(path) => {
-            return Err(Error::Refused(format!(
-                "bubblewrap is not installed (no {}): {INSTALL_HINT}",
-                path.display()
-            )));
-        }
-        None => find_in_path("bwrap").ok_or_else(|| {
-            Error::Refused(format!(
-                "bubblewrap is not installed (no `bwrap` in PATH): {INSTALL_HINT}"
-            ))
-        })?,
-    };
-    prepare_root(config)?;
-    let mut setpriv = Vec::new();
-    if let Some(user) = config.run_as.filter(|_| !drop_at_spawn) {
-        let program = find_in_path("setpriv").ok_or_else(|| {
-            Error::Refused(format!(
-                "`setpriv` (util-linux) is not installed, and a server running as root needs it \
-                 to run sandboxes as the user {}:{}: `apt-get install util-linux` (Debian, \
-                 Ubuntu), `dnf install util-linux` (Fedora) or `apk add setpriv` (Alpine)",
-                user.uid, user.gid
-            ))
-        })?;
-        setpriv.extend([
-            program.into_os_string(),
-            "--reuid".into(),
-            user.uid.to_string().into(),
-            "--regid".into(),
-            user.gid.to_string().into(),
-            "--clear-groups".into(),
-        ]);
-    }
-
-    let mut args: Vec<OsString> = [
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--hostname",
-        "nodus",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    let system = SYSTEM_DIRS.iter().map(PathBuf::from);
-    for path in system.chain(config.extra_ro_binds.iter().cloned()) {
-        match fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                if let Ok(target) = fs::read_link(&path) {
-                    args.extend(["--symlink".into(), target.into(), path.clone().into()]);
-                }
-            }
-            Ok(meta) if meta.is_dir() => {
-                args.extend(["--ro-bind".into(), path.clone().into(), path.clone().into()]);
-            }
-            _ => {}
-        }
-    }
-    args.extend(
-        ["--proc", "/proc", "--dev", "/dev"]
-            .iter()
-            .map(OsString::from),
-    );
-    Ok(BwrapStart {
-        bwrap,
-        setpriv,
-        base_args: args,
-    })
-}
-
-/// Refuses a directory that `user` cannot reach: bubblewrap, running as `user`, resolves the
-/// working directories' paths, so every directory on the way must be searchable by it.
-fn check_reachable(dir: &Path, user: HostUser) -> Result<(), Error> {
-    let real = dir
-        .canonicalize()
-        .map_err(|e| Error::Failed(format!("resolving {}: {e}", dir.display())))?;
-    for ancestor in real.ancestors() {
-        let meta = fs::metadata(ancestor)
-            .map_err(|e| Error::Failed(format!("reading {}: {e}", ancestor.display())))?;
-        let mode = meta.permissions().mode();
-        let searchable = mode & 0o001 != 0
-            || (meta.uid() == user.uid && mode & 0o100 != 0)
-            || (meta.gid() == user.gid && mode & 0o010 != 0);
-        if !searchable {
-            return Err(Error::Refused(format!(
-                "the sandboxes' working directories must be under a directory that their user \
-                 {}:{} can reach, and {} (mode {:o}, owner {}) is not searchable by it: choose \
-                 a sandbox directory outside it, or allow it with `chmod o+x {}`",
-                user.uid,
-                user.gid,
-                ancestor.display(),
-                mode & 0o7777,
-                meta.uid(),
-                ancestor.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Makes `user` the owner of `dir` and everything below it (never following links), as
-/// after files were unpacked there as root.
-fn give_to(dir: &Path, user: HostUser) -> Result<(), Error> {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = fs::symlink_metadata(&path)
-            .map_err(|e| Error::Failed(format!("reading {}: {e}", path.display())))?;
-        if meta.uid() != user.uid || meta.gid() != user.gid {
-            std::os::unix::fs::lchown(&path, Some(user.uid), Some(user.gid)).map_err(|e| {
-                Error::Failed(format!("giving {} to the sandbox: {e}", path.display()))
-            })?;
-        }
-        if meta.is_dir() {
-            let children = fs::read_dir(&path)
-                .map_err(|e| Error::Failed(format!("reading {}: {e}", path.display())))?;
-            stack.extend(children.flatten().map(|child| child.path()));
-        }
-    }
-    Ok(())
-}
-
-/// The command that starts bubblewrap with the options `args` and then `program`: through the
-/// cgroup gate when there are `entry_files` to join, as the sandboxes' user when there is one,
-/// in `/` with an empty environment, reading its options from standard input (`--args 0`) so
-/// that none of them, host paths included, shows in the sandbox's `/proc/1/cmdline`; only
-/// `program` (the shell and the command) does.
-fn launch(
-    prepared: &BwrapStart,
-    spawn_as: Option<HostUser>,
-    entry_files: &[PathBuf],
-    args: &[OsString],
-    program: &[OsString],
-) -> Result<Command, Error> {
-    let mut data = Vec::new();
-    for arg in args {
-        let bytes = arg.as_encoded_bytes();
-        if bytes.contains(&0) {
-            return Err(Error::Refused(
-                "cannot run this command: it contains a NUL byte".to_owned(),
-            ));
-        }
-        data.extend_from_slice(bytes);
-        data.push(0);
-    }
-    let file = input_file(&data, "bubblewrap's arguments")?;
-    let mut launcher = prepared.setpriv.clone();
-    launcher.push(prepared.bwrap.clone().into_os_string());
-    let (first, rest) = launcher
-        .split_first()
-        .ok_or_else(|| Error::Failed("no bubblewrap to start".to_owned()))?;
-    let mut command = if entry_files.is_empty() {
-        let mut command = Command::new(first);
-        command.args(rest);
-        command
-    } else {
-        // A gate shell moves itself into the sandbox's cgroups, then becomes bubblewrap (as
-        // the sandboxes' user), so every process of the sandbox starts inside them.
-        let mut command = Command::new("/bin/sh");
-        command
-            .arg("-c")
-            .arg(GATE)
-            .arg("nodus-sandbox")
-            .arg(entry_files.len().to_string())
-            .args(entry_files)
-            .arg(first)
-            .args(rest);
-        command
-    };
-    if let Some(user) = spawn_as {
-        // Set in the child before it runs anything; supplementary groups are cleared too.
-        command.uid(user.uid).gid(user.gid);
-    }
-    command
-        .args(["--args", "0", "--"])
-        .args(program)
-        .stdin(Stdio::from(file))
-        .current_dir("/")
-        .env_clear();
-    Ok(command)
-}
-
-/// Runs `true` in a sandbox laid out as every command's, so that a host where bubblewrap
-/// cannot work says so at `create`, not as a command's failure.
-async fn probe(
-    prepared: &BwrapStart,
-    spawn_as: Option<HostUser>,
-    memory: u64,
-) -> Result<(), Error> {
-    let mut args = prepared.base_args.clone();
-    args.extend(
-        [
-            "--size",
-            &memory.to_string(),
-            "--tmpfs",
-            "/tmp",
-            "--remount-ro",
-            "/",
-        ]
-        .iter()
-        .map(OsString::from),
-    );
-    let shell = ["/bin/sh", "-c", "true"].map(OsString::from);
-    let mut command = launch(prepared, spawn_as, &[], &args, &shell)?;
-    command.kill_on_drop(true);
-    let output = tokio::time::timeout(Duration::from_secs(30), command.output())
-        .await
-        .map_err(|_| Error::Failed("bubblewrap did not start a sandbox in 30 s".to_owned()))?
-        .map_err(|e| {
-            Error::Refused(format!(
-                "cannot run bubblewrap ({}): {e}; {INSTALL_HINT}",
-                prepared.bwrap.display()
-            ))
-        })?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Refused(format!(
-            "bubblewrap ({}) cannot create a sandbox on this host (it needs version 0.8 or \
-             later and user namespaces): {}",
-            prepared.bwrap.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
-}
-
-/// A file that reads `data` from its start, for a child's standard input (a memfd: nothing
-/// on disk).
-pub(crate) fn input_file(data: &[u8], what: &str) -> Result<fs::File, Error> {
-    let fd = rustix::fs::memfd_create("nodus-sandbox-input", rustix::fs::MemfdFlags::CLOEXEC)
-        .map_err(|e| Error::Failed(format!("making {what}: {e}")))?;
-    let mut file = fs::File::from(fd);
-    file.write_all(data)
-        .and_then(|()| file.seek(io::SeekFrom::Start(0)).map(drop))
-        .map_err(|e| Error::Failed(format!("writing {what}: {e}")))?;
-    Ok(file)
-}
-
 /// The variables that send a sandbox's HTTP clients through the egress proxy on its
 /// loopback (both spellings: curl reads `http_proxy` only in lower case, other tools the
 /// upper case), and the sandbox's own addresses past it.
@@ -1572,20 +1166,6 @@ fn proxy_env() -> BTreeMap<String, String> {
     .collect()
 }
 
-/// The environment of a sandbox's shell: `PATH`, `HOME` and `LANG`, then the sandbox's own
-/// (which may replace them).
-fn sandbox_env(env: &BTreeMap<String, String>) -> Vec<(OsString, OsString)> {
-    let mut all: BTreeMap<&str, &str> = [
-        ("PATH", SANDBOX_PATH),
-        ("HOME", WORKDIR),
-        ("LANG", "C.UTF-8"),
-    ]
-    .into_iter()
-    .collect();
-    all.extend(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    all.into_iter().map(|(k, v)| (k.into(), v.into())).collect()
-}
-
 /// A sandbox's [`SandboxSpec::links`] as symbolic links of its root: (target, path).
 fn links_of(created: &Created) -> Vec<(PathBuf, PathBuf)> {
     created
@@ -1593,39 +1173,4 @@ fn links_of(created: &Created) -> Vec<(PathBuf, PathBuf)> {
         .iter()
         .map(|(path, target)| (Path::new(WORKDIR).join(target), PathBuf::from(path)))
         .collect()
-}
-
-/// Bubblewrap's options for one sandbox's start.
-fn bwrap_args(bwrap: &BwrapStart, created: &Created, home: &Path) -> Vec<OsString> {
-    let mut args = bwrap.base_args.clone();
-    let mut push = |items: &[&std::ffi::OsStr]| args.extend(items.iter().map(OsString::from));
-    if created.network {
-        push(&["--share-net".as_ref()]);
-    }
-    let tmp_size = created.limits.memory_bytes.to_string();
-    push(&[
-        "--size".as_ref(),
-        tmp_size.as_ref(),
-        "--tmpfs".as_ref(),
-        "/tmp".as_ref(),
-        "--bind".as_ref(),
-        home.as_os_str(),
-        WORKDIR.as_ref(),
-    ]);
-    for (target, path) in links_of(created) {
-        push(&["--symlink".as_ref(), target.as_os_str(), path.as_os_str()]);
-    }
-    push(&["--remount-ro".as_ref(), "/".as_ref(), "--clearenv".as_ref()]);
-    for (name, value) in sandbox_env(&created.env) {
-        push(&["--setenv".as_ref(), name.as_ref(), value.as_ref()]);
-    }
-    push(&["--chdir".as_ref(), WORKDIR.as_ref()]);
-    args
-}
-
-fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| SANDBOX_PATH.into());
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
 }

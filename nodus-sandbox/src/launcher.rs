@@ -12,7 +12,7 @@ use nodus_core::sandbox::Error;
 use nodus_launch::Plan;
 use tokio::process::Command;
 
-use crate::bwrap::{BwrapConfig, HostUser, SYSTEM_DIRS, WORKDIR, input_file};
+use crate::host::{BwrapConfig, HostUser, SYSTEM_DIRS, WORKDIR, input_file};
 
 /// What every start with the launcher shares, found once.
 #[derive(Debug)]

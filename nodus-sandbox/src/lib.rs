@@ -18,6 +18,7 @@
 //! every backend passes is [`conformance`] (feature `test-util`).
 
 mod archive;
+mod bubblewrap;
 pub mod bwrap;
 mod capped;
 mod cgroup;
@@ -28,6 +29,7 @@ mod cpus;
 mod disk;
 #[cfg(feature = "docker")]
 pub mod docker;
+mod host;
 mod launcher;
 mod paths;
 mod process;

@@ -18,63 +18,14 @@ use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
 use crate::metrics::Metrics;
 use crate::options::{Options, Role, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
+use crate::start_error::StartError;
+use crate::state::AppState;
 
 /// The SQLite file in the data directory, when no store is named.
 const SQLITE_FILE: &str = "nodus.db";
 
 /// Credits the `default` project gets on first start, so that the quickstart runs at once.
 pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);
-
-/// What every handler shares.
-pub struct AppState {
-    /// The run engine.
-    pub engine: Engine,
-    /// The store.
-    pub store: Arc<dyn Store>,
-    /// Tokens.
-    pub auth: Auth,
-    /// Seals Secret values.
-    pub cipher: Cipher,
-    /// Project credits.
-    pub ledger: StoreLedger,
-    /// Request counters.
-    pub metrics: Metrics,
-    /// The long polls and watch streams waiting for a change; they end when the server
-    /// stops.
-    pub watches: crate::watch::Watches,
-    /// What request bodies and streams may hold, and who holds what.
-    pub admission: Arc<crate::admission::Admission>,
-}
-
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The data directory cannot be used.
-    #[error("data directory {path}: {reason}")]
-    DataDir {
-        /// The directory.
-        path: String,
-        /// Why.
-        reason: String,
-    },
-    /// A backend cannot be used.
-    #[error("{0}")]
-    Backend(String),
-    /// The store failed during bootstrap.
-    #[error("store: {0}")]
-    Store(#[from] nodus_core::store::Error),
-    /// Secrets cannot be sealed.
-    #[error(transparent)]
-    Cipher(#[from] crate::secrets::CipherError),
-    /// The listen address cannot be bound.
-    #[error("cannot listen on {address}: {reason}")]
-    Listen {
-        /// The address.
-        address: String,
-        /// Why.
-        reason: String,
-    },
-}
 
 /// A server ready to serve.
 pub struct Server {

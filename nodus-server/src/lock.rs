@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rustix::fs::{FlockOperation, flock};
 
-use crate::app::StartError;
+use crate::start_error::StartError;
 
 /// The lock file in the data directory.
 pub const LOCK_FILE: &str = "nodus.lock";

@@ -14,8 +14,8 @@ use nodus_core::resource::Kind;
 use nodus_core::secret::{SealError, SecretString, Secrets};
 use nodus_core::store::{ObjectKey, Store};
 
-use crate::api::ContinueKey;
 use crate::auth::TokenKey;
+use crate::paging::ContinueKey;
 
 /// The file in the data directory with the server's secret key.
 pub const KEY_FILE: &str = "secret.key";

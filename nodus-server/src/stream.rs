@@ -21,8 +21,8 @@ use nodus_core::store::{Change, ObjectKey, Selector};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::app::AppState;
 use crate::error::ApiResult;
+use crate::state::AppState;
 use crate::watch::{Changes, Next, Start};
 
 /// The annotation of the `BOOKMARK` that follows the events of the state a stream started

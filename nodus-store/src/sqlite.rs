@@ -46,6 +46,7 @@ mod notifications;
 mod open;
 mod snapshots;
 mod transaction;
+mod write;
 mod writer;
 
 pub use open::APPLICATION_ID;
@@ -66,7 +67,7 @@ struct Inner {
     readers: SqlitePool,
     /// Every write but batches of creates, deletes, messages and rewrites, group-committed: under load many runs' steps,
     /// status writes, account edits and leases share one durable commit.
-    writes: GroupCommit<writer::Write, writer::Written>,
+    writes: GroupCommit<write::Write, write::Written>,
     changes: broadcast::Sender<Change>,
 }
 

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::{Invalid, Result, shown_json};
 #[cfg(feature = "context-schema")]
-use super::{NOTHING, Step, field_path};
+use super::{NOTHING, display::Step, display::field_path};
 
 /// The feature of nodus-core that checks contexts against schemas.
 pub const FEATURE: &str = "context-schema";

@@ -63,9 +63,7 @@ pub use context::{
     DIALECT as CONTEXT_SCHEMA_DIALECT, FEATURE as CONTEXT_SCHEMA_FEATURE, check_context,
 };
 pub use display::shown;
-use display::{
-    NOTHING, SHOWN_CHARS, Step, deserialize_error, field_path, push_key, shorten, shown_json,
-};
+use display::{NOTHING, SHOWN_CHARS, deserialize_error, push_key, shorten, shown_json};
 pub use environment::{
     CPU_MILLIS_RANGE, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_IMAGE_REFERENCE_BYTES,
     MEMORY_BYTES_RANGE, RESERVED_ENV_NAMES, RESERVED_ENV_PREFIX, check_environment,

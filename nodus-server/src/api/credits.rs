@@ -11,8 +11,8 @@ use nodus_core::validate::Invalid;
 use serde::Deserialize;
 
 use super::{caller, json_body, reply};
-use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// `GET …/credits`
 pub async fn get(

@@ -3,7 +3,7 @@
 //! error goes through [`ApiError`](crate::error::ApiError).
 
 pub(crate) mod credits;
-pub(crate) mod pages;
+mod openapi;
 mod resources;
 pub(crate) mod runs;
 pub(crate) mod selectors;
@@ -20,11 +20,11 @@ use axum::routing::{MethodRouter, get, post};
 use nodus_core::engine::Reason;
 use serde_json::Value;
 
-pub use pages::{ContinueKey, MAX_LIMIT};
+pub use crate::paging::MAX_LIMIT;
 
-use crate::app::AppState;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// The prefix of every resource path.
 pub const PREFIX: &str = "/apis/nodus.dev/v1/projects/{project}";
@@ -34,7 +34,7 @@ pub const PROJECTS: &str = "/apis/nodus.dev/v1/projects";
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// Every route of the API: its path and the handler of each method it takes. The OpenAPI
-/// document ([`crate::openapi::document`]) describes exactly these paths and methods (a test
+/// document ([`openapi::document`]) describes exactly these paths and methods (a test
 /// holds the two together).
 pub(crate) fn routes() -> Vec<(String, MethodRouter<Arc<AppState>>)> {
     let at = |path: &str| format!("{PREFIX}{path}");
@@ -326,7 +326,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> ApiR
 }
 
 async fn openapi() -> Response {
-    axum::Json(crate::openapi::document()).into_response()
+    axum::Json(openapi::document()).into_response()
 }
 
 async fn not_found() -> ApiError {

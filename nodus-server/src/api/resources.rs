@@ -13,12 +13,12 @@ use nodus_core::store::{ObjectKey, Selector};
 use nodus_core::validate::{self, Invalid};
 use serde_json::{Value, json};
 
-use super::pages::{self, ListOf};
 use super::selectors::ListQuery;
 use super::{caller, json_body, reply};
-use crate::app::AppState;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
+use crate::paging::{self, ListOf};
+use crate::state::AppState;
 use crate::stream::Scope;
 use crate::watch::{Mode, Stream, Target, WatchQuery};
 
@@ -200,7 +200,7 @@ async fn page_answer(
     query: &ListQuery,
 ) -> ApiResult<Value> {
     let limit = match query.limit.as_deref() {
-        Some(text) => pages::limit(text).map_err(ApiError::bad_parameter)?,
+        Some(text) => paging::limit(text).map_err(ApiError::bad_parameter)?,
         None => NonZeroUsize::MAX,
     };
     let key = state.cipher.continue_key();

@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{caller, json_body, reply, shaped_body};
-use crate::app::AppState;
 use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
 
 /// A message to a keepAlive run.
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -191,26 +191,7 @@ pub async fn result(
 ) -> ApiResult<Response> {
     caller(&state, &headers).await?.check_read(&project)?;
     let found = state.engine.result(&project, &name, &result).await?;
-    Ok(result_download(found))
-}
-
-/// A result as a download (the API's route and the console's): its content type, and its
-/// file name with every byte but `[A-Za-z0-9._~-]` percent-encoded, so that a name an action
-/// chose can neither break the header nor add a parameter to it.
-pub(crate) fn result_download(found: nodus_core::engine::RunResult) -> Response {
-    let file_name = crate::console::html::percent_encode(&found.info.file_name);
-    (
-        StatusCode::OK,
-        [
-            (axum::http::header::CONTENT_TYPE, found.info.content_type),
-            (
-                axum::http::header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{file_name}\""),
-            ),
-        ],
-        found.content,
-    )
-        .into_response()
+    Ok(crate::download::result_download(found))
 }
 
 /// `POST …/agentruns/{name}/cancel`: the run is cancelled and its sandbox deleted.

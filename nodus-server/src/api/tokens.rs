@@ -11,8 +11,8 @@ use nodus_core::resource::API_VERSION;
 use serde_json::{Value, json};
 
 use super::{caller, json_body, reply};
-use crate::app::AppState;
 use crate::error::ApiResult;
+use crate::state::AppState;
 
 fn list(kind: &str, items: Vec<Value>) -> Value {
     json!({"apiVersion": API_VERSION, "kind": format!("{kind}List"), "items": items})

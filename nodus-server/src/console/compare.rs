@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use super::html::Html;
 use super::pages::Page;
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The page's query: the two groups.
 #[derive(Debug, Default, Deserialize)]

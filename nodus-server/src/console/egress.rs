@@ -6,8 +6,8 @@ use nodus_core::egress_log::EgressLog;
 use serde_json::Value;
 
 use super::html::Html;
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Connections the section lists (the newest are in the run's `egress` result).
 const SHOWN: usize = 200;

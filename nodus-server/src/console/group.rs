@@ -17,8 +17,8 @@ use super::pages::{
     COUNT_FIELDS, Page, cost_against_cap, group_total, percent, percent_range, phase_class,
     reason_counts, reward, runs_table, show,
 };
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Moments the progress chart samples.
 const PROGRESS_POINTS: u32 = 48;

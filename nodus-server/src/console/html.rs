@@ -4,6 +4,8 @@
 
 use std::fmt::{self, Write as _};
 
+pub use crate::download::percent_encode;
+
 /// A piece of HTML under construction.
 #[derive(Default)]
 pub struct Html(String);
@@ -64,20 +66,6 @@ fn escape_into(out: &mut String, text: &str) {
             c => out.push(c),
         }
     }
-}
-
-/// Every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) as `%XX`: safe in a path
-/// segment, a query value and an HTML attribute.
-pub fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-    out
 }
 
 #[cfg(test)]

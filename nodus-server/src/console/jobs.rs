@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::html::{Html, percent_encode};
 use super::pages::Page;
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// A size in bytes as people read it: `512 B`, `1.5 KiB`, `3.2 MiB` (one decimal, rounded
 /// down; the exact count is in the cell's `data-bytes`).

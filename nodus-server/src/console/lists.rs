@@ -13,10 +13,10 @@ use serde_json::Value;
 
 use super::html::{Html, percent_encode};
 use super::pages::{Page, runs_table, show};
-use crate::api::pages::{ListOf, limit as parse_limit};
 use crate::api::selectors::ListQuery;
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::paging::{ListOf, limit as parse_limit};
+use crate::state::AppState;
 
 /// Rows of a page when the query does not say.
 pub const DEFAULT_LIMIT: usize = 100;

@@ -44,9 +44,9 @@ use nodus_core::store::ObjectKey;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::app::AppState;
 use crate::auth::{DEFAULT_PROJECT, Principal, SYSTEM_PROJECT, TEMPLATE_PROJECT};
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::watch::Woken;
 
 pub use html::{Html, escape};
@@ -536,7 +536,7 @@ async fn run_result(
     }
     .await;
     match found {
-        Ok(found) => crate::api::runs::result_download(found),
+        Ok(found) => crate::download::result_download(found),
         Err(error) => error_page(&error, Some(back)),
     }
 }

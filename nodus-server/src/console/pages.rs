@@ -8,9 +8,9 @@ use nodus_core::store::Selector;
 use serde_json::Value;
 
 use super::html::{Html, percent_encode};
-use crate::app::AppState;
 use crate::auth::TEMPLATE_PROJECT;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Which part of the console a page belongs to.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -17,8 +17,8 @@ use super::pages::{
     to_values,
 };
 use super::{timeline, transcript};
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The sections of a run's page, top to bottom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::SqliteStore;
 use super::inbox::inbox_of;
-use super::writer::Write;
+use super::write::{DocumentUpdate, Write};
 use crate::sql::{self, map_err};
 
 /// Read a document through `executor` (the readers, or the writer inside its transaction).
@@ -34,15 +34,6 @@ pub(super) async fn read_record<'e>(
     .map_err(map_err)?
     .ok_or_else(|| Error::NotFound(key.clone()))?;
     sql::record_of(key.clone(), &row, 0)
-}
-
-/// A document update, checked against the version its writer read.
-#[derive(Debug)]
-pub(super) struct DocumentUpdate {
-    pub(super) key: ObjectKey,
-    pub(super) expected: u64,
-    pub(super) columns: sql::Columns,
-    pub(super) text: String,
 }
 
 /// One document update: `Err` for a database failure (the batch fails), `Ok(Err)` for a

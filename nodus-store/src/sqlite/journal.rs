@@ -8,8 +8,7 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use super::documents::DocumentUpdate;
-use super::writer::Write;
+use super::write::{DocumentUpdate, Write};
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
 

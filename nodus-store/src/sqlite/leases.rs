@@ -6,7 +6,7 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use super::writer::Write;
+use super::write::Write;
 use crate::sql::{self, map_err};
 
 /// Grant `lease` on a run inside a write transaction.

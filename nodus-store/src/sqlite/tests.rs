@@ -249,7 +249,8 @@ async fn a_refused_transaction_announces_nothing() {
 /// the batch's other writes commit and are announced.
 #[tokio::test]
 async fn a_create_of_a_taken_key_in_a_batch_refuses_only_itself() {
-    use super::writer::{Write, Writer};
+    use super::write::Write;
+    use super::writer::Writer;
     use crate::commit::Committer;
 
     let (store, _dir) = fresh().await;
@@ -280,7 +281,7 @@ async fn a_create_of_a_taken_key_in_a_batch_refuses_only_itself() {
     let answered: Vec<String> = results
         .into_iter()
         .map(
-            |result| match result.and_then(super::writer::Written::document) {
+            |result| match result.and_then(super::write::Written::document) {
                 Ok(record) => format!(
                     "{} v{} n{}",
                     record.key.name, record.version, record.document["n"]

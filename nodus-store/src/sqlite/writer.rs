@@ -4,122 +4,18 @@
 //! fsync) and answers each write after the commit.
 
 use async_trait::async_trait;
-use nodus_core::store::{Change, Edit, Error, Fence, Lease, ObjectKey, Record};
+use nodus_core::store::{Change, Error, Record};
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{Connection, Sqlite};
 use tokio::sync::broadcast;
 
-use super::documents::{DocumentUpdate, insert, read_record, update_one};
+use super::documents::{insert, read_record, update_one};
 use super::journal::journal_write;
 use super::leases::{check_fence, grant};
+use super::write::{DocumentUpdate, Write, Written};
 use super::{SqliteStore, batch};
-use crate::commit::{Committer, JournalWrite};
+use crate::commit::Committer;
 use crate::sql::{self, map_err};
-
-/// Every write but batches of creates, deletes, messages and rewrites: queued for the one
-/// writer task, which group-commits whatever is queued in one transaction (one fsync) and
-/// answers each after the commit.
-pub(super) enum Write {
-    /// A document created ([`Store::create`]): refused if the key is taken.
-    Create {
-        /// The document's key.
-        key: ObjectKey,
-        /// The document.
-        document: serde_json::Value,
-    },
-    /// A journal write.
-    Journal(JournalWrite),
-    /// A journal write and, once it is done, a document replaced
-    /// ([`Store::complete_step_then`]).
-    JournalThen(JournalWrite, DocumentUpdate),
-    /// A document replaced if still at the version its writer read.
-    Replace(DocumentUpdate),
-    /// A document edited in place ([`Store::modify`]).
-    Edit {
-        /// The document.
-        key: ObjectKey,
-        /// The edit.
-        edit: Edit,
-    },
-    /// A lease granted ([`Store::claim`]).
-    Claim {
-        /// The run's uid.
-        run: String,
-        /// The lease.
-        lease: Lease,
-    },
-    /// A lease extended or given up ([`Store::renew`], [`Store::release`]).
-    Lease {
-        /// The run's uid.
-        run: String,
-        /// The holder's fence.
-        fence: Fence,
-        /// The new owner and expiry; `None` gives the lease up.
-        renewal: Option<Lease>,
-    },
-}
-
-/// What a write answers.
-#[derive(Debug)]
-pub(super) enum Written {
-    /// Done.
-    Done,
-    /// The edited document.
-    Document(Record),
-    /// The new fence.
-    Fence(Fence),
-    /// The journal write done, and what became of the document replaced after it.
-    Then(Result<(), Error>),
-}
-
-impl Written {
-    pub(super) fn fence(self) -> Result<Fence, Error> {
-        match self {
-            Written::Fence(fence) => Ok(fence),
-            _ => Err(Error::Corrupt(
-                "a claim answered without a fence".to_string(),
-            )),
-        }
-    }
-
-    pub(super) fn then(self) -> Result<Result<(), Error>, Error> {
-        match self {
-            Written::Then(replaced) => Ok(replaced),
-            _ => Err(Error::Corrupt(
-                "a journal write with a document answered without it".to_string(),
-            )),
-        }
-    }
-
-    pub(super) fn document(self) -> Result<Record, Error> {
-        match self {
-            Written::Document(record) => Ok(record),
-            _ => Err(Error::Corrupt(
-                "an edit answered without its document".to_string(),
-            )),
-        }
-    }
-}
-
-impl Write {
-    fn is_journal(&self) -> bool {
-        matches!(self, Write::Journal(_) | Write::JournalThen(..))
-    }
-}
-
-impl std::fmt::Debug for Write {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Write::Journal(write) => write.fmt(f),
-            Write::JournalThen(write, update) => write!(f, "{write:?} then {update:?}"),
-            Write::Create { key, .. } => write!(f, "Create({key})"),
-            Write::Replace(update) => update.fmt(f),
-            Write::Edit { key, .. } => write!(f, "Edit({key})"),
-            Write::Claim { run, .. } => write!(f, "Claim({run})"),
-            Write::Lease { run, .. } => write!(f, "Lease({run})"),
-        }
-    }
-}
 
 /// The writer task's side of group commit: one transaction per batch on the writer
 /// connection (none for a batch of one: its statements commit by themselves), and each
