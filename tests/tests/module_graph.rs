@@ -30,22 +30,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The crates whose module graph must have no cycle. One list: a crate moves here from
-/// [`KNOWN_CYCLES`] when its cycles are broken.
-const ACYCLIC: &[&str] = &["nodus-core", "nodus-store"];
-
-/// Crates with cycles not broken yet, each with its strongly connected sets as they are today
-/// (sorted). The test fails when one changes, so that a crate whose cycles are broken moves to
-/// [`ACYCLIC`] and no new cycle slips into the list unseen.
-const KNOWN_CYCLES: &[(&str, &[&[&str]])] = &[
-    (
-        "nodus-server",
-        &[&[
-            "api", "app", "console", "lock", "openapi", "secrets", "stream",
-        ]],
-    ),
-    ("nodus-sandbox", &[&["bwrap", "launcher"]]),
-];
+/// The crates whose module graph must have no cycle: the library crates.
+const ACYCLIC: &[&str] = &["nodus-core", "nodus-store", "nodus-server", "nodus-sandbox"];
 
 #[test]
 fn the_library_crates_have_no_import_cycle() {
@@ -61,32 +47,6 @@ fn the_library_crates_have_no_import_cycle() {
         "import cycles:\n{}",
         failures.join("\n")
     );
-}
-
-#[test]
-fn the_known_cycles_are_exactly_the_listed_ones() {
-    for (crate_name, known) in KNOWN_CYCLES {
-        assert!(
-            !ACYCLIC.contains(crate_name),
-            "{crate_name} is listed both as acyclic and with known cycles"
-        );
-        let graph = Graph::of_crate(crate_name);
-        let found = graph.cycles();
-        let expected: Vec<Vec<String>> = known
-            .iter()
-            .map(|set| set.iter().map(|m| (*m).to_owned()).collect())
-            .collect();
-        let described: Vec<String> = found
-            .iter()
-            .map(|c| graph.describe(crate_name, c))
-            .collect();
-        assert_eq!(
-            found,
-            expected,
-            "{crate_name}'s cycles changed (if none are left, move it to ACYCLIC):\n{}",
-            described.join("\n")
-        );
-    }
 }
 
 /// The rule's reader on small sources: each path form, and what is ignored.

@@ -1012,7 +1012,6 @@ fn phase_of(run: &AgentRun) -> RunPhase {
         .unwrap_or(RunPhase::Pending(PendingReason::Queued))
 }
 
-#[path = "complete.rs"]
 mod complete;
 
 #[cfg(test)]
