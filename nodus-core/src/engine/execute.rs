@@ -107,7 +107,8 @@ impl Engine {
                     let key = ObjectKey::new(project, Kind::AgentRun, name);
                     self.end_queued(&key, phase, reason).await?;
                     // Failed now, or admitted meanwhile (its own loop then sees the deadline).
-                    Box::pin(self.drive(project, name)).await
+                    let again = self.read_run(project, name).await?;
+                    Box::pin(self.drive_read(project, name, again)).await
                 }
                 Queued::Until(until) => Ok(Driven::NotAdmitted { until }),
             };

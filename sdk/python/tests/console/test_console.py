@@ -447,10 +447,11 @@ def test_every_answer_has_the_policy_and_actions_need_the_csrf_token(
             assert action.status_code == 303
             assert action.headers["location"] == "/console/signin"
         assert api(server, f"/agentruns/{run.name}")["status"]["phase"] == "Waiting"
-        # An empty message is refused, naming the field.
+        # An empty message is refused, naming the field (the engine's rule, as over the API:
+        # a message of only spaces is a message).
         csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
         empty = client.post(
-            f"/console/p/default/runs/{run.name}/message", data={"csrf": csrf, "payload": " "}
+            f"/console/p/default/runs/{run.name}/message", data={"csrf": csrf, "payload": ""}
         )
         assert empty.status_code == 422
         assert "payload" in empty.text
