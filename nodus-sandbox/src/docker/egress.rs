@@ -23,7 +23,7 @@ use bollard::models::{Mount, MountType, NetworkCreateRequest, NetworkInspect};
 use nodus_core::resource::NetworkSpec;
 use nodus_core::sandbox::{EgressGate, Error, SandboxSpec};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 use tracing::{debug, info, warn};
 
 use super::{Endpoint, api_error, status};
@@ -33,6 +33,12 @@ pub const DEFAULT_NETWORK: &str = "nodus-egress";
 
 /// The label that marks the network as Nodus's.
 const NETWORK_LABEL: &str = "nodus.egress";
+
+/// The connections the listener carries at once, of every sandbox (each holds a descriptor,
+/// a task, and while it is being identified a call to the engine): past it, the listener
+/// waits for one to end before it accepts another. The proxy then bounds each run's own
+/// (`--egress-max-connections`), so one sandbox cannot hold more than its share for long.
+const MAX_CARRIED: usize = 1024;
 
 /// How Docker sandboxes reach the egress proxy: the proxy, the network, and a directory of
 /// the server's own for the proxy's sockets and the trust bundle.
@@ -276,11 +282,18 @@ struct Serving {
 impl Serving {
     async fn accept(self, listener: TcpListener) {
         let serving = Arc::new(self);
+        let carried = Arc::new(Semaphore::new(MAX_CARRIED));
         loop {
+            let Ok(permit) = carried.clone().acquire_owned().await else {
+                return;
+            };
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let serving = serving.clone();
-                    tokio::spawn(async move { serving.carry(stream, peer.ip()).await });
+                    tokio::spawn(async move {
+                        serving.carry(stream, peer.ip()).await;
+                        drop(permit);
+                    });
                 }
                 Err(e) => {
                     // Out of descriptors, for a moment: try again shortly.
