@@ -11,7 +11,9 @@
 //! `wrong.test` shows a certificate for another name and `untrusted.test` (another HTTPS
 //! server of the test's) one from an authority the proxy is not given: the proxy refuses
 //! both, says so, and journals them as refused (`upstream TLS: …`); a plain `http://` request
-//! to an inject host is refused.
+//! to an inject host is refused. The same holds on Docker (`NODUS_TEST_DOCKER_CURL_IMAGE`:
+//! busybox and the host's curl), where the container reaches the proxy from the engine's
+//! internal egress network and trusts its authority through the bundle bound into it.
 
 #[path = "support/server.rs"]
 mod server;
@@ -105,7 +107,21 @@ fn https_origin(config: Arc<rustls::ServerConfig>) -> (u16, Arc<Mutex<Vec<Vec<St
 #[test]
 fn an_injected_header_reaches_the_host_and_nothing_else() {
     let dir = tempfile::tempdir().expect("tempdir");
-    injects_and_hides(dir.path(), &[]);
+    injects_and_hides(dir.path(), Sandboxes::Process { wrapper: &[] });
+}
+
+/// The same on Docker: the container's curl goes through the proxy from the engine's internal
+/// egress network and trusts the proxy's authority from the bundle bound into the container.
+#[test]
+fn a_docker_run_gets_its_header_injected_and_never_sees_it() {
+    let image = std::env::var("NODUS_TEST_DOCKER_CURL_IMAGE").unwrap_or_else(|_| {
+        panic!(
+            "NODUS_TEST_DOCKER_CURL_IMAGE is not set: run the tests with ./scripts/test, which \
+             builds the test images"
+        )
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    injects_and_hides(dir.path(), Sandboxes::Docker { image: &image });
 }
 
 /// The same through a server that is not root: as root, the test runs it as `nobody` (its
@@ -126,7 +142,7 @@ fn an_unprivileged_server_injects_too() {
     } else {
         &[]
     };
-    let server = injects_and_hides(dir.path(), wrapper);
+    let server = injects_and_hides(dir.path(), Sandboxes::Process { wrapper });
     let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
         .expect("the server's status");
     let uid = status
@@ -152,9 +168,18 @@ fn effective_uid() -> u32 {
         .expect("an effective uid")
 }
 
-/// A server in `dir` (started by `wrapper`) whose run injects a header, checked end to end;
-/// the server, still running.
-fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
+/// Where the server under test puts its runs.
+#[derive(Clone, Copy)]
+enum Sandboxes<'a> {
+    /// Process sandboxes, the server started by `wrapper` (empty: directly).
+    Process { wrapper: &'a [&'a str] },
+    /// Docker containers of `image` (one with curl).
+    Docker { image: &'a str },
+}
+
+/// A server in `dir` on `sandboxes` whose run injects a header, checked end to end; the
+/// server, still running.
+fn injects_and_hides(dir: &std::path::Path, sandboxes: Sandboxes) -> ServerProcess {
     let (ca_pem, config) = test_authority("secure.test");
     let (port, seen) = https_origin(config);
     // A server whose certificate's authority the proxy is not given.
@@ -166,18 +191,26 @@ fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
     let ca = dir.join("test-ca.pem");
     std::fs::write(&ca, &ca_pem).expect("the test's authority");
     let store = Backend::Sqlite.store_url(dir);
+    let mut flags = vec![
+        "--egress-allow",
+        "127.0.0.1",
+        "--egress-hosts",
+        hosts.to_str().expect("UTF-8"),
+        "--egress-ca",
+        ca.to_str().expect("UTF-8"),
+    ];
+    let (sandbox, wrapper) = match sandboxes {
+        Sandboxes::Process { wrapper } => ("process", wrapper),
+        Sandboxes::Docker { image } => {
+            flags.extend(["--default-image", image]);
+            ("docker", &[][..])
+        }
+    };
     let server = ServerProcess::start_wrapped(
         &store,
         dir,
-        "process",
-        &[
-            "--egress-allow",
-            "127.0.0.1",
-            "--egress-hosts",
-            hosts.to_str().expect("UTF-8"),
-            "--egress-ca",
-            ca.to_str().expect("UTF-8"),
-        ],
+        sandbox,
+        &flags,
         &[("NODUS_LOG", "debug")],
         wrapper,
     );
@@ -205,7 +238,7 @@ fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
          curl -s -w ' wrong=%{{http_code}}' https://wrong.test:{port}/wrong; echo; \
          curl -s -w ' untrusted=%{{http_code}}' https://untrusted.test:{untrusted_port}/u; echo; \
          curl -s -w ' plain=%{{http_code}}' http://secure.test:{port}/plain; echo; \
-         python3 -c 'import ssl,os; print(\"bundle\", os.path.getsize(os.environ[\"SSL_CERT_FILE\"]) > 0)'; \
+         grep -c 'The Nodus egress proxy' $SSL_CERT_FILE; echo bundled; \
          echo environment: ; env; \
          echo processes: ; cat /proc/[0-9]*/environ | tr '\\0' '\\n'"
     );
@@ -280,10 +313,16 @@ fn injects_and_hides(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
         answer.contains("http:// to secure.test is refused") && answer.contains(" plain=403"),
         "{answer}"
     );
-    assert!(answer.contains("bundle True"), "{answer}");
-    // The dumps ran: the proxy's variables and the trust bundle's are there.
+    // The trust bundle holds the proxy's authority (once).
+    assert!(answer.contains("\n1\nbundled"), "{answer}");
+    // The dumps ran: the proxy's variables and the trust bundle's are there (the proxy on the
+    // sandbox's loopback, or on the egress network's gateway for a container).
+    let proxy = match sandboxes {
+        Sandboxes::Process { .. } => "HTTPS_PROXY=http://127.0.0.1:3128",
+        Sandboxes::Docker { .. } => "HTTPS_PROXY=http://",
+    };
     assert!(
-        answer.contains("HTTPS_PROXY=http://127.0.0.1:3128") && answer.contains("SSL_CERT_FILE="),
+        answer.contains(proxy) && answer.contains("SSL_CERT_FILE="),
         "{answer}"
     );
 
