@@ -3,20 +3,21 @@
 //! and listens on `127.0.0.1:`[`EGRESS_PORT`] there, then forks the bridge before it enters
 //! the sandbox's other namespaces: a process in the host's pid and mount namespaces (a thread
 //! cannot be made once `CLONE_NEWPID` is unshared, and the sandbox's root, pivoted into in a
-//! mount namespace the bridge shared, would become its root too) that carries each
-//! connection to the proxy's Unix socket for this sandbox, a host path that the sandbox's
-//! file system does not show. It ends with
-//! stage one (its parent-death signal), and is in stage one's process group.
+//! mount namespace the bridge shared, would become its root too) that hands each connection
+//! to the proxy ([`crate::handoff`]) over the proxy's Unix socket for this sandbox, a host
+//! path that the sandbox's file system does not show; the proxy then reads and writes the
+//! connection itself. It ends with stage one (its parent-death signal), and is in stage one's
+//! process group.
 //!
 //! Nothing else leaves the namespace: its only interface is loopback, so a direct connection
 //! to any other address finds no route, and the sandbox's processes (no capability in any
 //! user namespace) cannot open raw sockets, add interfaces or routes. They cannot see or
 //! signal the bridge either: it is not in their pid namespace. The proxy decides every
-//! connection; the bridge only carries bytes, so it lives as long as stage one, that is as
-//! long as the sandbox.
+//! connection; the bridge only hands connections over, so it lives as long as stage one, that
+//! is as long as the sandbox.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -87,100 +88,18 @@ impl Bridge {
         Ok(())
     }
 
-    /// Serves the connections, a thread each (two per connection), for ever.
+    /// Hands each connection to the proxy (its descriptor, over the proxy's Unix socket for
+    /// this sandbox), for ever.
     fn serve(self) {
         let Bridge { listener, socket } = self;
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
-            let socket = socket.clone();
-            // Out of threads (the sandbox's pids limit counts them): the connection is
-            // dropped, which the client sees as refused.
-            let _ = std::thread::Builder::new().spawn(move || carry(stream, &socket));
-        }
-    }
-}
-
-/// Carries one connection's bytes both ways between the sandbox and the proxy, passing on
-/// each side's end of writing.
-fn carry(sandbox: TcpStream, socket: &std::path::Path) {
-    let Ok(proxy) = UnixStream::connect(socket) else {
-        return;
-    };
-    let (Ok(sandbox_in), Ok(proxy_out)) = (sandbox.try_clone(), proxy.try_clone()) else {
-        return;
-    };
-    let onward = std::thread::Builder::new().spawn(move || {
-        let _ = pass(&sandbox_in, &proxy_out);
-        let _ = proxy_out.shutdown(Shutdown::Write);
-    });
-    if onward.is_err() {
-        return;
-    }
-    let _ = pass(&proxy, &sandbox);
-    let _ = sandbox.shutdown(Shutdown::Write);
-}
-
-/// The most one `splice(2)` moves, and the pipe's size asked for (the kernel's default pipe
-/// is 64 KiB).
-const SPLICED: usize = 1 << 20;
-
-/// Passes what `from` sends to `to` until `from` ends: through a pipe with `splice(2)`, so
-/// the bytes never enter this process's memory; by reading and writing where the kernel
-/// cannot splice these sockets.
-fn pass<F, T>(from: &F, to: &T) -> std::io::Result<u64>
-where
-    F: std::os::fd::AsFd,
-    T: std::os::fd::AsFd,
-    for<'a> &'a F: Read,
-    for<'a> &'a T: Write,
-{
-    use rustix::io::Errno;
-    use rustix::pipe::{PipeFlags, SpliceFlags};
-    let Ok((pipe_out, pipe_in)) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC) else {
-        return copy(from, to);
-    };
-    // A larger pipe moves more per call; the default size serves too.
-    let _ = rustix::pipe::fcntl_setpipe_size(&pipe_in, SPLICED);
-    let mut total = 0u64;
-    loop {
-        let read =
-            match rustix::pipe::splice(from, None, &pipe_in, None, SPLICED, SpliceFlags::MOVE) {
-                Ok(0) => return Ok(total),
-                Ok(n) => n,
-                Err(Errno::INTR) => continue,
-                Err(Errno::INVAL) if total == 0 => return copy(from, to),
-                Err(e) => return Err(e.into()),
-            };
-        let mut left = read;
-        while left > 0 {
-            match rustix::pipe::splice(&pipe_out, None, to, None, left, SpliceFlags::MOVE) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => left -= n,
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
+            // A connection the proxy does not take is dropped, which the client sees as
+            // refused.
+            if let Ok(proxy) = UnixStream::connect(&socket) {
+                let _ = crate::handoff::send(&proxy, &stream);
             }
         }
-        total += read as u64;
-    }
-}
-
-/// Passes what `from` sends to `to` through a buffer, until `from` ends.
-fn copy<F, T>(mut from: &F, mut to: &T) -> std::io::Result<u64>
-where
-    for<'a> &'a F: Read,
-    for<'a> &'a T: Write,
-{
-    let mut buf = vec![0u8; 64 << 10];
-    let mut total = 0;
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) => return Ok(total),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        to.write_all(&buf[..n])?;
-        total += n as u64;
     }
 }
 
@@ -226,74 +145,4 @@ fn loopback_up() -> Result<(), Error> {
         });
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A connected pair of loopback TCP sockets.
-    fn tcp_pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a port");
-        let near = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
-        let (far, _) = listener.accept().expect("accept");
-        (near, far)
-    }
-
-    /// Bytes whose pattern does not repeat at any power of two.
-    fn pattern(len: usize) -> Vec<u8> {
-        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
-    }
-
-    /// `data` written into `into` (then closed), carried from `from` to `to` (then closed) by
-    /// [`pass`] or its fallback [`copy`]: how many bytes the carrier counted, and what
-    /// `out_of` read.
-    fn carried<F, T>(
-        data: &[u8],
-        mut into: impl Write + Send + 'static,
-        from: F,
-        to: T,
-        mut out_of: impl Read,
-        spliced: bool,
-    ) -> (u64, Vec<u8>)
-    where
-        F: std::os::fd::AsFd + Send + 'static,
-        T: std::os::fd::AsFd + Send + 'static,
-        for<'a> &'a F: Read,
-        for<'a> &'a T: Write,
-    {
-        let data = data.to_vec();
-        let writer = std::thread::spawn(move || into.write_all(&data).expect("write"));
-        let carrier = std::thread::spawn(move || {
-            let total = if spliced {
-                pass(&from, &to)
-            } else {
-                copy(&from, &to)
-            };
-            total.expect("carried")
-        });
-        let mut got = Vec::new();
-        out_of.read_to_end(&mut got).expect("read");
-        writer.join().expect("writer");
-        (carrier.join().expect("carrier"), got)
-    }
-
-    #[test]
-    fn a_connection_is_carried_whole_both_ways_spliced_or_copied() {
-        let data = pattern(3 * SPLICED + 12_345);
-        for spliced in [true, false] {
-            // The sandbox's TCP connection, onward to the proxy's Unix socket.
-            let (sandbox, bridge_in) = tcp_pair();
-            let (bridge_out, proxy) = UnixStream::pair().expect("a socket pair");
-            let (total, got) = carried(&data, sandbox, bridge_in, bridge_out, proxy, spliced);
-            assert_eq!(total, data.len() as u64, "onward, spliced {spliced}");
-            assert!(got == data, "onward, spliced {spliced}: the bytes differ");
-            // The proxy's answer, back to the sandbox.
-            let (proxy, bridge_in) = UnixStream::pair().expect("a socket pair");
-            let (bridge_out, sandbox) = tcp_pair();
-            let (total, got) = carried(&data, proxy, bridge_in, bridge_out, sandbox, spliced);
-            assert_eq!(total, data.len() as u64, "back, spliced {spliced}");
-            assert!(got == data, "back, spliced {spliced}: the bytes differ");
-        }
-    }
 }

@@ -27,6 +27,7 @@
 //! [`fork`] and [`close_from`]).
 
 mod egress;
+pub mod handoff;
 mod init;
 mod netpool;
 mod plan;

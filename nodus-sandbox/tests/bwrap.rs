@@ -1337,7 +1337,12 @@ impl nodus_core::sandbox::EgressGate for AnsweringGate {
         let listener = std::os::unix::net::UnixListener::bind(socket)
             .map_err(|e| Error::Failed(e.to_string()))?;
         std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
+            for channel in listener.incoming().flatten() {
+                // The sandbox's bridge hands its connection over, as to the real proxy.
+                let Ok(stream) = nodus_launch::handoff::receive(&channel) else {
+                    continue;
+                };
+                let stream = std::net::TcpStream::from(stream);
                 let mut reader = std::io::BufReader::new(&stream);
                 let mut first = String::new();
                 let _ = reader.read_line(&mut first);

@@ -238,9 +238,13 @@ impl EgressProxy {
                     continue;
                 }
                 match listener.accept().await {
-                    Ok((stream, _)) => {
+                    Ok((channel, _)) => {
                         let run = run.clone();
-                        connections.spawn(async move { run.serve(stream).await });
+                        connections.spawn(async move {
+                            if let Ok(connection) = handed_over(&channel).await {
+                                run.serve(connection).await;
+                            }
+                        });
                     }
                     // Out of file descriptors, say: wait rather than spin.
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -570,6 +574,28 @@ impl Run {
     }
 }
 
+/// The sandbox's TCP connection handed over `channel` ([`nodus_launch::handoff`]), within
+/// [`WAIT`].
+async fn handed_over(channel: &tokio::net::UnixStream) -> std::io::Result<TcpStream> {
+    let received = async {
+        loop {
+            channel.readable().await?;
+            match channel.try_io(tokio::io::Interest::READABLE, || {
+                nodus_launch::handoff::receive(channel)
+            }) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                received => return received,
+            }
+        }
+    };
+    let connection = tokio::time::timeout(WAIT, received)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let connection = std::net::TcpStream::from(connection);
+    connection.set_nonblocking(true)?;
+    TcpStream::from_std(connection)
+}
+
 fn millis(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -700,7 +726,7 @@ fn split_authority(authority: &str, default: Option<u16>) -> Option<(String, u16
 mod tests {
     use super::*;
     use nodus_core::resource::{AllowEntry, EgressMode};
-    use tokio::net::{TcpListener, UnixStream};
+    use tokio::net::TcpListener;
 
     /// An HTTP server on 127.0.0.1 answering every connection with `hello`; its port.
     async fn origin() -> u16 {
@@ -768,8 +794,20 @@ mod tests {
         panic!("{count} records expected: {:?}", run.records());
     }
 
+    /// A TCP connection handed to the run listening on `path`, as a sandbox's bridge hands
+    /// it: the client's end.
+    async fn connect(path: &Path) -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("address");
+        let (near, far) = tokio::join!(TcpStream::connect(address), listener.accept());
+        let far = far.expect("accept").0.into_std().expect("std");
+        let channel = std::os::unix::net::UnixStream::connect(path).expect("connected");
+        nodus_launch::handoff::send(&channel, &far).expect("handed over");
+        near.expect("connect")
+    }
+
     async fn ask(path: &Path, request: &str) -> String {
-        let mut stream = UnixStream::connect(path).await.expect("connected");
+        let mut stream = connect(path).await;
         stream.write_all(request.as_bytes()).await.expect("sent");
         // A tunnel the proxy opened by mistake stays open: a bounded wait fails the test.
         let mut answer = Vec::new();
@@ -801,7 +839,7 @@ mod tests {
             "{get}"
         );
 
-        let mut tunnel = UnixStream::connect(&path).await.expect("connected");
+        let mut tunnel = connect(&path).await;
         tunnel
             .write_all(format!("CONNECT files.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
             .await
@@ -900,7 +938,7 @@ mod tests {
         let run = EgressProxy::new(config("127.0.0.1"))
             .listen(&path, allowlist(&["files.test"], port))
             .expect("listening");
-        let mut tunnel = UnixStream::connect(&path).await.expect("connected");
+        let mut tunnel = connect(&path).await;
         tunnel
             .write_all(format!("CONNECT files.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
             .await

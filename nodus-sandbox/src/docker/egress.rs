@@ -2,9 +2,9 @@
 //! ([`SandboxSpec::egress`]) joins one internal Docker network of the engine (`internal: true`:
 //! no route out of it; inter-container traffic off, so sandboxes cannot reach each other),
 //! whose only address outside the containers is its gateway, the bridge's address on this
-//! host. The server listens there (one port per server) and carries each connection to the
-//! egress proxy's socket of the sandbox that made it — the same [`EgressGate`] path as the
-//! process sandbox's. The sandbox is told by the engine: the container holding the
+//! host. The server listens there (one port per server) and hands each connection to the
+//! egress proxy over the proxy's socket of the sandbox that made it ([`nodus_launch::handoff`])
+//! — the same [`EgressGate`] path as the process sandbox's. The sandbox is told by the engine: the container holding the
 //! connection's source address on the network now (no address is trusted from memory, so a
 //! container that took over a stopped one's address is never taken for it), which must be a
 //! sandbox this process opened the gate for; any other connection is closed at once.
@@ -34,11 +34,11 @@ pub const DEFAULT_NETWORK: &str = "nodus-egress";
 /// The label that marks the network as Nodus's.
 const NETWORK_LABEL: &str = "nodus.egress";
 
-/// The connections the listener carries at once, of every sandbox (each holds a descriptor,
-/// a task, and while it is being identified a call to the engine): past it, the listener
-/// waits for one to end before it accepts another. The proxy then bounds each run's own
-/// (`--egress-max-connections`), so one sandbox cannot hold more than its share for long.
-const MAX_CARRIED: usize = 1024;
+/// The connections the listener identifies at once, of every sandbox (each holds a
+/// descriptor, a task and a call to the engine until it is handed to its proxy or closed):
+/// past it, the listener waits for one to be done before it accepts another. The proxy then
+/// bounds each run's own (`--egress-max-connections`).
+const MAX_IDENTIFIED: usize = 1024;
 
 /// How Docker sandboxes reach the egress proxy: the proxy, the network, and a directory of
 /// the server's own for the proxy's sockets and the trust bundle.
@@ -282,16 +282,16 @@ struct Serving {
 impl Serving {
     async fn accept(self, listener: TcpListener) {
         let serving = Arc::new(self);
-        let carried = Arc::new(Semaphore::new(MAX_CARRIED));
+        let identifying = Arc::new(Semaphore::new(MAX_IDENTIFIED));
         loop {
-            let Ok(permit) = carried.clone().acquire_owned().await else {
+            let Ok(permit) = identifying.clone().acquire_owned().await else {
                 return;
             };
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let serving = serving.clone();
                     tokio::spawn(async move {
-                        serving.carry(stream, peer.ip()).await;
+                        serving.hand_over(stream, peer.ip()).await;
                         drop(permit);
                     });
                 }
@@ -304,8 +304,8 @@ impl Serving {
         }
     }
 
-    /// Carries one connection from `peer` to its sandbox's proxy socket, or closes it.
-    async fn carry(&self, mut stream: TcpStream, peer: IpAddr) {
+    /// Hands one connection from `peer` to its sandbox's proxy, or closes it.
+    async fn hand_over(&self, stream: TcpStream, peer: IpAddr) {
         let found = match self.docker.inspect_network(&self.network, None).await {
             Ok(found) => found,
             Err(e) => {
@@ -323,11 +323,20 @@ impl Serving {
             return;
         };
         let socket = self.dir.join(format!("{key}.sock"));
-        match UnixStream::connect(&socket).await {
-            Ok(mut upstream) => {
-                let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+        let handed = async {
+            let channel = UnixStream::connect(&socket).await?;
+            loop {
+                channel.writable().await?;
+                match channel.try_io(tokio::io::Interest::WRITABLE, || {
+                    nodus_launch::handoff::send(&channel, &stream)
+                }) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    handed => return handed,
+                }
             }
-            Err(e) => debug!(%key, error = %e, "the egress proxy's socket is closed"),
+        };
+        if let Err(e) = handed.await {
+            debug!(%key, error = %e, "the egress proxy's socket is closed");
         }
     }
 }
