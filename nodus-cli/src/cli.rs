@@ -85,9 +85,10 @@ impl Offered {
     /// The kinds, by plural and short name.
     pub fn kinds() -> Offered {
         Offered(|| {
-            crate::kinds::ALL
-                .iter()
-                .flat_map(|&kind| [Some(kind.plural()), crate::kinds::short_name(kind)])
+            nodus_core::resource::Kind::WRITABLE
+                .into_iter()
+                .filter_map(|kind| kind.info())
+                .flat_map(|info| [Some(info.plural), info.short_name])
                 .flatten()
                 .chain(["postrunactions", "replicas"])
                 .collect()

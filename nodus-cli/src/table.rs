@@ -3,10 +3,10 @@
 //! `-o wide`).
 
 use jiff::Timestamp;
+use nodus_core::resource::Kind;
 use serde_json::Value;
 
 use crate::jsonpath::scalar_text;
-use crate::kinds::ResourceKind;
 
 /// Rows under headers.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -53,7 +53,7 @@ impl Table {
 }
 
 /// A table of objects of one kind, with the kind's columns.
-pub fn objects(kind: ResourceKind, items: &[Value], wide: bool, now: Timestamp) -> Table {
+pub fn objects(kind: Kind, items: &[Value], wide: bool, now: Timestamp) -> Table {
     let mut table = Table::new(&headers(kind, wide));
     for item in items {
         table.rows.push(row(kind, item, wide, now));
@@ -61,17 +61,17 @@ pub fn objects(kind: ResourceKind, items: &[Value], wide: bool, now: Timestamp) 
     table
 }
 
-fn headers(kind: ResourceKind, wide: bool) -> Vec<&'static str> {
+fn headers(kind: Kind, wide: bool) -> Vec<&'static str> {
     let (base, more): (&[&str], &[&str]) = match kind {
-        ResourceKind::Agent => (
+        Kind::Agent => (
             &["NAME", "ACCESS", "MAX COST", "AGE"],
             &["FAMILIES", "MODEL", "STATE"],
         ),
-        ResourceKind::AgentRun => (
+        Kind::AgentRun => (
             &["NAME", "PHASE", "MODEL", "COST", "AGE"],
             &["REASON", "TURNS", "AGENT", "GROUP"],
         ),
-        ResourceKind::AgentGroup => (
+        Kind::AgentGroup => (
             &["NAME", "PHASE", "RUNS", "ACTIVE", "COST", "AGE"],
             &[
                 "AGENT",
@@ -83,11 +83,13 @@ fn headers(kind: ResourceKind, wide: bool) -> Vec<&'static str> {
                 "SEALED",
             ],
         ),
-        ResourceKind::Secret => (&["NAME", "KEYS", "AGE"], &[]),
-        ResourceKind::Budget => (&["NAME", "MAX SPEND", "AGE"], &[]),
-        ResourceKind::FileSet => (&["NAME", "FILES", "AGE"], &[]),
-        ResourceKind::AgentEnvironment => (&["NAME", "ENV", "CPU", "MEMORY", "AGE"], &[]),
-        ResourceKind::Environment => (&["NAME", "VERSION", "SPLITS", "GRADER", "AGE"], &[]),
+        Kind::Secret => (&["NAME", "KEYS", "AGE"], &[]),
+        Kind::Budget => (&["NAME", "MAX SPEND", "AGE"], &[]),
+        Kind::FileSet => (&["NAME", "FILES", "AGE"], &[]),
+        Kind::AgentEnvironment => (&["NAME", "ENV", "CPU", "MEMORY", "AGE"], &[]),
+        Kind::Environment => (&["NAME", "VERSION", "SPLITS", "GRADER", "AGE"], &[]),
+        // A kind without columns of its own (the CLI lists only the kinds users write).
+        _ => (&["NAME", "AGE"], &[]),
     };
     let mut headers = base.to_vec();
     if wide {
@@ -114,11 +116,11 @@ fn count(value: &Value, pointer: &str) -> u64 {
     value.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
 }
 
-fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<String> {
+fn row(kind: Kind, item: &Value, wide: bool, now: Timestamp) -> Vec<String> {
     let name = text(item, "/metadata/name");
     let age = age(item, now);
     match kind {
-        ResourceKind::Agent => {
+        Kind::Agent => {
             let mut row = vec![
                 name,
                 item.pointer("/spec/model/access")
@@ -149,7 +151,7 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             }
             row
         }
-        ResourceKind::AgentRun => {
+        Kind::AgentRun => {
             let turns = item.pointer("/status/turns").and_then(Value::as_array);
             let model = turns
                 .and_then(|t| t.last())
@@ -172,7 +174,7 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             }
             row
         }
-        ResourceKind::AgentGroup => {
+        Kind::AgentGroup => {
             let counts = [
                 "queued",
                 "active",
@@ -210,22 +212,22 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             }
             row
         }
-        ResourceKind::Secret => {
+        Kind::Secret => {
             let keys = item
                 .get("keys")
                 .and_then(Value::as_array)
                 .map_or(0, Vec::len);
             vec![name, keys.to_string(), age]
         }
-        ResourceKind::Budget => vec![name, dollars(item, "/spec/maxSpendUSD"), age],
-        ResourceKind::FileSet => {
+        Kind::Budget => vec![name, dollars(item, "/spec/maxSpendUSD"), age],
+        Kind::FileSet => {
             let files = item
                 .pointer("/spec/files")
                 .and_then(Value::as_array)
                 .map_or(0, Vec::len);
             vec![name, files.to_string(), age]
         }
-        ResourceKind::AgentEnvironment => {
+        Kind::AgentEnvironment => {
             let env = item
                 .pointer("/spec/env")
                 .and_then(Value::as_array)
@@ -234,7 +236,7 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
             let memory = text(item, "/spec/compute/memory");
             vec![name, env.to_string(), cpu, memory, age]
         }
-        ResourceKind::Environment => {
+        Kind::Environment => {
             let splits = item
                 .pointer("/spec/splits")
                 .and_then(Value::as_object)
@@ -248,6 +250,7 @@ fn row(kind: ResourceKind, item: &Value, wide: bool, now: Timestamp) -> Vec<Stri
                 age,
             ]
         }
+        _ => vec![name, age],
     }
 }
 
@@ -389,19 +392,14 @@ mod tests {
             }
         });
         let queued = json!({"metadata": {"name": "q"}, "spec": {"agent": "a", "group": "g"}, "status": {"phase": "Pending", "reason": "GroupWait", "cost": {"totalUSD": "0.00"}}});
-        let table = objects(
-            ResourceKind::AgentRun,
-            &[run.clone(), queued.clone()],
-            false,
-            now(),
-        );
+        let table = objects(Kind::AgentRun, &[run.clone(), queued.clone()], false, now());
         assert_eq!(
             table.render(),
             "NAME              PHASE       MODEL               COST      AGE\n\
              hello-agent-run   Succeeded   claude-sonnet-4-5   $0.0042   2m20s\n\
              q                 Pending     <none>              $0.00     <unknown>\n"
         );
-        let wide = objects(ResourceKind::AgentRun, &[run, queued], true, now());
+        let wide = objects(Kind::AgentRun, &[run, queued], true, now());
         assert_eq!(wide.headers.len(), 9);
         assert_eq!(wide.rows[0][5..], ["<none>", "2", "hello-agent", "<none>"]);
         assert_eq!(wide.rows[1][5..], ["GroupWait", "0", "a", "g"]);
@@ -418,12 +416,7 @@ mod tests {
                 "cost": {"totalUSD": "0.12", "limitUSD": "0.60"}
             }
         });
-        let table = objects(
-            ResourceKind::AgentGroup,
-            std::slice::from_ref(&group),
-            false,
-            now(),
-        );
+        let table = objects(Kind::AgentGroup, std::slice::from_ref(&group), false, now());
         assert_eq!(
             table.headers,
             ["NAME", "PHASE", "RUNS", "ACTIVE", "COST", "AGE"]
@@ -432,7 +425,7 @@ mod tests {
             table.rows[0],
             ["parallel-agents", "Running", "3/9", "2", "$0.12", "3h"]
         );
-        let wide = objects(ResourceKind::AgentGroup, &[group], true, now());
+        let wide = objects(Kind::AgentGroup, &[group], true, now());
         assert_eq!(
             wide.rows[0][6..],
             ["w", "1", "0", "1", "2", "$0.60", "true"]
@@ -442,12 +435,7 @@ mod tests {
     #[test]
     fn agents_secrets_and_budgets_have_their_columns() {
         let agent = json!({"metadata": {"name": "hello-agent", "creationTimestamp": "2026-04-28T12:00:00Z"}, "spec": {"model": {"access": "Nodus", "families": ["haiku", "sonnet"]}, "perRunMaxCostUSD": "0.50"}});
-        let table = objects(
-            ResourceKind::Agent,
-            std::slice::from_ref(&agent),
-            true,
-            now(),
-        );
+        let table = objects(Kind::Agent, std::slice::from_ref(&agent), true, now());
         assert_eq!(
             table.headers,
             [
@@ -468,12 +456,12 @@ mod tests {
         );
         let secret = json!({"metadata": {"name": "anthropic-key"}, "keys": ["ANTHROPIC_API_KEY"]});
         assert_eq!(
-            objects(ResourceKind::Secret, &[secret], false, now()).rows[0],
+            objects(Kind::Secret, &[secret], false, now()).rows[0],
             ["anthropic-key", "1", "<unknown>"]
         );
         let budget = json!({"metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20.00"}});
         assert_eq!(
-            objects(ResourceKind::Budget, &[budget], false, now()).rows[0],
+            objects(Kind::Budget, &[budget], false, now()).rows[0],
             ["b", "$20.00", "<unknown>"]
         );
     }

@@ -1359,7 +1359,7 @@ async fn every_verb_enforces_each_kinds_rules_and_writes_nothing_when_refused() 
             .iter()
             .map(|c| c.kind)
             .collect::<std::collections::BTreeSet<_>>(),
-        nodus_core::engine::WRITABLE_KINDS.into_iter().collect(),
+        nodus_core::resource::Kind::WRITABLE.into_iter().collect(),
         "the table covers every kind users write"
     );
     for case in cases {

@@ -13,7 +13,7 @@ use nodus_core::lifecycle::{
 };
 use nodus_core::model::{self, ErrorKind};
 use nodus_core::resource::{
-    Access, AgentGroup, AgentGroupSpec, AgentRunSpec, AgentState, GroupLimits,
+    Access, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentState, GroupLimits,
 };
 use nodus_core::secret::SecretString;
 use nodus_core::store::{Delivery, Selector, Store as _};
@@ -564,7 +564,7 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
         .expect("claim");
     // The delete records the cancellation and waits for the run's runner to end it; nobody
     // here does, and it gives up once `Config::delete_wait` has passed on the clock.
-    let deleting = engine.delete_run(PROJECT, "busy");
+    let deleting = engine.delete::<AgentRun>(PROJECT, "busy");
     let waiting = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         world.clock.advance(Duration::from_secs(31));

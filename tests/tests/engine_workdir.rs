@@ -7,7 +7,7 @@ use std::io::Read;
 
 use nodus_core::engine::{Driven, Error};
 use nodus_core::lifecycle::RunPhase;
-use nodus_core::resource::{ArtifactMount, FileEntry, FileSetSpec, Object, WorkdirSpec};
+use nodus_core::resource::{AgentRun, ArtifactMount, FileEntry, FileSetSpec, Object, WorkdirSpec};
 use nodus_core::testing::Drive;
 use nodus_llm::Reply;
 use support::{PROJECT, World, agent, run};
@@ -171,7 +171,10 @@ async fn the_final_working_directory_is_kept_until_the_run_is_deleted() {
         Some(OutputWorkdir::Archive(tar)) => assert_eq!(entries(&tar), vec![]),
         other => panic!("expected an empty archive, got {other:?}"),
     }
-    engine.delete_run(PROJECT, "kept").await.expect("delete");
+    engine
+        .delete::<AgentRun>(PROJECT, "kept")
+        .await
+        .expect("delete");
     let key = workdir_archive_key(&ObjectKey::new(
         PROJECT,
         nodus_core::resource::Kind::AgentRun,

@@ -454,7 +454,10 @@ async fn cancel_delete_and_deadlines_stop_a_running_command_at_once() {
     running("60.12").await;
     let uid = served.uid("deleted").await;
     let asked = Instant::now();
-    engine.delete_run(PROJECT, "deleted").await.expect("delete");
+    engine
+        .delete::<AgentRun>(PROJECT, "deleted")
+        .await
+        .expect("delete");
     assert_eq!(served.phase("deleted").await, None, "the run is gone");
     assert_stopped(&served, "60.12", &uid, asked.elapsed()).await;
 

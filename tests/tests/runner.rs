@@ -571,7 +571,7 @@ async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
     assert_eq!(sandbox.live().len(), 1, "started: its sandbox is live");
     // No runner: the request records the cancellation and does not drive the run itself
     // (before, it drove it under the runner's replica name and fenced the runner's drive).
-    let deleting = engine.delete_run(PROJECT, "chat");
+    let deleting = engine.delete::<AgentRun>(PROJECT, "chat");
     let waiting = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         clock.advance(Duration::from_secs(31));
@@ -599,7 +599,10 @@ async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
     };
     assert!(matches!(ended.status.phase, Some(RunPhase::Cancelled(_))));
     assert!(sandbox.live().is_empty(), "the runner deleted the sandbox");
-    engine.delete_run(PROJECT, "chat").await.expect("delete");
+    engine
+        .delete::<AgentRun>(PROJECT, "chat")
+        .await
+        .expect("delete");
     runner.shutdown().await;
 }
 

@@ -1,7 +1,7 @@
 //! `nodus apply -f`: create each document's object, or update it when it exists (GET, then a
 //! merge patch of the document naming the version read, so that a field the document leaves
 //! out stays as it is), printing `kind.nodus.dev/NAME created|configured|unchanged`.
-//! Documents go in dependency order (see [`ResourceKind::apply_rank`]), each kind in file
+//! Documents go in dependency order (see [`Kind::apply_rank`]), each kind in file
 //! order; an error names the file and the document.
 
 use reqwest::Method;
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use nodus_core::resource::{
     AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, EnvironmentSpec,
-    FileSetSpec,
+    FileSetSpec, Kind,
 };
 use nodus_core::validate::{self, Validate};
 
@@ -17,7 +17,7 @@ use super::{outln, read_documents};
 use crate::cli::ApplyArgs;
 use crate::client::{Body, Client};
 use crate::error::{Error, Result};
-use crate::kinds::ResourceKind;
+use crate::kinds::qualified;
 
 /// What apply did with one document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ pub async fn run(client: &Client, args: ApplyArgs) -> Result<()> {
                     Applied::Configured => "configured",
                     Applied::Unchanged => "unchanged",
                 };
-                outln(&format!("{} {word}", kind.qualified(&name)));
+                outln(&format!("{} {word}", qualified(kind, &name)));
             }
             Err(error @ (Error::Unreachable { .. } | Error::NotLoggedIn(_))) => return Err(error),
             Err(error) if error.exit_code() == crate::error::exit::UNREACHABLE => {
@@ -89,14 +89,18 @@ pub(super) fn located(at: &str, error: Error) -> Error {
 
 /// The kind and name of a document (`at` says where it came from: `FILE: document N`), with
 /// the name filled in for a group task.
-pub(super) fn target(at: &str, mut document: Value) -> Result<(ResourceKind, String, Value)> {
+pub(super) fn target(at: &str, mut document: Value) -> Result<(Kind, String, Value)> {
     let at = || at.to_string();
     let kind_text = document
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let kind = ResourceKind::from_document_kind(kind_text).ok_or_else(|| {
-        let kinds: Vec<&str> = crate::kinds::ALL.iter().map(|k| k.name()).collect();
+    let kind = Kind::from_name(kind_text).ok_or_else(|| {
+        let kinds: Vec<&str> = Kind::WRITABLE
+            .into_iter()
+            .filter_map(|kind| kind.info())
+            .map(|info| info.name)
+            .collect();
         Error::input(format!(
             "{}: kind {kind_text:?} is not one of {}",
             at(),
@@ -112,7 +116,7 @@ pub(super) fn target(at: &str, mut document: Value) -> Result<(ResourceKind, Str
         document["metadata"] = Value::Object(Default::default());
     }
     document["metadata"]["name"] = Value::String(name.clone());
-    if kind == ResourceKind::Environment {
+    if kind == Kind::Environment {
         // An Environment is stored, and read back, as NAME@VERSION.
         let version = document
             .pointer("/spec/version")
@@ -132,7 +136,7 @@ fn task_name(document: &Value) -> Option<String> {
 
 pub(super) async fn apply_one(
     client: &Client,
-    kind: ResourceKind,
+    kind: Kind,
     name: &str,
     mut document: Value,
 ) -> Result<Applied> {
@@ -178,16 +182,17 @@ fn patched(live: &Value, document: &Value) -> Value {
 /// Whether applying `desired` would change nothing on `live`: the spec with the server's
 /// defaults filled in (read the way the server reads it), the labels and the annotations.
 /// A Secret's values cannot be compared (they are sealed), so a Secret is always written.
-pub fn unchanged(kind: ResourceKind, desired: &Value, live: &Value) -> bool {
+pub fn unchanged(kind: Kind, desired: &Value, live: &Value) -> bool {
     match kind {
-        ResourceKind::Agent => same_typed::<AgentSpec>(desired, live),
-        ResourceKind::AgentRun => same_typed::<AgentRunSpec>(desired, live),
-        ResourceKind::AgentGroup => same_typed::<AgentGroupSpec>(desired, live),
-        ResourceKind::Budget => same_typed::<BudgetSpec>(desired, live),
-        ResourceKind::FileSet => same_typed::<FileSetSpec>(desired, live),
-        ResourceKind::AgentEnvironment => same_typed::<AgentEnvironmentSpec>(desired, live),
-        ResourceKind::Environment => same_typed::<EnvironmentSpec>(desired, live),
-        ResourceKind::Secret => false,
+        Kind::Agent => same_typed::<AgentSpec>(desired, live),
+        Kind::AgentRun => same_typed::<AgentRunSpec>(desired, live),
+        Kind::AgentGroup => same_typed::<AgentGroupSpec>(desired, live),
+        Kind::Budget => same_typed::<BudgetSpec>(desired, live),
+        Kind::FileSet => same_typed::<FileSetSpec>(desired, live),
+        Kind::AgentEnvironment => same_typed::<AgentEnvironmentSpec>(desired, live),
+        Kind::Environment => same_typed::<EnvironmentSpec>(desired, live),
+        // A Secret, or a kind users do not write.
+        _ => false,
     }
 }
 
@@ -242,16 +247,16 @@ mod tests {
     fn reapplying_the_same_document_is_unchanged_even_with_defaults_and_money_spelled_differently()
     {
         let server = live(&agent("0.50"));
-        assert!(unchanged(ResourceKind::Agent, &agent("0.50"), &server));
-        assert!(unchanged(ResourceKind::Agent, &agent("0.5"), &server));
-        assert!(!unchanged(ResourceKind::Agent, &agent("0.60"), &server));
+        assert!(unchanged(Kind::Agent, &agent("0.50"), &server));
+        assert!(unchanged(Kind::Agent, &agent("0.5"), &server));
+        assert!(!unchanged(Kind::Agent, &agent("0.60"), &server));
         let mut labelled = agent("0.50");
         labelled["metadata"]["labels"] = json!({"team": "a"});
-        assert!(!unchanged(ResourceKind::Agent, &labelled, &server));
+        assert!(!unchanged(Kind::Agent, &labelled, &server));
         let mut broken = agent("0.50");
         broken["spec"]["unknown"] = json!(1);
         assert!(
-            !unchanged(ResourceKind::Agent, &broken, &server),
+            !unchanged(Kind::Agent, &broken, &server),
             "the server reports it"
         );
     }
@@ -259,22 +264,19 @@ mod tests {
     #[test]
     fn secrets_are_always_written_and_budgets_compare_amounts() {
         let secret = json!({"kind": "Secret", "metadata": {"name": "k"}, "stringData": {"A": "b"}});
-        assert!(!unchanged(ResourceKind::Secret, &secret, &secret));
+        assert!(!unchanged(Kind::Secret, &secret, &secret));
         let budget = json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "20"}});
         let stored = json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "b", "labels": {}, "resourceVersion": "2"}, "spec": {"maxSpendUSD": "20.00"}});
-        assert!(unchanged(ResourceKind::Budget, &budget, &stored));
+        assert!(unchanged(Kind::Budget, &budget, &stored));
         let more = json!({"apiVersion": "nodus.dev/v1", "kind": "Budget", "metadata": {"name": "b"}, "spec": {"maxSpendUSD": "25"}});
-        assert!(!unchanged(ResourceKind::Budget, &more, &stored));
+        assert!(!unchanged(Kind::Budget, &more, &stored));
     }
 
     #[test]
     fn group_tasks_without_a_name_are_named_group_dash_task_key() {
         let run = json!({"apiVersion": "nodus.dev/v1", "kind": "AgentRun", "spec": {"agent": "w", "group": "parallel-agents", "taskKey": "c", "input": "x"}});
         let (kind, name, document) = target("runs.yaml: document 3", run).expect("named");
-        assert_eq!(
-            (kind, name.as_str()),
-            (ResourceKind::AgentRun, "parallel-agents-c")
-        );
+        assert_eq!((kind, name.as_str()), (Kind::AgentRun, "parallel-agents-c"));
         assert_eq!(document["metadata"]["name"], "parallel-agents-c");
         let nameless = json!({"kind": "Agent", "spec": {}});
         let error = target("agent.yaml: document 1", nameless).expect_err("no name");
@@ -307,13 +309,13 @@ mod tests {
         assert_eq!(effective["spec"]["sealed"], json!(true));
         assert!(effective.get("status").is_none());
         assert!(
-            unchanged(ResourceKind::AgentGroup, &effective, &sealed),
+            unchanged(Kind::AgentGroup, &effective, &sealed),
             "re-applying the manifest to the sealed group changes nothing"
         );
         let mut wider = manifest.clone();
         wider["spec"]["limits"]["maxActive"] = json!(4);
         assert!(!unchanged(
-            ResourceKind::AgentGroup,
+            Kind::AgentGroup,
             &patched(&sealed, &wider),
             &sealed
         ));

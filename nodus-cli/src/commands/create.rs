@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use nodus_core::resource::Kind;
 use serde_json::{Map, Value, json};
 
 use super::{outln, text_or_stdin};
@@ -10,18 +11,18 @@ use crate::cli::{CreateCommand, CreateGroupArgs, CreateRunArgs};
 use crate::client::Client;
 use crate::duration;
 use crate::error::{Error, Result};
-use crate::kinds::ResourceKind;
+use crate::kinds::qualified;
 
 pub async fn run(client: &Client, command: CreateCommand) -> Result<()> {
     let (kind, document) = match command {
         CreateCommand::Agentrun(args) => {
             let prompt = args.prompt.as_deref().map(text_or_stdin).transpose()?;
             (
-                ResourceKind::AgentRun,
+                Kind::AgentRun,
                 run_document(&args, prompt, Timestamp::now())?,
             )
         }
-        CreateCommand::Agentgroup(args) => (ResourceKind::AgentGroup, group_document(&args)?),
+        CreateCommand::Agentgroup(args) => (Kind::AgentGroup, group_document(&args)?),
         CreateCommand::Project(args) => return super::access::create_project(client, args).await,
         CreateCommand::Token(args) => return super::access::create_token(client, args).await,
     };
@@ -30,7 +31,7 @@ pub async fn run(client: &Client, command: CreateCommand) -> Result<()> {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    outln(&format!("{} created", kind.qualified(name)));
+    outln(&format!("{} created", qualified(kind, name)));
     Ok(())
 }
 

@@ -7,14 +7,14 @@
 use std::path::Path;
 
 use nodus_core::evaluation::import::{self, Imported, Target, harbor};
-use nodus_core::resource::GraderKind;
+use nodus_core::resource::{GraderKind, Kind};
 use serde_json::Value;
 
 use super::apply::{Applied, apply_one, unchanged};
 use super::{connect, out, outln};
 use crate::cli::{EnvCommand, Global, ImportCommand, ImportTarget, Output};
 use crate::error::{Error, Result};
-use crate::kinds::ResourceKind;
+use crate::kinds::qualified;
 use crate::yaml;
 
 pub async fn run(global: &Global, command: EnvCommand) -> Result<()> {
@@ -96,7 +96,7 @@ fn import_target(target: &ImportTarget) -> Target {
 }
 
 /// The documents to write, in order: the FileSets, then the Environment (`NAME@VERSION`).
-fn documents(imported: &Imported) -> Result<Vec<(ResourceKind, String, Value)>> {
+fn documents(imported: &Imported) -> Result<Vec<(Kind, String, Value)>> {
     // The documents as a user writes them: no status (the server writes that).
     let json = |value: serde_json::Result<Value>| {
         let mut document = value.map_err(Error::input)?;
@@ -108,14 +108,14 @@ fn documents(imported: &Imported) -> Result<Vec<(ResourceKind, String, Value)>> 
     let mut documents = Vec::with_capacity(imported.file_sets.len() + 1);
     for set in &imported.file_sets {
         documents.push((
-            ResourceKind::FileSet,
+            Kind::FileSet,
             set.name().to_string(),
             json(serde_json::to_value(set))?,
         ));
     }
     let environment = &imported.environment;
     documents.push((
-        ResourceKind::Environment,
+        Kind::Environment,
         format!("{}@{}", environment.name(), environment.spec.version),
         json(serde_json::to_value(environment))?,
     ));
@@ -125,7 +125,7 @@ fn documents(imported: &Imported) -> Result<Vec<(ResourceKind, String, Value)>> 
 /// Writes the documents, refused before anything is written when one of them exists with
 /// other contents: an Environment version never changes, nor do the files it names (an import
 /// names its FileSets after the version).
-async fn apply(global: &Global, documents: Vec<(ResourceKind, String, Value)>) -> Result<()> {
+async fn apply(global: &Global, documents: Vec<(Kind, String, Value)>) -> Result<()> {
     let client = connect(global)?;
     for (kind, name, document) in &documents {
         match client.get(&[kind.plural(), name]).await {
@@ -136,7 +136,7 @@ async fn apply(global: &Global, documents: Vec<(ResourceKind, String, Value)>) -
                     return Err(Error::input(format!(
                         "{}: exists with other contents, and an imported version never \
                          changes: import it as another --version",
-                        kind.qualified(name)
+                        qualified(*kind, name)
                     )));
                 }
             }
@@ -150,7 +150,7 @@ async fn apply(global: &Global, documents: Vec<(ResourceKind, String, Value)>) -
             Applied::Configured => "configured",
             Applied::Unchanged => "unchanged",
         };
-        outln(&format!("{} {word}", kind.qualified(&name)));
+        outln(&format!("{} {word}", qualified(kind, &name)));
     }
     Ok(())
 }

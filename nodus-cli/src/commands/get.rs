@@ -1,5 +1,6 @@
 //! `nodus get`: list or show objects as a table, YAML, JSON, names or a JSONPath template.
 
+use nodus_core::resource::Kind;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -8,7 +9,7 @@ use crate::cli::{GetArgs, Output};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::jsonpath::Template;
-use crate::kinds::{ResourceKind, parse_targets};
+use crate::kinds::{parse_targets, qualified};
 use crate::table;
 use crate::yaml;
 
@@ -191,7 +192,7 @@ const WATCH_SECONDS: &str = "3600";
 /// change as it comes: a table row without the header, or the object in the chosen format.
 async fn watch(
     client: &Client,
-    kind: ResourceKind,
+    kind: Kind,
     names: &[String],
     args: &GetArgs,
     output: &Output,
@@ -283,7 +284,7 @@ async fn next_event(response: &mut reqwest::Response, buffer: &mut Vec<u8>) -> O
 /// One change of a watch as `get -w` prints it: a row (the header measured but not
 /// printed), or the object in the chosen format.
 fn print_change(
-    kind: ResourceKind,
+    kind: Kind,
     output: &Output,
     template: Option<&Template>,
     object: &Value,
@@ -321,7 +322,7 @@ fn print_change(
 /// A server that answers whole lists (no `metadata.continue`) is read in one call.
 async fn read_list(
     client: &Client,
-    kind: ResourceKind,
+    kind: Kind,
     selectors: &[(&str, &str)],
     chunk: u64,
     limit: Option<u64>,
@@ -364,7 +365,7 @@ async fn read_list(
 
 /// Prints what `get` read in the chosen format.
 fn print(
-    kind: ResourceKind,
+    kind: Kind,
     output: &Output,
     template: Option<&Template>,
     document: &Value,
@@ -389,7 +390,7 @@ fn print(
                     .pointer("/metadata/name")
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                outln(&kind.qualified(name));
+                outln(&qualified(kind, name));
             }
         }
         Output::JsonPath(_) => {
@@ -433,10 +434,10 @@ async fn results(client: &Client, args: GetArgs) -> Result<()> {
         Output::Json => outln(&serde_json::to_string_pretty(&document).unwrap_or_default()),
         Output::Name => {
             for item in &items {
-                outln(
-                    &ResourceKind::AgentRun
-                        .qualified(item.get("run").and_then(Value::as_str).unwrap_or_default()),
-                );
+                outln(&qualified(
+                    Kind::AgentRun,
+                    item.get("run").and_then(Value::as_str).unwrap_or_default(),
+                ));
             }
         }
         Output::JsonPath(text) => {

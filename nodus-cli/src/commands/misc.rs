@@ -1,5 +1,6 @@
 //! `nodus patch`, `cancel`, `delete`, `credits` and `completion`.
 
+use nodus_core::resource::Kind;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -7,7 +8,7 @@ use super::{outln, read_documents};
 use crate::cli::{CancelArgs, CompletionArgs, CreditsArgs, CreditsCommand, DeleteArgs, PatchArgs};
 use crate::client::{Body, Client};
 use crate::error::{Error, Result};
-use crate::kinds::{ResourceKind, parse_target, parse_targets};
+use crate::kinds::{cancellable, parse_target, parse_targets, qualified};
 use crate::table::Table;
 
 pub async fn patch(client: &Client, args: PatchArgs) -> Result<()> {
@@ -21,7 +22,7 @@ pub async fn patch(client: &Client, args: PatchArgs) -> Result<()> {
             Some(Body::MergePatch(patch)),
         )
         .await?;
-    outln(&format!("{} patched", kind.qualified(&name)));
+    outln(&format!("{} patched", qualified(kind, &name)));
     Ok(())
 }
 
@@ -39,7 +40,7 @@ pub fn parse_patch(text: &str) -> Result<Value> {
 
 pub async fn cancel(client: &Client, args: CancelArgs) -> Result<()> {
     let (kind, names) = parse_targets(&args.targets)?;
-    if !kind.cancellable() {
+    if !cancellable(kind) {
         return Err(Error::usage(format!(
             "only agentruns and agentgroups can be cancelled, not {}",
             kind.plural()
@@ -57,7 +58,7 @@ pub async fn cancel(client: &Client, args: CancelArgs) -> Result<()> {
             .post(&[kind.plural(), &name, "cancel"], json!({}))
             .await
         {
-            Ok(_) => outln(&format!("{} cancelled", kind.qualified(&name))),
+            Ok(_) => outln(&format!("{} cancelled", qualified(kind, &name))),
             Err(error) if error.exit_code() == crate::error::exit::REFUSED => {
                 eprintln!("{}", error.render());
                 failures.push(error);
@@ -75,7 +76,7 @@ pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
         return super::access::delete(client, kind, names, args.ignore_not_found).await;
     }
     // Each target with where it came from (`FILE: document N`) when a file named it.
-    let mut targets: Vec<(Option<String>, ResourceKind, String)> = Vec::new();
+    let mut targets: Vec<(Option<String>, Kind, String)> = Vec::new();
     let mut failures = Vec::new();
     if !args.files.is_empty() {
         if !args.targets.is_empty() {
@@ -109,7 +110,7 @@ pub async fn delete(client: &Client, args: DeleteArgs) -> Result<()> {
             .call(Method::DELETE, &[kind.plural(), &name], &[], None)
             .await
         {
-            Ok(_) => outln(&format!("{} deleted", kind.qualified(&name))),
+            Ok(_) => outln(&format!("{} deleted", qualified(kind, &name))),
             Err(error) if error.is_not_found() && args.ignore_not_found => {}
             Err(error) if error.exit_code() != crate::error::exit::REFUSED => return Err(error),
             Err(error) => {

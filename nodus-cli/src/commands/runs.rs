@@ -1,5 +1,6 @@
 //! `nodus agentrun answer|steps|send|resolve`: the sub-resources of one run.
 
+use nodus_core::resource::Kind;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -9,7 +10,7 @@ use crate::client::Client;
 use crate::duration;
 use crate::error::{Error, Result};
 use crate::jsonpath::scalar_text;
-use crate::kinds::ResourceKind;
+use crate::kinds::qualified;
 use crate::table::Table;
 use crate::terminal;
 use crate::yaml;
@@ -171,7 +172,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                 body["messageKey"] = json!(key);
             }
             let reply = client.post(&[RUNS, &name, "messages"], body).await?;
-            let target = ResourceKind::AgentRun.qualified(&name);
+            let target = qualified(Kind::AgentRun, &name);
             if reply.get("duplicate").and_then(Value::as_bool) == Some(true) {
                 outln(&format!(
                     "{target}: message with key {:?} was already delivered; not sent again",
@@ -207,7 +208,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                 let fork = item.pointer("/metadata/name").map(scalar_text);
                 outln(&format!(
                     "{} created",
-                    ResourceKind::AgentRun.qualified(&fork.unwrap_or_default())
+                    qualified(Kind::AgentRun, &fork.unwrap_or_default())
                 ));
             }
             Ok(())
@@ -216,7 +217,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
             client.post(&[RUNS, &name, "close"], json!({})).await?;
             outln(&format!(
                 "{} closed: it succeeds after its current turn",
-                ResourceKind::AgentRun.qualified(&name)
+                qualified(Kind::AgentRun, &name)
             ));
             Ok(())
         }
@@ -230,7 +231,7 @@ pub async fn run(client: &Client, command: AgentRunCommand) -> Result<()> {
                 .unwrap_or("Pending");
             outln(&format!(
                 "{} resolved ({}); now {phase}",
-                ResourceKind::AgentRun.qualified(&name),
+                qualified(Kind::AgentRun, &name),
                 action.wire()
             ));
             Ok(())

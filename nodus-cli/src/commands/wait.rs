@@ -8,6 +8,7 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant};
 
+use nodus_core::resource::Kind;
 use reqwest::Method;
 use serde_json::Value;
 
@@ -17,7 +18,7 @@ use crate::client::Client;
 use crate::duration;
 use crate::error::{Error, Result};
 use crate::jsonpath::Path;
-use crate::kinds::{ResourceKind, parse_target};
+use crate::kinds::{parse_target, qualified};
 
 /// The pause before reading again after an answer that did not change (a server that does
 /// not wait, or one that is stopping) or after the server could not be reached.
@@ -81,7 +82,7 @@ fn finished_phase(object: &Value) -> Option<&str> {
 }
 
 /// The progress line: `agentrun/NAME  Running  turns 2  $0.0012/$0.50` (without the time).
-pub fn progress_line(kind: ResourceKind, name: &str, object: &Value) -> String {
+pub fn progress_line(kind: Kind, name: &str, object: &Value) -> String {
     let text = |pointer: &str| object.pointer(pointer).and_then(Value::as_str);
     let mut parts = vec![format!("{}/{name}", kind.singular())];
     if let Some(phase) = text("/status/phase") {
@@ -92,14 +93,14 @@ pub fn progress_line(kind: ResourceKind, name: &str, object: &Value) -> String {
     }
     let count = |pointer: &str| object.pointer(pointer).and_then(Value::as_u64).unwrap_or(0);
     match kind {
-        ResourceKind::AgentRun => {
+        Kind::AgentRun => {
             let turns = object
                 .pointer("/status/turns")
                 .and_then(Value::as_array)
                 .map_or(0, Vec::len);
             parts.push(format!("turns {turns}"));
         }
-        ResourceKind::AgentGroup => {
+        Kind::AgentGroup => {
             let total: u64 = [
                 "queued",
                 "active",
@@ -252,7 +253,7 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
                 let actual = condition.path.text(&object);
                 if actual.as_deref() == Some(condition.value.as_str()) {
                     progress.clear();
-                    outln(&format!("{} condition met", kind.qualified(&name)));
+                    outln(&format!("{} condition met", qualified(kind, &name)));
                     return Ok(());
                 }
                 if condition.path.reads_status()
@@ -301,7 +302,7 @@ pub async fn run(client: &Client, args: WaitArgs) -> Result<()> {
 }
 
 fn never_message(
-    kind: ResourceKind,
+    kind: Kind,
     name: &str,
     phase: &str,
     object: &Value,
@@ -357,17 +358,17 @@ mod tests {
     fn progress_shows_phase_turns_and_cost() {
         let run = json!({"status": {"phase": "Running", "turns": [{}, {}], "cost": {"totalUSD": "0.0012", "limitUSD": "0.50"}}});
         assert_eq!(
-            progress_line(ResourceKind::AgentRun, "hello", &run),
+            progress_line(Kind::AgentRun, "hello", &run),
             "agentrun/hello  Running  turns 2  $0.0012/$0.50"
         );
         let group = json!({"status": {"phase": "Running", "counts": {"queued": 1, "active": 2, "succeeded": 1}, "cost": {"totalUSD": "0.01"}}});
         assert_eq!(
-            progress_line(ResourceKind::AgentGroup, "g", &group),
+            progress_line(Kind::AgentGroup, "g", &group),
             "agentgroup/g  Running  runs 1/4  active 2  $0.01"
         );
         let queued = json!({"status": {"phase": "Pending", "reason": "GroupWait"}});
         assert_eq!(
-            progress_line(ResourceKind::AgentRun, "q", &queued),
+            progress_line(Kind::AgentRun, "q", &queued),
             "agentrun/q  Pending (GroupWait)  turns 0"
         );
     }
@@ -382,7 +383,7 @@ mod tests {
         );
         let condition = parse_condition("jsonpath={.status.phase}=Succeeded").expect("valid");
         assert_eq!(
-            never_message(ResourceKind::AgentRun, "r", "Failed", &failed, &condition),
+            never_message(Kind::AgentRun, "r", "Failed", &failed, &condition),
             "agentrun/r finished as Failed (DeadlineExceeded): the deadline passed; {.status.phase} will never be \"Succeeded\""
         );
     }

@@ -101,28 +101,12 @@ impl Engine {
     }
 
     /// Write the built-in Environments (and the FileSets they name) into project `nodus`
-    /// where they are missing; what is there already is left as it is.
+    /// ([`Engine::apply`] of each): what is missing is created, a FileSet of another spec is
+    /// brought to this release's, and what is there already as it is is left alone.
     pub async fn install_builtin_environments(&self) -> Result<()> {
         let (filesets, environments) = builtin::environments();
         for fileset in filesets {
-            let key = ObjectKey::new(builtin::PROJECT, Kind::FileSet, fileset.name());
-            match self.deps.store.get(&key).await {
-                Ok(record) => {
-                    let current = typed::decode::<FileSetSpec>(record)?;
-                    if current.object.spec != fileset.spec {
-                        let mut updated = current.object;
-                        updated.spec = fileset.spec;
-                        self.deps
-                            .store
-                            .update(&key, current.version, typed::encode(&key, &updated)?)
-                            .await?;
-                    }
-                }
-                Err(store::Error::NotFound(_)) => {
-                    self.create(builtin::PROJECT, fileset).await?;
-                }
-                Err(e) => return Err(e.into()),
-            }
+            self.apply(builtin::PROJECT, fileset).await?;
         }
         for environment in environments {
             self.apply(builtin::PROJECT, environment).await?;

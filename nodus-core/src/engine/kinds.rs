@@ -1,15 +1,17 @@
-//! The kind registry: the kinds users write (Agents, AgentRuns, AgentGroups, FileSets,
-//! AgentEnvironments, Secrets, Budgets, Environments) and the one path through which each is
+//! The kinds users write (Agents, AgentRuns, AgentGroups, FileSets, AgentEnvironments,
+//! Secrets, Budgets, Environments: [`Kind::WRITABLE`]) and the one path through which each is
 //! created, replaced, merge-patched, applied and deleted, so that a rule a kind states here
 //! holds for every verb.
 //!
 //! A kind is a [`Writable`]: how its documents read ([`Writable::parse`]), the rules every
 //! write obeys ([`Writable::check`]), which changes a live object takes
 //! ([`Writable::replaced`]), and what its creation, a write and its deletion do besides
-//! storing (a run is admitted to its group, a group reconciled, a Secret sealed). The engine's
-//! verbs ([`Engine::create`], [`Engine::replace`], [`Engine::patch`], [`Engine::apply`],
-//! [`Engine::delete`]) are written once over it; [`Engine::create_document`] and its siblings
-//! take the kind at run time, for the API.
+//! storing (hooks: a run is admitted to its group, a group reconciled, a Secret sealed, a
+//! run's sandbox and payloads go with it). The engine's verbs ([`Engine::create`],
+//! [`Engine::replace`], [`Engine::patch`], [`Engine::apply`], [`Engine::delete`]) are written
+//! once over it; [`super::documents`] takes the kind at run time, for the API. What Nodus
+//! knows of a kind besides (its names, its place in an apply) is the registry,
+//! [`Kind::info`].
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -19,21 +21,8 @@ use crate::resource::{
     AgentEnvironmentSpec, AgentGroupSpec, AgentRunSpec, AgentSpec, BudgetSpec, FileSetSpec, Kind,
     Object, ObjectMeta, Secret, SecretDocument, Spec,
 };
-use crate::store::{ObjectKey, Position, Record, Selector};
+use crate::store::{ObjectKey, Record};
 use crate::validate::{self, Invalid, Validate};
-
-/// The kinds users write, in the order an `apply` of several documents writes them (what a
-/// document refers to first).
-pub const WRITABLE_KINDS: [Kind; 8] = [
-    Kind::Secret,
-    Kind::Budget,
-    Kind::FileSet,
-    Kind::AgentEnvironment,
-    Kind::Environment,
-    Kind::Agent,
-    Kind::AgentGroup,
-    Kind::AgentRun,
-];
 
 /// How many times a write that found the object changed since it was read is tried again
 /// (when the caller named no version: the change applies to the object as it is now).
@@ -399,60 +388,8 @@ impl Writable for Secret {
     }
 }
 
-/// Runs `$body` with `$K` the [`Writable`] type of `$kind`; a kind users do not write is
-/// answered as not found.
-macro_rules! per_kind {
-    ($kind:expr, $K:ident => $body:expr) => {
-        match $kind {
-            Kind::Agent => {
-                type $K = crate::resource::Agent;
-                $body
-            }
-            Kind::AgentRun => {
-                type $K = crate::resource::AgentRun;
-                $body
-            }
-            Kind::AgentGroup => {
-                type $K = crate::resource::AgentGroup;
-                $body
-            }
-            Kind::FileSet => {
-                type $K = crate::resource::FileSet;
-                $body
-            }
-            Kind::Environment => {
-                type $K = crate::resource::Environment;
-                $body
-            }
-            Kind::Budget => {
-                type $K = crate::resource::Budget;
-                $body
-            }
-            Kind::AgentEnvironment => {
-                type $K = crate::resource::AgentEnvironment;
-                $body
-            }
-            Kind::Secret => {
-                type $K = Secret;
-                $body
-            }
-            other => Err(not_writable(other)),
-        }
-    };
-}
-
-fn not_writable(kind: Kind) -> Error {
-    Invalid::new(
-        "kind",
-        "must be a kind users write (Agent, AgentRun, AgentGroup, FileSet, AgentEnvironment, \
-         Secret, Budget, Environment)",
-        kind.to_string(),
-    )
-    .into()
-}
-
 /// `metadata.resourceVersion` of a document: the version a write expects, if it names one.
-fn expected_version(document: &Value) -> Result<Option<u64>, Invalid> {
+pub(super) fn expected_version(document: &Value) -> Result<Option<u64>, Invalid> {
     match document.pointer("/metadata/resourceVersion") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) => text.parse().map(Some).map_err(|_| {
@@ -471,7 +408,7 @@ fn expected_version(document: &Value) -> Result<Option<u64>, Invalid> {
 }
 
 /// A document as a replace reads it: without `status` and the metadata the store assigns.
-fn without_assigned(mut document: Value) -> Value {
+pub(super) fn without_assigned(mut document: Value) -> Value {
     if let Some(object) = document.as_object_mut() {
         object.remove("status");
     }
@@ -669,109 +606,5 @@ impl Engine {
     /// first).
     pub async fn delete<K: Writable>(&self, project: &str, name: &str) -> Result<()> {
         K::remove(self, project, name).await
-    }
-
-    /// [`Engine::create`] of a document of `kind` as a user wrote it; the created object as
-    /// reading shows it.
-    pub async fn create_document(
-        &self,
-        project: &str,
-        kind: Kind,
-        document: Value,
-    ) -> Result<Value> {
-        per_kind!(kind, K => {
-            let object = K::parse(document)?;
-            self.create::<K>(project, object).await?.shown()
-        })
-    }
-
-    /// [`Engine::replace`] with a document of `kind` as a user wrote it (its
-    /// `metadata.resourceVersion`, if any, the version expected); `status` and the metadata
-    /// the store assigns are ignored.
-    pub async fn replace_document(
-        &self,
-        project: &str,
-        kind: Kind,
-        name: &str,
-        document: Value,
-    ) -> Result<Value> {
-        let expected = expected_version(&document)?;
-        let document = without_assigned(document);
-        per_kind!(kind, K => {
-            let object = K::parse(document)?;
-            self.replace::<K>(project, name, object, expected).await?.shown()
-        })
-    }
-
-    /// [`Engine::patch`] of an object of `kind`.
-    pub async fn patch_document(
-        &self,
-        project: &str,
-        kind: Kind,
-        name: &str,
-        patch: &Value,
-    ) -> Result<Value> {
-        per_kind!(kind, K => self.patch::<K>(project, name, patch).await?.shown())
-    }
-
-    /// [`Engine::apply`] of a document of `kind` as a user wrote it.
-    pub async fn apply_document(
-        &self,
-        project: &str,
-        kind: Kind,
-        document: Value,
-    ) -> Result<Value> {
-        let document = without_assigned(document);
-        per_kind!(kind, K => {
-            let object = K::parse(document)?;
-            self.apply::<K>(project, object).await?.shown()
-        })
-    }
-
-    /// [`Engine::delete`] of an object of `kind`.
-    pub async fn delete_document(&self, project: &str, kind: Kind, name: &str) -> Result<()> {
-        per_kind!(kind, K => self.delete::<K>(project, name).await)
-    }
-
-    /// One object of `kind` as reading shows it.
-    pub async fn get_document(&self, project: &str, kind: Kind, name: &str) -> Result<Value> {
-        per_kind!(kind, K => self.read_writable::<K>(project, name).await?.0.shown())
-    }
-
-    /// The objects of `kind` that match `selector`, as reading shows them, in creation order.
-    pub async fn list_documents(
-        &self,
-        project: &str,
-        kind: Kind,
-        selector: &Selector,
-    ) -> Result<Vec<Value>> {
-        let records = self.deps.store.list(project, kind, selector).await?;
-        per_kind!(kind, K => records
-            .into_iter()
-            .map(|record| K::decode(record)?.shown())
-            .collect())
-    }
-
-    /// A page of [`Engine::list_documents`]: at most `limit` objects after `after`, and where
-    /// the next page starts when more remain (see [`crate::Store::list_page`]).
-    pub async fn list_documents_page(
-        &self,
-        project: &str,
-        kind: Kind,
-        selector: &Selector,
-        after: Option<Position>,
-        limit: std::num::NonZeroUsize,
-    ) -> Result<(Vec<Value>, Option<Position>)> {
-        let page = self
-            .deps
-            .store
-            .list_page(project, kind, selector, after, limit)
-            .await?;
-        let items = per_kind!(kind, K => page
-            .records
-            .into_iter()
-            .map(|record| K::decode(record)?.shown())
-            .collect::<Result<Vec<Value>>>())?;
-        Ok((items, page.next))
     }
 }

@@ -7,6 +7,7 @@
 
 mod changes;
 mod control;
+mod documents;
 mod environment;
 mod error;
 mod evaluation;
@@ -44,7 +45,7 @@ pub use evaluation::{
 };
 pub use execute::Driven;
 pub use fork::{AtStep, ForkRequest, last_good};
-pub use kinds::{SpecRules, WRITABLE_KINDS, Writable};
+pub use kinds::{SpecRules, Writable};
 pub use live::{FOLLOW_CAPACITY, MAX_CHUNK_BYTES, OutputChunk};
 pub use results::{RESULT_NAMES, RunResult, RunResultInfo};
 use typed::Versioned;

@@ -1,5 +1,5 @@
-//! Reading resources, and deleting runs and groups (what [`super::kinds`] calls to delete
-//! those kinds).
+//! Reading resources, and deleting runs and groups: the delete hooks of those kinds
+//! ([`super::Writable::remove`]), reached through [`Engine::delete`].
 
 use super::{Engine, Error, Result, Versioned, typed};
 use crate::lifecycle::{PendingReason, RunPhase};
@@ -39,7 +39,7 @@ impl Engine {
     }
 
     /// Delete a run: a started run is cancelled first, so its sandbox is deleted.
-    pub async fn delete_run(&self, project: &str, name: &str) -> Result<()> {
+    pub(super) async fn delete_run(&self, project: &str, name: &str) -> Result<()> {
         self.delete_one_run(project, name, true).await
     }
 
@@ -93,7 +93,7 @@ impl Engine {
     /// Delete a group together with all of its runs: the runs first, so that a run that
     /// cannot go yet (another replica is ending it) leaves the group there to delete again;
     /// then the group, then any run created into it meanwhile.
-    pub async fn delete_group(&self, project: &str, name: &str) -> Result<()> {
+    pub(super) async fn delete_group(&self, project: &str, name: &str) -> Result<()> {
         self.get::<AgentGroupSpec>(project, name).await?;
         self.delete_members(project, name).await?;
         let key = ObjectKey::new(project, Kind::AgentGroup, name);

@@ -52,23 +52,6 @@ pub enum Kind {
     Extension(ExtensionKind),
 }
 
-/// The plurals of the built-in kinds, as stored.
-const BUILT_IN: [&str; 13] = [
-    "agents",
-    "agentruns",
-    "agentgroups",
-    "secrets",
-    "budgets",
-    "filesets",
-    "accounts",
-    "batchrecords",
-    "workdirarchives",
-    "agentenvironments",
-    "environments",
-    "evaluationcases",
-    "egresslogs",
-];
-
 /// The name of an [`Kind::Extension`] kind: its plural, 1 to [`ExtensionKind::MAX_LEN`]
 /// lower-case ASCII letters, not a built-in kind's plural. Kept inline, so a `Kind` stays
 /// `Copy` and needs no registry.
@@ -99,8 +82,10 @@ impl ExtensionKind {
             i += 1;
         }
         let mut k = 0;
-        while k < BUILT_IN.len() {
-            if same(BUILT_IN[k].as_bytes(), name) {
+        while k < Kind::ALL.len() {
+            if let Some(info) = Kind::ALL[k].info()
+                && same(info.plural.as_bytes(), name)
+            {
                 return None;
             }
             k += 1;
@@ -148,77 +133,11 @@ impl Kind {
             }
         }
     }
-
-    /// The kind stored under `plural`: a built-in kind's plural (only the plural), or else
-    /// an extension kind's name; `None` when it is neither. Stores read kinds back with it.
-    pub fn stored(plural: &str) -> Option<Kind> {
-        match Kind::from_plural(plural) {
-            Some(kind) if kind.plural() == plural => Some(kind),
-            Some(_) => None,
-            None => ExtensionKind::new(plural).map(Kind::Extension),
-        }
-    }
-
-    /// The lower-case plural used in REST paths (`agentruns`) and in the stores.
-    pub fn plural(&self) -> &str {
-        match self {
-            Kind::Agent => "agents",
-            Kind::AgentRun => "agentruns",
-            Kind::AgentGroup => "agentgroups",
-            Kind::Secret => "secrets",
-            Kind::Budget => "budgets",
-            Kind::FileSet => "filesets",
-            Kind::Account => "accounts",
-            Kind::BatchRecord => "batchrecords",
-            Kind::WorkdirArchive => "workdirarchives",
-            Kind::AgentEnvironment => "agentenvironments",
-            Kind::Environment => "environments",
-            Kind::EvaluationCase => "evaluationcases",
-            Kind::EgressLog => "egresslogs",
-            Kind::Extension(kind) => kind.plural(),
-        }
-    }
-
-    /// The built-in kind whose plural (or, for the kinds users write, kubectl-style singular or short
-    /// name) this is. Every kind's [`Kind::plural`] reads back.
-    pub fn from_plural(plural: &str) -> Option<Kind> {
-        Some(match plural {
-            "agents" | "agent" => Kind::Agent,
-            "agentruns" | "agentrun" | "ar" => Kind::AgentRun,
-            "agentgroups" | "agentgroup" | "ag" => Kind::AgentGroup,
-            "secrets" | "secret" => Kind::Secret,
-            "budgets" | "budget" => Kind::Budget,
-            "filesets" | "fileset" | "fs" => Kind::FileSet,
-            "accounts" => Kind::Account,
-            "batchrecords" => Kind::BatchRecord,
-            "workdirarchives" => Kind::WorkdirArchive,
-            "agentenvironments" | "agentenvironment" | "ae" => Kind::AgentEnvironment,
-            "environments" | "environment" | "env" => Kind::Environment,
-            "evaluationcases" => Kind::EvaluationCase,
-            "egresslogs" => Kind::EgressLog,
-            _ => return None,
-        })
-    }
 }
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Extension(kind) => kind.plural(),
-            Kind::Agent => "Agent",
-            Kind::AgentRun => "AgentRun",
-            Kind::AgentGroup => "AgentGroup",
-            Kind::Secret => "Secret",
-            Kind::Budget => "Budget",
-            Kind::FileSet => "FileSet",
-            Kind::Account => "Account",
-            Kind::BatchRecord => "BatchRecord",
-            Kind::WorkdirArchive => "WorkdirArchive",
-            Kind::AgentEnvironment => "AgentEnvironment",
-            Kind::Environment => "Environment",
-            Kind::EvaluationCase => "EvaluationCase",
-            Kind::EgressLog => "EgressLog",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -279,34 +198,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_plural_reads_back() {
-        for kind in [
-            Kind::Agent,
-            Kind::AgentRun,
-            Kind::AgentGroup,
-            Kind::Secret,
-            Kind::Budget,
-            Kind::FileSet,
-            Kind::Account,
-            Kind::BatchRecord,
-            Kind::WorkdirArchive,
-            Kind::AgentEnvironment,
-            Kind::Environment,
-            Kind::EvaluationCase,
-            Kind::EgressLog,
-        ] {
-            assert_eq!(Kind::from_plural(kind.plural()), Some(kind), "{kind}");
-        }
-        assert_eq!(Kind::from_plural("ar"), Some(Kind::AgentRun));
-        assert_eq!(Kind::from_plural("nothing"), None);
-    }
-
-    #[test]
     fn stored_names_read_back_and_extensions_stay_apart() {
-        let built_in: Vec<&str> = BUILT_IN.to_vec();
-        for plural in &built_in {
-            let kind = Kind::stored(plural).expect("a built-in plural");
-            assert_eq!(kind.plural(), *plural);
+        for kind in Kind::ALL {
+            let plural = kind.plural();
+            assert_eq!(Kind::stored(plural), Some(kind));
             assert!(!matches!(kind, Kind::Extension(_)), "{plural}");
             assert_eq!(ExtensionKind::new(plural), None, "{plural} is built in");
         }
@@ -318,7 +213,7 @@ mod tests {
         // Only plurals are stored; a user's short name is not a stored name.
         assert_eq!(Kind::stored("ar"), None);
         assert_eq!(
-            Kind::from_plural("tokens"),
+            Kind::named("tokens"),
             None,
             "the API serves no extension kind"
         );

@@ -13,6 +13,7 @@ mod fileset;
 mod group;
 mod group_phase;
 mod meta;
+mod registry;
 mod run;
 mod secret;
 
@@ -36,6 +37,7 @@ pub use group_phase::GroupPhase;
 #[cfg(feature = "openapi")]
 pub use meta::DateTime;
 pub use meta::{API_VERSION, Kind, ObjectMeta, TEMPLATE_PROJECT};
+pub use registry::{KeptIn, KindInfo, WrittenBy};
 pub use run::{
     AgentRunSpec, AgentRunStatus, AnswerStatus, ArtifactMount, ChosenBy, CostStatus, EgressCounts,
     EnvironmentSnapshot, FileSetVersion, ForkOf, PostRunAction, RunSnapshot, SandboxStatus,

@@ -2,7 +2,7 @@
 //! with its parameters, bodies and answers, and every body's schema derived from the Rust
 //! types that read or write it (schemars, `nodus-core`'s `openapi` feature).
 
-use nodus_core::engine::{Reason, RunResultInfo, StepView, WRITABLE_KINDS};
+use nodus_core::engine::{Reason, RunResultInfo, StepView};
 use nodus_core::evaluation::CaseResult;
 use nodus_core::evaluation::retry::RetryRequest;
 use nodus_core::ledger::Account;
@@ -86,7 +86,7 @@ fn schemas() -> Map<String, Value> {
         "SecretWrite".into(),
         nodus_core::schema::secret_write_schema(&mut generator).to_value(),
     );
-    for kind in WRITABLE_KINDS {
+    for kind in Kind::WRITABLE {
         named.insert(format!("{kind}List"), json!({
             "type": "object",
             "properties": {
@@ -505,7 +505,7 @@ fn with_parameters(mut operation: Value, parameters: Value) -> Value {
 /// What a path's collection segment holds, for operation ids and tags: each kind by its
 /// plural, and the collections that are not kinds.
 fn collection_name(segment: &str) -> Option<String> {
-    WRITABLE_KINDS
+    Kind::WRITABLE
         .iter()
         .find(|kind| kind.plural() == segment)
         .map(ToString::to_string)
@@ -729,7 +729,7 @@ pub fn document() -> Value {
     if let (Some(all), Value::Array(more)) = (list_parameters.as_array_mut(), watch("the list")) {
         all.extend(more);
     }
-    for kind in WRITABLE_KINDS {
+    for kind in Kind::WRITABLE {
         let plural = kind.plural();
         paths.insert(format!("{base}/{plural}"), json!({
             "parameters": [project],
@@ -897,7 +897,7 @@ mod tests {
             .into_iter()
             .flat_map(|(path, _)| {
                 if path.contains("{plural}") {
-                    WRITABLE_KINDS
+                    Kind::WRITABLE
                         .iter()
                         .map(|kind| path.replace("{plural}", kind.plural()))
                         .collect()

@@ -7,7 +7,6 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use nodus_core::engine::WRITABLE_KINDS;
 use nodus_core::resource::{API_VERSION, AgentRun, AgentRunSpec, Kind};
 use nodus_core::store::{ObjectKey, Selector};
 use nodus_core::validate::{self, Invalid};
@@ -22,14 +21,23 @@ use crate::state::AppState;
 use crate::stream::Scope;
 use crate::watch::{Mode, Stream, Target, WatchQuery};
 
+/// The kind users write that a path's `{plural}` names (its plural, singular or short name,
+/// as [`Kind::named`] reads them), or a not-found naming the kinds there are.
 fn kind_of(plural: &str) -> ApiResult<Kind> {
-    match Kind::from_plural(plural) {
-        Some(kind) if WRITABLE_KINDS.contains(&kind) => Ok(kind),
-        _ => Err(ApiError::not_found(format!(
-            "no resource type {plural:?}; there are agents, agentruns, agentgroups, secrets, \
-             budgets, filesets, agentenvironments and environments"
-        ))),
-    }
+    Kind::named(plural).ok_or_else(|| {
+        let plurals: Vec<&str> = Kind::WRITABLE
+            .into_iter()
+            .filter_map(|kind| kind.info())
+            .map(|info| info.plural)
+            .collect();
+        let there_are = match plurals.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => plurals.concat(),
+        };
+        ApiError::not_found(format!(
+            "no resource type {plural:?}; there are {there_are}"
+        ))
+    })
 }
 
 /// The caller and the kind of `plural`, once the caller may change it in `project`: budgets
