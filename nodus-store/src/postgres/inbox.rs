@@ -3,26 +3,11 @@
 
 use jiff::Timestamp;
 use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
-use sqlx::{Postgres, Row};
+use sqlx::Row;
 
 use super::PostgresStore;
+use super::documents::Read;
 use crate::sql::{self, map_err};
-
-/// A run's inbox, in order, read through `executor`.
-pub(super) async fn inbox_of<'e>(
-    executor: impl sqlx::Executor<'e, Database = Postgres>,
-    run_uid: &str,
-) -> Result<Vec<InboxMessage>, Error> {
-    let rows = sqlx::query(
-        "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = $1 \
-         ORDER BY seq",
-    )
-    .bind(run_uid)
-    .fetch_all(executor)
-    .await
-    .map_err(map_err)?;
-    rows.iter().map(sql::message_of).collect()
-}
 
 pub(super) async fn post_message(
     store: &PostgresStore,
@@ -91,5 +76,5 @@ pub(super) async fn inbox(
     store: &PostgresStore,
     run_uid: &str,
 ) -> Result<Vec<InboxMessage>, Error> {
-    inbox_of(&store.inner.pool, run_uid).await
+    Read::inbox(&store.inner.pool, run_uid).await
 }

@@ -9,6 +9,7 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row};
 
 use super::PostgresStore;
+use super::documents::Read;
 use super::leases::fenced;
 use crate::commit::{self, Committer, JournalWrite};
 use crate::sql::{self, map_err};
@@ -309,18 +310,5 @@ pub(super) async fn complete_step(
 }
 
 pub(super) async fn journal(store: &PostgresStore, run_uid: &str) -> Result<Vec<Step>, Error> {
-    let rows = sqlx::query(
-        "SELECT step::text, completion::text FROM steps WHERE run_uid = $1 ORDER BY seq",
-    )
-    .bind(run_uid)
-    .fetch_all(&store.inner.pool)
-    .await
-    .map_err(map_err)?;
-    rows.iter()
-        .map(|row| {
-            let step: String = row.try_get(0).map_err(map_err)?;
-            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            sql::read_step(run_uid, &step, completion.as_deref())
-        })
-        .collect()
+    Read::journal(&store.inner.pool, run_uid).await
 }

@@ -331,7 +331,12 @@ async fn group_members_can_be_found_through_the_index() {
     };
     let mut query: sqlx::QueryBuilder<sqlx::Postgres> =
         sqlx::QueryBuilder::new("EXPLAIN SELECT name FROM resources WHERE project = ");
-    super::documents::push_selection(&mut query, "p", Kind::AgentRun, &selector);
+    crate::reads::Reads::<sqlx::Postgres>::push_selection(
+        &mut query,
+        "p",
+        Kind::AgentRun,
+        &selector,
+    );
     let mut tx = store.inner.pool.begin().await.expect("begin");
     // An empty table is read whole whatever the indexes; forbid that to see whether the
     // query's expression matches the index at all.

@@ -3,26 +3,11 @@
 
 use jiff::Timestamp;
 use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
-use sqlx::{Row, Sqlite};
+use sqlx::Row;
 
 use super::SqliteStore;
+use super::documents::Read;
 use crate::sql::{self, map_err};
-
-/// A run's inbox, in order, read through `executor`.
-pub(super) async fn inbox_of<'e>(
-    executor: impl sqlx::Executor<'e, Database = Sqlite>,
-    run_uid: &str,
-) -> Result<Vec<InboxMessage>, Error> {
-    let rows = sqlx::query(
-        "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = ? \
-         ORDER BY seq",
-    )
-    .bind(run_uid)
-    .fetch_all(executor)
-    .await
-    .map_err(map_err)?;
-    rows.iter().map(sql::message_of).collect()
-}
 
 pub(super) async fn post_message(
     store: &SqliteStore,
@@ -96,5 +81,5 @@ pub(super) async fn post_message(
 }
 
 pub(super) async fn inbox(store: &SqliteStore, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-    inbox_of(&store.inner.readers, run_uid).await
+    Read::inbox(&store.inner.readers, run_uid).await
 }

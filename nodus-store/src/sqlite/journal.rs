@@ -4,10 +4,10 @@
 
 use nodus_core::journal::{Completion, Step};
 use nodus_core::store::{DocumentWrite, Error, Fence, Record};
-use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
+use super::documents::Read;
 use super::write::{DocumentUpdate, Write};
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
@@ -170,16 +170,5 @@ pub(super) async fn complete_step_then(
 }
 
 pub(super) async fn journal(store: &SqliteStore, run_uid: &str) -> Result<Vec<Step>, Error> {
-    let rows = sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
-        .bind(run_uid)
-        .fetch_all(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
-    rows.iter()
-        .map(|row| {
-            let step: String = row.try_get(0).map_err(map_err)?;
-            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            sql::read_step(run_uid, &step, completion.as_deref())
-        })
-        .collect()
+    Read::journal(&store.inner.readers, run_uid).await
 }

@@ -6,6 +6,7 @@ use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
+use super::documents::Read;
 use crate::sql::{self, map_err};
 
 pub(super) async fn put_snapshot(
@@ -37,12 +38,7 @@ pub(super) async fn put_snapshot(
     }
     let mut missing = Vec::new();
     for digest in &named {
-        let present: Option<i64> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = ?")
-            .bind(digest)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        if present.is_none() {
+        if !Read::has_blob(&mut *tx, digest).await? {
             missing.push(digest.clone());
             continue;
         }
@@ -77,43 +73,18 @@ pub(super) async fn missing_blobs(
     store: &SqliteStore,
     digests: &[String],
 ) -> Result<Vec<String>, Error> {
-    let mut missing = Vec::new();
-    for digest in digests {
-        let present: Option<i64> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = ?")
-            .bind(digest)
-            .fetch_optional(&store.inner.readers)
-            .await
-            .map_err(map_err)?;
-        if present.is_none() {
-            missing.push(digest.clone());
-        }
-    }
-    Ok(missing)
+    Read::missing_blobs(&store.inner.readers, digests).await
 }
 
 pub(super) async fn snapshots(
     store: &SqliteStore,
     run_uid: &str,
 ) -> Result<Vec<(u32, Snapshot)>, Error> {
-    let rows: Vec<(i64, String)> =
-        sqlx::query_as("SELECT seq, snapshot FROM snapshots WHERE run_uid = ? ORDER BY seq")
-            .bind(run_uid)
-            .fetch_all(&store.inner.readers)
-            .await
-            .map_err(map_err)?;
-    let stored = rows
-        .into_iter()
-        .map(|(seq, text)| sql::read_snapshot(run_uid, seq, &text))
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(nodus_core::snapshot::resolve(stored))
+    Read::snapshots(&store.inner.readers, run_uid).await
 }
 
 pub(super) async fn blob(store: &SqliteStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-    sqlx::query_scalar("SELECT content FROM blobs WHERE digest = ?")
-        .bind(digest)
-        .fetch_optional(&store.inner.readers)
-        .await
-        .map_err(map_err)
+    Read::blob(&store.inner.readers, digest).await
 }
 
 /// Remove a run's snapshots and the contents no other run names, in `conn`'s transaction.
@@ -146,9 +117,5 @@ pub(super) async fn delete_snapshots(store: &SqliteStore, run_uid: &str) -> Resu
 }
 
 pub(super) async fn blob_bytes(store: &SqliteStore) -> Result<u64, Error> {
-    let total: i64 = sqlx::query_scalar("SELECT COALESCE(SUM(size), 0) FROM blobs")
-        .fetch_one(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
-    sql::to_u64(total, "the blobs' size")
+    Read::blob_bytes(&store.inner.readers).await
 }
