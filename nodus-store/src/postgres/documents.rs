@@ -1,30 +1,25 @@
-//! Documents: create (alone or in an idempotent batch), read, list (selectors pushed down
-//! through bound paths), replace at a version, edit atomically (group-committed: many edits of
+//! Documents: create (alone or in an idempotent batch), list sparsely (the other reads are
+//! `crate::reads`'), replace at a version, edit atomically (group-committed: many edits of
 //! one account in one transaction), delete with a run's journal and inbox, and rewrite a run's
 //! recorded contents; each write announces its changes in its own transaction.
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use nodus_core::resource::Kind;
-use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Page, Position, Record, RunRewrite, Selector,
-};
+use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector};
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::PostgresStore;
+use super::Read;
 use super::notifications::Notifier;
 use super::transaction::WriteTx;
 use crate::commit::Committer;
-use crate::reads::{Lock, Reads};
+use crate::reads::Lock;
 use crate::sql::{self, map_err};
-
-/// The shared reads, on Postgres.
-pub(super) type Read = Reads<Postgres>;
 
 /// Insert a document known to be new.
 async fn insert(
@@ -219,10 +214,6 @@ pub(super) async fn create_batch(
     Ok(records)
 }
 
-pub(super) async fn get(store: &PostgresStore, key: &ObjectKey) -> Result<Record, Error> {
-    Read::record(&store.inner.pool, key, Lock::None).await
-}
-
 pub(super) async fn modify(
     store: &PostgresStore,
     key: &ObjectKey,
@@ -236,26 +227,6 @@ pub(super) async fn modify(
             edit,
         })
         .await
-}
-
-pub(super) async fn list(
-    store: &PostgresStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-) -> Result<Vec<Record>, Error> {
-    Read::list(&store.inner.pool, project, kind, selector).await
-}
-
-pub(super) async fn list_page(
-    store: &PostgresStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-    after: Option<Position>,
-    limit: NonZeroUsize,
-) -> Result<Page, Error> {
-    Read::list_page(&store.inner.pool, project, kind, selector, after, limit).await
 }
 
 pub(super) async fn list_sparse(
@@ -283,18 +254,6 @@ pub(super) async fn list_sparse(
     sql::selected(project, kind, selector, &rows, |key, row, at| {
         sql::sparse_record_of(key, row, at, &wanted)
     })
-}
-
-pub(super) async fn projects(store: &PostgresStore) -> Result<Vec<String>, Error> {
-    Read::projects(&store.inner.pool).await
-}
-
-pub(super) async fn group_phases(
-    store: &PostgresStore,
-    project: &str,
-    group: &str,
-) -> Result<Vec<(Option<String>, u64)>, Error> {
-    Read::group_phases(&store.inner.pool, project, group).await
 }
 
 pub(super) async fn update(

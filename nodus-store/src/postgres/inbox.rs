@@ -2,11 +2,10 @@
 //! sender read (the document's row locked, its version bumped), once per deduplication key.
 
 use jiff::Timestamp;
-use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
+use nodus_core::store::{Change, Delivery, Error, ObjectKey};
 use sqlx::Row;
 
 use super::PostgresStore;
-use super::documents::Read;
 use crate::sql::{self, map_err};
 
 pub(super) async fn post_message(
@@ -70,11 +69,4 @@ pub(super) async fn post_message(
     tx.announce(&Change::Written(run.clone(), version)).await?;
     tx.commit().await?;
     Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
-}
-
-pub(super) async fn inbox(
-    store: &PostgresStore,
-    run_uid: &str,
-) -> Result<Vec<InboxMessage>, Error> {
-    Read::inbox(&store.inner.pool, run_uid).await
 }

@@ -1,6 +1,7 @@
 //! Run journals: appends and outcomes group-committed (many runs' steps in one statement per
 //! round, one transaction), each checked against the run's fence (its lease row locked
-//! `FOR SHARE`) and the journal's order inside the statement; and reading a journal.
+//! `FOR SHARE`) and the journal's order inside the statement. (Reading a journal is
+//! `crate::reads`'.)
 
 use async_trait::async_trait;
 use nodus_core::journal::{Completion, Step};
@@ -9,7 +10,6 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres, Row};
 
 use super::PostgresStore;
-use super::documents::Read;
 use super::leases::fenced;
 use crate::commit::{self, Committer, JournalWrite};
 use crate::sql::{self, map_err};
@@ -307,8 +307,4 @@ pub(super) async fn complete_step(
             completion: completion.clone(),
         })
         .await
-}
-
-pub(super) async fn journal(store: &PostgresStore, run_uid: &str) -> Result<Vec<Step>, Error> {
-    Read::journal(&store.inner.pool, run_uid).await
 }

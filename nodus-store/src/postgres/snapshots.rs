@@ -2,12 +2,12 @@
 //! runs that name each content. Writers of snapshots hold a shared advisory lock and removers
 //! an exclusive one, so that no removal takes contents a snapshot being written names.
 
-use nodus_core::snapshot::{Blob, Snapshot, Stored};
+use nodus_core::snapshot::{Blob, Stored};
 use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::postgres::PgConnection;
 
 use super::PostgresStore;
-use super::documents::Read;
+use super::Read;
 use crate::sql::{self, map_err};
 
 pub(super) async fn put_snapshot(
@@ -70,24 +70,6 @@ pub(super) async fn put_snapshot(
     tx.commit().await
 }
 
-pub(super) async fn missing_blobs(
-    store: &PostgresStore,
-    digests: &[String],
-) -> Result<Vec<String>, Error> {
-    Read::missing_blobs(&store.inner.pool, digests).await
-}
-
-pub(super) async fn snapshots(
-    store: &PostgresStore,
-    run_uid: &str,
-) -> Result<Vec<(u32, Snapshot)>, Error> {
-    Read::snapshots(&store.inner.pool, run_uid).await
-}
-
-pub(super) async fn blob(store: &PostgresStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-    Read::blob(&store.inner.pool, digest).await
-}
-
 /// The advisory lock that keeps removals of contents apart from snapshots being written
 /// (shared for writers, exclusive for removers), held until `conn`'s transaction ends.
 async fn lock_blobs(conn: &mut PgConnection, exclusive: bool) -> Result<(), Error> {
@@ -131,8 +113,4 @@ pub(super) async fn delete_snapshots(store: &PostgresStore, run_uid: &str) -> Re
     let mut tx = store.write().await?;
     drop_snapshots(&mut tx, run_uid).await?;
     tx.commit().await
-}
-
-pub(super) async fn blob_bytes(store: &PostgresStore) -> Result<u64, Error> {
-    Read::blob_bytes(&store.inner.pool).await
 }

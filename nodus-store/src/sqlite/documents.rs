@@ -1,26 +1,21 @@
-//! Documents: create (alone or in an idempotent batch), read, list (selectors pushed down
-//! through bound JSON paths), replace at a version and edit atomically (both through the
-//! writer), delete with a run's journal and inbox, and rewrite a run's recorded contents.
+//! Documents: create (alone or in an idempotent batch), list sparsely (one JSON row), replace
+//! at a version and edit atomically (both through the writer), delete with a run's journal
+//! and inbox, and rewrite a run's recorded contents. The other reads are `crate::reads`'.
 
 use std::collections::HashSet;
-use std::num::NonZeroUsize;
 
 use nodus_core::resource::Kind;
-use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Page, Position, Record, RunRewrite, Selector, Store,
-};
+use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use super::Read;
 use super::SqliteStore;
 use super::write::{DocumentUpdate, Write};
 use crate::dialect::sqlite_json_path;
-use crate::reads::{Lock, Reads};
+use crate::reads::Lock;
 use crate::sql::{self, map_err};
-
-/// The shared reads, on SQLite.
-pub(super) type Read = Reads<Sqlite>;
 
 /// Read a document through `executor` (the readers, or the writer inside its transaction).
 pub(super) async fn read_record<'e>(
@@ -182,10 +177,6 @@ pub(super) async fn create_batch(
     Ok(records)
 }
 
-pub(super) async fn get(store: &SqliteStore, key: &ObjectKey) -> Result<Record, Error> {
-    read_record(&store.inner.readers, key).await
-}
-
 pub(super) async fn modify(
     store: &SqliteStore,
     key: &ObjectKey,
@@ -200,26 +191,6 @@ pub(super) async fn modify(
         })
         .await?
         .document()
-}
-
-pub(super) async fn list(
-    store: &SqliteStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-) -> Result<Vec<Record>, Error> {
-    Read::list(&store.inner.readers, project, kind, selector).await
-}
-
-pub(super) async fn list_page(
-    store: &SqliteStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-    after: Option<Position>,
-    limit: NonZeroUsize,
-) -> Result<Page, Error> {
-    Read::list_page(&store.inner.readers, project, kind, selector, after, limit).await
 }
 
 pub(super) async fn list_sparse(
@@ -299,18 +270,6 @@ fn sparse_record(
         version,
         document,
     })
-}
-
-pub(super) async fn projects(store: &SqliteStore) -> Result<Vec<String>, Error> {
-    Read::projects(&store.inner.readers).await
-}
-
-pub(super) async fn group_phases(
-    store: &SqliteStore,
-    project: &str,
-    group: &str,
-) -> Result<Vec<(Option<String>, u64)>, Error> {
-    Read::group_phases(&store.inner.readers, project, group).await
 }
 
 pub(super) async fn update(

@@ -2,11 +2,10 @@
 //! sender read (its version bumped in the same transaction), once per deduplication key.
 
 use jiff::Timestamp;
-use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
+use nodus_core::store::{Change, Delivery, Error, ObjectKey};
 use sqlx::Row;
 
 use super::SqliteStore;
-use super::documents::Read;
 use crate::sql::{self, map_err};
 
 pub(super) async fn post_message(
@@ -78,8 +77,4 @@ pub(super) async fn post_message(
     tx.commit().await?;
     drop(conn);
     Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
-}
-
-pub(super) async fn inbox(store: &SqliteStore, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-    Read::inbox(&store.inner.readers, run_uid).await
 }

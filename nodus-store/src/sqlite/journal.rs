@@ -1,13 +1,12 @@
 //! Run journals: appends and outcomes go through the writer (a busy batch's journal writes in
 //! a few statements, see `batch`), each checked against the run's fence and the journal's
-//! order in the writer's transaction; and reading a journal.
+//! order in the writer's transaction. (Reading a journal is `crate::reads`'.)
 
 use nodus_core::journal::{Completion, Step};
 use nodus_core::store::{DocumentWrite, Error, Fence, Record};
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use super::documents::Read;
 use super::write::{DocumentUpdate, Write};
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
@@ -167,8 +166,4 @@ pub(super) async fn complete_step_then(
         version,
         document: then.document,
     }))
-}
-
-pub(super) async fn journal(store: &SqliteStore, run_uid: &str) -> Result<Vec<Step>, Error> {
-    Read::journal(&store.inner.readers, run_uid).await
 }

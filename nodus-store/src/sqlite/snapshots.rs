@@ -1,12 +1,12 @@
 //! Working-directory snapshots: manifests by run and step, contents once by digest, and the
 //! runs that name each content, written in one transaction on the writer connection.
 
-use nodus_core::snapshot::{Blob, Snapshot, Stored};
+use nodus_core::snapshot::{Blob, Stored};
 use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::sqlite::SqliteConnection;
 
+use super::Read;
 use super::SqliteStore;
-use super::documents::Read;
 use crate::sql::{self, map_err};
 
 pub(super) async fn put_snapshot(
@@ -69,24 +69,6 @@ pub(super) async fn put_snapshot(
     tx.commit().await
 }
 
-pub(super) async fn missing_blobs(
-    store: &SqliteStore,
-    digests: &[String],
-) -> Result<Vec<String>, Error> {
-    Read::missing_blobs(&store.inner.readers, digests).await
-}
-
-pub(super) async fn snapshots(
-    store: &SqliteStore,
-    run_uid: &str,
-) -> Result<Vec<(u32, Snapshot)>, Error> {
-    Read::snapshots(&store.inner.readers, run_uid).await
-}
-
-pub(super) async fn blob(store: &SqliteStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-    Read::blob(&store.inner.readers, digest).await
-}
-
 /// Remove a run's snapshots and the contents no other run names, in `conn`'s transaction.
 pub(super) async fn drop_snapshots(
     conn: &mut SqliteConnection,
@@ -114,8 +96,4 @@ pub(super) async fn delete_snapshots(store: &SqliteStore, run_uid: &str) -> Resu
     let mut tx = store.write(&mut conn).await?;
     drop_snapshots(&mut tx, run_uid).await?;
     tx.commit().await
-}
-
-pub(super) async fn blob_bytes(store: &SqliteStore) -> Result<u64, Error> {
-    Read::blob_bytes(&store.inner.readers).await
 }
