@@ -1,5 +1,7 @@
-//! Embedding nodus-core: an agent run with the in-memory store, the offline scripted model
-//! and the unisolated local sandbox, all in this process.
+//! Embedding nodus-core: an agent run kept in a SQLite file, with the offline scripted model
+//! and the unisolated local sandbox, all in this process. It names nodus-core's facade
+//! (`nodus_core::prelude`) and the backend crates: nodus-store (the store), nodus-sandbox (the
+//! sandbox) and nodus-llm (the model client and its catalog).
 //!
 //! Run it with `cargo run -p nodus-examples --example embedding`. The engine's `Runner` drives
 //! the run (as it does in the server); the offline model runs the shell commands that the
@@ -8,23 +10,25 @@
 
 use std::sync::Arc;
 
-use nodus_core::engine::{Config, Deps, Engine};
-use nodus_core::lifecycle::RunPhase;
-use nodus_core::resource::{Agent, AgentRun, AgentRunSpec, AgentSpec};
-use nodus_core::runner::{Runner, RunnerConfig};
+use nodus_core::prelude::*;
 use nodus_llm::{Jev, ScriptedModel};
 use nodus_sandbox::UnisolatedSandbox;
+use nodus_store::SqliteStore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let workdirs = std::env::temp_dir().join(format!("nodus-embedding-{}", std::process::id()));
-    // The builder's defaults: the in-memory store, the system clock, no Secrets, no metering.
+    std::fs::create_dir_all(&workdirs)?;
+    // A durable store: the run survives a restart of this process. The builder's defaults
+    // for the rest: the system clock, no Secrets, no metering.
+    let store = SqliteStore::open(workdirs.join("nodus.db")).await?;
     let deps = Deps::builder(
-        Arc::new(UnisolatedSandbox::new(workdirs.clone())),
+        Arc::new(UnisolatedSandbox::new(workdirs.join("sandboxes"))),
         Arc::new(ScriptedModel::offline()),
         // The offline model is free: every family is answered by it, at no price.
         nodus_llm::offline_catalog(&nodus_llm::default_catalog()?),
     )
+    .store(Arc::new(store))
     .router(Arc::new(Jev::new()))
     .build();
     let engine = Engine::new(deps, Config::default());

@@ -9,14 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nodus_core::Usd;
-use nodus_core::engine::{Config, Deps, Engine};
-use nodus_core::group::GroupPhase;
-use nodus_core::lifecycle::RunPhase;
-use nodus_core::resource::{
-    Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, GroupLimits,
-};
-use nodus_core::runner::{Runner, RunnerConfig};
+use nodus_core::prelude::*;
 use nodus_llm::{Jev, ScriptedModel};
 use nodus_sandbox::UnisolatedSandbox;
 

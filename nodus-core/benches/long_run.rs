@@ -190,6 +190,7 @@ fn run(fold: Fold) -> Timings {
             post_run_action: None,
             catalog: &catalog,
             router_max_cost: Usd::ZERO,
+            byok_secret_key: nodus_core::engine::DEFAULT_BYOK_SECRET_KEY,
             facts: Facts::default(),
         };
         let decision = decide::decide(&input);

@@ -16,9 +16,7 @@ use crate::model::{
 };
 use crate::money::Usd;
 use crate::replay::{Call, Replay, SandboxState};
-use crate::resource::{
-    API_KEY_SECRET_KEY, Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot,
-};
+use crate::resource::{Access, AgentRun, AgentRunSpec, AgentSpec, ChosenBy, RunSnapshot};
 use crate::router::RouteChoice;
 use crate::sandbox::{self, ExecOutput, SandboxInfo, SandboxSpec};
 use crate::store::InboxMessage;
@@ -57,6 +55,9 @@ pub struct RunInput<'a> {
     pub router_max_cost: Usd,
     /// The post-run action chosen when the run was created (`None` for `agents.noop`).
     pub post_run_action: Option<&'a crate::resource::PostRunAction>,
+    /// The key of a BYOK agent's Secret that holds its provider key
+    /// ([`Config::byok_secret_key`](crate::engine::Config::byok_secret_key)).
+    pub byok_secret_key: &'a str,
     /// What the executor learned of the world for this decision.
     pub facts: Facts,
 }
@@ -400,7 +401,7 @@ fn decide_unfunded(input: &RunInput<'_>) -> Decision {
             let secret = input.agent.model.api_key_secret.clone().unwrap_or_default();
             return Decision::Refuse {
                 intent,
-                error: format!("the Secret {secret:?} holds no {API_KEY_SECRET_KEY}"),
+                error: format!("the Secret {secret:?} holds no {}", input.byok_secret_key),
             };
         }
         return Decision::Act(intent);

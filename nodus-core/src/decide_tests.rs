@@ -117,6 +117,7 @@ impl World {
             close: self.close,
             catalog: &self.catalog,
             router_max_cost: self.router_max_cost,
+            byok_secret_key: "PROVIDER_API_KEY",
             facts: self.facts,
             post_run_action: self.post_run_action.as_ref(),
         }
@@ -808,7 +809,7 @@ fn the_decision_for_each_journal_prefix() {
             "a BYOK call whose key vanished is refused, naming the Secret",
             byok_with(&|w| w.facts.key = Key::Missing),
             Journal::default().created(),
-            "refuse call 0 m-byok with tools: the Secret \"my-key\" holds no ANTHROPIC_API_KEY",
+            "refuse call 0 m-byok with tools: the Secret \"my-key\" holds no PROVIDER_API_KEY",
         ),
         (
             "a BYOK call whose key is there is made",

@@ -348,6 +348,7 @@ pub fn admit_to(
 
 /// Why a change to a group's spec is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum UpdateRefused {
     /// `spec.sealed` went from true to false.
     #[error("spec.sealed cannot be undone")]

@@ -39,6 +39,7 @@ pub struct Account {
 
 /// A call the account cannot cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Refusal {
     /// Not enough credits.
     #[error("the project's credits ({available} available) do not cover {needed}")]

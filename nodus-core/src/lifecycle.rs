@@ -10,6 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Why a run has not started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PendingReason {
     /// Waiting for an executor to take it.
     Queued,
@@ -21,6 +22,7 @@ pub enum PendingReason {
 
 /// Why a started run is waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum WaitReason {
     /// A keepAlive run between turns.
     AwaitingMessage,
@@ -33,6 +35,7 @@ pub enum WaitReason {
 
 /// Why a run failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FailReason {
     /// `spec.deadline` passed.
     DeadlineExceeded,
@@ -49,6 +52,7 @@ pub enum FailReason {
 /// Why a run was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[non_exhaustive]
 pub enum CancelReason {
     /// A person cancelled it.
     CancelRequested,

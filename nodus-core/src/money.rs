@@ -76,6 +76,7 @@ impl std::iter::Sum for Usd {
 
 /// Why a decimal string is not an amount of money.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ParseUsdError {
     /// The string is empty.
     #[error("an amount of money must not be empty")]

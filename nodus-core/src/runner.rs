@@ -37,6 +37,7 @@ use crate::store::{Change, ObjectKey, Selector, Store};
 
 /// How a runner works.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RunnerConfig {
     /// The most runs driven at once (at least one).
     pub max_concurrent: usize,

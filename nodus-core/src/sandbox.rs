@@ -275,6 +275,7 @@ pub trait LiveOutput: Send + Sync {
 
 /// What can go wrong with a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No sandbox with this id.
     #[error("sandbox {0} does not exist")]

@@ -326,6 +326,7 @@ pub enum Change {
 
 /// Store failures, in portable kinds.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No such document.
     #[error("{0} not found")]

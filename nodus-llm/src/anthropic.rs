@@ -28,9 +28,13 @@ use crate::sse;
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 /// The `anthropic-version` header sent.
 pub const API_VERSION: &str = "2023-06-01";
+/// The key of a BYOK agent's Secret that holds the user's own Anthropic key: the engine's
+/// `Config::byok_secret_key` where BYOK calls go to this client (as in the reference server).
+pub const BYOK_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
 
 /// How an [`AnthropicClient`] reaches the API.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AnthropicConfig {
     /// The API's base URL, without `/v1` (a gateway or a test server may stand in).
     pub base_url: String,

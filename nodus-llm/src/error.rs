@@ -4,6 +4,7 @@
 
 /// Why a catalog or a client cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The model catalog is unreadable or invalid.
     #[error("model catalog: {0}")]

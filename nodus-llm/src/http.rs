@@ -97,6 +97,7 @@ fn random_up_to(max: u64) -> u64 {
 
 /// Timeouts and retries of a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HttpConfig {
     /// How long connecting may take.
     pub connect_timeout: Duration,

@@ -33,6 +33,7 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// How an [`OpenAiClient`] reaches its server.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct OpenAiConfig {
     /// The base URL, `/v1` included (`http://127.0.0.1:8000/v1` for a local vLLM).
     pub base_url: String,

@@ -65,6 +65,7 @@ pub enum CgroupUse {
 
 /// How the process backend works on this host.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BwrapConfig {
     /// The directory that holds the working directories (`root/sandboxes/<key>`). Keep it
     /// outside the directories bound into sandboxes; with [`BwrapConfig::run_as`] every

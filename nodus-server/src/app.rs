@@ -108,6 +108,16 @@ impl Server {
             }
             None => Arc::new(nodus_core::telemetry::NoSpans),
         };
+        let mut config = Config::default();
+        config.default_image = options.default_image.clone();
+        config.replica = Some(replica.clone());
+        config.actions =
+            crate::actions::registry(options.webhook_allow.clone()).merged(&options.actions);
+        config.egress_allow = options.egress.allow.clone();
+        config.egress_journal = Some(egress_journal);
+        config.snapshots = options.snapshots;
+        // BYOK calls go to the Anthropic client: users keep their key under its name.
+        config.byok_secret_key = nodus_llm::anthropic::BYOK_SECRET_KEY.to_string();
         let engine = Engine::new(
             Deps {
                 store: store.clone(),
@@ -120,16 +130,7 @@ impl Server {
                 ledger: Arc::new(ledger.clone()),
                 spans,
             },
-            Config {
-                default_image: options.default_image.clone(),
-                replica: Some(replica.clone()),
-                actions: crate::actions::registry(options.webhook_allow.clone())
-                    .merged(&options.actions),
-                egress_allow: options.egress.allow.clone(),
-                egress_journal: Some(egress_journal),
-                snapshots: options.snapshots,
-                ..Config::default()
-            },
+            config,
         );
         let state = Arc::new(AppState {
             engine: engine.clone(),
@@ -205,14 +206,10 @@ impl Bound {
         // The runner drives every run and reconciles every group; the API only records. An
         // API replica starts none: the worker replicas drive its runs.
         let runner = server.options.role.drives().then(|| {
-            Runner::start(
-                server.state.engine.clone(),
-                RunnerConfig {
-                    max_concurrent: server.options.capacity,
-                    retention: Some(PAYLOAD_RETENTION),
-                    ..RunnerConfig::default()
-                },
-            )
+            let mut config = RunnerConfig::default();
+            config.max_concurrent = server.options.capacity;
+            config.retention = Some(PAYLOAD_RETENTION);
+            Runner::start(server.state.engine.clone(), config)
         });
         let _ = server
             .state

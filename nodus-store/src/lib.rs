@@ -16,8 +16,12 @@
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod commit;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod dialect;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod reads;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]

@@ -34,6 +34,10 @@ use sqlx::postgres::PgPool;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::commit::GroupCommit;
+use crate::reads::{Lock, Reads};
+
+/// The shared reads, on Postgres.
+type Read = Reads<sqlx::Postgres>;
 
 mod documents;
 mod inbox;
@@ -82,7 +86,7 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
-        documents::get(self, key).await
+        Read::record(&self.inner.pool, key, Lock::None).await
     }
 
     async fn list(
@@ -91,7 +95,7 @@ impl Store for PostgresStore {
         kind: Kind,
         selector: &Selector,
     ) -> Result<Vec<Record>, Error> {
-        documents::list(self, project, kind, selector).await
+        Read::list(&self.inner.pool, project, kind, selector).await
     }
 
     async fn list_page(
@@ -102,7 +106,7 @@ impl Store for PostgresStore {
         after: Option<Position>,
         limit: NonZeroUsize,
     ) -> Result<Page, Error> {
-        documents::list_page(self, project, kind, selector, after, limit).await
+        Read::list_page(&self.inner.pool, project, kind, selector, after, limit).await
     }
 
     async fn list_sparse(
@@ -116,7 +120,7 @@ impl Store for PostgresStore {
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {
-        documents::projects(self).await
+        Read::projects(&self.inner.pool).await
     }
 
     async fn group_phases(
@@ -124,7 +128,7 @@ impl Store for PostgresStore {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Option<String>, u64)>, Error> {
-        documents::group_phases(self, project, group).await
+        Read::group_phases(&self.inner.pool, project, group).await
     }
 
     async fn update(
@@ -171,7 +175,7 @@ impl Store for PostgresStore {
     }
 
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
-        journal::journal(self, run_uid).await
+        Read::journal(&self.inner.pool, run_uid).await
     }
 
     async fn post_message(
@@ -186,7 +190,7 @@ impl Store for PostgresStore {
     }
 
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-        inbox::inbox(self, run_uid).await
+        Read::inbox(&self.inner.pool, run_uid).await
     }
 
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
@@ -204,15 +208,15 @@ impl Store for PostgresStore {
     }
 
     async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error> {
-        snapshots::missing_blobs(self, digests).await
+        Read::missing_blobs(&self.inner.pool, digests).await
     }
 
     async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error> {
-        snapshots::snapshots(self, run_uid).await
+        Read::snapshots(&self.inner.pool, run_uid).await
     }
 
     async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-        snapshots::blob(self, digest).await
+        Read::blob(&self.inner.pool, digest).await
     }
 
     async fn delete_snapshots(&self, run_uid: &str) -> Result<(), Error> {
@@ -220,7 +224,7 @@ impl Store for PostgresStore {
     }
 
     async fn blob_bytes(&self) -> Result<u64, Error> {
-        snapshots::blob_bytes(self).await
+        Read::blob_bytes(&self.inner.pool).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

@@ -36,6 +36,10 @@ use sqlx::sqlite::SqlitePool;
 use tokio::sync::broadcast;
 
 use crate::commit::GroupCommit;
+use crate::reads::{Lock, Reads};
+
+/// The shared reads, on Sqlite.
+type Read = Reads<sqlx::Sqlite>;
 
 mod batch;
 mod documents;
@@ -86,7 +90,7 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
-        documents::get(self, key).await
+        Read::record(&self.inner.readers, key, Lock::None).await
     }
 
     async fn list(
@@ -95,7 +99,7 @@ impl Store for SqliteStore {
         kind: Kind,
         selector: &Selector,
     ) -> Result<Vec<Record>, Error> {
-        documents::list(self, project, kind, selector).await
+        Read::list(&self.inner.readers, project, kind, selector).await
     }
 
     async fn list_page(
@@ -106,7 +110,7 @@ impl Store for SqliteStore {
         after: Option<Position>,
         limit: NonZeroUsize,
     ) -> Result<Page, Error> {
-        documents::list_page(self, project, kind, selector, after, limit).await
+        Read::list_page(&self.inner.readers, project, kind, selector, after, limit).await
     }
 
     async fn list_sparse(
@@ -120,7 +124,7 @@ impl Store for SqliteStore {
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {
-        documents::projects(self).await
+        Read::projects(&self.inner.readers).await
     }
 
     async fn group_phases(
@@ -128,7 +132,7 @@ impl Store for SqliteStore {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Option<String>, u64)>, Error> {
-        documents::group_phases(self, project, group).await
+        Read::group_phases(&self.inner.readers, project, group).await
     }
 
     async fn update(
@@ -186,7 +190,7 @@ impl Store for SqliteStore {
     }
 
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
-        journal::journal(self, run_uid).await
+        Read::journal(&self.inner.readers, run_uid).await
     }
 
     async fn post_message(
@@ -201,7 +205,7 @@ impl Store for SqliteStore {
     }
 
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-        inbox::inbox(self, run_uid).await
+        Read::inbox(&self.inner.readers, run_uid).await
     }
 
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
@@ -219,15 +223,15 @@ impl Store for SqliteStore {
     }
 
     async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error> {
-        snapshots::missing_blobs(self, digests).await
+        Read::missing_blobs(&self.inner.readers, digests).await
     }
 
     async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error> {
-        snapshots::snapshots(self, run_uid).await
+        Read::snapshots(&self.inner.readers, run_uid).await
     }
 
     async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-        snapshots::blob(self, digest).await
+        Read::blob(&self.inner.readers, digest).await
     }
 
     async fn delete_snapshots(&self, run_uid: &str) -> Result<(), Error> {
@@ -235,7 +239,7 @@ impl Store for SqliteStore {
     }
 
     async fn blob_bytes(&self) -> Result<u64, Error> {
-        snapshots::blob_bytes(self).await
+        Read::blob_bytes(&self.inner.readers).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

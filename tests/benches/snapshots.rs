@@ -65,9 +65,10 @@ async fn engine(
             ledger: Arc::new(nodus_core::ledger::Unmetered),
             spans: Arc::new(nodus_core::telemetry::NoSpans),
         },
-        Config {
-            snapshots: snapshots.then(nodus_core::snapshot::Budget::default),
-            ..Config::default()
+        {
+            let mut config = Config::default();
+            config.snapshots = snapshots.then(nodus_core::snapshot::Budget::default);
+            config
         },
     );
     (engine, store)

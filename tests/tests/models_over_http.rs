@@ -18,7 +18,7 @@ use nodus_core::runner::{Runner, RunnerConfig};
 use nodus_core::secret::{SecretString, StaticSecrets};
 use nodus_core::testing::RecordingSandbox;
 use nodus_llm::testing::{Fake, FakeMessage, FakeServer};
-use nodus_llm::{AnthropicClient, AnthropicConfig, HttpConfig, Jev, RetryPolicy, default_catalog};
+use nodus_llm::{AnthropicClient, AnthropicConfig, Jev, RetryPolicy, default_catalog};
 use nodus_store::MemoryStore;
 use support::{PROJECT, agent, run};
 
@@ -29,15 +29,12 @@ fn engine(server: &FakeServer, secrets: StaticSecrets) -> Engine {
     let mut config = AnthropicConfig::new();
     config.base_url = server.base_url();
     config.api_key = Some(SecretString::new(PLATFORM_KEY));
-    config.http = HttpConfig {
-        request_timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
-            max_attempts: 3,
-            initial_backoff: Duration::from_millis(2),
-            max_backoff: Duration::from_millis(10),
-            max_retry_after: Duration::from_secs(1),
-        },
-        ..HttpConfig::default()
+    config.http.request_timeout = Duration::from_secs(5);
+    config.http.retry = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(2),
+        max_backoff: Duration::from_millis(10),
+        max_retry_after: Duration::from_secs(1),
     };
     let catalog = Arc::new(default_catalog().expect("catalog"));
     let client = AnthropicClient::new(config)
@@ -55,9 +52,11 @@ fn engine(server: &FakeServer, secrets: StaticSecrets) -> Engine {
             ledger: Arc::new(nodus_core::ledger::Unmetered),
             spans: Arc::new(nodus_core::telemetry::NoSpans),
         },
-        Config {
-            retry_pause: Duration::from_millis(5),
-            ..Config::default()
+        {
+            let mut config = Config::default();
+            config.retry_pause = Duration::from_millis(5);
+            config.byok_secret_key = nodus_llm::anthropic::BYOK_SECRET_KEY.to_string();
+            config
         },
     )
 }

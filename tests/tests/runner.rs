@@ -111,14 +111,10 @@ fn engine(sandbox: Arc<dyn Sandbox>, clock: Arc<ManualClock>) -> Engine {
 }
 
 fn start(engine: &Engine, max_concurrent: usize) -> RunnerHandle {
-    Runner::start(
-        engine.clone(),
-        RunnerConfig {
-            max_concurrent,
-            group_settle: Duration::ZERO,
-            ..RunnerConfig::default()
-        },
-    )
+    let mut config = RunnerConfig::default();
+    config.max_concurrent = max_concurrent;
+    config.group_settle = Duration::ZERO;
+    Runner::start(engine.clone(), config)
 }
 
 /// Wait (real time) until the runner has settled: it drives no run, and the earliest time it
@@ -518,14 +514,10 @@ async fn the_retention_sweep_runs_by_the_clock() {
             .get("payloadsRemovedAt")
             .is_some()
     };
-    let runner = Runner::start(
-        engine.clone(),
-        RunnerConfig {
-            retention: Some(Duration::from_secs(30 * 24 * 3600)),
-            sweep_every: Duration::from_secs(3600),
-            ..RunnerConfig::default()
-        },
-    );
+    let mut config = RunnerConfig::default();
+    config.retention = Some(Duration::from_secs(30 * 24 * 3600));
+    config.sweep_every = Duration::from_secs(3600);
+    let runner = Runner::start(engine.clone(), config);
     // At start: the run that ended 31 days ago.
     let give_up = tokio::time::Instant::now() + SOON;
     while !swept(store.clone(), "old").await {
@@ -635,15 +627,11 @@ async fn a_rescore_is_refused_once_the_retention_sweep_removed_the_source_payloa
         .create(PROJECT, group)
         .await
         .expect("evaluation group");
-    let runner = Runner::start(
-        engine.clone(),
-        RunnerConfig {
-            group_settle: Duration::ZERO,
-            retention: Some(Duration::from_secs(30 * 24 * 3600)),
-            sweep_every: Duration::from_secs(3600),
-            ..RunnerConfig::default()
-        },
-    );
+    let mut config = RunnerConfig::default();
+    config.group_settle = Duration::ZERO;
+    config.retention = Some(Duration::from_secs(30 * 24 * 3600));
+    config.sweep_every = Duration::from_secs(3600);
+    let runner = Runner::start(engine.clone(), config);
     let give_up = tokio::time::Instant::now() + SOON;
     loop {
         let group = engine

@@ -8,6 +8,7 @@ use crate::validate::Invalid;
 
 /// Errors of the engine's operations.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The request is invalid; nothing was written.
     #[error(transparent)]

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{API_KEY_SECRET_KEY, Engine, Error, Result, run_uid, status, typed};
+use super::{Engine, Error, Result, run_uid, status, typed};
 use crate::decide::{self, Decision, Effect, Facts, Key, Queued, RunInput};
 use crate::journal::{Intent, Outcome, Step};
 use crate::lifecycle::{PendingReason, RunPhase, WaitReason};
@@ -268,6 +268,7 @@ impl Engine {
             close: run.status.close_requested,
             catalog: &self.deps.catalog,
             router_max_cost: self.deps.router.max_cost(),
+            byok_secret_key: &self.config.byok_secret_key,
             facts: Facts::default(),
             post_run_action: fixed.snapshot.post_run_action.as_ref(),
         }
@@ -325,7 +326,7 @@ impl Engine {
             .unwrap_or_default();
         self.deps
             .secrets
-            .lookup(&fixed.project, &secret, API_KEY_SECRET_KEY)
+            .lookup(&fixed.project, &secret, &self.config.byok_secret_key)
             .await
     }
 

@@ -707,14 +707,14 @@ async fn a_byok_call_whose_key_vanished_is_never_made() {
         (
             1,
             Outcome::Failed {
-                error: "the Secret \"my-key\" holds no ANTHROPIC_API_KEY".to_string(),
+                error: "the Secret \"my-key\" holds no API_KEY".to_string(),
                 by_resolution: false,
             }
         )
     );
     assert_eq!(
         held.document["status"]["message"],
-        "the Secret \"my-key\" holds no ANTHROPIC_API_KEY"
+        "the Secret \"my-key\" holds no API_KEY"
     );
 }
 

@@ -77,8 +77,6 @@ struct Batch {
     images: image::PinnedImages,
 }
 
-pub use crate::resource::API_KEY_SECRET_KEY;
-
 /// What the engine works through.
 #[derive(Clone)]
 pub struct Deps {
@@ -186,6 +184,7 @@ impl DepsBuilder {
 
 /// Settings an operator can change.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// Sandbox limits of every run.
     pub limits: Limits,
@@ -214,7 +213,14 @@ pub struct Config {
     /// Working-directory snapshots after each command step, within this budget of new
     /// content per run (so that runs can be forked from those steps); `None` takes none.
     pub snapshots: Option<crate::snapshot::Budget>,
+    /// The key of a BYOK agent's Secret that holds its provider key
+    /// ([`DEFAULT_BYOK_SECRET_KEY`] by default). Which key a provider's credential goes by is
+    /// the model client's to know: the reference server sets the one of nodus-llm's client.
+    pub byok_secret_key: String,
 }
+
+/// [`Config::byok_secret_key`] when the embedder names none.
+pub const DEFAULT_BYOK_SECRET_KEY: &str = "API_KEY";
 
 impl Default for Config {
     fn default() -> Self {
@@ -230,6 +236,7 @@ impl Default for Config {
             egress_allow: Vec::new(),
             egress_journal: None,
             snapshots: Some(crate::snapshot::Budget::default()),
+            byok_secret_key: DEFAULT_BYOK_SECRET_KEY.to_string(),
         }
     }
 }
@@ -772,13 +779,16 @@ impl Engine {
             if self
                 .deps
                 .secrets
-                .lookup(project, &secret, API_KEY_SECRET_KEY)
+                .lookup(project, &secret, &self.config.byok_secret_key)
                 .await
                 .is_none()
             {
                 return Err(Invalid::new(
                     "spec.model.apiKeySecret",
-                    format!("must name a Secret of this project holding {API_KEY_SECRET_KEY}"),
+                    format!(
+                        "must name a Secret of this project holding {}",
+                        self.config.byok_secret_key
+                    ),
                     format!("{secret:?}"),
                 )
                 .into());

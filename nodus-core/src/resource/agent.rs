@@ -94,7 +94,7 @@ pub struct ModelAccess {
     /// The model id (required for BYOK).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// The Secret holding `ANTHROPIC_API_KEY` (BYOK).
+    /// The Secret holding the provider key (BYOK), under the key the server names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret: Option<String>,
 }
@@ -106,7 +106,7 @@ pub enum Access {
     /// Nodus's Claude: routed per prompt, billed from the project's credits.
     #[default]
     Nodus,
-    /// The user's own Anthropic key: not billed by Nodus, no cap.
+    /// The user's own provider key: not billed by Nodus, no cap.
     #[serde(rename = "BYOK")]
     Byok,
 }

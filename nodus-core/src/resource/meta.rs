@@ -19,7 +19,7 @@ pub enum Kind {
     AgentRun,
     /// Many runs of one agent under shared limits.
     AgentGroup,
-    /// Encrypted key-value pairs, such as a BYOK agent's `ANTHROPIC_API_KEY`.
+    /// Encrypted key-value pairs, such as a BYOK agent's provider key.
     Secret,
     /// A cap on a project's total spend.
     Budget,

@@ -43,8 +43,8 @@ pub use run::{
     EnvironmentSnapshot, FileSetVersion, ForkOf, PostRunAction, RunSnapshot, SandboxStatus,
     SecretVersion, TurnStatus, WorkdirSnapshot, WorkdirSpec,
 };
+pub use secret::Secret;
 pub(crate) use secret::SecretDocument;
-pub use secret::{API_KEY_SECRET_KEY, Secret};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,6 @@
-//! `Secret`: named values (a BYOK agent's `ANTHROPIC_API_KEY`), written as `stringData`, stored
-//! sealed, and shown by their keys only.
+//! `Secret`: named values (a BYOK agent's provider key, under the key the engine's
+//! [`Config::byok_secret_key`](crate::engine::Config::byok_secret_key) names), written as
+//! `stringData`, stored sealed, and shown by their keys only.
 
 use std::collections::BTreeMap;
 
@@ -7,9 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{API_VERSION, Kind, ObjectMeta};
 use crate::secret::SecretString;
-
-/// The Secret key a BYOK agent's key is read from.
-pub const API_KEY_SECRET_KEY: &str = "ANTHROPIC_API_KEY";
 
 /// A Secret, in Kubernetes' shape: `metadata`, `type`, and its values as `stringData`.
 ///

@@ -103,7 +103,7 @@ pub fn valid_documents() -> Vec<(Kind, Value)> {
             doc(
                 "Secret",
                 "anthropic-key",
-                json!({"stringData": {"ANTHROPIC_API_KEY": "sk-ant-x"}}),
+                json!({"stringData": {"API_KEY": "sk-ant-x"}}),
             ),
         ),
         (

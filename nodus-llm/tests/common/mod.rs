@@ -16,17 +16,17 @@ pub const BYOK_KEY: &str = "sk-ant-BYOK-fedcba9876543210";
 
 /// Short timeouts and backoffs, so that every retry path runs in milliseconds.
 pub fn fast_http() -> HttpConfig {
-    HttpConfig {
-        connect_timeout: Duration::from_secs(2),
-        request_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(5),
-        retry: RetryPolicy {
-            max_attempts: 3,
-            initial_backoff: Duration::from_millis(2),
-            max_backoff: Duration::from_millis(10),
-            max_retry_after: Duration::from_secs(2),
-        },
-    }
+    let mut config = HttpConfig::default();
+    config.connect_timeout = Duration::from_secs(2);
+    config.request_timeout = Duration::from_secs(5);
+    config.idle_timeout = Duration::from_secs(5);
+    config.retry = RetryPolicy {
+        max_attempts: 3,
+        initial_backoff: Duration::from_millis(2),
+        max_backoff: Duration::from_millis(10),
+        max_retry_after: Duration::from_secs(2),
+    };
+    config
 }
 
 pub fn shell_tool() -> ToolSpec {

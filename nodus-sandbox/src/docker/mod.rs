@@ -120,6 +120,7 @@ const LOOKUP_BATCH_BYTES: usize = 96 * 1024;
 
 /// How the Docker backend works.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DockerConfig {
     /// The image of runs that name none.
     pub default_image: String,

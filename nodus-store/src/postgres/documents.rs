@@ -1,80 +1,25 @@
-//! Documents: create (alone or in an idempotent batch), read, list (selectors pushed down
-//! through bound paths), replace at a version, edit atomically (group-committed: many edits of
+//! Documents: create (alone or in an idempotent batch), list sparsely (the other reads are
+//! `crate::reads`'), replace at a version, edit atomically (group-committed: many edits of
 //! one account in one transaction), delete with a run's journal and inbox, and rewrite a run's
 //! recorded contents; each write announces its changes in its own transaction.
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use nodus_core::resource::Kind;
-use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Page, Position, Record, RunRewrite, Selector,
-};
+use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector};
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, QueryBuilder, Row};
 
 use super::PostgresStore;
-use super::inbox::inbox_of;
+use super::Read;
 use super::notifications::Notifier;
 use super::transaction::WriteTx;
 use crate::commit::Committer;
+use crate::reads::Lock;
 use crate::sql::{self, map_err};
-
-/// The conditions of a listing after `WHERE project = `: the project, the kind and the
-/// selector, pushed down through bound paths, in creation order. The exact match is
-/// `Selector::matches` afterwards (numbers and booleans match their text there).
-pub(super) fn push_selection<'a>(
-    query: &mut QueryBuilder<'a, Postgres>,
-    project: &'a str,
-    kind: Kind,
-    selector: &'a Selector,
-) {
-    push_conditions(query, project, kind, selector);
-    query.push(" ORDER BY ord");
-}
-
-/// [`push_selection`] without the order: the conditions alone.
-fn push_conditions<'a>(
-    query: &mut QueryBuilder<'a, Postgres>,
-    project: &'a str,
-    kind: Kind,
-    selector: &'a Selector,
-) {
-    query.push_bind(project);
-    query.push(" AND kind = ");
-    query.push_bind(kind.plural().to_string());
-    for (label, value) in sql::bindable(&selector.labels) {
-        let path = vec![
-            "metadata".to_string(),
-            "labels".to_string(),
-            label.to_string(),
-        ];
-        query.push(" AND json_typeof(document #> ");
-        query.push_bind(path.clone());
-        query.push(") = 'string' AND document #>> ");
-        query.push_bind(path);
-        query.push(" = ");
-        query.push_bind(value.as_str());
-    }
-    for (field, value) in sql::bindable(&selector.fields) {
-        if sql::push_column_match(query, field, value) {
-            continue;
-        }
-        let path: Vec<String> = field.split('.').map(str::to_string).collect();
-        query.push(" AND (json_typeof(document #> ");
-        query.push_bind(path.clone());
-        query.push(") IN ('number', 'boolean') OR (json_typeof(document #> ");
-        query.push_bind(path.clone());
-        query.push(") = 'string' AND document #>> ");
-        query.push_bind(path);
-        query.push(" = ");
-        query.push_bind(value.as_str());
-        query.push("))");
-    }
-}
 
 /// Insert a document known to be new.
 async fn insert(
@@ -133,7 +78,7 @@ impl Committer<EditWrite> for EditCommitter {
         let keys: std::collections::BTreeSet<&ObjectKey> = writes.iter().map(|w| &w.key).collect();
         let mut current: HashMap<ObjectKey, Option<Record>> = HashMap::new();
         for key in keys {
-            let record = match read_record(&mut *tx, key, " FOR UPDATE").await {
+            let record = match Read::record(&mut *tx, key, Lock::ForUpdate).await {
                 Ok(record) => Some(record),
                 Err(Error::NotFound(_)) => None,
                 Err(e) => return Err(e),
@@ -179,28 +124,6 @@ impl Committer<EditWrite> for EditCommitter {
         tx.commit().await?;
         Ok(results)
     }
-}
-
-/// Read a document through `executor`; `lock` is appended to the query (`" FOR UPDATE"`
-/// inside a transaction that writes it next).
-async fn read_record<'e>(
-    executor: impl sqlx::Executor<'e, Database = Postgres>,
-    key: &ObjectKey,
-    lock: &str,
-) -> Result<Record, Error> {
-    let query = format!(
-        "SELECT version, document::text FROM resources \
-         WHERE project = $1 AND kind = $2 AND name = $3{lock}"
-    );
-    let row = sqlx::query(&query)
-        .bind(&key.project)
-        .bind(key.kind.plural())
-        .bind(&key.name)
-        .fetch_optional(executor)
-        .await
-        .map_err(map_err)?
-        .ok_or_else(|| Error::NotFound(key.clone()))?;
-    sql::record_of(key.clone(), &row, 0)
 }
 
 pub(super) async fn create(
@@ -291,10 +214,6 @@ pub(super) async fn create_batch(
     Ok(records)
 }
 
-pub(super) async fn get(store: &PostgresStore, key: &ObjectKey) -> Result<Record, Error> {
-    read_record(&store.inner.pool, key, "").await
-}
-
 pub(super) async fn modify(
     store: &PostgresStore,
     key: &ObjectKey,
@@ -308,59 +227,6 @@ pub(super) async fn modify(
             edit,
         })
         .await
-}
-
-pub(super) async fn list(
-    store: &PostgresStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-) -> Result<Vec<Record>, Error> {
-    let mut query: QueryBuilder<Postgres> =
-        QueryBuilder::new("SELECT name, version, document::text FROM resources WHERE project = ");
-    push_selection(&mut query, project, kind, selector);
-    let rows = query
-        .build()
-        .fetch_all(&store.inner.pool)
-        .await
-        .map_err(map_err)?;
-    sql::selected(project, kind, selector, &rows, sql::record_of)
-}
-
-/// A page of a listing ([`sql::read_page`]): rows after the cursor in creation order.
-pub(super) async fn list_page(
-    store: &PostgresStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-    after: Option<Position>,
-    limit: NonZeroUsize,
-) -> Result<Page, Error> {
-    sql::read_page(
-        project,
-        kind,
-        selector,
-        after,
-        limit,
-        |cursor, count| async move {
-            let mut query: QueryBuilder<Postgres> = QueryBuilder::new(
-                "SELECT name, version, document::text, ord FROM resources WHERE project = ",
-            );
-            push_conditions(&mut query, project, kind, selector);
-            if let Some(cursor) = cursor {
-                query.push(" AND ord > ");
-                query.push_bind(cursor);
-            }
-            query.push(" ORDER BY ord LIMIT ");
-            query.push_bind(count);
-            query
-                .build()
-                .fetch_all(&store.inner.pool)
-                .await
-                .map_err(map_err)
-        },
-    )
-    .await
 }
 
 pub(super) async fn list_sparse(
@@ -379,7 +245,7 @@ pub(super) async fn list_sparse(
         query.push(")::text");
     }
     query.push(" FROM resources WHERE project = ");
-    push_selection(&mut query, project, kind, selector);
+    Read::push_selection(&mut query, project, kind, selector);
     let rows = query
         .build()
         .fetch_all(&store.inner.pool)
@@ -388,32 +254,6 @@ pub(super) async fn list_sparse(
     sql::selected(project, kind, selector, &rows, |key, row, at| {
         sql::sparse_record_of(key, row, at, &wanted)
     })
-}
-
-pub(super) async fn projects(store: &PostgresStore) -> Result<Vec<String>, Error> {
-    sqlx::query_scalar("SELECT DISTINCT project FROM resources ORDER BY project")
-        .fetch_all(&store.inner.pool)
-        .await
-        .map_err(map_err)
-}
-
-/// [`Store::group_phases`](nodus_core::Store::group_phases): the group's counters, kept by
-/// triggers on `resources` (migration `group_phase_counts`): a few rows whatever the group's
-/// size, no document read.
-pub(super) async fn group_phases(
-    store: &PostgresStore,
-    project: &str,
-    group: &str,
-) -> Result<Vec<(Option<String>, u64)>, Error> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT phase_key, members FROM group_phase_counts WHERE project = $1 AND group_name = $2",
-    )
-    .bind(project)
-    .bind(group)
-    .fetch_all(&store.inner.pool)
-    .await
-    .map_err(map_err)?;
-    sql::group_phases_of(rows)
 }
 
 pub(super) async fn update(
@@ -515,7 +355,7 @@ pub(super) async fn rewrite_run(
     let run = &rewrite.run;
     let mut tx = store.write().await?;
     // Locked: writers of the run (a message, an update) wait for this write.
-    let mut record = read_record(&mut *tx, run, " FOR UPDATE").await?;
+    let mut record = Read::record(&mut *tx, run, Lock::ForUpdate).await?;
     let (uid, version) = sql::rewrite_document(&rewrite, &mut record)?;
     let columns = sql::Columns::of(&record.document);
     sqlx::query(
@@ -560,7 +400,7 @@ pub(super) async fn rewrite_run(
             .await
             .map_err(map_err)?;
         }
-        for mut message in inbox_of(&mut *tx, uid).await? {
+        for mut message in Read::inbox(&mut *tx, uid).await? {
             (rewrite.message)(&mut message);
             sqlx::query(
                 "UPDATE inbox SET message_key = $1, payload = $2, received_at = $3 \

@@ -2,27 +2,11 @@
 //! sender read (the document's row locked, its version bumped), once per deduplication key.
 
 use jiff::Timestamp;
-use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
-use sqlx::{Postgres, Row};
+use nodus_core::store::{Change, Delivery, Error, ObjectKey};
+use sqlx::Row;
 
 use super::PostgresStore;
 use crate::sql::{self, map_err};
-
-/// A run's inbox, in order, read through `executor`.
-pub(super) async fn inbox_of<'e>(
-    executor: impl sqlx::Executor<'e, Database = Postgres>,
-    run_uid: &str,
-) -> Result<Vec<InboxMessage>, Error> {
-    let rows = sqlx::query(
-        "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = $1 \
-         ORDER BY seq",
-    )
-    .bind(run_uid)
-    .fetch_all(executor)
-    .await
-    .map_err(map_err)?;
-    rows.iter().map(sql::message_of).collect()
-}
 
 pub(super) async fn post_message(
     store: &PostgresStore,
@@ -85,11 +69,4 @@ pub(super) async fn post_message(
     tx.announce(&Change::Written(run.clone(), version)).await?;
     tx.commit().await?;
     Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
-}
-
-pub(super) async fn inbox(
-    store: &PostgresStore,
-    run_uid: &str,
-) -> Result<Vec<InboxMessage>, Error> {
-    inbox_of(&store.inner.pool, run_uid).await
 }

@@ -1,6 +1,7 @@
 //! Run journals: appends and outcomes group-committed (many runs' steps in one statement per
 //! round, one transaction), each checked against the run's fence (its lease row locked
-//! `FOR SHARE`) and the journal's order inside the statement; and reading a journal.
+//! `FOR SHARE`) and the journal's order inside the statement. (Reading a journal is
+//! `crate::reads`'.)
 
 use async_trait::async_trait;
 use nodus_core::journal::{Completion, Step};
@@ -306,21 +307,4 @@ pub(super) async fn complete_step(
             completion: completion.clone(),
         })
         .await
-}
-
-pub(super) async fn journal(store: &PostgresStore, run_uid: &str) -> Result<Vec<Step>, Error> {
-    let rows = sqlx::query(
-        "SELECT step::text, completion::text FROM steps WHERE run_uid = $1 ORDER BY seq",
-    )
-    .bind(run_uid)
-    .fetch_all(&store.inner.pool)
-    .await
-    .map_err(map_err)?;
-    rows.iter()
-        .map(|row| {
-            let step: String = row.try_get(0).map_err(map_err)?;
-            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            sql::read_step(run_uid, &step, completion.as_deref())
-        })
-        .collect()
 }

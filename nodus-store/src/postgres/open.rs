@@ -25,6 +25,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 /// Where and how to connect.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PostgresOptions {
     /// `postgres://user@host:port/database`.
     pub url: String,

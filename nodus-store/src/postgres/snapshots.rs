@@ -2,11 +2,12 @@
 //! runs that name each content. Writers of snapshots hold a shared advisory lock and removers
 //! an exclusive one, so that no removal takes contents a snapshot being written names.
 
-use nodus_core::snapshot::{Blob, Snapshot, Stored};
+use nodus_core::snapshot::{Blob, Stored};
 use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::postgres::PgConnection;
 
 use super::PostgresStore;
+use super::Read;
 use crate::sql::{self, map_err};
 
 pub(super) async fn put_snapshot(
@@ -38,12 +39,7 @@ pub(super) async fn put_snapshot(
     }
     let mut missing = Vec::new();
     for digest in &named {
-        let present: Option<i32> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = $1")
-            .bind(digest)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        if present.is_none() {
+        if !Read::has_blob(&mut *tx, digest).await? {
             missing.push(digest.clone());
             continue;
         }
@@ -72,49 +68,6 @@ pub(super) async fn put_snapshot(
     .await
     .map_err(map_err)?;
     tx.commit().await
-}
-
-pub(super) async fn missing_blobs(
-    store: &PostgresStore,
-    digests: &[String],
-) -> Result<Vec<String>, Error> {
-    let mut missing = Vec::new();
-    for digest in digests {
-        let present: Option<i32> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = $1")
-            .bind(digest)
-            .fetch_optional(&store.inner.pool)
-            .await
-            .map_err(map_err)?;
-        if present.is_none() {
-            missing.push(digest.clone());
-        }
-    }
-    Ok(missing)
-}
-
-pub(super) async fn snapshots(
-    store: &PostgresStore,
-    run_uid: &str,
-) -> Result<Vec<(u32, Snapshot)>, Error> {
-    let rows: Vec<(i64, String)> =
-        sqlx::query_as("SELECT seq, snapshot FROM snapshots WHERE run_uid = $1 ORDER BY seq")
-            .bind(run_uid)
-            .fetch_all(&store.inner.pool)
-            .await
-            .map_err(map_err)?;
-    let stored = rows
-        .into_iter()
-        .map(|(seq, text)| sql::read_snapshot(run_uid, seq, &text))
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(nodus_core::snapshot::resolve(stored))
-}
-
-pub(super) async fn blob(store: &PostgresStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-    sqlx::query_scalar("SELECT content FROM blobs WHERE digest = $1")
-        .bind(digest)
-        .fetch_optional(&store.inner.pool)
-        .await
-        .map_err(map_err)
 }
 
 /// The advisory lock that keeps removals of contents apart from snapshots being written
@@ -160,12 +113,4 @@ pub(super) async fn delete_snapshots(store: &PostgresStore, run_uid: &str) -> Re
     let mut tx = store.write().await?;
     drop_snapshots(&mut tx, run_uid).await?;
     tx.commit().await
-}
-
-pub(super) async fn blob_bytes(store: &PostgresStore) -> Result<u64, Error> {
-    let total: i64 = sqlx::query_scalar("SELECT COALESCE(SUM(size), 0)::bigint FROM blobs")
-        .fetch_one(&store.inner.pool)
-        .await
-        .map_err(map_err)?;
-    sql::to_u64(total, "the blobs' size")
 }

@@ -1,21 +1,20 @@
-//! Documents: create (alone or in an idempotent batch), read, list (selectors pushed down
-//! through bound JSON paths), replace at a version and edit atomically (both through the
-//! writer), delete with a run's journal and inbox, and rewrite a run's recorded contents.
+//! Documents: create (alone or in an idempotent batch), list sparsely (one JSON row), replace
+//! at a version and edit atomically (both through the writer), delete with a run's journal
+//! and inbox, and rewrite a run's recorded contents. The other reads are `crate::reads`'.
 
 use std::collections::HashSet;
-use std::num::NonZeroUsize;
 
 use nodus_core::resource::Kind;
-use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Page, Position, Record, RunRewrite, Selector, Store,
-};
+use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use super::Read;
 use super::SqliteStore;
-use super::inbox::inbox_of;
 use super::write::{DocumentUpdate, Write};
+use crate::dialect::sqlite_json_path;
+use crate::reads::Lock;
 use crate::sql::{self, map_err};
 
 /// Read a document through `executor` (the readers, or the writer inside its transaction).
@@ -23,17 +22,7 @@ pub(super) async fn read_record<'e>(
     executor: impl sqlx::Executor<'e, Database = Sqlite>,
     key: &ObjectKey,
 ) -> Result<Record, Error> {
-    let row = sqlx::query(
-        "SELECT version, document FROM resources WHERE project = ? AND kind = ? AND name = ?",
-    )
-    .bind(&key.project)
-    .bind(key.kind.plural())
-    .bind(&key.name)
-    .fetch_optional(executor)
-    .await
-    .map_err(map_err)?
-    .ok_or_else(|| Error::NotFound(key.clone()))?;
-    sql::record_of(key.clone(), &row, 0)
+    Read::record(executor, key, Lock::None).await
 }
 
 /// One document update: `Err` for a database failure (the batch fails), `Ok(Err)` for a
@@ -83,74 +72,6 @@ pub(super) async fn update_one(
             actual: sql::to_u64(actual, "a version")?,
         },
     }))
-}
-
-/// The conditions of a listing after `WHERE project = `: the project, the kind and the
-/// selector, pushed down through bound JSON paths, in creation order. The exact match is
-/// `Selector::matches` afterwards (numbers and booleans match their text there).
-pub(super) fn push_selection<'a>(
-    query: &mut QueryBuilder<'a, Sqlite>,
-    project: &'a str,
-    kind: Kind,
-    selector: &'a Selector,
-) {
-    push_conditions(query, project, kind, selector);
-    query.push(" ORDER BY ord");
-}
-
-/// [`push_selection`] without the order: the conditions alone.
-fn push_conditions<'a>(
-    query: &mut QueryBuilder<'a, Sqlite>,
-    project: &'a str,
-    kind: Kind,
-    selector: &'a Selector,
-) {
-    query.push_bind(project);
-    query.push(" AND kind = ");
-    query.push_bind(kind.plural().to_string());
-    for (label, value) in sql::bindable(&selector.labels) {
-        if let Some(parts) = sql::path_parts(label) {
-            let mut path = vec!["metadata", "labels"];
-            if parts.len() == 1 {
-                path.extend(parts);
-                let path = json_path(&path);
-                query.push(" AND json_type(document, ");
-                query.push_bind(path.clone());
-                query.push(") = 'text' AND json_extract(document, ");
-                query.push_bind(path);
-                query.push(") = ");
-                query.push_bind(value.as_str());
-            }
-        }
-    }
-    for (field, value) in sql::bindable(&selector.fields) {
-        if sql::push_column_match(query, field, value) {
-            continue;
-        }
-        if let Some(parts) = sql::path_parts(field) {
-            let path = json_path(&parts);
-            query.push(" AND (json_type(document, ");
-            query.push_bind(path.clone());
-            query.push(") IN ('integer', 'real', 'true', 'false') OR (json_type(document, ");
-            query.push_bind(path.clone());
-            query.push(") = 'text' AND json_extract(document, ");
-            query.push_bind(path);
-            query.push(") = ");
-            query.push_bind(value.as_str());
-            query.push("))");
-        }
-    }
-}
-
-/// The JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
-fn json_path(parts: &[&str]) -> String {
-    let mut path = String::from("$");
-    for part in parts {
-        path.push_str(".\"");
-        path.push_str(part);
-        path.push('"');
-    }
-    path
 }
 
 /// Insert a document known to be new, inside a transaction.
@@ -256,10 +177,6 @@ pub(super) async fn create_batch(
     Ok(records)
 }
 
-pub(super) async fn get(store: &SqliteStore, key: &ObjectKey) -> Result<Record, Error> {
-    read_record(&store.inner.readers, key).await
-}
-
 pub(super) async fn modify(
     store: &SqliteStore,
     key: &ObjectKey,
@@ -276,59 +193,6 @@ pub(super) async fn modify(
         .document()
 }
 
-pub(super) async fn list(
-    store: &SqliteStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-) -> Result<Vec<Record>, Error> {
-    let mut query: QueryBuilder<Sqlite> =
-        QueryBuilder::new("SELECT name, version, document FROM resources WHERE project = ");
-    push_selection(&mut query, project, kind, selector);
-    let rows = query
-        .build()
-        .fetch_all(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
-    sql::selected(project, kind, selector, &rows, sql::record_of)
-}
-
-/// A page of a listing ([`sql::read_page`]): rows after the cursor in creation order.
-pub(super) async fn list_page(
-    store: &SqliteStore,
-    project: &str,
-    kind: Kind,
-    selector: &Selector,
-    after: Option<Position>,
-    limit: NonZeroUsize,
-) -> Result<Page, Error> {
-    sql::read_page(
-        project,
-        kind,
-        selector,
-        after,
-        limit,
-        |cursor, count| async move {
-            let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "SELECT name, version, document, ord FROM resources WHERE project = ",
-            );
-            push_conditions(&mut query, project, kind, selector);
-            if let Some(cursor) = cursor {
-                query.push(" AND ord > ");
-                query.push_bind(cursor);
-            }
-            query.push(" ORDER BY ord LIMIT ");
-            query.push_bind(count);
-            query
-                .build()
-                .fetch_all(&store.inner.readers)
-                .await
-                .map_err(map_err)
-        },
-    )
-    .await
-}
-
 pub(super) async fn list_sparse(
     store: &SqliteStore,
     project: &str,
@@ -339,7 +203,7 @@ pub(super) async fn list_sparse(
     let wanted = selector.paths_with(paths);
     let Some(json_paths) = wanted
         .iter()
-        .map(|path| sql::path_parts(path).map(|parts| json_path(&parts)))
+        .map(|path| sql::path_parts(path).map(|parts| sqlite_json_path(&parts)))
         .collect::<Option<Vec<_>>>()
     else {
         // A path no JSON path can spell: whole documents, cut down here.
@@ -360,7 +224,7 @@ pub(super) async fn list_sparse(
         query.push_bind(path.clone());
     }
     query.push(") ORDER BY ord) FROM resources WHERE project = ");
-    push_conditions(&mut query, project, kind, selector);
+    Read::push_conditions(&mut query, project, kind, selector);
     let listed: String = query
         .build_query_scalar()
         .fetch_one(&store.inner.readers)
@@ -406,32 +270,6 @@ fn sparse_record(
         version,
         document,
     })
-}
-
-pub(super) async fn projects(store: &SqliteStore) -> Result<Vec<String>, Error> {
-    sqlx::query_scalar("SELECT DISTINCT project FROM resources ORDER BY project")
-        .fetch_all(&store.inner.readers)
-        .await
-        .map_err(map_err)
-}
-
-/// [`Store::group_phases`](nodus_core::Store::group_phases): the group's counters, kept by
-/// triggers on `resources` (migration `group_phase_counts`): a few rows whatever the group's
-/// size, no document read.
-pub(super) async fn group_phases(
-    store: &SqliteStore,
-    project: &str,
-    group: &str,
-) -> Result<Vec<(Option<String>, u64)>, Error> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT phase_key, members FROM group_phase_counts WHERE project = ? AND group_name = ?",
-    )
-    .bind(project)
-    .bind(group)
-    .fetch_all(&store.inner.readers)
-    .await
-    .map_err(map_err)?;
-    sql::group_phases_of(rows)
 }
 
 pub(super) async fn update(
@@ -540,7 +378,7 @@ pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Res
                 .await
                 .map_err(map_err)?;
         }
-        for mut message in inbox_of(&mut *tx, uid).await? {
+        for mut message in Read::inbox(&mut *tx, uid).await? {
             (rewrite.message)(&mut message);
             sqlx::query(
                 "UPDATE inbox SET message_key = ?, payload = ?, received_at = ? \

@@ -2,27 +2,11 @@
 //! sender read (its version bumped in the same transaction), once per deduplication key.
 
 use jiff::Timestamp;
-use nodus_core::store::{Change, Delivery, Error, InboxMessage, ObjectKey};
-use sqlx::{Row, Sqlite};
+use nodus_core::store::{Change, Delivery, Error, ObjectKey};
+use sqlx::Row;
 
 use super::SqliteStore;
 use crate::sql::{self, map_err};
-
-/// A run's inbox, in order, read through `executor`.
-pub(super) async fn inbox_of<'e>(
-    executor: impl sqlx::Executor<'e, Database = Sqlite>,
-    run_uid: &str,
-) -> Result<Vec<InboxMessage>, Error> {
-    let rows = sqlx::query(
-        "SELECT seq, message_key, payload, received_at FROM inbox WHERE run_uid = ? \
-         ORDER BY seq",
-    )
-    .bind(run_uid)
-    .fetch_all(executor)
-    .await
-    .map_err(map_err)?;
-    rows.iter().map(sql::message_of).collect()
-}
 
 pub(super) async fn post_message(
     store: &SqliteStore,
@@ -93,8 +77,4 @@ pub(super) async fn post_message(
     tx.commit().await?;
     drop(conn);
     Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
-}
-
-pub(super) async fn inbox(store: &SqliteStore, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-    inbox_of(&store.inner.readers, run_uid).await
 }

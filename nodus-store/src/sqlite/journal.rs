@@ -1,10 +1,9 @@
 //! Run journals: appends and outcomes go through the writer (a busy batch's journal writes in
 //! a few statements, see `batch`), each checked against the run's fence and the journal's
-//! order in the writer's transaction; and reading a journal.
+//! order in the writer's transaction. (Reading a journal is `crate::reads`'.)
 
 use nodus_core::journal::{Completion, Step};
 use nodus_core::store::{DocumentWrite, Error, Fence, Record};
-use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
@@ -167,19 +166,4 @@ pub(super) async fn complete_step_then(
         version,
         document: then.document,
     }))
-}
-
-pub(super) async fn journal(store: &SqliteStore, run_uid: &str) -> Result<Vec<Step>, Error> {
-    let rows = sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
-        .bind(run_uid)
-        .fetch_all(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
-    rows.iter()
-        .map(|row| {
-            let step: String = row.try_get(0).map_err(map_err)?;
-            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
-            sql::read_step(run_uid, &step, completion.as_deref())
-        })
-        .collect()
 }

@@ -1,10 +1,11 @@
 //! Working-directory snapshots: manifests by run and step, contents once by digest, and the
 //! runs that name each content, written in one transaction on the writer connection.
 
-use nodus_core::snapshot::{Blob, Snapshot, Stored};
+use nodus_core::snapshot::{Blob, Stored};
 use nodus_core::store::{Error, check_blobs, check_stored, missing_contents};
 use sqlx::sqlite::SqliteConnection;
 
+use super::Read;
 use super::SqliteStore;
 use crate::sql::{self, map_err};
 
@@ -37,12 +38,7 @@ pub(super) async fn put_snapshot(
     }
     let mut missing = Vec::new();
     for digest in &named {
-        let present: Option<i64> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = ?")
-            .bind(digest)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        if present.is_none() {
+        if !Read::has_blob(&mut *tx, digest).await? {
             missing.push(digest.clone());
             continue;
         }
@@ -73,49 +69,6 @@ pub(super) async fn put_snapshot(
     tx.commit().await
 }
 
-pub(super) async fn missing_blobs(
-    store: &SqliteStore,
-    digests: &[String],
-) -> Result<Vec<String>, Error> {
-    let mut missing = Vec::new();
-    for digest in digests {
-        let present: Option<i64> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = ?")
-            .bind(digest)
-            .fetch_optional(&store.inner.readers)
-            .await
-            .map_err(map_err)?;
-        if present.is_none() {
-            missing.push(digest.clone());
-        }
-    }
-    Ok(missing)
-}
-
-pub(super) async fn snapshots(
-    store: &SqliteStore,
-    run_uid: &str,
-) -> Result<Vec<(u32, Snapshot)>, Error> {
-    let rows: Vec<(i64, String)> =
-        sqlx::query_as("SELECT seq, snapshot FROM snapshots WHERE run_uid = ? ORDER BY seq")
-            .bind(run_uid)
-            .fetch_all(&store.inner.readers)
-            .await
-            .map_err(map_err)?;
-    let stored = rows
-        .into_iter()
-        .map(|(seq, text)| sql::read_snapshot(run_uid, seq, &text))
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(nodus_core::snapshot::resolve(stored))
-}
-
-pub(super) async fn blob(store: &SqliteStore, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-    sqlx::query_scalar("SELECT content FROM blobs WHERE digest = ?")
-        .bind(digest)
-        .fetch_optional(&store.inner.readers)
-        .await
-        .map_err(map_err)
-}
-
 /// Remove a run's snapshots and the contents no other run names, in `conn`'s transaction.
 pub(super) async fn drop_snapshots(
     conn: &mut SqliteConnection,
@@ -143,12 +96,4 @@ pub(super) async fn delete_snapshots(store: &SqliteStore, run_uid: &str) -> Resu
     let mut tx = store.write(&mut conn).await?;
     drop_snapshots(&mut tx, run_uid).await?;
     tx.commit().await
-}
-
-pub(super) async fn blob_bytes(store: &SqliteStore) -> Result<u64, Error> {
-    let total: i64 = sqlx::query_scalar("SELECT COALESCE(SUM(size), 0) FROM blobs")
-        .fetch_one(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
-    sql::to_u64(total, "the blobs' size")
 }

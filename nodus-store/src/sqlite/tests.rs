@@ -520,7 +520,7 @@ async fn group_members_are_found_through_an_index() {
     };
     let mut query: sqlx::QueryBuilder<sqlx::Sqlite> =
         sqlx::QueryBuilder::new("SELECT name FROM resources WHERE project = ");
-    super::documents::push_selection(&mut query, "p", Kind::AgentRun, &selector);
+    crate::reads::Reads::<sqlx::Sqlite>::push_selection(&mut query, "p", Kind::AgentRun, &selector);
     // The bound values are not part of a plan: `?` stands for each.
     let sql = query.sql().to_string();
     let members = plan(&store, &sql).await;

@@ -487,13 +487,9 @@ impl World {
     /// The runner of `engine`, as a server or an embedder starts it: groups reconcile at
     /// once (no settling pause).
     pub fn runner(&self, engine: &Engine) -> RunnerHandle {
-        Runner::start(
-            engine.clone(),
-            RunnerConfig {
-                group_settle: std::time::Duration::ZERO,
-                ..RunnerConfig::default()
-            },
-        )
+        let mut config = RunnerConfig::default();
+        config.group_settle = std::time::Duration::ZERO;
+        Runner::start(engine.clone(), config)
     }
 
     pub fn engine_over(&self, store: Arc<dyn Store>) -> Engine {
@@ -541,9 +537,17 @@ impl World {
                 ledger,
                 spans: Arc::new(nodus_core::telemetry::NoSpans),
             },
-            Config::default(),
+            engine_config(),
         )
     }
+}
+
+/// The engine's settings in these tests: the defaults, with BYOK keys under the name the
+/// reference server's users write (`ANTHROPIC_API_KEY`: BYOK calls go to Anthropic there).
+pub fn engine_config() -> Config {
+    let mut config = Config::default();
+    config.byok_secret_key = nodus_llm::anthropic::BYOK_SECRET_KEY.to_string();
+    config
 }
 
 pub fn agent(name: &str, configure: impl FnOnce(&mut AgentSpec)) -> Agent {
