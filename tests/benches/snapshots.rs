@@ -235,10 +235,12 @@ async fn fork_of_a_gib() {
         let started = Instant::now();
         let _ = engine.drive("default", &name).await;
         let restored = started.elapsed();
-        // Of which the step that creates its sandbox and restores the 1 GiB into it.
+        // Of which the step that creates its sandbox and restores the 1 GiB into it: the
+        // last sandbox step (the first is the source's, inherited).
         let journal = engine.journal("default", &name).await.expect("journal");
         let sandbox = journal
             .iter()
+            .rev()
             .find(|step| matches!(step.intent, Intent::CreateSandbox { .. }))
             .and_then(|step| {
                 let end = step.completion.as_ref()?.finished_at;
