@@ -51,8 +51,8 @@ use typed::Versioned;
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
-use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
-use crate::lifecycle::{CancelReason, Cancelling, PendingReason, Resolution, RunEvent, RunPhase};
+use crate::journal::{Completion, Step, StepKind, StepState};
+use crate::lifecycle::{CancelReason, Cancelling, PendingReason, Resolution, Resolving, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
     Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, NameOrInline, RunSnapshot,
@@ -872,11 +872,7 @@ impl Engine {
     ) -> Result<bool> {
         loop {
             let mut run = self.read_run(project, name).await?;
-            let phase = run
-                .object
-                .status
-                .phase
-                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            let phase = run.object.status.current_phase();
             let undriven = match phase.cancelling(reason)? {
                 Cancelling::Finished => return Ok(false),
                 Cancelling::Now(cancelled) => {
@@ -913,44 +909,28 @@ impl Engine {
     /// failed and continue, or cancel the run. This records the resolution; the
     /// [`Runner`](crate::runner::Runner) drives the run on.
     pub async fn resolve(&self, project: &str, name: &str, resolution: Resolution) -> Result<()> {
-        let parked = |run: &Versioned<crate::resource::AgentRunSpec>| {
-            let phase = run
-                .object
+        let resolving = |run: &Versioned<crate::resource::AgentRunSpec>| {
+            run.object
                 .status
-                .phase
-                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
-            match phase {
-                RunPhase::NeedsResolution => Ok(phase),
-                _ => Err(Error::NotParked {
+                .current_phase()
+                .resolving(resolution)
+                .map_err(|refused| Error::NotParked {
                     run: name.to_string(),
-                    phase,
-                }),
-            }
+                    phase: refused.from,
+                })
         };
         let first = self.read_run(project, name).await?;
-        parked(&first)?;
+        resolving(&first)?;
         // The runner may be looking at the parked run right now (it does after each change):
         // wait for it, then read the run again, as it may have moved on meanwhile.
         let uid = run_uid(&first.object).to_string();
         let _writing = self.writers.lock(&uid).await;
         let mut run = self.read_run(project, name).await?;
-        let phase = parked(&run)?;
+        let resolving = resolving(&run)?;
         let lease = self.lease();
         let fence = self.deps.store.claim(&uid, &lease).await?;
         let journal = self.deps.store.journal(&uid).await?;
-        if let Some(step) = journal.iter().rev().find(|s| s.completion.is_none()) {
-            let outcome = match resolution {
-                Resolution::Retry => Outcome::Superseded,
-                Resolution::RecordFailed => Outcome::Failed {
-                    error: "interrupted with an unknown outcome; recorded as failed by a person"
-                        .to_string(),
-                    by_resolution: true,
-                },
-                Resolution::Cancel => Outcome::Failed {
-                    error: "interrupted with an unknown outcome; the run was cancelled".to_string(),
-                    by_resolution: true,
-                },
-            };
+        if let Some((step, outcome)) = crate::journal::resolved(&journal, resolution) {
             let completion = Completion {
                 finished_at: self.deps.clock.now(),
                 outcome,
@@ -987,11 +967,9 @@ impl Engine {
         // Give the lease up at once: the runner drives the run on (under another replica's
         // name, perhaps).
         let _ = self.deps.store.release(&uid, fence).await;
-        // Cancelling keeps the phase until the sandbox is deleted; the others resume.
-        if resolution == Resolution::Cancel {
-            run.object.status.cancel_requested = Some(CancelReason::CancelRequested);
-        } else {
-            run.object.status.phase = Some(phase.apply(RunEvent::Resolve(resolution))?);
+        match resolving {
+            Resolving::Resume(phase) => run.object.status.phase = Some(phase),
+            Resolving::Flag(reason) => run.object.status.cancel_requested = Some(reason),
         }
         let key = ObjectKey::new(project, Kind::AgentRun, name);
         self.deps
