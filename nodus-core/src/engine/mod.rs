@@ -413,6 +413,12 @@ impl Engine {
     }
 
     /// A lease request by this replica, from now.
+    /// How many tasks of this process wait to write the run `uid` ([`crate::testing::Drive`]).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn writers_waiting(&self, uid: &str) -> usize {
+        self.writers.waiting(uid)
+    }
+
     fn lease(&self) -> crate::store::Lease {
         let owner = match &self.config.replica {
             Some(name) => name.clone(),
