@@ -837,7 +837,7 @@ impl Engine {
     /// What the run did, in order.
     pub async fn steps(&self, project: &str, name: &str) -> Result<Vec<StepView>> {
         let run = self.read_run(project, name).await?;
-        let parked = run.object.status.phase == Some(RunPhase::NeedsResolution);
+        let parked = run.object.status.takes_resolution();
         let journal = self.deps.store.journal(run_uid(&run.object)).await?;
         let snapshots: std::collections::BTreeMap<u32, crate::snapshot::Snapshot> = self
             .deps
