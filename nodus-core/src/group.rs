@@ -24,6 +24,9 @@ use crate::money::Usd;
 pub use crate::resource::GroupPhase;
 use crate::resource::{AgentGroupSpec, AgentGroupStatus, BlockedReason, CostStatus, GroupCounts};
 
+mod writes;
+pub use writes::{MemberWrite, Message, cancelled, flagged_on_cancel};
+
 /// One run of a group, as the controller sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {

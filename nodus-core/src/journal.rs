@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::Family;
 use crate::cost::Usage;
-use crate::lifecycle::RunPhase;
+use crate::lifecycle::{Resolution, RunPhase};
 use crate::model::ModelResponse;
 use crate::money::Usd;
 use crate::resource::ChosenBy;
@@ -360,6 +360,30 @@ fn preview(text: &str, max: usize) -> String {
     }
 }
 
+/// What a person's resolution of a parked run records in its journal: the step it resolves
+/// (the last one with no outcome, the one the run is parked on) and the outcome it gets:
+/// `Superseded` for a retry (carried out again as a new step), a failure recorded by the
+/// resolution otherwise. `None` when no step lacks its outcome.
+pub fn resolved(journal: &[Step], resolution: Resolution) -> Option<(&Step, Outcome)> {
+    let step = journal
+        .iter()
+        .rev()
+        .find(|step| step.completion.is_none())?;
+    let outcome = match resolution {
+        Resolution::Retry => Outcome::Superseded,
+        Resolution::RecordFailed => Outcome::Failed {
+            error: "interrupted with an unknown outcome; recorded as failed by a person"
+                .to_string(),
+            by_resolution: true,
+        },
+        Resolution::Cancel => Outcome::Failed {
+            error: "interrupted with an unknown outcome; the run was cancelled".to_string(),
+            by_resolution: true,
+        },
+    };
+    Some((step, outcome))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +405,79 @@ mod tests {
             let text = serde_json::to_string(&step).expect("encode");
             let back: Step = serde_json::from_str(&text).expect("decode");
             assert_eq!(back, step, "{text}");
+        }
+    }
+
+    /// A step of a small journal: sequence `seq`, a routing, completed with `outcome` or
+    /// not.
+    fn step(seq: u32, outcome: Option<Outcome>) -> Step {
+        Step {
+            seq,
+            started_at: Timestamp::UNIX_EPOCH,
+            intent: Intent::Route { turn: seq },
+            completion: outcome.map(|outcome| Completion {
+                finished_at: Timestamp::UNIX_EPOCH,
+                outcome,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_resolution_gives_the_last_step_without_an_outcome_its_outcome() {
+        let failed = |error: &str| Outcome::Failed {
+            error: error.to_string(),
+            by_resolution: true,
+        };
+        let done = || {
+            Some(Outcome::Stopped {
+                reason: "done".to_string(),
+            })
+        };
+        // (journal: each step's seq and whether it has an outcome, resolution) -> (the step
+        // resolved, its outcome)
+        let table = [
+            (
+                vec![step(0, done()), step(1, None)],
+                Resolution::Retry,
+                Some((1, Outcome::Superseded)),
+            ),
+            (
+                vec![step(0, done()), step(1, None)],
+                Resolution::RecordFailed,
+                Some((
+                    1,
+                    failed("interrupted with an unknown outcome; recorded as failed by a person"),
+                )),
+            ),
+            (
+                vec![step(0, done()), step(1, None)],
+                Resolution::Cancel,
+                Some((
+                    1,
+                    failed("interrupted with an unknown outcome; the run was cancelled"),
+                )),
+            ),
+            // An earlier retry left a superseded step: the new attempt after it is resolved.
+            (
+                vec![
+                    step(0, done()),
+                    step(1, Some(Outcome::Superseded)),
+                    step(2, None),
+                ],
+                Resolution::Retry,
+                Some((2, Outcome::Superseded)),
+            ),
+            // The last step without an outcome, when an earlier one has none either.
+            (
+                vec![step(0, None), step(1, done()), step(2, None)],
+                Resolution::Retry,
+                Some((2, Outcome::Superseded)),
+            ),
+            (vec![step(0, done())], Resolution::Cancel, None),
+        ];
+        for (journal, resolution, expected) in table {
+            let got = resolved(&journal, resolution).map(|(step, outcome)| (step.seq, outcome));
+            assert_eq!(got, expected, "{resolution:?}");
         }
     }
 }

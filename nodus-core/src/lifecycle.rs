@@ -138,6 +138,14 @@ impl RunPhase {
         )
     }
 
+    /// Whether `phase`, a run's `status.phase` as stored (the name alone, without its reason),
+    /// names a finished phase; a name this engine does not know is not finished.
+    pub fn names_finished(phase: &str) -> bool {
+        RunPhase::all()
+            .into_iter()
+            .any(|candidate| candidate.name() == phase && candidate.is_finished())
+    }
+
     /// Whether the run has started and not finished (it holds a slot in its group).
     pub fn is_started(self) -> bool {
         matches!(
@@ -370,6 +378,40 @@ impl RunPhase {
     }
 }
 
+/// What a person's resolution of a parked run does to the run ([`RunPhase::resolving`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolving {
+    /// The run goes on working, in this phase: the step is carried out again, or recorded as
+    /// failed and the run continues.
+    Resume(RunPhase),
+    /// The run is cancelled as a started run is: the request is recorded
+    /// (`status.cancelRequested`, for this reason) and its drive deletes its sandbox and ends
+    /// it; its phase stays until then.
+    Flag(CancelReason),
+}
+
+impl RunPhase {
+    /// What resolving a run in this phase with `resolution` does to it; only a parked run
+    /// (`NeedsResolution`) takes a resolution, any other phase refuses it.
+    pub fn resolving(self, resolution: Resolution) -> Result<Resolving, TransitionRefused> {
+        let event = RunEvent::Resolve(resolution);
+        if !self.takes_resolution() {
+            return Err(TransitionRefused { from: self, event });
+        }
+        match resolution {
+            Resolution::Cancel => Ok(Resolving::Flag(CancelReason::CancelRequested)),
+            Resolution::Retry | Resolution::RecordFailed => {
+                self.apply(event).map(Resolving::Resume)
+            }
+        }
+    }
+
+    /// Whether a run in this phase takes a resolution: it is parked on an uncertain step.
+    pub fn takes_resolution(self) -> bool {
+        self == RunPhase::NeedsResolution
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -518,6 +560,73 @@ mod tests {
         ];
         for (phase, expected) in table {
             assert_eq!(phase.cancelling(reason), Ok(expected), "{phase}");
+        }
+    }
+
+    #[test]
+    fn only_a_parked_run_is_resolved_a_cancel_is_flagged_the_others_resume() {
+        use super::Resolving;
+        let parked = RunPhase::NeedsResolution;
+        let table = [
+            (
+                parked,
+                Resolution::Retry,
+                Ok(Resolving::Resume(RunPhase::Running)),
+            ),
+            (
+                parked,
+                Resolution::RecordFailed,
+                Ok(Resolving::Resume(RunPhase::Running)),
+            ),
+            (
+                parked,
+                Resolution::Cancel,
+                Ok(Resolving::Flag(CancelReason::CancelRequested)),
+            ),
+            (RunPhase::Running, Resolution::Retry, Err(RunPhase::Running)),
+            (
+                RunPhase::Waiting(WaitReason::AwaitingMessage),
+                Resolution::RecordFailed,
+                Err(RunPhase::Waiting(WaitReason::AwaitingMessage)),
+            ),
+            (
+                RunPhase::Pending(PendingReason::Queued),
+                Resolution::Cancel,
+                Err(RunPhase::Pending(PendingReason::Queued)),
+            ),
+            (
+                RunPhase::Succeeded,
+                Resolution::Retry,
+                Err(RunPhase::Succeeded),
+            ),
+            (
+                RunPhase::Cancelled(CancelReason::CancelRequested),
+                Resolution::Cancel,
+                Err(RunPhase::Cancelled(CancelReason::CancelRequested)),
+            ),
+        ];
+        for (phase, resolution, expected) in table {
+            let got = phase.resolving(resolution).map_err(|refused| refused.from);
+            assert_eq!(got, expected, "{phase} resolved with {resolution:?}");
+        }
+    }
+
+    #[test]
+    fn finished_phases_are_told_by_their_stored_name() {
+        let table = [
+            ("Succeeded", true),
+            ("Failed", true),
+            ("Cancelled", true),
+            ("Pending", false),
+            ("Running", false),
+            ("Waiting", false),
+            ("NeedsResolution", false),
+            ("succeeded", false),
+            ("Finished", false),
+            ("", false),
+        ];
+        for (name, finished) in table {
+            assert_eq!(RunPhase::names_finished(name), finished, "{name:?}");
         }
     }
 }

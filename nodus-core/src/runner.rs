@@ -83,6 +83,8 @@ pub struct Runner {
     clock: Arc<dyn Clock>,
     config: RunnerConfig,
     driving: watch::Sender<usize>,
+    /// How many runs wait for a drive, beyond `max_concurrent` (the loop sends it).
+    queued: watch::Sender<usize>,
 }
 
 /// A started runner: stop it with [`shutdown`](RunnerHandle::shutdown), or hand its runs over
@@ -92,6 +94,8 @@ pub struct RunnerHandle {
     stop: watch::Sender<bool>,
     /// How many runs are driven now (the loop sends it; a drain waits for zero).
     driving: watch::Receiver<usize>,
+    /// How many runs wait for a drive.
+    queued: watch::Receiver<usize>,
     task: JoinHandle<()>,
     sweeper: Option<JoinHandle<()>>,
 }
@@ -177,18 +181,21 @@ impl Runner {
             ))
         });
         let (driving_tx, driving) = watch::channel(0);
+        let (queued_tx, queued) = watch::channel(0);
         let runner = Runner {
             engine: engine.clone(),
             store,
             clock,
             config,
             driving: driving_tx,
+            queued: queued_tx,
         };
         let task = tokio::spawn(runner.run(changes, stopped));
         RunnerHandle {
             engine,
             stop,
             driving,
+            queued,
             task,
             sweeper,
         }
@@ -343,6 +350,7 @@ impl Runner {
             if let Some(slot) = queue.slots.get_mut(&key) {
                 slot.ready = false;
             }
+            self.queued.send_replace(queue.ready.len());
             self.spawn(key, queue);
         }
     }
@@ -368,6 +376,7 @@ impl Runner {
         {
             slot.ready = true;
             queue.ready.push_back(key);
+            self.queued.send_replace(queue.ready.len());
             return;
         }
         self.spawn(key, queue);
@@ -483,6 +492,12 @@ impl RunnerHandle {
     /// How many runs this runner drives now (each holds its sandbox): for gauges.
     pub fn driving(&self) -> watch::Receiver<usize> {
         self.driving.clone()
+    }
+
+    /// How many runs wait for a drive, queued beyond `max_concurrent` (as keys: no task
+    /// each): for gauges, and for tests that must know every run was seen and held back.
+    pub fn queued(&self) -> watch::Receiver<usize> {
+        self.queued.clone()
     }
 
     /// Drain, then stop: take on no more work, let the drives under way stop between steps

@@ -118,6 +118,11 @@ pub trait Drive {
         project: &str,
         name: &str,
     ) -> crate::engine::Result<crate::resource::AgentGroup>;
+
+    /// How many tasks of this process wait now to write the run whose uid is `uid` (a drive
+    /// or a resolution held back while another writes it): a test that must know a writer
+    /// is held back waits for this instead of sleeping.
+    fn writers_waiting(&self, uid: &str) -> usize;
 }
 
 #[async_trait]
@@ -132,6 +137,10 @@ impl Drive for Engine {
         name: &str,
     ) -> crate::engine::Result<crate::resource::AgentGroup> {
         Engine::reconcile_group(self, project, name).await
+    }
+
+    fn writers_waiting(&self, uid: &str) -> usize {
+        Engine::writers_waiting(self, uid)
     }
 }
 

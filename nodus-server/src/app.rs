@@ -628,10 +628,9 @@ async fn live_run_uids(
             )
             .await?;
         for run in runs {
-            let finished = matches!(
-                run.document["status"]["phase"].as_str(),
-                Some("Succeeded" | "Failed" | "Cancelled")
-            );
+            let finished = run.document["status"]["phase"]
+                .as_str()
+                .is_some_and(nodus_core::lifecycle::RunPhase::names_finished);
             if let (false, Some(uid)) = (finished, run.document["metadata"]["uid"].as_str()) {
                 live.insert(uid.to_string());
             }

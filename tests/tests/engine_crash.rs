@@ -311,13 +311,28 @@ async fn a_retry_while_the_parked_run_is_driven_in_the_same_process_is_not_refus
     };
     // The retry holds the lease; now the drive starts.
     claimed.notified().await;
+    let uid = engine
+        .get_run(PROJECT, "job")
+        .await
+        .expect("the run")
+        .metadata
+        .uid
+        .expect("a uid");
     let driving = {
         let engine = engine.clone();
         tokio::spawn(async move { engine.drive(PROJECT, "job").await })
     };
-    // Time for a drive that does not wait to claim the lease and park the run again (the
-    // test's outcome does not depend on it: a drive that waits passes either way).
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Settled: the drive waits behind the retry for the run (a drive that did not wait
+    // would claim the lease over the retry's, and the retry's writes would be refused).
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.writers_waiting(&uid) != 1 {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the drive never waited behind the retry"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(!driving.is_finished(), "the drive went on past the retry");
     go_on.notify_one();
     resolving
         .await

@@ -565,8 +565,17 @@ async fn a_run_another_replica_holds_is_cancelled_and_its_delete_refused_until_i
     // The delete records the cancellation and waits for the run's runner to end it; nobody
     // here does, and it gives up once `Config::delete_wait` has passed on the clock.
     let deleting = engine.delete::<AgentRun>(PROJECT, "busy");
+    let gives_up_at = world
+        .clock
+        .now()
+        .checked_add(
+            jiff::SignedDuration::try_from(nodus_core::engine::Config::default().delete_wait)
+                .expect("a wait"),
+        )
+        .expect("a time");
     let waiting = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Once the delete waits for the run to end (until its wait is over), the wait passes.
+        world.clock.until_waited_for(gives_up_at).await;
         world.clock.advance(Duration::from_secs(31));
     };
     let (deleted, ()) = tokio::join!(deleting, waiting);

@@ -135,6 +135,32 @@ async fn settled_until(runner: &RunnerHandle, clock: &ManualClock, at: jiff::Tim
     );
 }
 
+/// Wait (real time) until the runner has settled at its bound: it drives `driving` runs and
+/// holds `queued` back for a slot, so it has seen every run and starts no other until a drive
+/// ends.
+async fn settled_at_bound(runner: &RunnerHandle, driving: usize, queued: usize) {
+    let (mut driven, mut held) = (runner.driving(), runner.queued());
+    tokio::time::timeout(SOON, async {
+        loop {
+            if *driven.borrow_and_update() == driving && *held.borrow_and_update() == queued {
+                return;
+            }
+            tokio::select! {
+                _ = driven.changed() => {}
+                _ = held.changed() => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "never {driving} driven and {queued} queued: {} and {}",
+            *driven.borrow(),
+            *held.borrow()
+        )
+    });
+}
+
 /// Wait (real time) until `check` holds.
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
     let give_up = tokio::time::Instant::now() + SOON;
@@ -242,13 +268,9 @@ async fn waiting_runs_hold_no_task_and_each_is_woken_at_its_own_deadline() {
             Some(RunPhase::Waiting(WaitReason::AwaitingMessage))
         );
     }
-    // The drives end after their runs' last writes.
-    until(
-        "the waiting runs hold no task (as many alive as before them)",
-        || tasks() <= idle + 1,
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Settled: the drives ended (after their runs' last writes), and the runner's one alarm
+    // is set at the first deadline.
+    settled_until(&runner, &clock, deadline_of(0)).await;
     assert!(
         tasks() <= idle + 1,
         "{} tasks with 20 runs waiting, {idle} without: a waiting run holds a task",
@@ -318,7 +340,9 @@ async fn no_more_runs_are_driven_at_once_than_its_bound() {
         sandbox.in_flight.load(Ordering::SeqCst) == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Settled: every run seen, two driven, three held back; nothing starts until the gate
+    // opens.
+    settled_at_bound(&runner, 2, 3).await;
     assert_eq!(sandbox.most.load(Ordering::SeqCst), 2, "a third waits");
     sandbox.open();
     for name in &names {
@@ -365,7 +389,7 @@ async fn runs_queued_beyond_its_bound_wait_with_no_task() {
         sandbox.in_flight.load(Ordering::SeqCst) == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    settled_at_bound(&runner, 2, 28).await;
     assert!(
         tasks() <= idle + 2,
         "{} tasks with two runs driven and 28 queued, {idle} without: a queued run holds a task",
@@ -514,27 +538,28 @@ async fn the_retention_sweep_runs_by_the_clock() {
             .get("payloadsRemovedAt")
             .is_some()
     };
+    let hour = jiff::SignedDuration::from_hours(1);
+    let next_sweep = clock.now().checked_add(hour).expect("a time");
     let mut config = RunnerConfig::default();
     config.retention = Some(Duration::from_secs(30 * 24 * 3600));
     config.sweep_every = Duration::from_secs(3600);
     let runner = Runner::start(engine.clone(), config);
-    // At start: the run that ended 31 days ago.
-    let give_up = tokio::time::Instant::now() + SOON;
-    while !swept(store.clone(), "old").await {
-        assert!(tokio::time::Instant::now() < give_up, "never swept");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // At start: the run that ended 31 days ago. Settled: the sweep is done, and the sweeper
+    // waits (on the clock) for the next one, an hour on.
+    tokio::time::timeout(SOON, clock.until_waited_for(next_sweep))
+        .await
+        .expect("the first sweep ends and waits for the next");
+    assert!(swept(store.clone(), "old").await);
     assert!(store.get(&kept("old")).await.is_err(), "swept");
+    assert!(!swept(store.clone(), "recent").await);
     assert!(store.get(&kept("recent")).await.is_ok(), "kept");
     // Two days later (by the clock), at the next sweep, the other one.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!swept(store.clone(), "recent").await);
     clock.advance(Duration::from_secs(2 * 24 * 3600));
-    let give_up = tokio::time::Instant::now() + SOON;
-    while !swept(store.clone(), "recent").await {
-        assert!(tokio::time::Instant::now() < give_up, "never swept");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let after_that = clock.now().checked_add(hour).expect("a time");
+    tokio::time::timeout(SOON, clock.until_waited_for(after_that))
+        .await
+        .expect("the second sweep ends and waits for the next");
+    assert!(swept(store.clone(), "recent").await);
     assert!(store.get(&kept("recent")).await.is_err(), "swept");
     runner.shutdown().await;
 }
@@ -564,8 +589,13 @@ async fn deleting_a_started_run_leaves_driving_it_to_the_runner() {
     // No runner: the request records the cancellation and does not drive the run itself
     // (before, it drove it under the runner's replica name and fenced the runner's drive).
     let deleting = engine.delete::<AgentRun>(PROJECT, "chat");
+    let gives_up_at = clock
+        .now()
+        .checked_add(jiff::SignedDuration::try_from(Config::default().delete_wait).expect("a wait"))
+        .expect("a time");
     let waiting = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Once the delete waits for the run to end (until its wait is over), the wait passes.
+        clock.until_waited_for(gives_up_at).await;
         clock.advance(Duration::from_secs(31));
     };
     let (deleted, ()) = tokio::time::timeout(SOON, async { tokio::join!(deleting, waiting) })

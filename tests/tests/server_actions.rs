@@ -177,15 +177,6 @@ fn apply(server: &ServerProcess, document: &str) -> std::process::Output {
     server.cli_in(&["apply", "-f", "-"], Some(document))
 }
 
-fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
-    server.ok(&[
-        "wait",
-        &format!("agentrun/{run}"),
-        &format!("--for=jsonpath={{.status.phase}}={phase}"),
-        "--timeout=2m",
-    ]);
-}
-
 /// A server whose webhooks may reach the receiver on 127.0.0.1 (and no other internal
 /// address).
 fn start(store: &str, dir: &std::path::Path) -> ServerProcess {
@@ -217,7 +208,7 @@ fn actions(backend: Backend) {
     receiver.wait_for("/hook", 1);
     server.kill();
     server = start(&store, dir.path());
-    wait_for(&server, "delivered", "Succeeded");
+    server.wait_for("delivered", "Succeeded");
     let hooks = receiver.at("/hook");
     assert_eq!(
         hooks.len(),
@@ -261,7 +252,7 @@ fn actions(backend: Backend) {
         format!("{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/reject\"}}}}");
     let output = apply(&server, &run_document("rejected", "hooked", Some(&reject)));
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "rejected", "Failed");
+    server.wait_for("rejected", "Failed");
     let run: serde_json::Value =
         serde_json::from_str(&server.ok(&["get", "agentrun/rejected", "-o", "json"]))
             .expect("JSON");
@@ -296,7 +287,7 @@ fn actions(backend: Backend) {
     );
     let output = apply(&server, &document);
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "authed", "Waiting");
+    server.wait_for("authed", "Waiting");
     let output = apply(
         &server,
         &format!(
@@ -306,7 +297,7 @@ fn actions(backend: Backend) {
     assert!(output.status.success(), "{output:?}");
     server.ok(&["delete", "secret/hook-auth"]);
     server.ok(&["agentrun", "close", "authed"]);
-    wait_for(&server, "authed", "Succeeded");
+    server.wait_for("authed", "Succeeded");
     let hooks = receiver.at("/authed");
     assert_eq!(hooks.len(), 1, "{hooks:?}");
     assert_eq!(
@@ -549,7 +540,7 @@ fn a_webhook_goes_to_the_checked_address_not_through_a_proxy() {
         format!("{{kind: agents.webhook, config: {{url: \"http://127.0.0.1:{port}/hook\"}}}}");
     let output = apply(&server, &run_document("direct", "hooked", Some(&hook)));
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "direct", "Succeeded");
+    server.wait_for("direct", "Succeeded");
     assert_eq!(receiver.at("/hook").len(), 1, "delivered to the receiver");
     let proxied = proxy.received.lock().expect("lock").len();
     assert_eq!(proxied, 0, "nothing went through the proxy");

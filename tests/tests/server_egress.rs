@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use server::{Backend, ServerProcess};
+use server::ServerProcess;
 
 /// The test's HTTP server: its port, the request lines it got, and the most requests it
 /// served at once.
@@ -127,7 +127,6 @@ fn egress_server_on(dir: &std::path::Path, sandbox: &str, extra: &[&str]) -> Ser
         "# the test's names\n127.0.0.1 files.test other.test\n127.0.0.2 internal.test\n",
     )
     .expect("hosts file");
-    let store = Backend::Sqlite.store_url(dir);
     let mut flags = vec![
         "--egress-allow",
         "127.0.0.1",
@@ -135,7 +134,7 @@ fn egress_server_on(dir: &std::path::Path, sandbox: &str, extra: &[&str]) -> Ser
         hosts.to_str().expect("UTF-8"),
     ];
     flags.extend_from_slice(extra);
-    ServerProcess::start_with(&store, dir, sandbox, &flags)
+    ServerProcess::start_sqlite(dir, sandbox, &flags)
 }
 
 /// Create run `name` of `net-agent` with `prompt` (in `environment` when given), wait until
@@ -412,13 +411,8 @@ fn a_runs_connections_at_once_and_bytes_are_bounded_by_the_operator() {
 #[test]
 fn an_allowlist_is_refused_where_sandboxes_cannot_reach_the_proxy() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Backend::Sqlite.store_url(dir.path());
-    let server = ServerProcess::start_with(
-        &store,
-        dir.path(),
-        "process",
-        &["--sandbox-starter", "bubblewrap"],
-    );
+    let server =
+        ServerProcess::start_sqlite(dir.path(), "process", &["--sandbox-starter", "bubblewrap"]);
     let output = server.cli_in(
         &["apply", "-f", "-"],
         Some(

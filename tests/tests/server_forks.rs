@@ -46,15 +46,6 @@ const COMMANDS: [&str; 5] = [
     "head -c 4000000 /dev/urandom > huge.bin",
 ];
 
-fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
-    server.ok(&[
-        "wait",
-        &format!("agentrun/{run}"),
-        &format!("--for=jsonpath={{.status.phase}}={phase}"),
-        "--timeout=2m",
-    ]);
-}
-
 fn steps(server: &ServerProcess, run: &str) -> Vec<Value> {
     let (status, body) = server.http(
         "GET",
@@ -150,7 +141,7 @@ async fn forks_from_a_command_step(backend: Backend) {
         "--prompt",
         "Build it.",
     ]);
-    wait_for(&server, "source", "Succeeded");
+    server.wait_for("source", "Succeeded");
     assert_eq!(fake.request_count(), 6);
     let source_steps = steps(&server, "source");
     let source_commands = commands(&source_steps);
@@ -184,7 +175,7 @@ async fn forks_from_a_command_step(backend: Backend) {
         "fork-one",
     ]);
     assert!(out.contains("fork-one"), "{out}");
-    wait_for(&server, "fork-one", "Succeeded");
+    server.wait_for("fork-one", "Succeeded");
     let fork =
         serde_json::from_str::<Value>(&server.ok(&["get", "agentrun/fork-one", "-o", "json"]))
             .expect("JSON");
@@ -223,7 +214,7 @@ async fn forks_from_a_command_step(backend: Backend) {
         "--agent",
         "reviewer",
     ]);
-    wait_for(&server, "fork-review", "Succeeded");
+    server.wait_for("fork-review", "Succeeded");
     let requests = fake.requests();
     assert_eq!(requests.len(), 9);
     assert_eq!(requests[8].body["model"], "claude-haiku-4-5");
@@ -261,7 +252,7 @@ async fn forks_from_a_command_step(backend: Backend) {
         assert!(out.contains(&format!("many-{i}")), "{out}");
     }
     for i in 1..=8 {
-        wait_for(&server, &format!("many-{i}"), "Succeeded");
+        server.wait_for(&format!("many-{i}"), "Succeeded");
     }
     let grown = store.blob_bytes().await.expect("blob bytes") - before;
     assert!(grown < 1_000_000, "the store grew by {grown} bytes");
@@ -287,7 +278,7 @@ async fn forks_from_a_command_step(backend: Backend) {
         "--input",
         "Try again, with tests.",
     ]);
-    wait_for(&server, "fork-input", "Succeeded");
+    server.wait_for("fork-input", "Succeeded");
     let fork =
         serde_json::from_str::<Value>(&server.ok(&["get", "agentrun/fork-input", "-o", "json"]))
             .expect("JSON");
@@ -362,7 +353,7 @@ async fn forks_are_refused_naming_snapshots_off() {
     server.ok(&[
         "create", "agentrun", "plain", "--agent", "builder", "--prompt", "Go.",
     ]);
-    wait_for(&server, "plain", "Succeeded");
+    server.wait_for("plain", "Succeeded");
     let command = commands(&steps(&server, "plain"))
         .into_iter()
         .next()
@@ -408,7 +399,7 @@ async fn a_sigkill_during_fork_creation_leaves_no_fork_or_whole_ones(backend: Ba
         "--prompt",
         "Build it.",
     ]);
-    wait_for(&server, "source", "Succeeded");
+    server.wait_for("source", "Succeeded");
     let first = commands(&steps(&server, "source"))[0].clone();
     let seq = first["seq"].as_u64().expect("a seq");
     let after_first = digest(&first);
@@ -419,16 +410,18 @@ async fn a_sigkill_during_fork_creation_leaves_no_fork_or_whole_ones(backend: Ba
         .enumerate()
     {
         let name = format!("r{round}");
-        let mut fork = std::process::Command::new(server::nodus_binary())
-            .args(["agentrun", "fork", "source", "--at-step", &seq.to_string()])
-            .args(["--count", "8", "--name", &name])
-            .env("NODUS_SERVER", &server.url)
-            .env("NODUS_TOKEN", TOKEN)
-            .env("XDG_CONFIG_HOME", dir.path().join("config"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("the CLI runs");
+        let at_step = seq.to_string();
+        let mut fork = server.spawn_cli(&[
+            "agentrun",
+            "fork",
+            "source",
+            "--at-step",
+            &at_step,
+            "--count",
+            "8",
+            "--name",
+            &name,
+        ]);
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         server.kill();
         let _ = fork.wait();
@@ -564,7 +557,7 @@ async fn a_sigkill_during_fork_replace_leaves_the_source_replaced_or_untouched(b
     });
     assert_eq!(source["status"]["phase"], "Cancelled", "{source}");
     assert_eq!(source["status"]["replacedBy"], "crashed-fork", "{source}");
-    wait_for(&server, "crashed-fork", "Succeeded");
+    server.wait_for("crashed-fork", "Succeeded");
 
     let mut outcomes = Vec::new();
     for (round, delay_ms) in [0u64, 100, 200, 300, 450, 700, 2500]
@@ -574,22 +567,19 @@ async fn a_sigkill_during_fork_replace_leaves_the_source_replaced_or_untouched(b
         let source_name = format!("s{round}");
         let seq = running_source(&server, &fake, &source_name);
         let name = format!("r{round}");
-        let mut fork = std::process::Command::new(server::nodus_binary())
-            .args([
-                "agentrun",
-                "fork",
-                &source_name,
-                "--at-step",
-                &seq.to_string(),
-            ])
-            .args(["--count", "2", "--name", &name, "--replace"])
-            .env("NODUS_SERVER", &server.url)
-            .env("NODUS_TOKEN", TOKEN)
-            .env("XDG_CONFIG_HOME", dir.path().join("config"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("the CLI runs");
+        let at_step = seq.to_string();
+        let mut fork = server.spawn_cli(&[
+            "agentrun",
+            "fork",
+            &source_name,
+            "--at-step",
+            &at_step,
+            "--count",
+            "2",
+            "--name",
+            &name,
+            "--replace",
+        ]);
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         server.kill();
         let _ = fork.wait();
@@ -708,7 +698,7 @@ async fn a_fork_of_a_message_driven_run_carries_its_messages(backend: Backend) {
         "Start.",
         "--keep-alive",
     ]);
-    wait_for(&server, "chat", "Waiting");
+    server.wait_for("chat", "Waiting");
     fake.push(Fake::Message(FakeMessage::tool_use(
         "c2",
         "echo two > b.txt",
@@ -735,7 +725,7 @@ async fn a_fork_of_a_message_driven_run_carries_its_messages(backend: Backend) {
         "--name",
         "chat-fork",
     ]);
-    wait_for(&server, "chat-fork", "Waiting");
+    server.wait_for("chat-fork", "Waiting");
     let requests = fake.requests();
     assert_eq!(requests.len(), 5, "one call for the fork");
     let call = &requests[4].body;

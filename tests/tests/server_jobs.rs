@@ -19,15 +19,6 @@ use server::{Backend, ServerProcess, TOKEN};
 
 const AGENT: &str = "apiVersion: nodus.dev/v1\nkind: Agent\nmetadata:\n  name: worker\nspec:\n  system: You are a careful assistant.\n  perRunMaxCostUSD: \"0.50\"\n";
 
-fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
-    server.ok(&[
-        "wait",
-        &format!("agentrun/{run}"),
-        &format!("--for=jsonpath={{.status.phase}}={phase}"),
-        "--timeout=2m",
-    ]);
-}
-
 fn get(server: &ServerProcess, object: &str) -> serde_json::Value {
     serde_json::from_str(&server.ok(&["get", object, "-o", "json"])).expect("JSON")
 }
@@ -103,7 +94,7 @@ fn jobs(backend: Backend) {
         ),
     );
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "inline-run", "Succeeded");
+    server.wait_for("inline-run", "Succeeded");
     let run = get(&server, "agentrun/inline-run");
     assert_eq!(
         run["status"]["snapshot"]["agent"]["system"],
@@ -189,7 +180,7 @@ fn jobs(backend: Backend) {
         ),
     );
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "slow-run", "Failed");
+    server.wait_for("slow-run", "Failed");
     assert_eq!(
         listed(&server, "slow-run"),
         [
@@ -234,7 +225,7 @@ fn jobs(backend: Backend) {
         ),
     );
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "refused-hook", "Failed");
+    server.wait_for("refused-hook", "Failed");
     let error: serde_json::Value = serde_json::from_str(&read(&download(
         &server,
         "refused-hook",
@@ -268,7 +259,7 @@ fn jobs(backend: Backend) {
         ),
     );
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "queue-holder", "Waiting");
+    server.wait_for("queue-holder", "Waiting");
     let output = server.cli_in(
         &["apply", "-f", "-"],
         Some(
@@ -286,7 +277,7 @@ fn jobs(backend: Backend) {
     assert!(output.status.success(), "{output:?}");
     server.ok(&["delete", "secret/doomed"]);
     server.ok(&["agentrun", "close", "queue-holder"]);
-    wait_for(&server, "queue-files", "Succeeded");
+    server.wait_for("queue-files", "Succeeded");
     let answer = server.ok(&["agentrun", "answer", "queue-files"]);
     assert!(answer.contains("as submitted"), "{answer}");
     assert!(!answer.contains("changed later"), "{answer}");
@@ -297,7 +288,7 @@ fn jobs(backend: Backend) {
         downloads.path(),
     ));
     assert_eq!(read(&input.join("notes.txt")), "as submitted\n");
-    wait_for(&server, "queue-secret", "Succeeded");
+    server.wait_for("queue-secret", "Succeeded");
     let answer = server.ok(&["agentrun", "answer", "queue-secret"]);
     assert!(answer.contains("kept-as-submitted"), "{answer}");
 
@@ -312,9 +303,9 @@ fn jobs(backend: Backend) {
         "--prompt",
         "Run `echo kept > kept.txt` and tell me.",
     ]);
-    wait_for(&server, "cancelled-run", "Waiting");
+    server.wait_for("cancelled-run", "Waiting");
     server.ok(&["cancel", "agentrun/cancelled-run"]);
-    wait_for(&server, "cancelled-run", "Cancelled");
+    server.wait_for("cancelled-run", "Cancelled");
     let error: serde_json::Value = serde_json::from_str(&read(&download(
         &server,
         "cancelled-run",
@@ -487,7 +478,7 @@ fn context(backend: Backend) {
     }
     let output = run("fits", Some("{ticket: {id: 7}}"));
     assert!(output.status.success(), "{output:?}");
-    wait_for(&server, "fits", "Succeeded");
+    server.wait_for("fits", "Succeeded");
 }
 
 #[test]

@@ -58,15 +58,6 @@ fn get(server: &ServerProcess, object: &str) -> Value {
     serde_json::from_str(&server.ok(&["get", object, "-o", "json"])).expect("JSON")
 }
 
-fn wait_for(server: &ServerProcess, run: &str, phase: &str) {
-    server.ok(&[
-        "wait",
-        &format!("agentrun/{run}"),
-        &format!("--for=jsonpath={{.status.phase}}={phase}"),
-        "--timeout=2m",
-    ]);
-}
-
 /// The results `run` lists over the API, by name (the CLI's table lists them too).
 fn listed(server: &ServerProcess, run: &str) -> Vec<String> {
     let (status, answer) = server.http_with(
@@ -118,7 +109,7 @@ fn trajectory_on_sqlite() {
         "Run `echo one` and `ls /no-such-dir` please",
         "--keep-alive",
     ]);
-    wait_for(&server, "chat", "Waiting");
+    server.wait_for("chat", "Waiting");
     server.ok(&["agentrun", "send", "chat", "Now run `echo two`"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -131,7 +122,7 @@ fn trajectory_on_sqlite() {
         std::thread::sleep(Duration::from_millis(200));
     }
     server.ok(&["agentrun", "close", "chat"]);
-    wait_for(&server, "chat", "Succeeded");
+    server.wait_for("chat", "Succeeded");
 
     assert!(
         listed(&server, "chat").contains(&"trajectory".to_string()),
@@ -320,7 +311,7 @@ fn trajectory_on_sqlite() {
         "Run `echo hush`",
         "--auto-telemetry=false",
     ]);
-    wait_for(&server, "quiet", "Succeeded");
+    server.wait_for("quiet", "Succeeded");
     assert_eq!(
         get(&server, "agentrun/quiet")["spec"]["autoTelemetry"],
         false

@@ -6,7 +6,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::{Engine, Error, Result, run_uid, typed};
-use crate::lifecycle::{CancelReason, PendingReason, RunPhase};
+use crate::lifecycle::{CancelReason, RunPhase};
 use crate::resource::{AgentRun, Kind};
 use crate::store::{Delivery, ObjectKey};
 use crate::validate::{self, Invalid};
@@ -108,11 +108,7 @@ impl Engine {
     pub async fn close_run(&self, project: &str, name: &str) -> Result<AgentRun> {
         loop {
             let mut run = self.read_run(project, name).await?;
-            let phase = run
-                .object
-                .status
-                .phase
-                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            let phase = run.object.status.current_phase();
             if phase.is_finished() {
                 return Err(Error::AgentRunFinished {
                     run: name.to_string(),

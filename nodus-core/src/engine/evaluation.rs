@@ -644,30 +644,6 @@ impl Engine {
         Ok(stats::summarize(&cases, reducer))
     }
 
-    /// An evaluation group's `status.evaluation`, from its cases; the group finishes only
-    /// once every case has its terminal state (until then a finished phase waits as
-    /// `Running`, or `Cancelling`).
-    pub(super) async fn hold_for_cases(
-        &self,
-        project: &str,
-        group: &str,
-        reducer: Reducer,
-        status: &mut crate::resource::AgentGroupStatus,
-    ) -> Result<()> {
-        let evaluation = self.evaluation_status(project, group, reducer).await?;
-        if evaluation.pending > 0 {
-            status.phase = match status.phase {
-                Some(GroupPhase::Cancelled | GroupPhase::Cancelling) => {
-                    Some(GroupPhase::Cancelling)
-                }
-                Some(phase) if phase.is_finished() => Some(GroupPhase::Running),
-                other => other,
-            };
-        }
-        status.evaluation = Some(evaluation);
-        Ok(())
-    }
-
     /// The per-case results of an evaluation group, in batch order (an ordinary group has
     /// none).
     pub async fn evaluation_results(&self, project: &str, group: &str) -> Result<Vec<CaseResult>> {
@@ -893,18 +869,6 @@ fn case_of(record: &Record) -> Result<CaseRecord> {
         key: record.key.to_string(),
         message: e.to_string(),
     })
-}
-
-/// The spec the group controller works with: an evaluation group's batch is fixed when it is
-/// created, so it is sealed (no run joins it, and it ends when its runs and cases have).
-pub(super) fn controlled(spec: &AgentGroupSpec) -> std::borrow::Cow<'_, AgentGroupSpec> {
-    if spec.evaluation.is_some() && !spec.sealed {
-        let mut sealed = spec.clone();
-        sealed.sealed = true;
-        std::borrow::Cow::Owned(sealed)
-    } else {
-        std::borrow::Cow::Borrowed(spec)
-    }
 }
 
 /// A group's `spec.evaluation` cannot change once the group exists (its batch is fixed when

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{Engine, Error, Result, run_uid, status, typed};
 use crate::decide::{self, Decision, Effect, Facts, Key, Queued, RunInput};
 use crate::journal::{Intent, Outcome, Step};
-use crate::lifecycle::{PendingReason, RunPhase, WaitReason};
+use crate::lifecycle::{RunPhase, WaitReason};
 use crate::model::Credentials;
 use crate::money::Usd;
 use crate::replay::{Inherited, Replay, SandboxState};
@@ -1009,9 +1009,7 @@ fn cost_of(outcome: &Outcome) -> Usd {
 }
 
 fn phase_of(run: &AgentRun) -> RunPhase {
-    run.status
-        .phase
-        .unwrap_or(RunPhase::Pending(PendingReason::Queued))
+    run.status.current_phase()
 }
 
 mod complete;

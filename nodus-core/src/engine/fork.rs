@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::execute::Fixed;
 use super::{Engine, Error, MAX_BATCH, Result, run_uid};
 use crate::journal::{Intent, Outcome, Step};
-use crate::lifecycle::RunPhase;
 use crate::resource::{AgentRun, ForkOf, NameOrInline};
 use crate::sandbox::SandboxId;
 use crate::snapshot::{DIRECTORY, Entry, Manifest, Stored, TYPE_BITS, archive};
@@ -134,10 +133,9 @@ impl Engine {
             AtStep::Seq(seq) => seq,
             AtStep::LastGood => {
                 let journal = self.deps.store.journal(run_uid(&run)).await?;
-                let parked = matches!(run.status.phase, Some(RunPhase::NeedsResolution));
                 last_good(
                     &journal,
-                    parked || run.status.phase.is_some_and(|p| p.is_finished()),
+                    run.status.takes_resolution() || run.status.is_finished(),
                 )
                 .ok_or_else(|| {
                     Invalid::new(

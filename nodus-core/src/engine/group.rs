@@ -100,7 +100,7 @@ impl Engine {
                 group.to_string(),
                 Admission {
                     // An evaluation group's batch is fixed: it takes no run.
-                    spec: super::evaluation::controlled(&read.object.spec).into_owned(),
+                    spec: crate::evaluation::hold::controlled(&read.object.spec).into_owned(),
                     phase: read.object.status.phase,
                     unfinished,
                     tasks: std::collections::HashMap::new(),
@@ -160,14 +160,9 @@ impl Engine {
     /// engine does not know counts as unfinished (the run's drive reports what is wrong).
     async fn unfinished_members(&self, project: &str, group: &str) -> Result<usize> {
         let phases = self.deps.store.group_phases(project, group).await?;
-        let finished = |name: &str| {
-            RunPhase::all()
-                .into_iter()
-                .any(|phase| phase.name() == name && phase.is_finished())
-        };
         let unfinished: u64 = phases
             .iter()
-            .filter(|(phase, _)| !phase.as_deref().is_some_and(finished))
+            .filter(|(phase, _)| !phase.as_deref().is_some_and(RunPhase::names_finished))
             .map(|(_, count)| *count)
             .sum();
         Ok(usize::try_from(unfinished).unwrap_or(usize::MAX))
@@ -181,61 +176,32 @@ impl Engine {
             let group = self.read_group(project, name).await?;
             let members = self.members(project, name).await?;
             let view: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
-            let spec = super::evaluation::controlled(&group.object.spec);
+            let spec = crate::evaluation::hold::controlled(&group.object.spec);
             let mut plan = group::reconcile(&spec, group.object.status.phase, &view);
             if let Some(evaluation) = &spec.evaluation {
                 let reducer = evaluation.reducer.unwrap_or_default();
-                self.hold_for_cases(project, name, reducer, &mut plan.status)
-                    .await?;
+                let cases = self.evaluation_status(project, name, reducer).await?;
+                plan.status = crate::evaluation::hold::with_cases(plan.status, cases);
             }
             let now = self.deps.clock.now();
-            let changes = plan
-                .start
+            let messages: Vec<Option<&str>> = members
                 .iter()
-                .map(|&i| (i, RunEvent::Start))
-                .chain(
-                    plan.cancel
-                        .iter()
-                        .map(|&(i, reason)| (i, RunEvent::Cancel(reason))),
-                )
-                .chain(
-                    plan.queue
-                        .iter()
-                        .map(|&(i, reason)| (i, RunEvent::Queue(reason))),
-                );
+                .map(|(record, _)| record.document["status"]["message"].as_str())
+                .collect();
             let mut writes = Vec::new();
-            for (index, event) in changes {
-                let Some((record, member)) = members.get(index) else {
+            for write in plan.writes(&view, &messages)? {
+                let Some((record, member)) = members.get(write.index) else {
                     continue;
                 };
-                let next = member.phase.apply(event)?;
-                // A queued run says why it can never start (or nothing), a run the group
-                // starts no longer does; a cancelled run keeps its message.
-                let message = match event {
-                    RunEvent::Queue(_) => Some(
-                        plan.never_fit
-                            .iter()
-                            .find(|(i, _)| *i == index)
-                            .map(|(_, message)| message.clone()),
-                    ),
-                    RunEvent::Start => Some(None),
-                    _ => None,
-                };
-                let stored = record.document["status"]["message"].as_str();
-                let message_changes = message
-                    .as_ref()
-                    .is_some_and(|message| message.as_deref() != stored);
-                if next == member.phase && !message_changes {
-                    continue;
-                }
                 // The listing read only a few paths: the store edits the whole document, and
                 // leaves it when the run moved on meanwhile (the next pass sees it).
-                let seen = member.phase;
+                let (seen, next) = (member.phase, write.phase);
+                let message = write.message;
                 let (edit, applied) = super::spans::tracked(move |document| {
                     (member_phase(document) == Ok(seen)).then(|| {
                         let mut document = document.clone();
                         set_phase(&mut document, next, now);
-                        if let Some(message) = &message {
+                        if let group::Message::Set(message) = &message {
                             set_message(&mut document, message.as_deref());
                         }
                         document
@@ -350,16 +316,11 @@ impl Engine {
     pub async fn cancel_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
         loop {
             let group = self.read_group(project, name).await?;
-            if group
-                .object
-                .status
-                .phase
-                .is_some_and(GroupPhase::is_finished)
-            {
+            let Some(phase) = group::cancelled(group.object.status.phase) else {
                 return Ok(group.object);
-            }
+            };
             let mut object = group.object.clone();
-            object.status.phase = Some(GroupPhase::Cancelling);
+            object.status.phase = Some(phase);
             let key = ObjectKey::new(project, Kind::AgentGroup, name);
             match self
                 .deps
@@ -373,15 +334,12 @@ impl Engine {
             }
         }
         let members = self.members(project, name).await?;
-        let requests = members
-            .iter()
-            .filter(|(_, member)| member.phase.is_started())
-            .map(|(record, _)| {
-                self.request_cancel(
-                    project,
-                    &record.key.name,
-                    crate::lifecycle::CancelReason::GroupCancelled,
-                )
+        let view: Vec<Member> = members.iter().map(|(_, member)| member.clone()).collect();
+        let requests = group::flagged_on_cancel(&view)
+            .into_iter()
+            .filter_map(|(index, reason)| {
+                let (record, _) = members.get(index)?;
+                Some(self.request_cancel(project, &record.key.name, reason))
             });
         join_all(requests)
             .await

@@ -52,8 +52,8 @@ use typed::Versioned;
 
 use crate::catalog::Catalog;
 use crate::clock::Clock;
-use crate::journal::{Completion, Outcome, Step, StepKind, StepState};
-use crate::lifecycle::{CancelReason, Cancelling, PendingReason, Resolution, RunEvent, RunPhase};
+use crate::journal::{Completion, Step, StepKind, StepState};
+use crate::lifecycle::{CancelReason, Cancelling, PendingReason, Resolution, Resolving, RunPhase};
 use crate::model::ModelClient;
 use crate::resource::{
     Access, Agent, AgentGroup, AgentRun, AgentState, CostStatus, Kind, NameOrInline, RunSnapshot,
@@ -421,6 +421,12 @@ impl Engine {
     }
 
     /// A lease request by this replica, from now.
+    /// How many tasks of this process wait to write the run `uid` ([`crate::testing::Drive`]).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn writers_waiting(&self, uid: &str) -> usize {
+        self.writers.waiting(uid)
+    }
+
     fn lease(&self) -> crate::store::Lease {
         let owner = match &self.config.replica {
             Some(name) => name.clone(),
@@ -842,7 +848,7 @@ impl Engine {
     /// What the run did, in order.
     pub async fn steps(&self, project: &str, name: &str) -> Result<Vec<StepView>> {
         let run = self.read_run(project, name).await?;
-        let parked = run.object.status.phase == Some(RunPhase::NeedsResolution);
+        let parked = run.object.status.takes_resolution();
         let journal = self.deps.store.journal(run_uid(&run.object)).await?;
         let snapshots: std::collections::BTreeMap<u32, crate::snapshot::Snapshot> = self
             .deps
@@ -883,11 +889,7 @@ impl Engine {
     ) -> Result<bool> {
         loop {
             let mut run = self.read_run(project, name).await?;
-            let phase = run
-                .object
-                .status
-                .phase
-                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+            let phase = run.object.status.current_phase();
             let undriven = match phase.cancelling(reason)? {
                 Cancelling::Finished => return Ok(false),
                 Cancelling::Now(cancelled) => {
@@ -924,44 +926,28 @@ impl Engine {
     /// failed and continue, or cancel the run. This records the resolution; the
     /// [`Runner`](crate::runner::Runner) drives the run on.
     pub async fn resolve(&self, project: &str, name: &str, resolution: Resolution) -> Result<()> {
-        let parked = |run: &Versioned<crate::resource::AgentRunSpec>| {
-            let phase = run
-                .object
+        let resolving = |run: &Versioned<crate::resource::AgentRunSpec>| {
+            run.object
                 .status
-                .phase
-                .unwrap_or(RunPhase::Pending(PendingReason::Queued));
-            match phase {
-                RunPhase::NeedsResolution => Ok(phase),
-                _ => Err(Error::NotParked {
+                .current_phase()
+                .resolving(resolution)
+                .map_err(|refused| Error::NotParked {
                     run: name.to_string(),
-                    phase,
-                }),
-            }
+                    phase: refused.from,
+                })
         };
         let first = self.read_run(project, name).await?;
-        parked(&first)?;
+        resolving(&first)?;
         // The runner may be looking at the parked run right now (it does after each change):
         // wait for it, then read the run again, as it may have moved on meanwhile.
         let uid = run_uid(&first.object).to_string();
         let _writing = self.writers.lock(&uid).await;
         let mut run = self.read_run(project, name).await?;
-        let phase = parked(&run)?;
+        let resolving = resolving(&run)?;
         let lease = self.lease();
         let fence = self.deps.store.claim(&uid, &lease).await?;
         let journal = self.deps.store.journal(&uid).await?;
-        if let Some(step) = journal.iter().rev().find(|s| s.completion.is_none()) {
-            let outcome = match resolution {
-                Resolution::Retry => Outcome::Superseded,
-                Resolution::RecordFailed => Outcome::Failed {
-                    error: "interrupted with an unknown outcome; recorded as failed by a person"
-                        .to_string(),
-                    by_resolution: true,
-                },
-                Resolution::Cancel => Outcome::Failed {
-                    error: "interrupted with an unknown outcome; the run was cancelled".to_string(),
-                    by_resolution: true,
-                },
-            };
+        if let Some((step, outcome)) = crate::journal::resolved(&journal, resolution) {
             let completion = Completion {
                 finished_at: self.deps.clock.now(),
                 outcome,
@@ -998,11 +984,9 @@ impl Engine {
         // Give the lease up at once: the runner drives the run on (under another replica's
         // name, perhaps).
         let _ = self.deps.store.release(&uid, fence).await;
-        // Cancelling keeps the phase until the sandbox is deleted; the others resume.
-        if resolution == Resolution::Cancel {
-            run.object.status.cancel_requested = Some(CancelReason::CancelRequested);
-        } else {
-            run.object.status.phase = Some(phase.apply(RunEvent::Resolve(resolution))?);
+        match resolving {
+            Resolving::Resume(phase) => run.object.status.phase = Some(phase),
+            Resolving::Flag(reason) => run.object.status.cancel_requested = Some(reason),
         }
         let key = ObjectKey::new(project, Kind::AgentRun, name);
         self.deps

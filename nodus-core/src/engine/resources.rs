@@ -2,7 +2,7 @@
 //! ([`super::Writable::remove`]), reached through [`Engine::delete`].
 
 use super::{Engine, Error, Result, Versioned, typed};
-use crate::lifecycle::{PendingReason, RunPhase};
+use crate::lifecycle::RunPhase;
 use crate::resource::{AgentGroupSpec, AgentRunSpec, Kind, Object, Spec};
 use crate::store::{ObjectKey, Selector};
 
@@ -47,11 +47,7 @@ impl Engine {
     /// group being deleted is not).
     async fn delete_one_run(&self, project: &str, name: &str, reconcile: bool) -> Result<()> {
         let run = self.read_run(project, name).await?;
-        let phase = run
-            .object
-            .status
-            .phase
-            .unwrap_or(RunPhase::Pending(PendingReason::Queued));
+        let phase = run.object.status.current_phase();
         if !phase.is_finished() {
             self.request_cancel(
                 project,

@@ -13,6 +13,32 @@ use tokio::sync::OwnedMutexGuard;
 #[derive(Debug, Default)]
 pub(super) struct RunWriters {
     locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    /// How many tasks wait for each run's lock now (for tests that must know a writer is
+    /// held back, instead of sleeping).
+    waiting: Mutex<HashMap<String, usize>>,
+}
+
+/// Counts a task as waiting for a run's lock while it lasts (also when the waiting future is
+/// dropped).
+struct Waiting<'w> {
+    writers: &'w RunWriters,
+    uid: &'w str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self
+            .writers
+            .waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = waiting.get_mut(self.uid) {
+            *count -= 1;
+            if *count == 0 {
+                waiting.remove(self.uid);
+            }
+        }
+    }
 }
 
 impl RunWriters {
@@ -36,7 +62,26 @@ impl RunWriters {
                 }
             }
         };
+        *self
+            .waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(uid.to_string())
+            .or_default() += 1;
+        let _waiting = Waiting { writers: self, uid };
         lock.lock_owned().await
+    }
+
+    /// How many tasks of this process wait now to write the run `uid` (behind the one that
+    /// writes it).
+    #[cfg(any(test, feature = "test-util"))]
+    pub(super) fn waiting(&self, uid: &str) -> usize {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(uid)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// How many runs have an entry (for tests: it falls back to the runs held).
@@ -71,9 +116,16 @@ mod tests {
                 let _guard = writers.lock("run-a").await;
             })
         };
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Settled: the second writer waits for the lock (it is counted only while it does).
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while writers.waiting("run-a") != 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the second writer waits for run-a");
         assert!(!waiting.is_finished(), "a second writer of run-a got in");
+        assert_eq!(writers.waiting("run-b"), 0);
         drop(first);
         tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
@@ -84,5 +136,6 @@ mod tests {
             0,
             "no entry is kept for runs nobody writes"
         );
+        assert_eq!(writers.waiting("run-a"), 0, "nobody waits any more");
     }
 }

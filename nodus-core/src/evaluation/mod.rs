@@ -11,8 +11,10 @@
 pub mod builtin;
 pub mod cases;
 pub mod check;
+pub mod ending;
 pub mod epochs;
 pub mod grade;
+pub mod hold;
 pub mod import;
 pub mod retry;
 pub mod stats;

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{AgentEnvironmentSpec, AgentSpec, DurationSpec, NameOrInline};
 use crate::catalog::Family;
-use crate::lifecycle::{CancelReason, RunPhase};
+use crate::lifecycle::{CancelReason, PendingReason, RunPhase};
 use crate::money::Usd;
 
 /// `spec` of an AgentRun.
@@ -230,6 +230,12 @@ pub struct AgentRunStatus {
 }
 
 impl AgentRunStatus {
+    /// The run's phase: a run that has none has not been looked at yet, and is queued.
+    pub fn current_phase(&self) -> RunPhase {
+        self.phase
+            .unwrap_or(RunPhase::Pending(PendingReason::Queued))
+    }
+
     /// The phase a message to this run is refused with (`AgentRunFinished`): its phase once
     /// it has finished, the phase it ends in while it deletes its sandbox to end (`ending`);
     /// `None` while it takes messages.
@@ -243,6 +249,12 @@ impl AgentRunStatus {
     /// Whether this run takes messages: not finished, and not ending.
     pub fn takes_messages(&self) -> bool {
         self.refuses_messages().is_none()
+    }
+
+    /// Whether this run takes a resolution ([`RunPhase::takes_resolution`]): it is parked on
+    /// an uncertain step.
+    pub fn takes_resolution(&self) -> bool {
+        self.current_phase().takes_resolution()
     }
 
     /// Whether this run has finished.

@@ -232,6 +232,12 @@ pub(super) fn is_finished(run: &Value) -> bool {
     status_of(run).is_finished()
 }
 
+/// Whether `run` takes a resolution ([`AgentRunStatus::takes_resolution`]): it is parked on
+/// an uncertain step.
+pub(super) fn takes_resolution(run: &Value) -> bool {
+    status_of(run).takes_resolution()
+}
+
 /// Whether `run` still takes messages ([`AgentRunStatus::takes_messages`]): not finished,
 /// and not ending (deleting its sandbox to end).
 pub(super) fn takes_messages(run: &Value) -> bool {

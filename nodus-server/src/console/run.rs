@@ -6,7 +6,6 @@
 use jiff::Timestamp;
 use nodus_core::engine::StepView;
 use nodus_core::journal::Step;
-use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::AgentRunSpec;
 use nodus_core::store::InboxMessage;
 use serde_json::Value;
@@ -14,7 +13,7 @@ use serde_json::Value;
 use super::html::{Html, percent_encode};
 use super::pages::{
     Page, action_form, agent_label, duration, is_finished, phase_class, show, takes_messages,
-    to_values,
+    takes_resolution, to_values,
 };
 use super::{timeline, transcript};
 use crate::error::ApiError;
@@ -133,7 +132,7 @@ pub async fn run(
         Some(uid) => state.store.inbox(uid).await?,
         None => Vec::new(),
     };
-    let parked = object.status.phase == Some(RunPhase::NeedsResolution);
+    let parked = object.status.takes_resolution();
     let view = RunView {
         project,
         name,
@@ -233,7 +232,7 @@ fn facts_and_actions(html: &mut Html, view: &RunView<'_>) {
             html.raw("<button type=\"submit\" id=\"close\">Close conversation</button></form>");
         }
     }
-    if status["phase"] == "NeedsResolution" {
+    if takes_resolution(run) {
         for (action, label) in [
             ("retry", "Resolve: retry the step"),
             ("recordFailed", "Resolve: record it failed"),

@@ -91,6 +91,16 @@ impl ServerProcess {
         Self::start_with(store, data_dir, sandbox, &[])
     }
 
+    /// Start `nodus server` on a SQLite store in `data_dir` with more flags.
+    pub fn start_sqlite(data_dir: &Path, sandbox: &str, extra: &[&str]) -> Self {
+        Self::start_with(
+            &Backend::Sqlite.store_url(data_dir),
+            data_dir,
+            sandbox,
+            extra,
+        )
+    }
+
     /// The same, with more `nodus server` flags.
     pub fn start_with(store: &str, data_dir: &Path, sandbox: &str, extra: &[&str]) -> Self {
         Self::start_in_env(store, data_dir, sandbox, extra, &[])
@@ -227,6 +237,27 @@ impl ServerProcess {
     /// Run the CLI with `stdin` as its input.
     pub fn cli_in(&self, args: &[&str], stdin: Option<&str>) -> Output {
         cli_against(&self.url, &self.data_dir, args, stdin)
+    }
+
+    /// Start the CLI against this server without waiting for it (its output is dropped): for
+    /// a command to be cut off by killing the server.
+    pub fn spawn_cli(&self, args: &[&str]) -> Child {
+        cli_command(&self.url, &self.data_dir, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the CLI runs")
+    }
+
+    /// Wait (with `nodus wait`, up to two minutes) until run `run` is in `phase`.
+    pub fn wait_for(&self, run: &str, phase: &str) {
+        self.ok(&[
+            "wait",
+            &format!("agentrun/{run}"),
+            &format!("--for=jsonpath={{.status.phase}}={phase}"),
+            "--timeout=2m",
+        ]);
     }
 
     /// Run the CLI and insist that it succeeds; returns stdout.
@@ -399,15 +430,23 @@ impl Drop for ServerProcess {
     }
 }
 
+/// The CLI with `args`, against the server at `url` (the admin token; its config under
+/// `data_dir`), not started yet.
+pub fn cli_command(url: &str, data_dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(nodus_binary());
+    command
+        .args(args)
+        .env("NODUS_SERVER", url)
+        .env("NODUS_TOKEN", TOKEN)
+        .env("XDG_CONFIG_HOME", data_dir.join("config"));
+    command
+}
+
 /// Run the CLI against the server at `url` (the admin token; its config under `data_dir`) with
 /// `stdin` as its input.
 pub fn cli_against(url: &str, data_dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     use std::io::Write as _;
-    let mut child = Command::new(nodus_binary())
-        .args(args)
-        .env("NODUS_SERVER", url)
-        .env("NODUS_TOKEN", TOKEN)
-        .env("XDG_CONFIG_HOME", data_dir.join("config"))
+    let mut child = cli_command(url, data_dir, args)
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {

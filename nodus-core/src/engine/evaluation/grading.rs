@@ -12,9 +12,10 @@ use super::{
 };
 use crate::engine::grader_sandbox::{GRADER_TASK_ID_VARIABLE, grader_links};
 use crate::engine::{Engine, Error, Result};
+use crate::evaluation::ending::{CaseRun, Ending, cut_short, ending};
 use crate::evaluation::{CaseRecord, GradingAttempt, UnscoredReason, grade};
 use crate::group::GroupPhase;
-use crate::lifecycle::{CancelReason, FailReason, RunPhase, WaitReason};
+use crate::lifecycle::CancelReason;
 use crate::resource::{
     AgentGroupSpec, AgentRun, AgentRunSpec, EnvironmentSpec, FileSetSpec, GraderKind, VerdictFrom,
 };
@@ -81,75 +82,56 @@ impl Engine {
         environment: Option<&(String, EnvironmentSpec)>,
     ) -> Result<Graded> {
         let now = self.deps.clock.now();
-        if cancelled {
-            self.remove_grading_sandboxes(&case).await;
-            let ended = case.attempts_interrupted(now).unscored(
-                UnscoredReason::Cancelled,
-                "the evaluation group was cancelled".to_string(),
-                now,
-            );
-            return self.record_case(record, ended).await;
-        }
-        if now >= case.deadline {
-            self.remove_grading_sandboxes(&case).await;
-            let ended = case.attempts_interrupted(now).unscored(
-                UnscoredReason::EvaluationTimeout,
-                "the evaluation's deadline passed before the case was graded".to_string(),
-                now,
-            );
-            return self.record_case(record, ended).await;
-        }
-        let run = match self.read::<AgentRunSpec>(project, &case.run).await {
-            Ok(run) => run.object,
-            Err(Error::NotFound { .. }) => {
-                let ended = case.unscored(
-                    UnscoredReason::RunFailed,
-                    "the case's run was deleted".to_string(),
-                    now,
-                );
-                return self.record_case(record, ended).await;
+        let ending = match cut_short(cancelled, now, case.deadline) {
+            Some(ending) => ending,
+            None => {
+                let read = match self.read::<AgentRunSpec>(project, &case.run).await {
+                    Ok(run) => Some(run.object),
+                    Err(Error::NotFound { .. }) => None,
+                    Err(e) => return Err(e),
+                };
+                match read {
+                    Some(run) => {
+                        let message = run.status.message.clone().unwrap_or_default();
+                        let phase = run.status.current_phase();
+                        let seen = CaseRun::Read {
+                            phase,
+                            message: &message,
+                            run,
+                        };
+                        ending(case.deadline, seen)
+                    }
+                    None => ending(case.deadline, CaseRun::Deleted),
+                }
             }
-            Err(e) => return Err(e),
         };
-        let phase = run
-            .status
-            .phase
-            .unwrap_or(RunPhase::Pending(crate::lifecycle::PendingReason::Queued));
-        let message = run.status.message.clone().unwrap_or_default();
-        let unscored = |reason: UnscoredReason, evidence: String| -> CaseRecord {
-            case.clone().unscored(reason, evidence, now)
-        };
-        let ended = match phase {
-            RunPhase::Waiting(WaitReason::MaxCostReached) => {
-                // The run can go no further on its cap: the case ends here, and the run too.
-                let _ = self
-                    .request_cancel(project, &case.run, CancelReason::CancelRequested)
-                    .await;
-                unscored(
-                    UnscoredReason::LimitReached,
-                    "the run reached its cost cap (perRunMaxCostUSD)".to_string(),
-                )
+        let ended = match ending {
+            Ending::Later(at) => return Ok(Graded::Later(at)),
+            Ending::Unscored {
+                reason,
+                evidence,
+                interrupt_grading,
+                cancel_run,
+            } => {
+                if cancel_run {
+                    // The run can go no further on its cap: the case ends here, and the run
+                    // too.
+                    let _ = self
+                        .request_cancel(project, &case.run, CancelReason::CancelRequested)
+                        .await;
+                }
+                let case = if interrupt_grading {
+                    self.remove_grading_sandboxes(&case).await;
+                    case.attempts_interrupted(now)
+                } else {
+                    case
+                };
+                case.unscored(reason, evidence, now)
             }
-            phase if !phase.is_finished() => return Ok(Graded::Later(case.deadline)),
-            RunPhase::Failed(FailReason::DeadlineExceeded) => unscored(
-                UnscoredReason::EvaluationTimeout,
-                "the run was cut off at the evaluation's deadline".to_string(),
-            ),
-            RunPhase::Failed(FailReason::TimeoutExceeded) => unscored(
-                UnscoredReason::LimitReached,
-                "the run reached its timeout".to_string(),
-            ),
-            RunPhase::Failed(reason) => unscored(
-                UnscoredReason::RunFailed,
-                format!("the run failed ({reason:?}) {message}")
-                    .trim()
-                    .to_string(),
-            ),
-            RunPhase::Cancelled(reason) => unscored(
-                UnscoredReason::Cancelled,
-                format!("the run was cancelled ({reason:?})"),
-            ),
-            _ => {
+            Ending::Grade(run) => {
+                let unscored = |reason: UnscoredReason, evidence: String| -> CaseRecord {
+                    case.clone().unscored(reason, evidence, now)
+                };
                 let answer = self.answer(project, &case.run).await?;
                 match answer.filter(|a| !a.trim().is_empty()) {
                     None => unscored(
