@@ -38,7 +38,7 @@ mod files;
 mod isolation;
 
 pub use files::{
-    archives_out_are_clean_and_capped, bad_links_refused, files_round_trip,
+    HOSTILE_ARCHIVES, archives_out_are_clean_and_capped, bad_links_refused, files_round_trip,
     hostile_archives_refused, links_lead_into_the_workdir, recreate_keeps_files,
 };
 pub use isolation::{

@@ -10,6 +10,7 @@ use nodus_core::sandbox::{
     Error, ExecOutput, ExecRequest, Limits, MAX_ARCHIVE_BYTES, SandboxId, SandboxSpec,
 };
 use nodus_sandbox::UnisolatedSandbox;
+use nodus_sandbox::conformance::{HOSTILE_ARCHIVES, raw_entry};
 
 const MIB: usize = 1 << 20;
 
@@ -95,21 +96,6 @@ fn archive(files: &[(&str, &[u8])]) -> Vec<u8> {
             .expect("append");
     }
     builder.into_inner().expect("finish")
-}
-
-/// A tar archive entry written with raw bytes, so that hostile names are possible.
-fn raw_entry(out: &mut Vec<u8>, path: &str, kind: tar::EntryType, target: &str, data: &[u8]) {
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(kind);
-    header.set_mode(0o644);
-    header.set_size(data.len() as u64);
-    let old = header.as_old_mut();
-    old.name[..path.len()].copy_from_slice(path.as_bytes());
-    old.linkname[..target.len()].copy_from_slice(target.as_bytes());
-    header.set_cksum();
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out.resize(out.len().next_multiple_of(512), 0);
 }
 
 /// Every entry of an archive: a file's content, `-> target` for a link, `<dir>` for a directory.
@@ -426,34 +412,7 @@ async fn hostile_archives_are_refused_and_write_nothing() {
     let outside = root.path().join("outside");
     std::fs::create_dir(&outside).expect("outside dir");
     let workdir = root.path().join("sandboxes/run-1");
-    let cases: [(&str, tar::EntryType, &str, &str); 5] = [
-        (
-            "/tmp/nodus-hostile-abs",
-            tar::EntryType::Regular,
-            "",
-            "is absolute",
-        ),
-        (
-            "../../outside/dotdot",
-            tar::EntryType::Regular,
-            "",
-            "contains `..`",
-        ),
-        (
-            "link",
-            tar::EntryType::Symlink,
-            "../../outside",
-            "outside the working directory",
-        ),
-        ("abs-link", tar::EntryType::Symlink, "/tmp", "absolute path"),
-        (
-            "hard",
-            tar::EntryType::Link,
-            "../../outside/x",
-            "contains `..`",
-        ),
-    ];
-    for (path, kind, target, expected) in cases {
+    for (path, kind, target, expected) in HOSTILE_ARCHIVES {
         // A harmless file first: it must not be written either.
         let mut tar = Vec::new();
         raw_entry(&mut tar, "harmless.txt", tar::EntryType::Regular, "", b"hi");

@@ -153,39 +153,42 @@ pub async fn archives_out_are_clean_and_capped(b: &Backend) {
     destroy(b, &id).await;
 }
 
+/// Archive entries every backend refuses whole: the entry's path, its type, its link target,
+/// and what the refusal says (besides the path).
+pub const HOSTILE_ARCHIVES: [(&str, tar::EntryType, &str, &str); 5] = [
+    (
+        "/tmp/nodus-hostile-abs",
+        tar::EntryType::Regular,
+        "",
+        "is absolute",
+    ),
+    (
+        "../../outside/dotdot",
+        tar::EntryType::Regular,
+        "",
+        "contains `..`",
+    ),
+    (
+        "link",
+        tar::EntryType::Symlink,
+        "../../outside",
+        "outside the working directory",
+    ),
+    ("abs-link", tar::EntryType::Symlink, "/tmp", "absolute path"),
+    (
+        "hard",
+        tar::EntryType::Link,
+        "../../outside/x",
+        "contains `..`",
+    ),
+];
+
 /// Archives with absolute paths, `..`, or links that point outside are refused whole: not
 /// even their harmless entries are written. Nothing is written through a link that a command
 /// left in the working directory.
 pub async fn hostile_archives_refused(b: &Backend) {
     let id = fresh(b, "hostile").await;
-    let cases: [(&str, tar::EntryType, &str, &str); 5] = [
-        (
-            "/tmp/nodus-hostile-abs",
-            tar::EntryType::Regular,
-            "",
-            "is absolute",
-        ),
-        (
-            "../../outside/dotdot",
-            tar::EntryType::Regular,
-            "",
-            "contains `..`",
-        ),
-        (
-            "link",
-            tar::EntryType::Symlink,
-            "../../outside",
-            "outside the working directory",
-        ),
-        ("abs-link", tar::EntryType::Symlink, "/tmp", "absolute path"),
-        (
-            "hard",
-            tar::EntryType::Link,
-            "../../outside/x",
-            "contains `..`",
-        ),
-    ];
-    for (path, kind, target, expected) in cases {
+    for (path, kind, target, expected) in HOSTILE_ARCHIVES {
         let mut tar = Vec::new();
         raw_entry(&mut tar, "harmless.txt", tar::EntryType::Regular, "", b"hi");
         raw_entry(&mut tar, path, kind, target, b"pwned");
