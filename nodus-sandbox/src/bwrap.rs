@@ -96,8 +96,8 @@
 //! Egress: a sandbox whose spec carries an allowlist ([`SandboxSpec::egress`]) gets the egress
 //! proxy as its only way out, with the launcher only ([`BwrapConfig::egress`]; bubblewrap
 //! cannot run the bridge, and such a sandbox is refused there): the proxy's socket for it is
-//! `root/egress/<key>.sock` (0600, the sandboxes' user's), the launcher bridges the sandbox's
-//! `127.0.0.1:3128` to it (nodus-launch's `egress` module), and the commands get the proxy
+//! `root/egress/<key>.sock` (0600, the sandboxes' user's), the launcher hands each connection to
+//! the sandbox's `127.0.0.1:3128` to it (nodus-launch's `egress` and `handoff` modules), and the commands get the proxy
 //! variables. Destroying the sandbox closes its socket and its open connections.
 //!
 //! [bubblewrap]: https://github.com/containers/bubblewrap
