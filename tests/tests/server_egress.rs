@@ -11,7 +11,8 @@
 //! `nodus agentrun egress`, `status.egress`) and are still there after the server is killed
 //! and started again; the direct connection and the raw socket never reach the proxy, so
 //! they leave no record. A run with `egress: none` has no way out at all, no proxy variables
-//! and no egress result. The operator's per-run limits hold: connections at once
+//! and no egress result. All of that holds for a server that is not root too (as root, the
+//! test runs it as `nobody`). The operator's per-run limits hold: connections at once
 //! (`--egress-max-connections`) and bytes (`--egress-max-bytes`: the connection that passes
 //! it is cut off, later ones are refused, both recorded). A server whose sandboxes cannot
 //! reach the proxy (started by bubblewrap) refuses a run with an allowlist, naming the field,
@@ -121,6 +122,16 @@ fn egress_server(dir: &std::path::Path, extra: &[&str]) -> ServerProcess {
 
 /// [`egress_server`] with sandboxes of kind `sandbox`.
 fn egress_server_on(dir: &std::path::Path, sandbox: &str, extra: &[&str]) -> ServerProcess {
+    egress_server_as(dir, sandbox, extra, &[])
+}
+
+/// [`egress_server_on`] started by `wrapper` (as another user, say).
+fn egress_server_as(
+    dir: &std::path::Path,
+    sandbox: &str,
+    extra: &[&str],
+    wrapper: &[&str],
+) -> ServerProcess {
     let hosts = dir.join("egress-hosts");
     std::fs::write(
         &hosts,
@@ -134,7 +145,14 @@ fn egress_server_on(dir: &std::path::Path, sandbox: &str, extra: &[&str]) -> Ser
         hosts.to_str().expect("UTF-8"),
     ];
     flags.extend_from_slice(extra);
-    ServerProcess::start_sqlite(dir, sandbox, &flags)
+    ServerProcess::start_wrapped(
+        &server::Backend::Sqlite.store_url(dir),
+        dir,
+        sandbox,
+        &flags,
+        &[],
+        wrapper,
+    )
 }
 
 /// Create run `name` of `net-agent` with `prompt` (in `environment` when given), wait until
@@ -164,9 +182,24 @@ fn run(server: &ServerProcess, name: &str, prompt: &str, environment: Option<&st
 
 #[test]
 fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
-    let Origin { port, seen, .. } = origin();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut server = egress_server(dir.path(), &[]);
+    gets_out_only_through_the_proxy(dir.path(), &[]);
+}
+
+/// The same through a server that is not root (as root, the test runs it as `nobody`).
+#[test]
+fn an_unprivileged_server_s_run_gets_out_only_through_the_proxy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = server::unprivileged_wrapper(dir.path());
+    let server = gets_out_only_through_the_proxy(dir.path(), wrapper);
+    server::assert_not_root(server.pid());
+}
+
+/// A run on an allowlist, checked end to end on a server in `dir` started by `wrapper`; the
+/// server (started again once), still running.
+fn gets_out_only_through_the_proxy(dir: &std::path::Path, wrapper: &[&str]) -> ServerProcess {
+    let Origin { port, seen, .. } = origin();
+    let mut server = egress_server_as(dir, "process", &[], wrapper);
     let resources = format!(
         "apiVersion: nodus.dev/v1\nkind: AgentEnvironment\nmetadata:\n  name: files\nspec:\n  \
          network:\n    egress: allowlist\n    allow:\n    - host: files.test\n      ports: \
@@ -288,7 +321,7 @@ fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
     // Kept in the store, not in the proxy's memory: a server killed and started again on
     // the same data directory serves them unchanged.
     server.kill();
-    let server = egress_server(dir.path(), &[]);
+    let server = egress_server_as(dir, "process", &[], wrapper);
     assert_eq!(journaled(&server), records);
     assert_eq!(egress_status(&server, "fetches"), status);
 
@@ -308,6 +341,7 @@ fn a_run_on_an_allowlist_gets_out_only_through_the_proxy() {
     // No proxy, no journal.
     let refused = server.fails(&["agentrun", "egress", "no-way-out"]);
     assert!(refused.contains("egress"), "{refused}");
+    server
 }
 
 #[test]

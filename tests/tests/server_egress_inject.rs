@@ -129,43 +129,9 @@ fn a_docker_run_gets_its_header_injected_and_never_sees_it() {
 #[test]
 fn an_unprivileged_server_injects_too() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = effective_uid() == 0;
-    let wrapper: &[&str] = if root {
-        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).expect("chown");
-        &[
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ]
-    } else {
-        &[]
-    };
+    let wrapper = server::unprivileged_wrapper(dir.path());
     let server = injects_and_hides(dir.path(), Sandboxes::Process { wrapper });
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
-        .expect("the server's status");
-    let uid = status
-        .lines()
-        .find_map(|line| line.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().next())
-        .expect("a Uid line")
-        .to_string();
-    assert_ne!(uid, "0", "the server runs as root: {status}");
-}
-
-/// `nobody`, whom the unprivileged server runs as when the test is root.
-const NOBODY: u32 = 65534;
-
-/// The test's own user id.
-fn effective_uid() -> u32 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        .and_then(|id| id.parse().ok())
-        .expect("an effective uid")
+    server::assert_not_root(server.pid());
 }
 
 /// Where the server under test puts its runs.

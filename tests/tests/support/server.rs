@@ -461,3 +461,47 @@ pub fn cli_against(url: &str, data_dir: &Path, args: &[&str], stdin: Option<&str
     }
     child.wait_with_output().expect("nodus finishes")
 }
+
+/// `nobody`, whom an unprivileged server runs as when the test is root.
+const NOBODY: u32 = 65534;
+
+/// The wrapper that starts a server as a user that is not root ([`ServerProcess::start_wrapped`]):
+/// as root, `setpriv` to `nobody` with no capabilities, `data_dir` given to that user;
+/// otherwise none (the test is not root already).
+pub fn unprivileged_wrapper(data_dir: &Path) -> &'static [&'static str] {
+    if effective_uid() != 0 {
+        return &[];
+    }
+    std::os::unix::fs::chown(data_dir, Some(NOBODY), Some(NOBODY)).expect("chown");
+    &[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+    ]
+}
+
+/// The test's own effective user id.
+fn effective_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|id| id.parse().ok())
+        .expect("an effective uid")
+}
+
+/// Panics unless the process `pid` runs as a user other than root.
+pub fn assert_not_root(pid: u32) {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the server's status");
+    let uid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .expect("a Uid line")
+        .to_string();
+    assert_ne!(uid, "0", "the server runs as root: {status}");
+}
