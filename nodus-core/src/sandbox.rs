@@ -353,6 +353,17 @@ pub trait Sandbox: Send + Sync {
             .map(|(stats, _)| stats)
             .map_err(Error::Failed)
     }
+    /// What changed in the working directory since the last call for this sandbox, as
+    /// [`Sandbox::list_files`] would list it: the entries that may have changed and the paths
+    /// gone, or [`Changes::Unknown`](crate::snapshot::Changes::Unknown) when the backend cannot
+    /// tell (the first call, after a restart of the process, after it lost track). Every
+    /// call drains what the backend gathered: only one caller (the engine's snapshot) may
+    /// ask. This default never tells; backends that see the working directory on the host
+    /// watch it.
+    async fn changes(&self, id: &SandboxId) -> Result<crate::snapshot::Changes, Error> {
+        let _ = id;
+        Ok(crate::snapshot::Changes::Unknown)
+    }
     /// Remove the sandbox; removing one that is gone is fine.
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error>;
     /// The run will not use its sandbox for a while (it waits for a message): a backend that

@@ -295,6 +295,22 @@ pub fn check_stored(seq: u32, stored: &Stored) -> Result<(), Error> {
     stored.check(seq).map_err(Error::Invalid)
 }
 
+/// The refusal of a [`Store::complete_step_kept`] whose snapshot names contents, or is a
+/// delta of a step that is not earlier.
+pub fn check_kept(run_uid: &str, seq: u32, stored: &Stored) -> Result<(), Error> {
+    check_stored(seq, stored)?;
+    let named = stored.named_blobs();
+    if named.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "the snapshot of run {run_uid} after step {seq} names contents ({}), so it is kept \
+             with them, not with the step's outcome",
+            named.join(", ")
+        )))
+    }
+}
+
 /// The refusal of a [`Store::put_snapshot`] whose manifest names contents the store lacks.
 pub fn missing_contents(run_uid: &str, seq: u32, missing: &[String]) -> Error {
     Error::Invalid(format!(
@@ -603,6 +619,38 @@ pub trait Store: Send + Sync {
         Ok(self
             .update(&then.key, then.expected_version, then.document)
             .await)
+    }
+
+    /// Record the outcome of command step `seq` together with `snapshot`, the working
+    /// directory after it, and then, when given, replace `then.key` as
+    /// [`Store::complete_step_then`] does, in one write where the store can (SQLite: one
+    /// submission to its writer, one commit): a snapshot of a command that changed nothing
+    /// costs no write of its own. `snapshot` must name no contents ([`Stored::named_blobs`]
+    /// empty: nothing changed, or only removals); one that does is refused with `Invalid`
+    /// and nothing is written (it goes through [`Store::put_snapshot`] with its contents).
+    /// The answer is [`Store::complete_step_then`]'s, `None` without a document. This
+    /// default keeps the snapshot, then makes the other calls.
+    async fn complete_step_kept(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+        snapshot: &Stored,
+        then: Option<DocumentWrite>,
+    ) -> Result<Option<Result<Record, Error>>, Error> {
+        check_kept(run_uid, seq, snapshot)?;
+        self.put_snapshot(run_uid, seq, snapshot, &[]).await?;
+        match then {
+            None => self
+                .complete_step(run_uid, fence, seq, completion)
+                .await
+                .map(|()| None),
+            Some(then) => self
+                .complete_step_then(run_uid, fence, seq, completion, then)
+                .await
+                .map(Some),
+        }
     }
 
     /// The run's journal, in order.

@@ -26,6 +26,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use nodus_core::sandbox::{Error, MAX_ARCHIVE_BYTES};
+use nodus_core::snapshot::FileStat;
 use tar::EntryType;
 use tracing::debug;
 
@@ -309,50 +310,79 @@ pub(crate) fn pack(dir: &Path, rel: &Path, shown: &str, max: usize) -> Result<Ve
 /// Every entry below `dir` that [`pack`] would archive (regular files, directories, symbolic
 /// links that stay inside), with its type and permission bits, size and modification time to
 /// the nanosecond, without reading any contents: what a snapshot compares with the last one.
-pub(crate) fn list(dir: &Path) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
-    use std::os::unix::fs::MetadataExt;
-    let failed = |e: io::Error| Error::Failed(format!("listing the working directory: {e}"));
+pub(crate) fn list(dir: &Path) -> Result<Vec<FileStat>, Error> {
     let mut stats = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        for child in fs::read_dir(dir.join(&rel)).map_err(failed)? {
-            let child = child.map_err(failed)?;
-            let name = rel.join(child.file_name());
-            let meta = child.metadata().map_err(failed)?;
-            let file_type = meta.file_type();
-            let kind = if file_type.is_file() {
-                nodus_core::snapshot::REGULAR
-            } else if file_type.is_dir() {
-                stack.push(name.clone());
-                nodus_core::snapshot::DIRECTORY
-            } else if file_type.is_symlink() {
-                nodus_core::snapshot::SYMLINK
-            } else {
-                continue;
-            };
-            let target = if file_type.is_symlink() {
-                let target = fs::read_link(child.path()).map_err(failed)?;
-                if check_symlink_target(&name, &target).is_err() {
-                    continue;
-                }
-                Some(target.to_string_lossy().into_owned())
-            } else {
-                None
-            };
-            stats.push(nodus_core::snapshot::FileStat {
-                path: name.to_string_lossy().into_owned(),
-                mode: kind | (meta.mode() & 0o777),
-                size: if file_type.is_file() { meta.len() } else { 0 },
-                mtime_ns: meta
-                    .mtime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.mtime_nsec()),
-                target,
-            });
-        }
-    }
+    list_below(dir, PathBuf::new(), &mut stats)?;
     stats.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(stats)
+}
+
+/// Every entry [`list`] would give below `rel` (a directory relative to `dir`), in no order.
+pub(crate) fn list_below(dir: &Path, rel: PathBuf, stats: &mut Vec<FileStat>) -> Result<(), Error> {
+    let mut stack = vec![rel];
+    while let Some(rel) = stack.pop() {
+        for child in fs::read_dir(dir.join(&rel)).map_err(listing_failed)? {
+            let child = child.map_err(listing_failed)?;
+            let name = rel.join(child.file_name());
+            let meta = child.metadata().map_err(listing_failed)?;
+            if let Some(stat) = file_stat(&child.path(), &name, &meta)? {
+                if meta.file_type().is_dir() {
+                    stack.push(name);
+                }
+                stats.push(stat);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What [`list`] would give for the entry `rel` of `dir` alone: `None` when it is gone or
+/// not something [`pack`] archives (a special file, a symbolic link that leads outside).
+pub(crate) fn stat_one(dir: &Path, rel: &Path) -> Result<Option<FileStat>, Error> {
+    let full = dir.join(rel);
+    match fs::symlink_metadata(&full) {
+        Ok(meta) => file_stat(&full, rel, &meta),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(listing_failed(e)),
+    }
+}
+
+fn listing_failed(e: io::Error) -> Error {
+    Error::Failed(format!("listing the working directory: {e}"))
+}
+
+/// The entry `name` (relative), found at `full` with `meta` (not following a link).
+fn file_stat(full: &Path, name: &Path, meta: &fs::Metadata) -> Result<Option<FileStat>, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let file_type = meta.file_type();
+    let kind = if file_type.is_file() {
+        nodus_core::snapshot::REGULAR
+    } else if file_type.is_dir() {
+        nodus_core::snapshot::DIRECTORY
+    } else if file_type.is_symlink() {
+        nodus_core::snapshot::SYMLINK
+    } else {
+        return Ok(None);
+    };
+    let target = if file_type.is_symlink() {
+        let target = fs::read_link(full).map_err(listing_failed)?;
+        if check_symlink_target(name, &target).is_err() {
+            return Ok(None);
+        }
+        Some(target.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    Ok(Some(FileStat {
+        path: name.to_string_lossy().into_owned(),
+        mode: kind | (meta.mode() & 0o777),
+        size: if file_type.is_file() { meta.len() } else { 0 },
+        mtime_ns: meta
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(meta.mtime_nsec()),
+        target,
+    }))
 }
 
 /// Appends the directory `full` as `name` with everything below it, in name order.

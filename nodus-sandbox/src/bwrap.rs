@@ -134,6 +134,7 @@ pub use crate::host::{
 };
 use crate::host::{give_to, prepare_root, sandbox_env};
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
+use crate::watch::Watcher;
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
 use crate::{archive, capped, paths};
 
@@ -459,6 +460,8 @@ pub struct BwrapSandbox {
     cgroups: Cgroups,
     prepared: OnceCell<Prepared>,
     created: Mutex<HashMap<String, Created>>,
+    /// What changed in each working directory.
+    watcher: Arc<Watcher>,
 }
 
 impl BwrapSandbox {
@@ -590,6 +593,7 @@ impl BwrapSandbox {
             cgroups,
             prepared: OnceCell::new(),
             created: Mutex::new(HashMap::new()),
+            watcher: Arc::default(),
         }
     }
 
@@ -1082,6 +1086,10 @@ impl Sandbox for BwrapSandbox {
         blocking(move || archive::list(&dir)).await
     }
 
+    async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
+        self.watcher.changes_of(id, self.dir_of(id)?).await
+    }
+
     async fn get_files(
         &self,
         id: &SandboxId,
@@ -1124,6 +1132,7 @@ impl Sandbox for BwrapSandbox {
         // As `suspend` (after its running command, if one runs, holding the slot), then the
         // cgroups and the directory in one trip to the blocking pool.
         let created = self.created().remove(&id.0);
+        self.watcher.forget(&id.0);
         if let Some(gate) = &self.config.egress {
             gate.close(&id.0);
         }

@@ -34,9 +34,11 @@ use nodus_core::sandbox::{
     Error, ExecOutput, ExecRequest, Limits, MAX_COMMAND_BYTES, SandboxId, SandboxInfo, SandboxSpec,
 };
 
+mod changes;
 mod files;
 mod isolation;
 
+pub use changes::{changes_agree_with_the_listing, changes_are_told};
 pub use files::{
     HOSTILE_ARCHIVES, archives_out_are_clean_and_capped, bad_links_refused, files_round_trip,
     hostile_archives_refused, links_lead_into_the_workdir, recreate_keeps_files,
@@ -84,6 +86,7 @@ pub const COMMON: &[(&str, Case)] = cases![
     longest_command,
     archives_out_are_clean_and_capped,
     bad_links_refused,
+    changes_agree_with_the_listing,
 ];
 
 /// The cases only an isolating backend passes, by name.
@@ -106,6 +109,10 @@ pub const DISK: &[(&str, Case)] = cases![disk_limit_stops_writers];
 /// The cases of a backend that keeps a process per sandbox between commands, by name:
 /// bubblewrap and Docker.
 pub const LIVE: &[(&str, Case)] = cases![killed_between_commands, suspended_holds_no_process];
+
+/// The cases of a backend that watches its working directories (they are on the server's
+/// file system): the unisolated one and bubblewrap.
+pub const WATCHED: &[(&str, Case)] = cases![changes_are_told];
 
 /// Runs [`COMMON`].
 pub async fn run_common(backend: &Backend) {
@@ -132,7 +139,7 @@ pub async fn run_all(backend: &Backend) {
 /// One `#[tokio::test]` per case: `conformance_tests!(common, make)` for [`COMMON`],
 /// `conformance_tests!(all, make)` for [`COMMON`] and [`ISOLATION`],
 /// `conformance_tests!(disk, make)` for [`DISK`], `conformance_tests!(live, make)` for
-/// [`LIVE`], where `make` is an `async fn() -> Backend`
+/// [`LIVE`], `conformance_tests!(watched, make)` for [`WATCHED`], where `make` is an `async fn() -> Backend`
 /// in scope.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -141,7 +148,8 @@ macro_rules! conformance_tests {
             exit_codes, stdout_and_stderr_apart, output_cap, timeout_kills_process_tree,
             dropping_exec_kills, dropped_command_kill_spares_the_next, background_processes_end_with_command, environment_and_cwd, files_round_trip,
             hostile_archives_refused, recreate_keeps_files, destroy_twice, longest_command,
-            archives_out_are_clean_and_capped, bad_links_refused);
+            archives_out_are_clean_and_capped, bad_links_refused,
+            changes_agree_with_the_listing);
     };
     (all, $make:ident) => {
         $crate::conformance_tests!(common, $make);
@@ -152,6 +160,9 @@ macro_rules! conformance_tests {
     };
     (disk, $make:ident) => {
         $crate::conformance_tests!(@cases $make, disk_limit_stops_writers);
+    };
+    (watched, $make:ident) => {
+        $crate::conformance_tests!(@cases $make, changes_are_told);
     };
     (live, $make:ident) => {
         $crate::conformance_tests!(@cases $make, killed_between_commands, suspended_holds_no_process);

@@ -35,6 +35,7 @@ mod paths;
 mod process;
 mod trust;
 pub mod unisolated;
+mod watch;
 mod workdir;
 mod zygote;
 

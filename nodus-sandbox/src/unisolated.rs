@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use nodus_core::Sandbox;
@@ -39,6 +39,7 @@ use nodus_core::sandbox::{
 use tokio::process::Command;
 use tracing::{debug, warn};
 
+use crate::watch::Watcher;
 use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
 use crate::{archive, paths, process};
 
@@ -55,6 +56,8 @@ pub struct UnisolatedSandbox {
     root: PathBuf,
     /// The environment and limits of each sandbox created since this value was made, by id.
     envs: Mutex<HashMap<String, Created>>,
+    /// What changed in each working directory.
+    watcher: Arc<Watcher>,
 }
 
 impl UnisolatedSandbox {
@@ -67,6 +70,7 @@ impl UnisolatedSandbox {
         UnisolatedSandbox {
             root,
             envs: Mutex::new(HashMap::new()),
+            watcher: Arc::default(),
         }
     }
 
@@ -166,6 +170,10 @@ impl Sandbox for UnisolatedSandbox {
         blocking(move || archive::list(&dir)).await
     }
 
+    async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
+        self.watcher.changes_of(id, self.dir_of(id)?).await
+    }
+
     async fn get_files(
         &self,
         id: &SandboxId,
@@ -185,6 +193,7 @@ impl Sandbox for UnisolatedSandbox {
             return Ok(());
         };
         self.envs().remove(&id.0);
+        self.watcher.forget(&id.0);
         blocking(move || remove_tree(&dir)).await
     }
 }

@@ -43,6 +43,7 @@ mod bwrap {
     nodus_sandbox::conformance_tests!(all, backend);
     nodus_sandbox::conformance_tests!(disk, backend);
     nodus_sandbox::conformance_tests!(live, backend);
+    nodus_sandbox::conformance_tests!(watched, backend);
 }
 
 /// A backend started by Nodus's launcher, resident (the default) or spawned for each sandbox
@@ -90,6 +91,7 @@ mod launcher {
     nodus_sandbox::conformance_tests!(all, backend);
     nodus_sandbox::conformance_tests!(disk, backend);
     nodus_sandbox::conformance_tests!(live, backend);
+    nodus_sandbox::conformance_tests!(watched, backend);
 }
 
 mod launcher_spawned {
@@ -103,6 +105,7 @@ mod launcher_spawned {
     nodus_sandbox::conformance_tests!(all, backend);
     nodus_sandbox::conformance_tests!(disk, backend);
     nodus_sandbox::conformance_tests!(live, backend);
+    nodus_sandbox::conformance_tests!(watched, backend);
 }
 
 mod docker {
@@ -149,4 +152,5 @@ mod unisolated {
 
     // Only the cases that need no isolation: this backend has none.
     nodus_sandbox::conformance_tests!(common, backend);
+    nodus_sandbox::conformance_tests!(watched, backend);
 }

@@ -30,6 +30,7 @@ mod journal;
 mod leases;
 mod retention;
 mod snapshots;
+mod step_kept;
 mod step_then;
 mod writes;
 
@@ -42,6 +43,7 @@ pub use journal::{
 pub use leases::{leases, replicas_racing};
 pub use retention::{retention, rewrite_run};
 pub use snapshots::{snapshot_deltas, snapshots};
+pub use step_kept::complete_step_kept;
 pub use step_then::complete_step_then;
 pub use writes::{
     atomic_edits, batch_atomicity_and_order, concurrent_writers, extension_kinds,
@@ -65,6 +67,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     idempotent_batches(make()).await;
     journal_in_order(make()).await;
     complete_step_then(make()).await;
+    complete_step_kept(make()).await;
     fencing(make()).await;
     messages(make()).await;
     change_notification(make()).await;

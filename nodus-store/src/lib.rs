@@ -113,6 +113,11 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn complete_step_kept() {
+        conformance::complete_step_kept(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
     async fn fencing() {
         conformance::fencing(MemoryStore::new()).await;
     }

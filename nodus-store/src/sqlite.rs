@@ -189,6 +189,18 @@ impl Store for SqliteStore {
         journal::complete_step_then(self, run_uid, fence, seq, completion, then).await
     }
 
+    async fn complete_step_kept(
+        &self,
+        run_uid: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+        snapshot: &Stored,
+        then: Option<DocumentWrite>,
+    ) -> Result<Option<Result<Record, Error>>, Error> {
+        journal::complete_step_kept(self, run_uid, fence, seq, completion, snapshot, then).await
+    }
+
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
         Read::journal(&self.inner.readers, run_uid).await
     }

@@ -464,12 +464,14 @@ impl Engine {
                 Effect::Done(outcome) => {
                     // The working directory after a command, kept before the step completes:
                     // a completed command step has its snapshot (or the reason it has none).
-                    if let (Intent::Command { .. }, Outcome::CommandFinished { .. }) =
-                        (&intent, &outcome)
-                        && let SandboxState::Live(info) = &replay.sandbox
-                    {
-                        self.take_snapshot(fixed, &info.id, seq).await;
-                    }
+                    let snapshot = match (&intent, &outcome, &replay.sandbox) {
+                        (
+                            Intent::Command { .. },
+                            Outcome::CommandFinished { .. },
+                            SandboxState::Live(info),
+                        ) => self.take_snapshot(fixed, &info.id, seq).await,
+                        _ => None,
+                    };
                     // The outcome and the status it leads to, in one write. A conflict here
                     // only means the document moved on; the next pass re-reads it and writes
                     // the status again.
@@ -482,6 +484,7 @@ impl Engine {
                             seq,
                             outcome,
                             Some((&run, target)),
+                            snapshot,
                         )
                         .await?
                         .map(|written| (written, inbox));

@@ -1,29 +1,30 @@
-//! Taking a run's working-directory snapshot after a command step: list the sandbox's files,
-//! read again only those whose size or time changed since the run's last snapshot (or whose
-//! time was too close to that listing to tell), store the contents the store lacks and the
-//! snapshot as the changes from the last one, within the run's budget ([`crate::snapshot`]
-//! decides; this carries it out).
+//! Taking a run's working-directory snapshot after a command step: ask the sandbox what
+//! changed since the last one (or list all its files when it cannot tell), read again only
+//! the files whose size or time changed (or whose time was too close to the last listing to
+//! tell), store the contents the store lacks and the snapshot as the changes from the last
+//! one, within the run's budget ([`crate::snapshot`] decides; this carries it out). A
+//! snapshot that names no contents is kept with the step's outcome, in the same write.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::Engine;
 use super::execute::Fixed;
 use crate::digest::sha256_hex;
 use crate::sandbox::{MAX_ARCHIVE_BYTES, SandboxId};
-use crate::snapshot::{self, Blob, Budget, Snapshot, Stored, Walk};
+use crate::snapshot::{self, Blob, Budget, Changes, Snapshot, Stored, Walk};
 
 /// The last snapshot of each run driven on this process, with its step, so that the next one
 /// compares with it without reading it back from the store.
 #[derive(Default)]
-pub(super) struct LastSnapshots(Mutex<HashMap<String, (u32, Snapshot)>>);
+pub(super) struct LastSnapshots(Mutex<HashMap<String, (u32, Arc<Snapshot>)>>);
 
 impl LastSnapshots {
-    fn get(&self, uid: &str) -> Option<(u32, Snapshot)> {
+    fn get(&self, uid: &str) -> Option<(u32, Arc<Snapshot>)> {
         self.lock().get(uid).cloned()
     }
 
-    fn put(&self, uid: &str, seq: u32, snapshot: Snapshot) {
+    fn put(&self, uid: &str, seq: u32, snapshot: Arc<Snapshot>) {
         self.lock().insert(uid.to_string(), (seq, snapshot));
     }
 
@@ -32,35 +33,79 @@ impl LastSnapshots {
         self.lock().remove(uid);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, Snapshot)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, Arc<Snapshot>)>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
+/// A snapshot that names no contents (nothing changed, or only removals), to be kept with
+/// its step's outcome in the same store write ([`crate::Store::complete_step_kept`]).
+pub(super) struct KeptWithOutcome {
+    /// As the store keeps it.
+    pub(super) stored: Stored,
+    /// Whole, for the next snapshot to compare with once it is kept.
+    pub(super) snapshot: Arc<Snapshot>,
+}
+
 impl Engine {
     /// Record the run's working directory after its command step `seq`: taken, over the
     /// budget, or failed (with the reason), never an error for the run: a snapshot only
-    /// decides whether the step can be forked from.
-    pub(super) async fn take_snapshot(&self, fixed: &Fixed, sandbox: &SandboxId, seq: u32) {
-        let Some(budget) = self.config.snapshots else {
-            return;
+    /// decides whether the step can be forked from. One that names no contents is given
+    /// back, to be kept with the step's outcome ([`Engine::kept_with_outcome`] once written);
+    /// any other is kept here.
+    pub(super) async fn take_snapshot(
+        &self,
+        fixed: &Fixed,
+        sandbox: &SandboxId,
+        seq: u32,
+    ) -> Option<KeptWithOutcome> {
+        let budget = self.config.snapshots?;
+        // What changed since the last snapshot this process took of this sandbox: asked
+        // first, so that whatever changes from now on is told next time.
+        let changes = match self.deps.sandbox.changes(sandbox).await {
+            Ok(changes) => changes,
+            Err(e) => {
+                tracing::debug!(run = %fixed.key, error = %e, "the sandbox cannot tell what changed");
+                Changes::Unknown
+            }
         };
         // The run's last snapshot of an earlier step (the same step's, taken before a crash,
-        // is taken again).
-        let last = match self.last_snapshots.get(&fixed.uid) {
-            Some((at, last)) if at < seq => Some((at, last)),
-            _ => match self.deps.store.snapshots(&fixed.uid).await {
-                Ok(all) => all.into_iter().rev().find(|(at, _)| *at < seq),
-                Err(e) => {
-                    tracing::warn!(run = %fixed.key, error = %e, "cannot read the run's last snapshot");
-                    None
-                }
-            },
+        // is taken again). The changes are told since the last one this process took: only
+        // with it are they enough.
+        let (last, changes) = match self.last_snapshots.get(&fixed.uid) {
+            Some((at, last)) if at < seq => (Some((at, last)), changes),
+            _ => (
+                match self.deps.store.snapshots(&fixed.uid).await {
+                    Ok(all) => all
+                        .into_iter()
+                        .rev()
+                        .find(|(at, _)| *at < seq)
+                        .map(|(at, last)| (at, Arc::new(last))),
+                    Err(e) => {
+                        tracing::warn!(run = %fixed.key, error = %e, "cannot read the run's last snapshot");
+                        None
+                    }
+                },
+                Changes::Unknown,
+            ),
         };
-        let previous = last.as_ref().map(|(at, s)| (*at, s));
-        let (snapshot, blobs) = match self.walk(sandbox, previous.map(|(_, s)| s), budget).await {
+        // Nothing changed: the last snapshot again, kept as a reference to it.
+        if changes.is_nothing()
+            && let Some((at, last)) = &last
+            && let Some(stored) = Stored::unchanged(*at, last)
+        {
+            return Some(KeptWithOutcome {
+                stored,
+                snapshot: Arc::clone(last),
+            });
+        }
+        let previous = last.as_ref().map(|(at, s)| (*at, s.as_ref()));
+        let (snapshot, blobs) = match self
+            .walk(sandbox, previous.map(|(_, s)| s), changes, budget)
+            .await
+        {
             Ok(taken) => taken,
             Err(error) => (
                 Snapshot::Failed {
@@ -72,6 +117,10 @@ impl Engine {
         };
         // Kept as the changes from the last one: nothing but a reference when nothing changed.
         let stored = Stored::of(previous, seq, snapshot.clone());
+        let snapshot = Arc::new(snapshot);
+        if blobs.is_empty() && stored.named_blobs().is_empty() {
+            return Some(KeptWithOutcome { stored, snapshot });
+        }
         let written = self
             .retrying(|| {
                 self.deps
@@ -86,13 +135,21 @@ impl Engine {
                 self.last_snapshots.forget(&fixed.uid);
             }
         }
+        None
     }
 
-    /// Walk the sandbox: the snapshot and the contents the store lacks, or why it failed.
+    /// The snapshot after step `seq` was kept with its outcome: the next one compares with it.
+    pub(super) fn kept_with_outcome(&self, uid: &str, seq: u32, kept: KeptWithOutcome) {
+        self.last_snapshots.put(uid, seq, kept.snapshot);
+    }
+
+    /// Walk the sandbox, or only what changed when the sandbox can tell and there is a last
+    /// manifest to change: the snapshot and the contents the store lacks, or why it failed.
     async fn walk(
         &self,
         sandbox: &SandboxId,
         last: Option<&Snapshot>,
+        changes: Changes,
         budget: Budget,
     ) -> Result<(Snapshot, Vec<Blob>), String> {
         let previous = last.and_then(Snapshot::manifest);
@@ -101,12 +158,17 @@ impl Engine {
         let listed_at_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        let stats = self
-            .deps
-            .sandbox
-            .list_files(sandbox)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (stats, gone) = match (previous, changes) {
+            (Some(_), Changes::Known { present, gone }) => (present, Some(gone)),
+            _ => (
+                self.deps
+                    .sandbox
+                    .list_files(sandbox)
+                    .await
+                    .map_err(|e| e.to_string())?,
+                None,
+            ),
+        };
         let planned = snapshot::plan(previous, &stats);
         // Before reading: what may be new must fit (memory stays within the budget).
         if let Err(over) = budget.spend(last, snapshot::fresh_bytes(previous, &stats, &planned)) {
@@ -157,9 +219,20 @@ impl Engine {
             Ok(used) => used,
             Err(over) => return Ok((over, Vec::new())),
         };
-        let manifest = walk
-            .manifest(previous)
-            .ok_or("a file was neither read nor known")?;
+        let manifest = match (previous, &gone) {
+            (Some(previous), Some(gone)) => walk.patch(previous, gone),
+            _ => walk.manifest(previous),
+        }
+        .ok_or("a file was neither read nor known")?;
+        if blobs.is_empty() {
+            return Ok((
+                Snapshot::Taken {
+                    manifest,
+                    used_bytes: used,
+                },
+                Vec::new(),
+            ));
+        }
         let digests: Vec<String> = blobs.keys().cloned().collect();
         let missing = self
             .deps

@@ -8,8 +8,10 @@
 //! engine walks the sandbox and writes the store.
 
 pub mod archive;
+mod changes;
 mod stored;
 
+pub use changes::Changes;
 pub use stored::{Delta, Stored, resolve};
 
 use std::collections::BTreeMap;

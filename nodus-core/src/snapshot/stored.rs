@@ -66,6 +66,24 @@ impl Stored {
         }
     }
 
+    /// How to keep a snapshot when nothing changed since `last`, the run's taken snapshot
+    /// after step `at`: an empty delta of it. `None` when `last` was not taken.
+    pub fn unchanged(at: u32, last: &Snapshot) -> Option<Stored> {
+        match last {
+            Snapshot::Taken {
+                manifest,
+                used_bytes,
+            } => Some(Stored::Delta(Delta {
+                delta_of: at,
+                changed: Vec::new(),
+                removed: Vec::new(),
+                used_bytes: *used_bytes,
+                listed_at_ns: manifest.listed_at_ns,
+            })),
+            _ => None,
+        }
+    }
+
     /// Why it cannot be kept as the snapshot after step `seq`: a delta of a step that is
     /// not earlier.
     pub fn check(&self, seq: u32) -> Result<(), String> {
@@ -231,6 +249,13 @@ mod tests {
         let back: Stored = serde_json::from_str(&text).expect("read back");
         assert_eq!(back, stored);
         assert_eq!(back.resolve_on(Some(&first)), first);
+        // Told that nothing changed, the same record without comparing the manifests.
+        assert_eq!(Stored::unchanged(2, &first), Some(stored));
+        let failed = Snapshot::Failed {
+            error: "x".to_string(),
+            used_bytes: 1,
+        };
+        assert_eq!(Stored::unchanged(2, &failed), None);
     }
 
     /// Every kind of change, each resolved back to exactly the manifest it was made from.

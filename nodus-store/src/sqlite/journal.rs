@@ -3,11 +3,12 @@
 //! order in the writer's transaction. (Reading a journal is `crate::reads`'.)
 
 use nodus_core::journal::{Completion, Step};
-use nodus_core::store::{DocumentWrite, Error, Fence, Record};
+use nodus_core::snapshot::Stored;
+use nodus_core::store::{DocumentWrite, Error, Fence, Record, check_kept};
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
-use super::write::{DocumentUpdate, Write};
+use super::write::{DocumentUpdate, SnapshotRow, Then, Write};
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
 
@@ -138,15 +139,54 @@ pub(super) async fn complete_step_then(
     completion: &Completion,
     then: DocumentWrite,
 ) -> Result<Result<Record, Error>, Error> {
-    let update = DocumentUpdate {
-        key: then.key,
+    complete_with(store, run_uid, fence, seq, completion, None, Some(then))
+        .await
+        .and_then(|written| {
+            written.ok_or_else(|| {
+                Error::Corrupt("a document write answered without its document".to_string())
+            })
+        })
+}
+
+/// [`Store::complete_step_kept`]: the outcome, the snapshot and the document when given in
+/// one submission to the writer (one transaction, one commit).
+///
+/// [`Store::complete_step_kept`]: nodus_core::Store::complete_step_kept
+pub(super) async fn complete_step_kept(
+    store: &SqliteStore,
+    run_uid: &str,
+    fence: Fence,
+    seq: u32,
+    completion: &Completion,
+    snapshot: &Stored,
+    then: Option<DocumentWrite>,
+) -> Result<Option<Result<Record, Error>>, Error> {
+    check_kept(run_uid, seq, snapshot)?;
+    let row = SnapshotRow {
+        run: run_uid.to_string(),
+        seq,
+        text: sql::snapshot_text(snapshot)?,
+    };
+    complete_with(store, run_uid, fence, seq, completion, Some(row), then).await
+}
+
+/// The outcome and what is written with it, in one submission; the document's answer when
+/// one was given.
+async fn complete_with(
+    store: &SqliteStore,
+    run_uid: &str,
+    fence: Fence,
+    seq: u32,
+    completion: &Completion,
+    snapshot: Option<SnapshotRow>,
+    then: Option<DocumentWrite>,
+) -> Result<Option<Result<Record, Error>>, Error> {
+    let update = then.as_ref().map(|then| DocumentUpdate {
+        key: then.key.clone(),
         expected: then.expected_version,
         columns: sql::Columns::of(&then.document),
         text: sql::document_text(&then.document),
-    };
-    let key = update.key.clone();
-    // Only used when the update succeeds, that is when `expected` is stored.
-    let version = then.expected_version.saturating_add(1);
+    });
     let written = store
         .inner
         .writes
@@ -157,13 +197,16 @@ pub(super) async fn complete_step_then(
                 seq,
                 completion: completion.clone(),
             },
-            update,
+            Then { snapshot, update },
         ))
         .await?
         .then()?;
-    Ok(written.map(|()| Record {
-        key,
-        version,
-        document: then.document,
+    Ok(then.map(|then| {
+        // Only used when the update succeeds, that is when `expected` is stored.
+        written.map(|()| Record {
+            key: then.key,
+            version: then.expected_version.saturating_add(1),
+            document: then.document,
+        })
     }))
 }

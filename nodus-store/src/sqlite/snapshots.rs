@@ -56,6 +56,18 @@ pub(super) async fn put_snapshot(
         // Dropped without a commit: rolled back.
         return Err(missing_contents(run_uid, seq, &missing));
     }
+    insert_snapshot(&mut tx, run_uid, seq, &text).await?;
+    tx.commit().await
+}
+
+/// Keep the record of a run's snapshot after step `seq` (replacing one kept for that step),
+/// in `conn`'s transaction.
+pub(super) async fn insert_snapshot(
+    conn: &mut SqliteConnection,
+    run_uid: &str,
+    seq: u32,
+    text: &str,
+) -> Result<(), Error> {
     sqlx::query(
         "INSERT INTO snapshots (run_uid, seq, snapshot) VALUES (?, ?, ?) \
          ON CONFLICT (run_uid, seq) DO UPDATE SET snapshot = excluded.snapshot",
@@ -63,10 +75,10 @@ pub(super) async fn put_snapshot(
     .bind(run_uid)
     .bind(i64::from(seq))
     .bind(text)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .map_err(map_err)?;
-    tx.commit().await
+    Ok(())
 }
 
 /// Remove a run's snapshots and the contents no other run names, in `conn`'s transaction.

@@ -43,6 +43,7 @@ cases!(
     idempotent_batches,
     journal_in_order,
     complete_step_then,
+    complete_step_kept,
     fencing,
     messages,
     change_notification,

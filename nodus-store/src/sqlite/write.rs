@@ -16,6 +16,26 @@ pub(super) struct DocumentUpdate {
     pub(super) text: String,
 }
 
+/// A snapshot kept with a step's outcome ([`Store::complete_step_kept`]): its record names no
+/// contents, so it is one row.
+///
+/// [`Store::complete_step_kept`]: nodus_core::Store::complete_step_kept
+#[derive(Debug)]
+pub(super) struct SnapshotRow {
+    pub(super) run: String,
+    pub(super) seq: u32,
+    pub(super) text: String,
+}
+
+/// What a journal write carries out once it is done, in the same transaction.
+#[derive(Debug)]
+pub(super) struct Then {
+    /// The snapshot after the step.
+    pub(super) snapshot: Option<SnapshotRow>,
+    /// The document replaced.
+    pub(super) update: Option<DocumentUpdate>,
+}
+
 /// Every write but batches of creates, deletes, messages and rewrites: queued for the one
 /// writer task, which group-commits whatever is queued in one transaction (one fsync) and
 /// answers each after the commit.
@@ -29,9 +49,9 @@ pub(super) enum Write {
     },
     /// A journal write.
     Journal(JournalWrite),
-    /// A journal write and, once it is done, a document replaced
-    /// ([`Store::complete_step_then`]).
-    JournalThen(JournalWrite, DocumentUpdate),
+    /// A journal write and, once it is done, a snapshot kept or a document replaced
+    /// ([`Store::complete_step_then`], [`Store::complete_step_kept`]).
+    JournalThen(JournalWrite, Then),
     /// A document replaced if still at the version its writer read.
     Replace(DocumentUpdate),
     /// A document edited in place ([`Store::modify`]).
@@ -68,7 +88,8 @@ pub(super) enum Written {
     Document(Record),
     /// The new fence.
     Fence(Fence),
-    /// The journal write done, and what became of the document replaced after it.
+    /// The journal write done, and what became of the document replaced after it (`Ok`
+    /// when there was none).
     Then(Result<(), Error>),
 }
 
@@ -111,7 +132,7 @@ impl std::fmt::Debug for Write {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Write::Journal(write) => write.fmt(f),
-            Write::JournalThen(write, update) => write!(f, "{write:?} then {update:?}"),
+            Write::JournalThen(write, then) => write!(f, "{write:?} then {then:?}"),
             Write::Create { key, .. } => write!(f, "Create({key})"),
             Write::Replace(update) => update.fmt(f),
             Write::Edit { key, .. } => write!(f, "Edit({key})"),

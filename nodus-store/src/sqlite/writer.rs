@@ -12,7 +12,8 @@ use tokio::sync::broadcast;
 use super::documents::{insert, read_record, update_one};
 use super::journal::journal_write;
 use super::leases::{check_fence, grant};
-use super::write::{DocumentUpdate, Write, Written};
+use super::snapshots::insert_snapshot;
+use super::write::{DocumentUpdate, Then, Write, Written};
 use super::{SqliteStore, batch};
 use crate::commit::Committer;
 use crate::sql::{self, map_err};
@@ -78,8 +79,8 @@ impl Committer<Write> for Writer {
                     results.push(match (result, then) {
                         (Err(refused), _) => Err(refused),
                         (Ok(()), None) => Ok(Written::Done),
-                        (Ok(()), Some(update)) => Ok(Written::Then(
-                            replace(&mut tx, update, &mut announced).await?,
+                        (Ok(()), Some(then)) => Ok(Written::Then(
+                            carry_out(&mut tx, then, &mut announced).await?,
                         )),
                     });
                 }
@@ -106,8 +107,8 @@ async fn write_one(
     };
     match write {
         Write::Journal(write) => Ok(journal_write(conn, &write).await?.map(|()| Written::Done)),
-        Write::JournalThen(write, update) => match journal_write(conn, &write).await? {
-            Ok(()) => Ok(Ok(Written::Then(replace(conn, update, announced).await?))),
+        Write::JournalThen(write, then) => match journal_write(conn, &write).await? {
+            Ok(()) => Ok(Ok(Written::Then(carry_out(conn, then, announced).await?))),
             Err(refused) => Ok(Err(refused)),
         },
         Write::Create { key, document } => {
@@ -183,6 +184,22 @@ async fn write_one(
                 .map_err(map_err)?;
             Ok(Ok(Written::Done))
         }
+    }
+}
+
+/// What a journal write carries out once done: the snapshot kept, then the document replaced
+/// (`Ok` when there is none).
+async fn carry_out(
+    conn: &mut SqliteConnection,
+    then: Then,
+    announced: &mut Vec<Change>,
+) -> Result<Result<(), Error>, Error> {
+    if let Some(row) = then.snapshot {
+        insert_snapshot(conn, &row.run, row.seq, &row.text).await?;
+    }
+    match then.update {
+        Some(update) => replace(conn, update, announced).await,
+        None => Ok(Ok(())),
     }
 }
 

@@ -5,10 +5,12 @@
 //! [`Store::complete_step_then`]: crate::store::Store::complete_step_then
 
 use super::{Fixed, Projected, Run, cost_of, written_run};
+use crate::engine::snapshots::KeptWithOutcome;
 use crate::engine::{Engine, Result};
 use crate::journal::{Completion, Intent, Outcome, Step};
 use crate::lifecycle::RunPhase;
 use crate::replay::Replay;
+use crate::snapshot::Stored;
 use crate::store::{self as store_api, Fence, InboxMessage};
 
 impl Engine {
@@ -22,7 +24,7 @@ impl Engine {
         seq: u32,
         outcome: Outcome,
     ) -> Result<()> {
-        self.complete_then(fixed, fence, replay, inbox, seq, outcome, None)
+        self.complete_then(fixed, fence, replay, inbox, seq, outcome, None, None)
             .await
             .map(drop)
     }
@@ -41,6 +43,7 @@ impl Engine {
         seq: u32,
         outcome: Outcome,
         status: Option<(&Run, RunPhase)>,
+        snapshot: Option<KeptWithOutcome>,
     ) -> Result<Option<Run>> {
         let Some(mut step) = replay.open(seq).cloned() else {
             return Err(self.missing_step(fixed, seq));
@@ -57,14 +60,12 @@ impl Engine {
             completed.completion = Some(completion.clone());
             self.step_span(ctx, fixed, replay, inbox, &completed)
         });
+        // The snapshot after the step, kept with its outcome.
+        let kept = snapshot.as_ref().map(|s| &s.stored);
         let written = match status {
             None => {
-                self.retrying(|| {
-                    self.deps
-                        .store
-                        .complete_step(&fixed.uid, fence, seq, &completion)
-                })
-                .await?;
+                self.outcome_alone(fixed, fence, seq, &completion, kept)
+                    .await?;
                 step.completion = Some(completion);
                 replay.apply(&step);
                 None
@@ -77,12 +78,8 @@ impl Engine {
                 match self.status_document(fixed, run, replay, phase).await? {
                     // Unchanged: the outcome alone.
                     Projected::Same => {
-                        self.retrying(|| {
-                            self.deps
-                                .store
-                                .complete_step(&fixed.uid, fence, seq, &completion)
-                        })
-                        .await?;
+                        self.outcome_alone(fixed, fence, seq, &completion, kept)
+                            .await?;
                         Some(run.clone())
                     }
                     Projected::Changed(object, document) => {
@@ -91,17 +88,38 @@ impl Engine {
                             expected_version: run.version,
                             document,
                         };
-                        let updated = self
-                            .retrying(|| {
-                                self.deps.store.complete_step_then(
-                                    &fixed.uid,
-                                    fence,
-                                    seq,
-                                    &completion,
-                                    then.clone(),
-                                )
-                            })
-                            .await?;
+                        let updated = match kept {
+                            None => {
+                                self.retrying(|| {
+                                    self.deps.store.complete_step_then(
+                                        &fixed.uid,
+                                        fence,
+                                        seq,
+                                        &completion,
+                                        then.clone(),
+                                    )
+                                })
+                                .await?
+                            }
+                            Some(stored) => self
+                                .retrying(|| {
+                                    self.deps.store.complete_step_kept(
+                                        &fixed.uid,
+                                        fence,
+                                        seq,
+                                        &completion,
+                                        stored,
+                                        Some(then.clone()),
+                                    )
+                                })
+                                .await?
+                                .ok_or_else(|| {
+                                    store_api::Error::Corrupt(
+                                        "a document write answered without its document"
+                                            .to_string(),
+                                    )
+                                })?,
+                        };
                         match updated {
                             Ok(record) => Some(written_run(*object, record.version)),
                             Err(store_api::Error::Conflict { .. }) => None,
@@ -115,6 +133,9 @@ impl Engine {
                 }
             }
         };
+        if let Some(snapshot) = snapshot {
+            self.kept_with_outcome(&fixed.uid, seq, snapshot);
+        }
         if let Some(Some(span)) = span {
             self.deps.spans.export(span);
         }
@@ -124,6 +145,36 @@ impl Engine {
                 .await?;
         }
         Ok(written)
+    }
+
+    /// The outcome of step `seq` without a document, with the snapshot after it when given.
+    async fn outcome_alone(
+        &self,
+        fixed: &Fixed,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+        kept: Option<&Stored>,
+    ) -> Result<()> {
+        match kept {
+            None => {
+                self.retrying(|| {
+                    self.deps
+                        .store
+                        .complete_step(&fixed.uid, fence, seq, completion)
+                })
+                .await?
+            }
+            Some(stored) => {
+                self.retrying(|| {
+                    self.deps
+                        .store
+                        .complete_step_kept(&fixed.uid, fence, seq, completion, stored, None)
+                })
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// The span of a completed step, with what a model call was sent read from `replay`

@@ -1,0 +1,375 @@
+//! What changed in working directories on the local file system, told by inotify: one
+//! inotify instance per backend, a watch on every directory of every watched working
+//! directory, and the paths its events name gathered per sandbox until the engine asks
+//! ([`nodus_core::Sandbox::changes`]), so that a snapshot after a command that changed nothing
+//! lists nothing.
+//!
+//! The kernel queues an event before the system call that caused it returns, so once a
+//! command has ended, everything it changed is in the queue. What inotify cannot tell makes
+//! the answer [`Changes::Unknown`] (the engine then lists the whole directory) and the watch
+//! is made again: the first call for a sandbox, a lost queue (`IN_Q_OVERFLOW`), a directory
+//! renamed (the paths of the watches below it are stale), the working directory itself moved
+//! or removed, a watch the kernel refuses (`max_user_watches`). What inotify does not see at
+//! all: writes through a shared memory mapping (no event until the file is written or its
+//! attributes change otherwise), and a file hard-linked from outside the working directory
+//! and changed there.
+
+use std::collections::{BTreeSet, HashMap};
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use nodus_core::sandbox::{Error, SandboxId};
+use nodus_core::snapshot::{Changes, FileStat};
+use rustix::fd::OwnedFd;
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
+
+use crate::archive;
+use crate::workdir::{blocking, canonical_dir};
+
+/// What each directory's watch reports: every change of an entry in it, and of itself.
+fn watch_flags() -> WatchFlags {
+    WatchFlags::MODIFY
+        | WatchFlags::ATTRIB
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::DONT_FOLLOW
+        | WatchFlags::ONLYDIR
+        | WatchFlags::EXCL_UNLINK
+}
+
+/// The working directories a backend watches. See the [module docs](self).
+#[derive(Debug, Default)]
+pub(crate) struct Watcher(Mutex<Watches>);
+
+#[derive(Debug, Default)]
+struct Watches {
+    /// The inotify instance, made at the first call; `Err` once it could not be made.
+    fd: Option<Result<OwnedFd, Errno>>,
+    /// Each watch: its sandbox and directory (relative to the working directory, `""` for
+    /// the working directory itself).
+    by_wd: HashMap<i32, (String, String)>,
+    /// What is known of each sandbox asked about.
+    sandboxes: HashMap<String, Tracked>,
+}
+
+#[derive(Debug)]
+enum Tracked {
+    /// Watched since the last call: its directories' watches, and the paths changed since.
+    Watching {
+        root: PathBuf,
+        dirs: HashMap<String, i32>,
+        changed: BTreeSet<String>,
+    },
+    /// Watched, but its events cannot be trusted since the last call: made again next time.
+    Lost,
+    /// The kernel refused a watch: never asked again (each call answers `Unknown`).
+    Refused,
+}
+
+impl Watcher {
+    /// What changed in the working directory `root` of sandbox `id` since the last call for
+    /// it. Blocking (it reads and lists the file system): call it off the async threads.
+    pub(crate) fn changes(&self, id: &str, root: &Path) -> Result<Changes, Error> {
+        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        watches.drain();
+        let changed = match watches.sandboxes.get_mut(id) {
+            Some(Tracked::Watching { changed, .. }) => std::mem::take(changed),
+            Some(Tracked::Refused) => return Ok(Changes::Unknown),
+            Some(Tracked::Lost) | None => {
+                watches.watch(id, root);
+                return Ok(Changes::Unknown);
+            }
+        };
+        watches.stat(id, changed)
+    }
+
+    /// [`Watcher::changes`] of sandbox `id`, whose working directory is `dir` (made
+    /// canonical here), off the async threads.
+    pub(crate) async fn changes_of(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        dir: PathBuf,
+    ) -> Result<Changes, Error> {
+        let (watcher, id) = (Arc::clone(self), id.clone());
+        blocking(move || {
+            let dir = canonical_dir(&dir, &id)?;
+            watcher.changes(&id.0, &dir)
+        })
+        .await
+    }
+
+    /// Stop watching a sandbox (it is being removed).
+    pub(crate) fn forget(&self, id: &str) {
+        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        watches.unwatch(id);
+        watches.sandboxes.remove(id);
+    }
+}
+
+impl Watches {
+    /// Gather what the queue holds into each sandbox's changed paths.
+    fn drain(&mut self) {
+        let Some(Ok(fd)) = &self.fd else {
+            return;
+        };
+        let mut events: Vec<(i32, ReadFlags, Option<Vec<u8>>)> = Vec::new();
+        let mut buf = [MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let mut reader = inotify::Reader::new(fd, &mut buf);
+        let mut lost = false;
+        loop {
+            match reader.next() {
+                Ok(event) => events.push((
+                    event.wd(),
+                    event.events(),
+                    event.file_name().map(|name| name.to_bytes().to_vec()),
+                )),
+                Err(Errno::WOULDBLOCK) => break,
+                Err(Errno::INTR) => {}
+                Err(_) => {
+                    lost = true;
+                    break;
+                }
+            }
+        }
+        for (wd, flags, name) in events {
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                lost = true;
+                continue;
+            }
+            self.note(wd, flags, name.as_deref());
+        }
+        if lost {
+            let watching: Vec<String> = self
+                .sandboxes
+                .iter()
+                .filter(|(_, tracked)| matches!(tracked, Tracked::Watching { .. }))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in watching {
+                self.lose(&id);
+            }
+        }
+    }
+
+    /// Stop trusting sandbox `id`'s watches: removed, and made again next time.
+    fn lose(&mut self, id: &str) {
+        self.unwatch(id);
+        self.sandboxes.insert(id.to_string(), Tracked::Lost);
+    }
+
+    /// One event: the path it names is changed for its sandbox, or the sandbox is lost.
+    fn note(&mut self, wd: i32, flags: ReadFlags, name: Option<&[u8]>) {
+        let Some((id, dir)) = self.by_wd.get(&wd).cloned() else {
+            return;
+        };
+        if flags.contains(ReadFlags::IGNORED) {
+            // The directory is gone (its removal is told by its parent's watch).
+            self.by_wd.remove(&wd);
+            if let Some(Tracked::Watching { dirs, .. }) = self.sandboxes.get_mut(&id)
+                && dirs.get(&dir) == Some(&wd)
+            {
+                dirs.remove(&dir);
+            }
+            return;
+        }
+        let renamed_dir = flags.contains(ReadFlags::ISDIR) && flags.contains(ReadFlags::MOVED_FROM);
+        let root_moved = dir.is_empty()
+            && (flags.contains(ReadFlags::DELETE_SELF) || flags.contains(ReadFlags::MOVE_SELF));
+        // A name that is not UTF-8 is listed under another (lossy) name: only a whole
+        // listing gives it as the listing does.
+        let name = match name.map(std::str::from_utf8) {
+            Some(Ok(name)) => Some(name),
+            Some(Err(_)) => {
+                self.lose(&id);
+                return;
+            }
+            None => None,
+        };
+        if renamed_dir || root_moved {
+            self.lose(&id);
+            return;
+        }
+        let (Some(Tracked::Watching { changed, .. }), Some(name)) =
+            (self.sandboxes.get_mut(&id), name)
+        else {
+            return;
+        };
+        // An entry made, removed or renamed changes its directory's time too (the working
+        // directory itself is not listed).
+        let entries_changed =
+            ReadFlags::CREATE | ReadFlags::DELETE | ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO;
+        if flags.intersects(entries_changed) && !dir.is_empty() {
+            changed.insert(dir.clone());
+        }
+        changed.insert(if dir.is_empty() {
+            name.to_string()
+        } else {
+            format!("{dir}/{name}")
+        });
+    }
+
+    /// Watch every directory of sandbox `id`'s working directory `root`, from nothing.
+    fn watch(&mut self, id: &str, root: &Path) {
+        self.unwatch(id);
+        let fd = match self
+            .fd
+            .get_or_insert_with(|| inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK))
+        {
+            Ok(fd) => &*fd,
+            Err(_) => {
+                self.sandboxes.insert(id.to_string(), Tracked::Refused);
+                return;
+            }
+        };
+        let mut dirs = HashMap::new();
+        let mut stack = vec![String::new()];
+        while let Some(rel) = stack.pop() {
+            let full = if rel.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(&rel)
+            };
+            // Watched before it is read: an entry made after this is told, one made before
+            // is listed.
+            match inotify::add_watch(fd, &full, watch_flags()) {
+                Ok(wd) => {
+                    self.by_wd.insert(wd, (id.to_string(), rel.clone()));
+                    dirs.insert(rel.clone(), wd);
+                }
+                // Gone meanwhile: its removal is told by its parent's watch.
+                Err(Errno::NOENT | Errno::NOTDIR) => continue,
+                Err(_) => {
+                    for wd in dirs.into_values() {
+                        let _ = inotify::remove_watch(fd, wd);
+                        self.by_wd.remove(&wd);
+                    }
+                    self.sandboxes.insert(id.to_string(), Tracked::Refused);
+                    return;
+                }
+            }
+            if let Ok(children) = std::fs::read_dir(&full) {
+                for child in children.flatten() {
+                    if child.file_type().is_ok_and(|t| t.is_dir()) {
+                        let name = child.file_name().to_string_lossy().into_owned();
+                        stack.push(if rel.is_empty() {
+                            name
+                        } else {
+                            format!("{rel}/{name}")
+                        });
+                    }
+                }
+            }
+        }
+        self.sandboxes.insert(
+            id.to_string(),
+            Tracked::Watching {
+                root: root.to_path_buf(),
+                dirs,
+                changed: BTreeSet::new(),
+            },
+        );
+    }
+
+    /// Remove sandbox `id`'s watches.
+    fn unwatch(&mut self, id: &str) {
+        let fd = match &self.fd {
+            Some(Ok(fd)) => fd,
+            _ => return,
+        };
+        self.by_wd.retain(|wd, (of, _)| {
+            let keep = of != id;
+            if !keep {
+                let _ = inotify::remove_watch(fd, *wd);
+            }
+            keep
+        });
+    }
+
+    /// The changed paths of sandbox `id` as the listing would give them: each present one
+    /// (a directory not watched yet, that is new, watched and with everything under it),
+    /// and those gone.
+    fn stat(&mut self, id: &str, changed: BTreeSet<String>) -> Result<Changes, Error> {
+        let root = match self.sandboxes.get(id) {
+            Some(Tracked::Watching { root, .. }) => root.clone(),
+            _ => return Ok(Changes::Unknown),
+        };
+        let mut present: Vec<FileStat> = Vec::new();
+        let mut gone = Vec::new();
+        for path in changed {
+            // A path under a new directory listed whole below may still be gone: one of the
+            // directory that was there before under the same name.
+            let Some(stat) = archive::stat_one(&root, Path::new(&path))? else {
+                gone.push(path);
+                continue;
+            };
+            let new_dir = stat.mode & nodus_core::snapshot::TYPE_BITS
+                == nodus_core::snapshot::DIRECTORY
+                && !self.watches_dir(id, &path);
+            present.push(stat);
+            if new_dir {
+                if !self.watch_below(id, &root, &path) {
+                    return Ok(Changes::Unknown);
+                }
+                archive::list_below(&root, PathBuf::from(&path), &mut present)?;
+            }
+        }
+        present.sort_by(|a, b| a.path.cmp(&b.path));
+        present.dedup_by(|a, b| a.path == b.path);
+        Ok(Changes::Known { present, gone })
+    }
+
+    fn watches_dir(&self, id: &str, rel: &str) -> bool {
+        matches!(self.sandboxes.get(id), Some(Tracked::Watching { dirs, .. }) if dirs.contains_key(rel))
+    }
+
+    /// Watch the new directory `rel` of sandbox `id` and every directory under it; `false`
+    /// (and the sandbox made again next time) when the kernel refuses.
+    fn watch_below(&mut self, id: &str, root: &Path, rel: &str) -> bool {
+        let Some(Ok(fd)) = &self.fd else {
+            return false;
+        };
+        let mut added = Vec::new();
+        let mut stack = vec![rel.to_string()];
+        let mut refused = false;
+        while let Some(rel) = stack.pop() {
+            let full = root.join(&rel);
+            match inotify::add_watch(fd, &full, watch_flags()) {
+                Ok(wd) => added.push((rel.clone(), wd)),
+                Err(Errno::NOENT | Errno::NOTDIR) => continue,
+                Err(_) => {
+                    refused = true;
+                    break;
+                }
+            }
+            if let Ok(children) = std::fs::read_dir(&full) {
+                for child in children.flatten() {
+                    if child.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(format!("{rel}/{}", child.file_name().to_string_lossy()));
+                    }
+                }
+            }
+        }
+        for (rel, wd) in &added {
+            self.by_wd.insert(*wd, (id.to_string(), rel.clone()));
+        }
+        if refused {
+            // Made again next time, from nothing.
+            self.lose(id);
+            return false;
+        }
+        match self.sandboxes.get_mut(id) {
+            Some(Tracked::Watching { dirs, .. }) => {
+                dirs.extend(added);
+                true
+            }
+            _ => false,
+        }
+    }
+}
