@@ -46,6 +46,10 @@ const COMMANDS: [&str; 5] = [
     "head -c 4000000 /dev/urandom > huge.bin",
 ];
 
+/// A command that shows a working directory (modes, sizes, contents, links) and changes
+/// nothing in it.
+const SHOW: &str = "stat -c '%a %s %n' a.txt d/* && cat a.txt && stat -c '%N' link";
+
 fn steps(server: &ServerProcess, run: &str) -> Vec<Value> {
     let (status, body) = server.http(
         "GET",
@@ -162,8 +166,9 @@ async fn forks_from_a_command_step(backend: Backend) {
         "{fifth}"
     );
 
-    // The fork after the third command: it runs `true` (which changes nothing), then answers.
-    fake.push(Fake::Message(FakeMessage::tool_use("f1", "true")));
+    // The fork after the third command: it shows its working directory (changing nothing),
+    // then answers.
+    fake.push(Fake::Message(FakeMessage::tool_use("f1", SHOW)));
     fake.push(Fake::Message(FakeMessage::text("Forked.")));
     let out = server.ok(&[
         "agentrun",
@@ -198,6 +203,22 @@ async fn forks_from_a_command_step(backend: Backend) {
     // conversation up to the third command and not past it.
     let requests = fake.requests();
     assert_eq!(requests.len(), 8, "two calls for the fork");
+    // What it found is the source's directory after its third command, not only what the
+    // snapshot recorded: the mode changed, the file removed, the link made by the third.
+    let shown = requests[7].body["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .map(|last| last["content"][0]["content"].to_string())
+        .unwrap_or_else(|| panic!("the fork's tool result: {}", requests[7].body));
+    for expected in [
+        "755 9 a.txt",
+        "644 4 d/b.txt",
+        "one\\nmore",
+        "'link' -> 'a.txt'",
+    ] {
+        assert!(shown.contains(expected), "{expected:?} in {shown}");
+    }
+    assert!(!shown.contains("c.txt"), "{shown}");
     assert_eq!(results_in(&requests[6].body), vec!["c1", "c2", "c3"]);
     assert_eq!(requests[6].body["model"], "claude-sonnet-5-5");
 
