@@ -97,12 +97,28 @@ impl Watcher {
         id: &SandboxId,
         dir: PathBuf,
     ) -> Result<Changes, Error> {
+        // Most often nothing changed: told here, without a trip to the blocking pool (the
+        // queue is read without blocking).
+        if self.nothing_changed(&id.0) {
+            return Ok(Changes::Known {
+                present: Vec::new(),
+                gone: Vec::new(),
+            });
+        }
         let (watcher, id) = (Arc::clone(self), id.clone());
         blocking(move || {
             let dir = canonical_dir(&dir, &id)?;
             watcher.changes(&id.0, &dir)
         })
         .await
+    }
+
+    /// Whether sandbox `id` is watched and nothing changed since the last call (which this
+    /// call then is): nothing but a read of the queue that does not block.
+    fn nothing_changed(&self, id: &str) -> bool {
+        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        watches.drain();
+        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, .. }) if changed.is_empty())
     }
 
     /// Stop watching a sandbox (it is being removed).
