@@ -111,7 +111,7 @@ pub const DISK: &[(&str, Case)] = cases![disk_limit_stops_writers];
 pub const LIVE: &[(&str, Case)] = cases![killed_between_commands, suspended_holds_no_process];
 
 /// The cases of a backend that watches its working directories (they are on the server's
-/// file system): the unisolated one and bubblewrap.
+/// file system): the unisolated one, bubblewrap, and Docker with a local engine as root.
 pub const WATCHED: &[(&str, Case)] = cases![changes_are_told];
 
 /// Runs [`COMMON`].

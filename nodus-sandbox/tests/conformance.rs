@@ -132,6 +132,8 @@ mod docker {
     nodus_sandbox::conformance_tests!(all, backend);
     nodus_sandbox::conformance_tests!(disk, backend);
     nodus_sandbox::conformance_tests!(live, backend);
+    // A local engine, as root: its volumes are read and watched on this host.
+    nodus_sandbox::conformance_tests!(watched, backend);
 }
 
 mod unisolated {

@@ -249,6 +249,23 @@ impl Sandbox for DockerHosts {
             .await
     }
 
+    async fn list_files(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
+        self.hosts[self.host_of(id).await?]
+            .sandbox
+            .list_files(id)
+            .await
+    }
+
+    async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
+        self.hosts[self.host_of(id).await?]
+            .sandbox
+            .changes(id)
+            .await
+    }
+
     /// A sandbox whose engine is gone is deleted as far as this process can: nothing is left
     /// to do here (the engine's own restart policy is the operator's).
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {

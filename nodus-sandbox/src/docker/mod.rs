@@ -85,6 +85,7 @@ mod channel;
 mod create;
 mod egress;
 mod exec;
+mod host_dir;
 mod hosts;
 
 pub use egress::{DEFAULT_NETWORK as DEFAULT_EGRESS_NETWORK, DockerEgress};
@@ -220,6 +221,10 @@ pub struct DockerSandbox {
     engine_cpus: CpuSet,
     /// The way to the egress proxy, when the configuration gives one.
     egress: Option<Arc<egress::Egress>>,
+    /// Each sandbox's working directory on this host, when it can be read here.
+    host_dirs: Arc<Mutex<HashMap<String, Option<PathBuf>>>>,
+    /// What changed in those directories.
+    watcher: Arc<crate::watch::Watcher>,
 }
 
 impl DockerSandbox {
@@ -264,6 +269,8 @@ impl DockerSandbox {
             created: Arc::default(),
             slots: Arc::default(),
             engine_cpus,
+            host_dirs: Arc::default(),
+            watcher: Arc::default(),
         })
     }
 
@@ -801,6 +808,17 @@ impl Sandbox for DockerSandbox {
         }
     }
 
+    async fn list_files(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
+        self.list_host_or_archive(id).await
+    }
+
+    async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
+        self.changes_on_host(id).await
+    }
+
     async fn get_files(
         &self,
         id: &SandboxId,
@@ -900,6 +918,7 @@ impl Sandbox for DockerSandbox {
         if let Some(egress) = &self.egress {
             egress.close(key);
         }
+        self.forget_host_dir(id);
         let made_here = self
             .created
             .lock()
