@@ -76,6 +76,52 @@ async fn engine(
     (engine, store)
 }
 
+/// With `NODUS_BENCH_BALLAST=1`, the run with snapshots off starts on a store that holds what
+/// the first snapshot of the run with them on stores (1,000 contents of 100 KB, 100 MB, from
+/// another run), so that the two differ by the snapshots of each step alone, not by the size
+/// of the database and of what the process allocated.
+async fn ballast(store: &SqliteStore) {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut entries = Vec::new();
+    let mut blobs = Vec::new();
+    for i in 0..1000 {
+        let bytes: Vec<u8> = (0..100_000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect();
+        let blob = nodus_core::snapshot::Blob::of(bytes);
+        entries.push(nodus_core::snapshot::Entry {
+            path: format!("f{i}"),
+            mode: nodus_core::snapshot::REGULAR | 0o644,
+            size: 100_000,
+            digest: blob.digest.clone(),
+            mtime_ns: 1,
+        });
+        blobs.push(blob);
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    let snapshot = nodus_core::snapshot::Snapshot::Taken {
+        manifest: nodus_core::snapshot::Manifest {
+            entries,
+            listed_at_ns: 1,
+        },
+        used_bytes: 100_000_000,
+    };
+    store
+        .put_snapshot(
+            "ballast",
+            0,
+            &nodus_core::snapshot::Stored::of(None, 0, snapshot),
+            &blobs,
+        )
+        .await
+        .expect("ballast");
+}
+
 /// The run's command steps: (command, duration from intent to outcome, start).
 async fn run(
     snapshots: bool,
@@ -83,6 +129,9 @@ async fn run(
 ) -> (Vec<Step3>, tempfile::TempDir, Engine, SqliteStore) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (engine, store) = engine(dir.path(), snapshots, script).await;
+    if !snapshots && std::env::var("NODUS_BENCH_BALLAST").is_ok_and(|v| v == "1") {
+        ballast(&store).await;
+    }
     let mut spec = AgentSpec::new("bench");
     spec.max_tool_calls = 100;
     engine
@@ -172,8 +221,15 @@ async fn main() {
 async fn per_command() {
     println!("per command step, median of {ROUNDS} (snapshots off | on | cost | cost / off):");
     for pair in 1..=PAIRS {
-        let (off, _off_dir, _, _) = run(false, script()).await;
-        let (on, _on_dir, _, _) = run(true, script()).await;
+        // `NODUS_BENCH_SAME=off` (or `on`) runs both sides alike: what the bench's order alone
+        // makes of the difference.
+        let (first, second) = match std::env::var("NODUS_BENCH_SAME").as_deref() {
+            Ok("off") => (false, false),
+            Ok("on") => (true, true),
+            _ => (false, true),
+        };
+        let (off, _off_dir, _, _) = run(first, script()).await;
+        let (on, _on_dir, _, _) = run(second, script()).await;
         for command in ["true", "echo x >> f1"] {
             for (what, measure) in [
                 ("step", of as fn(&[Step3], &str) -> Duration),
