@@ -216,10 +216,18 @@ impl Engine {
                 serde_json::json!({ "omitted": format!("the sandbox could not give it: {e}") })
             }
         };
-        let written = match self.deps.store.create(&key, document.clone()).await {
+        // Each store call tried again while the store is unavailable, as the executor's
+        // others: the directory is packed already, and the sandbox goes once this returns.
+        let created = self
+            .retrying(|| self.deps.store.create(&key, document.clone()))
+            .await;
+        let written = match created {
             // The document holds the staged input (kept when the run was created), or the
             // output kept before a crash.
-            Err(store::Error::AlreadyExists(_)) => match self.deps.store.get(&key).await {
+            Err(store::Error::AlreadyExists(_)) => match self
+                .retrying(|| self.deps.store.get(&key))
+                .await
+            {
                 Ok(record)
                     if record.document.get("archiveBase64").is_some()
                         || record.document.get("omitted").is_some() =>
@@ -233,7 +241,8 @@ impl Engine {
                     {
                         merged.extend(output);
                     }
-                    self.deps.store.update(&key, record.version, merged).await
+                    self.retrying(|| self.deps.store.update(&key, record.version, merged.clone()))
+                        .await
                 }
                 Err(e) => Err(e),
             },
