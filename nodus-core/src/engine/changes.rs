@@ -28,8 +28,14 @@ struct Shared {
 #[derive(Debug)]
 struct Watched {
     watchers: usize,
-    changed: watch::Sender<()>,
+    /// The highest version of the document notified while it is watched ([`DELETED`] once
+    /// deleted or when notifications were lost).
+    changed: watch::Sender<u64>,
 }
+
+/// What a watch holds once the document was deleted or notifications were lost: later than
+/// any version, so that a holder of the document always reads it again.
+const DELETED: u64 = u64::MAX;
 
 impl Shared {
     fn watched(&self) -> MutexGuard<'_, HashMap<ObjectKey, Watched>> {
@@ -39,12 +45,14 @@ impl Shared {
 
 /// One watcher of one key: [`KeyWatch::changed`] resolves after each change of the document
 /// (written or deleted) notified since the watch began or since it last resolved, and after
-/// notifications were lost (a lagging subscriber), when the document may have changed.
+/// notifications were lost (a lagging subscriber), when the document may have changed;
+/// [`KeyWatch::notified`] says the highest version notified, so that a holder of the
+/// document as read or written after the watch began reads it again only when it is older.
 #[derive(Debug)]
 pub(super) struct KeyWatch {
     key: ObjectKey,
     shared: Arc<Shared>,
-    changed: watch::Receiver<()>,
+    changed: watch::Receiver<u64>,
 }
 
 impl KeyChanges {
@@ -54,7 +62,7 @@ impl KeyChanges {
             let mut watched = self.shared.watched();
             let entry = watched.entry(key.clone()).or_insert_with(|| Watched {
                 watchers: 0,
-                changed: watch::channel(()).0,
+                changed: watch::channel(0).0,
             });
             entry.watchers += 1;
             entry.changed.subscribe()
@@ -93,6 +101,28 @@ impl KeyWatch {
             std::future::pending::<()>().await;
         }
     }
+
+    /// The highest version of the document notified since the first watch of the key
+    /// began (`u64::MAX` once it was deleted or notifications were lost); the changes up to
+    /// it count as seen by [`KeyWatch::changed`].
+    pub(super) fn notified(&mut self) -> u64 {
+        *self.changed.borrow_and_update()
+    }
+
+    /// Another watch of the same key that knows what this one was notified of (a running
+    /// command's, from its drive's): it resolves at changes after this call only.
+    pub(super) fn again(&self) -> KeyWatch {
+        if let Some(entry) = self.shared.watched().get_mut(&self.key) {
+            entry.watchers += 1;
+        }
+        let mut changed = self.changed.clone();
+        changed.mark_unchanged();
+        KeyWatch {
+            key: self.key.clone(),
+            shared: self.shared.clone(),
+            changed,
+        }
+    }
 }
 
 impl Drop for KeyWatch {
@@ -128,14 +158,21 @@ async fn hand_out(mut changes: broadcast::Receiver<Change>, shared: Weak<Shared>
         };
         let watched = shared.watched();
         match change {
-            Ok(Change::Written(key, _) | Change::Deleted(key)) => {
+            Ok(Change::Written(key, version)) => {
                 if let Some(entry) = watched.get(&key) {
-                    entry.changed.send_replace(());
+                    entry
+                        .changed
+                        .send_modify(|notified| *notified = (*notified).max(version));
+                }
+            }
+            Ok(Change::Deleted(key)) => {
+                if let Some(entry) = watched.get(&key) {
+                    entry.changed.send_replace(DELETED);
                 }
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
                 for entry in watched.values() {
-                    entry.changed.send_replace(());
+                    entry.changed.send_replace(DELETED);
                 }
             }
             Err(broadcast::error::RecvError::Closed) => return,
@@ -184,6 +221,54 @@ mod tests {
         assert!(resolves(&mut mine).await, "a deletion wakes it too");
         drop(mine);
         drop(other);
+        assert!(changes.shared.watched().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_watch_says_the_highest_version_notified_and_another_one_wakes_only_after_it() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let changes = KeyChanges::default();
+        let mut drive = changes.watch(&store, &key("a"));
+        assert_eq!(drive.notified(), 0, "nothing notified yet");
+        store
+            .create(&key("a"), serde_json::json!({}))
+            .await
+            .expect("create");
+        store
+            .update(&key("a"), 1, serde_json::json!({"x": 1}))
+            .await
+            .expect("update");
+        assert!(resolves(&mut drive).await);
+        assert_eq!(drive.notified(), 2, "the highest version notified");
+        let mut command = drive.again();
+        assert_eq!(
+            command.notified(),
+            2,
+            "it knows what the first was notified of"
+        );
+        assert!(
+            !resolves(&mut command).await,
+            "changes before it do not wake it"
+        );
+        store
+            .update(&key("a"), 2, serde_json::json!({"x": 2}))
+            .await
+            .expect("update");
+        assert!(resolves(&mut command).await, "a later change does");
+        assert_eq!(command.notified(), 3);
+        store.delete(&key("a")).await.expect("delete");
+        assert!(resolves(&mut command).await);
+        assert_eq!(
+            command.notified(),
+            u64::MAX,
+            "deleted: later than any version"
+        );
+        drop(drive);
+        assert!(
+            !changes.shared.watched().is_empty(),
+            "the key stays watched while one of its watches lives"
+        );
+        drop(command);
         assert!(changes.shared.watched().is_empty());
     }
 

@@ -134,6 +134,9 @@ impl Engine {
 
     /// Drive a run whose lease this drive holds under `fence`, and give the lease up after.
     async fn drive_claimed(&self, fixed: &Fixed, fence: Fence) -> Result<Driven> {
+        // Watched from before the drive reads the run, so that what it holds (the run as it
+        // last read or wrote it) is known to be current until a later version is notified.
+        let watch = self.key_changes.watch(&self.deps.store, &fixed.key);
         let journal = match self.deps.store.journal(&fixed.uid).await {
             Ok(journal) => journal,
             Err(error) => {
@@ -187,7 +190,7 @@ impl Engine {
         };
         let driven = tokio::select! {
             biased;
-            driven = self.drive_loop(fixed, fence, &mut replay) => driven,
+            driven = self.drive_loop(fixed, fence, &mut replay, &watch) => driven,
             () = renewing => unreachable_renewal(),
         };
         if !matches!(
@@ -330,7 +333,13 @@ impl Engine {
             .await
     }
 
-    async fn drive_loop(&self, fixed: &Fixed, fence: Fence, replay: &mut Replay) -> Result<Driven> {
+    async fn drive_loop(
+        &self,
+        fixed: &Fixed,
+        fence: Fence,
+        replay: &mut Replay,
+        watch: &super::changes::KeyWatch,
+    ) -> Result<Driven> {
         // The run as this loop last wrote it, with its inbox: while nobody else writes the run
         // (a message or a cancel request bumps its version, so the next status write is
         // refused and the loop reads again), there is nothing new to read.
@@ -458,7 +467,7 @@ impl Engine {
                 return Err(self.missing_step(fixed, seq));
             };
             let input = self.input(fixed, &run.object, &inbox, replay, now);
-            let effect = self.perform(fixed, &input, &run.object, &intent, key).await;
+            let effect = self.perform(fixed, &input, &run, watch, &intent, key).await;
             let target = decide::phase_after(target, &effect)?;
             match effect {
                 Effect::Done(outcome) => {
@@ -671,11 +680,13 @@ impl Engine {
         &self,
         fixed: &Fixed,
         input: &RunInput<'_>,
-        run: &AgentRun,
+        held: &Run,
+        watch: &super::changes::KeyWatch,
         intent: &Intent,
         key: Option<SecretString>,
     ) -> Effect {
         let replay = input.replay;
+        let run = &held.object;
         match intent {
             Intent::CreateSandbox { spec } => {
                 let environment = fixed.snapshot.environment.as_ref();
@@ -715,7 +726,7 @@ impl Engine {
                     output_cap: self.config.limits.output_cap_bytes,
                 };
                 // Watched from before the command starts, so no cancellation is missed.
-                let changes = self.key_changes.watch(&self.deps.store, &fixed.key);
+                let changes = watch.again();
                 let live: Arc<dyn LiveOutput> = Arc::new(super::live::CommandOutput {
                     followed: self.followed.clone(),
                     uid: fixed.uid.clone(),
@@ -782,7 +793,7 @@ impl Engine {
                 let executed = tokio::select! {
                     biased;
                     executed = exec => executed,
-                    end = self.ending(fixed, &run.spec, replay, changes) => {
+                    end = self.ending(fixed, held, replay, changes) => {
                         tracing::info!(run = %fixed.key, ending = %end, "stopped a command: the run is ending");
                         return Effect::Done(Outcome::Stopped {
                             reason: format!("the run is ending ({end}); its processes were killed"),
@@ -830,29 +841,40 @@ impl Engine {
     /// Resolves, with how the run ends, once the run is to end while one of its steps is
     /// under way: a cancellation recorded on it (a run deleted meanwhile counts as cancelled)
     /// or its time limit reached. Whether it ends is [`decide::ending`]'s answer; this only
-    /// watches for the moment to ask: the run as stored now, each change to it, and the time
-    /// limit. Never resolves otherwise.
+    /// watches for the moment to ask: the run as the drive holds it (`held`, read or written
+    /// after the drive's watch began), the run as stored at each change notified with a later
+    /// version (the drive's own writes are not read again), and the time limit. Never
+    /// resolves otherwise.
     async fn ending(
         &self,
         fixed: &Fixed,
-        spec: &crate::resource::AgentRunSpec,
+        held: &Run,
         replay: &Replay,
         mut changes: super::changes::KeyWatch,
     ) -> RunPhase {
         let clock = &self.deps.clock;
+        let spec = &held.object.spec;
         let watch = async {
+            let mut read = held.version;
+            let mut cancel = held.object.status.cancel_requested;
             loop {
-                let cancel = match self.deps.store.get(&fixed.key).await {
-                    Ok(record) => typed::decode::<crate::resource::AgentRunSpec>(record)
-                        .ok()
-                        .and_then(|run| run.object.status.cancel_requested),
-                    Err(store_api::Error::NotFound(_)) => {
-                        Some(crate::lifecycle::CancelReason::CancelRequested)
+                if changes.notified() > read {
+                    match self.deps.store.get(&fixed.key).await {
+                        Ok(record) => {
+                            read = record.version;
+                            cancel = typed::decode::<crate::resource::AgentRunSpec>(record)
+                                .ok()
+                                .and_then(|run| run.object.status.cancel_requested);
+                        }
+                        Err(store_api::Error::NotFound(_)) => {
+                            read = u64::MAX;
+                            cancel = Some(crate::lifecycle::CancelReason::CancelRequested);
+                        }
+                        // The store is unavailable: the command goes on, and the next change
+                        // looks again.
+                        Err(_) => cancel = None,
                     }
-                    // The store is unavailable: the command goes on, and the next change
-                    // looks again.
-                    Err(_) => None,
-                };
+                }
                 if let Some(end) = decide::ending(spec, replay, cancel, clock.now()) {
                     return end;
                 }

@@ -192,23 +192,12 @@ impl Engine {
 
     /// Keep the final working directory of `run` (whose sandbox is `sandbox`), once: a repeat
     /// after a crash finds it kept. Best effort: a failure is kept as the reason.
+    ///
+    /// Most runs have no such document yet (no staged input, no pinned Secrets): the kept
+    /// directory is created without a read first; only when the document exists is it read,
+    /// and merged into unless it holds the output already (a repeat after a crash).
     pub(super) async fn keep_workdir(&self, run: &ObjectKey, sandbox: &SandboxId) {
         let key = workdir_archive_key(run);
-        // The document may hold the staged input already (kept when the run was created).
-        let existing = match self.deps.store.get(&key).await {
-            Ok(record)
-                if record.document.get("archiveBase64").is_some()
-                    || record.document.get("omitted").is_some() =>
-            {
-                return;
-            }
-            Ok(record) => Some(record),
-            Err(store::Error::NotFound(_)) => None,
-            Err(e) => {
-                tracing::warn!(run = %run, error = %e, "cannot look for a kept working directory");
-                None
-            }
-        };
         // The sandbox stops packing at the cap: no more than it is ever held.
         let packed = self
             .deps
@@ -227,20 +216,40 @@ impl Engine {
                 serde_json::json!({ "omitted": format!("the sandbox could not give it: {e}") })
             }
         };
-        let written = match existing {
-            Some(record) => {
-                let mut merged = record.document;
-                if let (Some(merged), serde_json::Value::Object(output)) =
-                    (merged.as_object_mut(), document)
+        // Each store call tried again while the store is unavailable, as the executor's
+        // others: the directory is packed already, and the sandbox goes once this returns.
+        let created = self
+            .retrying(|| self.deps.store.create(&key, document.clone()))
+            .await;
+        let written = match created {
+            // The document holds the staged input (kept when the run was created), or the
+            // output kept before a crash.
+            Err(store::Error::AlreadyExists(_)) => match self
+                .retrying(|| self.deps.store.get(&key))
+                .await
+            {
+                Ok(record)
+                    if record.document.get("archiveBase64").is_some()
+                        || record.document.get("omitted").is_some() =>
                 {
-                    merged.extend(output);
+                    return;
                 }
-                self.deps.store.update(&key, record.version, merged).await
-            }
-            None => self.deps.store.create(&key, document).await,
+                Ok(record) => {
+                    let mut merged = record.document;
+                    if let (Some(merged), serde_json::Value::Object(output)) =
+                        (merged.as_object_mut(), document)
+                    {
+                        merged.extend(output);
+                    }
+                    self.retrying(|| self.deps.store.update(&key, record.version, merged.clone()))
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+            other => other,
         };
         match written {
-            Ok(_) | Err(store::Error::AlreadyExists(_) | store::Error::Conflict { .. }) => {}
+            Ok(_) | Err(store::Error::Conflict { .. }) => {}
             Err(e) => {
                 tracing::warn!(run = %run, error = %e, "cannot keep the final working directory")
             }

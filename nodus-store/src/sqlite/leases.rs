@@ -9,7 +9,9 @@ use super::SqliteStore;
 use super::write::Write;
 use crate::sql::{self, map_err};
 
-/// Grant `lease` on a run inside a write transaction.
+/// Grant `lease` on a run inside a write transaction: one statement when it is granted (the
+/// row made, or taken with its fence bumped where nobody else holds an unexpired lease), a
+/// second to say why only when it is refused.
 pub(super) async fn grant(
     conn: &mut SqliteConnection,
     run_uid: &str,
@@ -17,61 +19,41 @@ pub(super) async fn grant(
 ) -> Result<Fence, Error> {
     let expires_at = sql::nanos(lease.expires_at()?)?;
     let now = sql::nanos(lease.now)?;
-    let row = sqlx::query("SELECT fence, owner, expires_at FROM leases WHERE run_uid = ?")
-        .bind(run_uid)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map_err)?;
-    let fence = match row {
-        None => 1,
-        Some(row) => {
-            let fence: i64 = row.try_get(0).map_err(map_err)?;
-            let owner: Option<String> = row.try_get(1).map_err(map_err)?;
-            let until: i64 = row.try_get(2).map_err(map_err)?;
-            if let Some(owner) = owner.filter(|o| *o != lease.owner && until > now) {
-                return Err(Error::Leased {
-                    run: run_uid.to_string(),
-                    owner,
-                    until: sql::from_nanos(until)?,
-                });
-            }
-            fence.checked_add(1).ok_or_else(|| {
-                Error::Corrupt(format!("run {run_uid}: no fence is left to claim"))
-            })?
-        }
-    };
-    sqlx::query(
-        "INSERT INTO leases (run_uid, fence, owner, expires_at) VALUES (?, ?, ?, ?) \
-         ON CONFLICT (run_uid) DO UPDATE SET fence = excluded.fence, owner = excluded.owner, \
-         expires_at = excluded.expires_at",
+    let granted: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO leases (run_uid, fence, owner, expires_at) VALUES (?1, 1, ?2, ?3) \
+         ON CONFLICT (run_uid) DO UPDATE SET fence = leases.fence + 1, owner = excluded.owner, \
+         expires_at = excluded.expires_at \
+         WHERE (leases.owner IS NULL OR leases.owner = excluded.owner OR leases.expires_at <= ?4) \
+         AND leases.fence < 9223372036854775807 \
+         RETURNING fence",
     )
     .bind(run_uid)
-    .bind(fence)
     .bind(&lease.owner)
     .bind(expires_at)
-    .execute(&mut *conn)
+    .bind(now)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(map_err)?;
-    Ok(Fence(sql::to_u64(fence, "a fence")?))
-}
-
-/// Refuse unless `fence` is the run's latest.
-pub(super) async fn check_fence(
-    conn: &mut SqliteConnection,
-    run_uid: &str,
-    fence: Fence,
-) -> Result<(), Error> {
-    let latest: Option<i64> = sqlx::query_scalar("SELECT fence FROM leases WHERE run_uid = ?")
+    if let Some(fence) = granted {
+        return Ok(Fence(sql::to_u64(fence, "a fence")?));
+    }
+    // Refused: the row is there, held by another owner until later, or out of fences.
+    let row = sqlx::query("SELECT owner, expires_at FROM leases WHERE run_uid = ?")
         .bind(run_uid)
-        .fetch_optional(&mut *conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(map_err)?;
-    if latest.is_some() && latest == sql::to_i64(fence.0) {
-        Ok(())
-    } else {
-        Err(Error::Fenced {
+    let owner: Option<String> = row.try_get(0).map_err(map_err)?;
+    let until: i64 = row.try_get(1).map_err(map_err)?;
+    match owner.filter(|o| *o != lease.owner && until > now) {
+        Some(owner) => Err(Error::Leased {
             run: run_uid.to_string(),
-        })
+            owner,
+            until: sql::from_nanos(until)?,
+        }),
+        None => Err(Error::Corrupt(format!(
+            "run {run_uid}: no fence is left to claim"
+        ))),
     }
 }
 

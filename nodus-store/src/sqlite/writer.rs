@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 
 use super::documents::{insert, read_record, update_one};
 use super::journal::journal_write;
-use super::leases::{check_fence, grant};
+use super::leases::grant;
 use super::snapshots::insert_snapshot;
 use super::write::{DocumentUpdate, Then, Write, Written};
 use super::{SqliteStore, batch};
@@ -168,20 +168,25 @@ async fn write_one(
             fence,
             renewal,
         } => {
-            if let Err(e) = check_fence(conn, &run, fence).await {
-                return refused(e);
-            }
             let (owner, expires_at) = match &renewal {
                 Some(lease) => (Some(lease.owner.as_str()), sql::nanos(lease.expires_at()?)?),
                 None => (None, i64::MIN),
             };
-            sqlx::query("UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ?")
-                .bind(owner)
-                .bind(expires_at)
-                .bind(&run)
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?;
+            // Checked against the fence in the same statement: no row changed is a stale one
+            // (a fence that does not fit matches no stored fence).
+            let done = sqlx::query(
+                "UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ? AND fence = ?",
+            )
+            .bind(owner)
+            .bind(expires_at)
+            .bind(&run)
+            .bind(sql::to_i64(fence.0).unwrap_or(-1))
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+            if done.rows_affected() == 0 {
+                return refused(Error::Fenced { run });
+            }
             Ok(Ok(Written::Done))
         }
     }
