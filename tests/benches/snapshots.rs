@@ -31,16 +31,24 @@ use nodus_sandbox::unisolated::UnisolatedSandbox;
 use nodus_store::SqliteStore;
 
 const ROUNDS: usize = 20;
+
+/// `ROUNDS`, or `NODUS_BENCH_ROUNDS` (for a profile of the unchanged steps alone).
+fn rounds() -> usize {
+    std::env::var("NODUS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS)
+}
 const MAKE: &str = "for i in $(seq 1000); do head -c 100000 /dev/urandom > f$i; done";
 const MAKE_GIB: &str = "for i in $(seq 1024); do head -c 1048576 /dev/urandom > f$i; done";
 
 /// The commands of the per-command case: make the directory, change nothing, change one file.
 fn script() -> Vec<Reply> {
     let mut script = vec![Reply::Commands(vec![MAKE.to_string()])];
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds() {
         script.push(Reply::Commands(vec!["true".to_string()]));
     }
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds() {
         script.push(Reply::Commands(vec!["echo x >> f1".to_string()]));
     }
     script.push(Reply::Text("done".to_string()));
@@ -133,7 +141,8 @@ async fn run(
         ballast(&store).await;
     }
     let mut spec = AgentSpec::new("bench");
-    spec.max_tool_calls = 100;
+    spec.max_tool_calls = u32::try_from(2 * rounds() + 10).unwrap_or(u32::MAX);
+    spec.per_run_max_cost_usd = nodus_core::money::Usd::from_cents(100_000);
     engine
         .apply_agent("default", Agent::new("bench", spec))
         .await
@@ -219,7 +228,10 @@ async fn main() {
 }
 
 async fn per_command() {
-    println!("per command step, median of {ROUNDS} (snapshots off | on | cost | cost / off):");
+    println!(
+        "per command step, median of {} (snapshots off | on | cost | cost / off):",
+        rounds()
+    );
     for pair in 1..=PAIRS {
         // `NODUS_BENCH_SAME=off` (or `on`) runs both sides alike: what the bench's order alone
         // makes of the difference.
