@@ -337,8 +337,23 @@ pub(crate) fn list_below(dir: &Path, rel: PathBuf, stats: &mut Vec<FileStat>) ->
 }
 
 /// What [`list`] would give for the entry `rel` of `dir` alone: `None` when it is gone or
-/// not something [`pack`] archives (a special file, a symbolic link that leads outside).
+/// not something [`pack`] archives (a special file, a symbolic link that leads outside), or
+/// when one of the directories on its way is not one (a symbolic link put in a directory's
+/// place: [`list`] never descends through a link, and neither does this, so that a path the
+/// sandbox named is never looked up outside its working directory).
 pub(crate) fn stat_one(dir: &Path, rel: &Path) -> Result<Option<FileStat>, Error> {
+    let mut on_the_way = dir.to_path_buf();
+    if let Some(parent) = rel.parent() {
+        for part in parent.components() {
+            on_the_way.push(part);
+            match fs::symlink_metadata(&on_the_way) {
+                Ok(meta) if meta.file_type().is_dir() => {}
+                Ok(_) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(listing_failed(e)),
+            }
+        }
+    }
     let full = dir.join(rel);
     match fs::symlink_metadata(&full) {
         Ok(meta) => file_stat(&full, rel, &meta),

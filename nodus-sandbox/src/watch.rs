@@ -28,6 +28,15 @@ use rustix::io::Errno;
 use crate::archive;
 use crate::workdir::{blocking, canonical_dir};
 
+/// The directories of one working directory watched at most: past them it is listed whole
+/// at each snapshot, and the host's watches (`max_user_watches`, shared by every sandbox) are
+/// not spent on one sandbox.
+const MAX_WATCHED_DIRS: usize = 10_000;
+
+/// The changed paths held for one sandbox between two snapshots at most: past them it is
+/// listed whole, so that a command that makes millions of files holds no memory for them.
+const MAX_CHANGED_PATHS: usize = 100_000;
+
 /// What each directory's watch reports: every change of an entry in it, and of itself.
 fn watch_flags() -> WatchFlags {
     WatchFlags::MODIFY
@@ -229,6 +238,10 @@ impl Watches {
         } else {
             format!("{dir}/{name}")
         });
+        // Past this, listing the whole directory costs less than the paths held for it.
+        if changed.len() > MAX_CHANGED_PATHS {
+            self.lose(&id);
+        }
     }
 
     /// Watch every directory of sandbox `id`'s working directory `root`, from nothing.
@@ -244,45 +257,14 @@ impl Watches {
                 return;
             }
         };
-        let mut dirs = HashMap::new();
-        let mut stack = vec![String::new()];
-        while let Some(rel) = stack.pop() {
-            let full = if rel.is_empty() {
-                root.to_path_buf()
-            } else {
-                root.join(&rel)
-            };
-            // Watched before it is read: an entry made after this is told, one made before
-            // is listed.
-            match inotify::add_watch(fd, &full, watch_flags()) {
-                Ok(wd) => {
-                    self.by_wd.insert(wd, (id.to_string(), rel.clone()));
-                    dirs.insert(rel.clone(), wd);
-                }
-                // Gone meanwhile: its removal is told by its parent's watch.
-                Err(Errno::NOENT | Errno::NOTDIR) => continue,
-                Err(_) => {
-                    for wd in dirs.into_values() {
-                        let _ = inotify::remove_watch(fd, wd);
-                        self.by_wd.remove(&wd);
-                    }
-                    self.sandboxes.insert(id.to_string(), Tracked::Refused);
-                    return;
-                }
-            }
-            if let Ok(children) = std::fs::read_dir(&full) {
-                for child in children.flatten() {
-                    if child.file_type().is_ok_and(|t| t.is_dir()) {
-                        let name = child.file_name().to_string_lossy().into_owned();
-                        stack.push(if rel.is_empty() {
-                            name
-                        } else {
-                            format!("{rel}/{name}")
-                        });
-                    }
-                }
-            }
+        let Some(added) = add_tree(fd, root, "", MAX_WATCHED_DIRS) else {
+            self.sandboxes.insert(id.to_string(), Tracked::Refused);
+            return;
+        };
+        for (rel, wd) in &added {
+            self.by_wd.insert(*wd, (id.to_string(), rel.clone()));
         }
+        let dirs: HashMap<String, i32> = added.into_iter().collect();
         self.sandboxes.insert(
             id.to_string(),
             Tracked::Watching {
@@ -346,46 +328,115 @@ impl Watches {
     }
 
     /// Watch the new directory `rel` of sandbox `id` and every directory under it; `false`
-    /// (and the sandbox made again next time) when the kernel refuses.
+    /// (and the sandbox made again next time) when that cannot be done.
     fn watch_below(&mut self, id: &str, root: &Path, rel: &str) -> bool {
-        let Some(Ok(fd)) = &self.fd else {
+        let (Some(Ok(fd)), Some(Tracked::Watching { dirs, .. })) =
+            (&self.fd, self.sandboxes.get(id))
+        else {
             return false;
         };
-        let mut added = Vec::new();
-        let mut stack = vec![rel.to_string()];
-        let mut refused = false;
-        while let Some(rel) = stack.pop() {
-            let full = root.join(&rel);
-            match inotify::add_watch(fd, &full, watch_flags()) {
-                Ok(wd) => added.push((rel.clone(), wd)),
-                Err(Errno::NOENT | Errno::NOTDIR) => continue,
-                Err(_) => {
-                    refused = true;
-                    break;
-                }
-            }
-            if let Ok(children) = std::fs::read_dir(&full) {
-                for child in children.flatten() {
-                    if child.file_type().is_ok_and(|t| t.is_dir()) {
-                        stack.push(format!("{rel}/{}", child.file_name().to_string_lossy()));
-                    }
-                }
-            }
-        }
+        let room = MAX_WATCHED_DIRS.saturating_sub(dirs.len());
+        let Some(added) = add_tree(fd, root, rel, room) else {
+            self.lose(id);
+            return false;
+        };
         for (rel, wd) in &added {
             self.by_wd.insert(*wd, (id.to_string(), rel.clone()));
         }
-        if refused {
-            // Made again next time, from nothing.
-            self.lose(id);
-            return false;
+        if let Some(Tracked::Watching { dirs, .. }) = self.sandboxes.get_mut(id) {
+            dirs.extend(added);
         }
-        match self.sandboxes.get_mut(id) {
-            Some(Tracked::Watching { dirs, .. }) => {
-                dirs.extend(added);
-                true
+        true
+    }
+}
+
+/// Watch the directory `start` of the working directory `root` and every directory under
+/// it, each before it is read (an entry made after its watch is told, one made before is
+/// listed), at most `room` of them. `None`, with the watches made removed, when there are
+/// more, the kernel refuses one (`max_user_watches`), or a directory's name is not UTF-8:
+/// then the sandbox is listed whole instead.
+fn add_tree(fd: &OwnedFd, root: &Path, start: &str, room: usize) -> Option<Vec<(String, i32)>> {
+    let mut added: Vec<(String, i32)> = Vec::new();
+    let mut stack = vec![start.to_string()];
+    let mut complete = true;
+    while let Some(rel) = stack.pop() {
+        if added.len() >= room {
+            complete = false;
+            break;
+        }
+        let full = if rel.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(&rel)
+        };
+        match inotify::add_watch(fd, &full, watch_flags()) {
+            Ok(wd) => added.push((rel.clone(), wd)),
+            // Gone meanwhile: its removal is told by its parent's watch.
+            Err(Errno::NOENT | Errno::NOTDIR) => continue,
+            Err(_) => {
+                complete = false;
+                break;
             }
-            _ => false,
         }
+        let Ok(children) = std::fs::read_dir(&full) else {
+            continue;
+        };
+        for child in children.flatten() {
+            if !child.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Some(name) = child.file_name().to_str().map(str::to_string) else {
+                complete = false;
+                break;
+            };
+            stack.push(if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            });
+        }
+        if !complete {
+            break;
+        }
+    }
+    if complete {
+        return Some(added);
+    }
+    for (_, wd) in added {
+        let _ = inotify::remove_watch(fd, wd);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_is_watched_whole_or_not_at_all() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for dir in ["a", "a/b", "c"] {
+            std::fs::create_dir(root.path().join(dir)).expect("mkdir");
+        }
+        std::fs::write(root.path().join("a/f"), b"x").expect("file");
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).expect("inotify");
+        let mut all: Vec<String> = add_tree(&fd, root.path(), "", 10)
+            .expect("room for four")
+            .into_iter()
+            .map(|(rel, _)| rel)
+            .collect();
+        all.sort();
+        assert_eq!(all, ["", "a", "a/b", "c"]);
+        let below: Vec<String> = add_tree(&fd, root.path(), "a", 10)
+            .expect("room for two")
+            .into_iter()
+            .map(|(rel, _)| rel)
+            .collect();
+        assert_eq!(below.len(), 2, "{below:?}");
+        assert_eq!(
+            add_tree(&fd, root.path(), "", 3),
+            None,
+            "four directories, room for three"
+        );
     }
 }

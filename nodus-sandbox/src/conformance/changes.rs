@@ -1,7 +1,7 @@
 //! What a backend tells of its working directory's changes ([`Sandbox::changes`]) agrees with
 //! listing it: after each of a series of commands (files and directories made, written,
-//! renamed, removed, modes changed, links, special files), the last listing changed by what
-//! it told is the listing taken then.
+//! renamed, removed, modes changed, links, special files, a directory replaced by a link that
+//! leads out), the last listing changed by what it told is the listing taken then.
 //!
 //! [`Sandbox::changes`]: nodus_core::Sandbox::changes
 
@@ -31,6 +31,10 @@ const SERIES: &[(&str, bool)] = &[
     ),
     ("mkfifo q && rm l && ln -s /etc/passwd l", true),
     ("rm -rf e q && mkdir e && echo again > e/z", true),
+    // A watched directory replaced by a link to the host's /etc, under a name /etc has: what
+    // was under it is gone, never looked up through the link.
+    ("mkdir s && touch s/passwd s/hostname", true),
+    ("rm -rf s && ln -s /etc s", true),
     ("true", true),
 ];
 
