@@ -403,11 +403,13 @@ impl Runner {
                     if !settle.is_zero() {
                         clock.sleep(settle).await;
                     }
-                    let begun = clock.now();
-                    let reconciled = engine.reconcile_group(&key.project, &key.name).await;
-                    let took = clock.now().duration_since(begun);
+                    // What the reconcile's reads took, not its commits: the work that grows
+                    // with the group.
+                    let mut took = Duration::ZERO;
+                    let reconciled = engine
+                        .reconcile_group_reading(&key.project, &key.name, &mut took)
+                        .await;
                     // A group deleted meanwhile has no cost to remember.
-                    let took = Duration::try_from(took).unwrap_or_default();
                     let (evaluation, took) = match reconciled {
                         Ok(group) => (group.spec.evaluation.is_some(), Some(took)),
                         Err(Error::NotFound { .. }) => (false, None),

@@ -14,12 +14,16 @@
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use super::{Engine, Error, Result, typed};
 use crate::evaluation::check::{EnvironmentRef, key_name};
 use crate::evaluation::epochs::Reducer;
-use crate::evaluation::{CaseRecord, CaseResult, CaseState, Grade, builtin, cases, retry, stats};
+use crate::evaluation::{
+    CaseOutcome, CaseRecord, CaseResult, CaseState, Grade, OUTCOME_PATHS, builtin, cases, retry,
+    stats,
+};
 use crate::group::GroupPhase;
 use crate::resource::{
     API_VERSION, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, DurationSpec, Environment,
@@ -635,12 +639,25 @@ impl Engine {
         group: &str,
         reducer: Reducer,
     ) -> Result<stats::EvaluationStatus> {
-        let cases: Vec<CaseRecord> = self
-            .evaluation_cases(project, group)
+        // Every reconcile of the group reads this: only the fields the summary needs.
+        let selector = Selector {
+            fields: [("spec.group".to_string(), group.to_string())].into(),
+            ..Selector::default()
+        };
+        let mut cases = self
+            .deps
+            .store
+            .list_sparse(project, Kind::EvaluationCase, &selector, OUTCOME_PATHS)
             .await?
-            .into_iter()
-            .map(|(_, case)| case)
-            .collect();
+            .iter()
+            .map(|record| {
+                CaseOutcome::deserialize(&record.document["spec"]).map_err(|e| Error::Corrupt {
+                    key: record.key.to_string(),
+                    message: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        cases.sort_by_key(|case| case.index);
         Ok(stats::summarize(&cases, reducer))
     }
 
@@ -865,7 +882,7 @@ fn case_document(project: &str, name: &str, case: &CaseRecord) -> Result<Value> 
 }
 
 fn case_of(record: &Record) -> Result<CaseRecord> {
-    serde_json::from_value(record.document["spec"].clone()).map_err(|e| Error::Corrupt {
+    CaseRecord::deserialize(&record.document["spec"]).map_err(|e| Error::Corrupt {
         key: record.key.to_string(),
         message: e.to_string(),
     })

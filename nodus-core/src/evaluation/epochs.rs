@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{CaseRecord, CaseState, Verdict};
+use super::{CaseOutcome, CaseState, Verdict};
 pub use crate::resource::{Reducer, TaskSummary};
 
 impl Reducer {
@@ -110,9 +110,9 @@ pub fn pass_at_k(n: u32, passed: u32, k: u32) -> Option<Fraction> {
 }
 
 /// Each task's line, in the order the tasks first appear in `cases` (batch order).
-pub fn per_task(cases: &[CaseRecord], reducer: Reducer) -> Vec<TaskSummary> {
+pub fn per_task(cases: &[CaseOutcome], reducer: Reducer) -> Vec<TaskSummary> {
     let mut order: Vec<&str> = Vec::new();
-    let mut by_task: BTreeMap<&str, Vec<&CaseRecord>> = BTreeMap::new();
+    let mut by_task: BTreeMap<&str, Vec<&CaseOutcome>> = BTreeMap::new();
     for case in cases {
         let entry = by_task.entry(case.task_id.as_str()).or_default();
         if entry.is_empty() {
@@ -124,7 +124,7 @@ pub fn per_task(cases: &[CaseRecord], reducer: Reducer) -> Vec<TaskSummary> {
         .into_iter()
         .map(|task| {
             let cases = &by_task[task];
-            let scored: Vec<&&CaseRecord> = cases
+            let scored: Vec<&&CaseOutcome> = cases
                 .iter()
                 .filter(|c| c.state == CaseState::Scored)
                 .collect();

@@ -152,6 +152,52 @@ pub struct CaseRecord {
     pub earlier_attempts: Vec<Attempt>,
 }
 
+/// What a group's summary reads of a case ([`stats::summarize`]): a few fields of its
+/// document, so that a reconcile decodes neither the case's hidden data, its evidence nor its
+/// attempts ([`OUTCOME_PATHS`], a sparse read).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CaseOutcome {
+    /// Position in the batch, from 0.
+    pub index: u32,
+    /// The task's id in its split.
+    pub task_id: String,
+    /// Where it stands.
+    pub state: CaseState,
+    /// Why it is unscored.
+    #[serde(default)]
+    pub reason: Option<UnscoredReason>,
+    /// The grade, when scored.
+    #[serde(default)]
+    pub reward: Option<f64>,
+    /// The verdict, when scored.
+    #[serde(default)]
+    pub verdict: Option<Verdict>,
+}
+
+/// The paths of a case document a [`CaseOutcome`] is read from.
+pub const OUTCOME_PATHS: &[&str] = &[
+    "spec.index",
+    "spec.taskId",
+    "spec.state",
+    "spec.reason",
+    "spec.reward",
+    "spec.verdict",
+];
+
+impl From<&CaseRecord> for CaseOutcome {
+    fn from(case: &CaseRecord) -> Self {
+        CaseOutcome {
+            index: case.index,
+            task_id: case.task_id.clone(),
+            state: case.state,
+            reason: case.reason,
+            reward: case.reward,
+            verdict: case.verdict,
+        }
+    }
+}
+
 /// One attempt at a case: its run and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]

@@ -264,7 +264,7 @@ mod tests {
         );
         // Counted once, as its last attempt stands.
         let summary = crate::evaluation::stats::summarize(
-            std::slice::from_ref(&retried),
+            &[crate::evaluation::CaseOutcome::from(&retried)],
             crate::evaluation::epochs::Reducer::Mean,
         );
         assert_eq!((summary.cases, summary.pending), (1, 1));

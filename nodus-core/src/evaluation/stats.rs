@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::epochs::{self, Reducer};
-use super::{CaseRecord, CaseResult, CaseState, UnscoredReason, Verdict};
+use super::{CaseOutcome, CaseResult, CaseState, UnscoredReason, Verdict};
 pub use crate::resource::{EvaluationStatus, Range};
 use crate::validate::Invalid;
 
@@ -29,7 +29,7 @@ use crate::validate::Invalid;
 pub const Z95: f64 = 1.959_963_984_540_054;
 
 /// The summary of these cases, each task's rewards reduced by `reducer`.
-pub fn summarize(cases: &[CaseRecord], reducer: Reducer) -> EvaluationStatus {
+pub fn summarize(cases: &[CaseOutcome], reducer: Reducer) -> EvaluationStatus {
     let mut status = EvaluationStatus {
         cases: count(cases.len()),
         ..EvaluationStatus::default()
@@ -387,7 +387,7 @@ fn count(n: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evaluation::Grade;
+    use crate::evaluation::{CaseRecord, Grade};
 
     fn case(index: u32) -> CaseRecord {
         CaseRecord {
@@ -429,6 +429,10 @@ mod tests {
         case(index).unscored(reason, String::new(), jiff::Timestamp::UNIX_EPOCH)
     }
 
+    fn outcomes(cases: &[CaseRecord]) -> Vec<CaseOutcome> {
+        cases.iter().map(CaseOutcome::from).collect()
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-6
     }
@@ -443,7 +447,7 @@ mod tests {
             unscored(3, UnscoredReason::NoAnswer),
             case(4),
         ];
-        let status = summarize(&cases, Reducer::Mean);
+        let status = summarize(&outcomes(&cases), Reducer::Mean);
         assert_eq!(status.cases, 5);
         assert_eq!(status.pending, 1);
         assert_eq!(status.scored, 3);
@@ -463,7 +467,7 @@ mod tests {
     #[test]
     fn nothing_scored_has_no_rates() {
         let status = summarize(
-            &[unscored(0, UnscoredReason::GraderFailed), case(1)],
+            &outcomes(&[unscored(0, UnscoredReason::GraderFailed), case(1)]),
             Reducer::Mean,
         );
         assert_eq!(status.scored, 0);
