@@ -43,7 +43,8 @@ pub struct RunnerConfig {
     pub max_concurrent: usize,
     /// The longest a group's changes gather before it is reconciled (one reconcile reads every
     /// member, so one per burst of changes instead of one per change); zero reconciles at once.
-    /// Below it, a group waits [`SETTLE_FACTOR`] times what its last reconcile took: a large
+    /// Below it, a group waits [`SETTLE_FACTOR`] times what its last reconcile's reads took
+    /// (not the commits of its writes: waiting for the disk is no work to space out): a large
     /// group's reconciles are spaced out, a small one follows its runs closely. 200 ms by
     /// default: a reconcile of a 1,000-run group on a busy machine takes tens of
     /// milliseconds, and under a shorter bound the reconciles of one large group were most
@@ -71,9 +72,9 @@ impl Default for RunnerConfig {
     }
 }
 
-/// A group's changes gather this many times as long as its last reconcile took (at most
-/// [`RunnerConfig::group_settle`]): a busy group's reconciles take at most about a fifth of
-/// the time.
+/// A group's changes gather this many times as long as its last reconcile's reads and plan
+/// took (at most [`RunnerConfig::group_settle`]): a busy group's reconciles read for at most
+/// about a fifth of the time.
 pub const SETTLE_FACTOR: u32 = 4;
 
 /// The scheduler of an engine's runs and groups. Built and started by [`Runner::start`].
