@@ -79,6 +79,14 @@ pub struct Selector {
 }
 
 impl Selector {
+    /// The documents whose `spec.group` is `group`: a group's runs, or its evaluation cases.
+    pub fn in_group(group: &str) -> Self {
+        Selector {
+            fields: [("spec.group".to_string(), group.to_string())].into(),
+            ..Selector::default()
+        }
+    }
+
     /// `paths` and the paths this selector looks at (`metadata.labels` for any label), each
     /// once: what a sparse document needs to hold to be matched and read.
     pub fn paths_with(&self, paths: &[&str]) -> Vec<String> {
@@ -527,10 +535,7 @@ pub trait Store: Send + Sync {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Option<String>, u64)>, Error> {
-        let selector = Selector {
-            fields: [("spec.group".to_string(), group.to_string())].into(),
-            ..Selector::default()
-        };
+        let selector = Selector::in_group(group);
         let members = self
             .list_sparse(project, Kind::AgentRun, &selector, &["status.phase"])
             .await?;

@@ -1,4 +1,5 @@
-//! Test doubles for code built on nodus-core: a manual clock and a recording sandbox.
+//! Test doubles for code built on nodus-core: a manual clock and a recording sandbox; and
+//! [`process_cpu`], which benchmarks read their CPU time from.
 //!
 //! They stand in for the `Clock` and `Sandbox` traits in tests of the engine and of what is
 //! built above it, never in place of a backend's own tests.
@@ -307,4 +308,24 @@ impl Sandbox for RecordingSandbox {
         }
         Ok(())
     }
+}
+
+/// The CPU time this process has used so far, user and system, all its threads (from
+/// `/proc/self/stat`, in clock ticks of 10 ms; zero where it cannot be read): what benchmarks
+/// report beside wall time.
+pub fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which ends with the last ')'): utime is the 12th,
+    // stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }

@@ -2,7 +2,7 @@
 //! connection on a thread of its own, and every statement is handed to that thread and its
 //! answer handed back. The same rows are inserted one statement each and a hundred to a
 //! statement, in one transaction either way, and the CPU time of the whole process is read
-//! from `/proc/self/stat` around each: the difference per row is the hand-off's.
+//! around each (`/proc/self/stat`): the difference per row is the hand-off's.
 //!
 //! `cargo bench -p nodus-store --bench statement_handoff` (`NODUS_BENCH_ROWS`, default
 //! 20,000, sets the rows per measurement; five rounds, the two ways alternated).
@@ -14,24 +14,6 @@ use sqlx::{Executor as _, QueryBuilder, Sqlite};
 
 /// Rows a multi-row statement inserts.
 const PER_STATEMENT: usize = 100;
-
-/// Microseconds of CPU this process has used (user and system, all threads), in clock ticks
-/// of 10 ms (Linux's `USER_HZ`).
-fn cpu_micros() -> u128 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u128>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime: the 14th and 15th fields, the 12th and 13th after the name.
-    (ticks(11) + ticks(12)) * 10_000
-}
 
 /// `micros` over `rows`, in µs with one decimal.
 fn per_row(micros: u128, rows: usize) -> String {
@@ -67,7 +49,10 @@ async fn main() {
     );
     println!("|---|---|---|---|");
     for round in 0..5 {
-        let (cpu, wall) = (cpu_micros(), Instant::now());
+        let (cpu, wall) = (
+            nodus_core::testing::process_cpu().as_micros(),
+            Instant::now(),
+        );
         let mut tx = pool.begin().await.expect("begin");
         for i in 0..rows {
             sqlx::query("INSERT INTO t (v) VALUES (?1)")
@@ -77,8 +62,14 @@ async fn main() {
                 .expect("insert");
         }
         tx.commit().await.expect("commit");
-        let single = (cpu_micros() - cpu, wall.elapsed().as_micros());
-        let (cpu, wall) = (cpu_micros(), Instant::now());
+        let single = (
+            nodus_core::testing::process_cpu().as_micros() - cpu,
+            wall.elapsed().as_micros(),
+        );
+        let (cpu, wall) = (
+            nodus_core::testing::process_cpu().as_micros(),
+            Instant::now(),
+        );
         let mut tx = pool.begin().await.expect("begin");
         for chunk in 0..rows / PER_STATEMENT {
             let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("INSERT INTO t (v) ");
@@ -88,7 +79,10 @@ async fn main() {
             query.build().execute(&mut *tx).await.expect("insert");
         }
         tx.commit().await.expect("commit");
-        let batched = (cpu_micros() - cpu, wall.elapsed().as_micros());
+        let batched = (
+            nodus_core::testing::process_cpu().as_micros() - cpu,
+            wall.elapsed().as_micros(),
+        );
         println!(
             "| {round} | {} / {} µs | {} / {} µs | **{} µs** |",
             per_row(single.0, rows),

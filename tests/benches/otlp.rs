@@ -135,9 +135,10 @@ async fn round(mode: Mode, collector: SocketAddr) -> (u128, u64, String) {
         .request("POST", &format!("{P}/agents"), Some(agent))
         .await;
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-    let cpu = cpu_millis();
+    let cpu = nodus_core::testing::process_cpu();
     let millis = group_wall_time(address, "g1000", 1000).await;
-    let cpu = cpu_millis() - cpu;
+    let cpu =
+        u64::try_from((nodus_core::testing::process_cpu() - cpu).as_millis()).unwrap_or(u64::MAX);
     // Wait until every span is accounted for (exported or dropped): 7 steps and the run's
     // span per run, and the group's.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -161,24 +162,6 @@ async fn round(mode: Mode, collector: SocketAddr) -> (u128, u64, String) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-}
-
-/// CPU time this process used so far, in milliseconds (user + system, /proc/self/stat).
-fn cpu_millis() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // Fields after the command name (which ends with the last ')'): utime is the 12th,
-    // stime the 13th, in clock ticks (100 a second on Linux).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (ticks(11) + ticks(12)) * 10
 }
 
 async fn bench() {

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize as _;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Engine, Error, Result, typed};
@@ -613,10 +613,7 @@ impl Engine {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Record, CaseRecord)>> {
-        let selector = Selector {
-            fields: [("spec.group".to_string(), group.to_string())].into(),
-            ..Selector::default()
-        };
+        let selector = Selector::in_group(group);
         let mut cases = self
             .deps
             .store
@@ -624,7 +621,7 @@ impl Engine {
             .await?
             .into_iter()
             .map(|record| {
-                let case = case_of(&record)?;
+                let case: CaseRecord = case_of(&record)?;
                 Ok((record, case))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -640,23 +637,15 @@ impl Engine {
         reducer: Reducer,
     ) -> Result<stats::EvaluationStatus> {
         // Every reconcile of the group reads this: only the fields the summary needs.
-        let selector = Selector {
-            fields: [("spec.group".to_string(), group.to_string())].into(),
-            ..Selector::default()
-        };
+        let selector = Selector::in_group(group);
         let mut cases = self
             .deps
             .store
             .list_sparse(project, Kind::EvaluationCase, &selector, OUTCOME_PATHS)
             .await?
             .iter()
-            .map(|record| {
-                CaseOutcome::deserialize(&record.document["spec"]).map_err(|e| Error::Corrupt {
-                    key: record.key.to_string(),
-                    message: e.to_string(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(case_of)
+            .collect::<Result<Vec<CaseOutcome>>>()?;
         cases.sort_by_key(|case| case.index);
         Ok(stats::summarize(&cases, reducer))
     }
@@ -881,8 +870,10 @@ fn case_document(project: &str, name: &str, case: &CaseRecord) -> Result<Value> 
     }))
 }
 
-fn case_of(record: &Record) -> Result<CaseRecord> {
-    CaseRecord::deserialize(&record.document["spec"]).map_err(|e| Error::Corrupt {
+/// A case document's `spec` as `T`: the whole [`CaseRecord`], or the [`CaseOutcome`] a sparse
+/// listing holds.
+fn case_of<'a, T: Deserialize<'a>>(record: &'a Record) -> Result<T> {
+    T::deserialize(&record.document["spec"]).map_err(|e| Error::Corrupt {
         key: record.key.to_string(),
         message: e.to_string(),
     })

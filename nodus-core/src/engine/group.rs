@@ -26,10 +26,7 @@ impl Engine {
     /// needs are read ([`MEMBER_PATHS`]): every reconcile reads every member (admission reads
     /// none: [`Engine::admit_to_group`]).
     async fn members(&self, project: &str, group: &str) -> Result<Vec<(Record, Member)>> {
-        let selector = Selector {
-            fields: [("spec.group".to_string(), group.to_string())].into(),
-            ..Selector::default()
-        };
+        let selector = Selector::in_group(group);
         let records = self
             .deps
             .store

@@ -100,10 +100,7 @@ impl Engine {
 
     /// Delete every run of a group.
     async fn delete_members(&self, project: &str, group: &str) -> Result<()> {
-        let selector = Selector {
-            fields: [("spec.group".to_string(), group.to_string())].into(),
-            ..Selector::default()
-        };
+        let selector = Selector::in_group(group);
         for run in self.list::<AgentRunSpec>(project, &selector).await? {
             match self.delete_one_run(project, run.name(), false).await {
                 Ok(()) | Err(Error::NotFound { .. }) => {}

@@ -25,10 +25,7 @@ const PROGRESS_POINTS: u32 = 48;
 
 /// The members' timestamps and costs: four fields of each, read without the rest.
 async fn members(state: &AppState, project: &str, name: &str) -> Result<Vec<Member>, ApiError> {
-    let selector = Selector {
-        fields: [("spec.group".to_string(), name.to_string())].into(),
-        ..Selector::default()
-    };
+    let selector = Selector::in_group(name);
     let records = state
         .store
         .list_sparse(
@@ -154,10 +151,7 @@ pub async fn group(
 ) -> Result<Page, ApiError> {
     let group = serde_json::to_value(state.engine.get::<AgentGroupSpec>(project, name).await?)
         .unwrap_or(Value::Null);
-    let selector = Selector {
-        fields: [("spec.group".to_string(), name.to_string())].into(),
-        ..Selector::default()
-    };
+    let selector = Selector::in_group(name);
     let listed = page(state, project, Kind::AgentRun, &selector, filter).await?;
     let status = &group["status"];
     let counts = &status["counts"];

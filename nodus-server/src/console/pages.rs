@@ -540,11 +540,7 @@ pub(super) fn reward(value: &Value) -> String {
 /// reward, the grader's evidence (as text) and a link to its AgentRun with the run's phase.
 pub async fn results(state: &AppState, project: &str, name: &str) -> Result<Page, ApiError> {
     let cases = to_values(&state.engine.evaluation_results(project, name).await?);
-    let mut selector = Selector::default();
-    selector
-        .fields
-        .insert("spec.group".to_string(), name.to_string());
-    let runs = runs_of(state, project, &selector).await?;
+    let runs = runs_of(state, project, &Selector::in_group(name)).await?;
     let phases: BTreeMap<&str, &Value> = runs
         .iter()
         .map(|run| {

@@ -377,10 +377,7 @@ async fn no_database_at_all_is_unavailable() {
 #[tokio::test]
 async fn group_members_can_be_found_through_the_index() {
     let store = fresh().await;
-    let selector = nodus_core::store::Selector {
-        fields: [("spec.group".to_string(), "g".to_string())].into(),
-        ..Default::default()
-    };
+    let selector = nodus_core::store::Selector::in_group("g");
     let mut query: sqlx::QueryBuilder<sqlx::Postgres> =
         sqlx::QueryBuilder::new("EXPLAIN SELECT name FROM resources WHERE project = ");
     crate::reads::Reads::<sqlx::Postgres>::push_selection(

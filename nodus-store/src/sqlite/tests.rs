@@ -515,10 +515,7 @@ async fn plan(store: &SqliteStore, sql: &str) -> String {
 #[tokio::test]
 async fn group_members_are_found_through_an_index() {
     let (store, _dir) = fresh().await;
-    let selector = nodus_core::store::Selector {
-        fields: [("spec.group".to_string(), "g".to_string())].into(),
-        ..Default::default()
-    };
+    let selector = nodus_core::store::Selector::in_group("g");
     let mut query: sqlx::QueryBuilder<sqlx::Sqlite> =
         sqlx::QueryBuilder::new("SELECT name FROM resources WHERE project = ");
     crate::reads::Reads::<sqlx::Sqlite>::push_selection(&mut query, "p", Kind::AgentRun, &selector);
