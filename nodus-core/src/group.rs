@@ -294,6 +294,24 @@ impl Membership for MemberIndex<'_> {
     }
 }
 
+/// The reason a new member of a group gives for waiting until the group's reconcile looks
+/// at it: `GroupWait` when `running` members hold every slot and it depends on nothing, as
+/// the reconcile would find (a free slot meanwhile lets the reconcile start it all the same),
+/// so that the run is created saying so instead of being rewritten to say so; `Queued`
+/// otherwise, for the reconcile to decide.
+pub fn pending_on_admission(
+    spec: &AgentGroupSpec,
+    running: usize,
+    depends_on: &[String],
+) -> PendingReason {
+    let max_active = usize::try_from(spec.limits.max_active).unwrap_or(usize::MAX);
+    if depends_on.is_empty() && running >= max_active {
+        PendingReason::GroupWait
+    } else {
+        PendingReason::Queued
+    }
+}
+
 /// Whether a run of `agent` with `task_key` and `depends_on` may join the group of
 /// `members` ([`admit_to`] over them).
 pub fn admit(
@@ -444,6 +462,30 @@ mod tests {
             cap,
             RunPhase::Pending(PendingReason::Queued),
         )
+    }
+
+    #[test]
+    fn a_new_member_of_a_full_group_is_created_waiting_as_the_reconcile_would_say() {
+        let spec = spec(2, None);
+        let running = |key| run(key, &[], "1.00", RunPhase::Running);
+        let reason = pending_on_admission(&spec, 2, &[]);
+        assert_eq!(reason, PendingReason::GroupWait);
+        let members = vec![
+            running("a"),
+            running("b"),
+            run("c", &[], "1.00", RunPhase::Pending(reason)),
+        ];
+        let plan = reconcile(&spec, Some(GroupPhase::Running), &members);
+        assert_eq!(plan.queue, vec![(2, PendingReason::GroupWait)]);
+        let writes = plan.writes(&members, &[None, None, None]).expect("writes");
+        assert!(writes.is_empty(), "nothing left to rewrite: {writes:?}");
+        // A free slot, or a dependency: the reconcile decides.
+        assert_eq!(pending_on_admission(&spec, 1, &[]), PendingReason::Queued);
+        let depends = ["a".to_string()];
+        assert_eq!(
+            pending_on_admission(&spec, 2, &depends),
+            PendingReason::Queued
+        );
     }
 
     /// Carry a plan out the way the engine does, through the lifecycle.

@@ -377,3 +377,85 @@ async fn admission_keeps_every_rule_on_sqlite() {
         AdmissionRefused::Sealed
     );
 }
+
+/// A run that joins a group whose slots are all held is created saying it waits for one
+/// (`GroupWait`), so the group's reconcile has nothing to rewrite in it (its version stays);
+/// one with room, or with a dependency, is created `Queued` for the reconcile to decide.
+#[tokio::test]
+async fn a_run_joining_a_full_group_is_created_waiting_for_a_slot() {
+    use nodus_core::lifecycle::PendingReason;
+    use nodus_core::testing::Drive as _;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let sqlite = nodus_store::SqliteStore::open(dir.path().join("nodus.db"))
+        .await
+        .expect("open a SQLite store");
+    let world = World::over_store(Vec::new(), Arc::new(sqlite));
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    let mut spec = group_spec();
+    spec.limits.max_active = 1;
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("group");
+    let phase = |name: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .get_run(PROJECT, name)
+                .await
+                .expect("run")
+                .status
+                .phase
+        }
+    };
+    engine.create_run(PROJECT, task("a", &[])).await.expect("a");
+    assert_eq!(
+        phase("g-a").await,
+        Some(RunPhase::Pending(PendingReason::Queued)),
+        "a free slot: the reconcile starts it"
+    );
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(phase("g-a").await, Some(RunPhase::Running));
+    engine
+        .create_runs(PROJECT, vec![task("b", &[]), task("c", &["a"])], None)
+        .await
+        .expect("b, and c after a");
+    assert_eq!(
+        phase("g-b").await,
+        Some(RunPhase::Pending(PendingReason::GroupWait)),
+        "every slot held: b says so from the start"
+    );
+    assert_eq!(
+        phase("g-c").await,
+        Some(RunPhase::Pending(PendingReason::Queued)),
+        "a dependency: the reconcile decides"
+    );
+    let version = |name: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .get_run(PROJECT, name)
+                .await
+                .expect("run")
+                .metadata
+                .resource_version
+        }
+    };
+    let b_before = version("g-b").await;
+    engine
+        .reconcile_group(PROJECT, "g")
+        .await
+        .expect("reconcile");
+    assert_eq!(version("g-b").await, b_before, "nothing rewritten in b");
+    assert_eq!(
+        phase("g-c").await,
+        Some(RunPhase::Pending(PendingReason::DependencyWait))
+    );
+}

@@ -70,11 +70,11 @@ impl Engine {
 
     /// Whether `run` may join `group`, read without listing the group: the run's own task key
     /// and each of its dependencies looked up by name ([`Engine::is_member`]), and the group's
-    /// unfinished members counted by the store ([`Store::group_phases`]: counters, in the SQL
-    /// stores), so adding a
-    /// member costs the same at ten thousand members as at ten. `admissions` holds what
-    /// earlier runs of the same batch learned of their groups (their own runs as members), so
-    /// a batch reads each group and counts its members once.
+    /// members counted by phase by the store ([`Store::group_phases`]: counters, in the SQL
+    /// stores), so adding a member costs the same at ten thousand members as at ten; and if
+    /// so, the reason it waits with when created ([`group::pending_on_admission`]).
+    /// `admissions` holds what earlier runs of the same batch learned of their groups (their
+    /// own runs as members), so a batch reads each group and counts its members once.
     ///
     /// [`Store::group_phases`]: crate::store::Store::group_phases
     pub(super) async fn admit_to_group(
@@ -83,7 +83,7 @@ impl Engine {
         group: &str,
         run: &AgentRun,
         admissions: &mut Admissions,
-    ) -> Result<()> {
+    ) -> Result<PendingReason> {
         if !admissions.contains_key(group) {
             let read = self.read_group(project, group).await.map_err(|e| match e {
                 Error::NotFound { name, .. } => crate::validate::Invalid {
@@ -94,7 +94,7 @@ impl Engine {
                 .into(),
                 other => other,
             })?;
-            let unfinished = self.unfinished_members(project, group).await?;
+            let (unfinished, running) = self.member_counts(project, group).await?;
             admissions.insert(
                 group.to_string(),
                 Admission {
@@ -102,12 +102,13 @@ impl Engine {
                     spec: crate::evaluation::hold::controlled(&read.object.spec).into_owned(),
                     phase: read.object.status.phase,
                     unfinished,
+                    running,
                     tasks: std::collections::HashMap::new(),
                 },
             );
         }
         let Some(admission) = admissions.get_mut(group) else {
-            return Ok(());
+            return Ok(PendingReason::Queued);
         };
         let task_key = run.spec.task_key.as_deref().unwrap_or_default();
         // The keys admission asks about that this batch has not looked up yet.
@@ -131,7 +132,11 @@ impl Engine {
         )?;
         admission.tasks.insert(task_key.to_string(), true);
         admission.unfinished += 1;
-        Ok(())
+        Ok(group::pending_on_admission(
+            &admission.spec,
+            admission.running,
+            &run.spec.depends_on,
+        ))
     }
 
     /// Whether `group` has a member with `task_key`. Every task of a group is named
@@ -155,16 +160,23 @@ impl Engine {
         }
     }
 
-    /// How many runs of `group` have not finished, counted by phase by the store. A run with no phase has not started (it is queued); a phase this
-    /// engine does not know counts as unfinished (the run's drive reports what is wrong).
-    async fn unfinished_members(&self, project: &str, group: &str) -> Result<usize> {
+    /// How many runs of `group` have not finished, and how many of those hold a slot
+    /// (run), counted by phase by the store. A run with no phase has not started (it is
+    /// queued); a phase this engine does not know counts as unfinished (the run's drive
+    /// reports what is wrong).
+    async fn member_counts(&self, project: &str, group: &str) -> Result<(usize, usize)> {
         let phases = self.deps.store.group_phases(project, group).await?;
-        let unfinished: u64 = phases
-            .iter()
-            .filter(|(phase, _)| !phase.as_deref().is_some_and(RunPhase::names_finished))
-            .map(|(_, count)| *count)
-            .sum();
-        Ok(usize::try_from(unfinished).unwrap_or(usize::MAX))
+        let count = |counted: &dyn Fn(Option<&str>) -> bool| {
+            let sum: u64 = phases
+                .iter()
+                .filter(|(phase, _)| counted(phase.as_deref()))
+                .map(|(_, count)| *count)
+                .sum();
+            usize::try_from(sum).unwrap_or(usize::MAX)
+        };
+        let unfinished = count(&|phase| !phase.is_some_and(RunPhase::names_finished));
+        let running = count(&|phase| phase == Some(RunPhase::Running.name()));
+        Ok((unfinished, running))
     }
 
     /// Reconcile a group: start the queued runs that may start, cancel those whose
@@ -372,6 +384,8 @@ pub(super) struct Admission {
     spec: AgentGroupSpec,
     phase: Option<GroupPhase>,
     unfinished: usize,
+    /// How many members hold a slot ([`group::holds_a_slot`]: they run).
+    running: usize,
     tasks: std::collections::HashMap<String, bool>,
 }
 

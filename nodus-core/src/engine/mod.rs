@@ -804,13 +804,16 @@ impl Engine {
         let image_digest = self
             .pin_image(run.spec.image.as_deref(), &mut batch.images)
             .await?;
-        if let Some(group) = run.spec.group.clone() {
-            self.admit_to_group(project, &group, &run, &mut batch.admissions)
-                .await?;
-        }
+        let pending = match run.spec.group.clone() {
+            Some(group) => {
+                self.admit_to_group(project, &group, &run, &mut batch.admissions)
+                    .await?
+            }
+            None => PendingReason::Queued,
+        };
         self.stamp(project, &mut run);
         run.status = Default::default();
-        run.status.phase = Some(RunPhase::Pending(PendingReason::Queued));
+        run.status.phase = Some(RunPhase::Pending(pending));
         run.status.cost = CostStatus {
             total_usd: crate::money::Usd::ZERO,
             limit_usd: (!byok).then_some(agent.per_run_max_cost_usd),

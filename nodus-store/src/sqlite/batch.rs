@@ -1,8 +1,9 @@
-//! Journal writes of a group-committed batch in a handful of statements instead of one (or
-//! two) per write: the runs' fences, journal lengths and completed steps are read once, each
-//! write is checked in order against them, and what passes is written with one multi-row
-//! insert and one multi-row update. Runs inside the writer's transaction, so nothing can move
-//! between the reads and the writes.
+//! Journal writes of a group-committed batch in three statements instead of one (or two) per
+//! write: the runs' fences and journal lengths are read once, each write is checked in order
+//! against them, and what passes is written with one multi-row insert and one multi-row
+//! update, which says which of the steps it completes had no outcome yet (a completion of a
+//! step completed before the batch is refused). Runs inside the writer's transaction, so
+//! nothing can move between the reads and the writes.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -50,39 +51,16 @@ pub(super) async fn journal_writes(
             },
         );
     }
-    let completes: Vec<(&str, i64)> = writes
-        .iter()
-        .filter_map(|write| match write {
-            JournalWrite::Complete { run, seq, .. } => Some((run.as_str(), i64::from(*seq))),
-            JournalWrite::Append { .. } => None,
-        })
-        .collect();
+    // Which steps to be completed are already completed is learned from the update itself
+    // (only steps without an outcome are updated, and it returns those): the batch checks
+    // in order those its own writes completed.
     let mut completed: HashSet<(String, i64)> = HashSet::new();
-    if !completes.is_empty() {
-        let mut query = QueryBuilder::<Sqlite>::new(
-            "SELECT run_uid, seq FROM steps WHERE completion IS NOT NULL AND (run_uid, seq) IN (VALUES ",
-        );
-        let mut pairs = query.separated(", ");
-        for (run, seq) in &completes {
-            pairs.push("(");
-            pairs.push_bind_unseparated(*run);
-            pairs.push_unseparated(", ");
-            pairs.push_bind_unseparated(*seq);
-            pairs.push_unseparated(")");
-        }
-        query.push(")");
-        for row in query.build().fetch_all(&mut *conn).await.map_err(map_err)? {
-            completed.insert((
-                row.try_get(0).map_err(map_err)?,
-                row.try_get(1).map_err(map_err)?,
-            ));
-        }
-    }
 
     // Check each write in order against what the writes before it left.
     let mut results = Vec::with_capacity(writes.len());
     let mut appends: Vec<(&str, i64, String)> = Vec::new();
-    let mut completions: Vec<(&str, i64, String)> = Vec::new();
+    // Each with its write's index and the journal's length when it was checked.
+    let mut completions: Vec<(&str, i64, String, usize, i64)> = Vec::new();
     for write in writes {
         let run = write.run();
         let run_state = state.entry(run.to_string()).or_default();
@@ -116,7 +94,7 @@ pub(super) async fn journal_writes(
                 seq, completion, ..
             } => sql::completion_text(completion).map(|text| {
                 completed.insert((run.to_string(), i64::from(*seq)));
-                completions.push((run, i64::from(*seq), text));
+                completions.push((run, i64::from(*seq), text, results.len(), len));
             }),
         });
     }
@@ -133,12 +111,32 @@ pub(super) async fn journal_writes(
     if !completions.is_empty() {
         let mut query =
             QueryBuilder::<Sqlite>::new("UPDATE steps SET completion = v.column3 FROM (");
-        query.push_values(&completions, |mut row, (run, seq, text)| {
+        query.push_values(&completions, |mut row, (run, seq, text, ..)| {
             row.push_bind(*run).push_bind(*seq).push_bind(text.as_str());
         });
-        query.push(") AS v WHERE steps.run_uid = v.column1 AND steps.seq = v.column2");
-        let done = query.build().execute(&mut *conn).await.map_err(map_err)?;
-        expect_rows(done.rows_affected(), completions.len(), "completed")?;
+        query.push(
+            ") AS v WHERE steps.run_uid = v.column1 AND steps.seq = v.column2 \
+             AND steps.completion IS NULL RETURNING steps.run_uid, steps.seq",
+        );
+        let mut done: HashSet<(String, i64)> = HashSet::new();
+        for row in query.build().fetch_all(&mut *conn).await.map_err(map_err)? {
+            done.insert((
+                row.try_get(0).map_err(map_err)?,
+                row.try_get(1).map_err(map_err)?,
+            ));
+        }
+        // A step left out had its outcome before this batch: that completion is refused.
+        for (run, seq, _, index, len) in &completions {
+            if !done.remove(&(run.to_string(), *seq)) {
+                let seq = u32::try_from(*seq).unwrap_or(u32::MAX);
+                results[*index] = Err(sql::complete_refused(run, seq, *len, true));
+            }
+        }
+        if !done.is_empty() {
+            return Err(Error::Corrupt(format!(
+                "steps completed that no write of the batch named: {done:?}"
+            )));
+        }
     }
     Ok(results)
 }

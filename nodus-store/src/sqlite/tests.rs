@@ -369,6 +369,15 @@ async fn a_batch_of_journal_writes_answers_each_write_in_order() {
         .append_step("u", fence, &step(0))
         .await
         .expect("append");
+    // Step 0 has its outcome before the batch, which completes it again.
+    let first = Completion {
+        finished_at: Timestamp::UNIX_EPOCH,
+        outcome: Outcome::Answered,
+    };
+    store
+        .complete_step("u", fence, 0, &first)
+        .await
+        .expect("complete");
     let done = Completion {
         finished_at: Timestamp::UNIX_EPOCH,
         outcome: Outcome::Failed {
@@ -428,7 +437,7 @@ async fn a_batch_of_journal_writes_answers_each_write_in_order() {
             "cannot complete step 5: the journal has 2 steps".to_string(),
             "fenced".to_string(),
             "fenced".to_string(),
-            "ok".to_string(),
+            "step 0 is already completed".to_string(),
             "ok".to_string(),
         ]
     );
@@ -436,9 +445,10 @@ async fn a_batch_of_journal_writes_answers_each_write_in_order() {
     assert_eq!(
         journal
             .iter()
-            .map(|s| (s.seq, s.completion.is_some()))
+            .map(|s| (s.seq, s.completion.clone()))
             .collect::<Vec<_>>(),
-        vec![(0, true), (1, true), (2, false)]
+        vec![(0, Some(first)), (1, Some(done)), (2, None)],
+        "step 0 keeps its first outcome"
     );
 }
 
