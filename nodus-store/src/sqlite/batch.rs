@@ -10,6 +10,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use nodus_core::store::Error;
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
 
+use super::documents::update_one;
+use super::write::{DocumentUpdate, SnapshotRow};
 use crate::commit::JournalWrite;
 use crate::sql::{self, map_err};
 
@@ -150,4 +152,101 @@ fn expect_rows(affected: u64, expected: usize, what: &str) -> Result<(), Error> 
             "{expected} journal steps were to be {what}, {affected} were"
         )))
     }
+}
+
+/// Keep the snapshots that journal writes of one segment carry (one multi-row insert; a
+/// snapshot kept again replaces the earlier one, as one by one).
+pub(super) async fn keep_snapshots(
+    conn: &mut SqliteConnection,
+    rows: &[&SnapshotRow],
+) -> Result<(), Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut query = QueryBuilder::<Sqlite>::new("INSERT INTO snapshots (run_uid, seq, snapshot) ");
+    query.push_values(rows, |mut row, snapshot| {
+        row.push_bind(snapshot.run.as_str())
+            .push_bind(i64::from(snapshot.seq))
+            .push_bind(snapshot.text.as_str());
+    });
+    query.push(" ON CONFLICT (run_uid, seq) DO UPDATE SET snapshot = excluded.snapshot");
+    query.build().execute(&mut *conn).await.map_err(map_err)?;
+    Ok(())
+}
+
+/// Replace the documents that journal writes of one segment carry, each if still at the
+/// version its writer read, in one statement that says which it replaced: each update's own
+/// answer (those it did not replace are tried alone, which says why: moved on, or gone), or
+/// one error when the database failed. Updates that name one document twice are carried out
+/// one by one, in order.
+pub(super) async fn replace_documents(
+    conn: &mut SqliteConnection,
+    updates: &[&DocumentUpdate],
+) -> Result<Vec<Result<(), Error>>, Error> {
+    let mut keys = HashSet::new();
+    let rows: Option<Vec<(&DocumentUpdate, i64, i64)>> = updates
+        .iter()
+        .map(|update| {
+            let expected = sql::to_i64(update.expected)?;
+            let version = expected.checked_add(1)?;
+            keys.insert(&update.key)
+                .then_some((*update, expected, version))
+        })
+        .collect();
+    let Some(rows) = rows.filter(|rows| rows.len() > 1) else {
+        let mut results = Vec::with_capacity(updates.len());
+        for update in updates {
+            results.push(update_one(conn, update).await?);
+        }
+        return Ok(results);
+    };
+    let mut query = QueryBuilder::<Sqlite>::new(
+        "UPDATE resources SET version = v.column9, uid = v.column4, group_name = v.column5, \
+         phase = v.column6, document = v.column7 FROM (",
+    );
+    query.push_values(&rows, |mut row, (update, expected, version)| {
+        row.push_bind(update.key.project.as_str())
+            .push_bind(update.key.kind.plural())
+            .push_bind(update.key.name.as_str())
+            .push_bind(update.columns.uid.as_deref())
+            .push_bind(update.columns.group.as_deref())
+            .push_bind(update.columns.phase.as_deref())
+            .push_bind(update.text.as_str())
+            .push_bind(*expected)
+            .push_bind(*version);
+    });
+    query.push(
+        ") AS v WHERE resources.project = v.column1 AND resources.kind = v.column2 \
+         AND resources.name = v.column3 AND resources.version = v.column8 \
+         RETURNING resources.project, resources.kind, resources.name",
+    );
+    let mut replaced: HashSet<(String, String, String)> = HashSet::new();
+    for row in query.build().fetch_all(&mut *conn).await.map_err(map_err)? {
+        replaced.insert((
+            row.try_get(0).map_err(map_err)?,
+            row.try_get(1).map_err(map_err)?,
+            row.try_get(2).map_err(map_err)?,
+        ));
+    }
+    let mut results = Vec::with_capacity(rows.len());
+    for (update, ..) in rows {
+        let key = &update.key;
+        let named = (
+            key.project.clone(),
+            key.kind.plural().to_string(),
+            key.name.clone(),
+        );
+        results.push(if replaced.remove(&named) {
+            Ok(())
+        } else {
+            // Refused: alone, the update says why (and replaces nothing).
+            update_one(conn, update).await?
+        });
+    }
+    if !replaced.is_empty() {
+        return Err(Error::Corrupt(format!(
+            "documents replaced that no update of the batch named: {replaced:?}"
+        )));
+    }
+    Ok(results)
 }

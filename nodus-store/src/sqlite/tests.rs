@@ -534,3 +534,102 @@ async fn group_members_are_found_through_an_index() {
     let members = plan(&store, &sql).await;
     assert!(members.contains("resources_group"), "{members}");
 }
+
+/// The documents a segment of journal writes replaces, in one statement: each update gets its
+/// own answer, exactly as if written one by one (a stale version and a missing document are
+/// refused alone and change nothing), and a document named twice is replaced twice, in order.
+#[tokio::test]
+async fn a_segment_s_document_updates_answer_each_update_in_order() {
+    use super::write::DocumentUpdate;
+    use crate::sql::{Columns, document_text};
+
+    let (store, _dir) = fresh().await;
+    let key = |name: &str| ObjectKey::new("p", Kind::AgentRun, name);
+    for name in ["a", "b", "c"] {
+        store
+            .create(
+                &key(name),
+                json!({ "spec": { "group": "g" }, "status": { "phase": "Pending" } }),
+            )
+            .await
+            .expect("create");
+    }
+    let update = |name: &str, expected: u64, phase: &str| {
+        let document = json!({ "spec": { "group": "g" }, "status": { "phase": phase } });
+        DocumentUpdate {
+            key: key(name),
+            expected,
+            columns: Columns::of(&document),
+            text: document_text(&document),
+        }
+    };
+    let run = |updates: Vec<DocumentUpdate>| {
+        let store = &store;
+        async move {
+            let mut conn = store.inner.writer.acquire().await.expect("the writer");
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
+            let refs: Vec<&DocumentUpdate> = updates.iter().collect();
+            let results = super::batch::replace_documents(&mut tx, &refs)
+                .await
+                .expect("the segment");
+            tx.commit().await.expect("commit");
+            results
+        }
+    };
+    let results = run(vec![
+        update("a", 1, "Running"),
+        update("b", 5, "Running"),
+        update("gone", 1, "Running"),
+        update("c", 1, "Succeeded"),
+    ])
+    .await;
+    assert_eq!(
+        results,
+        vec![
+            Ok(()),
+            Err(Error::Conflict {
+                key: key("b"),
+                expected: 5,
+                actual: 1
+            }),
+            Err(Error::NotFound(key("gone"))),
+            Ok(()),
+        ]
+    );
+    let stored = |name: &'static str| {
+        let store = &store;
+        async move {
+            let record = store.get(&key(name)).await.expect("get");
+            (record.version, record.document["status"]["phase"].clone())
+        }
+    };
+    assert_eq!(stored("a").await, (2, json!("Running")));
+    assert_eq!(
+        stored("b").await,
+        (1, json!("Pending")),
+        "b is left as it was"
+    );
+    assert_eq!(stored("c").await, (2, json!("Succeeded")));
+    // The phase column (what a group's counts read) follows the document.
+    let mut phases = store.group_phases("p", "g").await.expect("phases");
+    phases.sort();
+    let phase = |name: &str| Some(name.to_string());
+    assert_eq!(
+        phases,
+        vec![
+            (phase("Pending"), 1),
+            (phase("Running"), 1),
+            (phase("Succeeded"), 1)
+        ]
+    );
+
+    let results = run(vec![
+        update("a", 2, "Waiting"),
+        update("a", 3, "Succeeded"),
+        update("b", 1, "Failed"),
+    ])
+    .await;
+    assert_eq!(results, vec![Ok(()), Ok(()), Ok(())]);
+    assert_eq!(stored("a").await, (4, json!("Succeeded")));
+    assert_eq!(stored("b").await, (2, json!("Failed")));
+}

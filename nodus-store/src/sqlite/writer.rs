@@ -13,7 +13,7 @@ use super::documents::{insert, read_record, update_one};
 use super::journal::journal_write;
 use super::leases::grant;
 use super::snapshots::insert_snapshot;
-use super::write::{DocumentUpdate, Then, Write, Written};
+use super::write::{DocumentUpdate, SnapshotRow, Then, Write, Written};
 use super::{SqliteStore, batch};
 use crate::commit::Committer;
 use crate::sql::{self, map_err};
@@ -75,13 +75,39 @@ impl Committer<Write> for Writer {
                 } else {
                     batch::journal_writes(&mut tx, &segment).await?
                 };
+                // What the writes that were done carry: their snapshots, then their
+                // documents, each kind in one statement.
+                let done: Vec<&Then> = written
+                    .iter()
+                    .zip(&thens)
+                    .filter_map(|(result, then)| then.as_ref().filter(|_| result.is_ok()))
+                    .collect();
+                let snapshots: Vec<&SnapshotRow> = done
+                    .iter()
+                    .filter_map(|then| then.snapshot.as_ref())
+                    .collect();
+                batch::keep_snapshots(&mut tx, &snapshots).await?;
+                let updates: Vec<&DocumentUpdate> = done
+                    .iter()
+                    .filter_map(|then| then.update.as_ref())
+                    .collect();
+                let mut replaced = batch::replace_documents(&mut tx, &updates)
+                    .await?
+                    .into_iter();
                 for (result, then) in written.into_iter().zip(thens) {
-                    results.push(match (result, then) {
+                    results.push(match (result, then.map(|then| then.update)) {
                         (Err(refused), _) => Err(refused),
                         (Ok(()), None) => Ok(Written::Done),
-                        (Ok(()), Some(then)) => Ok(Written::Then(
-                            carry_out(&mut tx, then, &mut announced).await?,
-                        )),
+                        (Ok(()), Some(None)) => Ok(Written::Then(Ok(()))),
+                        (Ok(()), Some(Some(update))) => {
+                            let replaced = replaced.next().ok_or_else(|| {
+                                Error::Corrupt("a document update went unanswered".to_string())
+                            })?;
+                            if replaced.is_ok() {
+                                announced.push(Change::Written(update.key, update.expected + 1));
+                            }
+                            Ok(Written::Then(replaced))
+                        }
                     });
                 }
             }
