@@ -23,11 +23,13 @@ use nodus_store::MemoryStore;
 use serde_json::Value;
 use support::{PROJECT, World, agent, run};
 
-/// A store that counts its reads of documents and the documents (or counts) they answer.
+/// A store that counts its reads of documents and the documents (or counts) they answer,
+/// and its reads of agents.
 struct CountingStore {
     inner: MemoryStore,
     reads: AtomicUsize,
     documents: AtomicUsize,
+    agent_reads: AtomicUsize,
 }
 
 impl CountingStore {
@@ -59,6 +61,9 @@ impl Store for CountingStore {
     }
     async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
         self.read(1);
+        if key.kind == Kind::Agent {
+            self.agent_reads.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.get(key).await
     }
     async fn list(
@@ -250,6 +255,7 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
         inner: MemoryStore::new(),
         reads: AtomicUsize::new(0),
         documents: AtomicUsize::new(0),
+        agent_reads: AtomicUsize::new(0),
     });
     let world = World::over_store(Vec::new(), store.clone());
     let engine = world.engine();
@@ -286,7 +292,13 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
             .await
             .expect("members");
     }
+    let agent_reads = store.agent_reads.load(Ordering::SeqCst);
     let at_a_thousand = reads_to_add(&engine, &store, created).await;
+    assert_eq!(
+        store.agent_reads.load(Ordering::SeqCst) - agent_reads,
+        2,
+        "a run alone and a batch of ten each read their agent once"
+    );
     assert_eq!(
         at_ten, at_a_thousand,
         "(reads, documents read) adding a member singly and ten in a batch, at 10 members \

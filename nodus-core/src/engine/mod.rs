@@ -70,11 +70,14 @@ pub use crate::resource::TEMPLATE_PROJECT;
 pub const MAX_BATCH: usize = 100;
 
 /// What the runs one request creates share while they are prepared: their admissions to
-/// their groups so far, and the images they pinned (each reference resolved once).
+/// their groups so far, the images they pinned and the agents they name (each reference
+/// resolved once: the runs of a batch snapshot one version of their agent).
 #[derive(Default)]
 struct Batch {
     admissions: group::Admissions,
     images: image::PinnedImages,
+    /// The agents its runs name, each resolved once ([`Engine::resolve_agent`]), by reference.
+    agents: std::collections::HashMap<String, (String, Versioned<crate::resource::AgentSpec>)>,
 }
 
 /// What the engine works through.
@@ -725,7 +728,14 @@ impl Engine {
         // its spec is kept: it is never stored as an Agent).
         let (agent_ref, agent_revision, agent) = match &run.spec.agent {
             NameOrInline::Name(reference) => {
-                let (agent_ref, agent) = self.resolve_agent(project, reference).await?;
+                let (agent_ref, agent) = match batch.agents.get(reference) {
+                    Some(resolved) => resolved.clone(),
+                    None => {
+                        let resolved = self.resolve_agent(project, reference).await?;
+                        batch.agents.insert(reference.clone(), resolved.clone());
+                        resolved
+                    }
+                };
                 (
                     Some(agent_ref),
                     Some(agent.version.to_string()),
