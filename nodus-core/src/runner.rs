@@ -113,6 +113,9 @@ struct Done {
     awaiting_funds: bool,
     /// How long the group's reconcile took (a group's work only; `None` when it is gone).
     reconcile_took: Option<Duration>,
+    /// The run's version as its drive wrote it last, when the drive saw none later: its
+    /// changes up to that version need no drive after it.
+    own_write: Option<u64>,
 }
 
 impl Done {
@@ -123,6 +126,7 @@ impl Done {
             wake_at: None,
             awaiting_funds: false,
             reconcile_took: None,
+            own_write: None,
         }
     }
 }
@@ -133,6 +137,10 @@ struct Slot {
     busy: bool,
     /// It changed while a worker had it: work it again after.
     dirty: bool,
+    /// The highest version of it notified since the slot was taken (`u64::MAX` when it was
+    /// queued for another reason than a change of its own): a drive that wrote that version
+    /// last, or a later one, needs no other drive.
+    notified: u64,
     /// It waits in [`Queue::ready`]: its drive has not begun, so a change needs nothing more.
     ready: bool,
 }
@@ -158,6 +166,10 @@ struct Queue {
     /// credits wakes only those (every model call changes the account; looking for waiting
     /// runs in the store each time would read every run of the project).
     awaiting_funds: HashMap<String, HashSet<ObjectKey>>,
+    /// Runs whose drive's own last write is not notified yet, with its version: its
+    /// notification (or an earlier one) wakes nothing. An entry lasts until that
+    /// notification comes, or notifications are lost.
+    own_writes: HashMap<ObjectKey, u64>,
     /// How long each group's last reconcile took, which sets how long its changes gather.
     reconcile_took: HashMap<ObjectKey, Duration>,
 }
@@ -229,7 +241,10 @@ impl Runner {
             tokio::select! {
                 () = &mut stop => break,
                 change = changes.recv() => match change {
-                    Ok(Change::Written(key, _)) if matches!(key.kind, Kind::AgentRun | Kind::AgentGroup) => {
+                    Ok(Change::Written(key, version)) if key.kind == Kind::AgentRun => {
+                        self.changed(key, version, &mut queue);
+                    }
+                    Ok(Change::Written(key, _)) if key.kind == Kind::AgentGroup => {
                         self.queue(key, &mut queue);
                     }
                     Ok(Change::Written(key, _)) if key.kind == Kind::Account && key.project == SYSTEM_PROJECT => {
@@ -248,6 +263,7 @@ impl Runner {
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "change notifications lagged; looking at everything again");
+                        queue.own_writes.clear();
                         for key in self.everything().await {
                             self.queue(key, &mut queue);
                         }
@@ -332,12 +348,24 @@ impl Runner {
                 }
             }
         }
+        let own_write = done.own_write;
         let again = queue.slots.get_mut(&done.key).is_some_and(|slot| {
             slot.busy = false;
-            std::mem::take(&mut slot.dirty)
+            let dirty = std::mem::take(&mut slot.dirty);
+            match own_write {
+                // The drive's own writes (and what it saw): nothing new for a drive.
+                Some(written) if slot.notified <= written => {
+                    if slot.notified < written {
+                        queue.own_writes.insert(done.key.clone(), written);
+                    }
+                    false
+                }
+                _ => dirty,
+            }
         });
         if again {
-            self.queue(done.key, queue);
+            // Its slot keeps the versions notified so far.
+            self.queue_at(done.key, 0, queue);
         } else {
             queue.slots.remove(&done.key);
         }
@@ -356,12 +384,32 @@ impl Runner {
         }
     }
 
+    /// Version `version` of run `key` was written: drive it, unless the write is its last
+    /// drive's own (or was seen by that drive).
+    fn changed(&self, key: ObjectKey, version: u64, queue: &mut Queue) {
+        if let Some(&written) = queue.own_writes.get(&key) {
+            if version >= written {
+                queue.own_writes.remove(&key);
+            }
+            if version <= written {
+                return;
+            }
+        }
+        self.queue_at(key, version, queue);
+    }
+
     fn queue(&self, key: ObjectKey, queue: &mut Queue) {
+        self.queue_at(key, u64::MAX, queue);
+    }
+
+    /// Queue `key`'s work, for a change to `version` of it (`u64::MAX`: another reason).
+    fn queue_at(&self, key: ObjectKey, version: u64, queue: &mut Queue) {
         if self.engine.draining() {
             // A draining replica takes on nothing: the other replicas see the same changes.
             return;
         }
         let slot = queue.slots.entry(key.clone()).or_default();
+        slot.notified = slot.notified.max(version);
         if slot.ready {
             return;
         }
@@ -627,13 +675,26 @@ fn retry_at(clock: &dyn Clock, retry_after: Duration) -> Option<Timestamp> {
 /// Drive one run and say what follows.
 async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: ObjectKey) -> Done {
     // One read of the run for both: its group, and the drive.
-    let (group, driven) = match engine.drive_in_group(&key.project, &key.name).await {
-        Ok((group, driven)) => (
+    let (group, driven, own_write) = match engine.drive_in_group(&key.project, &key.name).await {
+        Ok((group, driven, own_write)) => (
             group.map(|group| ObjectKey::new(&key.project, Kind::AgentGroup, group)),
             driven,
+            own_write,
         ),
         Err(_) => return Done::nothing(key, None),
     };
+    let done = drive_done(clock, retry_after, key, group, driven);
+    Done { own_write, ..done }
+}
+
+/// What follows from a drive of run `key` of `group` that went as `driven`.
+fn drive_done(
+    clock: &dyn Clock,
+    retry_after: Duration,
+    key: ObjectKey,
+    group: Option<ObjectKey>,
+    driven: Result<Driven>,
+) -> Done {
     match driven {
         Ok(Driven::Waiting { until, reason }) => Done {
             key,
@@ -641,6 +702,7 @@ async fn drive(engine: &Engine, clock: &dyn Clock, retry_after: Duration, key: O
             wake_at: until,
             awaiting_funds: reason == WaitReason::AwaitingFunds,
             reconcile_took: None,
+            own_write: None,
         },
         // A run its group has not admitted yet: the group decides (a new run of an open
         // group is admitted by that reconcile; one that must wait leaves the group as it was,

@@ -72,6 +72,32 @@ pub(super) struct Fixed {
     pub(super) fork_of: Option<crate::resource::ForkOf>,
 }
 
+/// The versions of its run a drive saw: the highest it read or wrote, and the one it wrote
+/// last.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    highest: u64,
+    written: Option<u64>,
+}
+
+impl Seen {
+    fn read(&mut self, version: u64) {
+        self.highest = self.highest.max(version);
+    }
+
+    fn wrote(&mut self, version: u64) {
+        self.read(version);
+        self.written = Some(version);
+    }
+
+    /// The version the drive wrote last, when it saw none later: each change of the run up
+    /// to it was the drive's own or seen by it (a write is conditional on the version read),
+    /// and its notification is still to come or came.
+    fn own_write(&self) -> Option<u64> {
+        self.written.filter(|written| *written == self.highest)
+    }
+}
+
 impl Engine {
     /// Drive a run as far as it goes now: until it finishes, waits, parks, or is not admitted
     /// yet. Safe to call on any run at any time, after a crash included: completed steps are
@@ -80,23 +106,36 @@ impl Engine {
     #[cfg(any(test, feature = "test-util"))]
     pub(crate) async fn drive(&self, project: &str, name: &str) -> Result<Driven> {
         let run = self.read_run(project, name).await?;
-        self.drive_read(project, name, run).await
+        self.drive_seen(project, name, run, &mut Seen::default())
+            .await
     }
 
     /// Drive a run as [`Engine::drive`] does, and say which group it is in, from the same
     /// read of the run (the runner looks at the group after): `Err` when the run cannot be
-    /// read, else the group and how the drive went.
+    /// read, else the group, how the drive went, and the version of the run the drive wrote
+    /// last when nothing later was seen by it ([`Seen::own_write`]: changes up to it are the
+    /// drive's or were seen by it).
     pub(crate) async fn drive_in_group(
         &self,
         project: &str,
         name: &str,
-    ) -> Result<(Option<String>, Result<Driven>)> {
+    ) -> Result<(Option<String>, Result<Driven>, Option<u64>)> {
         let run = self.read_run(project, name).await?;
         let group = run.object.spec.group.clone();
-        Ok((group, self.drive_read(project, name, run).await))
+        let mut seen = Seen::default();
+        let driven = self.drive_seen(project, name, run, &mut seen).await;
+        Ok((group, driven, seen.own_write()))
     }
 
-    async fn drive_read(&self, project: &str, name: &str, run: Run) -> Result<Driven> {
+    /// Drive `run` as read, noting in `seen` the versions of it the drive reads and writes.
+    async fn drive_seen(
+        &self,
+        project: &str,
+        name: &str,
+        run: Run,
+        seen: &mut Seen,
+    ) -> Result<Driven> {
+        seen.read(run.version);
         let phase = phase_of(&run.object);
         if phase.is_finished() {
             return Ok(Driven::Finished(phase));
@@ -108,7 +147,7 @@ impl Engine {
                     self.end_queued(&key, phase, reason).await?;
                     // Failed now, or admitted meanwhile (its own loop then sees the deadline).
                     let again = self.read_run(project, name).await?;
-                    Box::pin(self.drive_read(project, name, again)).await
+                    Box::pin(self.drive_seen(project, name, again, seen)).await
                 }
                 Queued::Until(until) => Ok(Driven::NotAdmitted { until }),
             };
@@ -124,7 +163,7 @@ impl Engine {
         let lease = self.lease();
         let fence = self.deps.store.claim(&fixed.uid, &lease).await?;
         self.hold(&fixed.uid, Some((fixed.key.clone(), fence)));
-        let driven = self.drive_claimed(&fixed, fence).await;
+        let driven = self.drive_claimed(&fixed, fence, seen).await;
         self.hold(&fixed.uid, None);
         if !matches!(driven, Ok(Driven::Waiting { .. })) {
             self.last_snapshots.forget(&fixed.uid);
@@ -133,7 +172,7 @@ impl Engine {
     }
 
     /// Drive a run whose lease this drive holds under `fence`, and give the lease up after.
-    async fn drive_claimed(&self, fixed: &Fixed, fence: Fence) -> Result<Driven> {
+    async fn drive_claimed(&self, fixed: &Fixed, fence: Fence, seen: &mut Seen) -> Result<Driven> {
         // Watched from before the drive reads the run, so that what it holds (the run as it
         // last read or wrote it) is known to be current until a later version is notified.
         let watch = self.key_changes.watch(&self.deps.store, &fixed.key);
@@ -190,7 +229,7 @@ impl Engine {
         };
         let driven = tokio::select! {
             biased;
-            driven = self.drive_loop(fixed, fence, &mut replay, &watch) => driven,
+            driven = self.drive_loop(fixed, fence, &mut replay, &watch, seen) => driven,
             () = renewing => unreachable_renewal(),
         };
         if !matches!(
@@ -339,6 +378,7 @@ impl Engine {
         fence: Fence,
         replay: &mut Replay,
         watch: &super::changes::KeyWatch,
+        seen: &mut Seen,
     ) -> Result<Driven> {
         // The run as this loop last wrote it, with its inbox: while nobody else writes the run
         // (a message or a cancel request bumps its version, so the next status write is
@@ -355,6 +395,7 @@ impl Engine {
                     let record = self.deps.store.get(&fixed.key).await?;
                     let run = typed::decode::<crate::resource::AgentRunSpec>(record)?;
                     let inbox = self.deps.store.inbox(&fixed.uid).await?;
+                    seen.read(run.version);
                     (run, inbox)
                 }
             };
@@ -369,12 +410,9 @@ impl Engine {
             // A decision that stops the run's work: the phase it leads to, written.
             if let Some(target) = decide::phase_of(phase, &decision) {
                 let target = target?;
-                if self
-                    .write_status(fixed, &run, replay, target)
-                    .await?
-                    .is_none()
-                {
-                    continue;
+                match self.write_status(fixed, &run, replay, target).await? {
+                    Some(written) => seen.wrote(written.version),
+                    None => continue,
                 }
                 if target.is_finished() {
                     self.run_ended(fixed, replay, target).await;
@@ -417,7 +455,10 @@ impl Engine {
                             written.apply(&step);
                         }
                         match self.write_status(fixed, &run, &written, phase).await? {
-                            Some(written) => run = written,
+                            Some(written) => {
+                                seen.wrote(written.version);
+                                run = written;
+                            }
                             None => continue,
                         }
                     }
@@ -496,14 +537,14 @@ impl Engine {
                             snapshot,
                         )
                         .await?
-                        .map(|written| (written, inbox));
+                        .map(|written| {
+                            seen.wrote(written.version);
+                            (written, inbox)
+                        });
                 }
                 Effect::Uncertain => {
-                    if self
-                        .write_status(fixed, &run, replay, target)
-                        .await?
-                        .is_some()
-                    {
+                    if let Some(written) = self.write_status(fixed, &run, replay, target).await? {
+                        seen.wrote(written.version);
                         return Ok(Driven::Parked {
                             seq,
                             until: decide::time_limit(&run.object.spec, replay).map(|(at, _)| at),
