@@ -1123,17 +1123,7 @@ async fn a_group_member_the_controller_cannot_read_is_an_error_not_a_zero_cap() 
         .reconcile_group(PROJECT, "g")
         .await
         .expect("reconcile");
-    let phase = |name: &'static str| {
-        let engine = &engine;
-        async move {
-            engine
-                .get_run(PROJECT, name)
-                .await
-                .expect("run")
-                .status
-                .phase
-        }
-    };
+    let phase = |name| support::run_phase(&engine, name);
     assert_eq!(phase("g-a").await, Some(RunPhase::Running));
     assert_eq!(
         phase("g-b").await,

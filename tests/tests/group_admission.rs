@@ -7,203 +7,12 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use async_trait::async_trait;
 use nodus_core::engine::{Engine, Error};
 use nodus_core::group::AdmissionRefused;
-use nodus_core::journal::{Completion, Step};
 use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, GroupLimits, Kind};
-use nodus_core::store::{
-    self, Change, Delivery, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Selector, Store,
-};
-use nodus_store::MemoryStore;
-use serde_json::Value;
-use support::{PROJECT, World, agent, run};
-
-/// A store that counts its reads of documents and the documents (or counts) they answer,
-/// and its reads of agents.
-struct CountingStore {
-    inner: MemoryStore,
-    reads: AtomicUsize,
-    documents: AtomicUsize,
-    agent_reads: AtomicUsize,
-}
-
-impl CountingStore {
-    fn read(&self, documents: usize) {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.documents.fetch_add(documents, Ordering::SeqCst);
-    }
-
-    /// (reads, documents read) so far.
-    fn seen(&self) -> (usize, usize) {
-        (
-            self.reads.load(Ordering::SeqCst),
-            self.documents.load(Ordering::SeqCst),
-        )
-    }
-}
-
-#[async_trait]
-impl Store for CountingStore {
-    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, store::Error> {
-        self.inner.create(key, document).await
-    }
-    async fn create_batch(
-        &self,
-        items: Vec<(ObjectKey, Value)>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Vec<Record>, store::Error> {
-        self.inner.create_batch(items, idempotency_key).await
-    }
-    async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
-        self.read(1);
-        if key.kind == Kind::Agent {
-            self.agent_reads.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.get(key).await
-    }
-    async fn list(
-        &self,
-        project: &str,
-        kind: Kind,
-        selector: &Selector,
-    ) -> Result<Vec<Record>, store::Error> {
-        let listed = self.inner.list(project, kind, selector).await?;
-        self.read(listed.len());
-        Ok(listed)
-    }
-    async fn list_page(
-        &self,
-        project: &str,
-        kind: Kind,
-        selector: &Selector,
-        after: Option<Position>,
-        limit: std::num::NonZeroUsize,
-    ) -> Result<Page, store::Error> {
-        let page = self
-            .inner
-            .list_page(project, kind, selector, after, limit)
-            .await?;
-        self.read(page.records.len());
-        Ok(page)
-    }
-    async fn list_sparse(
-        &self,
-        project: &str,
-        kind: Kind,
-        selector: &Selector,
-        paths: &[&str],
-    ) -> Result<Vec<Record>, store::Error> {
-        let listed = self
-            .inner
-            .list_sparse(project, kind, selector, paths)
-            .await?;
-        self.read(listed.len());
-        Ok(listed)
-    }
-    async fn projects(&self) -> Result<Vec<String>, store::Error> {
-        self.inner.projects().await
-    }
-    async fn group_phases(
-        &self,
-        project: &str,
-        group: &str,
-    ) -> Result<Vec<(Option<String>, u64)>, store::Error> {
-        let phases = self.inner.group_phases(project, group).await?;
-        self.read(phases.len());
-        Ok(phases)
-    }
-    async fn update(
-        &self,
-        key: &ObjectKey,
-        version: u64,
-        document: Value,
-    ) -> Result<Record, store::Error> {
-        self.inner.update(key, version, document).await
-    }
-    async fn modify(&self, key: &ObjectKey, edit: store::Edit) -> Result<Record, store::Error> {
-        self.inner.modify(key, edit).await
-    }
-    async fn delete(&self, key: &ObjectKey) -> Result<(), store::Error> {
-        self.inner.delete(key).await
-    }
-    async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
-        self.inner.claim(run, lease).await
-    }
-    async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
-        self.inner.renew(run, fence, lease).await
-    }
-    async fn release(&self, run: &str, fence: Fence) -> Result<(), store::Error> {
-        self.inner.release(run, fence).await
-    }
-    async fn append_step(&self, run: &str, fence: Fence, step: &Step) -> Result<(), store::Error> {
-        self.inner.append_step(run, fence, step).await
-    }
-    async fn complete_step(
-        &self,
-        run: &str,
-        fence: Fence,
-        seq: u32,
-        completion: &Completion,
-    ) -> Result<(), store::Error> {
-        self.inner.complete_step(run, fence, seq, completion).await
-    }
-    async fn journal(&self, run: &str) -> Result<Vec<Step>, store::Error> {
-        self.inner.journal(run).await
-    }
-    async fn post_message(
-        &self,
-        run: &ObjectKey,
-        expected_version: u64,
-        key: Option<&str>,
-        payload: &str,
-        at: jiff::Timestamp,
-    ) -> Result<Delivery, store::Error> {
-        self.inner
-            .post_message(run, expected_version, key, payload, at)
-            .await
-    }
-    async fn inbox(&self, run: &str) -> Result<Vec<InboxMessage>, store::Error> {
-        self.inner.inbox(run).await
-    }
-    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, store::Error> {
-        self.inner.rewrite_run(rewrite).await
-    }
-    async fn put_snapshot(
-        &self,
-        run_uid: &str,
-        seq: u32,
-        snapshot: &nodus_core::snapshot::Stored,
-        blobs: &[nodus_core::snapshot::Blob],
-    ) -> Result<(), store::Error> {
-        self.inner.put_snapshot(run_uid, seq, snapshot, blobs).await
-    }
-    async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, store::Error> {
-        self.inner.missing_blobs(digests).await
-    }
-    async fn snapshots(
-        &self,
-        run_uid: &str,
-    ) -> Result<Vec<(u32, nodus_core::snapshot::Snapshot)>, store::Error> {
-        self.inner.snapshots(run_uid).await
-    }
-    async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, store::Error> {
-        self.inner.blob(digest).await
-    }
-    async fn delete_snapshots(&self, run_uid: &str) -> Result<(), store::Error> {
-        self.inner.delete_snapshots(run_uid).await
-    }
-    async fn blob_bytes(&self) -> Result<u64, store::Error> {
-        self.inner.blob_bytes().await
-    }
-    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
-        self.inner.subscribe()
-    }
-}
+use support::{CountingStore, PROJECT, World, agent, run, run_phase};
 
 fn group_spec() -> AgentGroupSpec {
     AgentGroupSpec {
@@ -251,12 +60,7 @@ async fn reads_to_add(engine: &Engine, store: &CountingStore, i: usize) -> [(usi
 
 #[tokio::test]
 async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
-    let store = Arc::new(CountingStore {
-        inner: MemoryStore::new(),
-        reads: AtomicUsize::new(0),
-        documents: AtomicUsize::new(0),
-        agent_reads: AtomicUsize::new(0),
-    });
+    let store = Arc::new(CountingStore::default());
     let world = World::over_store(Vec::new(), store.clone());
     let engine = world.engine();
     engine
@@ -292,10 +96,10 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
             .await
             .expect("members");
     }
-    let agent_reads = store.agent_reads.load(Ordering::SeqCst);
+    let agent_reads = store.gets_of_kind(Kind::Agent);
     let at_a_thousand = reads_to_add(&engine, &store, created).await;
     assert_eq!(
-        store.agent_reads.load(Ordering::SeqCst) - agent_reads,
+        store.gets_of_kind(Kind::Agent) - agent_reads,
         2,
         "a run alone and a batch of ten each read their agent once"
     );
@@ -306,24 +110,30 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
     );
 }
 
-#[tokio::test]
-async fn admission_keeps_every_rule_on_sqlite() {
+/// An engine on a new SQLite store (in the returned directory) with agent `worker` and its
+/// group `g` of `spec`.
+async fn on_sqlite_with_group(spec: AgentGroupSpec) -> (Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let sqlite = nodus_store::SqliteStore::open(dir.path().join("nodus.db"))
         .await
         .expect("open a SQLite store");
-    let world = World::over_store(Vec::new(), Arc::new(sqlite));
-    let engine = world.engine();
+    let engine = World::over_store(Vec::new(), Arc::new(sqlite)).engine();
     engine
         .apply_agent(PROJECT, agent("worker", |_| {}))
         .await
         .expect("agent");
-    let mut spec = group_spec();
-    spec.limits.max_pending = 3;
     engine
-        .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
         .await
         .expect("group");
+    (engine, dir)
+}
+
+#[tokio::test]
+async fn admission_keeps_every_rule_on_sqlite() {
+    let mut spec = group_spec();
+    spec.limits.max_pending = 3;
+    let (engine, _dir) = on_sqlite_with_group(spec.clone()).await;
     fn refused<T: std::fmt::Debug>(result: Result<T, Error>) -> AdmissionRefused {
         match result {
             Err(Error::Admission(refused)) => refused,
@@ -397,33 +207,10 @@ async fn admission_keeps_every_rule_on_sqlite() {
 async fn a_run_joining_a_full_group_is_created_waiting_for_a_slot() {
     use nodus_core::lifecycle::PendingReason;
     use nodus_core::testing::Drive as _;
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let sqlite = nodus_store::SqliteStore::open(dir.path().join("nodus.db"))
-        .await
-        .expect("open a SQLite store");
-    let world = World::over_store(Vec::new(), Arc::new(sqlite));
-    let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("worker", |_| {}))
-        .await
-        .expect("agent");
     let mut spec = group_spec();
     spec.limits.max_active = 1;
-    engine
-        .apply_group(PROJECT, AgentGroup::new("g", spec))
-        .await
-        .expect("group");
-    let phase = |name: &'static str| {
-        let engine = &engine;
-        async move {
-            engine
-                .get_run(PROJECT, name)
-                .await
-                .expect("run")
-                .status
-                .phase
-        }
-    };
+    let (engine, _dir) = on_sqlite_with_group(spec).await;
+    let phase = |name| run_phase(&engine, name);
     engine.create_run(PROJECT, task("a", &[])).await.expect("a");
     assert_eq!(
         phase("g-a").await,
@@ -449,15 +236,11 @@ async fn a_run_joining_a_full_group_is_created_waiting_for_a_slot() {
         Some(RunPhase::Pending(PendingReason::Queued)),
         "a dependency: the reconcile decides"
     );
-    let version = |name: &'static str| {
+    let version = |name| {
         let engine = &engine;
         async move {
-            engine
-                .get_run(PROJECT, name)
-                .await
-                .expect("run")
-                .metadata
-                .resource_version
+            let run = engine.get_run(PROJECT, name).await.expect("run");
+            run.metadata.resource_version
         }
     };
     let b_before = version("g-b").await;

@@ -94,9 +94,18 @@ impl Sandbox for GatedSandbox {
 /// An engine over the in-memory store, `sandbox`, the offline model (it runs the commands a
 /// prompt quotes in backticks) and a manual clock.
 fn engine(sandbox: Arc<dyn Sandbox>, clock: Arc<ManualClock>) -> Engine {
+    engine_over(Arc::new(MemoryStore::new()), sandbox, clock)
+}
+
+/// The same over `store`.
+fn engine_over(
+    store: Arc<dyn Store>,
+    sandbox: Arc<dyn Sandbox>,
+    clock: Arc<ManualClock>,
+) -> Engine {
     Engine::new(
         Deps {
-            store: Arc::new(MemoryStore::new()),
+            store,
             sandbox,
             model: Arc::new(ScriptedModel::offline()),
             router: Arc::new(FixedRouter(Family::Haiku)),
@@ -706,6 +715,63 @@ async fn a_rescore_is_refused_once_the_retention_sweep_removed_the_source_payloa
             .await
             .is_err(),
         "nothing written"
+    );
+    runner.shutdown().await;
+}
+
+/// A run's drive writes the run as it goes, and last when it ends: the notifications of those
+/// writes drive it no more (it used to be driven once more after it ended, only to read that it
+/// had). A store wrapper counts the reads of the run; the test reads the inner store only.
+#[tokio::test]
+async fn a_run_is_not_driven_again_for_its_own_drive_s_writes() {
+    let store = Arc::new(support::CountingStore::default());
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine_over(store.clone(), Arc::new(RecordingSandbox::new()), clock);
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let runner = start(&engine, 4);
+    let succeeded = |name: &'static str| {
+        let inner = store.inner.clone();
+        async move {
+            let give_up = tokio::time::Instant::now() + SOON;
+            loop {
+                let record = inner.get(&support::run_key(name)).await.expect("the run");
+                if record.document["status"]["phase"] == json!("Succeeded") {
+                    return;
+                }
+                assert!(
+                    tokio::time::Instant::now() < give_up,
+                    "{name} never succeeded"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // The first run only warms the runner up (its start, which looks at every unfinished
+    // run, may see the first run too and drive it again for that); the second is counted;
+    // the third comes after it.
+    for name in ["first", "second", "third"] {
+        engine
+            .create_run(PROJECT, run(name, "helper", "Run `echo one`.", |_| {}))
+            .await
+            .expect("run");
+        succeeded(name).await;
+    }
+    // The runner sees changes in the order they were written: whatever the second run's last
+    // write would drive was started before the third run's first drive, and is over once no
+    // run is driven.
+    let mut driving = runner.driving();
+    tokio::time::timeout(SOON, driving.wait_for(|driving| *driving == 0))
+        .await
+        .expect("no run driven")
+        .expect("the runner runs");
+    assert_eq!(
+        store.gets_of(&support::run_key("second")),
+        2,
+        "the second run read by the runner to drive it and by its drive after the claim, and \
+         not again"
     );
     runner.shutdown().await;
 }

@@ -18,8 +18,8 @@ use nodus_core::router::FixedRouter;
 use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::{
-    self, Change, Delivery, Fence, InboxMessage, Lease, ObjectKey, Record, RunRewrite, Selector,
-    Store,
+    self, Change, Delivery, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
+    RunRewrite, Selector, Store,
 };
 use nodus_core::testing::{Drive, ManualClock, RecordingSandbox};
 use nodus_llm::{Reply, ScriptedModel};
@@ -455,6 +455,214 @@ pub struct World {
     pub model: Arc<CountingModel>,
     pub clock: Arc<ManualClock>,
     pub secrets: StaticSecrets,
+}
+
+/// An in-memory store that counts its reads of documents: how many, the documents (or
+/// counts) they answered, and the reads of each document by its key.
+#[derive(Default)]
+pub struct CountingStore {
+    /// The store counted: reading it directly counts nothing.
+    pub inner: MemoryStore,
+    reads: AtomicUsize,
+    documents: AtomicUsize,
+    gets: Mutex<std::collections::HashMap<ObjectKey, usize>>,
+}
+
+impl CountingStore {
+    fn read(&self, documents: usize) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.documents.fetch_add(documents, Ordering::SeqCst);
+    }
+
+    /// (reads, documents read) so far.
+    pub fn seen(&self) -> (usize, usize) {
+        (
+            self.reads.load(Ordering::SeqCst),
+            self.documents.load(Ordering::SeqCst),
+        )
+    }
+
+    /// How many times the documents of `kind` were read by key so far.
+    pub fn gets_of_kind(&self, kind: Kind) -> usize {
+        let gets = self.gets.lock().unwrap_or_else(|e| e.into_inner());
+        gets.iter()
+            .filter(|(key, _)| key.kind == kind)
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// How many times `key` was read so far.
+    pub fn gets_of(&self, key: &ObjectKey) -> usize {
+        let gets = self.gets.lock().unwrap_or_else(|e| e.into_inner());
+        gets.get(key).copied().unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Store for CountingStore {
+    async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, store::Error> {
+        self.inner.create(key, document).await
+    }
+    async fn create_batch(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Vec<Record>, store::Error> {
+        self.inner.create_batch(items, idempotency_key).await
+    }
+    async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
+        self.read(1);
+        *self
+            .gets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default() += 1;
+        self.inner.get(key).await
+    }
+    async fn list(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+    ) -> Result<Vec<Record>, store::Error> {
+        let listed = self.inner.list(project, kind, selector).await?;
+        self.read(listed.len());
+        Ok(listed)
+    }
+    async fn list_page(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        after: Option<Position>,
+        limit: std::num::NonZeroUsize,
+    ) -> Result<Page, store::Error> {
+        let page = self
+            .inner
+            .list_page(project, kind, selector, after, limit)
+            .await?;
+        self.read(page.records.len());
+        Ok(page)
+    }
+    async fn list_sparse(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+    ) -> Result<Vec<Record>, store::Error> {
+        let listed = self
+            .inner
+            .list_sparse(project, kind, selector, paths)
+            .await?;
+        self.read(listed.len());
+        Ok(listed)
+    }
+    async fn projects(&self) -> Result<Vec<String>, store::Error> {
+        self.inner.projects().await
+    }
+    async fn group_phases(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<(Option<String>, u64)>, store::Error> {
+        let phases = self.inner.group_phases(project, group).await?;
+        self.read(phases.len());
+        Ok(phases)
+    }
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        version: u64,
+        document: Value,
+    ) -> Result<Record, store::Error> {
+        self.inner.update(key, version, document).await
+    }
+    async fn modify(&self, key: &ObjectKey, edit: store::Edit) -> Result<Record, store::Error> {
+        self.inner.modify(key, edit).await
+    }
+    async fn delete(&self, key: &ObjectKey) -> Result<(), store::Error> {
+        self.inner.delete(key).await
+    }
+    async fn claim(&self, run: &str, lease: &Lease) -> Result<Fence, store::Error> {
+        self.inner.claim(run, lease).await
+    }
+    async fn renew(&self, run: &str, fence: Fence, lease: &Lease) -> Result<(), store::Error> {
+        self.inner.renew(run, fence, lease).await
+    }
+    async fn release(&self, run: &str, fence: Fence) -> Result<(), store::Error> {
+        self.inner.release(run, fence).await
+    }
+    async fn append_step(&self, run: &str, fence: Fence, step: &Step) -> Result<(), store::Error> {
+        self.inner.append_step(run, fence, step).await
+    }
+    async fn complete_step(
+        &self,
+        run: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+    ) -> Result<(), store::Error> {
+        self.inner.complete_step(run, fence, seq, completion).await
+    }
+    async fn journal(&self, run: &str) -> Result<Vec<Step>, store::Error> {
+        self.inner.journal(run).await
+    }
+    async fn post_message(
+        &self,
+        run: &ObjectKey,
+        expected_version: u64,
+        key: Option<&str>,
+        payload: &str,
+        at: jiff::Timestamp,
+    ) -> Result<Delivery, store::Error> {
+        self.inner
+            .post_message(run, expected_version, key, payload, at)
+            .await
+    }
+    async fn inbox(&self, run: &str) -> Result<Vec<InboxMessage>, store::Error> {
+        self.inner.inbox(run).await
+    }
+    async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, store::Error> {
+        self.inner.rewrite_run(rewrite).await
+    }
+    async fn put_snapshot(
+        &self,
+        run_uid: &str,
+        seq: u32,
+        snapshot: &nodus_core::snapshot::Stored,
+        blobs: &[nodus_core::snapshot::Blob],
+    ) -> Result<(), store::Error> {
+        self.inner.put_snapshot(run_uid, seq, snapshot, blobs).await
+    }
+    async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, store::Error> {
+        self.inner.missing_blobs(digests).await
+    }
+    async fn snapshots(
+        &self,
+        run_uid: &str,
+    ) -> Result<Vec<(u32, nodus_core::snapshot::Snapshot)>, store::Error> {
+        self.inner.snapshots(run_uid).await
+    }
+    async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, store::Error> {
+        self.inner.blob(digest).await
+    }
+    async fn delete_snapshots(&self, run_uid: &str) -> Result<(), store::Error> {
+        self.inner.delete_snapshots(run_uid).await
+    }
+    async fn blob_bytes(&self) -> Result<u64, store::Error> {
+        self.inner.blob_bytes().await
+    }
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.inner.subscribe()
+    }
+}
+
+/// The phase of run `name` of [`PROJECT`] as stored now.
+pub async fn run_phase(engine: &Engine, name: &str) -> Option<nodus_core::lifecycle::RunPhase> {
+    let run = engine.get_run(PROJECT, name).await.expect("the run");
+    run.status.phase
 }
 
 impl World {
