@@ -12,10 +12,10 @@ use tokio::sync::broadcast;
 use super::documents::{insert, read_record, update_one};
 use super::journal::journal_write;
 use super::leases::grant;
-use super::snapshots::insert_snapshot;
+
 use super::write::{DocumentUpdate, SnapshotRow, Then, Write, Written};
 use super::{SqliteStore, batch};
-use crate::commit::Committer;
+use crate::commit::{Committer, JournalWrite};
 use crate::sql::{self, map_err};
 
 /// The writer task's side of group commit: one transaction per batch on the writer
@@ -70,46 +70,7 @@ impl Committer<Write> for Writer {
                         _ => {}
                     }
                 }
-                let written = if let [write] = segment.as_slice() {
-                    vec![journal_write(&mut tx, write).await?]
-                } else {
-                    batch::journal_writes(&mut tx, &segment).await?
-                };
-                // What the writes that were done carry: their snapshots, then their
-                // documents, each kind in one statement.
-                let done: Vec<&Then> = written
-                    .iter()
-                    .zip(&thens)
-                    .filter_map(|(result, then)| then.as_ref().filter(|_| result.is_ok()))
-                    .collect();
-                let snapshots: Vec<&SnapshotRow> = done
-                    .iter()
-                    .filter_map(|then| then.snapshot.as_ref())
-                    .collect();
-                batch::keep_snapshots(&mut tx, &snapshots).await?;
-                let updates: Vec<&DocumentUpdate> = done
-                    .iter()
-                    .filter_map(|then| then.update.as_ref())
-                    .collect();
-                let mut replaced = batch::replace_documents(&mut tx, &updates)
-                    .await?
-                    .into_iter();
-                for (result, then) in written.into_iter().zip(thens) {
-                    results.push(match (result, then.map(|then| then.update)) {
-                        (Err(refused), _) => Err(refused),
-                        (Ok(()), None) => Ok(Written::Done),
-                        (Ok(()), Some(None)) => Ok(Written::Then(Ok(()))),
-                        (Ok(()), Some(Some(update))) => {
-                            let replaced = replaced.next().ok_or_else(|| {
-                                Error::Corrupt("a document update went unanswered".to_string())
-                            })?;
-                            if replaced.is_ok() {
-                                announced.push(Change::Written(update.key, update.expected + 1));
-                            }
-                            Ok(Written::Then(replaced))
-                        }
-                    });
-                }
+                results.extend(write_segment(&mut tx, segment, thens, &mut announced).await?);
             }
             tx.commit().await.map_err(map_err)?;
         }
@@ -132,11 +93,12 @@ async fn write_one(
         failure => Err(failure),
     };
     match write {
-        Write::Journal(write) => Ok(journal_write(conn, &write).await?.map(|()| Written::Done)),
-        Write::JournalThen(write, then) => match journal_write(conn, &write).await? {
-            Ok(()) => Ok(Ok(Written::Then(carry_out(conn, then, announced).await?))),
-            Err(refused) => Ok(Err(refused)),
-        },
+        Write::Journal(write) => {
+            one_of(write_segment(conn, vec![write], vec![None], announced).await?)
+        }
+        Write::JournalThen(write, then) => {
+            one_of(write_segment(conn, vec![write], vec![Some(then)], announced).await?)
+        }
         Write::Create { key, document } => {
             // A taken key fails this statement only (SQLite's ABORT): the batch goes on.
             match insert(conn, &key, &document).await {
@@ -218,19 +180,62 @@ async fn write_one(
     }
 }
 
-/// What a journal write carries out once done: the snapshot kept, then the document replaced
-/// (`Ok` when there is none).
-async fn carry_out(
+/// Consecutive journal writes of a batch (in a few statements when there are several), then
+/// what those that were done carry: their snapshots, then their documents, each kind in one
+/// statement. Each write's own answer, or one error when the database failed.
+async fn write_segment(
     conn: &mut SqliteConnection,
-    then: Then,
+    segment: Vec<JournalWrite>,
+    thens: Vec<Option<Then>>,
     announced: &mut Vec<Change>,
-) -> Result<Result<(), Error>, Error> {
-    if let Some(row) = then.snapshot {
-        insert_snapshot(conn, &row.run, row.seq, &row.text).await?;
+) -> Result<Vec<Result<Written, Error>>, Error> {
+    let written = if let [write] = segment.as_slice() {
+        vec![journal_write(&mut *conn, write).await?]
+    } else {
+        batch::journal_writes(&mut *conn, &segment).await?
+    };
+    let mut results = Vec::with_capacity(segment.len());
+    let done: Vec<&Then> = written
+        .iter()
+        .zip(&thens)
+        .filter_map(|(result, then)| then.as_ref().filter(|_| result.is_ok()))
+        .collect();
+    let snapshots: Vec<&SnapshotRow> = done
+        .iter()
+        .filter_map(|then| then.snapshot.as_ref())
+        .collect();
+    batch::keep_snapshots(&mut *conn, &snapshots).await?;
+    let updates: Vec<&DocumentUpdate> = done
+        .iter()
+        .filter_map(|then| then.update.as_ref())
+        .collect();
+    let mut replaced = batch::replace_documents(&mut *conn, &updates)
+        .await?
+        .into_iter();
+    for (result, then) in written.into_iter().zip(thens) {
+        results.push(match (result, then.map(|then| then.update)) {
+            (Err(refused), _) => Err(refused),
+            (Ok(()), None) => Ok(Written::Done),
+            (Ok(()), Some(None)) => Ok(Written::Then(Ok(()))),
+            (Ok(()), Some(Some(update))) => {
+                let replaced = replaced.next().ok_or_else(|| {
+                    Error::Corrupt("a document update went unanswered".to_string())
+                })?;
+                if replaced.is_ok() {
+                    announced.push(Change::Written(update.key, update.expected + 1));
+                }
+                Ok(Written::Then(replaced))
+            }
+        });
     }
-    match then.update {
-        Some(update) => replace(conn, update, announced).await,
-        None => Ok(Ok(())),
+    Ok(results)
+}
+
+/// The one answer of a segment of one write.
+fn one_of(mut results: Vec<Result<Written, Error>>) -> Result<Result<Written, Error>, Error> {
+    match (results.pop(), results.is_empty()) {
+        (Some(result), true) => Ok(result),
+        _ => Err(Error::Corrupt("a write went unanswered".to_string())),
     }
 }
 
