@@ -365,11 +365,14 @@ proptest! {
     }
 }
 
-/// A run id no other case, test or process uses.
+/// A run id no other case, test or process uses (a pid repeats across processes: the time too).
 fn unique() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
     format!(
-        "fuzz-{}-{}",
+        "fuzz-{}-{nanos}-{}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
@@ -554,11 +557,7 @@ fn postgres(runtime: &tokio::runtime::Runtime) -> crate::PostgresStore {
             "NODUS_TEST_POSTGRES_URL is not set: run `eval \"$(scripts/test-env start)\"` first"
         ),
     };
-    let schema = format!(
-        "t_fuzz_{}_{}",
-        std::process::id(),
-        unique().replace('-', "_")
-    );
+    let schema = format!("t_{}", unique().replace('-', "_"));
     runtime
         .block_on(crate::PostgresStore::connect(
             crate::PostgresOptions::new(url).schema(schema),

@@ -44,7 +44,12 @@ pub fn postgres_url() -> String {
     let base = std::env::var("NODUS_TEST_POSTGRES_URL").unwrap_or_else(|_| {
         panic!("NODUS_TEST_POSTGRES_URL is not set: run the tests with ./scripts/test, which starts PostgreSQL")
     });
-    let database = format!("nodus_e2e_{}_{}", std::process::id(), unique());
+    // The pid alone repeats across test binaries on a fresh machine (CI), and the databases
+    // of earlier binaries are kept: the time makes the name one no earlier process used.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+    let database = format!("nodus_e2e_{}_{nanos}_{}", std::process::id(), unique());
     // CREATE DATABASE copies template1 and fails while another session uses it: retry.
     let created = (0..20).any(|attempt| {
         if attempt > 0 {
