@@ -303,7 +303,7 @@ pub fn check_stored(seq: u32, stored: &Stored) -> Result<(), Error> {
     stored.check(seq).map_err(Error::Invalid)
 }
 
-/// The refusal of a [`Store::complete_step_kept`] whose snapshot names contents, or is a
+/// The refusal of a [`Store::complete_step_with`] whose snapshot names contents, or is a
 /// delta of a step that is not earlier.
 pub fn check_kept(run_uid: &str, seq: u32, stored: &Stored) -> Result<(), Error> {
     check_stored(seq, stored)?;
@@ -328,7 +328,7 @@ pub fn missing_contents(run_uid: &str, seq: u32, missing: &[String]) -> Error {
 }
 
 /// A document replaced if it is still at the version its writer read: what
-/// [`Store::complete_step_then`] writes with a step's outcome (the run's status, say).
+/// [`Store::complete_step_with`] writes with a step's outcome (the run's status, say).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DocumentWrite {
     /// The document.
@@ -337,6 +337,31 @@ pub struct DocumentWrite {
     pub expected_version: u64,
     /// Its replacement.
     pub document: Value,
+}
+
+/// What [`Store::complete_step_with`] writes with a step's outcome, each only once what
+/// comes before it is written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WithOutcome<'a> {
+    /// The working directory after a command step, naming no contents
+    /// ([`Stored::named_blobs`] empty: nothing changed, or only removals).
+    pub snapshot: Option<&'a Stored>,
+    /// A document replaced once the outcome is recorded (the run's status).
+    pub then: Option<&'a DocumentWrite>,
+    /// The run's next step, appended once the outcome is recorded and `then` replaced (a
+    /// refused `then` appends nothing: the next step was decided on what it replaced).
+    pub next: Option<&'a Step>,
+}
+
+/// What became of what [`Store::complete_step_with`] wrote with an outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutcomeWritten {
+    /// The document's record, or why it was refused (`Conflict`, `NotFound`); `None`
+    /// without one.
+    pub document: Option<Result<Record, Error>>,
+    /// Whether the next step was appended, or why not; `None` without one or when the
+    /// document was refused (nothing was tried).
+    pub next: Option<Result<(), Error>>,
 }
 
 /// Something changed in the store.
@@ -606,56 +631,39 @@ pub trait Store: Send + Sync {
     ) -> Result<(), Error>;
 
     /// Record the outcome of step `seq` as [`Store::complete_step`] does and, only once it
-    /// is recorded, replace `then.key` as [`Store::update`] would, in one write where the
-    /// store can (SQLite: one submission to its writer, one commit), so that a step's outcome
-    /// and the status it leads to cost one round trip. The outer `Err` is the completion's
-    /// (nothing was written); the inner result is the document's: its record, or why it was
-    /// refused (`Conflict`, `NotFound`) while the outcome stays recorded. This default makes
-    /// the two calls one after the other.
-    async fn complete_step_then(
+    /// is recorded, what `with` carries, in order: the snapshot after the step (as
+    /// [`Store::put_snapshot`] would, with no contents), the document (as [`Store::update`]
+    /// would) and the run's next step (as [`Store::append_step`] would, and only when the
+    /// document was replaced or none was given). One write where the store can (SQLite: one
+    /// submission to its writer, one commit), so that a step costs one round trip from its
+    /// outcome to its successor's intent. The `Err` is the completion's, or a snapshot that
+    /// names contents (`Invalid`): nothing was written. This default makes the calls one
+    /// after the other.
+    async fn complete_step_with(
         &self,
         run_uid: &str,
         fence: Fence,
         seq: u32,
         completion: &Completion,
-        then: DocumentWrite,
-    ) -> Result<Result<Record, Error>, Error> {
-        self.complete_step(run_uid, fence, seq, completion).await?;
-        Ok(self
-            .update(&then.key, then.expected_version, then.document)
-            .await)
-    }
-
-    /// Record the outcome of command step `seq` together with `snapshot`, the working
-    /// directory after it, and then, when given, replace `then.key` as
-    /// [`Store::complete_step_then`] does, in one write where the store can (SQLite: one
-    /// submission to its writer, one commit): a snapshot of a command that changed nothing
-    /// costs no write of its own. `snapshot` must name no contents ([`Stored::named_blobs`]
-    /// empty: nothing changed, or only removals); one that does is refused with `Invalid`
-    /// and nothing is written (it goes through [`Store::put_snapshot`] with its contents).
-    /// The answer is [`Store::complete_step_then`]'s, `None` without a document. This
-    /// default keeps the snapshot, then makes the other calls.
-    async fn complete_step_kept(
-        &self,
-        run_uid: &str,
-        fence: Fence,
-        seq: u32,
-        completion: &Completion,
-        snapshot: &Stored,
-        then: Option<DocumentWrite>,
-    ) -> Result<Option<Result<Record, Error>>, Error> {
-        check_kept(run_uid, seq, snapshot)?;
-        self.put_snapshot(run_uid, seq, snapshot, &[]).await?;
-        match then {
-            None => self
-                .complete_step(run_uid, fence, seq, completion)
-                .await
-                .map(|()| None),
-            Some(then) => self
-                .complete_step_then(run_uid, fence, seq, completion, then)
-                .await
-                .map(Some),
+        with: WithOutcome<'_>,
+    ) -> Result<OutcomeWritten, Error> {
+        if let Some(snapshot) = with.snapshot {
+            check_kept(run_uid, seq, snapshot)?;
+            self.put_snapshot(run_uid, seq, snapshot, &[]).await?;
         }
+        self.complete_step(run_uid, fence, seq, completion).await?;
+        let document = match with.then {
+            None => None,
+            Some(then) => Some(
+                self.update(&then.key, then.expected_version, then.document.clone())
+                    .await,
+            ),
+        };
+        let next = match (with.next, &document) {
+            (Some(step), None | Some(Ok(_))) => Some(self.append_step(run_uid, fence, step).await),
+            _ => None,
+        };
+        Ok(OutcomeWritten { document, next })
     }
 
     /// The run's journal, in order.

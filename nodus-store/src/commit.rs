@@ -49,6 +49,13 @@ impl JournalWrite {
             JournalWrite::Append { run, .. } | JournalWrite::Complete { run, .. } => run,
         }
     }
+
+    /// The fence it is checked against.
+    pub(crate) fn fence(&self) -> Fence {
+        match self {
+            JournalWrite::Append { fence, .. } | JournalWrite::Complete { fence, .. } => *fence,
+        }
+    }
 }
 
 /// Writes a batch of writes in one transaction, for the writer task that owns it.

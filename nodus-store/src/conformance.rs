@@ -31,6 +31,7 @@ mod leases;
 mod retention;
 mod snapshots;
 mod step_kept;
+mod step_next;
 mod step_then;
 mod writes;
 
@@ -43,8 +44,9 @@ pub use journal::{
 pub use leases::{leases, replicas_racing};
 pub use retention::{retention, rewrite_run};
 pub use snapshots::{snapshot_deltas, snapshots};
-pub use step_kept::complete_step_kept;
-pub use step_then::complete_step_then;
+pub use step_kept::complete_step_with_a_snapshot;
+pub use step_next::complete_step_with_the_next_step;
+pub use step_then::complete_step_with_a_document;
 pub use writes::{
     atomic_edits, batch_atomicity_and_order, concurrent_writers, extension_kinds,
     idempotent_batches, optimistic_concurrency,
@@ -66,8 +68,9 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     batch_atomicity_and_order(make()).await;
     idempotent_batches(make()).await;
     journal_in_order(make()).await;
-    complete_step_then(make()).await;
-    complete_step_kept(make()).await;
+    complete_step_with_a_document(make()).await;
+    complete_step_with_a_snapshot(make()).await;
+    complete_step_with_the_next_step(make()).await;
     fencing(make()).await;
     messages(make()).await;
     change_notification(make()).await;

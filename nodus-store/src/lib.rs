@@ -108,13 +108,18 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn complete_step_then() {
-        conformance::complete_step_then(MemoryStore::new()).await;
+    async fn complete_step_with_a_document() {
+        conformance::complete_step_with_a_document(MemoryStore::new()).await;
     }
 
     #[tokio::test]
-    async fn complete_step_kept() {
-        conformance::complete_step_kept(MemoryStore::new()).await;
+    async fn complete_step_with_a_snapshot() {
+        conformance::complete_step_with_a_snapshot(MemoryStore::new()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn complete_step_with_the_next_step() {
+        conformance::complete_step_with_the_next_step(MemoryStore::new()).await;
     }
 
     #[tokio::test]

@@ -28,8 +28,8 @@ use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
-    Change, Delivery, DocumentWrite, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page,
-    Position, Record, RunRewrite, Selector, Store,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, OutcomeWritten, Page,
+    Position, Record, RunRewrite, Selector, Store, WithOutcome,
 };
 use serde_json::Value;
 use sqlx::sqlite::SqlitePool;
@@ -178,27 +178,15 @@ impl Store for SqliteStore {
         journal::complete_step(self, run_uid, fence, seq, completion).await
     }
 
-    async fn complete_step_then(
+    async fn complete_step_with(
         &self,
         run_uid: &str,
         fence: Fence,
         seq: u32,
         completion: &Completion,
-        then: DocumentWrite,
-    ) -> Result<Result<Record, Error>, Error> {
-        journal::complete_step_then(self, run_uid, fence, seq, completion, then).await
-    }
-
-    async fn complete_step_kept(
-        &self,
-        run_uid: &str,
-        fence: Fence,
-        seq: u32,
-        completion: &Completion,
-        snapshot: &Stored,
-        then: Option<DocumentWrite>,
-    ) -> Result<Option<Result<Record, Error>>, Error> {
-        journal::complete_step_kept(self, run_uid, fence, seq, completion, snapshot, then).await
+        with: WithOutcome<'_>,
+    ) -> Result<OutcomeWritten, Error> {
+        journal::complete_step_with(self, run_uid, fence, seq, completion, with).await
     }
 
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {

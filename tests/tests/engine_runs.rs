@@ -1227,3 +1227,57 @@ async fn a_run_parked_by_a_crash_frees_its_groups_slot() {
     assert_eq!(group.status.counts.parked, 1);
     assert_eq!(group.status.counts.succeeded, 1);
 }
+
+/// A step that needs nothing from outside the journal (no key to look up, nothing to
+/// reserve: model calls that cost nothing) is journaled with its predecessor's outcome, in
+/// the same store call: a run's first step is appended alone, every later one rides on the
+/// outcome before it, and the last outcome goes alone. Priced model calls reserve before
+/// they are journaled, so a call, and the step after one (its reservation is settled first),
+/// is appended alone. The journal is the same either way.
+#[tokio::test]
+async fn a_step_is_journaled_with_its_predecessor_s_outcome_when_it_needs_nothing_else() {
+    let script = || vec![commands(&["echo one"]), text("done")];
+    let mut journals = Vec::new();
+    for free in [true, false] {
+        let store = std::sync::Arc::new(support::CountingStore::default());
+        let world = World::over_store(script(), store.clone());
+        let engine = if free {
+            world.free_engine_over(store.clone())
+        } else {
+            world.engine()
+        };
+        helper_run(&engine, "merged", "Run `echo one`.", |_| {}).await;
+        let driven = engine.drive(PROJECT, "merged").await.expect("drive");
+        assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+        let journal = engine.journal(PROJECT, "merged").await.expect("journal");
+        let last = u32::try_from(journal.len() - 1).expect("a short journal");
+        let writes = store.journal_writes();
+        if free {
+            let mut expected = vec!["append 0".to_string()];
+            expected.extend((0..last).map(|seq| format!("complete {seq} then append {}", seq + 1)));
+            expected.push(format!("complete {last}"));
+            assert_eq!(writes, expected, "free calls: {journal:?}");
+        } else {
+            for step in &journal {
+                if matches!(step.intent, Intent::CallModel { .. }) {
+                    let seq = step.seq;
+                    assert!(
+                        writes.contains(&format!("append {seq}")),
+                        "a priced call is appended alone: {writes:?}"
+                    );
+                    assert!(
+                        seq == last || writes.contains(&format!("append {}", seq + 1)),
+                        "the step after a priced call is appended alone: {writes:?}"
+                    );
+                }
+            }
+            assert!(
+                writes.iter().any(|write| write.contains(" then append ")),
+                "the other steps ride on outcomes: {writes:?}"
+            );
+        }
+        let kinds: Vec<StepKind> = journal.iter().map(|step| step.intent.kind()).collect();
+        journals.push(kinds);
+    }
+    assert_eq!(journals[0], journals[1], "the same steps either way");
+}

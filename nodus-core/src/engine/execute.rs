@@ -384,9 +384,13 @@ impl Engine {
         // (a message or a cancel request bumps its version, so the next status write is
         // refused and the loop reads again), there is nothing new to read.
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
+        // The step journaled with the last outcome (decided then), and the phase it is
+        // carried out in: carried out next, without deciding again.
+        let mut journaled: Option<(u32, RunPhase)> = None;
         loop {
-            if self.draining() {
-                // Between steps: hand the run over (the drive gives its lease up).
+            if journaled.is_none() && self.draining() {
+                // Between steps: hand the run over (the drive gives its lease up). A step
+                // journaled already is carried out first (its successor would find it open).
                 return Ok(Driven::Released);
             }
             let (mut run, inbox) = match known.take() {
@@ -404,104 +408,110 @@ impl Engine {
                 return Ok(Driven::Finished(phase));
             }
             let now = self.deps.clock.now();
-            let (decision, key) = self
-                .decide(fixed, self.input(fixed, &run.object, &inbox, replay, now))
-                .await?;
-            // A decision that stops the run's work: the phase it leads to, written.
-            if let Some(target) = decide::phase_of(phase, &decision) {
-                let target = target?;
-                match self.write_status(fixed, &run, replay, target).await? {
-                    Some(written) => seen.wrote(written.version),
-                    None => continue,
-                }
-                if target.is_finished() {
-                    self.run_ended(fixed, replay, target).await;
-                }
-                let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
-                return Ok(match decision {
-                    Decision::Park(seq) => Driven::Parked { seq, until },
-                    Decision::Wait { reason, until } => {
-                        if crate::sandboxing::suspends_while(reason) {
-                            self.suspend_sandbox(fixed, replay).await;
-                        }
-                        Driven::Waiting { reason, until }
-                    }
-                    _ => Driven::Finished(target),
-                });
-            }
-            let (seq, target) = match decision {
-                Decision::Act(intent) => {
-                    let target = decide::acting_phase(phase, &intent)?;
-                    let seq = replay.steps;
-                    let step = Step {
-                        seq,
-                        started_at: now,
-                        intent,
-                        completion: None,
-                    };
-                    let ends = matches!(step.intent, Intent::DestroySandbox { .. });
-                    if ends || run.object.status.ending.is_some() {
-                        // The run ends: say so in its status (`status.ending`) before the
-                        // step is journaled, with a write conditional on the run as read. A
-                        // message posted after that read bumped the version, so the write is
-                        // refused and the run decides again with the message; one posted
-                        // after the write is refused by send_message, which reads
-                        // `status.ending` on the very version it posts against.
-                        // A run whose status says it ends but decided otherwise (a crash came
-                        // between that write and the journal's) says so first, the same way,
-                        // so that it takes messages again.
-                        let mut written = replay.clone();
-                        if ends {
-                            written.apply(&step);
-                        }
-                        match self.write_status(fixed, &run, &written, phase).await? {
-                            Some(written) => {
-                                seen.wrote(written.version);
-                                run = written;
-                            }
+            let (seq, target, key) = match journaled.take() {
+                Some((seq, target)) => (seq, target, None),
+                None => {
+                    let (decision, key) = self
+                        .decide(fixed, self.input(fixed, &run.object, &inbox, replay, now))
+                        .await?;
+                    // A decision that stops the run's work: the phase it leads to, written.
+                    if let Some(target) = decide::phase_of(phase, &decision) {
+                        let target = target?;
+                        match self.write_status(fixed, &run, replay, target).await? {
+                            Some(written) => seen.wrote(written.version),
                             None => continue,
                         }
+                        if target.is_finished() {
+                            self.run_ended(fixed, replay, target).await;
+                        }
+                        let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
+                        return Ok(match decision {
+                            Decision::Park(seq) => Driven::Parked { seq, until },
+                            Decision::Wait { reason, until } => {
+                                if crate::sandboxing::suspends_while(reason) {
+                                    self.suspend_sandbox(fixed, replay).await;
+                                }
+                                Driven::Waiting { reason, until }
+                            }
+                            _ => Driven::Finished(target),
+                        });
                     }
-                    self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
-                        .await?;
-                    replay.apply(&step);
-                    (seq, target)
-                }
-                Decision::Refuse { intent, error } => {
-                    let step = Step {
-                        seq: replay.steps,
-                        started_at: now,
-                        intent,
-                        completion: None,
+                    let (seq, target) = match decision {
+                        Decision::Act(intent) => {
+                            let target = decide::acting_phase(phase, &intent)?;
+                            let seq = replay.steps;
+                            let step = Step {
+                                seq,
+                                started_at: now,
+                                intent,
+                                completion: None,
+                            };
+                            let ends = matches!(step.intent, Intent::DestroySandbox { .. });
+                            if ends || run.object.status.ending.is_some() {
+                                // The run ends: say so in its status (`status.ending`) before the
+                                // step is journaled, with a write conditional on the run as read. A
+                                // message posted after that read bumped the version, so the write is
+                                // refused and the run decides again with the message; one posted
+                                // after the write is refused by send_message, which reads
+                                // `status.ending` on the very version it posts against.
+                                // A run whose status says it ends but decided otherwise (a crash came
+                                // between that write and the journal's) says so first, the same way,
+                                // so that it takes messages again.
+                                let mut written = replay.clone();
+                                if ends {
+                                    written.apply(&step);
+                                }
+                                match self.write_status(fixed, &run, &written, phase).await? {
+                                    Some(written) => {
+                                        seen.wrote(written.version);
+                                        run = written;
+                                    }
+                                    None => continue,
+                                }
+                            }
+                            self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
+                                .await?;
+                            replay.apply(&step);
+                            (seq, target)
+                        }
+                        Decision::Refuse { intent, error } => {
+                            let step = Step {
+                                seq: replay.steps,
+                                started_at: now,
+                                intent,
+                                completion: None,
+                            };
+                            self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
+                                .await?;
+                            replay.apply(&step);
+                            self.complete(
+                                fixed,
+                                fence,
+                                replay,
+                                &inbox,
+                                step.seq,
+                                decide::failed(error),
+                            )
+                            .await?;
+                            continue;
+                        }
+                        Decision::Repeat(seq) => {
+                            let Some(step) = replay.open(seq) else {
+                                return Err(self.missing_step(fixed, seq));
+                            };
+                            (seq, decide::acting_phase(phase, &step.intent)?)
+                        }
+                        Decision::Abandon { seq, error } => {
+                            self.complete(fixed, fence, replay, &inbox, seq, decide::failed(error))
+                                .await?;
+                            continue;
+                        }
+                        Decision::Park(_) | Decision::Wait { .. } | Decision::Finish(_) => {
+                            // Handled above: each leads to a phase.
+                            continue;
+                        }
                     };
-                    self.retrying(|| self.deps.store.append_step(&fixed.uid, fence, &step))
-                        .await?;
-                    replay.apply(&step);
-                    self.complete(
-                        fixed,
-                        fence,
-                        replay,
-                        &inbox,
-                        step.seq,
-                        decide::failed(error),
-                    )
-                    .await?;
-                    continue;
-                }
-                Decision::Repeat(seq) => {
-                    let Some(step) = replay.open(seq) else {
-                        return Err(self.missing_step(fixed, seq));
-                    };
-                    (seq, decide::acting_phase(phase, &step.intent)?)
-                }
-                Decision::Abandon { seq, error } => {
-                    self.complete(fixed, fence, replay, &inbox, seq, decide::failed(error))
-                        .await?;
-                    continue;
-                }
-                Decision::Park(_) | Decision::Wait { .. } | Decision::Finish(_) => {
-                    // Handled above: each leads to a phase.
-                    continue;
+                    (seq, target, key)
                 }
             };
             let Some(intent) = replay.open(seq).map(|s| s.intent.clone()) else {
@@ -525,7 +535,7 @@ impl Engine {
                     // The outcome and the status it leads to, in one write. A conflict here
                     // only means the document moved on; the next pass re-reads it and writes
                     // the status again.
-                    known = self
+                    let completed = self
                         .complete_then(
                             fixed,
                             fence,
@@ -533,14 +543,15 @@ impl Engine {
                             &inbox,
                             seq,
                             outcome,
-                            Some((&run, target)),
+                            (&run, target),
                             snapshot,
                         )
-                        .await?
-                        .map(|written| {
-                            seen.wrote(written.version);
-                            (written, inbox)
-                        });
+                        .await?;
+                    journaled = completed.next;
+                    known = completed.run.map(|written| {
+                        seen.wrote(written.version);
+                        (written, inbox)
+                    });
                 }
                 Effect::Uncertain => {
                     if let Some(written) = self.write_status(fixed, &run, replay, target).await? {

@@ -41,7 +41,7 @@ impl LastSnapshots {
 }
 
 /// A snapshot that names no contents (nothing changed, or only removals), to be kept with
-/// its step's outcome in the same store write ([`crate::Store::complete_step_kept`]).
+/// its step's outcome in the same store write ([`crate::Store::complete_step_with`]).
 pub(super) struct KeptWithOutcome {
     /// As the store keeps it.
     pub(super) stored: Stored,

@@ -1,12 +1,13 @@
-//! Conformance of [`Store::complete_step_kept`]: a command step's outcome written with the
+//! Conformance of [`Store::complete_step_with`] with a snapshot: a command step's outcome written with the
 //! working directory's snapshot after it (one that names no contents), and the run's status
 //! when given.
 
 use nodus_core::Store;
+use nodus_core::journal::Completion;
 use nodus_core::journal::{Intent, Outcome};
 use nodus_core::resource::Kind;
 use nodus_core::snapshot::{self as snap, Blob, Manifest, Snapshot, Stored};
-use nodus_core::store::{DocumentWrite, Error, ObjectKey};
+use nodus_core::store::{DocumentWrite, Error, Fence, ObjectKey, Record, WithOutcome};
 use serde_json::json;
 
 use super::{OWNER_A, completion, lease, run_document, step, unique};
@@ -14,7 +15,7 @@ use super::{OWNER_A, completion, lease, run_document, step, unique};
 /// An unchanged working directory's snapshot kept with the outcome: both land and the
 /// snapshot reads back whole as the last one's manifest; with a document, the document too;
 /// a snapshot that names contents is refused naming them, and nothing is written.
-pub async fn complete_step_kept<S: Store + Clone + 'static>(store: S) {
+pub async fn complete_step_with_a_snapshot<S: Store + Clone + 'static>(store: S) {
     let project = unique("kept");
     let uid = unique("uid-kept");
     let key = ObjectKey::new(&project, Kind::AgentRun, "run");
@@ -58,9 +59,7 @@ pub async fn complete_step_kept<S: Store + Clone + 'static>(store: S) {
         .append_step(&uid, fence, &step(1, Intent::Answer { turn: 0 }))
         .await
         .expect("append");
-    let written = store
-        .complete_step_kept(&uid, fence, 1, &done, &unchanged, None)
-        .await;
+    let written = complete_kept(&store, &uid, fence, 1, &done, &unchanged, None).await;
     assert_eq!(written, Ok(None));
     let journal = store.journal(&uid).await.expect("journal");
     assert_eq!(journal[1].completion, Some(done.clone()));
@@ -80,9 +79,7 @@ pub async fn complete_step_kept<S: Store + Clone + 'static>(store: S) {
         document: running.clone(),
     };
     let unchanged = Stored::unchanged(1, &first).expect("taken");
-    let written = store
-        .complete_step_kept(&uid, fence, 2, &done, &unchanged, Some(then))
-        .await;
+    let written = complete_kept(&store, &uid, fence, 2, &done, &unchanged, Some(then)).await;
     let record = match written {
         Ok(Some(Ok(record))) => record,
         other => panic!("outcome, snapshot and document written: {other:?}"),
@@ -100,10 +97,7 @@ pub async fn complete_step_kept<S: Store + Clone + 'static>(store: S) {
         .await
         .expect("append");
     let whole = Stored::of(None, 3, first.clone());
-    match store
-        .complete_step_kept(&uid, fence, 3, &done, &whole, None)
-        .await
-    {
+    match complete_kept(&store, &uid, fence, 3, &done, &whole, None).await {
         Err(Error::Invalid(message)) => {
             assert!(message.contains(&blob.digest), "{message}");
         }
@@ -116,4 +110,26 @@ pub async fn complete_step_kept<S: Store + Clone + 'static>(store: S) {
         snapshots.iter().all(|(seq, _)| *seq != 3),
         "nor the snapshot: {snapshots:?}"
     );
+}
+
+/// The outcome with `snapshot` and `then` when given: the document's answer.
+async fn complete_kept<S: Store>(
+    store: &S,
+    uid: &str,
+    fence: Fence,
+    seq: u32,
+    completion: &Completion,
+    snapshot: &Stored,
+    then: Option<DocumentWrite>,
+) -> Result<Option<Result<Record, Error>>, Error> {
+    let with = WithOutcome {
+        snapshot: Some(snapshot),
+        then: then.as_ref(),
+        next: None,
+    };
+    let written = store
+        .complete_step_with(uid, fence, seq, completion, with)
+        .await?;
+    assert_eq!(written.next, None, "no next step was given");
+    Ok(written.document)
 }

@@ -1,10 +1,11 @@
-//! Conformance of [`Store::complete_step_then`]: a step's outcome and a document written
-//! together, the document only once the outcome is.
+//! Conformance of [`Store::complete_step_with`] with a document: a step's outcome and a
+//! document written together, the document only once the outcome is.
 
 use nodus_core::Store;
+use nodus_core::journal::Completion;
 use nodus_core::journal::{Intent, Outcome};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, DocumentWrite, Error, ObjectKey};
+use nodus_core::store::{Change, DocumentWrite, Error, Fence, ObjectKey, Record, WithOutcome};
 use serde_json::json;
 
 use super::{OWNER_A, completion, join_all, lease, next_change, run_document, step, unique};
@@ -14,7 +15,7 @@ use super::{OWNER_A, completion, join_all, lease, next_change, run_document, ste
 /// a stale fence) writes no document; a missing document is `NotFound` with the outcome
 /// recorded; a written document is announced; and many runs at once (one group commit where
 /// the store has one) each get their own answers.
-pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
+pub async fn complete_step_with_a_document<S: Store + Clone + 'static>(store: S) {
     let project = unique("then");
     let uid = unique("uid");
     let key = ObjectKey::new(&project, Kind::AgentRun, "run");
@@ -33,19 +34,19 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
     let mut running = created.document.clone();
     running["status"]["phase"] = json!("Running");
     let done = completion(0, Outcome::Answered);
-    let written = store
-        .complete_step_then(
-            &uid,
-            fence,
-            0,
-            &done,
-            DocumentWrite {
-                key: key.clone(),
-                expected_version: 1,
-                document: running.clone(),
-            },
-        )
-        .await;
+    let written = complete_then(
+        &store,
+        &uid,
+        fence,
+        0,
+        &done,
+        DocumentWrite {
+            key: key.clone(),
+            expected_version: 1,
+            document: running.clone(),
+        },
+    )
+    .await;
     let record = match written {
         Ok(Ok(record)) => record,
         other => panic!("outcome and document written: {other:?}"),
@@ -68,19 +69,19 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
     let mut stale = running.clone();
     stale["status"]["phase"] = json!("Succeeded");
     let answered = completion(1, Outcome::Answered);
-    let written = store
-        .complete_step_then(
-            &uid,
-            fence,
-            1,
-            &answered,
-            DocumentWrite {
-                key: key.clone(),
-                expected_version: 1,
-                document: stale.clone(),
-            },
-        )
-        .await;
+    let written = complete_then(
+        &store,
+        &uid,
+        fence,
+        1,
+        &answered,
+        DocumentWrite {
+            key: key.clone(),
+            expected_version: 1,
+            document: stale.clone(),
+        },
+    )
+    .await;
     assert_eq!(
         written,
         Ok(Err(Error::Conflict {
@@ -102,19 +103,19 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
     );
 
     // A refused outcome (the step is completed already) writes no document.
-    let again = store
-        .complete_step_then(
-            &uid,
-            fence,
-            1,
-            &answered,
-            DocumentWrite {
-                key: key.clone(),
-                expected_version: 2,
-                document: stale.clone(),
-            },
-        )
-        .await;
+    let again = complete_then(
+        &store,
+        &uid,
+        fence,
+        1,
+        &answered,
+        DocumentWrite {
+            key: key.clone(),
+            expected_version: 2,
+            document: stale.clone(),
+        },
+    )
+    .await;
     assert!(
         matches!(&again, Err(Error::Journal { run, .. }) if run == &uid),
         "a second completion: {again:?}"
@@ -134,19 +135,19 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
         .claim(&uid, &lease(OWNER_A, 0))
         .await
         .expect("claim again");
-    let fenced = store
-        .complete_step_then(
-            &uid,
-            fence,
-            2,
-            &completion(2, Outcome::Answered),
-            DocumentWrite {
-                key: key.clone(),
-                expected_version: 2,
-                document: stale.clone(),
-            },
-        )
-        .await;
+    let fenced = complete_then(
+        &store,
+        &uid,
+        fence,
+        2,
+        &completion(2, Outcome::Answered),
+        DocumentWrite {
+            key: key.clone(),
+            expected_version: 2,
+            document: stale.clone(),
+        },
+    )
+    .await;
     assert_eq!(fenced, Err(Error::Fenced { run: uid.clone() }));
     assert_eq!(
         store.get(&key).await,
@@ -160,19 +161,19 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
 
     // A document that does not exist: `NotFound`, the outcome recorded.
     let missing = ObjectKey::new(&project, Kind::AgentRun, "missing");
-    let written = store
-        .complete_step_then(
-            &uid,
-            newer,
-            2,
-            &completion(2, Outcome::Answered),
-            DocumentWrite {
-                key: missing.clone(),
-                expected_version: 1,
-                document: stale.clone(),
-            },
-        )
-        .await;
+    let written = complete_then(
+        &store,
+        &uid,
+        newer,
+        2,
+        &completion(2, Outcome::Answered),
+        DocumentWrite {
+            key: missing.clone(),
+            expected_version: 1,
+            document: stale.clone(),
+        },
+    )
+    .await;
     assert_eq!(written, Ok(Err(Error::NotFound(missing.clone()))));
     assert_eq!(store.get(&missing).await, Err(Error::NotFound(missing)));
     assert!(
@@ -202,20 +203,20 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
             let mut document = created.document.clone();
             document["status"]["phase"] = json!(format!("Phase{n}"));
             let expected_version = if n == 7 { 5 } else { 1 };
-            let written = store
-                .complete_step_then(
-                    &uid,
-                    fence,
-                    0,
-                    &completion(0, Outcome::Answered),
-                    DocumentWrite {
-                        key: key.clone(),
-                        expected_version,
-                        document: document.clone(),
-                    },
-                )
-                .await
-                .expect("the outcome is recorded");
+            let written = complete_then(
+                &store,
+                &uid,
+                fence,
+                0,
+                &completion(0, Outcome::Answered),
+                DocumentWrite {
+                    key: key.clone(),
+                    expected_version,
+                    document: document.clone(),
+                },
+            )
+            .await
+            .expect("the outcome is recorded");
             let stored = store.get(&key).await.expect("read");
             let journal = store.journal(&uid).await.expect("journal");
             (
@@ -252,4 +253,24 @@ pub async fn complete_step_then<S: Store + Clone + 'static>(store: S) {
             assert_eq!((stored.version, stored.document), (2, document));
         }
     }
+}
+
+/// The outcome and `then` alone: the document's answer.
+async fn complete_then<S: Store>(
+    store: &S,
+    uid: &str,
+    fence: Fence,
+    seq: u32,
+    completion: &Completion,
+    then: DocumentWrite,
+) -> Result<Result<Record, Error>, Error> {
+    let with = WithOutcome {
+        then: Some(&then),
+        ..WithOutcome::default()
+    };
+    let written = store
+        .complete_step_with(uid, fence, seq, completion, with)
+        .await?;
+    assert_eq!(written.next, None, "no next step was given");
+    Ok(written.document.expect("a document given is answered for"))
 }

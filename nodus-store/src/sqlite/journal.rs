@@ -3,8 +3,7 @@
 //! order in the writer's transaction. (Reading a journal is `crate::reads`'.)
 
 use nodus_core::journal::{Completion, Step};
-use nodus_core::snapshot::Stored;
-use nodus_core::store::{DocumentWrite, Error, Fence, Record, check_kept};
+use nodus_core::store::{Error, Fence, OutcomeWritten, Record, WithOutcome, check_kept};
 use sqlx::sqlite::SqliteConnection;
 
 use super::SqliteStore;
@@ -127,86 +126,68 @@ pub(super) async fn complete_step(
         .map(drop)
 }
 
-/// [`Store::complete_step_then`]: the outcome and the document in one submission to the
-/// writer (one transaction, one commit).
+/// [`Store::complete_step_with`]: the outcome and what it carries in one submission to the
+/// writer (one transaction, one commit); the outcome alone as [`complete_step`].
 ///
-/// [`Store::complete_step_then`]: nodus_core::Store::complete_step_then
-pub(super) async fn complete_step_then(
+/// [`Store::complete_step_with`]: nodus_core::Store::complete_step_with
+pub(super) async fn complete_step_with(
     store: &SqliteStore,
     run_uid: &str,
     fence: Fence,
     seq: u32,
     completion: &Completion,
-    then: DocumentWrite,
-) -> Result<Result<Record, Error>, Error> {
-    complete_with(store, run_uid, fence, seq, completion, None, Some(then))
-        .await
-        .and_then(|written| {
-            written.ok_or_else(|| {
-                Error::Corrupt("a document write answered without its document".to_string())
-            })
-        })
-}
-
-/// [`Store::complete_step_kept`]: the outcome, the snapshot and the document when given in
-/// one submission to the writer (one transaction, one commit).
-///
-/// [`Store::complete_step_kept`]: nodus_core::Store::complete_step_kept
-pub(super) async fn complete_step_kept(
-    store: &SqliteStore,
-    run_uid: &str,
-    fence: Fence,
-    seq: u32,
-    completion: &Completion,
-    snapshot: &Stored,
-    then: Option<DocumentWrite>,
-) -> Result<Option<Result<Record, Error>>, Error> {
-    check_kept(run_uid, seq, snapshot)?;
-    let row = SnapshotRow {
+    with: WithOutcome<'_>,
+) -> Result<OutcomeWritten, Error> {
+    let complete = JournalWrite::Complete {
         run: run_uid.to_string(),
+        fence,
         seq,
-        text: sql::snapshot_text(snapshot)?,
+        completion: completion.clone(),
     };
-    complete_with(store, run_uid, fence, seq, completion, Some(row), then).await
-}
-
-/// The outcome and what is written with it, in one submission; the document's answer when
-/// one was given.
-async fn complete_with(
-    store: &SqliteStore,
-    run_uid: &str,
-    fence: Fence,
-    seq: u32,
-    completion: &Completion,
-    snapshot: Option<SnapshotRow>,
-    then: Option<DocumentWrite>,
-) -> Result<Option<Result<Record, Error>>, Error> {
-    let update = then.as_ref().map(|then| DocumentUpdate {
+    if with.snapshot.is_none() && with.then.is_none() && with.next.is_none() {
+        store.inner.writes.write(Write::Journal(complete)).await?;
+        return Ok(OutcomeWritten {
+            document: None,
+            next: None,
+        });
+    }
+    let snapshot = match with.snapshot {
+        Some(snapshot) => {
+            check_kept(run_uid, seq, snapshot)?;
+            Some(SnapshotRow {
+                run: run_uid.to_string(),
+                seq,
+                text: sql::snapshot_text(snapshot)?,
+            })
+        }
+        None => None,
+    };
+    let update = with.then.map(|then| DocumentUpdate {
         key: then.key.clone(),
         expected: then.expected_version,
         columns: sql::Columns::of(&then.document),
         text: sql::document_text(&then.document),
     });
-    let written = store
+    let then = Then {
+        snapshot,
+        update,
+        next: with.next.cloned(),
+    };
+    let (document, next) = store
         .inner
         .writes
-        .write(Write::JournalThen(
-            JournalWrite::Complete {
-                run: run_uid.to_string(),
-                fence,
-                seq,
-                completion: completion.clone(),
-            },
-            Then { snapshot, update },
-        ))
+        .write(Write::JournalThen(complete, then))
         .await?
         .then()?;
-    Ok(then.map(|then| {
-        // Only used when the update succeeds, that is when `expected` is stored.
-        written.map(|()| Record {
-            key: then.key,
-            version: then.expected_version.saturating_add(1),
-            document: then.document,
-        })
-    }))
+    Ok(OutcomeWritten {
+        document: with.then.map(|then| {
+            // Only used when the update succeeds, that is when `expected` is stored.
+            document.map(|()| Record {
+                key: then.key.clone(),
+                version: then.expected_version.saturating_add(1),
+                document: then.document.clone(),
+            })
+        }),
+        next,
+    })
 }

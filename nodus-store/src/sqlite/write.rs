@@ -16,10 +16,10 @@ pub(super) struct DocumentUpdate {
     pub(super) text: String,
 }
 
-/// A snapshot kept with a step's outcome ([`Store::complete_step_kept`]): its record names no
+/// A snapshot kept with a step's outcome ([`Store::complete_step_with`]): its record names no
 /// contents, so it is one row.
 ///
-/// [`Store::complete_step_kept`]: nodus_core::Store::complete_step_kept
+/// [`Store::complete_step_with`]: nodus_core::Store::complete_step_with
 #[derive(Debug)]
 pub(super) struct SnapshotRow {
     pub(super) run: String,
@@ -34,6 +34,8 @@ pub(super) struct Then {
     pub(super) snapshot: Option<SnapshotRow>,
     /// The document replaced.
     pub(super) update: Option<DocumentUpdate>,
+    /// The run's next step, appended once the document is replaced (or when there is none).
+    pub(super) next: Option<nodus_core::journal::Step>,
 }
 
 /// Every write but batches of creates, deletes, messages and rewrites: queued for the one
@@ -49,8 +51,8 @@ pub(super) enum Write {
     },
     /// A journal write.
     Journal(JournalWrite),
-    /// A journal write and, once it is done, a snapshot kept or a document replaced
-    /// ([`Store::complete_step_then`], [`Store::complete_step_kept`]).
+    /// A journal write and, once it is done, a snapshot kept, a document replaced and the
+    /// next step appended ([`Store::complete_step_with`]).
     JournalThen(JournalWrite, Then),
     /// A document replaced if still at the version its writer read.
     Replace(DocumentUpdate),
@@ -79,6 +81,9 @@ pub(super) enum Write {
     },
 }
 
+/// What became of the document and the next step a journal write carried.
+pub(super) type ThenWritten = (Result<(), Error>, Option<Result<(), Error>>);
+
 /// What a write answers.
 #[derive(Debug)]
 pub(super) enum Written {
@@ -88,9 +93,10 @@ pub(super) enum Written {
     Document(Record),
     /// The new fence.
     Fence(Fence),
-    /// The journal write done, and what became of the document replaced after it (`Ok`
-    /// when there was none).
-    Then(Result<(), Error>),
+    /// The journal write done, what became of the document replaced after it (`Ok` when
+    /// there was none) and of the next step (`None` when there was none or the document was
+    /// refused).
+    Then(Result<(), Error>, Option<Result<(), Error>>),
 }
 
 impl Written {
@@ -103,9 +109,9 @@ impl Written {
         }
     }
 
-    pub(super) fn then(self) -> Result<Result<(), Error>, Error> {
+    pub(super) fn then(self) -> Result<ThenWritten, Error> {
         match self {
-            Written::Then(replaced) => Ok(replaced),
+            Written::Then(replaced, next) => Ok((replaced, next)),
             _ => Err(Error::Corrupt(
                 "a journal write with a document answered without it".to_string(),
             )),

@@ -181,7 +181,8 @@ async fn write_one(
 }
 
 /// Consecutive journal writes of a batch (in a few statements when there are several), then
-/// what those that were done carry: their snapshots, then their documents, each kind in one
+/// what those that were done carry: their snapshots, then their documents, then the next
+/// steps of those whose documents were replaced (or that had none), each kind in one
 /// statement. Each write's own answer, or one error when the database failed.
 async fn write_segment(
     conn: &mut SqliteConnection,
@@ -189,12 +190,7 @@ async fn write_segment(
     thens: Vec<Option<Then>>,
     announced: &mut Vec<Change>,
 ) -> Result<Vec<Result<Written, Error>>, Error> {
-    let written = if let [write] = segment.as_slice() {
-        vec![journal_write(&mut *conn, write).await?]
-    } else {
-        batch::journal_writes(&mut *conn, &segment).await?
-    };
-    let mut results = Vec::with_capacity(segment.len());
+    let written = journal_writes(&mut *conn, &segment).await?;
     let done: Vec<&Then> = written
         .iter()
         .zip(&thens)
@@ -212,23 +208,58 @@ async fn write_segment(
     let mut replaced = batch::replace_documents(&mut *conn, &updates)
         .await?
         .into_iter();
-    for (result, then) in written.into_iter().zip(thens) {
-        results.push(match (result, then.map(|then| then.update)) {
+    let mut results = Vec::with_capacity(segment.len());
+    // The next steps to append, each with the index of the answer it belongs to.
+    let mut nexts = Vec::new();
+    let mut next_of = Vec::new();
+    for ((write, result), then) in segment.into_iter().zip(written).zip(thens) {
+        results.push(match (result, then) {
             (Err(refused), _) => Err(refused),
             (Ok(()), None) => Ok(Written::Done),
-            (Ok(()), Some(None)) => Ok(Written::Then(Ok(()))),
-            (Ok(()), Some(Some(update))) => {
-                let replaced = replaced.next().ok_or_else(|| {
-                    Error::Corrupt("a document update went unanswered".to_string())
-                })?;
-                if replaced.is_ok() {
-                    announced.push(Change::Written(update.key, update.expected + 1));
+            (Ok(()), Some(then)) => {
+                let document = match then.update {
+                    None => Ok(()),
+                    Some(update) => {
+                        let replaced = replaced.next().ok_or_else(|| {
+                            Error::Corrupt("a document update went unanswered".to_string())
+                        })?;
+                        if replaced.is_ok() {
+                            announced.push(Change::Written(update.key, update.expected + 1));
+                        }
+                        replaced
+                    }
+                };
+                if let (Some(step), Ok(())) = (then.next, &document) {
+                    next_of.push(results.len());
+                    nexts.push(JournalWrite::Append {
+                        run: write.run().to_string(),
+                        fence: write.fence(),
+                        step,
+                    });
                 }
-                Ok(Written::Then(replaced))
+                Ok(Written::Then(document, None))
             }
         });
     }
+    let appended = journal_writes(&mut *conn, &nexts).await?;
+    for (index, answer) in next_of.into_iter().zip(appended) {
+        if let Some(Ok(Written::Then(_, next))) = results.get_mut(index) {
+            *next = Some(answer);
+        }
+    }
     Ok(results)
+}
+
+/// Journal writes checked and done in order: one statement for one, a few for several.
+async fn journal_writes(
+    conn: &mut SqliteConnection,
+    writes: &[JournalWrite],
+) -> Result<Vec<Result<(), Error>>, Error> {
+    match writes {
+        [] => Ok(Vec::new()),
+        [write] => Ok(vec![journal_write(&mut *conn, write).await?]),
+        writes => batch::journal_writes(&mut *conn, writes).await,
+    }
 }
 
 /// The one answer of a segment of one write.

@@ -466,6 +466,7 @@ pub struct CountingStore {
     reads: AtomicUsize,
     documents: AtomicUsize,
     gets: Mutex<std::collections::HashMap<ObjectKey, usize>>,
+    journal_writes: Mutex<Vec<String>>,
 }
 
 impl CountingStore {
@@ -489,6 +490,22 @@ impl CountingStore {
             .filter(|(key, _)| key.kind == kind)
             .map(|(_, count)| count)
             .sum()
+    }
+
+    /// The journal writes so far, each as one store call: `append 3`, `complete 3`, or
+    /// `complete 3 then append 4` (an outcome written with the next step).
+    pub fn journal_writes(&self) -> Vec<String> {
+        self.journal_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn journal_write(&self, write: String) {
+        self.journal_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(write);
     }
 
     /// How many times `key` was read so far.
@@ -595,6 +612,7 @@ impl Store for CountingStore {
         self.inner.release(run, fence).await
     }
     async fn append_step(&self, run: &str, fence: Fence, step: &Step) -> Result<(), store::Error> {
+        self.journal_write(format!("append {}", step.seq));
         self.inner.append_step(run, fence, step).await
     }
     async fn complete_step(
@@ -604,7 +622,24 @@ impl Store for CountingStore {
         seq: u32,
         completion: &Completion,
     ) -> Result<(), store::Error> {
+        self.journal_write(format!("complete {seq}"));
         self.inner.complete_step(run, fence, seq, completion).await
+    }
+    async fn complete_step_with(
+        &self,
+        run: &str,
+        fence: Fence,
+        seq: u32,
+        completion: &Completion,
+        with: store::WithOutcome<'_>,
+    ) -> Result<store::OutcomeWritten, store::Error> {
+        self.journal_write(match with.next {
+            Some(next) => format!("complete {seq} then append {}", next.seq),
+            None => format!("complete {seq}"),
+        });
+        self.inner
+            .complete_step_with(run, fence, seq, completion, with)
+            .await
     }
     async fn journal(&self, run: &str) -> Result<Vec<Step>, store::Error> {
         self.inner.journal(run).await
@@ -733,6 +768,27 @@ impl World {
         sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
         ledger: Arc<dyn nodus_core::ledger::Ledger>,
     ) -> Engine {
+        self.engine_priced(store, sandbox, ledger, catalog())
+    }
+
+    /// An engine over `store` whose model calls cost nothing (a server without a platform
+    /// key prices them so): they reserve nothing.
+    pub fn free_engine_over(&self, store: Arc<dyn Store>) -> Engine {
+        self.engine_priced(
+            store,
+            self.sandbox.clone(),
+            Arc::new(nodus_core::ledger::Unmetered),
+            nodus_llm::offline_catalog(&catalog()),
+        )
+    }
+
+    fn engine_priced(
+        &self,
+        store: Arc<dyn Store>,
+        sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
+        ledger: Arc<dyn nodus_core::ledger::Ledger>,
+        catalog: Catalog,
+    ) -> Engine {
         Engine::new(
             Deps {
                 store,
@@ -740,7 +796,7 @@ impl World {
                 model: self.model.clone(),
                 router: Arc::new(FixedRouter(Family::Haiku)),
                 clock: self.clock.clone(),
-                catalog: Arc::new(catalog()),
+                catalog: Arc::new(catalog),
                 secrets: Arc::new(self.secrets.clone()),
                 ledger,
                 spans: Arc::new(nodus_core::telemetry::NoSpans),

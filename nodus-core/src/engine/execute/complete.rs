@@ -1,17 +1,38 @@
 //! Journaling a step's outcome: the completion, the span of the step, the settling of what
-//! it reserved, and with it (one store write, [`Store::complete_step_then`]) the run's status
-//! that the outcome leads to.
+//! it reserved, and with it (one store write, [`Store::complete_step_with`]) the run's status
+//! that the outcome leads to and, when the run's next move is a step decided without a fact
+//! from outside the fold (no key, nothing to reserve), that step's intent: a step then costs
+//! one write from its outcome to its successor's intent, not two.
 //!
-//! [`Store::complete_step_then`]: crate::store::Store::complete_step_then
+//! [`Store::complete_step_with`]: crate::store::Store::complete_step_with
 
 use super::{Fixed, Projected, Run, cost_of, written_run};
+use crate::decide::{self, Decision};
 use crate::engine::snapshots::KeptWithOutcome;
 use crate::engine::{Engine, Result};
 use crate::journal::{Completion, Intent, Outcome, Step};
 use crate::lifecycle::RunPhase;
 use crate::replay::Replay;
-use crate::snapshot::Stored;
-use crate::store::{self as store_api, Fence, InboxMessage};
+use crate::store::{self as store_api, Fence, InboxMessage, WithOutcome};
+
+/// What journaling an outcome with the run's status left.
+pub(super) struct Completed {
+    /// The run as stored after the write; `None` when the document changed since it was
+    /// read (the caller looks again).
+    pub(super) run: Option<Run>,
+    /// The next step, journaled in the same write, and the phase the run is in while it is
+    /// carried out: the caller carries it out without deciding again.
+    pub(super) next: Option<(u32, RunPhase)>,
+}
+
+/// A next step decided on the fold with an outcome, to be journaled with it.
+struct Next {
+    step: Step,
+    /// The phase the run is in while it is carried out.
+    target: RunPhase,
+    /// It ends the run (deleting its sandbox): the status written with it says so.
+    ends: bool,
+}
 
 impl Engine {
     /// Journal the outcome of the open step `seq`, fold it, and settle what it reserved.
@@ -24,15 +45,22 @@ impl Engine {
         seq: u32,
         outcome: Outcome,
     ) -> Result<()> {
-        self.complete_then(fixed, fence, replay, inbox, seq, outcome, None, None)
+        let (step, completion, charged) = self.completion(fixed, replay, seq, outcome)?;
+        let span = self.completed_span(fixed, replay, inbox, &step, &completion);
+        self.retrying(|| {
+            self.deps
+                .store
+                .complete_step(&fixed.uid, fence, seq, &completion)
+        })
+        .await?;
+        self.completed(fixed, replay, step, completion, span, charged)
             .await
-            .map(drop)
     }
 
-    /// [`Engine::complete`], and with `status`, the status projected from the journal with
-    /// the step's outcome and that phase ([`Engine::write_status`]) written in the same
-    /// store write: the run as stored then, or `None` when no status was asked for or the
-    /// document changed since it was read (the caller looks again).
+    /// [`Engine::complete`] with the status projected from the journal with the step's
+    /// outcome and `phase` ([`Engine::write_status`]), the snapshot after the step when
+    /// given, and the run's next step when it can be decided now ([`Completed`]), in one
+    /// store write.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn complete_then(
         &self,
@@ -42,101 +70,144 @@ impl Engine {
         inbox: &[InboxMessage],
         seq: u32,
         outcome: Outcome,
-        status: Option<(&Run, RunPhase)>,
+        (run, phase): (&Run, RunPhase),
         snapshot: Option<KeptWithOutcome>,
-    ) -> Result<Option<Run>> {
-        let Some(mut step) = replay.open(seq).cloned() else {
+    ) -> Result<Completed> {
+        let (step, completion, charged) = self.completion(fixed, replay, seq, outcome)?;
+        let span = self.completed_span(fixed, replay, inbox, &step, &completion);
+        // The status and the next step are decided on the fold with the outcome; the
+        // outcome is folded first (an error below ends the drive, and the fold with it). A
+        // charged step's reservation is settled before its successor is decided.
+        let mut folded = step.clone();
+        folded.completion = Some(completion.clone());
+        replay.apply(&folded);
+        let next = if charged {
+            None
+        } else {
+            self.next_with_outcome(fixed, run, inbox, replay, phase)
+        };
+        // A step that ends the run is journaled with a status that says so.
+        let ending = next.as_ref().filter(|next| next.ends).map(|next| {
+            let mut ending = replay.clone();
+            ending.apply(&next.step);
+            ending
+        });
+        let (object, then) = match self
+            .status_document(fixed, run, ending.as_ref().unwrap_or(replay), phase)
+            .await?
+        {
+            Projected::Same => (None, None),
+            Projected::Changed(object, document) => (
+                Some(object),
+                Some(store_api::DocumentWrite {
+                    key: fixed.key.clone(),
+                    expected_version: run.version,
+                    document,
+                }),
+            ),
+        };
+        let with = WithOutcome {
+            snapshot: snapshot.as_ref().map(|s| &s.stored),
+            then: then.as_ref(),
+            next: next.as_ref().map(|next| &next.step),
+        };
+        let written = self
+            .retrying(|| {
+                self.deps
+                    .store
+                    .complete_step_with(&fixed.uid, fence, seq, &completion, with)
+            })
+            .await?;
+        if let Some(snapshot) = snapshot {
+            self.kept_with_outcome(&fixed.uid, seq, snapshot);
+        }
+        let run = match (written.document, object) {
+            (None, _) => Some(run.clone()),
+            (Some(Ok(record)), Some(object)) => Some(written_run(*object, record.version)),
+            (Some(Ok(_)), None) => {
+                return Err(store_api::Error::Corrupt(
+                    "a document write answered for no document".to_string(),
+                )
+                .into());
+            }
+            (Some(Err(store_api::Error::Conflict { .. })), _) => None,
+            // The outcome is recorded; the status alone again, as any (no next step was
+            // journaled: it is decided again).
+            (Some(Err(e)), _) if e.is_retryable() => {
+                self.write_status(fixed, run, replay, phase).await?
+            }
+            (Some(Err(e)), _) => return Err(e.into()),
+        };
+        let next = match (next, written.next) {
+            (Some(next), Some(Ok(()))) => {
+                replay.apply(&next.step);
+                Some((next.step.seq, next.target))
+            }
+            // Not appended (a store that appends apart failed in a way a retry fixes): it
+            // is decided again.
+            (_, Some(Err(e))) if e.is_retryable() => None,
+            (_, Some(Err(e))) => return Err(e.into()),
+            _ => None,
+        };
+        self.completed(fixed, replay, step, completion, span, charged)
+            .await?;
+        Ok(Completed { run, next })
+    }
+
+    /// The completion of the open step `seq` with `outcome`, the step, and whether it was
+    /// charged.
+    fn completion(
+        &self,
+        fixed: &Fixed,
+        replay: &Replay,
+        seq: u32,
+        outcome: Outcome,
+    ) -> Result<(Step, Completion, bool)> {
+        let Some(step) = replay.open(seq).cloned() else {
             return Err(self.missing_step(fixed, seq));
         };
         let charged = self.charge_of(fixed, &step.intent).is_some();
-        let actual = cost_of(&outcome);
         let completion = Completion {
             finished_at: self.deps.clock.now(),
             outcome,
         };
-        // What the step's span shows is read from the fold before the outcome.
-        let span = fixed.spans.as_ref().map(|ctx| {
-            let mut completed = step.clone();
-            completed.completion = Some(completion.clone());
-            self.step_span(ctx, fixed, replay, inbox, &completed)
-        });
-        // The snapshot after the step, kept with its outcome.
-        let kept = snapshot.as_ref().map(|s| &s.stored);
-        let written = match status {
-            None => {
-                self.outcome_alone(fixed, fence, seq, &completion, kept)
-                    .await?;
-                step.completion = Some(completion);
-                replay.apply(&step);
-                None
-            }
-            Some((run, phase)) => {
-                // The status is projected from the fold with the outcome: folded first (an
-                // error below ends the drive, and the fold with it).
-                step.completion = Some(completion.clone());
-                replay.apply(&step);
-                match self.status_document(fixed, run, replay, phase).await? {
-                    // Unchanged: the outcome alone.
-                    Projected::Same => {
-                        self.outcome_alone(fixed, fence, seq, &completion, kept)
-                            .await?;
-                        Some(run.clone())
-                    }
-                    Projected::Changed(object, document) => {
-                        let then = store_api::DocumentWrite {
-                            key: fixed.key.clone(),
-                            expected_version: run.version,
-                            document,
-                        };
-                        let updated = match kept {
-                            None => {
-                                self.retrying(|| {
-                                    self.deps.store.complete_step_then(
-                                        &fixed.uid,
-                                        fence,
-                                        seq,
-                                        &completion,
-                                        then.clone(),
-                                    )
-                                })
-                                .await?
-                            }
-                            Some(stored) => self
-                                .retrying(|| {
-                                    self.deps.store.complete_step_kept(
-                                        &fixed.uid,
-                                        fence,
-                                        seq,
-                                        &completion,
-                                        stored,
-                                        Some(then.clone()),
-                                    )
-                                })
-                                .await?
-                                .ok_or_else(|| {
-                                    store_api::Error::Corrupt(
-                                        "a document write answered without its document"
-                                            .to_string(),
-                                    )
-                                })?,
-                        };
-                        match updated {
-                            Ok(record) => Some(written_run(*object, record.version)),
-                            Err(store_api::Error::Conflict { .. }) => None,
-                            // The outcome is recorded; the status alone again, as any.
-                            Err(e) if e.is_retryable() => {
-                                self.write_status(fixed, run, replay, phase).await?
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                }
-            }
-        };
-        if let Some(snapshot) = snapshot {
-            self.kept_with_outcome(&fixed.uid, seq, snapshot);
+        Ok((step, completion, charged))
+    }
+
+    /// The span of a step completed with `completion`, read from the fold before the
+    /// outcome.
+    fn completed_span(
+        &self,
+        fixed: &Fixed,
+        replay: &Replay,
+        inbox: &[InboxMessage],
+        step: &Step,
+        completion: &Completion,
+    ) -> Option<crate::telemetry::Span> {
+        let ctx = fixed.spans.as_ref()?;
+        let mut completed = step.clone();
+        completed.completion = Some(completion.clone());
+        self.step_span(ctx, fixed, replay, inbox, &completed)
+    }
+
+    /// Once the outcome is written: fold it (unless folded already), export the step's
+    /// span, and settle what the step reserved.
+    async fn completed(
+        &self,
+        fixed: &Fixed,
+        replay: &mut Replay,
+        mut step: Step,
+        completion: Completion,
+        span: Option<crate::telemetry::Span>,
+        charged: bool,
+    ) -> Result<()> {
+        let seq = step.seq;
+        let actual = cost_of(&completion.outcome);
+        if replay.open(seq).is_some() {
+            step.completion = Some(completion);
+            replay.apply(&step);
         }
-        if let Some(Some(span)) = span {
+        if let Some(span) = span {
             self.deps.spans.export(span);
         }
         if charged {
@@ -144,37 +215,46 @@ impl Engine {
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
                 .await?;
         }
-        Ok(written)
+        Ok(())
     }
 
-    /// The outcome of step `seq` without a document, with the snapshot after it when given.
-    async fn outcome_alone(
+    /// The run's next step, when the decider acts on the fold with the outcome without a
+    /// fact from outside it (a BYOK key, a reservation) and the run stays in `phase`: what
+    /// the next pass of the drive would decide on the run as written.
+    fn next_with_outcome(
         &self,
         fixed: &Fixed,
-        fence: Fence,
-        seq: u32,
-        completion: &Completion,
-        kept: Option<&Stored>,
-    ) -> Result<()> {
-        match kept {
-            None => {
-                self.retrying(|| {
-                    self.deps
-                        .store
-                        .complete_step(&fixed.uid, fence, seq, completion)
-                })
-                .await?
-            }
-            Some(stored) => {
-                self.retrying(|| {
-                    self.deps
-                        .store
-                        .complete_step_kept(&fixed.uid, fence, seq, completion, stored, None)
-                })
-                .await?;
-            }
+        run: &Run,
+        inbox: &[InboxMessage],
+        replay: &Replay,
+        phase: RunPhase,
+    ) -> Option<Next> {
+        let now = self.deps.clock.now();
+        // The status written with the outcome changes nothing the decider reads of the run
+        // (its spec, its cancel and close requests).
+        let input = self.input(fixed, &run.object, inbox, replay, now);
+        let decision = decide::decide(&input);
+        if decide::needs_key(&input, &decision)
+            || decide::charge(&input, &decision).is_some()
+            || decide::phase_of(phase, &decision).is_some()
+        {
+            return None;
         }
-        Ok(())
+        let Decision::Act(intent) = decision else {
+            return None;
+        };
+        let target = decide::acting_phase(phase, &intent).ok()?;
+        let ends = matches!(intent, Intent::DestroySandbox { .. });
+        Some(Next {
+            step: Step {
+                seq: replay.steps,
+                started_at: now,
+                intent,
+                completion: None,
+            },
+            target,
+            ends,
+        })
     }
 
     /// The span of a completed step, with what a model call was sent read from `replay`
