@@ -1228,56 +1228,102 @@ async fn a_run_parked_by_a_crash_frees_its_groups_slot() {
     assert_eq!(group.status.counts.succeeded, 1);
 }
 
-/// A step that needs nothing from outside the journal (no key to look up, nothing to
-/// reserve: model calls that cost nothing) is journaled with its predecessor's outcome, in
-/// the same store call: a run's first step is appended alone, every later one rides on the
-/// outcome before it, and the last outcome goes alone. Priced model calls reserve before
-/// they are journaled, so a call, and the step after one (its reservation is settled first),
-/// is appended alone. The journal is the same either way.
+/// A step is journaled with its predecessor's outcome, in the same store call: a run's
+/// first step is appended alone, every later one rides on the outcome before it, and the
+/// last outcome goes alone, whether its model calls cost nothing or reserve credits first.
+/// Of two charged steps in a row (a router that reserves, then the model call it routed) the
+/// second is appended alone, after the first is settled. Either way the journal has the same steps,
+/// and a metered run ends with no reservation held and its cost spent.
 #[tokio::test]
-async fn a_step_is_journaled_with_its_predecessor_s_outcome_when_it_needs_nothing_else() {
+async fn a_step_is_journaled_with_its_predecessor_s_outcome() {
     let script = || vec![commands(&["echo one"]), text("done")];
     let mut journals = Vec::new();
-    for free in [true, false] {
+    for (free, costly_router) in [(true, false), (false, false), (false, true)] {
         let store = std::sync::Arc::new(support::CountingStore::default());
         let world = World::over_store(script(), store.clone());
+        let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
+        ledger
+            .add(PROJECT, Usd::from_cents(500))
+            .await
+            .expect("credits");
         let engine = if free {
             world.free_engine_over(store.clone())
+        } else if costly_router {
+            world.metered_engine_routed(store.clone(), std::sync::Arc::new(CostlyRouter))
         } else {
-            world.engine()
+            world.metered_engine_over(store.clone())
         };
         helper_run(&engine, "merged", "Run `echo one`.", |_| {}).await;
         let driven = engine.drive(PROJECT, "merged").await.expect("drive");
         assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
         let journal = engine.journal(PROJECT, "merged").await.expect("journal");
         let last = u32::try_from(journal.len() - 1).expect("a short journal");
-        let writes = store.journal_writes();
-        if free {
-            let mut expected = vec!["append 0".to_string()];
-            expected.extend((0..last).map(|seq| format!("complete {seq} then append {}", seq + 1)));
-            expected.push(format!("complete {last}"));
-            assert_eq!(writes, expected, "free calls: {journal:?}");
-        } else {
-            for step in &journal {
-                if matches!(step.intent, Intent::CallModel { .. }) {
-                    let seq = step.seq;
-                    assert!(
-                        writes.contains(&format!("append {seq}")),
-                        "a priced call is appended alone: {writes:?}"
-                    );
-                    assert!(
-                        seq == last || writes.contains(&format!("append {}", seq + 1)),
-                        "the step after a priced call is appended alone: {writes:?}"
-                    );
-                }
+        // A call that follows a charged routing is appended alone.
+        let alone: Vec<u32> = journal
+            .windows(2)
+            .filter(|pair| {
+                costly_router
+                    && matches!(pair[0].intent, Intent::Route { .. })
+                    && matches!(pair[1].intent, Intent::CallModel { .. })
+            })
+            .map(|pair| pair[1].seq)
+            .collect();
+        assert_eq!(
+            alone.is_empty(),
+            !costly_router,
+            "a charged routing is followed by a call: {journal:?}"
+        );
+        let mut expected = vec!["append 0".to_string()];
+        for seq in 0..last {
+            if alone.contains(&(seq + 1)) {
+                expected.push(format!("complete {seq}"));
+                expected.push(format!("append {}", seq + 1));
+            } else {
+                expected.push(format!("complete {seq} then append {}", seq + 1));
             }
-            assert!(
-                writes.iter().any(|write| write.contains(" then append ")),
-                "the other steps ride on outcomes: {writes:?}"
-            );
         }
+        expected.push(format!("complete {last}"));
+        assert_eq!(store.journal_writes(), expected, "{journal:?}");
+        let account = ledger.account(PROJECT).await.expect("the account");
+        assert!(account.reserved.is_empty(), "{account:?}");
+        let cost: Usd = journal
+            .iter()
+            .filter_map(|step| match &step.completion.as_ref()?.outcome {
+                nodus_core::journal::Outcome::ModelReplied { cost_usd, .. } => Some(*cost_usd),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(account.spent_usd, cost, "the run's cost is spent");
+        assert_eq!(
+            free,
+            cost.is_zero(),
+            "free calls cost nothing, priced ones do"
+        );
         let kinds: Vec<StepKind> = journal.iter().map(|step| step.intent.kind()).collect();
         journals.push(kinds);
     }
-    assert_eq!(journals[0], journals[1], "the same steps either way");
+    assert!(
+        journals.iter().all(|kinds| *kinds == journals[0]),
+        "the same steps each way: {journals:?}"
+    );
+}
+
+/// A router that reserves a cent before it routes (as a router that calls a model does),
+/// and routes as the fixed one.
+struct CostlyRouter;
+
+#[async_trait::async_trait]
+impl nodus_core::router::Router for CostlyRouter {
+    fn max_cost(&self) -> Usd {
+        Usd::from_cents(1)
+    }
+
+    async fn route(
+        &self,
+        request: &nodus_core::router::RouteRequest<'_>,
+    ) -> Result<nodus_core::router::RouteChoice, nodus_core::router::Error> {
+        nodus_core::router::FixedRouter(nodus_core::catalog::Family::Haiku)
+            .route(request)
+            .await
+    }
 }

@@ -386,7 +386,7 @@ impl Engine {
         let mut known: Option<(Run, Vec<InboxMessage>)> = None;
         // The step journaled with the last outcome (decided then), and the phase it is
         // carried out in: carried out next, without deciding again.
-        let mut journaled: Option<(u32, RunPhase)> = None;
+        let mut journaled: Option<complete::Journaled> = None;
         loop {
             if journaled.is_none() && self.draining() {
                 // Between steps: hand the run over (the drive gives its lease up). A step
@@ -409,7 +409,7 @@ impl Engine {
             }
             let now = self.deps.clock.now();
             let (seq, target, key) = match journaled.take() {
-                Some((seq, target)) => (seq, target, None),
+                Some(journaled) => (journaled.seq, journaled.target, journaled.key),
                 None => {
                     let (decision, key) = self
                         .decide(fixed, self.input(fixed, &run.object, &inbox, replay, now))

@@ -768,7 +768,19 @@ impl World {
         sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
         ledger: Arc<dyn nodus_core::ledger::Ledger>,
     ) -> Engine {
-        self.engine_priced(store, sandbox, ledger, catalog())
+        let router = Arc::new(FixedRouter(Family::Haiku));
+        self.engine_priced(store, sandbox, ledger, catalog(), router)
+    }
+
+    /// A metered engine over `store` (credits reserved and settled in it) that routes with
+    /// `router`.
+    pub fn metered_engine_routed(
+        &self,
+        store: Arc<dyn Store>,
+        router: Arc<dyn nodus_core::router::Router>,
+    ) -> Engine {
+        let ledger = Arc::new(nodus_core::ledger::StoreLedger::new(store.clone()));
+        self.engine_priced(store, self.sandbox.clone(), ledger, catalog(), router)
     }
 
     /// An engine over `store` whose model calls cost nothing (a server without a platform
@@ -779,6 +791,7 @@ impl World {
             self.sandbox.clone(),
             Arc::new(nodus_core::ledger::Unmetered),
             nodus_llm::offline_catalog(&catalog()),
+            Arc::new(FixedRouter(Family::Haiku)),
         )
     }
 
@@ -788,13 +801,14 @@ impl World {
         sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
         ledger: Arc<dyn nodus_core::ledger::Ledger>,
         catalog: Catalog,
+        router: Arc<dyn nodus_core::router::Router>,
     ) -> Engine {
         Engine::new(
             Deps {
                 store,
                 sandbox,
                 model: self.model.clone(),
-                router: Arc::new(FixedRouter(Family::Haiku)),
+                router,
                 clock: self.clock.clone(),
                 catalog: Arc::new(catalog),
                 secrets: Arc::new(self.secrets.clone()),

@@ -1,8 +1,10 @@
 //! Journaling a step's outcome: the completion, the span of the step, the settling of what
 //! it reserved, and with it (one store write, [`Store::complete_step_with`]) the run's status
-//! that the outcome leads to and, when the run's next move is a step decided without a fact
-//! from outside the fold (no key, nothing to reserve), that step's intent: a step then costs
-//! one write from its outcome to its successor's intent, not two.
+//! that the outcome leads to and, when the run acts next, that next step's intent: a step
+//! then costs one write from its outcome to its successor's intent, not two. The next step
+//! is decided as the drive's next pass would (its key looked up, what it reserves reserved),
+//! except that of two charged steps in a row the second is left to that pass: a reservation
+//! is settled before the next one is made.
 //!
 //! [`Store::complete_step_with`]: crate::store::Store::complete_step_with
 
@@ -12,7 +14,9 @@ use crate::engine::snapshots::KeptWithOutcome;
 use crate::engine::{Engine, Result};
 use crate::journal::{Completion, Intent, Outcome, Step};
 use crate::lifecycle::RunPhase;
+use crate::money::Usd;
 use crate::replay::Replay;
+use crate::secret::SecretString;
 use crate::store::{self as store_api, Fence, InboxMessage, WithOutcome};
 
 /// What journaling an outcome with the run's status left.
@@ -20,9 +24,18 @@ pub(super) struct Completed {
     /// The run as stored after the write; `None` when the document changed since it was
     /// read (the caller looks again).
     pub(super) run: Option<Run>,
-    /// The next step, journaled in the same write, and the phase the run is in while it is
-    /// carried out: the caller carries it out without deciding again.
-    pub(super) next: Option<(u32, RunPhase)>,
+    /// The next step, journaled in the same write: the caller carries it out without
+    /// deciding again.
+    pub(super) next: Option<Journaled>,
+}
+
+/// A step journaled, to be carried out without deciding again.
+pub(super) struct Journaled {
+    pub(super) seq: u32,
+    /// The phase the run is in while it is carried out.
+    pub(super) target: RunPhase,
+    /// The BYOK key of a model call, looked up when it was decided.
+    pub(super) key: Option<SecretString>,
 }
 
 /// A next step decided on the fold with an outcome, to be journaled with it.
@@ -32,6 +45,9 @@ struct Next {
     target: RunPhase,
     /// It ends the run (deleting its sandbox): the status written with it says so.
     ends: bool,
+    key: Option<SecretString>,
+    /// What it reserved, under which ledger key: released if it is not journaled.
+    reserved: Option<String>,
 }
 
 impl Engine {
@@ -81,11 +97,9 @@ impl Engine {
         let mut folded = step.clone();
         folded.completion = Some(completion.clone());
         replay.apply(&folded);
-        let next = if charged {
-            None
-        } else {
-            self.next_with_outcome(fixed, run, inbox, replay, phase)
-        };
+        let next = self
+            .next_with_outcome(fixed, run, inbox, replay, phase, charged)
+            .await?;
         // A step that ends the run is journaled with a status that says so.
         let ending = next.as_ref().filter(|next| next.ends).map(|next| {
             let mut ending = replay.clone();
@@ -141,13 +155,29 @@ impl Engine {
         let next = match (next, written.next) {
             (Some(next), Some(Ok(()))) => {
                 replay.apply(&next.step);
-                Some((next.step.seq, next.target))
+                Some(Journaled {
+                    seq: next.step.seq,
+                    target: next.target,
+                    key: next.key,
+                })
             }
-            // Not appended (a store that appends apart failed in a way a retry fixes): it
-            // is decided again.
-            (_, Some(Err(e))) if e.is_retryable() => None,
-            (_, Some(Err(e))) => return Err(e.into()),
-            _ => None,
+            (next, answer) => {
+                // Not journaled (the status was refused, or a store that appends apart failed
+                // in a way a retry fixes): the next pass decides again, and what the step
+                // reserved is given back first.
+                if let Some(reserved) = next.and_then(|next| next.reserved) {
+                    self.retrying(|| {
+                        self.deps
+                            .ledger
+                            .settle(&fixed.project, &reserved, Usd::ZERO)
+                    })
+                    .await?;
+                }
+                match answer {
+                    Some(Err(e)) if !e.is_retryable() => return Err(e.into()),
+                    _ => None,
+                }
+            }
         };
         self.completed(fixed, replay, step, completion, span, charged)
             .await?;
@@ -218,43 +248,60 @@ impl Engine {
         Ok(())
     }
 
-    /// The run's next step, when the decider acts on the fold with the outcome without a
-    /// fact from outside it (a BYOK key, a reservation) and the run stays in `phase`: what
-    /// the next pass of the drive would decide on the run as written.
-    fn next_with_outcome(
+    /// The run's next step, decided on the fold with the outcome as the drive's next pass
+    /// would decide it on the run as written (its key looked up, what it reserves reserved),
+    /// when the run acts and stays in `phase`; `None` when it does not, or when both the
+    /// finished step (`charged`) and the next one reserve: the finished one is settled first.
+    async fn next_with_outcome(
         &self,
         fixed: &Fixed,
         run: &Run,
         inbox: &[InboxMessage],
         replay: &Replay,
         phase: RunPhase,
-    ) -> Option<Next> {
+        charged: bool,
+    ) -> Result<Option<Next>> {
         let now = self.deps.clock.now();
         // The status written with the outcome changes nothing the decider reads of the run
         // (its spec, its cancel and close requests).
-        let input = self.input(fixed, &run.object, inbox, replay, now);
-        let decision = decide::decide(&input);
-        if decide::needs_key(&input, &decision)
-            || decide::charge(&input, &decision).is_some()
-            || decide::phase_of(phase, &decision).is_some()
-        {
-            return None;
+        let input = || self.input(fixed, &run.object, inbox, replay, now);
+        if charged {
+            let pure = input();
+            if decide::charge(&pure, &decide::decide(&pure)).is_some() {
+                return Ok(None);
+            }
+        }
+        let (decision, key) = self.decide(fixed, input()).await?;
+        if decide::phase_of(phase, &decision).is_some() {
+            return Ok(None);
         }
         let Decision::Act(intent) = decision else {
-            return None;
+            return Ok(None);
         };
-        let target = decide::acting_phase(phase, &intent).ok()?;
+        let seq = replay.steps;
+        let reserved = decide::charge(&input(), &Decision::Act(intent.clone()))
+            .map(|_| format!("{}/{seq}", fixed.uid));
+        let Ok(target) = decide::acting_phase(phase, &intent) else {
+            // The next pass refuses the transition (an error for the drive), not this one.
+            if let Some(reserved) = &reserved {
+                self.retrying(|| self.deps.ledger.settle(&fixed.project, reserved, Usd::ZERO))
+                    .await?;
+            }
+            return Ok(None);
+        };
         let ends = matches!(intent, Intent::DestroySandbox { .. });
-        Some(Next {
+        Ok(Some(Next {
             step: Step {
-                seq: replay.steps,
+                seq,
                 started_at: now,
                 intent,
                 completion: None,
             },
             target,
             ends,
-        })
+            key,
+            reserved,
+        }))
     }
 
     /// The span of a completed step, with what a model call was sent read from `replay`
