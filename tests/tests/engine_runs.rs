@@ -1308,6 +1308,51 @@ async fn a_step_is_journaled_with_its_predecessor_s_outcome() {
     );
 }
 
+/// A model call decided with the outcome before it reserves its credits first; when the
+/// status written with that outcome is refused (the run was cancelled meanwhile) the call is
+/// not journaled and its reservation is given back: the run ends cancelled with nothing
+/// reserved and no call made.
+#[tokio::test]
+async fn a_call_decided_with_an_outcome_gives_its_reservation_back_when_the_status_is_refused() {
+    let store = std::sync::Arc::new(support::CountingStore::default());
+    let world = World::over_store(vec![commands(&["echo one"]), text("done")], store.clone());
+    let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
+    ledger
+        .add(PROJECT, Usd::from_cents(500))
+        .await
+        .expect("credits");
+    let engine = world.metered_engine_over(store.clone());
+    helper_run(&engine, "cancelled", "Run `echo one`.", |_| {}).await;
+    // Cancelled while it routed, just before the routing's outcome (and the first call) is
+    // written.
+    let cancel = serde_json::to_value(CancelReason::CancelRequested).expect("a reason");
+    store.edit_before_next_call(
+        support::run_key("cancelled"),
+        Box::new(move |document| {
+            let mut document = document.clone();
+            document["status"]["cancelRequested"] = cancel.clone();
+            Some(document)
+        }),
+    );
+    let driven = engine.drive(PROJECT, "cancelled").await.expect("drive");
+    assert_eq!(
+        driven,
+        Driven::Finished(RunPhase::Cancelled(CancelReason::CancelRequested))
+    );
+    assert_eq!(world.model.calls(), 0, "no call after the cancellation");
+    let journal = engine.journal(PROJECT, "cancelled").await.expect("journal");
+    let calls = journal
+        .iter()
+        .filter(|step| matches!(step.intent, Intent::CallModel { .. }))
+        .count();
+    assert_eq!(calls, 0, "the call was not journaled: {journal:?}");
+    let account = ledger.account(PROJECT).await.expect("the account");
+    assert!(
+        account.reserved.is_empty(),
+        "the call's reservation was given back: {account:?}"
+    );
+}
+
 /// A router that reserves a cent before it routes (as a router that calls a model does),
 /// and routes as the fixed one.
 struct CostlyRouter;

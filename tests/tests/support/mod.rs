@@ -467,6 +467,9 @@ pub struct CountingStore {
     documents: AtomicUsize,
     gets: Mutex<std::collections::HashMap<ObjectKey, usize>>,
     journal_writes: Mutex<Vec<String>>,
+    /// An edit made to a document just before the next outcome written with a model call
+    /// after it ([`CountingStore::edit_before_next_call`]).
+    before_next_call: Mutex<Option<(ObjectKey, store::Edit)>>,
 }
 
 impl CountingStore {
@@ -499,6 +502,15 @@ impl CountingStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Edit `key` (as another writer would, meanwhile) just before the next outcome that is
+    /// written with a model call after it.
+    pub fn edit_before_next_call(&self, key: ObjectKey, edit: store::Edit) {
+        *self
+            .before_next_call
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((key, edit));
     }
 
     fn journal_write(&self, write: String) {
@@ -637,6 +649,18 @@ impl Store for CountingStore {
             Some(next) => format!("complete {seq} then append {}", next.seq),
             None => format!("complete {seq}"),
         });
+        let edit = with
+            .next
+            .filter(|next| matches!(next.intent, nodus_core::journal::Intent::CallModel { .. }))
+            .and_then(|_| {
+                self.before_next_call
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+            });
+        if let Some((key, edit)) = edit {
+            self.inner.modify(&key, edit).await?;
+        }
         self.inner
             .complete_step_with(run, fence, seq, completion, with)
             .await
