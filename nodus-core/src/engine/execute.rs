@@ -387,6 +387,8 @@ impl Engine {
         // The step journaled with the last outcome (decided then), and the phase it is
         // carried out in: carried out next, without deciding again.
         let mut journaled: Option<complete::Journaled> = None;
+        // What the step before `journaled` reserved: settled while `journaled` is carried out.
+        let mut unsettled: Option<complete::Unsettled> = None;
         loop {
             if journaled.is_none() && self.draining() {
                 // Between steps: hand the run over (the drive gives its lease up). A step
@@ -405,6 +407,7 @@ impl Engine {
             };
             let phase = phase_of(&run.object);
             if phase.is_finished() {
+                self.settle(fixed, unsettled.take()).await?;
                 return Ok(Driven::Finished(phase));
             }
             let now = self.deps.clock.now();
@@ -518,7 +521,10 @@ impl Engine {
                 return Err(self.missing_step(fixed, seq));
             };
             let input = self.input(fixed, &run.object, &inbox, replay, now);
-            let effect = self.perform(fixed, &input, &run, watch, &intent, key).await;
+            let (effect, settled) = tokio::join!(
+                self.perform(fixed, &input, &run, watch, &intent, key),
+                self.settle(fixed, unsettled.take()),
+            );
             let target = decide::phase_after(target, &effect)?;
             match effect {
                 Effect::Done(outcome) => {
@@ -547,13 +553,18 @@ impl Engine {
                             snapshot,
                         )
                         .await?;
+                    // The outcome is written first: a settle that failed ends the drive with
+                    // the step it overlapped recorded.
+                    settled?;
                     journaled = completed.next;
+                    unsettled = completed.unsettled;
                     known = completed.run.map(|written| {
                         seen.wrote(written.version);
                         (written, inbox)
                     });
                 }
                 Effect::Uncertain => {
+                    settled?;
                     if let Some(written) = self.write_status(fixed, &run, replay, target).await? {
                         seen.wrote(written.version);
                         return Ok(Driven::Parked {

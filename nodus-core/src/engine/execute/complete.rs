@@ -27,6 +27,17 @@ pub(super) struct Completed {
     /// The next step, journaled in the same write: the caller carries it out without
     /// deciding again.
     pub(super) next: Option<Journaled>,
+    /// What the finished step reserved, when the next step was journaled: the caller
+    /// settles it ([`Engine::settle`]) before it decides again, while it carries the next
+    /// step out (a crash before that is settled by the next drive: the finished step is
+    /// the last charged one with an outcome).
+    pub(super) unsettled: Option<Unsettled>,
+}
+
+/// A step's reservation and what the step cost.
+pub(super) struct Unsettled {
+    key: String,
+    actual: Usd,
 }
 
 /// A step journaled, to be carried out without deciding again.
@@ -69,8 +80,8 @@ impl Engine {
                 .complete_step(&fixed.uid, fence, seq, &completion)
         })
         .await?;
-        self.completed(fixed, replay, step, completion, span, charged)
-            .await
+        let unsettled = self.completed(fixed, replay, step, completion, span, charged);
+        self.settle(fixed, unsettled).await
     }
 
     /// [`Engine::complete`] with the status projected from the journal with the step's
@@ -179,9 +190,21 @@ impl Engine {
                 }
             }
         };
-        self.completed(fixed, replay, step, completion, span, charged)
-            .await?;
-        Ok(Completed { run, next })
+        let unsettled = self.completed(fixed, replay, step, completion, span, charged);
+        // With a next step journaled (which reserves nothing: of two charged steps the second
+        // waits), the caller settles while it carries that step out; otherwise now.
+        let unsettled = match next {
+            Some(_) => unsettled,
+            None => {
+                self.settle(fixed, unsettled).await?;
+                None
+            }
+        };
+        Ok(Completed {
+            run,
+            next,
+            unsettled,
+        })
     }
 
     /// The completion of the open step `seq` with `outcome`, the step, and whether it was
@@ -221,8 +244,8 @@ impl Engine {
     }
 
     /// Once the outcome is written: fold it (unless folded already), export the step's
-    /// span, and settle what the step reserved.
-    async fn completed(
+    /// span, and the settlement of what the step reserved, if it did.
+    fn completed(
         &self,
         fixed: &Fixed,
         replay: &mut Replay,
@@ -230,7 +253,7 @@ impl Engine {
         completion: Completion,
         span: Option<crate::telemetry::Span>,
         charged: bool,
-    ) -> Result<()> {
+    ) -> Option<Unsettled> {
         let seq = step.seq;
         let actual = cost_of(&completion.outcome);
         if replay.open(seq).is_some() {
@@ -240,8 +263,15 @@ impl Engine {
         if let Some(span) = span {
             self.deps.spans.export(span);
         }
-        if charged {
-            let key = format!("{}/{seq}", fixed.uid);
+        charged.then(|| Unsettled {
+            key: format!("{}/{seq}", fixed.uid),
+            actual,
+        })
+    }
+
+    /// Settle a step's reservation to what it cost (nothing to do for `None`).
+    pub(super) async fn settle(&self, fixed: &Fixed, unsettled: Option<Unsettled>) -> Result<()> {
+        if let Some(Unsettled { key, actual }) = unsettled {
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
                 .await?;
         }
