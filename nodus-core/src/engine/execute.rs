@@ -424,20 +424,7 @@ impl Engine {
                             Some(written) => seen.wrote(written.version),
                             None => continue,
                         }
-                        if target.is_finished() {
-                            self.run_ended(fixed, replay, target).await;
-                        }
-                        let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
-                        return Ok(match decision {
-                            Decision::Park(seq) => Driven::Parked { seq, until },
-                            Decision::Wait { reason, until } => {
-                                if crate::sandboxing::suspends_while(reason) {
-                                    self.suspend_sandbox(fixed, replay).await;
-                                }
-                                Driven::Waiting { reason, until }
-                            }
-                            _ => Driven::Finished(target),
-                        });
+                        return Ok(self.stopped(fixed, &run, replay, decision, target).await);
                     }
                     let (seq, target) = match decision {
                         Decision::Act(intent) => {
@@ -558,6 +545,12 @@ impl Engine {
                     settled?;
                     journaled = completed.next;
                     unsettled = completed.unsettled;
+                    // A decision that stops the run's work, its phase written with the outcome.
+                    if let (Some((decision, target)), Some((written, _))) =
+                        (completed.stopped, &known)
+                    {
+                        return Ok(self.stopped(fixed, written, replay, decision, target).await);
+                    }
                     known = completed.run.map(|written| {
                         seen.wrote(written.version);
                         (written, inbox)
@@ -574,6 +567,33 @@ impl Engine {
                     }
                 }
             }
+        }
+    }
+
+    /// Where a decision that stops the run's work leaves it, once `target`, the phase it
+    /// leads to, is written: the run's end exported when it finished, a waiting run's
+    /// sandbox suspended when it waits for a person.
+    async fn stopped(
+        &self,
+        fixed: &Fixed,
+        run: &Run,
+        replay: &Replay,
+        decision: Decision,
+        target: RunPhase,
+    ) -> Driven {
+        if target.is_finished() {
+            self.run_ended(fixed, replay, target).await;
+        }
+        let until = decide::time_limit(&run.object.spec, replay).map(|(at, _)| at);
+        match decision {
+            Decision::Park(seq) => Driven::Parked { seq, until },
+            Decision::Wait { reason, until } => {
+                if crate::sandboxing::suspends_while(reason) {
+                    self.suspend_sandbox(fixed, replay).await;
+                }
+                Driven::Waiting { reason, until }
+            }
+            _ => Driven::Finished(target),
         }
     }
 

@@ -1,7 +1,8 @@
 //! Journaling a step's outcome: the completion, the span of the step, the settling of what
 //! it reserved, and with it (one store write, [`Store::complete_step_with`]) the run's status
-//! that the outcome leads to and, when the run acts next, that next step's intent: a step
-//! then costs one write from its outcome to its successor's intent, not two. The next step
+//! that the outcome leads to and, when the run acts next, that next step's intent (or, when
+//! it stops its work, the phase it stops in): a step then costs one write from its outcome
+//! to its successor's intent, not two, and a run's last outcome and its end are one write. The next step
 //! is decided as the drive's next pass would (its key looked up, what it reserves reserved),
 //! except that of two charged steps in a row the second is left to that pass: a reservation
 //! is settled before the next one is made.
@@ -32,6 +33,20 @@ pub(super) struct Completed {
     /// step out (a crash before that is settled by the next drive: the finished step is
     /// the last charged one with an outcome).
     pub(super) unsettled: Option<Unsettled>,
+    /// The decision that stops the run's work (it finishes, waits or parks), decided on
+    /// the fold with the outcome, and the phase it leads to, written with the outcome: set
+    /// only when the status was written.
+    pub(super) stopped: Option<(Decision, RunPhase)>,
+}
+
+/// What the run does after the outcome, decided on the fold with it.
+enum After {
+    /// Acts: the next step, journaled with the outcome.
+    Act(Next),
+    /// Stops its work: the decision and the phase it leads to, written with the outcome.
+    Stop(Decision, RunPhase),
+    /// Left to the drive's next pass.
+    Later,
 }
 
 /// A step's reservation and what the step cost.
@@ -108,9 +123,16 @@ impl Engine {
         let mut folded = step.clone();
         folded.completion = Some(completion.clone());
         replay.apply(&folded);
-        let next = self
-            .next_with_outcome(fixed, run, inbox, replay, phase, charged)
-            .await?;
+        let (next, stop) = match self
+            .after_outcome(fixed, run, inbox, replay, phase, charged)
+            .await?
+        {
+            After::Act(next) => (Some(next), None),
+            After::Stop(decision, target) => (None, Some((decision, target))),
+            After::Later => (None, None),
+        };
+        // The phase the status says: the one a stopping decision leads to, or the acting one.
+        let status_phase = stop.as_ref().map_or(phase, |(_, target)| *target);
         // A step that ends the run is journaled with a status that says so.
         let ending = next.as_ref().filter(|next| next.ends).map(|next| {
             let mut ending = replay.clone();
@@ -118,7 +140,7 @@ impl Engine {
             ending
         });
         let (object, then) = match self
-            .status_document(fixed, run, ending.as_ref().unwrap_or(replay), phase)
+            .status_document(fixed, run, ending.as_ref().unwrap_or(replay), status_phase)
             .await?
         {
             Projected::Same => (None, None),
@@ -159,7 +181,7 @@ impl Engine {
             // The outcome is recorded; the status alone again, as any (no next step was
             // journaled: it is decided again).
             (Some(Err(e)), _) if e.is_retryable() => {
-                self.write_status(fixed, run, replay, phase).await?
+                self.write_status(fixed, run, replay, status_phase).await?
             }
             (Some(Err(e)), _) => return Err(e.into()),
         };
@@ -200,10 +222,13 @@ impl Engine {
                 None
             }
         };
+        // A stopping decision holds when its phase was written (the run as stored).
+        let stopped = stop.filter(|_| run.is_some());
         Ok(Completed {
             run,
             next,
             unsettled,
+            stopped,
         })
     }
 
@@ -278,11 +303,13 @@ impl Engine {
         Ok(())
     }
 
-    /// The run's next step, decided on the fold with the outcome as the drive's next pass
-    /// would decide it on the run as written (its key looked up, what it reserves reserved),
-    /// when the run acts and stays in `phase`; `None` when it does not, or when both the
-    /// finished step (`charged`) and the next one reserve: the finished one is settled first.
-    async fn next_with_outcome(
+    /// What the run does after the outcome, decided on the fold with it as the drive's next
+    /// pass would decide on the run as written (a next step's key looked up, what it
+    /// reserves reserved): its next step, or a decision that stops its work and the phase it
+    /// leads to; left to that pass when both the finished step (`charged`) and the next one
+    /// reserve (the finished one is settled first), or when the decision is one that pass
+    /// carries out (a step repeated, refused or abandoned) or refuses.
+    async fn after_outcome(
         &self,
         fixed: &Fixed,
         run: &Run,
@@ -290,7 +317,7 @@ impl Engine {
         replay: &Replay,
         phase: RunPhase,
         charged: bool,
-    ) -> Result<Option<Next>> {
+    ) -> Result<After> {
         let now = self.deps.clock.now();
         // The status written with the outcome changes nothing the decider reads of the run
         // (its spec, its cancel and close requests).
@@ -298,15 +325,17 @@ impl Engine {
         if charged {
             let pure = input();
             if decide::charge(&pure, &decide::decide(&pure)).is_some() {
-                return Ok(None);
+                return Ok(After::Later);
             }
         }
         let (decision, key) = self.decide(fixed, input()).await?;
-        if decide::phase_of(phase, &decision).is_some() {
-            return Ok(None);
+        match decide::phase_of(phase, &decision) {
+            Some(Ok(target)) => return Ok(After::Stop(decision, target)),
+            Some(Err(_)) => return Ok(After::Later),
+            None => {}
         }
         let Decision::Act(intent) = decision else {
-            return Ok(None);
+            return Ok(After::Later);
         };
         let seq = replay.steps;
         let reserved = decide::charge(&input(), &Decision::Act(intent.clone()))
@@ -317,10 +346,10 @@ impl Engine {
                 self.retrying(|| self.deps.ledger.settle(&fixed.project, reserved, Usd::ZERO))
                     .await?;
             }
-            return Ok(None);
+            return Ok(After::Later);
         };
         let ends = matches!(intent, Intent::DestroySandbox { .. });
-        Ok(Some(Next {
+        Ok(After::Act(Next {
             step: Step {
                 seq,
                 started_at: now,
