@@ -495,8 +495,9 @@ impl CountingStore {
             .sum()
     }
 
-    /// The journal writes so far, each as one store call: `append 3`, `complete 3`, or
-    /// `complete 3 then append 4` (an outcome written with the next step).
+    /// The journal writes and document updates so far, each as one store call: `append 3`,
+    /// `complete 3`, `complete 3 then append 4` (an outcome written with the next step), or
+    /// `update <key>` (a document replaced by itself, not with an outcome).
     pub fn journal_writes(&self) -> Vec<String> {
         self.journal_writes
             .lock()
@@ -606,6 +607,7 @@ impl Store for CountingStore {
         version: u64,
         document: Value,
     ) -> Result<Record, store::Error> {
+        self.journal_write(format!("update {key}"));
         self.inner.update(key, version, document).await
     }
     async fn modify(&self, key: &ObjectKey, edit: store::Edit) -> Result<Record, store::Error> {
