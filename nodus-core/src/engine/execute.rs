@@ -630,7 +630,8 @@ impl Engine {
     /// Settle the reservation of the last charged step that has an outcome, in case a crash
     /// came between journaling the outcome and settling (settling is idempotent, and a
     /// settled reservation writes nothing). Only the last one can be unsettled: a step's
-    /// reservation is settled before the next step is decided.
+    /// reservation is settled before the next charged step is decided (the step journaled
+    /// with its outcome, which reserves nothing, may be carried out meanwhile).
     async fn settle_last_charge(&self, fixed: &Fixed, journal: &[Step]) -> Result<()> {
         let inherited = |seq: u32| fixed.fork_of.as_ref().is_some_and(|f| seq <= f.step);
         let last = journal.iter().rev().find_map(|step| {
