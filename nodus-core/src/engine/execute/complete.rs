@@ -306,9 +306,10 @@ impl Engine {
     /// What the run does after the outcome, decided on the fold with it as the drive's next
     /// pass would decide on the run as written (a next step's key looked up, what it
     /// reserves reserved): its next step, or a decision that stops its work and the phase it
-    /// leads to; left to that pass when both the finished step (`charged`) and the next one
-    /// reserve (the finished one is settled first), or when the decision is one that pass
-    /// carries out (a step repeated, refused or abandoned) or refuses.
+    /// leads to; left to that pass when the replica drains (the run is handed over before
+    /// its next step), when both the finished step (`charged`) and the next one reserve (the
+    /// finished one is settled first), or when the decision is one that pass carries out (a
+    /// step repeated, refused or abandoned) or refuses.
     async fn after_outcome(
         &self,
         fixed: &Fixed,
@@ -318,6 +319,10 @@ impl Engine {
         phase: RunPhase,
         charged: bool,
     ) -> Result<After> {
+        if self.draining() {
+            // The drive hands the run over before its next step: nothing is journaled ahead.
+            return Ok(After::Later);
+        }
         let now = self.deps.clock.now();
         // The status written with the outcome changes nothing the decider reads of the run
         // (its spec, its cancel and close requests).
