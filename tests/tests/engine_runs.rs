@@ -1291,6 +1291,12 @@ async fn a_step_is_journaled_with_its_predecessor_s_outcome() {
             .filter(|write| !write.starts_with("update") || write.contains("/agentruns/"))
             .collect();
         assert_eq!(writes, expected, "{journal:?}");
+        // Nor is the run read again: what the drive wrote is what it knows, to its end.
+        assert_eq!(
+            store.gets_of(&support::run_key("merged")),
+            3,
+            "the run is read before its first step (its creation, the drive's claim), never after"
+        );
         let account = ledger.account(PROJECT).await.expect("the account");
         assert!(account.reserved.is_empty(), "{account:?}");
         let cost: Usd = journal

@@ -545,16 +545,16 @@ impl Engine {
                     settled?;
                     journaled = completed.next;
                     unsettled = completed.unsettled;
+                    known = completed.run.map(|written| {
+                        seen.wrote(written.version);
+                        (written, inbox)
+                    });
                     // A decision that stops the run's work, its phase written with the outcome.
                     if let (Some((decision, target)), Some((written, _))) =
                         (completed.stopped, &known)
                     {
                         return Ok(self.stopped(fixed, written, replay, decision, target).await);
                     }
-                    known = completed.run.map(|written| {
-                        seen.wrote(written.version);
-                        (written, inbox)
-                    });
                 }
                 Effect::Uncertain => {
                     settled?;
