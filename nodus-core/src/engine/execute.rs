@@ -340,7 +340,7 @@ impl Engine {
             if !input.facts.funds_short
                 && let Some((seq, amount)) = decide::charge(&input, &decision)
             {
-                let ledger_key = format!("{}/{seq}", fixed.uid);
+                let ledger_key = reservation_key(fixed, seq);
                 let covered = self
                     .retrying(|| {
                         self.deps
@@ -644,7 +644,7 @@ impl Engine {
             Some((step.seq, cost_of(&completion.outcome)))
         });
         if let Some((seq, actual)) = last {
-            let key = format!("{}/{seq}", fixed.uid);
+            let key = reservation_key(fixed, seq);
             self.retrying(|| self.deps.ledger.settle(&fixed.project, &key, actual))
                 .await?;
         }
@@ -1099,6 +1099,11 @@ enum Projected {
 }
 
 /// The run as a status write stored it, at `version`.
+/// The ledger's key for what step `seq` of the run reserves (`<run uid>/<step>`).
+fn reservation_key(fixed: &Fixed, seq: u32) -> String {
+    format!("{}/{seq}", fixed.uid)
+}
+
 fn written_run(mut object: AgentRun, version: u64) -> Run {
     object.metadata.resource_version = Some(version.to_string());
     Run { object, version }

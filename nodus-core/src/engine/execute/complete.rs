@@ -9,7 +9,7 @@
 //!
 //! [`Store::complete_step_with`]: crate::store::Store::complete_step_with
 
-use super::{Fixed, Projected, Run, cost_of, written_run};
+use super::{Fixed, Projected, Run, cost_of, reservation_key, written_run};
 use crate::decide::{self, Decision};
 use crate::engine::snapshots::KeptWithOutcome;
 use crate::engine::{Engine, Result};
@@ -87,7 +87,7 @@ impl Engine {
         seq: u32,
         outcome: Outcome,
     ) -> Result<()> {
-        let (step, completion, charged) = self.completion(fixed, replay, seq, outcome)?;
+        let (mut step, completion, charged) = self.completion(fixed, replay, seq, outcome)?;
         let span = self.completed_span(fixed, replay, inbox, &step, &completion);
         self.retrying(|| {
             self.deps
@@ -95,7 +95,10 @@ impl Engine {
                 .complete_step(&fixed.uid, fence, seq, &completion)
         })
         .await?;
-        let unsettled = self.completed(fixed, replay, step, completion, span, charged);
+        let actual = cost_of(&completion.outcome);
+        step.completion = Some(completion);
+        replay.apply(&step);
+        let unsettled = self.completed(fixed, seq, actual, span, charged);
         self.settle(fixed, unsettled).await
     }
 
@@ -115,14 +118,13 @@ impl Engine {
         (run, phase): (&Run, RunPhase),
         snapshot: Option<KeptWithOutcome>,
     ) -> Result<Completed> {
-        let (step, completion, charged) = self.completion(fixed, replay, seq, outcome)?;
+        let (mut step, completion, charged) = self.completion(fixed, replay, seq, outcome)?;
         let span = self.completed_span(fixed, replay, inbox, &step, &completion);
         // The status and the next step are decided on the fold with the outcome; the
         // outcome is folded first (an error below ends the drive, and the fold with it). A
         // charged step's reservation is settled before its successor is decided.
-        let mut folded = step.clone();
-        folded.completion = Some(completion.clone());
-        replay.apply(&folded);
+        step.completion = Some(completion.clone());
+        replay.apply(&step);
         let (next, stop) = match self
             .after_outcome(fixed, run, inbox, replay, phase, charged)
             .await?
@@ -212,7 +214,7 @@ impl Engine {
                 }
             }
         };
-        let unsettled = self.completed(fixed, replay, step, completion, span, charged);
+        let unsettled = self.completed(fixed, seq, cost_of(&completion.outcome), span, charged);
         // With a next step journaled (which reserves nothing: of two charged steps the second
         // waits), the caller settles while it carries that step out; otherwise now.
         let unsettled = match next {
@@ -268,28 +270,21 @@ impl Engine {
         self.step_span(ctx, fixed, replay, inbox, &completed)
     }
 
-    /// Once the outcome is written: fold it (unless folded already), export the step's
-    /// span, and the settlement of what the step reserved, if it did.
+    /// Once the outcome is written (and folded): export the step's span, and say what the
+    /// step reserved, if it did, to be settled to `actual`.
     fn completed(
         &self,
         fixed: &Fixed,
-        replay: &mut Replay,
-        mut step: Step,
-        completion: Completion,
+        seq: u32,
+        actual: Usd,
         span: Option<crate::telemetry::Span>,
         charged: bool,
     ) -> Option<Unsettled> {
-        let seq = step.seq;
-        let actual = cost_of(&completion.outcome);
-        if replay.open(seq).is_some() {
-            step.completion = Some(completion);
-            replay.apply(&step);
-        }
         if let Some(span) = span {
             self.deps.spans.export(span);
         }
         charged.then(|| Unsettled {
-            key: format!("{}/{seq}", fixed.uid),
+            key: reservation_key(fixed, seq),
             actual,
         })
     }
@@ -343,8 +338,9 @@ impl Engine {
             return Ok(After::Later);
         };
         let seq = replay.steps;
-        let reserved = decide::charge(&input(), &Decision::Act(intent.clone()))
-            .map(|_| format!("{}/{seq}", fixed.uid));
+        let reserved = self
+            .charge_of(fixed, &intent)
+            .map(|_| reservation_key(fixed, seq));
         let Ok(target) = decide::acting_phase(phase, &intent) else {
             // The next pass refuses the transition (an error for the drive), not this one.
             if let Some(reserved) = &reserved {
