@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use nodus_core::Store;
 use nodus_core::journal::{Completion, Intent, Outcome, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, InboxMessage, Lease, Selector};
+use nodus_core::store::{Change, Fence, InboxMessage, Lease, ObjectKey, Record, Selector};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -187,6 +187,27 @@ async fn names<S: Store>(store: &S, project: &str, kind: Kind, selector: &Select
             record.key.name
         })
         .collect()
+}
+
+/// A run created as `name` in `project` (a fresh uid), claimed by [`OWNER_A`], with its step
+/// 0 (a routing) appended: its uid, key, record as created and fence.
+async fn routing_run<S: Store>(
+    store: &S,
+    project: &str,
+    name: &str,
+) -> (String, ObjectKey, Record, Fence) {
+    let uid = unique("uid");
+    let key = ObjectKey::new(project, Kind::AgentRun, name);
+    let created = store
+        .create(&key, run_document(name, &uid))
+        .await
+        .expect("create the run");
+    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
+    store
+        .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
+        .await
+        .expect("append");
+    (uid, key, created, fence)
 }
 
 fn step(seq: u32, intent: Intent) -> Step {

@@ -4,11 +4,10 @@
 
 use nodus_core::Store;
 use nodus_core::journal::{Intent, Outcome, Step};
-use nodus_core::resource::Kind;
-use nodus_core::store::{DocumentWrite, Error, ObjectKey, OutcomeWritten, WithOutcome};
+use nodus_core::store::{DocumentWrite, Error, OutcomeWritten, WithOutcome};
 use serde_json::json;
 
-use super::{OWNER_A, completion, join_all, lease, run_document, step, unique};
+use super::{OWNER_A, completion, join_all, lease, routing_run, step, unique};
 
 /// The next step lands after the outcome and the document; a stale version refuses the
 /// document and appends nothing (the outcome stays recorded); without a document the next
@@ -17,13 +16,7 @@ use super::{OWNER_A, completion, join_all, lease, run_document, step, unique};
 /// the store has one) each get their own answers.
 pub async fn complete_step_with_the_next_step<S: Store + Clone + 'static>(store: S) {
     let project = unique("next");
-    let uid = unique("uid-next");
-    let key = ObjectKey::new(&project, Kind::AgentRun, "run");
-    let created = store
-        .create(&key, run_document("run", &uid))
-        .await
-        .expect("create the run");
-    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
+    let (uid, key, created, fence) = routing_run(&store, &project, "run").await;
     let phase = |phase: &str| {
         let mut document = created.document.clone();
         document["status"]["phase"] = json!(phase);
@@ -31,10 +24,6 @@ pub async fn complete_step_with_the_next_step<S: Store + Clone + 'static>(store:
     };
 
     // The outcome, the document and the next step.
-    store
-        .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
-        .await
-        .expect("append");
     let then = DocumentWrite {
         key: key.clone(),
         expected_version: 1,
@@ -199,17 +188,8 @@ pub async fn complete_step_with_the_next_step<S: Store + Clone + 'static>(store:
         let store = store.clone();
         let project = project.clone();
         tasks.push(tokio::spawn(async move {
-            let uid = unique("uid-next-many");
-            let key = ObjectKey::new(&project, Kind::AgentRun, format!("many-{n}"));
-            let created = store
-                .create(&key, run_document(&key.name, &uid))
-                .await
-                .expect("create");
-            let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
-            store
-                .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
-                .await
-                .expect("append");
+            let (uid, key, created, fence) =
+                routing_run(&store, &project, &format!("many-{n}")).await;
             let mut document = created.document.clone();
             document["status"]["phase"] = json!(format!("Phase{n}"));
             let then = DocumentWrite {

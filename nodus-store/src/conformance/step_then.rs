@@ -8,7 +8,7 @@ use nodus_core::resource::Kind;
 use nodus_core::store::{Change, DocumentWrite, Error, Fence, ObjectKey, Record, WithOutcome};
 use serde_json::json;
 
-use super::{OWNER_A, completion, join_all, lease, next_change, run_document, step, unique};
+use super::{OWNER_A, completion, join_all, lease, next_change, routing_run, step, unique};
 
 /// A step's outcome and the run's status in one write: both land; a stale version refuses
 /// the document alone (the outcome stays recorded); a refused outcome (completed already,
@@ -17,20 +17,10 @@ use super::{OWNER_A, completion, join_all, lease, next_change, run_document, ste
 /// the store has one) each get their own answers.
 pub async fn complete_step_with_a_document<S: Store + Clone + 'static>(store: S) {
     let project = unique("then");
-    let uid = unique("uid");
-    let key = ObjectKey::new(&project, Kind::AgentRun, "run");
-    let created = store
-        .create(&key, run_document("run", &uid))
-        .await
-        .expect("create the run");
-    let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
+    let (uid, key, created, fence) = routing_run(&store, &project, "run").await;
     let mut changes = store.subscribe();
 
     // Both written.
-    store
-        .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
-        .await
-        .expect("append");
     let mut running = created.document.clone();
     running["status"]["phase"] = json!("Running");
     let done = completion(0, Outcome::Answered);
@@ -189,17 +179,8 @@ pub async fn complete_step_with_a_document<S: Store + Clone + 'static>(store: S)
         let store = store.clone();
         let project = project.clone();
         tasks.push(tokio::spawn(async move {
-            let uid = unique("uid");
-            let key = ObjectKey::new(&project, Kind::AgentRun, format!("many-{n}"));
-            let created = store
-                .create(&key, run_document(&key.name, &uid))
-                .await
-                .expect("create");
-            let fence = store.claim(&uid, &lease(OWNER_A, 0)).await.expect("claim");
-            store
-                .append_step(&uid, fence, &step(0, Intent::Route { turn: 0 }))
-                .await
-                .expect("append");
+            let (uid, key, created, fence) =
+                routing_run(&store, &project, &format!("many-{n}")).await;
             let mut document = created.document.clone();
             document["status"]["phase"] = json!(format!("Phase{n}"));
             let expected_version = if n == 7 { 5 } else { 1 };
