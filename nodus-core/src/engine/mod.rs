@@ -423,13 +423,14 @@ impl Engine {
         }
     }
 
-    /// A lease request by this replica, from now.
-    /// How many tasks of this process wait to write the run `uid` ([`crate::testing::Drive`]).
-    #[cfg(feature = "test-util")]
+    /// How many tasks of this process wait to write the run `uid` ([`crate::testing::Drive`]:
+    /// compiled wherever that is, or its `writers_waiting` would call itself).
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn writers_waiting(&self, uid: &str) -> usize {
         self.writers.waiting(uid)
     }
 
+    /// A lease request by this replica, from now.
     fn lease(&self) -> crate::store::Lease {
         let owner = match &self.config.replica {
             Some(name) => name.clone(),
