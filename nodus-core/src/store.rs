@@ -6,7 +6,7 @@
 
 pub mod memory;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroUsize;
@@ -66,6 +66,27 @@ pub struct Record {
     pub version: u64,
     /// The whole document (`apiVersion`, `kind`, `metadata`, `spec`, `status`).
     pub document: Value,
+}
+
+/// A document of [`Store::list_sparse_known`]'s answer, in creation order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sparse {
+    /// The document of this name is at the version the caller knows: not read again.
+    Known(String),
+    /// A document the caller does not know at this version, read as [`Store::list_sparse`]
+    /// reads it.
+    Read(Record),
+}
+
+impl Sparse {
+    /// `record`, or only its name when `known` holds its version.
+    pub fn of(record: Record, known: &HashMap<String, u64>) -> Self {
+        if known.get(&record.key.name) == Some(&record.version) {
+            Sparse::Known(record.key.name)
+        } else {
+            Sparse::Read(record)
+        }
+    }
 }
 
 /// Which documents a list returns: every label and every field must match.
@@ -545,6 +566,27 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<Record>, Error> {
         let wanted = selector.paths_with(paths);
         Ok(cut_down(self.list(project, kind, selector).await?, &wanted))
+    }
+
+    /// [`Store::list_sparse`] for a caller that keeps what it listed last: a document at the
+    /// version `known` gives for its name is answered by its name alone ([`Sparse::Known`]),
+    /// so a listing that mostly did not change costs about its names (the SQL stores read
+    /// no path of a known document, and hand none over). This default lists sparse and
+    /// leaves the known documents out.
+    async fn list_sparse_known(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+        known: &HashMap<String, u64>,
+    ) -> Result<Vec<Sparse>, Error> {
+        Ok(self
+            .list_sparse(project, kind, selector, paths)
+            .await?
+            .into_iter()
+            .map(|record| Sparse::of(record, known))
+            .collect())
     }
 
     /// Every project that holds a document, in name order, each once.

@@ -36,7 +36,8 @@ mod step_then;
 mod writes;
 
 pub use documents::{
-    create_get_list_update_delete, group_phases, list_pages, list_selectors, money_exact,
+    create_get_list_update_delete, group_phases, list_pages, list_selectors, list_sparse_known,
+    money_exact,
 };
 pub use journal::{
     change_notification, delete_removes_journal_and_inbox, fencing, journal_in_order, messages,
@@ -60,6 +61,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     create_get_list_update_delete(make()).await;
     list_selectors(make()).await;
+    list_sparse_known(make()).await;
     list_pages(make()).await;
     group_phases(make()).await;
     optimistic_concurrency(make()).await;

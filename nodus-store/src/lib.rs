@@ -63,6 +63,11 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn list_sparse_known() {
+        conformance::list_sparse_known(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
     async fn list_pages() {
         conformance::list_pages(MemoryStore::new()).await;
     }

@@ -17,6 +17,7 @@
 //! (a write transaction that owns its notifications), `journal`, `documents`, `leases`,
 //! `inbox` and `notifications`.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Selector, Store,
+    RunRewrite, Selector, Sparse, Store,
 };
 use serde_json::Value;
 use sqlx::postgres::PgPool;
@@ -117,6 +118,17 @@ impl Store for PostgresStore {
         paths: &[&str],
     ) -> Result<Vec<Record>, Error> {
         documents::list_sparse(self, project, kind, selector, paths).await
+    }
+
+    async fn list_sparse_known(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+        known: &HashMap<String, u64>,
+    ) -> Result<Vec<Sparse>, Error> {
+        documents::list_sparse_known(self, project, kind, selector, paths, known).await
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {

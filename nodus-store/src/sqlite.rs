@@ -18,6 +18,7 @@
 //! take the writer connection for their own transaction), `journal` (with `batch`),
 //! `documents`, `leases`, `inbox` and `notifications`.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, OutcomeWritten, Page,
-    Position, Record, RunRewrite, Selector, Store, WithOutcome,
+    Position, Record, RunRewrite, Selector, Sparse, Store, WithOutcome,
 };
 use serde_json::Value;
 use sqlx::sqlite::SqlitePool;
@@ -121,6 +122,17 @@ impl Store for SqliteStore {
         paths: &[&str],
     ) -> Result<Vec<Record>, Error> {
         documents::list_sparse(self, project, kind, selector, paths).await
+    }
+
+    async fn list_sparse_known(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+        known: &HashMap<String, u64>,
+    ) -> Result<Vec<Sparse>, Error> {
+        documents::list_sparse_known(self, project, kind, selector, paths, known).await
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {

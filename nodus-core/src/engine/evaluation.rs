@@ -636,16 +636,20 @@ impl Engine {
         group: &str,
         reducer: Reducer,
     ) -> Result<stats::EvaluationStatus> {
-        // Every reconcile of the group reads this: only the fields the summary needs.
-        let selector = Selector::in_group(group);
-        let mut cases = self
-            .deps
-            .store
-            .list_sparse(project, Kind::EvaluationCase, &selector, OUTCOME_PATHS)
-            .await?
-            .iter()
-            .map(case_of)
-            .collect::<Result<Vec<CaseOutcome>>>()?;
+        // Every reconcile of the group reads this: only the fields the summary needs, of the
+        // cases written since the last reconcile.
+        let listed = self
+            .case_listings
+            .list(
+                self.deps.store.as_ref(),
+                project,
+                Kind::EvaluationCase,
+                group,
+                OUTCOME_PATHS,
+                |record| case_of(&record),
+            )
+            .await?;
+        let mut cases: Vec<CaseOutcome> = listed.iter().map(|case| (**case).clone()).collect();
         cases.sort_by_key(|case| case.index);
         Ok(stats::summarize(&cases, reducer))
     }

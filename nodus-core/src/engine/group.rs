@@ -1,5 +1,6 @@
 //! Group operations of the engine: admission of new runs, reconcile, cancel.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -23,27 +24,35 @@ impl Engine {
     }
 
     /// The runs of a group, each with its view for the controller. Only the paths the view
-    /// needs are read ([`MEMBER_PATHS`]): every reconcile reads every member (admission reads
-    /// none: [`Engine::admit_to_group`]).
-    async fn members(&self, project: &str, group: &str) -> Result<Vec<(Record, Member)>> {
-        let selector = Selector::in_group(group);
-        let records = self
-            .deps
-            .store
-            .list_sparse(project, Kind::AgentRun, &selector, MEMBER_PATHS)
-            .await?;
-        records
-            .into_iter()
-            .map(|record| match member_of(&record.document) {
-                Ok(member) => Ok((record, member)),
-                // Never a guess: a cap read as zero would let the group start runs its cap
-                // has no room for.
-                Err(message) => Err(Error::Corrupt {
-                    key: record.key.to_string(),
-                    message: format!("the group controller cannot read this run: {message}"),
-                }),
-            })
-            .collect()
+    /// needs are read ([`MEMBER_PATHS`]), and only of the members written since the last
+    /// listing ([`listings`](super::listings)): every reconcile lists every member (admission
+    /// reads none: [`Engine::admit_to_group`]).
+    async fn members(&self, project: &str, group: &str) -> Result<Vec<Arc<(Record, Member)>>> {
+        let parse = |record: Record| match member_of(&record.document) {
+            Ok(member) => Ok((record, member)),
+            // Never a guess: a cap read as zero would let the group start runs its cap
+            // has no room for.
+            Err(message) => Err(Error::Corrupt {
+                key: record.key.to_string(),
+                message: format!("the group controller cannot read this run: {message}"),
+            }),
+        };
+        self.member_listings
+            .list(
+                self.deps.store.as_ref(),
+                project,
+                Kind::AgentRun,
+                group,
+                MEMBER_PATHS,
+                parse,
+            )
+            .await
+    }
+
+    /// Keep no listing of `group` (it finished, or is gone).
+    fn forget_listings(&self, project: &str, group: &str) {
+        self.member_listings.forget(project, group);
+        self.case_listings.forget(project, group);
     }
 
     /// The names of a project's unfinished runs, read from the two fields that say so (the
@@ -199,11 +208,32 @@ impl Engine {
         name: &str,
         reading: &mut Duration,
     ) -> Result<AgentGroup> {
+        let reconciled = self.reconcile_listed(project, name, reading).await;
+        // What the listings keep serves the group's next reconcile: none comes to one gone
+        // or finished (and were one to come, it would list every member again).
+        let done = match &reconciled {
+            Ok(group) => group.status.phase.is_some_and(|phase| phase.is_finished()),
+            Err(error) => matches!(error, Error::NotFound { .. }),
+        };
+        if done {
+            self.forget_listings(project, name);
+        }
+        reconciled
+    }
+
+    /// [`reconcile_group_reading`](Engine::reconcile_group_reading) but for what its
+    /// listings keep.
+    async fn reconcile_listed(
+        &self,
+        project: &str,
+        name: &str,
+        reading: &mut Duration,
+    ) -> Result<AgentGroup> {
         loop {
             let begun = self.deps.clock.now();
             let group = self.read_group(project, name).await?;
             let members = self.members(project, name).await?;
-            let view: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
+            let view: Vec<Member> = members.iter().map(|listed| listed.1.clone()).collect();
             let spec = crate::evaluation::hold::controlled(&group.object.spec);
             let mut plan = group::reconcile(&spec, group.object.status.phase, &view);
             if let Some(evaluation) = &spec.evaluation {
@@ -215,11 +245,12 @@ impl Engine {
             *reading += Duration::try_from(now.duration_since(begun)).unwrap_or_default();
             let messages: Vec<Option<&str>> = members
                 .iter()
-                .map(|(record, _)| record.document["status"]["message"].as_str())
+                .map(|listed| listed.0.document["status"]["message"].as_str())
                 .collect();
             let mut writes = Vec::new();
             for write in plan.writes(&view, &messages)? {
-                let Some((record, member)) = members.get(write.index) else {
+                let Some((record, member)) = members.get(write.index).map(|listed| &**listed)
+                else {
                     continue;
                 };
                 // The listing read only a few paths: the store edits the whole document, and
@@ -363,11 +394,11 @@ impl Engine {
             }
         }
         let members = self.members(project, name).await?;
-        let view: Vec<Member> = members.iter().map(|(_, member)| member.clone()).collect();
+        let view: Vec<Member> = members.iter().map(|listed| listed.1.clone()).collect();
         let requests = group::flagged_on_cancel(&view)
             .into_iter()
             .filter_map(|(index, reason)| {
-                let (record, _) = members.get(index)?;
+                let (record, _) = &**members.get(index)?;
                 Some(self.request_cancel(project, &record.key.name, reason))
             });
         join_all(requests)

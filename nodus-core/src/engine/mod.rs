@@ -18,6 +18,7 @@ mod grader_sandbox;
 mod group;
 mod image;
 mod kinds;
+mod listings;
 mod live;
 mod resources;
 mod results;
@@ -330,6 +331,10 @@ pub struct Engine {
     last_snapshots: Arc<snapshots::LastSnapshots>,
     /// Changes of single documents, for the tasks waiting on one.
     key_changes: Arc<changes::KeyChanges>,
+    /// Each group's members as its last reconcile listed them.
+    member_listings: Arc<listings::Listings<(Record, crate::group::Member)>>,
+    /// Each evaluation group's cases as its last reconcile listed them.
+    case_listings: Arc<listings::Listings<crate::evaluation::CaseOutcome>>,
 }
 
 impl Engine {
@@ -345,6 +350,8 @@ impl Engine {
             held: Arc::default(),
             last_snapshots: Arc::default(),
             key_changes: Arc::default(),
+            member_listings: Arc::default(),
+            case_listings: Arc::default(),
         }
     }
 

@@ -1,9 +1,12 @@
 //! Conformance of documents: create, read, list, update and delete; listing by selector and
-//! by pages; group phase counts; exact money and large numbers.
+//! by pages, and sparsely knowing the last listing; group phase counts; exact money and
+//! large numbers.
+
+use std::collections::HashMap;
 
 use nodus_core::Store;
 use nodus_core::resource::Kind;
-use nodus_core::store::{Error, ObjectKey, Page, Position, Selector};
+use nodus_core::store::{Error, ObjectKey, Page, Position, Selector, Sparse};
 use serde_json::json;
 
 use super::{agent_document, names, run_document, selector, shaped_run, unique};
@@ -706,5 +709,105 @@ pub async fn money_exact<S: Store + Clone + 'static>(store: S) {
     assert_eq!(
         listed[0].document["status"]["cost"]["totalUSD"],
         json!("12345678901.123456789")
+    );
+}
+
+/// A sparse listing for a caller that kept the last one: a document at the version it knows
+/// comes back by name alone; one written since, one new, and one it knows at another version
+/// come back read; one deleted does not come back; all in creation order, and only the
+/// selector's documents.
+pub async fn list_sparse_known<S: Store + Clone + 'static>(store: S) {
+    let project = unique("known");
+    let create = |name: &str, group: &str, phase: &str| {
+        let store = store.clone();
+        let key = ObjectKey::new(&project, Kind::AgentRun, name);
+        let document = shaped_run(name, &unique("uid"), &[], Some(group), phase);
+        async move { store.create(&key, document).await.expect("create a run") }
+    };
+    for (name, phase) in [("r1", "Running"), ("r2", "Pending"), ("r3", "Running")] {
+        create(name, "g", phase).await;
+    }
+    create("other", "h", "Running").await;
+    create("r4", "g", "Pending").await;
+    let selector = Selector::in_group("g");
+    let paths = ["status.phase"];
+    let list = |known: HashMap<String, u64>| {
+        let store = store.clone();
+        let (project, selector) = (project.clone(), selector.clone());
+        async move {
+            store
+                .list_sparse_known(&project, Kind::AgentRun, &selector, &paths, &known)
+                .await
+                .expect("list sparse, knowing some")
+        }
+    };
+    let shown = |listed: &[Sparse]| -> Vec<String> {
+        listed
+            .iter()
+            .map(|sparse| match sparse {
+                Sparse::Known(name) => format!("{name} known"),
+                Sparse::Read(record) => format!(
+                    "{} v{} {}",
+                    record.key.name, record.version, record.document["status"]["phase"]
+                ),
+            })
+            .collect()
+    };
+
+    // Knowing nothing: every document of the group read, as list_sparse reads it.
+    let first = list(HashMap::new()).await;
+    let sparse = store
+        .list_sparse(&project, Kind::AgentRun, &selector, &paths)
+        .await
+        .expect("list sparse");
+    assert_eq!(
+        first,
+        sparse.into_iter().map(Sparse::Read).collect::<Vec<_>>(),
+        "nothing known: list_sparse's answer"
+    );
+    let versions: HashMap<String, u64> = first
+        .iter()
+        .filter_map(|sparse| match sparse {
+            Sparse::Read(record) => Some((record.key.name.clone(), record.version)),
+            Sparse::Known(_) => None,
+        })
+        .collect();
+    assert_eq!(versions.len(), 4, "{versions:?}");
+
+    // Knowing every one at its version: names alone.
+    assert_eq!(
+        shown(&list(versions.clone()).await),
+        ["r1 known", "r2 known", "r3 known", "r4 known"]
+    );
+
+    // r2 written, r3 deleted, r5 created, r4 known at a version it never had, and a name of
+    // another group (and one of no document) known: only the changed, the new and the
+    // mis-known are read.
+    let r2 = ObjectKey::new(&project, Kind::AgentRun, "r2");
+    let mut moved = store.get(&r2).await.expect("get r2");
+    moved.document["status"]["phase"] = json!("Running");
+    store
+        .update(&r2, moved.version, moved.document)
+        .await
+        .expect("update r2");
+    store
+        .delete(&ObjectKey::new(&project, Kind::AgentRun, "r3"))
+        .await
+        .expect("delete r3");
+    create("r5", "g", "Pending").await;
+    let mut known = versions.clone();
+    known.insert("r4".to_string(), versions["r4"] + 7);
+    known.insert("other".to_string(), 1);
+    known.insert("nobody".to_string(), 1);
+    let v2 = versions["r2"] + 1;
+    let v4 = versions["r4"];
+    assert_eq!(
+        shown(&list(known).await),
+        [
+            "r1 known".to_string(),
+            format!("r2 v{v2} \"Running\""),
+            format!("r4 v{v4} \"Pending\""),
+            "r5 v1 \"Pending\"".to_string(),
+        ]
     );
 }

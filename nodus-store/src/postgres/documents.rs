@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector};
+use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Sparse};
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, QueryBuilder, Row};
@@ -236,6 +236,72 @@ pub(super) async fn list_sparse(
     selector: &Selector,
     paths: &[&str],
 ) -> Result<Vec<Record>, Error> {
+    read_sparse(store, project, kind, selector, paths, None).await
+}
+
+/// [`Store::list_sparse_known`] in two reads when something is known: every document's name
+/// and version (no path of any document is read), then the paths of those whose version is
+/// not the one known, by name.
+pub(super) async fn list_sparse_known(
+    store: &PostgresStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    paths: &[&str],
+    known: &HashMap<String, u64>,
+) -> Result<Vec<Sparse>, Error> {
+    if known.is_empty() {
+        let records = read_sparse(store, project, kind, selector, paths, None).await?;
+        return Ok(records.into_iter().map(Sparse::Read).collect());
+    }
+    let mut query: QueryBuilder<Postgres> =
+        QueryBuilder::new("SELECT name, version FROM resources WHERE project = ");
+    Read::push_selection(&mut query, project, kind, selector);
+    let rows = query
+        .build()
+        .fetch_all(&store.inner.pool)
+        .await
+        .map_err(map_err)?;
+    let mut versions = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name: String = row.try_get(0).map_err(map_err)?;
+        let version: i64 = row.try_get(1).map_err(map_err)?;
+        versions.push((name, sql::to_u64(version, "a version")?));
+    }
+    let unknown: Vec<&str> = versions
+        .iter()
+        .filter(|(name, version)| known.get(name) != Some(version))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let mut read: HashMap<String, Record> = HashMap::with_capacity(unknown.len());
+    if !unknown.is_empty() {
+        let records = read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?;
+        read.extend(records.into_iter().map(|r| (r.key.name.clone(), r)));
+    }
+    Ok(versions
+        .into_iter()
+        .filter_map(|(name, version)| {
+            if known.get(&name) == Some(&version) {
+                // Known at this version: it matched the selector when it was read.
+                return Some(Sparse::Known(name));
+            }
+            // Read at this version or a later one; gone (or no longer matching) meanwhile
+            // when missing.
+            read.remove(&name).map(Sparse::Read)
+        })
+        .collect())
+}
+
+/// The documents `selector` matches, each with only the values at `paths` (and the
+/// selector's), in creation order; `named`: only those with these names.
+async fn read_sparse(
+    store: &PostgresStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    paths: &[&str],
+    named: Option<&[&str]>,
+) -> Result<Vec<Record>, Error> {
     let wanted = selector.paths_with(paths);
     let mut query: QueryBuilder<Postgres> = QueryBuilder::new("SELECT name, version");
     for path in &wanted {
@@ -245,7 +311,18 @@ pub(super) async fn list_sparse(
         query.push(")::text");
     }
     query.push(" FROM resources WHERE project = ");
-    Read::push_selection(&mut query, project, kind, selector);
+    Read::push_conditions(&mut query, project, kind, selector);
+    if let Some(named) = named {
+        query.push(" AND name = ANY(");
+        query.push_bind(
+            named
+                .iter()
+                .map(|name| (*name).to_string())
+                .collect::<Vec<_>>(),
+        );
+        query.push(")");
+    }
+    query.push(" ORDER BY ord");
     let rows = query
         .build()
         .fetch_all(&store.inner.pool)

@@ -60,6 +60,7 @@ macro_rules! cases {
 cases!(
     create_get_list_update_delete,
     list_selectors,
+    list_sparse_known,
     list_pages,
     group_phases,
     optimistic_concurrency,

@@ -2,10 +2,12 @@
 //! at a version and edit atomically (both through the writer), delete with a run's journal
 //! and inbox, and rewrite a run's recorded contents. The other reads are `crate::reads`'.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Store};
+use nodus_core::store::{
+    Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Sparse, Store,
+};
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{QueryBuilder, Row, Sqlite};
@@ -200,6 +202,70 @@ pub(super) async fn list_sparse(
     selector: &Selector,
     paths: &[&str],
 ) -> Result<Vec<Record>, Error> {
+    read_sparse(store, project, kind, selector, paths, None).await
+}
+
+/// [`Store::list_sparse_known`] in two reads when something is known: every document's name
+/// and version (no path of any document is read), then the paths of those whose version is
+/// not the one known, by name.
+pub(super) async fn list_sparse_known(
+    store: &SqliteStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    paths: &[&str],
+    known: &HashMap<String, u64>,
+) -> Result<Vec<Sparse>, Error> {
+    if known.is_empty() {
+        let records = read_sparse(store, project, kind, selector, paths, None).await?;
+        return Ok(records.into_iter().map(Sparse::Read).collect());
+    }
+    let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "SELECT json_group_array(json_array(name, version) ORDER BY ord) FROM resources \
+         WHERE project = ",
+    );
+    Read::push_conditions(&mut query, project, kind, selector);
+    let listed: String = query
+        .build_query_scalar()
+        .fetch_one(&store.inner.readers)
+        .await
+        .map_err(map_err)?;
+    let versions: Vec<(String, u64)> = serde_json::from_str(&listed)
+        .map_err(|e| Error::Corrupt(format!("a listing of names and versions: {e}")))?;
+    let unknown: Vec<&str> = versions
+        .iter()
+        .filter(|(name, version)| known.get(name) != Some(version))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let mut read: HashMap<String, Record> = HashMap::with_capacity(unknown.len());
+    if !unknown.is_empty() {
+        let records = read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?;
+        read.extend(records.into_iter().map(|r| (r.key.name.clone(), r)));
+    }
+    Ok(versions
+        .into_iter()
+        .filter_map(|(name, version)| {
+            if known.get(&name) == Some(&version) {
+                // Known at this version: it matched the selector when it was read.
+                return Some(Sparse::Known(name));
+            }
+            // Read at this version or a later one; gone (or no longer matching) meanwhile
+            // when missing.
+            read.remove(&name).map(Sparse::Read)
+        })
+        .collect())
+}
+
+/// The documents `selector` matches, each with only the values at `paths` (and the
+/// selector's), in creation order; `named`: only those with these names.
+async fn read_sparse(
+    store: &SqliteStore,
+    project: &str,
+    kind: Kind,
+    selector: &Selector,
+    paths: &[&str],
+    named: Option<&[&str]>,
+) -> Result<Vec<Record>, Error> {
     let wanted = selector.paths_with(paths);
     let Some(json_paths) = wanted
         .iter()
@@ -207,10 +273,13 @@ pub(super) async fn list_sparse(
         .collect::<Option<Vec<_>>>()
     else {
         // A path no JSON path can spell: whole documents, cut down here.
-        let records = store.list(project, kind, selector).await?;
+        let mut records = store.list(project, kind, selector).await?;
+        if let Some(named) = named {
+            records.retain(|record| named.contains(&record.key.name.as_str()));
+        }
         return Ok(nodus_core::store::cut_down(records, &wanted));
     };
-    // One row: every member's name, version and, for each path, whether the document has
+    // One row: every document's name, version and, for each path, whether the document has
     // it and its value, in creation order, as one JSON array. A row apiece would cross from
     // SQLite's thread to the caller's once per row (a group's reconcile lists every member).
     let mut query: QueryBuilder<Sqlite> =
@@ -225,6 +294,13 @@ pub(super) async fn list_sparse(
     }
     query.push(") ORDER BY ord) FROM resources WHERE project = ");
     Read::push_conditions(&mut query, project, kind, selector);
+    if let Some(named) = named {
+        // By the unique index on (project, kind, name).
+        let names = serde_json::to_string(named).map_err(|e| Error::Invalid(e.to_string()))?;
+        query.push(" AND name IN (SELECT value FROM json_each(");
+        query.push_bind(names);
+        query.push("))");
+    }
     let listed: String = query
         .build_query_scalar()
         .fetch_one(&store.inner.readers)
