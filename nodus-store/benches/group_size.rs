@@ -9,7 +9,9 @@
 //! runs, so only creation is timed). Each group's runs are created in batches of
 //! `NODUS_BENCH_BATCH` (default 100, the API's usual batch; 1 creates them one at a time),
 //! each run depending on the one created just before it, the 1,000-member group first.
-//! Prints each group's time, its time per member over its last tenth, and the ratio.
+//! Prints each group's time, its time per member over its last tenth, and the ratio; then
+//! the 10,000-member group's reconcile with every member read, against one that reads only
+//! the member written since the last (the engine keeps its last listing by version).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,10 +22,12 @@ use nodus_core::catalog::{Catalog, CatalogModel, Family};
 use nodus_core::cost::{Prices, Rates};
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::model::{self, ModelClient, ModelRequest, ModelResponse};
+use nodus_core::resource::Kind;
 use nodus_core::resource::{
     Agent, AgentGroup, AgentGroupSpec, AgentRun, AgentRunSpec, AgentSpec, GroupLimits,
 };
-use nodus_core::testing::RecordingSandbox;
+use nodus_core::store::{ObjectKey, Store};
+use nodus_core::testing::{Drive, RecordingSandbox};
 use nodus_store::SqliteStore;
 
 const PROJECT: &str = "bench";
@@ -142,14 +146,8 @@ fn main() {
         let store = SqliteStore::open(dir.path().join("nodus.db"))
             .await
             .expect("open the store");
-        let deps = Deps::builder(
-            Arc::new(RecordingSandbox::new()),
-            Arc::new(NeverCalled),
-            catalog(),
-        )
-        .store(Arc::new(store))
-        .build();
-        let engine = Engine::new(deps, Config::default());
+        let store = Arc::new(store);
+        let engine = Engine::new(deps(&store), Config::default());
         engine
             .apply_agent(PROJECT, Agent::new("worker", AgentSpec::new("You are careful.")))
             .await
@@ -172,5 +170,71 @@ fn main() {
             ratio / 100,
             ratio % 100
         );
+        reconciles(&store, &engine).await;
     });
+}
+
+/// A reconcile of the 10,000-member group by an engine that never listed it (every member
+/// read) against one by the engine that listed it last, after one member was written (that
+/// member read again, the others known by version), alternated five times.
+async fn reconciles(store: &Arc<SqliteStore>, engine: &Engine) {
+    engine
+        .reconcile_group(PROJECT, "large")
+        .await
+        .expect("the first reconcile");
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
+    for round in 0..5 {
+        let fresh = Engine::new(deps(store), Config::default());
+        let started = Instant::now();
+        fresh
+            .reconcile_group(PROJECT, "large")
+            .await
+            .expect("a reconcile by a fresh engine");
+        cold.push(started.elapsed());
+
+        let key = ObjectKey::new(PROJECT, Kind::AgentRun, "large-t5000");
+        let mut record = store.get(&key).await.expect("a member");
+        record.document["metadata"]["labels"] = serde_json::json!({"round": round.to_string()});
+        store
+            .update(&key, record.version, record.document)
+            .await
+            .expect("write a member");
+        let started = Instant::now();
+        engine
+            .reconcile_group(PROJECT, "large")
+            .await
+            .expect("a reconcile knowing the last listing");
+        warm.push(started.elapsed());
+    }
+    cold.sort_unstable();
+    warm.sort_unstable();
+    // Milliseconds to a tenth, in integers.
+    let ms = |t: &Duration| {
+        let us = t.as_micros();
+        format!("{}.{}", us / 1000, us % 1000 / 100)
+    };
+    let show = |times: &[Duration]| times.iter().map(ms).collect::<Vec<_>>().join(", ");
+    println!(
+        "reconcile of the 10,000-member group, every member read: {} ms (median {})",
+        show(&cold),
+        ms(&cold[2])
+    );
+    println!(
+        "reconcile of the 10,000-member group, one member written since the last: {} ms \
+         (median {})",
+        show(&warm),
+        ms(&warm[2])
+    );
+}
+
+/// The bench's engine's parts over `store`.
+fn deps(store: &Arc<SqliteStore>) -> Deps {
+    Deps::builder(
+        Arc::new(RecordingSandbox::new()),
+        Arc::new(NeverCalled),
+        catalog(),
+    )
+    .store(store.clone())
+    .build()
 }

@@ -293,13 +293,20 @@ async fn read_sparse(
         query.push_bind(path.clone());
     }
     query.push(") ORDER BY ord) FROM resources WHERE project = ");
-    Read::push_conditions(&mut query, project, kind, selector);
-    if let Some(named) = named {
-        // By the unique index on (project, kind, name).
-        let names = serde_json::to_string(named).map_err(|e| Error::Invalid(e.to_string()))?;
-        query.push(" AND name IN (SELECT value FROM json_each(");
-        query.push_bind(names);
-        query.push("))");
+    match named {
+        None => Read::push_conditions(&mut query, project, kind, selector),
+        Some(named) => {
+            // By the unique index on (project, kind, name) alone: the selector is matched
+            // exactly below, and a condition on the group's index as well let SQLite walk
+            // every member of the group for a few names (4.6 ms for one of 10,000).
+            let names = serde_json::to_string(named).map_err(|e| Error::Invalid(e.to_string()))?;
+            query.push_bind(project);
+            query.push(" AND kind = ");
+            query.push_bind(kind.plural().to_string());
+            query.push(" AND name IN (SELECT value FROM json_each(");
+            query.push_bind(names);
+            query.push("))");
+        }
     }
     let listed: String = query
         .build_query_scalar()
