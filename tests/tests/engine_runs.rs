@@ -1385,3 +1385,106 @@ impl nodus_core::router::Router for CostlyRouter {
             .await
     }
 }
+
+/// Grading reads the run of a pending case only when the group's listing says it may have
+/// ended: of three cases run one at a time, the finished one's run is read and graded, and
+/// the two waiting for the slot stay pending with their runs unread.
+#[tokio::test]
+async fn grading_reads_only_the_runs_that_may_have_ended() {
+    use nodus_core::evaluation::CaseState;
+    use nodus_core::resource::{Environment, Kind};
+    use nodus_core::store::ObjectKey;
+
+    let store = std::sync::Arc::new(support::CountingStore::default());
+    let world = World::over_store(vec![text("4"), text("4"), text("4")], store.clone());
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    let environment: Environment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodus.dev/v1",
+        "kind": "Environment",
+        "metadata": {"name": "sums"},
+        "spec": {
+            "version": "1.0.0",
+            "splits": {"test": {"tasks": [
+                {"id": "a", "prompt": "2 + 2?", "hidden": {"expected": "4"}},
+                {"id": "b", "prompt": "3 + 1?", "hidden": {"expected": "4"}},
+                {"id": "c", "prompt": "1 + 3?", "hidden": {"expected": "4"}}
+            ]}},
+            "grader": {"kind": "exact"}
+        }
+    }))
+    .expect("an Environment");
+    engine
+        .apply_environment(PROJECT, environment)
+        .await
+        .expect("environment");
+    let group = AgentGroupSpec {
+        agent: "helper".to_owned(),
+        limits: GroupLimits {
+            max_active: 1,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: Some(
+            serde_json::from_value(
+                serde_json::json!({"environment": "sums@1.0.0", "tasks": 3, "seed": 7}),
+            )
+            .expect("an evaluation"),
+        ),
+    };
+    engine
+        .apply_group(PROJECT, AgentGroup::new("graded", group))
+        .await
+        .expect("the group");
+    let results = engine
+        .evaluation_results(PROJECT, "graded")
+        .await
+        .expect("results");
+    assert_eq!(results.len(), 3);
+    let mut ran = Vec::new();
+    let mut waiting = Vec::new();
+    for result in &results {
+        match engine.drive(PROJECT, &result.run).await.expect("drive") {
+            Driven::Finished(RunPhase::Succeeded) => ran.push(result.run.clone()),
+            Driven::NotAdmitted { .. } => waiting.push(result.run.clone()),
+            other => panic!("{}: {other:?}", result.run),
+        }
+    }
+    assert_eq!((ran.len(), waiting.len()), (1, 2), "{ran:?} {waiting:?}");
+    let key = |name: &str| ObjectKey::new(PROJECT, Kind::AgentRun, name);
+    let reads = |names: &[String]| -> Vec<usize> {
+        names.iter().map(|name| store.gets_of(&key(name))).collect()
+    };
+    let (ran_before, waiting_before) = (reads(&ran), reads(&waiting));
+
+    engine
+        .grade_evaluation(PROJECT, "graded")
+        .await
+        .expect("grade");
+
+    assert!(
+        reads(&ran)[0] > ran_before[0],
+        "the finished run is read to grade its case"
+    );
+    assert_eq!(
+        reads(&waiting),
+        waiting_before,
+        "the runs waiting for the slot are not read"
+    );
+    let results = engine
+        .evaluation_results(PROJECT, "graded")
+        .await
+        .expect("results");
+    for result in &results {
+        let expected = if ran.contains(&result.run) {
+            CaseState::Scored
+        } else {
+            CaseState::Pending
+        };
+        assert_eq!(result.state, expected, "{result:?}");
+    }
+}

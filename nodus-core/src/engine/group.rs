@@ -27,7 +27,11 @@ impl Engine {
     /// needs are read ([`MEMBER_PATHS`]), and only of the members written since the last
     /// listing ([`listings`](super::listings)): every reconcile lists every member (admission
     /// reads none: [`Engine::admit_to_group`]).
-    async fn members(&self, project: &str, group: &str) -> Result<Vec<Arc<(Record, Member)>>> {
+    pub(super) async fn members(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<Arc<(Record, Member)>>> {
         let parse = |record: Record| match member_of(&record.document) {
             Ok(member) => Ok((record, member)),
             // Never a guess: a cap read as zero would let the group start runs its cap

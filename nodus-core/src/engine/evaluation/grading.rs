@@ -2,7 +2,7 @@
 //! ended, by a command grader's journaled attempts in sandboxes of their own, and the
 //! grading sandboxes of unfinished attempts removed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures_util::StreamExt;
 use jiff::Timestamp;
@@ -15,7 +15,7 @@ use crate::engine::{Engine, Error, Result};
 use crate::evaluation::ending::{CaseRun, Ending, cut_short, ending};
 use crate::evaluation::{CaseRecord, GradingAttempt, UnscoredReason, grade};
 use crate::group::GroupPhase;
-use crate::lifecycle::CancelReason;
+use crate::lifecycle::{CancelReason, RunPhase};
 use crate::resource::{
     AgentGroupSpec, AgentRun, AgentRunSpec, EnvironmentSpec, FileSetSpec, GraderKind, VerdictFrom,
 };
@@ -45,6 +45,15 @@ impl Engine {
         if pending.is_empty() {
             return Ok(None);
         }
+        // The phase of each member run as the group's listing has it (read again only where
+        // written since): a case whose run has not ended is left pending without reading
+        // its run whole (most cases of a large evaluation wait for a slot).
+        let phases: HashMap<String, RunPhase> = self
+            .members(project, name)
+            .await?
+            .iter()
+            .map(|listed| (listed.0.key.name.clone(), listed.1.phase))
+            .collect();
         let environment = self
             .evaluation_environment(project, &evaluation.environment)
             .await
@@ -52,7 +61,15 @@ impl Engine {
             .map(|(reference, environment)| (reference.project, environment.spec));
         let graded: Vec<Result<Graded>> = futures_util::stream::iter(pending)
             .map(|(record, case)| {
-                self.grade_case(project, record, case, cancelled, environment.as_ref())
+                let listed = phases.get(&case.run).copied();
+                self.grade_case(
+                    project,
+                    record,
+                    case,
+                    cancelled,
+                    listed,
+                    environment.as_ref(),
+                )
             })
             .buffer_unordered(GRADING_CONCURRENCY)
             .collect()
@@ -72,19 +89,31 @@ impl Engine {
     }
 
     /// Grade one pending case, if its run has ended (or the group was cancelled, or the
-    /// deadline passed).
+    /// deadline passed). `listed`: its run's phase as the group's listing has it; the run is
+    /// read only when that phase may end the case (or the listing has no such run).
     async fn grade_case(
         &self,
         project: &str,
         record: Record,
         case: CaseRecord,
         cancelled: bool,
+        listed: Option<RunPhase>,
         environment: Option<&(String, EnvironmentSpec)>,
     ) -> Result<Graded> {
         let now = self.deps.clock.now();
         let ending = match cut_short(cancelled, now, case.deadline) {
             Some(ending) => ending,
             None => {
+                if let Some(phase) = listed {
+                    let seen = CaseRun::Read {
+                        phase,
+                        message: "",
+                        run: (),
+                    };
+                    if let Ending::Later(at) = ending(case.deadline, seen) {
+                        return Ok(Graded::Later(at));
+                    }
+                }
                 let read = match self.read::<AgentRunSpec>(project, &case.run).await {
                     Ok(run) => Some(run.object),
                     Err(Error::NotFound { .. }) => None,
