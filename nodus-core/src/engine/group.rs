@@ -275,11 +275,37 @@ impl Engine {
                 writes.push(async move { (write.await, applied, next.is_finished()) });
             }
             // All at once: a store that commits concurrent writes together (SQLite's writer)
-            // starts a hundred runs in one commit instead of a hundred.
+            // starts a hundred runs in one commit instead of a hundred, and writes a status
+            // that does not finish the group in that commit too (the admitted runs start one
+            // commit sooner). A status that finishes the group waits for its members' writes:
+            // a group never says it ended before its members' ends are written. An unchanged
+            // status is not written (no change notification that would wake the controllers
+            // for nothing).
+            let key = ObjectKey::new(project, Kind::AgentGroup, name);
+            let update = |document| self.deps.store.update(&key, group.version, document);
+            let status = if group.object.status == plan.status {
+                StatusWrite::Unchanged
+            } else {
+                let finishes_group = plan.status.phase.is_some_and(|p| p.is_finished());
+                let mut object = group.object.clone();
+                object.status = plan.status;
+                let document = typed::encode(&key, &object)?;
+                match finishes_group {
+                    true => StatusWrite::After(document),
+                    false => StatusWrite::With(document),
+                }
+            };
+            let (members_written, status) = match status {
+                StatusWrite::With(document) => {
+                    let (members, status) = tokio::join!(join_all(writes), update(document));
+                    (members, StatusWrite::Written(status))
+                }
+                status => (join_all(writes).await, status),
+            };
             // Every write's outcome is looked at (a failed one does not hide the spans of
             // those that were kept); the first failure is returned after.
             let mut failed = None;
-            for (written, applied, finishes) in join_all(writes).await {
+            for (written, applied, finishes) in members_written {
                 match written {
                     // Deleted meanwhile: the next pass no longer lists it.
                     Err(crate::store::Error::NotFound(_)) => {}
@@ -294,22 +320,17 @@ impl Engine {
                 }
             }
             if let Some(error) = failed {
+                // A status written with them is put right by the next pass.
                 return Err(error.into());
             }
-            if group.object.status == plan.status {
-                // Nothing changed: no write, so no change notification that would wake the
-                // controllers for nothing.
-                return Ok(group.object);
-            }
-            let mut object = group.object.clone();
-            object.status = plan.status;
-            let key = ObjectKey::new(project, Kind::AgentGroup, name);
-            match self
-                .deps
-                .store
-                .update(&key, group.version, typed::encode(&key, &object)?)
-                .await
-            {
+            let written = match status {
+                StatusWrite::Unchanged => return Ok(group.object),
+                StatusWrite::Written(written) => written,
+                StatusWrite::After(document) | StatusWrite::With(document) => {
+                    update(document).await
+                }
+            };
+            match written {
                 Err(crate::store::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
                 Ok(record) => {
@@ -411,6 +432,18 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         self.reconcile_group(project, name).await
     }
+}
+
+/// A reconcile's write of its group's status.
+enum StatusWrite {
+    /// The status did not change: nothing to write.
+    Unchanged,
+    /// To write with the members' writes.
+    With(serde_json::Value),
+    /// To write after them (the status finishes the group).
+    After(serde_json::Value),
+    /// Written with the members' writes.
+    Written(std::result::Result<Record, crate::store::Error>),
 }
 
 /// What a batch learned of one group: its spec and phase, how many of its members have not
