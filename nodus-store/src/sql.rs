@@ -2,13 +2,14 @@
 //! conversions between store values and column values, and how a journal write and an
 //! idempotent batch are stored.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::num::NonZeroUsize;
 
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite};
+use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite, Sparse};
 use serde_json::{Value, json};
 
 /// The one place where sqlx errors become store errors. Connection trouble, a database that
@@ -538,4 +539,44 @@ pub(crate) fn rewrite_step(
     (rewrite.step)(&mut step);
     let completion = step.completion.as_ref().map(completion_text).transpose()?;
     Ok((i64::from(step.seq), step_text(&step)?, completion))
+}
+
+/// The names of a listing (`versions`: each document's name and version, in creation order)
+/// whose version is not the one `known` gives: the documents
+/// [`Store::list_sparse_known`](nodus_core::store::Store::list_sparse_known) reads.
+pub(crate) fn unknown<'a>(
+    versions: &'a [(String, u64)],
+    known: &HashMap<String, u64>,
+) -> Vec<&'a str> {
+    versions
+        .iter()
+        .filter(|(name, version)| known.get(name) != Some(version))
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
+/// [`Store::list_sparse_known`](nodus_core::store::Store::list_sparse_known)'s answer from
+/// the listing of names and versions and the documents then read by the names [`unknown`]
+/// gave: in the listing's order, a known document by its name, the others as read (at that
+/// version or a later one), and one not read (gone, or no longer matching, meanwhile) left
+/// out.
+pub(crate) fn known_or_read(
+    versions: Vec<(String, u64)>,
+    known: &HashMap<String, u64>,
+    read: Vec<Record>,
+) -> Vec<Sparse> {
+    let mut read: HashMap<String, Record> = read
+        .into_iter()
+        .map(|record| (record.key.name.clone(), record))
+        .collect();
+    versions
+        .into_iter()
+        .filter_map(|(name, version)| {
+            if known.get(&name) == Some(&version) {
+                // Known at this version: it matched the selector when it was read.
+                return Some(Sparse::Known(name));
+            }
+            read.remove(&name).map(Sparse::Read)
+        })
+        .collect()
 }

@@ -268,28 +268,12 @@ pub(super) async fn list_sparse_known(
         let version: i64 = row.try_get(1).map_err(map_err)?;
         versions.push((name, sql::to_u64(version, "a version")?));
     }
-    let unknown: Vec<&str> = versions
-        .iter()
-        .filter(|(name, version)| known.get(name) != Some(version))
-        .map(|(name, _)| name.as_str())
-        .collect();
-    let mut read: HashMap<String, Record> = HashMap::with_capacity(unknown.len());
-    if !unknown.is_empty() {
-        let records = read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?;
-        read.extend(records.into_iter().map(|r| (r.key.name.clone(), r)));
-    }
-    Ok(versions
-        .into_iter()
-        .filter_map(|(name, version)| {
-            if known.get(&name) == Some(&version) {
-                // Known at this version: it matched the selector when it was read.
-                return Some(Sparse::Known(name));
-            }
-            // Read at this version or a later one; gone (or no longer matching) meanwhile
-            // when missing.
-            read.remove(&name).map(Sparse::Read)
-        })
-        .collect())
+    let unknown = sql::unknown(&versions, known);
+    let read = match unknown.is_empty() {
+        true => Vec::new(),
+        false => read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?,
+    };
+    Ok(sql::known_or_read(versions, known, read))
 }
 
 /// The documents `selector` matches, each with only the values at `paths` (and the
