@@ -17,7 +17,7 @@ use std::sync::Arc;
 use nodus_core::engine::{Driven, Error};
 use nodus_core::journal::Outcome;
 use nodus_core::lifecycle::RunPhase;
-use nodus_core::resource::{AgentGroup, AgentGroupSpec, Environment, GroupLimits};
+use nodus_core::resource::AgentGroup;
 use nodus_core::sandbox::Sandbox;
 use nodus_core::testing::Drive;
 use nodus_llm::Reply;
@@ -144,41 +144,21 @@ async fn members_run_the_image_pinned_when_the_group_was_created() {
         .apply_agent(PROJECT, agent("helper", |_| {}))
         .await
         .expect("agent");
-    let environment: Environment = serde_json::from_value(serde_json::json!({
-        "apiVersion": "nodus.dev/v1",
-        "kind": "Environment",
-        "metadata": {"name": "marked"},
-        "spec": {
-            "version": "1.0.0",
-            "image": reference,
-            "splits": {"test": {"tasks": [
-                {"id": "a", "prompt": "Read the marker.", "hidden": {"expected": "first"}},
-                {"id": "b", "prompt": "Read the marker again.", "hidden": {"expected": "first"}}
-            ]}},
-            "grader": {"kind": "exact"}
-        }
-    }))
-    .expect("an Environment");
-    engine
-        .apply_environment(PROJECT, environment)
-        .await
-        .expect("environment");
+    support::apply_exact_environment(
+        &engine,
+        "marked",
+        Some(&reference),
+        &[
+            ("a", "Read the marker.", "first"),
+            ("b", "Read the marker again.", "first"),
+        ],
+    )
+    .await;
     // One member at a time: the second starts only after the first has finished.
-    let group = AgentGroupSpec {
-        agent: "helper".to_owned(),
-        limits: GroupLimits {
-            max_active: 1,
-            ..GroupLimits::default()
-        },
-        max_cost_usd: None,
-        sealed: false,
-        evaluation: Some(
-            serde_json::from_value(
-                serde_json::json!({"environment": "marked@1.0.0", "tasks": 2, "seed": 7}),
-            )
-            .expect("an evaluation"),
-        ),
-    };
+    let group = support::evaluation_group(
+        serde_json::json!({"environment": "marked@1.0.0", "tasks": 2, "seed": 7}),
+        Some(1),
+    );
     engine
         .apply_group(PROJECT, AgentGroup::new("pinned", group))
         .await
@@ -304,32 +284,12 @@ async fn an_image_that_cannot_be_had_is_refused_at_creation() {
         "not written"
     );
 
-    let environment: Environment = serde_json::from_value(serde_json::json!({
-        "apiVersion": "nodus.dev/v1",
-        "kind": "Environment",
-        "metadata": {"name": "absent"},
-        "spec": {
-            "version": "1.0.0",
-            "image": missing,
-            "splits": {"test": {"tasks": [{"id": "a", "prompt": "Say hi.", "hidden": {"expected": "hi"}}]}},
-            "grader": {"kind": "exact"}
-        }
-    }))
-    .expect("an Environment");
-    engine
-        .apply_environment(PROJECT, environment)
-        .await
-        .expect("environment");
-    let group = AgentGroupSpec {
-        agent: "helper".to_owned(),
-        limits: GroupLimits::default(),
-        max_cost_usd: None,
-        sealed: false,
-        evaluation: Some(
-            serde_json::from_value(serde_json::json!({"environment": "absent@1.0.0", "tasks": 1}))
-                .expect("an evaluation"),
-        ),
-    };
+    support::apply_exact_environment(&engine, "absent", Some(&missing), &[("a", "Say hi.", "hi")])
+        .await;
+    let group = support::evaluation_group(
+        serde_json::json!({"environment": "absent@1.0.0", "tasks": 1}),
+        None,
+    );
     match engine
         .apply_group(PROJECT, AgentGroup::new("absent", group))
         .await

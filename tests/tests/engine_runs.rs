@@ -1392,7 +1392,7 @@ impl nodus_core::router::Router for CostlyRouter {
 #[tokio::test]
 async fn grading_reads_only_the_runs_that_may_have_ended() {
     use nodus_core::evaluation::CaseState;
-    use nodus_core::resource::{Environment, Kind};
+    use nodus_core::resource::Kind;
     use nodus_core::store::ObjectKey;
 
     let store = std::sync::Arc::new(support::CountingStore::default());
@@ -1402,40 +1402,21 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
         .apply_agent(PROJECT, agent("helper", |_| {}))
         .await
         .expect("agent");
-    let environment: Environment = serde_json::from_value(serde_json::json!({
-        "apiVersion": "nodus.dev/v1",
-        "kind": "Environment",
-        "metadata": {"name": "sums"},
-        "spec": {
-            "version": "1.0.0",
-            "splits": {"test": {"tasks": [
-                {"id": "a", "prompt": "2 + 2?", "hidden": {"expected": "4"}},
-                {"id": "b", "prompt": "3 + 1?", "hidden": {"expected": "4"}},
-                {"id": "c", "prompt": "1 + 3?", "hidden": {"expected": "4"}}
-            ]}},
-            "grader": {"kind": "exact"}
-        }
-    }))
-    .expect("an Environment");
-    engine
-        .apply_environment(PROJECT, environment)
-        .await
-        .expect("environment");
-    let group = AgentGroupSpec {
-        agent: "helper".to_owned(),
-        limits: GroupLimits {
-            max_active: 1,
-            ..GroupLimits::default()
-        },
-        max_cost_usd: None,
-        sealed: false,
-        evaluation: Some(
-            serde_json::from_value(
-                serde_json::json!({"environment": "sums@1.0.0", "tasks": 3, "seed": 7}),
-            )
-            .expect("an evaluation"),
-        ),
-    };
+    support::apply_exact_environment(
+        &engine,
+        "sums",
+        None,
+        &[
+            ("a", "2 + 2?", "4"),
+            ("b", "3 + 1?", "4"),
+            ("c", "1 + 3?", "4"),
+        ],
+    )
+    .await;
+    let group = support::evaluation_group(
+        serde_json::json!({"environment": "sums@1.0.0", "tasks": 3, "seed": 7}),
+        Some(1),
+    );
     engine
         .apply_group(PROJECT, AgentGroup::new("graded", group))
         .await

@@ -938,3 +938,58 @@ pub fn journal_json(journal: &[Step]) -> Value {
 pub fn run_key(name: &str) -> ObjectKey {
     ObjectKey::new(PROJECT, Kind::AgentRun, name)
 }
+
+/// Apply the Environment `<name>@1.0.0`: one `test` split of `tasks` (id, prompt, the answer
+/// expected), graded by exact match, its sandboxes started from `image` when given.
+pub async fn apply_exact_environment(
+    engine: &Engine,
+    name: &str,
+    image: Option<&str>,
+    tasks: &[(&str, &str, &str)],
+) {
+    let tasks: Vec<Value> = tasks
+        .iter()
+        .map(|(id, prompt, expected)| {
+            serde_json::json!({"id": id, "prompt": prompt, "hidden": {"expected": expected}})
+        })
+        .collect();
+    let mut spec = serde_json::json!({
+        "version": "1.0.0",
+        "splits": {"test": {"tasks": tasks}},
+        "grader": {"kind": "exact"}
+    });
+    if let Some(image) = image {
+        spec["image"] = image.into();
+    }
+    let environment: nodus_core::resource::Environment =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodus.dev/v1",
+            "kind": "Environment",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("an Environment");
+    engine
+        .apply_environment(PROJECT, environment)
+        .await
+        .expect("environment");
+}
+
+/// An evaluation group of the agent `helper`: `evaluation` as its `spec.evaluation`, at most
+/// `max_active` members at a time (the default without).
+pub fn evaluation_group(
+    evaluation: Value,
+    max_active: Option<u32>,
+) -> nodus_core::resource::AgentGroupSpec {
+    let mut limits = nodus_core::resource::GroupLimits::default();
+    if let Some(max_active) = max_active {
+        limits.max_active = max_active;
+    }
+    nodus_core::resource::AgentGroupSpec {
+        agent: "helper".to_owned(),
+        limits,
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: Some(serde_json::from_value(evaluation).expect("an evaluation")),
+    }
+}
