@@ -41,8 +41,9 @@ use crate::store::{Change, ObjectKey, Selector, Store};
 pub struct RunnerConfig {
     /// The most runs driven at once (at least one).
     pub max_concurrent: usize,
-    /// The longest a group's changes gather before it is reconciled (one reconcile reads every
-    /// member, so one per burst of changes instead of one per change); zero reconciles at once.
+    /// The longest a group's changes gather before it is reconciled (one reconcile lists every
+    /// member's name and version, and reads those written since its last, so one per burst of
+    /// changes instead of one per change); zero reconciles at once.
     /// Below it, a group waits [`SETTLE_FACTOR`] times what its last reconcile's reads took
     /// (not the commits of its writes: waiting for the disk is no work to space out): a large
     /// group's reconciles are spaced out, a small one follows its runs closely. 200 ms by
