@@ -3,7 +3,8 @@
 //! Its owner starts it over an [`Engine`] ([`Runner::start`]) and stops it
 //! ([`RunnerHandle::shutdown`]); the server does nothing else with runs. One loop owns the work
 //! queue. A change to a run queues the run; a change to a group, or a run of a group moving,
-//! queues the group. Each key is worked by at most one task at a time; a change that arrives
+//! queues the group, except a write that the key's last drive or reconcile made itself (or
+//! saw): a reconcile that writes its group's status does not wake another. Each key is worked by at most one task at a time; a change that arrives
 //! while its key is being worked marks it to be worked again. At most
 //! [`RunnerConfig::max_concurrent`] runs are driven at once; the others queued wait in a list
 //! of keys, with no task (at a restart every unfinished run is queued at once, and a task
@@ -114,8 +115,9 @@ struct Done {
     awaiting_funds: bool,
     /// How long the group's reconcile took (a group's work only; `None` when it is gone).
     reconcile_took: Option<Duration>,
-    /// The run's version as its drive wrote it last, when the drive saw none later: its
-    /// changes up to that version need no drive after it.
+    /// The run's version as its drive wrote it last (the group's as its reconcile wrote or
+    /// read it), when the drive saw none later: its changes up to that version need no drive
+    /// (no reconcile) after it.
     own_write: Option<u64>,
 }
 
@@ -167,8 +169,8 @@ struct Queue {
     /// credits wakes only those (every model call changes the account; looking for waiting
     /// runs in the store each time would read every run of the project).
     awaiting_funds: HashMap<String, HashSet<ObjectKey>>,
-    /// Runs whose drive's own last write is not notified yet, with its version: its
-    /// notification (or an earlier one) wakes nothing. An entry lasts until that
+    /// Runs (groups) whose drive's (reconcile's) own last write is not notified yet, with its
+    /// version: its notification (or an earlier one) wakes nothing. An entry lasts until that
     /// notification comes, or notifications are lost.
     own_writes: HashMap<ObjectKey, u64>,
     /// How long each group's last reconcile took, which sets how long its changes gather.
@@ -242,11 +244,8 @@ impl Runner {
             tokio::select! {
                 () = &mut stop => break,
                 change = changes.recv() => match change {
-                    Ok(Change::Written(key, version)) if key.kind == Kind::AgentRun => {
+                    Ok(Change::Written(key, version)) if matches!(key.kind, Kind::AgentRun | Kind::AgentGroup) => {
                         self.changed(key, version, &mut queue);
-                    }
-                    Ok(Change::Written(key, _)) if key.kind == Kind::AgentGroup => {
-                        self.queue(key, &mut queue);
                     }
                     Ok(Change::Written(key, _)) if key.kind == Kind::Account && key.project == SYSTEM_PROJECT => {
                         // Credits changed: the runs waiting for funds look again (only
@@ -385,8 +384,8 @@ impl Runner {
         }
     }
 
-    /// Version `version` of run `key` was written: drive it, unless the write is its last
-    /// drive's own (or was seen by that drive).
+    /// Version `version` of run or group `key` was written: drive (reconcile) it, unless the
+    /// write is its last drive's (reconcile's) own, or was seen by it.
     fn changed(&self, key: ObjectKey, version: u64, queue: &mut Queue) {
         if let Some(&written) = queue.own_writes.get(&key) {
             if version >= written {
@@ -460,12 +459,14 @@ impl Runner {
                         .reconcile_group_reading(&key.project, &key.name, &mut took)
                         .await;
                     // A group deleted meanwhile has no cost to remember.
-                    let (evaluation, took) = match reconciled {
-                        Ok(group) => (group.spec.evaluation.is_some(), Some(took)),
-                        Err(Error::NotFound { .. }) => (false, None),
+                    let (evaluation, took, own_write) = match reconciled {
+                        Ok((group, version)) => {
+                            (group.spec.evaluation.is_some(), Some(took), Some(version))
+                        }
+                        Err(Error::NotFound { .. }) => (false, None, None),
                         Err(error) => {
                             tracing::warn!(group = %key, error = %error, "reconcile failed");
-                            (false, Some(took))
+                            (false, Some(took), None)
                         }
                     };
                     // An evaluation group's grading is worked apart, under a key of its own,
@@ -474,6 +475,7 @@ impl Runner {
                         .then(|| ObjectKey::new(&key.project, Kind::EvaluationCase, &key.name));
                     Done {
                         reconcile_took: took,
+                        own_write,
                         ..Done::nothing(key, grading)
                     }
                 }

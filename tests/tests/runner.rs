@@ -2,7 +2,8 @@
 //! deadline wakes a waiting run when the clock passes it, waiting runs hold no task, no more
 //! runs are driven at once than its bound and those queued beyond it hold no task, a group
 //! with dependencies runs under maxActive and its cost cap, the retention sweep runs by the
-//! clock, and a rescore of an evaluation group whose payloads it removed is refused.
+//! clock, a rescore of an evaluation group whose payloads it removed is refused, and neither a
+//! run's drive nor a group's reconcile is woken again by its own writes.
 
 mod support;
 
@@ -772,6 +773,92 @@ async fn a_run_is_not_driven_again_for_its_own_drive_s_writes() {
         2,
         "the second run read by the runner to drive it and by its drive after the claim, and \
          not again"
+    );
+    runner.shutdown().await;
+}
+
+/// A group's reconcile writes the group's status: that write's notification reconciles it no
+/// more (the runner reconciled a group again after each of its own status writes, only to
+/// find nothing new, which kept a busy group's reconciles going back to back). The finished
+/// group's status is made stale by another writer; one reconcile puts it right, and no other
+/// follows it. A store wrapper counts the reads of the group.
+#[tokio::test]
+async fn a_group_is_not_reconciled_again_for_its_own_reconcile_s_status_write() {
+    let store = Arc::new(support::CountingStore::default());
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine_over(store.clone(), Arc::new(RecordingSandbox::new()), clock);
+    engine
+        .apply_agent(PROJECT, agent("worker", |_| {}))
+        .await
+        .expect("agent");
+    let mut spec = AgentGroupSpec {
+        agent: "worker".to_string(),
+        limits: GroupLimits {
+            max_active: 2,
+            ..GroupLimits::default()
+        },
+        max_cost_usd: None,
+        sealed: false,
+        evaluation: None,
+    };
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
+        .await
+        .expect("group");
+    let runner = start(&engine, 4);
+    let mut member: AgentRun = run("", "worker", "Run `echo a`.", |s| {
+        s.group = Some("g".to_string());
+        s.task_key = Some("a".to_string());
+    });
+    member.metadata.name = None;
+    engine
+        .create_runs(PROJECT, vec![member], None)
+        .await
+        .expect("run");
+    spec.sealed = true;
+    engine
+        .apply_group(PROJECT, AgentGroup::new("g", spec))
+        .await
+        .expect("seal");
+    let key = ObjectKey::new(PROJECT, Kind::AgentGroup, "g");
+    let inner = store.inner.clone();
+    let group_phase = |inner: MemoryStore| {
+        let key = key.clone();
+        async move {
+            let record = inner.get(&key).await.expect("the group");
+            (record.version, record.document["status"]["phase"].clone())
+        }
+    };
+    let until_succeeded = |inner: MemoryStore| async move {
+        let give_up = tokio::time::Instant::now() + SOON;
+        loop {
+            let (version, phase) = group_phase(inner.clone()).await;
+            if phase == json!("Succeeded") {
+                return version;
+            }
+            assert!(tokio::time::Instant::now() < give_up, "never succeeded");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    until_succeeded(inner.clone()).await;
+    // Whatever the member's end and the group's last write still queue is over by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = store.gets_of(&key);
+    // Another writer makes the status stale: the reconcile this wakes writes it again.
+    let record = inner.get(&key).await.expect("the group");
+    let mut stale = record.document.clone();
+    stale["status"]["phase"] = json!("Running");
+    let stale = inner
+        .update(&key, record.version, stale)
+        .await
+        .expect("stale");
+    let restored = until_succeeded(inner.clone()).await;
+    assert_eq!(restored, stale.version + 1, "one write put it right");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        store.gets_of(&key) - before,
+        1,
+        "one reconcile for the other writer's change, none for its own write"
     );
     runner.shutdown().await;
 }

@@ -197,8 +197,10 @@ impl Engine {
     /// executor to [`drive`](Engine::drive) them.
     pub(crate) async fn reconcile_group(&self, project: &str, name: &str) -> Result<AgentGroup> {
         let mut reading = Duration::ZERO;
-        self.reconcile_group_reading(project, name, &mut reading)
-            .await
+        let (group, _) = self
+            .reconcile_group_reading(project, name, &mut reading)
+            .await?;
+        Ok(group)
     }
 
     /// [`reconcile_group`](Engine::reconcile_group), adding to `reading` how long its reads
@@ -206,17 +208,20 @@ impl Engine {
     /// runner spaces a group's reconciles. The commits of its writes are left out: waiting for
     /// the disk is no work of the server's, and counting it spaced the reconciles of a group
     /// of 100 by 35 ms where its reads took a few (BENCHMARKS.md, "Where a case's time goes").
+    /// Answers the group as reconciled and the version of it this reconcile wrote (or read,
+    /// when its status was unchanged): a change notified up to that version was the
+    /// reconcile's own or was seen by it, and needs no reconcile after it.
     pub(crate) async fn reconcile_group_reading(
         &self,
         project: &str,
         name: &str,
         reading: &mut Duration,
-    ) -> Result<AgentGroup> {
+    ) -> Result<(AgentGroup, u64)> {
         let reconciled = self.reconcile_listed(project, name, reading).await;
         // What the listings keep serves the group's next reconcile: none comes to one gone
         // or finished (and were one to come, it would list every member again).
         let done = match &reconciled {
-            Ok(group) => group.status.phase.is_some_and(|phase| phase.is_finished()),
+            Ok((group, _)) => group.status.phase.is_some_and(|phase| phase.is_finished()),
             Err(error) => matches!(error, Error::NotFound { .. }),
         };
         if done {
@@ -232,7 +237,7 @@ impl Engine {
         project: &str,
         name: &str,
         reading: &mut Duration,
-    ) -> Result<AgentGroup> {
+    ) -> Result<(AgentGroup, u64)> {
         loop {
             let begun = self.deps.clock.now();
             let group = self.read_group(project, name).await?;
@@ -324,7 +329,7 @@ impl Engine {
                 return Err(error.into());
             }
             let written = match status {
-                StatusWrite::Unchanged => return Ok(group.object),
+                StatusWrite::Unchanged => return Ok((group.object, group.version)),
                 StatusWrite::Written(written) => written,
                 StatusWrite::After(document) | StatusWrite::With(document) => {
                     update(document).await
@@ -334,12 +339,12 @@ impl Engine {
                 Err(crate::store::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
                 Ok(record) => {
-                    let written: AgentGroup = typed::decode(record)?.object;
+                    let written = typed::decode::<AgentGroupSpec>(record)?;
                     let was = group.object.status.phase.is_some_and(|p| p.is_finished());
                     if !was {
-                        self.group_ended(project, &written, now);
+                        self.group_ended(project, &written.object, now);
                     }
-                    return Ok(written);
+                    return Ok((written.object, written.version));
                 }
             }
         }
