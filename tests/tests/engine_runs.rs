@@ -1386,9 +1386,10 @@ impl nodus_core::router::Router for CostlyRouter {
     }
 }
 
-/// Grading reads the run of a pending case only when the group's listing says it may have
-/// ended: of three cases run one at a time, the finished one's run is read and graded, and
-/// the two waiting for the slot stay pending with their runs unread.
+/// Grading reads the run of a pending case, and the case whole, only when the group's
+/// listings say it may have ended: of three cases run one at a time, the finished one's run
+/// and case are read and graded, and the two waiting for the slot stay pending with their
+/// runs and cases unread (no case is listed whole).
 #[tokio::test]
 async fn grading_reads_only_the_runs_that_may_have_ended() {
     use nodus_core::evaluation::CaseState;
@@ -1441,6 +1442,15 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
         names.iter().map(|name| store.gets_of(&key(name))).collect()
     };
     let (ran_before, waiting_before) = (reads(&ran), reads(&waiting));
+    let case_key = |name: &String| ObjectKey::new(PROJECT, Kind::EvaluationCase, name);
+    let case_reads = |names: &[String]| -> Vec<usize> {
+        names
+            .iter()
+            .map(|name| store.gets_of(&case_key(name)))
+            .collect()
+    };
+    let (ran_cases, waiting_cases) = (case_reads(&ran), case_reads(&waiting));
+    let whole_listings = store.whole_listings_of(Kind::EvaluationCase);
 
     engine
         .grade_evaluation(PROJECT, "graded")
@@ -1455,6 +1465,21 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
         reads(&waiting),
         waiting_before,
         "the runs waiting for the slot are not read"
+    );
+    assert_eq!(
+        case_reads(&ran)[0],
+        ran_cases[0] + 1,
+        "the finished run's case is read whole once, to grade it"
+    );
+    assert_eq!(
+        case_reads(&waiting),
+        waiting_cases,
+        "the cases waiting for their runs are not read whole"
+    );
+    assert_eq!(
+        store.whole_listings_of(Kind::EvaluationCase),
+        whole_listings,
+        "no case is listed whole"
     );
     let results = engine
         .evaluation_results(PROJECT, "graded")

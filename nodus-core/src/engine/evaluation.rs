@@ -13,6 +13,7 @@
 //! removed. Whoever grades holds the run's lease, so two replicas never grade one case at once.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -636,22 +637,30 @@ impl Engine {
         group: &str,
         reducer: Reducer,
     ) -> Result<stats::EvaluationStatus> {
-        // Every reconcile of the group reads this: only the fields the summary needs, of the
-        // cases written since the last reconcile.
-        let listed = self
-            .case_listings
+        let listed = self.case_outcomes(project, group).await?;
+        let mut cases: Vec<CaseOutcome> = listed.iter().map(|case| case.1.clone()).collect();
+        cases.sort_by_key(|case| case.index);
+        Ok(stats::summarize(&cases, reducer))
+    }
+
+    /// The name and outcome of each case of a group. Every reconcile of the group and every
+    /// grading pass reads this: only the fields they need, of the cases written since the last
+    /// listing.
+    pub(super) async fn case_outcomes(
+        &self,
+        project: &str,
+        group: &str,
+    ) -> Result<Vec<Arc<(String, CaseOutcome)>>> {
+        self.case_listings
             .list(
                 self.deps.store.as_ref(),
                 project,
                 Kind::EvaluationCase,
                 group,
                 OUTCOME_PATHS,
-                |record| case_of(&record),
+                |record| Ok((record.key.name.clone(), case_of(&record)?)),
             )
-            .await?;
-        let mut cases: Vec<CaseOutcome> = listed.iter().map(|case| (**case).clone()).collect();
-        cases.sort_by_key(|case| case.index);
-        Ok(stats::summarize(&cases, reducer))
+            .await
     }
 
     /// The per-case results of an evaluation group, in batch order (an ordinary group has

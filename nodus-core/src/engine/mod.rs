@@ -334,7 +334,7 @@ pub struct Engine {
     /// Each group's members as its last reconcile listed them.
     member_listings: Arc<listings::Listings<(Record, crate::group::Member)>>,
     /// Each evaluation group's cases as its last reconcile listed them.
-    case_listings: Arc<listings::Listings<crate::evaluation::CaseOutcome>>,
+    case_listings: Arc<listings::Listings<(String, crate::evaluation::CaseOutcome)>>,
 }
 
 impl Engine {

@@ -152,9 +152,9 @@ pub struct CaseRecord {
     pub earlier_attempts: Vec<Attempt>,
 }
 
-/// What a group's summary reads of a case ([`stats::summarize`]): a few fields of its
-/// document, so that a reconcile decodes neither the case's hidden data, its evidence nor its
-/// attempts ([`OUTCOME_PATHS`], a sparse read).
+/// What a group's summary reads of a case ([`stats::summarize`]), and its grading of the
+/// cases still pending: a few fields of its document, so that neither decodes the case's
+/// hidden data, its evidence nor its attempts ([`OUTCOME_PATHS`], a sparse read).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CaseOutcome {
@@ -162,6 +162,10 @@ pub struct CaseOutcome {
     pub index: u32,
     /// The task's id in its split.
     pub task_id: String,
+    /// The AgentRun's name (its latest attempt's).
+    pub run: String,
+    /// When grading stops.
+    pub deadline: Timestamp,
     /// Where it stands.
     pub state: CaseState,
     /// Why it is unscored.
@@ -179,6 +183,8 @@ pub struct CaseOutcome {
 pub const OUTCOME_PATHS: &[&str] = &[
     "spec.index",
     "spec.taskId",
+    "spec.run",
+    "spec.deadline",
     "spec.state",
     "spec.reason",
     "spec.reward",
@@ -190,6 +196,8 @@ impl From<&CaseRecord> for CaseOutcome {
         CaseOutcome {
             index: case.index,
             task_id: case.task_id.clone(),
+            run: case.run.clone(),
+            deadline: case.deadline,
             state: case.state,
             reason: case.reason,
             reward: case.reward,

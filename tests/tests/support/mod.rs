@@ -466,6 +466,8 @@ pub struct CountingStore {
     reads: AtomicUsize,
     documents: AtomicUsize,
     gets: Mutex<std::collections::HashMap<ObjectKey, usize>>,
+    /// The listings of whole documents (`list`, `list_page`), by kind.
+    whole_listings: Mutex<std::collections::HashMap<Kind, usize>>,
     journal_writes: Mutex<Vec<String>>,
     /// An edit made to a document just before the next outcome written with a model call
     /// after it ([`CountingStore::edit_before_next_call`]).
@@ -476,6 +478,24 @@ impl CountingStore {
     fn read(&self, documents: usize) {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.documents.fetch_add(documents, Ordering::SeqCst);
+    }
+
+    fn listed_whole(&self, kind: Kind) {
+        *self
+            .whole_listings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(kind)
+            .or_default() += 1;
+    }
+
+    /// How many times the documents of `kind` were listed whole so far (not sparse).
+    pub fn whole_listings_of(&self, kind: Kind) -> usize {
+        let listings = self
+            .whole_listings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        listings.get(&kind).copied().unwrap_or(0)
     }
 
     /// (reads, documents read) so far.
@@ -558,6 +578,7 @@ impl Store for CountingStore {
     ) -> Result<Vec<Record>, store::Error> {
         let listed = self.inner.list(project, kind, selector).await?;
         self.read(listed.len());
+        self.listed_whole(kind);
         Ok(listed)
     }
     async fn list_page(
@@ -573,6 +594,7 @@ impl Store for CountingStore {
             .list_page(project, kind, selector, after, limit)
             .await?;
         self.read(page.records.len());
+        self.listed_whole(kind);
         Ok(page)
     }
     async fn list_sparse(

@@ -3,24 +3,29 @@
 //! grading sandboxes of unfinished attempts removed.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use jiff::Timestamp;
 
 use super::{
     DEFAULT_GRADER_TIMEOUT, GRADER_OUTPUT_CAP, GRADING_CONCURRENCY, GRADING_RETRY, GraderOutcome,
+    case_of,
 };
 use crate::engine::grader_sandbox::{GRADER_TASK_ID_VARIABLE, grader_links};
 use crate::engine::{Engine, Error, Result};
 use crate::evaluation::ending::{CaseRun, Ending, cut_short, ending};
-use crate::evaluation::{CaseRecord, GradingAttempt, UnscoredReason, grade};
+use crate::evaluation::{
+    CaseOutcome, CaseRecord, CaseState, GradingAttempt, UnscoredReason, grade,
+};
 use crate::group::GroupPhase;
 use crate::lifecycle::{CancelReason, RunPhase};
+use crate::resource::Kind;
 use crate::resource::{
     AgentGroupSpec, AgentRun, AgentRunSpec, EnvironmentSpec, FileSetSpec, GraderKind, VerdictFrom,
 };
 use crate::sandbox::{ExecRequest, SandboxId, SandboxSpec};
-use crate::store::{self, Record};
+use crate::store::{self, ObjectKey, Record};
 
 impl Engine {
     /// Grade what can be graded in an evaluation group: every pending case whose run has
@@ -36,50 +41,86 @@ impl Engine {
             .status
             .phase
             .is_some_and(|p| matches!(p, GroupPhase::Cancelling | GroupPhase::Cancelled));
-        let pending: Vec<(Record, CaseRecord)> = self
-            .evaluation_cases(project, name)
+        // The cases still pending, from the listing the group's reconciles keep (read again
+        // only where written since), and the phase of each member run as the group's listing
+        // has it: a case whose run has not ended is left pending unread, and only a case that
+        // may end now is read whole (most cases of a large evaluation wait for a slot).
+        let pending: Vec<Arc<(String, CaseOutcome)>> = self
+            .case_outcomes(project, name)
             .await?
             .into_iter()
-            .filter(|(_, case)| !case.is_terminal())
+            .filter(|case| case.1.state == CaseState::Pending)
             .collect();
         if pending.is_empty() {
             return Ok(None);
         }
-        // The phase of each member run as the group's listing has it (read again only where
-        // written since): a case whose run has not ended is left pending without reading
-        // its run whole (most cases of a large evaluation wait for a slot).
         let phases: HashMap<String, RunPhase> = self
             .members(project, name)
             .await?
             .iter()
             .map(|listed| (listed.0.key.name.clone(), listed.1.phase))
             .collect();
+        let now = self.deps.clock.now();
+        let mut wake: Option<Timestamp> = None;
+        let mut ending_now = Vec::new();
+        for case in pending {
+            let (_, outcome) = &*case;
+            match (
+                cut_short::<()>(cancelled, now, outcome.deadline),
+                phases.get(&outcome.run),
+            ) {
+                (None, Some(phase)) => {
+                    let seen = CaseRun::Read {
+                        phase: *phase,
+                        message: "",
+                        run: (),
+                    };
+                    match ending(outcome.deadline, seen) {
+                        Ending::Later(at) => wake = Some(wake.map_or(at, |w| w.min(at))),
+                        _ => ending_now.push(case),
+                    }
+                }
+                _ => ending_now.push(case),
+            }
+        }
+        if ending_now.is_empty() {
+            return Ok(wake);
+        }
         let environment = self
             .evaluation_environment(project, &evaluation.environment)
             .await
             .ok()
             .map(|(reference, environment)| (reference.project, environment.spec));
-        let graded: Vec<Result<Graded>> = futures_util::stream::iter(pending)
-            .map(|(record, case)| {
-                let listed = phases.get(&case.run).copied();
-                self.grade_case(
-                    project,
-                    record,
-                    case,
-                    cancelled,
-                    listed,
-                    environment.as_ref(),
-                )
+        let graded: Vec<Result<Graded>> = futures_util::stream::iter(ending_now)
+            .map(|case| {
+                let listed = phases.get(&case.1.run).copied();
+                let key = ObjectKey::new(project, Kind::EvaluationCase, &case.0);
+                let environment = environment.as_ref();
+                async move {
+                    let record = match self.deps.store.get(&key).await {
+                        Ok(record) => record,
+                        // Deleted meanwhile (the group with it): nothing to grade.
+                        Err(store::Error::NotFound(_)) => return Ok(Graded::Gone),
+                        Err(e) => return Err(e.into()),
+                    };
+                    let whole: CaseRecord = case_of(&record)?;
+                    if whole.is_terminal() {
+                        // Graded meanwhile (by another replica).
+                        return Ok(Graded::Recorded);
+                    }
+                    self.grade_case(project, record, whole, cancelled, listed, environment)
+                        .await
+                }
             })
             .buffer_unordered(GRADING_CONCURRENCY)
             .collect()
             .await;
-        let mut wake: Option<Timestamp> = None;
         let mut changed = false;
         for graded in graded {
             match graded? {
                 Graded::Recorded => changed = true,
                 Graded::Later(at) => wake = Some(wake.map_or(at, |w| w.min(at))),
+                Graded::Gone => {}
             }
         }
         if changed {
@@ -518,6 +559,8 @@ enum Graded {
     Recorded,
     /// Nothing yet: look again at this time.
     Later(Timestamp),
+    /// The case was deleted meanwhile (with its group).
+    Gone,
 }
 
 fn next_attempt(case: &CaseRecord) -> u32 {
