@@ -862,7 +862,12 @@ impl Engine {
     /// The full answer of the run's last answered turn.
     pub async fn answer(&self, project: &str, name: &str) -> Result<Option<String>> {
         let run = self.read_run(project, name).await?;
-        let journal = self.deps.store.journal(run_uid(&run.object)).await?;
+        self.answer_of(&run.object).await
+    }
+
+    /// [`answer`](Engine::answer) of a run already read: its journal is read, not the run.
+    pub(crate) async fn answer_of(&self, run: &AgentRun) -> Result<Option<String>> {
+        let journal = self.deps.store.journal(run_uid(run)).await?;
         Ok(crate::replay::Replay::of(&journal).answer())
     }
 

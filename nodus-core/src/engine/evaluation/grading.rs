@@ -202,7 +202,7 @@ impl Engine {
                 let unscored = |reason: UnscoredReason, evidence: String| -> CaseRecord {
                     case.clone().unscored(reason, evidence, now)
                 };
-                let answer = self.answer(project, &case.run).await?;
+                let answer = self.answer_of(&run).await?;
                 match answer.filter(|a| !a.trim().is_empty()) {
                     None => unscored(
                         UnscoredReason::NoAnswer,
