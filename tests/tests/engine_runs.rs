@@ -1494,3 +1494,70 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
         assert_eq!(result.state, expected, "{result:?}");
     }
 }
+
+/// What the group controller keeps of a group's listings is dropped once the group is done:
+/// an evaluation of one case run, graded (its group finishing with the grade), and graded
+/// again as the runner does after each reconcile, keeps no listing of members or cases.
+#[tokio::test]
+async fn an_evaluation_done_keeps_no_listing() {
+    let world = World::new(vec![text("4")]);
+    let engine = world.engine();
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    support::apply_exact_environment(&engine, "sums", None, &[("a", "2 + 2?", "4")]).await;
+    let group = support::evaluation_group(
+        serde_json::json!({"environment": "sums@1.0.0", "tasks": 1, "seed": 7}),
+        Some(1),
+    );
+    engine
+        .apply_group(PROJECT, AgentGroup::new("graded", group))
+        .await
+        .expect("the group");
+    let results = engine
+        .evaluation_results(PROJECT, "graded")
+        .await
+        .expect("results");
+    engine
+        .reconcile_group(PROJECT, "graded")
+        .await
+        .expect("reconcile");
+    assert!(matches!(
+        engine.drive(PROJECT, &results[0].run).await.expect("drive"),
+        Driven::Finished(RunPhase::Succeeded)
+    ));
+    engine
+        .reconcile_group(PROJECT, "graded")
+        .await
+        .expect("reconcile");
+    assert!(
+        engine.listings_kept() > 0,
+        "a running group's listings are kept"
+    );
+    // The grade finishes the group (its reconcile forgets the listings); the pass after it
+    // lists the cases again, finds none pending, and keeps nothing either.
+    engine
+        .grade_evaluation(PROJECT, "graded")
+        .await
+        .expect("grade");
+    let group = engine
+        .get::<nodus_core::resource::AgentGroupSpec>(PROJECT, "graded")
+        .await
+        .expect("group");
+    assert!(
+        group.status.phase.is_some_and(|p| p.is_finished()),
+        "{:?}",
+        group.status.phase
+    );
+    assert_eq!(engine.listings_kept(), 0, "after the grade");
+    engine
+        .grade_evaluation(PROJECT, "graded")
+        .await
+        .expect("grade again");
+    assert_eq!(
+        engine.listings_kept(),
+        0,
+        "after a pass with nothing to grade"
+    );
+}

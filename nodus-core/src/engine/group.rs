@@ -54,9 +54,15 @@ impl Engine {
     }
 
     /// Keep no listing of `group` (it finished, or is gone).
-    fn forget_listings(&self, project: &str, group: &str) {
+    pub(super) fn forget_listings(&self, project: &str, group: &str) {
         self.member_listings.forget(project, group);
         self.case_listings.forget(project, group);
+    }
+
+    /// How many groups' listings (of members, and of cases) are kept now.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn listings_kept(&self) -> usize {
+        self.member_listings.kept() + self.case_listings.kept()
     }
 
     /// The names of a project's unfinished runs, read from the two fields that say so (the
@@ -240,8 +246,9 @@ impl Engine {
     ) -> Result<(AgentGroup, u64)> {
         loop {
             let begun = self.deps.clock.now();
-            let group = self.read_group(project, name).await?;
-            let members = self.members(project, name).await?;
+            // Apart: each read is a round trip to the store, which a busy runtime makes long.
+            let (group, members) =
+                tokio::try_join!(self.read_group(project, name), self.members(project, name))?;
             let view: Vec<Member> = members.iter().map(|listed| listed.1.clone()).collect();
             let spec = crate::evaluation::hold::controlled(&group.object.spec);
             let mut plan = group::reconcile(&spec, group.object.status.phase, &view);

@@ -110,6 +110,15 @@ impl<T> Listings<T> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&(project.to_string(), group.to_string()));
     }
+
+    /// How many groups' listings are kept.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn kept(&self) -> usize {
+        self.groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
 }
 
 #[cfg(test)]

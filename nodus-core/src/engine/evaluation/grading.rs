@@ -33,7 +33,13 @@ impl Engine {
     /// too). Answers when to look again (the earliest deadline or retry of a case still
     /// pending), or `None`. An ordinary group has nothing to grade.
     pub async fn grade_evaluation(&self, project: &str, name: &str) -> Result<Option<Timestamp>> {
-        let group = self.read::<AgentGroupSpec>(project, name).await?.object;
+        // The group, its cases and its members, read at once (each a round trip to the store).
+        let (group, cases, members) = tokio::try_join!(
+            self.read::<AgentGroupSpec>(project, name),
+            self.case_outcomes(project, name),
+            self.members(project, name)
+        )?;
+        let group = group.object;
         let Some(evaluation) = &group.spec.evaluation else {
             return Ok(None);
         };
@@ -45,18 +51,17 @@ impl Engine {
         // only where written since), and the phase of each member run as the group's listing
         // has it: a case whose run has not ended is left pending unread, and only a case that
         // may end now is read whole (most cases of a large evaluation wait for a slot).
-        let pending: Vec<Arc<(String, CaseOutcome)>> = self
-            .case_outcomes(project, name)
-            .await?
+        let pending: Vec<Arc<(String, CaseOutcome)>> = cases
             .into_iter()
             .filter(|case| case.1.state == CaseState::Pending)
             .collect();
         if pending.is_empty() {
+            // Every case has its state: the group finishes (or finished) at its next reconcile,
+            // and no pass comes after; what this one listed again is not kept.
+            self.forget_listings(project, name);
             return Ok(None);
         }
-        let phases: HashMap<String, RunPhase> = self
-            .members(project, name)
-            .await?
+        let phases: HashMap<String, RunPhase> = members
             .iter()
             .map(|listed| (listed.0.key.name.clone(), listed.1.phase))
             .collect();
