@@ -1386,6 +1386,31 @@ impl nodus_core::router::Router for CostlyRouter {
     }
 }
 
+/// The agent `helper`, an exact-graded Environment `sums` of `tasks` (id, prompt, answer) and
+/// the evaluation group `graded` of all of them, one at a time: its cases' results.
+async fn graded_evaluation(
+    engine: &nodus_core::engine::Engine,
+    tasks: &[(&str, &str, &str)],
+) -> Vec<nodus_core::evaluation::CaseResult> {
+    engine
+        .apply_agent(PROJECT, agent("helper", |_| {}))
+        .await
+        .expect("agent");
+    support::apply_exact_environment(engine, "sums", None, tasks).await;
+    let group = support::evaluation_group(
+        serde_json::json!({"environment": "sums@1.0.0", "tasks": tasks.len(), "seed": 7}),
+        Some(1),
+    );
+    engine
+        .apply_group(PROJECT, AgentGroup::new("graded", group))
+        .await
+        .expect("the group");
+    engine
+        .evaluation_results(PROJECT, "graded")
+        .await
+        .expect("results")
+}
+
 /// Grading reads the run of a pending case, and the case whole, only when the group's
 /// listings say it may have ended: of three cases run one at a time, the finished one's run
 /// and case are read and graded, and the two waiting for the slot stay pending with their
@@ -1399,14 +1424,8 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
     let store = std::sync::Arc::new(support::CountingStore::default());
     let world = World::over_store(vec![text("4"), text("4"), text("4")], store.clone());
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    support::apply_exact_environment(
+    let results = graded_evaluation(
         &engine,
-        "sums",
-        None,
         &[
             ("a", "2 + 2?", "4"),
             ("b", "3 + 1?", "4"),
@@ -1414,18 +1433,6 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
         ],
     )
     .await;
-    let group = support::evaluation_group(
-        serde_json::json!({"environment": "sums@1.0.0", "tasks": 3, "seed": 7}),
-        Some(1),
-    );
-    engine
-        .apply_group(PROJECT, AgentGroup::new("graded", group))
-        .await
-        .expect("the group");
-    let results = engine
-        .evaluation_results(PROJECT, "graded")
-        .await
-        .expect("results");
     assert_eq!(results.len(), 3);
     let mut ran = Vec::new();
     let mut waiting = Vec::new();
@@ -1502,23 +1509,7 @@ async fn grading_reads_only_the_runs_that_may_have_ended() {
 async fn an_evaluation_done_keeps_no_listing() {
     let world = World::new(vec![text("4")]);
     let engine = world.engine();
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
-    support::apply_exact_environment(&engine, "sums", None, &[("a", "2 + 2?", "4")]).await;
-    let group = support::evaluation_group(
-        serde_json::json!({"environment": "sums@1.0.0", "tasks": 1, "seed": 7}),
-        Some(1),
-    );
-    engine
-        .apply_group(PROJECT, AgentGroup::new("graded", group))
-        .await
-        .expect("the group");
-    let results = engine
-        .evaluation_results(PROJECT, "graded")
-        .await
-        .expect("results");
+    let results = graded_evaluation(&engine, &[("a", "2 + 2?", "4")]).await;
     engine
         .reconcile_group(PROJECT, "graded")
         .await

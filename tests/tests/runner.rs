@@ -120,6 +120,19 @@ fn engine_over(
     )
 }
 
+/// An engine over a store that counts its reads (the recording sandbox, a manual clock), with
+/// the agent `agent`.
+async fn counted_engine(agent_name: &str) -> (Arc<support::CountingStore>, Engine) {
+    let store = Arc::new(support::CountingStore::default());
+    let clock = Arc::new(ManualClock::default());
+    let engine = engine_over(store.clone(), Arc::new(RecordingSandbox::new()), clock);
+    engine
+        .apply_agent(PROJECT, agent(agent_name, |_| {}))
+        .await
+        .expect("agent");
+    (store, engine)
+}
+
 fn start(engine: &Engine, max_concurrent: usize) -> RunnerHandle {
     let mut config = RunnerConfig::default();
     config.max_concurrent = max_concurrent;
@@ -725,13 +738,7 @@ async fn a_rescore_is_refused_once_the_retention_sweep_removed_the_source_payloa
 /// had). A store wrapper counts the reads of the run; the test reads the inner store only.
 #[tokio::test]
 async fn a_run_is_not_driven_again_for_its_own_drive_s_writes() {
-    let store = Arc::new(support::CountingStore::default());
-    let clock = Arc::new(ManualClock::default());
-    let engine = engine_over(store.clone(), Arc::new(RecordingSandbox::new()), clock);
-    engine
-        .apply_agent(PROJECT, agent("helper", |_| {}))
-        .await
-        .expect("agent");
+    let (store, engine) = counted_engine("helper").await;
     let runner = start(&engine, 4);
     let succeeded = |name: &'static str| {
         let inner = store.inner.clone();
@@ -784,13 +791,7 @@ async fn a_run_is_not_driven_again_for_its_own_drive_s_writes() {
 /// follows it. A store wrapper counts the reads of the group.
 #[tokio::test]
 async fn a_group_is_not_reconciled_again_for_its_own_reconcile_s_status_write() {
-    let store = Arc::new(support::CountingStore::default());
-    let clock = Arc::new(ManualClock::default());
-    let engine = engine_over(store.clone(), Arc::new(RecordingSandbox::new()), clock);
-    engine
-        .apply_agent(PROJECT, agent("worker", |_| {}))
-        .await
-        .expect("agent");
+    let (store, engine) = counted_engine("worker").await;
     let mut spec = AgentGroupSpec {
         agent: "worker".to_string(),
         limits: GroupLimits {
