@@ -4,8 +4,9 @@
 //! ([`RunnerHandle::shutdown`]); the server does nothing else with runs. One loop owns the work
 //! queue. A change to a run queues the run; a change to a group, or a run of a group moving,
 //! queues the group, except a write that the key's last drive or reconcile made itself (or
-//! saw): a reconcile that writes its group's status does not wake another. Each key is worked by at most one task at a time; a change that arrives
-//! while its key is being worked marks it to be worked again. At most
+//! saw): a reconcile that writes its group's status does not wake another. Each key is worked
+//! by at most one task at a time; a change that arrives while its key is being worked marks it
+//! to be worked again. At most
 //! [`RunnerConfig::max_concurrent`] runs are driven at once; the others queued wait in a list
 //! of keys, with no task (at a restart every unfinished run is queued at once, and a task
 //! each would be a peak of memory the allocator keeps). A waiting or parked run, and a run

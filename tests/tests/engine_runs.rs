@@ -694,16 +694,7 @@ async fn group_runs_start_in_dependency_order_under_max_active() {
         )
         .await
         .expect("agent");
-    let mut spec = AgentGroupSpec {
-        agent: "worker".to_string(),
-        limits: GroupLimits {
-            max_active: 1,
-            ..GroupLimits::default()
-        },
-        max_cost_usd: Some(Usd::from_cents(60)),
-        sealed: false,
-        evaluation: None,
-    };
+    let mut spec = support::open_group("worker", 1, Some(Usd::from_cents(60)));
     engine
         .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
         .await

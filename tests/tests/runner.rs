@@ -16,7 +16,7 @@ use nodus_core::catalog::Family;
 use nodus_core::engine::{Config, Deps, Engine};
 use nodus_core::group::GroupPhase;
 use nodus_core::lifecycle::{FailReason, RunPhase, WaitReason};
-use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, GroupLimits, Kind};
+use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, Kind};
 use nodus_core::router::FixedRouter;
 use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
 use nodus_core::sandbox::{
@@ -445,16 +445,7 @@ async fn a_group_with_dependencies_runs_under_its_cost_cap_with_no_server() {
         .await
         .expect("agent");
     // maxActive would let two go, but $0.30 holds one $0.20 cap at a time.
-    let mut spec = AgentGroupSpec {
-        agent: "worker".to_string(),
-        limits: GroupLimits {
-            max_active: 2,
-            ..GroupLimits::default()
-        },
-        max_cost_usd: Some(Usd::from_cents(30)),
-        sealed: false,
-        evaluation: None,
-    };
+    let mut spec = support::open_group("worker", 2, Some(Usd::from_cents(30)));
     engine
         .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
         .await
@@ -792,16 +783,7 @@ async fn a_run_is_not_driven_again_for_its_own_drive_s_writes() {
 #[tokio::test]
 async fn a_group_is_not_reconciled_again_for_its_own_reconcile_s_status_write() {
     let (store, engine) = counted_engine("worker").await;
-    let mut spec = AgentGroupSpec {
-        agent: "worker".to_string(),
-        limits: GroupLimits {
-            max_active: 2,
-            ..GroupLimits::default()
-        },
-        max_cost_usd: None,
-        sealed: false,
-        evaluation: None,
-    };
+    let mut spec = support::open_group("worker", 2, None);
     engine
         .apply_group(PROJECT, AgentGroup::new("g", spec.clone()))
         .await

@@ -997,6 +997,25 @@ pub async fn apply_exact_environment(
         .expect("environment");
 }
 
+/// An ordinary group of the agent `agent`, open to new members (not sealed), at most
+/// `max_active` of them at a time, under `max_cost` when given.
+pub fn open_group(
+    agent: &str,
+    max_active: u32,
+    max_cost: Option<nodus_core::Usd>,
+) -> nodus_core::resource::AgentGroupSpec {
+    nodus_core::resource::AgentGroupSpec {
+        agent: agent.to_owned(),
+        limits: nodus_core::resource::GroupLimits {
+            max_active,
+            ..nodus_core::resource::GroupLimits::default()
+        },
+        max_cost_usd: max_cost,
+        sealed: false,
+        evaluation: None,
+    }
+}
+
 /// An evaluation group of the agent `helper`: `evaluation` as its `spec.evaluation`, at most
 /// `max_active` members at a time (the default without).
 pub fn evaluation_group(
