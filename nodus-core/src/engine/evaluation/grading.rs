@@ -98,7 +98,6 @@ impl Engine {
             .map(|(reference, environment)| (reference.project, environment.spec));
         let graded: Vec<Result<Graded>> = futures_util::stream::iter(ending_now)
             .map(|case| {
-                let listed = phases.get(&case.1.run).copied();
                 let key = ObjectKey::new(project, Kind::EvaluationCase, &case.0);
                 let environment = environment.as_ref();
                 async move {
@@ -113,7 +112,7 @@ impl Engine {
                         // Graded meanwhile (by another replica).
                         return Ok(Graded::Recorded);
                     }
-                    self.grade_case(project, record, whole, cancelled, listed, environment)
+                    self.grade_case(project, record, whole, cancelled, environment)
                         .await
                 }
             })
@@ -135,31 +134,20 @@ impl Engine {
     }
 
     /// Grade one pending case, if its run has ended (or the group was cancelled, or the
-    /// deadline passed). `listed`: its run's phase as the group's listing has it; the run is
-    /// read only when that phase may end the case (or the listing has no such run).
+    /// deadline passed), reading its run (the pass calls it only for a case that the group's
+    /// listing says may end now).
     async fn grade_case(
         &self,
         project: &str,
         record: Record,
         case: CaseRecord,
         cancelled: bool,
-        listed: Option<RunPhase>,
         environment: Option<&(String, EnvironmentSpec)>,
     ) -> Result<Graded> {
         let now = self.deps.clock.now();
         let ending = match cut_short(cancelled, now, case.deadline) {
             Some(ending) => ending,
             None => {
-                if let Some(phase) = listed {
-                    let seen = CaseRun::Read {
-                        phase,
-                        message: "",
-                        run: (),
-                    };
-                    if let Ending::Later(at) = ending(case.deadline, seen) {
-                        return Ok(Graded::Later(at));
-                    }
-                }
                 let read = match self.read::<AgentRunSpec>(project, &case.run).await {
                     Ok(run) => Some(run.object),
                     Err(Error::NotFound { .. }) => None,
