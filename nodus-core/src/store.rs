@@ -68,23 +68,45 @@ pub struct Record {
     pub document: Value,
 }
 
+/// What a caller of [`Store::list_sparse_known`] kept of a document it read: where the
+/// document was created and the version read. A document deleted and created again under the
+/// same name starts at version 1 again, but at a later position: it is never taken for the
+/// one kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The document's place in its collection's creation order.
+    pub at: Position,
+    /// The version read.
+    pub version: u64,
+}
+
 /// A document of [`Store::list_sparse_known`]'s answer, in creation order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Sparse {
-    /// The document of this name is at the version the caller knows: not read again.
+    /// The document of this name is the one the caller kept, at the version it kept: not
+    /// read again.
     Known(String),
-    /// A document the caller does not know at this version, read as [`Store::list_sparse`]
-    /// reads it.
-    Read(Record),
+    /// A document the caller does not know at this version (or at all), read as
+    /// [`Store::list_sparse`] reads it, with where it was created.
+    Read {
+        /// The document's place in its collection's creation order.
+        at: Position,
+        /// The document, cut down to the paths asked for.
+        record: Record,
+    },
 }
 
 impl Sparse {
-    /// `record`, or only its name when `known` holds its version.
-    pub fn of(record: Record, known: &HashMap<String, u64>) -> Self {
-        if known.get(&record.key.name) == Some(&record.version) {
+    /// `record`, created `at`, or only its name when `known` holds it there at its version.
+    pub fn of(at: Position, record: Record, known: &HashMap<String, Seen>) -> Self {
+        let seen = Seen {
+            at,
+            version: record.version,
+        };
+        if known.get(&record.key.name) == Some(&seen) {
             Sparse::Known(record.key.name)
         } else {
-            Sparse::Read(record)
+            Sparse::Read { at, record }
         }
     }
 }
@@ -568,26 +590,20 @@ pub trait Store: Send + Sync {
         Ok(cut_down(self.list(project, kind, selector).await?, &wanted))
     }
 
-    /// [`Store::list_sparse`] for a caller that keeps what it listed last: a document at the
-    /// version `known` gives for its name is answered by its name alone ([`Sparse::Known`]),
-    /// so a listing that mostly did not change costs about its names (the SQL stores read
-    /// no path of a known document, and hand none over). This default lists sparse and
-    /// leaves the known documents out.
+    /// [`Store::list_sparse`] for a caller that keeps what it listed last: a document that
+    /// `known` holds for its name, at the same place in creation order and at the same
+    /// version, is answered by its name alone ([`Sparse::Known`]), so a listing that mostly
+    /// did not change costs about its names (the SQL stores read no path of a known document,
+    /// and hand none over). No default: only the store knows where its documents were
+    /// created.
     async fn list_sparse_known(
         &self,
         project: &str,
         kind: Kind,
         selector: &Selector,
         paths: &[&str],
-        known: &HashMap<String, u64>,
-    ) -> Result<Vec<Sparse>, Error> {
-        Ok(self
-            .list_sparse(project, kind, selector, paths)
-            .await?
-            .into_iter()
-            .map(|record| Sparse::of(record, known))
-            .collect())
-    }
+        known: &HashMap<String, Seen>,
+    ) -> Result<Vec<Sparse>, Error>;
 
     /// Every project that holds a document, in name order, each once.
     async fn projects(&self) -> Result<Vec<String>, Error>;

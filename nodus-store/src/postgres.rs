@@ -28,7 +28,7 @@ use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Selector, Sparse, Store,
+    RunRewrite, Seen, Selector, Sparse, Store,
 };
 use serde_json::Value;
 use sqlx::postgres::PgPool;
@@ -126,7 +126,7 @@ impl Store for PostgresStore {
         kind: Kind,
         selector: &Selector,
         paths: &[&str],
-        known: &HashMap<String, u64>,
+        known: &HashMap<String, Seen>,
     ) -> Result<Vec<Sparse>, Error> {
         documents::list_sparse_known(self, project, kind, selector, paths, known).await
     }

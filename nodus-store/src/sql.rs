@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 use jiff::Timestamp;
 use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite, Sparse};
+use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite, Seen, Sparse};
 use serde_json::{Value, json};
 
 /// The one place where sqlx errors become store errors. Connection trouble, a database that
@@ -541,42 +541,47 @@ pub(crate) fn rewrite_step(
     Ok((i64::from(step.seq), step_text(&step)?, completion))
 }
 
-/// The names of a listing (`versions`: each document's name and version, in creation order)
-/// whose version is not the one `known` gives: the documents
+/// The names of a listing (`listed`: each document's name, place and version, in creation
+/// order) that `known` does not hold at that place and version: the documents
 /// [`Store::list_sparse_known`](nodus_core::store::Store::list_sparse_known) reads.
 pub(crate) fn unknown<'a>(
-    versions: &'a [(String, u64)],
-    known: &HashMap<String, u64>,
+    listed: &'a [(String, Seen)],
+    known: &HashMap<String, Seen>,
 ) -> Vec<&'a str> {
-    versions
+    listed
         .iter()
-        .filter(|(name, version)| known.get(name) != Some(version))
+        .filter(|(name, seen)| known.get(name) != Some(seen))
         .map(|(name, _)| name.as_str())
         .collect()
 }
 
 /// [`Store::list_sparse_known`](nodus_core::store::Store::list_sparse_known)'s answer from
-/// the listing of names and versions and the documents then read by the names [`unknown`]
-/// gave: in the listing's order, a known document by its name, the others as read (at that
-/// version or a later one), and one not read (gone, or no longer matching, meanwhile) left
-/// out.
+/// the listing of names, places and versions and the documents then read by the names
+/// [`unknown`] gave: in the listing's order, a known document by its name, the others as
+/// read (at that version or a later one), and one not read (gone, or no longer matching,
+/// meanwhile) left out. A document read is answered at the place listed: one deleted and
+/// created again between the two reads is answered at its old place, which the next listing
+/// does not take for its own, so it is read again then.
 pub(crate) fn known_or_read(
-    versions: Vec<(String, u64)>,
-    known: &HashMap<String, u64>,
+    listed: Vec<(String, Seen)>,
+    known: &HashMap<String, Seen>,
     read: Vec<Record>,
 ) -> Vec<Sparse> {
     let mut read: HashMap<String, Record> = read
         .into_iter()
         .map(|record| (record.key.name.clone(), record))
         .collect();
-    versions
+    listed
         .into_iter()
-        .filter_map(|(name, version)| {
-            if known.get(&name) == Some(&version) {
-                // Known at this version: it matched the selector when it was read.
+        .filter_map(|(name, seen)| {
+            if known.get(&name) == Some(&seen) {
+                // Known there at this version: it matched the selector when it was read.
                 return Some(Sparse::Known(name));
             }
-            read.remove(&name).map(Sparse::Read)
+            read.remove(&name).map(|record| Sparse::Read {
+                at: seen.at,
+                record,
+            })
         })
         .collect()
 }

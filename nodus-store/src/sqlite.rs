@@ -30,7 +30,7 @@ use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, OutcomeWritten, Page,
-    Position, Record, RunRewrite, Selector, Sparse, Store, WithOutcome,
+    Position, Record, RunRewrite, Seen, Selector, Sparse, Store, WithOutcome,
 };
 use serde_json::Value;
 use sqlx::sqlite::SqlitePool;
@@ -130,7 +130,7 @@ impl Store for SqliteStore {
         kind: Kind,
         selector: &Selector,
         paths: &[&str],
-        known: &HashMap<String, u64>,
+        known: &HashMap<String, Seen>,
     ) -> Result<Vec<Sparse>, Error> {
         documents::list_sparse_known(self, project, kind, selector, paths, known).await
     }

@@ -78,6 +78,16 @@ impl Store for FailingStore {
     ) -> Result<Page, Error> {
         Err(refused())
     }
+    async fn list_sparse_known(
+        &self,
+        _: &str,
+        _: Kind,
+        _: &Selector,
+        _: &[&str],
+        _: &std::collections::HashMap<String, crate::store::Seen>,
+    ) -> Result<Vec<crate::store::Sparse>, Error> {
+        Err(refused())
+    }
     async fn projects(&self) -> Result<Vec<String>, Error> {
         Err(refused())
     }

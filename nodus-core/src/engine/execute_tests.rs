@@ -105,6 +105,17 @@ impl Store for MockedStore {
         self.0.unexpected("list_page");
         Err(Error::Unavailable("list_page".to_string()))
     }
+    async fn list_sparse_known(
+        &self,
+        _: &str,
+        _: Kind,
+        _: &Selector,
+        _: &[&str],
+        _: &std::collections::HashMap<String, crate::store::Seen>,
+    ) -> Result<Vec<crate::store::Sparse>, Error> {
+        self.0.unexpected("list_sparse_known");
+        Err(Error::Unavailable("list_sparse_known".to_string()))
+    }
     async fn projects(&self) -> Result<Vec<String>, Error> {
         self.0.projects().await
     }

@@ -4,9 +4,11 @@
 //! Every reconcile of a group lists all its members; most have not changed since the last
 //! one. Each listing is kept here with the version of each document it read, and the next
 //! listing of the same group is answered with the changed documents alone: a document the
-//! store says is still at the version kept is taken from here, already parsed. Nothing here
-//! is trusted beyond its version: a document written meanwhile is read again, one deleted
-//! is simply not listed, and a listing that fails leaves nothing behind.
+//! store says is still the one kept, at the version kept, is taken from here, already parsed.
+//! Nothing here is trusted beyond its place in creation order and its version: a document
+//! written meanwhile is read again, and so is one deleted and created again under the same
+//! name (at version 1 again, but created later); one deleted is simply not listed; and a
+//! listing that fails leaves nothing behind.
 //!
 //! [`Store::list_sparse_known`]: crate::store::Store::list_sparse_known
 
@@ -14,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::resource::Kind;
-use crate::store::{Record, Selector, Sparse, Store};
+use crate::store::{Record, Seen, Selector, Sparse, Store};
 
 use super::{Error, Result};
 
@@ -35,9 +37,10 @@ impl<T> Default for Listings<T> {
     }
 }
 
-/// One group's last listing: each document's version and what it was parsed into.
+/// One group's last listing: where each document was created, its version, and what it was
+/// parsed into.
 struct Listing<T> {
-    documents: HashMap<String, (u64, Arc<T>)>,
+    documents: HashMap<String, (Seen, Arc<T>)>,
 }
 
 impl<T> Listings<T> {
@@ -67,9 +70,9 @@ impl<T> Listings<T> {
         let mut listing = entry.lock().await;
         // Taken out: a listing that fails keeps nothing (the next one reads every document).
         let mut kept = std::mem::take(&mut listing.documents);
-        let known: HashMap<String, u64> = kept
+        let known: HashMap<String, Seen> = kept
             .iter()
-            .map(|(name, (version, _))| (name.clone(), *version))
+            .map(|(name, (seen, _))| (name.clone(), *seen))
             .collect();
         let selector = Selector::in_group(group);
         let answer = store
@@ -78,9 +81,9 @@ impl<T> Listings<T> {
         let mut documents = HashMap::with_capacity(answer.len());
         let mut listed = Vec::with_capacity(answer.len());
         for sparse in answer {
-            let (name, version, parsed) = match sparse {
+            let (name, seen, parsed) = match sparse {
                 Sparse::Known(name) => {
-                    let Some((version, parsed)) = kept.remove(&name) else {
+                    let Some((seen, parsed)) = kept.remove(&name) else {
                         // Only the versions given can come back known.
                         return Err(Error::Corrupt {
                             key: format!("{project}/{}/{name}", kind.plural()),
@@ -89,15 +92,18 @@ impl<T> Listings<T> {
                                 .to_string(),
                         });
                     };
-                    (name, version, parsed)
+                    (name, seen, parsed)
                 }
-                Sparse::Read(record) => {
-                    let (name, version) = (record.key.name.clone(), record.version);
-                    (name, version, Arc::new(parse(record)?))
+                Sparse::Read { at, record } => {
+                    let seen = Seen {
+                        at,
+                        version: record.version,
+                    };
+                    (record.key.name.clone(), seen, Arc::new(parse(record)?))
                 }
             };
             listed.push(parsed.clone());
-            documents.insert(name, (version, parsed));
+            documents.insert(name, (seen, parsed));
         }
         listing.documents = documents;
         Ok(listed)
@@ -226,5 +232,35 @@ mod tests {
         listings.forget("p", "g");
         list(&listings, &store, &parsed).await.expect("list");
         assert_eq!(parsed.load(Ordering::SeqCst), 3, "forgotten, all");
+    }
+
+    #[tokio::test]
+    async fn a_document_created_again_under_its_name_is_read_again_at_the_same_version() {
+        let store = MemoryStore::new();
+        let key = ObjectKey::new("p", Kind::AgentRun, "a");
+        store
+            .create(&key, member("a", "g", "Pending"))
+            .await
+            .expect("create a");
+        let listings = Listings::default();
+        let parsed = AtomicUsize::new(0);
+        assert_eq!(
+            list(&listings, &store, &parsed).await.expect("list"),
+            ["a Pending"]
+        );
+
+        // Deleted and created again: version 1 both times, but not the document kept.
+        store.delete(&key).await.expect("delete a");
+        let again = store
+            .create(&key, member("a", "g", "Queued"))
+            .await
+            .expect("create a again");
+        assert_eq!(again.version, 1, "a document created again starts at 1");
+        parsed.store(0, Ordering::SeqCst);
+        assert_eq!(
+            list(&listings, &store, &parsed).await.expect("list"),
+            ["a Queued"]
+        );
+        assert_eq!(parsed.load(Ordering::SeqCst), 1, "the new document parsed");
     }
 }

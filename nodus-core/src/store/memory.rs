@@ -16,8 +16,8 @@ use crate::resource::Kind;
 use crate::snapshot::{Blob, Snapshot, Stored};
 use crate::store::{
     Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Selector, Store, check_blobs, check_rewrite_deletes, check_stored,
-    missing_contents,
+    RunRewrite, Seen, Selector, Sparse, Store, check_blobs, check_rewrite_deletes, check_stored,
+    missing_contents, sparse,
 };
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -387,6 +387,42 @@ impl Store for MemoryStore {
             })
             .collect();
         Ok(Page::of(found, limit))
+    }
+
+    async fn list_sparse_known(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+        known: &HashMap<String, Seen>,
+    ) -> Result<Vec<Sparse>, Error> {
+        let wanted = selector.paths_with(paths);
+        let state = self.lock();
+        let Some(collection) = state.collection(project, kind) else {
+            return Ok(Vec::new());
+        };
+        Ok(collection
+            .by_order
+            .iter()
+            .filter(|(_, entry)| selector.matches(&entry.document))
+            .map(|(order, entry)| {
+                let at = Position(*order);
+                let seen = Seen {
+                    at,
+                    version: entry.version,
+                };
+                if known.get(&entry.name) == Some(&seen) {
+                    return Sparse::Known(entry.name.clone());
+                }
+                let record = Record {
+                    key: ObjectKey::new(project, kind, entry.name.clone()),
+                    version: entry.version,
+                    document: sparse(&entry.document, &wanted),
+                };
+                Sparse::Read { at, record }
+            })
+            .collect())
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {

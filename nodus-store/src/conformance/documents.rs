@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use nodus_core::Store;
 use nodus_core::resource::Kind;
-use nodus_core::store::{Error, ObjectKey, Page, Position, Selector, Sparse};
+use nodus_core::store::{Error, ObjectKey, Page, Position, Seen, Selector, Sparse};
 use serde_json::json;
 
 use super::{agent_document, names, run_document, selector, shaped_run, unique};
@@ -712,10 +712,11 @@ pub async fn money_exact<S: Store + Clone + 'static>(store: S) {
     );
 }
 
-/// A sparse listing for a caller that kept the last one: a document at the version it knows
-/// comes back by name alone; one written since, one new, and one it knows at another version
-/// come back read; one deleted does not come back; all in creation order, and only the
-/// selector's documents.
+/// A sparse listing for a caller that kept the last one: a document at the place and version
+/// it knows comes back by name alone; one written since, one new, one it knows at another
+/// version or another place, and one deleted and created again under its name (at version 1
+/// again) come back read; one deleted does not come back; all in creation order, and only
+/// the selector's documents.
 pub async fn list_sparse_known<S: Store + Clone + 'static>(store: S) {
     let project = unique("known");
     let create = |name: &str, group: &str, phase: &str| {
@@ -729,9 +730,10 @@ pub async fn list_sparse_known<S: Store + Clone + 'static>(store: S) {
     }
     create("other", "h", "Running").await;
     create("r4", "g", "Pending").await;
+    create("r6", "g", "Pending").await;
     let selector = Selector::in_group("g");
     let paths = ["status.phase"];
-    let list = |known: HashMap<String, u64>| {
+    let list = |known: HashMap<String, Seen>| {
         let store = store.clone();
         let (project, selector) = (project.clone(), selector.clone());
         async move {
@@ -746,7 +748,7 @@ pub async fn list_sparse_known<S: Store + Clone + 'static>(store: S) {
             .iter()
             .map(|sparse| match sparse {
                 Sparse::Known(name) => format!("{name} known"),
-                Sparse::Read(record) => format!(
+                Sparse::Read { record, .. } => format!(
                     "{} v{} {}",
                     record.key.name, record.version, record.document["status"]["phase"]
                 ),
@@ -754,35 +756,43 @@ pub async fn list_sparse_known<S: Store + Clone + 'static>(store: S) {
             .collect()
     };
 
-    // Knowing nothing: every document of the group read, as list_sparse reads it.
+    // Knowing nothing: every document of the group read, as list_sparse reads it, each at
+    // its own place in creation order.
     let first = list(HashMap::new()).await;
     let sparse = store
         .list_sparse(&project, Kind::AgentRun, &selector, &paths)
         .await
         .expect("list sparse");
+    let mut seen = HashMap::new();
+    let mut records = Vec::new();
+    for listed in &first {
+        let Sparse::Read { at, record } = listed else {
+            panic!("nothing known, yet {listed:?} came back known");
+        };
+        let version = record.version;
+        seen.insert(record.key.name.clone(), Seen { at: *at, version });
+        records.push(record.clone());
+    }
+    assert_eq!(records, sparse, "nothing known: list_sparse's answer");
+    let mut places: Vec<Position> = seen.values().map(|seen| seen.at).collect();
+    places.sort();
+    places.dedup();
     assert_eq!(
-        first,
-        sparse.into_iter().map(Sparse::Read).collect::<Vec<_>>(),
-        "nothing known: list_sparse's answer"
+        places.len(),
+        5,
+        "each document at a place of its own: {seen:?}"
     );
-    let versions: HashMap<String, u64> = first
-        .iter()
-        .filter_map(|sparse| match sparse {
-            Sparse::Read(record) => Some((record.key.name.clone(), record.version)),
-            Sparse::Known(_) => None,
-        })
-        .collect();
-    assert_eq!(versions.len(), 4, "{versions:?}");
 
-    // Knowing every one at its version: names alone.
+    // Knowing every one at its place and version: names alone.
     assert_eq!(
-        shown(&list(versions.clone()).await),
-        ["r1 known", "r2 known", "r3 known", "r4 known"]
+        shown(&list(seen.clone()).await),
+        ["r1 known", "r2 known", "r3 known", "r4 known", "r6 known"]
     );
 
-    // r2 written, r3 deleted, r5 created, r4 known at a version it never had, and a name of
-    // another group (and one of no document) known: only the changed, the new and the
-    // mis-known are read.
+    // r2 written; r3 deleted; r6 deleted and created again (version 1 both times); r5
+    // created; r4 known at a version it never had, r1 at a place it never had; and a name
+    // of another group (and one of no document) known: only the changed, the new, the
+    // created again and the mis-known are read.
     let r2 = ObjectKey::new(&project, Kind::AgentRun, "r2");
     let mut moved = store.get(&r2).await.expect("get r2");
     moved.document["status"]["phase"] = json!("Running");
@@ -794,20 +804,46 @@ pub async fn list_sparse_known<S: Store + Clone + 'static>(store: S) {
         .delete(&ObjectKey::new(&project, Kind::AgentRun, "r3"))
         .await
         .expect("delete r3");
+    let r6 = ObjectKey::new(&project, Kind::AgentRun, "r6");
+    store.delete(&r6).await.expect("delete r6");
+    create("r6", "g", "Running").await;
+    assert_eq!(seen["r6"].version, 1, "r6 was read at version 1");
     create("r5", "g", "Pending").await;
-    let mut known = versions.clone();
-    known.insert("r4".to_string(), versions["r4"] + 7);
-    known.insert("other".to_string(), 1);
-    known.insert("nobody".to_string(), 1);
-    let v2 = versions["r2"] + 1;
-    let v4 = versions["r4"];
+    let mut known = seen.clone();
+    let shifted = |seen: Seen, at: u64, version: u64| Seen {
+        at: Position(seen.at.0 + at),
+        version: seen.version + version,
+    };
+    known.insert("r4".to_string(), shifted(seen["r4"], 0, 7));
+    let r1_elsewhere = shifted(seen["r1"], 1000, 0);
+    known.insert("r1".to_string(), r1_elsewhere);
+    known.insert("other".to_string(), shifted(seen["r1"], 0, 0));
+    known.insert("nobody".to_string(), shifted(seen["r1"], 0, 0));
+    let v2 = seen["r2"].version + 1;
+    let v4 = seen["r4"].version;
+    let relisted = list(known).await;
     assert_eq!(
-        shown(&list(known).await),
+        shown(&relisted),
         [
-            "r1 known".to_string(),
+            "r1 v1 \"Running\"".to_string(),
             format!("r2 v{v2} \"Running\""),
             format!("r4 v{v4} \"Pending\""),
+            "r6 v1 \"Running\"".to_string(),
             "r5 v1 \"Pending\"".to_string(),
         ]
+    );
+    // Each read at its own place: r1 where it always was, r6 created again somewhere new.
+    let at = |name: &str| {
+        relisted.iter().find_map(|sparse| match sparse {
+            Sparse::Read { at, record } if record.key.name == name => Some(*at),
+            _ => None,
+        })
+    };
+    assert_eq!(at("r1"), Some(seen["r1"].at), "r1 has not moved");
+    assert!(
+        at("r6").is_some_and(|at| at > seen["r6"].at),
+        "r6 created again is at a later place than the r6 read: {:?} after {:?}",
+        at("r6"),
+        seen["r6"].at
     );
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Sparse};
+use nodus_core::store::{
+    Change, Edit, Error, ObjectKey, Position, Record, RunRewrite, Seen, Selector, Sparse,
+};
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, QueryBuilder, Row};
@@ -239,41 +241,46 @@ pub(super) async fn list_sparse(
     read_sparse(store, project, kind, selector, paths, None).await
 }
 
-/// [`Store::list_sparse_known`] in two reads when something is known: every document's name
-/// and version (no path of any document is read), then the paths of those whose version is
-/// not the one known, by name.
+/// [`Store::list_sparse_known`] in two reads: every document's name, place and version (no
+/// path of any document is read), then the paths of those not known there at that version
+/// (by name; all of them, by the selector alone, when nothing is known).
 pub(super) async fn list_sparse_known(
     store: &PostgresStore,
     project: &str,
     kind: Kind,
     selector: &Selector,
     paths: &[&str],
-    known: &HashMap<String, u64>,
+    known: &HashMap<String, Seen>,
 ) -> Result<Vec<Sparse>, Error> {
-    if known.is_empty() {
-        let records = read_sparse(store, project, kind, selector, paths, None).await?;
-        return Ok(records.into_iter().map(Sparse::Read).collect());
-    }
     let mut query: QueryBuilder<Postgres> =
-        QueryBuilder::new("SELECT name, version FROM resources WHERE project = ");
+        QueryBuilder::new("SELECT name, ord, version FROM resources WHERE project = ");
     Read::push_selection(&mut query, project, kind, selector);
     let rows = query
         .build()
         .fetch_all(&store.inner.pool)
         .await
         .map_err(map_err)?;
-    let mut versions = Vec::with_capacity(rows.len());
+    let mut listed = Vec::with_capacity(rows.len());
     for row in &rows {
         let name: String = row.try_get(0).map_err(map_err)?;
-        let version: i64 = row.try_get(1).map_err(map_err)?;
-        versions.push((name, sql::to_u64(version, "a version")?));
+        let ord: i64 = row.try_get(1).map_err(map_err)?;
+        let version: i64 = row.try_get(2).map_err(map_err)?;
+        let seen = Seen {
+            at: Position(sql::to_u64(ord, "a creation number")?),
+            version: sql::to_u64(version, "a version")?,
+        };
+        listed.push((name, seen));
     }
-    let unknown = sql::unknown(&versions, known);
-    let read = match unknown.is_empty() {
-        true => Vec::new(),
-        false => read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?,
+    let read = if known.is_empty() {
+        read_sparse(store, project, kind, selector, paths, None).await?
+    } else {
+        let unknown = sql::unknown(&listed, known);
+        match unknown.is_empty() {
+            true => Vec::new(),
+            false => read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?,
+        }
     };
-    Ok(sql::known_or_read(versions, known, read))
+    Ok(sql::known_or_read(listed, known, read))
 }
 
 /// The documents `selector` matches, each with only the values at `paths` (and the

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Record, RunRewrite, Selector, Sparse, Store,
+    Change, Edit, Error, ObjectKey, Position, Record, RunRewrite, Seen, Selector, Sparse, Store,
 };
 use serde_json::Value;
 use sqlx::sqlite::SqliteConnection;
@@ -205,23 +205,19 @@ pub(super) async fn list_sparse(
     read_sparse(store, project, kind, selector, paths, None).await
 }
 
-/// [`Store::list_sparse_known`] in two reads when something is known: every document's name
-/// and version (no path of any document is read), then the paths of those whose version is
-/// not the one known, by name.
+/// [`Store::list_sparse_known`] in two reads: every document's name, place and version (no
+/// path of any document is read), then the paths of those not known there at that version
+/// (by name; all of them, by the selector alone, when nothing is known).
 pub(super) async fn list_sparse_known(
     store: &SqliteStore,
     project: &str,
     kind: Kind,
     selector: &Selector,
     paths: &[&str],
-    known: &HashMap<String, u64>,
+    known: &HashMap<String, Seen>,
 ) -> Result<Vec<Sparse>, Error> {
-    if known.is_empty() {
-        let records = read_sparse(store, project, kind, selector, paths, None).await?;
-        return Ok(records.into_iter().map(Sparse::Read).collect());
-    }
     let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
-        "SELECT json_group_array(json_array(name, version) ORDER BY ord) FROM resources \
+        "SELECT json_group_array(json_array(name, ord, version) ORDER BY ord) FROM resources \
          WHERE project = ",
     );
     Read::push_conditions(&mut query, project, kind, selector);
@@ -230,14 +226,25 @@ pub(super) async fn list_sparse_known(
         .fetch_one(&store.inner.readers)
         .await
         .map_err(map_err)?;
-    let versions: Vec<(String, u64)> = serde_json::from_str(&listed)
-        .map_err(|e| Error::Corrupt(format!("a listing of names and versions: {e}")))?;
-    let unknown = sql::unknown(&versions, known);
-    let read = match unknown.is_empty() {
-        true => Vec::new(),
-        false => read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?,
+    let listed: Vec<(String, u64, u64)> = serde_json::from_str(&listed)
+        .map_err(|e| Error::Corrupt(format!("a listing of names, places and versions: {e}")))?;
+    let listed: Vec<(String, Seen)> = listed
+        .into_iter()
+        .map(|(name, ord, version)| {
+            let at = Position(ord);
+            (name, Seen { at, version })
+        })
+        .collect();
+    let read = if known.is_empty() {
+        read_sparse(store, project, kind, selector, paths, None).await?
+    } else {
+        let unknown = sql::unknown(&listed, known);
+        match unknown.is_empty() {
+            true => Vec::new(),
+            false => read_sparse(store, project, kind, selector, paths, Some(&unknown)).await?,
+        }
     };
-    Ok(sql::known_or_read(versions, known, read))
+    Ok(sql::known_or_read(listed, known, read))
 }
 
 /// The documents `selector` matches, each with only the values at `paths` (and the

@@ -264,6 +264,19 @@ impl Store for CrashingStore {
             .list_page(project, kind, selector, after, limit)
             .await
     }
+    async fn list_sparse_known(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+        known: &std::collections::HashMap<String, store::Seen>,
+    ) -> Result<Vec<store::Sparse>, store::Error> {
+        self.check_alive()?;
+        self.inner
+            .list_sparse_known(project, kind, selector, paths, known)
+            .await
+    }
     async fn projects(&self) -> Result<Vec<String>, store::Error> {
         self.check_alive()?;
         self.inner.projects().await
@@ -607,6 +620,23 @@ impl Store for CountingStore {
         let listed = self
             .inner
             .list_sparse(project, kind, selector, paths)
+            .await?;
+        self.read(listed.len());
+        Ok(listed)
+    }
+    /// Counted as one read of every document listed, known or read (a known document is one
+    /// the listing still walked).
+    async fn list_sparse_known(
+        &self,
+        project: &str,
+        kind: Kind,
+        selector: &Selector,
+        paths: &[&str],
+        known: &std::collections::HashMap<String, store::Seen>,
+    ) -> Result<Vec<store::Sparse>, store::Error> {
+        let listed = self
+            .inner
+            .list_sparse_known(project, kind, selector, paths, known)
             .await?;
         self.read(listed.len());
         Ok(listed)
