@@ -46,9 +46,11 @@ pub struct RunnerConfig {
     /// The longest a group's changes gather before it is reconciled (one reconcile lists every
     /// member's name and version, and reads those written since its last, so one per burst of
     /// changes instead of one per change); zero reconciles at once.
-    /// Below it, a group waits [`SETTLE_FACTOR`] times what its last reconcile's reads took
-    /// (not the commits of its writes: waiting for the disk is no work to space out): a large
-    /// group's reconciles are spaced out, a small one follows its runs closely. 200 ms by
+    /// Below it, a group's reconcile starts [`SETTLE_FACTOR`] times what its last reconcile's
+    /// reads took (not the commits of its writes: waiting for the disk is no work to space
+    /// out) after that reconcile ended, and at once when that is past: a large group's
+    /// reconciles are spaced out, a small one, or one whose runs change seldom, follows its
+    /// runs closely. 200 ms by
     /// default: a reconcile of a 1,000-run group on a busy machine takes tens of
     /// milliseconds, and under a shorter bound the reconciles of one large group were most
     /// of the server's CPU per run (BENCHMARKS.md, "CPU per run").
@@ -75,9 +77,9 @@ impl Default for RunnerConfig {
     }
 }
 
-/// A group's changes gather this many times as long as its last reconcile's reads and plan
-/// took (at most [`RunnerConfig::group_settle`]): a busy group's reconciles read for at most
-/// about a fifth of the time.
+/// A group's reconcile starts no sooner than this many times as long as its last reconcile's
+/// reads and plan took (at most [`RunnerConfig::group_settle`]) after that one ended: a busy
+/// group's reconciles read for at most about a fifth of the time.
 pub const SETTLE_FACTOR: u32 = 4;
 
 /// The scheduler of an engine's runs and groups. Built and started by [`Runner::start`].
@@ -174,8 +176,15 @@ struct Queue {
     /// version: its notification (or an earlier one) wakes nothing. An entry lasts until that
     /// notification comes, or notifications are lost.
     own_writes: HashMap<ObjectKey, u64>,
-    /// How long each group's last reconcile took, which sets how long its changes gather.
-    reconcile_took: HashMap<ObjectKey, Duration>,
+    /// Each group's last reconcile, which sets how long its changes gather.
+    last_reconcile: HashMap<ObjectKey, LastReconcile>,
+}
+
+/// What a group's last reconcile took (its reads and plan), and when it ended.
+#[derive(Debug, Clone, Copy)]
+struct LastReconcile {
+    took: Duration,
+    ended: Timestamp,
 }
 
 impl Runner {
@@ -329,8 +338,13 @@ impl Runner {
         }
         if done.key.kind == Kind::AgentGroup {
             match done.reconcile_took {
-                Some(took) => queue.reconcile_took.insert(done.key.clone(), took),
-                None => queue.reconcile_took.remove(&done.key),
+                Some(took) => {
+                    let ended = self.clock.now();
+                    queue
+                        .last_reconcile
+                        .insert(done.key.clone(), LastReconcile { took, ended })
+                }
+                None => queue.last_reconcile.remove(&done.key),
             };
         }
         if let Some(group) = done.group {
@@ -441,10 +455,17 @@ impl Runner {
         let worker_key = key.clone();
         let engine = self.engine.clone();
         let clock = self.clock.clone();
-        let settle = settle_time(
-            self.config.group_settle,
-            queue.reconcile_took.get(&key).copied(),
-        );
+        let settle = queue
+            .last_reconcile
+            .get(&key)
+            .map_or(Duration::ZERO, |last| {
+                let since = self.clock.now().duration_since(last.ended);
+                settle_time(
+                    self.config.group_settle,
+                    last.took,
+                    Duration::try_from(since).unwrap_or(Duration::ZERO),
+                )
+            });
         let retry_after = self.config.retry_after;
         let worker = queue.workers.spawn(async move {
             match key.kind {
@@ -661,12 +682,13 @@ fn is_settled(phase: RunPhase) -> bool {
         )
 }
 
-/// How long a group's changes gather before its reconcile: [`SETTLE_FACTOR`] times what its
-/// last reconcile took (nothing before its first), at most `longest`.
-fn settle_time(longest: Duration, last_reconcile: Option<Duration>) -> Duration {
-    last_reconcile
-        .map_or(Duration::ZERO, |took| took.saturating_mul(SETTLE_FACTOR))
+/// How long a group's changes gather before its reconcile: until [`SETTLE_FACTOR`] times what
+/// its last reconcile took (at most `longest`) has passed since that reconcile ended, `since`
+/// ago (nothing before its first: the caller waits for nothing then).
+fn settle_time(longest: Duration, took: Duration, since: Duration) -> Duration {
+    took.saturating_mul(SETTLE_FACTOR)
         .min(longest)
+        .saturating_sub(since)
 }
 
 /// When work that failed is looked at again: `retry_after` from now.
@@ -820,15 +842,19 @@ mod tests {
     }
 
     #[test]
-    fn a_group_gathers_its_changes_for_a_few_times_its_last_reconcile_at_most_the_longest() {
+    fn a_group_gathers_its_changes_until_a_few_times_its_last_reconcile_has_passed_since_it() {
         let longest = Duration::from_millis(50);
         let ms = Duration::from_millis;
-        // Its first reconcile comes at once; then four times what the last took, capped.
-        assert_eq!(settle_time(longest, None), Duration::ZERO);
-        assert_eq!(settle_time(longest, Some(ms(2))), ms(8));
-        assert_eq!(settle_time(longest, Some(ms(12))), ms(48));
-        assert_eq!(settle_time(longest, Some(ms(30))), longest);
-        assert_eq!(settle_time(Duration::ZERO, Some(ms(30))), Duration::ZERO);
-        assert_eq!(settle_time(longest, Some(Duration::MAX)), longest);
+        // Right after its last reconcile: four times what that took, at most the longest.
+        assert_eq!(settle_time(longest, ms(2), ms(0)), ms(8));
+        assert_eq!(settle_time(longest, ms(12), ms(0)), ms(48));
+        assert_eq!(settle_time(longest, ms(30), ms(0)), longest);
+        assert_eq!(settle_time(Duration::ZERO, ms(30), ms(0)), Duration::ZERO);
+        assert_eq!(settle_time(longest, Duration::MAX, ms(0)), longest);
+        // Later: only what is left of it, and nothing once it has passed.
+        assert_eq!(settle_time(longest, ms(2), ms(5)), ms(3));
+        assert_eq!(settle_time(longest, ms(30), ms(20)), ms(30));
+        assert_eq!(settle_time(longest, ms(2), ms(8)), Duration::ZERO);
+        assert_eq!(settle_time(longest, ms(2), ms(300)), Duration::ZERO);
     }
 }
