@@ -15,14 +15,16 @@
 //! and changed there.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::{CStr, CString};
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use nodus_core::sandbox::{Error, SandboxId};
 use nodus_core::snapshot::{Changes, FileStat};
-use rustix::fd::OwnedFd;
+use rustix::fd::{AsRawFd, OwnedFd};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::archive;
@@ -355,45 +357,76 @@ impl Watches {
 /// listed), at most `room` of them. `None`, with the watches made removed, when there are
 /// more, the kernel refuses one (`max_user_watches`), or a directory's name is not UTF-8:
 /// then the sandbox is listed whole instead.
+///
+/// Every directory is opened below its parent's descriptor without following a link, and
+/// watched and read through that descriptor: a run that swaps a directory of its own for a
+/// link to one of the host's between two looks makes it find nothing there (the swap itself
+/// is told by the parent's watch), never watch or list the host's directory.
 fn add_tree(fd: &OwnedFd, root: &Path, start: &str, room: usize) -> Option<Vec<(String, i32)>> {
     let mut added: Vec<(String, i32)> = Vec::new();
-    let mut stack = vec![start.to_string()];
+    let mut next = match open_below(root, start) {
+        Ok(dir) => Some((start.to_string(), dir)),
+        // Gone meanwhile, or not a directory (a link) any more: told by its parent's watch.
+        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => None,
+        Err(_) => return None,
+    };
+    // Directories still to watch: each one's path, its parent (open) and its name.
+    let mut pending: Vec<(String, Arc<OwnedFd>, CString)> = Vec::new();
     let mut complete = true;
-    while let Some(rel) = stack.pop() {
+    loop {
+        let (rel, dir) = match next.take() {
+            Some(found) => found,
+            None => match pending.pop() {
+                None => break,
+                Some((rel, parent, name)) => match open_dir_at(&parent, &name) {
+                    Ok(dir) => (rel, dir),
+                    Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => continue,
+                    Err(_) => {
+                        complete = false;
+                        break;
+                    }
+                },
+            },
+        };
         if added.len() >= room {
             complete = false;
             break;
         }
-        let full = if rel.is_empty() {
-            root.to_path_buf()
-        } else {
-            root.join(&rel)
-        };
-        match inotify::add_watch(fd, &full, watch_flags()) {
+        // The descriptor's own path names the directory it opened, whatever its path is now.
+        let through = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        match inotify::add_watch(
+            fd,
+            through.as_str(),
+            watch_flags() - WatchFlags::DONT_FOLLOW,
+        ) {
             Ok(wd) => added.push((rel.clone(), wd)),
-            // Gone meanwhile: its removal is told by its parent's watch.
-            Err(Errno::NOENT | Errno::NOTDIR) => continue,
             Err(_) => {
                 complete = false;
                 break;
             }
         }
-        let Ok(children) = std::fs::read_dir(&full) else {
+        let dir = Arc::new(dir);
+        let Ok(entries) = Dir::read_from(&*dir) else {
             continue;
         };
-        for child in children.flatten() {
-            if !child.file_type().is_ok_and(|t| t.is_dir()) {
+        for entry in entries {
+            let Ok(entry) = entry else {
+                break;
+            };
+            let name = entry.file_name();
+            if matches!(name.to_bytes(), b"." | b"..") || !is_dir(&dir, &entry) {
                 continue;
             }
-            let Some(name) = child.file_name().to_str().map(str::to_string) else {
+            let Some(shown) = name.to_str().ok() else {
                 complete = false;
                 break;
             };
-            stack.push(if rel.is_empty() {
-                name
+            let child = if rel.is_empty() {
+                shown.to_string()
             } else {
-                format!("{rel}/{name}")
-            });
+                format!("{rel}/{shown}")
+            };
+            pending.push((child, dir.clone(), name.to_owned()));
         }
         if !complete {
             break;
@@ -406,6 +439,41 @@ fn add_tree(fd: &OwnedFd, root: &Path, start: &str, room: usize) -> Option<Vec<(
         let _ = inotify::remove_watch(fd, wd);
     }
     None
+}
+
+/// The directory `rel` of `root`, each of its parts opened below the last without following
+/// a link (`root` itself is the backend's own, already resolved).
+fn open_below(root: &Path, rel: &str) -> Result<OwnedFd, Errno> {
+    let mut dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for part in rel.split('/').filter(|part| !part.is_empty()) {
+        let name = CString::new(part).map_err(|_| Errno::INVAL)?;
+        dir = open_dir_at(&dir, &name)?;
+    }
+    Ok(dir)
+}
+
+/// The directory `name` in `parent`, not followed when it is a link (`ELOOP`).
+fn open_dir_at(parent: &OwnedFd, name: &CStr) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Whether `entry` of `dir` is a directory (not a link to one).
+fn is_dir(dir: &OwnedFd, entry: &rustix::fs::DirEntry) -> bool {
+    match entry.file_type() {
+        FileType::Directory => true,
+        FileType::Unknown => rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|stat| FileType::from_raw_mode(stat.st_mode) == FileType::Directory),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -438,5 +506,53 @@ mod tests {
             None,
             "four directories, room for three"
         );
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_to_the_host_s_is_never_watched_nor_read() {
+        let host = tempfile::tempdir().expect("tempdir");
+        for dir in ["b", "b/c"] {
+            std::fs::create_dir(host.path().join(dir)).expect("mkdir");
+        }
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(root.path().join("d")).expect("mkdir");
+        // `a` was a directory of the run's when its event came; now a link to the host's.
+        std::os::unix::fs::symlink(host.path(), root.path().join("a")).expect("link");
+        std::os::unix::fs::symlink(host.path(), root.path().join("d/e")).expect("link");
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).expect("inotify");
+        for start in ["a", "a/b", "a/b/c", "d/e", "d/e/b"] {
+            assert_eq!(
+                add_tree(&fd, root.path(), start, 10),
+                Some(Vec::new()),
+                "{start} runs through a link: nothing watched"
+            );
+        }
+        let watched: Vec<String> = add_tree(&fd, root.path(), "", 10)
+            .expect("room")
+            .into_iter()
+            .map(|(rel, _)| rel)
+            .collect();
+        assert_eq!(watched, ["", "d"], "the links are not followed");
+
+        // What a watch through a descriptor tells is the directory's own events.
+        let added = add_tree(&fd, root.path(), "d", 10).expect("room");
+        let [(rel, wd)] = added.as_slice() else {
+            panic!("one directory: {added:?}");
+        };
+        assert_eq!(rel, "d");
+        std::fs::write(root.path().join("d/new"), b"x").expect("file");
+        let mut buffer = [MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = inotify::Reader::new(&fd, &mut buffer);
+        let mut named = Vec::new();
+        while let Ok(event) = reader.next() {
+            if event.wd() == *wd {
+                named.extend(
+                    event
+                        .file_name()
+                        .map(|name| name.to_string_lossy().into_owned()),
+                );
+            }
+        }
+        assert!(named.iter().any(|name| name == "new"), "{named:?}");
     }
 }
