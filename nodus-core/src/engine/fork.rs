@@ -133,11 +133,7 @@ impl Engine {
             AtStep::Seq(seq) => seq,
             AtStep::LastGood => {
                 let journal = self.deps.store.journal(run_uid(&run)).await?;
-                last_good(
-                    &journal,
-                    run.status.takes_resolution() || run.status.is_finished(),
-                )
-                .ok_or_else(|| {
+                last_good(&journal, run.status.steps_interrupted()).ok_or_else(|| {
                     Invalid::new(
                         "atStep",
                         "needs a completed command before the first failed or uncertain step",

@@ -874,7 +874,7 @@ impl Engine {
     /// What the run did, in order.
     pub async fn steps(&self, project: &str, name: &str) -> Result<Vec<StepView>> {
         let run = self.read_run(project, name).await?;
-        let parked = run.object.status.takes_resolution();
+        let interrupted = run.object.status.steps_interrupted();
         let journal = self.deps.store.journal(run_uid(&run.object)).await?;
         let snapshots: std::collections::BTreeMap<u32, crate::snapshot::Snapshot> = self
             .deps
@@ -893,7 +893,7 @@ impl Engine {
         Ok(journal
             .iter()
             .map(|step| {
-                let mut view = view(step, parked, inherited(step.seq));
+                let mut view = view(step, interrupted, inherited(step.seq));
                 view.snapshot = snapshots.get(&step.seq).map(SnapshotView::of);
                 view
             })
@@ -1058,13 +1058,13 @@ fn run_uid(run: &AgentRun) -> &str {
     run.metadata.uid.as_deref().unwrap_or_default()
 }
 
-fn view(step: &Step, parked: bool, inherited: bool) -> StepView {
+fn view(step: &Step, interrupted: bool, inherited: bool) -> StepView {
     StepView {
         seq: step.seq,
         inherited,
         snapshot: None,
         kind: step.intent.kind(),
-        state: step.state(parked),
+        state: step.state(interrupted),
         started_at: step.started_at,
         finished_at: step.completion.as_ref().map(|c| c.finished_at),
         summary: step.summary(),

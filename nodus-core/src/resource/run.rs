@@ -257,6 +257,13 @@ impl AgentRunStatus {
         self.current_phase().takes_resolution()
     }
 
+    /// Whether a step of this run without an outcome is under way no more: the run is parked
+    /// on it, or has finished (its outcome will never be written). Such a step reads as
+    /// uncertain ([`Step::state`](crate::journal::Step::state)), never as started.
+    pub fn steps_interrupted(&self) -> bool {
+        self.takes_resolution() || self.is_finished()
+    }
+
     /// Whether this run has finished.
     pub fn is_finished(&self) -> bool {
         self.phase.is_some_and(RunPhase::is_finished)
@@ -461,6 +468,30 @@ pub struct EgressCounts {
 mod tests {
     use super::AgentRunStatus;
     use crate::lifecycle::{CancelReason, FailReason, PendingReason, RunPhase, WaitReason};
+
+    #[test]
+    fn a_step_without_an_outcome_is_under_way_only_while_the_run_goes() {
+        let table = [
+            (None, false),
+            (Some(RunPhase::Pending(PendingReason::Queued)), false),
+            (Some(RunPhase::Running), false),
+            (Some(RunPhase::Waiting(WaitReason::AwaitingMessage)), false),
+            (Some(RunPhase::NeedsResolution), true),
+            (Some(RunPhase::Succeeded), true),
+            (Some(RunPhase::Failed(FailReason::DeadlineExceeded)), true),
+            (
+                Some(RunPhase::Cancelled(CancelReason::CancelRequested)),
+                true,
+            ),
+        ];
+        for (phase, interrupted) in table {
+            let status = AgentRunStatus {
+                phase,
+                ..AgentRunStatus::default()
+            };
+            assert_eq!(status.steps_interrupted(), interrupted, "{phase:?}");
+        }
+    }
 
     #[test]
     fn a_run_takes_messages_until_it_is_ending_or_finished() {

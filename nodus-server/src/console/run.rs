@@ -67,7 +67,7 @@ struct RunView<'a> {
     views: Vec<StepView>,
     inbox: Vec<InboxMessage>,
     answer: Option<String>,
-    parked: bool,
+    now: transcript::RunNow,
 }
 
 /// The runs forked from `name`, with their steps and phases, when there are any.
@@ -132,7 +132,7 @@ pub async fn run(
         Some(uid) => state.store.inbox(uid).await?,
         None => Vec::new(),
     };
-    let parked = object.status.takes_resolution();
+    let now = transcript::RunNow::of(&object.status);
     let view = RunView {
         project,
         name,
@@ -147,7 +147,7 @@ pub async fn run(
         views,
         inbox,
         answer,
-        parked,
+        now,
     };
     let mut html = Html::new();
     facts_and_actions(&mut html, &view);
@@ -289,7 +289,7 @@ async fn section(
         Section::Transcript => {
             let system = run["status"]["snapshot"]["agent"]["system"].as_str();
             let input = run["spec"]["input"].as_str().unwrap_or_default();
-            let entries = transcript::build(&view.journal, view.parked, system, input, &view.inbox);
+            let entries = transcript::build(&view.journal, view.now, system, input, &view.inbox);
             let forks: std::collections::BTreeSet<u32> = view
                 .views
                 .iter()

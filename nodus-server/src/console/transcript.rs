@@ -208,12 +208,36 @@ fn facts_of(lines: &[TurnLine], turn: u32) -> Option<TurnFacts> {
     })
 }
 
-/// The transcript of a run: its `journal` (`parked`: the run is parked in NeedsResolution,
-/// so a step without an outcome is not under way), the agent's `system` prompt, the run's
-/// `input` and its `inbox`.
+/// Where a run is, for what its steps without an outcome are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunNow {
+    /// Going: such a step is under way.
+    Going,
+    /// Parked in NeedsResolution on such a step, for a person to resolve.
+    Parked,
+    /// Finished: such a step's outcome will never be known.
+    Finished,
+}
+
+impl RunNow {
+    /// Where the run of `status` is.
+    pub fn of(status: &nodus_core::resource::AgentRunStatus) -> Self {
+        if status.takes_resolution() {
+            RunNow::Parked
+        } else if status.is_finished() {
+            RunNow::Finished
+        } else {
+            RunNow::Going
+        }
+    }
+}
+
+/// The transcript of a run: its `journal` (`now`: where the run is, which says whether a
+/// step without an outcome is under way, parked on, or ended unknown), the agent's `system`
+/// prompt, the run's `input` and its `inbox`.
 pub fn build(
     journal: &[Step],
-    parked: bool,
+    now: RunNow,
     system: Option<&str>,
     input: &str,
     inbox: &[InboxMessage],
@@ -232,8 +256,8 @@ pub fn build(
     for step in journal {
         let seq = step.seq;
         let kind = step.intent.kind();
-        let state = step.state(parked);
-        if state == StepState::Uncertain && step.outcome().is_none() {
+        let state = step.state(now != RunNow::Going);
+        if now == RunNow::Parked && state == StepState::Uncertain && step.outcome().is_none() {
             entries.push(Entry::Parked {
                 seq,
                 kind,

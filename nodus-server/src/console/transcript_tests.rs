@@ -118,7 +118,13 @@ fn a_run_with_two_commands_and_a_message_reads_in_journal_order() {
         payload: "And now?".to_string(),
         received_at: Timestamp::UNIX_EPOCH,
     }];
-    let entries = build(&steps, false, Some("Be careful."), "List it", &inbox);
+    let entries = build(
+        &steps,
+        RunNow::Going,
+        Some("Be careful."),
+        "List it",
+        &inbox,
+    );
     assert_eq!(
         names(&entries),
         [
@@ -148,15 +154,15 @@ fn a_run_with_two_commands_and_a_message_reads_in_journal_order() {
 }
 
 #[test]
-fn a_step_without_an_outcome_is_running_or_parked() {
+fn a_step_without_an_outcome_is_running_parked_or_unknown() {
     let steps = journal(&[
         route(0),
         call(0, "", "0.001", Some("sleep 9")),
         command(0, "sleep 9", Value::Null),
     ]);
-    let running = build(&steps, false, None, "go", &[]);
+    let running = build(&steps, RunNow::Going, None, "go", &[]);
     assert_eq!(names(&running).last().unwrap(), "call sleep 9: Running");
-    let parked = build(&steps, true, None, "go", &[]);
+    let parked = build(&steps, RunNow::Parked, None, "go", &[]);
     assert_eq!(
         names(&parked)[1..],
         ["parked: Command", "call sleep 9: Unknown"]
@@ -165,6 +171,9 @@ fn a_step_without_an_outcome_is_running_or_parked() {
         panic!("parked first");
     };
     assert!(resolve.contains("retry") && resolve.contains("recordFailed"));
+    // A finished run's step is neither running nor to resolve: its end is unknown.
+    let finished = build(&steps, RunNow::Finished, None, "go", &[]);
+    assert_eq!(names(&finished)[1..], ["call sleep 9: Unknown"]);
 }
 
 #[test]
@@ -187,7 +196,7 @@ fn failures_and_a_missing_message_are_said() {
         ),
     ]);
     assert_eq!(
-        names(&build(&steps, false, Some(""), "go", &[])),
+        names(&build(&steps, RunNow::Going, Some(""), "go", &[])),
         [
             "prompt Input: go",
             "failed: provider said 500",
@@ -230,7 +239,7 @@ fn markup_in_a_command_or_its_output_is_text() {
     ]);
     let mut html = Html::new();
     let forks = BTreeSet::from([2]);
-    let entries = build(&steps, false, None, xss, &[]);
+    let entries = build(&steps, RunNow::Going, None, xss, &[]);
     render(&mut html, &entries, "/console/p/d/runs/r", &forks, "tok");
     let html = html.into_string();
     assert!(!html.contains("<script>"), "{html}");
