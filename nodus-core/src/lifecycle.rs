@@ -270,10 +270,11 @@ impl RunPhase {
         })
     }
 
-    /// Every phase with every reason (for exhaustive tests and documentation).
+    /// Every phase with every reason, in the order a run goes through them (for exhaustive
+    /// tests, documentation and choices shown).
     pub fn all() -> Vec<RunPhase> {
         use RunPhase as P;
-        let mut all = vec![P::Running, P::NeedsResolution, P::Succeeded];
+        let mut all = Vec::new();
         for reason in [
             PendingReason::Queued,
             PendingReason::DependencyWait,
@@ -281,6 +282,7 @@ impl RunPhase {
         ] {
             all.push(P::Pending(reason));
         }
+        all.push(P::Running);
         for reason in [
             WaitReason::AwaitingMessage,
             WaitReason::AwaitingFunds,
@@ -288,6 +290,7 @@ impl RunPhase {
         ] {
             all.push(P::Waiting(reason));
         }
+        all.extend([P::NeedsResolution, P::Succeeded]);
         for reason in [
             FailReason::DeadlineExceeded,
             FailReason::TimeoutExceeded,

@@ -5,6 +5,7 @@
 
 use std::num::NonZeroUsize;
 
+use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::Kind;
 use nodus_core::store::Selector;
 use nodus_core::validate::Invalid;
@@ -193,23 +194,20 @@ fn field(html: &mut Html, name: &'static str, label: &'static str, value: &Optio
         .raw("\"></label>");
 }
 
-/// The phases a run can be in, for the filter's choices.
-const PHASES: [&str; 7] = [
-    "Pending",
-    "Running",
-    "Waiting",
-    "NeedsResolution",
-    "Succeeded",
-    "Failed",
-    "Cancelled",
-];
+/// The phases a run can be in, each once, in the order a run goes through them: the
+/// filter's choices.
+fn phases() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = RunPhase::all().into_iter().map(RunPhase::name).collect();
+    names.dedup();
+    names
+}
 
 /// The filter form: a GET form (nothing changes, so no CSRF token), keyboard-usable.
 fn filters(html: &mut Html, path: &str, filter: &ListFilter) {
     html.raw("<form method=\"get\" class=\"filters\" id=\"filters\" action=\"")
         .text(path)
         .raw("\"><label>Phase<select name=\"phase\" id=\"filter-phase\"><option value=\"\">any</option>");
-    for phase in PHASES {
+    for phase in phases() {
         html.raw("<option");
         if given(&filter.phase) == Some(phase) {
             html.raw(" selected");
@@ -324,6 +322,22 @@ mod tests {
             group: some(group),
             ..ListFilter::default()
         }
+    }
+
+    #[test]
+    fn the_phase_filter_offers_every_phase_once_in_the_order_a_run_goes() {
+        assert_eq!(
+            phases(),
+            [
+                "Pending",
+                "Running",
+                "Waiting",
+                "NeedsResolution",
+                "Succeeded",
+                "Failed",
+                "Cancelled"
+            ]
+        );
     }
 
     #[test]
