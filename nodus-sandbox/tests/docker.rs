@@ -186,6 +186,61 @@ async fn orphans_are_removed_and_live_sandboxes_kept() {
     sandbox.destroy(&live).await.expect("destroy");
 }
 
+/// Two installations on one engine (the same name prefix, two owners): neither's orphan
+/// removal touches the other's sandboxes; its own orphans go.
+#[tokio::test]
+async fn another_owner_s_sandboxes_are_never_orphans() {
+    let prefix = format!("{}-", unique_key("owners"));
+    let owned = |owner: &str| {
+        let mut config = DockerConfig::new(image());
+        config.name_prefix = prefix.clone();
+        config.owner = Some(owner.to_owned());
+        async move {
+            DockerSandbox::connect(config)
+                .await
+                .unwrap_or_else(|e| panic!("Docker is not reachable: {e}"))
+        }
+    };
+    let (a, b) = (owned("installation-a").await, owned("installation-b").await);
+    let of_a = a.create(&spec("of-a")).await.expect("create").id;
+    let of_b = b.create(&spec("of-b")).await.expect("create").id;
+    assert_eq!(
+        inspect(
+            "container",
+            "{{index .Config.Labels \"nodus.sandbox.owner\"}}",
+            &of_a.0
+        )
+        .as_deref(),
+        Some("installation-a")
+    );
+    assert_eq!(
+        inspect(
+            "volume",
+            "{{index .Labels \"nodus.sandbox.owner\"}}",
+            &of_a.0
+        )
+        .as_deref(),
+        Some("installation-a")
+    );
+
+    // B knows no live run: only its own sandbox is an orphan.
+    let gone = b
+        .remove_orphans(&BTreeSet::new())
+        .await
+        .expect("B's orphans");
+    assert_eq!(gone, ["of-b"]);
+    assert_eq!(inspect("container", "{{.Id}}", &of_b.0), None);
+    let out = a.exec(&of_a, &request("echo kept")).await.expect("exec");
+    assert_eq!(out.stdout.bytes, b"kept\n", "A's sandbox untouched");
+    let gone = a
+        .remove_orphans(&BTreeSet::new())
+        .await
+        .expect("A's orphans");
+    assert_eq!(gone, ["of-a"]);
+    assert_eq!(inspect("container", "{{.Id}}", &of_a.0), None);
+    assert_eq!(inspect("volume", "{{.Name}}", &of_a.0), None);
+}
+
 #[tokio::test]
 async fn containers_carry_limits_labels_and_no_network() {
     let sandbox = backend("nodus-").await;

@@ -22,7 +22,7 @@ use crate::start_error::StartError;
 use crate::state::AppState;
 
 /// The SQLite file in the data directory, when no store is named.
-const SQLITE_FILE: &str = "nodus.db";
+pub(crate) const SQLITE_FILE: &str = "nodus.db";
 
 /// Credits the `default` project gets on first start, so that the quickstart runs at once.
 pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);
@@ -547,9 +547,11 @@ async fn open_sandbox(
                 Arc::new(egress.clone()),
                 options.sandbox_dir().join("docker-egress"),
             );
+            let owner = options.sandbox_owner();
             if options.docker_hosts.is_empty() {
                 let mut config = nodus_sandbox::DockerConfig::new(image);
                 config.egress = Some(docker_egress);
+                config.owner = Some(owner);
                 let docker = connect_docker(config).await?;
                 remove_orphans(&docker, &live, announcements).await;
                 return Ok(Arc::new(docker));
@@ -559,6 +561,7 @@ async fn open_sandbox(
                 let mut config = nodus_sandbox::DockerConfig::new(image.clone());
                 config.endpoint = host.endpoint.clone();
                 config.egress = Some(docker_egress.clone());
+                config.owner = Some(owner.clone());
                 let docker = connect_docker(config).await?;
                 remove_orphans(&docker, &live, announcements).await;
                 let capacity = host.capacity.unwrap_or(options.capacity);

@@ -244,6 +244,64 @@ impl Options {
             .clone()
             .unwrap_or_else(|| default_sandbox_dir(&self.data_dir))
     }
+
+    /// Who this server's Docker sandboxes belong to: one name per store, so that the
+    /// replicas of one Postgres store (given the same address) share it and another
+    /// installation on the same engine has its own (its containers are never this one's
+    /// orphans). A digest of the store's address (a SQLite file or an in-memory store on
+    /// this host: the host's name and the path; Postgres: its address without user or
+    /// password), never the address itself.
+    pub fn sandbox_owner(&self) -> String {
+        let store = match &self.store {
+            Some(StoreUrl::Postgres(url)) => format!("postgres {}", without_credentials(url)),
+            Some(StoreUrl::Sqlite(path)) => format!("sqlite {} {}", host_name(), resolved(path)),
+            None => format!(
+                "sqlite {} {}",
+                host_name(),
+                resolved(&self.data_dir.join(crate::app::SQLITE_FILE))
+            ),
+            Some(StoreUrl::Memory) => {
+                format!("memory {} {}", host_name(), resolved(&self.data_dir))
+            }
+        };
+        let digest = nodus_core::digest::sha256_hex(store.as_bytes());
+        digest.chars().take(32).collect()
+    }
+}
+
+/// `path` with its links and relative parts resolved, when it exists; as given otherwise.
+fn resolved(path: &std::path::Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// This host's name (empty when it cannot be read).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// A Postgres address without its user and password: `postgres://HOST:PORT/DB?…`, the query
+/// without `user` and `password`.
+fn without_credentials(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let (address, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let address = address.rsplit_once('@').map_or(address, |(_, host)| host);
+    let query: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let key = pair.split('=').next().unwrap_or_default();
+            !pair.is_empty() && key != "user" && key != "password"
+        })
+        .collect();
+    let scheme = scheme.replace("postgresql", "postgres");
+    match query.is_empty() {
+        true => format!("{scheme}://{address}"),
+        false => format!("{scheme}://{address}?{}", query.join("&")),
+    }
 }
 
 /// Where the process sandboxes of a server with `data_dir` keep their working directories by
@@ -278,6 +336,39 @@ pub fn default_data_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_names_one_sandbox_owner_whatever_its_credentials_and_never_says_them() {
+        let with = |store: &str, data_dir: &str| {
+            let mut options = Options::new(PathBuf::from(data_dir));
+            options.store = Some(store.parse().expect("a store"));
+            options.sandbox_owner()
+        };
+        let replica = with(
+            "postgres://nodus:s3cret@db:5432/nodus?sslmode=require",
+            "/a",
+        );
+        assert_eq!(
+            replica,
+            with(
+                "postgresql://other:pw@db:5432/nodus?password=x&sslmode=require",
+                "/b"
+            ),
+            "the replicas of one store share it"
+        );
+        assert_ne!(replica, with("postgres://nodus:s3cret@db:5432/other", "/a"));
+        assert_ne!(
+            with("sqlite:///var/lib/a/nodus.db", "/a"),
+            with("sqlite:///var/lib/b/nodus.db", "/a"),
+            "two SQLite files, two owners"
+        );
+        assert_eq!(replica.len(), 32);
+        assert!(replica.chars().all(|c| c.is_ascii_hexdigit()), "{replica}");
+        assert_eq!(
+            without_credentials("postgres://nodus:s3cret@db:5432/nodus?user=u&password=p&a=b"),
+            "postgres://db:5432/nodus?a=b"
+        );
+    }
 
     #[test]
     fn a_replica_is_sized_by_its_cpus_and_its_memory_whichever_allows_fewer() {

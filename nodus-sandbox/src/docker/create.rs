@@ -14,7 +14,7 @@ use bollard::query_parameters::{
 };
 use nodus_core::sandbox::{Error, SandboxSpec};
 
-use super::{DockerSandbox, KEY_LABEL, api_error, egress, status};
+use super::{DockerSandbox, api_error, egress, status};
 use crate::channel as framing;
 use crate::cpus::{cpu_list, sandbox_cpus};
 
@@ -135,7 +135,7 @@ impl DockerSandbox {
             .image
             .clone()
             .unwrap_or_else(|| self.config.default_image.clone());
-        let labels = HashMap::from([(KEY_LABEL.to_owned(), spec.key.clone())]);
+        let labels = self.labels(&spec.key);
         let limits = &spec.limits;
         let memory = i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX);
         let mut env: Vec<String> = vec![format!("HOME={}", self.config.workdir)];

@@ -110,6 +110,9 @@ struct Turn {
 /// The label that names a container's or volume's sandbox key.
 pub const KEY_LABEL: &str = "nodus.sandbox.key";
 
+/// The label that names who made a container or volume ([`DockerConfig::owner`]).
+pub const OWNER_LABEL: &str = "nodus.sandbox.owner";
+
 /// How long output is still read after a timeout killed a command.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
@@ -139,6 +142,13 @@ pub struct DockerConfig {
     /// The egress proxy, for sandboxes whose only way out it is ([`SandboxSpec::egress`]);
     /// `None`: such sandboxes are refused.
     pub egress: Option<DockerEgress>,
+    /// Who makes this backend's sandboxes (one name per store: the replicas of one store
+    /// share it, another installation on the same engine has its own). Its containers and
+    /// volumes carry it (label [`OWNER_LABEL`]), and [`DockerSandbox::remove_orphans`]
+    /// removes only those: another owner's, and those of no owner (made before owners
+    /// were), are never its orphans. `None` (the default): nothing is labelled, and every
+    /// container of the name prefix may be an orphan.
+    pub owner: Option<String>,
 }
 
 impl DockerConfig {
@@ -153,6 +163,7 @@ impl DockerConfig {
             request_timeout_secs: 120,
             disk_reserve_bytes: crate::bwrap::DEFAULT_DISK_RESERVE_BYTES,
             egress: None,
+            owner: None,
         }
     }
 }
@@ -274,9 +285,9 @@ impl DockerSandbox {
         })
     }
 
-    /// Removes every container and volume of this backend (by label and name prefix) whose
-    /// key is not in `live_keys`, as after a restart, when the store says which runs still
-    /// need a sandbox. Returns the keys removed.
+    /// Removes every container and volume of this backend (by label, name prefix and
+    /// [owner](DockerConfig::owner)) whose key is not in `live_keys`, as after a restart, when
+    /// the store says which runs still need a sandbox. Returns the keys removed.
     pub async fn remove_orphans(&self, live_keys: &BTreeSet<String>) -> Result<Vec<String>, Error> {
         let filters = HashMap::from([("label", vec![KEY_LABEL])]);
         let containers = self
@@ -291,6 +302,9 @@ impl DockerSandbox {
             .map_err(|e| api_error("listing containers", e))?;
         let mut removed = BTreeSet::new();
         for container in containers {
+            if !self.owns(container.labels.as_ref()) {
+                continue;
+            }
             let key = container.labels.as_ref().and_then(|l| l.get(KEY_LABEL));
             let named = container
                 .names
@@ -313,6 +327,7 @@ impl DockerSandbox {
             .map_err(|e| api_error("listing volumes", e))?;
         for volume in volumes.volumes.into_iter().flatten() {
             if let Some(key) = volume.labels.get(KEY_LABEL)
+                && self.owns(Some(&volume.labels))
                 && volume.name == self.name(key)
                 && !live_keys.contains(key)
             {
@@ -324,6 +339,24 @@ impl DockerSandbox {
             info!(count = removed.len(), "removed orphaned Docker sandboxes");
         }
         Ok(removed.into_iter().collect())
+    }
+
+    /// Whether a container or volume of these labels is this backend's owner's (any, when
+    /// it has no owner).
+    fn owns(&self, labels: Option<&HashMap<String, String>>) -> bool {
+        match &self.config.owner {
+            None => true,
+            Some(owner) => labels.and_then(|l| l.get(OWNER_LABEL)) == Some(owner),
+        }
+    }
+
+    /// The labels of sandbox `key`'s container and volume.
+    pub(super) fn labels(&self, key: &str) -> HashMap<String, String> {
+        let mut labels = HashMap::from([(KEY_LABEL.to_owned(), key.to_owned())]);
+        if let Some(owner) = &self.config.owner {
+            labels.insert(OWNER_LABEL.to_owned(), owner.clone());
+        }
+        labels
     }
 
     fn name(&self, key: &str) -> String {
