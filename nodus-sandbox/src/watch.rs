@@ -35,6 +35,11 @@ use crate::workdir::{blocking, canonical_dir};
 /// not spent on one sandbox.
 const MAX_WATCHED_DIRS: usize = 10_000;
 
+/// The deepest directory watched, below the working directory: each directory on the way to
+/// the one being read is held open, so a chain of directories deeper than this is listed
+/// whole at each snapshot instead of holding a descriptor per level.
+const MAX_WATCHED_DEPTH: usize = 128;
+
 /// The changed paths held for one sandbox between two snapshots at most: past them it is
 /// listed whole, so that a command that makes millions of files holds no memory for them.
 const MAX_CHANGED_PATHS: usize = 100_000;
@@ -355,8 +360,9 @@ impl Watches {
 /// Watch the directory `start` of the working directory `root` and every directory under
 /// it, each before it is read (an entry made after its watch is told, one made before is
 /// listed), at most `room` of them. `None`, with the watches made removed, when there are
-/// more, the kernel refuses one (`max_user_watches`), or a directory's name is not UTF-8:
-/// then the sandbox is listed whole instead.
+/// more, one is deeper than [`MAX_WATCHED_DEPTH`], the kernel refuses one
+/// (`max_user_watches`), or a directory's name is not UTF-8: then the sandbox is listed whole
+/// instead.
 ///
 /// Every directory is opened below its parent's descriptor without following a link, and
 /// watched and read through that descriptor: a run that swaps a directory of its own for a
@@ -388,7 +394,7 @@ fn add_tree(fd: &OwnedFd, root: &Path, start: &str, room: usize) -> Option<Vec<(
                 },
             },
         };
-        if added.len() >= room {
+        if added.len() >= room || rel.split('/').count() > MAX_WATCHED_DEPTH {
             complete = false;
             break;
         }
@@ -505,6 +511,17 @@ mod tests {
             add_tree(&fd, root.path(), "", 3),
             None,
             "four directories, room for three"
+        );
+        let deep = (0..=MAX_WATCHED_DEPTH).fold(root.path().to_path_buf(), |dir, _| {
+            let below = dir.join("d");
+            std::fs::create_dir(&below).expect("mkdir");
+            below
+        });
+        assert!(deep.is_dir());
+        assert_eq!(
+            add_tree(&fd, root.path(), "", 10_000),
+            None,
+            "a chain deeper than the deepest watched"
         );
     }
 

@@ -16,13 +16,10 @@ use nodus_core::{Clock, Usd};
 
 use crate::auth::{ADMIN_TOKEN_FILE, Auth, DEFAULT_PROJECT, TEMPLATE_PROJECT};
 use crate::metrics::Metrics;
-use crate::options::{Options, Role, SandboxKind, StoreUrl};
+use crate::options::{Options, Role, SQLITE_FILE, SandboxKind, StoreUrl};
 use crate::secrets::{Cipher, StoreSecrets};
 use crate::start_error::StartError;
 use crate::state::AppState;
-
-/// The SQLite file in the data directory, when no store is named.
-pub(crate) const SQLITE_FILE: &str = "nodus.db";
 
 /// Credits the `default` project gets on first start, so that the quickstart runs at once.
 pub const WELCOME_CREDITS: Usd = Usd::from_cents(500);

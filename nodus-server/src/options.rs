@@ -41,6 +41,9 @@ impl FromStr for StoreUrl {
     }
 }
 
+/// The SQLite file of a server given no `--store`, in its data directory.
+pub(crate) const SQLITE_FILE: &str = "nodus.db";
+
 /// Where runs' commands execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxKind {
@@ -258,7 +261,7 @@ impl Options {
             None => format!(
                 "sqlite {} {}",
                 host_name(),
-                resolved(&self.data_dir.join(crate::app::SQLITE_FILE))
+                resolved(&self.data_dir.join(SQLITE_FILE))
             ),
             Some(StoreUrl::Memory) => {
                 format!("memory {} {}", host_name(), resolved(&self.data_dir))
