@@ -110,6 +110,57 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
     );
 }
 
+/// Two batches joining one group at once: the second checks `maxPending` only once the
+/// first's runs are written, so the two never pass it together. The first batch's write is
+/// held (a store wrapper pauses it); the second does not finish meanwhile, and once the first
+/// is written it is refused.
+#[tokio::test]
+async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
+    let mut spec = group_spec();
+    spec.limits.max_pending = 1;
+    let (engine, _dir) = on_sqlite_with_group(spec).await;
+    let store = Arc::new(support::CrashingStore::at_any_write(
+        engine.store().clone(),
+        usize::MAX,
+        support::CrashMode::AfterWrite,
+    ));
+    let engine = World::over_store(Vec::new(), store.clone()).engine();
+    let (reached, go_on) = store.pause_before_next("create a batch of");
+    let first = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .create_runs(PROJECT, vec![task("a", &[])], None)
+                .await
+        }
+    });
+    reached.notified().await;
+    let second = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .create_runs(PROJECT, vec![task("b", &[])], None)
+                .await
+        }
+    });
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+        while !second.is_finished() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        early.is_err(),
+        "the second batch waits for the first one's write"
+    );
+    go_on.notify_one();
+    first.await.expect("first").expect("the first batch joins");
+    match second.await.expect("second") {
+        Err(Error::Admission(AdmissionRefused::TooManyPending { max_pending: 1 })) => {}
+        other => panic!("the second batch must be refused by maxPending: {other:?}"),
+    }
+}
+
 /// An engine on a new SQLite store (in the returned directory) with agent `worker` and its
 /// group `g` of `spec`.
 async fn on_sqlite_with_group(spec: AgentGroupSpec) -> (Engine, tempfile::TempDir) {

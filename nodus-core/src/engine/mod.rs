@@ -320,7 +320,12 @@ pub struct Engine {
     /// The runs someone follows on this process, for their commands' output.
     followed: Arc<live::Followed>,
     /// The runs a task of this process writes now (a drive or a resolution).
-    writers: Arc<writers::RunWriters>,
+    writers: Arc<writers::KeyedLocks>,
+    /// One batch of new runs at a time joins each group in this process (key
+    /// `project/group`): the admission it checks (the group's unfinished runs under
+    /// `maxPending`, its task keys) holds until its runs are created. Replicas are not kept
+    /// apart (the store's unique names still refuse a second run of the same task).
+    joining: Arc<writers::KeyedLocks>,
     /// The replica drains: drives stop between steps and hand their runs over.
     draining: Arc<std::sync::atomic::AtomicBool>,
     /// The leases this process's drives hold now, by run uid, so that a drain can hand over
@@ -346,6 +351,7 @@ impl Engine {
             uid_counter: Arc::new(AtomicU64::new(0)),
             followed: Arc::default(),
             writers: Arc::default(),
+            joining: Arc::default(),
             draining: Arc::default(),
             held: Arc::default(),
             last_snapshots: Arc::default(),
@@ -564,6 +570,9 @@ impl Engine {
 
     /// Store a new run that its kind's rules passed: [`Writable::insert`] of an AgentRun.
     async fn insert_run(&self, project: &str, run: AgentRun) -> Result<AgentRun> {
+        let _joining = self
+            .join_groups(project, run.spec.group.iter().map(String::as_str))
+            .await;
         let (key, document, input) = self
             .prepare_run(project, run, &[], &mut Batch::default())
             .await?;
@@ -585,6 +594,21 @@ impl Engine {
                 message: "the store did not answer with the run".to_string(),
             })?;
         Ok(typed::decode(record)?.object)
+    }
+
+    /// Hold each of `groups` of `project` for one batch of new runs to join (in name order, so
+    /// that two batches never wait for each other), as the engine's `joining` locks say.
+    async fn join_groups<'g>(
+        &self,
+        project: &str,
+        groups: impl Iterator<Item = &'g str>,
+    ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let groups: std::collections::BTreeSet<&str> = groups.collect();
+        let mut held = Vec::with_capacity(groups.len());
+        for group in groups {
+            held.push(self.joining.lock(&format!("{project}/{group}")).await);
+        }
+        held
     }
 
     /// Create up to [`MAX_BATCH`] runs in list order, all or nothing. With an idempotency
@@ -612,6 +636,10 @@ impl Engine {
                 return Ok(first);
             }
         }
+        let groups: Vec<String> = runs.iter().filter_map(|r| r.spec.group.clone()).collect();
+        let _joining = self
+            .join_groups(project, groups.iter().map(String::as_str))
+            .await;
         let mut items = Vec::with_capacity(runs.len() + 1);
         let mut earlier: Vec<AgentRun> = Vec::new();
         let mut batch = Batch::default();

@@ -2,16 +2,18 @@
 //! claim the run's lease under this process's name, and a second claim by the same owner
 //! takes the lease over, so the first's next write would be refused as fenced. They take the
 //! run's lock here first, and so come one after the other. (Writers in other processes are
-//! kept apart by the lease itself: they claim under other names.)
+//! kept apart by the lease itself: they claim under other names.) The same keyed locks let
+//! one batch at a time join a group in this process (`Engine::joining`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::OwnedMutexGuard;
 
-/// The runs some task of this process writes now, each behind its own lock.
+/// Keys (runs some task of this process writes now, groups a batch joins now), each behind its
+/// own lock.
 #[derive(Debug, Default)]
-pub(super) struct RunWriters {
+pub(super) struct KeyedLocks {
     locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
     /// How many tasks wait for each run's lock now (for tests that must know a writer is
     /// held back, instead of sleeping).
@@ -21,7 +23,7 @@ pub(super) struct RunWriters {
 /// Counts a task as waiting for a run's lock while it lasts (also when the waiting future is
 /// dropped).
 struct Waiting<'w> {
-    writers: &'w RunWriters,
+    writers: &'w KeyedLocks,
     uid: &'w str,
 }
 
@@ -41,7 +43,7 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl RunWriters {
+impl KeyedLocks {
     /// Waits until no other task of this process writes the run `uid`, and holds it until the
     /// guard is dropped.
     pub(super) async fn lock(&self, uid: &str) -> OwnedMutexGuard<()> {
@@ -103,7 +105,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_second_writer_of_the_same_run_waits_and_another_run_does_not() {
-        let writers = Arc::new(RunWriters::default());
+        let writers = Arc::new(KeyedLocks::default());
         let first = writers.lock("run-a").await;
         // Another run is free at once.
         let other = tokio::time::timeout(Duration::from_secs(5), writers.lock("run-b")).await;
