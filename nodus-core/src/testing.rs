@@ -124,6 +124,10 @@ pub trait Drive {
     /// or a resolution held back while another writes it): a test that must know a writer
     /// is held back waits for this instead of sleeping.
     fn writers_waiting(&self, uid: &str) -> usize;
+
+    /// How many batches of new runs of this process wait now to join `group` of `project`
+    /// (held back while another batch joins it).
+    fn joining_waiting(&self, project: &str, group: &str) -> usize;
 }
 
 #[async_trait]
@@ -142,6 +146,10 @@ impl Drive for Engine {
 
     fn writers_waiting(&self, uid: &str) -> usize {
         Engine::writers_waiting(self, uid)
+    }
+
+    fn joining_waiting(&self, project: &str, group: &str) -> usize {
+        Engine::joining_waiting(self, project, group)
     }
 }
 

@@ -12,6 +12,7 @@ use nodus_core::engine::{Engine, Error};
 use nodus_core::group::AdmissionRefused;
 use nodus_core::lifecycle::RunPhase;
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, GroupLimits, Kind};
+use nodus_core::testing::Drive;
 use support::{CountingStore, PROJECT, World, agent, run, run_phase};
 
 fn group_spec() -> AgentGroupSpec {
@@ -112,8 +113,8 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
 
 /// Two batches joining one group at once: the second checks `maxPending` only once the
 /// first's runs are written, so the two never pass it together. The first batch's write is
-/// held (a store wrapper pauses it); the second does not finish meanwhile, and once the first
-/// is written it is refused.
+/// held (a store wrapper pauses it); the second waits to join, and once the first is written
+/// it is refused.
 #[tokio::test]
 async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
     let mut spec = group_spec();
@@ -143,15 +144,19 @@ async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
                 .await
         }
     });
-    let early = tokio::time::timeout(std::time::Duration::from_millis(300), async {
-        while !second.is_finished() {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    // Settled: the second batch waits to join the group (one that did not wait would pass
+    // maxPending beside the first, whose run is not written yet).
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.joining_waiting(PROJECT, "g") != 1 {
+        assert!(
+            std::time::Instant::now() < give_up && !second.is_finished(),
+            "the second batch never waited for the first one's write"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     assert!(
-        early.is_err(),
-        "the second batch waits for the first one's write"
+        !second.is_finished(),
+        "the second batch went on past the first"
     );
     go_on.notify_one();
     first.await.expect("first").expect("the first batch joins");

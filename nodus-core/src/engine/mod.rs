@@ -443,6 +443,15 @@ impl Engine {
         self.writers.waiting(uid)
     }
 
+    /// How many batches of this process wait to join `group` of `project` ([`Drive`]'s, as
+    /// [`writers_waiting`](Engine::writers_waiting)).
+    ///
+    /// [`Drive`]: crate::testing::Drive
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn joining_waiting(&self, project: &str, group: &str) -> usize {
+        self.joining.waiting(&joining_key(project, group))
+    }
+
     /// A lease request by this replica, from now.
     fn lease(&self) -> crate::store::Lease {
         let owner = match &self.config.replica {
@@ -606,7 +615,7 @@ impl Engine {
         let groups: std::collections::BTreeSet<&str> = groups.collect();
         let mut held = Vec::with_capacity(groups.len());
         for group in groups {
-            held.push(self.joining.lock(&format!("{project}/{group}")).await);
+            held.push(self.joining.lock(&joining_key(project, group)).await);
         }
         held
     }
@@ -636,9 +645,8 @@ impl Engine {
                 return Ok(first);
             }
         }
-        let groups: Vec<String> = runs.iter().filter_map(|r| r.spec.group.clone()).collect();
         let _joining = self
-            .join_groups(project, groups.iter().map(String::as_str))
+            .join_groups(project, runs.iter().filter_map(|r| r.spec.group.as_deref()))
             .await;
         let mut items = Vec::with_capacity(runs.len() + 1);
         let mut earlier: Vec<AgentRun> = Vec::new();
@@ -1080,6 +1088,11 @@ fn span_context(
         agent,
         provider: deps.model.provider_name(byok).to_string(),
     })
+}
+
+/// The key of `group` of `project` among the engine's `joining` locks.
+fn joining_key(project: &str, group: &str) -> String {
+    format!("{project}/{group}")
 }
 
 fn run_uid(run: &AgentRun) -> &str {
