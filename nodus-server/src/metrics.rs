@@ -432,11 +432,7 @@ impl Metrics {
             tokens,
             durations,
         } = figures;
-        let _ = writeln!(text, "# HELP nodus_runs Runs by phase.");
-        let _ = writeln!(text, "# TYPE nodus_runs gauge");
-        for (phase, count) in &phases {
-            let _ = writeln!(text, "nodus_runs{{phase=\"{phase}\"}} {count}");
-        }
+        runs_by_phase(&mut text, &phases);
         let _ = writeln!(
             text,
             "# HELP nodus_model_calls_total Model calls that replied."
@@ -501,6 +497,16 @@ impl Metrics {
 /// started, with nothing spent and no journal.
 fn row_of(record: Record) -> RunRow {
     serde_json::from_value(record.document).unwrap_or_default()
+}
+
+/// The `nodus_runs` gauge: runs by phase, each phase as stored (escaped: a stored document is
+/// not trusted to hold one of the engine's names).
+fn runs_by_phase(text: &mut String, phases: &BTreeMap<String, u64>) {
+    let _ = writeln!(text, "# HELP nodus_runs Runs by phase.");
+    let _ = writeln!(text, "# TYPE nodus_runs gauge");
+    for (phase, count) in phases {
+        let _ = writeln!(text, "nodus_runs{{phase=\"{}\"}} {count}", label(phase));
+    }
 }
 
 /// A label value escaped as the exposition format asks (backslash, quote, newline).
@@ -586,6 +592,22 @@ mod tests {
         let mut totals = Totals::default();
         metrics.scan(store, "p", &mut totals).await;
         totals
+    }
+
+    #[test]
+    fn a_stored_phase_cannot_write_a_line_of_its_own() {
+        let phases = BTreeMap::from([
+            ("Running".to_string(), 2),
+            ("x\"} 1\nnodus_spend_nanodollars_total 9".to_string(), 1),
+        ]);
+        let mut text = String::new();
+        runs_by_phase(&mut text, &phases);
+        assert!(text.contains("nodus_runs{phase=\"Running\"} 2\n"), "{text}");
+        assert!(
+            text.contains("nodus_runs{phase=\"x\\\"} 1\\nnodus_spend_nanodollars_total 9\"} 1\n"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 4, "{text}");
     }
 
     #[tokio::test]
