@@ -412,11 +412,19 @@ fn add_tree(fd: &OwnedFd, root: &Path, start: &str, room: usize) -> Option<Vec<(
             }
         }
         let dir = Arc::new(dir);
-        let Ok(entries) = Dir::read_from(&*dir) else {
-            continue;
+        let entries = match Dir::read_from(&*dir) {
+            Ok(entries) => entries,
+            // One nobody may read (the listing cannot read it either): watched, not entered.
+            Err(Errno::ACCESS) => continue,
+            // Out of descriptors or memory: what is below it would go unseen.
+            Err(_) => {
+                complete = false;
+                break;
+            }
         };
         for entry in entries {
             let Ok(entry) = entry else {
+                complete = false;
                 break;
             };
             let name = entry.file_name();

@@ -246,7 +246,7 @@ impl Engine {
     ) -> Result<(AgentGroup, u64)> {
         loop {
             let begun = self.deps.clock.now();
-            // Apart: each read is a round trip to the store, which a busy runtime makes long.
+            // At once: each read is a round trip to the store, which a busy runtime makes long.
             let (group, members) =
                 tokio::try_join!(self.read_group(project, name), self.members(project, name))?;
             let view: Vec<Member> = members.iter().map(|listed| listed.1.clone()).collect();
