@@ -17,7 +17,6 @@ use nodus_core::journal::{Intent, Step};
 use nodus_core::store::Lease;
 use nodus_store::{PostgresOptions, PostgresStore, SqliteStore};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 /// Concurrent runs (and raw writers) in the concurrent measurements.
 const CONCURRENT: usize = 64;
@@ -150,38 +149,38 @@ async fn sqlite() -> Figures {
     let path = dir.path().join("bench.db");
     let store = SqliteStore::open(&path).await.expect("open");
     // The raw rate: the same file, driver and settings (WAL, synchronous=FULL), one row per
-    // autocommit INSERT, through one connection as SQLite allows one writer (no liveness check
-    // before each use, like the store's).
-    let raw = SqlitePoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect_with(
-            SqliteConnectOptions::new()
-                .filename(&path)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .busy_timeout(Duration::from_secs(5)),
-        )
-        .await
-        .expect("raw connection");
-    sqlx::query(
-        "CREATE TABLE bench_raw (run_uid TEXT NOT NULL, seq INTEGER NOT NULL, step TEXT NOT NULL, \
+    // autocommit INSERT, through one connection as SQLite allows one writer, on the blocking
+    // pool as the store's writes.
+    let raw = rusqlite::Connection::open(&path).expect("raw connection");
+    raw.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    raw.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+         CREATE TABLE bench_raw (run_uid TEXT NOT NULL, seq INTEGER NOT NULL, step TEXT NOT NULL, \
          PRIMARY KEY (run_uid, seq)) WITHOUT ROWID",
     )
-    .execute(&raw)
-    .await
     .expect("raw table");
+    let raw = Arc::new(std::sync::Mutex::new(raw));
     let raw: Op = Arc::new(move |writer| {
         let raw = raw.clone();
         Box::pin(async move {
             let seq = RAW_ROWS.fetch_add(1, AtomicOrdering::Relaxed);
-            sqlx::query("INSERT INTO bench_raw (run_uid, seq, step) VALUES (?, ?, ?)")
-                .bind(format!("raw-{writer}"))
-                .bind(i64::from(seq))
-                .bind(step_json(seq))
-                .execute(&raw)
-                .await
-                .expect("raw insert");
+            tokio::task::spawn_blocking(move || {
+                raw.lock()
+                    .expect("the raw connection")
+                    .prepare_cached(
+                        "INSERT INTO bench_raw (run_uid, seq, step) VALUES (?1, ?2, ?3)",
+                    )
+                    .expect("prepare")
+                    .execute(rusqlite::params![
+                        format!("raw-{writer}"),
+                        i64::from(seq),
+                        step_json(seq)
+                    ])
+                    .expect("raw insert");
+            })
+            .await
+            .expect("the raw insert ran");
         })
     });
     let (raw_1, journal_1) = pair(1, &raw, &journal_op(store.clone(), 1, "one").await).await;

@@ -1,16 +1,15 @@
-//! The SQL dialects of the two SQL stores: what their shared reads ([`crate::reads`]) write
-//! differently for SQLite and for Postgres. Placeholders (`?` or `$n`) are the query
-//! builder's; values are read back as text with `CAST(… AS TEXT)`, which both understand; so
-//! a dialect is only how a selector condition reads a JSON path, and how a read locks the row
-//! it is about to write.
+//! The SQL dialect of the reads written over sqlx ([`crate::reads`]): how a selector condition
+//! reads a JSON path, and how a read locks the row it is about to write. Placeholders are the
+//! query builder's; values are read back as text with `CAST(… AS TEXT)`. Postgres is the one
+//! sqlx database now (the SQLite store runs its statements synchronously, `crate::sqlite`,
+//! with the same SQL in SQLite's spelling).
 
 use std::future::Future;
 use std::pin::Pin;
 
 use sqlx::{Executor, QueryBuilder};
 
-/// A database whose SQL the shared reads can write: implemented for [`sqlx::Sqlite`] and
-/// [`sqlx::Postgres`].
+/// A database whose SQL the shared reads can write: implemented for [`sqlx::Postgres`].
 pub(crate) trait Dialect: sqlx::Database {
     /// Appended to a read inside a write transaction that writes the row next, so that no
     /// other writer changes it in between.
@@ -60,56 +59,6 @@ macro_rules! fetch_through_builder {
             Box::pin(async move { query.build().fetch_optional(executor).await })
         }
     };
-}
-
-#[cfg(feature = "sqlite")]
-impl Dialect for sqlx::Sqlite {
-    /// SQLite locks the whole file for a write transaction, and one writer writes.
-    const LOCK_FOR_UPDATE: &'static str = "";
-
-    fetch_through_builder!();
-
-    fn push_label_match<'a>(query: &mut QueryBuilder<'a, Self>, label: &'a str, value: &'a str) {
-        // A label whose key holds a dot (or cannot be quoted) is left to the in-process match.
-        if crate::sql::path_parts(label).is_none_or(|parts| parts.len() != 1) {
-            return;
-        }
-        let path = sqlite_json_path(&["metadata", "labels", label]);
-        query.push(" AND json_type(document, ");
-        query.push_bind(path.clone());
-        query.push(") = 'text' AND json_extract(document, ");
-        query.push_bind(path);
-        query.push(") = ");
-        query.push_bind(value);
-    }
-
-    fn push_field_match<'a>(query: &mut QueryBuilder<'a, Self>, field: &'a str, value: &'a str) {
-        let Some(parts) = crate::sql::path_parts(field) else {
-            return;
-        };
-        let path = sqlite_json_path(&parts);
-        query.push(" AND (json_type(document, ");
-        query.push_bind(path.clone());
-        query.push(") IN ('integer', 'real', 'true', 'false') OR (json_type(document, ");
-        query.push_bind(path.clone());
-        query.push(") = 'text' AND json_extract(document, ");
-        query.push_bind(path);
-        query.push(") = ");
-        query.push_bind(value);
-        query.push("))");
-    }
-}
-
-/// SQLite's JSON path (`$."a"."b"`) of dotted parts; the parts hold no double quote.
-#[cfg(feature = "sqlite")]
-pub(crate) fn sqlite_json_path(parts: &[&str]) -> String {
-    let mut path = String::from("$");
-    for part in parts {
-        path.push_str(".\"");
-        path.push_str(part);
-        path.push('"');
-    }
-    path
 }
 
 #[cfg(feature = "postgres")]

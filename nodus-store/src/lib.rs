@@ -16,11 +16,11 @@
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod commit;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "postgres")]
 mod dialect;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "postgres")]
 mod reads;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;

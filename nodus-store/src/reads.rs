@@ -110,7 +110,7 @@ where
         sql::selected(project, kind, selector, &rows, sql::record_of)
     }
 
-    /// A page of a listing ([`sql::read_page`]): rows after the cursor in creation order.
+    /// A page of a listing ([`sql::PageReading`]): rows after the cursor in creation order.
     pub(crate) async fn list_page<'e>(
         executor: impl Executor<'e, Database = D> + Copy,
         project: &str,
@@ -119,28 +119,34 @@ where
         after: Option<Position>,
         limit: NonZeroUsize,
     ) -> Result<Page, Error> {
-        sql::read_page(
-            project,
-            kind,
-            selector,
-            after,
-            limit,
-            |cursor, count| async move {
-                let mut query = QueryBuilder::<D>::new(
-                    "SELECT name, version, CAST(document AS TEXT), ord FROM resources \
-                     WHERE project = ",
-                );
-                Self::push_conditions(&mut query, project, kind, selector);
-                if let Some(cursor) = cursor {
-                    query.push(" AND ord > ");
-                    query.push_bind(cursor);
-                }
-                query.push(" ORDER BY ord LIMIT ");
-                query.push_bind(count);
-                D::fetch_all(query, executor).await.map_err(map_err)
-            },
-        )
-        .await
+        let mut reading = sql::PageReading::new(project, kind, selector, after, limit);
+        while let Some((cursor, count)) = reading.next_fetch() {
+            let mut query = QueryBuilder::<D>::new(
+                "SELECT name, version, CAST(document AS TEXT), ord FROM resources \
+                 WHERE project = ",
+            );
+            Self::push_conditions(&mut query, project, kind, selector);
+            if let Some(cursor) = cursor {
+                query.push(" AND ord > ");
+                query.push_bind(cursor);
+            }
+            query.push(" ORDER BY ord LIMIT ");
+            query.push_bind(count);
+            let rows = D::fetch_all(query, executor).await.map_err(map_err)?;
+            let rows = rows
+                .iter()
+                .map(|row| {
+                    Ok(sql::PageRow {
+                        name: row.try_get(0).map_err(map_err)?,
+                        version: row.try_get(1).map_err(map_err)?,
+                        document: row.try_get(2).map_err(map_err)?,
+                        ord: row.try_get(3).map_err(map_err)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, Error>>()?;
+            reading.take(rows)?;
+        }
+        Ok(reading.page())
     }
 
     /// The projects that hold anything, in order.

@@ -3,7 +3,6 @@
 //! idempotent batch are stored.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::num::NonZeroUsize;
 
 use jiff::Timestamp;
@@ -64,7 +63,7 @@ fn map_database(db: &dyn sqlx::error::DatabaseError) -> Error {
 
 /// The database's disk is full (SQLite FULL, Postgres 53100 disk_full): nothing was written,
 /// and the same request succeeds once there is room.
-fn disk_full(message: &str) -> Error {
+pub(crate) fn disk_full(message: &str) -> Error {
     Error::Unavailable(format!(
         "the disk is full, so nothing was written ({message}); retry once space is freed on \
          the server"
@@ -189,55 +188,96 @@ where
     Ok(records)
 }
 
-/// A page of a listing in creation order: `fetch(cursor, n)` reads at most `n` rows (`name,
-/// version, document, ord`) whose `ord` comes after `cursor` (from the first with `None`), in
-/// that order. Reads again while the exact match of `selector` drops some rows and the table
-/// holds more, until the page and one more are found (to tell whether more remain).
-pub(crate) async fn read_page<R, Fut>(
-    project: &str,
+/// A row of a listing's page: `name, version, document, ord`.
+#[derive(Debug)]
+pub(crate) struct PageRow {
+    pub(crate) name: String,
+    pub(crate) version: i64,
+    pub(crate) document: String,
+    pub(crate) ord: i64,
+}
+
+/// A page of a listing in creation order, read in as many fetches as it takes: each
+/// [`PageReading::next_fetch`] names a cursor and a count (at most that many rows whose `ord`
+/// comes after the cursor, from the first with `None`, in that order), and
+/// [`PageReading::take`] takes what it read. Reads again while the exact match of the
+/// selector drops some rows and the table holds more, until the page and one more are found
+/// (to tell whether more remain).
+pub(crate) struct PageReading<'s> {
+    project: &'s str,
     kind: Kind,
-    selector: &nodus_core::store::Selector,
-    after: Option<Position>,
+    selector: &'s nodus_core::store::Selector,
     limit: NonZeroUsize,
-    mut fetch: impl FnMut(Option<i64>, i64) -> Fut,
-) -> Result<Page, Error>
-where
-    Fut: Future<Output = Result<Vec<R>, Error>>,
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let mut cursor = match after {
-        None => None,
-        Some(Position(order)) => match to_i64(order) {
-            Some(order) => Some(order),
-            // Past every order the table can hold (no store gave it): nothing follows.
-            None => {
-                return Ok(Page {
-                    records: Vec::new(),
-                    next: None,
-                });
-            }
-        },
-    };
-    let wanted = limit.get().saturating_add(1);
-    let mut found = Vec::new();
-    loop {
-        let count = wanted - found.len();
-        let rows = fetch(cursor, i64::try_from(count).unwrap_or(i64::MAX)).await?;
-        for row in &rows {
-            let name: String = row.try_get(0).map_err(map_err)?;
-            let record = record_of(ObjectKey::new(project, kind, name), row, 1)?;
-            let ord: i64 = row.try_get(3).map_err(map_err)?;
-            cursor = Some(ord);
-            if selector.matches(&record.document) {
-                found.push((Position(to_u64(ord, "a creation order")?), record));
+    cursor: Option<i64>,
+    asked: usize,
+    found: Vec<(Position, Record)>,
+    done: bool,
+}
+
+impl<'s> PageReading<'s> {
+    pub(crate) fn new(
+        project: &'s str,
+        kind: Kind,
+        selector: &'s nodus_core::store::Selector,
+        after: Option<Position>,
+        limit: NonZeroUsize,
+    ) -> Self {
+        let (cursor, done) = match after {
+            None => (None, false),
+            Some(Position(order)) => match to_i64(order) {
+                Some(order) => (Some(order), false),
+                // Past every order the table can hold (no store gave it): nothing follows.
+                None => (None, true),
+            },
+        };
+        PageReading {
+            project,
+            kind,
+            selector,
+            limit,
+            cursor,
+            asked: 0,
+            found: Vec::new(),
+            done,
+        }
+    }
+
+    fn wanted(&self) -> usize {
+        self.limit.get().saturating_add(1)
+    }
+
+    /// The next fetch (the cursor and the most rows to read), or `None` when the page is
+    /// complete.
+    pub(crate) fn next_fetch(&mut self) -> Option<(Option<i64>, i64)> {
+        if self.done {
+            return None;
+        }
+        self.asked = self.wanted() - self.found.len();
+        Some((self.cursor, i64::try_from(self.asked).unwrap_or(i64::MAX)))
+    }
+
+    /// The rows the last fetch read.
+    pub(crate) fn take(&mut self, rows: Vec<PageRow>) -> Result<(), Error> {
+        let read = rows.len();
+        for row in rows {
+            let record = Record {
+                key: ObjectKey::new(self.project, self.kind, row.name),
+                version: to_u64(row.version, "a version")?,
+                document: parse_document(&row.document)?,
+            };
+            self.cursor = Some(row.ord);
+            if self.selector.matches(&record.document) {
+                self.found
+                    .push((Position(to_u64(row.ord, "a creation order")?), record));
             }
         }
-        if rows.len() < count || found.len() >= wanted {
-            return Ok(Page::of(found, limit));
-        }
+        self.done = read < self.asked || self.found.len() >= self.wanted();
+        Ok(())
+    }
+
+    /// The page.
+    pub(crate) fn page(self) -> Page {
+        Page::of(self.found, self.limit)
     }
 }
 
@@ -290,7 +330,7 @@ impl Columns {
 }
 
 /// The column that holds a selectable field (see [`Columns`]).
-fn column_of(field: &str) -> Option<&'static str> {
+pub(crate) fn column_of(field: &str) -> Option<&'static str> {
     match field {
         "spec.group" => Some("group_name"),
         "status.phase" => Some("phase"),

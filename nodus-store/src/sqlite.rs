@@ -3,6 +3,8 @@
 //! The file is in WAL mode with `synchronous = FULL`, so a write is acknowledged only after
 //! it reached the disk and survives a power cut. All writes go through one connection (SQLite
 //! allows one writer at a time), reads through a small pool that WAL lets run beside it.
+//! Statements run synchronously (rusqlite, `db`): a read on the calling thread, a write with
+//! the writer connection on the runtime's blocking pool, a whole transaction at a time.
 //! Every write but batches of creates, deletes, messages and rewrites (journal writes, single
 //! creates, document updates and edits, leases) is group-committed (see [`crate::commit`]).
 //! Leases and fences are kept in the file like everywhere else, but change notification is an in-process
@@ -13,14 +15,13 @@
 //! application (one without Nodus's `application_id` that already has tables), with a clear
 //! message, before writing anything to it.
 //!
-//! Its modules mirror the Postgres store's: `open` (the file, pragmas, migrations), `writer`
-//! (the one writer task and its group commit), `transaction` (`WriteTx`, for the writes that
-//! take the writer connection for their own transaction), `journal` (with `batch`),
-//! `documents`, `leases`, `inbox` and `notifications`.
+//! Its modules mirror the Postgres store's: `open` (the file, pragmas, migrations), `db` (the
+//! connections, `WriteTx`, errors, built statements), `reads`, `writer` (the one writer task
+//! and its group commit), `journal` (with `batch`), `documents`, `leases`, `inbox`,
+//! `snapshots` and `notifications`.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -33,24 +34,20 @@ use nodus_core::store::{
     Position, Record, RunRewrite, Seen, Selector, Sparse, Store, WithOutcome,
 };
 use serde_json::Value;
-use sqlx::sqlite::SqlitePool;
 use tokio::sync::broadcast;
 
 use crate::commit::GroupCommit;
-use crate::reads::{Lock, Reads};
-
-/// The shared reads, on Sqlite.
-type Read = Reads<sqlx::Sqlite>;
 
 mod batch;
+mod db;
 mod documents;
 mod inbox;
 mod journal;
 mod leases;
 mod notifications;
 mod open;
+mod reads;
 mod snapshots;
-mod transaction;
 mod write;
 mod writer;
 
@@ -65,15 +62,21 @@ pub struct SqliteStore {
 
 #[derive(Debug)]
 struct Inner {
-    path: PathBuf,
-    /// The one connection that writes.
-    writer: SqlitePool,
-    /// Connections that read.
-    readers: SqlitePool,
+    /// The connections and the change channel.
+    db: Arc<db::Db>,
     /// Every write but batches of creates, deletes, messages and rewrites, group-committed: under load many runs' steps,
     /// status writes, account edits and leases share one durable commit.
     writes: GroupCommit<write::Write, write::Written>,
-    changes: broadcast::Sender<Change>,
+}
+
+impl SqliteStore {
+    /// Run `read` on the calling thread with a reader connection.
+    fn read<T>(
+        &self,
+        read: impl FnOnce(&rusqlite::Connection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.inner.db.read(read)
+    }
 }
 
 #[async_trait]
@@ -91,7 +94,7 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
-        Read::record(&self.inner.readers, key, Lock::None).await
+        self.read(|conn| reads::record(conn, key))
     }
 
     async fn list(
@@ -100,7 +103,7 @@ impl Store for SqliteStore {
         kind: Kind,
         selector: &Selector,
     ) -> Result<Vec<Record>, Error> {
-        Read::list(&self.inner.readers, project, kind, selector).await
+        self.read(|conn| reads::list(conn, project, kind, selector))
     }
 
     async fn list_page(
@@ -111,7 +114,7 @@ impl Store for SqliteStore {
         after: Option<Position>,
         limit: NonZeroUsize,
     ) -> Result<Page, Error> {
-        Read::list_page(&self.inner.readers, project, kind, selector, after, limit).await
+        self.read(|conn| reads::list_page(conn, project, kind, selector, after, limit))
     }
 
     async fn list_sparse(
@@ -136,7 +139,7 @@ impl Store for SqliteStore {
     }
 
     async fn projects(&self) -> Result<Vec<String>, Error> {
-        Read::projects(&self.inner.readers).await
+        self.read(reads::projects)
     }
 
     async fn group_phases(
@@ -144,7 +147,7 @@ impl Store for SqliteStore {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Option<String>, u64)>, Error> {
-        Read::group_phases(&self.inner.readers, project, group).await
+        self.read(|conn| reads::group_phases(conn, project, group))
     }
 
     async fn update(
@@ -202,7 +205,7 @@ impl Store for SqliteStore {
     }
 
     async fn journal(&self, run_uid: &str) -> Result<Vec<Step>, Error> {
-        Read::journal(&self.inner.readers, run_uid).await
+        self.read(|conn| reads::journal(conn, run_uid))
     }
 
     async fn post_message(
@@ -217,7 +220,7 @@ impl Store for SqliteStore {
     }
 
     async fn inbox(&self, run_uid: &str) -> Result<Vec<InboxMessage>, Error> {
-        Read::inbox(&self.inner.readers, run_uid).await
+        self.read(|conn| reads::inbox(conn, run_uid))
     }
 
     async fn rewrite_run(&self, rewrite: RunRewrite) -> Result<Record, Error> {
@@ -235,15 +238,15 @@ impl Store for SqliteStore {
     }
 
     async fn missing_blobs(&self, digests: &[String]) -> Result<Vec<String>, Error> {
-        Read::missing_blobs(&self.inner.readers, digests).await
+        self.read(|conn| reads::missing_blobs(conn, digests))
     }
 
     async fn snapshots(&self, run_uid: &str) -> Result<Vec<(u32, Snapshot)>, Error> {
-        Read::snapshots(&self.inner.readers, run_uid).await
+        self.read(|conn| reads::snapshots(conn, run_uid))
     }
 
     async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, Error> {
-        Read::blob(&self.inner.readers, digest).await
+        self.read(|conn| reads::blob(conn, digest))
     }
 
     async fn delete_snapshots(&self, run_uid: &str) -> Result<(), Error> {
@@ -251,7 +254,7 @@ impl Store for SqliteStore {
     }
 
     async fn blob_bytes(&self) -> Result<u64, Error> {
-        Read::blob_bytes(&self.inner.readers).await
+        self.read(reads::blob_bytes)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Change> {

@@ -8,12 +8,13 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use nodus_core::store::Error;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection};
+use rusqlite::Connection;
 
+use super::db::{Query, get};
 use super::documents::update_one;
 use super::write::{DocumentUpdate, SnapshotRow};
 use crate::commit::JournalWrite;
-use crate::sql::{self, map_err};
+use crate::sql;
 
 /// What is known of one run while its writes are checked.
 #[derive(Default)]
@@ -24,8 +25,8 @@ struct RunState {
 
 /// Write `writes` (consecutive journal writes of one batch, in order): each write's own result,
 /// or one error when the database failed and the transaction must roll back.
-pub(super) async fn journal_writes(
-    conn: &mut SqliteConnection,
+pub(super) fn journal_writes(
+    conn: &Connection,
     writes: &[JournalWrite],
 ) -> Result<Vec<Result<(), Error>>, Error> {
     let runs: BTreeSet<&str> = writes.iter().map(JournalWrite::run).collect();
@@ -33,18 +34,22 @@ pub(super) async fn journal_writes(
 
     // One row per run: its fence and its journal's length (each a lookup in an index; a
     // grouped MAX would read every step of the run).
-    let mut query = QueryBuilder::<Sqlite>::new(
+    let mut query = Query::new(
         "SELECT v.column1, (SELECT fence FROM leases WHERE run_uid = v.column1), \
          (SELECT MAX(seq) + 1 FROM steps WHERE run_uid = v.column1) FROM (",
     );
-    query.push_values(&runs, |mut row, run| {
-        row.push_bind(*run);
+    query.values(&runs, |row, run| {
+        row.bind(run.to_string());
     });
     query.push(") AS v");
-    for row in query.build().fetch_all(&mut *conn).await.map_err(map_err)? {
-        let run: String = row.try_get(0).map_err(map_err)?;
-        let fence: Option<i64> = row.try_get(1).map_err(map_err)?;
-        let len: Option<i64> = row.try_get(2).map_err(map_err)?;
+    let rows = query.rows(conn, |row| {
+        Ok((
+            get::<String>(row, 0)?,
+            get::<Option<i64>>(row, 1)?,
+            get::<Option<i64>>(row, 2)?,
+        ))
+    })?;
+    for (run, fence, len) in rows {
         state.insert(
             run,
             RunState {
@@ -103,30 +108,26 @@ pub(super) async fn journal_writes(
 
     // Appends first: a step may be appended and completed in the same batch.
     if !appends.is_empty() {
-        let mut query = QueryBuilder::<Sqlite>::new("INSERT INTO steps (run_uid, seq, step) ");
-        query.push_values(&appends, |mut row, (run, seq, text)| {
-            row.push_bind(*run).push_bind(*seq).push_bind(text.as_str());
+        let mut query = Query::new("INSERT INTO steps (run_uid, seq, step) ");
+        query.values(&appends, |row, (run, seq, text)| {
+            row.bind(run.to_string()).bind(*seq).bind(text.clone());
         });
-        let done = query.build().execute(&mut *conn).await.map_err(map_err)?;
-        expect_rows(done.rows_affected(), appends.len(), "appended")?;
+        let done = query.execute(conn)?;
+        expect_rows(done, appends.len(), "appended")?;
     }
     if !completions.is_empty() {
-        let mut query =
-            QueryBuilder::<Sqlite>::new("UPDATE steps SET completion = v.column3 FROM (");
-        query.push_values(&completions, |mut row, (run, seq, text, ..)| {
-            row.push_bind(*run).push_bind(*seq).push_bind(text.as_str());
+        let mut query = Query::new("UPDATE steps SET completion = v.column3 FROM (");
+        query.values(&completions, |row, (run, seq, text, ..)| {
+            row.bind(run.to_string()).bind(*seq).bind(text.clone());
         });
         query.push(
             ") AS v WHERE steps.run_uid = v.column1 AND steps.seq = v.column2 \
              AND steps.completion IS NULL RETURNING steps.run_uid, steps.seq",
         );
-        let mut done: HashSet<(String, i64)> = HashSet::new();
-        for row in query.build().fetch_all(&mut *conn).await.map_err(map_err)? {
-            done.insert((
-                row.try_get(0).map_err(map_err)?,
-                row.try_get(1).map_err(map_err)?,
-            ));
-        }
+        let mut done: HashSet<(String, i64)> = query
+            .rows(conn, |row| Ok((get(row, 0)?, get(row, 1)?)))?
+            .into_iter()
+            .collect();
         // A step left out had its outcome before this batch: that completion is refused.
         for (run, seq, _, index, len) in &completions {
             if !done.remove(&(run.to_string(), *seq)) {
@@ -144,8 +145,8 @@ pub(super) async fn journal_writes(
 }
 
 /// Fail the batch when a checked write did not land (the checks and the table disagree).
-fn expect_rows(affected: u64, expected: usize, what: &str) -> Result<(), Error> {
-    if usize::try_from(affected).ok() == Some(expected) {
+fn expect_rows(affected: usize, expected: usize, what: &str) -> Result<(), Error> {
+    if affected == expected {
         Ok(())
     } else {
         Err(Error::Corrupt(format!(
@@ -156,21 +157,18 @@ fn expect_rows(affected: u64, expected: usize, what: &str) -> Result<(), Error> 
 
 /// Keep the snapshots that journal writes of one segment carry (one multi-row insert; a
 /// snapshot kept again replaces the earlier one, as one by one).
-pub(super) async fn keep_snapshots(
-    conn: &mut SqliteConnection,
-    rows: &[&SnapshotRow],
-) -> Result<(), Error> {
+pub(super) fn keep_snapshots(conn: &Connection, rows: &[&SnapshotRow]) -> Result<(), Error> {
     if rows.is_empty() {
         return Ok(());
     }
-    let mut query = QueryBuilder::<Sqlite>::new("INSERT INTO snapshots (run_uid, seq, snapshot) ");
-    query.push_values(rows, |mut row, snapshot| {
-        row.push_bind(snapshot.run.as_str())
-            .push_bind(i64::from(snapshot.seq))
-            .push_bind(snapshot.text.as_str());
+    let mut query = Query::new("INSERT INTO snapshots (run_uid, seq, snapshot) ");
+    query.values(rows, |row, snapshot| {
+        row.bind(snapshot.run.clone())
+            .bind(i64::from(snapshot.seq))
+            .bind(snapshot.text.clone());
     });
     query.push(" ON CONFLICT (run_uid, seq) DO UPDATE SET snapshot = excluded.snapshot");
-    query.build().execute(&mut *conn).await.map_err(map_err)?;
+    query.execute(conn)?;
     Ok(())
 }
 
@@ -179,8 +177,8 @@ pub(super) async fn keep_snapshots(
 /// answer (those it did not replace are tried alone, which says why: moved on, or gone), or
 /// one error when the database failed. Updates that name one document twice are carried out
 /// one by one, in order.
-pub(super) async fn replace_documents(
-    conn: &mut SqliteConnection,
+pub(super) fn replace_documents(
+    conn: &Connection,
     updates: &[&DocumentUpdate],
 ) -> Result<Vec<Result<(), Error>>, Error> {
     let mut keys = HashSet::new();
@@ -196,38 +194,34 @@ pub(super) async fn replace_documents(
     let Some(rows) = rows.filter(|rows| rows.len() > 1) else {
         let mut results = Vec::with_capacity(updates.len());
         for update in updates {
-            results.push(update_one(conn, update).await?);
+            results.push(update_one(conn, update)?);
         }
         return Ok(results);
     };
-    let mut query = QueryBuilder::<Sqlite>::new(
+    let mut query = Query::new(
         "UPDATE resources SET version = v.column9, uid = v.column4, group_name = v.column5, \
          phase = v.column6, document = v.column7 FROM (",
     );
-    query.push_values(&rows, |mut row, (update, expected, version)| {
-        row.push_bind(update.key.project.as_str())
-            .push_bind(update.key.kind.plural())
-            .push_bind(update.key.name.as_str())
-            .push_bind(update.columns.uid.as_deref())
-            .push_bind(update.columns.group.as_deref())
-            .push_bind(update.columns.phase.as_deref())
-            .push_bind(update.text.as_str())
-            .push_bind(*expected)
-            .push_bind(*version);
+    query.values(&rows, |row, (update, expected, version)| {
+        row.bind(update.key.project.clone())
+            .bind(update.key.kind.plural().to_string())
+            .bind(update.key.name.clone())
+            .bind(update.columns.uid.clone())
+            .bind(update.columns.group.clone())
+            .bind(update.columns.phase.clone())
+            .bind(update.text.clone())
+            .bind(*expected)
+            .bind(*version);
     });
     query.push(
         ") AS v WHERE resources.project = v.column1 AND resources.kind = v.column2 \
          AND resources.name = v.column3 AND resources.version = v.column8 \
          RETURNING resources.project, resources.kind, resources.name",
     );
-    let mut replaced: HashSet<(String, String, String)> = HashSet::new();
-    for row in query.build().fetch_all(&mut *conn).await.map_err(map_err)? {
-        replaced.insert((
-            row.try_get(0).map_err(map_err)?,
-            row.try_get(1).map_err(map_err)?,
-            row.try_get(2).map_err(map_err)?,
-        ));
-    }
+    let mut replaced: HashSet<(String, String, String)> = query
+        .rows(conn, |row| Ok((get(row, 0)?, get(row, 1)?, get(row, 2)?)))?
+        .into_iter()
+        .collect();
     let mut results = Vec::with_capacity(rows.len());
     for (update, ..) in rows {
         let key = &update.key;
@@ -240,7 +234,7 @@ pub(super) async fn replace_documents(
             Ok(())
         } else {
             // Refused: alone, the update says why (and replaces nothing).
-            update_one(conn, update).await?
+            update_one(conn, update)?
         });
     }
     if !replaced.is_empty() {

@@ -8,64 +8,57 @@ use nodus_core::resource::Kind;
 use nodus_core::store::{
     Change, Edit, Error, ObjectKey, Position, Record, RunRewrite, Seen, Selector, Sparse, Store,
 };
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
-use sqlx::sqlite::SqliteConnection;
-use sqlx::{QueryBuilder, Row, Sqlite};
 
-use super::Read;
 use super::SqliteStore;
+use super::db::{Query, WriteTx, get, is_unique, map_err};
+use super::reads::{self, sqlite_json_path};
 use super::write::{DocumentUpdate, Write};
-use crate::dialect::sqlite_json_path;
-use crate::reads::Lock;
-use crate::sql::{self, map_err};
-
-/// Read a document through `executor` (the readers, or the writer inside its transaction).
-pub(super) async fn read_record<'e>(
-    executor: impl sqlx::Executor<'e, Database = Sqlite>,
-    key: &ObjectKey,
-) -> Result<Record, Error> {
-    Read::record(executor, key, Lock::None).await
-}
+use crate::sql;
 
 /// One document update: `Err` for a database failure (the batch fails), `Ok(Err)` for a
 /// refused update (a missing document, or a stale version).
-pub(super) async fn update_one(
-    conn: &mut SqliteConnection,
+pub(super) fn update_one(
+    conn: &Connection,
     write: &DocumentUpdate,
 ) -> Result<Result<(), Error>, Error> {
     let key = &write.key;
     // A version that does not fit was never stored: refused below, like any stale one.
     if let Some(expected) = sql::to_i64(write.expected) {
         let version = sql::bump(key, expected)?;
-        let done = sqlx::query(
-            "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
-             WHERE project = ? AND kind = ? AND name = ? AND version = ?",
-        )
-        .bind(version)
-        .bind(write.columns.uid.as_deref())
-        .bind(write.columns.group.as_deref())
-        .bind(write.columns.phase.as_deref())
-        .bind(&write.text)
-        .bind(&key.project)
-        .bind(key.kind.plural())
-        .bind(&key.name)
-        .bind(expected)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_err)?;
-        if done.rows_affected() == 1 {
+        let done = conn
+            .prepare_cached(
+                "UPDATE resources SET version = ?1, uid = ?2, group_name = ?3, phase = ?4, \
+                 document = ?5 WHERE project = ?6 AND kind = ?7 AND name = ?8 AND version = ?9",
+            )
+            .map_err(map_err)?
+            .execute(params![
+                version,
+                write.columns.uid,
+                write.columns.group,
+                write.columns.phase,
+                write.text,
+                key.project,
+                key.kind.plural(),
+                key.name,
+                expected
+            ])
+            .map_err(map_err)?;
+        if done == 1 {
             return Ok(Ok(()));
         }
     }
-    let current: Option<i64> = sqlx::query_scalar(
-        "SELECT version FROM resources WHERE project = ? AND kind = ? AND name = ?",
-    )
-    .bind(&key.project)
-    .bind(key.kind.plural())
-    .bind(&key.name)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_err)?;
+    let current: Option<i64> = conn
+        .prepare_cached(
+            "SELECT version FROM resources WHERE project = ?1 AND kind = ?2 AND name = ?3",
+        )
+        .map_err(map_err)?
+        .query_row(params![key.project, key.kind.plural(), key.name], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(map_err)?;
     Ok(Err(match current {
         None => Error::NotFound(key.clone()),
         Some(actual) => Error::Conflict {
@@ -77,26 +70,26 @@ pub(super) async fn update_one(
 }
 
 /// Insert a document known to be new, inside a transaction.
-pub(super) async fn insert(
-    conn: &mut SqliteConnection,
+pub(super) fn insert(
+    conn: &Connection,
     key: &ObjectKey,
     document: &Value,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), rusqlite::Error> {
     let columns = sql::Columns::of(document);
-    sqlx::query(
+    conn.prepare_cached(
         "INSERT INTO resources (project, kind, name, version, uid, group_name, phase, document) \
-         VALUES (?, ?, ?, 1, ?, ?, ?, ?)",
-    )
-    .bind(&key.project)
-    .bind(key.kind.plural())
-    .bind(&key.name)
-    .bind(columns.uid)
-    .bind(columns.group)
-    .bind(columns.phase)
-    .bind(sql::document_text(document))
-    .execute(conn)
-    .await
-    .map(|_| ())
+         VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        key.project,
+        key.kind.plural(),
+        key.name,
+        columns.uid,
+        columns.group,
+        columns.phase,
+        sql::document_text(document)
+    ])
+    .map(drop)
 }
 
 pub(super) async fn create(
@@ -126,57 +119,56 @@ pub(super) async fn create_batch(
         (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
         _ => None,
     };
-    let mut conn = store.write_connection().await?;
-    let mut tx = store.write(&mut conn).await?;
-    if let Some((project, key)) = &scope {
-        let stored: Option<String> = sqlx::query_scalar(
-            "SELECT records FROM batches WHERE project = ? AND idempotency_key = ?",
-        )
-        .bind(project)
-        .bind(key)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        if let Some(stored) = stored {
-            return sql::parse_batch(&stored);
-        }
-    }
-    let mut seen = HashSet::with_capacity(items.len());
-    for (key, document) in &items {
-        if !seen.insert(key) {
-            return Err(Error::AlreadyExists(key.clone()));
-        }
-        match insert(&mut tx, key, document).await {
-            Ok(()) => {}
-            Err(e) if sql::is_unique_violation(&e) => {
-                return Err(Error::AlreadyExists(key.clone()));
+    store
+        .inner
+        .db
+        .write(move |tx| {
+            if let Some((project, key)) = &scope {
+                let stored: Option<String> = tx
+                    .prepare_cached(
+                        "SELECT records FROM batches WHERE project = ?1 AND idempotency_key = ?2",
+                    )
+                    .map_err(map_err)?
+                    .query_row(params![project, key], |row| row.get(0))
+                    .optional()
+                    .map_err(map_err)?;
+                if let Some(stored) = stored {
+                    return sql::parse_batch(&stored);
+                }
             }
-            Err(e) => return Err(map_err(e)),
-        }
-    }
-    let records: Vec<Record> = items
-        .into_iter()
-        .map(|(key, document)| Record {
-            key,
-            version: 1,
-            document,
+            let mut seen = HashSet::with_capacity(items.len());
+            for (key, document) in &items {
+                if !seen.insert(key) {
+                    return Err(Error::AlreadyExists(key.clone()));
+                }
+                match insert(tx, key, document) {
+                    Ok(()) => {}
+                    Err(e) if is_unique(&e) => return Err(Error::AlreadyExists(key.clone())),
+                    Err(e) => return Err(map_err(e)),
+                }
+            }
+            let records: Vec<Record> = items
+                .into_iter()
+                .map(|(key, document)| Record {
+                    key,
+                    version: 1,
+                    document,
+                })
+                .collect();
+            if let Some((project, key)) = &scope {
+                tx.prepare_cached(
+                    "INSERT INTO batches (project, idempotency_key, records) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(map_err)?
+                .execute(params![project, key, sql::batch_text(&records)])
+                .map_err(map_err)?;
+            }
+            for record in &records {
+                tx.announce(Change::Written(record.key.clone(), 1));
+            }
+            Ok(records)
         })
-        .collect();
-    if let Some((project, key)) = &scope {
-        sqlx::query("INSERT INTO batches (project, idempotency_key, records) VALUES (?, ?, ?)")
-            .bind(project)
-            .bind(key)
-            .bind(sql::batch_text(&records))
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-    }
-    for record in &records {
-        tx.announce(Change::Written(record.key.clone(), 1));
-    }
-    tx.commit().await?;
-    drop(conn);
-    Ok(records)
+        .await
 }
 
 pub(super) async fn modify(
@@ -216,16 +208,12 @@ pub(super) async fn list_sparse_known(
     paths: &[&str],
     known: &HashMap<String, Seen>,
 ) -> Result<Vec<Sparse>, Error> {
-    let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
+    let mut query = Query::new(
         "SELECT json_group_array(json_array(name, ord, version) ORDER BY ord) FROM resources \
          WHERE project = ",
     );
-    Read::push_conditions(&mut query, project, kind, selector);
-    let listed: String = query
-        .build_query_scalar()
-        .fetch_one(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
+    reads::push_conditions(&mut query, project, kind, selector);
+    let listed: String = store.read(|conn| one_text(conn, &query))?;
     let listed: Vec<(String, u64, u64)> = serde_json::from_str(&listed)
         .map_err(|e| Error::Corrupt(format!("a listing of names, places and versions: {e}")))?;
     let listed: Vec<(String, Seen)> = listed
@@ -273,37 +261,32 @@ async fn read_sparse(
     // One row: every document's name, version and, for each path, whether the document has
     // it and its value, in creation order, as one JSON array. A row apiece would cross from
     // SQLite's thread to the caller's once per row (a group's reconcile lists every member).
-    let mut query: QueryBuilder<Sqlite> =
-        QueryBuilder::new("SELECT json_group_array(json_array(name, version");
+    let mut query = Query::new("SELECT json_group_array(json_array(name, version");
     for path in &json_paths {
         // `->` answers JSON (or NULL when the path is absent, told from a JSON null by
         // `json_type`).
         query.push(", json_type(document, ");
-        query.push_bind(path.clone());
+        query.bind(path.clone());
         query.push(") IS NOT NULL, document -> ");
-        query.push_bind(path.clone());
+        query.bind(path.clone());
     }
     query.push(") ORDER BY ord) FROM resources WHERE project = ");
     match named {
-        None => Read::push_conditions(&mut query, project, kind, selector),
+        None => reads::push_conditions(&mut query, project, kind, selector),
         Some(named) => {
             // By the unique index on (project, kind, name) alone: the selector is matched
             // exactly below, and a condition on the group's index as well let SQLite walk
             // every member of the group for a few names (4.6 ms for one of 10,000).
             let names = serde_json::to_string(named).map_err(|e| Error::Invalid(e.to_string()))?;
-            query.push_bind(project);
+            query.bind(project.to_string());
             query.push(" AND kind = ");
-            query.push_bind(kind.plural().to_string());
+            query.bind(kind.plural().to_string());
             query.push(" AND name IN (SELECT value FROM json_each(");
-            query.push_bind(names);
+            query.bind(names);
             query.push("))");
         }
     }
-    let listed: String = query
-        .build_query_scalar()
-        .fetch_one(&store.inner.readers)
-        .await
-        .map_err(map_err)?;
+    let listed: String = store.read(|conn| one_text(conn, &query))?;
     let rows: Vec<Vec<Value>> = serde_json::from_str(&listed)
         .map_err(|e| Error::Corrupt(format!("a sparse listing: {e}")))?;
     let mut records = Vec::with_capacity(rows.len());
@@ -314,6 +297,14 @@ async fn read_sparse(
         }
     }
     Ok(records)
+}
+
+/// The one text a JSON aggregate answers.
+fn one_text(conn: &Connection, query: &Query) -> Result<String, Error> {
+    query
+        .rows(conn, |row| get(row, 0))?
+        .pop()
+        .ok_or_else(|| Error::Corrupt("an aggregate answered no row".to_string()))
 }
 
 /// A record of a sparse listing's row: `[name, version, (has path, value) for each path]`.
@@ -372,133 +363,138 @@ pub(super) async fn update(
 }
 
 pub(super) async fn delete(store: &SqliteStore, key: &ObjectKey) -> Result<(), Error> {
-    let mut conn = store.write_connection().await?;
-    let mut tx = store.write(&mut conn).await?;
-    let uid: Option<Option<String>> = sqlx::query_scalar(
-        "DELETE FROM resources WHERE project = ? AND kind = ? AND name = ? RETURNING uid",
-    )
-    .bind(&key.project)
-    .bind(key.kind.plural())
-    .bind(&key.name)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    let Some(uid) = uid else {
-        return Err(Error::NotFound(key.clone()));
-    };
-    if let Some(uid) = uid {
-        for statement in [
-            "DELETE FROM steps WHERE run_uid = ?",
-            "DELETE FROM inbox WHERE run_uid = ?",
-            // Old fences stay stale: the counter moves on and nobody holds it.
-            "UPDATE leases SET fence = fence + 1, owner = NULL WHERE run_uid = ?",
-        ] {
-            sqlx::query(statement)
-                .bind(&uid)
-                .execute(&mut *tx)
-                .await
+    let key = key.clone();
+    store
+        .inner
+        .db
+        .write(move |tx| {
+            let uid: Option<Option<String>> = tx
+                .prepare_cached(
+                    "DELETE FROM resources WHERE project = ?1 AND kind = ?2 AND name = ?3 \
+                     RETURNING uid",
+                )
+                .map_err(map_err)?
+                .query_row(params![key.project, key.kind.plural(), key.name], |row| {
+                    row.get(0)
+                })
+                .optional()
                 .map_err(map_err)?;
-        }
-        super::snapshots::drop_snapshots(&mut tx, &uid).await?;
-    }
-    tx.announce(Change::Deleted(key.clone()));
-    tx.commit().await?;
-    drop(conn);
-    Ok(())
+            let Some(uid) = uid else {
+                return Err(Error::NotFound(key));
+            };
+            if let Some(uid) = uid {
+                for statement in [
+                    "DELETE FROM steps WHERE run_uid = ?1",
+                    "DELETE FROM inbox WHERE run_uid = ?1",
+                    // Old fences stay stale: the counter moves on and nobody holds it.
+                    "UPDATE leases SET fence = fence + 1, owner = NULL WHERE run_uid = ?1",
+                ] {
+                    tx.prepare_cached(statement)
+                        .map_err(map_err)?
+                        .execute(params![uid])
+                        .map_err(map_err)?;
+                }
+                super::snapshots::drop_snapshots(tx, &uid)?;
+            }
+            tx.announce(Change::Deleted(key));
+            Ok(())
+        })
+        .await
 }
 
 pub(super) async fn rewrite_run(store: &SqliteStore, rewrite: RunRewrite) -> Result<Record, Error> {
     nodus_core::store::check_rewrite_deletes(&rewrite.delete)?;
+    store
+        .inner
+        .db
+        .write(move |tx| rewrite_in(tx, &rewrite))
+        .await
+}
+
+/// [`rewrite_run`] in the writer's transaction.
+fn rewrite_in(tx: &mut WriteTx<'_>, rewrite: &RunRewrite) -> Result<Record, Error> {
     let run = &rewrite.run;
-    let mut conn = store.write_connection().await?;
-    let mut tx = store.write(&mut conn).await?;
-    let mut record = read_record(&mut *tx, run).await?;
-    let (uid, version) = sql::rewrite_document(&rewrite, &mut record)?;
+    let mut record = reads::record(tx, run)?;
+    let (uid, version) = sql::rewrite_document(rewrite, &mut record)?;
     let columns = sql::Columns::of(&record.document);
-    sqlx::query(
-        "UPDATE resources SET version = ?, uid = ?, group_name = ?, phase = ?, document = ? \
-         WHERE project = ? AND kind = ? AND name = ?",
+    tx.prepare_cached(
+        "UPDATE resources SET version = ?1, uid = ?2, group_name = ?3, phase = ?4, document = ?5 \
+         WHERE project = ?6 AND kind = ?7 AND name = ?8",
     )
-    .bind(version)
-    .bind(columns.uid)
-    .bind(columns.group)
-    .bind(columns.phase)
-    .bind(sql::document_text(&record.document))
-    .bind(&run.project)
-    .bind(run.kind.plural())
-    .bind(&run.name)
-    .execute(&mut *tx)
-    .await
+    .map_err(map_err)?
+    .execute(params![
+        version,
+        columns.uid,
+        columns.group,
+        columns.phase,
+        sql::document_text(&record.document),
+        run.project,
+        run.kind.plural(),
+        run.name
+    ])
     .map_err(map_err)?;
     tx.announce(Change::Written(run.clone(), record.version));
     if let Some(uid) = &uid {
-        let steps =
-            sqlx::query("SELECT step, completion FROM steps WHERE run_uid = ? ORDER BY seq")
-                .bind(uid)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        for row in steps {
-            let step: String = row.try_get(0).map_err(map_err)?;
-            let completion: Option<String> = row.try_get(1).map_err(map_err)?;
+        let steps: Vec<(String, Option<String>)> = tx
+            .prepare_cached("SELECT step, completion FROM steps WHERE run_uid = ?1 ORDER BY seq")
+            .map_err(map_err)?
+            .query_map(params![uid], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(map_err)?
+            .collect::<Result<_, _>>()
+            .map_err(map_err)?;
+        for (step, completion) in steps {
             let (seq, step, completion) =
-                sql::rewrite_step(&rewrite, uid, &step, completion.as_deref())?;
-            sqlx::query("UPDATE steps SET step = ?, completion = ? WHERE run_uid = ? AND seq = ?")
-                .bind(step)
-                .bind(completion)
-                .bind(uid)
-                .bind(seq)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        }
-        for mut message in Read::inbox(&mut *tx, uid).await? {
-            (rewrite.message)(&mut message);
-            sqlx::query(
-                "UPDATE inbox SET message_key = ?, payload = ?, received_at = ? \
-                 WHERE run_uid = ? AND seq = ?",
+                sql::rewrite_step(rewrite, uid, &step, completion.as_deref())?;
+            tx.prepare_cached(
+                "UPDATE steps SET step = ?1, completion = ?2 WHERE run_uid = ?3 AND seq = ?4",
             )
-            .bind(message.key)
-            .bind(message.payload)
-            .bind(message.received_at.to_string())
-            .bind(uid)
-            .bind(sql::to_i64(message.seq).unwrap_or(-1))
-            .execute(&mut *tx)
-            .await
+            .map_err(map_err)?
+            .execute(params![step, completion, uid, seq])
+            .map_err(map_err)?;
+        }
+        for mut message in reads::inbox(tx, uid)? {
+            (rewrite.message)(&mut message);
+            tx.prepare_cached(
+                "UPDATE inbox SET message_key = ?1, payload = ?2, received_at = ?3 \
+                 WHERE run_uid = ?4 AND seq = ?5",
+            )
+            .map_err(map_err)?
+            .execute(params![
+                message.key,
+                message.payload,
+                message.received_at.to_string(),
+                uid,
+                sql::to_i64(message.seq).unwrap_or(-1)
+            ])
             .map_err(map_err)?;
         }
     }
-    let batches: Vec<(String, String)> =
-        sqlx::query_as("SELECT idempotency_key, records FROM batches WHERE project = ?")
-            .bind(&run.project)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_err)?;
+    let batches: Vec<(String, String)> = tx
+        .prepare_cached("SELECT idempotency_key, records FROM batches WHERE project = ?1")
+        .map_err(map_err)?
+        .query_map(params![run.project], |row| Ok((row.get(0)?, row.get(1)?)))
+        .map_err(map_err)?
+        .collect::<Result<_, _>>()
+        .map_err(map_err)?;
     for (idempotency_key, text) in batches {
         if let Some(text) = sql::edited_batch(&text, run, rewrite.document.as_ref())? {
-            sqlx::query("UPDATE batches SET records = ? WHERE project = ? AND idempotency_key = ?")
-                .bind(text)
-                .bind(&run.project)
-                .bind(&idempotency_key)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
+            tx.prepare_cached(
+                "UPDATE batches SET records = ?1 WHERE project = ?2 AND idempotency_key = ?3",
+            )
+            .map_err(map_err)?
+            .execute(params![text, run.project, idempotency_key])
+            .map_err(map_err)?;
         }
     }
     for key in &rewrite.delete {
-        let removed =
-            sqlx::query("DELETE FROM resources WHERE project = ? AND kind = ? AND name = ?")
-                .bind(&key.project)
-                .bind(key.kind.plural())
-                .bind(&key.name)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        if removed.rows_affected() > 0 {
+        let removed = tx
+            .prepare_cached("DELETE FROM resources WHERE project = ?1 AND kind = ?2 AND name = ?3")
+            .map_err(map_err)?
+            .execute(params![key.project, key.kind.plural(), key.name])
+            .map_err(map_err)?;
+        if removed > 0 {
             tx.announce(Change::Deleted(key.clone()));
         }
     }
-    tx.commit().await?;
-    drop(conn);
     Ok(record)
 }

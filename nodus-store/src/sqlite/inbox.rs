@@ -3,10 +3,11 @@
 
 use jiff::Timestamp;
 use nodus_core::store::{Change, Delivery, Error, ObjectKey};
-use sqlx::Row;
+use rusqlite::{OptionalExtension, params};
 
 use super::SqliteStore;
-use crate::sql::{self, map_err};
+use super::db::map_err;
+use crate::sql;
 
 pub(super) async fn post_message(
     store: &SqliteStore,
@@ -16,65 +17,59 @@ pub(super) async fn post_message(
     payload: &str,
     at: Timestamp,
 ) -> Result<Delivery, Error> {
-    let mut conn = store.write_connection().await?;
-    let mut tx = store.write(&mut conn).await?;
-    let row = sqlx::query(
-        "SELECT version, uid FROM resources WHERE project = ? AND kind = ? AND name = ?",
-    )
-    .bind(&run.project)
-    .bind(run.kind.plural())
-    .bind(&run.name)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(map_err)?
-    .ok_or_else(|| Error::NotFound(run.clone()))?;
-    let current: i64 = row.try_get(0).map_err(map_err)?;
-    let uid: Option<String> = row.try_get(1).map_err(map_err)?;
-    let uid = sql::message_run_uid(run, uid)?;
-    if let Some(key) = key {
-        let seq: Option<i64> =
-            sqlx::query_scalar("SELECT seq FROM inbox WHERE run_uid = ? AND message_key = ?")
-                .bind(&uid)
-                .bind(key)
-                .fetch_optional(&mut *tx)
-                .await
+    let (run, key, payload) = (run.clone(), key.map(str::to_string), payload.to_string());
+    store
+        .inner
+        .db
+        .write(move |tx| {
+            let (current, uid): (i64, Option<String>) = tx
+                .prepare_cached(
+                    "SELECT version, uid FROM resources \
+                     WHERE project = ?1 AND kind = ?2 AND name = ?3",
+                )
+                .map_err(map_err)?
+                .query_row(params![run.project, run.kind.plural(), run.name], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()
+                .map_err(map_err)?
+                .ok_or_else(|| Error::NotFound(run.clone()))?;
+            let uid = sql::message_run_uid(&run, uid)?;
+            if let Some(key) = &key {
+                let seq: Option<i64> = tx
+                    .prepare_cached("SELECT seq FROM inbox WHERE run_uid = ?1 AND message_key = ?2")
+                    .map_err(map_err)?
+                    .query_row(params![uid, key], |row| row.get(0))
+                    .optional()
+                    .map_err(map_err)?;
+                if let Some(seq) = seq {
+                    return Ok(Delivery::Duplicate(sql::to_u64(seq, "a message number")?));
+                }
+            }
+            let version = sql::message_version(&run, expected_version, current)?;
+            let seq: i64 = tx
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE run_uid = ?1")
+                .map_err(map_err)?
+                .query_row(params![uid], |row| row.get(0))
                 .map_err(map_err)?;
-        if let Some(seq) = seq {
-            return Ok(Delivery::Duplicate(sql::to_u64(seq, "a message number")?));
-        }
-    }
-    let version = sql::message_version(run, expected_version, current)?;
-    let seq: i64 =
-        sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM inbox WHERE run_uid = ?")
-            .bind(&uid)
-            .fetch_one(&mut *tx)
-            .await
+            tx.prepare_cached(
+                "INSERT INTO inbox (run_uid, seq, message_key, payload, received_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(map_err)?
+            .execute(params![uid, seq, key, payload, at.to_string()])
             .map_err(map_err)?;
-    sqlx::query(
-        "INSERT INTO inbox (run_uid, seq, message_key, payload, received_at) \
-         VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(&uid)
-    .bind(seq)
-    .bind(key)
-    .bind(payload)
-    .bind(at.to_string())
-    .execute(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    sqlx::query("UPDATE resources SET version = ? WHERE project = ? AND kind = ? AND name = ?")
-        .bind(version)
-        .bind(&run.project)
-        .bind(run.kind.plural())
-        .bind(&run.name)
-        .execute(&mut *tx)
+            tx.prepare_cached(
+                "UPDATE resources SET version = ?1 WHERE project = ?2 AND kind = ?3 AND name = ?4",
+            )
+            .map_err(map_err)?
+            .execute(params![version, run.project, run.kind.plural(), run.name])
+            .map_err(map_err)?;
+            tx.announce(Change::Written(
+                run.clone(),
+                sql::to_u64(version, "a version")?,
+            ));
+            Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
+        })
         .await
-        .map_err(map_err)?;
-    tx.announce(Change::Written(
-        run.clone(),
-        sql::to_u64(version, "a version")?,
-    ));
-    tx.commit().await?;
-    drop(conn);
-    Ok(Delivery::Delivered(sql::to_u64(seq, "a message number")?))
 }

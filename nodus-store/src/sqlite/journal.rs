@@ -4,17 +4,18 @@
 
 use nodus_core::journal::{Completion, Step};
 use nodus_core::store::{Error, Fence, OutcomeWritten, Record, WithOutcome, check_kept};
-use sqlx::sqlite::SqliteConnection;
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::SqliteStore;
+use super::db::map_err;
 use super::write::{DocumentUpdate, SnapshotRow, Then, Write};
 use crate::commit::JournalWrite;
-use crate::sql::{self, map_err};
+use crate::sql;
 
 /// One journal write, checked and done in one statement: `Err` for a database failure (the
 /// batch fails), `Ok(Err)` for a refused write, whose reason is then read.
-pub(super) async fn journal_write(
-    conn: &mut SqliteConnection,
+pub(super) fn journal_write(
+    conn: &Connection,
     write: &JournalWrite,
 ) -> Result<Result<(), Error>, Error> {
     let run = write.run();
@@ -30,17 +31,13 @@ pub(super) async fn journal_write(
                 Ok(text) => text,
                 Err(e) => return Ok(Err(e)),
             };
-            sqlx::query(
+            conn.prepare_cached(
                 "INSERT INTO steps (run_uid, seq, step) SELECT ?1, ?2, ?3 \
                  WHERE (SELECT fence FROM leases WHERE run_uid = ?1) = ?4 \
                  AND (SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?1) = ?2",
             )
-            .bind(run)
-            .bind(i64::from(seq))
-            .bind(text)
-            .bind(fence_value)
-            .execute(&mut *conn)
-            .await
+            .map_err(map_err)?
+            .execute(params![run, i64::from(seq), text, fence_value])
             .map_err(map_err)?
         }
         JournalWrite::Complete { completion, .. } => {
@@ -48,40 +45,36 @@ pub(super) async fn journal_write(
                 Ok(text) => text,
                 Err(e) => return Ok(Err(e)),
             };
-            sqlx::query(
+            conn.prepare_cached(
                 "UPDATE steps SET completion = ?1 WHERE run_uid = ?2 AND seq = ?3 \
                  AND completion IS NULL \
                  AND (SELECT fence FROM leases WHERE run_uid = ?2) = ?4",
             )
-            .bind(text)
-            .bind(run)
-            .bind(i64::from(seq))
-            .bind(fence_value)
-            .execute(&mut *conn)
-            .await
+            .map_err(map_err)?
+            .execute(params![text, run, i64::from(seq), fence_value])
             .map_err(map_err)?
         }
     };
-    if done.rows_affected() == 1 {
+    if done == 1 {
         return Ok(Ok(()));
     }
     // Refused: say why.
-    let latest: Option<i64> = sqlx::query_scalar("SELECT fence FROM leases WHERE run_uid = ?")
-        .bind(run)
-        .fetch_optional(&mut *conn)
-        .await
+    let latest: Option<i64> = conn
+        .prepare_cached("SELECT fence FROM leases WHERE run_uid = ?1")
+        .map_err(map_err)?
+        .query_row(params![run], |row| row.get(0))
+        .optional()
         .map_err(map_err)?;
     if latest.is_none() || latest != sql::to_i64(fence.0) {
         return Ok(Err(Error::Fenced {
             run: run.to_string(),
         }));
     }
-    let len: i64 =
-        sqlx::query_scalar("SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?")
-            .bind(run)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_err)?;
+    let len: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE run_uid = ?1")
+        .map_err(map_err)?
+        .query_row(params![run], |row| row.get(0))
+        .map_err(map_err)?;
     Ok(Err(match write {
         JournalWrite::Append { .. } => sql::append_refused(run, seq, len),
         JournalWrite::Complete { .. } => sql::complete_refused(run, seq, len, i64::from(seq) < len),

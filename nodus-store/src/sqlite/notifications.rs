@@ -10,6 +10,6 @@ use super::SqliteStore;
 impl SqliteStore {
     /// Changes from now on.
     pub(super) fn changes(&self) -> broadcast::Receiver<Change> {
-        self.inner.changes.subscribe()
+        self.inner.db.changes().subscribe()
     }
 }

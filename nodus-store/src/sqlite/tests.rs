@@ -170,20 +170,15 @@ async fn a_file_of_random_bytes_is_refused() {
 
 #[tokio::test]
 async fn a_sqlite_file_of_another_application_is_refused() {
-    use sqlx::{Connection, SqliteConnection};
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("other.db");
-    let url = format!("sqlite://{}?mode=rwc", path.display());
-    let mut conn = SqliteConnection::connect(&url).await.expect("create");
-    sqlx::query("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
-        .execute(&mut conn)
-        .await
-        .expect("a table");
-    sqlx::query("INSERT INTO notes (text) VALUES ('keep me')")
-        .execute(&mut conn)
-        .await
-        .expect("a row");
-    conn.close().await.expect("close");
+    let conn = rusqlite::Connection::open(&path).expect("create");
+    conn.execute_batch(
+        "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT); \
+         INSERT INTO notes (text) VALUES ('keep me');",
+    )
+    .expect("a table and a row");
+    drop(conn);
     let before = std::fs::read(&path).expect("read");
 
     match SqliteStore::open(&path).await {
@@ -203,13 +198,10 @@ async fn a_sqlite_file_of_another_application_is_refused() {
 
     // A file stamped with another application_id is refused even when empty.
     let stamped = dir.path().join("stamped.db");
-    let url = format!("sqlite://{}?mode=rwc", stamped.display());
-    let mut conn = SqliteConnection::connect(&url).await.expect("create");
-    sqlx::query("PRAGMA application_id = 42")
-        .execute(&mut conn)
-        .await
+    let conn = rusqlite::Connection::open(&stamped).expect("create");
+    conn.execute_batch("PRAGMA application_id = 42")
         .expect("stamp");
-    conn.close().await.expect("close");
+    drop(conn);
     let result = SqliteStore::open(&stamped).await;
     assert!(
         matches!(&result, Err(Error::Corrupt(m)) if m.contains("0x2a")),
@@ -265,8 +257,7 @@ async fn a_create_of_a_taken_key_in_a_batch_refuses_only_itself() {
         .expect("create");
     let mut changes = store.subscribe();
     let mut writer = Writer {
-        pool: store.inner.writer.clone(),
-        changes: store.inner.changes.clone(),
+        db: store.inner.db.clone(),
     };
     let create = |name: &str, n| Write::Create {
         key: key(name),
@@ -316,14 +307,12 @@ async fn a_create_of_a_taken_key_in_a_batch_refuses_only_itself() {
 /// a kind of their own) reads back as the project's account; other `projects` rows stay.
 #[tokio::test]
 async fn accounts_written_as_projects_are_read_as_accounts() {
-    use sqlx::{Connection, SqliteConnection};
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("nodus.db");
     drop(SqliteStore::open(&path).await.expect("a new store"));
     // The file as the release before left it: migration 3 not applied, an account under
     // `projects`, and a document of a user project that happens to be of that kind name.
-    let url = format!("sqlite://{}", path.display());
-    let mut conn = SqliteConnection::connect(&url).await.expect("connect");
+    let conn = rusqlite::Connection::open(&path).expect("connect");
     for sql in [
         "DELETE FROM _sqlx_migrations WHERE version = 3",
         "INSERT INTO resources (project, kind, name, version, uid, document) VALUES \
@@ -333,9 +322,9 @@ async fn accounts_written_as_projects_are_read_as_accounts() {
         "INSERT INTO resources (project, kind, name, version, uid, document) VALUES \
          ('team', 'projects', 'other', 1, NULL, '{\"metadata\":{\"name\":\"other\"}}')",
     ] {
-        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+        conn.execute_batch(sql).expect(sql);
     }
-    conn.close().await.expect("close");
+    drop(conn);
 
     let store = std::sync::Arc::new(SqliteStore::open(&path).await.expect("reopen"));
     let ledger = nodus_core::ledger::StoreLedger::new(store.clone());
@@ -414,15 +403,12 @@ async fn a_batch_of_journal_writes_answers_each_write_in_order() {
         complete(0, fence),
         append(2, fence),
     ];
-    let results = {
-        let mut conn = store.inner.writer.acquire().await.expect("the writer");
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
-        let results = super::batch::journal_writes(&mut tx, &writes)
-            .await
-            .expect("the batch");
-        tx.commit().await.expect("commit");
-        results
-    };
+    let results = store
+        .inner
+        .db
+        .write(move |tx| super::batch::journal_writes(tx, &writes))
+        .await
+        .expect("the batch");
     let refusal = |r: &Result<(), Error>| match r {
         Ok(()) => "ok".to_string(),
         Err(Error::Fenced { .. }) => "fenced".to_string(),
@@ -497,12 +483,12 @@ async fn a_full_batch_of_journal_writes_fits_in_one_segment() {
         })
         .collect();
     for segment in [appends, completes] {
-        let mut conn = store.inner.writer.acquire().await.expect("the writer");
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
-        let results = super::batch::journal_writes(&mut tx, &segment)
+        let results = store
+            .inner
+            .db
+            .write(move |tx| super::batch::journal_writes(tx, &segment))
             .await
             .expect("the batch");
-        tx.commit().await.expect("commit");
         assert!(results.iter().all(Result::is_ok), "{results:?}");
     }
     for run in [0, MAX_BATCH - 1] {
@@ -512,28 +498,25 @@ async fn a_full_batch_of_journal_writes_fits_in_one_segment() {
     }
 }
 
-/// The plan SQLite chooses for `sql`, one line per step.
-async fn plan(store: &SqliteStore, sql: &str) -> String {
-    let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
-        .fetch_all(&store.inner.readers)
-        .await
+/// The plan SQLite chooses for `query`, one line per step.
+fn plan(store: &SqliteStore, query: &super::db::Query) -> String {
+    let rows = store
+        .read(|conn| {
+            query
+                .explained()
+                .rows(conn, |row| super::db::get::<String>(row, 3))
+        })
         .expect("explain");
-    rows.iter()
-        .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    rows.join("\n")
 }
 
 #[tokio::test]
 async fn group_members_are_found_through_an_index() {
     let (store, _dir) = fresh().await;
     let selector = nodus_core::store::Selector::in_group("g");
-    let mut query: sqlx::QueryBuilder<sqlx::Sqlite> =
-        sqlx::QueryBuilder::new("SELECT name FROM resources WHERE project = ");
-    crate::reads::Reads::<sqlx::Sqlite>::push_selection(&mut query, "p", Kind::AgentRun, &selector);
-    // The bound values are not part of a plan: `?` stands for each.
-    let sql = query.sql().to_string();
-    let members = plan(&store, &sql).await;
+    let mut query = super::db::Query::new("SELECT name FROM resources WHERE project = ");
+    super::reads::push_selection(&mut query, "p", Kind::AgentRun, &selector);
+    let members = plan(&store, &query);
     assert!(members.contains("resources_group"), "{members}");
 }
 
@@ -568,14 +551,15 @@ async fn a_segment_s_document_updates_answer_each_update_in_order() {
     let run = |updates: Vec<DocumentUpdate>| {
         let store = &store;
         async move {
-            let mut conn = store.inner.writer.acquire().await.expect("the writer");
-            let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
-            let refs: Vec<&DocumentUpdate> = updates.iter().collect();
-            let results = super::batch::replace_documents(&mut tx, &refs)
+            store
+                .inner
+                .db
+                .write(move |tx| {
+                    let refs: Vec<&DocumentUpdate> = updates.iter().collect();
+                    super::batch::replace_documents(tx, &refs)
+                })
                 .await
-                .expect("the segment");
-            tx.commit().await.expect("commit");
-            results
+                .expect("the segment")
         }
     };
     let results = run(vec![

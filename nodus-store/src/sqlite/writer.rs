@@ -3,28 +3,28 @@
 //! queued for one writer task that group-commits whatever is queued in one transaction (one
 //! fsync) and answers each write after the commit.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use nodus_core::store::{Change, Error, Record};
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{Connection, Sqlite};
-use tokio::sync::broadcast;
+use rusqlite::Connection;
 
-use super::documents::{insert, read_record, update_one};
+use super::batch;
+use super::db::{Db, WriteTx, is_unique, map_err};
+use super::documents::{insert, update_one};
 use super::journal::journal_write;
 use super::leases::grant;
-
+use super::reads;
 use super::write::{DocumentUpdate, SnapshotRow, Then, Write, Written};
-use super::{SqliteStore, batch};
 use crate::commit::{Committer, JournalWrite};
-use crate::sql::{self, map_err};
+use crate::sql;
 
-/// The writer task's side of group commit: one transaction per batch on the writer
-/// connection (none for a batch of one: its statements commit by themselves), and each
-/// document change announced after the commit, while the connection is still held, so that
-/// changes arrive in commit order.
+/// The writer task's side of group commit: each batch in one transaction on the writer
+/// connection, carried out on the blocking pool in one hand-off, and each document change
+/// announced after the commit, while the connection is still held, so that changes arrive in
+/// commit order.
 pub(super) struct Writer {
-    pub(super) pool: SqlitePool,
-    pub(super) changes: broadcast::Sender<Change>,
+    pub(super) db: Arc<Db>,
 }
 
 #[async_trait]
@@ -32,59 +32,57 @@ impl Committer<Write> for Writer {
     type Output = Written;
 
     async fn commit(&mut self, writes: Vec<Write>) -> Result<Vec<Result<Written, Error>>, Error> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        let mut results = Vec::with_capacity(writes.len());
-        let mut announced = Vec::new();
-        // A journal write with a document is two statements: a transaction, even alone.
-        if writes.len() == 1 && !matches!(writes.first(), Some(Write::JournalThen(..))) {
-            for write in writes {
-                results.push(write_one(&mut conn, write, &mut announced).await?);
-            }
-        } else {
-            // Dropped on an error: the transaction rolls back and nothing was written.
-            let mut tx = conn.begin().await.map_err(map_err)?;
-            let mut writes = writes.into_iter().peekable();
-            while let Some(write) = writes.next() {
-                let (first, then) = match write {
-                    Write::Journal(write) => (write, None),
-                    Write::JournalThen(write, update) => (write, Some(update)),
-                    other => {
-                        results.push(write_one(&mut tx, other, &mut announced).await?);
-                        continue;
-                    }
-                };
-                // Consecutive journal writes (most of a busy batch) in a few statements, then
-                // the documents some of them replace once done.
-                let mut segment = vec![first];
-                let mut thens = vec![then];
-                while writes.peek().is_some_and(Write::is_journal) {
-                    match writes.next() {
-                        Some(Write::Journal(write)) => {
-                            segment.push(write);
-                            thens.push(None);
-                        }
-                        Some(Write::JournalThen(write, update)) => {
-                            segment.push(write);
-                            thens.push(Some(update));
-                        }
-                        _ => {}
-                    }
-                }
-                results.extend(write_segment(&mut tx, segment, thens, &mut announced).await?);
-            }
-            tx.commit().await.map_err(map_err)?;
-        }
-        for change in announced {
-            let _ = self.changes.send(change);
-        }
-        Ok(results)
+        self.db.write(move |tx| write_batch(tx, writes)).await
     }
+}
+
+/// A batch's writes in order, in the writer's transaction: each write's own result, or one
+/// error when the database failed (the transaction then rolls back).
+fn write_batch(
+    tx: &mut WriteTx<'_>,
+    writes: Vec<Write>,
+) -> Result<Vec<Result<Written, Error>>, Error> {
+    let mut results = Vec::with_capacity(writes.len());
+    let mut announced = Vec::new();
+    let mut writes = writes.into_iter().peekable();
+    while let Some(write) = writes.next() {
+        let (first, then) = match write {
+            Write::Journal(write) => (write, None),
+            Write::JournalThen(write, update) => (write, Some(update)),
+            other => {
+                results.push(write_one(tx, other, &mut announced)?);
+                continue;
+            }
+        };
+        // Consecutive journal writes (most of a busy batch) in a few statements, then the
+        // documents some of them replace once done.
+        let mut segment = vec![first];
+        let mut thens = vec![then];
+        while writes.peek().is_some_and(Write::is_journal) {
+            match writes.next() {
+                Some(Write::Journal(write)) => {
+                    segment.push(write);
+                    thens.push(None);
+                }
+                Some(Write::JournalThen(write, update)) => {
+                    segment.push(write);
+                    thens.push(Some(update));
+                }
+                _ => {}
+            }
+        }
+        results.extend(write_segment(tx, segment, thens, &mut announced)?);
+    }
+    for change in announced {
+        tx.announce(change);
+    }
+    Ok(results)
 }
 
 /// One write of a batch: `Err` for a database failure (the batch fails), `Ok(Err)` for a
 /// refused write (a stale version or fence, a lease held by another, a missing document).
-async fn write_one(
-    conn: &mut SqliteConnection,
+fn write_one(
+    conn: &Connection,
     write: Write,
     announced: &mut Vec<Change>,
 ) -> Result<Result<Written, Error>, Error> {
@@ -93,17 +91,18 @@ async fn write_one(
         failure => Err(failure),
     };
     match write {
-        Write::Journal(write) => {
-            one_of(write_segment(conn, vec![write], vec![None], announced).await?)
-        }
-        Write::JournalThen(write, then) => {
-            one_of(write_segment(conn, vec![write], vec![Some(then)], announced).await?)
-        }
+        Write::Journal(write) => one_of(write_segment(conn, vec![write], vec![None], announced)?),
+        Write::JournalThen(write, then) => one_of(write_segment(
+            conn,
+            vec![write],
+            vec![Some(then)],
+            announced,
+        )?),
         Write::Create { key, document } => {
             // A taken key fails this statement only (SQLite's ABORT): the batch goes on.
-            match insert(conn, &key, &document).await {
+            match insert(conn, &key, &document) {
                 Ok(()) => {}
-                Err(e) if sql::is_unique_violation(&e) => {
+                Err(e) if is_unique(&e) => {
                     return Ok(Err(Error::AlreadyExists(key)));
                 }
                 Err(e) => return Err(map_err(e)),
@@ -115,11 +114,9 @@ async fn write_one(
                 document,
             })))
         }
-        Write::Replace(update) => Ok(replace(conn, update, announced)
-            .await?
-            .map(|()| Written::Done)),
+        Write::Replace(update) => Ok(replace(conn, update, announced)?.map(|()| Written::Done)),
         Write::Edit { key, mut edit } => {
-            let record = match read_record(&mut *conn, &key).await {
+            let record = match reads::record(conn, &key) {
                 Ok(record) => record,
                 Err(e) => return refused(e),
             };
@@ -132,7 +129,7 @@ async fn write_one(
                 columns: sql::Columns::of(&document),
                 text: sql::document_text(&document),
             };
-            let result = update_one(conn, &update).await?;
+            let result = update_one(conn, &update)?;
             if result.is_ok() {
                 announced.push(Change::Written(
                     key.clone(),
@@ -147,7 +144,7 @@ async fn write_one(
                 })
             }))
         }
-        Write::Claim { run, lease } => match grant(conn, &run, &lease).await {
+        Write::Claim { run, lease } => match grant(conn, &run, &lease) {
             Ok(fence) => Ok(Ok(Written::Fence(fence))),
             Err(e) => refused(e),
         },
@@ -162,17 +159,20 @@ async fn write_one(
             };
             // Checked against the fence in the same statement: no row changed is a stale one
             // (a fence that does not fit matches no stored fence).
-            let done = sqlx::query(
-                "UPDATE leases SET owner = ?, expires_at = ? WHERE run_uid = ? AND fence = ?",
-            )
-            .bind(owner)
-            .bind(expires_at)
-            .bind(&run)
-            .bind(sql::to_i64(fence.0).unwrap_or(-1))
-            .execute(&mut *conn)
-            .await
-            .map_err(map_err)?;
-            if done.rows_affected() == 0 {
+            let done = conn
+                .prepare_cached(
+                    "UPDATE leases SET owner = ?1, expires_at = ?2 \
+                     WHERE run_uid = ?3 AND fence = ?4",
+                )
+                .map_err(map_err)?
+                .execute(rusqlite::params![
+                    owner,
+                    expires_at,
+                    run,
+                    sql::to_i64(fence.0).unwrap_or(-1)
+                ])
+                .map_err(map_err)?;
+            if done == 0 {
                 return refused(Error::Fenced { run });
             }
             Ok(Ok(Written::Done))
@@ -184,13 +184,13 @@ async fn write_one(
 /// what those that were done carry: their snapshots, then their documents, then the next
 /// steps of those whose documents were replaced (or that had none), each kind in one
 /// statement. Each write's own answer, or one error when the database failed.
-async fn write_segment(
-    conn: &mut SqliteConnection,
+fn write_segment(
+    conn: &Connection,
     segment: Vec<JournalWrite>,
     thens: Vec<Option<Then>>,
     announced: &mut Vec<Change>,
 ) -> Result<Vec<Result<Written, Error>>, Error> {
-    let written = journal_writes(&mut *conn, &segment).await?;
+    let written = journal_writes(conn, &segment)?;
     let done: Vec<&Then> = written
         .iter()
         .zip(&thens)
@@ -200,14 +200,12 @@ async fn write_segment(
         .iter()
         .filter_map(|then| then.snapshot.as_ref())
         .collect();
-    batch::keep_snapshots(&mut *conn, &snapshots).await?;
+    batch::keep_snapshots(conn, &snapshots)?;
     let updates: Vec<&DocumentUpdate> = done
         .iter()
         .filter_map(|then| then.update.as_ref())
         .collect();
-    let mut replaced = batch::replace_documents(&mut *conn, &updates)
-        .await?
-        .into_iter();
+    let mut replaced = batch::replace_documents(conn, &updates)?.into_iter();
     let mut results = Vec::with_capacity(segment.len());
     // The next steps to append, each with the index of the answer it belongs to.
     let mut nexts = Vec::new();
@@ -241,7 +239,7 @@ async fn write_segment(
             }
         });
     }
-    let appended = journal_writes(&mut *conn, &nexts).await?;
+    let appended = journal_writes(conn, &nexts)?;
     for (index, answer) in next_of.into_iter().zip(appended) {
         if let Some(Ok(Written::Then(_, next))) = results.get_mut(index) {
             *next = Some(answer);
@@ -251,14 +249,14 @@ async fn write_segment(
 }
 
 /// Journal writes checked and done in order: one statement for one, a few for several.
-async fn journal_writes(
-    conn: &mut SqliteConnection,
+fn journal_writes(
+    conn: &Connection,
     writes: &[JournalWrite],
 ) -> Result<Vec<Result<(), Error>>, Error> {
     match writes {
         [] => Ok(Vec::new()),
-        [write] => Ok(vec![journal_write(&mut *conn, write).await?]),
-        writes => batch::journal_writes(&mut *conn, writes).await,
+        [write] => Ok(vec![journal_write(conn, write)?]),
+        writes => batch::journal_writes(conn, writes),
     }
 }
 
@@ -272,24 +270,14 @@ fn one_of(mut results: Vec<Result<Written, Error>>) -> Result<Result<Written, Er
 
 /// A document replaced if still at the version its writer read, and its change announced:
 /// `Err` for a database failure (the batch fails), `Ok(Err)` for a refused update.
-async fn replace(
-    conn: &mut SqliteConnection,
+fn replace(
+    conn: &Connection,
     update: DocumentUpdate,
     announced: &mut Vec<Change>,
 ) -> Result<Result<(), Error>, Error> {
-    let result = update_one(conn, &update).await?;
+    let result = update_one(conn, &update)?;
     if result.is_ok() {
         announced.push(Change::Written(update.key, update.expected + 1));
     }
     Ok(result)
-}
-
-impl SqliteStore {
-    /// The writer connection, for one transaction; notifications are sent while it is held,
-    /// so they arrive in commit order.
-    pub(super) async fn write_connection(
-        &self,
-    ) -> Result<sqlx::pool::PoolConnection<Sqlite>, Error> {
-        self.inner.writer.acquire().await.map_err(map_err)
-    }
 }
