@@ -1,7 +1,8 @@
 //! The writer: SQLite has one writer at a time, so every write but batches of creates, deletes,
-//! messages and rewrites (which take the writer connection for their own transaction) is
-//! queued for one writer task that group-commits whatever is queued in one transaction (one
-//! fsync) and answers each write after the commit.
+//! messages and rewrites (which take the writer connection for their own transaction,
+//! `Db::write`) is queued for one writer task that group-commits whatever is queued in one
+//! transaction (one fsync), carried out whole on the blocking pool, and answers each write
+//! after the commit.
 
 use std::sync::Arc;
 
