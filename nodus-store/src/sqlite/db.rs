@@ -21,8 +21,10 @@ pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many reader connections are kept between reads.
 const READERS: usize = 4;
 
-/// Prepared statements kept per connection.
-const STATEMENT_CACHE: usize = 64;
+/// Prepared statements kept per connection: every fixed statement, and the built ones a
+/// busy store repeats (a group's listings, a writer batch's multi-row statements of each
+/// size); preparing (parsing and planning) is most of what a short statement costs.
+const STATEMENT_CACHE: usize = 256;
 
 /// The store's connections and its change channel.
 #[derive(Debug)]
@@ -89,10 +91,10 @@ impl Db {
             None => connect(&self.path)?,
         };
         let result = read(&conn);
-        if let Some(readers) = lock(&self.readers).as_mut() {
-            if readers.len() < READERS {
-                readers.push(conn);
-            }
+        if let Some(readers) = lock(&self.readers).as_mut()
+            && readers.len() < READERS
+        {
+            readers.push(conn);
         }
         result
     }
@@ -284,7 +286,7 @@ impl Query {
         conn: &Connection,
         mut row: impl FnMut(&rusqlite::Row<'_>) -> Result<T, Error>,
     ) -> Result<Vec<T>, Error> {
-        let mut statement = conn.prepare(&self.text).map_err(map_err)?;
+        let mut statement = conn.prepare_cached(&self.text).map_err(map_err)?;
         let mut rows = statement
             .query(rusqlite::params_from_iter(self.values.iter()))
             .map_err(map_err)?;
@@ -297,7 +299,7 @@ impl Query {
 
     /// Run, for the number of rows changed.
     pub(super) fn execute(&self, conn: &Connection) -> Result<usize, Error> {
-        let mut statement = conn.prepare(&self.text).map_err(map_err)?;
+        let mut statement = conn.prepare_cached(&self.text).map_err(map_err)?;
         statement
             .execute(rusqlite::params_from_iter(self.values.iter()))
             .map_err(map_err)
