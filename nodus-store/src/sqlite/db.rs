@@ -162,11 +162,14 @@ fn closed() -> Error {
 }
 
 /// A connection to `path` as every connection of the store is set: WAL, `synchronous =
-/// FULL`, the busy timeout, foreign keys on, a cache of prepared statements.
+/// FULL`, the busy timeout, foreign keys on, a cache of prepared statements, and the file
+/// read through a memory map (pages read in place rather than copied into each connection's
+/// cache, which another connection's commit empties).
 pub(super) fn connect(path: &Path) -> Result<Connection, Error> {
     let conn = open(path)?;
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; \
+         PRAGMA mmap_size = 268435456;",
     )
     .map_err(map_err)?;
     Ok(conn)
