@@ -208,21 +208,19 @@ pub(super) async fn list_sparse_known(
     paths: &[&str],
     known: &HashMap<String, Seen>,
 ) -> Result<Vec<Sparse>, Error> {
-    let mut query = Query::new(
-        "SELECT json_group_array(json_array(name, ord, version) ORDER BY ord) FROM resources \
-         WHERE project = ",
-    );
-    reads::push_conditions(&mut query, project, kind, selector);
-    let listed: String = store.read(|conn| one_text(conn, &query))?;
-    let listed: Vec<(String, u64, u64)> = serde_json::from_str(&listed)
-        .map_err(|e| Error::Corrupt(format!("a listing of names, places and versions: {e}")))?;
-    let listed: Vec<(String, Seen)> = listed
-        .into_iter()
-        .map(|(name, ord, version)| {
-            let at = Position(ord);
-            (name, Seen { at, version })
+    // A row apiece: a row is a function call here, cheaper than building and parsing one
+    // JSON array of them.
+    let mut query = Query::new("SELECT name, ord, version FROM resources WHERE project = ");
+    reads::push_selection(&mut query, project, kind, selector);
+    let listed: Vec<(String, Seen)> = store.read(|conn| {
+        query.rows(conn, |row| {
+            let seen = Seen {
+                at: Position(sql::to_u64(get(row, 1)?, "a creation order")?),
+                version: sql::to_u64(get(row, 2)?, "a version")?,
+            };
+            Ok((get(row, 0)?, seen))
         })
-        .collect();
+    })?;
     let read = if known.is_empty() {
         read_sparse(store, project, kind, selector, paths, None).await?
     } else {
@@ -259,8 +257,8 @@ async fn read_sparse(
         return Ok(nodus_core::store::cut_down(records, &wanted));
     };
     // One row: every document's name, version and, for each path, whether the document has
-    // it and its value, in creation order, as one JSON array. A row apiece would cross from
-    // SQLite's thread to the caller's once per row (a group's reconcile lists every member).
+    // it and its value, in creation order, as one JSON array (the values are JSON already,
+    // and the array is parsed in one go).
     let mut query = Query::new("SELECT json_group_array(json_array(name, version");
     for path in &json_paths {
         // `->` answers JSON (or NULL when the path is absent, told from a JSON null by
