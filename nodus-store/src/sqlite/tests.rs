@@ -619,3 +619,49 @@ async fn a_segment_s_document_updates_answer_each_update_in_order() {
     assert_eq!(stored("a").await, (4, json!("Succeeded")));
     assert_eq!(stored("b").await, (2, json!("Failed")));
 }
+
+/// A file whose recorded migrations this release does not know (a newer Nodus wrote it), one
+/// of whose migrations was left part-way, or one applied from other SQL is refused on open,
+/// with a message that says which, and is left as it was.
+#[tokio::test]
+async fn a_file_migrated_otherwise_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("nodus.db");
+    let store = SqliteStore::open(&path).await.expect("a new store");
+    store.close().await;
+    drop(store);
+    for (change, expected) in [
+        (
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+             execution_time) VALUES (9999, 'later', TRUE, x'00', 0)",
+            "migrated by a newer Nodus (migration 9999 is unknown here)",
+        ),
+        (
+            "UPDATE _sqlx_migrations SET success = FALSE WHERE version = 2",
+            "migration 2 was left part-way",
+        ),
+        (
+            "UPDATE _sqlx_migrations SET checksum = x'00' WHERE version = 1",
+            "migration 1 was applied from other SQL",
+        ),
+    ] {
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&path, &copy).expect("a copy");
+        let conn = rusqlite::Connection::open(&copy).expect("connect");
+        conn.execute_batch(change).expect(change);
+        drop(conn);
+        let before = std::fs::read(&copy).expect("read");
+        match SqliteStore::open(&copy).await {
+            Err(Error::Corrupt(message)) => {
+                assert!(message.contains(expected), "{message}");
+            }
+            other => panic!("{change}: opened as {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read(&copy).expect("read"),
+            before,
+            "{change}: left alone"
+        );
+        std::fs::remove_file(&copy).expect("remove");
+    }
+}
