@@ -51,6 +51,7 @@ impl JournalWrite {
     }
 
     /// The fence it is checked against.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn fence(&self) -> Fence {
         match self {
             JournalWrite::Append { fence, .. } | JournalWrite::Complete { fence, .. } => *fence,

@@ -11,6 +11,7 @@ use nodus_core::resource::Kind;
 use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite, Seen, Sparse};
 use serde_json::{Value, json};
 
+#[cfg(feature = "postgres")]
 /// The one place where sqlx errors become store errors. Connection trouble, a database that
 /// is shutting down or starting, lock timeouts and serialization failures are `Unavailable`
 /// (a retry may help); data that cannot be decoded is `Corrupt`. Callers that expect a
@@ -32,6 +33,7 @@ pub(crate) fn map_err(error: sqlx::Error) -> Error {
     }
 }
 
+#[cfg(feature = "postgres")]
 fn map_database(db: &dyn sqlx::error::DatabaseError) -> Error {
     let code = db.code().map(|c| c.to_string()).unwrap_or_default();
     let message = format!("{} (code {code})", db.message());
@@ -70,6 +72,7 @@ pub(crate) fn disk_full(message: &str) -> Error {
     ))
 }
 
+#[cfg(feature = "postgres")]
 /// Whether an error is a unique-key violation (a create of something that exists).
 pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
@@ -116,6 +119,7 @@ pub(crate) fn parse_document(text: &str) -> Result<Value, Error> {
     serde_json::from_str(text).map_err(|e| Error::Corrupt(format!("stored document: {e}")))
 }
 
+#[cfg(feature = "postgres")]
 /// The stored document of `key` from a row whose columns `at` and `at + 1` are its version
 /// and its JSON text (the same for every SQL backend).
 pub(crate) fn record_of<R>(key: ObjectKey, row: &R, at: usize) -> Result<Record, Error>
@@ -134,6 +138,7 @@ where
     })
 }
 
+#[cfg(feature = "postgres")]
 /// A sparse record from a row of `name, version, value…`, one value (JSON text, or NULL when
 /// absent) per path of `paths` from column `at + 1` on; `at` is the version's column.
 pub(crate) fn sparse_record_of<R>(
@@ -163,6 +168,7 @@ where
     })
 }
 
+#[cfg(feature = "postgres")]
 /// The records of listed rows (`name` first, then what `record_of` reads from column 1 on)
 /// that `selector` matches exactly.
 pub(crate) fn selected<R>(
@@ -338,6 +344,7 @@ pub(crate) fn column_of(field: &str) -> Option<&'static str> {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// Pushes ` AND <column> = value` when `field` has a column of its own (which holds the field
 /// when it is text, all such a field may match), through its index. Answers whether it did;
 /// other fields are the caller's to match in the document.
@@ -406,6 +413,7 @@ pub(crate) fn read_snapshot(
     Ok((seq, snapshot))
 }
 
+#[cfg(feature = "postgres")]
 /// An inbox message from a row of `seq, message_key, payload, received_at`.
 pub(crate) fn message_of<R: sqlx::Row>(row: &R) -> Result<nodus_core::store::InboxMessage, Error>
 where
@@ -513,6 +521,7 @@ pub(crate) fn bindable(
         .filter(|(key, value)| !key.contains('\0') && !value.contains('\0'))
 }
 
+#[cfg(feature = "sqlite")]
 /// The path parts of a dotted selector field, or `None` when a part cannot be written as a
 /// quoted JSON-path label (empty, or holding a double quote); such conditions are left to
 /// the in-process filter.
