@@ -131,10 +131,15 @@ where
 {
     let version: i64 = row.try_get(at).map_err(map_err)?;
     let document: String = row.try_get(at + 1).map_err(map_err)?;
+    stored_record(key, version, &document)
+}
+
+/// The document of `key` as stored: its version and its JSON text.
+pub(crate) fn stored_record(key: ObjectKey, version: i64, text: &str) -> Result<Record, Error> {
     Ok(Record {
         key,
         version: to_u64(version, "a version")?,
-        document: parse_document(&document)?,
+        document: parse_document(text)?,
     })
 }
 
@@ -266,11 +271,8 @@ impl<'s> PageReading<'s> {
     pub(crate) fn take(&mut self, rows: Vec<PageRow>) -> Result<(), Error> {
         let read = rows.len();
         for row in rows {
-            let record = Record {
-                key: ObjectKey::new(self.project, self.kind, row.name),
-                version: to_u64(row.version, "a version")?,
-                document: parse_document(&row.document)?,
-            };
+            let key = ObjectKey::new(self.project, self.kind, row.name);
+            let record = stored_record(key, row.version, &row.document)?;
             self.cursor = Some(row.ord);
             if self.selector.matches(&record.document) {
                 self.found

@@ -34,6 +34,9 @@ pub(super) struct Db {
     writer: Mutex<Option<Connection>>,
     /// Idle reader connections; `None` once closed.
     readers: Mutex<Option<Vec<Connection>>>,
+    /// Held by the one write on its way to the writer connection: the others wait for it
+    /// here, as tasks, not each on a thread of the blocking pool.
+    turn: tokio::sync::Mutex<()>,
     changes: broadcast::Sender<Change>,
 }
 
@@ -66,6 +69,7 @@ impl Db {
             path,
             writer: Mutex::new(Some(writer)),
             readers: Mutex::new(Some(Vec::new())),
+            turn: tokio::sync::Mutex::new(()),
             changes,
         }
     }
@@ -99,12 +103,14 @@ impl Db {
         result
     }
 
-    /// Run `write` in one transaction on the writer connection, on the blocking pool; commit
-    /// when it answers `Ok` (then announce its changes), roll back when it answers `Err`.
+    /// Run `write` in one transaction on the writer connection, on the blocking pool, once
+    /// the writes before it are done; commit when it answers `Ok` (then announce its
+    /// changes), roll back when it answers `Err`.
     pub(super) async fn write<T: Send + 'static>(
         self: &Arc<Self>,
         write: impl FnOnce(&mut WriteTx<'_>) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
+        let _turn = self.turn.lock().await;
         let db = Arc::clone(self);
         tokio::task::spawn_blocking(move || db.write_here(write))
             .await

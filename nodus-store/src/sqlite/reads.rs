@@ -29,11 +29,7 @@ pub(super) fn record(conn: &Connection, key: &ObjectKey) -> Result<Record, Error
         .optional()
         .map_err(map_err)?;
     let (version, text) = row.ok_or_else(|| Error::NotFound(key.clone()))?;
-    Ok(Record {
-        key: key.clone(),
-        version: sql::to_u64(version, "a version")?,
-        document: sql::parse_document(&text)?,
-    })
+    sql::stored_record(key.clone(), version, &text)
 }
 
 /// The conditions of a listing after `WHERE project = `: the project, the kind and the
@@ -115,11 +111,7 @@ pub(super) fn list(
     })?;
     let mut records = Vec::with_capacity(rows.len());
     for (name, version, text) in rows {
-        let record = Record {
-            key: ObjectKey::new(project, kind, name),
-            version: sql::to_u64(version, "a version")?,
-            document: sql::parse_document(&text)?,
-        };
+        let record = sql::stored_record(ObjectKey::new(project, kind, name), version, &text)?;
         if selector.matches(&record.document) {
             records.push(record);
         }
