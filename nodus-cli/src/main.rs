@@ -18,6 +18,12 @@ use std::process::ExitCode;
 
 use crate::cli::Command;
 
+/// mimalloc rather than the C library's allocator: a server step makes and frees many small
+/// documents, buffers and futures across the runtime's threads, which glibc's per-thread
+/// arenas serve with more locking, trimming and `munmap` (BENCHMARKS.md, issue 34).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // The sandbox launcher (`nodus --nodus-launch`, started by the process backend): before
     // anything else, while this process has one thread.
