@@ -135,7 +135,9 @@ pub use crate::host::{
 use crate::host::{give_to, prepare_root, sandbox_env};
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::watch::Watcher;
-use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
+use crate::workdir::{
+    blocking, canonical_dir, check_env, in_existing_dir, inside_dir, remove_tree,
+};
 use crate::{archive, capped, paths};
 
 /// How the gate's own failure message starts.
@@ -720,12 +722,6 @@ impl BwrapSandbox {
         Ok(self.config.root.join("sandboxes").join(&id.0))
     }
 
-    async fn existing_dir(&self, id: &SandboxId) -> Result<PathBuf, Error> {
-        let dir = self.dir_of(id)?;
-        let id = id.clone();
-        blocking(move || canonical_dir(&dir, &id)).await
-    }
-
     fn created(&self) -> std::sync::MutexGuard<'_, HashMap<String, Created>> {
         // The map stays consistent even if a holder panicked: each access is one call.
         self.created.lock().unwrap_or_else(PoisonError::into_inner)
@@ -1066,9 +1062,8 @@ impl Sandbox for BwrapSandbox {
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
-        let dir = self.existing_dir(id).await?;
         let user = self.config.run_as;
-        blocking(move || {
+        in_existing_dir(self.dir_of(id)?, id, move |dir| {
             archive::unpack(&tar, &dir)?;
             match user {
                 Some(user) => give_to(&dir, user),
@@ -1082,8 +1077,7 @@ impl Sandbox for BwrapSandbox {
         &self,
         id: &SandboxId,
     ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
-        let dir = self.existing_dir(id).await?;
-        blocking(move || archive::list(&dir)).await
+        in_existing_dir(self.dir_of(id)?, id, |dir| archive::list(&dir)).await
     }
 
     async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
@@ -1096,11 +1090,14 @@ impl Sandbox for BwrapSandbox {
         path: &str,
         max_bytes: usize,
     ) -> Result<Vec<u8>, Error> {
-        let dir = self.existing_dir(id).await?;
+        // A missing sandbox is told before a path it could not hold.
         let rel = paths::relative(Path::new(path))
-            .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
+            .map_err(|why| Error::Refused(format!("path {path:?} {why}")));
         let shown = path.to_owned();
-        blocking(move || archive::pack(&dir, &rel, &shown, max_bytes)).await
+        in_existing_dir(self.dir_of(id)?, id, move |dir| {
+            archive::pack(&dir, &rel?, &shown, max_bytes)
+        })
+        .await
     }
 
     async fn suspend(&self, id: &SandboxId) -> Result<(), Error> {

@@ -40,7 +40,9 @@ use tokio::process::Command;
 use tracing::{debug, warn};
 
 use crate::watch::Watcher;
-use crate::workdir::{blocking, canonical_dir, check_env, inside_dir, remove_tree};
+use crate::workdir::{
+    blocking, canonical_dir, check_env, in_existing_dir, inside_dir, remove_tree,
+};
 use crate::{archive, paths, process};
 
 /// `PATH` for commands when the server has none.
@@ -78,13 +80,6 @@ impl UnisolatedSandbox {
     fn dir_of(&self, id: &SandboxId) -> Result<PathBuf, Error> {
         paths::check_key(&id.0).map_err(|_| Error::NotFound(id.clone()))?;
         Ok(self.root.join(&id.0))
-    }
-
-    /// The canonical directory of an existing sandbox.
-    async fn existing_dir(&self, id: &SandboxId) -> Result<PathBuf, Error> {
-        let dir = self.dir_of(id)?;
-        let id = id.clone();
-        blocking(move || canonical_dir(&dir, &id)).await
     }
 
     fn envs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Created>> {
@@ -158,16 +153,14 @@ impl Sandbox for UnisolatedSandbox {
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
-        let dir = self.existing_dir(id).await?;
-        blocking(move || archive::unpack(&tar, &dir)).await
+        in_existing_dir(self.dir_of(id)?, id, move |dir| archive::unpack(&tar, &dir)).await
     }
 
     async fn list_files(
         &self,
         id: &SandboxId,
     ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
-        let dir = self.existing_dir(id).await?;
-        blocking(move || archive::list(&dir)).await
+        in_existing_dir(self.dir_of(id)?, id, |dir| archive::list(&dir)).await
     }
 
     async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
@@ -180,11 +173,14 @@ impl Sandbox for UnisolatedSandbox {
         path: &str,
         max_bytes: usize,
     ) -> Result<Vec<u8>, Error> {
-        let dir = self.existing_dir(id).await?;
+        // A missing sandbox is told before a path it could not hold.
         let rel = paths::relative(Path::new(path))
-            .map_err(|why| Error::Refused(format!("path {path:?} {why}")))?;
+            .map_err(|why| Error::Refused(format!("path {path:?} {why}")));
         let shown = path.to_owned();
-        blocking(move || archive::pack(&dir, &rel, &shown, max_bytes)).await
+        in_existing_dir(self.dir_of(id)?, id, move |dir| {
+            archive::pack(&dir, &rel?, &shown, max_bytes)
+        })
+        .await
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {

@@ -103,6 +103,17 @@ fn make_dirs_writable(dir: &Path) {
     }
 }
 
+/// Runs `work` with the canonical form of the sandbox directory `dir`, which must exist, off
+/// the async threads: the check and the work in one trip to the blocking pool.
+pub(crate) async fn in_existing_dir<T: Send + 'static>(
+    dir: PathBuf,
+    id: &SandboxId,
+    work: impl FnOnce(PathBuf) -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    let id = id.clone();
+    blocking(move || work(canonical_dir(&dir, &id)?)).await
+}
+
 /// Runs blocking file-system work off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
