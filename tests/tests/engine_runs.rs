@@ -1312,6 +1312,30 @@ async fn a_step_is_journaled_with_its_predecessor_s_outcome() {
     );
 }
 
+/// A run whose drive began with no step journaled has no snapshot yet: its first command's
+/// snapshot does not look for an earlier one in the store, and the next command's compares
+/// with the one this drive took.
+#[tokio::test]
+async fn a_new_runs_snapshots_read_none_back_from_the_store() {
+    let store = std::sync::Arc::new(support::CountingStore::default());
+    let script = vec![
+        commands(&["echo one > a"]),
+        commands(&["echo two > b"]),
+        text("done"),
+    ];
+    let world = World::over_store(script, store.clone());
+    let engine = world.engine_over(store.clone());
+    helper_run(&engine, "fresh", "Write two files.", |_| {}).await;
+    let run = engine.get_run(PROJECT, "fresh").await.expect("run");
+    let uid = run.metadata.uid.clone().expect("a uid");
+    let driven = engine.drive(PROJECT, "fresh").await.expect("drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    assert_eq!(store.snapshot_reads(), 0, "no snapshot read back");
+    // Both command steps have their snapshot.
+    let taken = store.inner.snapshots(&uid).await.expect("snapshots");
+    assert_eq!(taken.len(), 2, "{taken:?}");
+}
+
 /// A model call decided with the outcome before it reserves its credits first; when the
 /// status written with that outcome is refused (the run was cancelled meanwhile) the call is
 /// not journaled and its reservation is given back: the run ends cancelled with nothing

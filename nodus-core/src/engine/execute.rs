@@ -183,6 +183,9 @@ impl Engine {
                 return Err(error.into());
             }
         };
+        if journal.is_empty() && fixed.fork_of.is_none() {
+            self.last_snapshots.none_yet(&fixed.uid);
+        }
         // A fork's first drive copies the steps it inherits.
         let journal = match self.inherit(fixed, fence, journal).await {
             Ok(journal) => journal,

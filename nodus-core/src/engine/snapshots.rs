@@ -15,17 +15,34 @@ use crate::sandbox::{MAX_ARCHIVE_BYTES, SandboxId};
 use crate::snapshot::{self, Blob, Budget, Changes, Snapshot, Stored, Walk};
 
 /// The last snapshot of each run driven on this process, with its step, so that the next one
-/// compares with it without reading it back from the store.
+/// compares with it without reading it back from the store; or that the run has none yet.
 #[derive(Default)]
-pub(super) struct LastSnapshots(Mutex<HashMap<String, (u32, Arc<Snapshot>)>>);
+pub(super) struct LastSnapshots(Mutex<HashMap<String, Last>>);
+
+/// What this process knows of a run's last snapshot.
+#[derive(Clone)]
+enum Last {
+    /// The run has none: its drive began with no step journaled.
+    NoneYet,
+    /// The one taken after this step.
+    Taken(u32, Arc<Snapshot>),
+}
 
 impl LastSnapshots {
-    fn get(&self, uid: &str) -> Option<(u32, Arc<Snapshot>)> {
+    fn get(&self, uid: &str) -> Option<Last> {
         self.lock().get(uid).cloned()
     }
 
     fn put(&self, uid: &str, seq: u32, snapshot: Arc<Snapshot>) {
-        self.lock().insert(uid.to_string(), (seq, snapshot));
+        self.lock()
+            .insert(uid.to_string(), Last::Taken(seq, snapshot));
+    }
+
+    /// `uid`'s drive found no step journaled, and the run is no fork: no snapshot of it can
+    /// be in the store (one is only ever kept after a step, by the drive holding the run, or
+    /// copied to a fork), so its first need not look for one there.
+    pub(super) fn none_yet(&self, uid: &str) {
+        self.lock().insert(uid.to_string(), Last::NoneYet);
     }
 
     /// Forget a run (it finished, or its drive ended).
@@ -33,7 +50,7 @@ impl LastSnapshots {
         self.lock().remove(uid);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, Arc<Snapshot>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Last>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -75,7 +92,8 @@ impl Engine {
         // is taken again). The changes are told since the last one this process took: only
         // with it are they enough.
         let (last, changes) = match self.last_snapshots.get(&fixed.uid) {
-            Some((at, last)) if at < seq => (Some((at, last)), changes),
+            Some(Last::Taken(at, last)) if at < seq => (Some((at, last)), changes),
+            Some(Last::NoneYet) => (None, changes),
             _ => (
                 match self.deps.store.snapshots(&fixed.uid).await {
                     Ok(all) => all

@@ -478,6 +478,8 @@ pub struct CountingStore {
     pub inner: MemoryStore,
     reads: AtomicUsize,
     documents: AtomicUsize,
+    /// The reads of a run's working-directory snapshots.
+    snapshot_reads: AtomicUsize,
     gets: Mutex<std::collections::HashMap<ObjectKey, usize>>,
     /// The listings of whole documents (`list`, `list_page`), by kind.
     whole_listings: Mutex<std::collections::HashMap<Kind, usize>>,
@@ -517,6 +519,11 @@ impl CountingStore {
             self.reads.load(Ordering::SeqCst),
             self.documents.load(Ordering::SeqCst),
         )
+    }
+
+    /// How many times a run's working-directory snapshots were read so far.
+    pub fn snapshot_reads(&self) -> usize {
+        self.snapshot_reads.load(Ordering::SeqCst)
     }
 
     /// How many times the documents of `kind` were read by key so far.
@@ -756,6 +763,7 @@ impl Store for CountingStore {
         &self,
         run_uid: &str,
     ) -> Result<Vec<(u32, nodus_core::snapshot::Snapshot)>, store::Error> {
+        self.snapshot_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.snapshots(run_uid).await
     }
     async fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, store::Error> {
