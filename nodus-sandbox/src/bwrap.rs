@@ -135,9 +135,7 @@ pub use crate::host::{
 use crate::host::{give_to, prepare_root, sandbox_env};
 use crate::process::{self, DRAIN_GRACE, ProcessGroup};
 use crate::watch::Watcher;
-use crate::workdir::{
-    blocking, canonical_dir, check_env, in_existing_dir, inside_dir, remove_tree,
-};
+use crate::workdir::{SandboxesDir, blocking, check_env, in_existing_dir, inside_dir, remove_tree};
 use crate::{archive, capped, paths};
 
 /// How the gate's own failure message starts.
@@ -462,6 +460,8 @@ pub struct BwrapSandbox {
     cgroups: Cgroups,
     prepared: OnceCell<Prepared>,
     created: Mutex<HashMap<String, Created>>,
+    /// Where the sandboxes' working directories are (`root/sandboxes`).
+    dirs: Arc<SandboxesDir>,
     /// What changed in each working directory.
     watcher: Arc<Watcher>,
 }
@@ -474,7 +474,7 @@ impl BwrapSandbox {
         request: &ExecRequest,
         followers: Option<Arc<dyn LiveOutput>>,
     ) -> Result<ExecOutput, Error> {
-        let dir = self.dir_of(id)?;
+        self.dirs.of_id(id)?;
         let created = self
             .created()
             .get(&id.0)
@@ -485,11 +485,11 @@ impl BwrapSandbox {
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let owned_id = id.clone();
+        let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
         let shown = shown_cwd.clone();
         // One trip to the blocking pool: the directories, and the disk watch's starting point.
         let (home, cwd, start) = blocking(move || {
-            let home = canonical_dir(&dir, &owned_id)?;
+            let home = dirs.existing(&owned_id)?;
             let cwd = inside_dir(&home, &rel, &shown)?;
             let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
             let inside = if inner.as_os_str().is_empty() {
@@ -591,6 +591,7 @@ impl BwrapSandbox {
             "bubblewrap sandboxes (limits not enforced by cgroups fall back to rlimits)"
         );
         BwrapSandbox {
+            dirs: Arc::new(SandboxesDir::new(config.root.join("sandboxes"))),
             config,
             cgroups,
             prepared: OnceCell::new(),
@@ -714,12 +715,6 @@ impl BwrapSandbox {
     /// sentence, for the server to say at start).
     pub fn limits(&self) -> String {
         self.cgroups.summary()
-    }
-
-    /// The host directory of a sandbox, for an id this backend could have issued.
-    fn dir_of(&self, id: &SandboxId) -> Result<PathBuf, Error> {
-        paths::check_key(&id.0).map_err(|_| Error::NotFound(id.clone()))?;
-        Ok(self.config.root.join("sandboxes").join(&id.0))
     }
 
     fn created(&self) -> std::sync::MutexGuard<'_, HashMap<String, Created>> {
@@ -996,7 +991,7 @@ impl Sandbox for BwrapSandbox {
             }
             None => (None, None),
         };
-        let dir = self.config.root.join("sandboxes").join(&spec.key);
+        let (dirs, dir) = (Arc::clone(&self.dirs), self.dirs.of(&spec.key));
         let cgroups = self.cgroups.clone();
         let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
         let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
@@ -1012,7 +1007,7 @@ impl Sandbox for BwrapSandbox {
                 fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
             }
             cgroups.create(&key, &limits, entrant)?;
-            canonical_dir(&dir, &owned_id)
+            dirs.existing(&owned_id)
         })
         .await?;
         let mut env = spec.env.clone();
@@ -1063,7 +1058,7 @@ impl Sandbox for BwrapSandbox {
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
         let user = self.config.run_as;
-        in_existing_dir(self.dir_of(id)?, id, move |dir| {
+        in_existing_dir(&self.dirs, id, move |dir| {
             archive::unpack(&tar, &dir)?;
             match user {
                 Some(user) => give_to(&dir, user),
@@ -1077,11 +1072,14 @@ impl Sandbox for BwrapSandbox {
         &self,
         id: &SandboxId,
     ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
-        in_existing_dir(self.dir_of(id)?, id, |dir| archive::list(&dir)).await
+        in_existing_dir(&self.dirs, id, |dir| archive::list(&dir)).await
     }
 
     async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
-        self.watcher.changes_of(id, self.dir_of(id)?).await
+        let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
+        self.watcher
+            .changes_of(id, move || dirs.existing(&owned_id))
+            .await
     }
 
     async fn get_files(
@@ -1094,7 +1092,7 @@ impl Sandbox for BwrapSandbox {
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")));
         let shown = path.to_owned();
-        in_existing_dir(self.dir_of(id)?, id, move |dir| {
+        in_existing_dir(&self.dirs, id, move |dir| {
             archive::pack(&dir, &rel?, &shown, max_bytes)
         })
         .await
@@ -1123,7 +1121,7 @@ impl Sandbox for BwrapSandbox {
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
         // An id this backend cannot have issued names no sandbox: nothing to remove.
-        let Ok(dir) = self.dir_of(id) else {
+        let Ok(dir) = self.dirs.of_id(id) else {
             return Ok(());
         };
         // As `suspend` (after its running command, if one runs, holding the slot), then the

@@ -40,9 +40,7 @@ use tokio::process::Command;
 use tracing::{debug, warn};
 
 use crate::watch::Watcher;
-use crate::workdir::{
-    blocking, canonical_dir, check_env, in_existing_dir, inside_dir, remove_tree,
-};
+use crate::workdir::{SandboxesDir, blocking, check_env, in_existing_dir, inside_dir, remove_tree};
 use crate::{archive, paths, process};
 
 /// `PATH` for commands when the server has none.
@@ -55,7 +53,7 @@ type Created = (BTreeMap<String, String>, Limits);
 /// without any isolation. See the [module docs](self).
 #[derive(Debug)]
 pub struct UnisolatedSandbox {
-    root: PathBuf,
+    dirs: Arc<SandboxesDir>,
     /// The environment and limits of each sandbox created since this value was made, by id.
     envs: Mutex<HashMap<String, Created>>,
     /// What changed in each working directory.
@@ -70,16 +68,10 @@ impl UnisolatedSandbox {
             "unisolated sandboxes: commands run as local processes with no isolation"
         );
         UnisolatedSandbox {
-            root,
+            dirs: Arc::new(SandboxesDir::new(root)),
             envs: Mutex::new(HashMap::new()),
             watcher: Arc::default(),
         }
-    }
-
-    /// The directory of a sandbox, for an id this backend could have issued.
-    fn dir_of(&self, id: &SandboxId) -> Result<PathBuf, Error> {
-        paths::check_key(&id.0).map_err(|_| Error::NotFound(id.clone()))?;
-        Ok(self.root.join(&id.0))
     }
 
     fn envs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Created>> {
@@ -95,7 +87,7 @@ impl Sandbox for UnisolatedSandbox {
         check_env(&spec.env)?;
         // Checked as elsewhere, but not made (see the module's documentation).
         nodus_core::sandbox::check_links(&spec.links, "/").map_err(Error::Refused)?;
-        let dir = self.root.join(&spec.key);
+        let dir = self.dirs.of(&spec.key);
         blocking(move || {
             fs::create_dir_all(&dir).map_err(|e| {
                 Error::Failed(format!("creating the sandbox's working directory: {e}"))
@@ -113,7 +105,7 @@ impl Sandbox for UnisolatedSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        let dir = self.dir_of(id)?;
+        self.dirs.of_id(id)?;
         let (env, limits) = self
             .envs()
             .get(&id.0)
@@ -123,9 +115,9 @@ impl Sandbox for UnisolatedSandbox {
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
-        let owned_id = id.clone();
+        let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
         let (home, cwd) = blocking(move || {
-            let home = canonical_dir(&dir, &owned_id)?;
+            let home = dirs.existing(&owned_id)?;
             let cwd = inside_dir(&home, &rel, &shown_cwd)?;
             Ok((home, cwd))
         })
@@ -153,18 +145,21 @@ impl Sandbox for UnisolatedSandbox {
     }
 
     async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), Error> {
-        in_existing_dir(self.dir_of(id)?, id, move |dir| archive::unpack(&tar, &dir)).await
+        in_existing_dir(&self.dirs, id, move |dir| archive::unpack(&tar, &dir)).await
     }
 
     async fn list_files(
         &self,
         id: &SandboxId,
     ) -> Result<Vec<nodus_core::snapshot::FileStat>, Error> {
-        in_existing_dir(self.dir_of(id)?, id, |dir| archive::list(&dir)).await
+        in_existing_dir(&self.dirs, id, |dir| archive::list(&dir)).await
     }
 
     async fn changes(&self, id: &SandboxId) -> Result<nodus_core::snapshot::Changes, Error> {
-        self.watcher.changes_of(id, self.dir_of(id)?).await
+        let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
+        self.watcher
+            .changes_of(id, move || dirs.existing(&owned_id))
+            .await
     }
 
     async fn get_files(
@@ -177,7 +172,7 @@ impl Sandbox for UnisolatedSandbox {
         let rel = paths::relative(Path::new(path))
             .map_err(|why| Error::Refused(format!("path {path:?} {why}")));
         let shown = path.to_owned();
-        in_existing_dir(self.dir_of(id)?, id, move |dir| {
+        in_existing_dir(&self.dirs, id, move |dir| {
             archive::pack(&dir, &rel?, &shown, max_bytes)
         })
         .await
@@ -185,7 +180,7 @@ impl Sandbox for UnisolatedSandbox {
 
     async fn destroy(&self, id: &SandboxId) -> Result<(), Error> {
         // An id this backend cannot have issued names no sandbox: nothing to remove.
-        let Ok(dir) = self.dir_of(id) else {
+        let Ok(dir) = self.dirs.of_id(id) else {
             return Ok(());
         };
         self.envs().remove(&id.0);

@@ -28,7 +28,7 @@ use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::archive;
-use crate::workdir::{blocking, canonical_dir};
+use crate::workdir::blocking;
 
 /// The directories of one working directory watched at most: past them it is listed whole
 /// at each snapshot, and the host's watches (`max_user_watches`, shared by every sandbox) are
@@ -106,12 +106,12 @@ impl Watcher {
         watches.stat(id, changed)
     }
 
-    /// [`Watcher::changes`] of sandbox `id`, whose working directory is `dir` (made
-    /// canonical here), off the async threads.
+    /// [`Watcher::changes`] of sandbox `id`, whose canonical working directory `dir` finds
+    /// (or fails to), off the async threads.
     pub(crate) async fn changes_of(
         self: &Arc<Self>,
         id: &SandboxId,
-        dir: PathBuf,
+        dir: impl FnOnce() -> Result<PathBuf, Error> + Send + 'static,
     ) -> Result<Changes, Error> {
         // Most often nothing changed: told here, without a trip to the blocking pool (the
         // queue is read without blocking).
@@ -123,7 +123,7 @@ impl Watcher {
         }
         let (watcher, id) = (Arc::clone(self), id.clone());
         blocking(move || {
-            let dir = canonical_dir(&dir, &id)?;
+            let dir = dir()?;
             watcher.changes(&id.0, &dir)
         })
         .await

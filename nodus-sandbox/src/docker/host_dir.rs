@@ -11,7 +11,7 @@ use nodus_core::snapshot::{Changes, FileStat};
 
 use super::{DockerSandbox, Endpoint, fs_readable};
 use crate::archive;
-use crate::workdir::blocking;
+use crate::workdir::{blocking, canonical_dir};
 
 impl DockerSandbox {
     /// The volume's directory of sandbox `id` on this host, when it can be read here; found
@@ -56,7 +56,12 @@ impl DockerSandbox {
     pub(super) async fn changes_on_host(&self, id: &SandboxId) -> Result<Changes, Error> {
         self.limits_of(id)?;
         match self.host_dir(id).await {
-            Some(dir) => self.watcher.changes_of(id, dir).await,
+            Some(dir) => {
+                let owned_id = id.clone();
+                self.watcher
+                    .changes_of(id, move || canonical_dir(&dir, &owned_id))
+                    .await
+            }
             None => Ok(Changes::Unknown),
         }
     }
