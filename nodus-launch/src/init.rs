@@ -2,6 +2,7 @@
 //! starts the program and reaps every process of the namespace until the program exits.
 
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode, Stdio};
 
 use rustix::event::{PollFd, PollFlags};
@@ -12,13 +13,14 @@ use crate::plan::Limit;
 use crate::{Error, Plan, unshare, write_file};
 
 /// Sets the plan's rlimits on PID 1, before anything of the sandbox runs: every process
-/// of the sandbox (a plan's program, or each command of the channel) inherits them.
+/// of the sandbox (a plan's program, or each command of the channel) inherits them. All but
+/// the address space's, which each program gets of its own ([`limit_address_space`]).
 fn set_rlimits(plan: &Plan) -> Result<(), Error> {
     for (limit, value) in &plan.rlimits {
         let resource = match limit {
             Limit::FileSize => Resource::Fsize,
             Limit::Processes => Resource::Nproc,
-            Limit::AddressSpace => Resource::As,
+            Limit::AddressSpace => continue,
         };
         let both = Rlimit {
             current: Some(*value),
@@ -29,6 +31,34 @@ fn set_rlimits(plan: &Plan) -> Result<(), Error> {
         )))?;
     }
     Ok(())
+}
+
+/// Gives `command`'s program the plan's address-space limit, set in its own process between
+/// the fork and the `exec` (the new image starts within it), not on PID 1: PID 1 is a fork
+/// of the launcher, whose address space may hold more than the limit reserved and unused (the
+/// `nodus` binary's allocator reserves 1 GiB up front), and under the limit it could start
+/// nothing. Every process the program starts inherits the limit.
+#[allow(unsafe_code)]
+pub(crate) fn limit_address_space(command: &mut Command, plan: &Plan) {
+    let Some(bytes) = plan
+        .rlimits
+        .iter()
+        .find_map(|(limit, value)| matches!(limit, Limit::AddressSpace).then_some(*value))
+    else {
+        return;
+    };
+    let both = Rlimit {
+        current: Some(bytes),
+        maximum: Some(bytes),
+    };
+    // SAFETY: the closure runs in the child between its fork and its `exec`, where only
+    // async-signal-safe calls may be made: it makes one, `setrlimit(2)` (rustix's wrapper
+    // is the system call alone: it neither allocates nor takes a lock), on a value it copies.
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::setrlimit(Resource::As, both).map_err(std::io::Error::from)
+        });
+    }
 }
 
 /// Runs stage two (forked by stage one, which holds the write end of `stage_one`'s pipe while
@@ -79,17 +109,18 @@ pub(crate) fn init(plan: Plan, stage_one: OwnedFd) -> Result<ExitCode, Error> {
         .split_first()
         .ok_or_else(|| Error::Plan("no program".to_owned()))?;
     // With a non-zero user id, `exec` leaves the program no capabilities.
-    let child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .env_clear()
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&plan.work_inside)
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(Error::step(format!(
-            "starting {}",
-            program.to_string_lossy()
-        )))?;
+        .stdin(Stdio::null());
+    limit_address_space(&mut command, &plan);
+    let child = command.spawn().map_err(Error::step(format!(
+        "starting {}",
+        program.to_string_lossy()
+    )))?;
     let main = child.id();
     // PID 1 reaps every orphan of the namespace; the program's own end ends the sandbox.
     loop {

@@ -24,7 +24,8 @@
 //! its standard input, a socket, so that a sandbox's start pays no program start.
 //!
 //! The only `unsafe` are the calls to `unshare`, `fork` and `close_range` (see [`unshare`],
-//! [`fork`] and [`close_from`]).
+//! [`fork`] and [`close_from`]), and the `setrlimit` of a program's address space between
+//! its fork and its `exec` (`init::limit_address_space`).
 
 mod egress;
 pub mod handoff;

@@ -173,7 +173,8 @@ fn run(plan: &Plan, command: &[u8], cwd: &Path, err: &mut File) -> Result<i32, E
         .program
         .split_first()
         .ok_or_else(|| Error::Plan("no program".to_owned()))?;
-    let spawned = Command::new(program)
+    let mut child = Command::new(program);
+    child
         .args(args)
         .arg(OsStr::from_bytes(command))
         .env_clear()
@@ -181,8 +182,9 @@ fn run(plan: &Plan, command: &[u8], cwd: &Path, err: &mut File) -> Result<i32, E
         .env("PWD", cwd)
         .env("OLDPWD", &plan.work_inside)
         .stdin(Stdio::null())
-        .process_group(0)
-        .spawn();
+        .process_group(0);
+    crate::init::limit_address_space(&mut child, plan);
+    let spawned = child.spawn();
     let code = match spawned {
         Ok(child) => {
             let main = child.id();
