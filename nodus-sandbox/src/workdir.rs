@@ -31,18 +31,6 @@ pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), Error> {
     Ok(())
 }
 
-/// The canonical form of a sandbox's directory, which must exist.
-pub(crate) fn canonical_dir(dir: &Path, id: &SandboxId) -> Result<PathBuf, Error> {
-    match dir.canonicalize() {
-        Ok(dir) if dir.is_dir() => Ok(dir),
-        Ok(_) => Err(Error::NotFound(id.clone())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::NotFound(id.clone())),
-        Err(e) => Err(Error::Failed(format!(
-            "opening the sandbox's working directory: {e}"
-        ))),
-    }
-}
-
 /// The directory that holds a backend's sandbox directories, one per sandbox key. Its
 /// canonical form is resolved once it exists and kept (it is the server's own and does not
 /// move): a sandbox's canonical directory is then that and one look at the sandbox's own, not

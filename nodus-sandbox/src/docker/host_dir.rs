@@ -3,7 +3,7 @@
 //! working directory is listed and watched there ([`crate::watch`]), as the process
 //! sandboxes' are, instead of being read back as an archive of the whole directory.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::PoisonError;
 
 use nodus_core::sandbox::{Error, MAX_ARCHIVE_BYTES, SandboxId};
@@ -11,7 +11,7 @@ use nodus_core::snapshot::{Changes, FileStat};
 
 use super::{DockerSandbox, Endpoint, fs_readable};
 use crate::archive;
-use crate::workdir::{blocking, canonical_dir};
+use crate::workdir::blocking;
 
 impl DockerSandbox {
     /// The volume's directory of sandbox `id` on this host, when it can be read here; found
@@ -78,5 +78,17 @@ impl DockerSandbox {
         self.host_dirs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The canonical form of a sandbox's volume directory `dir`, which must exist.
+fn canonical_dir(dir: &Path, id: &SandboxId) -> Result<PathBuf, Error> {
+    match dir.canonicalize() {
+        Ok(dir) if dir.is_dir() => Ok(dir),
+        Ok(_) => Err(Error::NotFound(id.clone())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound(id.clone())),
+        Err(e) => Err(Error::Failed(format!(
+            "opening the sandbox's working directory: {e}"
+        ))),
     }
 }
