@@ -79,8 +79,9 @@ impl Default for RunnerConfig {
 
 /// A group's reconcile starts no sooner than this many times as long as its last reconcile's
 /// reads and plan took (at most [`RunnerConfig::group_settle`]) after that one ended: a busy
-/// group's reconciles read for at most about a ninth of the time. (Four, a fifth, cost a
-/// 1,000-run group about 6 % more CPU per run and no wall time: BENCHMARKS.md, issue 34.)
+/// group's reconciles read for at most about a ninth of the time. (With four, a fifth, a
+/// 1,000-run group cost about 6 % more CPU per run, and took no less wall time: BENCHMARKS.md,
+/// issue 34.)
 pub const SETTLE_FACTOR: u32 = 8;
 
 /// The scheduler of an engine's runs and groups. Built and started by [`Runner::start`].

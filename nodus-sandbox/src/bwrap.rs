@@ -474,7 +474,6 @@ impl BwrapSandbox {
         request: &ExecRequest,
         followers: Option<Arc<dyn LiveOutput>>,
     ) -> Result<ExecOutput, Error> {
-        self.dirs.of_id(id)?;
         let created = self
             .created()
             .get(&id.0)

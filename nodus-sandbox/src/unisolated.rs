@@ -105,7 +105,6 @@ impl Sandbox for UnisolatedSandbox {
     }
 
     async fn exec(&self, id: &SandboxId, request: &ExecRequest) -> Result<ExecOutput, Error> {
-        self.dirs.of_id(id)?;
         let (env, limits) = self
             .envs()
             .get(&id.0)

@@ -11,11 +11,11 @@ use nodus_core::resource::Kind;
 use nodus_core::store::{Error, ObjectKey, Page, Position, Record, RunRewrite, Seen, Sparse};
 use serde_json::{Value, json};
 
-#[cfg(feature = "postgres")]
 /// The one place where sqlx errors become store errors. Connection trouble, a database that
 /// is shutting down or starting, lock timeouts and serialization failures are `Unavailable`
 /// (a retry may help); data that cannot be decoded is `Corrupt`. Callers that expect a
 /// unique violation (a create) check [`is_unique_violation`] first.
+#[cfg(feature = "postgres")]
 pub(crate) fn map_err(error: sqlx::Error) -> Error {
     use sqlx::Error as E;
     match error {
@@ -72,8 +72,8 @@ pub(crate) fn disk_full(message: &str) -> Error {
     ))
 }
 
-#[cfg(feature = "postgres")]
 /// Whether an error is a unique-key violation (a create of something that exists).
+#[cfg(feature = "postgres")]
 pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
 }
@@ -119,9 +119,9 @@ pub(crate) fn parse_document(text: &str) -> Result<Value, Error> {
     serde_json::from_str(text).map_err(|e| Error::Corrupt(format!("stored document: {e}")))
 }
 
-#[cfg(feature = "postgres")]
 /// The stored document of `key` from a row whose columns `at` and `at + 1` are its version
-/// and its JSON text (the same for every SQL backend).
+/// and its JSON text (a Postgres row; SQLite's are read by `stored_record`).
+#[cfg(feature = "postgres")]
 pub(crate) fn record_of<R>(key: ObjectKey, row: &R, at: usize) -> Result<Record, Error>
 where
     R: sqlx::Row,
@@ -143,9 +143,9 @@ pub(crate) fn stored_record(key: ObjectKey, version: i64, text: &str) -> Result<
     })
 }
 
-#[cfg(feature = "postgres")]
 /// A sparse record from a row of `name, version, value…`, one value (JSON text, or NULL when
 /// absent) per path of `paths` from column `at + 1` on; `at` is the version's column.
+#[cfg(feature = "postgres")]
 pub(crate) fn sparse_record_of<R>(
     key: ObjectKey,
     row: &R,
@@ -173,9 +173,9 @@ where
     })
 }
 
-#[cfg(feature = "postgres")]
 /// The records of listed rows (`name` first, then what `record_of` reads from column 1 on)
 /// that `selector` matches exactly.
+#[cfg(feature = "postgres")]
 pub(crate) fn selected<R>(
     project: &str,
     kind: Kind,
@@ -346,10 +346,10 @@ pub(crate) fn column_of(field: &str) -> Option<&'static str> {
     }
 }
 
-#[cfg(feature = "postgres")]
 /// Pushes ` AND <column> = value` when `field` has a column of its own (which holds the field
 /// when it is text, all such a field may match), through its index. Answers whether it did;
 /// other fields are the caller's to match in the document.
+#[cfg(feature = "postgres")]
 pub(crate) fn push_column_match<'a, DB>(
     query: &mut sqlx::QueryBuilder<'a, DB>,
     field: &str,
@@ -415,8 +415,8 @@ pub(crate) fn read_snapshot(
     Ok((seq, snapshot))
 }
 
-#[cfg(feature = "postgres")]
 /// An inbox message from a row of `seq, message_key, payload, received_at`.
+#[cfg(feature = "postgres")]
 pub(crate) fn message_of<R: sqlx::Row>(row: &R) -> Result<nodus_core::store::InboxMessage, Error>
 where
     usize: sqlx::ColumnIndex<R>,
@@ -523,10 +523,10 @@ pub(crate) fn bindable(
         .filter(|(key, value)| !key.contains('\0') && !value.contains('\0'))
 }
 
-#[cfg(feature = "sqlite")]
 /// The path parts of a dotted selector field, or `None` when a part cannot be written as a
 /// quoted JSON-path label (empty, or holding a double quote); such conditions are left to
 /// the in-process filter.
+#[cfg(feature = "sqlite")]
 pub(crate) fn path_parts(path: &str) -> Option<Vec<&str>> {
     let parts: Vec<&str> = path.split('.').collect();
     parts
