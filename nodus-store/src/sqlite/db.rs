@@ -168,14 +168,15 @@ fn closed() -> Error {
 }
 
 /// A connection to `path` as every connection of the store is set: WAL, `synchronous =
-/// FULL`, the busy timeout, foreign keys on, a cache of prepared statements, and the file
-/// read through a memory map (pages read in place rather than copied into each connection's
-/// cache, which another connection's commit empties).
+/// FULL`, the busy timeout, foreign keys on, a cache of prepared statements. The file is read
+/// with `pread`, not through a memory map: in WAL mode a reader that finds the log changed
+/// since its last read (after any other connection's commit, on a busy store nearly every
+/// read) unmaps the whole file and maps it again, and the unmap is a TLB shootdown across
+/// the process's CPUs; copying the few pages a read touches costs less.
 pub(super) fn connect(path: &Path) -> Result<Connection, Error> {
     let conn = open(path)?;
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; \
-         PRAGMA mmap_size = 268435456;",
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
     )
     .map_err(map_err)?;
     Ok(conn)
