@@ -3,7 +3,7 @@
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt as _;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, Stdio};
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::process::{Resource, Rlimit, Signal, WaitOptions};
@@ -63,7 +63,7 @@ pub(crate) fn limit_address_space(command: &mut Command, plan: &Plan) {
 
 /// Runs stage two (forked by stage one, which holds the write end of `stage_one`'s pipe while
 /// it lives) with stage one's plan.
-pub(crate) fn init(plan: Plan, stage_one: OwnedFd) -> Result<ExitCode, Error> {
+pub(crate) fn init(plan: Plan, stage_one: OwnedFd) -> Result<u8, Error> {
     // First, so that the sandbox ends with stage one (and through it with the server).
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(Error::errno("setting the parent-death signal"))?;

@@ -21,7 +21,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, Stdio};
 
 use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 
@@ -120,7 +120,7 @@ fn enter(dir: &[u8], work: &Path) -> Entered {
 
 /// Runs the loop until the channel closes; stage two calls it as PID 1, in the sandbox's root,
 /// with its inner user namespace entered.
-pub(crate) fn serve(plan: &Plan) -> Result<ExitCode, Error> {
+pub(crate) fn serve(plan: &Plan) -> Result<u8, Error> {
     let work = plan.work_inside.as_path();
     let copy = |fd: std::os::fd::BorrowedFd<'_>, what: &str| {
         fd.try_clone_to_owned()
@@ -134,7 +134,7 @@ pub(crate) fn serve(plan: &Plan) -> Result<ExitCode, Error> {
     loop {
         line.clear();
         match input.read_until(b'\n', &mut line) {
-            Ok(0) => return Ok(ExitCode::SUCCESS),
+            Ok(0) => return Ok(0),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Error::step("reading the channel")(e)),
@@ -146,7 +146,7 @@ pub(crate) fn serve(plan: &Plan) -> Result<ExitCode, Error> {
         let begin = [&frame.nonce[..], b" B\n"].concat();
         // A write that fails means the host closed the channel: the sandbox ends.
         if out.write_all(&begin).and(err.write_all(&begin)).is_err() {
-            return Ok(ExitCode::SUCCESS);
+            return Ok(0);
         }
         let status = match entered {
             Entered::Inside(cwd) => run(plan, &frame.command, &cwd, &mut err)?.to_string(),
@@ -160,7 +160,7 @@ pub(crate) fn serve(plan: &Plan) -> Result<ExitCode, Error> {
             .and(err.write_all(&end_err))
             .is_err()
         {
-            return Ok(ExitCode::SUCCESS);
+            return Ok(0);
         }
     }
 }

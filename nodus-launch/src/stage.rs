@@ -2,7 +2,6 @@
 //! forked as PID 1 of the new pid namespace.
 
 use std::io::{Read, Write};
-use std::process::ExitCode;
 
 use rustix::process::{Signal, WaitOptions};
 use rustix::thread::UnshareFlags;
@@ -10,7 +9,7 @@ use rustix::thread::UnshareFlags;
 use crate::{Error, Plan, unshare, write_file};
 
 /// Reads the plan from standard input and starts the sandbox; returns how its program exited.
-pub(crate) fn enter() -> Result<ExitCode, Error> {
+pub(crate) fn enter() -> Result<u8, Error> {
     let mut bytes = Vec::new();
     std::io::stdin()
         .read_to_end(&mut bytes)
@@ -22,7 +21,7 @@ pub(crate) fn enter() -> Result<ExitCode, Error> {
 /// the resident launcher); returns how its program exited (in stage one and, once it has
 /// forked, in stage two). `net_entered`: this process is in the sandbox's network namespace
 /// already (one of the resident launcher's pool), so that no new one is made.
-pub(crate) fn start(mut plan: Plan, net_entered: bool) -> Result<ExitCode, Error> {
+pub(crate) fn start(mut plan: Plan, net_entered: bool) -> Result<u8, Error> {
     if !plan.cpus.is_empty() {
         let mut set = rustix::thread::CpuSet::new();
         for &cpu in &plan.cpus {

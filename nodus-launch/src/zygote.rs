@@ -243,11 +243,11 @@ enum Ended {
 }
 
 /// Runs the resident launcher until the socket on its standard input hangs up; in a forked
-/// child, runs stage one and returns how the sandbox ended.
+/// child, runs stage one and ends as the sandbox did (see [`crate::exit_now`]).
 pub(crate) fn serve(args: &[std::ffi::OsString]) -> ExitCode {
     match crate::netpool::size_from(args).and_then(serve_loop) {
         Ok(Ended::HungUp) => ExitCode::SUCCESS,
-        Ok(Ended::Child(request)) => crate::finish(child(request)),
+        Ok(Ended::Child(request)) => crate::exit_now(crate::finish(child(request))),
         Err(e) => {
             use std::io::Write;
             let _ = writeln!(std::io::stderr(), "{e}");
@@ -449,7 +449,7 @@ fn start(
 /// network namespace if it was given one (as root, before stage one makes it the sandbox's
 /// user: the namespace stays the initial user namespace's), every other descriptor is
 /// closed, a process group of its own, then stage one.
-fn child(request: Request) -> Result<ExitCode, Error> {
+fn child(request: Request) -> Result<u8, Error> {
     let Request {
         plan,
         stdout,
