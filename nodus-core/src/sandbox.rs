@@ -356,7 +356,9 @@ pub trait Sandbox: Send + Sync {
     /// What changed in the working directory since the last call for this sandbox, as
     /// [`Sandbox::list_files`] would list it: the entries that may have changed and the paths
     /// gone, or [`Changes::Unknown`](crate::snapshot::Changes::Unknown) when the backend cannot
-    /// tell (the first call, after a restart of the process, after it lost track). Every
+    /// tell (the first call, after a restart of the process, after it lost track), or
+    /// [`Changes::Listed`](crate::snapshot::Changes::Listed), the whole listing, when it
+    /// cannot tell but listed the directory anyway (saving the engine a second call). Every
     /// call drains what the backend gathered: only one caller (the engine's snapshot) may
     /// ask. This default never tells; backends that see the working directory on the host
     /// watch it.

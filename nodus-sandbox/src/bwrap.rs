@@ -484,9 +484,18 @@ impl BwrapSandbox {
         let shown_cwd = request.cwd.clone().unwrap_or_default();
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
+        // The slot first: whether the sandbox must start (and have its cgroups made) is then
+        // known before the trip below, which makes them too.
+        let mut held = created.live.lock().await;
+        let starts = !held.as_mut().is_some_and(Live::running);
         let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
         let shown = shown_cwd.clone();
-        // One trip to the blocking pool: the directories, and the disk watch's starting point.
+        let cgroups = starts.then(|| {
+            let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+            (self.cgroups.clone(), created.limits, entrant)
+        });
+        // One trip to the blocking pool: the directories, the disk watch's starting point,
+        // and the cgroups of a sandbox that starts.
         let (home, cwd, start) = blocking(move || {
             let home = dirs.existing(&owned_id)?;
             let cwd = inside_dir(&home, &rel, &shown)?;
@@ -497,9 +506,13 @@ impl BwrapSandbox {
                 Path::new(WORKDIR).join(inner)
             };
             let start = crate::disk::usage(&home);
+            if let Some((cgroups, limits, entrant)) = cgroups {
+                cgroups.create(&owned_id.0, &limits, entrant)?;
+            }
             Ok((home, inside, start))
         })
         .await?;
+        let mut cgroups_made = starts;
 
         let inner = cwd.to_string_lossy().into_owned();
         let nonce = channel::nonce();
@@ -510,7 +523,6 @@ impl BwrapSandbox {
             reserve: self.config.disk_reserve_bytes,
         };
         let cap = capped::cap_len(request.output_cap);
-        let mut held = created.live.lock().await;
         let mut fresh = false;
         let ran = loop {
             // A sandbox whose process died (killed from outside, or stopped with its last
@@ -522,11 +534,14 @@ impl BwrapSandbox {
                 Some(live) => live,
                 None => {
                     fresh = true;
-                    // Its cgroups are gone when it was suspended.
-                    let (cgroups, key, limits) =
-                        (self.cgroups.clone(), id.0.clone(), created.limits);
-                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
-                    blocking(move || cgroups.create(&key, &limits, entrant)).await?;
+                    // Its cgroups are gone when it was suspended: made above, unless it was
+                    // running then (and ended since).
+                    if !std::mem::take(&mut cgroups_made) {
+                        let (cgroups, key, limits) =
+                            (self.cgroups.clone(), id.0.clone(), created.limits);
+                        let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+                        blocking(move || cgroups.create(&key, &limits, entrant)).await?;
+                    }
                     self.start(prepared, &id.0, &created, &home)?
                 }
             };

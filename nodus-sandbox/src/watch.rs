@@ -6,8 +6,10 @@
 //!
 //! The kernel queues an event before the system call that caused it returns, so once a
 //! command has ended, everything it changed is in the queue. What inotify cannot tell makes
-//! the answer [`Changes::Unknown`] (the engine then lists the whole directory) and the watch
-//! is made again: the first call for a sandbox, a lost queue (`IN_Q_OVERFLOW`), a directory
+//! the watch made again and the answer the whole listing, taken once the watch is made, in
+//! the same trip to the blocking pool ([`Changes::Listed`]; [`Changes::Unknown`], for the
+//! engine to list, when the watch cannot be trusted right away): the first call for a
+//! sandbox, a lost queue (`IN_Q_OVERFLOW`), a directory
 //! renamed (the paths of the watches below it are stale), the working directory itself moved
 //! or removed, a watch the kernel refuses (`max_user_watches`). What inotify does not see at
 //! all: writes through a shared memory mapping (no event until the file is written or its
@@ -100,7 +102,10 @@ impl Watcher {
             Some(Tracked::Refused) => return Ok(Changes::Unknown),
             Some(Tracked::Lost) | None => {
                 watches.watch(id, root);
-                return Ok(Changes::Unknown);
+                // Listed after the watch is made: what changes from here on is told next
+                // time (a change between the two is listed now and told again: harmless).
+                drop(watches);
+                return Ok(Changes::Listed(archive::list(root)?));
             }
         };
         watches.stat(id, changed)

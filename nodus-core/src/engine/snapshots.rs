@@ -79,6 +79,11 @@ impl Engine {
         seq: u32,
     ) -> Option<KeptWithOutcome> {
         let budget = self.config.snapshots?;
+        // Before anything is listed or told: a file written after this has a later time (see
+        // `snapshot::racy`); what the sandbox tells next may be a listing already.
+        let listed_at_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         // What changed since the last snapshot this process took of this sandbox: asked
         // first, so that whatever changes from now on is told next time.
         let changes = match self.deps.sandbox.changes(sandbox).await {
@@ -106,7 +111,12 @@ impl Engine {
                         None
                     }
                 },
-                Changes::Unknown,
+                // A whole listing holds whatever the last one was; changes only since the
+                // last one this process took.
+                match changes {
+                    Changes::Listed(all) => Changes::Listed(all),
+                    _ => Changes::Unknown,
+                },
             ),
         };
         // Nothing changed: the last snapshot again, kept as a reference to it.
@@ -121,7 +131,13 @@ impl Engine {
         }
         let previous = last.as_ref().map(|(at, s)| (*at, s.as_ref()));
         let (snapshot, blobs) = match self
-            .walk(sandbox, previous.map(|(_, s)| s), changes, budget)
+            .walk(
+                sandbox,
+                previous.map(|(_, s)| s),
+                changes,
+                budget,
+                listed_at_ns,
+            )
             .await
         {
             Ok(taken) => taken,
@@ -162,22 +178,20 @@ impl Engine {
     }
 
     /// Walk the sandbox, or only what changed when the sandbox can tell and there is a last
-    /// manifest to change: the snapshot and the contents the store lacks, or why it failed.
+    /// manifest to change (or take the whole listing it told): the snapshot and the contents
+    /// the store lacks, or why it failed. `listed_at_ns`: a time before the sandbox was asked.
     async fn walk(
         &self,
         sandbox: &SandboxId,
         last: Option<&Snapshot>,
         changes: Changes,
         budget: Budget,
+        listed_at_ns: i64,
     ) -> Result<(Snapshot, Vec<Blob>), String> {
         let previous = last.and_then(Snapshot::manifest);
-        // Before the listing: a file written after this has a later time (see
-        // `snapshot::racy`).
-        let listed_at_ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         let (stats, gone) = match (previous, changes) {
             (Some(_), Changes::Known { present, gone }) => (present, Some(gone)),
+            (_, Changes::Listed(all)) => (all, None),
             _ => (
                 self.deps
                     .sandbox

@@ -13,6 +13,10 @@ pub enum Changes {
     /// It cannot tell (it does not watch its working directory, it has only begun to, or it
     /// lost track): the whole directory must be listed.
     Unknown,
+    /// It cannot tell what changed, and listed the whole directory instead, as
+    /// [`crate::Sandbox::list_files`] would (a backend that has only begun to watch, which
+    /// walks the directory then anyway): every entry present, none to list again.
+    Listed(Vec<FileStat>),
     /// Only these entries may differ: each changed path still present (a directory that
     /// appeared with everything under it), and the paths gone.
     Known {
@@ -144,6 +148,7 @@ mod tests {
             .is_nothing()
         );
         assert!(!Changes::Unknown.is_nothing());
+        assert!(!Changes::Listed(Vec::new()).is_nothing());
     }
 
     #[test]

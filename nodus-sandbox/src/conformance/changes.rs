@@ -52,14 +52,12 @@ pub async fn changes_are_told(b: &Backend) {
 async fn told_changes(b: &Backend, watched: bool) {
     let id = fresh(b, "changes").await;
     let first = b.sandbox.changes(&id).await.expect("changes");
-    if watched {
-        assert_eq!(
-            first,
-            Changes::Unknown,
-            "the first answer cannot know what was there"
-        );
-    }
     let mut listed = by_path(b.sandbox.list_files(&id).await.expect("list"));
+    match first {
+        Changes::Listed(all) => assert_eq!(by_path(all), listed, "the first answer's listing"),
+        Changes::Unknown => {}
+        Changes::Known { .. } => panic!("the first answer cannot know what was there: {first:?}"),
+    }
     for (command, must_tell) in SERIES {
         let out = exec(b, &id, command).await;
         assert_eq!(out.exit_code, Some(0), "{command}: {out:?}");
@@ -88,6 +86,13 @@ async fn told_changes(b: &Backend, watched: bool) {
                     !(watched && *must_tell),
                     "after {command:?} the backend could not tell what changed"
                 );
+            }
+            Changes::Listed(all) => {
+                assert!(
+                    !(watched && *must_tell),
+                    "after {command:?} the backend could not tell what changed"
+                );
+                assert_eq!(by_path(all), now, "after {command:?}, the listing it told");
             }
         }
         listed = now;
