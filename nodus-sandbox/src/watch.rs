@@ -5,16 +5,16 @@
 //! lists nothing.
 //!
 //! The kernel queues an event before the system call that caused it returns, so once a
-//! command has ended, everything it changed is in the queue. What inotify cannot tell makes
-//! the watch made again and the answer the whole listing, taken once the watch is made, in
-//! the same trip to the blocking pool ([`Changes::Listed`]; [`Changes::Unknown`], for the
-//! engine to list, when the watch cannot be trusted right away): the first call for a
-//! sandbox, a lost queue (`IN_Q_OVERFLOW`), a directory
-//! renamed (the paths of the watches below it are stale), the working directory itself moved
-//! or removed, a watch the kernel refuses (`max_user_watches`). What inotify does not see at
-//! all: writes through a shared memory mapping (no event until the file is written or its
-//! attributes change otherwise), and a file hard-linked from outside the working directory
-//! and changed there.
+//! command has ended, everything it changed is in the queue. What inotify cannot tell (the
+//! first call for a sandbox, a lost queue (`IN_Q_OVERFLOW`), a directory renamed (the paths
+//! of the watches below it are stale), the working directory itself moved or removed) makes
+//! the watch made again, and the answer, at the latest at the next call, the whole listing,
+//! taken once the watch is made and in the same trip to the blocking pool
+//! ([`Changes::Listed`]); a watch the kernel refuses (`max_user_watches`) makes it
+//! [`Changes::Unknown`], for the engine to list the directory itself. What inotify does not
+//! see at all: writes through a shared memory mapping (no event until the file is written or
+//! its attributes change otherwise), and a file hard-linked from outside the working
+//! directory and changed there.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::{CStr, CString};
