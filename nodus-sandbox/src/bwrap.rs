@@ -582,7 +582,12 @@ impl BwrapSandbox {
             }
         };
         let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
-        if let (None, Some(_)) = (&stopped, exit_code) {
+        // A command that wrote nothing in the working directory (the watch saw no change
+        // since the last snapshot, or since the sandbox was made, both before it) left it as
+        // large as it found it: nothing to measure.
+        if let (None, Some(_)) = (&stopped, exit_code)
+            && !self.watcher.unchanged(&id.0)
+        {
             stopped = watch.reached(start).await;
         }
         Ok(reading.into_exec_output(exit_code, stopped))
@@ -1011,6 +1016,7 @@ impl Sandbox for BwrapSandbox {
         let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
         let id = SandboxId(spec.key.clone());
         let owned_id = id.clone();
+        let watcher = Arc::clone(&self.watcher);
         let home = blocking(move || {
             let failed = |e: io::Error| {
                 Error::Failed(format!("creating the sandbox's working directory: {e}"))
@@ -1021,7 +1027,11 @@ impl Sandbox for BwrapSandbox {
                 fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
             }
             cgroups.create(&key, &limits, entrant)?;
-            dirs.existing(&owned_id)
+            let home = dirs.existing(&owned_id)?;
+            // Watched from the start: a command that writes nothing is told apart without
+            // measuring the directory again (see `exec_reporting`).
+            watcher.begin(&owned_id.0, &home);
+            Ok(home)
         })
         .await?;
         let mut env = spec.env.clone();

@@ -79,11 +79,14 @@ struct Watches {
 
 #[derive(Debug)]
 enum Tracked {
-    /// Watched since the last call: its directories' watches, and the paths changed since.
+    /// Watched since the last call (or since the watch was begun): its directories' watches,
+    /// the paths changed since, and whether a call was answered since the watch was made
+    /// (`false`: the next answer is the whole listing, as the engine knows nothing yet).
     Watching {
         root: PathBuf,
         dirs: HashMap<String, i32>,
         changed: BTreeSet<String>,
+        told: bool,
     },
     /// Watched, but its events cannot be trusted since the last call: made again next time.
     Lost,
@@ -97,18 +100,47 @@ impl Watcher {
     pub(crate) fn changes(&self, id: &str, root: &Path) -> Result<Changes, Error> {
         let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         watches.drain();
-        let changed = match watches.sandboxes.get_mut(id) {
-            Some(Tracked::Watching { changed, .. }) => std::mem::take(changed),
-            Some(Tracked::Refused) => return Ok(Changes::Unknown),
-            Some(Tracked::Lost) | None => {
-                watches.watch(id, root);
-                // Listed after the watch is made: what changes from here on is told next
-                // time (a change between the two is listed now and told again: harmless).
-                drop(watches);
-                return Ok(Changes::Listed(archive::list(root)?));
+        match watches.sandboxes.get_mut(id) {
+            Some(Tracked::Watching {
+                changed,
+                told: true,
+                ..
+            }) => {
+                let changed = std::mem::take(changed);
+                return watches.stat(id, changed);
             }
-        };
-        watches.stat(id, changed)
+            // Watched since it was made ([`Watcher::begin`]), never told: the listing.
+            Some(Tracked::Watching { changed, told, .. }) => {
+                changed.clear();
+                *told = true;
+            }
+            Some(Tracked::Refused) => return Ok(Changes::Unknown),
+            Some(Tracked::Lost) | None => watches.watch(id, root, true),
+        }
+        // Listed after the watch is made: what changes from here on is told next time (a
+        // change between the two is listed now and told again: harmless).
+        drop(watches);
+        Ok(Changes::Listed(archive::list(root)?))
+    }
+
+    /// Begins watching the working directory `root` of sandbox `id`, which was just made:
+    /// from here on [`Watcher::unchanged`] can tell that a command wrote nothing (the first
+    /// [`Watcher::changes`] still answers with the whole listing). Blocking (it walks the
+    /// directory): call it off the async threads. A watch the kernel refuses is refused for
+    /// good, as in [`Watcher::changes`].
+    pub(crate) fn begin(&self, id: &str, root: &Path) {
+        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        watches.drain();
+        watches.watch(id, root, false);
+    }
+
+    /// Whether sandbox `id` is watched and nothing in its working directory changed since the
+    /// last [`Watcher::changes`] (or since the watch began): nothing but a read of the queue
+    /// that does not block, and not a call that drains what was gathered.
+    pub(crate) fn unchanged(&self, id: &str) -> bool {
+        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        watches.drain();
+        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, .. }) if changed.is_empty())
     }
 
     /// [`Watcher::changes`] of sandbox `id`, whose canonical working directory `dir` finds
@@ -139,7 +171,7 @@ impl Watcher {
     fn nothing_changed(&self, id: &str) -> bool {
         let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         watches.drain();
-        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, .. }) if changed.is_empty())
+        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, told: true, .. }) if changed.is_empty())
     }
 
     /// Stop watching a sandbox (it is being removed).
@@ -256,8 +288,9 @@ impl Watches {
         }
     }
 
-    /// Watch every directory of sandbox `id`'s working directory `root`, from nothing.
-    fn watch(&mut self, id: &str, root: &Path) {
+    /// Watch every directory of sandbox `id`'s working directory `root`, from nothing; `told`:
+    /// the caller answers with the listing now (else the next call does).
+    fn watch(&mut self, id: &str, root: &Path, told: bool) {
         self.unwatch(id);
         let fd = match self
             .fd
@@ -283,6 +316,7 @@ impl Watches {
                 root: root.to_path_buf(),
                 dirs,
                 changed: BTreeSet::new(),
+                told,
             },
         );
     }
@@ -498,6 +532,46 @@ fn is_dir(dir: &OwnedFd, entry: &rustix::fs::DirEntry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn paths(stats: &[FileStat]) -> Vec<&str> {
+        stats.iter().map(|s| s.path.as_str()).collect()
+    }
+
+    #[test]
+    fn a_watch_begun_with_the_sandbox_answers_the_listing_first_and_sees_every_write() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::write(root.path().join("staged"), b"x").expect("file");
+        let watcher = Watcher::default();
+        assert!(!watcher.unchanged("s"), "not watched: it cannot vouch");
+        watcher.begin("s", root.path());
+        assert!(watcher.unchanged("s"));
+        // The engine knows nothing yet: the whole listing, though nothing changed.
+        match watcher.changes("s", root.path()).expect("changes") {
+            Changes::Listed(all) => assert_eq!(paths(&all), ["staged"]),
+            other => panic!("the first answer is the listing: {other:?}"),
+        }
+        assert!(watcher.unchanged("s"));
+        std::fs::create_dir(root.path().join("d")).expect("mkdir");
+        std::fs::write(root.path().join("d/new"), b"y").expect("file");
+        assert!(!watcher.unchanged("s"), "a write is seen before it is told");
+        assert!(!watcher.unchanged("s"), "and asking does not drain it");
+        match watcher.changes("s", root.path()).expect("changes") {
+            Changes::Known { present, gone } => {
+                assert_eq!(paths(&present), ["d", "d/new"]);
+                assert!(gone.is_empty());
+            }
+            other => panic!("then what changed: {other:?}"),
+        }
+        assert!(watcher.unchanged("s"));
+        // A write to a file that is there already, and a removal.
+        std::fs::write(root.path().join("staged"), b"longer").expect("write");
+        assert!(!watcher.unchanged("s"));
+        let _ = watcher.changes("s", root.path()).expect("changes");
+        std::fs::remove_file(root.path().join("d/new")).expect("rm");
+        assert!(!watcher.unchanged("s"));
+        watcher.forget("s");
+        assert!(!watcher.unchanged("s"), "forgotten: it cannot vouch");
+    }
 
     #[test]
     fn a_tree_is_watched_whole_or_not_at_all() {
