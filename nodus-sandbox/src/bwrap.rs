@@ -157,6 +157,33 @@ struct Created {
     /// The sandbox's process while it runs (`None` before it starts again): the holder of
     /// this lock runs the sandbox's one command at a time.
     live: Arc<tokio::sync::Mutex<Option<Live>>>,
+    /// The canonical working directory, found when the sandbox was made.
+    home: PathBuf,
+    /// The working directory's size as last measured, with the watch's mark taken before it.
+    measured: Arc<std::sync::Mutex<Option<Measured>>>,
+}
+
+/// A working directory's size, and the watch's mark taken before it was measured: while the
+/// watch gives the same mark, nothing in the directory changed and the size holds (see
+/// [`Watcher::mark`]).
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    mark: u64,
+    bytes: u64,
+}
+
+impl Created {
+    /// The working directory's last measured size, if the watch vouches that it still holds.
+    fn measured_now(&self, watcher: &Watcher, id: &str) -> Option<Measured> {
+        let measured = (*self.measured.lock().unwrap_or_else(PoisonError::into_inner))?;
+        (watcher.mark(id) == Some(measured.mark)).then_some(measured)
+    }
+
+    /// Keeps `bytes`, measured after the watch gave `mark` (nothing kept without one).
+    fn remember(&self, mark: Option<u64>, bytes: u64) {
+        *self.measured.lock().unwrap_or_else(PoisonError::into_inner) =
+            mark.map(|mark| Measured { mark, bytes });
+    }
 }
 
 /// The most bytes of what a sandbox said on stderr before its first command began that an
@@ -488,30 +515,51 @@ impl BwrapSandbox {
         // known before the trip below, which makes them too.
         let mut held = created.live.lock().await;
         let starts = !held.as_mut().is_some_and(Live::running);
-        let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
-        let shown = shown_cwd.clone();
-        let cgroups = starts.then(|| {
-            let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
-            (self.cgroups.clone(), created.limits, entrant)
-        });
-        // One trip to the blocking pool: the directories, the disk watch's starting point,
-        // and the cgroups of a sandbox that starts.
-        let (home, cwd, start) = blocking(move || {
-            let home = dirs.existing(&owned_id)?;
-            let cwd = inside_dir(&home, &rel, &shown)?;
-            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
-            let inside = if inner.as_os_str().is_empty() {
-                PathBuf::from(WORKDIR)
-            } else {
-                Path::new(WORKDIR).join(inner)
-            };
-            let start = crate::disk::usage(&home);
-            if let Some((cgroups, limits, entrant)) = cgroups {
-                cgroups.create(&owned_id.0, &limits, entrant)?;
+        // A command in the working directory itself, in a sandbox that runs and whose
+        // directory the watch saw unchanged since it was last measured, needs no trip to the
+        // blocking pool: its directory and its size are known. (A directory removed or moved
+        // is an event of its watch.)
+        let known = (!starts && rel.as_os_str().is_empty())
+            .then(|| created.measured_now(&self.watcher, &id.0))
+            .flatten();
+        let (home, cwd, start, start_mark) = match known {
+            Some(measured) => (
+                created.home.clone(),
+                PathBuf::from(WORKDIR),
+                measured.bytes,
+                Some(measured.mark),
+            ),
+            None => {
+                let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
+                let watcher = Arc::clone(&self.watcher);
+                let shown = shown_cwd.clone();
+                let cgroups = starts.then(|| {
+                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+                    (self.cgroups.clone(), created.limits, entrant)
+                });
+                // One trip: the directories, the disk watch's starting point (after the
+                // watch's mark), and the cgroups of a sandbox that starts.
+                let (home, cwd, start, mark) = blocking(move || {
+                    let home = dirs.existing(&owned_id)?;
+                    let cwd = inside_dir(&home, &rel, &shown)?;
+                    let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
+                    let inside = if inner.as_os_str().is_empty() {
+                        PathBuf::from(WORKDIR)
+                    } else {
+                        Path::new(WORKDIR).join(inner)
+                    };
+                    let mark = watcher.mark(&owned_id.0);
+                    let start = crate::disk::usage(&home);
+                    if let Some((cgroups, limits, entrant)) = cgroups {
+                        cgroups.create(&owned_id.0, &limits, entrant)?;
+                    }
+                    Ok((home, inside, start, mark))
+                })
+                .await?;
+                created.remember(mark, start);
+                (home, cwd, start, mark)
             }
-            Ok((home, inside, start))
-        })
-        .await?;
+        };
         let mut cgroups_made = starts;
 
         let inner = cwd.to_string_lossy().into_owned();
@@ -582,11 +630,11 @@ impl BwrapSandbox {
             }
         };
         let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
-        // A command that wrote nothing in the working directory (the watch saw no change
-        // since the last snapshot, or since the sandbox was made, both before it) left it as
-        // large as it found it: nothing to measure.
+        // A command that wrote nothing in the working directory (the watch's mark the same as
+        // before `start` was measured) left it as large as it found it: nothing to measure.
+        let unchanged = start_mark.is_some() && self.watcher.mark(&id.0) == start_mark;
         if let (None, Some(_)) = (&stopped, exit_code)
-            && !self.watcher.unchanged(&id.0)
+            && !unchanged
         {
             stopped = watch.reached(start).await;
         }
@@ -1017,7 +1065,7 @@ impl Sandbox for BwrapSandbox {
         let id = SandboxId(spec.key.clone());
         let owned_id = id.clone();
         let watcher = Arc::clone(&self.watcher);
-        let home = blocking(move || {
+        let (home, measured) = blocking(move || {
             let failed = |e: io::Error| {
                 Error::Failed(format!("creating the sandbox's working directory: {e}"))
             };
@@ -1031,7 +1079,9 @@ impl Sandbox for BwrapSandbox {
             // Watched from the start: a command that writes nothing is told apart without
             // measuring the directory again (see `exec_reporting`).
             watcher.begin(&owned_id.0, &home);
-            Ok(home)
+            let mark = watcher.mark(&owned_id.0);
+            let bytes = crate::disk::usage(&home);
+            Ok((home, mark.map(|mark| Measured { mark, bytes })))
         })
         .await?;
         let mut env = spec.env.clone();
@@ -1049,6 +1099,8 @@ impl Sandbox for BwrapSandbox {
             trust,
             links: spec.links.clone(),
             live: Arc::default(),
+            home: home.clone(),
+            measured: Arc::new(std::sync::Mutex::new(measured)),
         };
         let live = self.start(prepared, &spec.key, &created, &home)?;
         *created.live.lock().await = Some(live);

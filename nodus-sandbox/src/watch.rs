@@ -75,6 +75,9 @@ struct Watches {
     by_wd: HashMap<i32, (String, String)>,
     /// What is known of each sandbox asked about.
     sandboxes: HashMap<String, Tracked>,
+    /// Counts the watches made and the events noted, of every sandbox: a sandbox's
+    /// [`Watcher::mark`].
+    clock: u64,
 }
 
 #[derive(Debug)]
@@ -87,6 +90,8 @@ enum Tracked {
         dirs: HashMap<String, i32>,
         changed: BTreeSet<String>,
         told: bool,
+        /// The clock when the watch was made or its last event was noted.
+        last_change: u64,
     },
     /// Watched, but its events cannot be trusted since the last call: made again next time.
     Lost,
@@ -124,7 +129,7 @@ impl Watcher {
     }
 
     /// Begins watching the working directory `root` of sandbox `id`, which was just made:
-    /// from here on [`Watcher::unchanged`] can tell that a command wrote nothing (the first
+    /// from here on [`Watcher::mark`] can tell that a command wrote nothing (the first
     /// [`Watcher::changes`] still answers with the whole listing). Blocking (it walks the
     /// directory): call it off the async threads. A watch the kernel refuses is refused for
     /// good, as in [`Watcher::changes`].
@@ -134,13 +139,18 @@ impl Watcher {
         watches.watch(id, root, false);
     }
 
-    /// Whether sandbox `id` is watched and nothing in its working directory changed since the
-    /// last [`Watcher::changes`] (or since the watch began): nothing but a read of the queue
-    /// that does not block, and not a call that drains what was gathered.
-    pub(crate) fn unchanged(&self, id: &str) -> bool {
+    /// A mark of sandbox `id`'s working directory as the watch knows it now, `None` when it is
+    /// not watched: the same mark later means that nothing in it changed in between (no
+    /// event, no watch made again), so that what was measured of it after the first still
+    /// holds. Nothing but a read of the queue that does not block; it drains nothing the
+    /// engine is told.
+    pub(crate) fn mark(&self, id: &str) -> Option<u64> {
         let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         watches.drain();
-        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, .. }) if changed.is_empty())
+        match watches.sandboxes.get(id) {
+            Some(Tracked::Watching { last_change, .. }) => Some(*last_change),
+            _ => None,
+        }
     }
 
     /// [`Watcher::changes`] of sandbox `id`, whose canonical working directory `dir` finds
@@ -238,6 +248,11 @@ impl Watches {
         let Some((id, dir)) = self.by_wd.get(&wd).cloned() else {
             return;
         };
+        // Any event of the sandbox's moves its mark, whatever follows.
+        self.clock += 1;
+        if let Some(Tracked::Watching { last_change, .. }) = self.sandboxes.get_mut(&id) {
+            *last_change = self.clock;
+        }
         if flags.contains(ReadFlags::IGNORED) {
             // The directory is gone (its removal is told by its parent's watch).
             self.by_wd.remove(&wd);
@@ -310,6 +325,7 @@ impl Watches {
             self.by_wd.insert(*wd, (id.to_string(), rel.clone()));
         }
         let dirs: HashMap<String, i32> = added.into_iter().collect();
+        self.clock += 1;
         self.sandboxes.insert(
             id.to_string(),
             Tracked::Watching {
@@ -317,6 +333,7 @@ impl Watches {
                 dirs,
                 changed: BTreeSet::new(),
                 told,
+                last_change: self.clock,
             },
         );
     }
@@ -538,23 +555,24 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_begun_with_the_sandbox_answers_the_listing_first_and_sees_every_write() {
+    fn a_watch_begun_with_the_sandbox_answers_the_listing_first_and_marks_every_write() {
         let root = tempfile::tempdir().expect("tempdir");
         std::fs::write(root.path().join("staged"), b"x").expect("file");
         let watcher = Watcher::default();
-        assert!(!watcher.unchanged("s"), "not watched: it cannot vouch");
+        assert_eq!(watcher.mark("s"), None, "not watched: it cannot vouch");
         watcher.begin("s", root.path());
-        assert!(watcher.unchanged("s"));
+        let begun = watcher.mark("s").expect("watched");
+        assert_eq!(watcher.mark("s"), Some(begun), "nothing changed");
         // The engine knows nothing yet: the whole listing, though nothing changed.
         match watcher.changes("s", root.path()).expect("changes") {
             Changes::Listed(all) => assert_eq!(paths(&all), ["staged"]),
             other => panic!("the first answer is the listing: {other:?}"),
         }
-        assert!(watcher.unchanged("s"));
+        assert_eq!(watcher.mark("s"), Some(begun), "telling changes nothing");
         std::fs::create_dir(root.path().join("d")).expect("mkdir");
         std::fs::write(root.path().join("d/new"), b"y").expect("file");
-        assert!(!watcher.unchanged("s"), "a write is seen before it is told");
-        assert!(!watcher.unchanged("s"), "and asking does not drain it");
+        let written = watcher.mark("s").expect("watched");
+        assert_ne!(written, begun, "a write is seen before it is told");
         match watcher.changes("s", root.path()).expect("changes") {
             Changes::Known { present, gone } => {
                 assert_eq!(paths(&present), ["d", "d/new"]);
@@ -562,15 +580,24 @@ mod tests {
             }
             other => panic!("then what changed: {other:?}"),
         }
-        assert!(watcher.unchanged("s"));
-        // A write to a file that is there already, and a removal.
+        assert_eq!(watcher.mark("s"), Some(written), "told, still the same");
+        // A write to a file that is there already, a removal, another sandbox's write.
         std::fs::write(root.path().join("staged"), b"longer").expect("write");
-        assert!(!watcher.unchanged("s"));
-        let _ = watcher.changes("s", root.path()).expect("changes");
+        let rewritten = watcher.mark("s").expect("watched");
+        assert_ne!(rewritten, written);
+        let other = tempfile::tempdir().expect("tempdir");
+        watcher.begin("t", other.path());
+        std::fs::write(other.path().join("f"), b"z").expect("file");
+        assert_ne!(watcher.mark("t"), None);
+        assert_eq!(
+            watcher.mark("s"),
+            Some(rewritten),
+            "another sandbox's write"
+        );
         std::fs::remove_file(root.path().join("d/new")).expect("rm");
-        assert!(!watcher.unchanged("s"));
+        assert_ne!(watcher.mark("s"), Some(rewritten));
         watcher.forget("s");
-        assert!(!watcher.unchanged("s"), "forgotten: it cannot vouch");
+        assert_eq!(watcher.mark("s"), None, "forgotten: it cannot vouch");
     }
 
     #[test]
