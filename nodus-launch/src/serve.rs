@@ -23,7 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
+use rustix::process::{Pid, Signal, WaitOptions};
 
 use crate::{Error, Plan};
 
@@ -193,7 +193,7 @@ fn run(plan: &Plan, command: &[u8], cwd: &Path, err: &mut File) -> Result<i32, E
                     Ok(Some((pid, status)))
                         if pid.as_raw_nonzero().get().unsigned_abs() == main =>
                     {
-                        break code_of(status);
+                        break i32::from(crate::code_of(status));
                     }
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => return Err(Error::errno("waiting for the command")(e)),
@@ -207,14 +207,6 @@ fn run(plan: &Plan, command: &[u8], cwd: &Path, err: &mut File) -> Result<i32, E
     };
     end_the_rest()?;
     Ok(code)
-}
-
-/// A wait status as the shell reports it.
-fn code_of(status: WaitStatus) -> i32 {
-    status
-        .exit_status()
-        .or_else(|| status.terminating_signal().map(|signal| 128 + signal))
-        .unwrap_or(i32::from(crate::FAILED_EXIT))
 }
 
 /// Kills every process of the namespace but this one (what the command left running) and

@@ -92,6 +92,10 @@ enum Tracked {
         told: bool,
         /// The clock when the watch was made or its last event was noted.
         last_change: u64,
+        /// A directory was made or moved in since the watches were last completed (by a
+        /// watch made, or [`Watches::stat`] watching the new ones): what is written under it
+        /// makes no event yet, so that the mark cannot vouch for the directory.
+        unwatched_dirs: bool,
     },
     /// Watched, but its events cannot be trusted since the last call: made again next time.
     Lost,
@@ -112,9 +116,20 @@ impl Watcher {
                 ..
             }) => {
                 let changed = std::mem::take(changed);
-                return watches.stat(id, changed);
+                let told = watches.stat(id, changed);
+                if told.is_err() {
+                    // The changes drained for this answer are not told: the next one cannot
+                    // be only what changes from now on.
+                    watches.lose(id);
+                }
+                return told;
             }
-            // Watched since it was made ([`Watcher::begin`]), never told: the listing.
+            // Watched since it was made ([`Watcher::begin`]), never told: the listing, after
+            // the directories made since are watched too (the whole watch made again).
+            Some(Tracked::Watching {
+                unwatched_dirs: true,
+                ..
+            }) => watches.watch(id, root, true),
             Some(Tracked::Watching { changed, told, .. }) => {
                 changed.clear();
                 *told = true;
@@ -140,7 +155,8 @@ impl Watcher {
     }
 
     /// A mark of sandbox `id`'s working directory as the watch knows it now, `None` when it is
-    /// not watched: the same mark later means that nothing in it changed in between (no
+    /// not watched, or holds a directory made since that is not watched yet (whatever is
+    /// written under it makes no event): the same mark later means that nothing in it changed in between (no
     /// event, no watch made again), so that what was measured of it after the first still
     /// holds. Nothing but a read of the queue that does not block; it drains nothing the
     /// engine is told.
@@ -148,7 +164,11 @@ impl Watcher {
         let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         watches.drain();
         match watches.sandboxes.get(id) {
-            Some(Tracked::Watching { last_change, .. }) => Some(*last_change),
+            Some(Tracked::Watching {
+                last_change,
+                unwatched_dirs: false,
+                ..
+            }) => Some(*last_change),
             _ => None,
         }
     }
@@ -280,11 +300,22 @@ impl Watches {
             self.lose(&id);
             return;
         }
-        let (Some(Tracked::Watching { changed, .. }), Some(name)) =
-            (self.sandboxes.get_mut(&id), name)
+        let (
+            Some(Tracked::Watching {
+                changed,
+                unwatched_dirs,
+                ..
+            }),
+            Some(name),
+        ) = (self.sandboxes.get_mut(&id), name)
         else {
             return;
         };
+        if flags.contains(ReadFlags::ISDIR)
+            && flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO)
+        {
+            *unwatched_dirs = true;
+        }
         // An entry made, removed or renamed changes its directory's time too (the working
         // directory itself is not listed).
         let entries_changed =
@@ -334,6 +365,7 @@ impl Watches {
                 changed: BTreeSet::new(),
                 told,
                 last_change: self.clock,
+                unwatched_dirs: false,
             },
         );
     }
@@ -383,6 +415,11 @@ impl Watches {
         }
         present.sort_by(|a, b| a.path.cmp(&b.path));
         present.dedup_by(|a, b| a.path == b.path);
+        // Every directory made since the last answer was among the changed paths, and is
+        // watched now with what is under it.
+        if let Some(Tracked::Watching { unwatched_dirs, .. }) = self.sandboxes.get_mut(id) {
+            *unwatched_dirs = false;
+        }
         Ok(Changes::Known { present, gone })
     }
 
@@ -571,8 +608,11 @@ mod tests {
         assert_eq!(watcher.mark("s"), Some(begun), "telling changes nothing");
         std::fs::create_dir(root.path().join("d")).expect("mkdir");
         std::fs::write(root.path().join("d/new"), b"y").expect("file");
-        let written = watcher.mark("s").expect("watched");
-        assert_ne!(written, begun, "a write is seen before it is told");
+        assert_eq!(
+            watcher.mark("s"),
+            None,
+            "a directory made is not vouched for before it is watched"
+        );
         match watcher.changes("s", root.path()).expect("changes") {
             Changes::Known { present, gone } => {
                 assert_eq!(paths(&present), ["d", "d/new"]);
@@ -580,6 +620,8 @@ mod tests {
             }
             other => panic!("then what changed: {other:?}"),
         }
+        let written = watcher.mark("s").expect("watched again");
+        assert_ne!(written, begun, "a write is seen before it is told");
         assert_eq!(watcher.mark("s"), Some(written), "told, still the same");
         // A write to a file that is there already, a removal, another sandbox's write.
         std::fs::write(root.path().join("staged"), b"longer").expect("write");
@@ -598,6 +640,38 @@ mod tests {
         assert_ne!(watcher.mark("s"), Some(rewritten));
         watcher.forget("s");
         assert_eq!(watcher.mark("s"), None, "forgotten: it cannot vouch");
+    }
+
+    #[test]
+    fn a_directory_made_since_the_watches_were_completed_is_watched_before_it_is_vouched_for() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let watcher = Watcher::default();
+        watcher.begin("s", root.path());
+        // Made before the first answer (as staged files are): the mark cannot vouch while
+        // it is not watched, and the first answer watches it.
+        std::fs::create_dir_all(root.path().join("early/deeper")).expect("mkdir");
+        assert_eq!(watcher.mark("s"), None, "a directory nobody watches yet");
+        match watcher.changes("s", root.path()).expect("changes") {
+            Changes::Listed(all) => assert_eq!(paths(&all), ["early", "early/deeper"]),
+            other => panic!("the first answer is the listing: {other:?}"),
+        }
+        let listed = watcher.mark("s").expect("watched whole again");
+        std::fs::write(root.path().join("early/deeper/f"), b"x").expect("file");
+        assert_ne!(watcher.mark("s"), Some(listed), "a write in it is seen");
+        match watcher.changes("s", root.path()).expect("changes") {
+            // The file, and its directory, whose time an entry made changes.
+            Changes::Known { present, .. } => {
+                assert_eq!(paths(&present), ["early/deeper", "early/deeper/f"]);
+            }
+            other => panic!("what changed in it: {other:?}"),
+        }
+        // Made by a command after it: no mark until an answer has watched it.
+        std::fs::create_dir(root.path().join("later")).expect("mkdir");
+        assert_eq!(watcher.mark("s"), None);
+        let _ = watcher.changes("s", root.path()).expect("changes");
+        let watched = watcher.mark("s").expect("watched");
+        std::fs::write(root.path().join("later/g"), b"y").expect("file");
+        assert_ne!(watcher.mark("s"), Some(watched));
     }
 
     #[test]

@@ -20,6 +20,8 @@ const SERIES: &[(&str, bool)] = &[
         true,
     ),
     ("echo more >> g", true),
+    // Into a directory made before the first answer (as staged files are).
+    ("echo late > early/deeper/f", true),
     ("chmod 600 g", true),
     ("rm a/b/c/f", true),
     ("mv g h && touch a/b/new", true),
@@ -51,6 +53,8 @@ pub async fn changes_are_told(b: &Backend) {
 
 async fn told_changes(b: &Backend, watched: bool) {
     let id = fresh(b, "changes").await;
+    let early = exec(b, &id, "mkdir -p early/deeper").await;
+    assert_eq!(early.exit_code, Some(0), "{early:?}");
     let first = b.sandbox.changes(&id).await.expect("changes");
     let mut listed = by_path(b.sandbox.list_files(&id).await.expect("list"));
     match first {

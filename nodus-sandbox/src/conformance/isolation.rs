@@ -199,6 +199,22 @@ pub async fn disk_limit_stops_writers(b: &Backend) {
     )
     .await;
     assert_eq!((text_of(&again).as_str(), again.stopped), ("ok\n", None));
+
+    // A directory made by one command and filled to the limit by the next: stopped at it too
+    // (nothing that watches the working directory knew of that directory yet).
+    let made = exec(b, &id, "rm small; mkdir -p later/deeper; echo made").await;
+    assert_eq!((text_of(&made).as_str(), made.stopped), ("made\n", None));
+    let mut req = request(
+        "dd if=/dev/zero of=later/deeper/big bs=1M count=100 2>/dev/null; \
+         wc -c < later/deeper/big",
+    );
+    req.timeout = Duration::from_secs(30);
+    let deep = b.sandbox.exec(&id, &req).await.expect("exec");
+    let stopped = deep.stopped.clone().unwrap_or_default();
+    assert!(
+        stopped.contains(&format!("disk limit of {limit} bytes")),
+        "{deep:?}"
+    );
     destroy(b, &id).await;
 }
 
