@@ -172,6 +172,16 @@ struct Measured {
     bytes: u64,
 }
 
+/// Where a command runs: the sandbox's working directory on the host, the command's directory
+/// as the sandbox sees it, and the working directory's size before the command, with the
+/// watch's mark taken before that size was measured (when the watch gave one).
+struct Place {
+    home: PathBuf,
+    inside: PathBuf,
+    start: u64,
+    start_mark: Option<u64>,
+}
+
 impl Created {
     /// The working directory's last measured size, if the watch vouches that it still holds.
     fn measured_now(&self, watcher: &Watcher, id: &str) -> Option<Measured> {
@@ -280,6 +290,33 @@ enum Ran {
     /// The sandbox's streams ended before the command did; what its stderr said before any
     /// command began.
     Closed(Reading, Vec<u8>),
+}
+
+impl Ran {
+    /// The command's status (when it ended), what it printed, and why the disk watch stopped
+    /// it; an error when the sandbox `id` ended before the command did.
+    fn outcome(
+        self,
+        id: &SandboxId,
+    ) -> Result<(Option<channel::Status>, Reading, Option<String>), Error> {
+        match self {
+            Ran::Ended(reading) => Ok((Some(reading.status()?), reading, None)),
+            Ran::TimedOut(reading) => Ok((None, reading, None)),
+            Ran::Stopped(reading, reason) => Ok((None, reading, Some(reason))),
+            Ran::Closed(reading, early) if !reading.begun() => {
+                let said = String::from_utf8_lossy(&early).trim().to_owned();
+                if early.starts_with(GATE_MESSAGE) {
+                    return Err(Error::Failed(said));
+                }
+                Err(Error::Failed(format!(
+                    "the sandbox {id} did not start: {said}"
+                )))
+            }
+            Ran::Closed(..) => Err(Error::Unavailable(format!(
+                "the sandbox {id} ended while a command ran"
+            ))),
+        }
+    }
 }
 
 impl Live {
@@ -512,54 +549,17 @@ impl BwrapSandbox {
         let rel = paths::relative(Path::new(&shown_cwd))
             .map_err(|why| Error::Refused(format!("working directory {shown_cwd:?} {why}")))?;
         // The slot first: whether the sandbox must start (and have its cgroups made) is then
-        // known before the trip below, which makes them too.
+        // known to `place`, which makes them in its trip to the blocking pool.
         let mut held = created.live.lock().await;
         let starts = !held.as_mut().is_some_and(Live::running);
-        // A command in the working directory itself, in a sandbox that runs and whose
-        // directory the watch saw unchanged since it was last measured, needs no trip to the
-        // blocking pool: its directory and its size are known. (A directory removed or moved
-        // is an event of its watch.)
-        let known = (!starts && rel.as_os_str().is_empty())
-            .then(|| created.measured_now(&self.watcher, &id.0))
-            .flatten();
-        let (home, cwd, start, start_mark) = match known {
-            Some(measured) => (
-                created.home.clone(),
-                PathBuf::from(WORKDIR),
-                measured.bytes,
-                Some(measured.mark),
-            ),
-            None => {
-                let (dirs, owned_id) = (Arc::clone(&self.dirs), id.clone());
-                let watcher = Arc::clone(&self.watcher);
-                let shown = shown_cwd.clone();
-                let cgroups = starts.then(|| {
-                    let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
-                    (self.cgroups.clone(), created.limits, entrant)
-                });
-                // One trip: the directories, the disk watch's starting point (after the
-                // watch's mark), and the cgroups of a sandbox that starts.
-                let (home, cwd, start, mark) = blocking(move || {
-                    let home = dirs.existing(&owned_id)?;
-                    let cwd = inside_dir(&home, &rel, &shown)?;
-                    let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
-                    let inside = if inner.as_os_str().is_empty() {
-                        PathBuf::from(WORKDIR)
-                    } else {
-                        Path::new(WORKDIR).join(inner)
-                    };
-                    let mark = watcher.mark(&owned_id.0);
-                    let start = crate::disk::usage(&home);
-                    if let Some((cgroups, limits, entrant)) = cgroups {
-                        cgroups.create(&owned_id.0, &limits, entrant)?;
-                    }
-                    Ok((home, inside, start, mark))
-                })
-                .await?;
-                created.remember(mark, start);
-                (home, cwd, start, mark)
-            }
-        };
+        let Place {
+            home,
+            inside: cwd,
+            start,
+            start_mark,
+        } = self
+            .place(id, &created, prepared, rel, &shown_cwd, starts)
+            .await?;
         let mut cgroups_made = starts;
 
         let inner = cwd.to_string_lossy().into_owned();
@@ -585,10 +585,7 @@ impl BwrapSandbox {
                     // Its cgroups are gone when it was suspended: made above, unless it was
                     // running then (and ended since).
                     if !std::mem::take(&mut cgroups_made) {
-                        let (cgroups, key, limits) =
-                            (self.cgroups.clone(), id.0.clone(), created.limits);
-                        let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
-                        blocking(move || cgroups.create(&key, &limits, entrant)).await?;
+                        blocking(self.cgroup_maker(prepared, &id.0, created.limits)).await?;
                     }
                     self.start(prepared, &id.0, &created, &home)?
                 }
@@ -610,25 +607,7 @@ impl BwrapSandbox {
                 ran => break ran,
             }
         };
-        let (status, reading, mut stopped) = match ran {
-            Ran::Ended(reading) => (Some(reading.status()?), reading, None),
-            Ran::TimedOut(reading) => (None, reading, None),
-            Ran::Stopped(reading, reason) => (None, reading, Some(reason)),
-            Ran::Closed(reading, early) if !reading.begun() => {
-                let said = String::from_utf8_lossy(&early).trim().to_owned();
-                if early.starts_with(GATE_MESSAGE) {
-                    return Err(Error::Failed(said));
-                }
-                return Err(Error::Failed(format!(
-                    "the sandbox {id} did not start: {said}"
-                )));
-            }
-            Ran::Closed(..) => {
-                return Err(Error::Unavailable(format!(
-                    "the sandbox {id} ended while a command ran"
-                )));
-            }
-        };
+        let (status, reading, mut stopped) = ran.outcome(id)?;
         let exit_code = status.map(|s| s.exit_code(&shown_cwd)).transpose()?;
         // A command that wrote nothing in the working directory (the watch's mark the same as
         // before `start` was measured) left it as large as it found it: nothing to measure.
@@ -639,6 +618,77 @@ impl BwrapSandbox {
             stopped = watch.reached(start).await;
         }
         Ok(reading.into_exec_output(exit_code, stopped))
+    }
+
+    /// Where a command in `rel` (shown as `shown_cwd`) runs in the sandbox `id`, and its
+    /// working directory's size before it; when the sandbox `starts`, its cgroups are made in
+    /// the same trip to the blocking pool.
+    async fn place(
+        &self,
+        id: &SandboxId,
+        created: &Created,
+        prepared: &Prepared,
+        rel: PathBuf,
+        shown_cwd: &str,
+        starts: bool,
+    ) -> Result<Place, Error> {
+        // A command in the working directory itself, in a sandbox that runs and whose
+        // directory the watch saw unchanged since it was last measured, needs no trip to the
+        // blocking pool: its directory and its size are known. (A directory removed or moved
+        // is an event of its watch.)
+        if !starts
+            && rel.as_os_str().is_empty()
+            && let Some(measured) = created.measured_now(&self.watcher, &id.0)
+        {
+            return Ok(Place {
+                home: created.home.clone(),
+                inside: PathBuf::from(WORKDIR),
+                start: measured.bytes,
+                start_mark: Some(measured.mark),
+            });
+        }
+        let (dirs, watcher) = (Arc::clone(&self.dirs), Arc::clone(&self.watcher));
+        let (owned_id, shown) = (id.clone(), shown_cwd.to_owned());
+        let make_cgroups = starts.then(|| self.cgroup_maker(prepared, &id.0, created.limits));
+        // The directories, the disk watch's starting point (after the watch's mark), and the
+        // cgroups of a sandbox that starts.
+        let place = blocking(move || {
+            let home = dirs.existing(&owned_id)?;
+            let cwd = inside_dir(&home, &rel, &shown)?;
+            let inner = cwd.strip_prefix(&home).unwrap_or(Path::new(""));
+            let inside = if inner.as_os_str().is_empty() {
+                PathBuf::from(WORKDIR)
+            } else {
+                Path::new(WORKDIR).join(inner)
+            };
+            let start_mark = watcher.mark(&owned_id.0);
+            let start = crate::disk::usage(&home);
+            if let Some(make) = make_cgroups {
+                make()?;
+            }
+            Ok(Place {
+                home,
+                inside,
+                start,
+                start_mark,
+            })
+        })
+        .await?;
+        created.remember(place.start_mark, place.start);
+        Ok(place)
+    }
+
+    /// What makes the cgroups of the sandbox `key` (on the blocking pool: it writes cgroupfs),
+    /// entered by the user the sandbox's first process is spawned as.
+    fn cgroup_maker(
+        &self,
+        prepared: &Prepared,
+        key: &str,
+        limits: Limits,
+    ) -> impl FnOnce() -> Result<(), Error> + Send + 'static {
+        let (cgroups, key) = (self.cgroups.clone(), key.to_owned());
+        let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+        move || cgroups.create(&key, &limits, entrant)
     }
 
     /// A backend with this configuration. Finds the host's cgroup controllers now (and
@@ -1059,9 +1109,8 @@ impl Sandbox for BwrapSandbox {
             None => (None, None),
         };
         let (dirs, dir) = (Arc::clone(&self.dirs), self.dirs.of(&spec.key));
-        let cgroups = self.cgroups.clone();
-        let (key, limits, user) = (spec.key.clone(), spec.limits, self.config.run_as);
-        let entrant = prepared.spawn_as.map(|user| (user.uid, user.gid));
+        let make_cgroups = self.cgroup_maker(prepared, &spec.key, spec.limits);
+        let user = self.config.run_as;
         let id = SandboxId(spec.key.clone());
         let owned_id = id.clone();
         let watcher = Arc::clone(&self.watcher);
@@ -1074,7 +1123,7 @@ impl Sandbox for BwrapSandbox {
                 std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(failed)?;
                 fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
             }
-            cgroups.create(&key, &limits, entrant)?;
+            make_cgroups()?;
             let home = dirs.existing(&owned_id)?;
             // Watched from the start: a command that writes nothing is told apart without
             // measuring the directory again (see `exec_reporting`).
