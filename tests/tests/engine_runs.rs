@@ -1336,6 +1336,121 @@ async fn a_new_runs_snapshots_read_none_back_from_the_store() {
     assert_eq!(taken.len(), 2, "{taken:?}");
 }
 
+/// A sandbox whose every command leaves one more 600-byte file (`f1`, `f2`, ...), that never
+/// tells what changed (each snapshot lists it whole), and that counts the archives the
+/// snapshots ask of it: how many it had served when each command began.
+struct GrowingSandbox {
+    inner: std::sync::Arc<nodus_core::testing::RecordingSandbox>,
+    archives: std::sync::atomic::AtomicUsize,
+    at_each_command: std::sync::Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl nodus_core::sandbox::Sandbox for GrowingSandbox {
+    async fn create(
+        &self,
+        spec: &nodus_core::sandbox::SandboxSpec,
+    ) -> Result<nodus_core::sandbox::SandboxInfo, nodus_core::sandbox::Error> {
+        self.inner.create(spec).await
+    }
+    async fn exec(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+        request: &nodus_core::sandbox::ExecRequest,
+    ) -> Result<nodus_core::sandbox::ExecOutput, nodus_core::sandbox::Error> {
+        let served = self.archives.load(std::sync::atomic::Ordering::SeqCst);
+        self.at_each_command.lock().expect("counts").push(served);
+        self.inner.exec(id, request).await
+    }
+    async fn put_files(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+        tar: Vec<u8>,
+    ) -> Result<(), nodus_core::sandbox::Error> {
+        self.inner.put_files(id, tar).await
+    }
+    async fn get_files(
+        &self,
+        _: &nodus_core::sandbox::SandboxId,
+        path: &str,
+        _: usize,
+    ) -> Result<Vec<u8>, nodus_core::sandbox::Error> {
+        self.archives
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut archive = tar::Builder::new(Vec::new());
+        for n in 1..=self.inner.executions().len() {
+            let name = format!("f{n}");
+            if !path.is_empty() && path != name {
+                continue;
+            }
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_mode(0o644);
+            header.set_size(600);
+            header.set_mtime(1);
+            archive
+                .append_data(&mut header, &name, &[b'x'; 600][..])
+                .expect("an entry");
+        }
+        Ok(archive.into_inner().expect("an archive"))
+    }
+    async fn destroy(
+        &self,
+        id: &nodus_core::sandbox::SandboxId,
+    ) -> Result<(), nodus_core::sandbox::Error> {
+        self.inner.destroy(id).await
+    }
+}
+
+/// Once a run's snapshots are past its budget, every later step is past it too: recorded as
+/// such with the same figures, without listing or reading the working directory again.
+#[tokio::test]
+async fn snapshots_past_the_budget_list_nothing_more() {
+    let script = vec![
+        commands(&["echo one"]),
+        commands(&["echo two"]),
+        commands(&["echo three"]),
+        commands(&["echo four"]),
+        text("done"),
+    ];
+    let world = World::new(script);
+    let sandbox = std::sync::Arc::new(GrowingSandbox {
+        inner: world.sandbox.clone(),
+        archives: Default::default(),
+        at_each_command: Default::default(),
+    });
+    let mut config = support::engine_config();
+    config.snapshots = Some(nodus_core::snapshot::Budget { limit_bytes: 1000 });
+    let engine = world.engine_configured(sandbox.clone(), config);
+    helper_run(&engine, "growing", "Write files.", |_| {}).await;
+    let driven = engine.drive(PROJECT, "growing").await.expect("drive");
+    assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
+    let served = sandbox.at_each_command.lock().expect("counts").clone();
+    let between: Vec<usize> = served.windows(2).map(|w| w[1] - w[0]).collect();
+    // After the first command: the listing and `f1` read (600 bytes, within 1,000); after
+    // the second: the listing, whose new `f2` would make 1,200 (over, so not read); after
+    // the third: nothing.
+    assert_eq!(between, [2, 1, 0], "archives served between commands");
+    let run = engine.get_run(PROJECT, "growing").await.expect("run");
+    let uid = run.metadata.uid.clone().expect("a uid");
+    let taken: Vec<nodus_core::snapshot::Snapshot> = world
+        .store
+        .snapshots(&uid)
+        .await
+        .expect("snapshots")
+        .into_iter()
+        .map(|(_, snapshot)| snapshot)
+        .collect();
+    assert_eq!(taken.len(), 4, "{taken:?}");
+    assert!(taken[0].manifest().is_some(), "{:?}", taken[0]);
+    let over = nodus_core::snapshot::Snapshot::OverBudget {
+        used_bytes: 600,
+        wanted_bytes: 600,
+        limit_bytes: 1000,
+    };
+    assert_eq!(&taken[1..], [over.clone(), over.clone(), over], "{taken:?}");
+}
+
 /// A model call decided with the outcome before it reserves its credits first; when the
 /// status written with that outcome is refused (the run was cancelled meanwhile) the call is
 /// not journaled and its reservation is given back: the run ends cancelled with nothing

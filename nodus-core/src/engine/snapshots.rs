@@ -3,7 +3,8 @@
 //! the files whose size or time changed (or whose time was too close to the last listing to
 //! tell), store the contents the store lacks and the snapshot as the changes from the last
 //! one, within the run's budget ([`crate::snapshot`] decides; this carries it out). A
-//! snapshot that names no contents is kept with the step's outcome, in the same write.
+//! snapshot that names no contents is kept with the step's outcome, in the same write; once a
+//! run's snapshots are past the budget, later ones list nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -119,6 +120,16 @@ impl Engine {
                 },
             ),
         };
+        // Past the budget: so is every later step (the budget is not earned back), which
+        // needs nothing listed or read to say so. The same record, kept with the outcome.
+        if let Some((_, last)) = &last
+            && matches!(**last, Snapshot::OverBudget { .. })
+        {
+            return Some(KeptWithOutcome {
+                stored: Stored::Whole(Snapshot::clone(last)),
+                snapshot: Arc::clone(last),
+            });
+        }
         // Nothing changed: the last snapshot again, kept as a reference to it.
         if changes.is_nothing()
             && let Some((at, last)) = &last

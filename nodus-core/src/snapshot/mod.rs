@@ -160,11 +160,11 @@ pub enum Snapshot {
         used_bytes: u64,
     },
     /// Not taken because the run's budget is spent: neither this step nor any later one
-    /// can be forked from.
+    /// can be forked from (each later step keeps the same record).
     OverBudget {
         /// New content read so far.
         used_bytes: u64,
-        /// What this snapshot would have read on top.
+        /// What the snapshot that went over would have read on top.
         wanted_bytes: u64,
         /// The budget.
         limit_bytes: u64,
@@ -206,8 +206,8 @@ impl Snapshot {
                 limit_bytes,
             } => Some(format!(
                 "past the run's snapshot budget: {used_bytes} bytes of new content were kept \
-                 and this step's snapshot needed {wanted_bytes} more, over the {limit_bytes} \
-                 bytes allowed, so neither it nor any later step is forkable"
+                 when a step's snapshot needed {wanted_bytes} more, over the {limit_bytes} \
+                 bytes allowed, so neither that step nor any later one is forkable"
             )),
             Snapshot::Failed { error, .. } => {
                 Some(format!("its working directory could not be read: {error}"))

@@ -855,7 +855,27 @@ impl World {
         ledger: Arc<dyn nodus_core::ledger::Ledger>,
     ) -> Engine {
         let router = Arc::new(FixedRouter(Family::Haiku));
-        self.engine_priced(store, sandbox, ledger, catalog(), router)
+        self.engine_priced(store, sandbox, ledger, catalog(), router, engine_config())
+    }
+
+    /// An engine over this world's store with another sandbox and these settings.
+    pub fn engine_configured(
+        &self,
+        sandbox: Arc<dyn nodus_core::sandbox::Sandbox>,
+        config: Config,
+    ) -> Engine {
+        let (ledger, router) = (
+            Arc::new(nodus_core::ledger::Unmetered),
+            Arc::new(FixedRouter(Family::Haiku)),
+        );
+        self.engine_priced(
+            self.store.clone(),
+            sandbox,
+            ledger,
+            catalog(),
+            router,
+            config,
+        )
     }
 
     /// A metered engine over `store` (credits reserved and settled in it) that routes with
@@ -866,7 +886,14 @@ impl World {
         router: Arc<dyn nodus_core::router::Router>,
     ) -> Engine {
         let ledger = Arc::new(nodus_core::ledger::StoreLedger::new(store.clone()));
-        self.engine_priced(store, self.sandbox.clone(), ledger, catalog(), router)
+        self.engine_priced(
+            store,
+            self.sandbox.clone(),
+            ledger,
+            catalog(),
+            router,
+            engine_config(),
+        )
     }
 
     /// An engine over `store` whose model calls cost nothing (a server without a platform
@@ -878,6 +905,7 @@ impl World {
             Arc::new(nodus_core::ledger::Unmetered),
             nodus_llm::offline_catalog(&catalog()),
             Arc::new(FixedRouter(Family::Haiku)),
+            engine_config(),
         )
     }
 
@@ -888,6 +916,7 @@ impl World {
         ledger: Arc<dyn nodus_core::ledger::Ledger>,
         catalog: Catalog,
         router: Arc<dyn nodus_core::router::Router>,
+        config: Config,
     ) -> Engine {
         Engine::new(
             Deps {
@@ -901,7 +930,7 @@ impl World {
                 ledger,
                 spans: Arc::new(nodus_core::telemetry::NoSpans),
             },
-            engine_config(),
+            config,
         )
     }
 }
