@@ -463,6 +463,22 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A batch would leave a group with more unfinished runs than a [`MemberCap`] allows
+    /// (nothing was written).
+    #[error(
+        "group {project}/{group} would have {unfinished} unfinished runs, over the {at_most} \
+         it may have"
+    )]
+    OverCap {
+        /// The group's project.
+        project: String,
+        /// The group.
+        group: String,
+        /// The cap.
+        at_most: u64,
+        /// Its unfinished runs had the batch been written.
+        unfinished: u64,
+    },
     /// The database is down or restarting; a retry may help.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -475,6 +491,43 @@ impl Error {
     /// Whether trying again may help.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Unavailable(_))
+    }
+}
+
+/// A bound that a batch's write keeps ([`Store::create_batch_within`]): once the batch is
+/// written, the runs of `group` that have not finished (no phase, or one that is not
+/// `Succeeded`, `Failed` or `Cancelled`), the batch's own counted, are at most `at_most`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberCap {
+    /// The group's project.
+    pub project: String,
+    /// The group.
+    pub group: String,
+    /// How many of its runs may be unfinished.
+    pub at_most: u64,
+}
+
+impl MemberCap {
+    /// Whether the group, its members counted by phase as `phases` ([`Store::group_phases`],
+    /// the batch's runs among them), keeps the cap: refused with [`Error::OverCap`] when not.
+    pub fn check(&self, phases: &[(Option<String>, u64)]) -> Result<(), Error> {
+        let unfinished = phases
+            .iter()
+            .filter(|(phase, _)| {
+                !phase
+                    .as_deref()
+                    .is_some_and(crate::lifecycle::RunPhase::names_finished)
+            })
+            .fold(0u64, |sum, (_, members)| sum.saturating_add(*members));
+        if unfinished > self.at_most {
+            return Err(Error::OverCap {
+                project: self.project.clone(),
+                group: self.group.clone(),
+                at_most: self.at_most,
+                unfinished,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -550,6 +603,20 @@ pub trait Store: Send + Sync {
         &self,
         items: Vec<(ObjectKey, Value)>,
         idempotency_key: Option<&str>,
+    ) -> Result<Vec<Record>, Error> {
+        self.create_batch_within(items, idempotency_key, &[]).await
+    }
+
+    /// [`Store::create_batch`], keeping every cap of `caps`: checked in the batch's own write
+    /// (with the batch's runs counted), so that two batches into one group, on one replica or
+    /// on two, never both pass on counts read before either was written. Refused with
+    /// [`Error::OverCap`], nothing written, when a cap would not hold; a repeat of an
+    /// idempotent batch returns the first call's records without checking again.
+    async fn create_batch_within(
+        &self,
+        items: Vec<(ObjectKey, Value)>,
+        idempotency_key: Option<&str>,
+        caps: &[MemberCap],
     ) -> Result<Vec<Record>, Error>;
 
     /// Read a document.

@@ -49,7 +49,7 @@ pub use step_kept::complete_step_with_a_snapshot;
 pub use step_next::complete_step_with_the_next_step;
 pub use step_then::complete_step_with_a_document;
 pub use writes::{
-    atomic_edits, batch_atomicity_and_order, concurrent_writers, extension_kinds,
+    atomic_edits, batch_atomicity_and_order, capped_batches, concurrent_writers, extension_kinds,
     idempotent_batches, optimistic_concurrency,
 };
 
@@ -69,6 +69,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     atomic_edits(make()).await;
     batch_atomicity_and_order(make()).await;
     idempotent_batches(make()).await;
+    capped_batches(make()).await;
     journal_in_order(make()).await;
     complete_step_with_a_document(make()).await;
     complete_step_with_a_snapshot(make()).await;

@@ -108,6 +108,11 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn capped_batches() {
+        conformance::capped_batches(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
     async fn journal_in_order() {
         conformance::journal_in_order(MemoryStore::new()).await;
     }

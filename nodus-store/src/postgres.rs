@@ -27,8 +27,8 @@ use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Seen, Selector, Sparse, Store,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, MemberCap, ObjectKey, Page,
+    Position, Record, RunRewrite, Seen, Selector, Sparse, Store,
 };
 use serde_json::Value;
 use sqlx::postgres::PgPool;
@@ -78,12 +78,13 @@ impl Store for PostgresStore {
         documents::create(self, key, document).await
     }
 
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         items: Vec<(ObjectKey, Value)>,
         idempotency_key: Option<&str>,
+        caps: &[MemberCap],
     ) -> Result<Vec<Record>, Error> {
-        documents::create_batch(self, items, idempotency_key).await
+        documents::create_batch(self, items, idempotency_key, caps).await
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {

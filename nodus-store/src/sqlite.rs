@@ -30,8 +30,8 @@ use nodus_core::journal::{Completion, Step};
 use nodus_core::resource::Kind;
 use nodus_core::snapshot::{Blob, Snapshot, Stored};
 use nodus_core::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, OutcomeWritten, Page,
-    Position, Record, RunRewrite, Seen, Selector, Sparse, Store, WithOutcome,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, MemberCap, ObjectKey,
+    OutcomeWritten, Page, Position, Record, RunRewrite, Seen, Selector, Sparse, Store, WithOutcome,
 };
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -85,12 +85,13 @@ impl Store for SqliteStore {
         documents::create(self, key, document).await
     }
 
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         items: Vec<(ObjectKey, Value)>,
         idempotency_key: Option<&str>,
+        caps: &[MemberCap],
     ) -> Result<Vec<Record>, Error> {
-        documents::create_batch(self, items, idempotency_key).await
+        documents::create_batch(self, items, idempotency_key, caps).await
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {

@@ -166,6 +166,50 @@ async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
     }
 }
 
+/// Two replicas (two engines over one store, each with its own admission locks) admitting to
+/// one group at once: the first replica's batch has read the group and passed `maxPending` but
+/// is held before its write; the second replica, which does not wait for it, passes the same
+/// check on the same counts and writes its run. The first batch's write is then refused by
+/// the store, which checks the cap in that write, and the engine answers it as the admission
+/// refusal it is.
+#[tokio::test]
+async fn two_replicas_joining_a_group_at_once_never_both_pass_max_pending() {
+    let mut spec = group_spec();
+    spec.limits.max_pending = 1;
+    let (engine, _dir) = on_sqlite_with_group(spec).await;
+    let store = Arc::new(support::CrashingStore::at_any_write(
+        engine.store().clone(),
+        usize::MAX,
+        support::CrashMode::AfterWrite,
+    ));
+    let replica_a = World::over_store(Vec::new(), store.clone()).engine();
+    let replica_b = World::over_store(Vec::new(), store.clone()).engine();
+    let (reached, go_on) = store.pause_before_next("create a batch of");
+    let first = tokio::spawn(async move {
+        replica_a
+            .create_runs(PROJECT, vec![task("a", &[])], None)
+            .await
+    });
+    reached.notified().await;
+    replica_b
+        .create_runs(PROJECT, vec![task("b", &[])], None)
+        .await
+        .expect("the other replica's batch joins");
+    go_on.notify_one();
+    match first.await.expect("first") {
+        Err(Error::Admission(AdmissionRefused::TooManyPending { max_pending: 1 })) => {}
+        other => panic!("the held batch must be refused by maxPending: {other:?}"),
+    }
+    engine
+        .get_run(PROJECT, "g-b")
+        .await
+        .expect("the other replica's run is written");
+    assert!(
+        engine.get_run(PROJECT, "g-a").await.is_err(),
+        "nothing of the refused batch is written"
+    );
+}
+
 /// An engine on a new SQLite store (in the returned directory) with agent `worker` and its
 /// group `g` of `spec`.
 async fn on_sqlite_with_group(spec: AgentGroupSpec) -> (Engine, tempfile::TempDir) {

@@ -45,10 +45,11 @@ impl Store for FailingStore {
     async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
         self.inner.create(key, document).await
     }
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         _: Vec<(ObjectKey, Value)>,
         _: Option<&str>,
+        _: &[crate::store::MemberCap],
     ) -> Result<Vec<Record>, Error> {
         Err(refused())
     }

@@ -75,10 +75,11 @@ impl Store for MockedStore {
     async fn create(&self, key: &ObjectKey, document: serde_json::Value) -> Result<Record, Error> {
         self.0.create(key, document).await
     }
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         _: Vec<(ObjectKey, serde_json::Value)>,
         _: Option<&str>,
+        _: &[crate::store::MemberCap],
     ) -> Result<Vec<Record>, Error> {
         self.0.unexpected("create_batch");
         Err(Error::Unavailable("create_batch".to_string()))

@@ -12,7 +12,7 @@ use crate::money::Usd;
 use serde::Deserialize;
 
 use crate::resource::{Access, AgentGroup, AgentGroupSpec, AgentRun, Kind};
-use crate::store::{ObjectKey, Record, Selector};
+use crate::store::{MemberCap, ObjectKey, Record, Selector};
 
 impl Engine {
     async fn read_group(
@@ -481,6 +481,35 @@ impl group::Membership for Admission {
 
 /// Admissions by group name.
 pub(super) type Admissions = std::collections::HashMap<String, Admission>;
+
+/// The caps a batch's write keeps ([`Store::create_batch_within`]): each group its runs
+/// were admitted to stays within its `maxPending` once they are written, whatever was
+/// admitted to it meanwhile (on another replica: this process's batches take turns).
+///
+/// [`Store::create_batch_within`]: crate::store::Store::create_batch_within
+pub(super) fn member_caps(project: &str, admissions: &Admissions) -> Vec<MemberCap> {
+    admissions
+        .iter()
+        .map(|(group, admission)| MemberCap {
+            project: project.to_string(),
+            group: group.clone(),
+            at_most: u64::from(admission.spec.limits.max_pending),
+        })
+        .collect()
+}
+
+/// A store's refusal of a batch that would break a group's cap, as the admission refusal the
+/// engine gives for the same limit; any other error as it is.
+pub(super) fn over_cap(error: crate::store::Error) -> Error {
+    match error {
+        crate::store::Error::OverCap { at_most, .. } => {
+            Error::Admission(group::AdmissionRefused::TooManyPending {
+                max_pending: u32::try_from(at_most).unwrap_or(u32::MAX),
+            })
+        }
+        other => other.into(),
+    }
+}
 
 /// A run's phase (and completion time, when it finishes) written into its document.
 fn set_phase(document: &mut serde_json::Value, phase: RunPhase, now: jiff::Timestamp) {

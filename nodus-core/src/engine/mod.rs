@@ -323,8 +323,10 @@ pub struct Engine {
     writers: Arc<writers::KeyedLocks>,
     /// One batch of new runs at a time joins each group in this process (key
     /// `project/group`): the admission it checks (the group's unfinished runs under
-    /// `maxPending`, its task keys) holds until its runs are created. Replicas are not kept
-    /// apart (the store's unique names still refuse a second run of the same task).
+    /// `maxPending`, its task keys) holds until its runs are created. Across replicas the
+    /// store keeps the two that can be broken there: `maxPending` is checked again in the
+    /// batch's own write ([`Store::create_batch_within`]), and its unique names refuse a
+    /// second run of the same task.
     joining: Arc<writers::KeyedLocks>,
     /// The replica drains: drives stop between steps and hand their runs over.
     draining: Arc<std::sync::atomic::AtomicBool>,
@@ -582,19 +584,25 @@ impl Engine {
         let _joining = self
             .join_groups(project, run.spec.group.iter().map(String::as_str))
             .await;
-        let (key, document, input) = self
-            .prepare_run(project, run, &[], &mut Batch::default())
-            .await?;
-        let Some(input) = input else {
+        let mut batch = Batch::default();
+        let (key, document, input) = self.prepare_run(project, run, &[], &mut batch).await?;
+        let caps = group::member_caps(project, &batch.admissions);
+        if input.is_none() && caps.is_empty() {
             let record = self.deps.store.create(&key, document).await?;
             return Ok(typed::decode(record)?.object);
-        };
-        // The staged working directory is written with the run, all or nothing.
+        }
+        // The staged working directory is written with the run, all or nothing; a member of a
+        // group within the group's cap.
         let records = self
             .deps
             .store
-            .create_batch(vec![(key, document), input], None)
-            .await?;
+            .create_batch_within(
+                std::iter::once((key, document)).chain(input).collect(),
+                None,
+                &caps,
+            )
+            .await
+            .map_err(group::over_cap)?;
         let record = records
             .into_iter()
             .find(|record| record.key.kind == Kind::AgentRun)
@@ -690,7 +698,13 @@ impl Engine {
                 serde_json::json!({ "runs": names, "request": request }),
             ));
         }
-        let records = self.deps.store.create_batch(items, idempotency_key).await?;
+        let caps = group::member_caps(project, &batch.admissions);
+        let records = self
+            .deps
+            .store
+            .create_batch_within(items, idempotency_key, &caps)
+            .await
+            .map_err(group::over_cap)?;
         // A batch under the same key that was being written at the same time as this one: the
         // store answered with that batch, which is a repeat only if it asked for these runs.
         if let Some(key) = idempotency_key

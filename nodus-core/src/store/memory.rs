@@ -15,9 +15,9 @@ use crate::journal::{Completion, Step};
 use crate::resource::Kind;
 use crate::snapshot::{Blob, Snapshot, Stored};
 use crate::store::{
-    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, ObjectKey, Page, Position, Record,
-    RunRewrite, Seen, Selector, Sparse, Store, check_blobs, check_rewrite_deletes, check_stored,
-    missing_contents, sparse,
+    Change, Delivery, Edit, Error, Fence, InboxMessage, Lease, MemberCap, ObjectKey, Page,
+    Position, Record, RunRewrite, Seen, Selector, Sparse, Store, check_blobs,
+    check_rewrite_deletes, check_stored, missing_contents, sparse,
 };
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -63,6 +63,32 @@ struct State {
 }
 
 impl State {
+    /// The runs of `group` of `project` counted by phase ([`Store::group_phases`]), with the
+    /// runs among `adding` (documents about to be created) that name it: one pass over the
+    /// project's runs, copying nothing.
+    fn group_phases_of(
+        &self,
+        project: &str,
+        group: &str,
+        adding: &[(ObjectKey, Value)],
+    ) -> Vec<(Option<String>, u64)> {
+        let stored = self
+            .collection(project, Kind::AgentRun)
+            .into_iter()
+            .flat_map(|collection| collection.by_order.values())
+            .map(|entry| &entry.document);
+        let added = adding
+            .iter()
+            .filter(|(key, _)| key.kind == Kind::AgentRun && key.project == project)
+            .map(|(_, document)| document);
+        crate::store::count_phases(
+            stored
+                .chain(added)
+                .filter(|document| document["spec"]["group"].as_str() == Some(group))
+                .map(|document| document["status"]["phase"].as_str()),
+        )
+    }
+
     /// Remove the run's snapshots and the contents no other snapshot names.
     fn drop_snapshots(&mut self, run_uid: &str) {
         let Some(gone) = self.snapshots.remove(run_uid) else {
@@ -282,10 +308,11 @@ impl Store for MemoryStore {
         Ok(record)
     }
 
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         items: Vec<(ObjectKey, Value)>,
         idempotency_key: Option<&str>,
+        caps: &[MemberCap],
     ) -> Result<Vec<Record>, Error> {
         let mut state = self.lock();
         let scope = match (idempotency_key, items.first()) {
@@ -305,6 +332,9 @@ impl Store for MemoryStore {
             if state.contains(key) || !seen.insert(key) {
                 return Err(Error::AlreadyExists(key.clone()));
             }
+        }
+        for cap in caps {
+            cap.check(&state.group_phases_of(&cap.project, &cap.group, &items))?;
         }
         let records: Vec<Record> = items
             .into_iter()
@@ -442,18 +472,7 @@ impl Store for MemoryStore {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Option<String>, u64)>, Error> {
-        // One pass over the project's runs, copying nothing.
-        let state = self.lock();
-        let Some(collection) = state.collection(project, Kind::AgentRun) else {
-            return Ok(Vec::new());
-        };
-        Ok(crate::store::count_phases(
-            collection
-                .by_order
-                .values()
-                .filter(|entry| entry.document["spec"]["group"].as_str() == Some(group))
-                .map(|entry| entry.document["status"]["phase"].as_str()),
-        ))
+        Ok(self.lock().group_phases_of(project, group, &[]))
     }
 
     async fn update(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Position, Record, RunRewrite, Seen, Selector, Sparse,
+    Change, Edit, Error, MemberCap, ObjectKey, Position, Record, RunRewrite, Seen, Selector, Sparse,
 };
 use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool};
@@ -154,6 +154,7 @@ pub(super) async fn create_batch(
     store: &PostgresStore,
     items: Vec<(ObjectKey, Value)>,
     idempotency_key: Option<&str>,
+    caps: &[MemberCap],
 ) -> Result<Vec<Record>, Error> {
     let scope = match (idempotency_key, items.first()) {
         (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
@@ -180,6 +181,19 @@ pub(super) async fn create_batch(
             return sql::parse_batch(&stored);
         }
     }
+    // Batches into a capped group take turns (across replicas: the lock is the database's),
+    // in one order so that two never wait for each other; each counts the group after its
+    // own inserts, which the counters' triggers add, and sees every earlier batch committed.
+    let mut capped: Vec<&MemberCap> = caps.iter().collect();
+    capped.sort_by(|a, b| (&a.project, &a.group).cmp(&(&b.project, &b.group)));
+    for cap in &capped {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 1))")
+            .bind(&cap.project)
+            .bind(&cap.group)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+    }
     // In order: an item that exists, or that an earlier item named, refuses the batch.
     for (key, document) in &items {
         match insert(&mut tx, key, document).await {
@@ -189,6 +203,18 @@ pub(super) async fn create_batch(
             }
             Err(e) => return Err(map_err(e)),
         }
+    }
+    for cap in &capped {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT phase_key, members FROM group_phase_counts \
+             WHERE project = $1 AND group_name = $2",
+        )
+        .bind(&cap.project)
+        .bind(&cap.group)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        cap.check(&sql::group_phases_of(rows)?)?;
     }
     let records: Vec<Record> = items
         .into_iter()

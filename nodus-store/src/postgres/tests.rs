@@ -10,7 +10,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use nodus_core::journal::{Intent, Step};
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Error, Lease, ObjectKey, Store};
+use nodus_core::store::{Change, Error, Lease, MemberCap, ObjectKey, Store};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -68,6 +68,7 @@ cases!(
     atomic_edits,
     batch_atomicity_and_order,
     idempotent_batches,
+    capped_batches,
     journal_in_order,
     complete_step_with_a_document,
     complete_step_with_a_snapshot,
@@ -246,6 +247,58 @@ async fn two_replicas_editing_one_document_lose_no_edit() {
         "no edit lost"
     );
     assert_eq!(record.version, 1 + 2 * EDITS, "one version per edit");
+}
+
+/// Two replicas admitting runs to one group at once keep its cap: sixteen batches of one run
+/// each, half through each replica, into a group whose runs may be four unfinished, some of
+/// them with a phase and some without (two counters, so the counters' row locks alone would
+/// not order them): four are written, the others refused with `OverCap`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_admitting_at_once_keep_a_group_s_cap() {
+    let options = PostgresOptions::new(url()).schema(schema());
+    let a = PostgresStore::connect(options.clone())
+        .await
+        .expect("replica a");
+    let b = PostgresStore::connect(options).await.expect("replica b");
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.spawn(async move {
+            let name = format!("r{i}");
+            let mut document = json!({
+                "metadata": {"name": name, "uid": format!("uid-{i}")},
+                "spec": {"agent": "helper", "group": "g"},
+                "status": {},
+            });
+            if i % 4 < 2 {
+                document["status"]["phase"] = json!("Pending");
+            }
+            let cap = MemberCap {
+                project: "p".to_string(),
+                group: "g".to_string(),
+                at_most: 4,
+            };
+            store
+                .create_batch_within(
+                    vec![(ObjectKey::new("p", Kind::AgentRun, &name), document)],
+                    None,
+                    &[cap],
+                )
+                .await
+        });
+    }
+    let mut passed = 0;
+    while let Some(done) = tasks.join_next().await {
+        match done.expect("a batch's task") {
+            Ok(_) => passed += 1,
+            Err(Error::OverCap { at_most: 4, .. }) => {}
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(passed, 4);
+    let phases = a.group_phases("p", "g").await.expect("phases");
+    let unfinished: u64 = phases.iter().map(|(_, n)| n).sum();
+    assert_eq!(unfinished, 4, "{phases:?}");
 }
 
 /// A TCP proxy to the database that the test can cut (every connection dropped, new ones

@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use nodus_core::resource::Kind;
 use nodus_core::store::{
-    Change, Edit, Error, ObjectKey, Position, Record, RunRewrite, Seen, Selector, Sparse, Store,
+    Change, Edit, Error, MemberCap, ObjectKey, Position, Record, RunRewrite, Seen, Selector,
+    Sparse, Store,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
@@ -114,11 +115,13 @@ pub(super) async fn create_batch(
     store: &SqliteStore,
     items: Vec<(ObjectKey, Value)>,
     idempotency_key: Option<&str>,
+    caps: &[MemberCap],
 ) -> Result<Vec<Record>, Error> {
     let scope = match (idempotency_key, items.first()) {
         (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
         _ => None,
     };
+    let caps = caps.to_vec();
     store
         .inner
         .db
@@ -146,6 +149,11 @@ pub(super) async fn create_batch(
                     Err(e) if is_unique(&e) => return Err(Error::AlreadyExists(key.clone())),
                     Err(e) => return Err(map_err(e)),
                 }
+            }
+            // The counters (kept by triggers) hold the batch's runs now; refused, the
+            // transaction is rolled back.
+            for cap in &caps {
+                cap.check(&super::reads::group_phases(tx, &cap.project, &cap.group)?)?;
             }
             let records: Vec<Record> = items
                 .into_iter()

@@ -42,6 +42,7 @@ cases!(
     atomic_edits,
     batch_atomicity_and_order,
     idempotent_batches,
+    capped_batches,
     journal_in_order,
     complete_step_with_a_document,
     complete_step_with_a_snapshot,

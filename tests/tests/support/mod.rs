@@ -229,14 +229,15 @@ impl Store for CrashingStore {
         self.writing(false, what, self.inner.create(key, document))
             .await
     }
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         items: Vec<(ObjectKey, Value)>,
         key: Option<&str>,
+        caps: &[store::MemberCap],
     ) -> Result<Vec<Record>, store::Error> {
         let what = || seen(format!("create a batch of {}", items.len()));
-        self.writing(false, what, self.inner.create_batch(items.clone(), key))
-            .await
+        let write = self.inner.create_batch_within(items.clone(), key, caps);
+        self.writing(false, what, write).await
     }
     async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
         self.check_alive()?;
@@ -573,12 +574,15 @@ impl Store for CountingStore {
     async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, store::Error> {
         self.inner.create(key, document).await
     }
-    async fn create_batch(
+    async fn create_batch_within(
         &self,
         items: Vec<(ObjectKey, Value)>,
         idempotency_key: Option<&str>,
+        caps: &[store::MemberCap],
     ) -> Result<Vec<Record>, store::Error> {
-        self.inner.create_batch(items, idempotency_key).await
+        self.inner
+            .create_batch_within(items, idempotency_key, caps)
+            .await
     }
     async fn get(&self, key: &ObjectKey) -> Result<Record, store::Error> {
         self.read(1);
