@@ -497,6 +497,7 @@ impl Error {
 /// A bound that a batch's write keeps ([`Store::create_batch_within`]): once the batch is
 /// written, the runs of `group` that have not finished (no phase, or one that is not
 /// `Succeeded`, `Failed` or `Cancelled`), the batch's own counted, are at most `at_most`.
+/// Stores check it in the batch's own transaction, counting what is stored before writing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberCap {
     /// The group's project.
@@ -508,17 +509,31 @@ pub struct MemberCap {
 }
 
 impl MemberCap {
-    /// Whether the group, its members counted by phase as `phases` ([`Store::group_phases`],
-    /// the batch's runs among them), keeps the cap: refused with [`Error::OverCap`] when not.
-    pub fn check(&self, phases: &[(Option<String>, u64)]) -> Result<(), Error> {
-        let unfinished = phases
+    /// Whether the group keeps the cap once `adding` is written: `stored` are its members
+    /// counted by phase as stored ([`Store::group_phases`]), to which the runs of `adding`
+    /// that name the group are added. Refused with [`Error::OverCap`] when it would not.
+    pub fn check(
+        &self,
+        stored: &[(Option<String>, u64)],
+        adding: &[(ObjectKey, Value)],
+    ) -> Result<(), Error> {
+        let unfinished =
+            |phase: Option<&str>| !phase.is_some_and(crate::lifecycle::RunPhase::names_finished);
+        let added = adding
             .iter()
-            .filter(|(phase, _)| {
-                !phase
-                    .as_deref()
-                    .is_some_and(crate::lifecycle::RunPhase::names_finished)
+            .filter(|(key, document)| {
+                key.kind == Kind::AgentRun
+                    && key.project == self.project
+                    && document["spec"]["group"].as_str() == Some(self.group.as_str())
+                    && unfinished(document["status"]["phase"].as_str())
             })
-            .fold(0u64, |sum, (_, members)| sum.saturating_add(*members));
+            .count();
+        let unfinished = stored
+            .iter()
+            .filter(|(phase, _)| unfinished(phase.as_deref()))
+            .fold(u64::try_from(added).unwrap_or(u64::MAX), |sum, (_, n)| {
+                sum.saturating_add(*n)
+            });
         if unfinished > self.at_most {
             return Err(Error::OverCap {
                 project: self.project.clone(),

@@ -82,7 +82,7 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     async fn create(&self, key: &ObjectKey, document: Value) -> Result<Record, Error> {
-        documents::create(self, key, document).await
+        documents::create(self, key, document, Vec::new()).await
     }
 
     async fn create_batch_within(

@@ -63,29 +63,15 @@ struct State {
 }
 
 impl State {
-    /// The runs of `group` of `project` counted by phase ([`Store::group_phases`]), with the
-    /// runs among `adding` (documents about to be created) that name it: one pass over the
-    /// project's runs, copying nothing.
-    fn group_phases_of(
-        &self,
-        project: &str,
-        group: &str,
-        adding: &[(ObjectKey, Value)],
-    ) -> Vec<(Option<String>, u64)> {
-        let stored = self
-            .collection(project, Kind::AgentRun)
-            .into_iter()
-            .flat_map(|collection| collection.by_order.values())
-            .map(|entry| &entry.document);
-        let added = adding
-            .iter()
-            .filter(|(key, _)| key.kind == Kind::AgentRun && key.project == project)
-            .map(|(_, document)| document);
+    /// The runs of `group` of `project` counted by phase ([`Store::group_phases`]): one pass
+    /// over the project's runs, copying nothing.
+    fn group_phases(&self, project: &str, group: &str) -> Vec<(Option<String>, u64)> {
         crate::store::count_phases(
-            stored
-                .chain(added)
-                .filter(|document| document["spec"]["group"].as_str() == Some(group))
-                .map(|document| document["status"]["phase"].as_str()),
+            self.collection(project, Kind::AgentRun)
+                .into_iter()
+                .flat_map(|collection| collection.by_order.values())
+                .filter(|entry| entry.document["spec"]["group"].as_str() == Some(group))
+                .map(|entry| entry.document["status"]["phase"].as_str()),
         )
     }
 
@@ -334,7 +320,7 @@ impl Store for MemoryStore {
             }
         }
         for cap in caps {
-            cap.check(&state.group_phases_of(&cap.project, &cap.group, &items))?;
+            cap.check(&state.group_phases(&cap.project, &cap.group), &items)?;
         }
         let records: Vec<Record> = items
             .into_iter()
@@ -472,7 +458,7 @@ impl Store for MemoryStore {
         project: &str,
         group: &str,
     ) -> Result<Vec<(Option<String>, u64)>, Error> {
-        Ok(self.lock().group_phases_of(project, group, &[]))
+        Ok(self.lock().group_phases(project, group))
     }
 
     async fn update(

@@ -182,8 +182,9 @@ pub(super) async fn create_batch(
         }
     }
     // Batches into a capped group take turns (across replicas: the lock is the database's),
-    // in one order so that two never wait for each other; each counts the group after its
-    // own inserts, which the counters' triggers add, and sees every earlier batch committed.
+    // in one order so that two never wait for each other: runs of different phases touch
+    // different counter rows, which alone would not order them. Each counts the group once
+    // it holds the lock, and so sees every earlier batch committed.
     let mut capped: Vec<&MemberCap> = caps.iter().collect();
     capped.sort_by(|a, b| (&a.project, &a.group).cmp(&(&b.project, &b.group)));
     for cap in &capped {
@@ -193,16 +194,6 @@ pub(super) async fn create_batch(
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-    }
-    // In order: an item that exists, or that an earlier item named, refuses the batch.
-    for (key, document) in &items {
-        match insert(&mut tx, key, document).await {
-            Ok(()) => {}
-            Err(e) if sql::is_unique_violation(&e) => {
-                return Err(Error::AlreadyExists(key.clone()));
-            }
-            Err(e) => return Err(map_err(e)),
-        }
     }
     for cap in &capped {
         let rows: Vec<(String, i64)> = sqlx::query_as(
@@ -214,7 +205,17 @@ pub(super) async fn create_batch(
         .fetch_all(&mut *tx)
         .await
         .map_err(map_err)?;
-        cap.check(&sql::group_phases_of(rows)?)?;
+        cap.check(&sql::group_phases_of(rows)?, &items)?;
+    }
+    // In order: an item that exists, or that an earlier item named, refuses the batch.
+    for (key, document) in &items {
+        match insert(&mut tx, key, document).await {
+            Ok(()) => {}
+            Err(e) if sql::is_unique_violation(&e) => {
+                return Err(Error::AlreadyExists(key.clone()));
+            }
+            Err(e) => return Err(map_err(e)),
+        }
     }
     let records: Vec<Record> = items
         .into_iter()

@@ -93,19 +93,23 @@ pub(super) fn insert(
     .map(drop)
 }
 
+/// [`Store::create`](nodus_core::Store::create), keeping `caps` (a run that joins a group).
 pub(super) async fn create(
     store: &SqliteStore,
     key: &ObjectKey,
     document: Value,
+    caps: Vec<MemberCap>,
 ) -> Result<Record, Error> {
-    // Through the writer: under load a run's kept working directory (created as it ends)
-    // shares the commit of other runs' steps instead of an fsync of its own.
+    // Through the writer: under load a run's kept working directory (created as it ends), or
+    // a run created alone, shares the commit of other runs' steps instead of an fsync of its
+    // own.
     store
         .inner
         .writes
         .write(Write::Create {
             key: key.clone(),
             document,
+            caps,
         })
         .await?
         .document()
@@ -113,10 +117,17 @@ pub(super) async fn create(
 
 pub(super) async fn create_batch(
     store: &SqliteStore,
-    items: Vec<(ObjectKey, Value)>,
+    mut items: Vec<(ObjectKey, Value)>,
     idempotency_key: Option<&str>,
     caps: &[MemberCap],
 ) -> Result<Vec<Record>, Error> {
+    // One document and nothing to remember: a create, through the writer.
+    if items.len() == 1
+        && idempotency_key.is_none()
+        && let Some((key, document)) = items.pop()
+    {
+        return Ok(vec![create(store, &key, document, caps.to_vec()).await?]);
+    }
     let scope = match (idempotency_key, items.first()) {
         (Some(key), Some((first, _))) => Some((first.project.clone(), key.to_string())),
         _ => None,
@@ -139,6 +150,14 @@ pub(super) async fn create_batch(
                     return sql::parse_batch(&stored);
                 }
             }
+            // In the writer's transaction: no other write comes between the count and the
+            // batch's.
+            for cap in &caps {
+                cap.check(
+                    &super::reads::group_phases(tx, &cap.project, &cap.group)?,
+                    &items,
+                )?;
+            }
             let mut seen = HashSet::with_capacity(items.len());
             for (key, document) in &items {
                 if !seen.insert(key) {
@@ -149,11 +168,6 @@ pub(super) async fn create_batch(
                     Err(e) if is_unique(&e) => return Err(Error::AlreadyExists(key.clone())),
                     Err(e) => return Err(map_err(e)),
                 }
-            }
-            // The counters (kept by triggers) hold the batch's runs now; refused, the
-            // transaction is rolled back.
-            for cap in &caps {
-                cap.check(&super::reads::group_phases(tx, &cap.project, &cap.group)?)?;
             }
             let records: Vec<Record> = items
                 .into_iter()

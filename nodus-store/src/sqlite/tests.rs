@@ -263,6 +263,7 @@ async fn a_create_of_a_taken_key_in_a_batch_refuses_only_itself() {
     let create = |name: &str, n| Write::Create {
         key: key(name),
         document: document(name, n),
+        caps: Vec::new(),
     };
     let results = writer
         .commit(vec![

@@ -2,7 +2,7 @@
 //! documents, journal and leases queue writes and the writer carries them out without
 //! either importing the other.
 
-use nodus_core::store::{Edit, Error, Fence, Lease, ObjectKey, Record};
+use nodus_core::store::{Edit, Error, Fence, Lease, MemberCap, ObjectKey, Record};
 
 use crate::commit::JournalWrite;
 use crate::sql;
@@ -42,12 +42,15 @@ pub(super) struct Then {
 /// writer task, which group-commits whatever is queued in one transaction (one fsync) and
 /// answers each after the commit.
 pub(super) enum Write {
-    /// A document created ([`Store::create`]): refused if the key is taken.
+    /// A document created ([`Store::create`]): refused if the key is taken, or if a cap of
+    /// the groups it joins would not hold ([`Store::create_batch_within`]).
     Create {
         /// The document's key.
         key: ObjectKey,
         /// The document.
         document: serde_json::Value,
+        /// What its creation must keep.
+        caps: Vec<MemberCap>,
     },
     /// A journal write.
     Journal(JournalWrite),

@@ -99,7 +99,20 @@ fn write_one(
             vec![Some(then)],
             announced,
         )?),
-        Write::Create { key, document } => {
+        Write::Create {
+            key,
+            document,
+            caps,
+        } => {
+            // Counted in the commit's transaction, after the writes queued before this one.
+            let item = [(key, document)];
+            for cap in &caps {
+                let stored = reads::group_phases(conn, &cap.project, &cap.group)?;
+                if let Err(over) = cap.check(&stored, &item) {
+                    return Ok(Err(over));
+                }
+            }
+            let [(key, document)] = item;
             // A taken key fails this statement only (SQLite's ABORT): the batch goes on.
             match insert(conn, &key, &document) {
                 Ok(()) => {}
