@@ -166,6 +166,63 @@ async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
     }
 }
 
+/// A group sealed while a batch joins it: the seal waits for the batch's write (the batch was
+/// admitted to the group unsealed), and a batch after the seal is refused. The first batch's
+/// write is held (a store wrapper pauses it) while the seal is asked for.
+#[tokio::test]
+async fn a_group_sealed_while_a_batch_joins_it_is_sealed_after_the_batch_is_written() {
+    let spec = group_spec();
+    let (engine, _dir) = on_sqlite_with_group(spec.clone()).await;
+    let store = Arc::new(support::CrashingStore::at_any_write(
+        engine.store().clone(),
+        usize::MAX,
+        support::CrashMode::AfterWrite,
+    ));
+    let engine = World::over_store(Vec::new(), store.clone()).engine();
+    let (reached, go_on) = store.pause_before_next("create a batch of");
+    let joining = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            engine
+                .create_runs(PROJECT, vec![task("a", &[])], None)
+                .await
+        }
+    });
+    reached.notified().await;
+    let sealing = tokio::spawn({
+        let engine = engine.clone();
+        let mut sealed = spec.clone();
+        sealed.sealed = true;
+        async move {
+            engine
+                .apply_group(PROJECT, AgentGroup::new("g", sealed))
+                .await
+        }
+    });
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.joining_waiting(PROJECT, "g") != 1 {
+        assert!(
+            std::time::Instant::now() < give_up && !sealing.is_finished(),
+            "the seal was written while a batch admitted to the unsealed group was not"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    go_on.notify_one();
+    joining
+        .await
+        .expect("joining")
+        .expect("the batch admitted before the seal is written");
+    let group = sealing.await.expect("sealing").expect("the seal");
+    assert!(group.spec.sealed);
+    match engine
+        .create_runs(PROJECT, vec![task("b", &[])], None)
+        .await
+    {
+        Err(Error::Admission(AdmissionRefused::Sealed)) => {}
+        other => panic!("a batch after the seal must be refused: {other:?}"),
+    }
+}
+
 /// Two replicas (two engines over one store, each with its own admission locks) admitting to
 /// one group at once: the first replica's batch has read the group and passed `maxPending` but
 /// is held before its write; the second replica, which does not wait for it, passes the same

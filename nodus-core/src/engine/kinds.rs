@@ -97,11 +97,22 @@ pub trait Writable: Clone + std::fmt::Debug + Send + Sync + Sized + 'static {
         Ok(object)
     }
 
+    /// Held by [`Engine::replace`] from its read of the object to its write, so that the
+    /// write comes between no other task's read and write that depend on what it changes.
+    /// Nothing by default.
+    async fn hold_to_replace(engine: &Engine, project: &str, name: &str) -> Option<Held> {
+        let _ = (engine, project, name);
+        None
+    }
+
     /// Deletes the object and what goes with it.
     async fn remove(engine: &Engine, project: &str, name: &str) -> Result<()> {
         engine.remove_document(project, Self::KIND, name).await
     }
 }
+
+/// What [`Writable::hold_to_replace`] holds: one of the engine's keyed locks.
+pub(super) type Held = tokio::sync::OwnedMutexGuard<()>;
 
 /// `object` as JSON (a failure is a bug in a kind's types, reported as corrupt).
 fn shown(kind: Kind, name: &str, object: &impl serde::Serialize) -> Result<Value> {
@@ -153,6 +164,12 @@ pub trait SpecRules: Validate {
         Ok(object)
     }
 
+    /// [`Writable::hold_to_replace`].
+    async fn hold_to_replace(engine: &Engine, project: &str, name: &str) -> Option<Held> {
+        let _ = (engine, project, name);
+        None
+    }
+
     /// Deletes the object and what goes with it.
     async fn remove(engine: &Engine, project: &str, name: &str) -> Result<()> {
         engine.remove_document(project, Self::KIND, name).await
@@ -190,6 +207,10 @@ impl<S: SpecRules> Writable for Object<S> {
     fn check(&self, engine: &Engine, project: &str) -> Result<()> {
         validate::validate(self)?;
         S::refuse(self, engine, project)
+    }
+
+    async fn hold_to_replace(engine: &Engine, project: &str, name: &str) -> Option<Held> {
+        S::hold_to_replace(engine, project, name).await
     }
 
     fn replaced(current: Self, new: Self) -> Result<Self> {
@@ -261,6 +282,18 @@ impl SpecRules for AgentGroupSpec {
     /// A group is reconciled after every write: what it starts or cancels, and its status.
     async fn written(engine: &Engine, project: &str, object: Object<Self>) -> Result<Object<Self>> {
         engine.reconcile_group(project, object.name()).await
+    }
+
+    /// A group changes while no batch of this process joins it (the engine's `joining`
+    /// lock): a batch admitted to the group as it was (unsealed, say) is written before the
+    /// change, never after it.
+    async fn hold_to_replace(engine: &Engine, project: &str, name: &str) -> Option<Held> {
+        Some(
+            engine
+                .joining
+                .lock(&super::joining_key(project, name))
+                .await,
+        )
     }
 
     /// A group goes with all of its runs.
@@ -513,6 +546,7 @@ impl Engine {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let held = K::hold_to_replace(self, project, name).await;
             let (current, version) = self.read_writable::<K>(project, name).await?;
             if let Some(expected) = expected_version
                 && expected != version
@@ -530,9 +564,12 @@ impl Engine {
             if document == unchanged {
                 // Nothing to write (a server starting on a full disk applies its template
                 // again). A Secret is sealed afresh every time, so it is always written.
+                drop(held);
                 return K::written(self, project, current).await;
             }
-            match self.deps.store.update(&key, version, document).await {
+            let written = self.deps.store.update(&key, version, document).await;
+            drop(held);
+            match written {
                 Err(crate::store::Error::Conflict { .. })
                     if expected_version.is_none() && attempt < STALE_ATTEMPTS =>
                 {
