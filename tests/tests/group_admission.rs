@@ -119,31 +119,12 @@ async fn adding_a_member_reads_the_same_at_a_thousand_members_as_at_ten() {
 async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
     let mut spec = group_spec();
     spec.limits.max_pending = 1;
-    let (engine, _dir) = on_sqlite_with_group(spec).await;
-    let store = Arc::new(support::CrashingStore::at_any_write(
-        engine.store().clone(),
-        usize::MAX,
-        support::CrashMode::AfterWrite,
-    ));
+    let (store, _dir) = pausable_with_group(spec).await;
     let engine = World::over_store(Vec::new(), store.clone()).engine();
     let (reached, go_on) = store.pause_before_next("create a batch of");
-    let first = tokio::spawn({
-        let engine = engine.clone();
-        async move {
-            engine
-                .create_runs(PROJECT, vec![task("a", &[])], None)
-                .await
-        }
-    });
+    let first = joining(&engine, "a");
     reached.notified().await;
-    let second = tokio::spawn({
-        let engine = engine.clone();
-        async move {
-            engine
-                .create_runs(PROJECT, vec![task("b", &[])], None)
-                .await
-        }
-    });
+    let second = joining(&engine, "b");
     // Settled: the second batch waits to join the group (one that did not wait would pass
     // maxPending beside the first, whose run is not written yet).
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -172,22 +153,10 @@ async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
 #[tokio::test]
 async fn a_group_sealed_while_a_batch_joins_it_is_sealed_after_the_batch_is_written() {
     let spec = group_spec();
-    let (engine, _dir) = on_sqlite_with_group(spec.clone()).await;
-    let store = Arc::new(support::CrashingStore::at_any_write(
-        engine.store().clone(),
-        usize::MAX,
-        support::CrashMode::AfterWrite,
-    ));
+    let (store, _dir) = pausable_with_group(spec.clone()).await;
     let engine = World::over_store(Vec::new(), store.clone()).engine();
     let (reached, go_on) = store.pause_before_next("create a batch of");
-    let joining = tokio::spawn({
-        let engine = engine.clone();
-        async move {
-            engine
-                .create_runs(PROJECT, vec![task("a", &[])], None)
-                .await
-        }
-    });
+    let batch = joining(&engine, "a");
     reached.notified().await;
     let sealing = tokio::spawn({
         let engine = engine.clone();
@@ -208,7 +177,7 @@ async fn a_group_sealed_while_a_batch_joins_it_is_sealed_after_the_batch_is_writ
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     go_on.notify_one();
-    joining
+    batch
         .await
         .expect("joining")
         .expect("the batch admitted before the seal is written");
@@ -233,12 +202,7 @@ async fn a_group_sealed_while_a_batch_joins_it_is_sealed_after_the_batch_is_writ
 async fn two_replicas_joining_a_group_at_once_never_both_pass_max_pending() {
     let mut spec = group_spec();
     spec.limits.max_pending = 1;
-    let (engine, _dir) = on_sqlite_with_group(spec).await;
-    let store = Arc::new(support::CrashingStore::at_any_write(
-        engine.store().clone(),
-        usize::MAX,
-        support::CrashMode::AfterWrite,
-    ));
+    let (store, _dir) = pausable_with_group(spec).await;
     let replica_a = World::over_store(Vec::new(), store.clone()).engine();
     let replica_b = World::over_store(Vec::new(), store.clone()).engine();
     let (reached, go_on) = store.pause_before_next("create a batch of");
@@ -257,14 +221,37 @@ async fn two_replicas_joining_a_group_at_once_never_both_pass_max_pending() {
         Err(Error::Admission(AdmissionRefused::TooManyPending { max_pending: 1 })) => {}
         other => panic!("the held batch must be refused by maxPending: {other:?}"),
     }
-    engine
+    replica_b
         .get_run(PROJECT, "g-b")
         .await
         .expect("the other replica's run is written");
     assert!(
-        engine.get_run(PROJECT, "g-a").await.is_err(),
+        replica_b.get_run(PROJECT, "g-a").await.is_err(),
         "nothing of the refused batch is written"
     );
+}
+
+/// A batch of task `key` of group `g` joining it through `engine`, in a task of its own.
+fn joining(
+    engine: &Engine,
+    key: &str,
+) -> tokio::task::JoinHandle<nodus_core::engine::Result<Vec<AgentRun>>> {
+    let (engine, batch) = (engine.clone(), vec![task(key, &[])]);
+    tokio::spawn(async move { engine.create_runs(PROJECT, batch, None).await })
+}
+
+/// [`on_sqlite_with_group`]'s store behind a wrapper that can pause its next write of a
+/// kind (`pause_before_next`), for engines that a test makes over it.
+async fn pausable_with_group(
+    spec: AgentGroupSpec,
+) -> (Arc<support::CrashingStore>, tempfile::TempDir) {
+    let (engine, dir) = on_sqlite_with_group(spec).await;
+    let store = Arc::new(support::CrashingStore::at_any_write(
+        engine.store().clone(),
+        usize::MAX,
+        support::CrashMode::AfterWrite,
+    ));
+    (store, dir)
 }
 
 /// An engine on a new SQLite store (in the returned directory) with agent `worker` and its
