@@ -874,6 +874,65 @@ async fn a_command_is_stopped_before_the_disk_runs_short() {
     sandbox.destroy(&id).await.expect("destroy");
 }
 
+/// Writes through a shared memory mapping make no inotify event, and the backend skips
+/// measuring a working directory its watch saw unchanged: a command that fills sparse files
+/// made by the command before, through a mapping, is stopped at the disk limit all the same
+/// (closing the mapped file, at the latest when the command's processes end, is an event).
+#[tokio::test]
+async fn sparse_files_filled_through_a_mapping_stop_at_the_disk_limit() {
+    writes_through_a_mapping_are_measured(false).await;
+}
+
+#[tokio::test]
+async fn sparse_files_filled_through_a_mapping_stop_at_the_disk_limit_with_the_launcher() {
+    writes_through_a_mapping_are_measured(true).await;
+}
+
+async fn writes_through_a_mapping_are_measured(launcher: bool) {
+    assert!(
+        Path::new("/usr/bin/python3").exists(),
+        "this test maps files with python3, which the sandbox takes from the host's /usr"
+    );
+    let root = reachable_tempdir();
+    let sandbox = backend(config(root.path().join("area"), launcher)).await;
+    let id = sandbox
+        .create(&spec(&unique_key("mapped")))
+        .await
+        .expect("create")
+        .id;
+    let limit = test_limits().disk_bytes;
+    // Three files of 24 MiB that take no block yet (each under the file size limit), 72 MiB
+    // in all once filled.
+    let made = exec(
+        &sandbox,
+        &id,
+        "for i in 1 2 3; do truncate -s 24M sparse$i; done; du -k sparse1 | cut -f1",
+    )
+    .await;
+    assert_eq!(
+        (text(&made).trim(), made.stopped.as_deref()),
+        ("0", None),
+        "{made:?}"
+    );
+    // Nothing happens in the working directory between the two commands.
+    let idle = exec(&sandbox, &id, "true").await;
+    assert_eq!(idle.stopped, None, "{idle:?}");
+    let filled = exec(
+        &sandbox,
+        &id,
+        "python3 -c 'import mmap,os\nfor i in (1, 2, 3):\n    fd = os.open(\"sparse%d\" % i, \
+         os.O_RDWR)\n    m = mmap.mmap(fd, 24 << 20)\n    m.write(b\"x\" * (24 << 20))\n    \
+         m.flush()\n    m.close()\n    os.close(fd)'; du -sk . | cut -f1",
+    )
+    .await;
+    let stopped = filled.stopped.clone().unwrap_or_default();
+    assert!(
+        stopped.contains(&format!("disk limit of {limit} bytes")),
+        "{filled:?}"
+    );
+    sandbox.destroy(&id).await.expect("destroy");
+}
+
 #[tokio::test]
 async fn a_launcher_that_cannot_start_sandboxes_falls_back_to_bubblewrap() {
     let root = reachable_tempdir();
