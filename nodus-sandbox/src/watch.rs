@@ -107,8 +107,7 @@ impl Watcher {
     /// What changed in the working directory `root` of sandbox `id` since the last call for
     /// it. Blocking (it reads and lists the file system): call it off the async threads.
     pub(crate) fn changes(&self, id: &str, root: &Path) -> Result<Changes, Error> {
-        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        watches.drain();
+        let mut watches = self.drained();
         match watches.sandboxes.get_mut(id) {
             Some(Tracked::Watching {
                 changed,
@@ -149,20 +148,18 @@ impl Watcher {
     /// directory): call it off the async threads. A watch the kernel refuses is refused for
     /// good, as in [`Watcher::changes`].
     pub(crate) fn begin(&self, id: &str, root: &Path) {
-        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        watches.drain();
+        let mut watches = self.drained();
         watches.watch(id, root, false);
     }
 
     /// A mark of sandbox `id`'s working directory as the watch knows it now, `None` when it is
     /// not watched, or holds a directory made since that is not watched yet (whatever is
-    /// written under it makes no event): the same mark later means that nothing in it changed in between (no
-    /// event, no watch made again), so that what was measured of it after the first still
-    /// holds. Nothing but a read of the queue that does not block; it drains nothing the
-    /// engine is told.
+    /// written under it makes no event): the same mark later means that nothing in it
+    /// changed in between (no event, no watch made again), so that what was measured of it
+    /// after the first still holds. Nothing but a read of the queue that does not block; it
+    /// drains nothing the engine is told.
     pub(crate) fn mark(&self, id: &str) -> Option<u64> {
-        let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        watches.drain();
+        let watches = self.drained();
         match watches.sandboxes.get(id) {
             Some(Tracked::Watching {
                 last_change,
@@ -199,9 +196,15 @@ impl Watcher {
     /// Whether sandbox `id` is watched and nothing changed since the last call (which this
     /// call then is): nothing but a read of the queue that does not block.
     fn nothing_changed(&self, id: &str) -> bool {
+        let watches = self.drained();
+        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, told: true, .. }) if changed.is_empty())
+    }
+
+    /// The watches, with what the queue held gathered into them.
+    fn drained(&self) -> std::sync::MutexGuard<'_, Watches> {
         let mut watches = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         watches.drain();
-        matches!(watches.sandboxes.get(id), Some(Tracked::Watching { changed, told: true, .. }) if changed.is_empty())
+        watches
     }
 
     /// Stop watching a sandbox (it is being removed).
