@@ -48,6 +48,16 @@ async fn fresh() -> PostgresStore {
         .expect("connect to the test database")
 }
 
+/// Two stores on one new schema: two replicas of a server.
+async fn two_replicas() -> (PostgresStore, PostgresStore) {
+    let options = PostgresOptions::new(url()).schema(schema());
+    let a = PostgresStore::connect(options.clone())
+        .await
+        .expect("replica a");
+    let b = PostgresStore::connect(options).await.expect("replica b");
+    (a, b)
+}
+
 macro_rules! cases {
     ($($case:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -115,11 +125,7 @@ async fn a_bad_schema_name_is_refused() {
 /// takeover after expiry fences the first, and one hears the other's changes (NOTIFY).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_one_database() {
-    let options = PostgresOptions::new(url()).schema(schema());
-    let a = PostgresStore::connect(options.clone())
-        .await
-        .expect("replica a");
-    let b = PostgresStore::connect(options).await.expect("replica b");
+    let (a, b) = two_replicas().await;
     let mut heard_by_b = b.subscribe();
 
     const RUNS: usize = 30;
@@ -203,11 +209,7 @@ async fn two_replicas_on_one_database() {
 /// dialect's `LOCK_FOR_UPDATE`) before it writes the next version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_editing_one_document_lose_no_edit() {
-    let options = PostgresOptions::new(url()).schema(schema());
-    let a = PostgresStore::connect(options.clone())
-        .await
-        .expect("replica a");
-    let b = PostgresStore::connect(options).await.expect("replica b");
+    let (a, b) = two_replicas().await;
     let key = ObjectKey::new("p", Kind::Budget, "account");
     a.create(
         &key,
@@ -255,11 +257,7 @@ async fn two_replicas_editing_one_document_lose_no_edit() {
 /// not order them): four are written, the others refused with `OverCap`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_admitting_at_once_keep_a_group_s_cap() {
-    let options = PostgresOptions::new(url()).schema(schema());
-    let a = PostgresStore::connect(options.clone())
-        .await
-        .expect("replica a");
-    let b = PostgresStore::connect(options).await.expect("replica b");
+    let (a, b) = two_replicas().await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..16 {
         let store = if i % 2 == 0 { a.clone() } else { b.clone() };
