@@ -594,10 +594,26 @@ mod tests {
         stats.iter().map(|s| s.path.as_str()).collect()
     }
 
+    /// Writes `contents` to `path` from a process of its own: a command another test of this
+    /// binary spawns meanwhile inherits no descriptor of the file, whose last close (at that
+    /// command's `exec`) would be an event after the write's own, moving a mark the test
+    /// expects to hold. The process's descriptors are closed before it can be waited for.
+    fn write(path: impl AsRef<Path>, contents: &str) -> std::io::Result<()> {
+        let status = std::process::Command::new("sh")
+            .args(["-c", r#"printf %s "$1" > "$2""#, "sh", contents])
+            .arg(path.as_ref())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("sh wrote nothing: {status}")))
+        }
+    }
+
     #[test]
     fn a_watch_begun_with_the_sandbox_answers_the_listing_first_and_marks_every_write() {
         let root = tempfile::tempdir().expect("tempdir");
-        std::fs::write(root.path().join("staged"), b"x").expect("file");
+        write(root.path().join("staged"), "x").expect("file");
         let watcher = Watcher::default();
         assert_eq!(watcher.mark("s"), None, "not watched: it cannot vouch");
         watcher.begin("s", root.path());
@@ -610,7 +626,7 @@ mod tests {
         }
         assert_eq!(watcher.mark("s"), Some(begun), "telling changes nothing");
         std::fs::create_dir(root.path().join("d")).expect("mkdir");
-        std::fs::write(root.path().join("d/new"), b"y").expect("file");
+        write(root.path().join("d/new"), "y").expect("file");
         assert_eq!(
             watcher.mark("s"),
             None,
@@ -627,12 +643,12 @@ mod tests {
         assert_ne!(written, begun, "a write is seen before it is told");
         assert_eq!(watcher.mark("s"), Some(written), "told, still the same");
         // A write to a file that is there already, a removal, another sandbox's write.
-        std::fs::write(root.path().join("staged"), b"longer").expect("write");
+        write(root.path().join("staged"), "longer").expect("write");
         let rewritten = watcher.mark("s").expect("watched");
         assert_ne!(rewritten, written);
         let other = tempfile::tempdir().expect("tempdir");
         watcher.begin("t", other.path());
-        std::fs::write(other.path().join("f"), b"z").expect("file");
+        write(other.path().join("f"), "z").expect("file");
         assert_ne!(watcher.mark("t"), None);
         assert_eq!(
             watcher.mark("s"),
@@ -659,7 +675,7 @@ mod tests {
             other => panic!("the first answer is the listing: {other:?}"),
         }
         let listed = watcher.mark("s").expect("watched whole again");
-        std::fs::write(root.path().join("early/deeper/f"), b"x").expect("file");
+        write(root.path().join("early/deeper/f"), "x").expect("file");
         assert_ne!(watcher.mark("s"), Some(listed), "a write in it is seen");
         match watcher.changes("s", root.path()).expect("changes") {
             // The file, and its directory, whose time an entry made changes.
@@ -673,7 +689,7 @@ mod tests {
         assert_eq!(watcher.mark("s"), None);
         let _ = watcher.changes("s", root.path()).expect("changes");
         let watched = watcher.mark("s").expect("watched");
-        std::fs::write(root.path().join("later/g"), b"y").expect("file");
+        write(root.path().join("later/g"), "y").expect("file");
         assert_ne!(watcher.mark("s"), Some(watched));
     }
 
@@ -683,7 +699,7 @@ mod tests {
         for dir in ["a", "a/b", "c"] {
             std::fs::create_dir(root.path().join(dir)).expect("mkdir");
         }
-        std::fs::write(root.path().join("a/f"), b"x").expect("file");
+        write(root.path().join("a/f"), "x").expect("file");
         let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).expect("inotify");
         let mut all: Vec<String> = add_tree(&fd, root.path(), "", 10)
             .expect("room for four")
@@ -748,7 +764,7 @@ mod tests {
             panic!("one directory: {added:?}");
         };
         assert_eq!(rel, "d");
-        std::fs::write(root.path().join("d/new"), b"x").expect("file");
+        write(root.path().join("d/new"), "x").expect("file");
         let mut buffer = [MaybeUninit::<u8>::uninit(); 4096];
         let mut reader = inotify::Reader::new(&fd, &mut buffer);
         let mut named = Vec::new();
