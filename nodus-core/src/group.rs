@@ -332,6 +332,13 @@ pub fn admit(
     )
 }
 
+/// Whether a group takes new runs: it is not sealed, and it is running (or has no phase yet:
+/// not reconciled since it was made). Finished and cancelled groups take none. The phase by
+/// its name: stores ask it of a stored document ([`MemberCap`](crate::store::MemberCap)).
+pub fn takes_runs(sealed: bool, phase: Option<&str>) -> bool {
+    !sealed && phase.is_none_or(|phase| phase == GroupPhase::Running.name())
+}
+
 /// Whether a run of `agent` with `task_key` and `depends_on` may join a group whose members
 /// `members` describes: the group takes runs, the agent is the group's, the task key is new,
 /// every dependency is a member, and fewer than `maxPending` members are unfinished (checked
@@ -344,7 +351,7 @@ pub fn admit_to(
     task_key: &str,
     depends_on: &[String],
 ) -> Result<(), AdmissionRefused> {
-    if spec.sealed || phase.is_some_and(|p| p != GroupPhase::Running) {
+    if !takes_runs(spec.sealed, phase.map(GroupPhase::name)) {
         return Err(AdmissionRefused::Sealed);
     }
     if agent != spec.agent {

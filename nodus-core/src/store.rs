@@ -479,6 +479,15 @@ pub enum Error {
         /// Its unfinished runs had the batch been written.
         unfinished: u64,
     },
+    /// A batch names a group that takes no new runs: sealed, finished or cancelled (nothing
+    /// was written).
+    #[error("group {project}/{group} takes no new runs (sealed, finished or cancelled)")]
+    GroupClosed {
+        /// The group's project.
+        project: String,
+        /// The group.
+        group: String,
+    },
     /// The database is down or restarting; a retry may help.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -494,10 +503,14 @@ impl Error {
     }
 }
 
-/// A bound that a batch's write keeps ([`Store::create_batch_within`]): once the batch is
+/// The room a group has for a batch's new runs, which the batch's write keeps
+/// ([`Store::create_batch_within`]): none once the group is sealed, finished or cancelled
+/// ([`group::takes_runs`](crate::group::takes_runs)) or gone; else, once the batch is
 /// written, the runs of `group` that have not finished (no phase, or one that is not
 /// `Succeeded`, `Failed` or `Cancelled`), the batch's own counted, are at most `at_most`.
-/// Stores check it in the batch's own transaction, counting what is stored before writing.
+/// Stores check it in the batch's own transaction, reading the group and counting its
+/// members before writing; a write that closes the group is ordered with it (Postgres: both
+/// take the group's advisory lock).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberCap {
     /// The group's project.
@@ -509,14 +522,36 @@ pub struct MemberCap {
 }
 
 impl MemberCap {
-    /// Whether the group keeps the cap once `adding` is written: `stored` are its members
-    /// counted by phase as stored ([`Store::group_phases`]), to which the runs of `adding`
-    /// that name the group are added. Refused with [`Error::OverCap`] when it would not.
+    /// The group's document.
+    pub fn group_key(&self) -> ObjectKey {
+        ObjectKey::new(&self.project, Kind::AgentGroup, &self.group)
+    }
+
+    /// Whether the stored group document `group` takes new runs
+    /// ([`group::takes_runs`](crate::group::takes_runs) of its `spec.sealed` and
+    /// `status.phase`).
+    pub fn takes_runs(group: &Value) -> bool {
+        let sealed = group["spec"]["sealed"].as_bool().unwrap_or(false);
+        crate::group::takes_runs(sealed, group["status"]["phase"].as_str())
+    }
+
+    /// Whether the group has room for `adding`: `group` is the group's document as read
+    /// (refused with its [`Error::NotFound`] when it is gone, and [`Error::GroupClosed`] when
+    /// it takes no runs), `stored` its members counted by phase as stored
+    /// ([`Store::group_phases`]), to which the runs of `adding` that name the group are added
+    /// (refused with [`Error::OverCap`] past `at_most`).
     pub fn check(
         &self,
+        group: Result<Record, Error>,
         stored: &[(Option<String>, u64)],
         adding: &[(ObjectKey, Value)],
     ) -> Result<(), Error> {
+        if !Self::takes_runs(&group?.document) {
+            return Err(Error::GroupClosed {
+                project: self.project.clone(),
+                group: self.group.clone(),
+            });
+        }
         let unfinished =
             |phase: Option<&str>| !phase.is_some_and(crate::lifecycle::RunPhase::names_finished);
         let added = adding
@@ -622,11 +657,12 @@ pub trait Store: Send + Sync {
         self.create_batch_within(items, idempotency_key, &[]).await
     }
 
-    /// [`Store::create_batch`], keeping every cap of `caps`: checked in the batch's own write
-    /// (with the batch's runs counted), so that two batches into one group, on one replica or
-    /// on two, never both pass on counts read before either was written. Refused with
-    /// [`Error::OverCap`], nothing written, when a cap would not hold; a repeat of an
-    /// idempotent batch returns the first call's records without checking again.
+    /// [`Store::create_batch`], keeping every cap of `caps` ([`MemberCap::check`]): checked in
+    /// the batch's own write (the group read and the batch's runs counted there), so that two
+    /// batches into one group, on one replica or on two, never both pass on counts read
+    /// before either was written, and no batch joins a group closed (sealed, cancelled) after
+    /// the batch was admitted. Refused, nothing written, when a cap would not hold; a repeat
+    /// of an idempotent batch returns the first call's records without checking again.
     async fn create_batch_within(
         &self,
         items: Vec<(ObjectKey, Value)>,

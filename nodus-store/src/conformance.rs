@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 mod documents;
+mod joins;
 mod journal;
 mod leases;
 mod retention;
@@ -39,6 +40,7 @@ pub use documents::{
     create_get_list_update_delete, group_phases, list_pages, list_selectors, list_sparse_known,
     money_exact,
 };
+pub use joins::{capped_batches, closed_groups};
 pub use journal::{
     change_notification, delete_removes_journal_and_inbox, fencing, journal_in_order, messages,
 };
@@ -49,7 +51,7 @@ pub use step_kept::complete_step_with_a_snapshot;
 pub use step_next::complete_step_with_the_next_step;
 pub use step_then::complete_step_with_a_document;
 pub use writes::{
-    atomic_edits, batch_atomicity_and_order, capped_batches, concurrent_writers, extension_kinds,
+    atomic_edits, batch_atomicity_and_order, concurrent_writers, extension_kinds,
     idempotent_batches, optimistic_concurrency,
 };
 
@@ -70,6 +72,7 @@ pub async fn run_all<S: Store + Clone + 'static>(make: impl Fn() -> S) {
     batch_atomicity_and_order(make()).await;
     idempotent_batches(make()).await;
     capped_batches(make()).await;
+    closed_groups(make()).await;
     journal_in_order(make()).await;
     complete_step_with_a_document(make()).await;
     complete_step_with_a_snapshot(make()).await;

@@ -113,6 +113,11 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn closed_groups() {
+        conformance::closed_groups(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
     async fn journal_in_order() {
         conformance::journal_in_order(MemoryStore::new()).await;
     }

@@ -231,6 +231,44 @@ async fn two_replicas_joining_a_group_at_once_never_both_pass_max_pending() {
     );
 }
 
+/// A group sealed on one replica while a batch admitted to it unsealed on another is held
+/// before its write (the second replica does not share the first's admission locks, so the
+/// seal does not wait for it): the store reads the group in the batch's write and refuses it,
+/// and the engine answers it as the admission refusal a sealed group gives. Nothing of it is
+/// written, and the group has no member.
+#[tokio::test]
+async fn a_batch_admitted_on_one_replica_is_refused_when_another_sealed_the_group_meanwhile() {
+    let spec = group_spec();
+    let (store, _dir) = pausable_with_group(spec.clone()).await;
+    let replica_a = World::over_store(Vec::new(), store.clone()).engine();
+    let replica_b = World::over_store(Vec::new(), store.clone()).engine();
+    let (reached, go_on) = store.pause_before_next("create a batch of");
+    let batch = joining(&replica_a, "a");
+    reached.notified().await;
+    let mut sealed = spec;
+    sealed.sealed = true;
+    replica_b
+        .apply_group(PROJECT, AgentGroup::new("g", sealed))
+        .await
+        .expect("the other replica seals the group");
+    go_on.notify_one();
+    match batch.await.expect("joining") {
+        Err(Error::Admission(AdmissionRefused::Sealed)) => {}
+        other => panic!("the held batch must be refused: the group is sealed: {other:?}"),
+    }
+    assert!(
+        replica_b.get_run(PROJECT, "g-a").await.is_err(),
+        "nothing of the refused batch is written"
+    );
+    assert_eq!(
+        nodus_core::Store::group_phases(store.as_ref(), PROJECT, "g")
+            .await
+            .expect("phases"),
+        Vec::new(),
+        "the sealed group has no member"
+    );
+}
+
 /// A batch of task `key` of group `g` joining it through `engine`, in a task of its own.
 fn joining(
     engine: &Engine,

@@ -108,9 +108,11 @@ impl Error {
             | Error::Admission(AdmissionRefused::AgentMismatch { .. }) => Reason::Invalid,
             Error::Admission(_) | Error::GroupUpdate(_) => Reason::Conflict,
             Error::Store(store::Error::AlreadyExists(_)) => Reason::AlreadyExists,
-            Error::Store(store::Error::Conflict { .. } | store::Error::OverCap { .. }) => {
-                Reason::Conflict
-            }
+            Error::Store(
+                store::Error::Conflict { .. }
+                | store::Error::OverCap { .. }
+                | store::Error::GroupClosed { .. },
+            ) => Reason::Conflict,
             Error::Store(store::Error::Unavailable(_)) | Error::SandboxUnavailable(_) => {
                 Reason::Unavailable
             }

@@ -105,12 +105,7 @@ impl Engine {
     ) -> Result<PendingReason> {
         if !admissions.contains_key(group) {
             let read = self.read_group(project, group).await.map_err(|e| match e {
-                Error::NotFound { name, .. } => crate::validate::Invalid {
-                    field: "spec.group".to_string(),
-                    rule: "must name an existing group".to_string(),
-                    value: name,
-                }
-                .into(),
+                Error::NotFound { name, .. } => no_such_group(name),
                 other => other,
             })?;
             let (unfinished, running) = self.member_counts(project, group).await?;
@@ -498,17 +493,34 @@ pub(super) fn member_caps(project: &str, admissions: &Admissions) -> Vec<MemberC
         .collect()
 }
 
-/// A store's refusal of a batch that would break a group's cap, as the admission refusal the
-/// engine gives for the same limit; any other error as it is.
-pub(super) fn over_cap(error: crate::store::Error) -> Error {
+/// A store's refusal of a batch that its groups have no room for, as the admission refusal
+/// the engine gives for the same rule: over a cap, the group closed, or gone (since the batch
+/// was admitted, on another replica); any other error as it is.
+pub(super) fn refused_by_store(error: crate::store::Error) -> Error {
     match error {
         crate::store::Error::OverCap { at_most, .. } => {
             Error::Admission(group::AdmissionRefused::TooManyPending {
                 max_pending: u32::try_from(at_most).unwrap_or(u32::MAX),
             })
         }
+        crate::store::Error::GroupClosed { .. } => {
+            Error::Admission(group::AdmissionRefused::Sealed)
+        }
+        crate::store::Error::NotFound(key) if key.kind == Kind::AgentGroup => {
+            no_such_group(key.name)
+        }
         other => other.into(),
     }
+}
+
+/// A run's `spec.group` names no group.
+fn no_such_group(name: String) -> Error {
+    crate::validate::Invalid {
+        field: "spec.group".to_string(),
+        rule: "must name an existing group".to_string(),
+        value: name,
+    }
+    .into()
 }
 
 /// A run's phase (and completion time, when it finishes) written into its document.

@@ -602,7 +602,7 @@ impl Engine {
                 &caps,
             )
             .await
-            .map_err(group::over_cap)?;
+            .map_err(group::refused_by_store)?;
         let record = records
             .into_iter()
             .find(|record| record.key.kind == Kind::AgentRun)
@@ -704,7 +704,7 @@ impl Engine {
             .store
             .create_batch_within(items, idempotency_key, &caps)
             .await
-            .map_err(group::over_cap)?;
+            .map_err(group::refused_by_store)?;
         // A batch under the same key that was being written at the same time as this one: the
         // store answered with that batch, which is a repeat only if it asked for these runs.
         if let Some(key) = idempotency_key

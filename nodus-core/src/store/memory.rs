@@ -201,6 +201,18 @@ impl State {
         collection.by_order.remove(&order)
     }
 
+    /// A copy of the document stored under `key`.
+    fn record(&self, key: &ObjectKey) -> Result<Record, Error> {
+        let entry = self
+            .entry(key)
+            .ok_or_else(|| Error::NotFound(key.clone()))?;
+        Ok(Record {
+            key: key.clone(),
+            version: entry.version,
+            document: entry.document.clone(),
+        })
+    }
+
     fn contains(&self, key: &ObjectKey) -> bool {
         self.collection(&key.project, key.kind)
             .is_some_and(|c| c.by_name.contains_key(&key.name))
@@ -320,7 +332,8 @@ impl Store for MemoryStore {
             }
         }
         for cap in caps {
-            cap.check(&state.group_phases(&cap.project, &cap.group), &items)?;
+            let group = state.record(&cap.group_key());
+            cap.check(group, &state.group_phases(&cap.project, &cap.group), &items)?;
         }
         let records: Vec<Record> = items
             .into_iter()
@@ -336,15 +349,7 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Record, Error> {
-        let state = self.lock();
-        let entry = state
-            .entry(key)
-            .ok_or_else(|| Error::NotFound(key.clone()))?;
-        Ok(Record {
-            key: key.clone(),
-            version: entry.version,
-            document: entry.document.clone(),
-        })
+        self.lock().record(key)
     }
 
     async fn list(

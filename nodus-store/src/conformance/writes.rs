@@ -1,12 +1,12 @@
 //! Conformance of writes: optimistic concurrency, racing writers, extension kinds, atomic
-//! edits, and batches (all or nothing, in order, idempotent).
+//! edits, and batches (all or nothing, in order, idempotent; into groups: `joins`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use nodus_core::Store;
 use nodus_core::resource::Kind;
-use nodus_core::store::{Change, Error, MemberCap, ObjectKey, Selector};
+use nodus_core::store::{Change, Error, ObjectKey, Selector};
 use serde_json::{Value, json};
 
 use super::{join_all, names, next_change, run_document, unique};
@@ -502,154 +502,5 @@ pub async fn idempotent_batches<S: Store + Clone + 'static>(store: S) {
     assert_eq!(
         names(&store, &elsewhere, Kind::AgentRun, &Selector::default()).await,
         ["one", "two"]
-    );
-}
-
-/// Batches into a group with a cap on its unfinished runs ([`Store::create_batch_within`]):
-/// one that keeps it is written; one that would break it is refused with `OverCap` naming the
-/// count it would have made, and nothing of it is written; finished runs, runs of another
-/// group or project and other kinds do not count; a repeat of an idempotent batch is answered
-/// without checking again; batches racing into one group never pass it together.
-pub async fn capped_batches<S: Store + Clone + 'static>(store: S) {
-    let project = unique("capped");
-    let run = |name: &str| ObjectKey::new(&project, Kind::AgentRun, name);
-    let member = |name: &str, group: &str, phase: &str| {
-        (
-            run(name),
-            super::shaped_run(name, &unique("uid"), &[], Some(group), phase),
-        )
-    };
-    let cap = |group: &str, at_most: u64| MemberCap {
-        project: project.clone(),
-        group: group.to_string(),
-        at_most,
-    };
-    store
-        .create_batch(
-            vec![member("a", "g", "Running"), member("b", "g", "Succeeded")],
-            None,
-        )
-        .await
-        .expect("the group's first runs");
-    // Decoys that do not count: another group's run, the group's name in another project.
-    store
-        .create(&run("h1"), member("h1", "h", "Running").1)
-        .await
-        .expect("another group's run");
-    let elsewhere = unique("capped");
-    store
-        .create(
-            &ObjectKey::new(&elsewhere, Kind::AgentRun, "z"),
-            super::shaped_run("z", &unique("uid"), &[], Some("g"), "Running"),
-        )
-        .await
-        .expect("a run of another project");
-
-    // Up to the cap: a, c and d unfinished (b succeeded).
-    let written = store
-        .create_batch_within(
-            vec![member("c", "g", "Pending"), member("d", "g", "Pending")],
-            None,
-            &[cap("g", 3)],
-        )
-        .await
-        .expect("a batch that keeps the cap");
-    let written: Vec<&str> = written.iter().map(|r| r.key.name.as_str()).collect();
-    assert_eq!(written, ["c", "d"]);
-    // One more would make four.
-    assert_eq!(
-        store
-            .create_batch_within(vec![member("e", "g", "Pending")], None, &[cap("g", 3)])
-            .await,
-        Err(Error::OverCap {
-            project: project.clone(),
-            group: "g".to_string(),
-            at_most: 3,
-            unfinished: 4,
-        })
-    );
-    assert!(
-        matches!(store.get(&run("e")).await, Err(Error::NotFound(_))),
-        "nothing of a refused batch is written"
-    );
-    assert_eq!(
-        store.group_phases(&project, "g").await.expect("phases"),
-        vec![
-            (Some("Pending".to_string()), 2),
-            (Some("Running".to_string()), 1),
-            (Some("Succeeded".to_string()), 1),
-        ],
-        "the counters are as before the refused batch"
-    );
-    // A cap on another group is kept by a batch into this one.
-    store
-        .create_batch_within(vec![member("h2", "h", "Pending")], None, &[cap("h", 2)])
-        .await
-        .expect("the other group has room for one more");
-    // Once a run finishes, there is room again.
-    let a = store.get(&run("a")).await.expect("a");
-    let mut finished = a.document.clone();
-    finished["status"]["phase"] = json!("Failed");
-    store
-        .update(&run("a"), a.version, finished)
-        .await
-        .expect("a finishes");
-    let key = unique("batch");
-    let first = store
-        .create_batch_within(
-            vec![member("e", "g", "Pending")],
-            Some(&key),
-            &[cap("g", 3)],
-        )
-        .await
-        .expect("room for e");
-    // Its repeat (now over any cap) is answered with the first call's records.
-    assert_eq!(
-        store
-            .create_batch_within(
-                vec![member("e", "g", "Pending")],
-                Some(&key),
-                &[cap("g", 0)]
-            )
-            .await,
-        Ok(first),
-        "a repeat is not checked again"
-    );
-
-    // Racing: eight batches of one run each into a group capped at three.
-    let racing = unique("race");
-    let tasks = (0..8).map(|i| {
-        let store = store.clone();
-        let (project, racing) = (project.clone(), racing.clone());
-        tokio::spawn(async move {
-            let name = format!("{racing}-{i}");
-            store
-                .create_batch_within(
-                    vec![(
-                        ObjectKey::new(&project, Kind::AgentRun, &name),
-                        super::shaped_run(&name, &unique("uid"), &[], Some(&racing), "Pending"),
-                    )],
-                    None,
-                    &[MemberCap {
-                        project: project.clone(),
-                        group: racing.clone(),
-                        at_most: 3,
-                    }],
-                )
-                .await
-        })
-    });
-    let results = join_all(tasks.collect()).await;
-    let passed = results.iter().filter(|r| r.is_ok()).count();
-    assert_eq!(passed, 3, "{results:?}");
-    assert!(
-        results
-            .iter()
-            .all(|r| r.is_ok() || matches!(r, Err(Error::OverCap { at_most: 3, .. }))),
-        "{results:?}"
-    );
-    assert_eq!(
-        store.group_phases(&project, &racing).await.expect("phases"),
-        vec![(Some("Pending".to_string()), 3)]
     );
 }

@@ -163,7 +163,9 @@ pub(super) async fn create_batch(
     let mut tx = store.write().await?;
     if let Some((project, key)) = &scope {
         // Repeats of one key wait for each other, then see the first one's records.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/' || $1 || '/' || $2, 0))",
+        )
             .bind(project)
             .bind(key)
             .execute(&mut *tx)
@@ -183,19 +185,16 @@ pub(super) async fn create_batch(
     }
     // Batches into a capped group take turns (across replicas: the lock is the database's),
     // in one order so that two never wait for each other: runs of different phases touch
-    // different counter rows, which alone would not order them. Each counts the group once
-    // it holds the lock, and so sees every earlier batch committed.
+    // different counter rows, which alone would not order them. Each reads and counts the
+    // group once it holds the lock, and so sees every earlier batch committed, and every
+    // write that closed the group ([`update`] takes the same lock to close it).
     let mut capped: Vec<&MemberCap> = caps.iter().collect();
     capped.sort_by(|a, b| (&a.project, &a.group).cmp(&(&b.project, &b.group)));
     for cap in &capped {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 1))")
-            .bind(&cap.project)
-            .bind(&cap.group)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+        lock_group(&mut tx, &cap.project, &cap.group).await?;
     }
     for cap in &capped {
+        let group = Read::record(&mut *tx, &cap.group_key(), Lock::None).await;
         let rows: Vec<(String, i64)> = sqlx::query_as(
             "SELECT phase_key, members FROM group_phase_counts \
              WHERE project = $1 AND group_name = $2",
@@ -205,7 +204,7 @@ pub(super) async fn create_batch(
         .fetch_all(&mut *tx)
         .await
         .map_err(map_err)?;
-        cap.check(&sql::group_phases_of(rows)?, &items)?;
+        cap.check(group, &sql::group_phases_of(rows)?, &items)?;
     }
     // In order: an item that exists, or that an earlier item named, refuses the batch.
     for (key, document) in &items {
@@ -351,6 +350,22 @@ async fn read_sparse(
     })
 }
 
+/// Take the transaction-long lock of group `group` of `project` that orders the batches
+/// joining it ([`create_batch`]) with the writes that close it ([`update`]) or remove it
+/// ([`delete`]). Advisory locks are the database's: the schema is in the key, so that the
+/// stores of two schemas never wait for each other.
+async fn lock_group(conn: &mut PgConnection, project: &str, group: &str) -> Result<(), Error> {
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/' || $1 || '/' || $2, 1))",
+    )
+        .bind(project)
+        .bind(group)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(map_err)
+}
+
 pub(super) async fn update(
     store: &PostgresStore,
     key: &ObjectKey,
@@ -358,6 +373,12 @@ pub(super) async fn update(
     document: Value,
 ) -> Result<Record, Error> {
     let mut tx = store.write().await?;
+    // A group written closed (sealed, cancelled, finished) waits for the batches joining it
+    // that read it open, and those after read it closed. First, before any row is locked,
+    // as a batch takes it first: the two cannot wait for each other.
+    if key.kind == Kind::AgentGroup && !MemberCap::takes_runs(&document) {
+        lock_group(&mut tx, &key.project, &key.name).await?;
+    }
     let columns = sql::Columns::of(&document);
     let updated: Option<i64> = match sql::to_i64(expected_version) {
         Some(expected) => sqlx::query_scalar(
@@ -410,6 +431,11 @@ pub(super) async fn update(
 
 pub(super) async fn delete(store: &PostgresStore, key: &ObjectKey) -> Result<(), Error> {
     let mut tx = store.write().await?;
+    // As a write that closes a group ([`update`]): the batches that read it there are
+    // written before it goes, those after find it gone.
+    if key.kind == Kind::AgentGroup {
+        lock_group(&mut tx, &key.project, &key.name).await?;
+    }
     let uid: Option<Option<String>> = sqlx::query_scalar(
         "DELETE FROM resources WHERE project = $1 AND kind = $2 AND name = $3 RETURNING uid",
     )

@@ -50,12 +50,30 @@ async fn fresh() -> PostgresStore {
 
 /// Two stores on one new schema: two replicas of a server.
 async fn two_replicas() -> (PostgresStore, PostgresStore) {
-    let options = PostgresOptions::new(url()).schema(schema());
+    two_replicas_in(&schema()).await
+}
+
+/// [`two_replicas`] on `schema`.
+async fn two_replicas_in(schema: &str) -> (PostgresStore, PostgresStore) {
+    let options = PostgresOptions::new(url()).schema(schema);
     let a = PostgresStore::connect(options.clone())
         .await
         .expect("replica a");
     let b = PostgresStore::connect(options).await.expect("replica b");
     (a, b)
+}
+
+/// Store group `name` of project `p`, running (open to runs).
+async fn open_group(store: &PostgresStore, name: &str) -> nodus_core::store::Record {
+    let document = json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}")},
+        "spec": {"agent": "helper"},
+        "status": {"phase": "Running"},
+    });
+    store
+        .create(&ObjectKey::new("p", Kind::AgentGroup, name), document)
+        .await
+        .expect("the group")
 }
 
 macro_rules! cases {
@@ -79,6 +97,7 @@ cases!(
     batch_atomicity_and_order,
     idempotent_batches,
     capped_batches,
+    closed_groups,
     journal_in_order,
     complete_step_with_a_document,
     complete_step_with_a_snapshot,
@@ -258,6 +277,7 @@ async fn two_replicas_editing_one_document_lose_no_edit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_admitting_at_once_keep_a_group_s_cap() {
     let (a, b) = two_replicas().await;
+    open_group(&a, "g").await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..16 {
         let store = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -297,6 +317,141 @@ async fn two_replicas_admitting_at_once_keep_a_group_s_cap() {
     let phases = a.group_phases("p", "g").await.expect("phases");
     let unfinished: u64 = phases.iter().map(|(_, n)| n).sum();
     assert_eq!(unfinished, 4, "{phases:?}");
+}
+
+/// A group sealed on one replica while a batch joins it on another: the batch that reads the
+/// group after the seal began waits for it and is refused (the seal takes the group's lock
+/// before its row's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_sealed_on_one_replica_takes_no_batch_begun_on_another_meanwhile() {
+    closed_while_a_batch_joins(true).await;
+}
+
+/// As [`a_group_sealed_on_one_replica_takes_no_batch_begun_on_another_meanwhile`], a group
+/// deleted: the batch is refused, and leaves no run of a group that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_deleted_on_one_replica_takes_no_batch_begun_on_another_meanwhile() {
+    closed_while_a_batch_joins(false).await;
+}
+
+/// Group `g` sealed (or deleted) through one replica while a batch joins it through another:
+/// the closing write is held by a third connection's lock on the group's row (as a slow write
+/// would be), and the batch begun only once it waits for that lock.
+async fn closed_while_a_batch_joins(seal: bool) {
+    let schema = schema();
+    let (a, b) = two_replicas_in(&schema).await;
+    let group = open_group(&a, "g").await;
+    let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect(&url())
+        .await
+        .expect("a third connection");
+    for statement in [format!("SET search_path TO {schema}"), "BEGIN".to_string()] {
+        sqlx::query(&statement)
+            .execute(&mut holder)
+            .await
+            .expect(&statement);
+    }
+    sqlx::query("SELECT 1 FROM resources WHERE kind = 'agentgroups' AND name = 'g' FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .expect("the group's row held");
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut holder)
+        .await
+        .expect("the holder's pid");
+    // Who waits for whom, asked outside a transaction: one sees `pg_stat_activity` as it was
+    // at its first read.
+    let mut watcher = <sqlx::PgConnection as sqlx::Connection>::connect(&url())
+        .await
+        .expect("a fourth connection");
+
+    let mut closing = tokio::spawn({
+        let (a, key) = (a.clone(), group.key.clone());
+        let mut sealed = group.document.clone();
+        sealed["spec"]["sealed"] = json!(true);
+        async move {
+            match seal {
+                true => a.update(&key, group.version, sealed).await.map(drop),
+                false => a.delete(&key).await,
+            }
+        }
+    });
+    let closing_pid = blocked_by(&mut watcher, holder_pid, &mut closing)
+        .await
+        .expect("the closing write waits for the group's row");
+    let document = json!({
+        "metadata": {"name": "late", "uid": "uid-late"},
+        "spec": {"agent": "helper", "group": "g"},
+        "status": {},
+    });
+    let cap = MemberCap {
+        project: "p".to_string(),
+        group: "g".to_string(),
+        at_most: 100,
+    };
+    let mut batch = tokio::spawn(async move {
+        b.create_batch_within(
+            vec![(ObjectKey::new("p", Kind::AgentRun, "late"), document)],
+            None,
+            &[cap],
+        )
+        .await
+    });
+    // The batch waits for the closing write (or, were that not to lock the group first, is
+    // written at once: then it is over before it waits).
+    blocked_by(&mut watcher, closing_pid, &mut batch).await;
+    sqlx::query("COMMIT")
+        .execute(&mut holder)
+        .await
+        .expect("the row let go");
+    closing
+        .await
+        .expect("the closing task")
+        .expect("the group closed");
+    let refused = batch.await.expect("the batch's task");
+    match seal {
+        true => assert_eq!(
+            refused,
+            Err(Error::GroupClosed {
+                project: "p".to_string(),
+                group: "g".to_string(),
+            })
+        ),
+        false => assert_eq!(refused, Err(Error::NotFound(group.key))),
+    }
+    assert!(matches!(
+        a.get(&ObjectKey::new("p", Kind::AgentRun, "late")).await,
+        Err(Error::NotFound(_))
+    ));
+}
+
+/// The pid of the backend that waits for backend `pid`'s lock, asked through `conn` until one
+/// does (or the task `done` ends first: then `None`).
+async fn blocked_by<T>(
+    conn: &mut sqlx::PgConnection,
+    pid: i32,
+    done: &mut tokio::task::JoinHandle<T>,
+) -> Option<i32> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) LIMIT 1",
+        )
+        .bind(pid)
+        .fetch_optional(&mut *conn)
+        .await
+        .expect("pg_stat_activity");
+        if waiting.is_some() {
+            return waiting;
+        }
+        if done.is_finished() {
+            return None;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing waits for backend {pid}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A TCP proxy to the database that the test can cut (every connection dropped, new ones

@@ -154,6 +154,7 @@ pub(super) async fn create_batch(
             // batch's.
             for cap in &caps {
                 cap.check(
+                    super::reads::record(tx, &cap.group_key()),
                     &super::reads::group_phases(tx, &cap.project, &cap.group)?,
                     &items,
                 )?;

@@ -43,6 +43,7 @@ cases!(
     batch_atomicity_and_order,
     idempotent_batches,
     capped_batches,
+    closed_groups,
     journal_in_order,
     complete_step_with_a_document,
     complete_step_with_a_snapshot,

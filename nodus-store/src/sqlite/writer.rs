@@ -108,8 +108,9 @@ fn write_one(
             let item = [(key, document)];
             for cap in &caps {
                 let stored = reads::group_phases(conn, &cap.project, &cap.group)?;
-                if let Err(over) = cap.check(&stored, &item) {
-                    return Ok(Err(over));
+                let group = reads::record(conn, &cap.group_key());
+                if let Err(refused) = cap.check(group, &stored, &item) {
+                    return Ok(Err(refused));
                 }
             }
             let [(key, document)] = item;
