@@ -43,7 +43,9 @@ const MAX_WATCHED_DIRS: usize = 10_000;
 const MAX_WATCHED_DEPTH: usize = 128;
 
 /// The changed paths held for one sandbox between two snapshots at most: past them it is
-/// listed whole, so that a command that makes millions of files holds no memory for them.
+/// listed whole at the next, so that a command that makes millions of files holds no memory
+/// for them (nor does a sandbox whose changes nobody asks for: none are held before the
+/// first answer).
 const MAX_CHANGED_PATHS: usize = 100_000;
 
 /// What each directory's watch reports: every change of an entry in it, and of itself.
@@ -84,7 +86,8 @@ struct Watches {
 enum Tracked {
     /// Watched since the last call (or since the watch was begun): its directories' watches,
     /// the paths changed since, and whether a call was answered since the watch was made
-    /// (`false`: the next answer is the whole listing, as the engine knows nothing yet).
+    /// (`false`: the next answer is the whole listing, as the engine knows nothing yet, or
+    /// more paths changed than are held; no path is held then).
     Watching {
         root: PathBuf,
         dirs: HashMap<String, i32>,
@@ -306,6 +309,7 @@ impl Watches {
         let (
             Some(Tracked::Watching {
                 changed,
+                told,
                 unwatched_dirs,
                 ..
             }),
@@ -319,6 +323,11 @@ impl Watches {
         {
             *unwatched_dirs = true;
         }
+        // Not told since the watch was made: the next answer is the whole listing, which
+        // needs no path (a sandbox nobody asks about, with snapshots off, holds none).
+        if !*told {
+            return;
+        }
         // An entry made, removed or renamed changes its directory's time too (the working
         // directory itself is not listed).
         let entries_changed =
@@ -331,9 +340,11 @@ impl Watches {
         } else {
             format!("{dir}/{name}")
         });
-        // Past this, listing the whole directory costs less than the paths held for it.
+        // Past this, listing the whole directory costs less than the paths held for it: the
+        // next answer is the listing, and the watch (with its mark) goes on.
         if changed.len() > MAX_CHANGED_PATHS {
-            self.lose(&id);
+            *changed = BTreeSet::new();
+            *told = false;
         }
     }
 
@@ -691,6 +702,85 @@ mod tests {
         let watched = watcher.mark("s").expect("watched");
         write(root.path().join("later/g"), "y").expect("file");
         assert_ne!(watcher.mark("s"), Some(watched));
+    }
+
+    /// How many changed paths the watcher holds for sandbox `id`.
+    fn held(watcher: &Watcher, id: &str) -> usize {
+        match watcher.drained().sandboxes.get(id) {
+            Some(Tracked::Watching { changed, .. }) => changed.len(),
+            other => panic!("{id} is not watched: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_watch_never_asked_what_changed_holds_no_path_and_still_marks_writes() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let watcher = Watcher::default();
+        watcher.begin("s", root.path());
+        let begun = watcher.mark("s").expect("watched");
+        for i in 0..50 {
+            write(root.path().join(format!("f{i}")), "x").expect("file");
+        }
+        assert_ne!(watcher.mark("s"), Some(begun), "the writes are seen");
+        assert_eq!(
+            held(&watcher, "s"),
+            0,
+            "no path held before the first answer"
+        );
+        match watcher.changes("s", root.path()).expect("changes") {
+            Changes::Listed(all) => assert_eq!(all.len(), 50),
+            other => panic!("the first answer is the listing: {other:?}"),
+        }
+        // Told: from here on, what changes is held for the next answer.
+        write(root.path().join("f0"), "longer").expect("write");
+        assert_eq!(held(&watcher, "s"), 1);
+    }
+
+    #[test]
+    fn past_the_changed_paths_held_the_next_answer_is_the_listing_and_the_watch_goes_on() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let watcher = Watcher::default();
+        watcher.begin("s", root.path());
+        assert!(matches!(
+            watcher.changes("s", root.path()),
+            Ok(Changes::Listed(_))
+        ));
+        // In rounds that the kernel's queue holds, each drained by a mark.
+        let files = MAX_CHANGED_PATHS + 1;
+        for from in (0..files).step_by(4096) {
+            let status = std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    r#"i=$1; while [ "$i" -lt "$2" ]; do : > "f$i"; i=$((i+1)); done"#,
+                ])
+                .args([
+                    "sh",
+                    &from.to_string(),
+                    &(from + 4096).min(files).to_string(),
+                ])
+                .current_dir(root.path())
+                .status()
+                .expect("sh");
+            assert!(status.success());
+            assert!(watcher.mark("s").is_some(), "still watched");
+        }
+        let past = watcher
+            .mark("s")
+            .expect("still watched past the paths held");
+        assert_eq!(held(&watcher, "s"), 0, "the paths let go");
+        match watcher.changes("s", root.path()).expect("changes") {
+            Changes::Listed(all) => assert_eq!(all.len(), files),
+            other => panic!("past the paths held, the listing: {other:?}"),
+        }
+        assert_eq!(watcher.mark("s"), Some(past), "listing it moves nothing");
+        write(root.path().join("f0"), "x").expect("write");
+        match watcher.changes("s", root.path()).expect("changes") {
+            Changes::Known { present, gone } => {
+                assert_eq!(paths(&present), ["f0"]);
+                assert!(gone.is_empty());
+            }
+            other => panic!("then what changed: {other:?}"),
+        }
     }
 
     #[test]
