@@ -1336,41 +1336,31 @@ async fn a_new_runs_snapshots_read_none_back_from_the_store() {
     assert_eq!(taken.len(), 2, "{taken:?}");
 }
 
-/// A sandbox whose every command leaves one more 600-byte file (`f1`, `f2`, ...), that never
-/// tells what changed (each snapshot lists it whole), and that counts the archives the
-/// snapshots ask of it: how many it had served when each command began.
-struct GrowingSandbox {
-    inner: std::sync::Arc<nodus_core::testing::RecordingSandbox>,
+/// Hooks of a sandbox whose every command leaves one more 600-byte file (`f1`, `f2`, ...),
+/// that never tells what changed (each snapshot lists it whole), and that counts the archives
+/// the snapshots ask of it: how many it had served when each command began.
+#[derive(Default)]
+struct Growing {
     archives: std::sync::atomic::AtomicUsize,
     at_each_command: std::sync::Mutex<Vec<usize>>,
 }
 
 #[async_trait::async_trait]
-impl nodus_core::sandbox::Sandbox for GrowingSandbox {
-    async fn create(
-        &self,
-        spec: &nodus_core::sandbox::SandboxSpec,
-    ) -> Result<nodus_core::sandbox::SandboxInfo, nodus_core::sandbox::Error> {
-        self.inner.create(spec).await
-    }
+impl support::hooked::Hooks for Growing {
     async fn exec(
         &self,
+        inner: &nodus_core::testing::RecordingSandbox,
         id: &nodus_core::sandbox::SandboxId,
         request: &nodus_core::sandbox::ExecRequest,
     ) -> Result<nodus_core::sandbox::ExecOutput, nodus_core::sandbox::Error> {
         let served = self.archives.load(std::sync::atomic::Ordering::SeqCst);
         self.at_each_command.lock().expect("counts").push(served);
-        self.inner.exec(id, request).await
+        nodus_core::sandbox::Sandbox::exec(inner, id, request).await
     }
-    async fn put_files(
-        &self,
-        id: &nodus_core::sandbox::SandboxId,
-        tar: Vec<u8>,
-    ) -> Result<(), nodus_core::sandbox::Error> {
-        self.inner.put_files(id, tar).await
-    }
+
     async fn get_files(
         &self,
+        inner: &nodus_core::testing::RecordingSandbox,
         _: &nodus_core::sandbox::SandboxId,
         path: &str,
         _: usize,
@@ -1378,7 +1368,7 @@ impl nodus_core::sandbox::Sandbox for GrowingSandbox {
         self.archives
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut archive = tar::Builder::new(Vec::new());
-        for n in 1..=self.inner.executions().len() {
+        for n in 1..=inner.executions().len() {
             let name = format!("f{n}");
             if !path.is_empty() && path != name {
                 continue;
@@ -1394,12 +1384,6 @@ impl nodus_core::sandbox::Sandbox for GrowingSandbox {
         }
         Ok(archive.into_inner().expect("an archive"))
     }
-    async fn destroy(
-        &self,
-        id: &nodus_core::sandbox::SandboxId,
-    ) -> Result<(), nodus_core::sandbox::Error> {
-        self.inner.destroy(id).await
-    }
 }
 
 /// Once a run's snapshots are past its budget, every later step is past it too: recorded as
@@ -1414,10 +1398,9 @@ async fn snapshots_past_the_budget_list_nothing_more() {
         text("done"),
     ];
     let world = World::new(script);
-    let sandbox = std::sync::Arc::new(GrowingSandbox {
+    let sandbox = std::sync::Arc::new(support::hooked::Hooked {
         inner: world.sandbox.clone(),
-        archives: Default::default(),
-        at_each_command: Default::default(),
+        hooks: Growing::default(),
     });
     let mut config = support::engine_config();
     config.snapshots = Some(nodus_core::snapshot::Budget { limit_bytes: 1000 });
@@ -1425,7 +1408,12 @@ async fn snapshots_past_the_budget_list_nothing_more() {
     helper_run(&engine, "growing", "Write files.", |_| {}).await;
     let driven = engine.drive(PROJECT, "growing").await.expect("drive");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
-    let served = sandbox.at_each_command.lock().expect("counts").clone();
+    let served = sandbox
+        .hooks
+        .at_each_command
+        .lock()
+        .expect("counts")
+        .clone();
     let between: Vec<usize> = served.windows(2).map(|w| w[1] - w[0]).collect();
     // After the first command: the listing and `f1` read (600 bytes, within 1,000); after
     // the second: the listing, whose new `f2` would make 1,200 (over, so not read); after

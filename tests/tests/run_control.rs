@@ -659,46 +659,19 @@ fn the_cli_closes_conversations_refuses_reused_message_keys_and_cancels_at_once(
     );
 }
 
-/// A sandbox that, while it deletes a run's sandbox, sends the run a message (as a user who
-/// writes at the moment the run ends) and keeps the answer.
+/// Hooks of a sandbox that, while it deletes a run's sandbox, sends the run a message (as a
+/// user who writes at the moment the run ends) and keeps the answer.
+#[derive(Default)]
 struct MessageWhileDeleting {
-    inner: std::sync::Arc<nodus_core::testing::RecordingSandbox>,
     sender: std::sync::OnceLock<Engine>,
     sent: std::sync::Mutex<Option<nodus_core::engine::Result<Delivery>>>,
 }
 
 #[async_trait::async_trait]
-impl nodus_core::sandbox::Sandbox for MessageWhileDeleting {
-    async fn create(
-        &self,
-        spec: &nodus_core::sandbox::SandboxSpec,
-    ) -> Result<nodus_core::sandbox::SandboxInfo, nodus_core::sandbox::Error> {
-        self.inner.create(spec).await
-    }
-    async fn exec(
-        &self,
-        id: &nodus_core::sandbox::SandboxId,
-        request: &nodus_core::sandbox::ExecRequest,
-    ) -> Result<nodus_core::sandbox::ExecOutput, nodus_core::sandbox::Error> {
-        self.inner.exec(id, request).await
-    }
-    async fn put_files(
-        &self,
-        id: &nodus_core::sandbox::SandboxId,
-        tar: Vec<u8>,
-    ) -> Result<(), nodus_core::sandbox::Error> {
-        self.inner.put_files(id, tar).await
-    }
-    async fn get_files(
-        &self,
-        id: &nodus_core::sandbox::SandboxId,
-        path: &str,
-        max_bytes: usize,
-    ) -> Result<Vec<u8>, nodus_core::sandbox::Error> {
-        self.inner.get_files(id, path, max_bytes).await
-    }
+impl support::hooked::Hooks for MessageWhileDeleting {
     async fn destroy(
         &self,
+        inner: &nodus_core::testing::RecordingSandbox,
         id: &nodus_core::sandbox::SandboxId,
     ) -> Result<(), nodus_core::sandbox::Error> {
         if let Some(sender) = self.sender.get() {
@@ -707,24 +680,24 @@ impl nodus_core::sandbox::Sandbox for MessageWhileDeleting {
                 .await;
             *self.sent.lock().expect("lock") = Some(sent);
         }
-        self.inner.destroy(id).await
+        nodus_core::sandbox::Sandbox::destroy(inner, id).await
     }
 }
 
 #[tokio::test]
 async fn a_message_sent_while_the_run_deletes_its_sandbox_is_refused_not_lost() {
     let world = World::new(vec![text("done")]);
-    let sandbox = std::sync::Arc::new(MessageWhileDeleting {
+    let sandbox = std::sync::Arc::new(support::hooked::Hooked {
         inner: world.sandbox.clone(),
-        sender: std::sync::OnceLock::new(),
-        sent: std::sync::Mutex::new(None),
+        hooks: MessageWhileDeleting::default(),
     });
     let engine = world.engine_with_sandbox(sandbox.clone());
-    let _ = sandbox.sender.set(world.engine());
+    let _ = sandbox.hooks.sender.set(world.engine());
     helper_run(&engine, "job", "Check the logs", |_| {}).await;
     let driven = engine.drive(PROJECT, "job").await.expect("drive");
     assert_eq!(driven, Driven::Finished(RunPhase::Succeeded));
     let sent = sandbox
+        .hooks
         .sent
         .lock()
         .expect("lock")

@@ -19,9 +19,7 @@ use nodus_core::lifecycle::{FailReason, RunPhase, WaitReason};
 use nodus_core::resource::{AgentGroup, AgentGroupSpec, AgentRun, Kind};
 use nodus_core::router::FixedRouter;
 use nodus_core::runner::{Runner, RunnerConfig, RunnerHandle};
-use nodus_core::sandbox::{
-    self, ExecOutput, ExecRequest, Sandbox, SandboxId, SandboxInfo, SandboxSpec,
-};
+use nodus_core::sandbox::{self, ExecOutput, ExecRequest, Sandbox, SandboxId};
 use nodus_core::secret::StaticSecrets;
 use nodus_core::store::{ObjectKey, Store};
 use nodus_core::testing::{ManualClock, RecordingSandbox};
@@ -29,27 +27,30 @@ use nodus_core::{Clock, Usd};
 use nodus_llm::ScriptedModel;
 use nodus_store::MemoryStore;
 use serde_json::json;
+use support::hooked::{Hooked, Hooks};
 use support::{PROJECT, agent, catalog, run};
 use tokio::sync::Semaphore;
 
 /// How long a test waits for what must happen soon (real time).
 const SOON: Duration = Duration::from_secs(20);
 
-/// A recording sandbox whose commands wait at a gate, counting how many run at once.
-struct GatedSandbox {
-    inner: RecordingSandbox,
+/// Hooks of a recording sandbox whose commands wait at a gate, counting how many run at once.
+struct Gate {
     gate: Arc<Semaphore>,
     in_flight: AtomicUsize,
     most: AtomicUsize,
 }
 
-impl GatedSandbox {
-    fn closed() -> Self {
-        GatedSandbox {
-            inner: RecordingSandbox::new(),
-            gate: Arc::new(Semaphore::new(0)),
-            in_flight: AtomicUsize::new(0),
-            most: AtomicUsize::new(0),
+impl Gate {
+    /// The recording sandbox behind a gate that is closed.
+    fn closed() -> Hooked<Gate> {
+        Hooked {
+            inner: Arc::new(RecordingSandbox::new()),
+            hooks: Gate {
+                gate: Arc::new(Semaphore::new(0)),
+                in_flight: AtomicUsize::new(0),
+                most: AtomicUsize::new(0),
+            },
         }
     }
 
@@ -59,12 +60,10 @@ impl GatedSandbox {
 }
 
 #[async_trait]
-impl Sandbox for GatedSandbox {
-    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, sandbox::Error> {
-        self.inner.create(spec).await
-    }
+impl Hooks for Gate {
     async fn exec(
         &self,
+        inner: &RecordingSandbox,
         id: &SandboxId,
         request: &ExecRequest,
     ) -> Result<ExecOutput, sandbox::Error> {
@@ -72,23 +71,9 @@ impl Sandbox for GatedSandbox {
         self.most.fetch_max(now, Ordering::SeqCst);
         let permit = self.gate.acquire().await;
         drop(permit);
-        let output = self.inner.exec(id, request).await;
+        let output = inner.exec(id, request).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         output
-    }
-    async fn put_files(&self, id: &SandboxId, tar: Vec<u8>) -> Result<(), sandbox::Error> {
-        self.inner.put_files(id, tar).await
-    }
-    async fn get_files(
-        &self,
-        id: &SandboxId,
-        path: &str,
-        max_bytes: usize,
-    ) -> Result<Vec<u8>, sandbox::Error> {
-        self.inner.get_files(id, path, max_bytes).await
-    }
-    async fn destroy(&self, id: &SandboxId) -> Result<(), sandbox::Error> {
-        self.inner.destroy(id).await
     }
 }
 
@@ -342,7 +327,7 @@ async fn waiting_runs_hold_no_task_and_each_is_woken_at_its_own_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_more_runs_are_driven_at_once_than_its_bound() {
     let clock = Arc::new(ManualClock::default());
-    let sandbox = Arc::new(GatedSandbox::closed());
+    let sandbox = Arc::new(Gate::closed());
     let engine = engine(sandbox.clone(), clock);
     engine
         .apply_agent(PROJECT, agent("helper", |_| {}))
@@ -360,14 +345,18 @@ async fn no_more_runs_are_driven_at_once_than_its_bound() {
             .expect("run");
     }
     until("two commands wait at the gate", || {
-        sandbox.in_flight.load(Ordering::SeqCst) == 2
+        sandbox.hooks.in_flight.load(Ordering::SeqCst) == 2
     })
     .await;
     // Settled: every run seen, two driven, three held back; nothing starts until the gate
     // opens.
     settled_at_bound(&runner, 2, 3).await;
-    assert_eq!(sandbox.most.load(Ordering::SeqCst), 2, "a third waits");
-    sandbox.open();
+    assert_eq!(
+        sandbox.hooks.most.load(Ordering::SeqCst),
+        2,
+        "a third waits"
+    );
+    sandbox.hooks.open();
     for name in &names {
         let run = tokio::time::timeout(SOON, runner.settled(PROJECT, name))
             .await
@@ -375,7 +364,7 @@ async fn no_more_runs_are_driven_at_once_than_its_bound() {
             .expect("run");
         assert_eq!(run.status.phase, Some(RunPhase::Succeeded), "{name}");
     }
-    assert_eq!(sandbox.most.load(Ordering::SeqCst), 2);
+    assert_eq!(sandbox.hooks.most.load(Ordering::SeqCst), 2);
     assert_eq!(sandbox.inner.executions().len(), 5);
     runner.shutdown().await;
 }
@@ -383,7 +372,7 @@ async fn no_more_runs_are_driven_at_once_than_its_bound() {
 #[tokio::test]
 async fn runs_queued_beyond_its_bound_wait_with_no_task() {
     let clock = Arc::new(ManualClock::default());
-    let sandbox = Arc::new(GatedSandbox::closed());
+    let sandbox = Arc::new(Gate::closed());
     let engine = engine(sandbox.clone(), clock);
     engine
         .apply_agent(PROJECT, agent("helper", |_| {}))
@@ -409,7 +398,7 @@ async fn runs_queued_beyond_its_bound_wait_with_no_task() {
             .expect("run");
     }
     until("two commands wait at the gate", || {
-        sandbox.in_flight.load(Ordering::SeqCst) == 2
+        sandbox.hooks.in_flight.load(Ordering::SeqCst) == 2
     })
     .await;
     settled_at_bound(&runner, 2, 28).await;
@@ -418,7 +407,7 @@ async fn runs_queued_beyond_its_bound_wait_with_no_task() {
         "{} tasks with two runs driven and 28 queued, {idle} without: a queued run holds a task",
         tasks()
     );
-    sandbox.open();
+    sandbox.hooks.open();
     for name in &names {
         let run = tokio::time::timeout(SOON, runner.settled(PROJECT, name))
             .await
@@ -426,7 +415,7 @@ async fn runs_queued_beyond_its_bound_wait_with_no_task() {
             .expect("run");
         assert_eq!(run.status.phase, Some(RunPhase::Succeeded), "{name}");
     }
-    assert_eq!(sandbox.most.load(Ordering::SeqCst), 2);
+    assert_eq!(sandbox.hooks.most.load(Ordering::SeqCst), 2);
     assert_eq!(sandbox.inner.executions().len(), 30, "each run once");
     runner.shutdown().await;
 }
@@ -434,8 +423,8 @@ async fn runs_queued_beyond_its_bound_wait_with_no_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_with_dependencies_runs_under_its_cost_cap_with_no_server() {
     let clock = Arc::new(ManualClock::default());
-    let sandbox = Arc::new(GatedSandbox::closed());
-    sandbox.open();
+    let sandbox = Arc::new(Gate::closed());
+    sandbox.hooks.open();
     let engine = engine(sandbox.clone(), clock);
     engine
         .apply_agent(
@@ -487,7 +476,7 @@ async fn a_group_with_dependencies_runs_under_its_cost_cap_with_no_server() {
         "the report runs after the runs it depends on: {executions:?}"
     );
     assert_eq!(
-        sandbox.most.load(Ordering::SeqCst),
+        sandbox.hooks.most.load(Ordering::SeqCst),
         1,
         "the cost cap holds one run at a time"
     );

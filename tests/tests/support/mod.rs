@@ -26,6 +26,8 @@ use nodus_llm::{Reply, ScriptedModel};
 use nodus_store::MemoryStore;
 use serde_json::Value;
 
+pub mod hooked;
+
 pub const PROJECT: &str = "default";
 
 /// Where a crash happens relative to the chosen journal write.
