@@ -82,15 +82,41 @@ pub fn spawn_server(dir: &Path, store: Option<&str>, sandbox: &str, listen: &str
         .expect("nodus server starts")
 }
 
-/// A server on a free port, once its /healthz answers.
+/// A server on a free port, once its /healthz answers. The port is picked at the server's
+/// own bind (`--listen 127.0.0.1:0`) and read from what it prints: one picked here and let go
+/// could be taken meanwhile by another test's server, which would then answer for this one.
 pub fn start_server(dir: &Path, store: Option<&str>, sandbox: &str) -> Server {
-    let port = free_port();
-    let child = spawn_server(dir, store, sandbox, &format!("127.0.0.1:{port}"));
-    wait_healthy(Server {
-        child,
-        log: dir.join("server.log"),
-        port,
-    })
+    let mut child = spawn_server(dir, store, sandbox, "127.0.0.1:0");
+    let log = dir.join("server.log");
+    let port = served_port(&mut child, &log);
+    wait_healthy(Server { child, log, port })
+}
+
+/// The port that the server started as `child` (printing to `log`) serves the API on, from the
+/// line it prints once it is bound; panics with the log if it exits or takes a minute.
+fn served_port(child: &mut Child, log: &Path) -> u16 {
+    const SERVING: &str = "nodus server: serving the API on http://127.0.0.1:";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let printed = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(port) = printed.lines().find_map(|line| {
+            line.strip_prefix(SERVING)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        }) {
+            return port;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the server exited with {status}:\n{printed}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not bind within 60s:\n{printed}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// `server` once its /healthz answers (panics with its log if it exits or takes a minute).

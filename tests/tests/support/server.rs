@@ -90,6 +90,30 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The URL that the server started as `child` (logging to `log`) serves the API on, from the
+/// line it prints once it is bound; panics with the log if it exits or takes a minute.
+fn served_url(child: &mut Child, log: &Path) -> String {
+    const SERVING: &str = "nodus server: serving the API on ";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let printed = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(url) = printed
+            .lines()
+            .find_map(|line| line.strip_prefix(SERVING)?.split_whitespace().next())
+        {
+            return url.to_string();
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the server exited with {status}; log:\n{printed}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not bind within 60 s; log:\n{printed}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 impl ServerProcess {
     /// Start `nodus server` on `store` with its data in `data_dir`, and wait for /healthz.
     pub fn start(store: &str, data_dir: &Path, sandbox: &str) -> Self {
@@ -132,14 +156,15 @@ impl ServerProcess {
         env: &[(&str, &str)],
         wrapper: &[&str],
     ) -> Self {
-        let port = free_port();
         // The server refuses a data directory that other users can read.
         std::fs::set_permissions(
             data_dir,
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .expect("an owner-only data directory");
-        let log = data_dir.join(format!("server-{port}.log"));
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let started = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = data_dir.join(format!("server-{started}.log"));
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
@@ -148,11 +173,14 @@ impl ServerProcess {
             }
             None => Command::new(nodus_binary()),
         };
-        let child = command
+        let mut child = command
             .args([
                 "server",
+                // The port is picked at the server's own bind: one picked here and let go
+                // could be taken meanwhile by another test's server, which would then answer
+                // for this one.
                 "--listen",
-                &format!("127.0.0.1:{port}"),
+                "127.0.0.1:0",
                 "--store",
                 store,
                 "--sandbox",
@@ -175,9 +203,10 @@ impl ServerProcess {
             )
             .spawn()
             .expect("nodus server starts");
+        let url = served_url(&mut child, &log);
         let server = ServerProcess {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             data_dir: data_dir.to_path_buf(),
             store: store.to_string(),
             log,
