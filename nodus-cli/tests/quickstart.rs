@@ -2,14 +2,17 @@
 //! unisolated sandbox and the offline model, driven by the `nodus` CLI as the spec shows it:
 //! login, apply an agent and a run, wait, `get -o yaml`, `agentrun answer`, `agentrun steps`.
 
-use std::io::{Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
-const TOKEN: &str = "quickstart-test-token-0123456789abcdef";
+use support::{NODUS, TOKEN, nodus, ok, text};
+
+/// A server on the in-memory store with the unisolated sandbox, its data in `dir/data`.
+fn start_server(dir: &std::path::Path) -> support::Server {
+    support::start_server(dir, Some("memory:"), "unisolated")
+}
 
 const AGENT: &str = r#"apiVersion: nodus.dev/v1
 kind: Agent
@@ -34,123 +37,13 @@ spec:
   input: "Run `echo hello` and tell me what it printed"
 "#;
 
-/// The server child; stopped with SIGTERM (or killed) when dropped.
-struct Server {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Server {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("address").port()
-}
-
-fn healthy(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer.starts_with("HTTP/1.1 200")
-}
-
-fn start_server(dir: &Path, port: u16) -> Server {
-    let log = dir.join("server.log");
-    let child = Command::new(NODUS)
-        .args([
-            "server",
-            "--store",
-            "memory:",
-            "--sandbox",
-            "unisolated",
-            "--data-dir",
-        ])
-        .arg(dir.join("data"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--bootstrap-token",
-            TOKEN,
-        ])
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("NODUS_BOOTSTRAP_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("nodus server starts");
-    let mut server = Server { child, log };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !healthy(port) {
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!("the server exited with {status}:\n{}", server.log());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no /healthz within 60s:\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server
-}
-
-/// Runs the CLI with its config in `dir` and no connection from the environment.
-fn nodus(dir: &Path, args: &[&str]) -> Output {
-    Command::new(NODUS)
-        .args(args)
-        .env("XDG_CONFIG_HOME", dir.join("config"))
-        .env_remove("NODUS_CONFIG")
-        .env_remove("NODUS_SERVER")
-        .env_remove("NODUS_TOKEN")
-        .env_remove("NODUS_PROJECT")
-        .stdin(Stdio::null())
-        .output()
-        .expect("nodus runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Runs the CLI and requires exit code 0; returns its standard output.
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let output = nodus(dir, args);
-    assert!(
-        output.status.success(),
-        "nodus {args:?} failed with {}:\nstdout: {}\nstderr: {}",
-        output.status,
-        text(&output.stdout),
-        text(&output.stderr)
-    );
-    text(&output.stdout)
-}
-
 /// `nodus quickstart` on the data directory of a running `nodus server` is refused, naming
 /// the server's pid; once the server stops, another starts on it.
 #[test]
 fn the_quickstart_is_refused_on_the_data_directory_of_a_running_server() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dir = dir.path();
-    let mut server = start_server(dir, free_port());
+    let mut server = start_server(dir);
     let data = dir.join("data");
     let output = Command::new(NODUS)
         .arg("quickstart")
@@ -172,7 +65,7 @@ fn the_quickstart_is_refused_on_the_data_directory_of_a_running_server() {
     let _ = server.child.kill();
     let _ = server.child.wait();
     drop(server);
-    let again = start_server(dir, free_port());
+    let again = start_server(dir);
     drop(again);
 }
 
@@ -180,9 +73,8 @@ fn the_quickstart_is_refused_on_the_data_directory_of_a_running_server() {
 fn the_quickstart_runs_end_to_end_through_the_cli() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dir = dir.path();
-    let port = free_port();
-    let mut server = start_server(dir, port);
-    let url = format!("http://127.0.0.1:{port}");
+    let mut server = start_server(dir);
+    let url = server.url();
 
     // Before login, commands say so with exit code 3.
     let output = nodus(dir, &["get", "agents"]);
