@@ -127,14 +127,12 @@ async fn two_batches_joining_a_group_at_once_never_both_pass_max_pending() {
     let second = joining(&engine, "b");
     // Settled: the second batch waits to join the group (one that did not wait would pass
     // maxPending beside the first, whose run is not written yet).
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while engine.joining_waiting(PROJECT, "g") != 1 {
-        assert!(
-            std::time::Instant::now() < give_up && !second.is_finished(),
-            "the second batch never waited for the first one's write"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    waits_to_join(
+        &engine,
+        &second,
+        "the second batch never waited for the first one's write",
+    )
+    .await;
     assert!(
         !second.is_finished(),
         "the second batch went on past the first"
@@ -168,14 +166,12 @@ async fn a_group_sealed_while_a_batch_joins_it_is_sealed_after_the_batch_is_writ
                 .await
         }
     });
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while engine.joining_waiting(PROJECT, "g") != 1 {
-        assert!(
-            std::time::Instant::now() < give_up && !sealing.is_finished(),
-            "the seal was written while a batch admitted to the unsealed group was not"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    waits_to_join(
+        &engine,
+        &sealing,
+        "the seal was written while a batch admitted to the unsealed group was not",
+    )
+    .await;
     go_on.notify_one();
     batch
         .await
@@ -267,6 +263,19 @@ async fn a_batch_admitted_on_one_replica_is_refused_when_another_sealed_the_grou
         Vec::new(),
         "the sealed group has no member"
     );
+}
+
+/// Returns once `task` waits for group `g`'s joining lock in `engine` (one waiter); fails
+/// with `never` if the task ends first, or after 20 s.
+async fn waits_to_join<T>(engine: &Engine, task: &tokio::task::JoinHandle<T>, never: &str) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.joining_waiting(PROJECT, "g") != 1 {
+        assert!(
+            std::time::Instant::now() < give_up && !task.is_finished(),
+            "{never}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// A batch of task `key` of group `g` joining it through `engine`, in a task of its own.

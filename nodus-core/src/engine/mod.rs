@@ -323,10 +323,11 @@ pub struct Engine {
     writers: Arc<writers::KeyedLocks>,
     /// One batch of new runs at a time joins each group in this process (key
     /// `project/group`): the admission it checks (the group's unfinished runs under
-    /// `maxPending`, its task keys) holds until its runs are created. Across replicas the
-    /// store keeps the two that can be broken there: `maxPending` is checked again in the
-    /// batch's own write ([`Store::create_batch_within`]), and its unique names refuse a
-    /// second run of the same task.
+    /// `maxPending`, its task keys) holds until its runs are created, and a change of the
+    /// group's spec waits for it (`Writable::hold_to_replace`). Across replicas the store
+    /// keeps what can be broken there: the group is read again and `maxPending` checked in the
+    /// batch's own write ([`Store::create_batch_within`]: a group sealed, cancelled or deleted
+    /// since refuses it), and its unique names refuse a second run of the same task.
     joining: Arc<writers::KeyedLocks>,
     /// The replica drains: drives stop between steps and hand their runs over.
     draining: Arc<std::sync::atomic::AtomicBool>,

@@ -152,13 +152,7 @@ pub(super) async fn create_batch(
             }
             // In the writer's transaction: no other write comes between the count and the
             // batch's.
-            for cap in &caps {
-                cap.check(
-                    super::reads::record(tx, &cap.group_key()),
-                    &super::reads::group_phases(tx, &cap.project, &cap.group)?,
-                    &items,
-                )?;
-            }
+            super::reads::check_caps(tx, &caps, &items)?;
             let mut seen = HashSet::with_capacity(items.len());
             for (key, document) in &items {
                 if !seen.insert(key) {

@@ -9,7 +9,9 @@ use std::num::NonZeroUsize;
 use nodus_core::journal::Step;
 use nodus_core::resource::Kind;
 use nodus_core::snapshot::Snapshot;
-use nodus_core::store::{Error, InboxMessage, ObjectKey, Page, Position, Record, Selector};
+use nodus_core::store::{
+    Error, InboxMessage, MemberCap, ObjectKey, Page, Position, Record, Selector,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::{Query, get, map_err};
@@ -179,6 +181,20 @@ pub(super) fn group_phases(
         .collect::<Result<Vec<(String, i64)>, _>>()
         .map_err(map_err)?;
     sql::group_phases_of(counts)
+}
+
+/// Whether each group of `caps` has room for `adding` ([`MemberCap::check`]), the group and
+/// its counters read through `conn` (the writer's, in the transaction that would add them).
+pub(super) fn check_caps(
+    conn: &Connection,
+    caps: &[MemberCap],
+    adding: &[(ObjectKey, serde_json::Value)],
+) -> Result<(), Error> {
+    for cap in caps {
+        let stored = group_phases(conn, &cap.project, &cap.group)?;
+        cap.check(record(conn, &cap.group_key()), &stored, adding)?;
+    }
+    Ok(())
 }
 
 /// A run's journal, in order.

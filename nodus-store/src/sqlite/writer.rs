@@ -106,12 +106,8 @@ fn write_one(
         } => {
             // Counted in the commit's transaction, after the writes queued before this one.
             let item = [(key, document)];
-            for cap in &caps {
-                let stored = reads::group_phases(conn, &cap.project, &cap.group)?;
-                let group = reads::record(conn, &cap.group_key());
-                if let Err(refused) = cap.check(group, &stored, &item) {
-                    return Ok(Err(refused));
-                }
+            if let Err(refused) = reads::check_caps(conn, &caps, &item) {
+                return Ok(Err(refused));
             }
             let [(key, document)] = item;
             // A taken key fails this statement only (SQLite's ABORT): the batch goes on.
